@@ -1,0 +1,1 @@
+//! Starting, stopping and breaking the sim cluster's processes.
