@@ -1,0 +1,342 @@
+//! The `PodHAPolicy` custom resource: which nodes to watch, how to judge them dead, and what
+//! podha may do to the stateful pods they leave behind.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::duration::HumanDuration;
+use super::status::PodHAPolicyStatus;
+
+/// A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and which
+/// stateful pods it may move off a dead node (by force-deleting them or by tainting the node
+/// `node.kubernetes.io/out-of-service`) so that they run again elsewhere with their volumes.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// Each printcolumn(...) repeats `type_ = ...`; clippy reads them as one attribute's duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[kube(
+    group = "podha.io",
+    version = "v1alpha1",
+    kind = "PodHAPolicy",
+    plural = "podhapolicies",
+    shortname = "pha",
+    category = "podha",
+    status = "PodHAPolicyStatus",
+    printcolumn(name = "Action", type_ = "string", json_path = ".spec.action"),
+    printcolumn(
+        name = "Dry-Run",
+        type_ = "boolean",
+        json_path = ".spec.dryRun",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Watched",
+        type_ = "integer",
+        json_path = ".status.watchedNodes"
+    ),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failedNodes"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Last-Failover",
+        type_ = "date",
+        json_path = ".status.lastFailoverTime"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+// Client-side CEL evaluation (`PodHAPolicy::validate_cel`) is only needed by the unit tests.
+#[cfg_attr(test, kube(cel))]
+#[serde(rename_all = "camelCase")]
+pub struct PodHAPolicySpec {
+    /// Nodes this policy watches. Empty selects every node.
+    #[serde(default)]
+    pub node_selector: LabelSelector,
+
+    /// Namespaces whose pods this policy may move. Empty selects every namespace.
+    #[serde(default)]
+    pub namespace_selector: LabelSelector,
+
+    /// Pods this policy may move. Empty selects every pod (subject to owners and volumes).
+    #[serde(default)]
+    pub pod_selector: LabelSelector,
+
+    /// Controller kinds whose pods may be deleted on a dead node. A Deployment's pods are found
+    /// through their ReplicaSet. A pod without a controller owner is never deleted. The pod
+    /// annotation `podha.io/failover: "false"` opts a pod out; `"true"` opts in a pod of any
+    /// controller kind.
+    #[serde(default = "default_owners")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub owners: Vec<OwnerKind>,
+
+    /// Which volumes make a pod worth moving. A pod qualifies when it mounts at least one
+    /// PersistentVolumeClaim and every claim it mounts is bound to a CSI volume of a listed
+    /// driver with a listed access mode.
+    #[serde(default)]
+    pub volumes: VolumeRules,
+
+    /// How node death is detected.
+    #[serde(default)]
+    pub detection: Detection,
+
+    /// What podha does when a watched node is judged dead. `DeletePods` force-deletes the
+    /// eligible pods; `OutOfServiceTaint` first taints the node
+    /// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` (so volumes detach at once)
+    /// and then force-deletes them. podha removes only a taint it added itself, once the node is
+    /// healthy again and no VolumeAttachment remains on it.
+    #[serde(default)]
+    pub action: Action,
+
+    /// Guards against acting on bad information.
+    #[serde(default)]
+    pub safety: Safety,
+
+    /// How long podha waits for a dead node's volumes to detach before it reports the detach as
+    /// stuck (a Warning event, a metric and the Degraded condition). Kubernetes force-detaches
+    /// after 6 minutes without the out-of-service taint.
+    #[serde(default = "default_detach_timeout")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s')").message("detachTimeout must be at least 1s"))]
+    pub detach_timeout: HumanDuration,
+
+    /// Decide and report (events, metrics, status) but delete and taint nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// A controller kind whose pods podha may delete.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub enum OwnerKind {
+    StatefulSet,
+    Deployment,
+    ReplicaSet,
+}
+
+impl OwnerKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::StatefulSet => "StatefulSet",
+            Self::Deployment => "Deployment",
+            Self::ReplicaSet => "ReplicaSet",
+        }
+    }
+}
+
+fn default_owners() -> Vec<OwnerKind> {
+    vec![OwnerKind::StatefulSet, OwnerKind::Deployment]
+}
+
+fn default_detach_timeout() -> HumanDuration {
+    HumanDuration::from_secs(390)
+}
+
+/// Volume rules: which CSI drivers and access modes qualify a pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRules {
+    /// CSI driver names (as in a PersistentVolume's `spec.csi.driver`). Empty accepts any CSI
+    /// driver.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub drivers: Vec<String>,
+
+    /// Access modes that qualify. A ReadWriteMany volume does not block a replacement, so it
+    /// is not listed by default.
+    #[serde(default = "default_access_modes")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[x_kube(validation = Rule::new("self.size() > 0").message("volumes.accessModes must list at least one access mode"))]
+    pub access_modes: Vec<AccessMode>,
+}
+
+impl Default for VolumeRules {
+    fn default() -> Self {
+        Self {
+            drivers: Vec::new(),
+            access_modes: default_access_modes(),
+        }
+    }
+}
+
+fn default_access_modes() -> Vec<AccessMode> {
+    vec![AccessMode::ReadWriteOnce, AccessMode::ReadWriteOncePod]
+}
+
+/// A PersistentVolume access mode.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum AccessMode {
+    ReadWriteOnce,
+    ReadWriteOncePod,
+    ReadWriteMany,
+    ReadOnlyMany,
+}
+
+impl AccessMode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadWriteOnce => "ReadWriteOnce",
+            Self::ReadWriteOncePod => "ReadWriteOncePod",
+            Self::ReadWriteMany => "ReadWriteMany",
+            Self::ReadOnlyMany => "ReadOnlyMany",
+        }
+    }
+}
+
+/// How a node is judged dead. Every `interval` podha evaluates each enabled signal; the probe
+/// fails only when all of them say the node is dead. After `failureThreshold` consecutive
+/// failed probes the node is Failed; one passing probe makes it Healthy again. A gap in
+/// podha's own view (restarted watch, unreachable API server, leadership just gained) is never
+/// taken as evidence of death.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("duration(self.tcpTimeout) < duration(self.interval)").message("detection.tcpTimeout must be shorter than detection.interval"),
+    validation = Rule::new("!(self.signals.size() == 1 && self.signals[0] == 'KubeletTCP')").message("KubeletTCP cannot be the only signal: a failed TCP connect does not tell a dead node from a network problem; combine it with Lease or NodeReady"),
+)]
+pub struct Detection {
+    /// Time between two probes of a node.
+    #[serde(default = "default_interval")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s')").message("detection.interval must be at least 1s"))]
+    pub interval: HumanDuration,
+
+    /// Consecutive failed probes after which a node is Failed.
+    #[serde(default = "default_failure_threshold")]
+    #[x_kube(validation = Rule::new("self >= 1").message("detection.failureThreshold must be at least 1"))]
+    pub failure_threshold: i32,
+
+    /// Signals that must all say "dead" for a probe to fail. `Lease`: no renewal of the node's
+    /// Lease in `kube-node-lease` seen for `leaseGracePeriod`. `NodeReady`: the node's Ready
+    /// condition is not True. `KubeletTCP`: a TCP connect to the node's InternalIP and kubelet
+    /// port fails within `tcpTimeout`.
+    #[serde(default = "default_signals")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[x_kube(validation = Rule::new("self.size() > 0").message("detection.signals must name at least one signal"))]
+    pub signals: Vec<Signal>,
+
+    /// How long a node's Lease may go without a renewal seen by podha before the Lease signal
+    /// says dead. Measured on podha's own clock, never against the lease's renewTime. The
+    /// kubelet renews every 10s with the default 40s lease duration.
+    #[serde(default = "default_lease_grace_period")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s')").message("detection.leaseGracePeriod must be at least 1s"))]
+    pub lease_grace_period: HumanDuration,
+
+    /// Time allowed for the KubeletTCP connect.
+    #[serde(default = "default_tcp_timeout")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("detection.tcpTimeout must be at least 10ms"))]
+    pub tcp_timeout: HumanDuration,
+}
+
+impl Default for Detection {
+    fn default() -> Self {
+        Self {
+            interval: default_interval(),
+            failure_threshold: default_failure_threshold(),
+            signals: default_signals(),
+            lease_grace_period: default_lease_grace_period(),
+            tcp_timeout: default_tcp_timeout(),
+        }
+    }
+}
+
+fn default_interval() -> HumanDuration {
+    HumanDuration::from_secs(5)
+}
+fn default_failure_threshold() -> i32 {
+    3
+}
+fn default_signals() -> Vec<Signal> {
+    vec![Signal::Lease, Signal::NodeReady]
+}
+fn default_lease_grace_period() -> HumanDuration {
+    HumanDuration::from_secs(40)
+}
+fn default_tcp_timeout() -> HumanDuration {
+    HumanDuration::from_secs(1)
+}
+
+/// A node health signal.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub enum Signal {
+    Lease,
+    NodeReady,
+    KubeletTCP,
+}
+
+/// What to do on a dead node.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum Action {
+    #[default]
+    DeletePods,
+    OutOfServiceTaint,
+}
+
+impl Action {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::DeletePods => "DeletePods",
+            Self::OutOfServiceTaint => "OutOfServiceTaint",
+        }
+    }
+}
+
+/// Guards that make podha hold instead of act.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Safety {
+    /// When more watched nodes are Failed than this (a count, or a percentage of the watched
+    /// nodes such as `30%`), podha holds every action of this policy: so many deaths at once
+    /// more likely mean a network or control-plane problem than dead machines.
+    #[serde(default = "default_max_unhealthy")]
+    #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|(100|[1-9][0-9]?)%)$')").message("safety.maxUnhealthy must be a count of at least 1 or a percentage from 1% to 100%"))]
+    pub max_unhealthy: IntOrString,
+
+    /// Delete a pod only when at least one healthy, schedulable node could run it (node
+    /// selector, required node affinity, taints and the volumes' topology all allow it).
+    #[serde(default = "default_require_target")]
+    pub require_target: bool,
+}
+
+impl Default for Safety {
+    fn default() -> Self {
+        Self {
+            max_unhealthy: default_max_unhealthy(),
+            require_target: default_require_target(),
+        }
+    }
+}
+
+fn default_max_unhealthy() -> IntOrString {
+    IntOrString::String("30%".to_string())
+}
+fn default_require_target() -> bool {
+    true
+}
+
+impl PodHAPolicySpec {
+    /// The largest number of Failed nodes, out of `watched`, at which this policy still acts.
+    /// Percentages round down (like the node lifecycle controller's thresholds), but never
+    /// below one node: a policy always tolerates a single dead node.
+    pub fn max_unhealthy_nodes(&self, watched: usize) -> usize {
+        match &self.safety.max_unhealthy {
+            IntOrString::Int(n) => usize::try_from(*n).unwrap_or(0).max(1),
+            IntOrString::String(s) => match s.strip_suffix('%') {
+                Some(percent) => {
+                    let percent: usize = percent.parse().unwrap_or(0).min(100);
+                    (watched * percent / 100).max(1)
+                }
+                // "3" written as a string: the validation rule accepts it as a count.
+                None => s.parse::<usize>().unwrap_or(0).max(1),
+            },
+        }
+    }
+}

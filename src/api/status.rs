@@ -1,0 +1,101 @@
+//! What podha reports back on a `PodHAPolicy`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How many failovers a policy keeps in its status.
+pub const RECENT_FAILOVERS_KEPT: usize = 10;
+
+/// Observed state of a PodHAPolicy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodHAPolicyStatus {
+    /// The policy generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`: the policy is valid and podha watches its nodes. `Degraded`: something needs an
+    /// operator's attention (actions held, a detach stuck, an invalid spec); the reason says
+    /// which, in CamelCase.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// Nodes selected by this policy.
+    #[serde(default)]
+    pub watched_nodes: i32,
+
+    /// Selected nodes currently judged Failed.
+    #[serde(default)]
+    pub failed_nodes: i32,
+
+    /// When the most recent failover started (the node was judged Failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover_time: Option<Time>,
+
+    /// The most recent failovers, newest first (at most 10).
+    #[serde(default)]
+    pub recent_failovers: Vec<FailoverRecord>,
+}
+
+/// One node failure handled by a policy, with the time of each phase.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverRecord {
+    /// The node judged dead.
+    pub node: String,
+    /// Where the failover stands.
+    pub phase: FailoverPhase,
+    /// When podha last saw the node alive (last lease renewal or Ready) before it died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_alive: Option<Time>,
+    /// When the node was judged Failed.
+    pub detected_at: Time,
+    /// When podha acted (taint added or first pod deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acted_at: Option<Time>,
+    /// When the last VolumeAttachment of the moved pods' volumes left the dead node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached_at: Option<Time>,
+    /// When every replacement pod ran on a healthy node with its volumes attached there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_at: Option<Time>,
+    /// Pods deleted, as `namespace/name`.
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// A human-readable note (why a failover was held, which detach is stuck).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The phases of one failover.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum FailoverPhase {
+    /// The node is Failed; actions are being taken.
+    Acting,
+    /// Actions held (safety limit, dry run, no eligible pod).
+    Held,
+    /// Pods deleted; waiting for their volumes to detach from the dead node.
+    Detaching,
+    /// Volumes detached; waiting for replacements to run with their volumes attached.
+    Recovering,
+    /// Replacements run on healthy nodes with their volumes attached.
+    Recovered,
+    /// The detach did not finish within `detachTimeout`.
+    DetachTimedOut,
+    /// The node came back before the failover finished.
+    NodeReturned,
+}
+
+/// Condition types and reasons used on a PodHAPolicy.
+pub mod condition {
+    pub const READY: &str = "Ready";
+    pub const DEGRADED: &str = "Degraded";
+
+    pub const REASON_WATCHING: &str = "Watching";
+    pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+    pub const REASON_TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthyNodes";
+    pub const REASON_DETACH_TIMEOUT: &str = "DetachTimeout";
+    pub const REASON_AS_EXPECTED: &str = "AsExpected";
+}

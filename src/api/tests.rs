@@ -1,0 +1,254 @@
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// A policy built from a JSON spec the way the API server would see it after defaulting.
+fn policy(spec: Value) -> PodHAPolicy {
+    let spec: PodHAPolicySpec = serde_json::from_value(spec).expect("test spec deserializes");
+    PodHAPolicy::new("test", spec)
+}
+
+/// The CEL messages a spec is rejected with (empty when accepted).
+fn cel_errors(spec: Value) -> Vec<String> {
+    match policy(spec).validate_cel() {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+#[test]
+fn empty_spec_gets_the_documented_defaults() {
+    let spec = policy(json!({})).spec;
+    assert_eq!(
+        spec.owners,
+        vec![OwnerKind::StatefulSet, OwnerKind::Deployment]
+    );
+    assert_eq!(spec.volumes.drivers, Vec::<String>::new());
+    assert_eq!(
+        spec.volumes.access_modes,
+        vec![AccessMode::ReadWriteOnce, AccessMode::ReadWriteOncePod]
+    );
+    assert_eq!(spec.detection.interval, HumanDuration::from_secs(5));
+    assert_eq!(spec.detection.failure_threshold, 3);
+    assert_eq!(
+        spec.detection.signals,
+        vec![Signal::Lease, Signal::NodeReady]
+    );
+    assert_eq!(
+        spec.detection.lease_grace_period,
+        HumanDuration::from_secs(40)
+    );
+    assert_eq!(spec.detection.tcp_timeout, HumanDuration::from_secs(1));
+    assert_eq!(spec.action, Action::DeletePods);
+    assert_eq!(spec.safety.max_unhealthy, IntOrString::String("30%".into()));
+    assert!(spec.safety.require_target);
+    assert_eq!(spec.detach_timeout, HumanDuration::from_secs(390));
+    assert!(!spec.dry_run);
+}
+
+#[test]
+fn good_specs_pass_every_cel_rule() {
+    for spec in [
+        json!({}),
+        json!({"detection": {"interval": "1s", "failureThreshold": 1, "tcpTimeout": "500ms",
+                             "signals": ["Lease", "KubeletTCP"], "leaseGracePeriod": "12s"}}),
+        json!({"detection": {"signals": ["NodeReady"], "interval": "30s"}}),
+        json!({"detection": {"signals": ["KubeletTCP", "NodeReady", "Lease"]}}),
+        json!({"safety": {"maxUnhealthy": 1}}),
+        json!({"safety": {"maxUnhealthy": "100%"}}),
+        json!({"safety": {"maxUnhealthy": "5%"}}),
+        json!({"safety": {"maxUnhealthy": "4"}}),
+        json!({"action": "OutOfServiceTaint", "dryRun": true, "detachTimeout": "1m"}),
+        json!({"volumes": {"drivers": ["rwo.sim.podha.io"], "accessModes": ["ReadWriteOnce"]}}),
+        json!({"owners": []}),
+    ] {
+        assert_eq!(
+            cel_errors(spec.clone()),
+            Vec::<String>::new(),
+            "spec {spec} should pass"
+        );
+    }
+}
+
+#[test]
+fn each_bad_spec_is_rejected_with_its_own_message() {
+    let cases = [
+        (
+            json!({"detection": {"failureThreshold": 0}}),
+            "failureThreshold must be at least 1",
+        ),
+        (
+            json!({"detection": {"failureThreshold": -3}}),
+            "failureThreshold must be at least 1",
+        ),
+        (
+            json!({"detection": {"interval": "500ms", "tcpTimeout": "100ms"}}),
+            "interval must be at least 1s",
+        ),
+        (
+            json!({"detection": {"signals": []}}),
+            "must name at least one signal",
+        ),
+        (
+            json!({"detection": {"signals": ["KubeletTCP"]}}),
+            "KubeletTCP cannot be the only signal",
+        ),
+        (
+            json!({"detection": {"interval": "2s", "tcpTimeout": "2s"}}),
+            "tcpTimeout must be shorter than detection.interval",
+        ),
+        (
+            json!({"detection": {"interval": "5s", "tcpTimeout": "10s"}}),
+            "tcpTimeout must be shorter than detection.interval",
+        ),
+        (
+            json!({"detection": {"tcpTimeout": "5ms"}}),
+            "tcpTimeout must be at least 10ms",
+        ),
+        (
+            json!({"detection": {"leaseGracePeriod": "500ms"}}),
+            "leaseGracePeriod must be at least 1s",
+        ),
+        (
+            json!({"safety": {"maxUnhealthy": 0}}),
+            "maxUnhealthy must be a count of at least 1",
+        ),
+        (
+            json!({"safety": {"maxUnhealthy": -1}}),
+            "maxUnhealthy must be a count of at least 1",
+        ),
+        (
+            json!({"safety": {"maxUnhealthy": "0%"}}),
+            "maxUnhealthy must be a count of at least 1",
+        ),
+        (
+            json!({"safety": {"maxUnhealthy": "101%"}}),
+            "maxUnhealthy must be a count of at least 1",
+        ),
+        (
+            json!({"safety": {"maxUnhealthy": "thirty"}}),
+            "maxUnhealthy must be a count of at least 1",
+        ),
+        (
+            json!({"volumes": {"accessModes": []}}),
+            "must list at least one access mode",
+        ),
+        (
+            json!({"detachTimeout": "500ms"}),
+            "detachTimeout must be at least 1s",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let errors = cel_errors(spec.clone());
+        assert_eq!(
+            errors.len(),
+            1,
+            "spec {spec}: expected exactly one error, got {errors:?}"
+        );
+        assert!(
+            errors[0].contains(expected),
+            "spec {spec}: {errors:?} should mention {expected:?}"
+        );
+    }
+}
+
+#[test]
+fn several_mistakes_are_all_reported() {
+    let errors = cel_errors(json!({
+        "detection": {"failureThreshold": 0, "signals": ["KubeletTCP"]},
+        "safety": {"maxUnhealthy": "0%"},
+    }));
+    assert_eq!(errors.len(), 3, "{errors:?}");
+}
+
+/// Rules the schema enforces outside CEL: the API server rejects these through `enum` and
+/// `pattern`, so the generated schema must carry them.
+#[test]
+fn schema_carries_enums_patterns_and_list_types() {
+    let crd = serde_json::to_value(PodHAPolicy::crd()).expect("CRD serializes");
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let props = &spec["properties"];
+    let detection = &props["detection"]["properties"];
+    assert_eq!(
+        detection["signals"]["items"]["enum"],
+        json!(["Lease", "NodeReady", "KubeletTCP"])
+    );
+    assert_eq!(detection["signals"]["x-kubernetes-list-type"], "set");
+    assert_eq!(detection["interval"]["pattern"], DURATION_PATTERN);
+    assert_eq!(
+        props["owners"]["items"]["enum"],
+        json!(["StatefulSet", "Deployment", "ReplicaSet"])
+    );
+    assert_eq!(
+        props["action"]["enum"],
+        json!(["DeletePods", "OutOfServiceTaint"])
+    );
+    assert_eq!(
+        props["safety"]["properties"]["maxUnhealthy"]["x-kubernetes-int-or-string"],
+        true
+    );
+    assert_eq!(props["detection"]["default"]["interval"], "5s");
+}
+
+#[test]
+fn crd_has_validations_printer_columns_and_status() {
+    let crd = PodHAPolicy::crd();
+    assert_eq!(crd.spec.group, "podha.io");
+    assert_eq!(crd.spec.scope, "Cluster");
+    assert_eq!(crd.spec.names.short_names, Some(vec!["pha".to_string()]));
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    let columns: Vec<_> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Action",
+            "Dry-Run",
+            "Watched",
+            "Failed",
+            "Ready",
+            "Last-Failover",
+            "Age"
+        ]
+    );
+    assert!(
+        version
+            .subresources
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_some()
+    );
+    let yaml = crd_yaml().expect("CRD renders");
+    assert!(yaml.contains("x-kubernetes-validations"));
+}
+
+/// The committed manifest is generated, never edited: regenerate with `make crd`.
+#[test]
+fn committed_crd_matches_the_generated_one() {
+    let committed = include_str!("../../crds/podha.io_podhapolicies.yaml");
+    let generated = crd_yaml().expect("CRD renders");
+    assert!(
+        committed == generated,
+        "crds/podha.io_podhapolicies.yaml is stale: run `make crd` and commit the result"
+    );
+}
+
+#[test]
+fn max_unhealthy_counts_and_percentages() {
+    let with = |v: Value| policy(json!({"safety": {"maxUnhealthy": v}})).spec;
+    assert_eq!(with(json!(2)).max_unhealthy_nodes(100), 2);
+    assert_eq!(with(json!("30%")).max_unhealthy_nodes(100), 30);
+    assert_eq!(with(json!("30%")).max_unhealthy_nodes(10), 3);
+    // Rounds down, but a policy always tolerates one failed node.
+    assert_eq!(with(json!("30%")).max_unhealthy_nodes(5), 1);
+    assert_eq!(with(json!("30%")).max_unhealthy_nodes(3), 1);
+    assert_eq!(with(json!("100%")).max_unhealthy_nodes(7), 7);
+    assert_eq!(with(json!("4")).max_unhealthy_nodes(100), 4);
+}

@@ -1,0 +1,127 @@
+//! Which pods on a failed node podha may delete, and whether a healthy node could take them.
+//! Every refusal has a reason (`podha_pods_skipped_total{reason}`).
+//!
+//! One file per concern:
+//! - `owners.rs`: controller owner and the `podha.io/failover` annotation. **A pod with no
+//!   controller owner is never deleted** — that rule lives there.
+//! - `volumes.rs`: claims → PersistentVolumes → CSI driver and access mode.
+//! - `target.rs`: could a healthy node run the pod (scheduling predicates), using
+//!   `node_affinity.rs` and `resources.rs` (which reads quantities with `quantity.rs`).
+//! - `selectors.rs`: the policy's node, namespace and pod selectors.
+//!
+//! Everything here is pure: it reads a [`View`] and decides.
+
+mod node_affinity;
+mod owners;
+mod quantity;
+mod resources;
+mod selectors;
+mod target;
+mod volumes;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::api::PodHAPolicySpec;
+use crate::view::View;
+
+pub use selectors::{node_selected, pod_selected};
+pub use target::find_target;
+pub use volumes::claim_names;
+
+/// Why a pod on a failed node is left alone. The label is a `podha_pods_skipped_total` reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// The pod has no controller owner reference: nothing would recreate it.
+    NoControllerOwner,
+    /// The pod's controller kind is not in the policy's `owners` (and it is not opted in), or
+    /// is a ReplicaSet the view does not know yet.
+    OwnerKindNotSelected,
+    /// The pod carries `podha.io/failover: "false"` (or any value other than `"true"`).
+    OptedOut,
+    /// The pod mounts no PersistentVolumeClaim.
+    NoPersistentVolumeClaim,
+    /// A claim the pod mounts is missing or not bound to a PersistentVolume.
+    ClaimNotBound,
+    /// A claim is bound to a volume that is not a CSI volume.
+    VolumeNotCsi,
+    /// A claim is bound to a CSI volume of a driver the policy does not list.
+    DriverNotSelected,
+    /// A claim is bound to a volume whose access modes the policy does not list.
+    AccessModeNotSelected,
+    /// The pod is Ready and not terminating: it looks alive, whatever the node says.
+    PodReady,
+    /// No healthy, schedulable node could run the pod (`safety.requireTarget`).
+    NoTargetNode,
+}
+
+impl SkipReason {
+    /// CamelCase label for metrics and events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NoControllerOwner => "NoControllerOwner",
+            Self::OwnerKindNotSelected => "OwnerKindNotSelected",
+            Self::OptedOut => "OptedOut",
+            Self::NoPersistentVolumeClaim => "NoPersistentVolumeClaim",
+            Self::ClaimNotBound => "ClaimNotBound",
+            Self::VolumeNotCsi => "VolumeNotCsi",
+            Self::DriverNotSelected => "DriverNotSelected",
+            Self::AccessModeNotSelected => "AccessModeNotSelected",
+            Self::PodReady => "PodReady",
+            Self::NoTargetNode => "NoTargetNode",
+        }
+    }
+}
+
+/// A pod that may be force-deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Eligible {
+    /// The controller kind the pod is counted under (`podha_pods_deleted_total{owner_kind}`):
+    /// `StatefulSet`, `Deployment` (a pod of a Deployment's ReplicaSet), `ReplicaSet` (a bare
+    /// one, or one the view does not know, opted in), or for opted-in pods `DaemonSet`, `Job`,
+    /// `ReplicationController` and `Other` (any other controller). A bounded set of labels.
+    pub owner_kind: &'static str,
+}
+
+/// May this pod, on a failed node, be force-deleted? `node_usable(node)` says whether podha
+/// considers a node healthy (not failed or suspect); the target check uses it.
+///
+/// The policy's selectors are not consulted here (see [`pod_selected`], [`node_selected`]).
+/// Checks run in this order and the first refusal wins, so a pod is reported under the most
+/// fundamental reason:
+/// 1. `NoControllerOwner`, `OptedOut`, `OwnerKindNotSelected` (see `owners.rs`);
+/// 2. `PodReady`: a Ready pod that is not terminating looks alive whatever its node says; a
+///    NotReady pod, or a terminating one even if still marked Ready, passes;
+/// 3. `NoPersistentVolumeClaim`, then per claim `ClaimNotBound`, `VolumeNotCsi`,
+///    `DriverNotSelected`, `AccessModeNotSelected` (see `volumes.rs`);
+/// 4. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`).
+pub fn check_pod(
+    spec: &PodHAPolicySpec,
+    pod: &Pod,
+    view: &View,
+    node_usable: &dyn Fn(&Node) -> bool,
+) -> Result<Eligible, SkipReason> {
+    let owner_kind = owners::check_owner(spec, pod, view)?;
+    if is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+        return Err(SkipReason::PodReady);
+    }
+    let pvs = volumes::check_volumes(spec, pod, view)?;
+    if spec.safety.require_target
+        && target::find_target_with(pod, &pvs, view, node_usable).is_none()
+    {
+        return Err(SkipReason::NoTargetNode);
+    }
+    Ok(Eligible { owner_kind })
+}
+
+/// The pod's Ready condition is True.
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,354 @@
+//! What podha has seen of one node, on its own clock. Shared by every policy watching the node;
+//! the runtime feeds it from the Lease and Node watches, the TCP prober and its own view's gaps.
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use tokio::time::Instant;
+
+/// The node's Ready condition as last observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadyStatus {
+    True,
+    False,
+    Unknown,
+    /// The node has no Ready condition (yet); counts as dead, like False and Unknown.
+    Missing,
+}
+
+impl ReadyStatus {
+    /// From `status.conditions[type=Ready].status` (`None`: no Ready condition). A value other
+    /// than `True` or `False` is read as `Unknown`: only an explicit `True` is a sign of life.
+    pub fn from_condition_status(status: Option<&str>) -> Self {
+        match status {
+            None => Self::Missing,
+            Some("True") => Self::True,
+            Some("False") => Self::False,
+            Some(_) => Self::Unknown,
+        }
+    }
+
+    pub fn from_node(node: &Node) -> Self {
+        let status = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.as_str());
+        Self::from_condition_status(status)
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+            Self::Missing => "Missing",
+        }
+    }
+}
+
+/// Observations of one node. Every instant is on podha's clock (`tokio::time::Instant`), taken
+/// when podha saw something, never derived from a timestamp written by the node.
+#[derive(Clone, Debug)]
+pub struct NodeObservations {
+    /// Where the Lease clock runs from: the latest of creation, an observed renewal and the end
+    /// of a gap in podha's view.
+    lease_baseline: Instant,
+    /// The last renewal actually observed; unlike `lease_baseline`, evidence of life.
+    last_renewal: Option<Instant>,
+    /// The Lease's `spec.renewTime` as last seen, to tell a renewal from a re-delivery.
+    renew_time: Option<MicroTime>,
+    ready: ReadyStatus,
+    /// `None` until the first probe result: no result is no evidence either way.
+    tcp_ok: Option<bool>,
+    last_seen_alive: Option<Instant>,
+    gap_since: Option<Instant>,
+    /// Bumped whenever a gap begins or ends, so each tracker notices gaps it did not tick
+    /// through without the runtime having to reach every tracker.
+    gap_epoch: u64,
+}
+
+impl NodeObservations {
+    /// A node podha has just started watching. The Lease clock starts now: podha cannot have
+    /// seen a renewal before it looked.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            lease_baseline: now,
+            last_renewal: None,
+            renew_time: None,
+            ready: ReadyStatus::Missing,
+            tcp_ok: None,
+            last_seen_alive: None,
+            gap_since: None,
+            gap_epoch: 0,
+        }
+    }
+
+    /// podha saw the node's Lease renewed at `at`.
+    pub fn lease_renewed(&mut self, at: Instant) {
+        self.lease_baseline = self.lease_baseline.max(at);
+        self.last_renewal = Some(self.last_renewal.map_or(at, |r| r.max(at)));
+        self.saw_alive(at);
+    }
+
+    /// The Lease as delivered by a watch event at `at`. Counts as a renewal only when
+    /// `renewTime` differs from the one seen before, so a re-list or an update of another field
+    /// does not pass for a sign of life. Any change counts, not just a later time: a kubelet
+    /// whose clock stepped back is still renewing. The first `renewTime` seen is recorded
+    /// without counting: podha cannot tell when it was written. Returns whether it counted.
+    pub fn observe_lease(&mut self, renew_time: Option<&MicroTime>, at: Instant) -> bool {
+        let Some(renew_time) = renew_time else {
+            return false;
+        };
+        let renewed = self
+            .renew_time
+            .as_ref()
+            .is_some_and(|seen| seen != renew_time);
+        self.renew_time = Some(renew_time.clone());
+        if renewed {
+            self.lease_renewed(at);
+        }
+        renewed
+    }
+
+    /// The Ready condition as seen at `at`. Only a change to True is a sign of life: the Node
+    /// object is also updated by others (taints, labels) and a stale True re-delivered with
+    /// such an update says nothing about the kubelet.
+    pub fn observe_ready(&mut self, status: ReadyStatus, at: Instant) {
+        if status == ReadyStatus::True && self.ready != ReadyStatus::True {
+            self.saw_alive(at);
+        }
+        self.ready = status;
+    }
+
+    /// The result of the latest TCP connect to the kubelet.
+    pub fn observe_tcp(&mut self, ok: bool) {
+        self.tcp_ok = Some(ok);
+    }
+
+    /// podha's own view of the node stops being trustworthy (watch restarting, API server
+    /// unreachable, leadership changing). Until [`Self::end_gap`], probes count nothing.
+    /// Idempotent: a gap already open stays open from its first start.
+    pub fn begin_gap(&mut self, at: Instant) {
+        if self.gap_since.is_none() {
+            self.gap_since = Some(at);
+            self.gap_epoch += 1;
+        }
+    }
+
+    /// podha's view is whole again at `at` (watch re-listed, leadership gained): restart the
+    /// Lease clock as if a renewal had been seen now, since renewals may have been missed.
+    /// Without an open gap this is a one-point gap: re-baselining is always safe, it only
+    /// delays detection, so a missed `begin_gap` must not skip it.
+    pub fn end_gap(&mut self, at: Instant) {
+        self.gap_since = None;
+        self.gap_epoch += 1;
+        self.lease_baseline = self.lease_baseline.max(at);
+    }
+
+    /// A gap with no duration, e.g. leadership just gained with warm caches.
+    pub fn gap(&mut self, at: Instant) {
+        self.begin_gap(at);
+        self.end_gap(at);
+    }
+
+    pub fn in_gap(&self) -> bool {
+        self.gap_since.is_some()
+    }
+
+    /// When the open gap began.
+    pub fn gap_since(&self) -> Option<Instant> {
+        self.gap_since
+    }
+
+    pub(super) fn gap_epoch(&self) -> u64 {
+        self.gap_epoch
+    }
+
+    pub fn lease_baseline(&self) -> Instant {
+        self.lease_baseline
+    }
+
+    pub fn last_renewal(&self) -> Option<Instant> {
+        self.last_renewal
+    }
+
+    pub fn ready(&self) -> ReadyStatus {
+        self.ready
+    }
+
+    pub fn tcp_ok(&self) -> Option<bool> {
+        self.tcp_ok
+    }
+
+    /// The last sign of life: an observed Lease renewal or a change of Ready to True. The
+    /// `detect` phase of a failover runs from here to the instant the node was judged Failed.
+    pub fn last_seen_alive(&self) -> Option<Instant> {
+        self.last_seen_alive
+    }
+
+    fn saw_alive(&mut self, at: Instant) {
+        self.last_seen_alive = Some(self.last_seen_alive.map_or(at, |t| t.max(at)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::test_builders::{NodeBuild, mk_node};
+
+    fn micro(secs: i64) -> MicroTime {
+        MicroTime(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn ready_status_from_condition() {
+        let cases = [
+            (None, ReadyStatus::Missing),
+            (Some("True"), ReadyStatus::True),
+            (Some("False"), ReadyStatus::False),
+            (Some("Unknown"), ReadyStatus::Unknown),
+            (Some("true"), ReadyStatus::Unknown),
+            (Some(""), ReadyStatus::Unknown),
+        ];
+        for (input, want) in cases {
+            assert_eq!(ReadyStatus::from_condition_status(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn ready_status_from_node() {
+        let only_pressure = mk_node("n1").without_conditions();
+        let only_pressure = Node {
+            status: only_pressure.status.map(|st| NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "MemoryPressure".into(),
+                    status: "True".into(),
+                    ..NodeCondition::default()
+                }]),
+                ..st
+            }),
+            ..only_pressure
+        };
+        let cases = [
+            (mk_node("n1"), ReadyStatus::True),
+            (mk_node("n1").ready(false), ReadyStatus::Unknown),
+            (mk_node("n1").without_conditions(), ReadyStatus::Missing),
+            (only_pressure, ReadyStatus::Missing),
+            (Node::default(), ReadyStatus::Missing),
+        ];
+        for (node, want) in cases {
+            assert_eq!(ReadyStatus::from_node(&node), want, "{:?}", node.status);
+        }
+    }
+
+    #[test]
+    fn new_baselines_the_lease_clock_without_a_sign_of_life() {
+        let t0 = Instant::now();
+        let obs = NodeObservations::new(t0);
+        assert_eq!(obs.lease_baseline(), t0);
+        assert_eq!(obs.last_renewal(), None);
+        assert_eq!(obs.last_seen_alive(), None);
+        assert_eq!(obs.ready(), ReadyStatus::Missing);
+        assert_eq!(obs.tcp_ok(), None);
+        assert!(!obs.in_gap());
+    }
+
+    #[test]
+    fn only_a_changed_renew_time_counts_as_renewal() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        // First sighting: recorded, not counted.
+        assert!(!obs.observe_lease(Some(&micro(100)), t0 + s(1)));
+        assert_eq!(obs.last_renewal(), None);
+        assert_eq!(obs.lease_baseline(), t0);
+        // Re-delivery of the same renewTime (re-list): not a renewal.
+        assert!(!obs.observe_lease(Some(&micro(100)), t0 + s(2)));
+        assert_eq!(obs.last_renewal(), None);
+        // A lease without renewTime says nothing and forgets nothing.
+        assert!(!obs.observe_lease(None, t0 + s(3)));
+        assert!(!obs.observe_lease(Some(&micro(100)), t0 + s(4)));
+        // A new renewTime is a renewal, at podha's instant.
+        assert!(obs.observe_lease(Some(&micro(110)), t0 + s(5)));
+        assert_eq!(obs.last_renewal(), Some(t0 + s(5)));
+        assert_eq!(obs.lease_baseline(), t0 + s(5));
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(5)));
+        // An earlier renewTime (kubelet clock stepped back) is still a change.
+        assert!(obs.observe_lease(Some(&micro(50)), t0 + s(6)));
+        assert_eq!(obs.last_renewal(), Some(t0 + s(6)));
+    }
+
+    #[test]
+    fn out_of_order_instants_never_move_clocks_back() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        obs.lease_renewed(t0 + s(10));
+        obs.lease_renewed(t0 + s(4));
+        assert_eq!(obs.last_renewal(), Some(t0 + s(10)));
+        assert_eq!(obs.lease_baseline(), t0 + s(10));
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(10)));
+        obs.gap(t0 + s(8));
+        assert_eq!(obs.lease_baseline(), t0 + s(10));
+    }
+
+    #[test]
+    fn only_a_change_to_ready_true_is_a_sign_of_life() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        obs.observe_ready(ReadyStatus::True, t0 + s(1));
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)));
+        obs.observe_ready(ReadyStatus::True, t0 + s(2));
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)), "re-delivered True");
+        obs.observe_ready(ReadyStatus::Unknown, t0 + s(3));
+        assert_eq!(obs.ready(), ReadyStatus::Unknown);
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)));
+        obs.observe_ready(ReadyStatus::True, t0 + s(4));
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(4)));
+    }
+
+    #[test]
+    fn gaps_restart_the_lease_clock_at_their_end_but_are_no_sign_of_life() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        obs.lease_renewed(t0 + s(1));
+        let epoch = obs.gap_epoch();
+
+        obs.begin_gap(t0 + s(5));
+        obs.begin_gap(t0 + s(6));
+        assert!(obs.in_gap());
+        assert_eq!(
+            obs.gap_since(),
+            Some(t0 + s(5)),
+            "a gap starts at its first begin"
+        );
+        assert_eq!(
+            obs.lease_baseline(),
+            t0 + s(1),
+            "the clock restarts at the end, not the start"
+        );
+        assert!(obs.gap_epoch() > epoch);
+
+        let epoch = obs.gap_epoch();
+        obs.end_gap(t0 + s(30));
+        assert!(!obs.in_gap());
+        assert!(obs.gap_epoch() > epoch);
+        assert_eq!(obs.lease_baseline(), t0 + s(30));
+        assert_eq!(obs.last_renewal(), Some(t0 + s(1)));
+        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)));
+
+        // An end without a begin still re-baselines.
+        let epoch = obs.gap_epoch();
+        obs.end_gap(t0 + s(40));
+        assert_eq!(obs.lease_baseline(), t0 + s(40));
+        assert!(obs.gap_epoch() > epoch);
+    }
+}

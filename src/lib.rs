@@ -1,0 +1,12 @@
+//! podha keeps stateful pods alive when their node dies: it watches node health through
+//! `PodHAPolicy` resources and, when a node is judged dead, force-deletes the eligible pods (or
+//! taints the node out-of-service), then follows their volumes until the replacements run.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod eligibility;
+pub mod health;
+pub mod planner;
+#[cfg(test)]
+pub(crate) mod test_builders;
+pub mod view;

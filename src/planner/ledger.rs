@@ -1,0 +1,87 @@
+//! What podha has already done for each dead node, so that one incident never gets two
+//! actions and a replacement pod is never taken for the pod it replaces.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tokio::time::Instant;
+
+use crate::view::View;
+
+/// One node death, from the moment a policy judged the node Failed until the runtime closes it
+/// (node healthy again and the failover finished or abandoned).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incident {
+    pub node: String,
+    /// When the node was judged Failed.
+    pub since: Instant,
+    /// UIDs of the pods bound to the node when the incident opened. Only these may be deleted:
+    /// a pod bound to the node later is a replacement that the dead kubelet never ran.
+    pub pods_at_failure: BTreeSet<String>,
+    /// UIDs of the pods podha force-deleted (or, in a dry run, would have).
+    pub deleted: BTreeSet<String>,
+    /// podha added the out-of-service taint for this incident.
+    pub tainted: bool,
+}
+
+/// Open incidents by node name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    incidents: BTreeMap<String, Incident>,
+}
+
+impl Ledger {
+    /// Opens an incident for `node` unless one is open, snapshotting the pods bound to it now.
+    /// Returns whether a new incident was opened.
+    pub fn open(&mut self, node: &str, since: Instant, view: &View) -> bool {
+        if self.incidents.contains_key(node) {
+            return false;
+        }
+        let pods_at_failure = view
+            .pods_on(node)
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        self.incidents.insert(
+            node.to_string(),
+            Incident {
+                node: node.to_string(),
+                since,
+                pods_at_failure,
+                deleted: BTreeSet::new(),
+                tainted: false,
+            },
+        );
+        true
+    }
+
+    pub fn get(&self, node: &str) -> Option<&Incident> {
+        self.incidents.get(node)
+    }
+
+    pub fn get_mut(&mut self, node: &str) -> Option<&mut Incident> {
+        self.incidents.get_mut(node)
+    }
+
+    /// Records that the pod `uid` on `node` was deleted (called by the actuator on success).
+    pub fn record_deleted(&mut self, node: &str, uid: &str) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.deleted.insert(uid.to_string());
+        }
+    }
+
+    /// Records that podha tainted `node`.
+    pub fn record_tainted(&mut self, node: &str) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.tainted = true;
+        }
+    }
+
+    /// Closes the incident of `node`, returning it.
+    pub fn close(&mut self, node: &str) -> Option<Incident> {
+        self.incidents.remove(node)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Incident> {
+        self.incidents.values()
+    }
+}

@@ -1,0 +1,80 @@
+//! The plain, read-only view of the cluster that every decision reads. The runtime fills it from
+//! its reflector stores; tests fill it from builders. It holds no client and does no IO.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+
+use crate::api::OwnerKind;
+
+/// `namespace/name` of a namespaced object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Everything the decisions need to know about the cluster at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, Arc<Node>>,
+    /// Pods bound to a node (`spec.nodeName` set), grouped by node name.
+    pub pods_by_node: BTreeMap<String, Vec<Arc<Pod>>>,
+    /// PersistentVolumeClaims by namespace/name.
+    pub pvcs: BTreeMap<ObjectKey, Arc<PersistentVolumeClaim>>,
+    /// PersistentVolumes by name.
+    pub pvs: BTreeMap<String, Arc<PersistentVolume>>,
+    /// The controller kind owning each ReplicaSet (`None`: the ReplicaSet has no controller
+    /// owner). Lets a Deployment's pods be recognised through their ReplicaSet.
+    pub replica_set_owners: BTreeMap<ObjectKey, Option<OwnerKind>>,
+    /// Namespace labels by namespace name, for `namespaceSelector`.
+    pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// VolumeAttachments grouped by `spec.nodeName`.
+    pub attachments_by_node: BTreeMap<String, Vec<Arc<VolumeAttachment>>>,
+}
+
+impl View {
+    /// Pods bound to `node` (empty when none).
+    pub fn pods_on(&self, node: &str) -> &[Arc<Pod>] {
+        self.pods_by_node
+            .get(node)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// VolumeAttachments whose `spec.nodeName` is `node`.
+    pub fn attachments_on(&self, node: &str) -> &[Arc<VolumeAttachment>] {
+        self.attachments_by_node
+            .get(node)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    pub fn pvc(&self, namespace: &str, name: &str) -> Option<&PersistentVolumeClaim> {
+        self.pvcs
+            .get(&ObjectKey::new(namespace, name))
+            .map(Arc::as_ref)
+    }
+
+    pub fn pv(&self, name: &str) -> Option<&PersistentVolume> {
+        self.pvs.get(name).map(Arc::as_ref)
+    }
+}
