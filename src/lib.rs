@@ -6,6 +6,9 @@
 pub mod api;
 pub mod eligibility;
 pub mod health;
+pub mod http;
+pub mod leader;
+pub mod metrics;
 pub mod planner;
 #[cfg(test)]
 pub(crate) mod test_builders;
