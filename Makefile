@@ -19,7 +19,7 @@ help: ## List the targets
 .PHONY: test
 test: k8s lint ## Run every test: unit, CRD, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-fail-fast -- --test-threads=1
+	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: demo
 demo: ## Sim cluster + operator + a node kill, printing the failover timeline

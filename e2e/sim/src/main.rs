@@ -1,4 +1,279 @@
-fn main() {
-    eprintln!("podha-sim: not built yet");
-    std::process::exit(1);
+//! `podha-sim`: start, break and stop the sim cluster (see `e2e/sim/README.md`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use podha_sim::cluster::{Cluster, ClusterOptions, Profile, node_is_ready};
+
+#[derive(Parser)]
+#[command(
+    name = "podha-sim",
+    version,
+    about = "A real Kubernetes control plane on one machine, for podha's tests"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Args)]
+struct DirArg {
+    /// Directory of the sim cluster (state, kubeconfig, logs).
+    #[arg(long)]
+    dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a cluster in DIR; returns once every node is Ready. Processes keep running.
+    Up {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Number of nodes, named node-1..node-N.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// `fast` (short grace periods, for tests) or `stock` (upstream defaults).
+        #[arg(long, default_value = "fast")]
+        profile: Profile,
+        /// sim-csi's simulated attach time.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        attach_delay: Duration,
+        /// sim-csi's simulated detach time.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        detach_delay: Duration,
+        /// Control-plane binaries (default: $PODHA_SIM_BIN_DIR, else the `make k8s` cache).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// API server port on 127.0.0.1 (default: a free port).
+        #[arg(long)]
+        apiserver_port: Option<u16>,
+    },
+    /// Kill every process of the cluster in DIR.
+    Down {
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Kill, restart or add nodes.
+    Node {
+        #[command(subcommand)]
+        command: NodeCmd,
+    },
+    /// Show the cluster's processes and nodes.
+    Status {
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// sim-csi controller (provisioner + attacher); started by `up`.
+    #[command(hide = true)]
+    CsiController {
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        attach_delay: Duration,
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        detach_delay: Duration,
+    },
+    /// sim-csi node agent of one node; started by `up` and `node start`.
+    #[command(hide = true)]
+    CsiNode {
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        #[arg(long)]
+        node: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// SIGKILL the node's kwok and sim-csi node agent (the node "loses power").
+    Kill {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Restart a killed node; returns once it is Ready.
+    Start {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Add node-<N+1>; prints its name once it is Ready.
+    Add {
+        #[command(flatten)]
+        dir: DirArg,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The user-facing commands poll the API server while it starts; kube's client logs every
+    // refused connection and 500 as an error, which is noise there. sim-csi keeps them.
+    let default_filter = match cli.command {
+        Cmd::CsiController { .. } | Cmd::CsiNode { .. } => "info",
+        _ => "info,kube_client=off",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("podha-sim: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Up {
+            dir,
+            nodes,
+            profile,
+            attach_delay,
+            detach_delay,
+            bin_dir,
+            apiserver_port,
+        } => {
+            let opts = ClusterOptions {
+                nodes,
+                profile,
+                attach_delay,
+                detach_delay,
+                bin_dir,
+                apiserver_port,
+                ..ClusterOptions::new(dir.dir)
+            };
+            let cluster = Cluster::up(opts).await?;
+            println!("sim cluster up in {}", cluster.dir().display());
+            println!(
+                "export KUBECONFIG={}; {}/kubectl get nodes",
+                cluster.kubeconfig_path().display(),
+                cluster.bin_dir().display()
+            );
+            cluster.keep_running();
+        }
+        Cmd::Down { dir } => {
+            let cluster = Cluster::attach(&dir.dir)?;
+            let n = cluster.processes().iter().filter(|p| p.alive).count();
+            cluster.down()?;
+            println!(
+                "sim cluster in {} is down ({n} processes killed)",
+                cluster.dir().display()
+            );
+        }
+        Cmd::Node {
+            command: NodeCmd::Kill { name, dir },
+        } => {
+            Cluster::attach(&dir.dir)?.kill_node(&name)?;
+            println!("{name} killed");
+        }
+        Cmd::Node {
+            command: NodeCmd::Start { name, dir },
+        } => {
+            Cluster::attach(&dir.dir)?.start_node(&name).await?;
+            println!("{name} is Ready");
+        }
+        Cmd::Node {
+            command: NodeCmd::Add { dir },
+        } => {
+            let name = Cluster::attach(&dir.dir)?.add_node().await?;
+            println!("{name}");
+        }
+        Cmd::Status { dir } => status(&dir.dir).await?,
+        Cmd::CsiController {
+            kubeconfig,
+            attach_delay,
+            detach_delay,
+        } => {
+            let client = client_from(&kubeconfig).await?;
+            let cfg = podha_sim::csi::ControllerConfig {
+                attach_delay,
+                detach_delay,
+            };
+            podha_sim::csi::run_controller(client, cfg).await?;
+        }
+        Cmd::CsiNode { kubeconfig, node } => {
+            let client = client_from(&kubeconfig).await?;
+            podha_sim::csi::run_node_agent(client, node).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("read {}", kubeconfig.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn status(dir: &Path) -> anyhow::Result<()> {
+    let cluster = Cluster::attach(dir)?;
+    println!("dir:        {}", cluster.dir().display());
+    println!("profile:    {}", cluster.profile());
+    println!("apiserver:  {}", cluster.apiserver_url());
+    println!("kubeconfig: {}", cluster.kubeconfig_path().display());
+    println!();
+    println!("{:<28} {:>8}  STATE", "PROCESS", "PID");
+    for p in cluster.processes() {
+        println!(
+            "{:<28} {:>8}  {}",
+            p.name,
+            p.pid,
+            if p.alive { "running" } else { "dead" }
+        );
+    }
+    // Node conditions come from the API server, if it answers.
+    let ready = async {
+        let client = cluster.client().await.ok()?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        let list = tokio::time::timeout(Duration::from_secs(5), nodes.list(&Default::default()))
+            .await
+            .ok()?
+            .ok()?;
+        Some(
+            list.items
+                .into_iter()
+                .map(|n| {
+                    (
+                        n.metadata.name.clone().unwrap_or_default(),
+                        node_is_ready(&n),
+                    )
+                })
+                .collect::<std::collections::HashMap<_, _>>(),
+        )
+    }
+    .await;
+    println!();
+    println!(
+        "{:<10} {:<15} {:>6}  {:<8} READY",
+        "NODE", "IP", "PORT", "PROCS"
+    );
+    for n in cluster.nodes() {
+        let r = match &ready {
+            Some(map) => match map.get(&n.name) {
+                Some(true) => "True",
+                Some(false) => "False",
+                None => "missing",
+            },
+            None => "unknown (API server unreachable)",
+        };
+        let procs = if n.running { "running" } else { "killed" };
+        println!(
+            "{:<10} {:<15} {:>6}  {:<8} {r}",
+            n.name, n.ip, n.kubelet_port, procs
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,103 @@
+//! `DIR/state.json`: what runs, on which ports, so that another `podha-sim` process (`down`,
+//! `node kill`, `status`) can act on a cluster it did not start.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::process::ProcRecord;
+use super::{Error, Profile, Result};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ports {
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+    pub apiserver: u16,
+    pub controller_manager: u16,
+    pub scheduler: u16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    pub index: u8,
+    pub ip: Ipv4Addr,
+    /// kwok's server port on `ip`, reported as the kubelet endpoint port.
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    pub profile: Profile,
+    pub bin_dir: PathBuf,
+    pub sim_exe: PathBuf,
+    #[serde(with = "humantime_serde_compat")]
+    pub attach_delay: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub detach_delay: Duration,
+    pub ports: Ports,
+    pub nodes: Vec<NodeRecord>,
+    /// Running (or last started) processes by name; removed when killed on purpose.
+    pub processes: BTreeMap<String, ProcRecord>,
+}
+
+/// Durations as humantime strings ("1s 500ms") so the file stays readable.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join("state.json")
+}
+
+impl State {
+    /// Reads `DIR/state.json`; `Ok(None)` when there is none.
+    pub fn load(dir: &Path) -> Result<Option<State>> {
+        let p = path(dir);
+        let text = match std::fs::read_to_string(&p) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(format!("read {}", p.display()), e)),
+        };
+        serde_json::from_str(&text).map(Some).map_err(|e| {
+            Error::Other(format!(
+                "{} is not a podha-sim state file: {e}",
+                p.display()
+            ))
+        })
+    }
+
+    /// Writes `DIR/state.json` atomically (temp file + rename).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let p = path(dir);
+        let tmp = dir.join(format!(".state.json.{}", std::process::id()));
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| Error::Other(format!("serialize state: {e}")))?;
+        std::fs::write(&tmp, text).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| Error::io(format!("write {}", p.display()), e))
+    }
+
+    pub fn node(&self, name: &str) -> Result<&NodeRecord> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| Error::UnknownNode {
+                name: name.to_string(),
+                known: self.nodes.iter().map(|n| n.name.clone()).collect(),
+            })
+    }
+}

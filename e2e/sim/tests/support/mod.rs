@@ -1,0 +1,659 @@
+//! Helpers for the sim cluster's integration tests: one shared cluster per test binary, polling
+//! waits, object builders, queries and a dump of everything relevant for failure messages.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::api::core::v1::{
+    Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint,
+};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use podha_sim::cluster::{Cluster, ClusterOptions, Profile};
+use serde_json::json;
+
+/// One cluster shared by every test of a binary, started on first use and taken down by
+/// [`SharedCluster::teardown`].
+pub struct SharedCluster {
+    dir: PathBuf,
+    nodes: usize,
+    cell: OnceLock<Result<Cluster, String>>,
+}
+
+impl SharedCluster {
+    pub fn new(name: &str, nodes: usize) -> Self {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}", std::process::id()));
+        SharedCluster {
+            dir,
+            nodes,
+            cell: OnceLock::new(),
+        }
+    }
+
+    /// The cluster, started on the first call (other callers wait for it).
+    pub fn get(&self) -> Result<&Cluster, String> {
+        self.cell
+            .get_or_init(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let mut opts = ClusterOptions::new(&self.dir);
+                opts.nodes = self.nodes;
+                opts.profile = Profile::Fast;
+                opts.sim_exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_podha-sim")));
+                eprintln!(
+                    "starting a sim cluster with {} nodes in {} (if this run is interrupted: \
+                     podha-sim down --dir {})",
+                    self.nodes,
+                    self.dir.display(),
+                    self.dir.display()
+                );
+                let started = Instant::now();
+                let res = rt.block_on(Cluster::up(opts)).map_err(|e| format!("{e}"));
+                eprintln!("sim cluster up in {:.1?}", started.elapsed());
+                res
+            })
+            .as_ref()
+            .map_err(|e| format!("could not start the sim cluster: {e}"))
+    }
+
+    /// Takes the cluster down; removes its directory when every test passed, keeps it (logs)
+    /// otherwise.
+    pub fn teardown(&self, failed: bool) {
+        let Some(res) = self.cell.get() else { return };
+        if let Ok(cluster) = res
+            && let Err(e) = cluster.down()
+        {
+            eprintln!("sim cluster down failed: {e}");
+        }
+        if failed || res.is_err() {
+            if self.dir.exists() {
+                eprintln!("sim cluster logs kept in {}/logs", self.dir.display());
+            }
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Runs one scenario on its own tokio runtime with a fresh client and namespace; on failure the
+/// error carries a dump of the namespace and the nodes.
+pub fn run_scenario<'a, F, Fut>(
+    shared: &'a SharedCluster,
+    namespace: &str,
+    scenario: F,
+) -> Result<(), libtest_mimic::Failed>
+where
+    F: FnOnce(Ctx<'a>) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let cluster = shared.get()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let client = cluster.client().await.map_err(|e| e.to_string())?;
+        create_namespace(&client, namespace)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let ctx = Ctx {
+            cluster,
+            client: client.clone(),
+            ns: namespace.to_string(),
+        };
+        match scenario(ctx).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let dump = dump(&client, namespace).await;
+                Err(format!("{e:#}\n\n==== state at failure ====\n{dump}").into())
+            }
+        }
+    })
+}
+
+/// What a scenario works with.
+pub struct Ctx<'a> {
+    pub cluster: &'a Cluster,
+    pub client: kube::Client,
+    pub ns: String,
+}
+
+impl Ctx<'_> {
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+    pub fn vas(&self) -> Api<VolumeAttachment> {
+        Api::all(self.client.clone())
+    }
+    pub fn pvcs(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+    pub fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    pub async fn create<K>(&self, obj: serde_json::Value) -> anyhow::Result<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let obj: K = serde_json::from_value(obj).context("build object")?;
+        let api: Api<K> = Api::namespaced(self.client.clone(), &self.ns);
+        api.create(&PostParams::default(), &obj)
+            .await
+            .context("create object")
+    }
+
+    /// Pods of the namespace carrying `app=<app>`.
+    pub async fn app_pods(&self, app: &str) -> anyhow::Result<Vec<Pod>> {
+        Ok(self
+            .pods()
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await?
+            .items)
+    }
+
+    /// The PV bound to claim `pvc`, once bound.
+    pub async fn wait_bound_pv(&self, pvc: &str) -> anyhow::Result<PersistentVolume> {
+        let name = wait_for(&format!("PVC {pvc} to be bound"), secs(60), || async {
+            let claim = self.pvcs().get_opt(pvc).await?;
+            Ok(claim
+                .and_then(|c| c.spec)
+                .and_then(|s| s.volume_name)
+                .filter(|v| !v.is_empty()))
+        })
+        .await?;
+        Ok(self.pvs().get(&name).await?)
+    }
+
+    /// VolumeAttachments of `pv`.
+    pub async fn vas_of(&self, pv: &str) -> anyhow::Result<Vec<VolumeAttachment>> {
+        Ok(self
+            .vas()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv))
+            .collect())
+    }
+
+    /// Waits until `pv` has a VolumeAttachment on `node` with `status.attached=true`.
+    pub async fn wait_attached(
+        &self,
+        pv: &str,
+        node: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        wait_for(&format!("{pv} attached to {node}"), timeout, || async {
+            let vas = self.vas_of(pv).await?;
+            Ok(vas
+                .iter()
+                .any(|va| va.spec.node_name == node && va_attached(va))
+                .then_some(()))
+        })
+        .await
+    }
+
+    /// Waits until the node's Ready condition is no longer True; returns its status then.
+    pub async fn wait_not_ready(&self, node: &str, timeout: Duration) -> anyhow::Result<String> {
+        wait_for(&format!("{node} to leave Ready"), timeout, || async {
+            let n = self.nodes().get(node).await?;
+            Ok(ready_status(&n).filter(|s| s != "True"))
+        })
+        .await
+    }
+
+    pub async fn wait_ready(&self, node: &str, timeout: Duration) -> anyhow::Result<()> {
+        wait_for(&format!("{node} to be Ready"), timeout, || async {
+            let n = self.nodes().get(node).await?;
+            Ok((ready_status(&n).as_deref() == Some("True")).then_some(()))
+        })
+        .await
+    }
+
+    /// Waits for the single live (not terminating) pod of `app` to be Running and Ready.
+    pub async fn wait_app_running(&self, app: &str, timeout: Duration) -> anyhow::Result<Pod> {
+        wait_for(&format!("a Running pod of {app}"), timeout, || async {
+            let pods = self.app_pods(app).await?;
+            Ok(pods
+                .into_iter()
+                .find(|p| !terminating(p) && running_ready(p)))
+        })
+        .await
+    }
+
+    /// Adds a taint to a node (read-modify-write with the resourceVersion, retried on conflict).
+    pub async fn add_taint(&self, node: &str, taint: Taint) -> anyhow::Result<()> {
+        self.edit_taints(node, |taints| {
+            taints.retain(|t| !(t.key == taint.key && t.effect == taint.effect));
+            taints.push(taint.clone());
+        })
+        .await
+    }
+
+    pub async fn remove_taint(&self, node: &str, key: &str) -> anyhow::Result<()> {
+        self.edit_taints(node, |taints| taints.retain(|t| t.key != key))
+            .await
+    }
+
+    async fn edit_taints(&self, node: &str, edit: impl Fn(&mut Vec<Taint>)) -> anyhow::Result<()> {
+        for _ in 0..10 {
+            let n = self.nodes().get(node).await?;
+            let mut taints = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            edit(&mut taints);
+            let patch = json!({
+                "metadata": { "resourceVersion": n.metadata.resource_version },
+                "spec": { "taints": taints },
+            });
+            match self
+                .nodes()
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        bail!("could not update the taints of {node}: conflicts")
+    }
+
+    /// Deletes a pod with grace period 0 and a UID precondition (what `kubectl delete --force`
+    /// does, and what podha does).
+    pub async fn force_delete(&self, pod: &Pod) -> anyhow::Result<()> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        self.pods()
+            .delete(&name, &dp)
+            .await
+            .with_context(|| format!("force-delete {name}"))?;
+        Ok(())
+    }
+}
+
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Polls `check` every 500 ms until it yields `Some`; errors from `check` abort the wait.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            // API hiccups under load are retried; the last one is reported on timeout.
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() >= deadline {
+            let detail = last_err
+                .map(|e| format!(" (last error: {e:#})"))
+                .unwrap_or_default();
+            bail!("timed out after {timeout:?} waiting for {what}{detail}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Checks every second for `duration` that `check` holds (`Ok(Ok(()))`); fails at the first
+/// violation (`Ok(Err(reason))`).
+pub async fn holds_for<F, Fut>(what: &str, duration: Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Result<(), String>>>,
+{
+    let start = Instant::now();
+    loop {
+        match check().await {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => {
+                bail!("{what}: violated after {:.1?}: {reason}", start.elapsed())
+            }
+            Err(e) => eprintln!("{what}: check failed ({e:#}), retrying"),
+        }
+        if start.elapsed() >= duration {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+pub fn terminating(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_some()
+}
+
+pub fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+pub fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+pub fn name_of(p: &Pod) -> &str {
+    p.metadata.name.as_deref().unwrap_or("")
+}
+
+pub fn running_ready(p: &Pod) -> bool {
+    phase(p) == "Running"
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn ready_status(n: &Node) -> Option<String> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone())
+}
+
+pub fn va_attached(va: &VolumeAttachment) -> bool {
+    va.status.as_ref().is_some_and(|s| s.attached)
+}
+
+pub fn volumes_in_use(n: &Node) -> Vec<String> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.volumes_in_use.clone())
+        .unwrap_or_default()
+}
+
+/// `node.status.volumesInUse` name of a CSI PV.
+pub fn unique_name(pv: &PersistentVolume) -> anyhow::Result<String> {
+    let csi = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .ok_or_else(|| anyhow!("PV {:?} is not a CSI volume", pv.metadata.name))?;
+    Ok(podha_sim::csi::unique_volume_name(
+        &csi.driver,
+        &csi.volume_handle,
+    ))
+}
+
+pub fn pv_name(pv: &PersistentVolume) -> String {
+    pv.metadata.name.clone().unwrap_or_default()
+}
+
+/// Required node affinity to `nodes`, so each scenario keeps to its own nodes.
+fn affinity(nodes: &[&str]) -> serde_json::Value {
+    json!({
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{
+                    "matchExpressions": [{
+                        "key": "kubernetes.io/hostname",
+                        "operator": "In",
+                        "values": nodes,
+                    }],
+                }],
+            },
+        },
+    })
+}
+
+fn pod_spec(nodes: &[&str], claim: Option<&str>) -> serde_json::Value {
+    let mut spec = json!({
+        "affinity": affinity(nodes),
+        "containers": [{
+            "name": "app",
+            "image": "registry.invalid/podha/app:1",
+            "volumeMounts": [],
+        }],
+    });
+    if let Some(claim) = claim {
+        spec["containers"][0]["volumeMounts"] = json!([{ "name": "data", "mountPath": "/data" }]);
+        spec["volumes"] =
+            json!([{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }]);
+    }
+    spec
+}
+
+pub fn pvc(name: &str, class: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": { "name": name },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": class,
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    })
+}
+
+/// A one-replica StatefulSet `name` (label `app=<name>`) with a `sim-rwo` claim template `data`.
+pub fn statefulset(name: &str, nodes: &[&str]) -> serde_json::Value {
+    let mut spec = pod_spec(nodes, None);
+    spec["containers"][0]["volumeMounts"] = json!([{ "name": "data", "mountPath": "/data" }]);
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": { "matchLabels": { "app": name } },
+            "template": { "metadata": { "labels": { "app": name } }, "spec": spec },
+            "volumeClaimTemplates": [{
+                "metadata": { "name": "data" },
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": podha_sim::csi::RWO_STORAGE_CLASS,
+                    "resources": { "requests": { "storage": "1Gi" } },
+                },
+            }],
+        },
+    })
+}
+
+/// A one-replica Deployment `name` (label `app=<name>`), mounting `claim` if given.
+pub fn deployment(name: &str, nodes: &[&str], claim: Option<&str>) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": 1,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": pod_spec(nodes, claim),
+            },
+        },
+    })
+}
+
+pub async fn create_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let obj: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
+    match api.create(&PostParams::default(), &obj).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e).context(format!("create namespace {ns}")),
+    }
+}
+
+pub async fn events_for(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+        .collect())
+}
+
+/// Pods, claims, volume attachments, nodes and events, for failure messages.
+pub async fn dump(client: &kube::Client, ns: &str) -> String {
+    let mut out = String::new();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match pods.list(&ListParams::default()).await {
+        Ok(list) => {
+            out.push_str(&format!("pods in {ns}:\n"));
+            for p in &list.items {
+                let ann = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(podha_sim::csi::VOLUMES_READY_ANNOTATION).cloned());
+                out.push_str(&format!(
+                    "  {} uid={} node={} phase={} ready={} deletion={:?} volumes-ready={:?}\n",
+                    name_of(p),
+                    p.metadata.uid.as_deref().unwrap_or(""),
+                    node_of(p).unwrap_or("-"),
+                    phase(p),
+                    running_ready(p),
+                    p.metadata
+                        .deletion_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string()),
+                    ann,
+                ));
+            }
+        }
+        Err(e) => out.push_str(&format!("pods: {e}\n")),
+    }
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    if let Ok(list) = pvcs.list(&ListParams::default()).await {
+        out.push_str("claims:\n");
+        for c in &list.items {
+            out.push_str(&format!(
+                "  {} volume={:?} phase={:?}\n",
+                c.metadata.name.as_deref().unwrap_or(""),
+                c.spec.as_ref().and_then(|s| s.volume_name.clone()),
+                c.status.as_ref().and_then(|s| s.phase.clone()),
+            ));
+        }
+    }
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    match vas.list(&ListParams::default()).await {
+        Ok(list) => {
+            out.push_str("volume attachments:\n");
+            for va in &list.items {
+                out.push_str(&format!(
+                    "  {} pv={:?} node={} attached={} deletion={:?} finalizers={:?} error={:?}\n",
+                    va.metadata.name.as_deref().unwrap_or(""),
+                    va.spec.source.persistent_volume_name,
+                    va.spec.node_name,
+                    va_attached(va),
+                    va.metadata
+                        .deletion_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string()),
+                    va.metadata.finalizers,
+                    va.status
+                        .as_ref()
+                        .and_then(|s| s.attach_error.as_ref())
+                        .and_then(|e| e.message.clone()),
+                ));
+            }
+        }
+        Err(e) => out.push_str(&format!("volume attachments: {e}\n")),
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    match nodes.list(&ListParams::default()).await {
+        Ok(list) => {
+            out.push_str("nodes:\n");
+            for n in &list.items {
+                let taints: Vec<String> = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{}={}:{}",
+                            t.key,
+                            t.value.as_deref().unwrap_or(""),
+                            t.effect
+                        )
+                    })
+                    .collect();
+                out.push_str(&format!(
+                    "  {} ready={:?} taints={:?} volumesInUse={:?}\n",
+                    n.metadata.name.as_deref().unwrap_or(""),
+                    ready_status(n),
+                    taints,
+                    volumes_in_use(n),
+                ));
+            }
+        }
+        Err(e) => out.push_str(&format!("nodes: {e}\n")),
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    if let Ok(list) = events.list(&ListParams::default()).await {
+        out.push_str(&format!("events in {ns} (last 40):\n"));
+        let mut items = list.items;
+        items.sort_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
+        for e in items.iter().rev().take(40).rev() {
+            out.push_str(&format!(
+                "  {} {}/{} {}: {}\n",
+                e.type_.as_deref().unwrap_or(""),
+                e.involved_object.kind.as_deref().unwrap_or(""),
+                e.involved_object.name.as_deref().unwrap_or(""),
+                e.reason.as_deref().unwrap_or(""),
+                e.message.as_deref().unwrap_or(""),
+            ));
+        }
+    }
+    out
+}
+
+/// Summary of the scenario's pods (for progress output).
+pub fn summary(pods: &[Pod]) -> BTreeMap<String, String> {
+    pods.iter()
+        .map(|p| {
+            (
+                name_of(p).to_string(),
+                format!(
+                    "{}@{}{}",
+                    phase(p),
+                    node_of(p).unwrap_or("-"),
+                    if terminating(p) { " (terminating)" } else { "" }
+                ),
+            )
+        })
+        .collect()
+}
