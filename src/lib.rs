@@ -4,12 +4,14 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod detach;
 pub mod eligibility;
 pub mod health;
 pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod planner;
+pub mod runtime;
 #[cfg(test)]
 pub(crate) mod test_builders;
 pub mod view;

@@ -101,16 +101,45 @@ pub fn check_pod(
     node_usable: &dyn Fn(&Node) -> bool,
 ) -> Result<Eligible, SkipReason> {
     let owner_kind = owners::check_owner(spec, pod, view)?;
-    if is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+    if looks_alive(pod) {
         return Err(SkipReason::PodReady);
     }
+    check_volumes_and_target(spec, pod, view, node_usable)?;
+    Ok(Eligible { owner_kind })
+}
+
+/// Everything [`check_pod`] checks but readiness. On a node that podha judged dead, a pod's
+/// Ready=True is what the dead kubelet last wrote; the planner first marks such pods NotReady
+/// (as the node lifecycle controller would, later) and deletes them once they are not Ready.
+pub fn check_movable(
+    spec: &PodHAPolicySpec,
+    pod: &Pod,
+    view: &View,
+    node_usable: &dyn Fn(&Node) -> bool,
+) -> Result<Eligible, SkipReason> {
+    let owner_kind = owners::check_owner(spec, pod, view)?;
+    check_volumes_and_target(spec, pod, view, node_usable)?;
+    Ok(Eligible { owner_kind })
+}
+
+fn check_volumes_and_target(
+    spec: &PodHAPolicySpec,
+    pod: &Pod,
+    view: &View,
+    node_usable: &dyn Fn(&Node) -> bool,
+) -> Result<(), SkipReason> {
     let pvs = volumes::check_volumes(spec, pod, view)?;
     if spec.safety.require_target
         && target::find_target_with(pod, &pvs, view, node_usable).is_none()
     {
         return Err(SkipReason::NoTargetNode);
     }
-    Ok(Eligible { owner_kind })
+    Ok(())
+}
+
+/// Ready and not terminating: the pod looks alive, whatever its node says.
+pub fn looks_alive(pod: &Pod) -> bool {
+    is_ready(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// The pod's Ready condition is True.

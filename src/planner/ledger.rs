@@ -17,8 +17,10 @@ pub struct Incident {
     /// UIDs of the pods bound to the node when the incident opened. Only these may be deleted:
     /// a pod bound to the node later is a replacement that the dead kubelet never ran.
     pub pods_at_failure: BTreeSet<String>,
-    /// UIDs of the pods podha force-deleted (or, in a dry run, would have).
+    /// UIDs of the pods podha force-deleted.
     pub deleted: BTreeSet<String>,
+    /// UIDs of the pods podha marked NotReady before deleting them.
+    pub marked_not_ready: BTreeSet<String>,
     /// podha added the out-of-service taint for this incident.
     pub tainted: bool,
 }
@@ -48,6 +50,7 @@ impl Ledger {
                 since,
                 pods_at_failure,
                 deleted: BTreeSet::new(),
+                marked_not_ready: BTreeSet::new(),
                 tainted: false,
             },
         );
@@ -66,6 +69,13 @@ impl Ledger {
     pub fn record_deleted(&mut self, node: &str, uid: &str) {
         if let Some(incident) = self.incidents.get_mut(node) {
             incident.deleted.insert(uid.to_string());
+        }
+    }
+
+    /// Records that the pod `uid` on `node` was marked NotReady.
+    pub fn record_marked_not_ready(&mut self, node: &str, uid: &str) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.marked_not_ready.insert(uid.to_string());
         }
     }
 

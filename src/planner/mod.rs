@@ -8,6 +8,11 @@
 //!   action and safety limits apply, so overlapping policies never disagree about one object.
 //! - **One action per incident.** A pod is deleted only if it was on the node when the incident
 //!   opened (later pods are replacements) and was not deleted already; a node is tainted once.
+//! - **Stale readiness.** A pod still Ready on a dead node shows what the dead kubelet last
+//!   wrote. The node lifecycle controller marks such pods NotReady only after its grace period
+//!   (50 s by default); podha marks the pods it will move NotReady as soon as it judges the node
+//!   dead, and deletes them once they are not Ready. A pod that stays Ready after podha marked it
+//!   is left alone: something alive keeps reporting it.
 //! - **Hold when unsure.** Too many failed nodes, or a dry run, turns actions into holds.
 
 mod ledger;
@@ -49,6 +54,13 @@ pub struct PlanInput<'a> {
 pub enum Intent {
     /// Add `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` and podha's marker.
     TaintOutOfService { node: String, policy: String },
+    /// Set the pod's Ready condition to False: its node is dead, the readiness is stale.
+    MarkPodNotReady {
+        pod: ObjectKey,
+        uid: String,
+        node: String,
+        policy: String,
+    },
     /// Force-delete (grace 0) the pod with this UID (UID precondition).
     ForceDeletePod {
         pod: ObjectKey,
@@ -210,7 +222,7 @@ fn plan_incident(
         return;
     };
     let usable = node_usable(input.health);
-    let mut deletions = Vec::new();
+    let mut moves = Vec::new();
 
     for pod in view.pods_on(node) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
@@ -247,8 +259,20 @@ fn plan_incident(
             out.skips.push(skip(Skip::Replacement));
             continue;
         }
-        match eligibility::check_pod(owner.spec, pod, view, &usable) {
+        match eligibility::check_movable(owner.spec, pod, view, &usable) {
             Err(reason) => out.skips.push(skip(Skip::Ineligible(reason))),
+            // Marked already and still Ready: wait for the watch to show the mark (or, if a
+            // live kubelet turned it Ready again, for the node to be judged healthy).
+            Ok(_) if eligibility::looks_alive(pod) && incident.marked_not_ready.contains(uid) => {}
+            Ok(_) if eligibility::looks_alive(pod) => {
+                let intent = Intent::MarkPodNotReady {
+                    pod: key,
+                    uid: uid.to_string(),
+                    node: node.to_string(),
+                    policy: owner.name.to_string(),
+                };
+                moves.push((owner, intent));
+            }
             Ok(eligible) => {
                 let intent = Intent::ForceDeletePod {
                     pod: key,
@@ -257,15 +281,15 @@ fn plan_incident(
                     policy: owner.name.to_string(),
                     owner_kind: eligible.owner_kind,
                 };
-                deletions.push((owner, intent));
+                moves.push((owner, intent));
             }
         }
     }
 
-    if let Some(taint) = plan_taint(incident, node_obj, policies, held, input, &deletions) {
+    if let Some(taint) = plan_taint(incident, node_obj, policies, held, input, &moves) {
         out.intents.push(taint);
     }
-    for (owner, intent) in deletions {
+    for (owner, intent) in moves {
         out.intents.push(dry_run_guard(owner, node, intent));
     }
 }
@@ -279,7 +303,7 @@ fn plan_taint(
     policies: &[PolicyRef<'_>],
     held: &BTreeMap<&str, HoldReason>,
     input: &PlanInput<'_>,
-    deletions: &[(PolicyRef<'_>, Intent)],
+    moves: &[(PolicyRef<'_>, Intent)],
 ) -> Option<Intent> {
     let owner = node_owner(policies, node)?;
     let failed = matches!(
@@ -291,7 +315,7 @@ fn plan_taint(
         || held.contains_key(owner.name)
         || incident.tainted
         || has_out_of_service_taint(node)
-        || deletions.is_empty()
+        || moves.is_empty()
     {
         return None;
     }

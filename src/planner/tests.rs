@@ -649,3 +649,94 @@ fn ledger_snapshots_the_pods_on_the_node() {
     assert!(ledger.close("node-1").is_some());
     assert!(ledger.get("node-1").is_none());
 }
+
+fn intent_names(plan: &Plan) -> Vec<String> {
+    plan.intents
+        .iter()
+        .map(|i| match i {
+            Intent::MarkPodNotReady { pod, .. } => format!("mark {pod}"),
+            Intent::ForceDeletePod { pod, .. } => format!("delete {pod}"),
+            Intent::TaintOutOfService { node, .. } => format!("taint {node}"),
+            Intent::RemoveTaint { node } => format!("untaint {node}"),
+            Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
+        })
+        .collect()
+}
+
+/// `cluster(3)` with `db-0` still Ready, as the dead kubelet last reported it.
+fn cluster_with_ready_pod() -> View {
+    let mut view = cluster(3);
+    view.pods_by_node.insert(
+        "node-1".into(),
+        vec![std::sync::Arc::new(
+            mk_pod("ns", "db-0")
+                .on("node-1")
+                .owned_by_sts("db")
+                .claim("data-db-0")
+                .ready(true),
+        )],
+    );
+    view
+}
+
+#[test]
+fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
+    let world = World::new(cluster_with_ready_pod())
+        .policy("p", mk_spec())
+        .fail("node-1");
+    assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
+
+    // Marked, and the watch still shows it Ready: wait, do not mark again nor delete.
+    let mut world = world;
+    let uid = uid(&world.view, "node-1", "db-0");
+    world.ledger.record_marked_not_ready("node-1", &uid);
+    let plan = world.plan();
+    assert!(plan.intents.is_empty(), "{:?}", plan.intents);
+    assert!(plan.skips.is_empty(), "{:?}", plan.skips);
+
+    // The mark shows: delete.
+    world.view = cluster(3);
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
+}
+
+#[test]
+fn ready_pods_that_would_not_move_are_not_marked() {
+    let view = cluster(3)
+        .with(
+            mk_pod("ns", "bare")
+                .on("node-1")
+                .claim("data-db-0")
+                .ready(true),
+        )
+        .with(
+            mk_pod("ns", "scratch")
+                .on("node-1")
+                .owned_by_sts("s")
+                .empty_dir("tmp")
+                .ready(true),
+        );
+    let plan = World::new(view)
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert_eq!(intent_names(&plan), ["delete ns/db-0"]);
+    let mut skips = skip_reasons(&plan);
+    skips.sort();
+    assert_eq!(
+        skips,
+        vec![
+            ("ns/bare".to_string(), "NoControllerOwner"),
+            ("ns/scratch".to_string(), "NoPersistentVolumeClaim")
+        ]
+    );
+}
+
+#[test]
+fn the_taint_goes_first_even_while_pods_are_being_marked() {
+    let spec = with_action(mk_spec(), Action::OutOfServiceTaint);
+    let plan = World::new(cluster_with_ready_pod())
+        .policy("p", spec)
+        .fail("node-1")
+        .plan();
+    assert_eq!(intent_names(&plan), ["taint node-1", "mark ns/db-0"]);
+}

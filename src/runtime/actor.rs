@@ -1,0 +1,862 @@
+//! The decision loop: one task that owns the cluster state, the health trackers, the ledger and
+//! the open failovers. Watch changes and action results come in; every tick it probes, plans,
+//! and sends writes out. Owning everything in one task keeps decisions sequential and lock-free.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Resource, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{info, warn};
+
+use super::actuator::Outcome;
+use super::prober::{ProbePlan, Target, kubelet_addr};
+use super::state::{Change, ClusterState};
+use super::status::{PolicyFacts, policy_status};
+use super::writer::{ActResult, EventNote, Write, intent_kind};
+use crate::api::{PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION};
+use crate::detach::{Failover, MovedPod, PhaseChange};
+use crate::eligibility::node_selected;
+use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, Transition};
+use crate::metrics::{Metrics, TaintOperation};
+use crate::planner::{self, HealthBook, HoldReason, Intent, Ledger, PlanInput, PodSkip, PolicyRef};
+
+/// How often the loop wakes to probe and plan. Probes themselves run every policy `interval`.
+pub const TICK: Duration = Duration::from_millis(200);
+/// Retry delays for a failed action: doubled per failure up to the maximum.
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActorError {
+    #[error("the watch streams ended")]
+    WatchesEnded,
+}
+
+/// One policy's judgement of one node, and when it probes next.
+struct Tracked {
+    tracker: HealthTracker,
+    next_probe: Instant,
+}
+
+/// An action sent to the writer and not answered yet, or one waiting to be retried.
+struct Pending {
+    moved: Option<MovedPod>,
+    policy: String,
+}
+
+/// Converts the loop's monotonic instants to wall-clock times for status and events, from one
+/// fixed anchor so a time never changes once computed.
+#[derive(Clone, Copy)]
+struct WallClock {
+    instant: Instant,
+    system: SystemTime,
+}
+
+impl WallClock {
+    fn now() -> Self {
+        Self {
+            instant: Instant::now(),
+            system: SystemTime::now(),
+        }
+    }
+
+    fn time(&self, at: Instant) -> Time {
+        let system = if at >= self.instant {
+            self.system + (at - self.instant)
+        } else {
+            self.system - (self.instant - at)
+        };
+        let ts = k8s_openapi::jiff::Timestamp::try_from(system)
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        // Kubernetes stores times to the second; rounding here keeps status patches stable.
+        Time(ts.round(k8s_openapi::jiff::Unit::Second).unwrap_or(ts))
+    }
+}
+
+pub struct Actor {
+    state: ClusterState,
+    trackers: BTreeMap<(String, String), Tracked>,
+    ledger: Ledger,
+    /// Open failovers by node.
+    failovers: BTreeMap<String, Failover>,
+    /// Finished failovers per policy, newest first.
+    history: BTreeMap<String, VecDeque<Failover>>,
+    pending: BTreeMap<String, Pending>,
+    retry_at: BTreeMap<String, (Instant, Duration)>,
+    /// Skips, holds and dropped intents already reported, so each is counted once.
+    reported: BTreeSet<String>,
+    last_status: BTreeMap<String, PodHAPolicyStatus>,
+    leading: bool,
+    is_leader: watch::Receiver<bool>,
+    ready: watch::Sender<bool>,
+    writes: mpsc::Sender<Write>,
+    probe_plan: watch::Sender<ProbePlan>,
+    metrics: Arc<Metrics>,
+    wall: WallClock,
+}
+
+impl Actor {
+    pub fn new(
+        is_leader: watch::Receiver<bool>,
+        ready: watch::Sender<bool>,
+        writes: mpsc::Sender<Write>,
+        probe_plan: watch::Sender<ProbePlan>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            state: ClusterState::default(),
+            trackers: BTreeMap::new(),
+            ledger: Ledger::default(),
+            failovers: BTreeMap::new(),
+            history: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            retry_at: BTreeMap::new(),
+            reported: BTreeSet::new(),
+            last_status: BTreeMap::new(),
+            leading: false,
+            is_leader,
+            ready,
+            writes,
+            probe_plan,
+            metrics,
+            wall: WallClock::now(),
+        }
+    }
+
+    /// Runs until the watches end (an error: they never end on their own).
+    pub async fn run(
+        mut self,
+        changes: impl Stream<Item = Change> + Unpin,
+        mut results: mpsc::Receiver<ActResult>,
+        mut tcp: mpsc::Receiver<Vec<(String, bool)>>,
+    ) -> Result<(), ActorError> {
+        let mut changes = changes;
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                change = changes.next() => match change {
+                    Some(change) => self.state.apply(change, Instant::now()),
+                    None => return Err(ActorError::WatchesEnded),
+                },
+                Some(result) = results.recv() => self.on_result(result, Instant::now()),
+                Some(round) = tcp.recv() => {
+                    for (node, ok) in round {
+                        if let Some(obs) = self.state.observations.get_mut(&node) {
+                            obs.observe_tcp(ok);
+                        }
+                    }
+                }
+                _ = ticker.tick() => self.tick(Instant::now()).await,
+            }
+        }
+    }
+
+    async fn send(&self, write: Write) {
+        // The writer lives as long as the loop; a closed channel means shutdown.
+        let _ = self.writes.send(write).await;
+    }
+
+    async fn event(&self, note: EventNote) {
+        if self.leading {
+            self.send(Write::Event(note)).await;
+        }
+    }
+
+    fn follow_leadership(&mut self, now: Instant) {
+        let leading = *self.is_leader.borrow_and_update();
+        if leading != self.leading {
+            self.leading = leading;
+            self.metrics.set_leader(leading);
+            if leading {
+                // What a follower saw may be stale; re-baseline before judging anything.
+                for obs in self.state.observations.values_mut() {
+                    obs.gap(now);
+                }
+                self.last_status.clear();
+                info!("became leader");
+            } else {
+                info!("lost leadership; holding every write");
+            }
+        }
+    }
+
+    async fn tick(&mut self, now: Instant) {
+        self.follow_leadership(now);
+        let synced = self.state.synced();
+        self.metrics.set_cache_synced(synced);
+        self.ready
+            .send_if_modified(|r| std::mem::replace(r, synced) != synced);
+        if !synced {
+            return;
+        }
+        self.forget_deleted_policies();
+        self.publish_probe_plan();
+        let transitions = self.probe(now);
+        for (policy, node, transition) in transitions {
+            self.on_transition(&policy, &node, transition, now).await;
+        }
+        let health = self.health_book();
+        self.count_nodes(&health);
+
+        let policies: Vec<(String, Arc<PodHAPolicy>)> = self
+            .state
+            .policies
+            .iter()
+            .map(|(n, p)| (n.clone(), p.clone()))
+            .collect();
+        let refs: Vec<PolicyRef<'_>> = policies
+            .iter()
+            .map(|(name, p)| PolicyRef {
+                name,
+                spec: &p.spec,
+            })
+            .collect();
+        let plan = planner::plan(&PlanInput {
+            policies: &refs,
+            health: &health,
+            view: &self.state.view,
+            ledger: &self.ledger,
+        });
+        for intent in plan.intents {
+            self.dispatch(intent, now).await;
+        }
+        for skip in plan.skips {
+            self.report_skip(skip).await;
+        }
+        self.follow_failovers(now, &health).await;
+        self.write_statuses(&health).await;
+    }
+
+    fn forget_deleted_policies(&mut self) {
+        let live = &self.state.policies;
+        let gone: Vec<String> = self
+            .last_status
+            .keys()
+            .filter(|p| !live.contains_key(*p))
+            .cloned()
+            .collect();
+        for policy in gone {
+            self.metrics.forget_policy(&policy);
+            self.last_status.remove(&policy);
+            self.history.remove(&policy);
+        }
+        self.trackers
+            .retain(|(policy, _), _| live.contains_key(policy));
+    }
+
+    /// Tells the TCP prober which nodes to connect to: those watched by a policy with the
+    /// `KubeletTCP` signal, at the shortest such interval and timeout.
+    fn publish_probe_plan(&self) {
+        let mut interval: Option<Duration> = None;
+        let mut targets: BTreeMap<&str, Target> = BTreeMap::new();
+        for policy in self.state.policies.values() {
+            let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
+                continue;
+            };
+            if !cfg.signals.kubelet_tcp {
+                continue;
+            }
+            interval = Some(interval.map_or(cfg.interval, |i| i.min(cfg.interval)));
+            for (name, node) in &self.state.view.nodes {
+                if !node_selected(&policy.spec, node) {
+                    continue;
+                }
+                targets
+                    .entry(name)
+                    .and_modify(|t| t.timeout = t.timeout.min(cfg.tcp_timeout))
+                    .or_insert_with(|| Target {
+                        node: name.clone(),
+                        addr: kubelet_addr(node),
+                        timeout: cfg.tcp_timeout,
+                    });
+            }
+        }
+        let plan = ProbePlan {
+            interval: interval.unwrap_or_default(),
+            targets: targets.into_values().collect(),
+        };
+        self.probe_plan.send_if_modified(|current| {
+            let changed = *current != plan;
+            if changed {
+                *current = plan;
+            }
+            changed
+        });
+    }
+
+    /// Runs due probes; returns the transitions, in policy and node order.
+    fn probe(&mut self, now: Instant) -> Vec<(String, String, Transition)> {
+        let mut transitions = Vec::new();
+        let mut selected = BTreeSet::new();
+        for (name, policy) in &self.state.policies {
+            let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
+                continue;
+            };
+            for (node_name, node) in &self.state.view.nodes {
+                if !node_selected(&policy.spec, node) {
+                    continue;
+                }
+                let Some(obs) = self.state.observations.get(node_name) else {
+                    continue;
+                };
+                let key = (name.clone(), node_name.clone());
+                selected.insert(key.clone());
+                let tracked = self.trackers.entry(key).or_insert_with(|| Tracked {
+                    tracker: resumed_tracker(node, name, obs, now),
+                    next_probe: now,
+                });
+                if now < tracked.next_probe {
+                    continue;
+                }
+                tracked.next_probe = now + cfg.interval;
+                if let Some(t) = tracked.tracker.tick(now, obs, &cfg) {
+                    transitions.push((name.clone(), node_name.clone(), t));
+                }
+            }
+        }
+        self.trackers.retain(|key, _| selected.contains(key));
+        transitions
+    }
+
+    async fn on_transition(&mut self, policy: &str, node: &str, t: Transition, now: Instant) {
+        if t.from.as_str() == t.to.as_str() {
+            return;
+        }
+        let detail = match &t.cause {
+            Cause::Probe(probe) => probe.to_string(),
+            Cause::Gap => "a gap in podha's view reset the count".to_string(),
+        };
+        match t.to {
+            NodeHealth::Failed { since } => {
+                warn!(policy, node, %detail, "node judged dead");
+                self.metrics.inc_node_failures(policy);
+                if self.ledger.open(node, since, &self.state.view) {
+                    let alive = self
+                        .state
+                        .observations
+                        .get(node)
+                        .and_then(|o| o.last_seen_alive());
+                    self.failovers
+                        .insert(node.to_string(), Failover::new(node, policy, alive, since));
+                }
+                let note = format!("policy {policy} judged node {node} dead: {detail}");
+                self.event(self.node_event(node, true, "NodeFailed", "Detect", note))
+                    .await;
+            }
+            NodeHealth::Healthy if t.from.is_failed() => {
+                info!(policy, node, "node healthy again");
+                let note = format!("policy {policy} sees node {node} alive again: {detail}");
+                self.event(self.node_event(node, false, "NodeRecovered", "Detect", note))
+                    .await;
+            }
+            _ => {}
+        }
+        let _ = now;
+    }
+
+    fn health_book(&self) -> HealthBook {
+        let mut book = HealthBook::new();
+        for ((policy, node), tracked) in &self.trackers {
+            book.entry(policy.clone())
+                .or_default()
+                .insert(node.clone(), tracked.tracker.state());
+        }
+        book
+    }
+
+    fn count_nodes(&self, health: &HealthBook) {
+        let mut worst: BTreeMap<&str, u8> = BTreeMap::new();
+        for nodes in health.values() {
+            for (node, h) in nodes {
+                let rank = match h {
+                    NodeHealth::Healthy => 0,
+                    NodeHealth::Suspect { .. } => 1,
+                    NodeHealth::Failed { .. } => 2,
+                };
+                let entry = worst.entry(node).or_default();
+                *entry = (*entry).max(rank);
+            }
+        }
+        let count = |r| worst.values().filter(|v| **v == r).count();
+        self.metrics.set_nodes(count(0), count(1), count(2));
+    }
+
+    async fn dispatch(&mut self, intent: Intent, now: Instant) {
+        if let Intent::Hold {
+            policy,
+            node,
+            reason,
+        } = &intent
+        {
+            self.report_hold(policy, node.as_deref(), reason).await;
+            return;
+        }
+        let key = intent_key(&intent);
+        if self.pending.contains_key(&key) {
+            return;
+        }
+        if let Some((at, _)) = self.retry_at.get(&key)
+            && now < *at
+        {
+            return;
+        }
+        if !self.leading {
+            if self.reported.insert(format!("dropped/{key}")) {
+                self.metrics.inc_intents_dropped(intent_kind(&intent));
+            }
+            return;
+        }
+        let (moved, policy) = match &intent {
+            Intent::ForceDeletePod {
+                node, uid, policy, ..
+            } => {
+                let pod = self
+                    .state
+                    .view
+                    .pods_on(node)
+                    .iter()
+                    .find(|p| p.uid().as_deref() == Some(uid));
+                (
+                    pod.map(|p| MovedPod::from_pod(p, &self.state.view)),
+                    policy.clone(),
+                )
+            }
+            Intent::MarkPodNotReady { policy, .. } | Intent::TaintOutOfService { policy, .. } => {
+                (None, policy.clone())
+            }
+            Intent::RemoveTaint { node } => (None, self.marker_policy(node)),
+            Intent::Hold { .. } => return,
+        };
+        self.pending.insert(key, Pending { moved, policy });
+        self.send(Write::Act(intent)).await;
+    }
+
+    fn marker_policy(&self, node: &str) -> String {
+        self.state
+            .view
+            .nodes
+            .get(node)
+            .and_then(|n| n.annotations().get(TAINT_MARKER_ANNOTATION).cloned())
+            .unwrap_or_default()
+    }
+
+    fn on_result(&mut self, result: ActResult, now: Instant) {
+        let key = intent_key(&result.intent);
+        let Some(pending) = self.pending.remove(&key) else {
+            return;
+        };
+        let outcome = match result.result {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let delay = self
+                    .retry_at
+                    .get(&key)
+                    .map_or(RETRY_MIN, |(_, d)| (*d * 2).min(RETRY_MAX));
+                warn!(%key, %error, retry_in = ?delay, "action failed");
+                self.retry_at.insert(key, (now + delay, delay));
+                return;
+            }
+        };
+        self.retry_at.remove(&key);
+        let applied = outcome == Outcome::Applied;
+        match &result.intent {
+            Intent::MarkPodNotReady {
+                pod,
+                uid,
+                node,
+                policy,
+            } => {
+                self.ledger.record_marked_not_ready(node, uid);
+                if applied {
+                    let note = format!("marked NotReady: node {node} is dead (policy {policy})");
+                    self.queue_event(EventNote {
+                        regarding: pod_reference(pod, uid),
+                        warning: false,
+                        reason: "PodMarkedNotReady",
+                        action: "MarkNotReady",
+                        note,
+                    });
+                }
+            }
+            Intent::ForceDeletePod {
+                node,
+                uid,
+                pod,
+                owner_kind,
+                policy,
+            } => {
+                self.ledger.record_deleted(node, uid);
+                if applied {
+                    self.metrics.inc_pods_deleted(policy, owner_kind);
+                    info!(%pod, node, "pod force-deleted");
+                }
+                if let Some(f) = self.failovers.get_mut(node)
+                    && let Some(change) = f.record_action(now, pending.moved)
+                    && let Some(f) = self.failovers.get(node)
+                {
+                    observe(&self.metrics, f, &change);
+                }
+                if applied {
+                    let note = format!("force-deleted from dead node {node} (policy {policy})");
+                    let regarding = pod_reference(pod, uid);
+                    self.queue_event(EventNote {
+                        regarding,
+                        warning: false,
+                        reason: "PodForceDeleted",
+                        action: "ForceDelete",
+                        note,
+                    });
+                }
+            }
+            Intent::TaintOutOfService { node, policy } => {
+                self.ledger.record_tainted(node);
+                if applied {
+                    self.metrics.inc_taints(policy, TaintOperation::Add);
+                }
+                if let Some(f) = self.failovers.get_mut(node)
+                    && let Some(change) = f.record_action(now, None)
+                    && let Some(f) = self.failovers.get(node)
+                {
+                    observe(&self.metrics, f, &change);
+                }
+                if applied {
+                    let note = format!(
+                        "tainted {} (policy {policy})",
+                        crate::api::OUT_OF_SERVICE_TAINT_KEY
+                    );
+                    let ev = self.node_event(node, true, "OutOfServiceTaintAdded", "Taint", note);
+                    self.queue_event(ev);
+                }
+            }
+            Intent::RemoveTaint { node } => {
+                if applied {
+                    self.metrics
+                        .inc_taints(&pending.policy, TaintOperation::Remove);
+                    let note = format!(
+                        "removed {}: node is back and holds no volume",
+                        crate::api::OUT_OF_SERVICE_TAINT_KEY
+                    );
+                    let ev =
+                        self.node_event(node, false, "OutOfServiceTaintRemoved", "Untaint", note);
+                    self.queue_event(ev);
+                }
+            }
+            Intent::Hold { .. } => {}
+        }
+    }
+
+    /// Events from result handling go out without awaiting: the channel has room, and a full
+    /// channel only loses an event, never an action.
+    fn queue_event(&self, note: EventNote) {
+        if self.leading {
+            let _ = self.writes.try_send(Write::Event(note));
+        }
+    }
+
+    async fn report_hold(&mut self, policy: &str, node: Option<&str>, reason: &HoldReason) {
+        let would = match reason {
+            HoldReason::DryRun { would } => intent_key(would),
+            HoldReason::TooManyUnhealthy { .. } => String::new(),
+        };
+        let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.since);
+        let key = format!("hold/{policy}/{}/{would}/{incident:?}", reason.as_str());
+        if !self.reported.insert(key) {
+            return;
+        }
+        self.metrics.inc_actions_held(policy, reason.as_str());
+        let note = match reason {
+            HoldReason::TooManyUnhealthy {
+                failed,
+                watched,
+                max,
+            } => format!(
+                "holding every action: {failed} of {watched} watched nodes failed, more than \
+                 safety.maxUnhealthy allows ({max})"
+            ),
+            HoldReason::DryRun { would } => format!("dry run: would {}", describe(would)),
+        };
+        warn!(policy, %note, "action held");
+        if let Some(node) = node
+            && let Some(f) = self.failovers.get_mut(node)
+            && matches!(reason, HoldReason::TooManyUnhealthy { .. })
+        {
+            f.record_hold(note.clone());
+        }
+        if let Some(p) = self.state.policies.get(policy) {
+            let regarding = p.object_ref(&());
+            let reason_label = match reason {
+                HoldReason::DryRun { .. } => "DryRun",
+                HoldReason::TooManyUnhealthy { .. } => "ActionsHeld",
+            };
+            self.event(EventNote {
+                regarding,
+                warning: true,
+                reason: reason_label,
+                action: "Hold",
+                note,
+            })
+            .await;
+        }
+    }
+
+    async fn report_skip(&mut self, skip: PodSkip) {
+        let incident = self.ledger.get(&skip.node).map(|i| i.since);
+        let key = format!("skip/{}/{}/{incident:?}", skip.uid, skip.reason.as_str());
+        if !self.reported.insert(key) {
+            return;
+        }
+        self.metrics
+            .inc_pods_skipped(&skip.policy, skip.reason.as_str());
+        let note = format!(
+            "not moved off dead node {}: {} (policy {})",
+            skip.node,
+            skip.reason.as_str(),
+            skip.policy
+        );
+        info!(pod = %skip.pod, reason = skip.reason.as_str(), "pod skipped");
+        self.event(EventNote {
+            regarding: pod_reference(&skip.pod, &skip.uid),
+            warning: false,
+            reason: "FailoverSkipped",
+            action: "Skip",
+            note,
+        })
+        .await;
+    }
+
+    /// Advances every open failover; closes those whose node is back.
+    async fn follow_failovers(&mut self, now: Instant, health: &HealthBook) {
+        let nodes: Vec<String> = self.failovers.keys().cloned().collect();
+        for node in nodes {
+            let Some(failover) = self.failovers.get_mut(&node) else {
+                continue;
+            };
+            let timeout = self
+                .state
+                .policies
+                .get(&failover.policy)
+                .map_or(Duration::from_secs(390), |p| p.spec.detach_timeout.get());
+            let changes = failover.update(now, &self.state.view, timeout);
+            let failover = failover.clone();
+            for change in &changes {
+                observe(&self.metrics, &failover, change);
+                self.announce(&failover, change).await;
+            }
+            let still_failed = health
+                .values()
+                .any(|n| n.get(&node).is_some_and(|h| h.is_failed()));
+            if !still_failed {
+                self.close_incident(&node, now);
+            }
+        }
+    }
+
+    fn close_incident(&mut self, node: &str, now: Instant) {
+        self.ledger.close(node);
+        self.reported.retain(|k| !k.contains(node));
+        if let Some(mut failover) = self.failovers.remove(node) {
+            if failover.recovered_at.is_none() {
+                failover.record_node_returned(now);
+            }
+            let history = self.history.entry(failover.policy.clone()).or_default();
+            history.push_front(failover);
+            history.truncate(RECENT_FAILOVERS_KEPT);
+        }
+    }
+
+    async fn announce(&self, f: &Failover, change: &PhaseChange) {
+        let (warning, reason, note) = match change {
+            PhaseChange::Acted { .. } => return,
+            PhaseChange::Detached { .. } => (
+                false,
+                "VolumesDetached",
+                format!("volumes of the moved pods left dead node {}", f.node),
+            ),
+            PhaseChange::Recovered { .. } => {
+                let total = f
+                    .durations()
+                    .into_iter()
+                    .find(|(p, _)| *p == crate::metrics::Phase::Total);
+                let secs = total.map_or(String::new(), |(_, d)| {
+                    format!(" in {:.1}s", d.as_secs_f64())
+                });
+                (
+                    false,
+                    "FailoverRecovered",
+                    format!("replacements run on healthy nodes{secs}"),
+                )
+            }
+            PhaseChange::DetachTimedOut { waited, volumes } => {
+                self.metrics.inc_detach_timeouts(&f.policy);
+                (
+                    true,
+                    "DetachTimeout",
+                    format!(
+                        "volumes {} still attached to dead node {} after {}s",
+                        volumes.join(", "),
+                        f.node,
+                        waited.as_secs()
+                    ),
+                )
+            }
+        };
+        self.event(self.node_event(&f.node, warning, reason, "Follow", note.clone()))
+            .await;
+        if let Some(p) = self.state.policies.get(&f.policy) {
+            let regarding = p.object_ref(&());
+            self.event(EventNote {
+                regarding,
+                warning,
+                reason,
+                action: "Follow",
+                note,
+            })
+            .await;
+        }
+    }
+
+    async fn write_statuses(&mut self, health: &HealthBook) {
+        if !self.leading {
+            return;
+        }
+        let policies: Vec<Arc<PodHAPolicy>> = self.state.policies.values().cloned().collect();
+        for policy in policies {
+            let name = policy.name_any();
+            let empty = BTreeMap::new();
+            let nodes = health.get(&name).unwrap_or(&empty);
+            let open: Vec<&Failover> = self
+                .failovers
+                .values()
+                .filter(|f| f.policy == name)
+                .collect();
+            let done: Vec<&Failover> = self
+                .history
+                .get(&name)
+                .map(|h| h.iter().collect())
+                .unwrap_or_default();
+            let wall = self.wall;
+            let facts = PolicyFacts {
+                policy: &policy,
+                health: nodes,
+                open: &open,
+                finished: &done,
+                wall: &|i| wall.time(i),
+                now: wall.time(Instant::now()),
+            };
+            let status = policy_status(&facts);
+            if self.last_status.get(&name) == Some(&status) {
+                continue;
+            }
+            self.last_status.insert(name.clone(), status.clone());
+            self.send(Write::Status {
+                policy: name,
+                status,
+            })
+            .await;
+        }
+    }
+
+    fn node_event(
+        &self,
+        node: &str,
+        warning: bool,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) -> EventNote {
+        let regarding = match self.state.view.nodes.get(node) {
+            Some(n) => n.object_ref(&()),
+            None => ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.to_string()),
+                ..ObjectReference::default()
+            },
+        };
+        EventNote {
+            regarding,
+            warning,
+            reason,
+            action,
+            note,
+        }
+    }
+}
+
+/// A tracker for a node a policy starts watching. A node carrying podha's taint marker for
+/// this policy was judged dead before (by a previous process or leader): it resumes as Failed
+/// so a restart does not by itself make it look healthy.
+fn resumed_tracker(
+    node: &Node,
+    policy: &str,
+    obs: &crate::health::NodeObservations,
+    now: Instant,
+) -> HealthTracker {
+    let marked = node
+        .annotations()
+        .get(TAINT_MARKER_ANNOTATION)
+        .is_some_and(|p| p == policy);
+    if marked {
+        HealthTracker::resume_failed(obs, now)
+    } else {
+        HealthTracker::new(obs)
+    }
+}
+
+fn observe(metrics: &Metrics, f: &Failover, change: &PhaseChange) {
+    for (phase, duration) in f.durations_for(change) {
+        metrics.observe_phase(&f.policy, phase, duration);
+    }
+}
+
+fn intent_key(intent: &Intent) -> String {
+    match intent {
+        Intent::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
+        Intent::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
+        Intent::TaintOutOfService { node, .. } => format!("taint/{node}"),
+        Intent::RemoveTaint { node } => format!("untaint/{node}"),
+        Intent::Hold {
+            policy,
+            node,
+            reason,
+        } => {
+            format!(
+                "hold/{policy}/{}/{}",
+                node.as_deref().unwrap_or(""),
+                reason.as_str()
+            )
+        }
+    }
+}
+
+fn describe(intent: &Intent) -> String {
+    match intent {
+        Intent::MarkPodNotReady { pod, node, .. } => {
+            format!("mark pod {pod} on dead node {node} NotReady, then force-delete it")
+        }
+        Intent::ForceDeletePod { pod, node, .. } => {
+            format!("force-delete pod {pod} on dead node {node}")
+        }
+        Intent::TaintOutOfService { node, .. } => format!("taint node {node} out-of-service"),
+        Intent::RemoveTaint { node } => format!("remove the out-of-service taint from node {node}"),
+        Intent::Hold { .. } => "hold".to_string(),
+    }
+}
+
+fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some(<Pod as Resource>::kind(&()).into_owned()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: Some(uid.to_string()),
+        ..ObjectReference::default()
+    }
+}

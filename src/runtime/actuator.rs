@@ -1,0 +1,266 @@
+//! The only code that changes the cluster on podha's behalf: force-deleting pods and adding or
+//! removing the out-of-service taint. Every write is idempotent and re-checks the live object,
+//! so a retry, a restart or a second replica never does harm.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::api::{
+    OUT_OF_SERVICE_TAINT_EFFECT, OUT_OF_SERVICE_TAINT_KEY, OUT_OF_SERVICE_TAINT_VALUE,
+    TAINT_MARKER_ANNOTATION,
+};
+use crate::planner::Intent;
+use crate::view::ObjectKey;
+
+/// What a write found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The change was made.
+    Applied,
+    /// Nothing to do: the pod is gone or is another object now (UID precondition), the taint
+    /// is already there, or there is no podha taint to remove.
+    AlreadyDone,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    #[error("API request failed: {0}")]
+    Api(#[from] kube::Error),
+    #[error("node {0} changed under us too many times")]
+    Conflict(String),
+    #[error("cannot build a patch: {0}")]
+    Patch(#[from] serde_json::Error),
+    #[error("a hold is not an action")]
+    NotAnAction,
+}
+
+impl ActError {
+    /// `podha_api_errors_total{operation}` is labelled by operation; this labels the cause.
+    pub const fn label(&self) -> &'static str {
+        match self {
+            Self::Api(_) => "api",
+            Self::Conflict(_) => "conflict",
+            Self::Patch(_) => "patch",
+            Self::NotAnAction => "not_an_action",
+        }
+    }
+}
+
+/// How often a taint write is retried when the node changed between read and write.
+const CONFLICT_RETRIES: usize = 5;
+
+#[derive(Clone)]
+pub struct Actuator {
+    client: Client,
+}
+
+impl Actuator {
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+
+    /// Carries out one intent. Holds are not actions.
+    pub async fn execute(&self, intent: &Intent) -> Result<Outcome, ActError> {
+        match intent {
+            Intent::MarkPodNotReady { pod, uid, node, .. } => {
+                self.mark_not_ready(pod, uid, node).await
+            }
+            Intent::ForceDeletePod { pod, uid, .. } => self.force_delete_pod(pod, uid).await,
+            Intent::TaintOutOfService { node, policy } => self.taint(node, policy).await,
+            Intent::RemoveTaint { node } => self.untaint(node).await,
+            Intent::Hold { .. } => Err(ActError::NotAnAction),
+        }
+    }
+
+    /// Deletes the pod at once (grace 0), only if it is still the object with `uid`: a
+    /// replacement with the same name (a StatefulSet pod) is never touched.
+    pub async fn force_delete_pod(&self, pod: &ObjectKey, uid: &str) -> Result<Outcome, ActError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&pod.name, &params).await {
+            Ok(_) => Ok(Outcome::Applied),
+            // 404: gone already. 409: the UID precondition failed, the name is another pod now.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                Ok(Outcome::AlreadyDone)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sets the pod's Ready condition to False, as the node lifecycle controller does for pods
+    /// of an unreachable node, guarded by the pod's UID.
+    pub async fn mark_not_ready(
+        &self,
+        pod: &ObjectKey,
+        uid: &str,
+        node: &str,
+    ) -> Result<Outcome, ActError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let now = k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second);
+        let patch = json!({
+            "metadata": { "uid": uid },
+            "status": { "conditions": [{
+                "type": "Ready",
+                "status": "False",
+                "reason": "NodeFailed",
+                "message": format!("podha judged node {node} dead"),
+                "lastTransitionTime": now.map(|t| t.to_string()).unwrap_or_default(),
+            }]}
+        });
+        match api
+            .patch_status(
+                &pod.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(Outcome::Applied),
+            // Gone, or the name is another pod now (the UID in the patch does not match).
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                Ok(Outcome::AlreadyDone)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Adds `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` and podha's marker, in
+    /// one patch guarded by the node's resourceVersion.
+    pub async fn taint(&self, node: &str, policy: &str) -> Result<Outcome, ActError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for _ in 0..CONFLICT_RETRIES {
+            let live = api.get(node).await?;
+            if has_taint(&live) {
+                return Ok(Outcome::AlreadyDone);
+            }
+            let taint = json!({
+                "key": OUT_OF_SERVICE_TAINT_KEY,
+                "value": OUT_OF_SERVICE_TAINT_VALUE,
+                "effect": OUT_OF_SERVICE_TAINT_EFFECT,
+            });
+            let mut ops = vec![test_resource_version(&live)];
+            let has_taints = live.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some();
+            ops.push(if has_taints {
+                json!({"op": "add", "path": "/spec/taints/-", "value": taint})
+            } else {
+                json!({"op": "add", "path": "/spec/taints", "value": [taint]})
+            });
+            ops.push(if live.metadata.annotations.is_some() {
+                json!({"op": "add", "path": annotation_path(), "value": policy})
+            } else {
+                json!({"op": "add", "path": "/metadata/annotations",
+                       "value": {TAINT_MARKER_ANNOTATION: policy}})
+            });
+            if patch_or_conflict(&api, node, ops).await? {
+                return Ok(Outcome::Applied);
+            }
+        }
+        Err(ActError::Conflict(node.to_string()))
+    }
+
+    /// Removes the out-of-service taint and the marker, but only when the marker says podha
+    /// added it: somebody else's taint stays.
+    pub async fn untaint(&self, node: &str) -> Result<Outcome, ActError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for _ in 0..CONFLICT_RETRIES {
+            let live = api.get(node).await?;
+            let marked = live
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+            if !marked {
+                return Ok(Outcome::AlreadyDone);
+            }
+            let mut ops = vec![test_resource_version(&live)];
+            let index = live
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .and_then(|taints| {
+                    taints
+                        .iter()
+                        .position(|t| t.key == OUT_OF_SERVICE_TAINT_KEY)
+                });
+            if let Some(i) = index {
+                ops.push(json!({"op": "remove", "path": format!("/spec/taints/{i}")}));
+            }
+            ops.push(json!({"op": "remove", "path": annotation_path()}));
+            if patch_or_conflict(&api, node, ops).await? {
+                return Ok(if index.is_some() {
+                    Outcome::Applied
+                } else {
+                    Outcome::AlreadyDone
+                });
+            }
+        }
+        Err(ActError::Conflict(node.to_string()))
+    }
+}
+
+fn has_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
+}
+
+fn test_resource_version(node: &Node) -> serde_json::Value {
+    json!({"op": "test", "path": "/metadata/resourceVersion",
+           "value": node.metadata.resource_version.clone().unwrap_or_default()})
+}
+
+fn annotation_path() -> String {
+    // JSON pointer escaping: '/' in the key becomes "~1".
+    format!(
+        "/metadata/annotations/{}",
+        TAINT_MARKER_ANNOTATION
+            .replace('~', "~0")
+            .replace('/', "~1")
+    )
+}
+
+/// Applies a JSON patch; `Ok(false)` when its resourceVersion test failed (the node changed).
+async fn patch_or_conflict(
+    api: &Api<Node>,
+    node: &str,
+    ops: Vec<serde_json::Value>,
+) -> Result<bool, ActError> {
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
+    match api
+        .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        // A failed `test` op is 422 (Invalid); a resourceVersion race may also surface as 409.
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_annotation_is_escaped_as_a_json_pointer() {
+        assert_eq!(
+            annotation_path(),
+            "/metadata/annotations/podha.io~1out-of-service-taint"
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! `podha run`: watches, the decision loop, the writer, leader election and the HTTP server,
+//! supervised together. Any of them ending ends the process (a replica that has lost its
+//! watches or its lease task must not keep acting on stale knowledge).
+
+mod actor;
+mod actuator;
+mod prober;
+mod state;
+mod status;
+mod trim;
+mod writer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::{self, BoxStream};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::Reporter;
+use kube::runtime::{WatchStreamExt, conditions, wait::await_condition, watcher};
+use kube::{Api, Client, CustomResourceExt};
+use std::future::Future;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+pub use actor::TICK;
+pub use actuator::{Actuator, Outcome};
+pub use state::{Change, ClusterState, Watch};
+
+use crate::api::PodHAPolicy;
+use crate::leader::{self, LeaderConfig};
+use crate::metrics::Metrics;
+
+/// Settings of one operator process.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Where `/metrics`, `/healthz` and `/readyz` listen.
+    pub http_addr: SocketAddr,
+    pub leader: LeaderConfig,
+    /// Name of this controller in Events (`reportingController`).
+    pub controller_name: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach the API server: {0}")]
+    Client(#[source] kube::Error),
+    #[error("waiting for the PodHAPolicy CRD: {0}")]
+    Crd(String),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("HTTP server: {0}")]
+    Http(#[from] std::io::Error),
+    #[error("leader election: {0}")]
+    Leader(#[from] leader::LeaderError),
+    #[error("decision loop: {0}")]
+    Actor(#[from] actor::ActorError),
+    #[error("the {0} task ended unexpectedly")]
+    TaskEnded(&'static str),
+}
+
+/// Runs the operator until `shutdown` resolves or a task fails.
+pub async fn run(
+    client: Client,
+    opts: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    wait_for_crd(&client).await?;
+    let metrics = Arc::new(Metrics::new()?);
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let (writes_tx, writes_rx) = mpsc::channel(4096);
+    let (results_tx, results_rx) = mpsc::channel(4096);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let listener = tokio::net::TcpListener::bind(opts.http_addr).await?;
+    info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    let mut http = tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        ready_rx,
+        stopped(),
+    ));
+    let mut election = tokio::spawn(leader::run(
+        client.clone(),
+        opts.leader.clone(),
+        leader_tx,
+        stopped(),
+    ));
+    let reporter = Reporter {
+        controller: opts.controller_name.clone(),
+        instance: Some(opts.leader.identity.clone()),
+    };
+    let writer = writer::Writer::new(client.clone(), reporter, metrics.clone(), leader_rx.clone());
+    let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
+    let (plan_tx, plan_rx) = watch::channel(prober::ProbePlan::default());
+    let (tcp_tx, tcp_rx) = mpsc::channel(16);
+    let mut prober = tokio::spawn(prober::run(plan_rx, tcp_tx));
+    let actor = actor::Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
+    let changes = watches(&client);
+
+    let result = tokio::select! {
+        r = &mut http => flatten(r, "HTTP server", Error::Http),
+        r = &mut election => flatten(r, "leader election", Error::Leader),
+        _ = &mut writer => Err(Error::TaskEnded("writer")),
+        _ = &mut prober => Err(Error::TaskEnded("TCP prober")),
+        r = actor.run(changes, results_rx, tcp_rx) => r.map_err(Error::from),
+        () = shutdown => Ok(()),
+    };
+    // Release the lease (so a standby takes over at once) and drain the server before
+    // returning; the writer is stopped by dropping the loop's sender with the actor.
+    let _ = stop_tx.send(true);
+    let drain = async {
+        if !election.is_finished() {
+            let _ = (&mut election).await;
+        }
+        if !http.is_finished() {
+            let _ = (&mut http).await;
+        }
+    };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
+        warn!("shutdown took longer than {SHUTDOWN_GRACE:?}; leaving");
+    }
+    writer.abort();
+    prober.abort();
+    result
+}
+
+/// How long shutdown waits for the lease release and the HTTP drain.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A supervised task that returned: an error is the task's error, a normal return is still an
+/// unexpected end (these tasks run until shutdown).
+fn flatten<E>(
+    joined: Result<Result<(), E>, tokio::task::JoinError>,
+    task: &'static str,
+    wrap: impl FnOnce(E) -> Error,
+) -> Result<(), Error> {
+    match joined {
+        Ok(Ok(())) | Err(_) => Err(Error::TaskEnded(task)),
+        Ok(Err(e)) => Err(wrap(e)),
+    }
+}
+
+async fn wait_for_crd(client: &Client) -> Result<(), Error> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = PodHAPolicy::crd_name();
+    info!(crd = name, "waiting for the CRD to be established");
+    loop {
+        let wait = await_condition(crds.clone(), name, conditions::is_crd_established());
+        match tokio::time::timeout(Duration::from_secs(30), wait).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => return Err(Error::Crd(e.to_string())),
+            Err(_) => warn!(
+                crd = name,
+                "CRD not established yet; install crds/podha.io_podhapolicies.yaml"
+            ),
+        }
+    }
+}
+
+/// Every watch podha needs, merged into one stream of changes. No polling: watches only.
+/// Pods are watched only once bound to a node; ReplicaSets and Namespaces as metadata only.
+pub fn watches(client: &Client) -> BoxStream<'static, Change> {
+    fn typed<K, F>(
+        api: Api<K>,
+        cfg: watcher::Config,
+        watch: Watch,
+        wrap: F,
+    ) -> BoxStream<'static, Change>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+        F: Fn(watcher::Event<K>) -> Change + Send + 'static,
+    {
+        watcher(api, cfg)
+            .default_backoff()
+            .map(move |r| match r {
+                Ok(event) => wrap(event),
+                Err(error) => {
+                    warn!(watch = watch.as_str(), %error, "watch failed; retrying");
+                    Change::WatchError { watch }
+                }
+            })
+            .boxed()
+    }
+    let cfg = || watcher::Config::default().any_semantic();
+    let c = client.clone();
+    stream::select_all([
+        typed(
+            Api::<PodHAPolicy>::all(c.clone()),
+            watcher::Config::default(),
+            Watch::Policy,
+            Change::Policy,
+        ),
+        typed(
+            Api::<Node>::all(c.clone()),
+            cfg(),
+            Watch::Node,
+            Change::Node,
+        ),
+        typed(
+            Api::<Lease>::namespaced(c.clone(), "kube-node-lease"),
+            cfg(),
+            Watch::Lease,
+            Change::Lease,
+        ),
+        typed(
+            Api::<Pod>::all(c.clone()),
+            cfg().fields("spec.nodeName!="),
+            Watch::Pod,
+            Change::Pod,
+        ),
+        typed(
+            Api::<PersistentVolumeClaim>::all(c.clone()),
+            cfg(),
+            Watch::Pvc,
+            Change::Pvc,
+        ),
+        typed(
+            Api::<PersistentVolume>::all(c.clone()),
+            cfg(),
+            Watch::Pv,
+            Change::Pv,
+        ),
+        typed(
+            Api::<VolumeAttachment>::all(c.clone()),
+            cfg(),
+            Watch::Va,
+            Change::Va,
+        ),
+        typed(
+            Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
+            cfg(),
+            Watch::ReplicaSet,
+            Change::ReplicaSet,
+        ),
+        typed(
+            Api::<PartialObjectMeta<Namespace>>::all(c),
+            cfg(),
+            Watch::Namespace,
+            Change::Namespace,
+        ),
+    ])
+    .boxed()
+}

@@ -1,0 +1,176 @@
+//! The `KubeletTCP` signal: a TCP connect to each node's InternalIP and kubelet port, every
+//! probe interval, with a timeout and bounded concurrency. Only the connect is tried; nothing is
+//! sent, so it needs no credentials and costs the kubelet one accept.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+/// Connects in flight at once.
+const CONCURRENCY: usize = 256;
+
+/// One node to probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub node: String,
+    /// `None` when the node publishes no InternalIP or kubelet port: the probe fails.
+    pub addr: Option<SocketAddr>,
+    pub timeout: Duration,
+}
+
+/// What to probe and how often; published by the decision loop when it changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbePlan {
+    pub interval: Duration,
+    pub targets: Vec<Target>,
+}
+
+/// The kubelet endpoint of a node, from its status.
+pub fn kubelet_addr(node: &Node) -> Option<SocketAddr> {
+    let status = node.status.as_ref()?;
+    let ip: IpAddr = status
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()?;
+    let port = status
+        .daemon_endpoints
+        .as_ref()?
+        .kubelet_endpoint
+        .as_ref()?
+        .port;
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0)
+        .map(|p| SocketAddr::new(ip, p))
+}
+
+async fn connect(target: Target) -> (String, bool) {
+    let ok = match target.addr {
+        Some(addr) => matches!(
+            tokio::time::timeout(target.timeout, tokio::net::TcpStream::connect(addr)).await,
+            Ok(Ok(_))
+        ),
+        None => false,
+    };
+    (target.node, ok)
+}
+
+/// Runs until the decision loop goes away (its plan sender or result receiver dropped).
+pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Vec<(String, bool)>>) {
+    loop {
+        let current = plan.borrow_and_update().clone();
+        if current.targets.is_empty() || current.interval.is_zero() {
+            if plan.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let mut ticker = tokio::time::interval_at(Instant::now(), current.interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = plan.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                _ = ticker.tick() => {
+                    let round: Vec<(String, bool)> = futures::stream::iter(current.targets.clone())
+                        .map(connect)
+                        .buffer_unordered(CONCURRENCY)
+                        .collect()
+                        .await;
+                    if results.send(round).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_builders::mk_node;
+    use k8s_openapi::api::core::v1::{DaemonEndpoint, NodeAddress, NodeDaemonEndpoints};
+
+    fn with_endpoint(ip: &str, port: i32) -> Node {
+        let mut node = mk_node("n1");
+        let status = node.status.get_or_insert_with(Default::default);
+        status.addresses = Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.into(),
+        }]);
+        status.daemon_endpoints = Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint { port }),
+        });
+        node
+    }
+
+    #[test]
+    fn the_kubelet_address_comes_from_the_node_status() {
+        assert_eq!(
+            kubelet_addr(&with_endpoint("127.0.0.3", 10250)),
+            "127.0.0.3:10250".parse().ok()
+        );
+        assert_eq!(kubelet_addr(&with_endpoint("127.0.0.3", 0)), None);
+        assert_eq!(kubelet_addr(&with_endpoint("not-an-ip", 10250)), None);
+        assert_eq!(kubelet_addr(&mk_node("bare")), None);
+    }
+
+    #[tokio::test]
+    async fn a_listening_port_passes_and_a_closed_one_fails() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let open = listener.local_addr().expect("addr");
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr")
+        };
+        let timeout = Duration::from_millis(500);
+        let (tx, mut rx) = mpsc::channel(4);
+        let (_plan_tx, plan_rx) = watch::channel(ProbePlan {
+            interval: Duration::from_millis(50),
+            targets: vec![
+                Target {
+                    node: "open".into(),
+                    addr: Some(open),
+                    timeout,
+                },
+                Target {
+                    node: "closed".into(),
+                    addr: Some(closed),
+                    timeout,
+                },
+                Target {
+                    node: "unknown".into(),
+                    addr: None,
+                    timeout,
+                },
+            ],
+        });
+        let prober = tokio::spawn(run(plan_rx, tx));
+        let mut round = rx.recv().await.expect("a round");
+        round.sort();
+        assert_eq!(
+            round,
+            vec![
+                ("closed".to_string(), false),
+                ("open".to_string(), true),
+                ("unknown".to_string(), false)
+            ]
+        );
+        prober.abort();
+    }
+}

@@ -1,0 +1,515 @@
+//! The operator's picture of the cluster, kept up to date from watch events: the decision
+//! [`View`], the policies, and per-node observations (lease renewals, Ready, gaps).
+//!
+//! Watch streams restart (`Init` … `InitDone`) after errors or expiry. While any stream that
+//! feeds detection is re-listing, podha's view has a gap: detection re-baselines instead of
+//! counting the missing updates as death (DESIGN.md §3).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::ResourceExt;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::Event;
+use tokio::time::Instant;
+
+use crate::api::{OwnerKind, PodHAPolicy};
+use crate::health::{NodeObservations, ReadyStatus};
+use crate::view::{ObjectKey, View};
+
+/// One watch event from any of podha's watches, or the failure of a watch.
+#[derive(Debug)]
+pub enum Change {
+    Policy(Event<PodHAPolicy>),
+    Node(Event<Node>),
+    Lease(Event<Lease>),
+    Pod(Event<Pod>),
+    Pvc(Event<PersistentVolumeClaim>),
+    Pv(Event<PersistentVolume>),
+    Va(Event<VolumeAttachment>),
+    ReplicaSet(Event<PartialObjectMeta<ReplicaSet>>),
+    Namespace(Event<PartialObjectMeta<Namespace>>),
+    /// A watch failed; it retries with backoff and re-lists.
+    WatchError {
+        watch: Watch,
+    },
+}
+
+/// The watches podha runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Watch {
+    Policy,
+    Node,
+    Lease,
+    Pod,
+    Pvc,
+    Pv,
+    Va,
+    ReplicaSet,
+    Namespace,
+}
+
+impl Watch {
+    pub const ALL: [Watch; 9] = [
+        Watch::Policy,
+        Watch::Node,
+        Watch::Lease,
+        Watch::Pod,
+        Watch::Pvc,
+        Watch::Pv,
+        Watch::Va,
+        Watch::ReplicaSet,
+        Watch::Namespace,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Policy => "podhapolicies",
+            Self::Node => "nodes",
+            Self::Lease => "leases",
+            Self::Pod => "pods",
+            Self::Pvc => "persistentvolumeclaims",
+            Self::Pv => "persistentvolumes",
+            Self::Va => "volumeattachments",
+            Self::ReplicaSet => "replicasets",
+            Self::Namespace => "namespaces",
+        }
+    }
+
+    /// Watches whose silence could look like a dead node.
+    const fn feeds_detection(self) -> bool {
+        matches!(self, Self::Node | Self::Lease)
+    }
+}
+
+/// A store for one kind that swaps in a complete re-list at `InitDone`.
+#[derive(Debug)]
+struct Relist<K> {
+    buffer: Option<Vec<K>>,
+}
+
+impl<K> Default for Relist<K> {
+    fn default() -> Self {
+        Self { buffer: None }
+    }
+}
+
+/// What one event means for a keyed collection.
+enum Step<K> {
+    Upsert(K),
+    Remove(K),
+    Replace(Vec<K>),
+    Nothing,
+}
+
+impl<K> Relist<K> {
+    fn step(&mut self, event: Event<K>) -> Step<K> {
+        match event {
+            Event::Apply(k) => Step::Upsert(k),
+            Event::Delete(k) => Step::Remove(k),
+            Event::Init => {
+                self.buffer = Some(Vec::new());
+                Step::Nothing
+            }
+            Event::InitApply(k) => {
+                self.buffer.get_or_insert_with(Vec::new).push(k);
+                Step::Nothing
+            }
+            Event::InitDone => Step::Replace(self.buffer.take().unwrap_or_default()),
+        }
+    }
+
+    fn relisting(&self) -> bool {
+        self.buffer.is_some()
+    }
+}
+
+/// Everything podha knows, updated one event at a time.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    pub view: View,
+    pub policies: BTreeMap<String, Arc<PodHAPolicy>>,
+    pub observations: BTreeMap<String, NodeObservations>,
+    /// Node of each bound pod, to move or drop it from `view.pods_by_node`.
+    pod_nodes: HashMap<ObjectKey, String>,
+    /// Node of each VolumeAttachment, likewise.
+    va_nodes: HashMap<String, String>,
+    /// Watches that completed a list at least once.
+    synced: BTreeMap<Watch, bool>,
+    policies_relist: Relist<PodHAPolicy>,
+    nodes_relist: Relist<Node>,
+    leases_relist: Relist<Lease>,
+    pods_relist: Relist<Pod>,
+    pvcs_relist: Relist<PersistentVolumeClaim>,
+    pvs_relist: Relist<PersistentVolume>,
+    vas_relist: Relist<VolumeAttachment>,
+    rs_relist: Relist<PartialObjectMeta<ReplicaSet>>,
+    ns_relist: Relist<PartialObjectMeta<Namespace>>,
+    /// Watches that failed and have not re-listed since.
+    broken: BTreeMap<Watch, bool>,
+}
+
+impl ClusterState {
+    /// Every watch has completed its first list.
+    pub fn synced(&self) -> bool {
+        Watch::ALL
+            .iter()
+            .all(|w| self.synced.get(w).copied().unwrap_or(false))
+    }
+
+    /// A detection watch is failing or re-listing: podha cannot see renewals right now.
+    pub fn detection_gap(&self) -> bool {
+        Watch::ALL.iter().filter(|w| w.feeds_detection()).any(|w| {
+            self.broken.get(w).copied().unwrap_or(false)
+                || !self.synced.get(w).copied().unwrap_or(false)
+                || self.relisting(*w)
+        })
+    }
+
+    fn relisting(&self, watch: Watch) -> bool {
+        match watch {
+            Watch::Node => self.nodes_relist.relisting(),
+            Watch::Lease => self.leases_relist.relisting(),
+            _ => false,
+        }
+    }
+
+    /// Applies one change observed at `now`.
+    pub fn apply(&mut self, change: Change, now: Instant) {
+        let gap_before = self.detection_gap();
+        let watch = match change {
+            Change::Policy(e) => {
+                self.apply_policy(e);
+                Watch::Policy
+            }
+            Change::Node(e) => {
+                self.apply_node(e, now);
+                Watch::Node
+            }
+            Change::Lease(e) => {
+                self.apply_lease(e, now);
+                Watch::Lease
+            }
+            Change::Pod(e) => {
+                self.apply_pod(e);
+                Watch::Pod
+            }
+            Change::Pvc(e) => {
+                self.apply_pvc(e);
+                Watch::Pvc
+            }
+            Change::Pv(e) => {
+                self.apply_pv(e);
+                Watch::Pv
+            }
+            Change::Va(e) => {
+                self.apply_va(e);
+                Watch::Va
+            }
+            Change::ReplicaSet(e) => {
+                self.apply_replica_set(e);
+                Watch::ReplicaSet
+            }
+            Change::Namespace(e) => {
+                self.apply_namespace(e);
+                Watch::Namespace
+            }
+            Change::WatchError { watch } => {
+                self.broken.insert(watch, true);
+                watch
+            }
+        };
+        let gap_after = self.detection_gap();
+        if watch.feeds_detection() && gap_before != gap_after {
+            for obs in self.observations.values_mut() {
+                if gap_after {
+                    obs.begin_gap(now);
+                } else {
+                    obs.end_gap(now);
+                }
+            }
+        }
+    }
+
+    fn mark_synced(&mut self, watch: Watch) {
+        self.synced.insert(watch, true);
+        self.broken.insert(watch, false);
+    }
+
+    fn apply_policy(&mut self, event: Event<PodHAPolicy>) {
+        match self.policies_relist.step(event) {
+            Step::Upsert(p) => {
+                self.policies.insert(p.name_any(), Arc::new(p));
+            }
+            Step::Remove(p) => {
+                self.policies.remove(&p.name_any());
+            }
+            Step::Replace(all) => {
+                self.policies = all
+                    .into_iter()
+                    .map(|p| (p.name_any(), Arc::new(p)))
+                    .collect();
+                self.mark_synced(Watch::Policy);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn observe_node(&mut self, node: &Node, now: Instant) {
+        let in_gap = self.detection_gap();
+        let obs = self.observations.entry(node.name_any()).or_insert_with(|| {
+            let mut obs = NodeObservations::new(now);
+            if in_gap {
+                obs.begin_gap(now);
+            }
+            obs
+        });
+        obs.observe_ready(ReadyStatus::from_node(node), now);
+    }
+
+    fn apply_node(&mut self, event: Event<Node>, now: Instant) {
+        match self.nodes_relist.step(event) {
+            Step::Upsert(mut n) => {
+                crate::runtime::trim::node(&mut n);
+                self.observe_node(&n, now);
+                self.view.nodes.insert(n.name_any(), Arc::new(n));
+            }
+            Step::Remove(n) => {
+                self.view.nodes.remove(&n.name_any());
+                self.observations.remove(&n.name_any());
+            }
+            Step::Replace(all) => {
+                let mut nodes = BTreeMap::new();
+                for mut n in all {
+                    crate::runtime::trim::node(&mut n);
+                    self.observe_node(&n, now);
+                    nodes.insert(n.name_any(), Arc::new(n));
+                }
+                self.observations.retain(|name, _| nodes.contains_key(name));
+                self.view.nodes = nodes;
+                self.mark_synced(Watch::Node);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn observe_lease(&mut self, lease: &Lease, now: Instant) {
+        let renew = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
+        if let Some(obs) = self.observations.get_mut(&lease.name_any()) {
+            obs.observe_lease(renew, now);
+        }
+    }
+
+    fn apply_lease(&mut self, event: Event<Lease>, now: Instant) {
+        match self.leases_relist.step(event) {
+            Step::Upsert(l) => self.observe_lease(&l, now),
+            Step::Remove(_) | Step::Nothing => {}
+            Step::Replace(all) => {
+                for l in &all {
+                    self.observe_lease(l, now);
+                }
+                self.mark_synced(Watch::Lease);
+            }
+        }
+    }
+
+    fn unbind_pod(&mut self, key: &ObjectKey) {
+        if let Some(node) = self.pod_nodes.remove(key)
+            && let Some(pods) = self.view.pods_by_node.get_mut(&node)
+        {
+            pods.retain(|p| !same_key(p, key));
+            if pods.is_empty() {
+                self.view.pods_by_node.remove(&node);
+            }
+        }
+    }
+
+    fn bind_pod(&mut self, mut pod: Pod) {
+        let key = pod_key(&pod);
+        self.unbind_pod(&key);
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        crate::runtime::trim::pod(&mut pod);
+        self.pod_nodes.insert(key, node.clone());
+        self.view
+            .pods_by_node
+            .entry(node)
+            .or_default()
+            .push(Arc::new(pod));
+    }
+
+    fn apply_pod(&mut self, event: Event<Pod>) {
+        match self.pods_relist.step(event) {
+            Step::Upsert(p) => self.bind_pod(p),
+            Step::Remove(p) => self.unbind_pod(&pod_key(&p)),
+            Step::Replace(all) => {
+                self.view.pods_by_node.clear();
+                self.pod_nodes.clear();
+                for p in all {
+                    self.bind_pod(p);
+                }
+                self.mark_synced(Watch::Pod);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn apply_pvc(&mut self, event: Event<PersistentVolumeClaim>) {
+        let key = |c: &PersistentVolumeClaim| {
+            ObjectKey::new(c.namespace().unwrap_or_default(), c.name_any())
+        };
+        match self.pvcs_relist.step(event) {
+            Step::Upsert(mut c) => {
+                crate::runtime::trim::pvc(&mut c);
+                self.view.pvcs.insert(key(&c), Arc::new(c));
+            }
+            Step::Remove(c) => {
+                self.view.pvcs.remove(&key(&c));
+            }
+            Step::Replace(all) => {
+                self.view.pvcs = all
+                    .into_iter()
+                    .map(|mut c| {
+                        crate::runtime::trim::pvc(&mut c);
+                        (key(&c), Arc::new(c))
+                    })
+                    .collect();
+                self.mark_synced(Watch::Pvc);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn apply_pv(&mut self, event: Event<PersistentVolume>) {
+        match self.pvs_relist.step(event) {
+            Step::Upsert(mut v) => {
+                crate::runtime::trim::pv(&mut v);
+                self.view.pvs.insert(v.name_any(), Arc::new(v));
+            }
+            Step::Remove(v) => {
+                self.view.pvs.remove(&v.name_any());
+            }
+            Step::Replace(all) => {
+                self.view.pvs = all
+                    .into_iter()
+                    .map(|mut v| {
+                        crate::runtime::trim::pv(&mut v);
+                        (v.name_any(), Arc::new(v))
+                    })
+                    .collect();
+                self.mark_synced(Watch::Pv);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn unbind_va(&mut self, name: &str) {
+        if let Some(node) = self.va_nodes.remove(name)
+            && let Some(vas) = self.view.attachments_by_node.get_mut(&node)
+        {
+            vas.retain(|v| v.metadata.name.as_deref() != Some(name));
+            if vas.is_empty() {
+                self.view.attachments_by_node.remove(&node);
+            }
+        }
+    }
+
+    fn bind_va(&mut self, mut va: VolumeAttachment) {
+        let name = va.name_any();
+        self.unbind_va(&name);
+        crate::runtime::trim::volume_attachment(&mut va);
+        let node = va.spec.node_name.clone();
+        self.va_nodes.insert(name, node.clone());
+        self.view
+            .attachments_by_node
+            .entry(node)
+            .or_default()
+            .push(Arc::new(va));
+    }
+
+    fn apply_va(&mut self, event: Event<VolumeAttachment>) {
+        match self.vas_relist.step(event) {
+            Step::Upsert(v) => self.bind_va(v),
+            Step::Remove(v) => self.unbind_va(&v.name_any()),
+            Step::Replace(all) => {
+                self.view.attachments_by_node.clear();
+                self.va_nodes.clear();
+                for v in all {
+                    self.bind_va(v);
+                }
+                self.mark_synced(Watch::Va);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn apply_replica_set(&mut self, event: Event<PartialObjectMeta<ReplicaSet>>) {
+        let key = |rs: &PartialObjectMeta<ReplicaSet>| {
+            ObjectKey::new(rs.namespace().unwrap_or_default(), rs.name_any())
+        };
+        match self.rs_relist.step(event) {
+            Step::Upsert(rs) => {
+                self.view
+                    .replica_set_owners
+                    .insert(key(&rs), controller_kind(&rs));
+            }
+            Step::Remove(rs) => {
+                self.view.replica_set_owners.remove(&key(&rs));
+            }
+            Step::Replace(all) => {
+                self.view.replica_set_owners = all
+                    .iter()
+                    .map(|rs| (key(rs), controller_kind(rs)))
+                    .collect();
+                self.mark_synced(Watch::ReplicaSet);
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    fn apply_namespace(&mut self, event: Event<PartialObjectMeta<Namespace>>) {
+        match self.ns_relist.step(event) {
+            Step::Upsert(ns) => {
+                self.view
+                    .namespace_labels
+                    .insert(ns.name_any(), ns.labels().clone());
+            }
+            Step::Remove(ns) => {
+                self.view.namespace_labels.remove(&ns.name_any());
+            }
+            Step::Replace(all) => {
+                self.view.namespace_labels = all
+                    .iter()
+                    .map(|ns| (ns.name_any(), ns.labels().clone()))
+                    .collect();
+                self.mark_synced(Watch::Namespace);
+            }
+            Step::Nothing => {}
+        }
+    }
+}
+
+fn pod_key(pod: &Pod) -> ObjectKey {
+    ObjectKey::new(pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn same_key(pod: &Pod, key: &ObjectKey) -> bool {
+    pod.metadata.name.as_deref() == Some(key.name.as_str())
+        && pod.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+}
+
+/// The controller kind of a ReplicaSet, as podha counts it (only Deployments matter).
+fn controller_kind(rs: &PartialObjectMeta<ReplicaSet>) -> Option<OwnerKind> {
+    rs.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .and_then(|o| (o.kind == "Deployment").then_some(OwnerKind::Deployment))
+}
+
+#[cfg(test)]
+mod tests;

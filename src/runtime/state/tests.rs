@@ -1,0 +1,252 @@
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::ObjectMeta;
+use kube::runtime::watcher::Event;
+use tokio::time::Instant;
+
+use super::*;
+use crate::test_builders::*;
+
+fn lease(node: &str, renew_second: i64) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(node.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            renew_time: Some(MicroTime(
+                k8s_openapi::jiff::Timestamp::from_second(renew_second).expect("valid"),
+            )),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Feeds a complete initial list for every watch, so the state is synced.
+fn synced(nodes: &[&str], now: Instant) -> ClusterState {
+    let mut state = ClusterState::default();
+    state.apply(Change::Node(Event::Init), now);
+    for n in nodes {
+        state.apply(Change::Node(Event::InitApply(mk_node(n))), now);
+    }
+    state.apply(Change::Node(Event::InitDone), now);
+    state.apply(Change::Lease(Event::Init), now);
+    for n in nodes {
+        state.apply(Change::Lease(Event::InitApply(lease(n, 100))), now);
+    }
+    state.apply(Change::Lease(Event::InitDone), now);
+    state.apply(Change::Policy(Event::Init), now);
+    state.apply(Change::Policy(Event::InitDone), now);
+    state.apply(Change::Pod(Event::Init), now);
+    state.apply(Change::Pod(Event::InitDone), now);
+    state.apply(Change::Pvc(Event::Init), now);
+    state.apply(Change::Pvc(Event::InitDone), now);
+    state.apply(Change::Pv(Event::Init), now);
+    state.apply(Change::Pv(Event::InitDone), now);
+    state.apply(Change::Va(Event::Init), now);
+    state.apply(Change::Va(Event::InitDone), now);
+    state.apply(Change::ReplicaSet(Event::Init), now);
+    state.apply(Change::ReplicaSet(Event::InitDone), now);
+    state.apply(Change::Namespace(Event::Init), now);
+    state.apply(Change::Namespace(Event::InitDone), now);
+    state
+}
+
+fn pod_names(state: &ClusterState, node: &str) -> Vec<String> {
+    state
+        .view
+        .pods_on(node)
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect()
+}
+
+#[test]
+fn not_synced_until_every_watch_listed_once() {
+    let now = Instant::now();
+    let mut state = ClusterState::default();
+    assert!(!state.synced());
+    state.apply(Change::Node(Event::Init), now);
+    state.apply(Change::Node(Event::InitDone), now);
+    assert!(!state.synced());
+    assert!(synced(&["n1"], now).synced());
+}
+
+#[test]
+fn pods_follow_their_node_and_leave_on_delete() {
+    let now = Instant::now();
+    let mut state = synced(&["n1", "n2"], now);
+    state.apply(Change::Pod(Event::Apply(mk_pod("ns", "a").on("n1"))), now);
+    state.apply(Change::Pod(Event::Apply(mk_pod("ns", "b").on("n1"))), now);
+    assert_eq!(pod_names(&state, "n1"), ["a", "b"]);
+    // An update replaces the pod instead of adding a second copy.
+    state.apply(
+        Change::Pod(Event::Apply(mk_pod("ns", "a").on("n1").ready(true))),
+        now,
+    );
+    assert_eq!(pod_names(&state, "n1"), ["b", "a"]);
+    state.apply(Change::Pod(Event::Delete(mk_pod("ns", "b").on("n1"))), now);
+    assert_eq!(pod_names(&state, "n1"), ["a"]);
+    // A same-named pod in another namespace is another pod.
+    state.apply(
+        Change::Pod(Event::Apply(mk_pod("other", "a").on("n2"))),
+        now,
+    );
+    state.apply(Change::Pod(Event::Delete(mk_pod("ns", "a").on("n1"))), now);
+    assert!(state.view.pods_on("n1").is_empty());
+    assert_eq!(pod_names(&state, "n2"), ["a"]);
+    assert!(
+        !state.view.pods_by_node.contains_key("n1"),
+        "empty node entries are dropped"
+    );
+}
+
+#[test]
+fn a_relist_replaces_what_was_known() {
+    let now = Instant::now();
+    let mut state = synced(&["n1"], now);
+    state.apply(
+        Change::Pod(Event::Apply(mk_pod("ns", "gone").on("n1"))),
+        now,
+    );
+    state.apply(Change::Pod(Event::Init), now);
+    state.apply(
+        Change::Pod(Event::InitApply(mk_pod("ns", "kept").on("n1"))),
+        now,
+    );
+    assert_eq!(
+        pod_names(&state, "n1"),
+        ["gone"],
+        "the old view holds until the list is complete"
+    );
+    state.apply(Change::Pod(Event::InitDone), now);
+    assert_eq!(pod_names(&state, "n1"), ["kept"]);
+
+    state.apply(
+        Change::Va(Event::Apply(mk_va("va1", "d", "pv1", "n1"))),
+        now,
+    );
+    state.apply(Change::Va(Event::Init), now);
+    state.apply(Change::Va(Event::InitDone), now);
+    assert!(state.view.attachments_on("n1").is_empty());
+}
+
+#[test]
+fn attachments_move_with_their_node() {
+    let now = Instant::now();
+    let mut state = synced(&["n1", "n2"], now);
+    state.apply(
+        Change::Va(Event::Apply(mk_va("va1", "d", "pv1", "n1"))),
+        now,
+    );
+    assert_eq!(state.view.attachments_on("n1").len(), 1);
+    state.apply(
+        Change::Va(Event::Apply(mk_va("va1", "d", "pv1", "n1").attached(true))),
+        now,
+    );
+    assert_eq!(
+        state.view.attachments_on("n1").len(),
+        1,
+        "an update is not a second attachment"
+    );
+    state.apply(
+        Change::Va(Event::Delete(mk_va("va1", "d", "pv1", "n1"))),
+        now,
+    );
+    assert!(state.view.attachments_on("n1").is_empty());
+}
+
+#[test]
+fn replica_sets_record_their_deployment() {
+    let now = Instant::now();
+    let mut state = synced(&["n1"], now);
+    let rs = |r: k8s_openapi::api::apps::v1::ReplicaSet| PartialObjectMeta::<ReplicaSet> {
+        metadata: r.metadata,
+        ..PartialObjectMeta::default()
+    };
+    state.apply(
+        Change::ReplicaSet(Event::Apply(rs(
+            mk_rs("ns", "web-1").owned_by_deployment("web")
+        ))),
+        now,
+    );
+    state.apply(
+        Change::ReplicaSet(Event::Apply(rs(mk_rs("ns", "bare")))),
+        now,
+    );
+    assert_eq!(
+        state
+            .view
+            .replica_set_owners
+            .get(&ObjectKey::new("ns", "web-1")),
+        Some(&Some(OwnerKind::Deployment))
+    );
+    assert_eq!(
+        state
+            .view
+            .replica_set_owners
+            .get(&ObjectKey::new("ns", "bare")),
+        Some(&None)
+    );
+}
+
+#[test]
+fn lease_renewals_are_timed_on_our_clock() {
+    let t0 = Instant::now();
+    let mut state = synced(&["n1"], t0);
+    let t1 = t0 + Duration::from_secs(10);
+    state.apply(Change::Lease(Event::Apply(lease("n1", 110))), t1);
+    assert_eq!(state.observations["n1"].last_renewal(), Some(t1));
+    // The same renewTime again (a resync) is no renewal.
+    let t2 = t1 + Duration::from_secs(10);
+    state.apply(Change::Lease(Event::Apply(lease("n1", 110))), t2);
+    assert_eq!(state.observations["n1"].last_renewal(), Some(t1));
+}
+
+#[test]
+fn a_failing_detection_watch_is_a_gap_until_it_relists() {
+    let t0 = Instant::now();
+    let mut state = synced(&["n1"], t0);
+    assert!(!state.detection_gap());
+    assert!(!state.observations["n1"].in_gap());
+
+    state.apply(
+        Change::WatchError {
+            watch: Watch::Lease,
+        },
+        t0,
+    );
+    assert!(state.detection_gap());
+    assert!(state.observations["n1"].in_gap());
+
+    // Other watches failing is no gap in detection.
+    let mut other = synced(&["n1"], t0);
+    other.apply(Change::WatchError { watch: Watch::Pod }, t0);
+    assert!(!other.observations["n1"].in_gap());
+
+    let t1 = t0 + Duration::from_secs(30);
+    state.apply(Change::Lease(Event::Init), t1);
+    assert!(state.observations["n1"].in_gap(), "still re-listing");
+    state.apply(Change::Lease(Event::InitApply(lease("n1", 100))), t1);
+    state.apply(Change::Lease(Event::InitDone), t1);
+    assert!(!state.observations["n1"].in_gap());
+    assert_eq!(
+        state.observations["n1"].lease_baseline(),
+        t1,
+        "the lease clock restarts"
+    );
+}
+
+#[test]
+fn nodes_seen_during_a_gap_start_in_it() {
+    let t0 = Instant::now();
+    let mut state = synced(&["n1"], t0);
+    state.apply(Change::WatchError { watch: Watch::Node }, t0);
+    state.apply(Change::Node(Event::Apply(mk_node("n2"))), t0);
+    assert!(state.observations["n2"].in_gap());
+    state.apply(Change::Node(Event::Delete(mk_node("n1"))), t0);
+    assert!(!state.observations.contains_key("n1"));
+    assert!(!state.view.nodes.contains_key("n1"));
+}

@@ -1,0 +1,260 @@
+//! A policy's status, computed from what the decision loop knows. Pure, so that the loop can
+//! compare it with the last one written and patch only on change (no hot loop).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tokio::time::Instant;
+
+use crate::api::{FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition};
+use crate::detach::Failover;
+use crate::health::{DetectionConfig, NodeHealth};
+
+/// What a policy's status is made of.
+pub struct PolicyFacts<'a> {
+    pub policy: &'a PodHAPolicy,
+    /// Health of the nodes the policy watches.
+    pub health: &'a BTreeMap<String, NodeHealth>,
+    /// Its open failovers and its finished ones (newest first).
+    pub open: &'a [&'a Failover],
+    pub finished: &'a [&'a Failover],
+    pub wall: &'a dyn Fn(Instant) -> Time,
+    /// Wall-clock now, for condition transitions.
+    pub now: Time,
+}
+
+pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
+    let policy = facts.policy;
+    let watched = facts.health.len();
+    let failed = facts.health.values().filter(|h| h.is_failed()).count();
+    let max = policy.spec.max_unhealthy_nodes(watched);
+    let previous = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let generation = policy.metadata.generation;
+
+    let ready = match DetectionConfig::try_from(&policy.spec.detection) {
+        Ok(_) => (
+            true,
+            condition::REASON_WATCHING,
+            format!("watching {watched} nodes"),
+        ),
+        Err(e) => (false, condition::REASON_INVALID_SPEC, e.to_string()),
+    };
+    let timed_out: Vec<&str> = facts
+        .open
+        .iter()
+        .filter(|f| f.phase() == FailoverPhase::DetachTimedOut)
+        .map(|f| f.node.as_str())
+        .collect();
+    let degraded = if failed > max {
+        (
+            true,
+            condition::REASON_TOO_MANY_UNHEALTHY,
+            format!(
+                "{failed} of {watched} watched nodes failed (maxUnhealthy allows {max}): every action is held"
+            ),
+        )
+    } else if !timed_out.is_empty() {
+        (
+            true,
+            condition::REASON_DETACH_TIMEOUT,
+            format!(
+                "volumes still attached to dead nodes after detachTimeout: {}",
+                timed_out.join(", ")
+            ),
+        )
+    } else if !ready.0 {
+        (true, condition::REASON_INVALID_SPEC, ready.2.clone())
+    } else {
+        (false, condition::REASON_AS_EXPECTED, String::new())
+    };
+
+    let mut failovers: Vec<&Failover> = facts.open.iter().chain(facts.finished).copied().collect();
+    failovers.sort_by_key(|f| std::cmp::Reverse(f.detected_at));
+    failovers.truncate(RECENT_FAILOVERS_KEPT);
+
+    PodHAPolicyStatus {
+        observed_generation: generation,
+        conditions: vec![
+            make_condition(
+                previous,
+                condition::READY,
+                ready.0,
+                ready.1,
+                ready.2,
+                generation,
+                &facts.now,
+            ),
+            make_condition(
+                previous,
+                condition::DEGRADED,
+                degraded.0,
+                degraded.1,
+                degraded.2,
+                generation,
+                &facts.now,
+            ),
+        ],
+        watched_nodes: i32::try_from(watched).unwrap_or(i32::MAX),
+        failed_nodes: i32::try_from(failed).unwrap_or(i32::MAX),
+        last_failover_time: failovers.first().map(|f| (facts.wall)(f.detected_at)),
+        recent_failovers: failovers.iter().map(|f| f.to_record(facts.wall)).collect(),
+    }
+}
+
+/// A condition whose `lastTransitionTime` moves only when its status does.
+fn make_condition(
+    previous: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_builders::mk_spec;
+
+    fn facts_for<'a>(
+        policy: &'a PodHAPolicy,
+        health: &'a BTreeMap<String, NodeHealth>,
+        open: &'a [&'a Failover],
+        wall: &'a dyn Fn(Instant) -> Time,
+    ) -> PolicyFacts<'a> {
+        PolicyFacts {
+            policy,
+            health,
+            open,
+            finished: &[],
+            wall,
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    fn condition<'s>(status: &'s PodHAPolicyStatus, type_: &str) -> &'s Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition present")
+    }
+
+    #[test]
+    fn counts_nodes_and_reports_ready() {
+        let mut policy = PodHAPolicy::new("p", mk_spec());
+        policy.metadata.generation = Some(4);
+        let t0 = Instant::now();
+        let health = BTreeMap::from([
+            ("a".to_string(), NodeHealth::Healthy),
+            ("b".to_string(), NodeHealth::Failed { since: t0 }),
+            (
+                "c".to_string(),
+                NodeHealth::Suspect {
+                    failures: 1,
+                    since: t0,
+                },
+            ),
+            ("d".to_string(), NodeHealth::Healthy),
+        ]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let status = policy_status(&facts_for(&policy, &health, &[], &wall));
+        assert_eq!((status.watched_nodes, status.failed_nodes), (4, 1));
+        assert_eq!(status.observed_generation, Some(4));
+        assert_eq!(condition(&status, "Ready").status, "True");
+        assert_eq!(condition(&status, "Degraded").status, "False");
+    }
+
+    #[test]
+    fn too_many_failed_nodes_degrade_the_policy() {
+        let policy = PodHAPolicy::new("p", mk_spec());
+        let t0 = Instant::now();
+        let health: BTreeMap<String, NodeHealth> = (0..3)
+            .map(|i| (format!("n{i}"), NodeHealth::Failed { since: t0 }))
+            .chain([("n9".to_string(), NodeHealth::Healthy)])
+            .collect();
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let status = policy_status(&facts_for(&policy, &health, &[], &wall));
+        let degraded = condition(&status, "Degraded");
+        assert_eq!(degraded.status, "True");
+        assert_eq!(degraded.reason, "TooManyUnhealthyNodes");
+    }
+
+    #[test]
+    fn a_stuck_detach_degrades_the_policy_and_lists_the_failover() {
+        use crate::test_builders::*;
+        let policy = PodHAPolicy::new("p", mk_spec());
+        let view = view_with([
+            mk_node("n1").into(),
+            mk_pod("ns", "db-0")
+                .on("n1")
+                .owned_by_sts("db")
+                .claim("data")
+                .into(),
+            mk_pvc("ns", "data").bound_to("pv").into(),
+            mk_csi_pv("pv", "d").into(),
+            mk_va("va", "d", "pv", "n1").attached(true).into(),
+        ]);
+        let pod = view.pods_on("n1")[0].clone();
+        let t0 = Instant::now();
+        let mut failover = Failover::new("n1", "p", Some(t0), t0);
+        failover.record_action(t0, Some(crate::detach::MovedPod::from_pod(&pod, &view)));
+        failover.update(
+            t0 + std::time::Duration::from_secs(400),
+            &view,
+            std::time::Duration::from_secs(390),
+        );
+        assert_eq!(failover.phase(), FailoverPhase::DetachTimedOut);
+
+        let open = [&failover];
+        let health = BTreeMap::from([("n1".to_string(), NodeHealth::Failed { since: t0 })]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let status = policy_status(&facts_for(&policy, &health, &open, &wall));
+        let degraded = condition(&status, "Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "DetachTimeout")
+        );
+        assert!(degraded.message.contains("n1"), "{}", degraded.message);
+        assert_eq!(status.recent_failovers.len(), 1);
+        assert_eq!(status.recent_failovers[0].node, "n1");
+        assert_eq!(
+            status.recent_failovers[0].phase,
+            FailoverPhase::DetachTimedOut
+        );
+        assert!(status.last_failover_time.is_some());
+    }
+
+    #[test]
+    fn transition_time_moves_only_with_the_status() {
+        let mut policy = PodHAPolicy::new("p", mk_spec());
+        let health = BTreeMap::from([("a".to_string(), NodeHealth::Healthy)]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let first = policy_status(&facts_for(&policy, &health, &[], &wall));
+        policy.status = Some(first.clone());
+        let mut later = facts_for(&policy, &health, &[], &wall);
+        later.now = Time(k8s_openapi::jiff::Timestamp::from_second(1_000_000).expect("valid"));
+        let second = policy_status(&later);
+        assert_eq!(first, second, "same facts, same status: no patch");
+    }
+}
