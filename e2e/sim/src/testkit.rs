@@ -1,4 +1,4 @@
-//! Helpers for the sim cluster's integration tests: one shared cluster per test binary, polling
+//! Helpers for integration tests on the sim cluster (this crate's and the operator's): one shared cluster per test binary, polling
 //! waits, object builders, queries and a dump of everything relevant for failure messages.
 
 use std::collections::BTreeMap;
@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::cluster::{Cluster, ClusterOptions, Profile};
 use anyhow::{Context as _, anyhow, bail};
 use k8s_openapi::api::core::v1::{
     Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint,
@@ -14,7 +15,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use podha_sim::cluster::{Cluster, ClusterOptions, Profile};
 use serde_json::json;
 
 /// One cluster shared by every test of a binary, started on first use and taken down by
@@ -22,16 +22,27 @@ use serde_json::json;
 pub struct SharedCluster {
     dir: PathBuf,
     nodes: usize,
+    sim_exe: Option<PathBuf>,
     cell: OnceLock<Result<Cluster, String>>,
 }
 
 impl SharedCluster {
-    pub fn new(name: &str, nodes: usize) -> Self {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+    /// A cluster of `nodes` nodes in `<tmp_dir>/<name>-<pid>`, run with the `podha-sim`
+    /// executable `sim_exe` (tests pass `env!("CARGO_BIN_EXE_podha-sim")` where cargo defines
+    /// it; `None` looks next to the test binary, see [`ClusterOptions::sim_exe`]).
+    pub fn new(
+        tmp_dir: impl Into<PathBuf>,
+        name: &str,
+        nodes: usize,
+        sim_exe: Option<PathBuf>,
+    ) -> Self {
+        let dir = tmp_dir
+            .into()
             .join(format!("{name}-{}", std::process::id()));
         SharedCluster {
             dir,
             nodes,
+            sim_exe,
             cell: OnceLock::new(),
         }
     }
@@ -47,7 +58,7 @@ impl SharedCluster {
                 let mut opts = ClusterOptions::new(&self.dir);
                 opts.nodes = self.nodes;
                 opts.profile = Profile::Fast;
-                opts.sim_exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_podha-sim")));
+                opts.sim_exe = self.sim_exe.clone();
                 eprintln!(
                     "starting a sim cluster with {} nodes in {} (if this run is interrupted: \
                      podha-sim down --dir {})",
@@ -404,7 +415,7 @@ pub fn unique_name(pv: &PersistentVolume) -> anyhow::Result<String> {
         .as_ref()
         .and_then(|s| s.csi.as_ref())
         .ok_or_else(|| anyhow!("PV {:?} is not a CSI volume", pv.metadata.name))?;
-    Ok(podha_sim::csi::unique_volume_name(
+    Ok(crate::csi::unique_volume_name(
         &csi.driver,
         &csi.volume_handle,
     ))
@@ -478,7 +489,7 @@ pub fn statefulset(name: &str, nodes: &[&str]) -> serde_json::Value {
                 "metadata": { "name": "data" },
                 "spec": {
                     "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": podha_sim::csi::RWO_STORAGE_CLASS,
+                    "storageClassName": crate::csi::RWO_STORAGE_CLASS,
                     "resources": { "requests": { "storage": "1Gi" } },
                 },
             }],
@@ -536,7 +547,7 @@ pub async fn dump(client: &kube::Client, ns: &str) -> String {
                     .metadata
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.get(podha_sim::csi::VOLUMES_READY_ANNOTATION).cloned());
+                    .and_then(|a| a.get(crate::csi::VOLUMES_READY_ANNOTATION).cloned());
                 out.push_str(&format!(
                     "  {} uid={} node={} phase={} ready={} deletion={:?} volumes-ready={:?}\n",
                     name_of(p),

@@ -9,8 +9,6 @@
 //! The binaries must have been built with `make k8s`; without them every test fails with that
 //! hint (never skips).
 
-mod support;
-
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +16,7 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Taint};
 use libtest_mimic::{Arguments, Trial};
-use support::*;
+use podha_sim::testkit::*;
 
 const NODES: usize = 8;
 const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
@@ -27,7 +25,12 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // The scenarios mostly wait; run them all at once even on a 2-core machine.
     args.test_threads.get_or_insert(4);
-    let shared = Arc::new(SharedCluster::new("podha-sim-problem", NODES));
+    let shared = Arc::new(SharedCluster::new(
+        env!("CARGO_TARGET_TMPDIR"),
+        "podha-sim-problem",
+        NODES,
+        Some(env!("CARGO_BIN_EXE_podha-sim").into()),
+    ));
     type Scenario = fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>;
     let scenarios: [(&str, Scenario); 4] = [
         (
