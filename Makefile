@@ -11,6 +11,8 @@ SIM_KEY := sim-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)-kwok-$(KWOK_VERSION)
 SIM_BIN_DIR := $(PODHA_CACHE)/$(SIM_KEY)/bin
 export PODHA_SIM_BIN_DIR := $(SIM_BIN_DIR)
 CARGO ?= cargo
+CARGO_TARGET ?= $(CURDIR)/target/debug
+DEMO_PROFILE ?= stock
 
 .PHONY: help
 help: ## List the targets
@@ -22,10 +24,10 @@ test: k8s lint ## Run every test: unit, CRD, and integration tests on the sim cl
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: demo
-demo: ## Sim cluster + operator + a node kill, printing the failover timeline
-	@echo "make demo: not available yet: the operator runtime (issue 4) is not built." >&2
-	@echo "           'make sim-up' starts the sim cluster on its own." >&2
-	@exit 1
+demo: k8s ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
+	$(CARGO) build --bins -p podha -p podha-sim
+	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
+		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
 
 .PHONY: k8s
 k8s: $(SIM_BIN_DIR)/.complete ## Build etcd, Kubernetes and kwok from Go modules (cached)

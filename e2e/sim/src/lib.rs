@@ -4,4 +4,5 @@
 
 pub mod cluster;
 pub mod csi;
+pub mod failover;
 pub mod testkit;

@@ -51,6 +51,25 @@ enum Cmd {
         #[arg(long)]
         apiserver_port: Option<u16>,
     },
+    /// The main job on the embedded default: a sim cluster, podha, a StatefulSet with an RWO
+    /// volume, a node killed, and the failover timeline. Everything is torn down at the end.
+    Demo {
+        /// Directory of the demo's cluster.
+        #[arg(long, default_value = ".sim-demo")]
+        dir: PathBuf,
+        /// `stock` (upstream Kubernetes defaults) or `fast`.
+        #[arg(long, default_value = "stock")]
+        profile: Profile,
+        /// The podha executable.
+        #[arg(long, default_value = "target/debug/podha")]
+        operator: PathBuf,
+        /// The PodHAPolicy CRD manifest.
+        #[arg(long, default_value = "crds/podha.io_podhapolicies.yaml")]
+        crd: PathBuf,
+        /// Leave the cluster running afterwards (take it down with `podha-sim down --dir DIR`).
+        #[arg(long)]
+        keep: bool,
+    },
     /// Kill every process of the cluster in DIR.
     Down {
         #[command(flatten)]
@@ -161,6 +180,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             );
             cluster.keep_running();
         }
+        Cmd::Demo {
+            dir,
+            profile,
+            operator,
+            crd,
+            keep,
+        } => demo(&dir, profile, &operator, &crd, keep).await?,
         Cmd::Down { dir } => {
             let cluster = Cluster::attach(&dir.dir)?;
             let n = cluster.processes().iter().filter(|p| p.alive).count();
@@ -276,4 +302,78 @@ async fn status(dir: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The demo policy: Lease and kubelet TCP must both say dead, probed every second, three
+/// failures, a lease grace just above the kubelet's 10 s renew interval; out-of-service taint.
+fn demo_policy() -> serde_json::Value {
+    serde_json::json!({
+        "detection": {
+            "interval": "1s",
+            "failureThreshold": 3,
+            "signals": ["Lease", "KubeletTCP"],
+            "leaseGracePeriod": "12s",
+            "tcpTimeout": "500ms",
+        },
+        "action": "OutOfServiceTaint",
+    })
+}
+
+async fn demo(
+    dir: &Path,
+    profile: Profile,
+    operator: &Path,
+    crd: &Path,
+    keep: bool,
+) -> anyhow::Result<()> {
+    use podha_sim::failover::{Operator, apply_policy, install_crd, measure, render};
+    let started = std::time::Instant::now();
+    println!("== podha demo: sim cluster (profile {profile}), podha, a node killed");
+    let mut opts = ClusterOptions::new(dir);
+    opts.profile = profile;
+    let cluster = Cluster::up(opts).await?;
+    println!(
+        "cluster up in {:.1?}: 3 nodes, kubeconfig {}",
+        started.elapsed(),
+        cluster.kubeconfig_path().display()
+    );
+    let result = async {
+        let client = cluster.client().await?;
+        install_crd(&client, crd).await?;
+        apply_policy(&client, "demo", demo_policy()).await?;
+        println!("policy demo: {}", demo_policy());
+        let mut podha = Operator::start(operator, &cluster)?;
+        podha.wait_ready(Duration::from_secs(60)).await?;
+        println!(
+            "podha running (log {}); starting StatefulSet demo/db with a sim-rwo volume",
+            podha.log.display()
+        );
+        let timeline = measure(&cluster, &client, "demo", "db", Duration::from_secs(600)).await?;
+        println!(
+            "\nfailover timeline (from the kill, as seen through the API):\n{}",
+            render(&timeline)
+        );
+        // Give podha a tick to record the last phase.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let phases = podha.phase_means("demo")?;
+        if !phases.is_empty() {
+            println!("podha's own phase metrics (podha_failover_phase_duration_seconds):");
+            for (phase, secs) in phases {
+                println!("  {phase:>8}: {secs:.1}s");
+            }
+        }
+        anyhow::Ok(timeline.recovered.is_some())
+    }
+    .await;
+    if keep {
+        cluster.keep_running();
+        println!("cluster kept running in {}", dir.display());
+    } else {
+        cluster.down()?;
+        println!("cluster torn down");
+    }
+    match result? {
+        true => Ok(()),
+        false => anyhow::bail!("the pod did not recover"),
+    }
 }

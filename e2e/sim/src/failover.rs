@@ -1,0 +1,393 @@
+//! One node death, measured from outside: a StatefulSet pod with an RWO volume runs, its node is
+//! SIGKILLed, and every visible step until the replacement runs on a healthy node with its
+//! volume attached there is timestamped from the kill. Used by `podha-sim demo` and the
+//! failover benchmark; podha itself runs as a separate process ([`Operator`]).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::cluster::Cluster;
+use crate::testkit::{create_namespace, running_ready, statefulset};
+
+/// The podha operator, run as a child process against a sim cluster.
+pub struct Operator {
+    child: Child,
+    http: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `exe run` against the cluster; logs go to `DIR/logs/podha.log`.
+    pub fn start(exe: &Path, cluster: &Cluster) -> anyhow::Result<Operator> {
+        let http = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let log = cluster.logs_dir().join("podha.log");
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(exe)
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig_path())
+            .arg("--http-addr")
+            .arg(http.to_string())
+            .arg("--leader-namespace")
+            .arg("default")
+            .arg("--identity")
+            .arg("podha-demo")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting {} (build it with `cargo build -p podha`)",
+                    exe.display()
+                )
+            })?;
+        Ok(Operator { child, http, log })
+    }
+
+    /// GET `path` on the operator's HTTP port.
+    pub fn get(&self, path: &str) -> anyhow::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&self.http, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: podha\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw)?;
+        let (head, body) = raw
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| anyhow!("malformed response"))?;
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!("{path}: {}", head.lines().next().unwrap_or_default());
+        }
+        Ok(body.to_string())
+    }
+
+    /// Waits until the operator's caches are synced and it leads.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("podha exited ({status}); see {}", self.log.display());
+            }
+            let leads = self
+                .get("/metrics")
+                .is_ok_and(|m| m.lines().any(|l| l == "podha_leader 1"));
+            if self.get("/readyz").is_ok() && leads {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "podha not ready within {timeout:?}; see {}",
+                    self.log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// podha's own view of the last failover: sum/count of each phase histogram of `policy`.
+    pub fn phase_means(&self, policy: &str) -> anyhow::Result<Vec<(String, f64)>> {
+        let metrics = self.get("/metrics")?;
+        let value = |suffix: &str, phase: &str| -> Option<f64> {
+            let name = format!("podha_failover_phase_duration_seconds_{suffix}{{");
+            metrics.lines().find_map(|l| {
+                let ok = l.starts_with(&name)
+                    && l.contains(&format!("phase=\"{phase}\""))
+                    && l.contains(&format!("policy=\"{policy}\""));
+                if ok {
+                    l.rsplit_once(' ')?.1.parse().ok()
+                } else {
+                    None
+                }
+            })
+        };
+        Ok(["detect", "act", "detach", "recover", "total"]
+            .iter()
+            .filter_map(|phase| {
+                let (sum, count) = (value("sum", phase)?, value("count", phase)?);
+                (count > 0.0).then(|| (phase.to_string(), sum / count))
+            })
+            .collect())
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Creates the PodHAPolicy CRD from its manifest and waits until it is established.
+pub async fn install_crd(client: &Client, manifest: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&text).context("parsing the CRD manifest")?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match api.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e).context("creating the CRD"),
+    }
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let cond = kube::runtime::wait::await_condition(
+        api,
+        &name,
+        kube::runtime::conditions::is_crd_established(),
+    );
+    tokio::time::timeout(Duration::from_secs(30), cond)
+        .await
+        .context("CRD not established")??;
+    Ok(())
+}
+
+/// Creates (or replaces) a PodHAPolicy with this spec.
+pub async fn apply_policy(
+    client: &Client,
+    name: &str,
+    spec: serde_json::Value,
+) -> anyhow::Result<()> {
+    let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "podha.io/v1alpha1",
+        "kind": "PodHAPolicy",
+        "metadata": { "name": name },
+        "spec": spec,
+    }))?;
+    let params = kube::api::PatchParams::apply("podha-sim").force();
+    api.patch(name, &params, &kube::api::Patch::Apply(&obj))
+        .await
+        .context("applying the PodHAPolicy")?;
+    Ok(())
+}
+
+/// One step of a failover and when it was seen, relative to the kill.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub what: String,
+    pub at: Duration,
+}
+
+/// Everything seen of one failover.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    pub node: String,
+    pub target: Option<String>,
+    pub steps: Vec<Step>,
+    /// Replacement Running on a healthy node with its VolumeAttachment attached there.
+    pub recovered: Option<Duration>,
+    pub waited: Duration,
+}
+
+/// Runs a one-replica StatefulSet `app` in namespace `ns`, kills its node and follows the
+/// failover for at most `timeout`. Returns when recovered or when the time is up.
+pub async fn measure(
+    cluster: &Cluster,
+    client: &Client,
+    ns: &str,
+    app: &str,
+    timeout: Duration,
+) -> anyhow::Result<Timeline> {
+    create_namespace(client, ns).await?;
+    let nodes: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.running)
+        .map(|n| n.name.clone())
+        .collect();
+    let node_refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let sts: StatefulSet = serde_json::from_value(statefulset(app, &node_refs))?;
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &sts)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pod_name = format!("{app}-0");
+    let claim = format!("data-{app}-0");
+
+    // Running with its volume attached.
+    let started = Instant::now();
+    let (old_uid, node, pv) = loop {
+        if started.elapsed() > Duration::from_secs(180) {
+            bail!("{ns}/{pod_name} did not start within 180s");
+        }
+        if let Some(p) = pods.get_opt(&pod_name).await?
+            && running_ready(&p)
+            && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
+            && let Some(pv) = bound_pv(client, ns, &claim).await?
+            && attached_on(&vas, &pv, &node).await?
+        {
+            break (p.metadata.uid.clone().unwrap_or_default(), node, pv);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    cluster.kill_node(&node)?;
+    let killed = Instant::now();
+    let mut timeline = Timeline {
+        node: node.clone(),
+        target: None,
+        steps: Vec::new(),
+        recovered: None,
+        waited: Duration::ZERO,
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut step = |timeline: &mut Timeline, key: &str, what: String| {
+        if seen.insert(key.to_string()) {
+            timeline.steps.push(Step {
+                what,
+                at: killed.elapsed(),
+            });
+        }
+    };
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    while killed.elapsed() < timeout {
+        let n = nodes_api.get(&node).await?;
+        if n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status != "True"))
+        {
+            step(
+                &mut timeline,
+                "notready",
+                format!("kube-controller-manager marks {node} NotReady"),
+            );
+        }
+        if n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t.key == "node.kubernetes.io/out-of-service")
+            })
+        {
+            step(
+                &mut timeline,
+                "taint",
+                format!("{node} tainted out-of-service"),
+            );
+        }
+        let current = pods.get_opt(&pod_name).await?;
+        match &current {
+            Some(p) if p.metadata.uid.as_deref() == Some(old_uid.as_str()) => {
+                let marked = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "False"));
+                if marked {
+                    step(
+                        &mut timeline,
+                        "marked",
+                        format!("{pod_name} marked NotReady"),
+                    );
+                }
+            }
+            _ => step(&mut timeline, "deleted", format!("old {pod_name} deleted")),
+        }
+        let all_vas = vas.list(&ListParams::default()).await?.items;
+        let of_pv: Vec<&VolumeAttachment> = all_vas
+            .iter()
+            .filter(|v| v.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str()))
+            .collect();
+        if !of_pv.iter().any(|v| v.spec.node_name == node) {
+            step(
+                &mut timeline,
+                "detached",
+                format!("{pv} detached from {node}"),
+            );
+        }
+        if let Some(p) = &current
+            && p.metadata.uid.as_deref() != Some(old_uid.as_str())
+            && let Some(target) = p.spec.as_ref().and_then(|s| s.node_name.clone())
+            && target != node
+        {
+            step(
+                &mut timeline,
+                "scheduled",
+                format!("replacement scheduled on {target}"),
+            );
+            let attached = of_pv.iter().any(|v| {
+                v.spec.node_name == target && v.status.as_ref().is_some_and(|s| s.attached)
+            });
+            if attached {
+                step(
+                    &mut timeline,
+                    "attached",
+                    format!("{pv} attached on {target}"),
+                );
+            }
+            if attached && running_ready(p) {
+                step(
+                    &mut timeline,
+                    "running",
+                    format!("replacement Running on {target}"),
+                );
+                timeline.target = Some(target);
+                timeline.recovered = Some(killed.elapsed());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    timeline.waited = killed.elapsed();
+    Ok(timeline)
+}
+
+async fn bound_pv(client: &Client, ns: &str, claim: &str) -> anyhow::Result<Option<String>> {
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), ns);
+    Ok(api
+        .get_opt(claim)
+        .await?
+        .and_then(|c| c.spec.and_then(|s| s.volume_name)))
+}
+
+async fn attached_on(vas: &Api<VolumeAttachment>, pv: &str, node: &str) -> anyhow::Result<bool> {
+    Ok(vas
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|v| {
+            v.spec.node_name == node
+                && v.spec.source.persistent_volume_name.as_deref() == Some(pv)
+                && v.status.as_ref().is_some_and(|s| s.attached)
+        }))
+}
+
+/// The timeline as lines for a terminal.
+pub fn render(timeline: &Timeline) -> String {
+    let mut out = format!("  {:>7}  node {} killed (SIGKILL)\n", "0.0s", timeline.node);
+    for s in &timeline.steps {
+        out.push_str(&format!("  {:>6.1}s  {}\n", s.at.as_secs_f64(), s.what));
+    }
+    match timeline.recovered {
+        Some(d) => out.push_str(&format!("  failover complete in {:.1}s\n", d.as_secs_f64())),
+        None => out.push_str(&format!(
+            "  not recovered within {:.0}s\n",
+            timeline.waited.as_secs_f64()
+        )),
+    }
+    out
+}
