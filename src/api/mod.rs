@@ -16,15 +16,65 @@ pub use status::{
 /// Pod annotation that opts a pod out of (`"false"`) or into (`"true"`) failover.
 pub const FAILOVER_ANNOTATION: &str = "podha.io/failover";
 
-/// Node annotation podha sets together with the out-of-service taint, naming the policy that
-/// added it. podha removes only a taint that carries this marker.
+/// Node annotation podha sets together with its taint, naming the policy that added it. podha
+/// removes only a taint that carries this marker.
 pub const TAINT_MARKER_ANNOTATION: &str = "podha.io/out-of-service-taint";
 
 /// The taint that makes Kubernetes detach a dead node's volumes at once (KEP-2268).
 pub const OUT_OF_SERVICE_TAINT_KEY: &str = "node.kubernetes.io/out-of-service";
-/// The value and effect podha gives that taint.
-pub const OUT_OF_SERVICE_TAINT_VALUE: &str = "nodeshutdown";
-pub const OUT_OF_SERVICE_TAINT_EFFECT: &str = "NoExecute";
+/// podha's scheduling fence: keeps replacements off a node podha judged dead before the node
+/// lifecycle controller has tainted it unreachable (50 s by default). Evicts nothing.
+pub const FENCE_TAINT_KEY: &str = "podha.io/fenced";
+
+/// The taints podha puts on a dead node before moving its pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeTaint {
+    /// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` (action `OutOfServiceTaint`):
+    /// volumes detach at once; the scheduler also keeps new pods off.
+    OutOfService,
+    /// `podha.io/fenced=nodeDead:NoSchedule` (action `DeletePods`): only the scheduler is told.
+    Fence,
+}
+
+impl NodeTaint {
+    pub const ALL: [NodeTaint; 2] = [NodeTaint::OutOfService, NodeTaint::Fence];
+
+    pub const fn for_action(action: Action) -> Self {
+        match action {
+            Action::OutOfServiceTaint => Self::OutOfService,
+            Action::DeletePods => Self::Fence,
+        }
+    }
+
+    pub const fn key(self) -> &'static str {
+        match self {
+            Self::OutOfService => OUT_OF_SERVICE_TAINT_KEY,
+            Self::Fence => FENCE_TAINT_KEY,
+        }
+    }
+
+    pub const fn value(self) -> &'static str {
+        match self {
+            Self::OutOfService => "nodeshutdown",
+            Self::Fence => "nodeDead",
+        }
+    }
+
+    pub const fn effect(self) -> &'static str {
+        match self {
+            Self::OutOfService => "NoExecute",
+            Self::Fence => "NoSchedule",
+        }
+    }
+
+    /// Whether `node` carries this taint (whoever added it).
+    pub fn on(self, node: &k8s_openapi::api::core::v1::Node) -> bool {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|taints| taints.iter().any(|t| t.key == self.key()))
+    }
+}
 
 /// The CRD manifest as YAML, exactly as committed under `crds/`.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {

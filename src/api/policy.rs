@@ -87,11 +87,14 @@ pub struct PodHAPolicySpec {
     #[serde(default)]
     pub detection: Detection,
 
-    /// What podha does when a watched node is judged dead. `DeletePods` force-deletes the
-    /// eligible pods; `OutOfServiceTaint` first taints the node
-    /// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` (so volumes detach at once)
-    /// and then force-deletes them. podha removes only a taint it added itself, once the node is
-    /// healthy again and no VolumeAttachment remains on it.
+    /// What podha does when a watched node is judged dead. `DeletePods` fences the node
+    /// (`podha.io/fenced=nodeDead:NoSchedule`, so the scheduler does not put replacements back on
+    /// it before Kubernetes notices the node is gone) and force-deletes the eligible pods; their
+    /// volumes detach after the attach/detach controller's own 6-minute wait. `OutOfServiceTaint`
+    /// taints the node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` instead, so
+    /// volumes detach at once, and force-deletes the pods. podha removes only taints it added
+    /// itself (marked by the annotation `podha.io/out-of-service-taint`), once the node is healthy
+    /// again and no VolumeAttachment remains on it.
     #[serde(default)]
     pub action: Action,
 

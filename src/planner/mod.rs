@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Node;
 pub use ledger::{Incident, Ledger};
 pub use ownership::{node_owner, pod_owner};
 
-use crate::api::{Action, OUT_OF_SERVICE_TAINT_KEY, PodHAPolicySpec, TAINT_MARKER_ANNOTATION};
+use crate::api::{NodeTaint, PodHAPolicySpec, TAINT_MARKER_ANNOTATION};
 use crate::eligibility::{self, SkipReason};
 use crate::health::NodeHealth;
 use crate::view::{ObjectKey, View};
@@ -52,8 +52,12 @@ pub struct PlanInput<'a> {
 /// Something the actuator should do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Intent {
-    /// Add `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` and podha's marker.
-    TaintOutOfService { node: String, policy: String },
+    /// Add the taint (out-of-service, or the scheduling fence) and podha's marker.
+    TaintNode {
+        node: String,
+        policy: String,
+        taint: NodeTaint,
+    },
     /// Set the pod's Ready condition to False: its node is dead, the readiness is stale.
     MarkPodNotReady {
         pod: ObjectKey,
@@ -69,7 +73,7 @@ pub enum Intent {
         policy: String,
         owner_kind: &'static str,
     },
-    /// Remove the out-of-service taint podha added (the node is back and holds no volume).
+    /// Remove the taints podha added (the node is back and holds no volume).
     RemoveTaint { node: String },
     /// An action podha chose not to take, and why.
     Hold {
@@ -294,9 +298,12 @@ fn plan_incident(
     }
 }
 
-/// The node's taint: wanted when the node's policy says `OutOfServiceTaint`, judges the node
-/// Failed, is not held, and at least one pod will move. Without a pod to move the taint would
-/// only disturb pods podha leaves alone.
+/// The node's taint, before any pod moves: the out-of-service taint with `OutOfServiceTaint`
+/// (volumes detach at once), the scheduling fence with `DeletePods` (without it, a pod deleted
+/// before the node lifecycle controller taints the node unreachable may be scheduled right back
+/// onto the dead node). Wanted when the node's policy judges it Failed, is not held, and at
+/// least one pod will move: without a pod to move the taint would only disturb pods podha
+/// leaves alone.
 fn plan_taint(
     incident: &Incident,
     node: &Node,
@@ -306,22 +313,23 @@ fn plan_taint(
     moves: &[(PolicyRef<'_>, Intent)],
 ) -> Option<Intent> {
     let owner = node_owner(policies, node)?;
+    let taint = NodeTaint::for_action(owner.spec.action);
     let failed = matches!(
         health_of(input.health, owner.name, &incident.node),
         Some(NodeHealth::Failed { .. })
     );
-    if owner.spec.action != Action::OutOfServiceTaint
-        || !failed
+    if !failed
         || held.contains_key(owner.name)
         || incident.tainted
-        || has_out_of_service_taint(node)
+        || taint.on(node)
         || moves.is_empty()
     {
         return None;
     }
-    let intent = Intent::TaintOutOfService {
+    let intent = Intent::TaintNode {
         node: incident.node.clone(),
         policy: owner.name.to_string(),
+        taint,
     };
     Some(dry_run_guard(owner, &incident.node, intent))
 }
@@ -336,7 +344,7 @@ fn plan_untaints(policies: &[PolicyRef<'_>], input: &PlanInput<'_>, out: &mut Pl
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
-        if !marked || !has_out_of_service_taint(node) {
+        if !marked || !NodeTaint::ALL.iter().any(|t| t.on(node)) {
             continue;
         }
         if !is_ready(node) || !usable(node) || !input.view.attachments_on(name).is_empty() {
@@ -363,13 +371,6 @@ fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent) -> Intent {
     } else {
         intent
     }
-}
-
-fn has_out_of_service_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|taints| taints.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
 }
 
 fn is_ready(node: &Node) -> bool {

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::time::Instant;
 
 use super::*;
-use crate::api::OwnerKind;
+use crate::api::{Action, NodeTaint, OwnerKind};
 use crate::test_builders::*;
 
 const DRIVER: &str = "rwo.sim.podha.io";
@@ -139,19 +139,26 @@ fn ns_selector(key: &str, value: &str) -> LabelSelector {
 }
 
 #[test]
-fn failed_node_with_an_eligible_pod_gets_a_force_delete() {
+fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
     let world = World::new(cluster(3)).policy("p", mk_spec()).fail("node-1");
     let plan = world.plan();
     let expected_uid = uid(&world.view, "node-1", "db-0");
     assert_eq!(
         plan.intents,
-        vec![Intent::ForceDeletePod {
-            pod: ObjectKey::new("ns", "db-0"),
-            uid: expected_uid,
-            node: "node-1".into(),
-            policy: "p".into(),
-            owner_kind: "StatefulSet",
-        }]
+        vec![
+            Intent::TaintNode {
+                node: "node-1".into(),
+                policy: "p".into(),
+                taint: NodeTaint::Fence
+            },
+            Intent::ForceDeletePod {
+                pod: ObjectKey::new("ns", "db-0"),
+                uid: expected_uid,
+                node: "node-1".into(),
+                policy: "p".into(),
+                owner_kind: "StatefulSet",
+            }
+        ]
     );
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
 }
@@ -276,9 +283,10 @@ fn out_of_service_taint_comes_before_the_deletions() {
         .plan();
     assert_eq!(
         plan.intents.first(),
-        Some(&Intent::TaintOutOfService {
+        Some(&Intent::TaintNode {
             node: "node-1".into(),
-            policy: "p".into()
+            policy: "p".into(),
+            taint: NodeTaint::OutOfService
         })
     );
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
@@ -295,7 +303,7 @@ fn the_taint_is_added_once_per_incident() {
             .plan()
             .intents
             .iter()
-            .any(|i| matches!(i, Intent::TaintOutOfService { .. }))
+            .any(|i| matches!(i, Intent::TaintNode { .. }))
     );
 
     // Also when the ledger was lost (a restart) but the node carries the taint.
@@ -313,7 +321,7 @@ fn the_taint_is_added_once_per_incident() {
         !plan
             .intents
             .iter()
-            .any(|i| matches!(i, Intent::TaintOutOfService { .. }))
+            .any(|i| matches!(i, Intent::TaintNode { .. }))
     );
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
 }
@@ -439,10 +447,7 @@ fn dry_run_turns_every_action_into_a_hold() {
             other => panic!("dry run produced an action: {other:?}"),
         })
         .collect();
-    assert!(
-        matches!(would[0], Intent::TaintOutOfService { .. }),
-        "{would:?}"
-    );
+    assert!(matches!(would[0], Intent::TaintNode { .. }), "{would:?}");
     assert!(
         matches!(would[1], Intent::ForceDeletePod { .. }),
         "{would:?}"
@@ -488,10 +493,21 @@ fn the_first_policy_by_name_decides_about_a_pod() {
             _ => None,
         })
         .collect();
-    assert_eq!(held.len(), 1);
-    assert_eq!(held[0].0, "a-team");
+    // a-team (first by name) also owns the node: its fence is held too.
+    assert_eq!(held.len(), 2, "{held:?}");
     assert!(
-        matches!(&*held[0].1, Intent::ForceDeletePod { pod, .. } if pod.to_string() == "ns/db-0")
+        held.iter().all(|(policy, _)| policy == "a-team"),
+        "{held:?}"
+    );
+    assert!(matches!(
+        &*held[0].1,
+        Intent::TaintNode {
+            taint: NodeTaint::Fence,
+            ..
+        }
+    ));
+    assert!(
+        matches!(&*held[1].1, Intent::ForceDeletePod { pod, .. } if pod.to_string() == "ns/db-0")
     );
 }
 
@@ -656,7 +672,7 @@ fn intent_names(plan: &Plan) -> Vec<String> {
         .map(|i| match i {
             Intent::MarkPodNotReady { pod, .. } => format!("mark {pod}"),
             Intent::ForceDeletePod { pod, .. } => format!("delete {pod}"),
-            Intent::TaintOutOfService { node, .. } => format!("taint {node}"),
+            Intent::TaintNode { node, taint, .. } => format!("taint {node} {}", taint.key()),
             Intent::RemoveTaint { node } => format!("untaint {node}"),
             Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
         })
@@ -684,11 +700,15 @@ fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
     let world = World::new(cluster_with_ready_pod())
         .policy("p", mk_spec())
         .fail("node-1");
-    assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 podha.io/fenced", "mark ns/db-0"]
+    );
 
-    // Marked, and the watch still shows it Ready: wait, do not mark again nor delete.
+    // Fenced and marked, and the watch still shows it Ready: wait, do not mark again nor delete.
     let mut world = world;
     let uid = uid(&world.view, "node-1", "db-0");
+    world.ledger.record_tainted("node-1");
     world.ledger.record_marked_not_ready("node-1", &uid);
     let plan = world.plan();
     assert!(plan.intents.is_empty(), "{:?}", plan.intents);
@@ -719,7 +739,10 @@ fn ready_pods_that_would_not_move_are_not_marked() {
         .policy("p", mk_spec())
         .fail("node-1")
         .plan();
-    assert_eq!(intent_names(&plan), ["delete ns/db-0"]);
+    assert_eq!(
+        intent_names(&plan),
+        ["taint node-1 podha.io/fenced", "delete ns/db-0"]
+    );
     let mut skips = skip_reasons(&plan);
     skips.sort();
     assert_eq!(
@@ -738,5 +761,63 @@ fn the_taint_goes_first_even_while_pods_are_being_marked() {
         .policy("p", spec)
         .fail("node-1")
         .plan();
-    assert_eq!(intent_names(&plan), ["taint node-1", "mark ns/db-0"]);
+    assert_eq!(
+        intent_names(&plan),
+        [
+            "taint node-1 node.kubernetes.io/out-of-service",
+            "mark ns/db-0"
+        ]
+    );
+}
+
+#[test]
+fn delete_pods_fences_the_node_so_no_replacement_lands_there() {
+    // The node lifecycle controller has not tainted the dead node yet (it waits 50 s by
+    // default); without the fence the scheduler may put the replacement right back.
+    let plan = World::new(cluster(3))
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert!(matches!(
+        plan.intents.first(),
+        Some(Intent::TaintNode { taint: NodeTaint::Fence, node, .. }) if node == "node-1"
+    ));
+    assert_eq!(
+        NodeTaint::Fence.effect(),
+        "NoSchedule",
+        "a fence evicts nothing"
+    );
+
+    // Fenced already (by podha before a restart, or by the ledger): not again.
+    let mut view = cluster(3);
+    let fenced = (*view.nodes["node-1"]).clone().taint(
+        crate::api::FENCE_TAINT_KEY,
+        "nodeDead",
+        "NoSchedule",
+    );
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(fenced));
+    let plan = World::new(view)
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert_eq!(intent_names(&plan), ["delete ns/db-0"]);
+}
+
+#[test]
+fn the_fence_is_removed_like_the_out_of_service_taint() {
+    let mut view = cluster(3);
+    let fenced = (*view.nodes["node-1"])
+        .clone()
+        .taint(crate::api::FENCE_TAINT_KEY, "nodeDead", "NoSchedule")
+        .annotation(TAINT_MARKER_ANNOTATION, "p");
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(fenced));
+    let world = World::new(view).policy("p", mk_spec());
+    assert_eq!(
+        world.plan().intents,
+        vec![Intent::RemoveTaint {
+            node: "node-1".into()
+        }]
+    );
 }

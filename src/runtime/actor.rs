@@ -19,7 +19,9 @@ use super::prober::{ProbePlan, Target, kubelet_addr};
 use super::state::{Change, ClusterState};
 use super::status::{PolicyFacts, policy_status};
 use super::writer::{ActResult, EventNote, Write, intent_kind};
-use crate::api::{PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION};
+use crate::api::{
+    NodeTaint, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION,
+};
 use crate::detach::{Failover, MovedPod, PhaseChange};
 use crate::eligibility::node_selected;
 use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, Transition};
@@ -202,6 +204,7 @@ impl Actor {
         for (policy, node, transition) in transitions {
             self.on_transition(&policy, &node, transition, now).await;
         }
+        self.open_resumed_incidents();
         let health = self.health_book();
         self.count_nodes(&health);
 
@@ -361,6 +364,32 @@ impl Actor {
         let _ = now;
     }
 
+    /// Every Failed node has an incident. A tracker resumed as Failed (the node carries podha's
+    /// taint from a previous leader or process) made no transition, so open it here: the
+    /// failover that leader started is finished, and nothing it did is repeated (deleted pods
+    /// are gone from the view, the taint is already on the node).
+    fn open_resumed_incidents(&mut self) {
+        for ((policy, node), tracked) in &self.trackers {
+            if let NodeHealth::Failed { since } = tracked.tracker.state()
+                && self.ledger.open(node, since, &self.state.view)
+            {
+                let alive = self
+                    .state
+                    .observations
+                    .get(node)
+                    .and_then(|o| o.last_seen_alive());
+                self.failovers.insert(
+                    node.clone(),
+                    Failover::new(node.clone(), policy.clone(), alive, since),
+                );
+                info!(
+                    policy,
+                    node, "resuming the failover of a node podha tainted before"
+                );
+            }
+        }
+    }
+
     fn health_book(&self) -> HealthBook {
         let mut book = HealthBook::new();
         for ((policy, node), tracked) in &self.trackers {
@@ -428,7 +457,7 @@ impl Actor {
                     policy.clone(),
                 )
             }
-            Intent::MarkPodNotReady { policy, .. } | Intent::TaintOutOfService { policy, .. } => {
+            Intent::MarkPodNotReady { policy, .. } | Intent::TaintNode { policy, .. } => {
                 (None, policy.clone())
             }
             Intent::RemoveTaint { node } => (None, self.marker_policy(node)),
@@ -515,7 +544,11 @@ impl Actor {
                     });
                 }
             }
-            Intent::TaintOutOfService { node, policy } => {
+            Intent::TaintNode {
+                node,
+                policy,
+                taint,
+            } => {
                 self.ledger.record_tainted(node);
                 if applied {
                     self.metrics.inc_taints(policy, TaintOperation::Add);
@@ -528,10 +561,16 @@ impl Actor {
                 }
                 if applied {
                     let note = format!(
-                        "tainted {} (policy {policy})",
-                        crate::api::OUT_OF_SERVICE_TAINT_KEY
+                        "tainted {}={}:{} (policy {policy})",
+                        taint.key(),
+                        taint.value(),
+                        taint.effect()
                     );
-                    let ev = self.node_event(node, true, "OutOfServiceTaintAdded", "Taint", note);
+                    let reason = match taint {
+                        NodeTaint::OutOfService => "OutOfServiceTaintAdded",
+                        NodeTaint::Fence => "NodeFenced",
+                    };
+                    let ev = self.node_event(node, true, reason, "Taint", note);
                     self.queue_event(ev);
                 }
             }
@@ -539,12 +578,8 @@ impl Actor {
                 if applied {
                     self.metrics
                         .inc_taints(&pending.policy, TaintOperation::Remove);
-                    let note = format!(
-                        "removed {}: node is back and holds no volume",
-                        crate::api::OUT_OF_SERVICE_TAINT_KEY
-                    );
-                    let ev =
-                        self.node_event(node, false, "OutOfServiceTaintRemoved", "Untaint", note);
+                    let note = "removed podha's taint: the node is back and holds no volume";
+                    let ev = self.node_event(node, false, "TaintRemoved", "Untaint", note.into());
                     self.queue_event(ev);
                 }
             }
@@ -729,28 +764,7 @@ impl Actor {
         let policies: Vec<Arc<PodHAPolicy>> = self.state.policies.values().cloned().collect();
         for policy in policies {
             let name = policy.name_any();
-            let empty = BTreeMap::new();
-            let nodes = health.get(&name).unwrap_or(&empty);
-            let open: Vec<&Failover> = self
-                .failovers
-                .values()
-                .filter(|f| f.policy == name)
-                .collect();
-            let done: Vec<&Failover> = self
-                .history
-                .get(&name)
-                .map(|h| h.iter().collect())
-                .unwrap_or_default();
-            let wall = self.wall;
-            let facts = PolicyFacts {
-                policy: &policy,
-                health: nodes,
-                open: &open,
-                finished: &done,
-                wall: &|i| wall.time(i),
-                now: wall.time(Instant::now()),
-            };
-            let status = policy_status(&facts);
+            let status = self.policy_status(&policy, health.get(&name));
             if self.last_status.get(&name) == Some(&status) {
                 continue;
             }
@@ -761,6 +775,35 @@ impl Actor {
             })
             .await;
         }
+    }
+
+    /// The status of one policy now (no await inside: the borrowed facts stay on this side).
+    fn policy_status(
+        &self,
+        policy: &PodHAPolicy,
+        health: Option<&BTreeMap<String, NodeHealth>>,
+    ) -> PodHAPolicyStatus {
+        let name = policy.name_any();
+        let empty = BTreeMap::new();
+        let open: Vec<&Failover> = self
+            .failovers
+            .values()
+            .filter(|f| f.policy == name)
+            .collect();
+        let done: Vec<&Failover> = self
+            .history
+            .get(&name)
+            .map(|h| h.iter().collect())
+            .unwrap_or_default();
+        let wall = self.wall;
+        policy_status(&PolicyFacts {
+            policy,
+            health: health.unwrap_or(&empty),
+            open: &open,
+            finished: &done,
+            wall: &|i| wall.time(i),
+            now: wall.time(Instant::now()),
+        })
     }
 
     fn node_event(
@@ -820,7 +863,7 @@ fn intent_key(intent: &Intent) -> String {
     match intent {
         Intent::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
         Intent::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
-        Intent::TaintOutOfService { node, .. } => format!("taint/{node}"),
+        Intent::TaintNode { node, .. } => format!("taint/{node}"),
         Intent::RemoveTaint { node } => format!("untaint/{node}"),
         Intent::Hold {
             policy,
@@ -844,7 +887,9 @@ fn describe(intent: &Intent) -> String {
         Intent::ForceDeletePod { pod, node, .. } => {
             format!("force-delete pod {pod} on dead node {node}")
         }
-        Intent::TaintOutOfService { node, .. } => format!("taint node {node} out-of-service"),
+        Intent::TaintNode { node, taint, .. } => {
+            format!("taint node {node} {}:{}", taint.key(), taint.effect())
+        }
         Intent::RemoveTaint { node } => format!("remove the out-of-service taint from node {node}"),
         Intent::Hold { .. } => "hold".to_string(),
     }

@@ -9,10 +9,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::api::{
-    OUT_OF_SERVICE_TAINT_EFFECT, OUT_OF_SERVICE_TAINT_KEY, OUT_OF_SERVICE_TAINT_VALUE,
-    TAINT_MARKER_ANNOTATION,
-};
+use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::planner::Intent;
 use crate::view::ObjectKey;
 
@@ -70,7 +67,11 @@ impl Actuator {
                 self.mark_not_ready(pod, uid, node).await
             }
             Intent::ForceDeletePod { pod, uid, .. } => self.force_delete_pod(pod, uid).await,
-            Intent::TaintOutOfService { node, policy } => self.taint(node, policy).await,
+            Intent::TaintNode {
+                node,
+                policy,
+                taint,
+            } => self.taint(node, policy, *taint).await,
             Intent::RemoveTaint { node } => self.untaint(node).await,
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
@@ -135,20 +136,21 @@ impl Actuator {
         }
     }
 
-    /// Adds `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` and podha's marker, in
-    /// one patch guarded by the node's resourceVersion.
-    pub async fn taint(&self, node: &str, policy: &str) -> Result<Outcome, ActError> {
+    /// Adds the taint and podha's marker, in one patch guarded by the node's resourceVersion.
+    pub async fn taint(
+        &self,
+        node: &str,
+        policy: &str,
+        kind: NodeTaint,
+    ) -> Result<Outcome, ActError> {
         let api: Api<Node> = Api::all(self.client.clone());
         for _ in 0..CONFLICT_RETRIES {
             let live = api.get(node).await?;
-            if has_taint(&live) {
+            if kind.on(&live) {
                 return Ok(Outcome::AlreadyDone);
             }
-            let taint = json!({
-                "key": OUT_OF_SERVICE_TAINT_KEY,
-                "value": OUT_OF_SERVICE_TAINT_VALUE,
-                "effect": OUT_OF_SERVICE_TAINT_EFFECT,
-            });
+            let taint =
+                json!({ "key": kind.key(), "value": kind.value(), "effect": kind.effect() });
             let mut ops = vec![test_resource_version(&live)];
             let has_taints = live.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some();
             ops.push(if has_taints {
@@ -169,8 +171,8 @@ impl Actuator {
         Err(ActError::Conflict(node.to_string()))
     }
 
-    /// Removes the out-of-service taint and the marker, but only when the marker says podha
-    /// added it: somebody else's taint stays.
+    /// Removes podha's taints (out-of-service, fence) and the marker, but only when the marker
+    /// says podha added them: a taint somebody else put on a node without the marker stays.
     pub async fn untaint(&self, node: &str) -> Result<Outcome, ActError> {
         let api: Api<Node> = Api::all(self.client.clone());
         for _ in 0..CONFLICT_RETRIES {
@@ -184,36 +186,32 @@ impl Actuator {
                 return Ok(Outcome::AlreadyDone);
             }
             let mut ops = vec![test_resource_version(&live)];
-            let index = live
+            let podha_keys: Vec<&str> = NodeTaint::ALL.iter().map(|t| t.key()).collect();
+            let indexes: Vec<usize> = live
                 .spec
                 .as_ref()
                 .and_then(|s| s.taints.as_ref())
-                .and_then(|taints| {
-                    taints
-                        .iter()
-                        .position(|t| t.key == OUT_OF_SERVICE_TAINT_KEY)
-                });
-            if let Some(i) = index {
+                .map(|taints| {
+                    (0..taints.len())
+                        .filter(|&i| podha_keys.contains(&taints[i].key.as_str()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            // Highest index first, so earlier removals do not shift later ones.
+            for i in indexes.iter().rev() {
                 ops.push(json!({"op": "remove", "path": format!("/spec/taints/{i}")}));
             }
             ops.push(json!({"op": "remove", "path": annotation_path()}));
             if patch_or_conflict(&api, node, ops).await? {
-                return Ok(if index.is_some() {
-                    Outcome::Applied
-                } else {
+                return Ok(if indexes.is_empty() {
                     Outcome::AlreadyDone
+                } else {
+                    Outcome::Applied
                 });
             }
         }
         Err(ActError::Conflict(node.to_string()))
     }
-}
-
-fn has_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
 }
 
 fn test_resource_version(node: &Node) -> serde_json::Value {

@@ -170,7 +170,7 @@ pub const fn intent_kind(intent: &Intent) -> &'static str {
     match intent {
         Intent::MarkPodNotReady { .. } => "mark_pod_not_ready",
         Intent::ForceDeletePod { .. } => "delete_pod",
-        Intent::TaintOutOfService { .. } => "taint_node",
+        Intent::TaintNode { .. } => "taint_node",
         Intent::RemoveTaint { .. } => "untaint_node",
         Intent::Hold { .. } => "hold",
     }
