@@ -62,21 +62,7 @@ impl Operator {
 
     /// GET `path` on the operator's HTTP port.
     pub fn get(&self, path: &str) -> anyhow::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&self.http, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: podha\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw)?;
-        let (head, body) = raw
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| anyhow!("malformed response"))?;
-        if !head.starts_with("HTTP/1.1 200") {
-            bail!("{path}: {}", head.lines().next().unwrap_or_default());
-        }
-        Ok(body.to_string())
+        http_get(self.http, path)
     }
 
     /// Waits until the operator's caches are synced and it leads.
@@ -135,6 +121,26 @@ impl Drop for Operator {
     }
 }
 
+/// A plain HTTP/1.1 GET of `path` on `addr` (podha's `/metrics`, `/readyz`): the body of a 200
+/// answer, an error otherwise.
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: podha\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed response"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("{path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_string())
+}
+
 /// Creates the PodHAPolicy CRD from its manifest and waits until it is established.
 pub async fn install_crd(client: &Client, manifest: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(manifest)
@@ -183,8 +189,17 @@ pub async fn apply_policy(
 /// One step of a failover and when it was seen, relative to the kill.
 #[derive(Clone, Debug)]
 pub struct Step {
+    /// `notready`, `taint`, `marked`, `deleted`, `detached`, `scheduled`, `attached`, `running`.
+    pub key: &'static str,
     pub what: String,
     pub at: Duration,
+}
+
+impl Timeline {
+    /// When the step `key` was first seen.
+    pub fn at(&self, key: &str) -> Option<Duration> {
+        self.steps.iter().find(|s| s.key == key).map(|s| s.at)
+    }
 }
 
 /// Everything seen of one failover.
@@ -198,22 +213,17 @@ pub struct Timeline {
     pub waited: Duration,
 }
 
-/// Runs a one-replica StatefulSet `app` in namespace `ns`, kills its node and follows the
-/// failover for at most `timeout`. Returns when recovered or when the time is up.
+/// Runs a one-replica StatefulSet `app` in namespace `ns` on one of `nodes`, kills its node and
+/// follows the failover for at most `timeout`. Returns when recovered or when the time is up.
 pub async fn measure(
     cluster: &Cluster,
     client: &Client,
     ns: &str,
     app: &str,
+    nodes: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Timeline> {
     create_namespace(client, ns).await?;
-    let nodes: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .filter(|n| n.running)
-        .map(|n| n.name.clone())
-        .collect();
     let node_refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let sts: StatefulSet = serde_json::from_value(statefulset(app, &node_refs))?;
     Api::<StatefulSet>::namespaced(client.clone(), ns)
@@ -251,9 +261,10 @@ pub async fn measure(
         waited: Duration::ZERO,
     };
     let mut seen = std::collections::BTreeSet::new();
-    let mut step = |timeline: &mut Timeline, key: &str, what: String| {
-        if seen.insert(key.to_string()) {
+    let mut step = |timeline: &mut Timeline, key: &'static str, what: String| {
+        if seen.insert(key) {
             timeline.steps.push(Step {
+                key,
                 what,
                 at: killed.elapsed(),
             });

@@ -1,0 +1,985 @@
+//! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
+//! come back on a healthy node, and what must not be touched is not.
+//!
+//! One cluster of 14 nodes serves every scenario; each scenario has its own namespace, its own
+//! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
+//! nodes and that namespace, so the scenarios run in parallel. At most 7 of 14 nodes are dead at
+//! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
+//!
+//! Two operator replicas run in this process against the cluster (leader election on a Lease):
+//! only the leader writes. The binaries must have been built with `make k8s` and the
+//! `podha-sim` executable with `cargo build -p podha-sim` (`make test` does both); without them
+//! every test fails saying so.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, CustomResourceExt};
+use libtest_mimic::{Arguments, Failed, Trial};
+use podha::api::{OUT_OF_SERVICE_TAINT_KEY, PodHAPolicy, TAINT_MARKER_ANNOTATION};
+use podha::leader::LeaderConfig;
+use podha_sim::failover::http_get;
+use podha_sim::testkit::*;
+use serde_json::json;
+use tokio::sync::watch;
+
+const NODES: usize = 14;
+/// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
+const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    // Every scenario mostly waits; run them all at once.
+    args.test_threads.get_or_insert(8);
+    let shared = Arc::new(SharedCluster::new(
+        env!("CARGO_TARGET_TMPDIR"),
+        "podha-failover",
+        NODES,
+        None,
+    ));
+    let operators = Arc::new(Operators::default());
+    type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
+    let scenarios: [(&str, Scenario); 7] = [
+        (
+            "statefulset_delete_pods_moves_the_pod_after_the_detach_wait",
+            sts_delete_pods,
+        ),
+        (
+            "statefulset_out_of_service_taint_detaches_at_once_and_is_removed",
+            sts_taint,
+        ),
+        ("deployment_delete_pods_recovers", deployment_delete_pods),
+        ("pods_that_must_not_move_keep_their_objects", untouched_pods),
+        (
+            "node_back_before_the_threshold_deletes_nothing",
+            flapping_node,
+        ),
+        ("dry_run_deletes_nothing_and_says_what_it_would_do", dry_run),
+        ("two_replicas_exactly_one_leads", one_leader),
+    ];
+    let trials = scenarios
+        .into_iter()
+        .map(|(name, f)| {
+            let (shared, operators) = (shared.clone(), operators.clone());
+            Trial::test(name, move || f(&shared, &operators))
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    // The leader change disturbs every scenario's leader, so it runs after them.
+    let (s2, o2) = (shared.clone(), operators.clone());
+    let last = vec![Trial::test(
+        "leader_change_mid_failover_repeats_no_action",
+        move || leader_change(&s2, &o2),
+    )];
+    let conclusion_last = libtest_mimic::run(&args, last);
+    operators.stop();
+    let failed = conclusion.has_failed() || conclusion_last.has_failed();
+    shared.teardown(failed);
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two operator replicas in this process.
+
+struct Replica {
+    identity: String,
+    http: SocketAddr,
+    /// Its shutdown signal and task, replaced on restart.
+    running: Mutex<Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>>,
+}
+
+#[derive(Default)]
+struct Operators {
+    started: OnceLock<Result<Vec<Replica>, String>>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: OnceLock<tokio::runtime::Handle>,
+    config: OnceLock<kube::Config>,
+}
+
+/// Starts one podha replica on `handle`; it runs until its sender says stop.
+fn launch(
+    handle: &tokio::runtime::Handle,
+    config: kube::Config,
+    identity: &str,
+    http: SocketAddr,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let mut leader = LeaderConfig::new("default", identity);
+    leader.lease_duration = Duration::from_secs(4);
+    leader.renew_grace = Duration::from_secs(2);
+    let opts = podha::runtime::Options {
+        http_addr: http,
+        leader,
+        controller_name: "podha".into(),
+    };
+    let name = identity.to_string();
+    let task = handle.spawn(async move {
+        let client = match kube::Client::try_from(config) {
+            Ok(client) => client,
+            Err(e) => return eprintln!("podha replica {name}: no client: {e}"),
+        };
+        let shutdown = async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        };
+        if let Err(e) = podha::runtime::run(client, opts, shutdown).await {
+            eprintln!("podha replica {name} stopped: {e}");
+        }
+    });
+    (stop_tx, task)
+}
+
+impl Operators {
+    /// Installs the CRD and starts both replicas, once.
+    fn get(&self, cluster: &podha_sim::cluster::Cluster) -> Result<&[Replica], String> {
+        self.started
+            .get_or_init(|| {
+                self.start(cluster)
+                    .map_err(|e| format!("could not start podha: {e:#}"))
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    fn start(&self, cluster: &podha_sim::cluster::Cluster) -> anyhow::Result<Vec<Replica>> {
+        let log = cluster.logs_dir().join("podha.log");
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info,podha=debug"))
+            .with_writer(Mutex::new(file))
+            .with_ansi(false)
+            .try_init();
+        eprintln!("podha replicas log to {}", log.display());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let config = rt.block_on(async {
+            let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path())?;
+            let config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?;
+            install_crd(&kube::Client::try_from(config.clone())?).await?;
+            anyhow::Ok(config)
+        })?;
+        let mut replicas = Vec::new();
+        for identity in ["podha-a", "podha-b"] {
+            let http = free_port()?;
+            let running = launch(rt.handle(), config.clone(), identity, http);
+            replicas.push(Replica {
+                identity: identity.to_string(),
+                http,
+                running: Mutex::new(Some(running)),
+            });
+        }
+        let _ = self.handle.set(rt.handle().clone());
+        let _ = self.config.set(config);
+        *self.runtime.lock().map_err(|_| anyhow!("poisoned"))? = Some(rt);
+        // Ready once caches are synced and one of them leads.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = replicas
+                .iter()
+                .all(|r| http_get(r.http, "/readyz").is_ok_and(|b| b.contains("ready")));
+            if leaders(&replicas).len() == 1 && ready {
+                return Ok(replicas);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "podha replicas not ready with one leader within 60s (see {})",
+                    log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops one replica and waits until it has returned (its lease released).
+    async fn stop_replica(&self, replica: &Replica) -> anyhow::Result<()> {
+        let running = replica
+            .running
+            .lock()
+            .map_err(|_| anyhow!("poisoned"))?
+            .take();
+        if let Some((stop, task)) = running {
+            let _ = stop.send(true);
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .context("replica did not stop")??;
+        }
+        Ok(())
+    }
+
+    /// Starts a stopped replica again, same identity and port.
+    fn restart_replica(&self, replica: &Replica) -> anyhow::Result<()> {
+        let (Some(handle), Some(config)) = (self.handle.get(), self.config.get()) else {
+            bail!("operators not started");
+        };
+        let mut running = replica.running.lock().map_err(|_| anyhow!("poisoned"))?;
+        if running.is_none() {
+            *running = Some(launch(
+                handle,
+                config.clone(),
+                &replica.identity,
+                replica.http,
+            ));
+        }
+        Ok(())
+    }
+
+    fn stop(&self) {
+        if let Some(replicas) = self.started.get().and_then(|r| r.as_ref().ok()) {
+            for r in replicas {
+                if let Ok(running) = r.running.lock()
+                    && let Some((stop, _)) = running.as_ref()
+                {
+                    let _ = stop.send(true);
+                }
+            }
+        }
+        if let Ok(mut rt) = self.runtime.lock()
+            && let Some(rt) = rt.take()
+        {
+            rt.shutdown_timeout(Duration::from_secs(10));
+        }
+    }
+}
+
+/// Identities of the replicas that say they lead.
+fn leaders(replicas: &[Replica]) -> Vec<&str> {
+    replicas
+        .iter()
+        .filter(|r| metric(&scrape(r).unwrap_or_default(), "podha_leader", &[]) == Some(1.0))
+        .map(|r| r.identity.as_str())
+        .collect()
+}
+
+async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = PodHAPolicy::crd();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e).context("creating the PodHAPolicy CRD"),
+    }
+    let name = PodHAPolicy::crd_name();
+    let established = kube::runtime::wait::await_condition(
+        crds,
+        name,
+        kube::runtime::conditions::is_crd_established(),
+    );
+    tokio::time::timeout(Duration::from_secs(30), established)
+        .await
+        .context("CRD not established in 30s")??;
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn scrape(replica: &Replica) -> anyhow::Result<String> {
+    http_get(replica.http, "/metrics")
+}
+
+/// The value of the sample `name{labels...}` (labels given must all match).
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric_name, rest) = series.split_once('{').unwrap_or((series, ""));
+            if metric_name != name {
+                return None;
+            }
+            labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+                .then(|| value.parse().ok())
+                .flatten()
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenario helpers.
+
+fn secs_(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn log(ns: &str, msg: impl AsRef<str>) {
+    eprintln!("[{ns}] {}", msg.as_ref());
+}
+
+/// A policy for one scenario: its nodes and namespace only, fast detection (Lease and kubelet
+/// TCP, 1s probes, 3 failures, a lease grace just above the 10s renew interval).
+fn policy(name: &str, ns: &str, nodes: &[&str], extra: serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({
+        "nodeSelector": { "matchExpressions": [
+            { "key": "kubernetes.io/hostname", "operator": "In", "values": nodes }
+        ]},
+        "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
+        "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
+        "detection": {
+            "interval": "1s",
+            "failureThreshold": 3,
+            "signals": ["Lease", "KubeletTCP"],
+            "leaseGracePeriod": "12s",
+            "tcpTimeout": "500ms",
+        },
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    json!({
+        "apiVersion": "podha.io/v1alpha1",
+        "kind": "PodHAPolicy",
+        "metadata": { "name": name },
+        "spec": spec,
+    })
+}
+
+async fn create_policy(client: &kube::Client, obj: serde_json::Value) -> anyhow::Result<()> {
+    let api: Api<PodHAPolicy> = Api::all(client.clone());
+    let policy: PodHAPolicy = serde_json::from_value(obj)?;
+    api.create(&PostParams::default(), &policy)
+        .await
+        .context("creating the PodHAPolicy")?;
+    Ok(())
+}
+
+async fn delete_policy(client: &kube::Client, name: &str) {
+    let api: Api<PodHAPolicy> = Api::all(client.clone());
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+/// Runs a scenario with the operators up; deletes its policy afterwards.
+fn scenario<'a, F, Fut>(
+    shared: &'a SharedCluster,
+    operators: &'a Operators,
+    ns: &str,
+    body: F,
+) -> Result<(), Failed>
+where
+    F: FnOnce(Ctx<'a>, &'a Operators, &'a [Replica]) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let cluster = shared.get()?;
+    let replicas = operators.get(cluster)?;
+    let policy = ns.to_string();
+    run_scenario(shared, ns, |ctx| async move {
+        let client = ctx.client.clone();
+        let result = body(ctx, operators, replicas).await;
+        delete_policy(&client, &policy).await;
+        result.map_err(|e| {
+            let metrics: String = replicas
+                .iter()
+                .map(|r| {
+                    let text = scrape(r).unwrap_or_default();
+                    let ours: Vec<&str> = text
+                        .lines()
+                        .filter(|l| l.contains(&format!("policy=\"{policy}\"")))
+                        .collect();
+                    format!(
+                        "-- {} metrics for policy {policy}:\n{}\n",
+                        r.identity,
+                        ours.join("\n")
+                    )
+                })
+                .collect();
+            anyhow!("{e:#}\n{metrics}")
+        })
+    })
+}
+
+fn other<'n>(pair: &[&'n str; 2], node: &str) -> &'n str {
+    if pair[0] == node { pair[1] } else { pair[0] }
+}
+
+async fn gone(ctx: &Ctx<'_>, name: &str, uid: &str) -> anyhow::Result<bool> {
+    Ok(ctx
+        .pods()
+        .get_opt(name)
+        .await?
+        .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid)))
+}
+
+async fn has_podha_taint(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<bool> {
+    let n: Node = ctx.nodes().get(node).await?;
+    let tainted = n
+        .spec
+        .and_then(|s| s.taints)
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY));
+    let marked = n
+        .metadata
+        .annotations
+        .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+    Ok(tainted && marked)
+}
+
+/// Waits until the app's replacement runs on `node` with the volume attached there and no
+/// attachment of it left on `dead`.
+async fn wait_recovered(
+    ctx: &Ctx<'_>,
+    app: &str,
+    pv: &str,
+    node: &str,
+    dead: &str,
+    timeout: Duration,
+) -> anyhow::Result<Pod> {
+    wait_for(
+        &format!("{app} running on {node} with {pv} attached there and gone from {dead}"),
+        timeout,
+        || async {
+            let pods = ctx.app_pods(app).await?;
+            let Some(pod) = pods
+                .into_iter()
+                .find(|p| running_ready(p) && node_of(p) == Some(node))
+            else {
+                return Ok(None);
+            };
+            let vas = ctx.vas_of(pv).await?;
+            let attached_here = vas
+                .iter()
+                .any(|v| v.spec.node_name == node && va_attached(v));
+            let left_on_dead = vas.iter().any(|v| v.spec.node_name == dead);
+            Ok((attached_here && !left_on_dead).then_some(pod))
+        },
+    )
+    .await
+}
+
+/// The single pod of `app`, running, with its node and its PV attached there.
+async fn running_app(
+    ctx: &Ctx<'_>,
+    app: &str,
+    claim: &str,
+) -> anyhow::Result<(Pod, String, String, String)> {
+    let pod = ctx.wait_app_running(app, secs_(120)).await?;
+    let node = node_of(&pod).unwrap_or_default().to_string();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let pv = pv_name(&ctx.wait_bound_pv(claim).await?);
+    ctx.wait_attached(&pv, &node, secs_(60)).await?;
+    Ok((pod, node, uid, pv))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios.
+
+/// DeletePods: podha force-deletes the dead node's StatefulSet pod; the replacement runs on the
+/// other node once the attach/detach controller's own 6-minute wait ends.
+fn sts_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-1", "node-2"];
+    scenario(shared, ops, "sts-delete", |ctx, _, _| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(&ns, &ns, &pair, json!({"action": "DeletePods"})),
+        )
+        .await?;
+        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
+        let (pod, node, uid, pv) = running_app(&ctx, "db", "data-db-0").await?;
+        let target = other(&pair, &node);
+        log(&ns, format!("{} on {node}; killing it", name_of(&pod)));
+        let killed = Instant::now();
+        ctx.cluster.kill_node(&node)?;
+        wait_for("db-0 force-deleted by podha", secs_(60), || async {
+            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
+        })
+        .await?;
+        log(
+            &ns,
+            format!("db-0 deleted {:.1?} after the kill", killed.elapsed()),
+        );
+        if has_podha_taint(&ctx, &node).await? {
+            bail!("DeletePods must not taint {node} out-of-service");
+        }
+        let fenced = ctx
+            .nodes()
+            .get(&node)
+            .await?
+            .spec
+            .and_then(|s| s.taints)
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t.key == podha::api::FENCE_TAINT_KEY && t.effect == "NoSchedule")
+            });
+        if !fenced {
+            bail!("DeletePods must fence {node} so the replacement is not scheduled back onto it");
+        }
+        wait_recovered(&ctx, "db", &pv, target, &node, STOCK_DETACH_WAIT).await?;
+        log(
+            &ns,
+            format!(
+                "recovered on {target} {:.1?} after the kill",
+                killed.elapsed()
+            ),
+        );
+        Ok(())
+    })
+}
+
+/// OutOfServiceTaint: the taint detaches at once, the replacement runs, the failover phases
+/// show in the metrics, and the taint is removed once the node is back and holds no volume.
+fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-3", "node-4"];
+    scenario(shared, ops, "sts-taint", |ctx, _, replicas| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(&ns, &ns, &pair, json!({"action": "OutOfServiceTaint"})),
+        )
+        .await?;
+        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
+        let (_, node, uid, pv) = running_app(&ctx, "db", "data-db-0").await?;
+        let target = other(&pair, &node);
+        let killed = Instant::now();
+        ctx.cluster.kill_node(&node)?;
+        wait_for("podha's out-of-service taint", secs_(60), || async {
+            Ok(has_podha_taint(&ctx, &node).await?.then_some(()))
+        })
+        .await?;
+        wait_for("db-0 force-deleted", secs_(30), || async {
+            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
+        })
+        .await?;
+        wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
+        log(
+            &ns,
+            format!(
+                "recovered on {target} {:.1?} after the kill",
+                killed.elapsed()
+            ),
+        );
+
+        let ops_leader = replicas
+            .iter()
+            .find(|r| metric(&scrape(r).unwrap_or_default(), "podha_leader", &[]) == Some(1.0))
+            .ok_or_else(|| anyhow!("no leader"))?;
+        wait_for(
+            "every failover phase in the leader's metrics",
+            secs_(30),
+            || async {
+                let text = scrape(ops_leader)?;
+                let all = ["detect", "act", "detach", "recover", "total"]
+                    .iter()
+                    .all(|phase| {
+                        metric(
+                            &text,
+                            "podha_failover_phase_duration_seconds_count",
+                            &[("policy", ns.as_str()), ("phase", phase)],
+                        )
+                        .is_some_and(|v| v >= 1.0)
+                    });
+                let deleted = metric(
+                    &text,
+                    "podha_pods_deleted_total",
+                    &[("policy", ns.as_str()), ("owner_kind", "StatefulSet")],
+                );
+                let tainted = metric(
+                    &text,
+                    "podha_taints_total",
+                    &[("policy", ns.as_str()), ("operation", "add")],
+                );
+                Ok((all && deleted == Some(1.0) && tainted == Some(1.0)).then_some(()))
+            },
+        )
+        .await?;
+        // Two replicas watch; exactly one acted, once.
+        acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
+        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
+
+        ctx.cluster.start_node(&node).await?;
+        wait_for(
+            "podha's taint removed from the returned node",
+            secs_(60),
+            || async { Ok((!has_podha_taint(&ctx, &node).await?).then_some(())) },
+        )
+        .await?;
+        let n: Node = ctx.nodes().get(&node).await?;
+        if n.spec
+            .and_then(|s| s.taints)
+            .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
+        {
+            bail!("the out-of-service taint is still on {node}");
+        }
+        Ok(())
+    })
+}
+
+/// DeletePods with a Deployment: the old pod is deleted and the replacement, stuck on the
+/// Multi-Attach error until the detach, runs on the other node.
+fn deployment_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-5", "node-6"];
+    scenario(shared, ops, "deploy", |ctx, _, _| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(&ns, &ns, &pair, json!({"action": "DeletePods"})),
+        )
+        .await?;
+        ctx.create::<PersistentVolumeClaim>(pvc("web-data", podha_sim::csi::RWO_STORAGE_CLASS))
+            .await?;
+        ctx.create::<k8s_openapi::api::apps::v1::Deployment>(deployment(
+            "web",
+            &pair,
+            Some("web-data"),
+        ))
+        .await?;
+        let (pod, node, uid, pv) = running_app(&ctx, "web", "web-data").await?;
+        let target = other(&pair, &node);
+        let name = name_of(&pod).to_string();
+        ctx.cluster.kill_node(&node)?;
+        wait_for("the old web pod force-deleted", secs_(60), || async {
+            Ok(gone(&ctx, &name, &uid).await?.then_some(()))
+        })
+        .await?;
+        wait_recovered(&ctx, "web", &pv, target, &node, STOCK_DETACH_WAIT).await?;
+        Ok(())
+    })
+}
+
+/// On one dead node: a bare pod with a claim, a pod of a driver the policy does not select, a
+/// pod opted out by annotation and a pod that can only run on the dead node. None is deleted,
+/// and each reason shows in the metrics.
+fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let dead = "node-7";
+    scenario(shared, ops, "untouched", |ctx, _, replicas| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(
+                &ns,
+                &ns,
+                &["node-7", "node-8"],
+                json!({"action": "DeletePods"}),
+            ),
+        )
+        .await?;
+        let pinned = [dead];
+        // A bare pod: no controller would recreate it.
+        ctx.create::<PersistentVolumeClaim>(pvc("bare-data", podha_sim::csi::RWO_STORAGE_CLASS))
+            .await?;
+        let mut bare = deployment("bare", &pinned, Some("bare-data"))["spec"]["template"].clone();
+        bare["apiVersion"] = json!("v1");
+        bare["kind"] = json!("Pod");
+        bare["metadata"]["name"] = json!("bare");
+        ctx.create::<Pod>(bare).await?;
+        // A StatefulSet on the other driver.
+        let mut other_driver = statefulset("otherdrv", &pinned);
+        other_driver["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] =
+            json!(podha_sim::csi::OTHER_STORAGE_CLASS);
+        ctx.create::<StatefulSet>(other_driver).await?;
+        // Opted out.
+        let mut opted_out = statefulset("optout", &["node-7", "node-8"]);
+        opted_out["spec"]["template"]["metadata"]["annotations"] =
+            json!({"podha.io/failover": "false"});
+        opted_out["spec"]["template"]["spec"]["affinity"] =
+            statefulset("x", &pinned)["spec"]["template"]["spec"]["affinity"].clone();
+        ctx.create::<StatefulSet>(opted_out).await?;
+        // Only the dead node fits.
+        ctx.create::<StatefulSet>(statefulset("pinned", &pinned))
+            .await?;
+
+        let mut uids = Vec::new();
+        for (app, pod) in [
+            ("bare", "bare"),
+            ("otherdrv", "otherdrv-0"),
+            ("optout", "optout-0"),
+            ("pinned", "pinned-0"),
+        ] {
+            let p = wait_for(&format!("{pod} running on {dead}"), secs_(120), || async {
+                Ok(ctx
+                    .pods()
+                    .get_opt(pod)
+                    .await?
+                    .filter(|p| running_ready(p) && node_of(p) == Some(dead)))
+            })
+            .await
+            .with_context(|| format!("app {app}"))?;
+            uids.push((pod, p.metadata.uid.clone().unwrap_or_default()));
+        }
+        ctx.cluster.kill_node(dead)?;
+        let leader = ops_leader(replicas)?;
+        wait_for("every skip reason in the metrics", secs_(90), || async {
+            let text = scrape(leader)?;
+            let all = [
+                "NoControllerOwner",
+                "DriverNotSelected",
+                "OptedOut",
+                "NoTargetNode",
+            ]
+            .iter()
+            .all(|reason| {
+                metric(
+                    &text,
+                    "podha_pods_skipped_total",
+                    &[("policy", ns.as_str()), ("reason", reason)],
+                )
+                .is_some_and(|v| v >= 1.0)
+            });
+            Ok(all.then_some(()))
+        })
+        .await?;
+        holds_for("every pod keeps its object", secs_(20), || async {
+            for (pod, uid) in &uids {
+                if gone(&ctx, pod, uid).await? {
+                    return Ok(Err(format!("{pod} was deleted")));
+                }
+            }
+            Ok(Ok(()))
+        })
+        .await?;
+        let text = scrape(leader)?;
+        if metric(
+            &text,
+            "podha_pods_deleted_total",
+            &[("policy", ns.as_str())],
+        )
+        .is_some()
+        {
+            bail!("podha counted a deletion for this policy");
+        }
+        Ok(())
+    })
+}
+
+fn ops_leader(replicas: &[Replica]) -> anyhow::Result<&Replica> {
+    let names = leaders(replicas);
+    match names.as_slice() {
+        [one] => replicas
+            .iter()
+            .find(|r| r.identity == *one)
+            .ok_or_else(|| anyhow!("gone")),
+        other => bail!("expected one leader, found {other:?}"),
+    }
+}
+
+/// A node killed and back within a few seconds never reaches the threshold: nothing happens.
+fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-9", "node-10"];
+    scenario(shared, ops, "flap", |ctx, _, replicas| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(&ns, &ns, &pair, json!({"action": "OutOfServiceTaint"})),
+        )
+        .await?;
+        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
+        let (_, node, uid, _) = running_app(&ctx, "db", "data-db-0").await?;
+        ctx.cluster.kill_node(&node)?;
+        tokio::time::sleep(secs_(4)).await;
+        ctx.cluster.start_node(&node).await?;
+        holds_for(
+            "db-0 untouched and the node untainted",
+            secs_(30),
+            || async {
+                if gone(&ctx, "db-0", &uid).await? {
+                    return Ok(Err("db-0 was deleted".to_string()));
+                }
+                if has_podha_taint(&ctx, &node).await? {
+                    return Ok(Err(format!("{node} was tainted")));
+                }
+                Ok(Ok(()))
+            },
+        )
+        .await?;
+        let text = scrape(ops_leader(replicas)?)?;
+        if metric(
+            &text,
+            "podha_node_failures_total",
+            &[("policy", ns.as_str())],
+        )
+        .is_some_and(|v| v > 0.0)
+        {
+            bail!("podha judged the flapping node dead");
+        }
+        Ok(())
+    })
+}
+
+/// dryRun: the pod keeps its object; the policy's events say what podha would have done.
+fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-11", "node-12"];
+    scenario(shared, ops, "dry-run", |ctx, _, replicas| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(
+                &ns,
+                &ns,
+                &pair,
+                json!({"action": "OutOfServiceTaint", "dryRun": true}),
+            ),
+        )
+        .await?;
+        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
+        let (_, node, uid, _) = running_app(&ctx, "db", "data-db-0").await?;
+        ctx.cluster.kill_node(&node)?;
+        let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), "default");
+        let note = wait_for(
+            "a DryRun event on the policy naming the pod",
+            secs_(90),
+            || async {
+                let list = events.list(&ListParams::default()).await?;
+                Ok(list.items.into_iter().find_map(|e| {
+                    let about_policy =
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(ns.as_str());
+                    let note = e.note.unwrap_or_default();
+                    (about_policy
+                        && e.reason.as_deref() == Some("DryRun")
+                        && note.contains(&format!("{ns}/db-0")))
+                    .then_some(note)
+                }))
+            },
+        )
+        .await?;
+        log(&ns, format!("event: {note}"));
+        holds_for(
+            "db-0 keeps its object and the node stays untainted",
+            secs_(20),
+            || async {
+                if gone(&ctx, "db-0", &uid).await? {
+                    return Ok(Err("db-0 was deleted in a dry run".to_string()));
+                }
+                if has_podha_taint(&ctx, &node).await? {
+                    return Ok(Err(format!("{node} was tainted in a dry run")));
+                }
+                Ok(Ok(()))
+            },
+        )
+        .await?;
+        let text = scrape(ops_leader(replicas)?)?;
+        if metric(
+            &text,
+            "podha_actions_held_total",
+            &[("policy", ns.as_str()), ("reason", "DryRun")],
+        )
+        .is_none_or(|v| v < 1.0)
+        {
+            bail!("no DryRun hold counted");
+        }
+        Ok(())
+    })
+}
+
+/// Two replicas: never two leaders at once, and one leads in the end.
+fn one_leader(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let cluster = shared.get()?;
+    let replicas = ops.get(cluster)?;
+    // Sampled over a while, as other scenarios fail nodes over.
+    for _ in 0..60 {
+        let now = leaders(replicas);
+        if now.len() > 1 {
+            return Err(format!("two leaders at once: {now:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    match leaders(replicas).as_slice() {
+        [_] => Ok(()),
+        other => Err(format!("expected exactly one leader, found {other:?}").into()),
+    }
+}
+
+/// The Events podha published with `reason` about the object `name` (in `ns`, where
+/// cluster-scoped objects' events live in `default`).
+async fn action_events(
+    client: &kube::Client,
+    ns: &str,
+    reason: &str,
+    name: &str,
+) -> anyhow::Result<Vec<K8sEvent>> {
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), ns);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.reporting_controller.as_deref() == Some("podha")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect())
+}
+
+/// Exactly one action of this kind happened: one Event, never repeated (no series).
+async fn acted_once(
+    client: &kube::Client,
+    ns: &str,
+    reason: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let events = action_events(client, ns, reason, name).await?;
+    let repeats: i32 = events
+        .iter()
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum();
+    if events.len() != 1 || repeats != 1 {
+        bail!(
+            "expected one {reason} for {name}, got {} events counting {repeats}",
+            events.len()
+        );
+    }
+    Ok(())
+}
+
+/// The leader stops right after it acted on a dead node; the other replica takes over and
+/// finishes the failover without doing anything twice.
+fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-13", "node-14"];
+    scenario(shared, ops, "handover", |ctx, ops, replicas| async move {
+        let ns = ctx.ns.clone();
+        create_policy(
+            &ctx.client,
+            policy(&ns, &ns, &pair, json!({"action": "OutOfServiceTaint"})),
+        )
+        .await?;
+        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
+        let (_, node, uid, pv) = running_app(&ctx, "db", "data-db-0").await?;
+        let target = other(&pair, &node);
+        ctx.cluster.kill_node(&node)?;
+        wait_for("podha's out-of-service taint", secs_(60), || async {
+            Ok(has_podha_taint(&ctx, &node).await?.then_some(()))
+        })
+        .await?;
+        let old = ops_leader(replicas)?;
+        ops.stop_replica(old).await?;
+        log(
+            &ns,
+            format!("stopped the leader {} right after the taint", old.identity),
+        );
+        wait_for("the other replica to lead", secs_(20), || async {
+            Ok(leaders(replicas)
+                .iter()
+                .any(|l| *l != old.identity)
+                .then_some(()))
+        })
+        .await?;
+        wait_for("db-0 force-deleted", secs_(30), || async {
+            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
+        })
+        .await?;
+        wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
+        acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
+        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
+        ops.restart_replica(old)?;
+        Ok(())
+    })
+}
