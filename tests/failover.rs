@@ -47,7 +47,11 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 7] = [
+    let scenarios: [(&str, Scenario); 8] = [
+        (
+            "api_server_rejects_bad_policies_with_clear_messages",
+            bad_policies,
+        ),
         (
             "statefulset_delete_pods_moves_the_pod_after_the_detach_wait",
             sts_delete_pods,
@@ -408,6 +412,14 @@ where
     })
 }
 
+async fn policy_status(
+    client: &kube::Client,
+    name: &str,
+) -> anyhow::Result<podha::api::PodHAPolicyStatus> {
+    let api: Api<PodHAPolicy> = Api::all(client.clone());
+    Ok(api.get(name).await?.status.unwrap_or_default())
+}
+
 fn other<'n>(pair: &[&'n str; 2], node: &str) -> &'n str {
     if pair[0] == node { pair[1] } else { pair[0] }
 }
@@ -486,11 +498,17 @@ async fn running_app(
 /// other node once the attach/detach controller's own 6-minute wait ends.
 fn sts_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     let pair = ["node-1", "node-2"];
-    scenario(shared, ops, "sts-delete", |ctx, _, _| async move {
+    scenario(shared, ops, "sts-delete", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
+        // A detach timeout well below the attach/detach controller's 6 minutes: reported.
         create_policy(
             &ctx.client,
-            policy(&ns, &ns, &pair, json!({"action": "DeletePods"})),
+            policy(
+                &ns,
+                &ns,
+                &pair,
+                json!({"action": "DeletePods", "detachTimeout": "30s"}),
+            ),
         )
         .await?;
         ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
@@ -522,6 +540,27 @@ fn sts_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed
             });
         if !fenced {
             bail!("DeletePods must fence {node} so the replacement is not scheduled back onto it");
+        }
+        wait_for(
+            "the Degraded condition for the stuck detach",
+            secs_(90),
+            || async {
+                let status = policy_status(&ctx.client, &ns).await?;
+                let degraded = status.conditions.iter().any(|c| {
+                    c.type_ == "Degraded" && c.status == "True" && c.reason == "DetachTimeout"
+                });
+                Ok(degraded.then_some(()))
+            },
+        )
+        .await?;
+        let leader = ops_leader(replicas).await?;
+        let timeouts = metric(
+            &scrape(leader)?,
+            "podha_detach_timeouts_total",
+            &[("policy", ns.as_str())],
+        );
+        if timeouts != Some(1.0) {
+            bail!("podha_detach_timeouts_total is {timeouts:?}, expected 1");
         }
         wait_recovered(&ctx, "db", &pv, target, &node, STOCK_DETACH_WAIT).await?;
         log(
@@ -568,15 +607,12 @@ fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             ),
         );
 
-        let ops_leader = replicas
-            .iter()
-            .find(|r| metric(&scrape(r).unwrap_or_default(), "podha_leader", &[]) == Some(1.0))
-            .ok_or_else(|| anyhow!("no leader"))?;
+        let leader = ops_leader(replicas).await?;
         wait_for(
             "every failover phase in the leader's metrics",
             secs_(30),
             || async {
-                let text = scrape(ops_leader)?;
+                let text = scrape(leader)?;
                 let all = ["detect", "act", "detach", "recover", "total"]
                     .iter()
                     .all(|phase| {
@@ -604,6 +640,27 @@ fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
         // Two replicas watch; exactly one acted, once.
         acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
         acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
+        wait_for(
+            "the recovered failover in the policy status",
+            secs_(30),
+            || async {
+                let status = policy_status(&ctx.client, &ns).await?;
+                let recorded = status.recent_failovers.first().is_some_and(|f| {
+                    f.node == node
+                        && f.phase == podha::api::FailoverPhase::Recovered
+                        && f.pods == [format!("{ns}/db-0")]
+                        && f.acted_at.is_some()
+                        && f.detached_at.is_some()
+                        && f.recovered_at.is_some()
+                });
+                let ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                Ok((recorded && ready && status.watched_nodes == 2).then_some(()))
+            },
+        )
+        .await?;
 
         ctx.cluster.start_node(&node).await?;
         wait_for(
@@ -716,7 +773,7 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
             uids.push((pod, p.metadata.uid.clone().unwrap_or_default()));
         }
         ctx.cluster.kill_node(dead)?;
-        let leader = ops_leader(replicas)?;
+        let leader = ops_leader(replicas).await?;
         wait_for("every skip reason in the metrics", secs_(90), || async {
             let text = scrape(leader)?;
             let all = [
@@ -760,15 +817,20 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
     })
 }
 
-fn ops_leader(replicas: &[Replica]) -> anyhow::Result<&Replica> {
-    let names = leaders(replicas);
-    match names.as_slice() {
-        [one] => replicas
-            .iter()
-            .find(|r| r.identity == *one)
-            .ok_or_else(|| anyhow!("gone")),
-        other => bail!("expected one leader, found {other:?}"),
-    }
+/// The replica that leads. A leader whose own renewal is slow to show up drops its flag for a
+/// moment (the safe direction), so this waits a little for exactly one.
+async fn ops_leader(replicas: &[Replica]) -> anyhow::Result<&Replica> {
+    let one = wait_for("exactly one podha leader", secs_(15), || async {
+        Ok(match leaders(replicas).as_slice() {
+            [one] => Some(one.to_string()),
+            _ => None,
+        })
+    })
+    .await?;
+    replicas
+        .iter()
+        .find(|r| r.identity == one)
+        .ok_or_else(|| anyhow!("{one} is gone"))
 }
 
 /// A node killed and back within a few seconds never reaches the threshold: nothing happens.
@@ -800,7 +862,7 @@ fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
             },
         )
         .await?;
-        let text = scrape(ops_leader(replicas)?)?;
+        let text = scrape(ops_leader(replicas).await?)?;
         if metric(
             &text,
             "podha_node_failures_total",
@@ -865,7 +927,7 @@ fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             },
         )
         .await?;
-        let text = scrape(ops_leader(replicas)?)?;
+        let text = scrape(ops_leader(replicas).await?)?;
         if metric(
             &text,
             "podha_actions_held_total",
@@ -874,6 +936,111 @@ fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
         .is_none_or(|v| v < 1.0)
         {
             bail!("no DryRun hold counted");
+        }
+        Ok(())
+    })
+}
+
+/// The CRD's validation, enforced by the real kube-apiserver: every bad spec is refused with a
+/// message naming what is wrong; a good one is accepted with the documented defaults.
+fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    scenario(shared, ops, "validation", |ctx, _, _| async move {
+        let api: Api<kube::core::DynamicObject> = Api::all_with(
+            ctx.client.clone(),
+            &kube::core::ApiResource::erase::<PodHAPolicy>(&()),
+        );
+        let cases = [
+            (
+                json!({"detection": {"failureThreshold": 0}}),
+                "failureThreshold must be at least 1",
+            ),
+            (
+                json!({"detection": {"interval": "500ms", "tcpTimeout": "100ms"}}),
+                "interval must be at least 1s",
+            ),
+            (
+                json!({"detection": {"signals": []}}),
+                "must name at least one signal",
+            ),
+            (
+                json!({"detection": {"signals": ["Ping"]}}),
+                "Unsupported value: \"Ping\"",
+            ),
+            (
+                json!({"detection": {"signals": ["KubeletTCP"]}}),
+                "KubeletTCP cannot be the only signal",
+            ),
+            (
+                json!({"detection": {"signals": ["Lease", "Lease"]}}),
+                "Duplicate value",
+            ),
+            (
+                json!({"detection": {"interval": "2s", "tcpTimeout": "2s"}}),
+                "tcpTimeout must be shorter",
+            ),
+            (
+                json!({"detection": {"interval": "5 seconds"}}),
+                "should match",
+            ),
+            (
+                json!({"safety": {"maxUnhealthy": "101%"}}),
+                "maxUnhealthy must be a count of at least 1",
+            ),
+            (
+                json!({"safety": {"maxUnhealthy": 0}}),
+                "maxUnhealthy must be a count of at least 1",
+            ),
+            (json!({"action": "Reboot"}), "Unsupported value: \"Reboot\""),
+            (
+                json!({"owners": ["DaemonSet"]}),
+                "Unsupported value: \"DaemonSet\"",
+            ),
+            (
+                json!({"volumes": {"accessModes": []}}),
+                "must list at least one access mode",
+            ),
+        ];
+        for (i, (spec, expected)) in cases.into_iter().enumerate() {
+            let obj: kube::core::DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "podha.io/v1alpha1",
+                "kind": "PodHAPolicy",
+                "metadata": { "name": format!("bad-{i}") },
+                "spec": spec,
+            }))?;
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => bail!("spec {spec} was accepted"),
+                Err(kube::Error::Api(status)) if status.code == 422 => {
+                    if !status.message.contains(expected) {
+                        bail!(
+                            "spec {spec}: {:?} does not say {expected:?}",
+                            status.message
+                        );
+                    }
+                }
+                Err(e) => bail!("spec {spec}: unexpected error {e}"),
+            }
+        }
+        // An empty spec is valid and gets the defaults from the schema.
+        let good: kube::core::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "podha.io/v1alpha1", "kind": "PodHAPolicy",
+            "metadata": { "name": "validation-defaults" },
+            "spec": { "nodeSelector": { "matchLabels": { "none": "none" } } },
+        }))?;
+        let created = api
+            .create(&PostParams::default(), &good)
+            .await
+            .context("a good spec")?;
+        let spec = &created.data["spec"];
+        let _ = api
+            .delete("validation-defaults", &DeleteParams::default())
+            .await;
+        if spec["detection"]["interval"] != "5s"
+            || spec["detection"]["failureThreshold"] != 3
+            || spec["action"] != "DeletePods"
+            || spec["safety"]["maxUnhealthy"] != "30%"
+            || spec["detachTimeout"] != "6m30s"
+        {
+            bail!("defaults not applied by the API server: {spec}");
         }
         Ok(())
     })
@@ -959,7 +1126,7 @@ fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
             Ok(has_podha_taint(&ctx, &node).await?.then_some(()))
         })
         .await?;
-        let old = ops_leader(replicas)?;
+        let old = ops_leader(replicas).await?;
         ops.stop_replica(old).await?;
         log(
             &ns,
