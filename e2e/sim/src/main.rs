@@ -348,7 +348,16 @@ async fn demo(
             "podha running (log {}); starting StatefulSet demo/db with a sim-rwo volume",
             podha.log.display()
         );
-        let timeline = measure(&cluster, &client, "demo", "db", Duration::from_secs(600)).await?;
+        let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
+        let timeline = measure(
+            &cluster,
+            &client,
+            "demo",
+            "db",
+            &nodes,
+            Duration::from_secs(600),
+        )
+        .await?;
         println!(
             "\nfailover timeline (from the kill, as seen through the API):\n{}",
             render(&timeline)
