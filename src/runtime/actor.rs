@@ -91,8 +91,10 @@ pub struct Actor {
     history: BTreeMap<String, VecDeque<Failover>>,
     pending: BTreeMap<String, Pending>,
     retry_at: BTreeMap<String, (Instant, Duration)>,
-    /// Skips, holds and dropped intents already reported, so each is counted once.
-    reported: BTreeSet<String>,
+    /// Skips, holds and dropped intents already reported, so each is counted once; grouped by
+    /// scope (a node, or `policy:<name>` for a policy-wide hold) so a scope is forgotten whole
+    /// when its incident closes or its hold ends.
+    reported: BTreeMap<String, BTreeSet<String>>,
     last_status: BTreeMap<String, PodHAPolicyStatus>,
     leading: bool,
     is_leader: watch::Receiver<bool>,
@@ -119,7 +121,7 @@ impl Actor {
             history: BTreeMap::new(),
             pending: BTreeMap::new(),
             retry_at: BTreeMap::new(),
-            reported: BTreeSet::new(),
+            reported: BTreeMap::new(),
             last_status: BTreeMap::new(),
             leading: false,
             is_leader,
@@ -202,7 +204,7 @@ impl Actor {
         self.publish_probe_plan();
         let transitions = self.probe(now);
         for (policy, node, transition) in transitions {
-            self.on_transition(&policy, &node, transition, now).await;
+            self.on_transition(&policy, &node, transition).await;
         }
         self.open_resumed_incidents();
         let health = self.health_book();
@@ -227,6 +229,18 @@ impl Actor {
             view: &self.state.view,
             ledger: &self.ledger,
         });
+        let held: BTreeSet<String> = plan
+            .intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Hold {
+                    policy, node: None, ..
+                } => Some(format!("policy:{policy}")),
+                _ => None,
+            })
+            .collect();
+        self.reported
+            .retain(|scope, _| !scope.starts_with("policy:") || held.contains(scope));
         for intent in plan.intents {
             self.dispatch(intent, now).await;
         }
@@ -328,7 +342,7 @@ impl Actor {
         transitions
     }
 
-    async fn on_transition(&mut self, policy: &str, node: &str, t: Transition, now: Instant) {
+    async fn on_transition(&mut self, policy: &str, node: &str, t: Transition) {
         if t.from.as_str() == t.to.as_str() {
             return;
         }
@@ -361,7 +375,6 @@ impl Actor {
             }
             _ => {}
         }
-        let _ = now;
     }
 
     /// Every Failed node has an incident. A tracker resumed as Failed (the node carries podha's
@@ -437,7 +450,7 @@ impl Actor {
             return;
         }
         if !self.leading {
-            if self.reported.insert(format!("dropped/{key}")) {
+            if self.first_report(intent_node(&intent), format!("dropped/{key}")) {
                 self.metrics.inc_intents_dropped(intent_kind(&intent));
             }
             return;
@@ -595,6 +608,14 @@ impl Actor {
         }
     }
 
+    /// Whether `key` is reported for the first time in `scope` (and remember it).
+    fn first_report(&mut self, scope: &str, key: String) -> bool {
+        self.reported
+            .entry(scope.to_string())
+            .or_default()
+            .insert(key)
+    }
+
     async fn report_hold(&mut self, policy: &str, node: Option<&str>, reason: &HoldReason) {
         let would = match reason {
             HoldReason::DryRun { would } => intent_key(would),
@@ -602,7 +623,11 @@ impl Actor {
         };
         let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.since);
         let key = format!("hold/{policy}/{}/{would}/{incident:?}", reason.as_str());
-        if !self.reported.insert(key) {
+        let scope = match node {
+            Some(node) => node.to_string(),
+            None => format!("policy:{policy}"),
+        };
+        if !self.first_report(&scope, key) {
             return;
         }
         self.metrics.inc_actions_held(policy, reason.as_str());
@@ -618,11 +643,10 @@ impl Actor {
             HoldReason::DryRun { would } => format!("dry run: would {}", describe(would)),
         };
         warn!(policy, %note, "action held");
-        if let Some(node) = node
-            && let Some(f) = self.failovers.get_mut(node)
-            && matches!(reason, HoldReason::TooManyUnhealthy { .. })
-        {
-            f.record_hold(note.clone());
+        if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
+            for f in self.failovers.values_mut().filter(|f| f.policy == policy) {
+                f.record_hold(note.clone());
+            }
         }
         if let Some(p) = self.state.policies.get(policy) {
             let regarding = p.object_ref(&());
@@ -644,7 +668,7 @@ impl Actor {
     async fn report_skip(&mut self, skip: PodSkip) {
         let incident = self.ledger.get(&skip.node).map(|i| i.since);
         let key = format!("skip/{}/{}/{incident:?}", skip.uid, skip.reason.as_str());
-        if !self.reported.insert(key) {
+        if !self.first_report(&skip.node, key) {
             return;
         }
         self.metrics
@@ -695,7 +719,7 @@ impl Actor {
 
     fn close_incident(&mut self, node: &str, now: Instant) {
         self.ledger.close(node);
-        self.reported.retain(|k| !k.contains(node));
+        self.reported.remove(node);
         if let Some(mut failover) = self.failovers.remove(node) {
             if failover.recovered_at.is_none() {
                 failover.record_node_returned(now);
@@ -859,6 +883,17 @@ fn observe(metrics: &Metrics, f: &Failover, change: &PhaseChange) {
     }
 }
 
+/// The node an intent is about ("" for a policy-wide hold).
+fn intent_node(intent: &Intent) -> &str {
+    match intent {
+        Intent::MarkPodNotReady { node, .. }
+        | Intent::ForceDeletePod { node, .. }
+        | Intent::TaintNode { node, .. }
+        | Intent::RemoveTaint { node } => node,
+        Intent::Hold { node, .. } => node.as_deref().unwrap_or(""),
+    }
+}
+
 fn intent_key(intent: &Intent) -> String {
     match intent {
         Intent::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
@@ -903,5 +938,186 @@ fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {
         namespace: Some(pod.namespace.clone()),
         uid: Some(uid.to_string()),
         ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::test_builders::*;
+
+    const DRIVER: &str = "rwo.sim.podha.io";
+
+    struct Harness {
+        actor: Actor,
+        writes: mpsc::Receiver<Write>,
+        metrics: Arc<Metrics>,
+        _leader: watch::Sender<bool>,
+        _plan: watch::Receiver<ProbePlan>,
+    }
+
+    /// An actor that leads, fed a complete initial list of these objects and a policy that
+    /// judges a node by NodeReady alone, after one failed probe.
+    fn harness(objects: Vec<Obj>) -> Harness {
+        let (leader_tx, leader_rx) = watch::channel(true);
+        let (ready_tx, _) = watch::channel(false);
+        let (writes_tx, writes) = mpsc::channel(1024);
+        let (plan_tx, plan_rx) = watch::channel(ProbePlan::default());
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
+        let now = Instant::now();
+        let view = view_with(objects);
+        let mut spec = mk_spec();
+        spec.detection.signals = vec![crate::api::Signal::NodeReady];
+        spec.detection.failure_threshold = 1;
+        spec.detection.interval = crate::api::HumanDuration::from_secs(1);
+        spec.safety.max_unhealthy =
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10);
+        let policy = PodHAPolicy::new("p", spec);
+        let state = &mut actor.state;
+        state.apply(Change::Policy(Event::Init), now);
+        state.apply(Change::Policy(Event::InitApply(policy)), now);
+        state.apply(Change::Policy(Event::InitDone), now);
+        state.apply(Change::Node(Event::Init), now);
+        for node in view.nodes.values() {
+            state.apply(Change::Node(Event::InitApply((**node).clone())), now);
+        }
+        state.apply(Change::Node(Event::InitDone), now);
+        state.apply(Change::Pod(Event::Init), now);
+        for pod in view.pods_by_node.values().flatten() {
+            state.apply(Change::Pod(Event::InitApply((**pod).clone())), now);
+        }
+        state.apply(Change::Pod(Event::InitDone), now);
+        state.apply(Change::Pvc(Event::Init), now);
+        for pvc in view.pvcs.values() {
+            state.apply(Change::Pvc(Event::InitApply((**pvc).clone())), now);
+        }
+        state.apply(Change::Pvc(Event::InitDone), now);
+        state.apply(Change::Pv(Event::Init), now);
+        for pv in view.pvs.values() {
+            state.apply(Change::Pv(Event::InitApply((**pv).clone())), now);
+        }
+        state.apply(Change::Pv(Event::InitDone), now);
+        state.apply(Change::Lease(Event::<Lease>::Init), now);
+        state.apply(Change::Lease(Event::InitDone), now);
+        state.apply(Change::Va(Event::Init), now);
+        state.apply(Change::Va(Event::InitDone), now);
+        state.apply(Change::ReplicaSet(Event::Init), now);
+        state.apply(Change::ReplicaSet(Event::InitDone), now);
+        state.apply(Change::Namespace(Event::Init), now);
+        state.apply(Change::Namespace(Event::InitDone), now);
+        Harness {
+            actor,
+            writes,
+            metrics,
+            _leader: leader_tx,
+            _plan: plan_rx,
+        }
+    }
+
+    fn dead_node_with_pods(node: &str) -> Vec<Obj> {
+        let claim = format!("data-{node}");
+        let pv = format!("pv-{node}");
+        vec![
+            mk_node(node).ready(false).into(),
+            mk_pod("ns", &format!("db-{node}"))
+                .on(node)
+                .owned_by_sts("db")
+                .claim(&claim)
+                .into(),
+            mk_pvc("ns", &claim).bound_to(&pv).into(),
+            mk_csi_pv(&pv, DRIVER).into(),
+            mk_pod("ns", &format!("bare-{node}"))
+                .on(node)
+                .claim(&claim)
+                .into(),
+        ]
+    }
+
+    fn acts(rx: &mut mpsc::Receiver<Write>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(w) = rx.try_recv() {
+            if let Write::Act(intent) = w {
+                out.push(intent_key(&intent));
+            }
+        }
+        out
+    }
+
+    fn skipped(metrics: &Metrics) -> f64 {
+        let text = metrics.encode().expect("encode");
+        text.lines()
+            .filter(|l| l.starts_with("podha_pods_skipped_total{"))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_action_is_sent_once_and_each_skip_counted_once() {
+        let mut objects = dead_node_with_pods("node-1");
+        objects.extend(dead_node_with_pods("node-10"));
+        objects.push(mk_node("node-2").into());
+        objects.push(mk_node("node-3").into());
+        let mut h = harness(objects);
+        h.actor.tick(Instant::now()).await;
+        let mut first = acts(&mut h.writes);
+        first.sort();
+        assert_eq!(
+            first,
+            [
+                "delete/uid-ns-db-node-1",
+                "delete/uid-ns-db-node-10",
+                "taint/node-1",
+                "taint/node-10"
+            ]
+        );
+        assert_eq!(skipped(&h.metrics), 2.0, "one skip per bare pod");
+        for _ in 0..10 {
+            tokio::time::advance(TICK).await;
+            h.actor.tick(Instant::now()).await;
+        }
+        assert!(
+            acts(&mut h.writes).is_empty(),
+            "in flight: nothing is sent twice"
+        );
+        assert_eq!(
+            skipped(&h.metrics),
+            2.0,
+            "skips are counted once per incident"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closing_one_incident_does_not_forget_another_nodes_reports() {
+        let mut objects = dead_node_with_pods("node-1");
+        objects.extend(dead_node_with_pods("node-10"));
+        objects.push(mk_node("node-2").into());
+        objects.push(mk_node("node-3").into());
+        let mut h = harness(objects);
+        h.actor.tick(Instant::now()).await;
+        assert_eq!(skipped(&h.metrics), 2.0);
+        // node-1 comes back: its incident closes; node-10 stays dead.
+        let now = Instant::now();
+        h.actor
+            .state
+            .apply(Change::Node(Event::Apply(mk_node("node-1"))), now);
+        // The next probe (1 s) sees node-1 alive; keep ticking well past the close.
+        for _ in 0..15 {
+            tokio::time::advance(TICK).await;
+            h.actor.tick(Instant::now()).await;
+        }
+        assert!(
+            h.actor.ledger.get("node-1").is_none(),
+            "node-1's incident closed"
+        );
+        assert!(h.actor.ledger.get("node-10").is_some());
+        assert_eq!(
+            skipped(&h.metrics),
+            2.0,
+            "node-10's skip is not counted again"
+        );
     }
 }
