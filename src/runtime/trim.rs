@@ -57,6 +57,14 @@ fn container(c: &Container) -> Container {
     }
 }
 
+/// `collect` over `into_iter` reuses the source allocation, sized for every element before
+/// filtering: for a pod's volumes that is 3 KiB per dropped `Volume` (every pod has at least
+/// the service-account token volume), kept for the pod's whole life in the cache.
+fn shrunk<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
+}
+
 pub fn pod(pod: &mut Pod) {
     trim_meta(&mut pod.metadata, &[FAILOVER_ANNOTATION]);
     if let Some(spec) = pod.spec.take() {
@@ -70,9 +78,11 @@ pub fn pod(pod: &mut Pod) {
             }),
             tolerations: spec.tolerations,
             volumes: spec.volumes.map(|vs| {
-                vs.into_iter()
-                    .filter(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
-                    .collect()
+                shrunk(
+                    vs.into_iter()
+                        .filter(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
+                        .collect(),
+                )
             }),
             containers: spec.containers.iter().map(container).collect(),
             init_containers: spec
@@ -87,13 +97,15 @@ pub fn pod(pod: &mut Pod) {
         pod.status = Some(PodStatus {
             phase: status.phase,
             conditions: status.conditions.map(|cs| {
-                cs.into_iter()
-                    .filter(|c| c.type_ == "Ready")
-                    .map(|mut c| {
-                        c.message = None;
-                        c
-                    })
-                    .collect()
+                shrunk(
+                    cs.into_iter()
+                        .filter(|c| c.type_ == "Ready")
+                        .map(|mut c| {
+                            c.message = None;
+                            c
+                        })
+                        .collect(),
+                )
             }),
             ..PodStatus::default()
         });
@@ -169,6 +181,11 @@ mod tests {
             spec.volumes.as_ref().map(Vec::len),
             Some(1),
             "only claim volumes stay"
+        );
+        assert_eq!(
+            spec.volumes.as_ref().map(Vec::capacity),
+            Some(1),
+            "the dropped volumes' room is given back"
         );
         assert!(spec.containers[0].env.is_none());
         assert!(spec.containers[0].image.is_none());
