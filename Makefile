@@ -29,6 +29,25 @@ demo: k8s ## Sim cluster + operator + a node kill, printing the failover timelin
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
 		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
 
+MODES ?= none,iomesh-like,default,fast
+TRIALS ?= 3
+SCALE_ARGS ?=
+
+.PHONY: bench
+bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
+
+.PHONY: bench-failover
+bench-failover: k8s ## Failover time per mode on the stock profile (MODES, TRIALS)
+	$(CARGO) build --release --bins -p podha -p podha-sim
+	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) \
+		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
+		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json
+
+.PHONY: bench-scale
+bench-scale: k8s ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
+	$(CARGO) build --release --bins -p podha -p podha-sim
+	$(CURDIR)/target/release/podha-bench scale $(SCALE_ARGS)
+
 .PHONY: k8s
 k8s: $(SIM_BIN_DIR)/.complete ## Build etcd, Kubernetes and kwok from Go modules (cached)
 

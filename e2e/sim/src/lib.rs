@@ -2,6 +2,7 @@
 //! benchmarks. `cluster` starts and stops the processes; `csi` is the sim-csi driver.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod cluster;
 pub mod csi;
 pub mod failover;

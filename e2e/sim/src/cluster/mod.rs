@@ -43,6 +43,7 @@
 //! the attach/detach controller ignores the node).
 
 mod bins;
+mod fleet;
 mod pki;
 mod process;
 mod state;
@@ -62,6 +63,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 pub use bins::{BINARIES, default_bin_dir, k8s_version};
+pub use fleet::{FLEET_GROUP_LABEL, FleetGroup};
 use process::ProcRecord;
 use state::{NodeRecord, Ports, State};
 

@@ -1,0 +1,423 @@
+//! Failover time side by side (`make bench-failover`): one sim cluster on the `stock` profile,
+//! one podha process, and per mode a group of three nodes and a policy selecting only them.
+//! The modes run at once; within a mode the trials run one after another, each with a fresh
+//! StatefulSet pod and one RWO volume on a node that is then SIGKILLed and restarted afterwards.
+//!
+//! The clock starts at the kill and stops when the replacement pod is Running on a healthy node
+//! and its VolumeAttachment there is attached (see [`crate::failover::measure`]). Phases are
+//! read from outside, through the API: detect = kill → podha's first action (taint, pod marked
+//! NotReady or deleted); act = that → old pod deleted; detach = old pod deleted → volume
+//! detached from the dead node; recover = detach → replacement Running with its volume attached.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::json;
+
+use crate::cluster::{Cluster, ClusterOptions, Profile};
+use crate::failover::{Operator, Timeline, apply_policy, install_crd, measure};
+
+#[derive(clap::Args, Debug)]
+pub struct FailoverArgs {
+    /// Modes to run: none, iomesh-like, default, fast (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,iomesh-like,default,fast"
+    )]
+    pub modes: Vec<Mode>,
+    /// Trials per mode.
+    #[arg(long, default_value_t = 3)]
+    pub trials: usize,
+    /// How long a trial may take before it counts as not recovered.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// How long the `none` mode waits (nothing recovers it; a shorter wait keeps runs short).
+    #[arg(long, default_value = "8m", value_parser = humantime::parse_duration)]
+    pub none_timeout: Duration,
+    /// Cluster directory.
+    #[arg(long, default_value = ".sim-bench")]
+    pub dir: PathBuf,
+    /// Control-plane profile; the comparison is meant for `stock`.
+    #[arg(long, default_value = "stock")]
+    pub profile: Profile,
+    /// The podha executable (a release build measures what users run).
+    #[arg(long, default_value = "target/release/podha")]
+    pub operator: PathBuf,
+    #[arg(long, default_value = "crds/podha.io_podhapolicies.yaml")]
+    pub crd: PathBuf,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "target/bench-failover.json")]
+    pub out: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// No operator.
+    None,
+    /// podha configured like IOMesh Pod HA: Node Ready only, 3 probes × 30 s, delete pods.
+    IomeshLike,
+    /// podha with its defaults.
+    Default,
+    /// Lease and kubelet TCP, 1 s probes, 3 failures, an 11 s lease grace, out-of-service taint.
+    Fast,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::IomeshLike => "iomesh-like",
+            Mode::Default => "default",
+            Mode::Fast => "fast",
+        }
+    }
+
+    /// The policy spec (without selectors), or none for the `none` mode.
+    fn spec(self) -> Option<serde_json::Value> {
+        match self {
+            Mode::None => None,
+            Mode::IomeshLike => Some(json!({
+                "detection": { "signals": ["NodeReady"], "interval": "30s", "failureThreshold": 3 },
+                "action": "DeletePods",
+            })),
+            Mode::Default => Some(json!({})),
+            Mode::Fast => Some(json!({
+                "detection": {
+                    "signals": ["Lease", "KubeletTCP"],
+                    "interval": "1s",
+                    "failureThreshold": 3,
+                    // The kubelet (kwok) renews every 10 s: silence past 11 s is a missed renewal.
+                    "leaseGracePeriod": "11s",
+                    "tcpTimeout": "500ms",
+                },
+                "action": "OutOfServiceTaint",
+            })),
+        }
+    }
+}
+
+/// One trial's figures, seconds from the kill.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Trial {
+    pub mode: Mode,
+    pub trial: usize,
+    pub node: String,
+    pub recovered_s: Option<f64>,
+    pub waited_s: f64,
+    pub detect_s: Option<f64>,
+    pub act_s: Option<f64>,
+    pub detach_s: Option<f64>,
+    pub recover_s: Option<f64>,
+    pub steps: Vec<(String, f64)>,
+}
+
+impl Trial {
+    fn from_timeline(mode: Mode, trial: usize, t: &Timeline) -> Self {
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+        let first_action = ["taint", "marked", "deleted"]
+            .iter()
+            .filter_map(|k| t.at(k))
+            .min();
+        let deleted = t.at("deleted");
+        let detached = t.at("detached");
+        let diff = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
+            _ => None,
+        };
+        Trial {
+            mode,
+            trial,
+            node: t.node.clone(),
+            recovered_s: secs(t.recovered),
+            waited_s: t.waited.as_secs_f64(),
+            detect_s: secs(first_action),
+            act_s: diff(first_action, deleted),
+            detach_s: diff(deleted, detached),
+            recover_s: diff(detached, t.recovered),
+            steps: t
+                .steps
+                .iter()
+                .map(|s| (s.what.clone(), s.at.as_secs_f64()))
+                .collect(),
+        }
+    }
+}
+
+/// Per-mode summary.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub mode: Mode,
+    pub trials: usize,
+    pub recovered: usize,
+    pub min_s: Option<f64>,
+    pub median_s: Option<f64>,
+    pub max_s: Option<f64>,
+    pub detect_median_s: Option<f64>,
+    pub act_median_s: Option<f64>,
+    pub detach_median_s: Option<f64>,
+    pub recover_median_s: Option<f64>,
+    /// iomesh-like median / this mode's median.
+    pub speedup_vs_iomesh_like: Option<f64>,
+    pub not_recovered_within_s: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+pub fn summarize(trials: &[Trial], modes: &[Mode]) -> Vec<Summary> {
+    let mut out: Vec<Summary> = modes
+        .iter()
+        .map(|&mode| {
+            let of: Vec<&Trial> = trials.iter().filter(|t| t.mode == mode).collect();
+            let totals: Vec<f64> = of.iter().filter_map(|t| t.recovered_s).collect();
+            let phase =
+                |f: fn(&Trial) -> Option<f64>| median(of.iter().filter_map(|t| f(t)).collect());
+            let all_recovered = totals.len() == of.len() && !of.is_empty();
+            Summary {
+                mode,
+                trials: of.len(),
+                recovered: totals.len(),
+                min_s: totals.iter().copied().reduce(f64::min),
+                median_s: if all_recovered {
+                    median(totals.clone())
+                } else {
+                    None
+                },
+                max_s: if all_recovered {
+                    totals.iter().copied().reduce(f64::max)
+                } else {
+                    None
+                },
+                detect_median_s: phase(|t| t.detect_s),
+                act_median_s: phase(|t| t.act_s),
+                detach_median_s: phase(|t| t.detach_s),
+                recover_median_s: phase(|t| t.recover_s),
+                speedup_vs_iomesh_like: None,
+                not_recovered_within_s: (!all_recovered)
+                    .then(|| {
+                        of.iter()
+                            .filter(|t| t.recovered_s.is_none())
+                            .map(|t| t.waited_s)
+                            .reduce(f64::min)
+                    })
+                    .flatten(),
+            }
+        })
+        .collect();
+    let base = out
+        .iter()
+        .find(|s| s.mode == Mode::IomeshLike)
+        .and_then(|s| s.median_s);
+    for s in &mut out {
+        s.speedup_vs_iomesh_like = base.zip(s.median_s).map(|(b, m)| b / m);
+    }
+    out
+}
+
+pub fn render(summaries: &[Summary]) -> String {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let mut out = String::from(
+        "| mode | trials | recovered | min s | median s | max s | detect | act | detach | recover | vs iomesh-like |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in summaries {
+        let median = match (s.median_s, s.not_recovered_within_s) {
+            (Some(m), _) => format!("{m:.1}"),
+            (None, Some(t)) => format!("not recovered within {t:.0}s"),
+            (None, None) => "-".to_string(),
+        };
+        let ratio = s
+            .speedup_vs_iomesh_like
+            .map_or("-".to_string(), |r| format!("{r:.1}x"));
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s.mode.name(),
+            s.trials,
+            s.recovered,
+            f(s.min_s),
+            median,
+            f(s.max_s),
+            f(s.detect_median_s),
+            f(s.act_median_s),
+            f(s.detach_median_s),
+            f(s.recover_median_s),
+            ratio
+        ));
+    }
+    out
+}
+
+fn group(index: usize) -> Vec<String> {
+    (1..=3).map(|k| format!("node-{}", index * 3 + k)).collect()
+}
+
+async fn run_mode(
+    cluster: &Cluster,
+    client: &kube::Client,
+    mode: Mode,
+    nodes: Vec<String>,
+    args: &FailoverArgs,
+) -> anyhow::Result<Vec<Trial>> {
+    let timeout = if mode == Mode::None {
+        args.none_timeout
+    } else {
+        args.timeout
+    };
+    let mut trials = Vec::new();
+    for k in 1..=args.trials {
+        let ns = format!("{}-{k}", mode.name());
+        let started = Instant::now();
+        let t = measure(cluster, client, &ns, "db", &nodes, timeout)
+            .await
+            .with_context(|| ns.clone())?;
+        let trial = Trial::from_timeline(mode, k, &t);
+        eprintln!(
+            "[{ns}] {} after {:.1?}",
+            trial
+                .recovered_s
+                .map_or("not recovered".to_string(), |s| format!(
+                    "recovered in {s:.1}s"
+                )),
+            started.elapsed()
+        );
+        cluster.start_node(&t.node).await?;
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(client.clone());
+        let _ = namespaces.delete(&ns, &Default::default()).await;
+        trials.push(trial);
+    }
+    Ok(trials)
+}
+
+pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
+    let mut modes = args.modes.clone();
+    modes.sort();
+    modes.dedup();
+    if args.trials == 0 {
+        bail!("--trials must be at least 1");
+    }
+    let mut opts = ClusterOptions::new(&args.dir);
+    opts.profile = args.profile;
+    opts.nodes = modes.len() * 3;
+    eprintln!(
+        "starting a {}-node sim cluster (profile {}) in {}",
+        opts.nodes,
+        args.profile,
+        args.dir.display()
+    );
+    let cluster = Cluster::up(opts).await?;
+    let result = async {
+        let client = cluster.client().await?;
+        install_crd(&client, &args.crd).await?;
+        for (i, mode) in modes.iter().enumerate() {
+            if let Some(mut spec) = mode.spec() {
+                let namespaces: Vec<String> = (1..=args.trials)
+                    .map(|k| format!("{}-{k}", mode.name()))
+                    .collect();
+                spec["nodeSelector"] = json!({"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": group(i)}
+                ]});
+                spec["namespaceSelector"] = json!({"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
+                ]});
+                apply_policy(&client, mode.name(), spec).await?;
+            }
+        }
+        let mut podha = Operator::start(&args.operator, &cluster)?;
+        podha.wait_ready(Duration::from_secs(60)).await?;
+        let runs = modes
+            .iter()
+            .enumerate()
+            .map(|(i, &mode)| run_mode(&cluster, &client, mode, group(i), &args));
+        let mut trials = Vec::new();
+        for r in futures::future::join_all(runs).await {
+            trials.extend(r?);
+        }
+        anyhow::Ok(trials)
+    }
+    .await;
+    cluster.down()?;
+    let trials = result?;
+    let summaries = summarize(&trials, &modes);
+    let table = render(&summaries);
+    println!("{table}");
+    let json =
+        json!({ "profile": args.profile.to_string(), "trials": trials, "summary": summaries });
+    std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!("results written to {}", args.out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trial(mode: Mode, recovered: Option<f64>) -> Trial {
+        Trial {
+            mode,
+            trial: 1,
+            node: "n".into(),
+            recovered_s: recovered,
+            waited_s: 480.0,
+            detect_s: recovered.map(|r| r / 2.0),
+            act_s: Some(0.1),
+            detach_s: None,
+            recover_s: None,
+            steps: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn medians_ratios_and_honest_non_recovery() {
+        let trials = vec![
+            trial(Mode::None, None),
+            trial(Mode::None, None),
+            trial(Mode::IomeshLike, Some(450.0)),
+            trial(Mode::IomeshLike, Some(470.0)),
+            trial(Mode::IomeshLike, Some(460.0)),
+            trial(Mode::Fast, Some(9.0)),
+            trial(Mode::Fast, Some(11.0)),
+            trial(Mode::Fast, Some(10.0)),
+        ];
+        let s = summarize(&trials, &[Mode::None, Mode::IomeshLike, Mode::Fast]);
+        assert_eq!(s[0].median_s, None);
+        assert_eq!(s[0].not_recovered_within_s, Some(480.0));
+        assert_eq!(s[1].median_s, Some(460.0));
+        assert_eq!(
+            (s[2].min_s, s[2].median_s, s[2].max_s),
+            (Some(9.0), Some(10.0), Some(11.0))
+        );
+        assert_eq!(s[2].speedup_vs_iomesh_like, Some(46.0));
+        assert_eq!(s[2].detect_median_s, Some(5.0));
+        let table = render(&s);
+        assert!(table.contains("not recovered within 480s"), "{table}");
+        assert!(
+            table.contains("| fast | 3 | 3 | 9.0 | 10.0 | 11.0 |"),
+            "{table}"
+        );
+        assert!(table.contains("46.0x"), "{table}");
+    }
+
+    #[test]
+    fn a_mode_with_one_unrecovered_trial_has_no_median() {
+        let trials = vec![trial(Mode::Default, Some(60.0)), trial(Mode::Default, None)];
+        let s = summarize(&trials, &[Mode::Default]);
+        assert_eq!(s[0].median_s, None);
+        assert_eq!(s[0].recovered, 1);
+        assert_eq!(s[0].not_recovered_within_s, Some(480.0));
+    }
+}

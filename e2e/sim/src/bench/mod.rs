@@ -1,0 +1,4 @@
+//! Benchmarks: they print figures, they assert nothing (DESIGN.md; `make bench`).
+
+pub mod failover;
+pub mod scale;
