@@ -264,13 +264,15 @@ fn group(index: usize) -> Vec<String> {
     (1..=3).map(|k| format!("node-{}", index * 3 + k)).collect()
 }
 
+/// Runs the trials of one mode, one after another. A trial that fails to run (not a failover
+/// that does not recover: that is a result) ends the mode; what was measured is kept.
 async fn run_mode(
     cluster: &Cluster,
     client: &kube::Client,
     mode: Mode,
     nodes: Vec<String>,
     args: &FailoverArgs,
-) -> anyhow::Result<Vec<Trial>> {
+) -> (Vec<Trial>, Option<anyhow::Error>) {
     let timeout = if mode == Mode::None {
         args.none_timeout
     } else {
@@ -280,9 +282,10 @@ async fn run_mode(
     for k in 1..=args.trials {
         let ns = format!("{}-{k}", mode.name());
         let started = Instant::now();
-        let t = measure(cluster, client, &ns, "db", &nodes, timeout)
-            .await
-            .with_context(|| ns.clone())?;
+        let t = match measure(cluster, client, &ns, "db", &nodes, timeout).await {
+            Ok(t) => t,
+            Err(e) => return (trials, Some(e.context(ns))),
+        };
         let trial = Trial::from_timeline(mode, k, &t);
         eprintln!(
             "[{ns}] {} after {:.1?}",
@@ -293,13 +296,21 @@ async fn run_mode(
                 )),
             started.elapsed()
         );
-        cluster.start_node(&t.node).await?;
-        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
-            kube::Api::all(client.clone());
-        let _ = namespaces.delete(&ns, &Default::default()).await;
         trials.push(trial);
+        if k < args.trials {
+            // The next trial needs the group whole again.
+            if let Err(e) = cluster.start_node(&t.node).await {
+                return (
+                    trials,
+                    Some(anyhow::Error::from(e).context(format!("restarting {}", t.node))),
+                );
+            }
+            let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+                kube::Api::all(client.clone());
+            let _ = namespaces.delete(&ns, &Default::default()).await;
+        }
     }
-    Ok(trials)
+    (trials, None)
 }
 
 pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
@@ -343,14 +354,16 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             .enumerate()
             .map(|(i, &mode)| run_mode(&cluster, &client, mode, group(i), &args));
         let mut trials = Vec::new();
-        for r in futures::future::join_all(runs).await {
-            trials.extend(r?);
+        let mut errors = Vec::new();
+        for (measured, error) in futures::future::join_all(runs).await {
+            trials.extend(measured);
+            errors.extend(error);
         }
-        anyhow::Ok(trials)
+        anyhow::Ok((trials, errors))
     }
     .await;
     cluster.down()?;
-    let trials = result?;
+    let (trials, errors) = result?;
     let summaries = summarize(&trials, &modes);
     let table = render(&summaries);
     println!("{table}");
@@ -359,7 +372,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!("results written to {}", args.out.display());
-    Ok(())
+    match errors.into_iter().next() {
+        Some(e) => Err(e.context("some trials could not run; the figures above cover the others")),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -644,7 +644,16 @@ impl Cluster {
         set_boot_id(&client, name).await?;
         {
             let mut st = self.lock_reloaded();
-            let rec = st.node(name)?.clone();
+            let mut rec = st.node(name)?.clone();
+            // Another process may have taken the node's port while it was down (a second sim
+            // cluster shares the loopback addresses): take a free one; kwok reports it in the
+            // Node's daemonEndpoints, where probes read it.
+            if !port_is_free(rec.ip, rec.port) {
+                rec.port = free_port(rec.ip)?;
+                if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == name) {
+                    stored.port = rec.port;
+                }
+            }
             self.spawn_node(&mut st, &rec)?;
         }
         self.wait_nodes_ready(&client, &[name.to_string()], Duration::from_secs(120))
