@@ -432,6 +432,30 @@ async fn gone(ctx: &Ctx<'_>, name: &str, uid: &str) -> anyhow::Result<bool> {
         .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid)))
 }
 
+/// For `duration`, db-0 keeps its object (same UID) and `node` gets no out-of-service taint.
+async fn untouched_for(
+    ctx: &Ctx<'_>,
+    uid: &str,
+    node: &str,
+    duration: Duration,
+    context: &str,
+) -> anyhow::Result<()> {
+    holds_for(
+        "db-0 untouched and its node untainted",
+        duration,
+        || async {
+            if gone(ctx, "db-0", uid).await? {
+                return Ok(Err(format!("db-0 was deleted{context}")));
+            }
+            if has_podha_taint(ctx, node).await? {
+                return Ok(Err(format!("{node} was tainted{context}")));
+            }
+            Ok(Ok(()))
+        },
+    )
+    .await
+}
+
 async fn has_podha_taint(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<bool> {
     let n: Node = ctx.nodes().get(node).await?;
     let tainted = n
@@ -850,20 +874,7 @@ fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
         ctx.cluster.kill_node(&node)?;
         tokio::time::sleep(secs_(4)).await;
         ctx.cluster.start_node(&node).await?;
-        holds_for(
-            "db-0 untouched and the node untainted",
-            secs_(30),
-            || async {
-                if gone(&ctx, "db-0", &uid).await? {
-                    return Ok(Err("db-0 was deleted".to_string()));
-                }
-                if has_podha_taint(&ctx, &node).await? {
-                    return Ok(Err(format!("{node} was tainted")));
-                }
-                Ok(Ok(()))
-            },
-        )
-        .await?;
+        untouched_for(&ctx, &uid, &node, secs_(30), "").await?;
         let text = scrape(ops_leader(replicas).await?)?;
         if metric(
             &text,
@@ -915,20 +926,7 @@ fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
         )
         .await?;
         log(&ns, format!("event: {note}"));
-        holds_for(
-            "db-0 keeps its object and the node stays untainted",
-            secs_(20),
-            || async {
-                if gone(&ctx, "db-0", &uid).await? {
-                    return Ok(Err("db-0 was deleted in a dry run".to_string()));
-                }
-                if has_podha_taint(&ctx, &node).await? {
-                    return Ok(Err(format!("{node} was tainted in a dry run")));
-                }
-                Ok(Ok(()))
-            },
-        )
-        .await?;
+        untouched_for(&ctx, &uid, &node, secs_(20), " in a dry run").await?;
         let text = scrape(ops_leader(replicas).await?)?;
         if metric(
             &text,
