@@ -120,7 +120,8 @@ pub async fn run(
         () = shutdown => Ok(()),
     };
     // Release the lease (so a standby takes over at once) and drain the server before
-    // returning; the writer is stopped by dropping the loop's sender with the actor.
+    // returning; in-flight writes are abandoned (every write is idempotent and re-planned by
+    // whoever leads next).
     let _ = stop_tx.send(true);
     let drain = async {
         if !election.is_finished() {
