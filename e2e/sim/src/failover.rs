@@ -189,7 +189,8 @@ pub async fn apply_policy(
 /// One step of a failover and when it was seen, relative to the kill.
 #[derive(Clone, Debug)]
 pub struct Step {
-    /// `notready`, `taint`, `marked`, `deleted`, `detached`, `scheduled`, `attached`, `running`.
+    /// `notready`, `taint`, `fenced`, `marked` (by podha), `kcm-marked`, `deleted`, `detached`,
+    /// `scheduled`, `attached`, `running`.
     pub key: &'static str,
     pub what: String,
     pub at: Duration,
@@ -284,13 +285,14 @@ pub async fn measure(
                 format!("kube-controller-manager marks {node} NotReady"),
             );
         }
-        if n.spec
+        let taints = n
+            .spec
             .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| {
-                t.iter()
-                    .any(|t| t.key == "node.kubernetes.io/out-of-service")
-            })
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        if taints
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/out-of-service")
         {
             step(
                 &mut timeline,
@@ -298,19 +300,40 @@ pub async fn measure(
                 format!("{node} tainted out-of-service"),
             );
         }
+        if taints.iter().any(|t| t.key == "podha.io/fenced") {
+            step(
+                &mut timeline,
+                "fenced",
+                format!("{node} fenced (podha.io/fenced:NoSchedule)"),
+            );
+        }
         let current = pods.get_opt(&pod_name).await?;
         match &current {
             Some(p) if p.metadata.uid.as_deref() == Some(old_uid.as_str()) => {
-                let marked = p
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "False"));
-                if marked {
+                // Who marked it: podha's reason is NodeFailed; kube-controller-manager's is not.
+                let ready_false = |reason: Option<&str>| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| {
+                            c.iter().any(|c| {
+                                c.type_ == "Ready"
+                                    && c.status == "False"
+                                    && (reason.is_none() || c.reason.as_deref() == reason)
+                            })
+                        })
+                };
+                if ready_false(Some("NodeFailed")) {
                     step(
                         &mut timeline,
                         "marked",
-                        format!("{pod_name} marked NotReady"),
+                        format!("{pod_name} marked NotReady by podha"),
+                    );
+                } else if ready_false(None) {
+                    step(
+                        &mut timeline,
+                        "kcm-marked",
+                        format!("{pod_name} marked NotReady by kube-controller-manager"),
                     );
                 }
             }

@@ -5,8 +5,8 @@
 //!
 //! The clock starts at the kill and stops when the replacement pod is Running on a healthy node
 //! and its VolumeAttachment there is attached (see [`crate::failover::measure`]). Phases are
-//! read from outside, through the API: detect = kill → podha's first action (taint, pod marked
-//! NotReady or deleted); act = that → old pod deleted; detach = old pod deleted → volume
+//! read from outside, through the API: detect = kill → podha's first action (taint or fence,
+//! pod marked NotReady by podha, or pod deleted); act = that → old pod deleted; detach = old pod deleted → volume
 //! detached from the dead node; recover = detach → replacement Running with its volume attached.
 
 use std::path::PathBuf;
@@ -117,7 +117,7 @@ pub struct Trial {
 impl Trial {
     fn from_timeline(mode: Mode, trial: usize, t: &Timeline) -> Self {
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-        let first_action = ["taint", "marked", "deleted"]
+        let first_action = ["taint", "fenced", "marked", "deleted"]
             .iter()
             .filter_map(|k| t.at(k))
             .min();
