@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Taint, Toleration}
 use kube::ResourceExt;
 
 use super::{node_affinity, resources, volumes};
+use crate::health::ReadyStatus;
 use crate::view::View;
 
 /// Why a node cannot take the pod: the first predicate it fails, in evaluation order.
@@ -92,7 +93,7 @@ pub(crate) fn unfit(
     if !node_usable(node) {
         return Some(Unfit::NotUsable);
     }
-    if !is_ready(node) {
+    if ReadyStatus::from_node(node) != ReadyStatus::True {
         return Some(Unfit::NotReady);
     }
     let cordon = Taint {
@@ -146,15 +147,6 @@ pub(crate) fn unfit(
         return Some(Unfit::Resources);
     }
     None
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {

@@ -27,7 +27,7 @@ pub use ownership::{node_owner, pod_owner};
 
 use crate::api::{NodeTaint, PodHAPolicySpec, TAINT_MARKER_ANNOTATION};
 use crate::eligibility::{self, SkipReason};
-use crate::health::NodeHealth;
+use crate::health::{NodeHealth, ReadyStatus};
 use crate::view::{ObjectKey, View};
 
 /// A policy as the planner sees it.
@@ -347,7 +347,10 @@ fn plan_untaints(policies: &[PolicyRef<'_>], input: &PlanInput<'_>, out: &mut Pl
         if !marked || !NodeTaint::ALL.iter().any(|t| t.on(node)) {
             continue;
         }
-        if !is_ready(node) || !usable(node) || !input.view.attachments_on(name).is_empty() {
+        if ReadyStatus::from_node(node) != ReadyStatus::True
+            || !usable(node)
+            || !input.view.attachments_on(name).is_empty()
+        {
             continue;
         }
         let intent = Intent::RemoveTaint { node: name.clone() };
@@ -371,13 +374,6 @@ fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent) -> Intent {
     } else {
         intent
     }
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// A pod that has finished holds no volume and needs no replacement.
