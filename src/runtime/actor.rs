@@ -201,7 +201,6 @@ impl Actor {
             return;
         }
         self.forget_deleted_policies();
-        self.publish_probe_plan();
         let transitions = self.probe(now);
         for (policy, node, transition) in transitions {
             self.on_transition(&policy, &node, transition).await;
@@ -268,57 +267,34 @@ impl Actor {
             .retain(|(policy, _), _| live.contains_key(policy));
     }
 
-    /// Tells the TCP prober which nodes to connect to: those watched by a policy with the
-    /// `KubeletTCP` signal, at the shortest such interval and timeout.
-    fn publish_probe_plan(&self) {
-        let mut interval: Option<Duration> = None;
-        let mut targets: BTreeMap<&str, Target> = BTreeMap::new();
-        for policy in self.state.policies.values() {
-            let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
-                continue;
-            };
-            if !cfg.signals.kubelet_tcp {
-                continue;
-            }
-            interval = Some(interval.map_or(cfg.interval, |i| i.min(cfg.interval)));
-            for (name, node) in &self.state.view.nodes {
-                if !node_selected(&policy.spec, node) {
-                    continue;
-                }
-                targets
-                    .entry(name)
-                    .and_modify(|t| t.timeout = t.timeout.min(cfg.tcp_timeout))
-                    .or_insert_with(|| Target {
-                        node: name.clone(),
-                        addr: kubelet_addr(node),
-                        timeout: cfg.tcp_timeout,
-                    });
-            }
-        }
-        let plan = ProbePlan {
-            interval: interval.unwrap_or_default(),
-            targets: targets.into_values().collect(),
-        };
-        self.probe_plan.send_if_modified(|current| {
-            let changed = *current != plan;
-            if changed {
-                *current = plan;
-            }
-            changed
-        });
-    }
-
-    /// Runs due probes; returns the transitions, in policy and node order.
+    /// Runs due probes; returns the transitions, in policy and node order. On the same walk over
+    /// (policy, node) it tells the TCP prober which nodes to connect to: those watched by a
+    /// policy with the `KubeletTCP` signal, at the shortest such interval and timeout.
     fn probe(&mut self, now: Instant) -> Vec<(String, String, Transition)> {
         let mut transitions = Vec::new();
         let mut selected = BTreeSet::new();
+        let mut tcp_interval: Option<Duration> = None;
+        let mut tcp_targets: BTreeMap<&str, Target> = BTreeMap::new();
         for (name, policy) in &self.state.policies {
             let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
                 continue;
             };
+            if cfg.signals.kubelet_tcp {
+                tcp_interval = Some(tcp_interval.map_or(cfg.interval, |i| i.min(cfg.interval)));
+            }
             for (node_name, node) in &self.state.view.nodes {
                 if !node_selected(&policy.spec, node) {
                     continue;
+                }
+                if cfg.signals.kubelet_tcp {
+                    tcp_targets
+                        .entry(node_name)
+                        .and_modify(|t| t.timeout = t.timeout.min(cfg.tcp_timeout))
+                        .or_insert_with(|| Target {
+                            node: node_name.clone(),
+                            addr: kubelet_addr(node),
+                            timeout: cfg.tcp_timeout,
+                        });
                 }
                 let Some(obs) = self.state.observations.get(node_name) else {
                     continue;
@@ -338,6 +314,17 @@ impl Actor {
                 }
             }
         }
+        let plan = ProbePlan {
+            interval: tcp_interval.unwrap_or_default(),
+            targets: tcp_targets.into_values().collect(),
+        };
+        self.probe_plan.send_if_modified(|current| {
+            let changed = *current != plan;
+            if changed {
+                *current = plan;
+            }
+            changed
+        });
         self.trackers.retain(|key, _| selected.contains(key));
         transitions
     }
