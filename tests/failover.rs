@@ -12,6 +12,7 @@
 //! every test fails saying so.
 
 use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -20,13 +21,12 @@ use anyhow::{Context as _, anyhow, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, CustomResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
 use podha::api::{OUT_OF_SERVICE_TAINT_KEY, PodHAPolicy, TAINT_MARKER_ANNOTATION};
 use podha::leader::LeaderConfig;
-use podha_sim::failover::http_get;
+use podha_sim::failover::{http_get, install_crd};
 use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
@@ -177,7 +177,11 @@ impl Operators {
                 &kube::config::KubeConfigOptions::default(),
             )
             .await?;
-            install_crd(&kube::Client::try_from(config.clone())?).await?;
+            // The committed manifest (a unit test keeps it equal to the generated one), as a
+            // user would apply it.
+            let manifest =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/podha.io_podhapolicies.yaml");
+            install_crd(&kube::Client::try_from(config.clone())?, &manifest).await?;
             anyhow::Ok(config)
         })?;
         let mut replicas = Vec::new();
@@ -270,26 +274,6 @@ fn leaders(replicas: &[Replica]) -> Vec<&str> {
         .filter(|r| metric(&scrape(r).unwrap_or_default(), "podha_leader", &[]) == Some(1.0))
         .map(|r| r.identity.as_str())
         .collect()
-}
-
-async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = PodHAPolicy::crd();
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => return Err(e).context("creating the PodHAPolicy CRD"),
-    }
-    let name = PodHAPolicy::crd_name();
-    let established = kube::runtime::wait::await_condition(
-        crds,
-        name,
-        kube::runtime::conditions::is_crd_established(),
-    );
-    tokio::time::timeout(Duration::from_secs(30), established)
-        .await
-        .context("CRD not established in 30s")??;
-    Ok(())
 }
 
 fn free_port() -> anyhow::Result<SocketAddr> {
