@@ -486,6 +486,18 @@ async fn wait_recovered(
 }
 
 /// The single pod of `app`, running, with its node and its PV attached there.
+/// This scenario's policy (its namespace and `pair`, `spec` on top of the test defaults) and
+/// a StatefulSet `db` with one RWO volume, running on one of `pair`.
+async fn policy_and_db(
+    ctx: &Ctx<'_>,
+    pair: &[&str; 2],
+    spec: serde_json::Value,
+) -> anyhow::Result<(Pod, String, String, String)> {
+    create_policy(&ctx.client, policy(&ctx.ns, &ctx.ns, pair, spec)).await?;
+    ctx.create::<StatefulSet>(statefulset("db", pair)).await?;
+    running_app(ctx, "db", "data-db-0").await
+}
+
 async fn running_app(
     ctx: &Ctx<'_>,
     app: &str,
@@ -509,18 +521,12 @@ fn sts_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed
     scenario(shared, ops, "sts-delete", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
         // A detach timeout well below the attach/detach controller's 6 minutes: reported.
-        create_policy(
-            &ctx.client,
-            policy(
-                &ns,
-                &ns,
-                &pair,
-                json!({"action": "DeletePods", "detachTimeout": "30s"}),
-            ),
+        let (pod, node, uid, pv) = policy_and_db(
+            &ctx,
+            &pair,
+            json!({"action": "DeletePods", "detachTimeout": "30s"}),
         )
         .await?;
-        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
-        let (pod, node, uid, pv) = running_app(&ctx, "db", "data-db-0").await?;
         let target = other(&pair, &node);
         log(&ns, format!("{} on {node}; killing it", name_of(&pod)));
         let killed = Instant::now();
@@ -588,13 +594,8 @@ fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     let pair = ["node-3", "node-4"];
     scenario(shared, ops, "sts-taint", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
-        create_policy(
-            &ctx.client,
-            policy(&ns, &ns, &pair, json!({"action": "OutOfServiceTaint"})),
-        )
-        .await?;
-        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
-        let (_, node, uid, pv) = running_app(&ctx, "db", "data-db-0").await?;
+        let (_, node, uid, pv) =
+            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
         let target = other(&pair, &node);
         let killed = Instant::now();
         ctx.cluster.kill_node(&node)?;
@@ -848,13 +849,8 @@ fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
     let pair = ["node-9", "node-10"];
     scenario(shared, ops, "flap", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
-        create_policy(
-            &ctx.client,
-            policy(&ns, &ns, &pair, json!({"action": "OutOfServiceTaint"})),
-        )
-        .await?;
-        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
-        let (_, node, uid, _) = running_app(&ctx, "db", "data-db-0").await?;
+        let (_, node, uid, _) =
+            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
         ctx.cluster.kill_node(&node)?;
         tokio::time::sleep(secs_(4)).await;
         ctx.cluster.start_node(&node).await?;
@@ -878,18 +874,12 @@ fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     let pair = ["node-11", "node-12"];
     scenario(shared, ops, "dry-run", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
-        create_policy(
-            &ctx.client,
-            policy(
-                &ns,
-                &ns,
-                &pair,
-                json!({"action": "OutOfServiceTaint", "dryRun": true}),
-            ),
+        let (_, node, uid, _) = policy_and_db(
+            &ctx,
+            &pair,
+            json!({"action": "OutOfServiceTaint", "dryRun": true}),
         )
         .await?;
-        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
-        let (_, node, uid, _) = running_app(&ctx, "db", "data-db-0").await?;
         ctx.cluster.kill_node(&node)?;
         let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), "default");
         let note = wait_for(
@@ -1117,13 +1107,8 @@ fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
     let pair = ["node-13", "node-14"];
     scenario(shared, ops, "handover", |ctx, ops, replicas| async move {
         let ns = ctx.ns.clone();
-        create_policy(
-            &ctx.client,
-            policy(&ns, &ns, &pair, json!({"action": "OutOfServiceTaint"})),
-        )
-        .await?;
-        ctx.create::<StatefulSet>(statefulset("db", &pair)).await?;
-        let (_, node, uid, pv) = running_app(&ctx, "db", "data-db-0").await?;
+        let (_, node, uid, pv) =
+            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
         let target = other(&pair, &node);
         ctx.cluster.kill_node(&node)?;
         wait_for("podha's out-of-service taint", secs_(60), || async {
