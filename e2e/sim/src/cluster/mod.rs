@@ -140,6 +140,16 @@ impl Profile {
             Profile::Stock => &[],
         }
     }
+
+    fn scheduler_args(self) -> &'static [&'static str] {
+        match self {
+            // A StatefulSet's claim is provisioned a moment after its pod's first scheduling
+            // attempt; the scheduler sometimes misses the claim's binding and only retries the
+            // pod when it flushes unschedulable pods (5 min by default), longer than a test waits.
+            Profile::Fast => &["--pod-max-in-unschedulable-pods-duration=10s"],
+            Profile::Stock => &[],
+        }
+    }
 }
 
 /// What [`Cluster::up`] starts.
@@ -895,7 +905,8 @@ impl Cluster {
             cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .arg("--bind-address=127.0.0.1")
                 .arg(format!("--secure-port={}", p.scheduler))
-                .arg("--leader-elect=false");
+                .arg("--leader-elect=false")
+                .args(st.profile.scheduler_args());
             self.spawn(&mut st, SCHEDULER, cmd)?;
         }
 
