@@ -1010,7 +1010,7 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             .await;
         if spec["detection"]["interval"] != "5s"
             || spec["detection"]["failureThreshold"] != 3
-            || spec["action"] != "DeletePods"
+            || spec["action"] != "OutOfServiceTaint"
             || spec["safety"]["maxUnhealthy"] != "30%"
             || spec["detachTimeout"] != "6m30s"
         {

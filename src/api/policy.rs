@@ -87,14 +87,17 @@ pub struct PodHAPolicySpec {
     #[serde(default)]
     pub detection: Detection,
 
-    /// What podha does when a watched node is judged dead. `DeletePods` fences the node
-    /// (`podha.io/fenced=nodeDead:NoSchedule`, so the scheduler does not put replacements back on
-    /// it before Kubernetes notices the node is gone) and force-deletes the eligible pods; their
-    /// volumes detach after the attach/detach controller's own 6-minute wait. `OutOfServiceTaint`
-    /// taints the node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` instead, so
-    /// volumes detach at once, and force-deletes the pods. podha removes only taints it added
-    /// itself (marked by the annotation `podha.io/out-of-service-taint`), once the node is healthy
-    /// again and no VolumeAttachment remains on it.
+    /// What podha does when a watched node is judged dead. `OutOfServiceTaint` (the default)
+    /// taints the node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, so the
+    /// attach/detach controller detaches its volumes at once, and force-deletes the eligible pods.
+    /// `DeletePods` fences the node instead (`podha.io/fenced=nodeDead:NoSchedule`, so the
+    /// scheduler does not put replacements back on it before Kubernetes notices the node is gone)
+    /// and force-deletes the pods; their volumes detach only after the attach/detach controller's
+    /// own 6-minute wait, so a node that is cut off but still running keeps its volumes for those
+    /// 6 minutes. Choose `DeletePods` when your storage does not fence a node on detach
+    /// (ControllerUnpublish) and a partitioned node could go on writing. podha removes only taints
+    /// it added itself (marked by the annotation `podha.io/out-of-service-taint`), once the node is
+    /// healthy again and no VolumeAttachment remains on it.
     #[serde(default)]
     pub action: Action,
 
@@ -278,8 +281,8 @@ pub enum Signal {
 /// What to do on a dead node.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
 pub enum Action {
-    #[default]
     DeletePods,
+    #[default]
     OutOfServiceTaint,
 }
 

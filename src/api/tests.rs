@@ -41,7 +41,7 @@ fn empty_spec_gets_the_documented_defaults() {
         HumanDuration::from_secs(40)
     );
     assert_eq!(spec.detection.tcp_timeout, HumanDuration::from_secs(1));
-    assert_eq!(spec.action, Action::DeletePods);
+    assert_eq!(spec.action, Action::OutOfServiceTaint);
     assert_eq!(spec.safety.max_unhealthy, IntOrString::String("30%".into()));
     assert!(spec.safety.require_target);
     assert_eq!(spec.detach_timeout, HumanDuration::from_secs(390));
