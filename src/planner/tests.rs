@@ -116,6 +116,11 @@ fn skip_reasons(plan: &Plan) -> Vec<(String, &'static str)> {
         .collect()
 }
 
+/// A default spec with `action: DeletePods` (the default is `OutOfServiceTaint`).
+fn delete_pods() -> PodHAPolicySpec {
+    with_action(mk_spec(), Action::DeletePods)
+}
+
 fn with_action(mut spec: PodHAPolicySpec, action: Action) -> PodHAPolicySpec {
     spec.action = action;
     spec
@@ -140,7 +145,9 @@ fn ns_selector(key: &str, value: &str) -> LabelSelector {
 
 #[test]
 fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
-    let world = World::new(cluster(3)).policy("p", mk_spec()).fail("node-1");
+    let world = World::new(cluster(3))
+        .policy("p", delete_pods())
+        .fail("node-1");
     let plan = world.plan();
     let expected_uid = uid(&world.view, "node-1", "db-0");
     assert_eq!(
@@ -469,10 +476,10 @@ fn the_first_policy_by_name_decides_about_a_pod() {
         .with(mk_csi_pv("pv-other", DRIVER));
     // "b-all" selects everything with DeletePods; "a-team" selects namespace ns in dry run.
     let world = World::new(view)
-        .policy("b-all", mk_spec())
+        .policy("b-all", delete_pods())
         .policy(
             "a-team",
-            dry_run(mk_spec().namespace_selector(ns_selector("team", "a"))),
+            dry_run(delete_pods().namespace_selector(ns_selector("team", "a"))),
         )
         .fail("node-1");
     let plan = world.plan();
@@ -698,7 +705,7 @@ fn cluster_with_ready_pod() -> View {
 #[test]
 fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
     let world = World::new(cluster_with_ready_pod())
-        .policy("p", mk_spec())
+        .policy("p", delete_pods())
         .fail("node-1");
     assert_eq!(
         intent_names(&world.plan()),
@@ -736,7 +743,7 @@ fn ready_pods_that_would_not_move_are_not_marked() {
                 .ready(true),
         );
     let plan = World::new(view)
-        .policy("p", mk_spec())
+        .policy("p", delete_pods())
         .fail("node-1")
         .plan();
     assert_eq!(
@@ -775,7 +782,7 @@ fn delete_pods_fences_the_node_so_no_replacement_lands_there() {
     // The node lifecycle controller has not tainted the dead node yet (it waits 50 s by
     // default); without the fence the scheduler may put the replacement right back.
     let plan = World::new(cluster(3))
-        .policy("p", mk_spec())
+        .policy("p", delete_pods())
         .fail("node-1")
         .plan();
     assert!(matches!(
@@ -798,7 +805,7 @@ fn delete_pods_fences_the_node_so_no_replacement_lands_there() {
     view.nodes
         .insert("node-1".into(), std::sync::Arc::new(fenced));
     let plan = World::new(view)
-        .policy("p", mk_spec())
+        .policy("p", delete_pods())
         .fail("node-1")
         .plan();
     assert_eq!(intent_names(&plan), ["delete ns/db-0"]);
