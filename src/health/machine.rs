@@ -35,6 +35,11 @@ pub struct HealthTracker {
     /// The observations' gap epoch as of the last tick; a difference means a gap began or ended
     /// since.
     gap_epoch: u64,
+    /// When [`Self::poll`] probes next on the interval grid; `None`: at once.
+    next_probe: Option<Instant>,
+    /// The last probe's verdict (`None` after a gap), so that [`Self::poll`] probes at once when
+    /// the evidence turns.
+    last_verdict: Option<Verdict>,
 }
 
 impl HealthTracker {
@@ -43,6 +48,8 @@ impl HealthTracker {
         Self {
             state: NodeHealth::Healthy,
             gap_epoch: obs.gap_epoch(),
+            next_probe: None,
+            last_verdict: None,
         }
     }
 
@@ -53,6 +60,8 @@ impl HealthTracker {
         Self {
             state: NodeHealth::Failed { since },
             gap_epoch: obs.gap_epoch(),
+            next_probe: None,
+            last_verdict: None,
         }
     }
 
@@ -60,7 +69,8 @@ impl HealthTracker {
         self.state
     }
 
-    /// One probe at `now`, every `cfg.interval`. Returns the change it made, if any.
+    /// One probe at `now`, due or not ([`Self::poll`] knows when one is due). Returns the change
+    /// it made, if any.
     ///
     /// Gaps in podha's view: a tracker that finds a gap began or ended since its last tick
     /// drops a Suspect count (failures seen before the gap may stem from the missing view), and
@@ -80,6 +90,43 @@ impl HealthTracker {
         obs: &NodeObservations,
         cfg: &DetectionConfig,
     ) -> Option<Transition> {
+        let probe = (!obs.in_gap()).then(|| evaluate(now, obs, cfg));
+        self.run_probe(now, obs, cfg, probe)
+    }
+
+    /// Called as often as the caller likes (the runtime: every 200 ms), probes when a probe is
+    /// due: every `cfg.interval`, and also at once when the evidence has turned since the last
+    /// probe (a probe now would reach another verdict). So the first failed probe is taken when
+    /// the last signal goes dead (a Lease grace running out between two probes, Ready turning
+    /// Unknown), not up to an interval later, and a sign of life between two probes clears a
+    /// Suspect count at once. Failed still takes `failureThreshold` failed probes in a row, each
+    /// `interval` after the one before: a probe is early only when the verdict changed, and a
+    /// change away from Fail ends the run of failures.
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        obs: &NodeObservations,
+        cfg: &DetectionConfig,
+    ) -> Option<Transition> {
+        let probe = (!obs.in_gap()).then(|| evaluate(now, obs, cfg));
+        let turned = probe.as_ref().map(Probe::verdict) != self.last_verdict;
+        let on_grid = self.next_probe.is_none_or(|at| now >= at);
+        if !(on_grid || turned) {
+            return None;
+        }
+        self.run_probe(now, obs, cfg, probe)
+    }
+
+    /// The probe `probe` (`None`: podha's view has a gap, nothing is probed) at `now`.
+    fn run_probe(
+        &mut self,
+        now: Instant,
+        obs: &NodeObservations,
+        cfg: &DetectionConfig,
+        probe: Option<Probe>,
+    ) -> Option<Transition> {
+        self.next_probe = Some(now + cfg.interval);
+        self.last_verdict = probe.as_ref().map(Probe::verdict);
         let from = self.state;
         if self.gap_epoch != obs.gap_epoch() {
             self.gap_epoch = obs.gap_epoch();
@@ -87,12 +134,12 @@ impl HealthTracker {
                 self.state = NodeHealth::Healthy;
             }
         }
-        let cause = if obs.in_gap() {
-            Cause::Gap
-        } else {
-            let probe = evaluate(now, obs, cfg);
-            self.state = next_state(self.state, probe.verdict(), now, cfg.failure_threshold);
-            Cause::Probe(probe)
+        let cause = match probe {
+            None => Cause::Gap,
+            Some(probe) => {
+                self.state = next_state(self.state, probe.verdict(), now, cfg.failure_threshold);
+                Cause::Probe(probe)
+            }
         };
         (from != self.state).then_some(Transition {
             from,
@@ -572,6 +619,116 @@ mod tests {
         b.tick(t0 + s(45), &obs, &slow);
         b.tick(t0 + s(50), &obs, &slow);
         assert_eq!(b.state(), NodeHealth::Failed { since: t0 + s(50) });
+    }
+
+    /// Polls every 200 ms (the runtime's tick) from `from` to `to`, returning the transitions.
+    fn poll_for(
+        tracker: &mut HealthTracker,
+        obs: &NodeObservations,
+        c: &DetectionConfig,
+        from: Instant,
+        to: Instant,
+    ) -> Vec<Transition> {
+        let mut out = Vec::new();
+        let mut now = from;
+        while now <= to {
+            out.extend(tracker.poll(now, obs, c));
+            now += Duration::from_millis(200);
+        }
+        out
+    }
+
+    #[test]
+    fn poll_probes_every_interval_while_the_evidence_holds() {
+        let t0 = Instant::now();
+        let c = cfg(3, &[Signal::NodeReady]);
+        let mut obs = NodeObservations::new(t0);
+        obs.observe_ready(ReadyStatus::Unknown, t0);
+        let mut tracker = HealthTracker::new(&obs);
+        let probes: Vec<Instant> = poll_for(&mut tracker, &obs, &c, t0, t0 + s(12))
+            .into_iter()
+            .map(|t| t.at)
+            .collect();
+        // Ready is dead from the start: the first poll probes, then one probe per 5 s.
+        assert_eq!(probes, vec![t0, t0 + s(5), t0 + s(10)]);
+        assert_eq!(tracker.state(), NodeHealth::Failed { since: t0 + s(10) });
+    }
+
+    #[test]
+    fn poll_probes_when_the_lease_runs_out_between_two_probes() {
+        let t0 = Instant::now();
+        let c = DetectionConfig {
+            interval: s(1),
+            ..cfg(3, &[Signal::Lease, Signal::KubeletTCP])
+        };
+        let mut obs = NodeObservations::new(t0);
+        obs.lease_renewed(t0);
+        obs.observe_tcp(true);
+        let mut tracker = HealthTracker::new(&obs);
+        // On the grid from t0, probes fall at whole seconds; the lease dies at 40.5 s.
+        let ms = Duration::from_millis;
+        let renewed = t0 + ms(500);
+        assert!(poll_for(&mut tracker, &obs, &c, t0, renewed - ms(100)).is_empty());
+        obs.lease_renewed(renewed);
+        obs.observe_tcp(false);
+        let transitions = poll_for(
+            &mut tracker,
+            &obs,
+            &c,
+            renewed - ms(100) + ms(200),
+            t0 + s(60),
+        );
+        let first = transitions.first().expect("a transition");
+        // 40.6 s is the first 200 ms tick past the grace, not the 41 s grid point.
+        assert_eq!(first.at, renewed + s(40) + ms(100));
+        assert_eq!(kind(first.to), ("suspect", 1));
+        // Then every interval: Failed on the third failed probe, 2 s later.
+        let failed = transitions
+            .iter()
+            .find(|t| t.to.is_failed())
+            .expect("failed");
+        assert_eq!(failed.at, first.at + s(2));
+    }
+
+    #[test]
+    fn poll_clears_a_suspect_node_at_the_first_sign_of_life() {
+        let t0 = Instant::now();
+        let c = cfg(3, &[Signal::NodeReady]);
+        let mut obs = NodeObservations::new(t0);
+        obs.observe_ready(ReadyStatus::Unknown, t0);
+        let mut tracker = HealthTracker::new(&obs);
+        assert!(tracker.poll(t0, &obs, &c).is_some());
+        assert_eq!(kind(tracker.state()), ("suspect", 1));
+        // Ready again 1 s later: the next grid probe would be at 5 s; poll probes now.
+        obs.observe_ready(ReadyStatus::True, t0 + s(1));
+        let t = tracker.poll(t0 + s(1), &obs, &c).expect("probed at once");
+        assert_eq!(t.to, NodeHealth::Healthy);
+        // Unknown again: a new run of failures starts, probes 5 s apart from here.
+        obs.observe_ready(ReadyStatus::Unknown, t0 + s(2));
+        assert!(tracker.poll(t0 + s(2), &obs, &c).is_some());
+        assert_eq!(tracker.poll(t0 + s(6), &obs, &c), None);
+        assert_eq!(kind(tracker.state()), ("suspect", 1));
+        assert!(tracker.poll(t0 + s(7), &obs, &c).is_some());
+        assert!(tracker.poll(t0 + s(12), &obs, &c).is_some());
+        assert_eq!(tracker.state(), NodeHealth::Failed { since: t0 + s(12) });
+    }
+
+    #[test]
+    fn poll_counts_nothing_in_a_gap() {
+        let t0 = Instant::now();
+        let c = cfg(1, &[Signal::NodeReady]);
+        let mut obs = NodeObservations::new(t0);
+        obs.observe_ready(ReadyStatus::Unknown, t0);
+        obs.begin_gap(t0);
+        let mut tracker = HealthTracker::new(&obs);
+        for t in poll_for(&mut tracker, &obs, &c, t0, t0 + s(30)) {
+            assert_eq!(t.cause, Cause::Gap);
+        }
+        assert_eq!(tracker.state(), NodeHealth::Healthy);
+        // The gap ends: the probe runs at once, not at the next grid point.
+        obs.end_gap(t0 + s(30) + Duration::from_millis(100));
+        let t = tracker.poll(t0 + s(30) + Duration::from_millis(200), &obs, &c);
+        assert!(t.is_some_and(|t| t.to.is_failed()));
     }
 
     #[tokio::test(start_paused = true)]

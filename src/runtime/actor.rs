@@ -41,11 +41,6 @@ pub enum ActorError {
 }
 
 /// One policy's judgement of one node, and when it probes next.
-struct Tracked {
-    tracker: HealthTracker,
-    next_probe: Instant,
-}
-
 /// An action sent to the writer and not answered yet, or one waiting to be retried.
 struct Pending {
     moved: Option<MovedPod>,
@@ -83,7 +78,7 @@ impl WallClock {
 
 pub struct Actor {
     state: ClusterState,
-    trackers: BTreeMap<(String, String), Tracked>,
+    trackers: BTreeMap<(String, String), HealthTracker>,
     ledger: Ledger,
     /// Open failovers by node.
     failovers: BTreeMap<String, Failover>,
@@ -301,15 +296,11 @@ impl Actor {
                 };
                 let key = (name.clone(), node_name.clone());
                 selected.insert(key.clone());
-                let tracked = self.trackers.entry(key).or_insert_with(|| Tracked {
-                    tracker: resumed_tracker(node, name, obs, now),
-                    next_probe: now,
-                });
-                if now < tracked.next_probe {
-                    continue;
-                }
-                tracked.next_probe = now + cfg.interval;
-                if let Some(t) = tracked.tracker.tick(now, obs, &cfg) {
+                let tracker = self
+                    .trackers
+                    .entry(key)
+                    .or_insert_with(|| resumed_tracker(node, name, obs, now));
+                if let Some(t) = tracker.poll(now, obs, &cfg) {
                     transitions.push((name.clone(), node_name.clone(), t));
                 }
             }
@@ -369,8 +360,8 @@ impl Actor {
     /// failover that leader started is finished, and nothing it did is repeated (deleted pods
     /// are gone from the view, the taint is already on the node).
     fn open_resumed_incidents(&mut self) {
-        for ((policy, node), tracked) in &self.trackers {
-            if let NodeHealth::Failed { since } = tracked.tracker.state()
+        for ((policy, node), tracker) in &self.trackers {
+            if let NodeHealth::Failed { since } = tracker.state()
                 && self.ledger.open(node, since, &self.state.view)
             {
                 let alive = self
@@ -392,10 +383,10 @@ impl Actor {
 
     fn health_book(&self) -> HealthBook {
         let mut book = HealthBook::new();
-        for ((policy, node), tracked) in &self.trackers {
+        for ((policy, node), tracker) in &self.trackers {
             book.entry(policy.clone())
                 .or_default()
-                .insert(node.clone(), tracked.tracker.state());
+                .insert(node.clone(), tracker.state());
         }
         book
     }
