@@ -208,7 +208,9 @@ impl AccessMode {
     validation = Rule::new("!(self.signals.size() == 1 && self.signals[0] == 'KubeletTCP')").message("KubeletTCP cannot be the only signal: a failed TCP connect does not tell a dead node from a network problem; combine it with Lease or NodeReady"),
 )]
 pub struct Detection {
-    /// Time between two probes of a node.
+    /// Time between two probes of a node. A probe also runs as soon as the evidence turns (the
+    /// lease grace runs out, Ready changes); failed probes that count towards
+    /// `failureThreshold` are always this far apart.
     #[serde(default = "default_interval")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1s')").message("detection.interval must be at least 1s"))]
     pub interval: HumanDuration,
