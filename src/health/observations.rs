@@ -146,10 +146,13 @@ impl NodeObservations {
         self.lease_baseline = self.lease_baseline.max(at);
     }
 
-    /// A gap with no duration, e.g. leadership just gained with warm caches.
+    /// A gap with no duration, e.g. leadership just gained with warm caches. Within an open gap
+    /// it does nothing: that gap ends when the view is whole again, not now.
     pub fn gap(&mut self, at: Instant) {
-        self.begin_gap(at);
-        self.end_gap(at);
+        if !self.in_gap() {
+            self.begin_gap(at);
+            self.end_gap(at);
+        }
     }
 
     pub fn in_gap(&self) -> bool {
@@ -350,5 +353,22 @@ mod tests {
         obs.end_gap(t0 + s(40));
         assert_eq!(obs.lease_baseline(), t0 + s(40));
         assert!(obs.gap_epoch() > epoch);
+    }
+
+    #[test]
+    fn a_point_gap_re_baselines_but_does_not_end_an_open_gap() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        obs.gap(t0 + s(10));
+        assert!(!obs.in_gap());
+        assert_eq!(obs.lease_baseline(), t0 + s(10));
+
+        // A watch is re-listing when leadership is gained: the gap stays open until it ends.
+        obs.begin_gap(t0 + s(20));
+        obs.gap(t0 + s(21));
+        assert!(obs.in_gap(), "still waiting for the watch");
+        obs.end_gap(t0 + s(25));
+        assert!(!obs.in_gap());
+        assert_eq!(obs.lease_baseline(), t0 + s(25));
     }
 }

@@ -165,15 +165,19 @@ fn run(cfg: DetectionConfig, events: Vec<Event>) -> Result<(), TestCaseError> {
                     m.gap_seen();
                 }
             }
-            Event::EndGap | Event::PointGap => {
-                if matches!(event, Event::EndGap) {
-                    obs.end_gap(at(m.now));
-                } else {
-                    obs.gap(at(m.now));
-                }
+            Event::EndGap => {
+                obs.end_gap(at(m.now));
                 m.in_gap = false;
                 m.lease_clock = m.now;
                 m.gap_seen();
+            }
+            // A point gap inside an open gap leaves it open.
+            Event::PointGap => {
+                obs.gap(at(m.now));
+                if !m.in_gap {
+                    m.lease_clock = m.now;
+                    m.gap_seen();
+                }
             }
             Event::Tick => {
                 let before = tracker.state();

@@ -5,6 +5,7 @@
 mod actor;
 mod actuator;
 mod prober;
+mod rewatch;
 mod state;
 mod status;
 mod trim;
@@ -23,7 +24,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Reporter;
-use kube::runtime::{WatchStreamExt, conditions, wait::await_condition, watcher};
+use kube::runtime::{conditions, wait::await_condition, watcher};
 use kube::{Api, Client, CustomResourceExt};
 use std::future::Future;
 use tokio::sync::{mpsc, watch};
@@ -174,6 +175,8 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
 
 /// Every watch podha needs, merged into one stream of changes. No polling: watches only.
 /// Pods are watched only once bound to a node; ReplicaSets and Namespaces as metadata only.
+/// A watch that fails lists everything again ([`rewatch`]), so that the end of a gap in podha's
+/// view is known.
 pub fn watches(client: &Client) -> BoxStream<'static, Change> {
     fn typed<K, F>(
         api: Api<K>,
@@ -185,12 +188,11 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
         F: Fn(watcher::Event<K>) -> Change + Send + 'static,
     {
-        watcher(api, cfg)
-            .default_backoff()
+        rewatch::relisting_watcher(api, cfg)
             .map(move |r| match r {
                 Ok(event) => wrap(event),
                 Err(error) => {
-                    warn!(watch = watch.as_str(), %error, "watch failed; retrying");
+                    warn!(watch = watch.as_str(), %error, "watch failed; listing again");
                     Change::WatchError { watch }
                 }
             })
