@@ -92,7 +92,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{
     Api, Client,
-    runtime::{WatchStreamExt, watcher},
+    runtime::{WatchStreamExt, utils::Backoff, watcher},
 };
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::{sync::watch, time::Instant};
@@ -274,7 +274,7 @@ async fn elect(
         Api::<Lease>::namespaced(client.clone(), &cfg.namespace),
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.lease_name)),
     )
-    .default_backoff();
+    .backoff(Retry::new(cfg.lease_duration));
     let mut leases = pin!(leases);
     let mut shutdown = pin!(shutdown);
 
@@ -314,12 +314,12 @@ async fn elect(
                         match on_error(&error) {
                             OnError::Fatal => return Err(LeaderError::Fatal(error)),
                             OnError::Retry => {
-                                let delay = retry.next();
+                                let delay = retry.delay();
                                 tracing::warn!(%error, ?delay, "leader lease: retrying");
                                 (manager.take(), delay)
                             }
                             OnError::Rebuild => {
-                                let delay = retry.next();
+                                let delay = retry.delay();
                                 tracing::warn!(%error, ?delay, "leader lease: starting over");
                                 held = false;
                                 (None, delay)
@@ -459,12 +459,24 @@ impl Retry {
         }
     }
 
-    fn next(&mut self) -> Duration {
+    fn delay(&mut self) -> Duration {
         let delay = self.next.min(self.cap);
         self.next = delay.saturating_mul(2);
         delay
     }
+}
 
+/// Also the backoff of the watch of the Lease: without that watch no replica may lead, so after
+/// an API server outage it must come back within a lease, not after kube-runtime's default 30 s.
+impl Iterator for Retry {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.delay())
+    }
+}
+
+impl Backoff for Retry {
     fn reset(&mut self) {
         self.next = FIRST_RETRY;
     }
@@ -746,11 +758,11 @@ mod tests {
     #[test]
     fn retry_doubles_up_to_the_lease_duration() {
         let mut retry = Retry::new(secs(4));
-        let delays: Vec<_> = (0..5).map(|_| retry.next()).collect();
+        let delays: Vec<_> = (0..5).map(|_| retry.delay()).collect();
         let ms = Duration::from_millis;
         assert_eq!(delays, [ms(500), ms(1000), ms(2000), ms(4000), ms(4000)]);
         retry.reset();
-        assert_eq!(retry.next(), ms(500));
+        assert_eq!(retry.delay(), ms(500));
     }
 
     #[test]
