@@ -27,11 +27,12 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use podha::api::{OUT_OF_SERVICE_TAINT_KEY, PodHAPolicy, TAINT_MARKER_ANNOTATION};
 use podha::leader::LeaderConfig;
 use podha_sim::failover::{http_get, install_crd};
+use podha_sim::relay::Relay;
 use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
-const NODES: usize = 14;
+const NODES: usize = 16;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -47,7 +48,7 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 8] = [
+    let scenarios: [(&str, Scenario); 9] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -68,6 +69,10 @@ fn main() -> ExitCode {
         ),
         ("dry_run_deletes_nothing_and_says_what_it_would_do", dry_run),
         ("two_replicas_exactly_one_leads", one_leader),
+        (
+            "too_many_unhealthy_nodes_hold_every_action",
+            too_many_unhealthy,
+        ),
     ];
     let trials = scenarios
         .into_iter()
@@ -76,16 +81,24 @@ fn main() -> ExitCode {
             Trial::test(name, move || f(&shared, &operators))
         })
         .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    // The leader change disturbs every scenario's leader, so it runs after them.
-    let (s2, o2) = (shared.clone(), operators.clone());
-    let last = vec![Trial::test(
-        "leader_change_mid_failover_repeats_no_action",
-        move || leader_change(&s2, &o2),
-    )];
-    let conclusion_last = libtest_mimic::run(&args, last);
+    let mut failed = libtest_mimic::run(&args, trials).has_failed();
+    // These disturb every scenario's leader, so they run after the others, one at a time.
+    let last: [(&str, Scenario); 2] = [
+        (
+            "api_server_blip_is_no_node_death_and_leaves_podha_watching",
+            api_server_blip,
+        ),
+        (
+            "leader_change_mid_failover_repeats_no_action",
+            leader_change,
+        ),
+    ];
+    for (name, f) in last {
+        let (shared, operators) = (shared.clone(), operators.clone());
+        let trial = Trial::test(name, move || f(&shared, &operators));
+        failed |= libtest_mimic::run(&args, vec![trial]).has_failed();
+    }
     operators.stop();
-    let failed = conclusion.has_failed() || conclusion_last.has_failed();
     shared.teardown(failed);
     if failed {
         ExitCode::FAILURE
@@ -110,6 +123,8 @@ struct Operators {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     handle: OnceLock<tokio::runtime::Handle>,
     config: OnceLock<kube::Config>,
+    /// The replicas reach the API server through this relay, so a scenario can cut them off.
+    relay: OnceLock<Relay>,
 }
 
 /// Starts one podha replica on `handle`; it runs until its sender says stop.
@@ -182,8 +197,13 @@ impl Operators {
             let manifest =
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/podha.io_podhapolicies.yaml");
             install_crd(&kube::Client::try_from(config.clone())?, &manifest).await?;
-            anyhow::Ok(config)
+            let relay = Relay::start(cluster.apiserver_addr()).await?;
+            let mut config = config;
+            config.cluster_url = relay.url().parse()?;
+            anyhow::Ok((config, relay))
         })?;
+        let (config, relay) = config;
+        let _ = self.relay.set(relay);
         let mut replicas = Vec::new();
         for identity in ["podha-a", "podha-b"] {
             let http = free_port()?;
@@ -247,6 +267,10 @@ impl Operators {
             ));
         }
         Ok(())
+    }
+
+    fn relay(&self) -> anyhow::Result<&Relay> {
+        self.relay.get().context("operators not started")
     }
 
     fn stop(&self) {
@@ -865,6 +889,136 @@ fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
         {
             bail!("podha judged the flapping node dead");
         }
+        Ok(())
+    })
+}
+
+/// More nodes dead than `safety.maxUnhealthy` allows: podha holds every action of the policy,
+/// says so (metric, Degraded condition) and deletes and taints nothing.
+fn too_many_unhealthy(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-15", "node-16"];
+    scenario(
+        shared,
+        ops,
+        "max-unhealthy",
+        |ctx, _, replicas| async move {
+            let ns = ctx.ns.clone();
+            let (_, node, uid, _) = policy_and_db(
+                &ctx,
+                &pair,
+                json!({"action": "OutOfServiceTaint", "safety": {"maxUnhealthy": 1}}),
+            )
+            .await?;
+            // The empty node first, so that the second death (the db's) is the one over the limit.
+            let judged_dead = |count: f64| {
+                let ns = ns.clone();
+                async move {
+                    let text = scrape(ops_leader(replicas).await?)?;
+                    let failures = metric(
+                        &text,
+                        "podha_node_failures_total",
+                        &[("policy", ns.as_str())],
+                    );
+                    anyhow::Ok(failures.is_some_and(|f| f >= count).then_some(()))
+                }
+            };
+            ctx.cluster.kill_node(other(&pair, &node))?;
+            wait_for("the empty node judged dead", secs_(60), || judged_dead(1.0)).await?;
+            ctx.cluster.kill_node(&node)?;
+            wait_for("the db's node judged dead", secs_(60), || judged_dead(2.0)).await?;
+            untouched_for(&ctx, &uid, &node, secs_(15), " while held").await?;
+            let text = scrape(ops_leader(replicas).await?)?;
+            let held = metric(
+                &text,
+                "podha_actions_held_total",
+                &[("policy", ns.as_str()), ("reason", "TooManyUnhealthyNodes")],
+            );
+            if !held.is_some_and(|v| v > 0.0) {
+                bail!("no TooManyUnhealthyNodes hold in the metrics: {held:?}");
+            }
+            let status = wait_for("the Degraded condition", secs_(15), || async {
+                let status = policy_status(&ctx.client, &ns).await?;
+                let degraded = status.conditions.iter().any(|c| {
+                    c.type_ == "Degraded"
+                        && c.status == "True"
+                        && c.reason == "TooManyUnhealthyNodes"
+                });
+                Ok(degraded.then_some(status))
+            })
+            .await?;
+            log(&ns, format!("held; status {:?}", status.conditions));
+            for dead in pair {
+                ctx.cluster.start_node(dead).await?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The API server goes away for podha alone (its connections closed and refused for 20 s,
+/// longer than the policy's lease grace plus its probes) while the nodes keep renewing their
+/// Leases. podha must take the silence for a gap in its own view: no node judged dead, nothing
+/// deleted or tainted, during the cut or after it. And it must not stay blind: a node killed
+/// afterwards is failed over.
+fn api_server_blip(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let pair = ["node-9", "node-10"];
+    scenario(shared, ops, "blip", |ctx, ops, replicas| async move {
+        let ns = ctx.ns.clone();
+        // Lease alone: the one signal a frozen view turns dead (the last Ready seen stays
+        // True). maxUnhealthy 100 %, so that a hold cannot hide a misjudgement.
+        let (_, node, uid, pv) = policy_and_db(
+            &ctx,
+            &pair,
+            json!({
+                "detection": {
+                    "signals": ["Lease"],
+                    "interval": "1s",
+                    "failureThreshold": 3,
+                    "leaseGracePeriod": "12s",
+                    "tcpTimeout": "500ms",
+                },
+                "safety": {"maxUnhealthy": "100%"},
+                "action": "OutOfServiceTaint",
+            }),
+        )
+        .await?;
+        let relay = ops.relay()?;
+        relay.cut();
+        log(&ns, "podha cut off the API server");
+        let cut_off = wait_for("no replica leading while cut off", secs_(15), || async {
+            Ok(leaders(replicas).is_empty().then_some(()))
+        })
+        .await;
+        tokio::time::sleep(secs_(20)).await;
+        relay.restore();
+        log(&ns, "podha reconnected");
+        cut_off?;
+        let restored = Instant::now();
+        ops_leader(replicas).await?;
+        log(&ns, format!("a leader again {:.1?} after", restored.elapsed()));
+        // Past the lease grace and the probes again, counted from the reconnection.
+        untouched_for(&ctx, &uid, &node, secs_(20), " after an API server blip").await?;
+        for r in replicas {
+            let failures = metric(
+                &scrape(r)?,
+                "podha_node_failures_total",
+                &[("policy", ns.as_str())],
+            );
+            if failures.is_some_and(|v| v > 0.0) {
+                bail!("{} judged a node dead during the blip", r.identity);
+            }
+        }
+        // Still watching: a real death is failed over.
+        let target = other(&pair, &node);
+        let killed = Instant::now();
+        ctx.cluster.kill_node(&node)?;
+        wait_for("db-0 force-deleted", secs_(60), || async {
+            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
+        })
+        .await?;
+        wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
+        log(&ns, format!("recovered {:.1?} after a kill", killed.elapsed()));
+        ctx.cluster.start_node(&node).await?;
         Ok(())
     })
 }

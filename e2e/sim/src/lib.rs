@@ -1,9 +1,11 @@
 //! podha-sim: a real Kubernetes control plane on one machine, for podha's tests, demo and
-//! benchmarks. `cluster` starts and stops the processes; `csi` is the sim-csi driver.
+//! benchmarks. `cluster` starts and stops the processes; `csi` is the sim-csi driver; `relay`
+//! cuts one client off the API server.
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod cluster;
 pub mod csi;
 pub mod failover;
+pub mod relay;
 pub mod testkit;

@@ -558,7 +558,11 @@ impl Cluster {
 
     /// `https://127.0.0.1:<port>`.
     pub fn apiserver_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.lock().ports.apiserver)
+        format!("https://{}", self.apiserver_addr())
+    }
+
+    pub fn apiserver_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.lock().ports.apiserver))
     }
 
     /// The directory holding kubectl and the other control-plane binaries.
