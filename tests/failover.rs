@@ -995,7 +995,10 @@ fn api_server_blip(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed
         cut_off?;
         let restored = Instant::now();
         ops_leader(replicas).await?;
-        log(&ns, format!("a leader again {:.1?} after", restored.elapsed()));
+        log(
+            &ns,
+            format!("a leader again {:.1?} after", restored.elapsed()),
+        );
         // Past the lease grace and the probes again, counted from the reconnection.
         untouched_for(&ctx, &uid, &node, secs_(20), " after an API server blip").await?;
         for r in replicas {
@@ -1017,7 +1020,10 @@ fn api_server_blip(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed
         })
         .await?;
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
-        log(&ns, format!("recovered {:.1?} after a kill", killed.elapsed()));
+        log(
+            &ns,
+            format!("recovered {:.1?} after a kill", killed.elapsed()),
+        );
         ctx.cluster.start_node(&node).await?;
         Ok(())
     })
