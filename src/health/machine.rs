@@ -638,13 +638,19 @@ mod tests {
         out
     }
 
+    /// A node whose Ready condition is Unknown from `t0` on, and a fresh tracker for it.
+    fn ready_unknown_since(t0: Instant) -> (NodeObservations, HealthTracker) {
+        let mut obs = NodeObservations::new(t0);
+        obs.observe_ready(ReadyStatus::Unknown, t0);
+        let tracker = HealthTracker::new(&obs);
+        (obs, tracker)
+    }
+
     #[test]
     fn poll_probes_every_interval_while_the_evidence_holds() {
         let t0 = Instant::now();
         let c = cfg(3, &[Signal::NodeReady]);
-        let mut obs = NodeObservations::new(t0);
-        obs.observe_ready(ReadyStatus::Unknown, t0);
-        let mut tracker = HealthTracker::new(&obs);
+        let (obs, mut tracker) = ready_unknown_since(t0);
         let probes: Vec<Instant> = poll_for(&mut tracker, &obs, &c, t0, t0 + s(12))
             .into_iter()
             .map(|t| t.at)
@@ -694,9 +700,7 @@ mod tests {
     fn poll_clears_a_suspect_node_at_the_first_sign_of_life() {
         let t0 = Instant::now();
         let c = cfg(3, &[Signal::NodeReady]);
-        let mut obs = NodeObservations::new(t0);
-        obs.observe_ready(ReadyStatus::Unknown, t0);
-        let mut tracker = HealthTracker::new(&obs);
+        let (mut obs, mut tracker) = ready_unknown_since(t0);
         assert!(tracker.poll(t0, &obs, &c).is_some());
         assert_eq!(kind(tracker.state()), ("suspect", 1));
         // Ready again 1 s later: the next grid probe would be at 5 s; poll probes now.
