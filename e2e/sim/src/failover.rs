@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -203,6 +204,22 @@ impl Timeline {
     }
 }
 
+/// Returns once the node's Lease in `kube-node-lease` has been renewed (its `renewTime`
+/// changed), seen by polling every 50 ms.
+async fn wait_lease_renewal(client: &Client, node: &str) -> anyhow::Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let renew_time = |lease: Lease| lease.spec.and_then(|s| s.renew_time);
+    let first = renew_time(leases.get(node).await?);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if renew_time(leases.get(node).await?) != first {
+            return Ok(());
+        }
+    }
+    bail!("the Lease of {node} was not renewed within 30s")
+}
+
 /// Everything seen of one failover.
 #[derive(Clone, Debug)]
 pub struct Timeline {
@@ -216,6 +233,9 @@ pub struct Timeline {
 
 /// Runs a one-replica StatefulSet `app` in namespace `ns` on one of `nodes`, kills its node and
 /// follows the failover for at most `timeout`. Returns when recovered or when the time is up.
+/// With `after_renewal`, the kill comes that long after a renewal of the node's Lease was seen,
+/// so that trials can sample the kubelet's renew cycle evenly (detection by Lease depends on
+/// where in the cycle a node dies); without it, as soon as the pod runs.
 pub async fn measure(
     cluster: &Cluster,
     client: &Client,
@@ -223,6 +243,7 @@ pub async fn measure(
     app: &str,
     nodes: &[String],
     timeout: Duration,
+    after_renewal: Option<Duration>,
 ) -> anyhow::Result<Timeline> {
     create_namespace(client, ns).await?;
     let node_refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
@@ -252,6 +273,10 @@ pub async fn measure(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
+    if let Some(delay) = after_renewal {
+        wait_lease_renewal(client, &node).await?;
+        tokio::time::sleep(delay).await;
+    }
     cluster.kill_node(&node)?;
     let killed = Instant::now();
     let mut timeline = Timeline {

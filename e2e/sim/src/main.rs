@@ -356,6 +356,7 @@ async fn demo(
             "db",
             &nodes,
             Duration::from_secs(600),
+            None,
         )
         .await?;
         println!(

@@ -3,6 +3,9 @@
 //! The modes run at once; within a mode the trials run one after another, each with a fresh
 //! StatefulSet pod and one RWO volume on a node that is then SIGKILLed and restarted afterwards.
 //!
+//! Trial k of n kills its node (k - 1/2)/n of the 10 s Lease renew cycle after a renewal, so
+//! that the trials sample the cycle evenly.
+//!
 //! The clock starts at the kill and stops when the replacement pod is Running on a healthy node
 //! and its VolumeAttachment there is attached (see [`crate::failover::measure`]). Phases are
 //! read from outside, through the API: detect = kill → podha's first action (taint or fence,
@@ -264,6 +267,17 @@ fn group(index: usize) -> Vec<String> {
     (1..=3).map(|k| format!("node-{}", index * 3 + k)).collect()
 }
 
+/// The kubelet's (kwok's) Lease renew interval: a quarter of the 40 s lease.
+const RENEW_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long after a Lease renewal trial `k` of `n` kills its node: the middles of `n` equal
+/// slices of the renew cycle, so that the trials sample where in the cycle a node can die
+/// evenly (detection by Lease takes the grace minus the time since the last renewal) instead of
+/// all landing at the same point.
+fn kill_phase(k: usize, n: usize) -> Duration {
+    RENEW_INTERVAL.mul_f64((k as f64 - 0.5) / n.max(1) as f64)
+}
+
 /// Runs the trials of one mode, one after another. A trial that fails to run (not a failover
 /// that does not recover: that is a result) ends the mode; what was measured is kept.
 async fn run_mode(
@@ -282,7 +296,17 @@ async fn run_mode(
     for k in 1..=args.trials {
         let ns = format!("{}-{k}", mode.name());
         let started = Instant::now();
-        let t = match measure(cluster, client, &ns, "db", &nodes, timeout).await {
+        let t = match measure(
+            cluster,
+            client,
+            &ns,
+            "db",
+            &nodes,
+            timeout,
+            Some(kill_phase(k, args.trials)),
+        )
+        .await
+        {
             Ok(t) => t,
             Err(e) => return (trials, Some(e.context(ns))),
         };
@@ -381,6 +405,13 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kill_phases_are_the_middles_of_equal_slices_of_the_renew_cycle() {
+        let phases: Vec<u128> = (1..=3).map(|k| kill_phase(k, 3).as_millis()).collect();
+        assert_eq!(phases, [1666, 5000, 8333]);
+        assert_eq!(kill_phase(1, 1), Duration::from_secs(5));
+    }
 
     fn trial(mode: Mode, recovered: Option<f64>) -> Trial {
         Trial {
