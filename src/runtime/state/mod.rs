@@ -259,16 +259,21 @@ impl ClusterState {
         }
     }
 
-    fn observe_node(&mut self, node: &Node, now: Instant) {
+    /// The observations of `node`, begun now (within the open gap, if any) when it is new.
+    fn observations_of(&mut self, node: String, now: Instant) -> &mut NodeObservations {
         let in_gap = self.detection_gap();
-        let obs = self.observations.entry(node.name_any()).or_insert_with(|| {
+        self.observations.entry(node).or_insert_with(|| {
             let mut obs = NodeObservations::new(now);
             if in_gap {
                 obs.begin_gap(now);
             }
             obs
-        });
-        obs.observe_ready(ReadyStatus::from_node(node), now);
+        })
+    }
+
+    fn observe_node(&mut self, node: &Node, now: Instant) {
+        self.observations_of(node.name_any(), now)
+            .observe_ready(ReadyStatus::from_node(node), now);
     }
 
     fn apply_node(&mut self, event: Event<Node>, now: Instant) {
@@ -297,17 +302,26 @@ impl ClusterState {
         }
     }
 
+    /// The Lease and Node watches are independent, so a Lease may be seen before its Node (at
+    /// start, or for a node just added). Its renewTime is kept either way: dropped, the node's
+    /// next renewal would pass for the first sighting and not count, and the Lease would look
+    /// silent for a whole renew interval longer than it was.
     fn observe_lease(&mut self, lease: &Lease, now: Instant) {
         let renew = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
-        if let Some(obs) = self.observations.get_mut(&lease.name_any()) {
-            obs.observe_lease(renew, now);
-        }
+        self.observations_of(lease.name_any(), now)
+            .observe_lease(renew, now);
     }
 
     fn apply_lease(&mut self, event: Event<Lease>, now: Instant) {
         match self.leases_relist.step(event) {
             Step::Upsert(l) => self.observe_lease(&l, now),
-            Step::Remove(_) | Step::Nothing => {}
+            // The Lease of a node that is gone: nothing else will remove what it left.
+            Step::Remove(l) => {
+                if !self.view.nodes.contains_key(&l.name_any()) {
+                    self.observations.remove(&l.name_any());
+                }
+            }
+            Step::Nothing => {}
             Step::Replace(all) => {
                 for l in &all {
                     self.observe_lease(l, now);

@@ -206,6 +206,28 @@ fn lease_renewals_are_timed_on_our_clock() {
 }
 
 #[test]
+fn a_lease_seen_before_its_node_still_counts_the_next_renewal() {
+    let t0 = Instant::now();
+    let mut state = ClusterState::default();
+    // The Lease list arrives first, then the Node list (independent watches).
+    state.apply(Change::Lease(Event::Init), t0);
+    state.apply(Change::Lease(Event::InitApply(lease("n1", 100))), t0);
+    state.apply(Change::Lease(Event::InitDone), t0);
+    state.apply(Change::Node(Event::Init), t0);
+    state.apply(Change::Node(Event::InitApply(mk_node("n1"))), t0);
+    state.apply(Change::Node(Event::InitDone), t0);
+    let t1 = t0 + Duration::from_secs(10);
+    state.apply(Change::Lease(Event::Apply(lease("n1", 110))), t1);
+    assert_eq!(state.observations["n1"].last_renewal(), Some(t1));
+
+    // A Lease left behind by a deleted node is forgotten with it.
+    state.apply(Change::Node(Event::Delete(mk_node("n1"))), t1);
+    state.apply(Change::Lease(Event::Apply(lease("n1", 120))), t1);
+    state.apply(Change::Lease(Event::Delete(lease("n1", 120))), t1);
+    assert!(!state.observations.contains_key("n1"));
+}
+
+#[test]
 fn a_failing_detection_watch_is_a_gap_until_it_relists() {
     let t0 = Instant::now();
     let mut state = synced(&["n1"], t0);
