@@ -31,8 +31,28 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `exe run` against the cluster; logs go to `DIR/logs/podha.log`.
+    /// Starts `exe run` against the cluster as its admin; logs go to `DIR/logs/podha.log`.
     pub fn start(exe: &Path, cluster: &Cluster) -> anyhow::Result<Operator> {
+        Self::start_as(
+            exe,
+            cluster,
+            &cluster.kubeconfig_path(),
+            "default",
+            "podha-demo",
+            &[],
+        )
+    }
+
+    /// Starts `exe run` with `kubeconfig`, competing for leadership in `leader_namespace` as
+    /// `identity`, with `extra_args`; logs go to `DIR/logs/podha.log`.
+    pub fn start_as(
+        exe: &Path,
+        cluster: &Cluster,
+        kubeconfig: &Path,
+        leader_namespace: &str,
+        identity: &str,
+        extra_args: &[&str],
+    ) -> anyhow::Result<Operator> {
         let http = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let log = cluster.logs_dir().join("podha.log");
         let out =
@@ -40,13 +60,14 @@ impl Operator {
         let child = Command::new(exe)
             .arg("run")
             .arg("--kubeconfig")
-            .arg(cluster.kubeconfig_path())
+            .arg(kubeconfig)
             .arg("--http-addr")
             .arg(http.to_string())
             .arg("--leader-namespace")
-            .arg("default")
+            .arg(leader_namespace)
             .arg("--identity")
-            .arg("podha-demo")
+            .arg(identity)
+            .args(extra_args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -61,6 +82,18 @@ impl Operator {
         Ok(Operator { child, http, log })
     }
 
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// An error naming the log if the process has exited.
+    pub fn alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("podha exited ({status}); see {}", self.log.display());
+        }
+        Ok(())
+    }
+
     /// GET `path` on the operator's HTTP port.
     pub fn get(&self, path: &str) -> anyhow::Result<String> {
         http_get(self.http, path)
@@ -70,9 +103,7 @@ impl Operator {
     pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("podha exited ({status}); see {}", self.log.display());
-            }
+            self.alive()?;
             let leads = self
                 .get("/metrics")
                 .is_ok_and(|m| m.lines().any(|l| l == "podha_leader 1"));
@@ -89,30 +120,47 @@ impl Operator {
         }
     }
 
-    /// podha's own view of the last failover: sum/count of each phase histogram of `policy`.
+    /// Sum of a metric's samples whose line contains every `filters` part; `None` when the
+    /// metrics cannot be read or no sample matches.
+    pub fn metric(&self, name: &str, filters: &[&str]) -> Option<f64> {
+        metric_in(&self.get("/metrics").ok()?, name, filters)
+    }
+
+    /// podha's own view of its failovers: the mean of each phase histogram of `policy` that has
+    /// samples.
     pub fn phase_means(&self, policy: &str) -> anyhow::Result<Vec<(String, f64)>> {
-        let metrics = self.get("/metrics")?;
-        let value = |suffix: &str, phase: &str| -> Option<f64> {
-            let name = format!("podha_failover_phase_duration_seconds_{suffix}{{");
-            metrics.lines().find_map(|l| {
-                let ok = l.starts_with(&name)
-                    && l.contains(&format!("phase=\"{phase}\""))
-                    && l.contains(&format!("policy=\"{policy}\""));
-                if ok {
-                    l.rsplit_once(' ')?.1.parse().ok()
-                } else {
-                    None
-                }
-            })
-        };
+        let text = self.get("/metrics")?;
         Ok(["detect", "act", "detach", "recover", "total"]
             .iter()
-            .filter_map(|phase| {
-                let (sum, count) = (value("sum", phase)?, value("count", phase)?);
-                (count > 0.0).then(|| (phase.to_string(), sum / count))
-            })
+            .filter_map(|phase| Some((phase.to_string(), phase_mean_in(&text, policy, phase)?)))
             .collect())
     }
+
+    /// The mean of `phase` in the phase histogram of `policy`.
+    pub fn phase_mean(&self, policy: &str, phase: &str) -> Option<f64> {
+        phase_mean_in(&self.get("/metrics").ok()?, policy, phase)
+    }
+}
+
+/// Sum of the samples of `name` in the metrics `text` whose line contains every `filters` part.
+fn metric_in(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// sum / count of `phase` in podha's phase histogram of `policy`, when it has samples.
+fn phase_mean_in(text: &str, policy: &str, phase: &str) -> Option<f64> {
+    let name = "podha_failover_phase_duration_seconds";
+    let filters = [format!("phase=\"{phase}\""), format!("policy=\"{policy}\"")];
+    let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
+    let sum = metric_in(text, &format!("{name}_sum"), &filters)?;
+    let count = metric_in(text, &format!("{name}_count"), &filters)?;
+    (count > 0.0).then(|| sum / count)
 }
 
 impl Drop for Operator {

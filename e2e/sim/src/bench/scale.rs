@@ -26,9 +26,8 @@
 //! error or when `--max-runtime` runs out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, anyhow, bail};
@@ -46,7 +45,7 @@ use serde_json::json;
 
 use crate::cluster::{Cluster, ClusterOptions, FLEET_GROUP_LABEL, FleetGroup, Profile};
 use crate::csi::{RWO_STORAGE_CLASS, VOLUMES_READY_ANNOTATION};
-use crate::failover::{apply_policy, install_crd};
+use crate::failover::{Operator, apply_policy, install_crd};
 use crate::testkit::create_namespace;
 
 /// Label on every workload and pod the bench creates; pods also get [`KIND_LABEL`].
@@ -235,7 +234,14 @@ async fn bench(cluster: &Cluster, args: &ScaleArgs, operator: &Path) -> anyhow::
     }
     install_crd(&client, &args.crd).await?;
     let kubeconfig = podha_identity(cluster, &client).await?;
-    let mut podha = Podha::start(operator, &kubeconfig, cluster)?;
+    let mut podha = Operator::start_as(
+        operator,
+        cluster,
+        &kubeconfig,
+        PODHA_NS,
+        "podha-scale",
+        &["--log-json"],
+    )?;
     podha.wait_ready(Duration::from_secs(120)).await?;
     apply_policy(
         &client,
@@ -404,94 +410,6 @@ async fn podha_requests(client: &Client) -> anyhow::Result<f64> {
         .sum())
 }
 
-// ---- podha as a child process ----
-
-struct Podha {
-    child: Child,
-    http: SocketAddr,
-    log: PathBuf,
-}
-
-impl Podha {
-    fn start(exe: &Path, kubeconfig: &Path, cluster: &Cluster) -> anyhow::Result<Podha> {
-        let http = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let log = cluster.logs_dir().join("podha.log");
-        let out = std::fs::File::create(&log)?;
-        let child = Command::new(exe)
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--http-addr")
-            .arg(http.to_string())
-            .arg("--leader-namespace")
-            .arg(PODHA_NS)
-            .arg("--identity")
-            .arg("podha-scale")
-            .arg("--log-json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?;
-        Ok(Podha { child, http, log })
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn get(&self, path: &str) -> anyhow::Result<String> {
-        crate::failover::http_get(self.http, path)
-    }
-
-    fn alive(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!("podha exited ({status}); see {}", self.log.display());
-        }
-        Ok(())
-    }
-
-    async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.alive()?;
-            let leads = self
-                .get("/metrics")
-                .is_ok_and(|m| m.lines().any(|l| l == "podha_leader 1"));
-            if leads && self.get("/readyz").is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "podha not ready within {timeout:?}; see {}",
-                    self.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Sum of a metric's samples whose line contains every `filters` part.
-    fn metric(&self, name: &str, filters: &[&str]) -> Option<f64> {
-        let text = self.get("/metrics").ok()?;
-        let values: Vec<f64> = text
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter(|l| filters.iter().all(|f| l.contains(f)))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
-            .collect();
-        (!values.is_empty()).then(|| values.iter().sum())
-    }
-}
-
-impl Drop for Podha {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 // ---- /proc ----
 
 fn clock_ticks() -> f64 {
@@ -562,7 +480,7 @@ struct Size {
 async fn measure_rest(
     cluster: &Cluster,
     client: &Client,
-    podha: &Podha,
+    podha: &Operator,
     size: Size,
     args: &ScaleArgs,
 ) -> anyhow::Result<RestSample> {
@@ -698,7 +616,7 @@ impl Workloads {
     }
 
     /// Waits until every pod is Ready and every StatefulSet volume attached.
-    async fn wait_ready(&self, client: &Client, podha: &mut Podha) -> anyhow::Result<()> {
+    async fn wait_ready(&self, client: &Client, podha: &mut Operator) -> anyhow::Result<()> {
         let lp = ListParams::default().labels(BENCH_LABEL);
         let sts: Api<StatefulSet> = Api::all(client.clone());
         let deps: Api<Deployment> = Api::all(client.clone());
@@ -831,7 +749,7 @@ struct Victim {
 async fn failover(
     cluster: &Cluster,
     client: &Client,
-    podha: &mut Podha,
+    podha: &mut Operator,
     group: &FleetGroup,
     args: &ScaleArgs,
 ) -> anyhow::Result<FailoverSample> {
@@ -976,18 +894,9 @@ async fn failover(
         per_node,
         last_failed_to_last_deleted: last_failed.zip(last_gone).map(|(a, b)| since(a, b)),
         first_failed_to_last_deleted: first_failed.zip(last_gone).map(|(a, b)| since(a, b)),
-        podha_act_mean: phase_mean(podha, "act"),
+        podha_act_mean: podha.phase_mean(POLICY, "act"),
         rss_after_kib: status_kib(podha.pid(), "VmRSS").unwrap_or(0),
     })
-}
-
-fn phase_mean(podha: &Podha, phase: &str) -> Option<f64> {
-    let name = "podha_failover_phase_duration_seconds";
-    let filters = [format!("phase=\"{phase}\""), format!("policy=\"{POLICY}\"")];
-    let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
-    let sum = podha.metric(&format!("{name}_sum"), &filters)?;
-    let count = podha.metric(&format!("{name}_count"), &filters)?;
-    (count > 0.0).then(|| sum / count)
 }
 
 /// Seconds from `a` to `b` (negative when `b` is earlier).
