@@ -58,12 +58,14 @@ pub enum Intent {
         policy: String,
         taint: NodeTaint,
     },
-    /// Set the pod's Ready condition to False: its node is dead, the readiness is stale.
-    MarkPodNotReady {
+    /// Set the pod's Ready condition to False (its node is dead, the readiness is stale), then
+    /// force-delete it unless it changed in between (UID and resourceVersion preconditions).
+    MarkNotReadyAndDelete {
         pod: ObjectKey,
         uid: String,
         node: String,
         policy: String,
+        owner_kind: &'static str,
     },
     /// Force-delete (grace 0) the pod with this UID (UID precondition).
     ForceDeletePod {
@@ -137,8 +139,8 @@ impl Skip {
     }
 }
 
-/// The outcome of one planning round. Intents are in the order they must be carried out: a
-/// node's taint before its pod deletions.
+/// The outcome of one planning round. A node's pods are planned only once its taint is on
+/// (recorded in the ledger or seen on the node), so no two intents depend on each other.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub intents: Vec<Intent>,
@@ -265,15 +267,17 @@ fn plan_incident(
         }
         match eligibility::check_movable(owner.spec, pod, view, &usable) {
             Err(reason) => out.skips.push(skip(Skip::Ineligible(reason))),
-            // Marked already and still Ready: wait for the watch to show the mark (or, if a
-            // live kubelet turned it Ready again, for the node to be judged healthy).
+            // Marked already, not deleted (the pod changed between the mark and the delete), and
+            // still Ready: wait for the watch to show the mark (or, if a live kubelet turned it
+            // Ready again, for the node to be judged healthy).
             Ok(_) if eligibility::looks_alive(pod) && incident.marked_not_ready.contains(uid) => {}
-            Ok(_) if eligibility::looks_alive(pod) => {
-                let intent = Intent::MarkPodNotReady {
+            Ok(eligible) if eligibility::looks_alive(pod) => {
+                let intent = Intent::MarkNotReadyAndDelete {
                     pod: key,
                     uid: uid.to_string(),
                     node: node.to_string(),
                     policy: owner.name.to_string(),
+                    owner_kind: eligible.owner_kind,
                 };
                 moves.push((owner, intent));
             }
@@ -290,8 +294,15 @@ fn plan_incident(
         }
     }
 
-    if let Some(taint) = plan_taint(incident, node_obj, policies, held, input, &moves) {
-        out.intents.push(taint);
+    // The pods move only once the node carries its taint: the writer runs actions
+    // concurrently, and a pod deleted before the taint lands may have its replacement
+    // scheduled straight back onto the dead node (still Ready for the node lifecycle
+    // controller for up to 50 s). A taint that is only a dry-run hold does not wait.
+    let taint = plan_taint(incident, node_obj, policies, held, input, &moves);
+    let wait_for_taint = matches!(taint, Some(Intent::TaintNode { .. }));
+    out.intents.extend(taint);
+    if wait_for_taint {
+        return;
     }
     for (owner, intent) in moves {
         out.intents.push(dry_run_guard(owner, node, intent));

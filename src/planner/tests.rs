@@ -84,6 +84,13 @@ impl World {
         self
     }
 
+    /// `node` is Failed and podha's taint is on it: its pods may move.
+    fn fail_tainted(mut self, node: &str) -> Self {
+        self = self.fail(node);
+        self.ledger.record_tainted(node);
+        self
+    }
+
     fn plan(&self) -> Plan {
         let policies: Vec<PolicyRef<'_>> = self
             .specs
@@ -145,27 +152,32 @@ fn ns_selector(key: &str, value: &str) -> LabelSelector {
 
 #[test]
 fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
-    let world = World::new(cluster(3))
+    let mut world = World::new(cluster(3))
         .policy("p", delete_pods())
         .fail("node-1");
+    let plan = world.plan();
+    assert_eq!(
+        plan.intents,
+        vec![Intent::TaintNode {
+            node: "node-1".into(),
+            policy: "p".into(),
+            taint: NodeTaint::Fence
+        }]
+    );
+    assert!(plan.skips.is_empty(), "{:?}", plan.skips);
+
+    world.ledger.record_tainted("node-1");
     let plan = world.plan();
     let expected_uid = uid(&world.view, "node-1", "db-0");
     assert_eq!(
         plan.intents,
-        vec![
-            Intent::TaintNode {
-                node: "node-1".into(),
-                policy: "p".into(),
-                taint: NodeTaint::Fence
-            },
-            Intent::ForceDeletePod {
-                pod: ObjectKey::new("ns", "db-0"),
-                uid: expected_uid,
-                node: "node-1".into(),
-                policy: "p".into(),
-                owner_kind: "StatefulSet",
-            }
-        ]
+        vec![Intent::ForceDeletePod {
+            pod: ObjectKey::new("ns", "db-0"),
+            uid: expected_uid,
+            node: "node-1".into(),
+            policy: "p".into(),
+            owner_kind: "StatefulSet",
+        }]
     );
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
 }
@@ -209,7 +221,9 @@ fn a_pod_deleted_once_is_never_deleted_again() {
 
 #[test]
 fn a_pod_bound_after_the_incident_opened_is_a_replacement() {
-    let world = World::new(cluster(3)).policy("p", mk_spec()).fail("node-1");
+    let world = World::new(cluster(3))
+        .policy("p", mk_spec())
+        .fail_tainted("node-1");
     // The StatefulSet's replacement lands on the dead node before the scheduler learns it is dead.
     let replacement = mk_pod("ns", "db-0")
         .uid("uid-replacement")
@@ -250,7 +264,7 @@ fn ineligible_pods_are_skipped_with_their_reason() {
         .with(mk_csi_pv("pv-out", DRIVER));
     let plan = World::new(view)
         .policy("p", mk_spec())
-        .fail("node-1")
+        .fail_tainted("node-1")
         .plan();
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
     let mut skips = skip_reasons(&plan);
@@ -275,29 +289,29 @@ fn finished_pods_are_ignored() {
     );
     let plan = World::new(view)
         .policy("p", mk_spec())
-        .fail("node-1")
+        .fail_tainted("node-1")
         .plan();
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
 }
 
 #[test]
-fn out_of_service_taint_comes_before_the_deletions() {
+fn pods_move_only_once_the_out_of_service_taint_is_on() {
     let spec = with_action(mk_spec(), Action::OutOfServiceTaint);
-    let plan = World::new(cluster(3))
-        .policy("p", spec)
-        .fail("node-1")
-        .plan();
+    let mut world = World::new(cluster(3)).policy("p", spec).fail("node-1");
     assert_eq!(
-        plan.intents.first(),
-        Some(&Intent::TaintNode {
+        world.plan().intents,
+        [Intent::TaintNode {
             node: "node-1".into(),
             policy: "p".into(),
             taint: NodeTaint::OutOfService
-        })
+        }],
+        "the writer runs actions concurrently: no delete may race the taint"
     );
+    world.ledger.record_tainted("node-1");
+    let plan = world.plan();
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
-    assert_eq!(plan.intents.len(), 2);
+    assert_eq!(plan.intents.len(), 1);
 }
 
 #[test]
@@ -426,8 +440,8 @@ fn too_many_failed_nodes_hold_every_action() {
 fn at_the_limit_podha_still_acts() {
     let plan = World::new(cluster(4))
         .policy("p", max_unhealthy(mk_spec(), 2))
-        .fail("node-1")
-        .fail("node-3")
+        .fail_tainted("node-1")
+        .fail_tainted("node-3")
         .plan();
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
 }
@@ -524,7 +538,7 @@ fn only_the_owning_policy_judgement_counts() {
     let mut world = World::new(cluster(3))
         .policy("a", mk_spec())
         .policy("b", mk_spec())
-        .fail("node-1")
+        .fail_tainted("node-1")
         // "a" owns the pod (first by name) but does not judge the node dead (yet).
         .set_health(
             "a",
@@ -677,7 +691,7 @@ fn intent_names(plan: &Plan) -> Vec<String> {
     plan.intents
         .iter()
         .map(|i| match i {
-            Intent::MarkPodNotReady { pod, .. } => format!("mark {pod}"),
+            Intent::MarkNotReadyAndDelete { pod, .. } => format!("mark {pod}"),
             Intent::ForceDeletePod { pod, .. } => format!("delete {pod}"),
             Intent::TaintNode { node, taint, .. } => format!("taint {node} {}", taint.key()),
             Intent::RemoveTaint { node } => format!("untaint {node}"),
@@ -704,18 +718,19 @@ fn cluster_with_ready_pod() -> View {
 
 #[test]
 fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
-    let world = World::new(cluster_with_ready_pod())
+    let mut world = World::new(cluster_with_ready_pod())
         .policy("p", delete_pods())
         .fail("node-1");
     assert_eq!(
         intent_names(&world.plan()),
-        ["taint node-1 podha.io/fenced", "mark ns/db-0"]
+        ["taint node-1 podha.io/fenced"]
     );
-
-    // Fenced and marked, and the watch still shows it Ready: wait, do not mark again nor delete.
-    let mut world = world;
-    let uid = uid(&world.view, "node-1", "db-0");
     world.ledger.record_tainted("node-1");
+    assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
+
+    // Marked, but the pod changed before the delete that follows the mark (so it was not
+    // deleted), and the watch still shows it Ready: wait, do not mark again nor delete.
+    let uid = uid(&world.view, "node-1", "db-0");
     world.ledger.record_marked_not_ready("node-1", &uid);
     let plan = world.plan();
     assert!(plan.intents.is_empty(), "{:?}", plan.intents);
@@ -744,12 +759,9 @@ fn ready_pods_that_would_not_move_are_not_marked() {
         );
     let plan = World::new(view)
         .policy("p", delete_pods())
-        .fail("node-1")
+        .fail_tainted("node-1")
         .plan();
-    assert_eq!(
-        intent_names(&plan),
-        ["taint node-1 podha.io/fenced", "delete ns/db-0"]
-    );
+    assert_eq!(intent_names(&plan), ["delete ns/db-0"]);
     let mut skips = skip_reasons(&plan);
     skips.sort();
     assert_eq!(
@@ -762,19 +774,17 @@ fn ready_pods_that_would_not_move_are_not_marked() {
 }
 
 #[test]
-fn the_taint_goes_first_even_while_pods_are_being_marked() {
+fn ready_pods_are_marked_only_once_the_taint_is_on() {
     let spec = with_action(mk_spec(), Action::OutOfServiceTaint);
-    let plan = World::new(cluster_with_ready_pod())
+    let mut world = World::new(cluster_with_ready_pod())
         .policy("p", spec)
-        .fail("node-1")
-        .plan();
+        .fail("node-1");
     assert_eq!(
-        intent_names(&plan),
-        [
-            "taint node-1 node.kubernetes.io/out-of-service",
-            "mark ns/db-0"
-        ]
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
     );
+    world.ledger.record_tainted("node-1");
+    assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
 }
 
 #[test]

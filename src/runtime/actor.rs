@@ -18,7 +18,7 @@ use super::actuator::Outcome;
 use super::prober::{ProbePlan, Target, kubelet_addr};
 use super::state::{Change, ClusterState};
 use super::status::{PolicyFacts, policy_status};
-use super::writer::{ActResult, EventNote, Write, intent_kind};
+use super::writer::{ActResult, EventNote, Lanes, Write, intent_kind};
 use crate::api::{
     NodeTaint, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION,
 };
@@ -94,7 +94,7 @@ pub struct Actor {
     leading: bool,
     is_leader: watch::Receiver<bool>,
     ready: watch::Sender<bool>,
-    writes: mpsc::Sender<Write>,
+    writes: Lanes,
     probe_plan: watch::Sender<ProbePlan>,
     metrics: Arc<Metrics>,
     wall: WallClock,
@@ -104,7 +104,7 @@ impl Actor {
     pub fn new(
         is_leader: watch::Receiver<bool>,
         ready: watch::Sender<bool>,
-        writes: mpsc::Sender<Write>,
+        writes: Lanes,
         probe_plan: watch::Sender<ProbePlan>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -144,7 +144,14 @@ impl Actor {
                     Some(change) => self.state.apply(change, Instant::now()),
                     None => return Err(ActorError::WatchesEnded),
                 },
-                Some(result) = results.recv() => self.on_result(result, Instant::now()),
+                Some(result) = results.recv() => {
+                    // A node's pods move once its taint is on: plan them now, not a tick later.
+                    let tainted = matches!(result.intent, Intent::TaintNode { .. });
+                    self.on_result(result, Instant::now());
+                    if tainted {
+                        self.tick(Instant::now()).await;
+                    }
+                }
                 Some(round) = tcp.recv() => {
                     for (node, ok) in round {
                         if let Some(obs) = self.state.observations.get_mut(&node) {
@@ -158,8 +165,7 @@ impl Actor {
     }
 
     async fn send(&self, write: Write) {
-        // The writer lives as long as the loop; a closed channel means shutdown.
-        let _ = self.writes.send(write).await;
+        self.writes.send(write).await;
     }
 
     async fn event(&self, note: EventNote) {
@@ -436,6 +442,9 @@ impl Actor {
         let (moved, policy) = match &intent {
             Intent::ForceDeletePod {
                 node, uid, policy, ..
+            }
+            | Intent::MarkNotReadyAndDelete {
+                node, uid, policy, ..
             } => {
                 let pod = self
                     .state
@@ -448,9 +457,7 @@ impl Actor {
                     policy.clone(),
                 )
             }
-            Intent::MarkPodNotReady { policy, .. } | Intent::TaintNode { policy, .. } => {
-                (None, policy.clone())
-            }
+            Intent::TaintNode { policy, .. } => (None, policy.clone()),
             Intent::RemoveTaint { node } => (None, self.marker_policy(node)),
             Intent::Hold { .. } => return,
         };
@@ -487,25 +494,35 @@ impl Actor {
         self.retry_at.remove(&key);
         let applied = outcome == Outcome::Applied;
         match &result.intent {
-            Intent::MarkPodNotReady {
+            Intent::MarkNotReadyAndDelete {
                 pod,
                 uid,
                 node,
                 policy,
-            } => {
+                ..
+            } if outcome == Outcome::MarkedOnly => {
                 self.ledger.record_marked_not_ready(node, uid);
-                if applied {
-                    let note = format!("marked NotReady: node {node} is dead (policy {policy})");
-                    self.queue_event(EventNote {
-                        regarding: pod_reference(pod, uid),
-                        warning: false,
-                        reason: "PodMarkedNotReady",
-                        action: "MarkNotReady",
-                        note,
-                    });
-                }
+                info!(%pod, node, "pod marked NotReady; it changed before the delete");
+                let note = format!(
+                    "marked NotReady: node {node} is dead (policy {policy}); the pod changed \
+                     before it could be deleted"
+                );
+                self.queue_event(EventNote {
+                    regarding: pod_reference(pod, uid),
+                    warning: false,
+                    reason: "PodMarkedNotReady",
+                    action: "MarkNotReady",
+                    note,
+                });
             }
             Intent::ForceDeletePod {
+                node,
+                uid,
+                pod,
+                owner_kind,
+                policy,
+            }
+            | Intent::MarkNotReadyAndDelete {
                 node,
                 uid,
                 pod,
@@ -524,7 +541,10 @@ impl Actor {
                     observe(&self.metrics, f, &change);
                 }
                 if applied {
-                    let note = format!("force-deleted from dead node {node} (policy {policy})");
+                    let marked = matches!(result.intent, Intent::MarkNotReadyAndDelete { .. });
+                    let how = if marked { "marked NotReady and " } else { "" };
+                    let note =
+                        format!("{how}force-deleted from dead node {node} (policy {policy})");
                     let regarding = pod_reference(pod, uid);
                     self.queue_event(EventNote {
                         regarding,
@@ -582,7 +602,7 @@ impl Actor {
     /// channel only loses an event, never an action.
     fn queue_event(&self, note: EventNote) {
         if self.leading {
-            let _ = self.writes.try_send(Write::Event(note));
+            self.writes.try_send(Write::Event(note));
         }
     }
 
@@ -864,7 +884,7 @@ fn observe(metrics: &Metrics, f: &Failover, change: &PhaseChange) {
 /// The node an intent is about ("" for a policy-wide hold).
 fn intent_node(intent: &Intent) -> &str {
     match intent {
-        Intent::MarkPodNotReady { node, .. }
+        Intent::MarkNotReadyAndDelete { node, .. }
         | Intent::ForceDeletePod { node, .. }
         | Intent::TaintNode { node, .. }
         | Intent::RemoveTaint { node } => node,
@@ -874,7 +894,7 @@ fn intent_node(intent: &Intent) -> &str {
 
 fn intent_key(intent: &Intent) -> String {
     match intent {
-        Intent::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
+        Intent::MarkNotReadyAndDelete { uid, .. } => format!("mark/{uid}"),
         Intent::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
         Intent::TaintNode { node, .. } => format!("taint/{node}"),
         Intent::RemoveTaint { node } => format!("untaint/{node}"),
@@ -894,7 +914,7 @@ fn intent_key(intent: &Intent) -> String {
 
 fn describe(intent: &Intent) -> String {
     match intent {
-        Intent::MarkPodNotReady { pod, node, .. } => {
+        Intent::MarkNotReadyAndDelete { pod, node, .. } => {
             format!("mark pod {pod} on dead node {node} NotReady, then force-delete it")
         }
         Intent::ForceDeletePod { pod, node, .. } => {
@@ -931,7 +951,7 @@ mod tests {
 
     struct Harness {
         actor: Actor,
-        writes: mpsc::Receiver<Write>,
+        writes: crate::runtime::writer::LaneReceivers,
         metrics: Arc<Metrics>,
         _leader: watch::Sender<bool>,
         _plan: watch::Receiver<ProbePlan>,
@@ -942,7 +962,7 @@ mod tests {
     fn harness(objects: Vec<Obj>) -> Harness {
         let (leader_tx, leader_rx) = watch::channel(true);
         let (ready_tx, _) = watch::channel(false);
-        let (writes_tx, writes) = mpsc::channel(1024);
+        let (writes_tx, writes) = crate::runtime::writer::lanes();
         let (plan_tx, plan_rx) = watch::channel(ProbePlan::default());
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
@@ -1015,14 +1035,14 @@ mod tests {
         ]
     }
 
-    fn acts(rx: &mut mpsc::Receiver<Write>) -> Vec<String> {
-        let mut out = Vec::new();
-        while let Ok(w) = rx.try_recv() {
-            if let Write::Act(intent) = w {
-                out.push(intent_key(&intent));
-            }
-        }
-        out
+    fn acts(rx: &mut crate::runtime::writer::LaneReceivers) -> Vec<String> {
+        rx.drain()
+            .into_iter()
+            .filter_map(|w| match w {
+                Write::Act(intent) => Some(intent_key(&intent)),
+                _ => None,
+            })
+            .collect()
     }
 
     fn skipped(metrics: &Metrics) -> f64 {
@@ -1041,18 +1061,27 @@ mod tests {
         objects.push(mk_node("node-3").into());
         let mut h = harness(objects);
         h.actor.tick(Instant::now()).await;
-        let mut first = acts(&mut h.writes);
-        first.sort();
         assert_eq!(
-            first,
-            [
-                "delete/uid-ns-db-node-1",
-                "delete/uid-ns-db-node-10",
-                "taint/node-1",
-                "taint/node-10"
-            ]
+            acts(&mut h.writes),
+            ["taint/node-1", "taint/node-10"],
+            "pods wait for their node's taint"
         );
         assert_eq!(skipped(&h.metrics), 2.0, "one skip per bare pod");
+        for node in ["node-1", "node-10"] {
+            let intent = Intent::TaintNode {
+                node: node.into(),
+                policy: "p".into(),
+                taint: NodeTaint::OutOfService,
+            };
+            let result = Ok(Outcome::Applied);
+            h.actor
+                .on_result(ActResult { intent, result }, Instant::now());
+        }
+        h.actor.tick(Instant::now()).await;
+        assert_eq!(
+            acts(&mut h.writes),
+            ["delete/uid-ns-db-node-1", "delete/uid-ns-db-node-10"]
+        );
         for _ in 0..10 {
             tokio::time::advance(TICK).await;
             h.actor.tick(Instant::now()).await;
@@ -1066,6 +1095,88 @@ mod tests {
             2.0,
             "skips are counted once per incident"
         );
+    }
+
+    fn mark_of(pod: &str) -> Intent {
+        Intent::MarkNotReadyAndDelete {
+            pod: crate::view::ObjectKey::new("ns", pod),
+            uid: format!("uid-ns-{pod}"),
+            node: "node-1".into(),
+            policy: "p".into(),
+            owner_kind: "StatefulSet",
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ready_pod_is_marked_and_deleted_in_one_action_unless_it_changed_between() {
+        let objects: Vec<Obj> = vec![
+            mk_node("node-1").ready(false).into(),
+            mk_node("node-2").into(),
+            mk_node("node-3").into(),
+            mk_pod("ns", "db-0")
+                .on("node-1")
+                .owned_by_sts("db")
+                .claim("data-0")
+                .ready(true)
+                .into(),
+            mk_pod("ns", "db-1")
+                .on("node-1")
+                .owned_by_sts("db")
+                .claim("data-1")
+                .ready(true)
+                .into(),
+            mk_pvc("ns", "data-0").bound_to("pv-0").into(),
+            mk_pvc("ns", "data-1").bound_to("pv-1").into(),
+            mk_csi_pv("pv-0", DRIVER).into(),
+            mk_csi_pv("pv-1", DRIVER).into(),
+        ];
+        let mut h = harness(objects);
+        h.actor.tick(Instant::now()).await;
+        assert_eq!(acts(&mut h.writes), ["taint/node-1"]);
+        let taint = Intent::TaintNode {
+            node: "node-1".into(),
+            policy: "p".into(),
+            taint: NodeTaint::OutOfService,
+        };
+        let now = Instant::now();
+        h.actor.on_result(
+            ActResult {
+                intent: taint,
+                result: Ok(Outcome::Applied),
+            },
+            now,
+        );
+        h.actor.tick(now).await;
+        assert_eq!(
+            acts(&mut h.writes),
+            ["mark/uid-ns-db-0", "mark/uid-ns-db-1"]
+        );
+
+        // db-0: marked and deleted. db-1: marked, but it changed before the delete.
+        for (pod, outcome) in [("db-0", Outcome::Applied), ("db-1", Outcome::MarkedOnly)] {
+            let result = ActResult {
+                intent: mark_of(pod),
+                result: Ok(outcome),
+            };
+            h.actor.on_result(result, now);
+        }
+        let incident = h.actor.ledger.get("node-1").expect("incident");
+        assert!(incident.deleted.contains("uid-ns-db-0"));
+        assert!(!incident.deleted.contains("uid-ns-db-1"));
+        assert!(incident.marked_not_ready.contains("uid-ns-db-1"));
+        let text = h.metrics.encode().expect("encode");
+        let deleted: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("podha_pods_deleted_total{"))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum();
+        assert_eq!(deleted, 1.0, "only db-0 was deleted");
+        // The watch still shows db-1 Ready: nothing more until it shows what changed.
+        for _ in 0..5 {
+            tokio::time::advance(TICK).await;
+            h.actor.tick(Instant::now()).await;
+        }
+        assert!(acts(&mut h.writes).is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -21,6 +21,18 @@ pub enum Outcome {
     /// Nothing to do: the pod is gone or is another object now (UID precondition), the taint
     /// is already there, or there is no podha taint to remove.
     AlreadyDone,
+    /// The pod was marked NotReady but changed before the delete that follows the mark (the
+    /// resourceVersion precondition failed): not deleted; the watch will show what changed.
+    MarkedOnly,
+}
+
+/// What a conditional delete found.
+enum Deletion {
+    Deleted,
+    /// 404: nothing by that name.
+    Gone,
+    /// 409: the name is another object now (UID), or the object changed (resourceVersion).
+    PreconditionFailed,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +75,8 @@ impl Actuator {
     /// Carries out one intent. Holds are not actions.
     pub async fn execute(&self, intent: &Intent) -> Result<Outcome, ActError> {
         match intent {
-            Intent::MarkPodNotReady { pod, uid, node, .. } => {
-                self.mark_not_ready(pod, uid, node).await
+            Intent::MarkNotReadyAndDelete { pod, uid, node, .. } => {
+                self.mark_not_ready_and_delete(pod, uid, node).await
             }
             Intent::ForceDeletePod { pod, uid, .. } => self.force_delete_pod(pod, uid).await,
             Intent::TaintNode {
@@ -80,28 +92,45 @@ impl Actuator {
     /// Deletes the pod at once (grace 0), only if it is still the object with `uid`: a
     /// replacement with the same name (a StatefulSet pod) is never touched.
     pub async fn force_delete_pod(&self, pod: &ObjectKey, uid: &str) -> Result<Outcome, ActError> {
+        Ok(match self.delete_pod_if(pod, uid, None).await? {
+            Deletion::Deleted => Outcome::Applied,
+            // Gone, or the name is another pod now.
+            Deletion::Gone | Deletion::PreconditionFailed => Outcome::AlreadyDone,
+        })
+    }
+
+    /// Force-deletes the pod if it is still the object `uid` and, when `resource_version` is
+    /// given, has not changed since that version.
+    async fn delete_pod_if(
+        &self,
+        pod: &ObjectKey,
+        uid: &str,
+        resource_version: Option<String>,
+    ) -> Result<Deletion, ActError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
                 uid: Some(uid.to_string()),
-                resource_version: None,
+                resource_version,
             }),
             ..DeleteParams::default()
         };
         match api.delete(&pod.name, &params).await {
-            Ok(_) => Ok(Outcome::Applied),
-            // 404: gone already. 409: the UID precondition failed, the name is another pod now.
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                Ok(Outcome::AlreadyDone)
-            }
+            Ok(_) => Ok(Deletion::Deleted),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Deletion::Gone),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Deletion::PreconditionFailed),
             Err(e) => Err(e.into()),
         }
     }
 
     /// Sets the pod's Ready condition to False, as the node lifecycle controller does for pods
-    /// of an unreachable node, guarded by the pod's UID.
-    pub async fn mark_not_ready(
+    /// of an unreachable node, guarded by the pod's UID; then force-deletes the pod in the
+    /// version the mark produced. The delete follows the mark at once rather than after the
+    /// watch shows it: under load the pod watch lags by seconds. If anything changed the pod in
+    /// between (a kubelet that is alive after all, a graceful eviction), the delete's
+    /// resourceVersion precondition fails and the pod is left to the planner: `MarkedOnly`.
+    pub async fn mark_not_ready_and_delete(
         &self,
         pod: &ObjectKey,
         uid: &str,
@@ -119,7 +148,7 @@ impl Actuator {
                 "lastTransitionTime": now.map(|t| t.to_string()).unwrap_or_default(),
             }]}
         });
-        match api
+        let marked = match api
             .patch_status(
                 &pod.name,
                 &PatchParams::default(),
@@ -127,13 +156,21 @@ impl Actuator {
             )
             .await
         {
-            Ok(_) => Ok(Outcome::Applied),
+            Ok(marked) => marked,
             // Gone, or the name is another pod now (the UID in the patch does not match).
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                Ok(Outcome::AlreadyDone)
+                return Ok(Outcome::AlreadyDone);
             }
-            Err(e) => Err(e.into()),
-        }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(version) = marked.metadata.resource_version else {
+            return Ok(Outcome::MarkedOnly);
+        };
+        Ok(match self.delete_pod_if(pod, uid, Some(version)).await? {
+            Deletion::Deleted => Outcome::Applied,
+            Deletion::Gone => Outcome::AlreadyDone,
+            Deletion::PreconditionFailed => Outcome::MarkedOnly,
+        })
     }
 
     /// Adds the taint and podha's marker, in one patch guarded by the node's resourceVersion.

@@ -76,7 +76,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new()?);
     let (leader_tx, leader_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = watch::channel(false);
-    let (writes_tx, writes_rx) = mpsc::channel(4096);
+    let (writes_tx, writes_rx) = writer::lanes();
     let (results_tx, results_rx) = mpsc::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {

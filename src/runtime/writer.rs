@@ -1,5 +1,8 @@
 //! The writer task: the decision loop sends it actions, events and status updates; it performs
 //! them with bounded concurrency, only while this replica leads, and reports action results.
+//! Actions and reports (events, status) travel in separate lanes, each with its own channel and
+//! its own bound on requests in flight, so an action never waits behind a report: a 50-node
+//! failure produces hundreds of events, and the deletes must not queue behind them.
 
 use std::sync::Arc;
 
@@ -16,9 +19,13 @@ use crate::api::{PodHAPolicy, PodHAPolicyStatus};
 use crate::metrics::Metrics;
 use crate::planner::Intent;
 
-/// Writes in flight at once: enough to delete the pods of many nodes in parallel, few enough
+/// Actions in flight at once: enough to delete the pods of many nodes in parallel, few enough
 /// not to flood the API server.
-const MAX_IN_FLIGHT: usize = 32;
+const MAX_ACTS_IN_FLIGHT: usize = 32;
+/// Events and status patches in flight at once.
+const MAX_REPORTS_IN_FLIGHT: usize = 8;
+/// Room in each lane's channel.
+const LANE_CAPACITY: usize = 4096;
 
 /// A Kubernetes Event to publish.
 #[derive(Clone, Debug)]
@@ -40,6 +47,65 @@ pub enum Write {
         policy: String,
         status: PodHAPolicyStatus,
     },
+}
+
+/// The decision loop's end of the two lanes.
+#[derive(Clone)]
+pub struct Lanes {
+    acts: mpsc::Sender<Write>,
+    reports: mpsc::Sender<Write>,
+}
+
+/// The writer's end of the two lanes.
+pub struct LaneReceivers {
+    acts: mpsc::Receiver<Write>,
+    reports: mpsc::Receiver<Write>,
+}
+
+/// A pair of lanes from the decision loop to the writer.
+pub fn lanes() -> (Lanes, LaneReceivers) {
+    let (acts_tx, acts) = mpsc::channel(LANE_CAPACITY);
+    let (reports_tx, reports) = mpsc::channel(LANE_CAPACITY);
+    let tx = Lanes {
+        acts: acts_tx,
+        reports: reports_tx,
+    };
+    (tx, LaneReceivers { acts, reports })
+}
+
+impl Lanes {
+    fn lane(&self, write: &Write) -> &mpsc::Sender<Write> {
+        match write {
+            Write::Act(_) => &self.acts,
+            Write::Event(_) | Write::Status { .. } => &self.reports,
+        }
+    }
+
+    /// Queues a write, waiting for room in its lane. A closed lane means shutdown: the write
+    /// is dropped.
+    pub async fn send(&self, write: Write) {
+        let _ = self.lane(&write).send(write).await;
+    }
+
+    /// Queues a write without waiting; a full lane drops it.
+    pub fn try_send(&self, write: Write) {
+        let _ = self.lane(&write).try_send(write);
+    }
+}
+
+impl LaneReceivers {
+    /// What is queued in both lanes now, actions first (for tests of the decision loop).
+    #[cfg(test)]
+    pub fn drain(&mut self) -> Vec<Write> {
+        let mut out = Vec::new();
+        while let Ok(w) = self.acts.try_recv() {
+            out.push(w);
+        }
+        while let Ok(w) = self.reports.try_recv() {
+            out.push(w);
+        }
+        out
+    }
 }
 
 /// The result of an action, sent back to the decision loop.
@@ -74,15 +140,29 @@ impl Writer {
         }
     }
 
-    /// Runs until the decision loop drops its sender.
-    pub async fn run(self, mut writes: mpsc::Receiver<Write>, results: mpsc::Sender<ActResult>) {
+    /// Runs until the decision loop drops its lanes.
+    pub async fn run(self, lanes: LaneReceivers, results: mpsc::Sender<ActResult>) {
         let this = Arc::new(self);
+        tokio::join!(
+            this.clone()
+                .serve(lanes.acts, MAX_ACTS_IN_FLIGHT, results.clone()),
+            this.serve(lanes.reports, MAX_REPORTS_IN_FLIGHT, results),
+        );
+    }
+
+    /// Performs one lane's writes in order of arrival, at most `limit` at once.
+    async fn serve(
+        self: Arc<Self>,
+        mut lane: mpsc::Receiver<Write>,
+        limit: usize,
+        results: mpsc::Sender<ActResult>,
+    ) {
         let mut tasks = JoinSet::new();
-        while let Some(write) = writes.recv().await {
-            while tasks.len() >= MAX_IN_FLIGHT {
+        while let Some(write) = lane.recv().await {
+            while tasks.len() >= limit {
                 tasks.join_next().await;
             }
-            let this = this.clone();
+            let this = self.clone();
             let results = results.clone();
             tasks.spawn(async move { this.perform(write, &results).await });
             // Reap finished tasks so the set does not grow while the loop is busy.
@@ -168,10 +248,42 @@ impl Writer {
 /// Bounded label for an intent.
 pub const fn intent_kind(intent: &Intent) -> &'static str {
     match intent {
-        Intent::MarkPodNotReady { .. } => "mark_pod_not_ready",
+        Intent::MarkNotReadyAndDelete { .. } => "mark_pod_not_ready",
         Intent::ForceDeletePod { .. } => "delete_pod",
         Intent::TaintNode { .. } => "taint_node",
         Intent::RemoveTaint { .. } => "untaint_node",
         Intent::Hold { .. } => "hold",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note() -> EventNote {
+        EventNote {
+            regarding: ObjectReference::default(),
+            warning: false,
+            reason: "Test",
+            action: "Test",
+            note: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn actions_and_reports_travel_in_separate_lanes() {
+        let (tx, mut rx) = lanes();
+        for _ in 0..3 {
+            tx.send(Write::Event(note())).await;
+        }
+        tx.send(Write::Act(Intent::RemoveTaint {
+            node: "node-1".into(),
+        }))
+        .await;
+        assert!(
+            matches!(rx.acts.try_recv(), Ok(Write::Act(_))),
+            "the action is first in its lane, not behind the events"
+        );
+        assert_eq!(std::iter::from_fn(|| rx.reports.try_recv().ok()).count(), 3);
     }
 }
