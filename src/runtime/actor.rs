@@ -462,7 +462,11 @@ impl Actor {
             Intent::Hold { .. } => return,
         };
         self.pending.insert(key, Pending { moved, policy });
-        self.send(Write::Act(intent)).await;
+        let node = match &intent {
+            Intent::TaintNode { node, .. } => self.state.view.nodes.get(node).cloned(),
+            _ => None,
+        };
+        self.send(Write::Act { intent, node }).await;
     }
 
     fn marker_policy(&self, node: &str) -> String {
@@ -1039,7 +1043,7 @@ mod tests {
         rx.drain()
             .into_iter()
             .filter_map(|w| match w {
-                Write::Act(intent) => Some(intent_key(&intent)),
+                Write::Act { intent, .. } => Some(intent_key(&intent)),
                 _ => None,
             })
             .collect()

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
@@ -72,8 +72,9 @@ impl Actuator {
         Self { client }
     }
 
-    /// Carries out one intent. Holds are not actions.
-    pub async fn execute(&self, intent: &Intent) -> Result<Outcome, ActError> {
+    /// Carries out one intent. `seen` is the intent's node as the decision loop last saw it, if
+    /// any (a taint builds on it). Holds are not actions.
+    pub async fn execute(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, ActError> {
         match intent {
             Intent::MarkNotReadyAndDelete { pod, uid, node, .. } => {
                 self.mark_not_ready_and_delete(pod, uid, node).await
@@ -83,7 +84,7 @@ impl Actuator {
                 node,
                 policy,
                 taint,
-            } => self.taint(node, policy, *taint).await,
+            } => self.taint(node, policy, *taint, seen).await,
             Intent::RemoveTaint { node } => self.untaint(node).await,
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
@@ -173,36 +174,38 @@ impl Actuator {
         })
     }
 
-    /// Adds the taint and podha's marker, in one patch guarded by the node's resourceVersion.
+    /// Adds the taint and podha's marker in one merge patch guarded by the node's
+    /// resourceVersion (a merge patch replaces the taint list whole; the precondition makes
+    /// that exact). The first try builds on `seen`, the node as the decision loop last saw it,
+    /// so the usual case is one request; a conflict reads the node and tries again.
     pub async fn taint(
         &self,
         node: &str,
         policy: &str,
         kind: NodeTaint,
+        seen: Option<&Node>,
     ) -> Result<Outcome, ActError> {
         let api: Api<Node> = Api::all(self.client.clone());
+        let mut base = seen
+            .filter(|n| n.metadata.resource_version.is_some())
+            .cloned();
         for _ in 0..CONFLICT_RETRIES {
-            let live = api.get(node).await?;
-            if kind.on(&live) {
+            let current = match base.take() {
+                Some(seen) => seen,
+                None => api.get(node).await?,
+            };
+            if kind.on(&current) {
                 return Ok(Outcome::AlreadyDone);
             }
-            let taint =
-                json!({ "key": kind.key(), "value": kind.value(), "effect": kind.effect() });
-            let mut ops = vec![test_resource_version(&live)];
-            let has_taints = live.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some();
-            ops.push(if has_taints {
-                json!({"op": "add", "path": "/spec/taints/-", "value": taint})
-            } else {
-                json!({"op": "add", "path": "/spec/taints", "value": [taint]})
-            });
-            ops.push(if live.metadata.annotations.is_some() {
-                json!({"op": "add", "path": annotation_path(), "value": policy})
-            } else {
-                json!({"op": "add", "path": "/metadata/annotations",
-                       "value": {TAINT_MARKER_ANNOTATION: policy}})
-            });
-            if patch_or_conflict(&api, node, ops).await? {
-                return Ok(Outcome::Applied);
+            let patch = taint_patch(&current, policy, kind);
+            match api
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(Outcome::Applied),
+                // The node changed since `current`: read it again.
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(e) => return Err(e.into()),
             }
         }
         Err(ActError::Conflict(node.to_string()))
@@ -251,6 +254,28 @@ impl Actuator {
     }
 }
 
+/// The merge patch that adds `kind` and podha's marker to `node` as it is in this version.
+fn taint_patch(node: &Node, policy: &str, kind: NodeTaint) -> serde_json::Value {
+    let mut taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    taints.push(Taint {
+        key: kind.key().to_string(),
+        value: Some(kind.value().to_string()),
+        effect: kind.effect().to_string(),
+        time_added: None,
+    });
+    json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": { TAINT_MARKER_ANNOTATION: policy },
+        },
+        "spec": { "taints": taints },
+    })
+}
+
 fn test_resource_version(node: &Node) -> serde_json::Value {
     json!({"op": "test", "path": "/metadata/resourceVersion",
            "value": node.metadata.resource_version.clone().unwrap_or_default()})
@@ -290,6 +315,38 @@ async fn patch_or_conflict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_taint_patch_keeps_the_other_taints_and_is_guarded_by_the_version() {
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("42".into());
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: Some(vec![Taint {
+                key: "node.kubernetes.io/unreachable".into(),
+                effect: "NoExecute".into(),
+                time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).expect("time"),
+                )),
+                value: None,
+            }]),
+            ..Default::default()
+        });
+        let patch = taint_patch(&node, "p", NodeTaint::OutOfService);
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert_eq!(
+            patch["metadata"]["annotations"][TAINT_MARKER_ANNOTATION],
+            "p"
+        );
+        let taints = patch["spec"]["taints"].as_array().expect("taints");
+        assert_eq!(taints.len(), 2);
+        assert_eq!(taints[0]["key"], "node.kubernetes.io/unreachable");
+        assert_eq!(
+            taints[0]["timeAdded"], "2023-11-14T22:13:20Z",
+            "another's taint is written back unchanged"
+        );
+        assert_eq!(taints[1]["key"], NodeTaint::OutOfService.key());
+        assert_eq!(taints[1]["effect"], "NoExecute");
+    }
 
     #[test]
     fn the_marker_annotation_is_escaped_as_a_json_pointer() {

@@ -25,7 +25,11 @@ fn trim_meta(meta: &mut ObjectMeta, keep_annotations: &[&str]) {
 }
 
 pub fn node(node: &mut Node) {
+    // A node keeps its resourceVersion: the taint patch is built on the cached node and
+    // guarded by it (one request instead of a read and a write).
+    let version = node.metadata.resource_version.take();
     trim_meta(&mut node.metadata, &[TAINT_MARKER_ANNOTATION]);
+    node.metadata.resource_version = version;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
         status.node_info = None;
@@ -208,12 +212,14 @@ mod tests {
     }
 
     #[test]
-    fn nodes_keep_ready_taints_and_the_marker() {
+    fn nodes_keep_ready_taints_the_marker_and_their_version() {
         let mut n = mk_node("n1")
             .taint("k", "v", "NoSchedule")
             .annotation(TAINT_MARKER_ANNOTATION, "p")
             .annotation("other", "x");
+        n.metadata.resource_version = Some("7".into());
         node(&mut n);
+        assert_eq!(n.metadata.resource_version.as_deref(), Some("7"));
         assert!(
             n.metadata
                 .annotations

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
@@ -41,7 +41,11 @@ pub struct EventNote {
 
 #[derive(Debug)]
 pub enum Write {
-    Act(Intent),
+    /// An action, with its node as the decision loop last saw it (a taint builds on it).
+    Act {
+        intent: Intent,
+        node: Option<Arc<Node>>,
+    },
     Event(EventNote),
     Status {
         policy: String,
@@ -76,7 +80,7 @@ pub fn lanes() -> (Lanes, LaneReceivers) {
 impl Lanes {
     fn lane(&self, write: &Write) -> &mpsc::Sender<Write> {
         match write {
-            Write::Act(_) => &self.acts,
+            Write::Act { .. } => &self.acts,
             Write::Event(_) | Write::Status { .. } => &self.reports,
         }
     }
@@ -177,9 +181,9 @@ impl Writer {
 
     async fn perform(&self, write: Write, results: &mpsc::Sender<ActResult>) {
         match write {
-            Write::Act(intent) => {
+            Write::Act { intent, node } => {
                 let result = if self.leading() {
-                    self.act(&intent).await
+                    self.act(&intent, node.as_deref()).await
                 } else {
                     self.metrics.inc_intents_dropped(intent_kind(&intent));
                     Err("not the leader any more".to_string())
@@ -200,8 +204,8 @@ impl Writer {
         }
     }
 
-    async fn act(&self, intent: &Intent) -> Result<Outcome, String> {
-        match self.actuator.execute(intent).await {
+    async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, String> {
+        match self.actuator.execute(intent, seen).await {
             Ok(outcome) => {
                 debug!(?intent, ?outcome, "action done");
                 Ok(outcome)
@@ -276,12 +280,15 @@ mod tests {
         for _ in 0..3 {
             tx.send(Write::Event(note())).await;
         }
-        tx.send(Write::Act(Intent::RemoveTaint {
-            node: "node-1".into(),
-        }))
+        tx.send(Write::Act {
+            intent: Intent::RemoveTaint {
+                node: "node-1".into(),
+            },
+            node: None,
+        })
         .await;
         assert!(
-            matches!(rx.acts.try_recv(), Ok(Write::Act(_))),
+            matches!(rx.acts.try_recv(), Ok(Write::Act { .. })),
             "the action is first in its lane, not behind the events"
         );
         assert_eq!(std::iter::from_fn(|| rx.reports.try_recv().ok()).count(), 3);
