@@ -23,10 +23,13 @@ use crate::api::{
     NodeTaint, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION,
 };
 use crate::detach::{Failover, MovedPod, PhaseChange};
+use crate::eligibility::SkipReason;
 use crate::eligibility::node_selected;
 use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, Transition};
 use crate::metrics::{Metrics, TaintOperation};
-use crate::planner::{self, HealthBook, HoldReason, Intent, Ledger, PlanInput, PodSkip, PolicyRef};
+use crate::planner::{
+    self, HealthBook, HoldReason, Intent, Ledger, PlanInput, PodSkip, PolicyRef, Skip,
+};
 
 /// How often the loop wakes to probe and plan. Probes themselves run every policy `interval`.
 pub const TICK: Duration = Duration::from_millis(200);
@@ -606,7 +609,7 @@ impl Actor {
     /// channel only loses an event, never an action.
     fn queue_event(&self, note: EventNote) {
         if self.leading {
-            self.writes.try_send(Write::Event(note));
+            self.writes.try_send_event(note);
         }
     }
 
@@ -682,6 +685,12 @@ impl Actor {
             skip.policy
         );
         info!(pod = %skip.pod, reason = skip.reason.as_str(), "pod skipped");
+        // A pod without a claim loses nothing when its node dies and Kubernetes replaces it
+        // itself; an event on each (hundreds on a busy node) would only bury the ones that
+        // matter. The metric counts them.
+        if skip.reason == Skip::Ineligible(SkipReason::NoPersistentVolumeClaim) {
+            return;
+        }
         self.event(EventNote {
             regarding: pod_reference(&skip.pod, &skip.uid),
             warning: false,
@@ -1040,13 +1049,7 @@ mod tests {
     }
 
     fn acts(rx: &mut crate::runtime::writer::LaneReceivers) -> Vec<String> {
-        rx.drain()
-            .into_iter()
-            .filter_map(|w| match w {
-                Write::Act { intent, .. } => Some(intent_key(&intent)),
-                _ => None,
-            })
-            .collect()
+        rx.queued_intents().iter().map(intent_key).collect()
     }
 
     fn skipped(metrics: &Metrics) -> f64 {

@@ -2,7 +2,10 @@
 //! them with bounded concurrency, only while this replica leads, and reports action results.
 //! Actions and reports (events, status) travel in separate lanes, each with its own channel and
 //! its own bound on requests in flight, so an action never waits behind a report: a 50-node
-//! failure produces hundreds of events, and the deletes must not queue behind them.
+//! failure produces hundreds of events, and the deletes must not queue behind them. Reports
+//! also wait while any action is queued or in flight: the API server queues one client's
+//! requests in order (API Priority and Fairness), so reports sent beside actions would still
+//! slow them down.
 
 use std::sync::Arc;
 
@@ -22,8 +25,8 @@ use crate::planner::Intent;
 /// Actions in flight at once: enough to delete the pods of many nodes in parallel, few enough
 /// not to flood the API server.
 const MAX_ACTS_IN_FLIGHT: usize = 32;
-/// Events and status patches in flight at once.
-const MAX_REPORTS_IN_FLIGHT: usize = 8;
+/// Events and status patches in flight at once (when no action is).
+const MAX_REPORTS_IN_FLIGHT: usize = 4;
 /// Room in each lane's channel.
 const LANE_CAPACITY: usize = 4096;
 
@@ -53,17 +56,34 @@ pub enum Write {
     },
 }
 
+/// An action and the node it is about, as the decision loop last saw it.
+#[derive(Debug)]
+pub struct Act {
+    intent: Intent,
+    node: Option<Arc<Node>>,
+}
+
+/// What the writer reports: an event or a policy's status.
+#[derive(Debug)]
+pub enum Report {
+    Event(EventNote),
+    Status {
+        policy: String,
+        status: PodHAPolicyStatus,
+    },
+}
+
 /// The decision loop's end of the two lanes.
 #[derive(Clone)]
 pub struct Lanes {
-    acts: mpsc::Sender<Write>,
-    reports: mpsc::Sender<Write>,
+    acts: mpsc::Sender<Act>,
+    reports: mpsc::Sender<Report>,
 }
 
 /// The writer's end of the two lanes.
 pub struct LaneReceivers {
-    acts: mpsc::Receiver<Write>,
-    reports: mpsc::Receiver<Write>,
+    acts: mpsc::Receiver<Act>,
+    reports: mpsc::Receiver<Report>,
 }
 
 /// A pair of lanes from the decision loop to the writer.
@@ -78,37 +98,32 @@ pub fn lanes() -> (Lanes, LaneReceivers) {
 }
 
 impl Lanes {
-    fn lane(&self, write: &Write) -> &mpsc::Sender<Write> {
-        match write {
-            Write::Act { .. } => &self.acts,
-            Write::Event(_) | Write::Status { .. } => &self.reports,
-        }
-    }
-
-    /// Queues a write, waiting for room in its lane. A closed lane means shutdown: the write
+    /// Queues a write in its lane, waiting for room. A closed lane means shutdown: the write
     /// is dropped.
     pub async fn send(&self, write: Write) {
-        let _ = self.lane(&write).send(write).await;
+        let _ = match write {
+            Write::Act { intent, node } => self.acts.send(Act { intent, node }).await.is_ok(),
+            Write::Event(note) => self.reports.send(Report::Event(note)).await.is_ok(),
+            Write::Status { policy, status } => {
+                let status = Report::Status { policy, status };
+                self.reports.send(status).await.is_ok()
+            }
+        };
     }
 
-    /// Queues a write without waiting; a full lane drops it.
-    pub fn try_send(&self, write: Write) {
-        let _ = self.lane(&write).try_send(write);
+    /// Queues an event without waiting; a full lane drops it.
+    pub fn try_send_event(&self, note: EventNote) {
+        let _ = self.reports.try_send(Report::Event(note));
     }
 }
 
 impl LaneReceivers {
-    /// What is queued in both lanes now, actions first (for tests of the decision loop).
+    /// The intents queued in the action lane now (for tests of the decision loop).
     #[cfg(test)]
-    pub fn drain(&mut self) -> Vec<Write> {
-        let mut out = Vec::new();
-        while let Ok(w) = self.acts.try_recv() {
-            out.push(w);
-        }
-        while let Ok(w) = self.reports.try_recv() {
-            out.push(w);
-        }
-        out
+    pub fn queued_intents(&mut self) -> Vec<Intent> {
+        std::iter::from_fn(|| self.acts.try_recv().ok())
+            .map(|a| a.intent)
+            .collect()
     }
 }
 
@@ -147,29 +162,57 @@ impl Writer {
     /// Runs until the decision loop drops its lanes.
     pub async fn run(self, lanes: LaneReceivers, results: mpsc::Sender<ActResult>) {
         let this = Arc::new(self);
+        // Actions received and not finished.
+        let (busy, idle) = watch::channel(0_usize);
         tokio::join!(
-            this.clone()
-                .serve(lanes.acts, MAX_ACTS_IN_FLIGHT, results.clone()),
-            this.serve(lanes.reports, MAX_REPORTS_IN_FLIGHT, results),
+            this.clone().serve_acts(lanes.acts, results, busy),
+            this.serve_reports(lanes.reports, idle),
         );
     }
 
-    /// Performs one lane's writes in order of arrival, at most `limit` at once.
-    async fn serve(
+    /// Performs actions in order of arrival, at most [`MAX_ACTS_IN_FLIGHT`] at once.
+    async fn serve_acts(
         self: Arc<Self>,
-        mut lane: mpsc::Receiver<Write>,
-        limit: usize,
+        mut lane: mpsc::Receiver<Act>,
         results: mpsc::Sender<ActResult>,
+        busy: watch::Sender<usize>,
     ) {
+        let busy = Arc::new(busy);
         let mut tasks = JoinSet::new();
-        while let Some(write) = lane.recv().await {
-            while tasks.len() >= limit {
+        while let Some(act) = lane.recv().await {
+            busy.send_modify(|n| *n += 1);
+            while tasks.len() >= MAX_ACTS_IN_FLIGHT {
                 tasks.join_next().await;
             }
             let this = self.clone();
             let results = results.clone();
-            tasks.spawn(async move { this.perform(write, &results).await });
+            let busy = busy.clone();
+            tasks.spawn(async move {
+                this.perform_act(act, &results).await;
+                busy.send_modify(|n| *n -= 1);
+            });
             // Reap finished tasks so the set does not grow while the loop is busy.
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Performs reports in order of arrival, at most [`MAX_REPORTS_IN_FLIGHT`] at once, and
+    /// none while an action is queued or in flight.
+    async fn serve_reports(
+        self: Arc<Self>,
+        mut lane: mpsc::Receiver<Report>,
+        mut idle: watch::Receiver<usize>,
+    ) {
+        let mut tasks = JoinSet::new();
+        while let Some(report) = lane.recv().await {
+            while tasks.len() >= MAX_REPORTS_IN_FLIGHT {
+                tasks.join_next().await;
+            }
+            // The sender lives as long as the action lane; if it is gone, so is the writer.
+            let _ = idle.wait_for(|busy| *busy == 0).await;
+            let this = self.clone();
+            tasks.spawn(async move { this.perform_report(report).await });
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
@@ -179,28 +222,25 @@ impl Writer {
         *self.is_leader.borrow()
     }
 
-    async fn perform(&self, write: Write, results: &mpsc::Sender<ActResult>) {
-        match write {
-            Write::Act { intent, node } => {
-                let result = if self.leading() {
-                    self.act(&intent, node.as_deref()).await
-                } else {
-                    self.metrics.inc_intents_dropped(intent_kind(&intent));
-                    Err("not the leader any more".to_string())
-                };
-                // The decision loop ending first is a shutdown; nothing to report to.
-                let _ = results.send(ActResult { intent, result }).await;
-            }
-            Write::Event(note) => {
-                if self.leading() {
-                    self.publish(note).await;
-                }
-            }
-            Write::Status { policy, status } => {
-                if self.leading() {
-                    self.patch_status(&policy, status).await;
-                }
-            }
+    async fn perform_act(&self, act: Act, results: &mpsc::Sender<ActResult>) {
+        let Act { intent, node } = act;
+        let result = if self.leading() {
+            self.act(&intent, node.as_deref()).await
+        } else {
+            self.metrics.inc_intents_dropped(intent_kind(&intent));
+            Err("not the leader any more".to_string())
+        };
+        // The decision loop ending first is a shutdown; nothing to report to.
+        let _ = results.send(ActResult { intent, result }).await;
+    }
+
+    async fn perform_report(&self, report: Report) {
+        if !self.leading() {
+            return;
+        }
+        match report {
+            Report::Event(note) => self.publish(note).await,
+            Report::Status { policy, status } => self.patch_status(&policy, status).await,
         }
     }
 
@@ -287,8 +327,9 @@ mod tests {
             node: None,
         })
         .await;
-        assert!(
-            matches!(rx.acts.try_recv(), Ok(Write::Act { .. })),
+        assert_eq!(
+            rx.queued_intents().len(),
+            1,
             "the action is first in its lane, not behind the events"
         );
         assert_eq!(std::iter::from_fn(|| rx.reports.try_recv().ok()).count(), 3);
