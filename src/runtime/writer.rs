@@ -302,6 +302,8 @@ pub const fn intent_kind(intent: &Intent) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn note() -> EventNote {
@@ -312,6 +314,79 @@ mod tests {
             action: "Test",
             note: String::new(),
         }
+    }
+
+    /// A writer on a fake API server that records each request's method and path and holds
+    /// requests for nodes until `release` is notified.
+    fn writer_on_fake_api(
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+        release: Arc<tokio::sync::Notify>,
+    ) -> Writer {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let seen = seen.clone();
+            let release = release.clone();
+            async move {
+                let line = format!("{} {}", req.method(), req.uri().path());
+                seen.lock().expect("lock").push(line.clone());
+                if line.contains("/nodes/") {
+                    release.notified().await;
+                }
+                let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+                http::Response::builder()
+                    .status(404)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.to_vec()))
+            }
+        });
+        let client = Client::new(service, "default");
+        let reporter = Reporter {
+            controller: "podha-test".into(),
+            instance: None,
+        };
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let (_, is_leader) = watch::channel(true);
+        Writer::new(client, reporter, metrics, is_leader)
+    }
+
+    #[tokio::test]
+    async fn no_report_is_sent_while_an_action_is_in_flight() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let writer = writer_on_fake_api(seen.clone(), release.clone());
+        let (tx, rx) = lanes();
+        let (results_tx, mut results) = mpsc::channel(8);
+        tokio::spawn(writer.run(rx, results_tx));
+
+        tx.send(Write::Act {
+            intent: Intent::RemoveTaint {
+                node: "node-1".into(),
+            },
+            node: None,
+        })
+        .await;
+        tx.send(Write::Event(note())).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            *seen.lock().expect("lock"),
+            ["GET /api/v1/nodes/node-1"],
+            "the event waits while the action is in flight"
+        );
+
+        release.notify_one();
+        let result = results.recv().await.expect("the action's result");
+        assert!(result.result.is_err(), "the fake API answers 404");
+        for _ in 0..50 {
+            if seen.lock().expect("lock").len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(
+            seen[1].starts_with("POST ") && seen[1].ends_with("/events"),
+            "{seen:?}"
+        );
     }
 
     #[tokio::test]
