@@ -1,8 +1,8 @@
 //! Prometheus metrics for podha, in a registry owned by [`Metrics`] (no global registry), so
 //! tests and several operator instances in one process never share counters.
 //!
-//! Every family is listed in `DESIGN.md` §3; label values are bounded by their callers (policy
-//! names, `as_str()` of enums). When a policy is deleted, [`Metrics::forget_policy`] drops its
+//! Every family of `DESIGN.md` §3 is here, plus two that time podha's own actions; label values
+//! are bounded by their callers (policy names, `as_str()` of enums, action kinds). When a policy is deleted, [`Metrics::forget_policy`] drops its
 //! series so cardinality follows the live policies.
 
 use std::collections::HashMap;
@@ -18,6 +18,12 @@ use prometheus::{
 pub const PHASE_BUCKETS: &[f64] = &[
     0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0,
     300.0, 420.0, 600.0,
+];
+
+/// Upper bounds of the action timing histograms, in seconds: one API request on a quiet API
+/// server takes milliseconds, on a saturated one seconds.
+pub const ACTION_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 const POLICY: &str = "policy";
@@ -89,6 +95,8 @@ pub struct Metrics {
     intents_dropped: IntCounterVec,
     api_errors: IntCounterVec,
     cache_synced: IntGauge,
+    action_requests: HistogramVec,
+    action_latency: HistogramVec,
 }
 
 impl Metrics {
@@ -181,6 +189,24 @@ impl Metrics {
             "podha_cache_synced",
             "1 once every watch cache has completed its initial list, 0 before.",
         )?;
+        let action_requests = HistogramVec::new(
+            HistogramOpts::new(
+                "podha_action_request_duration_seconds",
+                "Time an action spent in its API requests (first request to last response), by \
+                 kind of action.",
+            )
+            .buckets(ACTION_BUCKETS.to_vec()),
+            &["kind"],
+        )?;
+        let action_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "podha_action_latency_seconds",
+                "Time from the decision loop sending an action to it handling the result: the \
+                 requests plus the waits in the writer's queue and the loop's, by kind of action.",
+            )
+            .buckets(ACTION_BUCKETS.to_vec()),
+            &["kind"],
+        )?;
 
         registry.register(Box::new(nodes.clone()))?;
         registry.register(Box::new(node_failures.clone()))?;
@@ -194,6 +220,8 @@ impl Metrics {
         registry.register(Box::new(intents_dropped.clone()))?;
         registry.register(Box::new(api_errors.clone()))?;
         registry.register(Box::new(cache_synced.clone()))?;
+        registry.register(Box::new(action_requests.clone()))?;
+        registry.register(Box::new(action_latency.clone()))?;
 
         let metrics = Self {
             registry,
@@ -209,6 +237,8 @@ impl Metrics {
             intents_dropped,
             api_errors,
             cache_synced,
+            action_requests,
+            action_latency,
         };
         // Export all node states from the start, so dashboards see 0 rather than no data.
         metrics.set_nodes(0, 0, 0);
@@ -278,6 +308,18 @@ impl Metrics {
         self.api_errors.with_label_values(&[operation]).inc();
     }
 
+    pub fn observe_action_requests(&self, kind: &str, duration: Duration) {
+        self.action_requests
+            .with_label_values(&[kind])
+            .observe(duration.as_secs_f64());
+    }
+
+    pub fn observe_action_latency(&self, kind: &str, duration: Duration) {
+        self.action_latency
+            .with_label_values(&[kind])
+            .observe(duration.as_secs_f64());
+    }
+
     pub fn set_cache_synced(&self, synced: bool) {
         self.cache_synced.set(i64::from(synced));
     }
@@ -335,6 +377,8 @@ mod tests {
         m.inc_intents_dropped("ForceDeletePod");
         m.inc_api_errors("delete_pod");
         m.set_cache_synced(true);
+        m.observe_action_requests("delete_pod", Duration::from_millis(20));
+        m.observe_action_latency("delete_pod", Duration::from_millis(30));
     }
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -396,6 +440,16 @@ mod tests {
                 r#"podha_api_errors_total{operation="delete_pod"} 1"#,
             ),
             ("podha_cache_synced", "gauge", "podha_cache_synced 1"),
+            (
+                "podha_action_request_duration_seconds",
+                "histogram",
+                r#"podha_action_request_duration_seconds_bucket{kind="delete_pod",le="0.025"} 1"#,
+            ),
+            (
+                "podha_action_latency_seconds",
+                "histogram",
+                r#"podha_action_latency_seconds_bucket{kind="delete_pod",le="0.05"} 1"#,
+            ),
         ];
         for (name, kind, sample) in cases {
             assert!(

@@ -48,6 +48,7 @@ pub enum ActorError {
 struct Pending {
     moved: Option<MovedPod>,
     policy: String,
+    sent_at: Instant,
 }
 
 /// Converts the loop's monotonic instants to wall-clock times for status and events, from one
@@ -464,7 +465,15 @@ impl Actor {
             Intent::RemoveTaint { node } => (None, self.marker_policy(node)),
             Intent::Hold { .. } => return,
         };
-        self.pending.insert(key, Pending { moved, policy });
+        let sent_at = Instant::now();
+        self.pending.insert(
+            key,
+            Pending {
+                moved,
+                policy,
+                sent_at,
+            },
+        );
         let node = match &intent {
             Intent::TaintNode { node, .. } => self.state.view.nodes.get(node).cloned(),
             _ => None,
@@ -486,6 +495,8 @@ impl Actor {
         let Some(pending) = self.pending.remove(&key) else {
             return;
         };
+        self.metrics
+            .observe_action_latency(intent_kind(&result.intent), now - pending.sent_at);
         let outcome = match result.result {
             Ok(outcome) => outcome,
             Err(error) => {

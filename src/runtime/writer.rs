@@ -245,7 +245,11 @@ impl Writer {
     }
 
     async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, String> {
-        match self.actuator.execute(intent, seen).await {
+        let started = tokio::time::Instant::now();
+        let result = self.actuator.execute(intent, seen).await;
+        self.metrics
+            .observe_action_requests(intent_kind(intent), started.elapsed());
+        match result {
             Ok(outcome) => {
                 debug!(?intent, ?outcome, "action done");
                 Ok(outcome)
@@ -292,7 +296,7 @@ impl Writer {
 /// Bounded label for an intent.
 pub const fn intent_kind(intent: &Intent) -> &'static str {
     match intent {
-        Intent::MarkNotReadyAndDelete { .. } => "mark_pod_not_ready",
+        Intent::MarkNotReadyAndDelete { .. } => "mark_and_delete_pod",
         Intent::ForceDeletePod { .. } => "delete_pod",
         Intent::TaintNode { .. } => "taint_node",
         Intent::RemoveTaint { .. } => "untaint_node",

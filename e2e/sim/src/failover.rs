@@ -140,6 +140,18 @@ impl Operator {
     pub fn phase_mean(&self, policy: &str, phase: &str) -> Option<f64> {
         phase_mean_in(&self.get("/metrics").ok()?, policy, phase)
     }
+
+    /// sum / count of the histogram `name` over the series whose labels contain every
+    /// `filters` part, when it has samples.
+    pub fn histogram_mean(&self, name: &str, filters: &[&str]) -> Option<f64> {
+        histogram_mean_in(&self.get("/metrics").ok()?, name, filters)
+    }
+}
+
+fn histogram_mean_in(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
+    let sum = metric_in(text, &format!("{name}_sum"), filters)?;
+    let count = metric_in(text, &format!("{name}_count"), filters)?;
+    (count > 0.0).then(|| sum / count)
 }
 
 /// Sum of the samples of `name` in the metrics `text` whose line contains every `filters` part.
@@ -158,9 +170,7 @@ fn phase_mean_in(text: &str, policy: &str, phase: &str) -> Option<f64> {
     let name = "podha_failover_phase_duration_seconds";
     let filters = [format!("phase=\"{phase}\""), format!("policy=\"{policy}\"")];
     let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
-    let sum = metric_in(text, &format!("{name}_sum"), &filters)?;
-    let count = metric_in(text, &format!("{name}_count"), &filters)?;
-    (count > 0.0).then(|| sum / count)
+    histogram_mean_in(text, name, &filters)
 }
 
 impl Drop for Operator {
@@ -497,4 +507,32 @@ pub fn render(timeline: &Timeline) -> String {
         )),
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METRICS: &str = r#"# TYPE podha_action_latency_seconds histogram
+podha_action_latency_seconds_bucket{kind="delete_pod",le="+Inf"} 4
+podha_action_latency_seconds_sum{kind="delete_pod"} 2
+podha_action_latency_seconds_count{kind="delete_pod"} 4
+podha_action_latency_seconds_sum{kind="taint_node"} 3
+podha_action_latency_seconds_count{kind="taint_node"} 1
+podha_failover_phase_duration_seconds_sum{phase="act",policy="p"} 1.5
+podha_failover_phase_duration_seconds_count{phase="act",policy="p"} 3
+"#;
+
+    #[test]
+    fn histogram_means_come_from_the_matching_series_only() {
+        let name = "podha_action_latency_seconds";
+        assert_eq!(
+            histogram_mean_in(METRICS, name, &["kind=\"delete_pod\""]),
+            Some(0.5)
+        );
+        assert_eq!(histogram_mean_in(METRICS, name, &[]), Some(1.0));
+        assert_eq!(histogram_mean_in(METRICS, name, &["kind=\"other\""]), None);
+        assert_eq!(phase_mean_in(METRICS, "p", "act"), Some(0.5));
+        assert_eq!(phase_mean_in(METRICS, "p", "detect"), None);
+    }
 }

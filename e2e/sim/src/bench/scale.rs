@@ -216,6 +216,9 @@ struct FailoverSample {
     last_failed_to_last_deleted: Option<f64>,
     first_failed_to_last_deleted: Option<f64>,
     podha_act_mean: Option<f64>,
+    /// Per kind of action: mean time in its API requests, and from podha's loop sending it to
+    /// handling its result.
+    action_timings: Vec<ActionTiming>,
     rss_after_kib: u64,
 }
 
@@ -895,8 +898,32 @@ async fn failover(
         last_failed_to_last_deleted: last_failed.zip(last_gone).map(|(a, b)| since(a, b)),
         first_failed_to_last_deleted: first_failed.zip(last_gone).map(|(a, b)| since(a, b)),
         podha_act_mean: podha.phase_mean(POLICY, "act"),
+        action_timings: action_timings(podha),
         rss_after_kib: status_kib(podha.pid(), "VmRSS").unwrap_or(0),
     })
+}
+
+/// podha's timing of one kind of action over the run.
+#[derive(Debug, Clone)]
+struct ActionTiming {
+    kind: &'static str,
+    requests_mean: Option<f64>,
+    latency_mean: Option<f64>,
+}
+
+fn action_timings(podha: &Operator) -> Vec<ActionTiming> {
+    ["taint_node", "mark_and_delete_pod", "delete_pod"]
+        .into_iter()
+        .map(|kind| {
+            let filter = format!("kind=\"{kind}\"");
+            let mean = |name| podha.histogram_mean(name, &[filter.as_str()]);
+            ActionTiming {
+                kind,
+                requests_mean: mean("podha_action_request_duration_seconds"),
+                latency_mean: mean("podha_action_latency_seconds"),
+            }
+        })
+        .collect()
 }
 
 /// Seconds from `a` to `b` (negative when `b` is earlier).
@@ -994,7 +1021,7 @@ fn render(r: &Report) -> String {
              (one {RWO_STORAGE_CLASS} volume each), {} Deployment pods without volumes\n",
             f.group, f.nodes, f.eligible, f.others
         ));
-        let rows = [
+        let mut rows = vec![
             (
                 "nodes judged dead by podha".to_string(),
                 format!("{}/{}", f.failed_seen, f.nodes),
@@ -1031,6 +1058,14 @@ fn render(r: &Report) -> String {
                 "podha's own act phase (mean)".to_string(),
                 secs(f.podha_act_mean),
             ),
+        ];
+        for t in &f.action_timings {
+            rows.push((
+                format!("{}: API requests / sent->handled (mean)", t.kind),
+                format!("{} / {}", secs(t.requests_mean), secs(t.latency_mean)),
+            ));
+        }
+        rows.extend([
             (
                 "eligible pods deleted".to_string(),
                 format!("{}/{}", f.deleted, f.eligible),
@@ -1047,7 +1082,7 @@ fn render(r: &Report) -> String {
                 "podha RSS after the failover".to_string(),
                 format!("{:.1} MiB", f.rss_after_kib as f64 / 1024.0),
             ),
-        ];
+        ]);
         for (k, v) in rows {
             out.push_str(&format!("  {k:<50} {v:>10}\n"));
         }
@@ -1096,6 +1131,11 @@ impl Report {
                 "last_failed_to_last_deleted_seconds": f.last_failed_to_last_deleted,
                 "first_failed_to_last_deleted_seconds": f.first_failed_to_last_deleted,
                 "podha_act_phase_mean_seconds": f.podha_act_mean,
+                "podha_action_timings": f.action_timings.iter().map(|t| json!({
+                    "kind": t.kind,
+                    "api_requests_mean_seconds": t.requests_mean,
+                    "sent_to_handled_mean_seconds": t.latency_mean,
+                })).collect::<Vec<_>>(),
                 "podha_rss_after_mib": f.rss_after_kib as f64 / 1024.0,
             })
         });
