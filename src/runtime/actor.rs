@@ -18,7 +18,7 @@ use super::actuator::Outcome;
 use super::prober::{ProbePlan, Target, kubelet_addr};
 use super::state::{Change, ClusterState};
 use super::status::{PolicyFacts, policy_status};
-use super::writer::{ActResult, EventNote, Lanes, Write, intent_kind};
+use super::writer::{ActResult, EventNote, Lanes, Report, intent_kind};
 use crate::api::{
     NodeTaint, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION,
 };
@@ -168,13 +168,9 @@ impl Actor {
         }
     }
 
-    async fn send(&self, write: Write) {
-        self.writes.send(write).await;
-    }
-
     async fn event(&self, note: EventNote) {
         if self.leading {
-            self.send(Write::Event(note)).await;
+            self.writes.report(Report::Event(note)).await;
         }
     }
 
@@ -478,7 +474,7 @@ impl Actor {
             Intent::TaintNode { node, .. } => self.state.view.nodes.get(node).cloned(),
             _ => None,
         };
-        self.send(Write::Act { intent, node }).await;
+        self.writes.act(intent, node).await;
     }
 
     fn marker_policy(&self, node: &str) -> String {
@@ -620,7 +616,7 @@ impl Actor {
     /// channel only loses an event, never an action.
     fn queue_event(&self, note: EventNote) {
         if self.leading {
-            self.writes.try_send_event(note);
+            self.writes.try_report(Report::Event(note));
         }
     }
 
@@ -815,11 +811,12 @@ impl Actor {
                 continue;
             }
             self.last_status.insert(name.clone(), status.clone());
-            self.send(Write::Status {
-                policy: name,
-                status,
-            })
-            .await;
+            self.writes
+                .report(Report::Status {
+                    policy: name,
+                    status,
+                })
+                .await;
         }
     }
 

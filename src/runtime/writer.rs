@@ -42,21 +42,8 @@ pub struct EventNote {
     pub note: String,
 }
 
-#[derive(Debug)]
-pub enum Write {
-    /// An action, with its node as the decision loop last saw it (a taint builds on it).
-    Act {
-        intent: Intent,
-        node: Option<Arc<Node>>,
-    },
-    Event(EventNote),
-    Status {
-        policy: String,
-        status: PodHAPolicyStatus,
-    },
-}
-
-/// An action and the node it is about, as the decision loop last saw it.
+/// An action and the node it is about, as the decision loop last saw it (a node patch builds
+/// on it).
 #[derive(Debug)]
 pub struct Act {
     intent: Intent,
@@ -98,22 +85,19 @@ pub fn lanes() -> (Lanes, LaneReceivers) {
 }
 
 impl Lanes {
-    /// Queues a write in its lane, waiting for room. A closed lane means shutdown: the write
-    /// is dropped.
-    pub async fn send(&self, write: Write) {
-        let _ = match write {
-            Write::Act { intent, node } => self.acts.send(Act { intent, node }).await.is_ok(),
-            Write::Event(note) => self.reports.send(Report::Event(note)).await.is_ok(),
-            Write::Status { policy, status } => {
-                let status = Report::Status { policy, status };
-                self.reports.send(status).await.is_ok()
-            }
-        };
+    /// Queues an action, waiting for room. A closed lane means shutdown: the action is dropped.
+    pub async fn act(&self, intent: Intent, node: Option<Arc<Node>>) {
+        let _ = self.acts.send(Act { intent, node }).await;
     }
 
-    /// Queues an event without waiting; a full lane drops it.
-    pub fn try_send_event(&self, note: EventNote) {
-        let _ = self.reports.try_send(Report::Event(note));
+    /// Queues a report, waiting for room. A closed lane means shutdown: the report is dropped.
+    pub async fn report(&self, report: Report) {
+        let _ = self.reports.send(report).await;
+    }
+
+    /// Queues a report without waiting; a full lane drops it.
+    pub fn try_report(&self, report: Report) {
+        let _ = self.reports.try_send(report);
     }
 }
 
@@ -361,14 +345,11 @@ mod tests {
         let (results_tx, mut results) = mpsc::channel(8);
         tokio::spawn(writer.run(rx, results_tx));
 
-        tx.send(Write::Act {
-            intent: Intent::RemoveTaint {
-                node: "node-1".into(),
-            },
-            node: None,
-        })
-        .await;
-        tx.send(Write::Event(note())).await;
+        let untaint = Intent::RemoveTaint {
+            node: "node-1".into(),
+        };
+        tx.act(untaint, None).await;
+        tx.report(Report::Event(note())).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(
             *seen.lock().expect("lock"),
@@ -397,15 +378,12 @@ mod tests {
     async fn actions_and_reports_travel_in_separate_lanes() {
         let (tx, mut rx) = lanes();
         for _ in 0..3 {
-            tx.send(Write::Event(note())).await;
+            tx.report(Report::Event(note())).await;
         }
-        tx.send(Write::Act {
-            intent: Intent::RemoveTaint {
-                node: "node-1".into(),
-            },
-            node: None,
-        })
-        .await;
+        let untaint = Intent::RemoveTaint {
+            node: "node-1".into(),
+        };
+        tx.act(untaint, None).await;
         assert_eq!(
             rx.queued_intents().len(),
             1,
