@@ -471,7 +471,9 @@ impl Actor {
             },
         );
         let node = match &intent {
-            Intent::TaintNode { node, .. } => self.state.view.nodes.get(node).cloned(),
+            Intent::TaintNode { node, .. } | Intent::RemoveTaint { node } => {
+                self.state.view.nodes.get(node).cloned()
+            }
             _ => None,
         };
         self.writes.act(intent, node).await;

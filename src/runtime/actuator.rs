@@ -2,8 +2,6 @@
 //! removing the out-of-service taint. Every write is idempotent and re-checks the live object,
 //! so a retry, a restart or a second replica never does harm.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
@@ -41,8 +39,6 @@ pub enum ActError {
     Api(#[from] kube::Error),
     #[error("node {0} changed under us too many times")]
     Conflict(String),
-    #[error("cannot build a patch: {0}")]
-    Patch(#[from] serde_json::Error),
     #[error("a hold is not an action")]
     NotAnAction,
 }
@@ -53,7 +49,6 @@ impl ActError {
         match self {
             Self::Api(_) => "api",
             Self::Conflict(_) => "conflict",
-            Self::Patch(_) => "patch",
             Self::NotAnAction => "not_an_action",
         }
     }
@@ -73,7 +68,7 @@ impl Actuator {
     }
 
     /// Carries out one intent. `seen` is the intent's node as the decision loop last saw it, if
-    /// any (a taint builds on it). Holds are not actions.
+    /// any (a taint or untaint builds on it). Holds are not actions.
     pub async fn execute(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, ActError> {
         match intent {
             Intent::MarkNotReadyAndDelete { pod, uid, node, .. } => {
@@ -85,7 +80,7 @@ impl Actuator {
                 policy,
                 taint,
             } => self.taint(node, policy, *taint, seen).await,
-            Intent::RemoveTaint { node } => self.untaint(node).await,
+            Intent::RemoveTaint { node } => self.untaint(node, seen).await,
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
     }
@@ -174,16 +169,36 @@ impl Actuator {
         })
     }
 
-    /// Adds the taint and podha's marker in one merge patch guarded by the node's
-    /// resourceVersion (a merge patch replaces the taint list whole; the precondition makes
-    /// that exact). The first try builds on `seen`, the node as the decision loop last saw it,
-    /// so the usual case is one request; a conflict reads the node and tries again.
+    /// Adds the taint and podha's marker (see [`taint_patch`]).
     pub async fn taint(
         &self,
         node: &str,
         policy: &str,
         kind: NodeTaint,
         seen: Option<&Node>,
+    ) -> Result<Outcome, ActError> {
+        self.patch_node(node, seen, |current| {
+            (!kind.on(current)).then(|| (taint_patch(current, policy, kind), Outcome::Applied))
+        })
+        .await
+    }
+
+    /// Removes podha's taints (out-of-service, fence) and the marker (see [`untaint_patch`]).
+    pub async fn untaint(&self, node: &str, seen: Option<&Node>) -> Result<Outcome, ActError> {
+        self.patch_node(node, seen, untaint_patch).await
+    }
+
+    /// Changes `node` with one merge patch that `change` builds on a version of it and guards
+    /// with that version's resourceVersion (a merge patch replaces the taint list whole; the
+    /// precondition makes that exact). The first try builds on `seen`, the node as the decision
+    /// loop last saw it, so the usual case is one request; a conflict reads the node and tries
+    /// again. `change` gives the patch and the outcome it stands for, or `None` when there is
+    /// nothing to do.
+    async fn patch_node(
+        &self,
+        node: &str,
+        seen: Option<&Node>,
+        change: impl Fn(&Node) -> Option<(serde_json::Value, Outcome)>,
     ) -> Result<Outcome, ActError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let mut base = seen
@@ -194,60 +209,17 @@ impl Actuator {
                 Some(seen) => seen,
                 None => api.get(node).await?,
             };
-            if kind.on(&current) {
+            let Some((patch, outcome)) = change(&current) else {
                 return Ok(Outcome::AlreadyDone);
-            }
-            let patch = taint_patch(&current, policy, kind);
+            };
             match api
                 .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Ok(Outcome::Applied),
+                Ok(_) => return Ok(outcome),
                 // The node changed since `current`: read it again.
                 Err(kube::Error::Api(status)) if status.code == 409 => {}
                 Err(e) => return Err(e.into()),
-            }
-        }
-        Err(ActError::Conflict(node.to_string()))
-    }
-
-    /// Removes podha's taints (out-of-service, fence) and the marker, but only when the marker
-    /// says podha added them: a taint somebody else put on a node without the marker stays.
-    pub async fn untaint(&self, node: &str) -> Result<Outcome, ActError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        for _ in 0..CONFLICT_RETRIES {
-            let live = api.get(node).await?;
-            let marked = live
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
-            if !marked {
-                return Ok(Outcome::AlreadyDone);
-            }
-            let mut ops = vec![test_resource_version(&live)];
-            let podha_keys: Vec<&str> = NodeTaint::ALL.iter().map(|t| t.key()).collect();
-            let indexes: Vec<usize> = live
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .map(|taints| {
-                    (0..taints.len())
-                        .filter(|&i| podha_keys.contains(&taints[i].key.as_str()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            // Highest index first, so earlier removals do not shift later ones.
-            for i in indexes.iter().rev() {
-                ops.push(json!({"op": "remove", "path": format!("/spec/taints/{i}")}));
-            }
-            ops.push(json!({"op": "remove", "path": annotation_path()}));
-            if patch_or_conflict(&api, node, ops).await? {
-                return Ok(if indexes.is_empty() {
-                    Outcome::AlreadyDone
-                } else {
-                    Outcome::Applied
-                });
             }
         }
         Err(ActError::Conflict(node.to_string()))
@@ -276,40 +248,40 @@ fn taint_patch(node: &Node, policy: &str, kind: NodeTaint) -> serde_json::Value 
     })
 }
 
-fn test_resource_version(node: &Node) -> serde_json::Value {
-    json!({"op": "test", "path": "/metadata/resourceVersion",
-           "value": node.metadata.resource_version.clone().unwrap_or_default()})
-}
-
-fn annotation_path() -> String {
-    // JSON pointer escaping: '/' in the key becomes "~1".
-    format!(
-        "/metadata/annotations/{}",
-        TAINT_MARKER_ANNOTATION
-            .replace('~', "~0")
-            .replace('/', "~1")
-    )
-}
-
-/// Applies a JSON patch; `Ok(false)` when its resourceVersion test failed (the node changed).
-async fn patch_or_conflict(
-    api: &Api<Node>,
-    node: &str,
-    ops: Vec<serde_json::Value>,
-) -> Result<bool, ActError> {
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
-    match api
-        .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-    {
-        Ok(_) => Ok(true),
-        // A failed `test` op is 422 (Invalid); a resourceVersion race may also surface as 409.
-        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            Ok(false)
-        }
-        Err(e) => Err(e.into()),
+/// The merge patch that removes podha's taints and marker from `node` as it is in this
+/// version, and what it stands for: `Applied` when a taint of podha's goes, `AlreadyDone` when
+/// only the marker is left. `None` without the marker: a taint somebody else put on the node
+/// stays.
+fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
+    let marked = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+    if !marked {
+        return None;
     }
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let before = taints.len();
+    let kept: Vec<Taint> = taints
+        .into_iter()
+        .filter(|t| !NodeTaint::ALL.iter().any(|k| k.key() == t.key))
+        .collect();
+    let mut patch = json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": { TAINT_MARKER_ANNOTATION: null },
+        },
+    });
+    if kept.len() == before {
+        return Some((patch, Outcome::AlreadyDone));
+    }
+    patch["spec"] = json!({ "taints": kept });
+    Some((patch, Outcome::Applied))
 }
 
 #[cfg(test)]
@@ -349,10 +321,41 @@ mod tests {
     }
 
     #[test]
-    fn the_marker_annotation_is_escaped_as_a_json_pointer() {
-        assert_eq!(
-            annotation_path(),
-            "/metadata/annotations/podha.io~1out-of-service-taint"
+    fn the_untaint_patch_removes_only_podhas_taints_and_marker() {
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("42".into());
+        let foreign = Taint {
+            key: "node.kubernetes.io/unreachable".into(),
+            effect: "NoExecute".into(),
+            ..Taint::default()
+        };
+        let ours = Taint {
+            key: NodeTaint::OutOfService.key().into(),
+            effect: NodeTaint::OutOfService.effect().into(),
+            ..Taint::default()
+        };
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: Some(vec![foreign, ours]),
+            ..Default::default()
+        });
+        assert!(
+            untaint_patch(&node).is_none(),
+            "without podha's marker nothing is removed"
         );
+
+        node.metadata.annotations = Some([(TAINT_MARKER_ANNOTATION.into(), "p".into())].into());
+        let (patch, outcome) = untaint_patch(&node).expect("marked");
+        assert_eq!(outcome, Outcome::Applied);
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert!(patch["metadata"]["annotations"][TAINT_MARKER_ANNOTATION].is_null());
+        let taints = patch["spec"]["taints"].as_array().expect("taints");
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0]["key"], "node.kubernetes.io/unreachable");
+
+        // The taint gone already, the marker left: remove the marker, nothing else.
+        node.spec = None;
+        let (patch, outcome) = untaint_patch(&node).expect("marked");
+        assert_eq!(outcome, Outcome::AlreadyDone);
+        assert!(patch.get("spec").is_none());
     }
 }
