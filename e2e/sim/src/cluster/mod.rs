@@ -45,7 +45,7 @@
 mod bins;
 mod fleet;
 mod pki;
-mod process;
+pub mod process;
 mod state;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -24,6 +24,13 @@ pub struct ProcRecord {
     pub start_time: u64,
 }
 
+impl ProcRecord {
+    /// The record of the running process `pid`, if there is one.
+    pub fn of(pid: i32) -> Option<Self> {
+        start_time(pid).map(|start_time| Self { pid, start_time })
+    }
+}
+
 /// Starts `cmd` in a new process group, stdin from /dev/null, stdout and stderr appended to
 /// `log`. A thread reaps it when it exits, so a killed child never lingers as a zombie of a
 /// long-lived parent (the test binary).
@@ -67,12 +74,23 @@ fn start_time(pid: i32) -> Option<u64> {
     stat(pid).map(|(_, start)| start)
 }
 
-/// True when the recorded process still runs (a zombie counts as gone).
+/// True when the recorded process still runs. A zombie counts as gone only once it is its
+/// last thread: when a multi-threaded process (kwok, a Go program) is killed, its leader thread
+/// can turn zombie while other threads are still exiting and still hold its open files, so a
+/// killed node's kubelet port would go on accepting connections for a moment.
 pub fn is_alive(rec: &ProcRecord) -> bool {
     match stat(rec.pid) {
-        Some((state, start)) => state != 'Z' && state != 'X' && start == rec.start_time,
+        Some((_, start)) if start != rec.start_time => false,
+        Some(('Z' | 'X', _)) => threads(rec.pid) > 1,
+        Some(_) => true,
         None => false,
     }
+}
+
+/// Threads of `pid` still listed by the kernel (a thread leaves the list after it has closed
+/// its share of the process's files).
+fn threads(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |dir| dir.count())
 }
 
 /// SIGKILLs the process group of `rec` if its leader is still the recorded process, and waits
