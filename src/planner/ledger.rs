@@ -19,8 +19,9 @@ pub struct Incident {
     pub pods_at_failure: BTreeSet<String>,
     /// UIDs of the pods podha force-deleted.
     pub deleted: BTreeSet<String>,
-    /// UIDs of the pods podha marked NotReady before deleting them.
-    pub marked_not_ready: BTreeSet<String>,
+    /// The pods podha marked NotReady, by UID: the resourceVersion the mark produced, or
+    /// `None` once a delete in that version found the pod changed (the watch decides then).
+    pub marked_not_ready: BTreeMap<String, Option<String>>,
     /// podha added the out-of-service taint for this incident.
     pub tainted: bool,
 }
@@ -50,7 +51,7 @@ impl Ledger {
                 since,
                 pods_at_failure,
                 deleted: BTreeSet::new(),
-                marked_not_ready: BTreeSet::new(),
+                marked_not_ready: BTreeMap::new(),
                 tainted: false,
             },
         );
@@ -72,10 +73,22 @@ impl Ledger {
         }
     }
 
-    /// Records that the pod `uid` on `node` was marked NotReady.
-    pub fn record_marked_not_ready(&mut self, node: &str, uid: &str) {
+    /// Records that the pod `uid` on `node` was marked NotReady, in `version`.
+    pub fn record_marked_not_ready(&mut self, node: &str, uid: &str, version: Option<String>) {
         if let Some(incident) = self.incidents.get_mut(node) {
-            incident.marked_not_ready.insert(uid.to_string());
+            incident.marked_not_ready.insert(uid.to_string(), version);
+        }
+    }
+
+    /// Records that the pod `uid` on `node` changed after podha marked it: no delete in the
+    /// marked version any more.
+    pub fn record_changed_since_mark(&mut self, node: &str, uid: &str) {
+        if let Some(version) = self
+            .incidents
+            .get_mut(node)
+            .and_then(|incident| incident.marked_not_ready.get_mut(uid))
+        {
+            *version = None;
         }
     }
 

@@ -11,8 +11,11 @@
 //! - **Stale readiness.** A pod still Ready on a dead node shows what the dead kubelet last
 //!   wrote. The node lifecycle controller marks such pods NotReady only after its grace period
 //!   (50 s by default); podha marks the pods it will move NotReady as soon as it judges the node
-//!   dead, and deletes them once they are not Ready. A pod that stays Ready after podha marked it
-//!   is left alone: something alive keeps reporting it.
+//!   dead (beside the taint: a mark moves nothing), and deletes each one in the version its mark
+//!   produced, or once the watch shows it not Ready. A pod that changed after podha marked it
+//!   and is Ready again is left alone: something alive keeps reporting it.
+//! - **Taint first.** A pod is deleted only once its node's taint is on (ledger or node): a
+//!   replacement created before could be scheduled straight back onto the dead node.
 //! - **Hold when unsure.** Too many failed nodes, or a dry run, turns actions into holds.
 
 mod ledger;
@@ -58,22 +61,24 @@ pub enum Intent {
         policy: String,
         taint: NodeTaint,
     },
-    /// Set the pod's Ready condition to False (its node is dead, the readiness is stale), then
-    /// force-delete it unless it changed in between (UID and resourceVersion preconditions).
-    MarkNotReadyAndDelete {
+    /// Set the pod's Ready condition to False (its node is dead, the readiness is stale), if it
+    /// is still the object with this UID.
+    MarkPodNotReady {
         pod: ObjectKey,
         uid: String,
         node: String,
         policy: String,
-        owner_kind: &'static str,
     },
-    /// Force-delete (grace 0) the pod with this UID (UID precondition).
+    /// Force-delete (grace 0) the pod with this UID (UID precondition), and, for a pod podha
+    /// marked NotReady that the watch does not show so yet, only in the version the mark
+    /// produced (resourceVersion precondition).
     ForceDeletePod {
         pod: ObjectKey,
         uid: String,
         node: String,
         policy: String,
         owner_kind: &'static str,
+        resource_version: Option<String>,
     },
     /// Remove the taints podha added (the node is back and holds no volume).
     RemoveTaint { node: String },
@@ -139,8 +144,9 @@ impl Skip {
     }
 }
 
-/// The outcome of one planning round. A node's pods are planned only once its taint is on
-/// (recorded in the ledger or seen on the node), so no two intents depend on each other.
+/// The outcome of one planning round. A pod's delete is planned only once its node's taint is
+/// on (recorded in the ledger or seen on the node) and, for a pod still Ready, its mark has
+/// landed, so no two intents of a round depend on each other.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub intents: Vec<Intent>,
@@ -228,7 +234,8 @@ fn plan_incident(
         return;
     };
     let usable = node_usable(input.health);
-    let mut moves = Vec::new();
+    let mut marks = Vec::new();
+    let mut deletes = Vec::new();
 
     for pod in view.pods_on(node) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
@@ -265,46 +272,61 @@ fn plan_incident(
             out.skips.push(skip(Skip::Replacement));
             continue;
         }
-        match eligibility::check_movable(owner.spec, pod, view, &usable) {
-            Err(reason) => out.skips.push(skip(Skip::Ineligible(reason))),
-            // Marked already, not deleted (the pod changed between the mark and the delete), and
-            // still Ready: wait for the watch to show the mark (or, if a live kubelet turned it
-            // Ready again, for the node to be judged healthy).
-            Ok(_) if eligibility::looks_alive(pod) && incident.marked_not_ready.contains(uid) => {}
-            Ok(eligible) if eligibility::looks_alive(pod) => {
-                let intent = Intent::MarkNotReadyAndDelete {
-                    pod: key,
-                    uid: uid.to_string(),
-                    node: node.to_string(),
-                    policy: owner.name.to_string(),
-                    owner_kind: eligible.owner_kind,
-                };
-                moves.push((owner, intent));
+        let eligible = match eligibility::check_movable(owner.spec, pod, view, &usable) {
+            Err(reason) => {
+                out.skips.push(skip(Skip::Ineligible(reason)));
+                continue;
             }
-            Ok(eligible) => {
-                let intent = Intent::ForceDeletePod {
-                    pod: key,
-                    uid: uid.to_string(),
-                    node: node.to_string(),
-                    policy: owner.name.to_string(),
-                    owner_kind: eligible.owner_kind,
-                };
-                moves.push((owner, intent));
+            Ok(eligible) => eligible,
+        };
+        let resource_version = if eligibility::looks_alive(pod) {
+            match incident.marked_not_ready.get(uid) {
+                None => {
+                    let intent = Intent::MarkPodNotReady {
+                        pod: key,
+                        uid: uid.to_string(),
+                        node: node.to_string(),
+                        policy: owner.name.to_string(),
+                    };
+                    marks.push((owner, intent));
+                    continue;
+                }
+                // Marked, and the watch does not show it yet: delete that version only.
+                Some(Some(version)) => Some(version.clone()),
+                // Marked, but the pod changed since and still shows Ready: wait for the watch
+                // to show the mark (or, if a live kubelet turned it Ready again, for the node
+                // to be judged healthy).
+                Some(None) => continue,
             }
-        }
+        } else {
+            None
+        };
+        let intent = Intent::ForceDeletePod {
+            pod: key,
+            uid: uid.to_string(),
+            node: node.to_string(),
+            policy: owner.name.to_string(),
+            owner_kind: eligible.owner_kind,
+            resource_version,
+        };
+        deletes.push((owner, intent));
     }
 
-    // The pods move only once the node carries its taint: the writer runs actions
-    // concurrently, and a pod deleted before the taint lands may have its replacement
-    // scheduled straight back onto the dead node (still Ready for the node lifecycle
-    // controller for up to 50 s). A taint that is only a dry-run hold does not wait.
-    let taint = plan_taint(incident, node_obj, policies, held, input, &moves);
+    // Marks go out with the taint: they move nothing. Deletes only once the node carries its
+    // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
+    // have its replacement scheduled straight back onto the dead node (still Ready for the node
+    // lifecycle controller for up to 50 s). A taint that is only a dry-run hold does not wait.
+    let moving = !marks.is_empty() || !deletes.is_empty();
+    let taint = plan_taint(incident, node_obj, policies, held, input, moving);
     let wait_for_taint = matches!(taint, Some(Intent::TaintNode { .. }));
     out.intents.extend(taint);
+    for (owner, intent) in marks {
+        out.intents.push(dry_run_guard(owner, node, intent));
+    }
     if wait_for_taint {
         return;
     }
-    for (owner, intent) in moves {
+    for (owner, intent) in deletes {
         out.intents.push(dry_run_guard(owner, node, intent));
     }
 }
@@ -321,7 +343,7 @@ fn plan_taint(
     policies: &[PolicyRef<'_>],
     held: &BTreeMap<&str, HoldReason>,
     input: &PlanInput<'_>,
-    moves: &[(PolicyRef<'_>, Intent)],
+    moving: bool,
 ) -> Option<Intent> {
     let owner = node_owner(policies, node)?;
     let taint = NodeTaint::for_action(owner.spec.action);
@@ -329,12 +351,7 @@ fn plan_taint(
         health_of(input.health, owner.name, &incident.node),
         Some(NodeHealth::Failed { .. })
     );
-    if !failed
-        || held.contains_key(owner.name)
-        || incident.tainted
-        || taint.on(node)
-        || moves.is_empty()
-    {
+    if !failed || held.contains_key(owner.name) || incident.tainted || taint.on(node) || !moving {
         return None;
     }
     let intent = Intent::TaintNode {

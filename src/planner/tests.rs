@@ -177,6 +177,7 @@ fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
             node: "node-1".into(),
             policy: "p".into(),
             owner_kind: "StatefulSet",
+            resource_version: None,
         }]
     );
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
@@ -691,8 +692,17 @@ fn intent_names(plan: &Plan) -> Vec<String> {
     plan.intents
         .iter()
         .map(|i| match i {
-            Intent::MarkNotReadyAndDelete { pod, .. } => format!("mark {pod}"),
-            Intent::ForceDeletePod { pod, .. } => format!("delete {pod}"),
+            Intent::MarkPodNotReady { pod, .. } => format!("mark {pod}"),
+            Intent::ForceDeletePod {
+                pod,
+                resource_version: None,
+                ..
+            } => format!("delete {pod}"),
+            Intent::ForceDeletePod {
+                pod,
+                resource_version: Some(v),
+                ..
+            } => format!("delete {pod} in version {v}"),
             Intent::TaintNode { node, taint, .. } => format!("taint {node} {}", taint.key()),
             Intent::RemoveTaint { node } => format!("untaint {node}"),
             Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
@@ -721,22 +731,29 @@ fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
     let mut world = World::new(cluster_with_ready_pod())
         .policy("p", delete_pods())
         .fail("node-1");
+    // The mark goes out beside the taint: it moves nothing.
     assert_eq!(
         intent_names(&world.plan()),
-        ["taint node-1 podha.io/fenced"]
+        ["taint node-1 podha.io/fenced", "mark ns/db-0"]
     );
     world.ledger.record_tainted("node-1");
     assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
 
-    // Marked, but the pod changed before the delete that follows the mark (so it was not
-    // deleted), and the watch still shows it Ready: wait, do not mark again nor delete.
+    // Marked: delete at once, in the version the mark produced (the watch still shows Ready).
     let uid = uid(&world.view, "node-1", "db-0");
-    world.ledger.record_marked_not_ready("node-1", &uid);
+    world
+        .ledger
+        .record_marked_not_ready("node-1", &uid, Some("7".into()));
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0 in version 7"]);
+
+    // The pod changed after the mark (the delete found another version) and the watch still
+    // shows it Ready: wait, do not mark again nor delete.
+    world.ledger.record_changed_since_mark("node-1", &uid);
     let plan = world.plan();
     assert!(plan.intents.is_empty(), "{:?}", plan.intents);
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
 
-    // The mark shows: delete.
+    // The watch shows it not Ready: delete.
     world.view = cluster(3);
     assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
 }
@@ -774,17 +791,29 @@ fn ready_pods_that_would_not_move_are_not_marked() {
 }
 
 #[test]
-fn ready_pods_are_marked_only_once_the_taint_is_on() {
+fn a_marked_pod_is_deleted_only_once_the_taint_is_on() {
     let spec = with_action(mk_spec(), Action::OutOfServiceTaint);
     let mut world = World::new(cluster_with_ready_pod())
         .policy("p", spec)
         .fail("node-1");
     assert_eq!(
         intent_names(&world.plan()),
+        [
+            "taint node-1 node.kubernetes.io/out-of-service",
+            "mark ns/db-0"
+        ]
+    );
+    // The mark lands first: the taint is still to come, so no delete yet.
+    let uid = uid(&world.view, "node-1", "db-0");
+    world
+        .ledger
+        .record_marked_not_ready("node-1", &uid, Some("7".into()));
+    assert_eq!(
+        intent_names(&world.plan()),
         ["taint node-1 node.kubernetes.io/out-of-service"]
     );
     world.ledger.record_tainted("node-1");
-    assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0 in version 7"]);
 }
 
 #[test]

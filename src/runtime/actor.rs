@@ -149,10 +149,14 @@ impl Actor {
                     None => return Err(ActorError::WatchesEnded),
                 },
                 Some(result) = results.recv() => {
-                    // A node's pods move once its taint is on: plan them now, not a tick later.
-                    let tainted = matches!(result.intent, Intent::TaintNode { .. });
+                    // A pod is deleted once its node's taint is on and its mark has landed:
+                    // plan the delete now, not a tick later.
+                    let unblocks = matches!(
+                        result.intent,
+                        Intent::TaintNode { .. } | Intent::MarkPodNotReady { .. }
+                    );
                     self.on_result(result, Instant::now());
-                    if tainted {
+                    if unblocks {
                         self.tick(Instant::now()).await;
                     }
                 }
@@ -443,7 +447,7 @@ impl Actor {
             Intent::ForceDeletePod {
                 node, uid, policy, ..
             }
-            | Intent::MarkNotReadyAndDelete {
+            | Intent::MarkPodNotReady {
                 node, uid, policy, ..
             } => {
                 let pod = self
@@ -510,14 +514,38 @@ impl Actor {
         self.retry_at.remove(&key);
         let applied = outcome == Outcome::Applied;
         match &result.intent {
-            Intent::MarkNotReadyAndDelete {
+            Intent::MarkPodNotReady { node, uid, pod, .. } => match outcome {
+                Outcome::Marked { resource_version } => {
+                    self.ledger
+                        .record_marked_not_ready(node, uid, resource_version);
+                    info!(%pod, node, "pod marked NotReady");
+                    if let Some(f) = self.failovers.get_mut(node)
+                        && let Some(change) = f.record_action(now, None)
+                        && let Some(f) = self.failovers.get(node)
+                    {
+                        observe(&self.metrics, f, &change);
+                    }
+                }
+                // Gone, or the name is another pod now: nothing left to delete; its volumes
+                // are followed as for a delete.
+                _ => {
+                    self.ledger.record_deleted(node, uid);
+                    if let Some(f) = self.failovers.get_mut(node)
+                        && let Some(change) = f.record_action(now, pending.moved)
+                        && let Some(f) = self.failovers.get(node)
+                    {
+                        observe(&self.metrics, f, &change);
+                    }
+                }
+            },
+            Intent::ForceDeletePod {
                 pod,
                 uid,
                 node,
                 policy,
                 ..
-            } if outcome == Outcome::MarkedOnly => {
-                self.ledger.record_marked_not_ready(node, uid);
+            } if outcome == Outcome::Changed => {
+                self.ledger.record_changed_since_mark(node, uid);
                 info!(%pod, node, "pod marked NotReady; it changed before the delete");
                 let note = format!(
                     "marked NotReady: node {node} is dead (policy {policy}); the pod changed \
@@ -537,13 +565,7 @@ impl Actor {
                 pod,
                 owner_kind,
                 policy,
-            }
-            | Intent::MarkNotReadyAndDelete {
-                node,
-                uid,
-                pod,
-                owner_kind,
-                policy,
+                ..
             } => {
                 self.ledger.record_deleted(node, uid);
                 if applied {
@@ -557,7 +579,10 @@ impl Actor {
                     observe(&self.metrics, f, &change);
                 }
                 if applied {
-                    let marked = matches!(result.intent, Intent::MarkNotReadyAndDelete { .. });
+                    let marked = self
+                        .ledger
+                        .get(node)
+                        .is_some_and(|i| i.marked_not_ready.contains_key(uid));
                     let how = if marked { "marked NotReady and " } else { "" };
                     let note =
                         format!("{how}force-deleted from dead node {node} (policy {policy})");
@@ -907,7 +932,7 @@ fn observe(metrics: &Metrics, f: &Failover, change: &PhaseChange) {
 /// The node an intent is about ("" for a policy-wide hold).
 fn intent_node(intent: &Intent) -> &str {
     match intent {
-        Intent::MarkNotReadyAndDelete { node, .. }
+        Intent::MarkPodNotReady { node, .. }
         | Intent::ForceDeletePod { node, .. }
         | Intent::TaintNode { node, .. }
         | Intent::RemoveTaint { node } => node,
@@ -917,7 +942,7 @@ fn intent_node(intent: &Intent) -> &str {
 
 fn intent_key(intent: &Intent) -> String {
     match intent {
-        Intent::MarkNotReadyAndDelete { uid, .. } => format!("mark/{uid}"),
+        Intent::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
         Intent::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
         Intent::TaintNode { node, .. } => format!("taint/{node}"),
         Intent::RemoveTaint { node } => format!("untaint/{node}"),
@@ -937,7 +962,7 @@ fn intent_key(intent: &Intent) -> String {
 
 fn describe(intent: &Intent) -> String {
     match intent {
-        Intent::MarkNotReadyAndDelete { pod, node, .. } => {
+        Intent::MarkPodNotReady { pod, node, .. } => {
             format!("mark pod {pod} on dead node {node} NotReady, then force-delete it")
         }
         Intent::ForceDeletePod { pod, node, .. } => {
@@ -1115,17 +1140,27 @@ mod tests {
     }
 
     fn mark_of(pod: &str) -> Intent {
-        Intent::MarkNotReadyAndDelete {
+        Intent::MarkPodNotReady {
+            pod: crate::view::ObjectKey::new("ns", pod),
+            uid: format!("uid-ns-{pod}"),
+            node: "node-1".into(),
+            policy: "p".into(),
+        }
+    }
+
+    fn delete_of(pod: &str, version: &str) -> Intent {
+        Intent::ForceDeletePod {
             pod: crate::view::ObjectKey::new("ns", pod),
             uid: format!("uid-ns-{pod}"),
             node: "node-1".into(),
             policy: "p".into(),
             owner_kind: "StatefulSet",
+            resource_version: Some(version.into()),
         }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_ready_pod_is_marked_and_deleted_in_one_action_unless_it_changed_between() {
+    async fn ready_pods_are_marked_beside_the_taint_then_deleted_in_the_marked_version() {
         let objects: Vec<Obj> = vec![
             mk_node("node-1").ready(false).into(),
             mk_node("node-2").into(),
@@ -1149,13 +1184,34 @@ mod tests {
         ];
         let mut h = harness(objects);
         h.actor.tick(Instant::now()).await;
-        assert_eq!(acts(&mut h.writes), ["taint/node-1"]);
+        assert_eq!(
+            acts(&mut h.writes),
+            ["taint/node-1", "mark/uid-ns-db-0", "mark/uid-ns-db-1"],
+            "the marks go out with the taint"
+        );
+        let now = Instant::now();
+        for (pod, version) in [("db-0", "10"), ("db-1", "11")] {
+            let result = Ok(Outcome::Marked {
+                resource_version: Some(version.into()),
+            });
+            h.actor.on_result(
+                ActResult {
+                    intent: mark_of(pod),
+                    result,
+                },
+                now,
+            );
+        }
+        h.actor.tick(now).await;
+        assert!(
+            acts(&mut h.writes).is_empty(),
+            "no delete before the taint is on"
+        );
         let taint = Intent::TaintNode {
             node: "node-1".into(),
             policy: "p".into(),
             taint: NodeTaint::OutOfService,
         };
-        let now = Instant::now();
         h.actor.on_result(
             ActResult {
                 intent: taint,
@@ -1165,14 +1221,18 @@ mod tests {
         );
         h.actor.tick(now).await;
         assert_eq!(
-            acts(&mut h.writes),
-            ["mark/uid-ns-db-0", "mark/uid-ns-db-1"]
+            h.writes.queued_intents(),
+            [delete_of("db-0", "10"), delete_of("db-1", "11")],
+            "each delete in the version its mark produced"
         );
 
-        // db-0: marked and deleted. db-1: marked, but it changed before the delete.
-        for (pod, outcome) in [("db-0", Outcome::Applied), ("db-1", Outcome::MarkedOnly)] {
+        // db-0 deleted. db-1 changed after its mark: not deleted.
+        for (pod, version, outcome) in [
+            ("db-0", "10", Outcome::Applied),
+            ("db-1", "11", Outcome::Changed),
+        ] {
             let result = ActResult {
-                intent: mark_of(pod),
+                intent: delete_of(pod, version),
                 result: Ok(outcome),
             };
             h.actor.on_result(result, now);
@@ -1180,7 +1240,7 @@ mod tests {
         let incident = h.actor.ledger.get("node-1").expect("incident");
         assert!(incident.deleted.contains("uid-ns-db-0"));
         assert!(!incident.deleted.contains("uid-ns-db-1"));
-        assert!(incident.marked_not_ready.contains("uid-ns-db-1"));
+        assert_eq!(incident.marked_not_ready.get("uid-ns-db-1"), Some(&None));
         let text = h.metrics.encode().expect("encode");
         let deleted: f64 = text
             .lines()

@@ -12,25 +12,18 @@ use crate::planner::Intent;
 use crate::view::ObjectKey;
 
 /// What a write found and did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The change was made.
     Applied,
     /// Nothing to do: the pod is gone or is another object now (UID precondition), the taint
     /// is already there, or there is no podha taint to remove.
     AlreadyDone,
-    /// The pod was marked NotReady but changed before the delete that follows the mark (the
-    /// resourceVersion precondition failed): not deleted; the watch will show what changed.
-    MarkedOnly,
-}
-
-/// What a conditional delete found.
-enum Deletion {
-    Deleted,
-    /// 404: nothing by that name.
-    Gone,
-    /// 409: the name is another object now (UID), or the object changed (resourceVersion).
-    PreconditionFailed,
+    /// The pod was marked NotReady; the resourceVersion the mark produced.
+    Marked { resource_version: Option<String> },
+    /// The pod changed since the version its delete was conditioned on (resourceVersion
+    /// precondition): not deleted; the watch will show what changed.
+    Changed,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,10 +64,18 @@ impl Actuator {
     /// any (a taint or untaint builds on it). Holds are not actions.
     pub async fn execute(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, ActError> {
         match intent {
-            Intent::MarkNotReadyAndDelete { pod, uid, node, .. } => {
-                self.mark_not_ready_and_delete(pod, uid, node).await
+            Intent::MarkPodNotReady { pod, uid, node, .. } => {
+                self.mark_not_ready(pod, uid, node).await
             }
-            Intent::ForceDeletePod { pod, uid, .. } => self.force_delete_pod(pod, uid).await,
+            Intent::ForceDeletePod {
+                pod,
+                uid,
+                resource_version,
+                ..
+            } => {
+                self.force_delete_pod(pod, uid, resource_version.as_deref())
+                    .await
+            }
             Intent::TaintNode {
                 node,
                 policy,
@@ -85,48 +86,43 @@ impl Actuator {
         }
     }
 
-    /// Deletes the pod at once (grace 0), only if it is still the object with `uid`: a
-    /// replacement with the same name (a StatefulSet pod) is never touched.
-    pub async fn force_delete_pod(&self, pod: &ObjectKey, uid: &str) -> Result<Outcome, ActError> {
-        Ok(match self.delete_pod_if(pod, uid, None).await? {
-            Deletion::Deleted => Outcome::Applied,
-            // Gone, or the name is another pod now.
-            Deletion::Gone | Deletion::PreconditionFailed => Outcome::AlreadyDone,
-        })
-    }
-
-    /// Force-deletes the pod if it is still the object `uid` and, when `resource_version` is
-    /// given, has not changed since that version.
-    async fn delete_pod_if(
+    /// Deletes the pod at once (grace 0), only if it is still the object with `uid` (a
+    /// replacement with the same name, a StatefulSet pod, is never touched) and, when
+    /// `resource_version` is given, has not changed since that version (`Changed` if it has).
+    pub async fn force_delete_pod(
         &self,
         pod: &ObjectKey,
         uid: &str,
-        resource_version: Option<String>,
-    ) -> Result<Deletion, ActError> {
+        resource_version: Option<&str>,
+    ) -> Result<Outcome, ActError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
                 uid: Some(uid.to_string()),
-                resource_version,
+                resource_version: resource_version.map(str::to_string),
             }),
             ..DeleteParams::default()
         };
         match api.delete(&pod.name, &params).await {
-            Ok(_) => Ok(Deletion::Deleted),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Deletion::Gone),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Deletion::PreconditionFailed),
+            Ok(_) => Ok(Outcome::Applied),
+            // Gone.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Outcome::AlreadyDone),
+            // The pod changed since the marked version, or the name is another pod now; with a
+            // version both read as "changed" and the watch decides what follows.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(match resource_version {
+                Some(_) => Outcome::Changed,
+                None => Outcome::AlreadyDone,
+            }),
             Err(e) => Err(e.into()),
         }
     }
 
     /// Sets the pod's Ready condition to False, as the node lifecycle controller does for pods
-    /// of an unreachable node, guarded by the pod's UID; then force-deletes the pod in the
-    /// version the mark produced. The delete follows the mark at once rather than after the
-    /// watch shows it: under load the pod watch lags by seconds. If anything changed the pod in
-    /// between (a kubelet that is alive after all, a graceful eviction), the delete's
-    /// resourceVersion precondition fails and the pod is left to the planner: `MarkedOnly`.
-    pub async fn mark_not_ready_and_delete(
+    /// of an unreachable node, guarded by the pod's UID. The version the mark produced comes
+    /// back so that the delete can follow at once rather than after the watch shows the mark
+    /// (under load the pod watch lags by seconds).
+    pub async fn mark_not_ready(
         &self,
         pod: &ObjectKey,
         uid: &str,
@@ -144,7 +140,7 @@ impl Actuator {
                 "lastTransitionTime": now.map(|t| t.to_string()).unwrap_or_default(),
             }]}
         });
-        let marked = match api
+        match api
             .patch_status(
                 &pod.name,
                 &PatchParams::default(),
@@ -152,21 +148,15 @@ impl Actuator {
             )
             .await
         {
-            Ok(marked) => marked,
+            Ok(marked) => Ok(Outcome::Marked {
+                resource_version: marked.metadata.resource_version,
+            }),
             // Gone, or the name is another pod now (the UID in the patch does not match).
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                return Ok(Outcome::AlreadyDone);
+                Ok(Outcome::AlreadyDone)
             }
-            Err(e) => return Err(e.into()),
-        };
-        let Some(version) = marked.metadata.resource_version else {
-            return Ok(Outcome::MarkedOnly);
-        };
-        Ok(match self.delete_pod_if(pod, uid, Some(version)).await? {
-            Deletion::Deleted => Outcome::Applied,
-            Deletion::Gone => Outcome::AlreadyDone,
-            Deletion::PreconditionFailed => Outcome::MarkedOnly,
-        })
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Adds the taint and podha's marker (see [`taint_patch`]).

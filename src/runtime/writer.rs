@@ -280,7 +280,7 @@ impl Writer {
 /// Bounded label for an intent.
 pub const fn intent_kind(intent: &Intent) -> &'static str {
     match intent {
-        Intent::MarkNotReadyAndDelete { .. } => "mark_and_delete_pod",
+        Intent::MarkPodNotReady { .. } => "mark_pod_not_ready",
         Intent::ForceDeletePod { .. } => "delete_pod",
         Intent::TaintNode { .. } => "taint_node",
         Intent::RemoveTaint { .. } => "untaint_node",
