@@ -75,8 +75,8 @@ SIM_PROFILE ?= fast
 
 .PHONY: sim-up
 sim-up: k8s ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
-	$(CARGO) run -q -p podha-sim -- up --dir $(SIM_DIR) --nodes $(SIM_NODES) --profile $(SIM_PROFILE)
+	$(CARGO) run -q -p podha-sim --bin podha-sim -- up --dir $(SIM_DIR) --nodes $(SIM_NODES) --profile $(SIM_PROFILE)
 
 .PHONY: sim-down
 sim-down: ## Stop the sim cluster in .sim
-	$(CARGO) run -q -p podha-sim -- down --dir $(SIM_DIR)
+	$(CARGO) run -q -p podha-sim --bin podha-sim -- down --dir $(SIM_DIR)

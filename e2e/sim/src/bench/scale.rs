@@ -219,6 +219,8 @@ struct FailoverSample {
     /// Per kind of action: mean time in its API requests, and from podha's loop sending it to
     /// handling its result.
     action_timings: Vec<ActionTiming>,
+    /// podha's requests at the API server from the kill to the end of the failover.
+    apf: PodhaFlow,
     rss_after_kib: u64,
 }
 
@@ -402,15 +404,64 @@ fn create_ok<T>(r: Result<T, kube::Error>) -> anyhow::Result<()> {
 /// Requests of podha dispatched by the API server so far (all verbs, watches counted when
 /// they start).
 async fn podha_requests(client: &Client) -> anyhow::Result<f64> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let needle = format!("flow_schema=\"{FLOW_SCHEMA}\"");
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
-        .filter(|l| l.contains(&needle))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum())
+    Ok(PodhaFlow::read(client).await?.dispatched)
+}
+
+/// What the API server's Priority and Fairness filter counted for podha's FlowSchema so far.
+/// Control-plane components of the sim authenticate as `system:masters` (the `exempt` level),
+/// so podha's flow is the only one APF queues here.
+#[derive(Debug, Clone, Copy, Default)]
+struct PodhaFlow {
+    dispatched: f64,
+    /// Requests that waited in an APF queue and then ran, and their total wait.
+    waited: f64,
+    wait_seconds: f64,
+    /// Non-watch requests executed, and their total execution time.
+    executed: f64,
+    execution_seconds: f64,
+}
+
+impl PodhaFlow {
+    async fn read(client: &Client) -> anyhow::Result<Self> {
+        let req = http::Request::get("/metrics").body(Vec::new())?;
+        let text = client.request_text(req).await?;
+        let flow = format!("flow_schema=\"{FLOW_SCHEMA}\"");
+        let sum = |name: &str, extra: &str| -> f64 {
+            let prefix = format!("{name}{{");
+            text.lines()
+                .filter(|l| l.starts_with(&prefix) && l.contains(&flow) && l.contains(extra))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum()
+        };
+        const WAIT: &str = "apiserver_flowcontrol_request_wait_duration_seconds";
+        const EXEC: &str = "apiserver_flowcontrol_request_execution_seconds";
+        Ok(Self {
+            dispatched: sum("apiserver_flowcontrol_dispatched_requests_total", ""),
+            waited: sum(&format!("{WAIT}_count"), "execute=\"true\""),
+            wait_seconds: sum(&format!("{WAIT}_sum"), "execute=\"true\""),
+            executed: sum(&format!("{EXEC}_count"), "type=\"regular\""),
+            execution_seconds: sum(&format!("{EXEC}_sum"), "type=\"regular\""),
+        })
+    }
+
+    /// What was counted between `earlier` and `self`.
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            dispatched: self.dispatched - earlier.dispatched,
+            waited: self.waited - earlier.waited,
+            wait_seconds: self.wait_seconds - earlier.wait_seconds,
+            executed: self.executed - earlier.executed,
+            execution_seconds: self.execution_seconds - earlier.execution_seconds,
+        }
+    }
+
+    fn mean_wait(self) -> Option<f64> {
+        (self.waited > 0.0).then(|| self.wait_seconds / self.waited)
+    }
+
+    fn mean_execution(self) -> Option<f64> {
+        (self.executed > 0.0).then(|| self.execution_seconds / self.executed)
+    }
 }
 
 // ---- /proc ----
@@ -797,6 +848,7 @@ async fn failover(
         }
     }
 
+    let flow_before = PodhaFlow::read(client).await?;
     let killed = SystemTime::now();
     cluster.kill_fleet_group(group)?;
     say(format!(
@@ -846,6 +898,7 @@ async fn failover(
         }
     }
     drop(events);
+    let apf = PodhaFlow::read(client).await?.since(flow_before);
 
     let log = podha_log(&podha.log)?;
     let mut failed_at: BTreeMap<String, SystemTime> = BTreeMap::new();
@@ -899,6 +952,7 @@ async fn failover(
         first_failed_to_last_deleted: first_failed.zip(last_gone).map(|(a, b)| since(a, b)),
         podha_act_mean: podha.phase_mean(POLICY, "act"),
         action_timings: action_timings(podha),
+        apf,
         rss_after_kib: status_kib(podha.pid(), "VmRSS").unwrap_or(0),
     })
 }
@@ -912,7 +966,7 @@ struct ActionTiming {
 }
 
 fn action_timings(podha: &Operator) -> Vec<ActionTiming> {
-    ["taint_node", "mark_and_delete_pod", "delete_pod"]
+    ["taint_node", "mark_pod_not_ready", "delete_pod"]
         .into_iter()
         .map(|kind| {
             let filter = format!("kind=\"{kind}\"");
@@ -1067,6 +1121,18 @@ fn render(r: &Report) -> String {
         }
         rows.extend([
             (
+                "podha's requests at the API server (non-watch)".to_string(),
+                format!("{:.0}", f.apf.executed),
+            ),
+            (
+                "  APF queue wait / execution (mean)".to_string(),
+                format!(
+                    "{} / {}",
+                    secs(f.apf.mean_wait()),
+                    secs(f.apf.mean_execution())
+                ),
+            ),
+            (
                 "eligible pods deleted".to_string(),
                 format!("{}/{}", f.deleted, f.eligible),
             ),
@@ -1136,6 +1202,13 @@ impl Report {
                     "api_requests_mean_seconds": t.requests_mean,
                     "sent_to_handled_mean_seconds": t.latency_mean,
                 })).collect::<Vec<_>>(),
+                "podha_apf": {
+                    "dispatched": f.apf.dispatched,
+                    "waited": f.apf.waited,
+                    "wait_mean_seconds": f.apf.mean_wait(),
+                    "executed_non_watch": f.apf.executed,
+                    "execution_mean_seconds": f.apf.mean_execution(),
+                },
                 "podha_rss_after_mib": f.rss_after_kib as f64 / 1024.0,
             })
         });
