@@ -880,10 +880,13 @@ async fn failover(
         if last_say.elapsed() > Duration::from_secs(15) {
             last_say = Instant::now();
             podha.alive()?;
+            let deleted = gone
+                .keys()
+                .filter(|uid| victims.get(*uid).is_some_and(|v| v.stateful))
+                .count();
             say(format!(
-                "  {:.0}s after the kill: {}/{eligible} StatefulSet pods deleted",
+                "  {:.0}s after the kill: {deleted}/{eligible} StatefulSet pods deleted",
                 since(killed, SystemTime::now()),
-                gone.len()
             ));
         }
     }
