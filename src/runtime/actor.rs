@@ -150,12 +150,17 @@ impl Actor {
                 },
                 Some(result) = results.recv() => {
                     // A pod is deleted once its node's taint is on and its mark has landed:
-                    // plan the delete now, not a tick later.
-                    let unblocks = matches!(
-                        result.intent,
-                        Intent::TaintNode { .. } | Intent::MarkPodNotReady { .. }
-                    );
-                    self.on_result(result, Instant::now());
+                    // plan the delete now, not a tick later; once for all the results in.
+                    let mut unblocks = false;
+                    let mut next = Some(result);
+                    while let Some(result) = next {
+                        unblocks |= matches!(
+                            result.intent,
+                            Intent::TaintNode { .. } | Intent::MarkPodNotReady { .. }
+                        );
+                        self.on_result(result, Instant::now());
+                        next = results.try_recv().ok();
+                    }
                     if unblocks {
                         self.tick(Instant::now()).await;
                     }
