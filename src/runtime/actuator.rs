@@ -32,6 +32,8 @@ pub enum ActError {
     Api(#[from] kube::Error),
     #[error("node {0} changed under us too many times")]
     Conflict(String),
+    #[error("no answer from the API server within {0:?}")]
+    TimedOut(std::time::Duration),
     #[error("a hold is not an action")]
     NotAnAction,
 }
@@ -42,6 +44,7 @@ impl ActError {
         match self {
             Self::Api(_) => "api",
             Self::Conflict(_) => "conflict",
+            Self::TimedOut(_) => "timeout",
             Self::NotAnAction => "not_an_action",
         }
     }

@@ -5,9 +5,11 @@
 //! failure produces hundreds of events, and the deletes must not queue behind them. Reports
 //! also wait while any action is queued or in flight: the API server queues one client's
 //! requests in order (API Priority and Fairness), so reports sent beside actions would still
-//! slow them down.
+//! slow them down. An action the API server does not answer within 30 s counts as failed, so
+//! the decision loop retries it and the reports go on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
@@ -17,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use super::actuator::{Actuator, Outcome};
+use super::actuator::{ActError, Actuator, Outcome};
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
 use crate::metrics::Metrics;
 use crate::planner::Intent;
@@ -25,6 +27,11 @@ use crate::planner::Intent;
 /// Actions in flight at once: enough to delete the pods of many nodes in parallel, few enough
 /// not to flood the API server.
 const MAX_ACTS_IN_FLIGHT: usize = 32;
+/// How long one action may wait for the API server before it counts as failed (and is retried
+/// by the decision loop). Every action is idempotent, so a retry after a request that did land
+/// finds the work done. Without it a request the API server never answers would hold its slot,
+/// and every report, until the connection fails.
+const ACTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Events and status patches in flight at once (when no action is).
 const MAX_REPORTS_IN_FLIGHT: usize = 4;
 /// Room in each lane's channel.
@@ -230,7 +237,9 @@ impl Writer {
 
     async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, String> {
         let started = tokio::time::Instant::now();
-        let result = self.actuator.execute(intent, seen).await;
+        let result = tokio::time::timeout(ACTION_TIMEOUT, self.actuator.execute(intent, seen))
+            .await
+            .unwrap_or(Err(ActError::TimedOut(ACTION_TIMEOUT)));
         self.metrics
             .observe_action_requests(intent_kind(intent), started.elapsed());
         match result {
@@ -290,8 +299,6 @@ pub const fn intent_kind(intent: &Intent) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn note() -> EventNote {
@@ -371,6 +378,43 @@ mod tests {
         assert!(
             seen[1].starts_with("POST ") && seen[1].ends_with("/events"),
             "{seen:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_action_fails_after_its_timeout_and_frees_the_reports() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // Never notified: the API server never answers for nodes.
+        let release = Arc::new(tokio::sync::Notify::new());
+        let writer = writer_on_fake_api(seen.clone(), release);
+        let (tx, rx) = lanes();
+        let (results_tx, mut results) = mpsc::channel(8);
+        tokio::spawn(writer.run(rx, results_tx));
+
+        let started = tokio::time::Instant::now();
+        let untaint = Intent::RemoveTaint {
+            node: "node-1".into(),
+        };
+        tx.act(untaint, None).await;
+        tx.report(Report::Event(note())).await;
+        let result = tokio::time::timeout(ACTION_TIMEOUT * 2, results.recv())
+            .await
+            .expect("the action gives up within its timeout")
+            .expect("the action's result");
+        let error = result.result.expect_err("no answer is a failure");
+        assert!(error.contains("no answer"), "{error}");
+        assert!(started.elapsed() >= ACTION_TIMEOUT);
+        for _ in 0..50 {
+            if seen.lock().expect("lock").len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = seen.lock().expect("lock");
+        assert!(
+            seen.get(1)
+                .is_some_and(|l| l.starts_with("POST ") && l.ends_with("/events")),
+            "the event goes out once the action gave up: {seen:?}"
         );
     }
 
