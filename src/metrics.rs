@@ -2,8 +2,9 @@
 //! tests and several operator instances in one process never share counters.
 //!
 //! Every family of `DESIGN.md` §3 is here, plus two that time podha's own actions; label values
-//! are bounded by their callers (policy names, `as_str()` of enums, action kinds). When a policy is deleted, [`Metrics::forget_policy`] drops its
-//! series so cardinality follows the live policies.
+//! are bounded by their callers (policy names, `as_str()` of enums, action kinds). When a policy
+//! is deleted, [`Metrics::forget_policy`] drops its series so cardinality follows the live
+//! policies.
 
 use std::collections::HashMap;
 use std::time::Duration;

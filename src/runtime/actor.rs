@@ -488,6 +488,16 @@ impl Actor {
         self.writes.act(intent, node).await;
     }
 
+    /// Notes an action taken for `node`'s failover (and the pod it moved, if any); the first
+    /// one ends the detect phase.
+    fn record_action(&mut self, node: &str, now: Instant, moved: Option<MovedPod>) {
+        if let Some(f) = self.failovers.get_mut(node)
+            && let Some(change) = f.record_action(now, moved)
+        {
+            observe(&self.metrics, f, &change);
+        }
+    }
+
     fn marker_policy(&self, node: &str) -> String {
         self.state
             .view
@@ -524,23 +534,13 @@ impl Actor {
                     self.ledger
                         .record_marked_not_ready(node, uid, resource_version);
                     info!(%pod, node, "pod marked NotReady");
-                    if let Some(f) = self.failovers.get_mut(node)
-                        && let Some(change) = f.record_action(now, None)
-                        && let Some(f) = self.failovers.get(node)
-                    {
-                        observe(&self.metrics, f, &change);
-                    }
+                    self.record_action(node, now, None);
                 }
                 // Gone, or the name is another pod now: nothing left to delete; its volumes
                 // are followed as for a delete.
                 _ => {
                     self.ledger.record_deleted(node, uid);
-                    if let Some(f) = self.failovers.get_mut(node)
-                        && let Some(change) = f.record_action(now, pending.moved)
-                        && let Some(f) = self.failovers.get(node)
-                    {
-                        observe(&self.metrics, f, &change);
-                    }
+                    self.record_action(node, now, pending.moved);
                 }
             },
             Intent::ForceDeletePod {
@@ -577,12 +577,7 @@ impl Actor {
                     self.metrics.inc_pods_deleted(policy, owner_kind);
                     info!(%pod, node, "pod force-deleted");
                 }
-                if let Some(f) = self.failovers.get_mut(node)
-                    && let Some(change) = f.record_action(now, pending.moved)
-                    && let Some(f) = self.failovers.get(node)
-                {
-                    observe(&self.metrics, f, &change);
-                }
+                self.record_action(node, now, pending.moved);
                 if applied {
                     let marked = self
                         .ledger
@@ -610,12 +605,7 @@ impl Actor {
                 if applied {
                     self.metrics.inc_taints(policy, TaintOperation::Add);
                 }
-                if let Some(f) = self.failovers.get_mut(node)
-                    && let Some(change) = f.record_action(now, None)
-                    && let Some(f) = self.failovers.get(node)
-                {
-                    observe(&self.metrics, f, &change);
-                }
+                self.record_action(node, now, None);
                 if applied {
                     let note = format!(
                         "tainted {}={}:{} (policy {policy})",
