@@ -154,8 +154,9 @@ fn histogram_mean_in(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
     (count > 0.0).then(|| sum / count)
 }
 
-/// Sum of the samples of `name` in the metrics `text` whose line contains every `filters` part.
-fn metric_in(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
+/// Sum of the samples of `name` in the metrics `text` (Prometheus text format) whose line
+/// contains every `filters` part; `None` without any such sample.
+pub fn metric_in(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
     let values: Vec<f64> = text
         .lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))

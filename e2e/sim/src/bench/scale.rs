@@ -45,7 +45,7 @@ use serde_json::json;
 
 use crate::cluster::{Cluster, ClusterOptions, FLEET_GROUP_LABEL, FleetGroup, Profile};
 use crate::csi::{RWO_STORAGE_CLASS, VOLUMES_READY_ANNOTATION};
-use crate::failover::{Operator, apply_policy, install_crd};
+use crate::failover::{Operator, apply_policy, install_crd, metric_in};
 use crate::testkit::create_namespace;
 
 /// Label on every workload and pod the bench creates; pods also get [`KIND_LABEL`].
@@ -426,13 +426,7 @@ impl PodhaFlow {
         let req = http::Request::get("/metrics").body(Vec::new())?;
         let text = client.request_text(req).await?;
         let flow = format!("flow_schema=\"{FLOW_SCHEMA}\"");
-        let sum = |name: &str, extra: &str| -> f64 {
-            let prefix = format!("{name}{{");
-            text.lines()
-                .filter(|l| l.starts_with(&prefix) && l.contains(&flow) && l.contains(extra))
-                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-                .sum()
-        };
+        let sum = |name: &str, extra: &str| metric_in(&text, name, &[&flow, extra]).unwrap_or(0.0);
         const WAIT: &str = "apiserver_flowcontrol_request_wait_duration_seconds";
         const EXEC: &str = "apiserver_flowcontrol_request_execution_seconds";
         Ok(Self {
