@@ -19,12 +19,12 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s lint ## Run every test: unit, CRD, and integration tests on the sim cluster
+test: k8s sim-deps lint ## Run every test: unit, CRD, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: demo
-demo: k8s ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
+demo: k8s sim-deps ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
 	$(CARGO) build --bins -p podha -p podha-sim
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
 		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
@@ -37,16 +37,29 @@ SCALE_ARGS ?=
 bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
-bench-failover: k8s ## Failover time per mode on the stock profile (MODES, TRIALS)
+bench-failover: k8s sim-deps ## Failover time per mode on the stock profile (MODES, TRIALS)
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) \
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
 		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json
 
 .PHONY: bench-scale
-bench-scale: k8s ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
+bench-scale: k8s sim-deps ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench scale $(SCALE_ARGS)
+
+# Debian packages the sim cluster needs on the host, installed when missing (as root, as in CI).
+# iptables: a killed node's address stops answering (packets dropped), as a dead machine's does.
+SIM_DEBS := iptables
+APT_GET := apt-get -o DPkg::Lock::Timeout=600
+
+.PHONY: sim-deps
+sim-deps: ## Install the Debian packages the sim cluster needs when missing (iptables)
+	@missing=""; for p in $(SIM_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing; \
+	fi
 
 .PHONY: k8s
 k8s: $(SIM_BIN_DIR)/.complete ## Build etcd, Kubernetes and kwok from Go modules (cached)
@@ -74,7 +87,7 @@ SIM_NODES ?= 3
 SIM_PROFILE ?= fast
 
 .PHONY: sim-up
-sim-up: k8s ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
+sim-up: k8s sim-deps ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
 	$(CARGO) run -q -p podha-sim --bin podha-sim -- up --dir $(SIM_DIR) --nodes $(SIM_NODES) --profile $(SIM_PROFILE)
 
 .PHONY: sim-down

@@ -220,10 +220,15 @@ pub struct Detection {
     #[x_kube(validation = Rule::new("self >= 1").message("detection.failureThreshold must be at least 1"))]
     pub failure_threshold: i32,
 
-    /// Signals that must all say "dead" for a probe to fail. `Lease`: no renewal of the node's
-    /// Lease in `kube-node-lease` seen for `leaseGracePeriod`. `NodeReady`: the node's Ready
-    /// condition is not True. `KubeletTCP`: a TCP connect to the node's InternalIP and kubelet
-    /// port fails within `tcpTimeout`.
+    /// Signals that must all say "dead" for a probe to fail; one that shows life passes it.
+    /// `Lease`: no renewal of the node's Lease in `kube-node-lease` seen for
+    /// `leaseGracePeriod` (the kubelet's heartbeat). `NodeReady`: the Ready condition is
+    /// Unknown, which the node lifecycle controller writes when that same Lease goes stale, so
+    /// it is a second observer of one heartbeat, not a second witness of the machine; False is
+    /// written by a running kubelet and counts as alive; no condition counts as neither.
+    /// `KubeletTCP`: a TCP connect to the node's InternalIP and kubelet port gets no answer
+    /// within `tcpTimeout` (a path to the machine independent of the API server); a refused
+    /// connect is the host's kernel answering, so the machine runs and it counts as alive.
     #[serde(default = "default_signals")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("detection.signals must name at least one signal"))]

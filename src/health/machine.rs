@@ -40,6 +40,9 @@ pub struct HealthTracker {
     /// The last probe's verdict (`None` after a gap), so that [`Self::poll`] probes at once when
     /// the evidence turns.
     last_verdict: Option<Verdict>,
+    /// Failed was resumed from an earlier judgement and no probe of this tracker has failed
+    /// since: nothing new may be done on the strength of it (see [`Self::resume_failed`]).
+    resumed_unconfirmed: bool,
 }
 
 impl HealthTracker {
@@ -50,19 +53,30 @@ impl HealthTracker {
             gap_epoch: obs.gap_epoch(),
             next_probe: None,
             last_verdict: None,
+            resumed_unconfirmed: false,
         }
     }
 
     /// A tracker that resumes a Failed judgement made before (by a previous leader or process,
     /// e.g. recorded with podha's out-of-service taint), so that a restart does not by itself
-    /// make a dead node look healthy. It stays Failed until a probe shows a sign of life.
+    /// make a dead node look healthy (and its taint removable). It stays Failed until a probe
+    /// shows a sign of life, but counts as judged only once one of its own probes has failed
+    /// ([`Self::judged_failed`]): the earlier judgement keeps what was done, it is no licence
+    /// to do more.
     pub fn resume_failed(obs: &NodeObservations, since: Instant) -> Self {
         Self {
             state: NodeHealth::Failed { since },
             gap_epoch: obs.gap_epoch(),
             next_probe: None,
             last_verdict: None,
+            resumed_unconfirmed: true,
         }
+    }
+
+    /// Failed on a judgement of this tracker's own: a resumed Failed state counts only after a
+    /// fresh failed probe.
+    pub fn judged_failed(&self) -> bool {
+        self.state.is_failed() && !self.resumed_unconfirmed
     }
 
     pub fn state(&self) -> NodeHealth {
@@ -137,6 +151,9 @@ impl HealthTracker {
         let cause = match probe {
             None => Cause::Gap,
             Some(probe) => {
+                if probe.verdict() == Verdict::Fail {
+                    self.resumed_unconfirmed = false;
+                }
                 self.state = next_state(self.state, probe.verdict(), now, cfg.failure_threshold);
                 Cause::Probe(probe)
             }
@@ -189,7 +206,7 @@ mod tests {
 
     use super::*;
     use crate::api::Signal;
-    use crate::health::ReadyStatus;
+    use crate::health::{ReadyStatus, TcpResult};
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -379,7 +396,7 @@ mod tests {
             );
             // And counting starts again from zero.
             obs.observe_ready(ReadyStatus::True, now);
-            obs.observe_ready(ReadyStatus::False, now);
+            obs.observe_ready(ReadyStatus::Unknown, now);
             tracker.tick(now + s(41), &obs, &c);
             assert_eq!(kind(tracker.state()), ("suspect", 1));
         }
@@ -402,12 +419,16 @@ mod tests {
                 let mut obs = NodeObservations::new(t0);
                 obs.lease_renewed(if dead(0) { t0 } else { now - s(10) });
                 let ready = if dead(1) {
-                    ReadyStatus::False
+                    ReadyStatus::Unknown
                 } else {
                     ReadyStatus::True
                 };
                 obs.observe_ready(ready, t0);
-                obs.observe_tcp(!dead(2));
+                obs.observe_tcp(if dead(2) {
+                    TcpResult::NoAnswer
+                } else {
+                    TcpResult::Connected
+                });
 
                 let c = cfg(1, &enabled);
                 let mut tracker = HealthTracker::new(&obs);
@@ -454,15 +475,69 @@ mod tests {
         assert!(tracker.state().is_failed());
     }
 
+    /// A resumed Failed state keeps the node out of Healthy but is no judgement until a probe
+    /// of this tracker fails; a first probe that is merely inconclusive (no renewal seen yet
+    /// after a restart, no TCP result) confirms nothing.
     #[test]
-    fn ready_missing_counts_as_dead() {
+    fn resumed_failed_needs_a_fresh_failed_probe() {
+        let t0 = Instant::now();
+        let c = cfg(3, &[Signal::Lease, Signal::KubeletTCP]);
+        let mut obs = NodeObservations::new(t0);
+        let mut tracker = HealthTracker::resume_failed(&obs, t0);
+        assert!(tracker.state().is_failed());
+        assert!(!tracker.judged_failed());
+        tracker.tick(t0 + s(1), &obs, &c);
+        assert!(tracker.state().is_failed());
+        assert!(!tracker.judged_failed(), "an inconclusive probe confirms nothing");
+        obs.observe_tcp(TcpResult::NoAnswer);
+        tracker.tick(t0 + s(50), &obs, &c);
+        assert!(tracker.judged_failed());
+        // A resumed node that shows life is simply healthy.
+        let mut obs = NodeObservations::new(t0);
+        let mut tracker = HealthTracker::resume_failed(&obs, t0);
+        obs.observe_tcp(TcpResult::Connected);
+        tracker.tick(t0 + s(1), &obs, &c);
+        assert_eq!(tracker.state(), NodeHealth::Healthy);
+        assert!(!tracker.judged_failed());
+    }
+
+    /// Only Unknown (the node lifecycle controller's verdict) is dead: False is written by a
+    /// running kubelet, and a missing condition says nothing either way.
+    #[test]
+    fn only_ready_unknown_counts_as_dead() {
         let t0 = Instant::now();
         let c = cfg(1, &[Signal::NodeReady]);
-        let obs = NodeObservations::new(t0);
+        let mut obs = NodeObservations::new(t0);
         let mut tracker = HealthTracker::new(&obs);
         tracker.tick(t0, &obs, &c);
-        assert!(tracker.state().is_failed());
         assert_eq!(obs.ready(), ReadyStatus::Missing);
+        assert_eq!(tracker.state(), NodeHealth::Healthy);
+        obs.observe_ready(ReadyStatus::False, t0);
+        tracker.tick(t0 + s(1), &obs, &c);
+        assert_eq!(tracker.state(), NodeHealth::Healthy);
+        obs.observe_ready(ReadyStatus::Unknown, t0 + s(2));
+        tracker.tick(t0 + s(2), &obs, &c);
+        assert!(tracker.state().is_failed());
+    }
+
+    /// A refused connect is the host's kernel answering: the machine runs, whatever became of
+    /// the kubelet, so it is no evidence of death. Only silence is.
+    #[test]
+    fn refused_tcp_is_a_live_host_not_a_dead_one() {
+        let t0 = Instant::now();
+        let c = cfg(1, &[Signal::Lease, Signal::KubeletTCP]);
+        let mut obs = NodeObservations::new(t0);
+        let mut tracker = HealthTracker::new(&obs);
+        obs.observe_tcp(TcpResult::Refused);
+        tracker.tick(t0 + s(100), &obs, &c);
+        assert_eq!(tracker.state(), NodeHealth::Healthy);
+        obs.observe_tcp(TcpResult::NoAnswer);
+        tracker.tick(t0 + s(101), &obs, &c);
+        assert!(tracker.state().is_failed());
+        // And a Failed node whose host answers again is no longer Failed.
+        obs.observe_tcp(TcpResult::Refused);
+        tracker.tick(t0 + s(102), &obs, &c);
+        assert_eq!(tracker.state(), NodeHealth::Healthy);
     }
 
     #[test]
@@ -473,7 +548,7 @@ mod tests {
         let mut tracker = HealthTracker::new(&obs);
         tracker.tick(t0 + s(100), &obs, &c);
         assert_eq!(tracker.state(), NodeHealth::Healthy);
-        obs.observe_tcp(false);
+        obs.observe_tcp(TcpResult::NoAnswer);
         tracker.tick(t0 + s(105), &obs, &c);
         assert!(tracker.state().is_failed());
     }
@@ -577,10 +652,10 @@ mod tests {
         let c = cfg(1, &[Signal::Lease, Signal::NodeReady, Signal::KubeletTCP]);
         for revive in [
             |o: &mut NodeObservations, t| o.observe_ready(ReadyStatus::True, t),
-            |o: &mut NodeObservations, _| o.observe_tcp(true),
+            |o: &mut NodeObservations, _| o.observe_tcp(TcpResult::Connected),
         ] {
             let mut obs = dead_node(t0);
-            obs.observe_tcp(false);
+            obs.observe_tcp(TcpResult::NoAnswer);
             let mut tracker = HealthTracker::new(&obs);
             tracker.tick(t0 + s(45), &obs, &c);
             assert!(tracker.state().is_failed());
@@ -669,14 +744,14 @@ mod tests {
         };
         let mut obs = NodeObservations::new(t0);
         obs.lease_renewed(t0);
-        obs.observe_tcp(true);
+        obs.observe_tcp(TcpResult::Connected);
         let mut tracker = HealthTracker::new(&obs);
         // On the grid from t0, probes fall at whole seconds; the lease dies at 40.5 s.
         let ms = Duration::from_millis;
         let renewed = t0 + ms(500);
         assert!(poll_for(&mut tracker, &obs, &c, t0, renewed - ms(100)).is_empty());
         obs.lease_renewed(renewed);
-        obs.observe_tcp(false);
+        obs.observe_tcp(TcpResult::NoAnswer);
         let transitions = poll_for(
             &mut tracker,
             &obs,

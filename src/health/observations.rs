@@ -11,7 +11,7 @@ pub enum ReadyStatus {
     True,
     False,
     Unknown,
-    /// The node has no Ready condition (yet); counts as dead, like False and Unknown.
+    /// The node has no Ready condition (yet): no evidence either way.
     Missing,
 }
 
@@ -47,6 +47,30 @@ impl ReadyStatus {
     }
 }
 
+/// What a TCP connect to the kubelet port found. Only silence is evidence of a dead machine: a
+/// refusal is the host's kernel answering (the machine runs, only the kubelet is gone), so its
+/// containers may be running too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TcpResult {
+    /// The connect succeeded: the kubelet (or something on its port) accepts.
+    Connected,
+    /// The host answered with a refusal (RST): the machine is up.
+    Refused,
+    /// No answer within the timeout, or the host is unreachable: what a powered-off or
+    /// cut-off machine looks like from here.
+    NoAnswer,
+}
+
+impl TcpResult {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Connected => "connected",
+            Self::Refused => "refused",
+            Self::NoAnswer => "no answer",
+        }
+    }
+}
+
 /// Observations of one node. Every instant is on podha's clock (`tokio::time::Instant`), taken
 /// when podha saw something, never derived from a timestamp written by the node.
 #[derive(Clone, Debug)]
@@ -60,7 +84,7 @@ pub struct NodeObservations {
     renew_time: Option<MicroTime>,
     ready: ReadyStatus,
     /// `None` until the first probe result: no result is no evidence either way.
-    tcp_ok: Option<bool>,
+    tcp: Option<TcpResult>,
     last_seen_alive: Option<Instant>,
     gap_since: Option<Instant>,
     /// Bumped whenever a gap begins or ends, so each tracker notices gaps it did not tick
@@ -77,7 +101,7 @@ impl NodeObservations {
             last_renewal: None,
             renew_time: None,
             ready: ReadyStatus::Missing,
-            tcp_ok: None,
+            tcp: None,
             last_seen_alive: None,
             gap_since: None,
             gap_epoch: 0,
@@ -122,8 +146,13 @@ impl NodeObservations {
     }
 
     /// The result of the latest TCP connect to the kubelet.
-    pub fn observe_tcp(&mut self, ok: bool) {
-        self.tcp_ok = Some(ok);
+    pub fn observe_tcp(&mut self, result: TcpResult) {
+        self.tcp = Some(result);
+    }
+
+    /// The node no longer publishes a kubelet endpoint: no TCP evidence either way.
+    pub fn forget_tcp(&mut self) {
+        self.tcp = None;
     }
 
     /// podha's own view of the node stops being trustworthy (watch restarting, API server
@@ -180,8 +209,8 @@ impl NodeObservations {
         self.ready
     }
 
-    pub fn tcp_ok(&self) -> Option<bool> {
-        self.tcp_ok
+    pub fn tcp(&self) -> Option<TcpResult> {
+        self.tcp
     }
 
     /// The last sign of life: an observed Lease renewal or a change of Ready to True. The
@@ -262,7 +291,7 @@ mod tests {
         assert_eq!(obs.last_renewal(), None);
         assert_eq!(obs.last_seen_alive(), None);
         assert_eq!(obs.ready(), ReadyStatus::Missing);
-        assert_eq!(obs.tcp_ok(), None);
+        assert_eq!(obs.tcp(), None);
         assert!(!obs.in_gap());
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{DetectionConfig, NodeObservations, ReadyStatus};
+use super::{DetectionConfig, NodeObservations, ReadyStatus, TcpResult};
 use crate::api::Signal;
 
 /// What one signal says about the node.
@@ -31,7 +31,7 @@ pub enum Reading {
     },
     NodeReady(ReadyStatus),
     /// `None`: no TCP result yet.
-    KubeletTcp(Option<bool>),
+    KubeletTcp(Option<TcpResult>),
 }
 
 impl Reading {
@@ -56,10 +56,15 @@ impl Reading {
                 ..
             } if r <= grace => Evidence::Alive,
             Self::Lease { .. } => Evidence::Inconclusive,
-            Self::NodeReady(ReadyStatus::True) => Evidence::Alive,
-            Self::NodeReady(_) => Evidence::Dead,
-            Self::KubeletTcp(Some(true)) => Evidence::Alive,
-            Self::KubeletTcp(Some(false)) => Evidence::Dead,
+            // Ready=False is written by a kubelet that runs; Unknown is the node lifecycle
+            // controller's verdict on the same Lease the Lease signal reads (a second observer of
+            // one heartbeat, not a second witness of the machine); no condition says nothing.
+            Self::NodeReady(ReadyStatus::True | ReadyStatus::False) => Evidence::Alive,
+            Self::NodeReady(ReadyStatus::Unknown) => Evidence::Dead,
+            Self::NodeReady(ReadyStatus::Missing) => Evidence::Inconclusive,
+            // A refusal is the host's kernel answering: the machine is up.
+            Self::KubeletTcp(Some(TcpResult::Connected | TcpResult::Refused)) => Evidence::Alive,
+            Self::KubeletTcp(Some(TcpResult::NoAnswer)) => Evidence::Dead,
             Self::KubeletTcp(None) => Evidence::Inconclusive,
         }
     }
@@ -98,8 +103,15 @@ impl fmt::Display for Reading {
             }
             (Self::NodeReady(ReadyStatus::Missing), _) => f.write_str("no Ready condition"),
             (Self::NodeReady(status), _) => write!(f, "Ready={}", status.as_str()),
-            (Self::KubeletTcp(Some(true)), _) => f.write_str("kubelet TCP connect ok"),
-            (Self::KubeletTcp(Some(false)), _) => f.write_str("kubelet TCP connect failed"),
+            (Self::KubeletTcp(Some(TcpResult::Connected)), _) => {
+                f.write_str("kubelet TCP connect ok")
+            }
+            (Self::KubeletTcp(Some(TcpResult::Refused)), _) => {
+                f.write_str("kubelet TCP connect refused (the host is up)")
+            }
+            (Self::KubeletTcp(Some(TcpResult::NoAnswer)), _) => {
+                f.write_str("kubelet TCP connect not answered")
+            }
             (Self::KubeletTcp(None), _) => f.write_str("kubelet TCP not probed yet"),
         }
     }
@@ -179,7 +191,7 @@ pub fn evaluate(now: Instant, obs: &NodeObservations, cfg: &DetectionConfig) -> 
                 grace: cfg.lease_grace,
             },
             Signal::NodeReady => Reading::NodeReady(obs.ready()),
-            Signal::KubeletTCP => Reading::KubeletTcp(obs.tcp_ok()),
+            Signal::KubeletTCP => Reading::KubeletTcp(obs.tcp()),
         })
         .collect();
     Probe { readings }
@@ -231,11 +243,14 @@ mod tests {
             // Re-baselined by a gap 10s ago, last real renewal 100s ago.
             (lease(10, Some(100)), Inconclusive),
             (Reading::NodeReady(ReadyStatus::True), Alive),
-            (Reading::NodeReady(ReadyStatus::False), Dead),
+            // Written by a running kubelet.
+            (Reading::NodeReady(ReadyStatus::False), Alive),
             (Reading::NodeReady(ReadyStatus::Unknown), Dead),
-            (Reading::NodeReady(ReadyStatus::Missing), Dead),
-            (Reading::KubeletTcp(Some(true)), Alive),
-            (Reading::KubeletTcp(Some(false)), Dead),
+            (Reading::NodeReady(ReadyStatus::Missing), Inconclusive),
+            (Reading::KubeletTcp(Some(TcpResult::Connected)), Alive),
+            // The host's kernel answered: the machine runs.
+            (Reading::KubeletTcp(Some(TcpResult::Refused)), Alive),
+            (Reading::KubeletTcp(Some(TcpResult::NoAnswer)), Dead),
             (Reading::KubeletTcp(None), Inconclusive),
         ];
         for (reading, want) in cases {
@@ -272,7 +287,7 @@ mod tests {
         let mut obs = NodeObservations::new(t0);
         obs.lease_renewed(t0 + s(2));
         obs.observe_ready(ReadyStatus::Unknown, t0 + s(3));
-        obs.observe_tcp(false);
+        obs.observe_tcp(TcpResult::NoAnswer);
         let now = t0 + s(50);
 
         let all = evaluate(now, &obs, &cfg(true, true, true));
@@ -285,7 +300,7 @@ mod tests {
                     grace: s(40)
                 },
                 Reading::NodeReady(ReadyStatus::Unknown),
-                Reading::KubeletTcp(Some(false)),
+                Reading::KubeletTcp(Some(TcpResult::NoAnswer)),
             ]
         );
         assert!(all.failed());
@@ -331,19 +346,25 @@ mod tests {
             evaluate(t0 + Duration::from_millis(41_700), &obs, &c).to_string(),
             "Lease not renewed for 41s; Ready=Unknown; kubelet TCP not probed yet"
         );
-        obs.observe_tcp(true);
+        obs.observe_tcp(TcpResult::Connected);
         obs.observe_ready(ReadyStatus::Missing, t0);
         assert_eq!(
             evaluate(t0 + s(3), &obs, &c).to_string(),
             "Lease renewed 3s ago; no Ready condition; kubelet TCP connect ok"
         );
         obs.gap(t0 + s(60));
-        obs.observe_tcp(false);
+        obs.observe_tcp(TcpResult::Refused);
         obs.observe_ready(ReadyStatus::False, t0);
         assert_eq!(
             evaluate(t0 + s(65), &obs, &c).to_string(),
             "Lease renewal not seen yet, 5s into the grace period; Ready=False; \
-             kubelet TCP connect failed"
+             kubelet TCP connect refused (the host is up)"
+        );
+        obs.observe_tcp(TcpResult::NoAnswer);
+        assert_eq!(
+            evaluate(t0 + s(65), &obs, &c).to_string(),
+            "Lease renewal not seen yet, 5s into the grace period; Ready=False; \
+             kubelet TCP connect not answered"
         );
     }
 }

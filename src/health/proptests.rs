@@ -13,7 +13,7 @@ use crate::api::Signal;
 enum Event {
     LeaseRenewed,
     Ready(ReadyStatus),
-    Tcp(bool),
+    Tcp(TcpResult),
     BeginGap,
     EndGap,
     PointGap,
@@ -31,7 +31,12 @@ fn event() -> impl Strategy<Value = Event> {
             Just(ReadyStatus::Missing),
         ]
         .prop_map(Event::Ready),
-        1 => any::<bool>().prop_map(Event::Tcp),
+        1 => prop_oneof![
+            Just(TcpResult::Connected),
+            Just(TcpResult::Refused),
+            Just(TcpResult::NoAnswer),
+        ]
+        .prop_map(Event::Tcp),
         1 => Just(Event::BeginGap),
         1 => Just(Event::EndGap),
         1 => Just(Event::PointGap),
@@ -67,7 +72,7 @@ struct Model {
     lease_clock: u64,
     last_renewal: Option<u64>,
     ready: ReadyStatus,
-    tcp: Option<bool>,
+    tcp: Option<TcpResult>,
     in_gap: bool,
     last_seen_alive: Option<u64>,
     /// Consecutive failing probes since the last non-failing probe or gap.
@@ -89,11 +94,17 @@ impl Model {
             readings.push((dead, !dead && self.lease_renewed_within_grace(grace)));
         }
         if cfg.signals.node_ready {
-            let alive = self.ready == ReadyStatus::True;
-            readings.push((!alive, alive));
+            // Only the node lifecycle controller's Unknown is dead; False comes from a live
+            // kubelet, a missing condition says nothing.
+            let dead = self.ready == ReadyStatus::Unknown;
+            let alive = matches!(self.ready, ReadyStatus::True | ReadyStatus::False);
+            readings.push((dead, alive));
         }
         if cfg.signals.kubelet_tcp {
-            readings.push((self.tcp == Some(false), self.tcp == Some(true)));
+            // A refusal is the host answering.
+            let dead = self.tcp == Some(TcpResult::NoAnswer);
+            let alive = matches!(self.tcp, Some(TcpResult::Connected | TcpResult::Refused));
+            readings.push((dead, alive));
         }
         (readings.iter().all(|r| r.0), readings.iter().any(|r| r.1))
     }
@@ -154,9 +165,9 @@ fn run(cfg: DetectionConfig, events: Vec<Event>) -> Result<(), TestCaseError> {
                 }
                 m.ready = status;
             }
-            Event::Tcp(ok) => {
-                obs.observe_tcp(ok);
-                m.tcp = Some(ok);
+            Event::Tcp(result) => {
+                obs.observe_tcp(result);
+                m.tcp = Some(result);
             }
             Event::BeginGap => {
                 obs.begin_gap(at(m.now));
@@ -274,7 +285,10 @@ proptest! {
         ticks in 1usize..12,
         gap_after in prop::option::of(0usize..12),
     ) {
-        let mut events = vec![Event::Ready(ReadyStatus::Unknown), Event::Tcp(false)];
+        let mut events = vec![
+            Event::Ready(ReadyStatus::Unknown),
+            Event::Tcp(TcpResult::NoAnswer),
+        ];
         events.push(Event::Advance(cfg.lease_grace.as_millis() as u64 + 1));
         for i in 0..ticks {
             if gap_after == Some(i) {

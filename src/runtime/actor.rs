@@ -15,7 +15,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::actuator::Outcome;
-use super::prober::{ProbePlan, Target, kubelet_addr};
+use super::prober::{self, ProbePlan, Target, kubelet_addr};
 use super::state::{Change, ClusterState};
 use super::status::{PolicyFacts, policy_status};
 use super::writer::{ActResult, EventNote, Lanes, Report, intent_kind};
@@ -25,7 +25,7 @@ use crate::api::{
 use crate::detach::{Failover, MovedPod, PhaseChange};
 use crate::eligibility::SkipReason;
 use crate::eligibility::node_selected;
-use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, Transition};
+use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, ReadyStatus, Transition};
 use crate::metrics::{Metrics, TaintOperation};
 use crate::planner::{
     self, HealthBook, HoldReason, Intent, Ledger, PlanInput, PodSkip, PolicyRef, Skip,
@@ -137,7 +137,7 @@ impl Actor {
         mut self,
         changes: impl Stream<Item = Change> + Unpin,
         mut results: mpsc::Receiver<ActResult>,
-        mut tcp: mpsc::Receiver<Vec<(String, bool)>>,
+        mut tcp: mpsc::Receiver<prober::Round>,
     ) -> Result<(), ActorError> {
         let mut changes = changes;
         let mut ticker = tokio::time::interval(TICK);
@@ -166,9 +166,12 @@ impl Actor {
                     }
                 }
                 Some(round) = tcp.recv() => {
-                    for (node, ok) in round {
+                    for (node, result) in round {
                         if let Some(obs) = self.state.observations.get_mut(&node) {
-                            obs.observe_tcp(ok);
+                            match result {
+                                Some(result) => obs.observe_tcp(result),
+                                None => obs.forget_tcp(),
+                            }
                         }
                     }
                 }
@@ -377,6 +380,7 @@ impl Actor {
     fn open_resumed_incidents(&mut self) {
         for ((policy, node), tracker) in &self.trackers {
             if let NodeHealth::Failed { since } = tracker.state()
+                && tracker.judged_failed()
                 && self.ledger.open(node, since, &self.state.view)
             {
                 let alive = self
@@ -907,15 +911,25 @@ fn resumed_tracker(
     obs: &crate::health::NodeObservations,
     now: Instant,
 ) -> HealthTracker {
-    let marked = node
-        .annotations()
-        .get(TAINT_MARKER_ANNOTATION)
-        .is_some_and(|p| p == policy);
-    if marked {
+    if podha_taint_proves_failure(node, policy) {
         HealthTracker::resume_failed(obs, now)
     } else {
         HealthTracker::new(obs)
     }
+}
+
+/// Whether the cluster itself shows that `policy` failed this node over before (another
+/// replica, or this process before a restart): podha's marker names the policy, podha's taint
+/// is still on, and the node is not Ready. A marker alone proves nothing (an admin may have
+/// removed the taint by hand, as Kubernetes' docs tell them to), and a Ready node is back.
+fn podha_taint_proves_failure(node: &Node, policy: &str) -> bool {
+    let marked = node
+        .annotations()
+        .get(TAINT_MARKER_ANNOTATION)
+        .is_some_and(|p| p == policy);
+    marked
+        && NodeTaint::ALL.iter().any(|t| t.on(node))
+        && ReadyStatus::from_node(node) != ReadyStatus::True
 }
 
 fn observe(metrics: &Metrics, f: &Failover, change: &PhaseChange) {
@@ -991,6 +1005,53 @@ mod tests {
     use crate::test_builders::*;
 
     const DRIVER: &str = "rwo.sim.podha.io";
+
+    /// Issue 11, defect 1: a restart resumes a failover only on what the cluster proves. A
+    /// leftover marker (taint removed by an admin) or a node that is Ready again resumes
+    /// nothing; only marker + podha's taint + not Ready does.
+    #[test]
+    fn only_marker_taint_and_not_ready_resume_a_failover() {
+        let marker = |n: Node| n.annotation(TAINT_MARKER_ANNOTATION, "p");
+        let oos = |n: Node| {
+            n.taint(
+                crate::api::OUT_OF_SERVICE_TAINT_KEY,
+                "nodeshutdown",
+                "NoExecute",
+            )
+        };
+        let cases = [
+            ("marker only, node Ready", marker(mk_node("n")), false),
+            (
+                "marker only, node not Ready",
+                marker(mk_node("n")).ready(false),
+                false,
+            ),
+            ("taint, marker, Ready", oos(marker(mk_node("n"))), false),
+            (
+                "taint and marker of another policy",
+                oos(mk_node("n").annotation(TAINT_MARKER_ANNOTATION, "q")).ready(false),
+                false,
+            ),
+            (
+                "taint without marker",
+                oos(mk_node("n")).ready(false),
+                false,
+            ),
+            (
+                "taint, marker, not Ready",
+                oos(marker(mk_node("n"))).ready(false),
+                true,
+            ),
+        ];
+        for (what, node, resumes) in cases {
+            assert_eq!(podha_taint_proves_failure(&node, "p"), resumes, "{what}");
+            let obs = crate::health::NodeObservations::new(Instant::now());
+            let tracker = resumed_tracker(&node, "p", &obs, Instant::now());
+            assert_eq!(tracker.state().is_failed(), resumes, "{what}");
+            // Even a resumed failover is no judgement: nothing new is done before a probe fails.
+            assert!(!tracker.judged_failed(), "{what}");
+        }
+    }
 
     struct Harness {
         actor: Actor,

@@ -1,6 +1,8 @@
 //! The `KubeletTCP` signal: a TCP connect to each node's InternalIP and kubelet port, every
 //! probe interval, with a timeout and bounded concurrency. Only the connect is tried; nothing is
-//! sent, so it needs no credentials and costs the kubelet one accept.
+//! sent, so it needs no credentials and costs the kubelet one accept. What it tells apart: an
+//! accepted connect, a refusal (the host's kernel answered: the machine runs) and silence (no
+//! answer within the timeout, or the host unreachable: a machine that is off or cut off).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -10,6 +12,8 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::health::TcpResult;
+
 /// Connects in flight at once.
 const CONCURRENCY: usize = 256;
 
@@ -17,7 +21,8 @@ const CONCURRENCY: usize = 256;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub node: String,
-    /// `None` when the node publishes no InternalIP or kubelet port: the probe fails.
+    /// `None` when the node publishes no InternalIP or kubelet port: nothing is probed and
+    /// the signal has no evidence.
     pub addr: Option<SocketAddr>,
     pub timeout: Duration,
 }
@@ -52,19 +57,25 @@ pub fn kubelet_addr(node: &Node) -> Option<SocketAddr> {
         .map(|p| SocketAddr::new(ip, p))
 }
 
-async fn connect(target: Target) -> (String, bool) {
-    let ok = match target.addr {
-        Some(addr) => matches!(
-            tokio::time::timeout(target.timeout, tokio::net::TcpStream::connect(addr)).await,
-            Ok(Ok(_))
-        ),
-        None => false,
+/// One probe round's results: per node, what the connect found (`None`: nothing to probe).
+pub type Round = Vec<(String, Option<TcpResult>)>;
+
+async fn connect(target: Target) -> (String, Option<TcpResult>) {
+    let Some(addr) = target.addr else {
+        return (target.node, None);
     };
-    (target.node, ok)
+    let result =
+        match tokio::time::timeout(target.timeout, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => TcpResult::Connected,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => TcpResult::Refused,
+            // Unreachable host or network, or no answer in time: nothing at that address answers.
+            Ok(Err(_)) | Err(_) => TcpResult::NoAnswer,
+        };
+    (target.node, Some(result))
 }
 
 /// Runs until the decision loop goes away (its plan sender or result receiver dropped).
-pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Vec<(String, bool)>>) {
+pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Round>) {
     loop {
         let current = plan.borrow_and_update().clone();
         if current.targets.is_empty() || current.interval.is_zero() {
@@ -84,7 +95,7 @@ pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Vec
                     break;
                 }
                 _ = ticker.tick() => {
-                    let round: Vec<(String, bool)> = futures::stream::iter(current.targets.clone())
+                    let round: Round = futures::stream::iter(current.targets.clone())
                         .map(connect)
                         .buffer_unordered(CONCURRENCY)
                         .collect()
@@ -128,12 +139,35 @@ mod tests {
         assert_eq!(kubelet_addr(&mk_node("bare")), None);
     }
 
+    /// A listener whose accept queue is full drops further SYNs unanswered, as a machine that
+    /// is off (or whose packets are dropped) does: a loopback stand-in for silence.
+    async fn silent_addr() -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>, SocketAddr) {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let listener = socket.listen(0).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut held = Vec::new();
+        // Fill the queue (a backlog of 0 still admits one), never accepting.
+        for _ in 0..2 {
+            if let Ok(Ok(s)) = tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            {
+                held.push(s);
+            }
+        }
+        (listener, held, addr)
+    }
+
     #[tokio::test]
-    async fn a_listening_port_passes_and_a_closed_one_fails() {
+    async fn accepted_refused_and_unanswered_connects_are_told_apart() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let open = listener.local_addr().expect("addr");
+        let (_silent_listener, _held, silent) = silent_addr().await;
         let closed = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
             l.local_addr().expect("addr")
@@ -154,6 +188,11 @@ mod tests {
                     timeout,
                 },
                 Target {
+                    node: "silent".into(),
+                    addr: Some(silent),
+                    timeout,
+                },
+                Target {
                     node: "unknown".into(),
                     addr: None,
                     timeout,
@@ -166,9 +205,10 @@ mod tests {
         assert_eq!(
             round,
             vec![
-                ("closed".to_string(), false),
-                ("open".to_string(), true),
-                ("unknown".to_string(), false)
+                ("closed".to_string(), Some(TcpResult::Refused)),
+                ("open".to_string(), Some(TcpResult::Connected)),
+                ("silent".to_string(), Some(TcpResult::NoAnswer)),
+                ("unknown".to_string(), None),
             ]
         );
         prober.abort();

@@ -107,8 +107,16 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum NodeCmd {
-    /// SIGKILL the node's kwok and sim-csi node agent (the node "loses power").
+    /// The node's machine dies: SIGKILL its kwok and sim-csi node agent, and drop packets to
+    /// its address (a connect times out, as against a powered-off host).
     Kill {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Only the node's kubelet dies: SIGKILL its kwok and node agent; the host stays up (a
+    /// connect to the kubelet port is refused).
+    KillKubelet {
         name: String,
         #[command(flatten)]
         dir: DirArg,
@@ -201,6 +209,12 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         } => {
             Cluster::attach(&dir.dir)?.kill_node(&name)?;
             println!("{name} killed");
+        }
+        Cmd::Node {
+            command: NodeCmd::KillKubelet { name, dir },
+        } => {
+            Cluster::attach(&dir.dir)?.kill_kubelet(&name)?;
+            println!("{name}: kubelet killed, host up");
         }
         Cmd::Node {
             command: NodeCmd::Start { name, dir },

@@ -32,7 +32,7 @@ fn main() -> ExitCode {
         Some(env!("CARGO_BIN_EXE_podha-sim").into()),
     ));
     type Scenario = fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>;
-    let scenarios: [(&str, Scenario); 4] = [
+    let scenarios: [(&str, Scenario); 5] = [
         (
             "statefulset_pod_stays_terminating_and_is_not_replaced",
             statefulset_not_replaced,
@@ -46,6 +46,10 @@ fn main() -> ExitCode {
             force_delete_then_taint,
         ),
         ("restarted_node_comes_back_ready", restarted_node_ready),
+        (
+            "killed_machine_is_silent_killed_kubelet_is_refused",
+            machine_vs_kubelet,
+        ),
     ];
     let trials = scenarios
         .into_iter()
@@ -382,9 +386,7 @@ fn restarted_node_ready(shared: &SharedCluster) -> Result<(), libtest_mimic::Fai
 
         ctx.cluster.kill_node(node)?;
         let t0 = Instant::now();
-        if std::net::TcpStream::connect_timeout(&addr, secs(2)).is_ok() {
-            anyhow::bail!("kubelet endpoint {addr} still accepts connections after the kill");
-        }
+        expect_connect(addr, std::io::ErrorKind::TimedOut, "of the killed machine")?;
         let status = ctx.wait_not_ready(node, secs(90)).await?;
         log(
             &ns,
@@ -418,6 +420,51 @@ fn restarted_node_ready(shared: &SharedCluster) -> Result<(), libtest_mimic::Fai
             .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} after restart: {e}"))?;
         ctx.wait_app_running("plain", secs(90)).await?;
         log(&ns, format!("a pod of plain runs on {node} again"));
+        Ok(())
+    })
+}
+
+/// What a connect to `addr` must run into.
+fn expect_connect(
+    addr: std::net::SocketAddr,
+    want: std::io::ErrorKind,
+    what: &str,
+) -> anyhow::Result<()> {
+    match std::net::TcpStream::connect_timeout(&addr, secs(2)) {
+        Ok(_) => anyhow::bail!("kubelet endpoint {addr} {what} accepted a connection"),
+        Err(e) if e.kind() == want => Ok(()),
+        Err(e) => anyhow::bail!("kubelet endpoint {addr} {what}: want {want:?}, got {e}"),
+    }
+}
+
+/// A dead machine does not answer (a connect times out); a machine whose kubelet alone died
+/// still does (its kernel refuses the connect). podha reads the two differently, so the sim
+/// must make them differ as real machines do.
+fn machine_vs_kubelet(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
+    run_scenario(shared, "faults", |ctx| async move {
+        let ns = ctx.ns.clone();
+        let node = "node-8";
+        let info = ctx.cluster.node(node)?;
+        let addr = std::net::SocketAddr::from((info.ip, info.kubelet_port));
+        std::net::TcpStream::connect_timeout(&addr, secs(2))
+            .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} of live {node}: {e}"))?;
+
+        ctx.cluster.kill_kubelet(node)?;
+        expect_connect(
+            addr,
+            std::io::ErrorKind::ConnectionRefused,
+            "with only the kubelet killed",
+        )?;
+        ctx.cluster.start_node(node).await?;
+        std::net::TcpStream::connect_timeout(&addr, secs(2))
+            .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} after restart: {e}"))?;
+
+        ctx.cluster.kill_node(node)?;
+        expect_connect(addr, std::io::ErrorKind::TimedOut, "of the killed machine")?;
+        ctx.cluster.start_node(node).await?;
+        std::net::TcpStream::connect_timeout(&addr, secs(2))
+            .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} after the machine's restart: {e}"))?;
+        log(&ns, format!("{node}: refused with the kubelet killed, silent with the machine killed"));
         Ok(())
     })
 }

@@ -20,8 +20,11 @@
 //! process plus one sim-csi node agent. Its node IP (the `InternalIP` address) is
 //! `127.0.0.<k+1>` and kwok's HTTP server listens there, on port 10250 when that is free (else a
 //! free port), which kwok reports as `status.daemonEndpoints.kubeletEndpoint.Port`: a TCP probe to
-//! `InternalIP:port` reaches a real listener while the node lives and is refused once it is
-//! killed. Pod IPs of `node-k` come from `10.244.<k>.0/24`.
+//! `InternalIP:port` reaches a real listener while the node lives. Killing a node models a dead
+//! machine: its processes die and its address stops answering (packets to it are dropped, see
+//! `blackhole`), so a connect times out as it does against a powered-off host. Killing only the
+//! node's kubelet ([`Cluster::kill_kubelet`]) leaves the host up: a connect is refused. Pod IPs
+//! of `node-k` come from `10.244.<k>.0/24`.
 //!
 //! # Profiles
 //!
@@ -43,6 +46,7 @@
 //! the attach/detach controller ignores the node).
 
 mod bins;
+mod blackhole;
 mod fleet;
 mod pki;
 pub mod process;
@@ -608,9 +612,28 @@ impl Cluster {
             .collect()
     }
 
-    /// SIGKILLs the node's kwok and sim-csi node agent: its lease stops being renewed, its
-    /// status and `volumesInUse` freeze, its kubelet port refuses connections.
+    /// The node's machine dies: its kwok and sim-csi node agent are SIGKILLed (its lease stops
+    /// being renewed, its status and `volumesInUse` freeze) and its address stops answering
+    /// (packets to its kubelet endpoint are dropped: a connect times out, as against a host that
+    /// is off).
     pub fn kill_node(&self, name: &str) -> Result<()> {
+        let rec = self.node(name)?;
+        blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+        self.kill_node_processes(name)?;
+        info!(node = name, "node killed");
+        Ok(())
+    }
+
+    /// Only the node's kubelet dies (kwok and the sim-csi node agent are SIGKILLed): the host
+    /// stays up, so its kernel refuses connects to the kubelet port. Containers of a real node
+    /// would go on running.
+    pub fn kill_kubelet(&self, name: &str) -> Result<()> {
+        self.kill_node_processes(name)?;
+        info!(node = name, "kubelet killed, host up");
+        Ok(())
+    }
+
+    fn kill_node_processes(&self, name: &str) -> Result<()> {
         let mut st = self.lock_reloaded();
         st.node(name)?;
         let mut result = Ok(());
@@ -625,7 +648,6 @@ impl Cluster {
             }
         }
         st.save(&self.dir)?;
-        info!(node = name, "node killed");
         result
     }
 
@@ -659,6 +681,7 @@ impl Cluster {
         {
             let mut st = self.lock_reloaded();
             let mut rec = st.node(name)?.clone();
+            blackhole::restore(&self.dir, rec.ip, rec.port)?;
             // Another process may have taken the node's port while it was down (a second sim
             // cluster shares the loopback addresses): take a free one; kwok reports it in the
             // Node's daemonEndpoints, where probes read it.
@@ -726,6 +749,9 @@ impl Cluster {
             }
         }
         st.save(&self.dir)?;
+        if let Err(e) = blackhole::clear(&self.dir) {
+            first_err.get_or_insert(e);
+        }
         match first_err {
             None => Ok(()),
             Some(e) => Err(e),
