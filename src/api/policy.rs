@@ -90,14 +90,20 @@ pub struct PodHAPolicySpec {
     /// What podha does when a watched node is judged dead. `OutOfServiceTaint` (the default)
     /// taints the node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, so the
     /// attach/detach controller detaches its volumes at once, and force-deletes the eligible pods.
-    /// `DeletePods` fences the node instead (`podha.io/fenced=nodeDead:NoSchedule`, so the
-    /// scheduler does not put replacements back on it before Kubernetes notices the node is gone)
-    /// and force-deletes the pods; their volumes detach only after the attach/detach controller's
-    /// own 6-minute wait, so a node that is cut off but still running keeps its volumes for those
-    /// 6 minutes. Choose `DeletePods` when your storage does not fence a node on detach
-    /// (ControllerUnpublish) and a partitioned node could go on writing. podha removes only taints
-    /// it added itself (marked by the annotation `podha.io/out-of-service-taint`), once the node is
-    /// healthy again and no VolumeAttachment remains on it.
+    /// The taint acts on the whole node: Kubernetes then deletes every pod there that does not
+    /// tolerate it. So podha refuses it while the node carries a pod it must not move (no
+    /// controller owner, `podha.io/failover: "false"`, a volume no policy covers, a policy that
+    /// holds, rehearses or chose `DeletePods`): it fences the node instead, deletes only the
+    /// eligible pods and reports the refusal (event `OutOfServiceTaintRefused`).
+    /// `DeletePods` fences the node (`podha.io/fenced=nodeDead:NoSchedule`, so the scheduler
+    /// does not put replacements back on it before Kubernetes notices the node is gone) and
+    /// force-deletes the eligible pods; their volumes detach only after the attach/detach
+    /// controller's own 6-minute wait, so a node that is cut off but still running keeps its
+    /// volumes for those 6 minutes. Choose `DeletePods` when your storage does not fence a node
+    /// on detach (ControllerUnpublish) and a partitioned node could go on writing. podha removes
+    /// only taints it added itself (marked by the annotation `podha.io/out-of-service-taint`),
+    /// once the node is healthy again and no volume of a pod that moved away is still attached
+    /// to it.
     #[serde(default)]
     pub action: Action,
 
@@ -306,9 +312,14 @@ impl Action {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Safety {
-    /// When more watched nodes are Failed than this (a count, or a percentage of the watched
-    /// nodes such as `30%`), podha holds every action of this policy: so many deaths at once
-    /// more likely mean a network or control-plane problem than dead machines.
+    /// When more watched nodes are unhealthy than this (a count, or a percentage of the watched
+    /// nodes such as `30%`, never below one node), podha holds every action of this policy: so
+    /// many deaths at once more likely mean a network or control-plane problem than dead
+    /// machines. Unhealthy counts nodes judged Failed, nodes on their way there (a failed probe
+    /// already), and nodes that failed within `unhealthyWindow`. Before its first action on a
+    /// newly failed node podha also waits until the other watched nodes have renewed their
+    /// Lease since that node went silent (at most one renew interval, about 10s): until then a
+    /// partition cannot be told from one dead node, and nodes not yet heard from count too.
     #[serde(default = "default_max_unhealthy")]
     #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|(100|[1-9][0-9]?)%)$')").message("safety.maxUnhealthy must be a count of at least 1 or a percentage from 1% to 100%"))]
     pub max_unhealthy: IntOrString,
@@ -317,6 +328,13 @@ pub struct Safety {
     /// selector, required node affinity, taints and the volumes' topology all allow it).
     #[serde(default = "default_require_target")]
     pub require_target: bool,
+
+    /// How long a node that failed keeps counting towards `maxUnhealthy` after it is back, so
+    /// that nodes failing one after another cannot each slip in under the limit: at most
+    /// `maxUnhealthy` nodes fail over within any such window.
+    #[serde(default = "default_unhealthy_window")]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('24h')").message("safety.unhealthyWindow must be at most 24h"))]
+    pub unhealthy_window: HumanDuration,
 }
 
 impl Default for Safety {
@@ -324,8 +342,13 @@ impl Default for Safety {
         Self {
             max_unhealthy: default_max_unhealthy(),
             require_target: default_require_target(),
+            unhealthy_window: default_unhealthy_window(),
         }
     }
+}
+
+fn default_unhealthy_window() -> HumanDuration {
+    HumanDuration::from_secs(600)
 }
 
 fn default_max_unhealthy() -> IntOrString {
@@ -336,7 +359,7 @@ fn default_require_target() -> bool {
 }
 
 impl PodHAPolicySpec {
-    /// The largest number of Failed nodes, out of `watched`, at which this policy still acts.
+    /// The largest number of unhealthy nodes, out of `watched`, at which this policy still acts.
     /// Percentages round down (like the node lifecycle controller's thresholds), but never
     /// below one node: a policy always tolerates a single dead node.
     pub fn max_unhealthy_nodes(&self, watched: usize) -> usize {

@@ -44,6 +44,7 @@ fn empty_spec_gets_the_documented_defaults() {
     assert_eq!(spec.action, Action::OutOfServiceTaint);
     assert_eq!(spec.safety.max_unhealthy, IntOrString::String("30%".into()));
     assert!(spec.safety.require_target);
+    assert_eq!(spec.safety.unhealthy_window, HumanDuration::from_secs(600));
     assert_eq!(spec.detach_timeout, HumanDuration::from_secs(390));
     assert!(!spec.dry_run);
 }
@@ -60,6 +61,8 @@ fn good_specs_pass_every_cel_rule() {
         json!({"safety": {"maxUnhealthy": "100%"}}),
         json!({"safety": {"maxUnhealthy": "5%"}}),
         json!({"safety": {"maxUnhealthy": "4"}}),
+        json!({"safety": {"unhealthyWindow": "0s"}}),
+        json!({"safety": {"unhealthyWindow": "24h"}}),
         json!({"action": "OutOfServiceTaint", "dryRun": true, "detachTimeout": "1m"}),
         json!({"volumes": {"drivers": ["rwo.sim.podha.io"], "accessModes": ["ReadWriteOnce"]}}),
         json!({"owners": []}),
@@ -106,6 +109,10 @@ fn each_bad_spec_is_rejected_with_its_own_message() {
         (
             json!({"detection": {"tcpTimeout": "5ms"}}),
             "tcpTimeout must be at least 10ms",
+        ),
+        (
+            json!({"safety": {"unhealthyWindow": "25h"}}),
+            "unhealthyWindow must be at most 24h",
         ),
         (
             json!({"detection": {"leaseGracePeriod": "500ms"}}),

@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
+pub use owners::{controller_ref, opted_out};
 pub use selectors::{node_selected, pod_selected};
 pub use target::find_target;
 pub use volumes::claim_names;

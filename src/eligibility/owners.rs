@@ -43,6 +43,11 @@ fn annotation(pod: &Pod) -> Annotation {
     }
 }
 
+/// The pod carries `podha.io/failover` with a value other than `"true"`: keep it where it is.
+pub fn opted_out(pod: &Pod) -> bool {
+    annotation(pod) == Annotation::OptOut
+}
+
 /// The pod's controller as podha classifies it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Controller {
@@ -65,7 +70,7 @@ impl Controller {
 }
 
 /// The pod's controller owner reference, if any.
-pub(crate) fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
+pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
     pod.owner_references()
         .iter()
         .find(|r| r.controller == Some(true))

@@ -488,7 +488,10 @@ mod tests {
         assert!(!tracker.judged_failed());
         tracker.tick(t0 + s(1), &obs, &c);
         assert!(tracker.state().is_failed());
-        assert!(!tracker.judged_failed(), "an inconclusive probe confirms nothing");
+        assert!(
+            !tracker.judged_failed(),
+            "an inconclusive probe confirms nothing"
+        );
         obs.observe_tcp(TcpResult::NoAnswer);
         tracker.tick(t0 + s(50), &obs, &c);
         assert!(tracker.judged_failed());

@@ -82,6 +82,9 @@ pub struct NodeObservations {
     last_renewal: Option<Instant>,
     /// The Lease's `spec.renewTime` as last seen, to tell a renewal from a re-delivery.
     renew_time: Option<MicroTime>,
+    /// The Lease's `spec.leaseDurationSeconds` as last seen; the kubelet renews every quarter
+    /// of it.
+    lease_duration: Option<std::time::Duration>,
     ready: ReadyStatus,
     /// `None` until the first probe result: no result is no evidence either way.
     tcp: Option<TcpResult>,
@@ -100,6 +103,7 @@ impl NodeObservations {
             lease_baseline: now,
             last_renewal: None,
             renew_time: None,
+            lease_duration: None,
             ready: ReadyStatus::Missing,
             tcp: None,
             last_seen_alive: None,
@@ -195,6 +199,25 @@ impl NodeObservations {
 
     pub(super) fn gap_epoch(&self) -> u64 {
         self.gap_epoch
+    }
+
+    /// The Lease's duration as last seen (`spec.leaseDurationSeconds`).
+    pub fn observe_lease_duration(&mut self, seconds: Option<i32>) {
+        if let Some(secs) = seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .filter(|s| *s > 0)
+        {
+            self.lease_duration = Some(std::time::Duration::from_secs(secs));
+        }
+    }
+
+    /// The longest a live node goes between two renewals: the kubelet renews every quarter of
+    /// the lease duration, with up to 4 % jitter; 40 s (the kubelet's default) when unknown.
+    pub fn renew_period_bound(&self) -> std::time::Duration {
+        let duration = self
+            .lease_duration
+            .unwrap_or(std::time::Duration::from_secs(40));
+        duration.mul_f64(0.25 * 1.05)
     }
 
     pub fn lease_baseline(&self) -> Instant {

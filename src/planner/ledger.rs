@@ -1,7 +1,8 @@
 //! What podha has already done for each dead node, so that one incident never gets two
 //! actions and a replacement pod is never taken for the pod it replaces.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -26,11 +27,18 @@ pub struct Incident {
     pub tainted: bool,
 }
 
-/// Open incidents by node name.
+/// Open incidents by node name, and when recently closed ones opened (for
+/// `safety.unhealthyWindow`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ledger {
     incidents: BTreeMap<String, Incident>,
+    /// (node, when its incident opened) of closed incidents, oldest first, kept for
+    /// [`RECENT_KEPT_FOR`].
+    closed: VecDeque<(String, Instant)>,
 }
+
+/// How long a closed incident is remembered: the longest `safety.unhealthyWindow` allowed.
+pub const RECENT_KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
 
 impl Ledger {
     /// Opens an incident for `node` unless one is open, snapshotting the pods bound to it now.
@@ -99,9 +107,28 @@ impl Ledger {
         }
     }
 
-    /// Closes the incident of `node`, returning it.
-    pub fn close(&mut self, node: &str) -> Option<Incident> {
-        self.incidents.remove(node)
+    /// Closes the incident of `node` at `now`, returning it.
+    pub fn close(&mut self, node: &str, now: Instant) -> Option<Incident> {
+        let incident = self.incidents.remove(node)?;
+        self.closed
+            .push_back((incident.node.clone(), incident.since));
+        while let Some((_, since)) = self.closed.front()
+            && since.checked_add(RECENT_KEPT_FOR).is_some_and(|t| t < now)
+        {
+            self.closed.pop_front();
+        }
+        Some(incident)
+    }
+
+    /// Nodes whose incident opened at or after `cutoff`, open or closed since.
+    pub fn failed_since(&self, cutoff: Instant) -> BTreeSet<&str> {
+        self.incidents
+            .values()
+            .map(|i| (i.node.as_str(), i.since))
+            .chain(self.closed.iter().map(|(n, since)| (n.as_str(), *since)))
+            .filter(|(_, since)| *since >= cutoff)
+            .map(|(node, _)| node)
+            .collect()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Incident> {

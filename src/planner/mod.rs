@@ -2,10 +2,18 @@
 //! untaint or hold. Pure: no client, no IO. The actuator carries the intents out.
 //!
 //! Rules, each in one place below:
-//! - **Which policy decides.** Policies are taken in name order. A pod belongs to the first
-//!   policy whose node, namespace and pod selectors all select it; a node's taint belongs to the
-//!   first policy whose node selector selects the node. Only that policy's detection settings,
-//!   action and safety limits apply, so overlapping policies never disagree about one object.
+//! - **Which policy decides.** Policies are taken in name order. A node belongs to the first
+//!   policy whose node selector selects it (the *node's policy*); a pod to the first policy whose
+//!   node, namespace and pod selectors all select it (the *pod's policy*). The node's policy
+//!   governs everything done on the node: its detection says whether the node is dead, its
+//!   safety limits and `dryRun` hold or rehearse every action there, its action picks the taint.
+//!   A pod moves only when, in addition, its own policy selects it, finds it eligible, judges the
+//!   node dead and neither holds nor rehearses. So overlapping policies can only add reasons to
+//!   stay, never a reason to act.
+//! - **The out-of-service taint is node-wide** (see `taints.rs`): refused, in favour of the
+//!   scheduling fence and per-pod deletes, while any pod podha must not move is on the node.
+//! - **Hold when unsure** (see `holds.rs`): too many unhealthy nodes, or a newly failed node
+//!   while others have not been heard from since, or a dry run.
 //! - **One action per incident.** A pod is deleted only if it was on the node when the incident
 //!   opened (later pods are replacements) and was not deleted already; a node is tainted once.
 //! - **Stale readiness.** A pod still Ready on a dead node shows what the dead kubelet last
@@ -16,21 +24,24 @@
 //!   and is Ready again is left alone: something alive keeps reporting it.
 //! - **Taint first.** A pod is deleted only once its node's taint is on (ledger or node): a
 //!   replacement created before could be scheduled straight back onto the dead node.
-//! - **Hold when unsure.** Too many failed nodes, or a dry run, turns actions into holds.
 
+mod holds;
 mod ledger;
 mod ownership;
+mod taints;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
+use tokio::time::Instant;
 
+pub use holds::{Heartbeat, Heartbeats};
 pub use ledger::{Incident, Ledger};
 pub use ownership::{node_owner, pod_owner};
 
-use crate::api::{NodeTaint, PodHAPolicySpec, TAINT_MARKER_ANNOTATION};
+use crate::api::{Action, NodeTaint, PodHAPolicySpec};
 use crate::eligibility::{self, SkipReason};
-use crate::health::{NodeHealth, ReadyStatus};
+use crate::health::NodeHealth;
 use crate::view::{ObjectKey, View};
 
 /// A policy as the planner sees it.
@@ -50,6 +61,9 @@ pub struct PlanInput<'a> {
     pub health: &'a HealthBook,
     pub view: &'a View,
     pub ledger: &'a Ledger,
+    /// podha's observations of every node's Lease, for the settle rule.
+    pub heartbeats: &'a Heartbeats,
+    pub now: Instant,
 }
 
 /// Something the actuator should do.
@@ -93,7 +107,8 @@ pub enum Intent {
 /// Why an action is held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HoldReason {
-    /// More watched nodes are Failed than `safety.maxUnhealthy` allows.
+    /// More watched nodes are unhealthy (Failed, Suspect, or failed within
+    /// `safety.unhealthyWindow`) than `safety.maxUnhealthy` allows.
     TooManyUnhealthy {
         failed: usize,
         watched: usize,
@@ -101,6 +116,12 @@ pub enum HoldReason {
     },
     /// `dryRun` is set; this is what would have been done.
     DryRun { would: Box<Intent> },
+    /// A node failed, but so many other watched nodes have not renewed their Lease since that a
+    /// partition cannot be ruled out.
+    Unconfirmed { unheard: usize, watched: usize },
+    /// The out-of-service taint would remove `pod`, which must stay (`why`); the node gets the
+    /// scheduling fence instead and only the eligible pods are deleted.
+    OutOfServiceRefused { pod: ObjectKey, why: &'static str },
 }
 
 impl HoldReason {
@@ -109,8 +130,17 @@ impl HoldReason {
         match self {
             Self::TooManyUnhealthy { .. } => "TooManyUnhealthyNodes",
             Self::DryRun { .. } => "DryRun",
+            Self::Unconfirmed { .. } => "NodesNotHeardFrom",
+            Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
         }
     }
+}
+
+/// A pod on a failed node that the out-of-service taint must not remove, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Protected {
+    pub pod: ObjectKey,
+    pub why: &'static str,
 }
 
 /// A pod on a failed node that podha leaves alone this round.
@@ -129,7 +159,7 @@ pub enum Skip {
     Ineligible(SkipReason),
     /// Bound to the node after the incident opened: a replacement, never deleted.
     Replacement,
-    /// Its policy holds every action (see the policy's hold).
+    /// Its policy, or its node's, holds every action (see the policy's hold).
     Held,
 }
 
@@ -157,7 +187,7 @@ pub struct Plan {
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut policies = input.policies.to_vec();
     policies.sort_by(|a, b| a.name.cmp(b.name));
-    let held = held_policies(&policies, input);
+    let held = holds::held_policies(&policies, input);
 
     let mut out = Plan::default();
     for (name, hold) in &held {
@@ -170,7 +200,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     for incident in input.ledger.iter() {
         plan_incident(incident, &policies, &held, input, &mut out);
     }
-    plan_untaints(&policies, input, &mut out);
+    taints::plan_untaints(&policies, input, &mut out.intents);
     out
 }
 
@@ -181,31 +211,11 @@ fn health_of(health: &HealthBook, policy: &str, node: &str) -> Option<NodeHealth
         .copied()
 }
 
-/// Policies over their `safety.maxUnhealthy` limit hold every action.
-fn held_policies<'a>(
-    policies: &[PolicyRef<'a>],
-    input: &PlanInput<'_>,
-) -> BTreeMap<&'a str, HoldReason> {
-    let mut held = BTreeMap::new();
-    for policy in policies {
-        let Some(nodes) = input.health.get(policy.name) else {
-            continue;
-        };
-        let watched = nodes.len();
-        let failed = nodes.values().filter(|h| h.is_failed()).count();
-        let max = policy.spec.max_unhealthy_nodes(watched);
-        if failed > max {
-            held.insert(
-                policy.name,
-                HoldReason::TooManyUnhealthy {
-                    failed,
-                    watched,
-                    max,
-                },
-            );
-        }
-    }
-    held
+fn judged_failed(health: &HealthBook, policy: &str, node: &str) -> bool {
+    matches!(
+        health_of(health, policy, node),
+        Some(NodeHealth::Failed { .. })
+    )
 }
 
 /// A node may take a pod when no policy judges it anything but Healthy. Nodes no policy
@@ -221,6 +231,14 @@ fn node_usable(health: &HealthBook) -> impl Fn(&Node) -> bool + '_ {
     }
 }
 
+/// What one round does about one failed node.
+struct NodePlan<'p> {
+    marks: Vec<(PolicyRef<'p>, Intent)>,
+    deletes: Vec<(PolicyRef<'p>, Intent)>,
+    /// The first pod (in node order) the out-of-service taint must not remove.
+    protected: Option<Protected>,
+}
+
 fn plan_incident(
     incident: &Incident,
     policies: &[PolicyRef<'_>],
@@ -228,15 +246,85 @@ fn plan_incident(
     input: &PlanInput<'_>,
     out: &mut Plan,
 ) {
-    let view = input.view;
     let node = incident.node.as_str();
-    let Some(node_obj) = view.nodes.get(node) else {
+    let Some(node_obj) = input.view.nodes.get(node) else {
         return;
     };
-    let usable = node_usable(input.health);
-    let mut marks = Vec::new();
-    let mut deletes = Vec::new();
+    // The node's policy governs the node: nothing happens there unless it judges the node
+    // dead, and its hold holds every pod there.
+    let Some(node_policy) = node_owner(policies, node_obj) else {
+        return;
+    };
+    if !judged_failed(input.health, node_policy.name, node) {
+        return;
+    }
+    let node_held = held.contains_key(node_policy.name);
+    if !node_held && let holds::Settle::Wait(hold) = holds::settle(node_policy, incident, input) {
+        out.intents.extend(hold);
+        return;
+    }
+    let np = plan_pods(incident, node_obj, node_policy, policies, held, input, out);
+    if node_held {
+        return;
+    }
 
+    // Marks go out with the taint: they move nothing. Deletes only once the node carries a
+    // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
+    // have its replacement scheduled straight back onto the dead node (still Ready for the node
+    // lifecycle controller for up to 50 s).
+    let moving = !np.marks.is_empty() || !np.deletes.is_empty();
+    let tainted = incident.tainted || NodeTaint::ALL.iter().any(|t| t.on(node_obj));
+    let rehearsal = node_policy.spec.dry_run;
+    if moving && !tainted {
+        out.intents.extend(taints::plan_taint(
+            node,
+            node_policy,
+            rehearsal,
+            np.protected.as_ref(),
+        ));
+    }
+    for (owner, intent) in np.marks {
+        out.intents.push(dry_run_guard(
+            owner,
+            node,
+            intent,
+            rehearsal || owner.spec.dry_run,
+        ));
+    }
+    // In a rehearsal nothing is tainted: say what would be deleted all the same.
+    if !tainted && !rehearsal {
+        return;
+    }
+    for (owner, intent) in np.deletes {
+        out.intents.push(dry_run_guard(
+            owner,
+            node,
+            intent,
+            rehearsal || owner.spec.dry_run,
+        ));
+    }
+}
+
+/// Every pod on the failed node: what moves, what is skipped and why, and what the
+/// out-of-service taint must not touch.
+fn plan_pods<'p>(
+    incident: &Incident,
+    node_obj: &Node,
+    node_policy: PolicyRef<'p>,
+    policies: &[PolicyRef<'p>],
+    held: &BTreeMap<&str, HoldReason>,
+    input: &PlanInput<'_>,
+    out: &mut Plan,
+) -> NodePlan<'p> {
+    let view = input.view;
+    let node = incident.node.as_str();
+    let usable = node_usable(input.health);
+    let node_held = held.contains_key(node_policy.name);
+    let mut np = NodePlan {
+        marks: Vec::new(),
+        deletes: Vec::new(),
+        protected: None,
+    };
     for pod in view.pods_on(node) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
             continue;
@@ -244,19 +332,27 @@ fn plan_incident(
         if is_terminal(pod) || incident.deleted.contains(uid) {
             continue;
         }
-        let Some(owner) = pod_owner(policies, pod, node_obj, view) else {
-            continue;
-        };
-        if !matches!(
-            health_of(input.health, owner.name, node),
-            Some(NodeHealth::Failed { .. })
-        ) {
-            continue;
-        }
         let key = ObjectKey::new(
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
+        let mut protect = |why: &'static str| {
+            np.protected.get_or_insert_with(|| Protected {
+                pod: key.clone(),
+                why,
+            });
+        };
+        let Some(owner) = pod_owner(policies, pod, node_obj, view) else {
+            if let Some(why) = taints::unselected_protection(pod) {
+                protect(why);
+            }
+            continue;
+        };
+        // The pod's own policy must see the node dead too; until it does the pod stays.
+        if !judged_failed(input.health, owner.name, node) {
+            protect("NodeNotJudgedDeadByItsPolicy");
+            continue;
+        }
         let skip = |reason| PodSkip {
             pod: key.clone(),
             uid: uid.to_string(),
@@ -264,8 +360,9 @@ fn plan_incident(
             policy: owner.name.to_string(),
             reason,
         };
-        if held.contains_key(owner.name) {
+        if node_held || held.contains_key(owner.name) {
             out.skips.push(skip(Skip::Held));
+            protect("PolicyHeld");
             continue;
         }
         if !incident.pods_at_failure.contains(uid) {
@@ -275,10 +372,25 @@ fn plan_incident(
         let eligible = match eligibility::check_movable(owner.spec, pod, view, &usable) {
             Err(reason) => {
                 out.skips.push(skip(Skip::Ineligible(reason)));
+                if let Some(why) = taints::skip_protection(reason, pod) {
+                    protect(why);
+                }
                 continue;
             }
             Ok(eligible) => eligible,
         };
+        // The node's policy's own action and dry run already decide the taint; another
+        // policy's choices must not be overruled by it.
+        if owner.name != node_policy.name {
+            if owner.spec.action == Action::DeletePods {
+                // It chose to wait for the attach/detach controller (storage that does not
+                // fence, nodes that may come back).
+                protect("PolicyActionDeletePods");
+            }
+            if owner.spec.dry_run {
+                protect("PolicyDryRun");
+            }
+        }
         let resource_version = if eligibility::looks_alive(pod) {
             match incident.marked_not_ready.get(uid) {
                 None => {
@@ -288,7 +400,7 @@ fn plan_incident(
                         node: node.to_string(),
                         policy: owner.name.to_string(),
                     };
-                    marks.push((owner, intent));
+                    np.marks.push((owner, intent));
                     continue;
                 }
                 // Marked, and the watch does not show it yet: delete that version only.
@@ -309,89 +421,13 @@ fn plan_incident(
             owner_kind: eligible.owner_kind,
             resource_version,
         };
-        deletes.push((owner, intent));
+        np.deletes.push((owner, intent));
     }
-
-    // Marks go out with the taint: they move nothing. Deletes only once the node carries its
-    // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
-    // have its replacement scheduled straight back onto the dead node (still Ready for the node
-    // lifecycle controller for up to 50 s). A taint that is only a dry-run hold does not wait.
-    let moving = !marks.is_empty() || !deletes.is_empty();
-    let taint = plan_taint(incident, node_obj, policies, held, input, moving);
-    let wait_for_taint = matches!(taint, Some(Intent::TaintNode { .. }));
-    out.intents.extend(taint);
-    for (owner, intent) in marks {
-        out.intents.push(dry_run_guard(owner, node, intent));
-    }
-    if wait_for_taint {
-        return;
-    }
-    for (owner, intent) in deletes {
-        out.intents.push(dry_run_guard(owner, node, intent));
-    }
+    np
 }
 
-/// The node's taint, before any pod moves: the out-of-service taint with `OutOfServiceTaint`
-/// (volumes detach at once), the scheduling fence with `DeletePods` (without it, a pod deleted
-/// before the node lifecycle controller taints the node unreachable may be scheduled right back
-/// onto the dead node). Wanted when the node's policy judges it Failed, is not held, and at
-/// least one pod will move: without a pod to move the taint would only disturb pods podha
-/// leaves alone.
-fn plan_taint(
-    incident: &Incident,
-    node: &Node,
-    policies: &[PolicyRef<'_>],
-    held: &BTreeMap<&str, HoldReason>,
-    input: &PlanInput<'_>,
-    moving: bool,
-) -> Option<Intent> {
-    let owner = node_owner(policies, node)?;
-    let taint = NodeTaint::for_action(owner.spec.action);
-    let failed = matches!(
-        health_of(input.health, owner.name, &incident.node),
-        Some(NodeHealth::Failed { .. })
-    );
-    if !failed || held.contains_key(owner.name) || incident.tainted || taint.on(node) || !moving {
-        return None;
-    }
-    let intent = Intent::TaintNode {
-        node: incident.node.clone(),
-        policy: owner.name.to_string(),
-        taint,
-    };
-    Some(dry_run_guard(owner, &incident.node, intent))
-}
-
-/// Untaint nodes podha tainted once they are back (Ready, judged Healthy by every policy that
-/// watches them) and no VolumeAttachment remains on them.
-fn plan_untaints(policies: &[PolicyRef<'_>], input: &PlanInput<'_>, out: &mut Plan) {
-    let usable = node_usable(input.health);
-    for (name, node) in &input.view.nodes {
-        let marked = node
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
-        if !marked || !NodeTaint::ALL.iter().any(|t| t.on(node)) {
-            continue;
-        }
-        if ReadyStatus::from_node(node) != ReadyStatus::True
-            || !usable(node)
-            || !input.view.attachments_on(name).is_empty()
-        {
-            continue;
-        }
-        let intent = Intent::RemoveTaint { node: name.clone() };
-        match node_owner(policies, node) {
-            Some(owner) => out.intents.push(dry_run_guard(owner, name, intent)),
-            // The policy that tainted the node is gone: clean up rather than strand the taint.
-            None => out.intents.push(intent),
-        }
-    }
-}
-
-fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent) -> Intent {
-    if policy.spec.dry_run {
+fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent, dry_run: bool) -> Intent {
+    if dry_run {
         Intent::Hold {
             policy: policy.name.to_string(),
             node: Some(node.to_string()),

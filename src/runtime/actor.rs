@@ -28,7 +28,8 @@ use crate::eligibility::node_selected;
 use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, ReadyStatus, Transition};
 use crate::metrics::{Metrics, TaintOperation};
 use crate::planner::{
-    self, HealthBook, HoldReason, Intent, Ledger, PlanInput, PodSkip, PolicyRef, Skip,
+    self, HealthBook, Heartbeat, Heartbeats, HoldReason, Intent, Ledger, PlanInput, PodSkip,
+    PolicyRef, Skip,
 };
 
 /// How often the loop wakes to probe and plan. Probes themselves run every policy `interval`.
@@ -95,6 +96,8 @@ pub struct Actor {
     /// when its incident closes or its hold ends.
     reported: BTreeMap<String, BTreeSet<String>>,
     last_status: BTreeMap<String, PodHAPolicyStatus>,
+    /// Each policy's policy-wide hold in the last planning round.
+    policy_holds: BTreeMap<String, HoldReason>,
     leading: bool,
     is_leader: watch::Receiver<bool>,
     ready: watch::Sender<bool>,
@@ -122,6 +125,7 @@ impl Actor {
             retry_at: BTreeMap::new(),
             reported: BTreeMap::new(),
             last_status: BTreeMap::new(),
+            policy_holds: BTreeMap::new(),
             leading: false,
             is_leader,
             ready,
@@ -235,21 +239,31 @@ impl Actor {
                 spec: &p.spec,
             })
             .collect();
+        let heartbeats = self.heartbeats();
         let plan = planner::plan(&PlanInput {
             policies: &refs,
             health: &health,
             view: &self.state.view,
             ledger: &self.ledger,
+            heartbeats: &heartbeats,
+            now,
         });
-        let held: BTreeSet<String> = plan
+        self.policy_holds = plan
             .intents
             .iter()
             .filter_map(|i| match i {
                 Intent::Hold {
-                    policy, node: None, ..
-                } => Some(format!("policy:{policy}")),
+                    policy,
+                    node: None,
+                    reason,
+                } => Some((policy.clone(), reason.clone())),
                 _ => None,
             })
+            .collect();
+        let held: BTreeSet<String> = self
+            .policy_holds
+            .keys()
+            .map(|policy| format!("policy:{policy}"))
             .collect();
         self.reported
             .retain(|scope, _| !scope.starts_with("policy:") || held.contains(scope));
@@ -398,6 +412,21 @@ impl Actor {
                 );
             }
         }
+    }
+
+    fn heartbeats(&self) -> Heartbeats {
+        self.state
+            .observations
+            .iter()
+            .map(|(node, obs)| {
+                let hb = Heartbeat {
+                    last_renewal: obs.last_renewal(),
+                    silent_since: obs.lease_baseline(),
+                    renew_period: obs.renew_period_bound(),
+                };
+                (node.clone(), hb)
+            })
+            .collect()
     }
 
     fn health_book(&self) -> HealthBook {
@@ -657,7 +686,8 @@ impl Actor {
     async fn report_hold(&mut self, policy: &str, node: Option<&str>, reason: &HoldReason) {
         let would = match reason {
             HoldReason::DryRun { would } => intent_key(would),
-            HoldReason::TooManyUnhealthy { .. } => String::new(),
+            HoldReason::OutOfServiceRefused { pod, .. } => pod.to_string(),
+            HoldReason::TooManyUnhealthy { .. } | HoldReason::Unconfirmed { .. } => String::new(),
         };
         let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.since);
         let key = format!("hold/{policy}/{}/{would}/{incident:?}", reason.as_str());
@@ -679,8 +709,24 @@ impl Actor {
                  safety.maxUnhealthy allows ({max})"
             ),
             HoldReason::DryRun { would } => format!("dry run: would {}", describe(would)),
+            HoldReason::Unconfirmed { unheard, watched } => format!(
+                "holding: {unheard} of {watched} watched nodes have not renewed their Lease since \
+                 node {} went silent, so a partition cannot be told from one dead node",
+                node.unwrap_or("?")
+            ),
+            HoldReason::OutOfServiceRefused { pod, why } => format!(
+                "out-of-service taint refused on node {}: it would remove pod {pod}, which must \
+                 stay ({why}); fencing the node for the scheduler and deleting only the eligible \
+                 pods, whose volumes detach after the attach/detach controller's 6-minute wait",
+                node.unwrap_or("?")
+            ),
         };
         warn!(policy, %note, "action held");
+        if let (HoldReason::OutOfServiceRefused { .. }, Some(node)) = (reason, node) {
+            let on_node =
+                self.node_event(node, true, "OutOfServiceTaintRefused", "Hold", note.clone());
+            self.event(on_node).await;
+        }
         if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
             for f in self.failovers.values_mut().filter(|f| f.policy == policy) {
                 f.record_hold(note.clone());
@@ -690,7 +736,10 @@ impl Actor {
             let regarding = p.object_ref(&());
             let reason_label = match reason {
                 HoldReason::DryRun { .. } => "DryRun",
-                HoldReason::TooManyUnhealthy { .. } => "ActionsHeld",
+                HoldReason::TooManyUnhealthy { .. } | HoldReason::Unconfirmed { .. } => {
+                    "ActionsHeld"
+                }
+                HoldReason::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
             };
             self.event(EventNote {
                 regarding,
@@ -762,7 +811,7 @@ impl Actor {
     }
 
     fn close_incident(&mut self, node: &str, now: Instant) {
-        self.ledger.close(node);
+        self.ledger.close(node, now);
         self.reported.remove(node);
         if let Some(mut failover) = self.failovers.remove(node) {
             if failover.recovered_at.is_none() {
@@ -871,6 +920,7 @@ impl Actor {
             open: &open,
             finished: &done,
             wall: &|i| wall.time(i),
+            held: self.policy_holds.get(&name),
             now: wall.time(Instant::now()),
         })
     }

@@ -141,9 +141,15 @@ mod tests {
 
     /// A listener whose accept queue is full drops further SYNs unanswered, as a machine that
     /// is off (or whose packets are dropped) does: a loopback stand-in for silence.
-    async fn silent_addr() -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>, SocketAddr) {
+    async fn silent_addr() -> (
+        tokio::net::TcpListener,
+        Vec<tokio::net::TcpStream>,
+        SocketAddr,
+    ) {
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind");
         let listener = socket.listen(0).expect("listen");
         let addr = listener.local_addr().expect("addr");
         let mut held = Vec::new();

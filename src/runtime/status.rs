@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::api::{FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition};
 use crate::detach::Failover;
 use crate::health::{DetectionConfig, NodeHealth};
+use crate::planner::HoldReason;
 
 /// What a policy's status is made of.
 pub struct PolicyFacts<'a> {
@@ -21,13 +22,14 @@ pub struct PolicyFacts<'a> {
     pub wall: &'a dyn Fn(Instant) -> Time,
     /// Wall-clock now, for condition transitions.
     pub now: Time,
+    /// The policy-wide hold of the last planning round, if any (the planner decides holds).
+    pub held: Option<&'a HoldReason>,
 }
 
 pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
     let policy = facts.policy;
     let watched = facts.health.len();
     let failed = facts.health.values().filter(|h| h.is_failed()).count();
-    let max = policy.spec.max_unhealthy_nodes(watched);
     let previous = policy
         .status
         .as_ref()
@@ -49,12 +51,18 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         .filter(|f| f.phase() == FailoverPhase::DetachTimedOut)
         .map(|f| f.node.as_str())
         .collect();
-    let degraded = if failed > max {
+    let degraded = if let Some(HoldReason::TooManyUnhealthy {
+        failed: unhealthy,
+        watched,
+        max,
+    }) = facts.held
+    {
         (
             true,
             condition::REASON_TOO_MANY_UNHEALTHY,
             format!(
-                "{failed} of {watched} watched nodes failed (maxUnhealthy allows {max}): every action is held"
+                "{unhealthy} of {watched} watched nodes unhealthy or failed within \
+                 unhealthyWindow (maxUnhealthy allows {max}): every action is held"
             ),
         )
     } else if !timed_out.is_empty() {
@@ -149,6 +157,7 @@ mod tests {
             finished: &[],
             wall,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            held: None,
         }
     }
 
@@ -185,8 +194,10 @@ mod tests {
         assert_eq!(condition(&status, "Degraded").status, "False");
     }
 
+    /// The planner's hold, not a count of its own, degrades the policy: the two cannot
+    /// disagree (the planner also counts suspect and recently failed nodes).
     #[test]
-    fn too_many_failed_nodes_degrade_the_policy() {
+    fn the_planners_hold_degrades_the_policy() {
         let policy = PodHAPolicy::new("p", mk_spec());
         let t0 = Instant::now();
         let health: BTreeMap<String, NodeHealth> = (0..3)
@@ -195,9 +206,24 @@ mod tests {
             .collect();
         let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
         let status = policy_status(&facts_for(&policy, &health, &[], &wall));
+        assert_eq!(condition(&status, "Degraded").status, "False");
+        let hold = HoldReason::TooManyUnhealthy {
+            failed: 3,
+            watched: 4,
+            max: 1,
+        };
+        let status = policy_status(&PolicyFacts {
+            held: Some(&hold),
+            ..facts_for(&policy, &health, &[], &wall)
+        });
         let degraded = condition(&status, "Degraded");
         assert_eq!(degraded.status, "True");
         assert_eq!(degraded.reason, "TooManyUnhealthyNodes");
+        assert!(
+            degraded.message.starts_with("3 of 4 watched nodes"),
+            "{}",
+            degraded.message
+        );
     }
 
     #[test]

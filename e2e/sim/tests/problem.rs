@@ -455,16 +455,31 @@ fn machine_vs_kubelet(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             std::io::ErrorKind::ConnectionRefused,
             "with only the kubelet killed",
         )?;
+        // The node never went NotReady: start_node returns before the new kwok listens.
         ctx.cluster.start_node(node).await?;
-        std::net::TcpStream::connect_timeout(&addr, secs(2))
-            .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} after restart: {e}"))?;
+        wait_accepts(addr, "after the kubelet's restart").await?;
 
         ctx.cluster.kill_node(node)?;
         expect_connect(addr, std::io::ErrorKind::TimedOut, "of the killed machine")?;
         ctx.cluster.start_node(node).await?;
-        std::net::TcpStream::connect_timeout(&addr, secs(2))
-            .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} after the machine's restart: {e}"))?;
-        log(&ns, format!("{node}: refused with the kubelet killed, silent with the machine killed"));
+        wait_accepts(addr, "after the machine's restart").await?;
+        log(
+            &ns,
+            format!("{node}: refused with the kubelet killed, silent with the machine killed"),
+        );
         Ok(())
     })
+}
+
+async fn wait_accepts(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + secs(30);
+    loop {
+        match std::net::TcpStream::connect_timeout(&addr, secs(2)) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                anyhow::bail!("kubelet endpoint {addr} {what}: {e}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
 }

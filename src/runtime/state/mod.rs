@@ -308,8 +308,10 @@ impl ClusterState {
     /// silent for a whole renew interval longer than it was.
     fn observe_lease(&mut self, lease: &Lease, now: Instant) {
         let renew = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
-        self.observations_of(lease.name_any(), now)
-            .observe_lease(renew, now);
+        let duration = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds);
+        let obs = self.observations_of(lease.name_any(), now);
+        obs.observe_lease_duration(duration);
+        obs.observe_lease(renew, now);
     }
 
     fn apply_lease(&mut self, event: Event<Lease>, now: Instant) {

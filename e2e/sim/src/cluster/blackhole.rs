@@ -99,7 +99,10 @@ pub fn restore(dir: &Path, ip: Ipv4Addr, port: u16) -> Result<()> {
 /// Removes every rule of the cluster in `dir` (at `down`). Does nothing when iptables is not
 /// installed: then no rule can exist.
 pub fn clear(dir: &Path) -> Result<()> {
-    let Ok(out) = Command::new("iptables").args(["-w", "-S", "OUTPUT"]).output() else {
+    let Ok(out) = Command::new("iptables")
+        .args(["-w", "-S", "OUTPUT"])
+        .output()
+    else {
         return Ok(());
     };
     let tag = tag(dir);
@@ -112,7 +115,10 @@ pub fn clear(dir: &Path) -> Result<()> {
             continue;
         };
         let mut args = vec!["-D".to_string()];
-        args.extend(spec.split_whitespace().map(|w| w.trim_matches('"').to_string()));
+        args.extend(
+            spec.split_whitespace()
+                .map(|w| w.trim_matches('"').to_string()),
+        );
         run("clearing a silenced node", args)?;
     }
     Ok(())

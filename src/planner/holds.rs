@@ -1,0 +1,127 @@
+//! When podha holds instead of acting: a policy with too many unhealthy nodes holds everything,
+//! and a newly failed node waits until the rest of the cluster has shown it is fine.
+//!
+//! Nodes cut off together do not look dead together: each kubelet renews its Lease on its own
+//! schedule (every quarter of the lease duration, 10 s by default), so their grace periods run
+//! out spread over a whole renew interval, and the first of them may be judged Failed while the
+//! others still look healthy. Counting only Failed nodes lets that first batch through.
+//! So:
+//! - **unhealthy** counts Failed and Suspect nodes (a failed probe already) and nodes that
+//!   failed within `safety.unhealthyWindow` (so nodes failing one by one cannot each slip in
+//!   under the limit);
+//! - **settle**: before its first action on a newly failed node, a policy waits until every
+//!   other watched node has renewed its Lease *after* the failed node went silent plus one
+//!   renew interval (by then any node cut off at the same moment has missed a renewal too). A
+//!   node not heard from since counts as unhealthy meanwhile. With the default 40 s grace this
+//!   costs nothing (everyone has renewed long before); with a grace of one renew interval it
+//!   waits up to one interval. A wait that outlasts two renew intervals is reported as a hold.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{HoldReason, Incident, Intent, PlanInput, PolicyRef};
+use crate::health::NodeHealth;
+
+/// What the planner needs of podha's own observations of a node's Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The last renewal podha saw, if any.
+    pub last_renewal: Option<Instant>,
+    /// Since when the Lease has been silent on podha's clock (the last renewal seen, or the
+    /// start of watching, or the end of a gap in podha's view).
+    pub silent_since: Instant,
+    /// The longest a live node goes between two renewals.
+    pub renew_period: Duration,
+}
+
+/// Heartbeats by node name.
+pub type Heartbeats = BTreeMap<String, Heartbeat>;
+
+/// Policies with more unhealthy nodes than `safety.maxUnhealthy` allows hold every action.
+pub(super) fn held_policies<'a>(
+    policies: &[PolicyRef<'a>],
+    input: &PlanInput<'_>,
+) -> BTreeMap<&'a str, HoldReason> {
+    let mut held = BTreeMap::new();
+    for policy in policies {
+        let Some(nodes) = input.health.get(policy.name) else {
+            continue;
+        };
+        let watched = nodes.len();
+        let window = policy.spec.safety.unhealthy_window.get();
+        let recent = input
+            .now
+            .checked_sub(window)
+            .map(|cutoff| input.ledger.failed_since(cutoff))
+            .unwrap_or_default();
+        let unhealthy = nodes
+            .iter()
+            .filter(|(name, h)| !matches!(h, NodeHealth::Healthy) || recent.contains(name.as_str()))
+            .count();
+        let max = policy.spec.max_unhealthy_nodes(watched);
+        if unhealthy > max {
+            held.insert(
+                policy.name,
+                HoldReason::TooManyUnhealthy {
+                    failed: unhealthy,
+                    watched,
+                    max,
+                },
+            );
+        }
+    }
+    held
+}
+
+/// Whether `policy` may take its first action on `incident`'s node yet.
+pub(super) enum Settle {
+    /// Act (or podha acted on this incident already: no reason to stop half-way).
+    Go,
+    /// Wait; with a hold to report when the wait has gone on for too long.
+    Wait(Option<Intent>),
+}
+
+pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInput<'_>) -> Settle {
+    let acted =
+        incident.tainted || !incident.deleted.is_empty() || !incident.marked_not_ready.is_empty();
+    let (Some(nodes), Some(dead)) = (
+        input.health.get(policy.name),
+        input.heartbeats.get(&incident.node),
+    ) else {
+        return Settle::Go;
+    };
+    if acted {
+        return Settle::Go;
+    }
+    // Anyone cut off together with the dead node has missed a renewal by now.
+    let cutoff = dead.silent_since + dead.renew_period;
+    let unhealthy = nodes
+        .values()
+        .filter(|h| !matches!(h, NodeHealth::Healthy))
+        .count();
+    let unheard = nodes
+        .iter()
+        .filter(|(name, h)| {
+            matches!(h, NodeHealth::Healthy)
+                && input
+                    .heartbeats
+                    .get(name.as_str())
+                    .is_none_or(|hb| hb.last_renewal.is_none_or(|r| r <= cutoff))
+        })
+        .count();
+    let max = policy.spec.max_unhealthy_nodes(nodes.len());
+    if unhealthy + unheard <= max {
+        return Settle::Go;
+    }
+    let overdue = cutoff + dead.renew_period * 2 <= input.now;
+    Settle::Wait(overdue.then(|| Intent::Hold {
+        policy: policy.name.to_string(),
+        node: Some(incident.node.clone()),
+        reason: HoldReason::Unconfirmed {
+            unheard,
+            watched: nodes.len(),
+        },
+    }))
+}

@@ -1,0 +1,143 @@
+//! Which taint a failed node gets, and when podha takes it off again.
+//!
+//! The out-of-service taint acts on the whole node: the taint-eviction controller and pod GC
+//! delete **every** pod there that does not tolerate it, and the attach/detach controller
+//! detaches every volume at once. So podha puts it on only when nothing on the node would be
+//! harmed by that: no pod that podha's rules say must stay (no controller owner, opted out, a
+//! volume podha's policy does not cover, a policy that holds, rehearses or chose `DeletePods`).
+//! With such a pod on the node, podha fences the node for the scheduler instead, deletes only
+//! the eligible pods, and reports the refused taint as a hold: their volumes then detach after
+//! the attach/detach controller's 6-minute wait.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+
+use super::{HoldReason, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable};
+use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
+use crate::health::ReadyStatus;
+use crate::view::View;
+
+/// Why the out-of-service taint would wrongly remove a pod no policy selects, if it would.
+pub(super) fn unselected_protection(pod: &Pod) -> Option<&'static str> {
+    if controller_ref(pod).is_none() {
+        Some("NoControllerOwner")
+    } else if opted_out(pod) {
+        Some("OptedOut")
+    } else if !claim_names(pod).is_empty() {
+        // Its volume would be detached under it, on storage no policy vouches for.
+        Some("NotSelected")
+    } else {
+        // A stateless pod with a controller: the taint only evicts it before the node
+        // lifecycle controller would (300 s), and its controller replaces it.
+        None
+    }
+}
+
+/// Why the out-of-service taint would wrongly remove a pod its policy leaves alone for
+/// `reason`, if it would.
+pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static str> {
+    match reason {
+        SkipReason::NoPersistentVolumeClaim | SkipReason::PodReady => None,
+        SkipReason::OwnerKindNotSelected if claim_names(pod).is_empty() => None,
+        other => Some(other.as_str()),
+    }
+}
+
+/// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service
+/// taint (volumes detach at once) or the scheduling fence (without it, a pod deleted before the
+/// node lifecycle controller taints the node unreachable may be scheduled right back onto the
+/// dead node). Wanted only when at least one pod will move: otherwise a taint would only
+/// disturb pods podha leaves alone. Returns the intents: the taint, and the hold that says why
+/// the out-of-service taint was refused.
+pub(super) fn plan_taint(
+    node_name: &str,
+    node_policy: PolicyRef<'_>,
+    dry_run: bool,
+    protected: Option<&Protected>,
+) -> Vec<Intent> {
+    let wanted = NodeTaint::for_action(node_policy.spec.action);
+    let mut out = Vec::new();
+    let taint = match (wanted, protected) {
+        (NodeTaint::OutOfService, Some(p)) => {
+            out.push(Intent::Hold {
+                policy: node_policy.name.to_string(),
+                node: Some(node_name.to_string()),
+                reason: HoldReason::OutOfServiceRefused {
+                    pod: p.pod.clone(),
+                    why: p.why,
+                },
+            });
+            NodeTaint::Fence
+        }
+        (taint, _) => taint,
+    };
+    let intent = Intent::TaintNode {
+        node: node_name.to_string(),
+        policy: node_policy.name.to_string(),
+        taint,
+    };
+    out.push(dry_run_guard(node_policy, node_name, intent, dry_run));
+    out
+}
+
+/// Untaint nodes podha tainted once they are back (Ready, judged Healthy by every policy that
+/// watches them) and no volume of a pod that moved away is still attached there. The taint
+/// protects the moved pods' volumes: a VolumeAttachment that serves a pod bound to the node
+/// (one podha left alone, back with its node) keeps nothing waiting.
+pub(super) fn plan_untaints(
+    policies: &[PolicyRef<'_>],
+    input: &PlanInput<'_>,
+    out: &mut Vec<Intent>,
+) {
+    let usable = node_usable(input.health);
+    for (name, node) in &input.view.nodes {
+        let marked = node
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+        if !marked || !NodeTaint::ALL.iter().any(|t| t.on(node)) {
+            continue;
+        }
+        if ReadyStatus::from_node(node) != ReadyStatus::True
+            || !usable(node)
+            || input
+                .view
+                .attachments_on(name)
+                .iter()
+                .any(|va| !serves_pod_on(va, name, input.view))
+        {
+            continue;
+        }
+        let intent = Intent::RemoveTaint { node: name.clone() };
+        match super::node_owner(policies, node) {
+            Some(owner) => out.push(dry_run_guard(owner, name, intent, owner.spec.dry_run)),
+            // The policy that tainted the node is gone: clean up rather than strand the taint.
+            None => out.push(intent),
+        }
+    }
+}
+
+/// Whether the VolumeAttachment `va` on `node` is for a volume a pod bound to `node` mounts.
+/// One podha cannot trace (no PV name, PV or claim unknown) counts as not: the taint stays.
+fn serves_pod_on(va: &VolumeAttachment, node: &str, view: &View) -> bool {
+    let Some(claim) = va
+        .spec
+        .source
+        .persistent_volume_name
+        .as_deref()
+        .and_then(|pv| view.pv(pv))
+        .and_then(|pv| pv.spec.as_ref())
+        .and_then(|spec| spec.claim_ref.as_ref())
+    else {
+        return false;
+    };
+    view.pods_on(node).iter().any(|pod| {
+        pod.metadata.namespace == claim.namespace
+            && claim
+                .name
+                .as_ref()
+                .is_some_and(|c| claim_names(pod).iter().any(|n| n == c))
+    })
+}

@@ -1,0 +1,383 @@
+//! Issue 11's defects 3, 4, 7 and 8: what the out-of-service taint may hit, when the fence
+//! leaves, counting unhealthy nodes in a partition, and one rule for overlapping policies.
+
+use std::time::Duration;
+
+use super::*;
+use crate::planner::Heartbeat;
+
+fn s(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn taints(plan: &Plan) -> Vec<(String, NodeTaint)> {
+    plan.intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::TaintNode { node, taint, .. } => Some((node.clone(), *taint)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn refused(plan: &Plan) -> Vec<(String, &'static str)> {
+    plan.intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Hold {
+                reason: HoldReason::OutOfServiceRefused { pod, why },
+                ..
+            } => Some((pod.to_string(), *why)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn oos() -> PodHAPolicySpec {
+    with_action(mk_spec(), Action::OutOfServiceTaint)
+}
+
+// ---- defect 3: the out-of-service taint is node-wide ------------------------------------------
+
+/// One eligible pod must not bring the taint down on pods podha would never move: a bare pod
+/// (lost for good), an opted-out pod, a pod of another driver. The node gets the fence, the
+/// eligible pod is deleted once it is on, and the refusal is reported.
+#[test]
+fn the_out_of_service_taint_is_refused_while_a_pod_that_must_stay_is_on_the_node() {
+    let bare = mk_pod("ns", "bare").on("node-1").claim("bare-data");
+    let opted_out = mk_pod("ns", "keep")
+        .on("node-1")
+        .owned_by_sts("keep")
+        .annotation(crate::api::FAILOVER_ANNOTATION, "false");
+    let other_driver = mk_pod("ns", "other-0")
+        .on("node-1")
+        .owned_by_sts("other")
+        .claim("other-data");
+    let cases = [
+        (bare, "NoControllerOwner"),
+        (opted_out, "OptedOut"),
+        (other_driver, "DriverNotSelected"),
+    ];
+    for (pod, why) in cases {
+        let name = format!("ns/{}", pod.metadata.name.clone().unwrap_or_default());
+        let view = cluster(3)
+            .with(pod)
+            .with(mk_pvc("ns", "bare-data").bound_to("pv-bare"))
+            .with(mk_csi_pv("pv-bare", DRIVER))
+            .with(mk_pvc("ns", "other-data").bound_to("pv-other"))
+            .with(mk_csi_pv("pv-other", "other.sim.podha.io"));
+        let spec = oos().drivers(&[DRIVER]);
+        let world = World::new(view).policy("p", spec).fail("node-1");
+        let plan = world.plan();
+        assert_eq!(
+            taints(&plan),
+            vec![("node-1".to_string(), NodeTaint::Fence)],
+            "{why}"
+        );
+        assert_eq!(refused(&plan), vec![(name.clone(), why)], "{why}");
+        assert!(
+            deletes(&plan).is_empty(),
+            "deletes wait for the fence ({why})"
+        );
+
+        let mut world = world;
+        world.ledger.record_tainted("node-1");
+        assert_eq!(deletes(&world.plan()), vec!["ns/db-0"], "{why}");
+    }
+}
+
+/// A pod without claims and with a controller loses nothing to the taint (its controller
+/// replaces it; the node lifecycle controller would evict it after 300 s anyway), and a pod
+/// that moves anyway is no reason to refuse.
+#[test]
+fn stateless_controlled_pods_do_not_hold_back_the_out_of_service_taint() {
+    let view = cluster(3).with(mk_pod("ns", "web-abc").on("node-1").owned_by_rs("web"));
+    let plan = World::new(view).policy("p", oos()).fail("node-1");
+    let plan = plan.plan();
+    assert_eq!(
+        taints(&plan),
+        vec![("node-1".to_string(), NodeTaint::OutOfService)]
+    );
+    assert!(refused(&plan).is_empty());
+}
+
+// ---- defect 8: one rule for overlapping policies ---------------------------------------------
+
+/// "a" owns the node (first by name; its namespace selector selects no pod here), "b" owns the
+/// pod. The pod moves only once "a" judges the node dead too, and never before a taint: today
+/// the deletes went out with no taint when the node's policy was not Failed.
+#[test]
+fn the_nodes_policy_must_judge_the_node_dead_before_anything_moves() {
+    let t0 = Instant::now();
+    let a = oos().namespace_selector(ns_selector("team", "nobody"));
+    let world = World::new(cluster(3))
+        .policy("a", a)
+        .policy("b", oos())
+        .fail("node-1")
+        .set_health(
+            "a",
+            "node-1",
+            NodeHealth::Suspect {
+                failures: 2,
+                since: t0,
+            },
+        );
+    let plan = world.plan();
+    assert!(plan.intents.is_empty(), "{:?}", plan.intents);
+    assert!(deletes(&plan).is_empty());
+
+    let world = world.set_health("a", "node-1", NodeHealth::Failed { since: t0 });
+    let plan = world.plan();
+    assert_eq!(
+        taints(&plan),
+        vec![("node-1".to_string(), NodeTaint::OutOfService)]
+    );
+    assert!(deletes(&plan).is_empty(), "taint first");
+}
+
+/// A `DeletePods` policy's pods never get another policy's out-of-service taint, and an
+/// `OutOfServiceTaint` policy's pod on a `DeletePods` node gets the fence: the node's policy
+/// picks the taint, and the stricter of the two wins.
+#[test]
+fn overlapping_policies_never_taint_out_of_service_against_a_delete_pods_policy() {
+    // Node policy "a" (OutOfServiceTaint, owns no pod here); pod policy "b" (DeletePods).
+    let world = World::new(cluster(3))
+        .policy("a", oos().namespace_selector(ns_selector("team", "nobody")))
+        .policy("b", delete_pods())
+        .fail("node-1");
+    let plan = world.plan();
+    assert_eq!(
+        taints(&plan),
+        vec![("node-1".to_string(), NodeTaint::Fence)]
+    );
+    assert_eq!(
+        refused(&plan),
+        vec![("ns/db-0".to_string(), "PolicyActionDeletePods")]
+    );
+
+    // Node policy "a" (DeletePods), pod policy "b" (OutOfServiceTaint): the fence.
+    let world = World::new(cluster(3))
+        .policy(
+            "a",
+            delete_pods().namespace_selector(ns_selector("team", "nobody")),
+        )
+        .policy("b", oos())
+        .fail("node-1");
+    let plan = world.plan();
+    assert_eq!(
+        taints(&plan),
+        vec![("node-1".to_string(), NodeTaint::Fence)]
+    );
+    assert!(refused(&plan).is_empty());
+}
+
+/// The node's policy's hold holds the pods of every policy on the node.
+#[test]
+fn the_nodes_policy_hold_holds_every_pod_on_the_node() {
+    let world = World::new(cluster(4))
+        .policy(
+            "a",
+            max_unhealthy(oos(), 1).namespace_selector(ns_selector("team", "nobody")),
+        )
+        .policy("b", max_unhealthy(oos(), 3))
+        .fail("node-1")
+        .fail("node-2");
+    let plan = world.plan();
+    assert!(taints(&plan).is_empty());
+    assert!(deletes(&plan).is_empty());
+    assert_eq!(skip_reasons(&plan), vec![("ns/db-0".to_string(), "Held")]);
+}
+
+// ---- defect 4: the fence protects the moved pods' volumes -----------------------------------
+
+/// The node comes back with a pod podha left alone (a bare pod) still attached: its volume is
+/// no reason to keep the fence, so the node takes new pods again. A volume of a pod that moved
+/// away still holds it.
+#[test]
+fn the_fence_leaves_once_the_moved_pods_volumes_are_gone_whatever_stayed_attached() {
+    let kept = mk_pod("ns", "bare").on("node-1").claim("bare-data");
+    let mut view = View::default()
+        .with(mk_node("node-1"))
+        .with(mk_node("node-2"))
+        .with(kept)
+        .with(mk_pvc("ns", "bare-data").bound_to("pv-bare"))
+        .with(mk_csi_pv("pv-bare", DRIVER).claimed_by("ns", "bare-data"))
+        .with(mk_va("va-bare", DRIVER, "pv-bare", "node-1"));
+    tainted_by_podha(&mut view, "node-1");
+    let plan = World::new(view.clone()).policy("p", delete_pods()).plan();
+    assert_eq!(
+        plan.intents,
+        vec![Intent::RemoveTaint {
+            node: "node-1".into()
+        }]
+    );
+
+    // The moved pod (now on node-2, or not yet scheduled) still has its volume on node-1.
+    let view = view
+        .with(
+            mk_pod("ns", "db-0")
+                .on("node-2")
+                .owned_by_sts("db")
+                .claim("data-db-0"),
+        )
+        .with(mk_pvc("ns", "data-db-0").bound_to("pv-db"))
+        .with(mk_csi_pv("pv-db", DRIVER).claimed_by("ns", "data-db-0"))
+        .with(mk_va("va-db", DRIVER, "pv-db", "node-1"));
+    let plan = World::new(view).policy("p", delete_pods()).plan();
+    assert!(plan.intents.is_empty(), "{:?}", plan.intents);
+}
+
+// ---- defect 7: counting unhealthy nodes in a partition --------------------------------------
+
+/// Suspect nodes count: they are on their way to Failed, one probe interval behind.
+#[test]
+fn suspect_nodes_count_towards_max_unhealthy() {
+    let t0 = Instant::now();
+    let world = World::new(cluster(4))
+        .policy("p", max_unhealthy(oos(), 1))
+        .fail("node-1")
+        .set_health(
+            "p",
+            "node-2",
+            NodeHealth::Suspect {
+                failures: 1,
+                since: t0,
+            },
+        );
+    let plan = world.plan();
+    assert!(taints(&plan).is_empty());
+    assert!(matches!(
+        plan.intents.as_slice(),
+        [Intent::Hold {
+            reason: HoldReason::TooManyUnhealthy { failed: 2, .. },
+            ..
+        }]
+    ));
+}
+
+/// Nodes failing one by one, each back before the next dies, count together within
+/// `safety.unhealthyWindow`: the second failure within the window is held with a limit of one.
+#[test]
+fn nodes_failing_one_by_one_count_together_within_the_window() {
+    let mut world = World::new(cluster(4)).policy("p", max_unhealthy(oos(), 1));
+    world.ledger.open("node-3", world.t0, &world.view);
+    world.ledger.close("node-3", world.t0 + s(60));
+    world.now = world.t0 + s(120);
+    let world = world.fail("node-1");
+    let plan = world.plan();
+    assert!(taints(&plan).is_empty(), "{:?}", plan.intents);
+
+    // Ten minutes on, the earlier failure no longer counts.
+    let mut world = world;
+    world.now = world.t0 + s(601);
+    assert_eq!(
+        taints(&world.plan()),
+        vec![("node-1".to_string(), NodeTaint::OutOfService)]
+    );
+}
+
+/// A partition of three nodes whose pods matter, the first judged dead being one with a pod:
+/// the others' grace periods have not run out yet (they renewed later), but none of them has
+/// renewed since the first went silent. podha waits; once they turn Suspect, the limit holds.
+/// Today the first node was tainted at once.
+#[test]
+fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
+    let t0 = Instant::now();
+    let renew = s(10);
+    let hb = |last: u64| Heartbeat {
+        last_renewal: Some(t0 + s(last)),
+        silent_since: t0 + s(last),
+        renew_period: renew,
+    };
+    let mut world = World::new(cluster(6)).policy("p", max_unhealthy(oos(), 2));
+    // node-1 went silent at t0+0; node-2 and node-3 (cut off with it) renewed last at 3 s
+    // and 8 s; node-4..6 are fine and renew every 10 s.
+    for (node, last) in [
+        ("node-1", 0),
+        ("node-2", 3),
+        ("node-3", 8),
+        ("node-4", 9),
+        ("node-5", 11),
+        ("node-6", 13),
+    ] {
+        world.heartbeats.insert(node.into(), hb(last));
+    }
+    world.now = t0 + s(14);
+    let world = world.fail("node-1");
+    let plan = world.plan();
+    assert!(plan.intents.is_empty(), "waits: {:?}", plan.intents);
+
+    // node-4 renews at 19 s; node-2 and node-3 never do and turn Suspect.
+    let mut world = world
+        .set_health(
+            "p",
+            "node-2",
+            NodeHealth::Suspect {
+                failures: 1,
+                since: t0 + s(15),
+            },
+        )
+        .set_health(
+            "p",
+            "node-3",
+            NodeHealth::Suspect {
+                failures: 1,
+                since: t0 + s(20),
+            },
+        );
+    world.heartbeats.insert("node-4".into(), hb(19));
+    world.now = t0 + s(21);
+    let plan = world.plan();
+    assert!(taints(&plan).is_empty(), "{:?}", plan.intents);
+    assert!(matches!(
+        plan.intents.as_slice(),
+        [Intent::Hold {
+            reason: HoldReason::TooManyUnhealthy { failed: 3, .. },
+            ..
+        }]
+    ));
+}
+
+/// One dead node among live ones: podha acts as soon as every other node has renewed since
+/// the dead one went silent plus one renew interval, and reports a wait that lasts too long.
+#[test]
+fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
+    let t0 = Instant::now();
+    let hb = |last: u64| Heartbeat {
+        last_renewal: Some(t0 + s(last)),
+        silent_since: t0 + s(last),
+        renew_period: s(10),
+    };
+    let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
+    world.heartbeats.insert("node-1".into(), hb(0));
+    world.heartbeats.insert("node-2".into(), hb(12));
+    world.heartbeats.insert("node-3".into(), hb(5));
+    world.now = t0 + s(14);
+    let mut world = world.fail("node-1");
+    assert!(
+        world.plan().intents.is_empty(),
+        "node-3 not heard from since"
+    );
+
+    world.heartbeats.insert("node-3".into(), hb(15));
+    world.now = t0 + s(15);
+    assert_eq!(
+        taints(&world.plan()),
+        vec![("node-1".to_string(), NodeTaint::OutOfService)]
+    );
+
+    // A node that is never heard from again (and never judged dead either, e.g. a node whose
+    // Lease podha does not see): the wait is reported after two more renew intervals.
+    world.heartbeats.insert("node-3".into(), hb(5));
+    world.now = t0 + s(31);
+    assert!(matches!(
+        world.plan().intents.as_slice(),
+        [Intent::Hold {
+            reason: HoldReason::Unconfirmed {
+                unheard: 1,
+                watched: 3
+            },
+            ..
+        }]
+    ));
+}
