@@ -48,7 +48,7 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 9] = [
+    let scenarios: [(&str, Scenario); 8] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -68,7 +68,6 @@ fn main() -> ExitCode {
             flapping_node,
         ),
         ("dry_run_deletes_nothing_and_says_what_it_would_do", dry_run),
-        ("two_replicas_exactly_one_leads", one_leader),
         (
             "too_many_unhealthy_nodes_hold_every_action",
             too_many_unhealthy,
@@ -82,8 +81,10 @@ fn main() -> ExitCode {
         })
         .collect();
     let mut failed = libtest_mimic::run(&args, trials).has_failed();
-    // These disturb every scenario's leader, so they run after the others, one at a time.
-    let last: [(&str, Scenario); 2] = [
+    // These disturb every scenario's leader, or read what the others did, so they run after
+    // the others, one at a time.
+    let last: [(&str, Scenario); 3] = [
+        ("two_replicas_only_the_leader_writes", one_leader),
         (
             "api_server_blip_is_no_node_death_and_leaves_podha_watching",
             api_server_blip,
@@ -666,15 +667,16 @@ fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
                     "podha_taints_total",
                     &[("policy", ns.as_str()), ("operation", "add")],
                 );
-                // Kubernetes may delete the pod first under the out-of-service taint.
-                let deleted_at_most_once = deleted.is_none_or(|d| d <= 1.0);
-                Ok((all && deleted_at_most_once && tainted == Some(1.0)).then_some(()))
+                // podha deletes the pod right after its taint lands: taint eviction then only
+                // marks it (podha's force delete still goes through), and pod GC, which could
+                // remove it first, runs every 20 s.
+                Ok((all && deleted == Some(1.0) && tainted == Some(1.0)).then_some(()))
             },
         )
         .await?;
         // Two replicas watch; exactly one acted, once.
         acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
-        acted_at_most_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
+        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
         wait_for(
             "the recovered failover in the policy status",
             secs_(30),
@@ -760,7 +762,7 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
                 &ns,
                 &ns,
                 &["node-7", "node-8"],
-                json!({"action": "DeletePods"}),
+                json!({"action": "OutOfServiceTaint"}),
             ),
         )
         .await?;
@@ -788,6 +790,16 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
         // Only the dead node fits.
         ctx.create::<StatefulSet>(statefulset("pinned", &pinned))
             .await?;
+        // One pod podha may move (it may run on either node, and prefers the one that dies):
+        // its failover would taint the node out-of-service, which would remove the others.
+        let mut mover = statefulset("mover", &["node-7", "node-8"]);
+        mover["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{
+            "weight": 100,
+            "preference": {"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [dead]}
+            ]}
+        }]);
+        ctx.create::<StatefulSet>(mover).await?;
 
         let mut uids = Vec::new();
         for (app, pod) in [
@@ -795,6 +807,7 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
             ("otherdrv", "otherdrv-0"),
             ("optout", "optout-0"),
             ("pinned", "pinned-0"),
+            ("mover", "mover-0"),
         ] {
             let p = wait_for(&format!("{pod} running on {dead}"), secs_(120), || async {
                 Ok(ctx
@@ -807,6 +820,10 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
             .with_context(|| format!("app {app}"))?;
             uids.push((pod, p.metadata.uid.clone().unwrap_or_default()));
         }
+        let (mover_uid, kept) = match uids.split_last() {
+            Some(((_, uid), kept)) => (uid.clone(), kept.to_vec()),
+            None => bail!("no pods"),
+        };
         ctx.cluster.kill_node(dead)?;
         let leader = ops_leader(replicas).await?;
         wait_for("every skip reason in the metrics", secs_(90), || async {
@@ -829,8 +846,42 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
             Ok(all.then_some(()))
         })
         .await?;
-        holds_for("every pod keeps its object", secs_(20), || async {
-            for (pod, uid) in &uids {
+        // The eligible pod is deleted under the scheduling fence; the out-of-service taint,
+        // which would remove every other pod there, is refused and the refusal reported.
+        wait_for("mover-0 force-deleted", secs_(60), || async {
+            Ok(gone(&ctx, "mover-0", &mover_uid).await?.then_some(()))
+        })
+        .await?;
+        acted_once(&ctx.client, &ns, "PodForceDeleted", "mover-0").await?;
+        let n: Node = ctx.nodes().get(dead).await?;
+        let taints: Vec<String> = n
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.key)
+            .collect();
+        if taints.iter().any(|k| k == OUT_OF_SERVICE_TAINT_KEY) {
+            bail!("{dead} was tainted out-of-service with pods on it that must stay: {taints:?}");
+        }
+        if !taints.iter().any(|k| k == podha::api::FENCE_TAINT_KEY) {
+            bail!("{dead} was not fenced: {taints:?}");
+        }
+        let text = scrape(leader)?;
+        let refused = metric(
+            &text,
+            "podha_actions_held_total",
+            &[
+                ("policy", ns.as_str()),
+                ("reason", "OutOfServiceTaintRefused"),
+            ],
+        );
+        if !refused.is_some_and(|v| v >= 1.0) {
+            bail!("the refused out-of-service taint was not reported: {refused:?}");
+        }
+        acted_once(&ctx.client, "default", "OutOfServiceTaintRefused", dead).await?;
+        holds_for("every other pod keeps its object", secs_(20), || async {
+            for (pod, uid) in &kept {
                 if gone(&ctx, pod, uid).await? {
                     return Ok(Err(format!("{pod} was deleted")));
                 }
@@ -839,14 +890,13 @@ fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed>
         })
         .await?;
         let text = scrape(leader)?;
-        if metric(
+        let deleted = metric(
             &text,
             "podha_pods_deleted_total",
-            &[("policy", ns.as_str())],
-        )
-        .is_some()
-        {
-            bail!("podha counted a deletion for this policy");
+            &[("policy", ns.as_str()), ("owner_kind", "StatefulSet")],
+        );
+        if deleted != Some(1.0) {
+            bail!("podha counted {deleted:?} deletions for this policy, want the mover's one");
         }
         Ok(())
     })
@@ -868,17 +918,37 @@ async fn ops_leader(replicas: &[Replica]) -> anyhow::Result<&Replica> {
         .ok_or_else(|| anyhow!("{one} is gone"))
 }
 
-/// A node killed and back within a few seconds never reaches the threshold: nothing happens.
+/// A node dead long enough for podha to count failed probes, and back before
+/// `failureThreshold` of them: it is Suspect for a while, then Healthy, and nothing happens.
 fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     let pair = ["node-9", "node-10"];
     scenario(shared, ops, "flap", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
-        let (_, node, uid, _) =
-            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
+        // 8 failed probes 1 s apart: room to bring the node back once podha suspects it.
+        let spec = json!({
+            "action": "OutOfServiceTaint",
+            "detection": {"interval": "1s", "failureThreshold": 8, "signals": ["Lease", "KubeletTCP"],
+                          "leaseGracePeriod": "12s", "tcpTimeout": "500ms"},
+        });
+        let (_, node, uid, _) = policy_and_db(&ctx, &pair, spec).await?;
         ctx.cluster.kill_node(&node)?;
-        tokio::time::sleep(secs_(4)).await;
+        let killed = Instant::now();
+        wait_for("podha to suspect the killed node", secs_(40), || async {
+            let status = policy_status(&ctx.client, &ns).await?;
+            Ok((status.suspect_nodes == 1).then_some(()))
+        })
+        .await?;
+        log(
+            &ns,
+            format!("{node} suspect {:.1?} after the kill", killed.elapsed()),
+        );
         ctx.cluster.start_node(&node).await?;
-        untouched_for(&ctx, &uid, &node, secs_(30), "").await?;
+        wait_for("podha to see the node healthy again", secs_(30), || async {
+            let status = policy_status(&ctx.client, &ns).await?;
+            Ok((status.suspect_nodes == 0 && status.failed_nodes == 0).then_some(()))
+        })
+        .await?;
+        untouched_for(&ctx, &uid, &node, secs_(15), "").await?;
         let text = scrape(ops_leader(replicas).await?)?;
         if metric(
             &text,
@@ -909,23 +979,17 @@ fn too_many_unhealthy(shared: &SharedCluster, ops: &Operators) -> Result<(), Fai
                 json!({"action": "OutOfServiceTaint", "safety": {"maxUnhealthy": 1}}),
             )
             .await?;
-            // The empty node first, so that the second death (the db's) is the one over the limit.
-            let judged_dead = |count: f64| {
-                let ns = ns.clone();
-                async move {
-                    let text = scrape(ops_leader(replicas).await?)?;
-                    let failures = metric(
-                        &text,
-                        "podha_node_failures_total",
-                        &[("policy", ns.as_str())],
-                    );
-                    anyhow::Ok(failures.is_some_and(|f| f >= count).then_some(()))
-                }
-            };
-            ctx.cluster.kill_node(other(&pair, &node))?;
-            wait_for("the empty node judged dead", secs_(60), || judged_dead(1.0)).await?;
+            // Both nodes cut off at once, the db's first: its grace runs out before the empty
+            // node's may, and the empty node is not yet Suspect when the db's node is judged
+            // dead. podha must wait until it has heard from the empty node (it never does),
+            // and hold once both are unhealthy.
             ctx.cluster.kill_node(&node)?;
-            wait_for("the db's node judged dead", secs_(60), || judged_dead(2.0)).await?;
+            ctx.cluster.kill_node(other(&pair, &node))?;
+            wait_for("both nodes judged dead", secs_(60), || async {
+                let status = policy_status(&ctx.client, &ns).await?;
+                Ok((status.failed_nodes == 2).then_some(()))
+            })
+            .await?;
             untouched_for(&ctx, &uid, &node, secs_(15), " while held").await?;
             let text = scrape(ops_leader(replicas).await?)?;
             let held = metric(
@@ -1184,18 +1248,53 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
 fn one_leader(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     let cluster = shared.get()?;
     let replicas = ops.get(cluster)?;
-    // Sampled over a while, as other scenarios fail nodes over.
-    for _ in 0..60 {
-        let now = leaders(replicas);
-        if now.len() > 1 {
-            return Err(format!("two leaders at once: {now:?}").into());
+    // Run after the parallel scenarios, which failed nodes over without a leader change: every
+    // write of theirs went through the one leader, and the other replica, which planned the
+    // same intents, sent none.
+    let writes = |r: &Replica| -> anyhow::Result<(f64, f64)> {
+        let text = scrape(r)?;
+        Ok((
+            metric_sum(&text, "podha_action_request_duration_seconds_count"),
+            metric_sum(&text, "podha_intents_dropped_total"),
+        ))
+    };
+    let leader = match leaders(replicas).as_slice() {
+        [one] => one.to_string(),
+        other => return Err(format!("expected exactly one leader, found {other:?}").into()),
+    };
+    for r in replicas {
+        let (sent, dropped) = writes(r).map_err(|e| e.to_string())?;
+        eprintln!(
+            "[one-leader] {}: {sent} action requests, {dropped} intents dropped",
+            r.identity
+        );
+        if r.identity == leader && sent < 1.0 {
+            return Err(format!("the leader {leader} sent no action at all").into());
         }
-        std::thread::sleep(Duration::from_millis(500));
+        if r.identity != leader && (sent > 0.0 || dropped < 1.0) {
+            return Err(format!(
+                "standby {} sent {sent} action requests and dropped {dropped} intents: \
+                 want none sent, some dropped",
+                r.identity
+            )
+            .into());
+        }
     }
-    match leaders(replicas).as_slice() {
-        [_] => Ok(()),
-        other => Err(format!("expected exactly one leader, found {other:?}").into()),
-    }
+    Ok(())
+}
+
+/// The sum of every sample of `name` (all label values).
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let metric_name = series.split_once('{').map_or(series, |(n, _)| n);
+            (metric_name == name)
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
 }
 
 /// The Events podha published with `reason` about the object `name` (in `ns`, where
@@ -1247,20 +1346,6 @@ async fn acted_once(
     }
 }
 
-/// podha did this at most once. With the out-of-service taint, Kubernetes itself may delete
-/// the pod first (taint eviction and pod GC act on it); podha then finds it gone.
-async fn acted_at_most_once(
-    client: &kube::Client,
-    ns: &str,
-    reason: &str,
-    name: &str,
-) -> anyhow::Result<()> {
-    match times_acted(client, ns, reason, name).await? {
-        0 | 1 => Ok(()),
-        n => bail!("podha did {reason} {name} {n} times"),
-    }
-}
-
 /// The leader stops right after it acted on a dead node; the other replica takes over and
 /// finishes the failover without doing anything twice.
 fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
@@ -1293,8 +1378,10 @@ fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> 
         })
         .await?;
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
+        // One taint and one delete in all, whichever replica sent them: the new leader repeated
+        // nothing the old one did, and left nothing undone.
         acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
-        acted_at_most_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
+        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
         ops.restart_replica(old)?;
         Ok(())
     })

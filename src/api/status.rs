@@ -30,6 +30,11 @@ pub struct PodHAPolicyStatus {
     #[serde(default)]
     pub failed_nodes: i32,
 
+    /// Selected nodes on their way to Failed: at least one probe failed, fewer than
+    /// `detection.failureThreshold` in a row.
+    #[serde(default)]
+    pub suspect_nodes: i32,
+
     /// When the most recent failover started (the node was judged Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover_time: Option<Time>,

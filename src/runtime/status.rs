@@ -30,6 +30,11 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
     let policy = facts.policy;
     let watched = facts.health.len();
     let failed = facts.health.values().filter(|h| h.is_failed()).count();
+    let suspect = facts
+        .health
+        .values()
+        .filter(|h| matches!(h, NodeHealth::Suspect { .. }))
+        .count();
     let previous = policy
         .status
         .as_ref()
@@ -108,6 +113,7 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         ],
         watched_nodes: i32::try_from(watched).unwrap_or(i32::MAX),
         failed_nodes: i32::try_from(failed).unwrap_or(i32::MAX),
+        suspect_nodes: i32::try_from(suspect).unwrap_or(i32::MAX),
         last_failover_time: failovers.first().map(|f| (facts.wall)(f.detected_at)),
         recent_failovers: failovers.iter().map(|f| f.to_record(facts.wall)).collect(),
     }
@@ -188,7 +194,14 @@ mod tests {
         ]);
         let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
         let status = policy_status(&facts_for(&policy, &health, &[], &wall));
-        assert_eq!((status.watched_nodes, status.failed_nodes), (4, 1));
+        assert_eq!(
+            (
+                status.watched_nodes,
+                status.failed_nodes,
+                status.suspect_nodes
+            ),
+            (4, 1, 1)
+        );
         assert_eq!(status.observed_generation, Some(4));
         assert_eq!(condition(&status, "Ready").status, "True");
         assert_eq!(condition(&status, "Degraded").status, "False");
