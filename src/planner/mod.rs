@@ -282,6 +282,13 @@ fn plan_incident(
             rehearsal,
             np.protected.as_ref(),
         ));
+    } else if let Some(upgrade) =
+        taints::plan_upgrade(node_obj, node_policy, input.view, np.protected.as_ref())
+    {
+        // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
+        // volumes need not wait out the attach/detach controller's 6 minutes any longer.
+        out.intents
+            .push(dry_run_guard(node_policy, node, upgrade, rehearsal));
     }
     for (owner, intent) in np.marks {
         out.intents.push(dry_run_guard(

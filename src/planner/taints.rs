@@ -9,11 +9,11 @@
 //! the eligible pods, and reports the refused taint as a hold: their volumes then detach after
 //! the attach/detach controller's 6-minute wait.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
 use super::{HoldReason, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable};
-use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::api::{Action, NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
 use crate::health::ReadyStatus;
 use crate::view::View;
@@ -79,6 +79,39 @@ pub(super) fn plan_taint(
     };
     out.push(dry_run_guard(node_policy, node_name, intent, dry_run));
     out
+}
+
+/// A node podha fenced (action `DeletePods` at the time) whose policy now says
+/// `OutOfServiceTaint`: while a volume of a pod that moved away is still attached there, the
+/// out-of-service taint lets it go at once. Refused, like the first taint, while a pod that
+/// must stay is on the node.
+pub(super) fn plan_upgrade(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    view: &View,
+    protected: Option<&Protected>,
+) -> Option<Intent> {
+    let name = node.metadata.name.as_deref()?;
+    let fenced_by_podha = NodeTaint::Fence.on(node)
+        && node
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+    let waiting = view
+        .attachments_on(name)
+        .iter()
+        .any(|va| !serves_pod_on(va, name, view));
+    (node_policy.spec.action == Action::OutOfServiceTaint
+        && fenced_by_podha
+        && !NodeTaint::OutOfService.on(node)
+        && protected.is_none()
+        && waiting)
+        .then(|| Intent::TaintNode {
+            node: name.to_string(),
+            policy: node_policy.name.to_string(),
+            taint: NodeTaint::OutOfService,
+        })
 }
 
 /// Untaint nodes podha tainted once they are back (Ready, judged Healthy by every policy that

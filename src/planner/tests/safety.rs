@@ -381,3 +381,53 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         }]
     ));
 }
+
+// ---- issue 15, item 3: a policy edited mid-incident -------------------------------------------
+
+/// A node failed over with `DeletePods` (fenced, db-0 deleted, its replacement waiting for the
+/// volume); the user switches the policy to `OutOfServiceTaint`: the open incident gets the
+/// out-of-service taint, so the volume detaches at once instead of after 6 minutes.
+#[test]
+fn switching_to_out_of_service_mid_incident_taints_the_fenced_node() {
+    let fenced = |view: &mut View| {
+        let node = (*view.nodes["node-1"])
+            .clone()
+            .taint(crate::api::FENCE_TAINT_KEY, "nodeDead", "NoSchedule")
+            .annotation(TAINT_MARKER_ANNOTATION, "p");
+        view.nodes
+            .insert("node-1".into(), std::sync::Arc::new(node));
+    };
+    // db-0 already moved: its replacement is bound to node-2, its volume still on node-1.
+    let mut view = View::default()
+        .with(mk_node("node-1"))
+        .with(mk_node("node-2"))
+        .with(
+            mk_pod("ns", "db-0")
+                .on("node-2")
+                .owned_by_sts("db")
+                .claim("data-db-0"),
+        )
+        .with(mk_pvc("ns", "data-db-0").bound_to("pv-db"))
+        .with(mk_csi_pv("pv-db", DRIVER).claimed_by("ns", "data-db-0"))
+        .with(mk_va("va-db", DRIVER, "pv-db", "node-1"));
+    fenced(&mut view);
+    let world = |spec| {
+        let mut w = World::new(view.clone()).policy("p", spec).fail("node-1");
+        w.ledger.record_tainted("node-1");
+        w
+    };
+    assert!(taints(&world(delete_pods()).plan()).is_empty());
+    assert_eq!(
+        taints(&world(oos()).plan()),
+        vec![("node-1".to_string(), NodeTaint::OutOfService)]
+    );
+    // In a dry run it is only said.
+    assert!(taints(&world(dry_run(oos())).plan()).is_empty());
+
+    // Once the volume has left, there is nothing to hurry.
+    let mut view = view.clone();
+    view.attachments_by_node.clear();
+    let mut w = World::new(view).policy("p", oos()).fail("node-1");
+    w.ledger.record_tainted("node-1");
+    assert!(taints(&w.plan()).is_empty());
+}
