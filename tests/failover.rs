@@ -1294,7 +1294,7 @@ fn metric_sum(text: &str, name: &str) -> f64 {
                 .then(|| value.parse::<f64>().ok())
                 .flatten()
         })
-        .sum()
+        .fold(0.0, |sum, v| sum + v)
 }
 
 /// The Events podha published with `reason` about the object `name` (in `ns`, where
