@@ -104,7 +104,13 @@ pub async fn run(
         controller: opts.controller_name.clone(),
         instance: Some(opts.leader.identity.clone()),
     };
-    let writer = writer::Writer::new(client.clone(), reporter, metrics.clone(), leader_rx.clone());
+    let writer = writer::Writer::new(
+        client.clone(),
+        reporter,
+        metrics.clone(),
+        leader_rx.clone(),
+        opts.leader.step_down_margin(),
+    );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
     let (plan_tx, plan_rx) = watch::channel(prober::ProbePlan::default());
     let (tcp_tx, tcp_rx) = mpsc::channel(16);
