@@ -182,11 +182,12 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
 /// Every watch podha needs, merged into one stream of changes. No polling: watches only.
 /// Pods are watched only once bound to a node; ReplicaSets and Namespaces as metadata only.
 /// A watch that fails lists everything again ([`rewatch`]), so that the end of a gap in podha's
-/// view is known.
+/// view is known; so does the Lease watch when it stalls ([`rewatch::LEASE_STALL_BOUND`]).
 pub fn watches(client: &Client) -> BoxStream<'static, Change> {
     fn typed<K, F>(
         api: Api<K>,
         cfg: watcher::Config,
+        stall_bound: Option<Duration>,
         watch: Watch,
         wrap: F,
     ) -> BoxStream<'static, Change>
@@ -194,11 +195,11 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
         F: Fn(watcher::Event<K>) -> Change + Send + 'static,
     {
-        rewatch::relisting_watcher(api, cfg)
+        rewatch::relisting_watcher(api, cfg, stall_bound)
             .map(move |r| match r {
                 Ok(event) => wrap(event),
                 Err(error) => {
-                    warn!(watch = watch.as_str(), %error, "watch failed; listing again");
+                    warn!(watch = watch.as_str(), %error, "watch failed or stalled; listing again");
                     Change::WatchError { watch }
                 }
             })
@@ -210,54 +211,63 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
         typed(
             Api::<PodHAPolicy>::all(c.clone()),
             watcher::Config::default(),
+            None,
             Watch::Policy,
             Change::Policy,
         ),
         typed(
             Api::<Node>::all(c.clone()),
             cfg(),
+            None,
             Watch::Node,
             Change::Node,
         ),
         typed(
             Api::<Lease>::namespaced(c.clone(), "kube-node-lease"),
             cfg(),
+            Some(rewatch::LEASE_STALL_BOUND),
             Watch::Lease,
             Change::Lease,
         ),
         typed(
             Api::<Pod>::all(c.clone()),
             cfg().fields("spec.nodeName!="),
+            None,
             Watch::Pod,
             Change::Pod,
         ),
         typed(
             Api::<PersistentVolumeClaim>::all(c.clone()),
             cfg(),
+            None,
             Watch::Pvc,
             Change::Pvc,
         ),
         typed(
             Api::<PersistentVolume>::all(c.clone()),
             cfg(),
+            None,
             Watch::Pv,
             Change::Pv,
         ),
         typed(
             Api::<VolumeAttachment>::all(c.clone()),
             cfg(),
+            None,
             Watch::Va,
             Change::Va,
         ),
         typed(
             Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
             cfg(),
+            None,
             Watch::ReplicaSet,
             Change::ReplicaSet,
         ),
         typed(
             Api::<PartialObjectMeta<Namespace>>::all(c),
             cfg(),
+            None,
             Watch::Namespace,
             Change::Namespace,
         ),
