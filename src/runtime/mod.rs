@@ -77,7 +77,7 @@ pub async fn run(
     let (leader_tx, leader_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = watch::channel(false);
     let (writes_tx, writes_rx) = writer::lanes();
-    let (results_tx, results_rx) = mpsc::channel(4096);
+    let (results_tx, results_rx) = writer::results();
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();

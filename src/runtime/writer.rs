@@ -125,6 +125,22 @@ impl LaneReceivers {
     }
 }
 
+/// Where the writer sends action results. Unbounded, because the decision loop, the lanes and
+/// this channel form a cycle: the loop waits for room in the action lane while it sends one
+/// tick's intents, the writer's action tasks would wait for room here, and the loop reads here
+/// only after the tick. With bounded room a tick of more intents than all the buffers hold (a
+/// mass failure with many Ready pods) stops all three for good. The loop keeps at most one
+/// action per key in flight, so what waits here is bounded by the actions it sent.
+pub type ResultSender = mpsc::UnboundedSender<ActResult>;
+
+/// The decision loop's end of [`ResultSender`].
+pub type ResultReceiver = mpsc::UnboundedReceiver<ActResult>;
+
+/// A channel for action results; see [`ResultSender`].
+pub fn results() -> (ResultSender, ResultReceiver) {
+    mpsc::unbounded_channel()
+}
+
 /// The result of an action, sent back to the decision loop.
 #[derive(Debug)]
 pub struct ActResult {
@@ -164,7 +180,7 @@ impl Writer {
     }
 
     /// Runs until the decision loop drops its lanes.
-    pub async fn run(self, lanes: LaneReceivers, results: mpsc::Sender<ActResult>) {
+    pub async fn run(self, lanes: LaneReceivers, results: ResultSender) {
         let this = Arc::new(self);
         // Actions received and not finished.
         let (busy, idle) = watch::channel(0_usize);
@@ -178,7 +194,7 @@ impl Writer {
     async fn serve_acts(
         self: Arc<Self>,
         mut lane: mpsc::Receiver<Act>,
-        results: mpsc::Sender<ActResult>,
+        results: ResultSender,
         busy: watch::Sender<usize>,
     ) {
         let busy = Arc::new(busy);
@@ -226,7 +242,7 @@ impl Writer {
         *self.is_leader.borrow()
     }
 
-    async fn perform_act(&self, act: Act, results: &mpsc::Sender<ActResult>) {
+    async fn perform_act(&self, act: Act, results: &ResultSender) {
         let Act { intent, node } = act;
         let result = if self.leading() {
             self.act(&intent, node.as_deref()).await
@@ -235,7 +251,7 @@ impl Writer {
             Err("not the leader any more".to_string())
         };
         // The decision loop ending first is a shutdown; nothing to report to.
-        let _ = results.send(ActResult { intent, result }).await;
+        let _ = results.send(ActResult { intent, result });
     }
 
     async fn perform_report(&self, report: Report) {
@@ -377,7 +393,7 @@ mod tests {
         let release = Arc::new(tokio::sync::Notify::new());
         let writer = writer_on_fake_api(seen.clone(), release.clone());
         let (tx, rx) = lanes();
-        let (results_tx, mut results) = mpsc::channel(8);
+        let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
 
         let untaint = Intent::RemoveTaint {
@@ -416,7 +432,7 @@ mod tests {
         let release = Arc::new(tokio::sync::Notify::new());
         let writer = writer_on_fake_api(seen.clone(), release);
         let (tx, rx) = lanes();
-        let (results_tx, mut results) = mpsc::channel(8);
+        let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
 
         let started = tokio::time::Instant::now();
@@ -481,7 +497,7 @@ mod tests {
         });
         let writer = writer_on(Client::new(service, "default"), is_leader);
         let (tx, rx) = lanes();
-        let (results_tx, mut results) = mpsc::channel(8);
+        let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
 
         let mut node = Node::default();
@@ -501,6 +517,39 @@ mod tests {
             ["PATCH /api/v1/nodes/node-1"],
             "no request after leadership was lost"
         );
+    }
+
+    /// The decision loop sends one tick's intents before it reads any result. A tick of more
+    /// intents than the action lane, the actions in flight and the result channel hold together
+    /// must still go through, not stop the loop and the writer for good.
+    #[tokio::test]
+    async fn a_tick_of_more_intents_than_the_buffers_hold_goes_through() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let writer = writer_on_fake_api(seen, release);
+        let (tx, rx) = lanes();
+        let (results_tx, mut results) = results();
+        tokio::spawn(writer.run(rx, results_tx));
+
+        // Pod marks, answered at once (404: the fake API holds only requests for nodes).
+        let intents = 3 * LANE_CAPACITY + MAX_ACTS_IN_FLIGHT;
+        let tick = async {
+            for i in 0..intents {
+                let mark = Intent::MarkPodNotReady {
+                    pod: crate::view::ObjectKey::new("ns", format!("pod-{i}")),
+                    uid: format!("uid-{i}"),
+                    node: "node-1".into(),
+                    policy: "p".into(),
+                };
+                tx.act(mark, None).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), tick)
+            .await
+            .expect("the decision loop stalled sending one tick's intents");
+        for _ in 0..intents {
+            results.recv().await.expect("a result for every intent");
+        }
     }
 
     #[tokio::test]
