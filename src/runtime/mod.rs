@@ -86,18 +86,21 @@ pub async fn run(
         }
     };
 
+    let election_progress = leader::Progress::new(&opts.leader);
     let listener = tokio::net::TcpListener::bind(opts.http_addr).await?;
     info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
     let mut http = tokio::spawn(crate::http::serve(
         listener,
         metrics.clone(),
         ready_rx,
+        election_progress.clone(),
         stopped(),
     ));
     let mut election = tokio::spawn(leader::run(
         client.clone(),
         opts.leader.clone(),
         leader_tx,
+        election_progress,
         stopped(),
     ));
     let reporter = Reporter {
