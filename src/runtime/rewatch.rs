@@ -9,7 +9,7 @@
 //!
 //! A watch can also stall without failing: a connection black-holed on the way (a dead
 //! load balancer, a partition) gives neither an error nor an event, and kube-runtime's watcher
-//! waits for the API server's watch timeout (about five minutes) before it starts again. For a
+//! (kube 5's client has no read timeout) just waits, for minutes or for good. For a
 //! kind whose objects are known to change all the time, silence is itself a sign: every kubelet
 //! renews its Lease every 10 s, so a Lease watch with no event for [`LEASE_STALL_BOUND`] is taken
 //! as stalled, reported ([`Fault::Stalled`]) and started again like a failed one. The report opens
