@@ -1,4 +1,6 @@
 //! The operator's HTTP endpoints: `/metrics` for Prometheus, `/healthz` for the liveness probe
+//! (fails once the leader election loop has made no progress for longer than a working one
+//! ever takes, see [`Progress`])
 //! and `/readyz` for the readiness probe (ready once every watch cache has synced, so a fresh
 //! replica does not take traffic, or leadership decisions, on an empty view).
 
@@ -13,6 +15,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::leader::Progress;
 use crate::metrics::Metrics;
 
 /// Content type of the Prometheus text exposition format.
@@ -22,15 +25,21 @@ pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 struct AppState {
     metrics: Arc<Metrics>,
     ready: watch::Receiver<bool>,
+    election: Progress,
 }
 
-/// The routes, without a socket; `ready` turns true once the caches are synced.
-pub fn router(metrics: Arc<Metrics>, ready: watch::Receiver<bool>) -> Router {
+/// The routes, without a socket; `ready` turns true once the caches are synced, `election` is
+/// the leader election's progress.
+pub fn router(metrics: Arc<Metrics>, ready: watch::Receiver<bool>, election: Progress) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, ready })
+        .with_state(AppState {
+            metrics,
+            ready,
+            election,
+        })
 }
 
 /// Serves [`router`] on `listener` until `shutdown` completes, then lets in-flight requests finish.
@@ -38,9 +47,10 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     ready: watch::Receiver<bool>,
+    election: Progress,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics, ready))
+    axum::serve(listener, router(metrics, ready, election))
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -59,8 +69,17 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn healthz() -> &'static str {
-    "ok"
+async fn healthz(State(state): State<AppState>) -> (StatusCode, String) {
+    match state.election.stuck_for() {
+        None => (StatusCode::OK, "ok".to_string()),
+        Some(quiet) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "leader election stuck: no progress for {}s",
+                quiet.as_secs()
+            ),
+        ),
+    }
 }
 
 async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
@@ -91,7 +110,8 @@ mod tests {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let (stop, stopped) = oneshot::channel::<()>();
-            let task = tokio::spawn(serve(listener, metrics, ready, async {
+            let election = Progress::new(&crate::leader::LeaderConfig::new("ns", "me"));
+            let task = tokio::spawn(serve(listener, metrics, ready, election, async {
                 let _ = stopped.await;
             }));
             Self { addr, stop, task }
@@ -156,6 +176,46 @@ mod tests {
         assert_eq!((status, body.as_str()), (200, "ready"));
 
         server.stop().await;
+    }
+
+    /// A hung lease call or a loop waiting on nothing: the kubelet must restart the process.
+    #[tokio::test(start_paused = true)]
+    async fn healthz_fails_once_the_leader_election_makes_no_progress() {
+        use tower::ServiceExt;
+        let cfg = crate::leader::LeaderConfig::new("ns", "me");
+        let (_ready_tx, ready) = watch::channel(true);
+        let app = router(
+            Arc::new(Metrics::new().unwrap()),
+            ready,
+            Progress::new(&cfg),
+        );
+        let healthz = || {
+            let app = app.clone();
+            async move {
+                let request = axum::http::Request::get("/healthz")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                let response = app.oneshot(request).await.unwrap();
+                let status = response.status().as_u16();
+                let body = axum::body::to_bytes(response.into_body(), 1024)
+                    .await
+                    .unwrap();
+                (status, String::from_utf8(body.to_vec()).unwrap())
+            }
+        };
+        assert_eq!(healthz().await, (200, "ok".to_string()));
+
+        tokio::time::advance(cfg.lease_duration * 2).await;
+        assert_eq!(
+            healthz().await.0,
+            200,
+            "two leases without progress can happen"
+        );
+
+        tokio::time::advance(cfg.lease_duration + std::time::Duration::from_secs(1)).await;
+        let (status, body) = healthz().await;
+        assert_eq!(status, 503);
+        assert_eq!(body, "leader election stuck: no progress for 46s");
     }
 
     #[tokio::test]

@@ -17,9 +17,21 @@
 //!
 //! Condition 2 exists because the crate alone does not guarantee a timely `false`: when a renewal
 //! fails, `changed()` returns the error and leaves its state at "leader" (its `watch()` helper
-//! logs the error and retries while its channel keeps saying `true`), and with kube 5's default
-//! client (no read timeout) a renewal can also hang instead of failing. Either way the deadline
+//! logs the error and retries while its channel keeps saying `true`). Either way the deadline
 //! in 2 passes and the gate closes without any help from the API server.
+//!
+//! kube 5's default client has no read timeout, so a lease call could also hang for as long as
+//! the connection lives. The crate is given a client whose every call, answer included, gives up
+//! after the step-down margin ([`with_call_timeout`]): a hung renewal fails and is retried like
+//! any other failed renewal. The watch of the Lease keeps the plain client (it streams).
+//!
+//! # Liveness
+//!
+//! [`run`] stamps [`Progress`] whenever a turn of the election ends (well or with an error) and
+//! whenever the watch of the Lease yields. While a leader renews, the watch shows a renewal every
+//! `d - g`; without one, a follower's turn ends at the old hold's expiry. So in a working loop
+//! the stamp is never older than about one lease; `/healthz` fails once it is older than
+//! [`Progress::STUCK_AFTER_LEASES`] leases, and the kubelet restarts the process.
 //!
 //! # Timing, and how much a stale leader can overlap
 //!
@@ -103,6 +115,36 @@ pub const DEFAULT_LEASE_NAME: &str = "podha-leader";
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How long before the end of its hold the leader renews it.
 pub const DEFAULT_RENEW_GRACE: Duration = Duration::from_secs(5);
+
+/// Where [`run`] records that the election loop moves on; see the module docs ("Liveness").
+#[derive(Clone, Debug)]
+pub struct Progress {
+    last: Arc<std::sync::Mutex<Instant>>,
+    stuck_after: Duration,
+}
+
+impl Progress {
+    /// How many lease durations without progress make the loop stuck.
+    pub const STUCK_AFTER_LEASES: u32 = 3;
+
+    /// Progress as of now, for an election with `cfg`'s timings.
+    pub fn new(cfg: &LeaderConfig) -> Self {
+        Self {
+            last: Arc::new(std::sync::Mutex::new(Instant::now())),
+            stuck_after: cfg.lease_duration * Self::STUCK_AFTER_LEASES,
+        }
+    }
+
+    fn stamp(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// How long the loop has not moved on, if that is longer than a working loop ever takes.
+    pub fn stuck_for(&self) -> Option<Duration> {
+        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        Some(last.elapsed()).filter(|quiet| *quiet > self.stuck_after)
+    }
+}
 
 /// Upper bound for releasing the lease on shutdown.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -237,12 +279,23 @@ pub async fn run(
     client: Client,
     cfg: LeaderConfig,
     is_leader: watch::Sender<bool>,
+    progress: Progress,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let gate = Gate(is_leader);
     gate.set(false);
     let seconds = cfg.lease_seconds()?;
-    let manager = elect(&client, &cfg, seconds, &gate, shutdown).await?;
+    let lease_client = with_call_timeout(&client, cfg.step_down_margin());
+    let manager = elect(
+        &client,
+        &lease_client,
+        &cfg,
+        seconds,
+        &gate,
+        &progress,
+        shutdown,
+    )
+    .await?;
 
     // `elect` has returned, so no renewal is in flight and the manager's state lock is free.
     gate.set(false);
@@ -251,7 +304,7 @@ pub async fn run(
         let manager = match manager {
             Some(manager) => manager,
             // The last turn may have acquired the lease just before it was dropped.
-            None => Arc::new(build(&client, &cfg, seconds).await?),
+            None => Arc::new(build(&lease_client, &cfg, seconds).await?),
         };
         manager.release().await
     };
@@ -262,16 +315,40 @@ pub async fn run(
     }
 }
 
+/// A client whose every request, reading the answer included, fails after `timeout`. For calls
+/// that return at once, never for watches.
+fn with_call_timeout(client: &Client, timeout: Duration) -> Client {
+    let inner = client.clone();
+    let service = tower::service_fn(move |request| {
+        let inner = inner.clone();
+        async move {
+            let call = async {
+                let (parts, body) = inner.send(request).await?.into_parts();
+                let body = kube::client::Body::from(body.collect_bytes().await?);
+                Ok::<_, kube::Error>(axum::http::Response::from_parts(parts, body))
+            };
+            match tokio::time::timeout(timeout, call).await {
+                Ok(answer) => answer.map_err(tower::BoxError::from),
+                Err(_) => Err(format!("no answer from the API server within {timeout:?}").into()),
+            }
+        }
+    });
+    Client::new(service, client.default_namespace())
+}
+
 /// The election loop; on shutdown returns the current manager (if any) for the release.
+/// `watch_client` watches the Lease; `client` (calls with a timeout) drives the manager.
 async fn elect(
+    watch_client: &Client,
     client: &Client,
     cfg: &LeaderConfig,
     seconds: (u64, u64),
     gate: &Gate,
+    progress: &Progress,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Option<Arc<LeaseManager>>> {
     let leases = watcher(
-        Api::<Lease>::namespaced(client.clone(), &cfg.namespace),
+        Api::<Lease>::namespaced(watch_client.clone(), &cfg.namespace),
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.lease_name)),
     )
     .backoff(Retry::new(cfg.lease_duration));
@@ -300,6 +377,7 @@ async fn elect(
             biased;
             () = &mut shutdown => break,
             outcome = &mut turn => {
+                progress.stamp();
                 let (next, delay) = match outcome {
                     Turn::Built(Ok(built)) => {
                         retry.reset();
@@ -330,7 +408,7 @@ async fn elect(
                 manager = next.clone();
                 turn.set(next_turn(client, cfg, seconds, next, delay));
             }
-            event = leases.next() => match event {
+            event = leases.next() => match event.inspect(|_| progress.stamp()) {
                 Some(Ok(event)) => {
                     let released = view.observe(&event, cfg, SystemTime::now(), Instant::now());
                     if released && !held {
@@ -763,6 +841,64 @@ mod tests {
         assert_eq!(delays, [ms(500), ms(1000), ms(2000), ms(4000), ms(4000)]);
         retry.reset();
         assert_eq!(retry.delay(), ms(500));
+    }
+
+    /// A fake API server that never answers a call for the Lease itself (a hung connection)
+    /// and whose list of Leases is empty and watch silent. Counts the calls for the Lease.
+    fn hanging_lease_api(calls: Arc<std::sync::atomic::AtomicUsize>) -> Client {
+        let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
+            let for_the_lease = req.uri().path().ends_with("/leases/podha-leader");
+            let watching = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+            if for_the_lease {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            async move {
+                if for_the_lease {
+                    std::future::pending::<()>().await;
+                }
+                let body = if watching {
+                    axum::body::Body::from_stream(futures::stream::pending::<
+                        Result<axum::body::Bytes, std::io::Error>,
+                    >())
+                } else {
+                    axum::body::Body::from(
+                        r#"{"apiVersion":"coordination.k8s.io/v1","kind":"LeaseList","metadata":{"resourceVersion":"1"},"items":[]}"#,
+                    )
+                };
+                axum::http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(body)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// kube's client has no read timeout: without one of podha's own a hung call for the Lease
+    /// would leave the election waiting as long as the connection lives.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_lease_call_times_out_and_is_retried() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let cfg = LeaderConfig::new("podha-system", "me");
+        let (tx, is_leader) = watch::channel(false);
+        let progress = Progress::new(&cfg);
+        let election = tokio::spawn(run(
+            hanging_lease_api(calls.clone()),
+            cfg.clone(),
+            tx,
+            progress.clone(),
+            std::future::pending(),
+        ));
+        tokio::time::sleep(cfg.lease_duration * 2).await;
+        let made = calls.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            made >= 3,
+            "the hung call was never given up: {made} call(s)"
+        );
+        assert!(!*is_leader.borrow());
+        assert_eq!(progress.stuck_for(), None, "failed calls are progress");
+        assert!(!election.is_finished(), "a hung call is retried, not fatal");
+        election.abort();
     }
 
     #[test]

@@ -139,7 +139,7 @@ impl HealthTracker {
         cfg: &DetectionConfig,
         probe: Option<Probe>,
     ) -> Option<Transition> {
-        self.next_probe = Some(now + cfg.interval);
+        self.next_probe = Some(crate::deadline::after(now, cfg.interval));
         self.last_verdict = probe.as_ref().map(Probe::verdict);
         let from = self.state;
         if self.gap_epoch != obs.gap_epoch() {
@@ -811,6 +811,22 @@ mod tests {
         obs.end_gap(t0 + s(30) + Duration::from_millis(100));
         let t = tracker.poll(t0 + s(30) + Duration::from_millis(200), &obs, &c);
         assert!(t.is_some_and(|t| t.to.is_failed()));
+    }
+
+    #[test]
+    fn an_absurd_interval_is_no_panic_and_no_probe_on_the_grid() {
+        let t0 = Instant::now();
+        let obs = dead_node(t0);
+        let mut c = default_cfg();
+        c.interval = Duration::MAX;
+        let mut tracker = HealthTracker::new(&obs);
+        let first = tracker.poll(t0 + s(50), &obs, &c);
+        assert!(
+            first.is_some_and(|t| matches!(t.to, NodeHealth::Suspect { failures: 1, .. })),
+            "the evidence turned: probed at once"
+        );
+        // The next probe on the grid is a lifetime away.
+        assert_eq!(tracker.poll(t0 + s(5000), &obs, &c), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,7 +18,7 @@ use super::actuator::Outcome;
 use super::prober::{self, ProbePlan, Target, kubelet_addr};
 use super::state::{Change, ClusterState};
 use super::status::{PolicyFacts, policy_status};
-use super::writer::{ActResult, EventNote, Lanes, Report, intent_kind};
+use super::writer::{ActResult, EventNote, Lanes, Report, ResultReceiver, intent_kind};
 use crate::api::{
     NodeTaint, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION,
 };
@@ -140,7 +140,7 @@ impl Actor {
     pub async fn run(
         mut self,
         changes: impl Stream<Item = Change> + Unpin,
-        mut results: mpsc::Receiver<ActResult>,
+        mut results: ResultReceiver,
         mut tcp: mpsc::Receiver<prober::Round>,
     ) -> Result<(), ActorError> {
         let mut changes = changes;

@@ -1,11 +1,14 @@
 //! The only code that changes the cluster on podha's behalf: force-deleting pods and adding or
 //! removing the out-of-service taint. Every write is idempotent and re-checks the live object,
-//! so a retry, a restart or a second replica never does harm.
+//! so a retry, a restart or a second replica never does harm. Leadership is checked right
+//! before every request, not once per action: an action may take several requests (a taint
+//! retried on conflict reads and writes again), and leadership may be lost between them.
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::planner::Intent;
@@ -36,6 +39,8 @@ pub enum ActError {
     TimedOut(std::time::Duration),
     #[error("a hold is not an action")]
     NotAnAction,
+    #[error("not the leader any more")]
+    NotLeader,
 }
 
 impl ActError {
@@ -46,6 +51,7 @@ impl ActError {
             Self::Conflict(_) => "conflict",
             Self::TimedOut(_) => "timeout",
             Self::NotAnAction => "not_an_action",
+            Self::NotLeader => "not_leader",
         }
     }
 }
@@ -56,11 +62,22 @@ const CONFLICT_RETRIES: usize = 5;
 #[derive(Clone)]
 pub struct Actuator {
     client: Client,
+    is_leader: watch::Receiver<bool>,
 }
 
 impl Actuator {
-    pub fn new(client: Client) -> Self {
-        Self { client }
+    /// An actuator that sends a request only while `is_leader` reads `true`.
+    pub fn new(client: Client, is_leader: watch::Receiver<bool>) -> Self {
+        Self { client, is_leader }
+    }
+
+    /// Called right before every request: a replica that lost leadership sends nothing more.
+    fn ensure_leading(&self) -> Result<(), ActError> {
+        if *self.is_leader.borrow() {
+            Ok(())
+        } else {
+            Err(ActError::NotLeader)
+        }
     }
 
     /// Carries out one intent. `seen` is the intent's node as the decision loop last saw it, if
@@ -107,6 +124,7 @@ impl Actuator {
             }),
             ..DeleteParams::default()
         };
+        self.ensure_leading()?;
         match api.delete(&pod.name, &params).await {
             Ok(_) => Ok(Outcome::Applied),
             // Gone.
@@ -143,6 +161,7 @@ impl Actuator {
                 "lastTransitionTime": now.map(|t| t.to_string()).unwrap_or_default(),
             }]}
         });
+        self.ensure_leading()?;
         match api
             .patch_status(
                 &pod.name,
@@ -200,11 +219,15 @@ impl Actuator {
         for _ in 0..CONFLICT_RETRIES {
             let current = match base.take() {
                 Some(seen) => seen,
-                None => api.get(node).await?,
+                None => {
+                    self.ensure_leading()?;
+                    api.get(node).await?
+                }
             };
             let Some((patch, outcome)) = change(&current) else {
                 return Ok(Outcome::AlreadyDone);
             };
+            self.ensure_leading()?;
             match api
                 .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await

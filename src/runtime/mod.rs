@@ -77,7 +77,7 @@ pub async fn run(
     let (leader_tx, leader_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = watch::channel(false);
     let (writes_tx, writes_rx) = writer::lanes();
-    let (results_tx, results_rx) = mpsc::channel(4096);
+    let (results_tx, results_rx) = writer::results();
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -86,25 +86,34 @@ pub async fn run(
         }
     };
 
+    let election_progress = leader::Progress::new(&opts.leader);
     let listener = tokio::net::TcpListener::bind(opts.http_addr).await?;
     info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
     let mut http = tokio::spawn(crate::http::serve(
         listener,
         metrics.clone(),
         ready_rx,
+        election_progress.clone(),
         stopped(),
     ));
     let mut election = tokio::spawn(leader::run(
         client.clone(),
         opts.leader.clone(),
         leader_tx,
+        election_progress,
         stopped(),
     ));
     let reporter = Reporter {
         controller: opts.controller_name.clone(),
         instance: Some(opts.leader.identity.clone()),
     };
-    let writer = writer::Writer::new(client.clone(), reporter, metrics.clone(), leader_rx.clone());
+    let writer = writer::Writer::new(
+        client.clone(),
+        reporter,
+        metrics.clone(),
+        leader_rx.clone(),
+        opts.leader.step_down_margin(),
+    );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
     let (plan_tx, plan_rx) = watch::channel(prober::ProbePlan::default());
     let (tcp_tx, tcp_rx) = mpsc::channel(16);
@@ -176,11 +185,12 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
 /// Every watch podha needs, merged into one stream of changes. No polling: watches only.
 /// Pods are watched only once bound to a node; ReplicaSets and Namespaces as metadata only.
 /// A watch that fails lists everything again ([`rewatch`]), so that the end of a gap in podha's
-/// view is known.
+/// view is known; so does the Lease watch when it stalls ([`rewatch::LEASE_STALL_BOUND`]).
 pub fn watches(client: &Client) -> BoxStream<'static, Change> {
     fn typed<K, F>(
         api: Api<K>,
         cfg: watcher::Config,
+        stall_bound: Option<Duration>,
         watch: Watch,
         wrap: F,
     ) -> BoxStream<'static, Change>
@@ -188,11 +198,11 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
         F: Fn(watcher::Event<K>) -> Change + Send + 'static,
     {
-        rewatch::relisting_watcher(api, cfg)
+        rewatch::relisting_watcher(api, cfg, stall_bound)
             .map(move |r| match r {
                 Ok(event) => wrap(event),
                 Err(error) => {
-                    warn!(watch = watch.as_str(), %error, "watch failed; listing again");
+                    warn!(watch = watch.as_str(), %error, "watch failed or stalled; listing again");
                     Change::WatchError { watch }
                 }
             })
@@ -204,54 +214,63 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
         typed(
             Api::<PodHAPolicy>::all(c.clone()),
             watcher::Config::default(),
+            None,
             Watch::Policy,
             Change::Policy,
         ),
         typed(
             Api::<Node>::all(c.clone()),
             cfg(),
+            None,
             Watch::Node,
             Change::Node,
         ),
         typed(
             Api::<Lease>::namespaced(c.clone(), "kube-node-lease"),
             cfg(),
+            Some(rewatch::LEASE_STALL_BOUND),
             Watch::Lease,
             Change::Lease,
         ),
         typed(
             Api::<Pod>::all(c.clone()),
             cfg().fields("spec.nodeName!="),
+            None,
             Watch::Pod,
             Change::Pod,
         ),
         typed(
             Api::<PersistentVolumeClaim>::all(c.clone()),
             cfg(),
+            None,
             Watch::Pvc,
             Change::Pvc,
         ),
         typed(
             Api::<PersistentVolume>::all(c.clone()),
             cfg(),
+            None,
             Watch::Pv,
             Change::Pv,
         ),
         typed(
             Api::<VolumeAttachment>::all(c.clone()),
             cfg(),
+            None,
             Watch::Va,
             Change::Va,
         ),
         typed(
             Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
             cfg(),
+            None,
             Watch::ReplicaSet,
             Change::ReplicaSet,
         ),
         typed(
             Api::<PartialObjectMeta<Namespace>>::all(c),
             cfg(),
+            None,
             Watch::Namespace,
             Change::Namespace,
         ),

@@ -6,6 +6,14 @@
 //! view is whole again; otherwise it would stay blind after an API server blip (the gap never
 //! ends) or judge nodes on a view with a hole. So a watch that fails is dropped and, after a
 //! backoff, started again: its list ends with `InitDone`, which ends the gap.
+//!
+//! A watch can also stall without failing: a connection black-holed on the way (a dead
+//! load balancer, a partition) gives neither an error nor an event, and kube-runtime's watcher
+//! (kube 5's client has no read timeout) just waits, for minutes or for good. For a
+//! kind whose objects are known to change all the time, silence is itself a sign: every kubelet
+//! renews its Lease every 10 s, so a Lease watch with no event for [`LEASE_STALL_BOUND`] is taken
+//! as stalled, reported ([`Fault::Stalled`]) and started again like a failed one. The report opens
+//! a gap, so the silence is never read as the death of every node.
 
 use std::time::Duration;
 
@@ -19,6 +27,30 @@ use serde::de::DeserializeOwned;
 /// to [`MAX_BACKOFF`], back to this once a list completes.
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How long the watch of `kube-node-lease` may go without any event before it counts as
+/// stalled: one and a half kubelet renew intervals (10 s each), so one live kubelet is enough to
+/// keep it from tripping. The gap it opens then starts before any Lease has been silent for
+/// 25 s, short of the default `leaseGracePeriod` (40 s).
+pub const LEASE_STALL_BOUND: Duration = Duration::from_secs(15);
+
+/// Why a watch is started again.
+#[derive(Debug)]
+pub enum Fault {
+    /// kube-runtime's watcher reported an error.
+    Failed(watcher::Error),
+    /// No event at all within the bound.
+    Stalled(Duration),
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failed(error) => error.fmt(f),
+            Self::Stalled(bound) => write!(f, "no event for {bound:?}: the watch stalled"),
+        }
+    }
+}
 
 /// The wait before the next start, after `failures` failures in a row (0: none).
 pub fn backoff(failures: u32) -> Duration {
@@ -37,11 +69,13 @@ struct Session<K: 'static> {
 }
 
 /// Like [`watcher`], but every error ends the watch: the error is passed on, then a new watch
-/// lists everything again after [`backoff`]. Never ends.
+/// lists everything again after [`backoff`]. With `stall_bound`, no event within it counts as an
+/// error too. Never ends.
 pub fn relisting_watcher<K>(
     api: Api<K>,
     config: watcher::Config,
-) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+    stall_bound: Option<Duration>,
+) -> impl Stream<Item = Result<watcher::Event<K>, Fault>> + Send + 'static
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -59,7 +93,13 @@ where
                 .stream
                 .get_or_insert_with(|| watcher(api, config).boxed());
             // kube-runtime's watcher never ends on its own.
-            let next = stream.next().await?;
+            let next = match stall_bound {
+                Some(bound) => match tokio::time::timeout(bound, stream.next()).await {
+                    Ok(next) => next?.map_err(Fault::Failed),
+                    Err(_) => Err(Fault::Stalled(bound)),
+                },
+                None => stream.next().await?.map_err(Fault::Failed),
+            };
             match &next {
                 Ok(watcher::Event::InitDone) => session.failures = 0,
                 Ok(_) => {}
@@ -76,6 +116,100 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::{ClusterState, Watch, watches};
+    use kube::Client;
+    use tokio::time::Instant;
+
+    /// A fake API server whose lists answer at once (one Lease, `n1`, and nothing else) and
+    /// whose watches are accepted and then pass nothing, as through a black-holed connection.
+    /// Counts the lists of Leases.
+    fn stalling_api(lease_lists: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let watching = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+            let leases = req
+                .uri()
+                .path()
+                .ends_with("/namespaces/kube-node-lease/leases");
+            if leases && !watching {
+                lease_lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            async move {
+                let body = if watching {
+                    axum::body::Body::from_stream(futures::stream::pending::<
+                        Result<axum::body::Bytes, std::io::Error>,
+                    >())
+                } else {
+                    let items = if leases {
+                        r#"[{"metadata":{"name":"n1","namespace":"kube-node-lease","resourceVersion":"5"},
+                             "spec":{"holderIdentity":"n1","renewTime":"2026-01-01T00:00:00.000000Z"}}]"#
+                    } else {
+                        "[]"
+                    };
+                    let list = format!(
+                        r#"{{"apiVersion":"v1","kind":"List","metadata":{{"resourceVersion":"5"}},"items":{items}}}"#
+                    );
+                    axum::body::Body::from(list)
+                };
+                http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(body)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// Every kubelet renews its Lease every 10 s: a Lease watch that passes nothing for longer
+    /// is podha's blindness, not the death of every node. It opens a gap, lists again, and the
+    /// list ends the gap with the Lease clock restarted.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_lease_watch_is_a_gap_until_it_lists_again() {
+        let lease_lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut changes = watches(&stalling_api(lease_lists.clone()));
+        let mut state = ClusterState::default();
+        while !state.synced() {
+            let change = changes.next().await.expect("the watches never end");
+            state.apply(change, Instant::now());
+        }
+        assert!(!state.detection_gap());
+        let synced_at = Instant::now();
+
+        // Nothing arrives on any watch from now on.
+        let stall = async {
+            loop {
+                let change = changes.next().await.expect("the watches never end");
+                let stalled = matches!(
+                    change,
+                    crate::runtime::Change::WatchError {
+                        watch: Watch::Lease
+                    }
+                );
+                state.apply(change, Instant::now());
+                if stalled {
+                    return Instant::now();
+                }
+            }
+        };
+        let stalled_at = tokio::time::timeout(Duration::from_secs(600), stall)
+            .await
+            .expect("a Lease watch silent for ten minutes was never reported as stalled");
+        assert_eq!(stalled_at - synced_at, LEASE_STALL_BOUND);
+        assert!(state.detection_gap());
+        assert!(state.observations["n1"].in_gap(), "the silence is a gap");
+
+        // The watch lists again; its list ends the gap and restarts the Lease clock.
+        while state.detection_gap() {
+            let change = changes.next().await.expect("the watches never end");
+            state.apply(change, Instant::now());
+        }
+        assert_eq!(lease_lists.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let obs = &state.observations["n1"];
+        assert!(!obs.in_gap());
+        assert!(
+            obs.lease_baseline() > stalled_at,
+            "the Lease clock restarted"
+        );
+    }
 
     #[test]
     fn backoff_doubles_from_a_quarter_second_up_to_thirty() {

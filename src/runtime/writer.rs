@@ -5,8 +5,11 @@
 //! failure produces hundreds of events, and the deletes must not queue behind them. Reports
 //! also wait while any action is queued or in flight: the API server queues one client's
 //! requests in order (API Priority and Fairness), so reports sent beside actions would still
-//! slow them down. An action the API server does not answer within 30 s counts as failed, so
-//! the decision loop retries it and the reports go on.
+//! slow them down. An action not done within its deadline counts as failed, so the decision
+//! loop retries it and the reports go on. The deadline is shorter than the leader's step-down
+//! margin and leadership is checked before every request (see [`Actuator`]), so a replica that
+//! lost leadership sends nothing more, and a request it sent just before has been given up on the
+//! client side before another replica can lead (`src/leader.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,11 +30,15 @@ use crate::planner::Intent;
 /// Actions in flight at once: enough to delete the pods of many nodes in parallel, few enough
 /// not to flood the API server.
 const MAX_ACTS_IN_FLIGHT: usize = 32;
-/// How long one action may wait for the API server before it counts as failed (and is retried
-/// by the decision loop). Every action is idempotent, so a retry after a request that did land
-/// finds the work done. Without it a request the API server never answers would hold its slot,
-/// and every report, until the connection fails.
-const ACTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one action may take before it counts as failed (and is retried by the decision
+/// loop), given the leader's step-down margin: four fifths of it. Every action is idempotent, so
+/// a retry after a request that did land finds the work done. Without a deadline a request the
+/// API server never answers would hold its slot, and every report, until the connection fails;
+/// a deadline longer than the margin would let a replica that lost leadership send its requests
+/// on while another replica already leads.
+pub fn action_deadline(step_down_margin: Duration) -> Duration {
+    step_down_margin * 4 / 5
+}
 /// Events and status patches in flight at once (when no action is).
 const MAX_REPORTS_IN_FLIGHT: usize = 4;
 /// Room in each lane's channel.
@@ -118,6 +125,22 @@ impl LaneReceivers {
     }
 }
 
+/// Where the writer sends action results. Unbounded, because the decision loop, the lanes and
+/// this channel form a cycle: the loop waits for room in the action lane while it sends one
+/// tick's intents, the writer's action tasks would wait for room here, and the loop reads here
+/// only after the tick. With bounded room a tick of more intents than all the buffers hold (a
+/// mass failure with many Ready pods) stops all three for good. The loop keeps at most one
+/// action per key in flight, so what waits here is bounded by the actions it sent.
+pub type ResultSender = mpsc::UnboundedSender<ActResult>;
+
+/// The decision loop's end of [`ResultSender`].
+pub type ResultReceiver = mpsc::UnboundedReceiver<ActResult>;
+
+/// A channel for action results; see [`ResultSender`].
+pub fn results() -> (ResultSender, ResultReceiver) {
+    mpsc::unbounded_channel()
+}
+
 /// The result of an action, sent back to the decision loop.
 #[derive(Debug)]
 pub struct ActResult {
@@ -132,26 +155,32 @@ pub struct Writer {
     recorder: Recorder,
     metrics: Arc<Metrics>,
     is_leader: watch::Receiver<bool>,
+    /// See [`action_deadline`].
+    action_deadline: Duration,
 }
 
 impl Writer {
+    /// A writer that acts while `is_leader` reads `true`; `step_down_margin` is the leader's
+    /// ([`crate::leader::LeaderConfig::step_down_margin`]).
     pub fn new(
         client: Client,
         reporter: Reporter,
         metrics: Arc<Metrics>,
         is_leader: watch::Receiver<bool>,
+        step_down_margin: Duration,
     ) -> Self {
         Self {
-            actuator: Actuator::new(client.clone()),
+            actuator: Actuator::new(client.clone(), is_leader.clone()),
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
             is_leader,
+            action_deadline: action_deadline(step_down_margin),
         }
     }
 
     /// Runs until the decision loop drops its lanes.
-    pub async fn run(self, lanes: LaneReceivers, results: mpsc::Sender<ActResult>) {
+    pub async fn run(self, lanes: LaneReceivers, results: ResultSender) {
         let this = Arc::new(self);
         // Actions received and not finished.
         let (busy, idle) = watch::channel(0_usize);
@@ -165,7 +194,7 @@ impl Writer {
     async fn serve_acts(
         self: Arc<Self>,
         mut lane: mpsc::Receiver<Act>,
-        results: mpsc::Sender<ActResult>,
+        results: ResultSender,
         busy: watch::Sender<usize>,
     ) {
         let busy = Arc::new(busy);
@@ -213,7 +242,7 @@ impl Writer {
         *self.is_leader.borrow()
     }
 
-    async fn perform_act(&self, act: Act, results: &mpsc::Sender<ActResult>) {
+    async fn perform_act(&self, act: Act, results: &ResultSender) {
         let Act { intent, node } = act;
         let result = if self.leading() {
             self.act(&intent, node.as_deref()).await
@@ -222,7 +251,7 @@ impl Writer {
             Err("not the leader any more".to_string())
         };
         // The decision loop ending first is a shutdown; nothing to report to.
-        let _ = results.send(ActResult { intent, result }).await;
+        let _ = results.send(ActResult { intent, result });
     }
 
     async fn perform_report(&self, report: Report) {
@@ -237,15 +266,21 @@ impl Writer {
 
     async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, String> {
         let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(ACTION_TIMEOUT, self.actuator.execute(intent, seen))
+        let deadline = self.action_deadline;
+        let result = tokio::time::timeout(deadline, self.actuator.execute(intent, seen))
             .await
-            .unwrap_or(Err(ActError::TimedOut(ACTION_TIMEOUT)));
+            .unwrap_or(Err(ActError::TimedOut(deadline)));
         self.metrics
             .observe_action_requests(intent_kind(intent), started.elapsed());
         match result {
             Ok(outcome) => {
                 debug!(?intent, ?outcome, "action done");
                 Ok(outcome)
+            }
+            Err(ActError::NotLeader) => {
+                self.metrics.inc_intents_dropped(intent_kind(intent));
+                debug!(?intent, "leadership lost during the action; dropped");
+                Err(ActError::NotLeader.to_string())
             }
             Err(e) => {
                 self.metrics.inc_api_errors(intent_kind(intent));
@@ -334,13 +369,22 @@ mod tests {
             }
         });
         let client = Client::new(service, "default");
+        let (_, is_leader) = watch::channel(true);
+        writer_on(client, is_leader)
+    }
+
+    /// The default leader settings' step-down margin.
+    fn margin() -> Duration {
+        crate::leader::LeaderConfig::new("podha-system", "me").step_down_margin()
+    }
+
+    fn writer_on(client: Client, is_leader: watch::Receiver<bool>) -> Writer {
         let reporter = Reporter {
             controller: "podha-test".into(),
             instance: None,
         };
         let metrics = Arc::new(Metrics::new().expect("metrics"));
-        let (_, is_leader) = watch::channel(true);
-        Writer::new(client, reporter, metrics, is_leader)
+        Writer::new(client, reporter, metrics, is_leader, margin())
     }
 
     #[tokio::test]
@@ -349,7 +393,7 @@ mod tests {
         let release = Arc::new(tokio::sync::Notify::new());
         let writer = writer_on_fake_api(seen.clone(), release.clone());
         let (tx, rx) = lanes();
-        let (results_tx, mut results) = mpsc::channel(8);
+        let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
 
         let untaint = Intent::RemoveTaint {
@@ -382,13 +426,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_unanswered_action_fails_after_its_timeout_and_frees_the_reports() {
+    async fn an_unanswered_action_fails_within_the_step_down_margin_and_frees_the_reports() {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         // Never notified: the API server never answers for nodes.
         let release = Arc::new(tokio::sync::Notify::new());
         let writer = writer_on_fake_api(seen.clone(), release);
         let (tx, rx) = lanes();
-        let (results_tx, mut results) = mpsc::channel(8);
+        let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
 
         let started = tokio::time::Instant::now();
@@ -397,13 +441,15 @@ mod tests {
         };
         tx.act(untaint, None).await;
         tx.report(Report::Event(note())).await;
-        let result = tokio::time::timeout(ACTION_TIMEOUT * 2, results.recv())
+        // A replica that lost leadership while its request hangs must have given up on it
+        // before another replica can lead.
+        let result = tokio::time::timeout(margin(), results.recv())
             .await
-            .expect("the action gives up within its timeout")
+            .expect("the action gives up within the step-down margin")
             .expect("the action's result");
         let error = result.result.expect_err("no answer is a failure");
         assert!(error.contains("no answer"), "{error}");
-        assert!(started.elapsed() >= ACTION_TIMEOUT);
+        assert_eq!(started.elapsed(), action_deadline(margin()));
         for _ in 0..50 {
             if seen.lock().expect("lock").len() == 2 {
                 break;
@@ -416,6 +462,94 @@ mod tests {
                 .is_some_and(|l| l.starts_with("POST ") && l.ends_with("/events")),
             "the event goes out once the action gave up: {seen:?}"
         );
+    }
+
+    /// Leadership is lost while a taint is refused with a conflict: the writer must not read the
+    /// node and patch it again.
+    #[tokio::test]
+    async fn a_taint_retried_on_conflict_stops_once_leadership_is_lost() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let (leader_tx, is_leader) = watch::channel(true);
+        let leader_tx = Arc::new(leader_tx);
+        let record = seen.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let line = format!("{} {}", req.method(), req.uri().path());
+            record.lock().expect("lock").push(line);
+            let (status, body) = if req.method() == http::Method::PATCH {
+                // Leadership goes while the API server refuses the first write.
+                leader_tx.send_replace(false);
+                (
+                    409,
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#,
+                )
+            } else {
+                (
+                    200,
+                    r#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"node-1","resourceVersion":"2"}}"#,
+                )
+            };
+            async move {
+                http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.as_bytes().to_vec()))
+            }
+        });
+        let writer = writer_on(Client::new(service, "default"), is_leader);
+        let (tx, rx) = lanes();
+        let (results_tx, mut results) = results();
+        tokio::spawn(writer.run(rx, results_tx));
+
+        let mut node = Node::default();
+        node.metadata.name = Some("node-1".into());
+        node.metadata.resource_version = Some("1".into());
+        let taint = Intent::TaintNode {
+            node: "node-1".into(),
+            policy: "p".into(),
+            taint: crate::api::NodeTaint::OutOfService,
+        };
+        tx.act(taint, Some(Arc::new(node))).await;
+        let result = results.recv().await.expect("the action's result");
+        let error = result.result.expect_err("the taint is not applied");
+        assert!(error.contains("not the leader"), "{error}");
+        assert_eq!(
+            *seen.lock().expect("lock"),
+            ["PATCH /api/v1/nodes/node-1"],
+            "no request after leadership was lost"
+        );
+    }
+
+    /// The decision loop sends one tick's intents before it reads any result. A tick of more
+    /// intents than the action lane, the actions in flight and the result channel hold together
+    /// must still go through, not stop the loop and the writer for good.
+    #[tokio::test]
+    async fn a_tick_of_more_intents_than_the_buffers_hold_goes_through() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let writer = writer_on_fake_api(seen, release);
+        let (tx, rx) = lanes();
+        let (results_tx, mut results) = results();
+        tokio::spawn(writer.run(rx, results_tx));
+
+        // Pod marks, answered at once (404: the fake API holds only requests for nodes).
+        let intents = 3 * LANE_CAPACITY + MAX_ACTS_IN_FLIGHT;
+        let tick = async {
+            for i in 0..intents {
+                let mark = Intent::MarkPodNotReady {
+                    pod: crate::view::ObjectKey::new("ns", format!("pod-{i}")),
+                    uid: format!("uid-{i}"),
+                    node: "node-1".into(),
+                    policy: "p".into(),
+                };
+                tx.act(mark, None).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), tick)
+            .await
+            .expect("the decision loop stalled sending one tick's intents");
+        for _ in 0..intents {
+            results.recv().await.expect("a result for every intent");
+        }
     }
 
     #[tokio::test]
