@@ -6,6 +6,10 @@
 //! is deleted, [`Metrics::forget_policy`] drops its series so cardinality follows the live
 //! policies.
 
+mod operating;
+
+pub use operating::{OPEN_PHASES, Operating, phase_label};
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -98,6 +102,8 @@ pub struct Metrics {
     cache_synced: IntGauge,
     action_requests: HistogramVec,
     action_latency: HistogramVec,
+    /// Failovers open now, watch restarts, build and process.
+    pub operating: Operating,
 }
 
 impl Metrics {
@@ -223,6 +229,7 @@ impl Metrics {
         registry.register(Box::new(cache_synced.clone()))?;
         registry.register(Box::new(action_requests.clone()))?;
         registry.register(Box::new(action_latency.clone()))?;
+        let operating = Operating::register(&registry)?;
 
         let metrics = Self {
             registry,
@@ -240,6 +247,7 @@ impl Metrics {
             cache_synced,
             action_requests,
             action_latency,
+            operating,
         };
         // Export all node states from the start, so dashboards see 0 rather than no data.
         metrics.set_nodes(0, 0, 0);

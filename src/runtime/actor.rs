@@ -145,7 +145,12 @@ impl Actor {
         loop {
             tokio::select! {
                 change = changes.next() => match change {
-                    Some(change) => self.state.apply(change, Instant::now()),
+                    Some(change) => {
+                        if let Change::WatchError { watch } = &change {
+                            self.metrics.operating.inc_watch_restarts(watch.as_str());
+                        }
+                        self.state.apply(change, Instant::now());
+                    }
                     None => return Err(ActorError::WatchesEnded),
                 },
                 Some(result) = results.recv() => {
@@ -257,6 +262,12 @@ impl Actor {
             self.report_skip(skip).await;
         }
         self.follow_failovers(now, &health).await;
+        self.metrics.operating.set_failovers_open(
+            self.state.policies.keys().map(String::as_str),
+            self.failovers
+                .values()
+                .map(|f| (f.policy.as_str(), f.phase())),
+        );
         self.write_statuses(&health).await;
     }
 
