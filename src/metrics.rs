@@ -8,7 +8,7 @@
 
 mod operating;
 
-pub use operating::{OPEN_PHASES, Operating, phase_label};
+pub use operating::Operating;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -388,6 +388,9 @@ mod tests {
         m.set_cache_synced(true);
         m.observe_action_requests("delete_pod", Duration::from_millis(20));
         m.observe_action_latency("delete_pod", Duration::from_millis(30));
+        m.operating
+            .set_failovers_open([policy], [(policy, crate::api::FailoverPhase::Detaching)]);
+        m.operating.inc_watch_restarts("leases");
     }
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -459,6 +462,25 @@ mod tests {
                 "histogram",
                 r#"podha_action_latency_seconds_bucket{kind="delete_pod",le="0.05"} 1"#,
             ),
+            (
+                "podha_failovers_open",
+                "gauge",
+                r#"podha_failovers_open{phase="Detaching",policy="db"} 1"#,
+            ),
+            (
+                "podha_watch_restarts_total",
+                "counter",
+                r#"podha_watch_restarts_total{resource="leases"} 1"#,
+            ),
+            (
+                "podha_build_info",
+                "gauge",
+                concat!(
+                    r#"podha_build_info{version=""#,
+                    env!("CARGO_PKG_VERSION"),
+                    r#""} 1"#
+                ),
+            ),
         ];
         for (name, kind, sample) in cases {
             assert!(
@@ -474,7 +496,8 @@ mod tests {
                 "missing `{sample}`:\n{text}"
             );
         }
-        let families = lines_of(&text, "# TYPE ").len();
+        // podha's own families; the process collector adds `process_*` ones.
+        let families = lines_of(&text, "# TYPE podha_").len();
         assert_eq!(families, cases.len(), "unexpected families:\n{text}");
     }
 

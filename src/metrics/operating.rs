@@ -109,3 +109,68 @@ pub fn phase_label(phase: FailoverPhase) -> &'static str {
         FailoverPhase::NodeReturned => "NodeReturned",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_lines(registry: &Registry) -> Vec<String> {
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .expect("encode");
+        text.lines()
+            .filter(|l| l.starts_with("podha_failovers_open{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn open_failovers_are_counted_by_phase_and_finished_ones_leave() {
+        let registry = Registry::new();
+        let m = Operating::register(&registry).expect("register");
+        m.set_failovers_open(
+            ["db", "web"],
+            [
+                ("db", FailoverPhase::DetachTimedOut),
+                ("db", FailoverPhase::DetachTimedOut),
+                ("db", FailoverPhase::Recovering),
+            ],
+        );
+        let lines = open_lines(&registry);
+        assert_eq!(lines.len(), 10, "{lines:?}");
+        assert!(lines.contains(
+            &r#"podha_failovers_open{phase="DetachTimedOut",policy="db"} 2"#.to_string()
+        ));
+        assert!(
+            lines
+                .contains(&r#"podha_failovers_open{phase="Recovering",policy="db"} 1"#.to_string())
+        );
+        assert!(
+            lines.contains(&r#"podha_failovers_open{phase="Acting",policy="web"} 0"#.to_string())
+        );
+
+        // The failovers finished and policy web was deleted.
+        m.set_failovers_open(["db"], []);
+        let lines = open_lines(&registry);
+        assert_eq!(lines.len(), 5, "{lines:?}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.ends_with(" 0") && l.contains(r#"policy="db""#))
+        );
+    }
+
+    #[test]
+    fn build_info_and_process_metrics_are_exported() {
+        let registry = Registry::new();
+        let m = Operating::register(&registry).expect("register");
+        m.inc_watch_restarts("leases");
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .expect("encode");
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(text.contains(&format!("podha_build_info{{version=\"{version}\"}} 1")));
+        assert!(text.contains(r#"podha_watch_restarts_total{resource="leases"} 1"#));
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+    }
+}
