@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
-pub use selectors::{node_selected, pod_selected};
+pub use selectors::{invalid_selectors, node_selected, pod_selected};
 pub use target::find_target;
 pub use volumes::claim_names;
 
