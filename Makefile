@@ -12,6 +12,8 @@ SIM_BIN_DIR := $(PODHA_CACHE)/$(SIM_KEY)/bin
 export PODHA_SIM_BIN_DIR := $(SIM_BIN_DIR)
 HELM := $(PODHA_CACHE)/helm-$(HELM_VERSION)/bin/helm
 PROMTOOL ?= /usr/bin/promtool
+# tests/failover.rs renders the chart's RBAC with this helm.
+export PODHA_HELM := $(HELM)
 CARGO ?= cargo
 CARGO_TARGET ?= $(CURDIR)/target/debug
 DEMO_PROFILE ?= stock
@@ -21,7 +23,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s lint chart-test ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s helm lint chart-test ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 

@@ -7,7 +7,9 @@
 //! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
-//! only the leader writes. The binaries must have been built with `make k8s` and the
+//! only the leader writes. They authenticate as the chart's ServiceAccount, bound to the chart's
+//! ClusterRole and Roles as `helm template` renders them (`$PODHA_HELM`, built by `make helm`),
+//! so a verb the chart lacks fails the scenario that needs it. The binaries must have been built with `make k8s` and the
 //! `podha-sim` executable with `cargo build -p podha-sim` (`make test` does both); without them
 //! every test fails saying so.
 
@@ -98,6 +100,12 @@ fn main() -> ExitCode {
         let trial = Trial::test(name, move || f(&shared, &operators));
         failed |= libtest_mimic::run(&args, vec![trial]).has_failed();
     }
+    // Last: whatever the scenarios made podha do, the chart's RBAC allowed it.
+    let (shared_c, operators_c) = (shared.clone(), operators.clone());
+    let trial = Trial::test("chart_rbac_allows_every_request_podha_made", move || {
+        chart_rbac_allowed_everything(&shared_c, &operators_c)
+    });
+    failed |= libtest_mimic::run(&args, vec![trial]).has_failed();
     operators.stop();
     shared.teardown(failed);
     if failed {
@@ -105,6 +113,30 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The replicas' log (every failed request is logged with the API server's message) holds no
+/// request the chart's RBAC refused: a verb the chart lacks shows up here even when a scenario
+/// still passes through a slower path (e.g. KCM marking a pod NotReady after 50 s).
+fn chart_rbac_allowed_everything(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let cluster = shared.get()?;
+    ops.get(cluster)?;
+    let log = cluster.logs_dir().join("podha.log");
+    let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let who = format!(
+        "User \"system:serviceaccount:default:{}\" cannot",
+        podha_sim::chart_rbac::RELEASE
+    );
+    let denied: Vec<&str> = text.lines().filter(|l| l.contains(&who)).take(5).collect();
+    if !denied.is_empty() {
+        return Err(format!(
+            "the chart's RBAC refused requests podha made (see {}):\n{}",
+            log.display(),
+            denied.join("\n")
+        )
+        .into());
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,8 +229,17 @@ impl Operators {
             let manifest =
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/podha.io_podhapolicies.yaml");
             install_crd(&kube::Client::try_from(config.clone())?, &manifest).await?;
+            // The replicas run as the chart's ServiceAccount, under its rendered RBAC.
+            let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
+            let mut config = podha_sim::chart_rbac::service_account_config(
+                cluster,
+                &podha_sim::chart_rbac::helm_path()?,
+                &chart,
+                "default",
+                podha::leader::DEFAULT_LEASE_NAME,
+                &config,
+            )?;
             let relay = Relay::start(cluster.apiserver_addr()).await?;
-            let mut config = config;
             config.cluster_url = relay.url().parse()?;
             anyhow::Ok((config, relay))
         })?;
