@@ -33,6 +33,21 @@ pub const ACTION_BUCKETS: &[f64] = &[
 
 const POLICY: &str = "policy";
 
+/// The `reason` values of `podha_actions_held_total` (`planner::HoldReason::as_str`).
+pub const HOLD_REASONS: [&str; 2] = ["TooManyUnhealthyNodes", "DryRun"];
+
+/// The kinds of action (`runtime::writer::intent_kind`): `kind` of `podha_intents_dropped_total`
+/// and of the action histograms.
+pub const ACTION_KINDS: [&str; 4] = [
+    "mark_pod_not_ready",
+    "delete_pod",
+    "taint_node",
+    "untaint_node",
+];
+
+/// The `operation` values of `podha_api_errors_total` besides [`ACTION_KINDS`].
+pub const OTHER_API_OPERATIONS: [&str; 2] = ["create_event", "patch_status"];
+
 /// A step of one failover, timed from the previous step (`Total` spans the whole failover).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -251,6 +266,14 @@ impl Metrics {
         };
         // Export all node states from the start, so dashboards see 0 rather than no data.
         metrics.set_nodes(0, 0, 0);
+        // Counters start at 0 rather than appearing at their first increment, which `increase()`
+        // would miss, and so that an alert on them has a series to evaluate.
+        for operation in ACTION_KINDS.into_iter().chain(OTHER_API_OPERATIONS) {
+            metrics.api_errors.with_label_values(&[operation]);
+        }
+        for kind in ACTION_KINDS {
+            metrics.intents_dropped.with_label_values(&[kind]);
+        }
         Ok(metrics)
     }
 
@@ -331,6 +354,15 @@ impl Metrics {
 
     pub fn set_cache_synced(&self, synced: bool) {
         self.cache_synced.set(i64::from(synced));
+    }
+
+    /// Exports `policy`'s failure, hold and detach-timeout counters at 0 until they count.
+    pub fn touch_policy(&self, policy: &str) {
+        self.node_failures.with_label_values(&[policy]);
+        self.detach_timeouts.with_label_values(&[policy]);
+        for reason in HOLD_REASONS {
+            self.actions_held.with_label_values(&[policy, reason]);
+        }
     }
 
     /// Drops every series labelled with `policy`, once the policy is deleted.

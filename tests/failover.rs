@@ -1,9 +1,9 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 14 nodes serves every scenario; each scenario has its own namespace, its own
+//! One cluster of 18 nodes serves every scenario; each scenario has its own namespace, its own
 //! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
-//! nodes and that namespace, so the scenarios run in parallel. At most 7 of 14 nodes are dead at
+//! nodes and that namespace, so the scenarios run in parallel. At most 7 of 18 nodes are dead at
 //! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
@@ -34,7 +34,10 @@ use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
-const NODES: usize = 16;
+#[path = "failover/prometheus.rs"]
+mod prometheus;
+
+const NODES: usize = 18;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -50,7 +53,7 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 9] = [
+    let scenarios: [(&str, Scenario); 10] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -74,6 +77,10 @@ fn main() -> ExitCode {
         (
             "too_many_unhealthy_nodes_hold_every_action",
             too_many_unhealthy,
+        ),
+        (
+            "prometheus_scrapes_a_failover_and_every_query_has_data",
+            prometheus::prometheus_scrapes_a_failover,
         ),
     ];
     let trials = scenarios

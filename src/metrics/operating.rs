@@ -92,6 +92,13 @@ impl Operating {
         }
     }
 
+    /// Exports the restart counter of each of `resources` at 0 until it counts.
+    pub fn touch_watches<'a>(&self, resources: impl IntoIterator<Item = &'a str>) {
+        for resource in resources {
+            self.watch_restarts.with_label_values(&[resource]);
+        }
+    }
+
     pub fn inc_watch_restarts(&self, resource: &str) {
         self.watch_restarts.with_label_values(&[resource]).inc();
     }

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::actuator::Outcome;
 use super::prober::{ProbePlan, Target, kubelet_addr};
-use super::state::{Change, ClusterState};
+use super::state::{Change, ClusterState, Watch};
 use super::status::{PolicyFacts, policy_status};
 use super::writer::{ActResult, EventNote, Lanes, Report, intent_kind};
 use crate::api::{
@@ -262,6 +262,12 @@ impl Actor {
             self.report_skip(skip).await;
         }
         self.follow_failovers(now, &health).await;
+        self.metrics
+            .operating
+            .touch_watches(Watch::ALL.map(Watch::as_str));
+        for policy in self.state.policies.keys() {
+            self.metrics.touch_policy(policy);
+        }
         self.metrics.operating.set_failovers_open(
             self.state.policies.keys().map(String::as_str),
             self.failovers
