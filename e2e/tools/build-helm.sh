@@ -13,5 +13,16 @@ if [ -x "$out/bin/helm" ]; then
   exit 0
 fi
 mkdir -p "$out/bin"
-GOBIN="$out/bin" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@v$version"
+# The link-time settings of helm's own release build (its Makefile): the version, and the
+# Kubernetes version `helm template` and `helm lint` assume (1.<client-go minor>); without them
+# helm assumes v1.20 and refuses every chart whose kubeVersion asks for more.
+gomod=$(go mod download -json "helm.sh/helm/v3@v$version" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')
+[ -f "$gomod" ] || { echo "build-helm.sh: could not fetch helm.sh/helm/v3@v$version" >&2; exit 1; }
+minor=$(sed -n 's/^\s*k8s.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$gomod")
+[ -n "$minor" ] || { echo "build-helm.sh: no k8s.io/client-go version in $gomod" >&2; exit 1; }
+ldflags="-X helm.sh/helm/v3/internal/version.version=v$version"
+for pkg in pkg/lint/rules pkg/chartutil; do
+  ldflags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$minor"
+done
+GOBIN="$out/bin" go install -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@v$version"
 "$out/bin/helm" version --short
