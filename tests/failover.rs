@@ -1,13 +1,15 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 14 nodes serves every scenario; each scenario has its own namespace, its own
+//! One cluster of 18 nodes serves every scenario; each scenario has its own namespace, its own
 //! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
-//! nodes and that namespace, so the scenarios run in parallel. At most 7 of 14 nodes are dead at
+//! nodes and that namespace, so the scenarios run in parallel. At most 7 of 18 nodes are dead at
 //! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
-//! only the leader writes. The binaries must have been built with `make k8s` and the
+//! only the leader writes. They authenticate as the chart's ServiceAccount, bound to the chart's
+//! ClusterRole and Roles as `helm template` renders them (`$PODHA_HELM`, built by `make helm`),
+//! so a verb the chart lacks fails the scenario that needs it. The binaries must have been built with `make k8s` and the
 //! `podha-sim` executable with `cargo build -p podha-sim` (`make test` does both); without them
 //! every test fails saying so.
 
@@ -32,7 +34,10 @@ use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
-const NODES: usize = 16;
+#[path = "failover/prometheus.rs"]
+mod prometheus;
+
+const NODES: usize = 18;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -48,7 +53,7 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 8] = [
+    let scenarios: [(&str, Scenario); 9] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -71,6 +76,10 @@ fn main() -> ExitCode {
         (
             "too_many_unhealthy_nodes_hold_every_action",
             too_many_unhealthy,
+        ),
+        (
+            "prometheus_scrapes_a_failover_and_every_query_has_data",
+            prometheus::prometheus_scrapes_a_failover,
         ),
     ];
     let trials = scenarios
@@ -99,6 +108,12 @@ fn main() -> ExitCode {
         let trial = Trial::test(name, move || f(&shared, &operators));
         failed |= libtest_mimic::run(&args, vec![trial]).has_failed();
     }
+    // Last: whatever the scenarios made podha do, the chart's RBAC allowed it.
+    let (shared_c, operators_c) = (shared.clone(), operators.clone());
+    let trial = Trial::test("chart_rbac_allows_every_request_podha_made", move || {
+        chart_rbac_allowed_everything(&shared_c, &operators_c)
+    });
+    failed |= libtest_mimic::run(&args, vec![trial]).has_failed();
     operators.stop();
     shared.teardown(failed);
     if failed {
@@ -106,6 +121,30 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The replicas' log (every failed request is logged with the API server's message) holds no
+/// request the chart's RBAC refused: a verb the chart lacks shows up here even when a scenario
+/// still passes through a slower path (e.g. KCM marking a pod NotReady after 50 s).
+fn chart_rbac_allowed_everything(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
+    let cluster = shared.get()?;
+    ops.get(cluster)?;
+    let log = cluster.logs_dir().join("podha.log");
+    let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let who = format!(
+        "User \"system:serviceaccount:default:{}\" cannot",
+        podha_sim::chart_rbac::RELEASE
+    );
+    let denied: Vec<&str> = text.lines().filter(|l| l.contains(&who)).take(5).collect();
+    if !denied.is_empty() {
+        return Err(format!(
+            "the chart's RBAC refused requests podha made (see {}):\n{}",
+            log.display(),
+            denied.join("\n")
+        )
+        .into());
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,8 +237,17 @@ impl Operators {
             let manifest =
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/podha.io_podhapolicies.yaml");
             install_crd(&kube::Client::try_from(config.clone())?, &manifest).await?;
+            // The replicas run as the chart's ServiceAccount, under its rendered RBAC.
+            let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
+            let mut config = podha_sim::chart_rbac::service_account_config(
+                cluster,
+                &podha_sim::chart_rbac::helm_path()?,
+                &chart,
+                "default",
+                podha::leader::DEFAULT_LEASE_NAME,
+                &config,
+            )?;
             let relay = Relay::start(cluster.apiserver_addr()).await?;
-            let mut config = config;
             config.cluster_url = relay.url().parse()?;
             anyhow::Ok((config, relay))
         })?;

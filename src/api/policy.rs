@@ -24,6 +24,11 @@ use super::status::PodHAPolicyStatus;
     shortname = "pha",
     category = "podha",
     status = "PodHAPolicyStatus",
+    doc = "A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and \
+           which stateful pods it may move off a dead node: by force-deleting them, or by \
+           tainting the node node.kubernetes.io/out-of-service, so that they run again elsewhere \
+           with their volumes. Its status reports the watched and failed nodes, the recent \
+           failovers, and the Ready and Degraded conditions.",
     printcolumn(name = "Action", type_ = "string", json_path = ".spec.action"),
     printcolumn(
         name = "Dry-Run",
@@ -41,6 +46,11 @@ use super::status::PodHAPolicyStatus;
         name = "Ready",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Degraded",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Degraded\")].status"
     ),
     printcolumn(
         name = "Last-Failover",

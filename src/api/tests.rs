@@ -221,6 +221,7 @@ fn crd_has_validations_printer_columns_and_status() {
             "Watched",
             "Failed",
             "Ready",
+            "Degraded",
             "Last-Failover",
             "Age"
         ]
@@ -234,6 +235,17 @@ fn crd_has_validations_printer_columns_and_status() {
     );
     let yaml = crd_yaml().expect("CRD renders");
     assert!(yaml.contains("x-kubernetes-validations"));
+    // `kubectl explain podhapolicy` shows the root description.
+    let root = version
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.description.as_deref())
+        .unwrap_or_default();
+    assert!(
+        root.starts_with("A PodHAPolicy tells podha which nodes to watch"),
+        "root description: {root}"
+    );
 }
 
 /// The committed manifest is generated, never edited: regenerate with `make crd`.

@@ -24,6 +24,24 @@ pub fn pod_selected(spec: &PodHAPolicySpec, pod: &Pod, view: &View) -> bool {
     selects(&spec.namespace_selector, namespace_labels) && selects(&spec.pod_selector, pod.labels())
 }
 
+/// Why one of the policy's selectors cannot be parsed (each as `field: error`), if one cannot.
+/// Such a selector selects nothing; the policy reports it as an invalid spec.
+pub fn invalid_selectors(spec: &PodHAPolicySpec) -> Option<String> {
+    let problems: Vec<String> = [
+        ("nodeSelector", &spec.node_selector),
+        ("namespaceSelector", &spec.namespace_selector),
+        ("podSelector", &spec.pod_selector),
+    ]
+    .into_iter()
+    .filter_map(|(field, selector)| {
+        Selector::try_from(selector.clone())
+            .err()
+            .map(|e| format!("{field}: {e}"))
+    })
+    .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
 /// An empty selector selects everything. A selector that cannot be parsed (an unknown operator,
 /// `In` without values) selects nothing: a broken policy must not widen what podha deletes.
 /// The CRD schema leaves `LabelSelector` unvalidated, so such selectors can reach us.

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::actuator::Outcome;
 use super::prober::{self, ProbePlan, Target, kubelet_addr};
-use super::state::{Change, ClusterState};
+use super::state::{Change, ClusterState, Watch};
 use super::status::{PolicyFacts, policy_status};
 use super::writer::{ActResult, EventNote, Lanes, Report, ResultReceiver, intent_kind};
 use crate::api::{
@@ -149,7 +149,12 @@ impl Actor {
         loop {
             tokio::select! {
                 change = changes.next() => match change {
-                    Some(change) => self.state.apply(change, Instant::now()),
+                    Some(change) => {
+                        if let Change::WatchError { watch } = &change {
+                            self.metrics.operating.inc_watch_restarts(watch.as_str());
+                        }
+                        self.state.apply(change, Instant::now());
+                    }
                     None => return Err(ActorError::WatchesEnded),
                 },
                 Some(result) = results.recv() => {
@@ -274,6 +279,18 @@ impl Actor {
             self.report_skip(skip).await;
         }
         self.follow_failovers(now, &health).await;
+        self.metrics
+            .operating
+            .touch_watches(Watch::ALL.map(Watch::as_str));
+        for policy in self.state.policies.keys() {
+            self.metrics.touch_policy(policy);
+        }
+        self.metrics.operating.set_failovers_open(
+            self.state.policies.keys().map(String::as_str),
+            self.failovers
+                .values()
+                .map(|f| (f.policy.as_str(), f.phase())),
+        );
         self.write_statuses(&health).await;
     }
 

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::api::{FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition};
 use crate::detach::Failover;
+use crate::eligibility::invalid_selectors;
 use crate::health::{DetectionConfig, NodeHealth};
 use crate::planner::HoldReason;
 
@@ -42,13 +43,21 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         .unwrap_or(&[]);
     let generation = policy.metadata.generation;
 
-    let ready = match DetectionConfig::try_from(&policy.spec.detection) {
-        Ok(_) => (
+    let ready = match (
+        DetectionConfig::try_from(&policy.spec.detection),
+        invalid_selectors(&policy.spec),
+    ) {
+        (Err(e), _) => (false, condition::REASON_INVALID_SPEC, e.to_string()),
+        (Ok(_), Some(problems)) => (
+            false,
+            condition::REASON_INVALID_SPEC,
+            format!("invalid label selector, which selects nothing: {problems}"),
+        ),
+        (Ok(_), None) => (
             true,
             condition::REASON_WATCHING,
             format!("watching {watched} nodes"),
         ),
-        Err(e) => (false, condition::REASON_INVALID_SPEC, e.to_string()),
     };
     let timed_out: Vec<&str> = facts
         .open
@@ -205,6 +214,41 @@ mod tests {
         assert_eq!(status.observed_generation, Some(4));
         assert_eq!(condition(&status, "Ready").status, "True");
         assert_eq!(condition(&status, "Degraded").status, "False");
+    }
+
+    #[test]
+    fn an_invalid_selector_is_an_invalid_spec_not_a_ready_policy() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+            LabelSelector, LabelSelectorRequirement,
+        };
+        let mut spec = mk_spec();
+        spec.pod_selector = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "app".into(),
+                operator: "in".into(),
+                values: Some(vec!["db".into()]),
+            }]),
+            ..LabelSelector::default()
+        };
+        let policy = PodHAPolicy::new("p", spec);
+        let health = BTreeMap::from([("a".to_string(), NodeHealth::Healthy)]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let status = policy_status(&facts_for(&policy, &health, &[], &wall));
+        let ready = condition(&status, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidSpec")
+        );
+        let degraded = condition(&status, "Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "InvalidSpec")
+        );
+        assert!(
+            degraded.message.contains("podSelector"),
+            "{}",
+            degraded.message
+        );
     }
 
     /// The planner's hold, not a count of its own, degrades the policy: the two cannot

@@ -431,3 +431,34 @@ fn switching_to_out_of_service_mid_incident_taints_the_fenced_node() {
     w.ledger.record_tainted("node-1");
     assert!(taints(&w.plan()).is_empty());
 }
+
+/// Every hold reason is exported from the start (`podha_actions_held_total` at 0), so the list
+/// in metrics must name each one.
+#[test]
+fn every_hold_reason_is_a_known_metric_label() {
+    let reasons = [
+        HoldReason::TooManyUnhealthy {
+            failed: 0,
+            watched: 0,
+            max: 0,
+        },
+        HoldReason::DryRun {
+            would: Box::new(Intent::RemoveTaint { node: "n".into() }),
+        },
+        HoldReason::Unconfirmed {
+            unheard: 0,
+            watched: 0,
+        },
+        HoldReason::OutOfServiceRefused {
+            pod: crate::view::ObjectKey::new("ns", "p"),
+            why: "x",
+        },
+    ];
+    for reason in reasons {
+        assert!(
+            crate::metrics::HOLD_REASONS.contains(&reason.as_str()),
+            "{}",
+            reason.as_str()
+        );
+    }
+}

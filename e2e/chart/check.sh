@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Checks the chart: helm lint --strict and helm template with the default and the non-default
+# values, a schema violation that must be refused, and the PrometheusRule's alerts through
+# `promtool check rules` and `promtool test rules` (e2e/chart/alerts-test.yaml).
+# Usage: check.sh HELM PROMTOOL
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+chart="$here/../../charts/podha"
+helm=${1:?usage: check.sh HELM PROMTOOL}
+promtool=${2:?usage: check.sh HELM PROMTOOL}
+# helm template assumes an old Kubernetes unless told; render for the version podha is tested on.
+kube=$(sed -n "s/^K8S_VERSION := //p" "$here/../versions.mk")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$helm" lint --strict "$chart"
+"$helm" lint --strict "$chart" -f "$here/values-full.yaml"
+"$helm" template podha "$chart" --kube-version "$kube" > "$work/default.yaml"
+"$helm" template podha "$chart" --kube-version "$kube" -f "$here/values-full.yaml" > "$work/full.yaml"
+for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy; do
+  grep -q "^kind: $kind$" "$work/full.yaml" || { echo "check.sh: non-default values render no $kind" >&2; exit 1; }
+  if [ "$kind" != PodHAPolicy ] && grep -q "^kind: $kind$" "$work/default.yaml"; then
+    echo "check.sh: default values render a $kind, which must be off by default" >&2; exit 1
+  fi
+done
+
+# The schema refuses wrong types, unknown keys and durations the binary would reject.
+for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
+           prometheusRule.failoverSlowSeconds=100; do
+  if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
+    echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
+  fi
+  grep -q "values don't meet the specifications of the schema" "$work/bad.out" \
+    || { echo "check.sh: --set $bad failed, but not with a schema error:" >&2; cat "$work/bad.out" >&2; exit 1; }
+done
+
+# The alert rules, as rendered (everything below `spec:`, dedented), through promtool.
+"$helm" template podha "$chart" --kube-version "$kube" -f "$here/values-full.yaml" \
+  --show-only templates/prometheusrule.yaml \
+  | sed -n '/^spec:$/,$p' | tail -n +2 | sed 's/^  //' > "$work/podha-rules.yaml"
+"$promtool" check rules "$work/podha-rules.yaml"
+cp "$here/alerts-test.yaml" "$work/"
+(cd "$work" && "$promtool" test rules alerts-test.yaml)
+echo "chart checks passed"
