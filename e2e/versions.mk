@@ -3,3 +3,7 @@
 K8S_VERSION := 1.34.4
 ETCD_VERSION := 3.6.16
 KWOK_VERSION := 0.7.0
+# kubernetes-csi sidecars (e2e/csi/build-sidecars.sh); node-driver-registrar is not served by
+# the Go module proxy (403), see that script.
+CSI_ATTACHER_VERSION := 4.13.0
+CSI_PROVISIONER_VERSION := 6.4.0
