@@ -10,6 +10,9 @@ PODHA_CACHE ?= $(HOME)/.cache/podha
 SIM_KEY := sim-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)-kwok-$(KWOK_VERSION)
 SIM_BIN_DIR := $(PODHA_CACHE)/$(SIM_KEY)/bin
 export PODHA_SIM_BIN_DIR := $(SIM_BIN_DIR)
+CSI_SIDECARS_KEY := csi-sidecars-attacher-$(CSI_ATTACHER_VERSION)-provisioner-$(CSI_PROVISIONER_VERSION)
+CSI_SIDECARS_BIN_DIR := $(PODHA_CACHE)/$(CSI_SIDECARS_KEY)/bin
+export PODHA_CSI_SIDECARS_BIN_DIR := $(CSI_SIDECARS_BIN_DIR)
 CARGO ?= cargo
 CARGO_TARGET ?= $(CURDIR)/target/debug
 DEMO_PROFILE ?= stock
@@ -19,12 +22,12 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s lint ## Run every test: unit, CRD, and integration tests on the sim cluster
+test: k8s csi-sidecars lint ## Run every test: unit, CRD, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: demo
-demo: k8s ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
+demo: k8s csi-sidecars ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
 	$(CARGO) build --bins -p podha -p podha-sim
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
 		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
@@ -37,14 +40,14 @@ SCALE_ARGS ?=
 bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
-bench-failover: k8s ## Failover time per mode on the stock profile (MODES, TRIALS)
+bench-failover: k8s csi-sidecars ## Failover time per mode on the stock profile (MODES, TRIALS)
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) \
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
 		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json
 
 .PHONY: bench-scale
-bench-scale: k8s ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
+bench-scale: k8s csi-sidecars ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench scale $(SCALE_ARGS)
 
@@ -53,6 +56,13 @@ k8s: $(SIM_BIN_DIR)/.complete ## Build etcd, Kubernetes and kwok from Go modules
 
 $(SIM_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build.sh
 	bash e2e/k8s/build.sh $(PODHA_CACHE)/$(SIM_KEY)
+	touch $@
+
+.PHONY: csi-sidecars
+csi-sidecars: $(CSI_SIDECARS_BIN_DIR)/.complete ## Build csi-attacher and csi-provisioner from Go modules (cached)
+
+$(CSI_SIDECARS_BIN_DIR)/.complete: e2e/versions.mk e2e/csi/build-sidecars.sh
+	bash e2e/csi/build-sidecars.sh $(PODHA_CACHE)/$(CSI_SIDECARS_KEY)
 	touch $@
 
 .PHONY: build
@@ -74,7 +84,7 @@ SIM_NODES ?= 3
 SIM_PROFILE ?= fast
 
 .PHONY: sim-up
-sim-up: k8s ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
+sim-up: k8s csi-sidecars ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
 	$(CARGO) run -q -p podha-sim --bin podha-sim -- up --dir $(SIM_DIR) --nodes $(SIM_NODES) --profile $(SIM_PROFILE)
 
 .PHONY: sim-down

@@ -115,3 +115,58 @@ pub fn read_acks(path: &Path) -> store::Result<Vec<Ack>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checker::check;
+    use crate::store::{AccessMode, NewVolume, Store};
+
+    #[tokio::test]
+    async fn the_writer_records_acknowledged_writes_and_counts_refused_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("san")).unwrap();
+        let new = NewVolume {
+            id: "pvc-1",
+            driver: "rwo.sim.podha.io",
+            capacity_bytes: 1,
+            access_mode: AccessMode::SingleNodeWriter,
+            fencing: true,
+        };
+        store.create_volume(&new).unwrap();
+        let volume = store.volume("pvc-1").unwrap();
+        volume.publish("a").unwrap();
+        let writer = Writer {
+            volume: volume.clone(),
+            node: "a".into(),
+            pod_uid: "p1".into(),
+            acks: dir.path().join("acks"),
+            interval: Duration::from_millis(1),
+        };
+        let stats = writer.run(Some(3), std::future::pending()).await.unwrap();
+        assert_eq!(
+            stats,
+            WriterStats {
+                acknowledged: 3,
+                refused: 0
+            }
+        );
+        volume.unpublish("a").unwrap();
+        let stats = writer.run(Some(2), std::future::pending()).await.unwrap();
+        assert_eq!(
+            stats,
+            WriterStats {
+                acknowledged: 0,
+                refused: 2
+            }
+        );
+        let acks = read_acks(&writer.acks).unwrap();
+        assert_eq!(
+            acks.iter().map(|a| a.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        let report = check(&volume.log().unwrap(), &acks);
+        assert!(report.clean(), "{report:?}");
+        assert_eq!((report.accepted_writes, report.refused_writes), (3, 2));
+    }
+}
