@@ -38,10 +38,10 @@ enum Cmd {
         /// `fast` (short grace periods, for tests) or `stock` (upstream defaults).
         #[arg(long, default_value = "fast")]
         profile: Profile,
-        /// sim-csi's simulated attach time.
+        /// podha-csi's ControllerPublishVolume time.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         attach_delay: Duration,
-        /// sim-csi's simulated detach time.
+        /// podha-csi's ControllerUnpublishVolume time.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         detach_delay: Duration,
         /// Control-plane binaries (default: $PODHA_SIM_BIN_DIR, else the `make k8s` cache).
@@ -101,7 +101,7 @@ enum Cmd {
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         detach_delay: Duration,
     },
-    /// sim-csi node agent of one node; started by `up` and `node start`.
+    /// CSI node agent (the simulated kubelet's storage half) of one node; started by `up` and `node start`.
     #[command(hide = true)]
     CsiNode {
         #[arg(long)]
@@ -136,7 +136,7 @@ enum NodeCmd {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The user-facing commands poll the API server while it starts; kube's client logs every
-    // refused connection and 500 as an error, which is noise there. sim-csi keeps them.
+    // refused connection and 500 as an error, which is noise there. The CSI processes keep them.
     let default_filter = match cli.command {
         Cmd::CsiPlugin { .. } | Cmd::CsiNode { .. } => "info",
         _ => "info,kube_client=off",

@@ -55,7 +55,7 @@ use serde_json::json;
 pub const RWO_DRIVER: &str = "rwo.sim.podha.io";
 /// A second driver, so that `volumes.drivers` scoping can be tested.
 pub const OTHER_DRIVER: &str = "other.sim.podha.io";
-/// Both drivers served by sim-csi.
+/// Both drivers the sim serves.
 pub const DRIVERS: [&str; 2] = [RWO_DRIVER, OTHER_DRIVER];
 /// StorageClass provisioned by [`RWO_DRIVER`].
 pub const RWO_STORAGE_CLASS: &str = "sim-rwo";
@@ -104,7 +104,7 @@ pub fn unique_volume_name(driver: &str, volume_handle: &str) -> String {
     format!("kubernetes.io/csi/{driver}^{volume_handle}")
 }
 
-/// The cluster-scoped objects sim-csi needs: a `CSIDriver` per driver (attachRequired, so the
+/// The cluster-scoped objects the sim's CSI drivers need: a `CSIDriver` per driver (attachRequired, so the
 /// attach/detach controller creates VolumeAttachments; no pod info on mount) and the
 /// StorageClasses `sim-rwo`, `sim-rwo-unfenced` and `sim-other` (reclaim `Delete`, binding
 /// mode `Immediate`).
