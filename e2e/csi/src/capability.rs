@@ -35,21 +35,15 @@ pub fn access_mode(capabilities: &[VolumeCapability]) -> Result<AccessMode, Stat
     chosen.ok_or_else(|| Status::invalid_argument("volume capabilities missing"))
 }
 
+/// The sidecars send ReadWriteOnce as SINGLE_NODE_MULTI_WRITER (and ReadWriteOncePod as
+/// SINGLE_NODE_SINGLE_WRITER) to a plugin that reports the SINGLE_NODE_MULTI_WRITER
+/// capability, as podha-csi does; older callers send SINGLE_NODE_WRITER for both.
 fn supported(mode: Mode) -> Option<AccessMode> {
     match mode {
-        Mode::SingleNodeWriter => Some(AccessMode::SingleNodeWriter),
+        Mode::SingleNodeWriter | Mode::SingleNodeMultiWriter => Some(AccessMode::SingleNodeWriter),
         Mode::SingleNodeSingleWriter => Some(AccessMode::SingleNodeSingleWriter),
         Mode::MultiNodeMultiWriter => Some(AccessMode::MultiNodeMultiWriter),
         _ => None,
-    }
-}
-
-/// The CSI wire mode of a store access mode.
-pub fn wire_mode(mode: AccessMode) -> Mode {
-    match mode {
-        AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
-        AccessMode::SingleNodeSingleWriter => Mode::SingleNodeSingleWriter,
-        AccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
     }
 }
 

@@ -224,6 +224,7 @@ impl Controller for ControllerService {
             capabilities: vec![
                 rpc(RpcType::CreateDeleteVolume),
                 rpc(RpcType::PublishUnpublishVolume),
+                rpc(RpcType::SingleNodeMultiWriter),
             ],
         }))
     }

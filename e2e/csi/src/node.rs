@@ -143,15 +143,18 @@ impl Node for NodeService {
         &self,
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        let rpc = NodeServiceCapability {
+        let rpc = |kind: RpcType| NodeServiceCapability {
             r#type: Some(node_service_capability::Type::Rpc(
                 node_service_capability::Rpc {
-                    r#type: RpcType::StageUnstageVolume as i32,
+                    r#type: kind as i32,
                 },
             )),
         };
         Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: vec![rpc],
+            capabilities: vec![
+                rpc(RpcType::StageUnstageVolume),
+                rpc(RpcType::SingleNodeMultiWriter),
+            ],
         }))
     }
 

@@ -186,7 +186,8 @@ async fn identity_names_the_driver_and_offers_the_controller_service() {
         rpcs,
         vec![
             Type::CreateDeleteVolume as i32,
-            Type::PublishUnpublishVolume as i32
+            Type::PublishUnpublishVolume as i32,
+            Type::SingleNodeMultiWriter as i32
         ]
     );
     plugin.stop().await;
@@ -452,5 +453,28 @@ async fn stage_and_publish_bind_mount_the_volume_directory() {
     };
     node.node_unstage_volume(unstage).await.unwrap();
     assert!(!mount::is_mount_point(&staging).unwrap());
+    plugin.stop().await;
+}
+
+/// The sidecars send ReadWriteOnce as SINGLE_NODE_MULTI_WRITER to a plugin that reports that
+/// capability: it is a one-node volume like SINGLE_NODE_WRITER.
+#[tokio::test]
+async fn single_node_multi_writer_is_read_write_once() {
+    let plugin = Plugin::start().await;
+    let mut controller = plugin.controller();
+    let mode = Mode::SingleNodeMultiWriter;
+    controller
+        .create_volume(create("pvc-1", mode))
+        .await
+        .unwrap();
+    controller
+        .controller_publish_volume(publish("pvc-1", "node-a", mode))
+        .await
+        .unwrap();
+    let err = controller
+        .controller_publish_volume(publish("pvc-1", "node-b", mode))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     plugin.stop().await;
 }
