@@ -15,6 +15,9 @@ PROMTOOL ?= /usr/bin/promtool
 HADOLINT := $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
 # tests/failover.rs renders the chart's RBAC with this helm.
 export PODHA_HELM := $(HELM)
+CSI_SIDECARS_KEY := csi-sidecars-attacher-$(CSI_ATTACHER_VERSION)-provisioner-$(CSI_PROVISIONER_VERSION)
+CSI_SIDECARS_BIN_DIR := $(PODHA_CACHE)/$(CSI_SIDECARS_KEY)/bin
+export PODHA_CSI_SIDECARS_BIN_DIR := $(CSI_SIDECARS_BIN_DIR)
 CARGO ?= cargo
 CARGO_TARGET ?= $(CURDIR)/target/debug
 DEMO_PROFILE ?= stock
@@ -24,12 +27,12 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: demo
-demo: k8s sim-deps ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
+demo: k8s sim-deps csi-sidecars ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
 	$(CARGO) build --bins -p podha -p podha-sim
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
 		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
@@ -42,14 +45,14 @@ SCALE_ARGS ?=
 bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
-bench-failover: k8s sim-deps ## Failover time per mode on the stock profile (MODES, TRIALS)
+bench-failover: k8s sim-deps csi-sidecars ## Failover time per mode on the stock profile (MODES, TRIALS)
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) \
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
 		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json
 
 .PHONY: bench-scale
-bench-scale: k8s sim-deps ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
+bench-scale: k8s sim-deps csi-sidecars ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench scale $(SCALE_ARGS)
 
@@ -71,6 +74,13 @@ k8s: $(SIM_BIN_DIR)/.complete ## Build etcd, Kubernetes and kwok from Go modules
 
 $(SIM_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build.sh
 	bash e2e/k8s/build.sh $(PODHA_CACHE)/$(SIM_KEY)
+	touch $@
+
+.PHONY: csi-sidecars
+csi-sidecars: $(CSI_SIDECARS_BIN_DIR)/.complete ## Build csi-attacher and csi-provisioner from Go modules (cached)
+
+$(CSI_SIDECARS_BIN_DIR)/.complete: e2e/versions.mk e2e/csi/build-sidecars.sh
+	bash e2e/csi/build-sidecars.sh $(PODHA_CACHE)/$(CSI_SIDECARS_KEY)
 	touch $@
 
 .PHONY: build
@@ -122,7 +132,7 @@ SIM_NODES ?= 3
 SIM_PROFILE ?= fast
 
 .PHONY: sim-up
-sim-up: k8s sim-deps ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
+sim-up: k8s sim-deps csi-sidecars ## Start a sim cluster in .sim (SIM_NODES, SIM_PROFILE)
 	$(CARGO) run -q -p podha-sim --bin podha-sim -- up --dir $(SIM_DIR) --nodes $(SIM_NODES) --profile $(SIM_PROFILE)
 
 .PHONY: sim-down

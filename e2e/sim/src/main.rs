@@ -38,10 +38,10 @@ enum Cmd {
         /// `fast` (short grace periods, for tests) or `stock` (upstream defaults).
         #[arg(long, default_value = "fast")]
         profile: Profile,
-        /// sim-csi's simulated attach time.
+        /// podha-csi's ControllerPublishVolume time.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         attach_delay: Duration,
-        /// sim-csi's simulated detach time.
+        /// podha-csi's ControllerUnpublishVolume time.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         detach_delay: Duration,
         /// Control-plane binaries (default: $PODHA_SIM_BIN_DIR, else the `make k8s` cache).
@@ -85,17 +85,23 @@ enum Cmd {
         #[command(flatten)]
         dir: DirArg,
     },
-    /// sim-csi controller (provisioner + attacher); started by `up`.
+    /// podha-csi's Controller service for one driver, on a unix socket, behind the real
+    /// csi-provisioner and csi-attacher; started by `up`.
     #[command(hide = true)]
-    CsiController {
+    CsiPlugin {
         #[arg(long)]
-        kubeconfig: PathBuf,
+        driver: String,
+        #[arg(long)]
+        socket: PathBuf,
+        /// The shared volume store.
+        #[arg(long)]
+        store: PathBuf,
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         attach_delay: Duration,
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         detach_delay: Duration,
     },
-    /// sim-csi node agent of one node; started by `up` and `node start`.
+    /// CSI node agent (the simulated kubelet's storage half) of one node; started by `up` and `node start`.
     #[command(hide = true)]
     CsiNode {
         #[arg(long)]
@@ -138,9 +144,9 @@ enum NodeCmd {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The user-facing commands poll the API server while it starts; kube's client logs every
-    // refused connection and 500 as an error, which is noise there. sim-csi keeps them.
+    // refused connection and 500 as an error, which is noise there. The CSI processes keep them.
     let default_filter = match cli.command {
-        Cmd::CsiController { .. } | Cmd::CsiNode { .. } => "info",
+        Cmd::CsiPlugin { .. } | Cmd::CsiNode { .. } => "info",
         _ => "info,kube_client=off",
     };
     tracing_subscriber::fmt()
@@ -229,17 +235,18 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             println!("{name}");
         }
         Cmd::Status { dir } => status(&dir.dir).await?,
-        Cmd::CsiController {
-            kubeconfig,
+        Cmd::CsiPlugin {
+            driver,
+            socket,
+            store,
             attach_delay,
             detach_delay,
         } => {
-            let client = client_from(&kubeconfig).await?;
             let cfg = podha_sim::csi::ControllerConfig {
                 attach_delay,
                 detach_delay,
             };
-            podha_sim::csi::run_controller(client, cfg).await?;
+            podha_sim::csi::run_plugin(&driver, &socket, &store, cfg).await?;
         }
         Cmd::CsiNode { kubeconfig, node } => {
             let client = client_from(&kubeconfig).await?;

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `DIR/kubeconfig` | admin kubeconfig (bearer token of a `system:masters` user, CA file) |
 //! | `DIR/state.json` | ports, nodes and the pid/start time of every process (see `state`) |
-//! | `DIR/logs/<name>.log` | stdout+stderr of each process: `etcd`, `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `csi-controller`, `kwok-<node>`, `csi-node-<node>` |
+//! | `DIR/logs/<name>.log` | stdout+stderr of each process: `etcd`, `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `csi-plugin-<rwo|other>`, `csi-provisioner-<rwo|other>`, `csi-attacher-<rwo|other>`, `kwok-<node>`, `csi-node-<node>` |
 //! | `DIR/pki/` | CA, serving certificate, service-account key, token file |
 //! | `DIR/etcd/` | etcd data |
 //! | `DIR/kwok-stages.yaml` | kwok's Stage configuration (pods start only once their volumes are attached) |
@@ -80,7 +80,6 @@ const ETCD: &str = "etcd";
 const APISERVER: &str = "kube-apiserver";
 const CONTROLLER_MANAGER: &str = "kube-controller-manager";
 const SCHEDULER: &str = "kube-scheduler";
-const CSI_CONTROLLER: &str = "csi-controller";
 const KWOK_STAGES: &str = include_str!("kwok-stages.yaml");
 
 fn kwok_proc(node: &str) -> String {
@@ -166,7 +165,7 @@ pub struct ClusterOptions {
     pub profile: Profile,
     /// Where the control-plane binaries are; default [`default_bin_dir`].
     pub bin_dir: Option<PathBuf>,
-    /// The `podha-sim` executable that runs sim-csi (`csi-controller`, `csi-node`). Default:
+    /// The `podha-sim` executable that runs the CSI plugins and node agents (`csi-plugin`, `csi-node`). Default:
     /// `$PODHA_SIM_EXE`, else the current executable if it is `podha-sim`, else `podha-sim` next
     /// to it or one directory up (where cargo puts it for test binaries in `target/*/deps`).
     pub sim_exe: Option<PathBuf>,
@@ -199,6 +198,8 @@ impl ClusterOptions {
 pub enum Error {
     #[error("sim cluster binaries not found in {} (missing: {}): run `make k8s`", dir.display(), missing.join(", "))]
     MissingBinaries { dir: PathBuf, missing: Vec<String> },
+    #[error("CSI sidecars not found in {} (missing: {}): run `make csi-sidecars`", dir.display(), missing.join(", "))]
+    MissingCsiSidecars { dir: PathBuf, missing: Vec<String> },
     #[error(
         "the podha-sim executable (it runs sim-csi) was not found ({0}): build it with `cargo build -p podha-sim` or set PODHA_SIM_EXE"
     )]
@@ -264,6 +265,7 @@ impl Error {
     pub fn label(&self) -> &'static str {
         match self {
             Error::MissingBinaries { .. } => "missing_binaries",
+            Error::MissingCsiSidecars { .. } => "missing_csi_sidecars",
             Error::SimExeNotFound(_) => "sim_exe_not_found",
             Error::DirInUse { .. } => "dir_in_use",
             Error::NoCluster(_) => "no_cluster",
@@ -434,6 +436,14 @@ impl Cluster {
     pub async fn up(opts: ClusterOptions) -> Result<Cluster> {
         let bin_dir = opts.bin_dir.clone().unwrap_or_else(default_bin_dir);
         bins::check(&bin_dir)?;
+        let sidecar_dir = crate::csi::sidecars::default_bin_dir();
+        let missing = crate::csi::sidecars::missing(&sidecar_dir);
+        if !missing.is_empty() {
+            return Err(Error::MissingCsiSidecars {
+                dir: sidecar_dir,
+                missing,
+            });
+        }
         let sim_exe = resolve_sim_exe(opts.sim_exe.as_deref())?;
         if opts.nodes == 0 || opts.nodes > 250 {
             return Err(Error::Other(format!(
@@ -950,18 +960,21 @@ impl Cluster {
             for rec in &nodes {
                 self.spawn_node(&mut st, rec)?;
             }
-            let mut cmd = Command::new(&st.sim_exe);
-            cmd.arg("csi-controller")
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg(format!(
-                    "--attach-delay={}",
-                    humantime::format_duration(st.attach_delay)
-                ))
-                .arg(format!(
-                    "--detach-delay={}",
-                    humantime::format_duration(st.detach_delay)
-                ));
-            self.spawn(&mut st, CSI_CONTROLLER, cmd)?;
+            let cfg = crate::csi::ControllerConfig {
+                attach_delay: st.attach_delay,
+                detach_delay: st.detach_delay,
+            };
+            let layout = crate::csi::sidecars::Layout::new(&self.dir);
+            let sidecar_dir = crate::csi::sidecars::default_bin_dir();
+            for (name, cmd) in crate::csi::sidecars::controller_processes(
+                &st.sim_exe,
+                &sidecar_dir,
+                &layout,
+                &kubeconfig,
+                cfg,
+            ) {
+                self.spawn(&mut st, &name, cmd)?;
+            }
         }
 
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();

@@ -1,51 +1,52 @@
-//! sim-csi: a CSI driver that lives only in the API server.
-//!
-//! There is no storage and no CSI gRPC socket. sim-csi plays the Kubernetes-facing roles that a
-//! real driver's sidecars and the kubelet play, writing the same objects and fields they write,
-//! so that the real kube-controller-manager (PV binder, attach/detach controller) and scheduler
-//! see an ordinary attachable CSI driver.
+//! The sim's CSI drivers: the real storage path on the controller side, a simulated kubelet on
+//! the node side.
 //!
 //! # Interface (used by `cluster`)
 //!
 //! - [`RWO_DRIVER`], [`OTHER_DRIVER`]: the two driver names, so driver scoping can be tested.
 //! - [`cluster_objects`]: `CSIDriver` objects (attachRequired) and the StorageClasses
-//!   [`RWO_STORAGE_CLASS`] (`sim-rwo`) and [`OTHER_STORAGE_CLASS`] (`sim-other`). The caller
-//!   applies them once; nothing here creates them.
-//! - [`run_controller`] with a [`ControllerConfig`]: one process per cluster; the provisioner and
-//!   the external-attacher for both drivers. Runs until an error.
+//!   [`RWO_STORAGE_CLASS`] (`sim-rwo`), [`UNFENCED_STORAGE_CLASS`] (`sim-rwo-unfenced`, same
+//!   driver, storage that does not fence on unpublish) and [`OTHER_STORAGE_CLASS`]
+//!   (`sim-other`). The caller applies them once; nothing here creates them.
+//! - [`sidecars::controller_processes`]: per driver, podha-csi's Controller service on a unix
+//!   socket ([`run_plugin`], the `podha-sim csi-plugin` command) behind the real
+//!   kubernetes-csi `csi-provisioner` and `csi-attacher` (`make csi-sidecars`). The volumes
+//!   live in one shared directory, the store (see the `podha-csi` crate), under the cluster
+//!   directory ([`sidecars::Layout`]).
 //! - [`run_node_agent`]: one process per node, started and killed with that node's kwok (it is
 //!   the storage half of the fake kubelet). Runs until an error.
 //! - [`VOLUMES_READY_ANNOTATION`]: the node agent sets it to `"true"` on a pod once every CSI
 //!   volume of the pod is attached to the pod's node; kwok's pod stage must start only pods that
 //!   carry it (this stands in for the kubelet's "wait for attach + mount").
+//! - [`writer`]: the writer workload's simulated twin for pods on kwok nodes (which have no
+//!   containers): writes to the pod's volume in the store through the pod's node.
 //!
-//! # What each part does, and which real component it imitates
+//! # Who does what
 //!
-//! - `provisioner` (external-provisioner): a PVC of a sim StorageClass without `volumeName` gets
-//!   a PV `pvc-<pvc uid>` pre-bound through `claimRef`; the KCM's PV controller binds the pair.
-//!   A `Released` PV with reclaim policy `Delete` that sim-csi provisioned is deleted.
-//! - `attacher` (external-attacher): a VolumeAttachment of a sim driver gets the finalizer
-//!   `external-attacher/<sanitized driver>` (also on its PV) and the annotation
-//!   `csi.alpha.kubernetes.io/node-id`, then `status.attached=true` after `attach_delay`.
-//!   Attaching needs the node's CSINode to list the driver, as the real one does. A deleted VA is
-//!   marked detached and loses the finalizer after `detach_delay`, whether or not its node is
-//!   alive (ControllerUnpublish is a storage-backend call). The PV finalizer is removed once the
-//!   PV is being deleted and no VA refers to it.
+//! - `csi-provisioner` (real): a PVC of a sim StorageClass gets a PV `pvc-<pvc uid>`, created
+//!   in the store by CreateVolume; a released PV is deleted with DeleteVolume.
+//! - `csi-attacher` (real): a VolumeAttachment of a sim driver gets the finalizer
+//!   `external-attacher/<sanitized driver>` ([`attacher_finalizer`]); ControllerPublishVolume
+//!   (after `attach_delay`) then `status.attached=true`. A deleted VA is unpublished
+//!   (ControllerUnpublishVolume after `detach_delay`, which fences the node unless the volume
+//!   was created without fencing) and loses its finalizer, whether or not its node is alive.
 //! - `node_agent` (kubelet): annotates the Node with
 //!   `volumes.kubernetes.io/controller-managed-attach-detach` (without it the attach/detach
 //!   controller ignores the node) and `csi.volume.kubernetes.io/nodeid`, registers both drivers
-//!   in the node's CSINode, keeps `node.status.volumesInUse` equal to the CSI volumes of the
-//!   non-terminal pods bound to the node, and sets [`VOLUMES_READY_ANNOTATION`]. When the agent
-//!   is killed, `volumesInUse` freezes, which is what makes the attach/detach controller wait
-//!   six minutes before it force-detaches from a dead node.
+//!   in the node's CSINode (there is no node-driver-registrar: the Go module proxy does not
+//!   serve it), keeps `node.status.volumesInUse` equal to the CSI volumes of the non-terminal
+//!   pods bound to the node, and sets [`VOLUMES_READY_ANNOTATION`]. When the agent is killed,
+//!   `volumesInUse` freezes, which is what makes the attach/detach controller wait six minutes
+//!   before it force-detaches from a dead node.
 //!
-//! Decisions are pure functions (`plan_*`, `desired_*`) over objects; the `run` functions around
-//! them only watch (kube-runtime reflectors and controllers) and write.
+//! The node agent's decisions are pure functions (`desired_*`) over objects; its `run` function
+//! only watches (kube-runtime reflectors) and writes.
 
-mod attacher;
 mod node_agent;
-mod provisioner;
+pub mod sidecars;
+pub mod writer;
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
@@ -54,33 +55,27 @@ use serde_json::json;
 pub const RWO_DRIVER: &str = "rwo.sim.podha.io";
 /// A second driver, so that `volumes.drivers` scoping can be tested.
 pub const OTHER_DRIVER: &str = "other.sim.podha.io";
-/// Both drivers served by sim-csi.
+/// Both drivers the sim serves.
 pub const DRIVERS: [&str; 2] = [RWO_DRIVER, OTHER_DRIVER];
 /// StorageClass provisioned by [`RWO_DRIVER`].
 pub const RWO_STORAGE_CLASS: &str = "sim-rwo";
+/// StorageClass of [`RWO_DRIVER`] whose volumes are not fenced on ControllerUnpublishVolume
+/// (StorageClass parameter `fencing: "off"`): storage on which a node cut off from the cluster
+/// keeps writing.
+pub const UNFENCED_STORAGE_CLASS: &str = "sim-rwo-unfenced";
 /// StorageClass provisioned by [`OTHER_DRIVER`].
 pub const OTHER_STORAGE_CLASS: &str = "sim-other";
 /// Pod annotation set (value `"true"`) by the node agent once the pod's volumes are attached to
 /// its node; kwok's pod stage starts only pods carrying it.
 pub const VOLUMES_READY_ANNOTATION: &str = "sim.podha.io/volumes-ready";
 
-/// Annotation on PVs naming the provisioner that created them (set by external-provisioner,
-/// read by the PV controller).
-pub(crate) const PROVISIONED_BY_ANNOTATION: &str = "pv.kubernetes.io/provisioned-by";
-
-/// Timing of the simulated storage backend.
+/// Timing of the storage backend (podha-csi's ControllerPublish/Unpublish delays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ControllerConfig {
-    /// Time from first seeing a VolumeAttachment to reporting it attached (ControllerPublish).
+    /// Time ControllerPublishVolume takes.
     pub attach_delay: Duration,
-    /// Time from first seeing a VolumeAttachment's deletion to removing its finalizer
-    /// (ControllerUnpublish).
+    /// Time ControllerUnpublishVolume takes.
     pub detach_delay: Duration,
-}
-
-/// Whether `driver` is one of the drivers sim-csi serves.
-pub fn is_sim_driver(driver: &str) -> bool {
-    DRIVERS.contains(&driver)
 }
 
 /// The external-attacher's finalizer for `driver`, on VolumeAttachments and PersistentVolumes:
@@ -109,9 +104,10 @@ pub fn unique_volume_name(driver: &str, volume_handle: &str) -> String {
     format!("kubernetes.io/csi/{driver}^{volume_handle}")
 }
 
-/// The cluster-scoped objects sim-csi needs: a `CSIDriver` per driver (attachRequired, so the
+/// The cluster-scoped objects the sim's CSI drivers need: a `CSIDriver` per driver (attachRequired, so the
 /// attach/detach controller creates VolumeAttachments; no pod info on mount) and the
-/// StorageClasses `sim-rwo` and `sim-other` (reclaim `Delete`, binding mode `Immediate`).
+/// StorageClasses `sim-rwo`, `sim-rwo-unfenced` and `sim-other` (reclaim `Delete`, binding
+/// mode `Immediate`).
 pub fn cluster_objects() -> Vec<serde_json::Value> {
     let labels = json!({ "app.kubernetes.io/managed-by": "podha-sim" });
     let drivers = DRIVERS.iter().map(|driver| {
@@ -127,16 +123,18 @@ pub fn cluster_objects() -> Vec<serde_json::Value> {
         })
     });
     let classes = [
-        (RWO_STORAGE_CLASS, RWO_DRIVER),
-        (OTHER_STORAGE_CLASS, OTHER_DRIVER),
+        (RWO_STORAGE_CLASS, RWO_DRIVER, "on"),
+        (UNFENCED_STORAGE_CLASS, RWO_DRIVER, "off"),
+        (OTHER_STORAGE_CLASS, OTHER_DRIVER, "on"),
     ]
     .into_iter()
-    .map(|(class, driver)| {
+    .map(|(class, driver, fencing)| {
         json!({
             "apiVersion": "storage.k8s.io/v1",
             "kind": "StorageClass",
             "metadata": { "name": class, "labels": labels },
             "provisioner": driver,
+            "parameters": { podha_csi::controller::FENCING_PARAMETER: fencing },
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
             "allowVolumeExpansion": false,
@@ -145,32 +143,39 @@ pub fn cluster_objects() -> Vec<serde_json::Value> {
     drivers.chain(classes).collect()
 }
 
-/// Runs the provisioner and the external-attacher for both drivers. Returns only on error
-/// (including one of its watch loops ending).
-pub async fn run_controller(client: kube::Client, cfg: ControllerConfig) -> anyhow::Result<()> {
-    tokio::select! {
-        res = provisioner::run(client.clone()) => res.and(Err(anyhow::anyhow!("provisioner stopped"))),
-        res = attacher::run(client, cfg) => res.and(Err(anyhow::anyhow!("attacher stopped"))),
-    }
+/// Serves podha-csi's Identity and Controller services for `driver` on `socket`, volumes in
+/// `store`. Returns only on error.
+pub async fn run_plugin(
+    driver: &str,
+    socket: &Path,
+    store: &Path,
+    cfg: ControllerConfig,
+) -> anyhow::Result<()> {
+    let controller = podha_csi::controller::ControllerService {
+        store: podha_csi::store::Store::new(store)?,
+        driver: driver.to_string(),
+        attach_delay: cfg.attach_delay,
+        detach_delay: cfg.detach_delay,
+        fencing: true,
+    };
+    let identity = podha_csi::identity::IdentityService {
+        driver: driver.to_string(),
+        controller: true,
+    };
+    podha_csi::server::serve(
+        socket,
+        identity,
+        Some(controller),
+        None,
+        std::future::pending(),
+    )
+    .await?;
+    Err(anyhow::anyhow!("the CSI server of {driver} stopped"))
 }
 
 /// Runs the node agent of `node`. Returns only on error.
 pub async fn run_node_agent(client: kube::Client, node: String) -> anyhow::Result<()> {
     node_agent::run(client, node).await
-}
-
-/// Errors of the watch loops' writes and reads.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
-
-impl Error {
-    /// True for a 409 Conflict from a write with a stale resourceVersion.
-    pub(crate) fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(status)) if status.code == 409 && status.reason == "Conflict")
-    }
 }
 
 /// True when a Kubernetes API error is "not found" (the object is already gone).
@@ -236,9 +241,15 @@ pub(crate) mod tests {
             pairs,
             [
                 (Some("sim-rwo"), Some(RWO_DRIVER)),
+                (Some("sim-rwo-unfenced"), Some(RWO_DRIVER)),
                 (Some("sim-other"), Some(OTHER_DRIVER))
             ]
         );
+        let fencing: Vec<_> = classes
+            .iter()
+            .map(|c| c["parameters"]["fencing"].as_str())
+            .collect();
+        assert_eq!(fencing, [Some("on"), Some("off"), Some("on")]);
         assert!(
             classes
                 .iter()

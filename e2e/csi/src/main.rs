@@ -1,0 +1,166 @@
+//! podha-csi: serve the CSI plugin, run the writer workload, check a volume's write log.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use podha_csi::controller::ControllerService;
+use podha_csi::identity::IdentityService;
+use podha_csi::node::NodeService;
+use podha_csi::store::{Store, Volume};
+use podha_csi::writer::{self, Writer};
+use podha_csi::{checker, server};
+
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Fencing {
+    On,
+    Off,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve Identity, and the Controller and/or Node service, on a unix socket.
+    Serve {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        driver: String,
+        /// The shared directory holding every volume.
+        #[arg(long)]
+        store: PathBuf,
+        /// Serve the Controller service.
+        #[arg(long)]
+        controller: bool,
+        /// Serve the Node service as this node.
+        #[arg(long)]
+        node_id: Option<String>,
+        /// Simulated ControllerPublishVolume time.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        attach_delay: Duration,
+        /// Simulated ControllerUnpublishVolume time.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        detach_delay: Duration,
+        /// Whether unpublish revokes a node's access to new volumes (StorageClass parameter
+        /// `fencing: "on"|"off"` overrides it per volume).
+        #[arg(long, value_enum, default_value = "on")]
+        fencing: Fencing,
+    },
+    /// The writer workload: numbered writes to a volume through this node until killed.
+    Write {
+        /// The volume's directory as this pod sees it (its mount path).
+        #[arg(long)]
+        volume_dir: PathBuf,
+        #[arg(long, env = "NODE_NAME")]
+        node: String,
+        #[arg(long, env = "POD_UID")]
+        pod_uid: String,
+        /// Acknowledged writes are appended here (keep it off the volume).
+        #[arg(long)]
+        acks: PathBuf,
+        #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Stop after this many writes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Report split-brain and lost acknowledged writes of a volume, as JSON.
+    Check {
+        #[arg(long)]
+        volume_dir: PathBuf,
+        /// Acknowledgement files of the volume's writers.
+        #[arg(long)]
+        acks: Vec<PathBuf>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Serve {
+            socket,
+            driver,
+            store,
+            controller,
+            node_id,
+            attach_delay,
+            detach_delay,
+            fencing,
+        } => {
+            let store = Store::new(store)?;
+            let controller = controller.then(|| ControllerService {
+                store: store.clone(),
+                driver: driver.clone(),
+                attach_delay,
+                detach_delay,
+                fencing: matches!(fencing, Fencing::On),
+            });
+            let node = node_id.map(|node_id| NodeService {
+                store,
+                driver: driver.clone(),
+                node_id,
+            });
+            anyhow::ensure!(
+                controller.is_some() || node.is_some(),
+                "serve needs --controller and/or --node-id"
+            );
+            let identity = IdentityService {
+                driver,
+                controller: controller.is_some(),
+            };
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            server::serve(&socket, identity, controller, node, shutdown).await
+        }
+        Command::Write {
+            volume_dir,
+            node,
+            pod_uid,
+            acks,
+            interval,
+            count,
+        } => {
+            let volume = Volume::at(&volume_dir)?;
+            let writer = Writer {
+                volume,
+                node,
+                pod_uid,
+                acks,
+                interval,
+            };
+            let stop = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            let stats = writer.run(count, stop).await?;
+            println!(
+                "acknowledged {} refused {}",
+                stats.acknowledged, stats.refused
+            );
+            Ok(())
+        }
+        Command::Check { volume_dir, acks } => {
+            let volume = Volume::at(&volume_dir)?;
+            let log = volume.log()?;
+            let mut all = Vec::new();
+            for path in &acks {
+                all.extend(writer::read_acks(path).with_context(|| path.display().to_string())?);
+            }
+            let report = checker::check(&log, &all);
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+    }
+}
