@@ -140,11 +140,7 @@ pub fn judge(policies: &[PolicyRef<'_>], pod: &Pod, view: &View) -> Result<Strin
     let usable = |n: &Node| n.name_any() != node_name && node_ready(n);
     match check_movable(owner.spec, pod, view, &usable) {
         Ok(_) => Ok(owner.name.to_string()),
-        Err(reason) => Err(format!(
-            "policy {}: {} (pod {pod_key})",
-            owner.name,
-            reason.as_str()
-        )),
+        Err(reason) => Err(format!("policy {}: {}", owner.name, reason.as_str())),
     }
 }
 
@@ -177,11 +173,11 @@ fn unselected(policies: &[PolicyRef<'_>], pod: &Pod, node: &Node, view: &View) -
         },
         _ => format!("pod {namespace}/{} on node {node_name}", pod.name_any()),
     };
-    let details: Vec<String> = refusals.into_iter().map(|(_, r)| r).collect();
-    format!(
-        "no PodHAPolicy selects {subject} ({} does not select it)",
-        details.join("; ")
-    )
+    let details: Vec<String> = refusals
+        .into_iter()
+        .map(|(_, r)| format!("{r} does not select it"))
+        .collect();
+    format!("no PodHAPolicy selects {subject} ({})", details.join("; "))
 }
 
 /// A pod on the faulted node that podha's rules say must stay, recorded before the fault.
@@ -290,7 +286,7 @@ mod tests {
             spec: &spec,
         }];
         let e = judge(&refs, &db(), &view).unwrap_err();
-        assert_eq!(e, "policy p: NoPersistentVolumeClaim (pod shop/db-0)");
+        assert_eq!(e, "policy p: NoPersistentVolumeClaim");
     }
 
     #[test]
