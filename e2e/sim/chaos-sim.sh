@@ -22,14 +22,16 @@ trap cleanup EXIT
 kubectl apply -f crds/podha.io_podhapolicies.yaml >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/podhapolicies.podha.io >/dev/null
 kubectl create namespace chaos-demo >/dev/null
-# Detection as in `make demo`; every trial's node failure must be acted on, hence maxUnhealthy.
+# Fast detection on the Lease alone (a restarted sim node may move to another port when another
+# sim cluster holds its address's 10250; a TCP probe could then reach that cluster's node).
+# Every trial's node failure must be acted on, hence maxUnhealthy.
 kubectl apply -f - >/dev/null <<'YAML'
 apiVersion: podha.io/v1alpha1
 kind: PodHAPolicy
 metadata: {name: chaos-demo}
 spec:
   namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: chaos-demo}}
-  detection: {interval: 1s, failureThreshold: 3, signals: [Lease, KubeletTCP], leaseGracePeriod: 12s, tcpTimeout: 500ms}
+  detection: {interval: 1s, failureThreshold: 3, signals: [Lease], leaseGracePeriod: 12s, tcpTimeout: 500ms}
   action: OutOfServiceTaint
   safety: {maxUnhealthy: 3}
 YAML
