@@ -180,6 +180,31 @@ fn unselected(policies: &[PolicyRef<'_>], pod: &Pod, node: &Node, view: &View) -
     format!("no PodHAPolicy selects {subject} ({})", details.join("; "))
 }
 
+/// Faults one after another count against the node policy's `safety.maxUnhealthy` for
+/// `safety.unhealthyWindow` each: a note when `trials` would exceed it, as podha would hold.
+pub fn window_note(
+    policies: &[PolicyRef<'_>],
+    view: &View,
+    node: &str,
+    trials: usize,
+) -> Option<String> {
+    let policy = node_owner(policies, view.nodes.get(node)?)?;
+    let watched = view
+        .nodes
+        .values()
+        .filter(|n| node_owner(policies, n).is_some_and(|p| p.name == policy.name))
+        .count();
+    let max = policy.spec.max_unhealthy_nodes(watched);
+    (trials > max).then(|| {
+        format!(
+            "note: policy {} acts on at most {max} failed node(s) of {watched} within its \
+             safety.unhealthyWindow ({}); trials beyond that within the window are held \
+             (raise safety.maxUnhealthy or shorten the window for a chaos run)",
+            policy.name, policy.spec.safety.unhealthy_window
+        )
+    })
+}
+
 /// A pod on the faulted node that podha's rules say must stay, recorded before the fault.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Bystander {
@@ -287,6 +312,25 @@ mod tests {
         }];
         let e = judge(&refs, &db(), &view).unwrap_err();
         assert_eq!(e, "policy p: NoPersistentVolumeClaim");
+    }
+
+    #[test]
+    fn more_trials_than_max_unhealthy_allows_get_a_note() {
+        let view = view_of(vec![db()]);
+        let spec = mk_spec();
+        let refs = [PolicyRef {
+            name: "p",
+            spec: &spec,
+        }];
+        // 30 % of two nodes rounds down, but a policy always tolerates one dead node.
+        assert_eq!(window_note(&refs, &view, "n1", 1), None);
+        let note = window_note(&refs, &view, "n1", 3).unwrap();
+        assert!(
+            note.starts_with("note: policy p acts on at most 1 failed node(s) of 2")
+                && note.contains("(10m)"),
+            "{note}"
+        );
+        assert_eq!(window_note(&[], &view, "n1", 3), None);
     }
 
     #[test]

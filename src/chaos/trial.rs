@@ -10,12 +10,10 @@ use kube::{Api, Client, ResourceExt};
 
 use super::faults::{self, Fault, Vars};
 use super::invariants::{Restore, TrialRecord};
-use super::preflight::{Bystander, Snapshot, bystanders, judge};
+use super::preflight::{Bystander, Snapshot, bystanders, judge, window_note};
 use super::timeline::{follow, node_ready, wait_settled};
 use super::{ChaosArgs, Error};
 use crate::api::{FENCE_TAINT_KEY, OUT_OF_SERVICE_TAINT_KEY, TAINT_MARKER_ANNOTATION};
-use crate::planner::{PolicyRef, node_owner};
-use crate::view::View;
 
 /// The workload under test.
 pub struct Workload {
@@ -70,8 +68,10 @@ pub async fn run_trial(
         pod: pod_key.clone(),
         reason,
     })?;
-    if k == 1 {
-        warn_window(&policies, &snapshot.view, &subject.node, n, progress);
+    if k == 1
+        && let Some(note) = window_note(&policies, &snapshot.view, &subject.node, n)
+    {
+        progress(&note);
     }
     let of_workload = |p: &Pod| {
         p.namespace().as_deref() == Some(workload.namespace.as_str())
@@ -156,37 +156,6 @@ pub async fn run_trial(
         lost,
         restore,
     })
-}
-
-/// Faults one after another count against the node policy's `safety.maxUnhealthy` for
-/// `safety.unhealthyWindow` each: say so when the trials would exceed it, as podha would hold.
-fn warn_window(
-    policies: &[PolicyRef<'_>],
-    view: &View,
-    node: &str,
-    trials: usize,
-    progress: &mut dyn FnMut(&str),
-) {
-    let Some(node_obj) = view.nodes.get(node) else {
-        return;
-    };
-    let Some(policy) = node_owner(policies, node_obj) else {
-        return;
-    };
-    let watched = view
-        .nodes
-        .values()
-        .filter(|n| node_owner(policies, n).is_some_and(|p| p.name == policy.name))
-        .count();
-    let max = policy.spec.max_unhealthy_nodes(watched);
-    if trials > max {
-        progress(&format!(
-            "note: policy {} acts on at most {max} failed node(s) of {watched} within its \
-             safety.unhealthyWindow ({}); trials beyond that within the window are held \
-             (raise safety.maxUnhealthy or shorten the window for a chaos run)",
-            policy.name, policy.spec.safety.unhealthy_window
-        ));
-    }
 }
 
 /// The bystanders whose object is gone, or was replaced by another of the same name.
