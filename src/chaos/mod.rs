@@ -25,7 +25,7 @@ use kube::{Api, Client};
 
 pub use faults::Fault;
 pub use report::Run;
-use trial::{Workload, run_trial};
+use trial::{Workload, restore_node, run_trial};
 
 /// Why a chaos run could not run (a violated invariant is a result, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -243,7 +243,18 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
         let workload = workload(&client, args).await?;
         run.workload = workload.to_string();
         for k in 1..=args.trials {
-            let record = run_trial(&client, args, &fault, &workload, k, progress).await?;
+            let (mut record, restore) =
+                run_trial(&client, args, &fault, &workload, k, progress).await?;
+            // A restore that fails still leaves the trial's failover in the results.
+            if let Some(command) = restore {
+                match restore_node(&client, args, &record, command, progress).await {
+                    Ok(restored) => record.restore = Some(restored),
+                    Err(e) => {
+                        run.records.push(record);
+                        return Err(e);
+                    }
+                }
+            }
             run.records.push(record);
         }
         Ok(())

@@ -30,7 +30,8 @@ impl std::fmt::Display for Workload {
     }
 }
 
-/// Runs trial `k`, reporting progress one line at a time.
+/// Runs trial `k` up to the end of the failover, reporting progress one line at a time; returns
+/// the record (without the restore) and the expanded restore command, if any.
 pub async fn run_trial(
     client: &Client,
     args: &ChaosArgs,
@@ -38,7 +39,7 @@ pub async fn run_trial(
     workload: &Workload,
     k: usize,
     progress: &mut dyn FnMut(&str),
-) -> Result<TrialRecord, Error> {
+) -> Result<(TrialRecord, Option<String>), Error> {
     let n = args.trials;
     progress(&format!(
         "trial {k}/{n}: waiting for {workload} to run with its volumes attached"
@@ -124,29 +125,7 @@ pub async fn run_trial(
     ));
     let lost = lost_bystanders(client, &bystanders).await?;
 
-    let restore = match restore {
-        Some(command) => {
-            progress(&format!("trial {k}/{n}: restore: {command}"));
-            let restored_at = faults::run(&command).await?;
-            let seen =
-                watch_untaint(client, &subject.node, restored_at, args.settle_timeout).await?;
-            progress(&format!(
-                "trial {k}/{n}: {}",
-                match (seen.taint_gone, &seen.remaining_taint) {
-                    (Some(d), _) => format!(
-                        "{} Ready without podha's taint {:.1}s after the restore",
-                        subject.node,
-                        d.as_secs_f64()
-                    ),
-                    (None, Some(t)) => format!("{} still carries podha's taint {t}", subject.node),
-                    (None, None) => format!("{} did not come back Ready", subject.node),
-                }
-            ));
-            Some(Restore { command, ..seen })
-        }
-        None => None,
-    };
-    Ok(TrialRecord {
+    let record = TrialRecord {
         trial: k,
         pod: pod_key,
         policy,
@@ -154,8 +133,35 @@ pub async fn run_trial(
         timeline,
         bystanders,
         lost,
-        restore,
-    })
+        restore: None,
+    };
+    Ok((record, restore))
+}
+
+/// Runs the restore command of trial `k` and watches the node come back without podha's taint.
+pub async fn restore_node(
+    client: &Client,
+    args: &ChaosArgs,
+    record: &TrialRecord,
+    command: String,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Restore, Error> {
+    let (k, n, node) = (record.trial, args.trials, record.timeline.node.as_str());
+    progress(&format!("trial {k}/{n}: restore: {command}"));
+    let restored_at = faults::run(&command).await?;
+    let seen = watch_untaint(client, node, restored_at, args.settle_timeout).await?;
+    progress(&format!(
+        "trial {k}/{n}: {}",
+        match (seen.taint_gone, &seen.remaining_taint) {
+            (Some(d), _) => format!(
+                "{node} Ready without podha's taint {:.1}s after the restore",
+                d.as_secs_f64()
+            ),
+            (None, Some(t)) => format!("{node} still carries podha's taint {t}"),
+            (None, None) => format!("{node} did not come back Ready"),
+        }
+    ));
+    Ok(Restore { command, ..seen })
 }
 
 /// The bystanders whose object is gone, or was replaced by another of the same name.
