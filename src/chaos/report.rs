@@ -243,10 +243,11 @@ pub fn svg(run: &Run) -> String {
     );
     let _ = writeln!(
         out,
-        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="24" font-size="15" font-weight="bold">podha chaos: {} — fault {} ({} trials)</text>"#,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="24" font-size="15" font-weight="bold">podha chaos: {} — fault {} ({} trial{})</text>"#,
         escape(&run.workload),
         escape(&run.fault),
-        run.records.len()
+        run.records.len(),
+        if run.records.len() == 1 { "" } else { "s" }
     );
     // Grid and axis.
     let mut tick = 0.0;
@@ -269,7 +270,8 @@ pub fn svg(run: &Run) -> String {
     for (i, r) in run.records.iter().enumerate() {
         let t = &r.timeline;
         let y = TOP + i as f64 * ROW + (ROW - BAR) / 2.0;
-        let failed = !check(r).is_empty();
+        let violated: Vec<&str> = check(r).iter().map(|v| v.invariant).collect();
+        let failed = !violated.is_empty();
         let label = format!(
             "trial {} {} → {}",
             r.trial,
@@ -329,7 +331,11 @@ pub fn svg(run: &Run) -> String {
             x(end) + 6.0,
             y + BAR - 4.0,
             outcome,
-            if failed { " ✗" } else { "" }
+            if failed {
+                format!(" ✗ {}", violated.join(", "))
+            } else {
+                String::new()
+            }
         );
     }
     // Legend.
@@ -426,7 +432,11 @@ mod tests {
             "escaped: {text}"
         );
         // The failed trial is marked.
-        assert!(text.contains("not recovered (60s) ✗"), "{text}");
+        assert!(
+            text.contains("not recovered (60s) ✗ replacement-running"),
+            "{text}"
+        );
+        assert!(text.contains("(2 trials)"), "{text}");
     }
 
     #[test]
