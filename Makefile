@@ -37,6 +37,13 @@ demo: k8s sim-deps csi-sidecars ## Sim cluster + operator + a node kill, printin
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
 		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
 
+CHAOS_TRIALS ?= 3
+
+.PHONY: chaos-sim
+chaos-sim: k8s sim-deps ## podha chaos --fault sim-kill on a fresh sim cluster (CHAOS_TRIALS); results in target/chaos-sim.{json,svg}
+	$(CARGO) build --bins -p podha -p podha-sim
+	CARGO_TARGET=$(CARGO_TARGET) e2e/sim/chaos-sim.sh $(CURDIR)/.sim-chaos $(CHAOS_TRIALS) $(CURDIR)/target/chaos-sim.json
+
 MODES ?= none,iomesh-like,default,fast
 TRIALS ?= 3
 SCALE_ARGS ?=

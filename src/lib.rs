@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod chaos;
 pub mod deadline;
 pub mod detach;
 pub mod eligibility;

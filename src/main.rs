@@ -21,6 +21,8 @@ enum Command {
     Crd,
     /// Run the operator.
     Run(RunArgs),
+    /// Fault a workload's node N times and check that podha fails it over (see docs/install.md).
+    Chaos(podha::chaos::ChaosArgs),
 }
 
 /// Every flag also reads a `PODHA_*` environment variable (a flag given wins).
@@ -153,6 +155,13 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("podha: cannot render the CRD: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Chaos(args) => match tokio::runtime::Runtime::new() {
+            Ok(runtime) => runtime.block_on(podha::chaos::cli(args)),
+            Err(e) => {
+                eprintln!("podha: cannot start the async runtime: {e}");
                 ExitCode::FAILURE
             }
         },

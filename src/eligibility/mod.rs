@@ -25,6 +25,7 @@ use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
 pub use owners::{controller_ref, opted_out};
+pub(crate) use selectors::selects;
 pub use selectors::{invalid_selectors, node_selected, pod_selected};
 pub use target::find_target;
 pub use volumes::claim_names;

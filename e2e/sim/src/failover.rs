@@ -1,7 +1,7 @@
-//! One node death, measured from outside: a StatefulSet pod with an RWO volume runs, its node is
-//! SIGKILLed, and every visible step until the replacement runs on a healthy node with its
-//! volume attached there is timestamped from the kill. Used by `podha-sim demo` and the
-//! failover benchmark; podha itself runs as a separate process ([`Operator`]).
+//! One node death on the sim cluster, for `podha-sim demo` and the failover benchmark: a
+//! StatefulSet pod with an RWO volume runs, its node is SIGKILLed, and the failover is measured
+//! by the operator's own [`podha::chaos::timeline`] (the same code `podha chaos` measures with).
+//! podha itself runs as a separate process ([`Operator`]).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,16 +12,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::testkit::{create_namespace, running_ready, statefulset};
+use podha::chaos::timeline::{Timeline, follow, wait_settled};
+
+use crate::testkit::{create_namespace, statefulset};
 
 /// The podha operator, run as a child process against a sim cluster.
 pub struct Operator {
@@ -246,23 +246,6 @@ pub async fn apply_policy(
     Ok(())
 }
 
-/// One step of a failover and when it was seen, relative to the kill.
-#[derive(Clone, Debug)]
-pub struct Step {
-    /// `notready`, `taint`, `fenced`, `marked` (by podha), `kcm-marked`, `deleted`, `detached`,
-    /// `scheduled`, `attached`, `running`.
-    pub key: &'static str,
-    pub what: String,
-    pub at: Duration,
-}
-
-impl Timeline {
-    /// When the step `key` was first seen.
-    pub fn at(&self, key: &str) -> Option<Duration> {
-        self.steps.iter().find(|s| s.key == key).map(|s| s.at)
-    }
-}
-
 /// Returns once the node's Lease in `kube-node-lease` has been renewed (its `renewTime`
 /// changed), seen by polling every 50 ms.
 async fn wait_lease_renewal(client: &Client, node: &str) -> anyhow::Result<()> {
@@ -277,17 +260,6 @@ async fn wait_lease_renewal(client: &Client, node: &str) -> anyhow::Result<()> {
         }
     }
     bail!("the Lease of {node} was not renewed within 30s")
-}
-
-/// Everything seen of one failover.
-#[derive(Clone, Debug)]
-pub struct Timeline {
-    pub node: String,
-    pub target: Option<String>,
-    pub steps: Vec<Step>,
-    /// Replacement Running on a healthy node with its VolumeAttachment attached there.
-    pub recovered: Option<Duration>,
-    pub waited: Duration,
 }
 
 /// Runs a one-replica StatefulSet `app` in namespace `ns` on one of `nodes`, kills its node and
@@ -310,204 +282,18 @@ pub async fn measure(
     Api::<StatefulSet>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &sts)
         .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let vas: Api<VolumeAttachment> = Api::all(client.clone());
-    let pod_name = format!("{app}-0");
-    let claim = format!("data-{app}-0");
-
     // Running with its volume attached.
-    let started = Instant::now();
-    let (old_uid, node, pv) = loop {
-        if started.elapsed() > Duration::from_secs(180) {
-            bail!("{ns}/{pod_name} did not start within 180s");
-        }
-        if let Some(p) = pods.get_opt(&pod_name).await?
-            && running_ready(&p)
-            && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
-            && let Some(pv) = bound_pv(client, ns, &claim).await?
-            && attached_on(&vas, &pv, &node).await?
-        {
-            break (p.metadata.uid.clone().unwrap_or_default(), node, pv);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-
+    let subject = wait_settled(client, ns, &format!("app={app}"), Duration::from_secs(180))
+        .await?
+        .ok_or_else(|| anyhow!("{ns}/{app}-0 did not start within 180s"))?;
     if let Some(delay) = after_renewal {
-        wait_lease_renewal(client, &node).await?;
+        wait_lease_renewal(client, &subject.node).await?;
         tokio::time::sleep(delay).await;
     }
-    cluster.kill_node(&node)?;
+    cluster.kill_node(&subject.node)?;
     let killed = Instant::now();
-    let mut timeline = Timeline {
-        node: node.clone(),
-        target: None,
-        steps: Vec::new(),
-        recovered: None,
-        waited: Duration::ZERO,
-    };
-    let mut seen = std::collections::BTreeSet::new();
-    let mut step = |timeline: &mut Timeline, key: &'static str, what: String| {
-        if seen.insert(key) {
-            timeline.steps.push(Step {
-                key,
-                what,
-                at: killed.elapsed(),
-            });
-        }
-    };
-    let nodes_api: Api<Node> = Api::all(client.clone());
-    while killed.elapsed() < timeout {
-        let n = nodes_api.get(&node).await?;
-        if n.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status != "True"))
-        {
-            step(
-                &mut timeline,
-                "notready",
-                format!("kube-controller-manager marks {node} NotReady"),
-            );
-        }
-        let taints = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default();
-        if taints
-            .iter()
-            .any(|t| t.key == "node.kubernetes.io/out-of-service")
-        {
-            step(
-                &mut timeline,
-                "taint",
-                format!("{node} tainted out-of-service"),
-            );
-        }
-        if taints.iter().any(|t| t.key == "podha.io/fenced") {
-            step(
-                &mut timeline,
-                "fenced",
-                format!("{node} fenced (podha.io/fenced:NoSchedule)"),
-            );
-        }
-        let current = pods.get_opt(&pod_name).await?;
-        match &current {
-            Some(p) if p.metadata.uid.as_deref() == Some(old_uid.as_str()) => {
-                // Who marked it: podha's reason is NodeFailed; kube-controller-manager's is not.
-                let ready_false = |reason: Option<&str>| {
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| {
-                            c.iter().any(|c| {
-                                c.type_ == "Ready"
-                                    && c.status == "False"
-                                    && (reason.is_none() || c.reason.as_deref() == reason)
-                            })
-                        })
-                };
-                if ready_false(Some("NodeFailed")) {
-                    step(
-                        &mut timeline,
-                        "marked",
-                        format!("{pod_name} marked NotReady by podha"),
-                    );
-                } else if ready_false(None) {
-                    step(
-                        &mut timeline,
-                        "kcm-marked",
-                        format!("{pod_name} marked NotReady by kube-controller-manager"),
-                    );
-                }
-            }
-            _ => step(&mut timeline, "deleted", format!("old {pod_name} deleted")),
-        }
-        let all_vas = vas.list(&ListParams::default()).await?.items;
-        let of_pv: Vec<&VolumeAttachment> = all_vas
-            .iter()
-            .filter(|v| v.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str()))
-            .collect();
-        if !of_pv.iter().any(|v| v.spec.node_name == node) {
-            step(
-                &mut timeline,
-                "detached",
-                format!("{pv} detached from {node}"),
-            );
-        }
-        if let Some(p) = &current
-            && p.metadata.uid.as_deref() != Some(old_uid.as_str())
-            && let Some(target) = p.spec.as_ref().and_then(|s| s.node_name.clone())
-            && target != node
-        {
-            step(
-                &mut timeline,
-                "scheduled",
-                format!("replacement scheduled on {target}"),
-            );
-            let attached = of_pv.iter().any(|v| {
-                v.spec.node_name == target && v.status.as_ref().is_some_and(|s| s.attached)
-            });
-            if attached {
-                step(
-                    &mut timeline,
-                    "attached",
-                    format!("{pv} attached on {target}"),
-                );
-            }
-            if attached && running_ready(p) {
-                step(
-                    &mut timeline,
-                    "running",
-                    format!("replacement Running on {target}"),
-                );
-                timeline.target = Some(target);
-                timeline.recovered = Some(killed.elapsed());
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    timeline.waited = killed.elapsed();
-    Ok(timeline)
-}
-
-async fn bound_pv(client: &Client, ns: &str, claim: &str) -> anyhow::Result<Option<String>> {
-    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), ns);
-    Ok(api
-        .get_opt(claim)
-        .await?
-        .and_then(|c| c.spec.and_then(|s| s.volume_name)))
-}
-
-async fn attached_on(vas: &Api<VolumeAttachment>, pv: &str, node: &str) -> anyhow::Result<bool> {
-    Ok(vas
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .any(|v| {
-            v.spec.node_name == node
-                && v.spec.source.persistent_volume_name.as_deref() == Some(pv)
-                && v.status.as_ref().is_some_and(|s| s.attached)
-        }))
-}
-
-/// The timeline as lines for a terminal.
-pub fn render(timeline: &Timeline) -> String {
-    let mut out = format!("  {:>7}  node {} killed (SIGKILL)\n", "0.0s", timeline.node);
-    for s in &timeline.steps {
-        out.push_str(&format!("  {:>6.1}s  {}\n", s.at.as_secs_f64(), s.what));
-    }
-    match timeline.recovered {
-        Some(d) => out.push_str(&format!("  failover complete in {:.1}s\n", d.as_secs_f64())),
-        None => out.push_str(&format!(
-            "  not recovered within {:.0}s\n",
-            timeline.waited.as_secs_f64()
-        )),
-    }
-    out
+    let fault = format!("node {} killed (SIGKILL)", subject.node);
+    Ok(follow(client, &subject, &fault, killed, timeout, &mut |_| {}).await?)
 }
 
 #[cfg(test)]

@@ -347,7 +347,8 @@ async fn demo(
     crd: &Path,
     keep: bool,
 ) -> anyhow::Result<()> {
-    use podha_sim::failover::{Operator, apply_policy, install_crd, measure, render};
+    use podha::chaos::timeline::render;
+    use podha_sim::failover::{Operator, apply_policy, install_crd, measure};
     let started = std::time::Instant::now();
     println!("== podha demo: sim cluster (profile {profile}), podha, a node killed");
     let mut opts = ClusterOptions::new(dir);

@@ -8,9 +8,10 @@
 //!
 //! The clock starts at the kill and stops when the replacement pod is Running on a healthy node
 //! and its VolumeAttachment there is attached (see [`crate::failover::measure`]). Phases are
-//! read from outside, through the API: detect = kill → podha's first action (taint or fence,
-//! pod marked NotReady by podha, or pod deleted); act = that → old pod deleted; detach = old pod deleted → volume
-//! detached from the dead node; recover = detach → replacement Running with its volume attached.
+//! read from outside, through the API, by [`podha::chaos::timeline`] (see [`Phase`]): detect =
+//! kill → podha's first action (taint or fence, pod marked NotReady by podha, or pod deleted);
+//! act = that → old pod deleted; detach = old pod deleted → volume detached from the dead node;
+//! recover = detach → replacement Running with its volume attached.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -19,7 +20,9 @@ use anyhow::{Context as _, bail};
 use serde_json::json;
 
 use crate::cluster::{Cluster, ClusterOptions, Profile};
-use crate::failover::{Operator, Timeline, apply_policy, install_crd, measure};
+use podha::chaos::timeline::{Phase, Timeline};
+
+use crate::failover::{Operator, apply_policy, install_crd, measure};
 
 #[derive(clap::Args, Debug)]
 pub struct FailoverArgs {
@@ -120,26 +123,16 @@ pub struct Trial {
 impl Trial {
     fn from_timeline(mode: Mode, trial: usize, t: &Timeline) -> Self {
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-        let first_action = ["taint", "fenced", "marked", "deleted"]
-            .iter()
-            .filter_map(|k| t.at(k))
-            .min();
-        let deleted = t.at("deleted");
-        let detached = t.at("detached");
-        let diff = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
-            _ => None,
-        };
         Trial {
             mode,
             trial,
             node: t.node.clone(),
             recovered_s: secs(t.recovered),
             waited_s: t.waited.as_secs_f64(),
-            detect_s: secs(first_action),
-            act_s: diff(first_action, deleted),
-            detach_s: diff(deleted, detached),
-            recover_s: diff(detached, t.recovered),
+            detect_s: secs(t.phase(Phase::Detect)),
+            act_s: secs(t.phase(Phase::Act)),
+            detach_s: secs(t.phase(Phase::Detach)),
+            recover_s: secs(t.phase(Phase::Recover)),
             steps: t
                 .steps
                 .iter()

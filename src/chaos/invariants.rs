@@ -1,0 +1,213 @@
+//! What must hold after each trial, checked on what was recorded (pure):
+//! - `replacement-running`: a replacement runs on another node with its volumes attached there;
+//! - `bystanders-kept`: every pod on the node that podha must not move kept its object;
+//! - `taint-removed`: after the node was restored, it is Ready and podha's taint is gone.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::preflight::Bystander;
+use super::timeline::Timeline;
+
+/// One trial as recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrialRecord {
+    /// 1-based.
+    pub trial: usize,
+    /// `namespace/name` of the pod the fault was aimed at.
+    pub pod: String,
+    /// The policy that would move it.
+    pub policy: String,
+    /// The fault command as run.
+    pub fault_command: String,
+    pub timeline: Timeline,
+    /// Pods on the node podha must not move, before the fault.
+    pub bystanders: Vec<Bystander>,
+    /// Those of them whose object was gone (or replaced) when the failover ended.
+    pub lost: Vec<Bystander>,
+    /// `None` when no restore command was given.
+    pub restore: Option<Restore>,
+}
+
+/// What was seen after the restore command ran, from when it returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restore {
+    pub command: String,
+    /// When the node was first seen Ready.
+    pub node_ready: Option<Duration>,
+    /// When the node was first seen Ready without podha's taint.
+    pub taint_gone: Option<Duration>,
+    pub waited: Duration,
+    /// podha's taint still on the node when the wait ended (key), if any.
+    pub remaining_taint: Option<String>,
+}
+
+/// A violated invariant and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub reason: String,
+}
+
+/// The invariants `record` violates (empty when all hold).
+pub fn check(record: &TrialRecord) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let t = &record.timeline;
+    match (&t.target, t.recovered) {
+        (Some(target), Some(_)) if *target != t.node => {}
+        _ => out.push(Violation {
+            invariant: "replacement-running",
+            reason: format!(
+                "no replacement of {} was Running on another node with its volumes attached \
+                 within {:.0}s of the fault (last step seen: {})",
+                record.pod,
+                t.waited.as_secs_f64(),
+                t.steps.last().map_or("none", |s| s.what.as_str()),
+            ),
+        }),
+    }
+    for lost in &record.lost {
+        out.push(Violation {
+            invariant: "bystanders-kept",
+            reason: format!(
+                "pod {}/{} (uid {}) on {}, which podha must not move ({}), lost its object",
+                lost.namespace, lost.name, lost.uid, t.node, lost.why
+            ),
+        });
+    }
+    if let Some(restore) = &record.restore
+        && restore.taint_gone.is_none()
+    {
+        let waited = restore.waited.as_secs_f64();
+        let reason = match (&restore.remaining_taint, restore.node_ready) {
+            (Some(taint), _) => format!(
+                "podha's taint {taint} was still on {} {waited:.0}s after the restore",
+                t.node
+            ),
+            (None, None) => format!(
+                "{} was not Ready within {waited:.0}s after the restore, so podha's taint \
+                 removal could not be checked",
+                t.node
+            ),
+            (None, Some(_)) => format!("{} never seen Ready without podha's taint", t.node),
+        };
+        out.push(Violation {
+            invariant: "taint-removed",
+            reason,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::chaos::timeline::Step;
+
+    pub(crate) fn recorded(trial: usize, recovered: Option<u64>) -> TrialRecord {
+        let secs = Duration::from_secs;
+        let steps = [("taint", 14), ("deleted", 15), ("detached", 17)]
+            .into_iter()
+            .chain(recovered.map(|r| ("running", r)))
+            .map(|(key, at)| Step {
+                key,
+                what: format!("{key} seen"),
+                at: secs(at),
+            })
+            .collect();
+        TrialRecord {
+            trial,
+            pod: "shop/db-0".into(),
+            policy: "p".into(),
+            fault_command: "docker kill n1".into(),
+            timeline: Timeline {
+                fault: "docker kill n1".into(),
+                node: "n1".into(),
+                target: recovered.map(|_| "n2".into()),
+                steps,
+                recovered: recovered.map(secs),
+                waited: secs(recovered.unwrap_or(60)),
+            },
+            bystanders: Vec::new(),
+            lost: Vec::new(),
+            restore: Some(Restore {
+                command: "docker start n1".into(),
+                node_ready: Some(secs(5)),
+                taint_gone: Some(secs(7)),
+                waited: secs(7),
+                remaining_taint: None,
+            }),
+        }
+    }
+
+    fn invariants(record: &TrialRecord) -> Vec<&'static str> {
+        check(record).iter().map(|v| v.invariant).collect()
+    }
+
+    #[test]
+    fn a_clean_trial_violates_nothing() {
+        assert_eq!(check(&recorded(1, Some(25))), []);
+        let mut no_restore = recorded(1, Some(25));
+        no_restore.restore = None;
+        assert_eq!(check(&no_restore), [], "no restore: nothing to check");
+    }
+
+    #[test]
+    fn no_replacement_or_one_on_the_same_node_is_a_violation() {
+        let not = recorded(1, None);
+        let v = check(&not);
+        assert_eq!(invariants(&not), ["replacement-running"]);
+        assert!(
+            v[0].reason.contains("within 60s") && v[0].reason.contains("detached seen"),
+            "{v:?}"
+        );
+        let mut same = recorded(1, Some(25));
+        same.timeline.target = Some("n1".into());
+        assert_eq!(invariants(&same), ["replacement-running"]);
+    }
+
+    #[test]
+    fn a_lost_bystander_is_named() {
+        let mut r = recorded(1, Some(25));
+        let decoy = Bystander {
+            namespace: "shop".into(),
+            name: "decoy".into(),
+            uid: "u1".into(),
+            why: "no PodHAPolicy selects it; NoControllerOwner".into(),
+        };
+        r.bystanders = vec![decoy.clone()];
+        assert_eq!(check(&r), []);
+        r.lost = vec![decoy];
+        let v = check(&r);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].invariant, "bystanders-kept");
+        assert!(v[0].reason.contains("shop/decoy"), "{v:?}");
+        assert!(v[0].reason.contains("NoControllerOwner"), "{v:?}");
+    }
+
+    #[test]
+    fn a_taint_left_behind_or_a_node_that_never_came_back_is_a_violation() {
+        let mut r = recorded(1, Some(25));
+        r.restore = Some(Restore {
+            command: "docker start n1".into(),
+            node_ready: Some(Duration::from_secs(5)),
+            taint_gone: None,
+            waited: Duration::from_secs(180),
+            remaining_taint: Some("node.kubernetes.io/out-of-service".into()),
+        });
+        let v = check(&r);
+        assert_eq!(invariants(&r), ["taint-removed"]);
+        assert!(
+            v[0].reason
+                .contains("node.kubernetes.io/out-of-service was still on n1 180s"),
+            "{v:?}"
+        );
+        r.restore = Some(Restore {
+            node_ready: None,
+            remaining_taint: None,
+            ..r.restore.clone().unwrap()
+        });
+        assert!(check(&r)[0].reason.contains("not Ready within 180s"));
+    }
+}

@@ -1,0 +1,316 @@
+//! `podha chaos`: fault a workload's node N times on any cluster and check that podha fails it
+//! over as promised. Each trial records the failover's timeline through the API (the same
+//! measurement the benchmark and the demo use, in [`timeline`]) and checks invariants
+//! ([`invariants`]); the run ends with a table, a JSON file and an SVG picture ([`report`]).
+//!
+//! Modules: `faults` (command templates), `preflight` (podha's own rules: would it move the
+//! pod, which pods must stay), `trial` (one trial against the cluster), `invariants`, `report`,
+//! `timeline`.
+
+pub mod faults;
+pub mod invariants;
+pub mod preflight;
+pub mod report;
+pub mod timeline;
+mod trial;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::Selector;
+use kube::{Api, Client};
+
+pub use faults::Fault;
+pub use report::Run;
+use trial::{Workload, restore_node, run_trial};
+
+/// Why a chaos run could not run (a violated invariant is a result, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("kubeconfig {path}: {reason}")]
+    Kubeconfig { path: String, reason: String },
+    #[error("cannot reach the API server at {url}: {source}")]
+    Unreachable { url: String, source: kube::Error },
+    #[error("{kind} {namespace}/{name} does not exist")]
+    WorkloadNotFound {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error(
+        "the PodHAPolicy CRD is not installed: install podha first (helm chart, or `podha crd | kubectl apply -f -`)"
+    )]
+    NoCrd,
+    #[error("podha would not move {pod}: {reason}")]
+    NotMovable { pod: String, reason: String },
+    #[error(
+        "{workload} has no pod Running and Ready with all its volumes attached after {}s",
+        waited.as_secs()
+    )]
+    NotSettled { workload: String, waited: Duration },
+    #[error("command `{command}` failed ({status}){}", stderr_suffix(stderr))]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
+    }
+}
+
+impl Error {
+    fn kube(what: impl Into<String>, source: kube::Error) -> Self {
+        Error::Kube {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// `podha chaos`'s options.
+#[derive(clap::Args, Clone, Debug)]
+#[command(group(clap::ArgGroup::new("workload").required(true).args(["statefulset", "deployment"])))]
+pub struct ChaosArgs {
+    /// Kubeconfig file; without it, $KUBECONFIG / ~/.kube/config or in-cluster config.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the workload.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    /// The StatefulSet whose pod's node is faulted.
+    #[arg(long)]
+    pub statefulset: Option<String>,
+    /// The Deployment whose pod's node is faulted.
+    #[arg(long)]
+    pub deployment: Option<String>,
+    /// How many trials, one after another.
+    #[arg(long, default_value_t = 1)]
+    pub trials: usize,
+    /// The fault: a built-in name (kind-kill, kind-freeze, kind-partition, sim-kill,
+    /// sim-kill-kubelet) or a shell command template with {node}, {namespace}, {pod},
+    /// {sim_dir}, {podha_sim}, e.g. 'docker kill {node}'.
+    #[arg(long)]
+    pub fault: String,
+    /// Command template that brings the node back (default: the built-in fault's own). Without
+    /// one, the check that podha's taint goes away is skipped.
+    #[arg(long)]
+    pub restore: Option<String>,
+    /// The sim cluster's directory, for {sim_dir} (sim-kill, sim-kill-kubelet).
+    #[arg(long)]
+    pub sim_dir: Option<PathBuf>,
+    /// The podha-sim executable, for {podha_sim}.
+    #[arg(long, default_value = "podha-sim")]
+    pub podha_sim: String,
+    /// How long a trial may take, from the fault, before it counts as not recovered.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// How long to wait for the workload to run before a trial, and for the node to come back
+    /// without podha's taint after the restore.
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+    pub settle_timeout: Duration,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "podha-chaos.json")]
+    pub out: PathBuf,
+    /// Where the SVG picture goes (default: next to --out, with .svg).
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+impl ChaosArgs {
+    pub fn svg_path(&self) -> PathBuf {
+        self.svg
+            .clone()
+            .unwrap_or_else(|| self.out.with_extension("svg"))
+    }
+}
+
+/// What a run produced: the trials that ran, and the error that stopped it, if any.
+#[derive(Debug)]
+pub struct Outcome {
+    pub run: Run,
+    pub error: Option<Error>,
+}
+
+/// A client from `kubeconfig` (or the usual places), checked by asking for the server version.
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, Error> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let bad = |reason: String| Error::Kubeconfig {
+                path: path.display().to_string(),
+                reason,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| bad(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| Error::Kubeconfig {
+            path: "(none given)".into(),
+            reason: e.to_string(),
+        })?,
+    };
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| Error::Kubeconfig {
+        path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
+        reason: e.to_string(),
+    })?;
+    client
+        .apiserver_version()
+        .await
+        .map_err(|source| Error::Unreachable { url, source })?;
+    Ok(client)
+}
+
+async fn workload(client: &Client, args: &ChaosArgs) -> Result<Workload, Error> {
+    let ns = args.namespace.clone();
+    let (kind, name, selector) = match (&args.statefulset, &args.deployment) {
+        (Some(name), None) => {
+            let api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            let sts = api
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube(format!("reading statefulset {ns}/{name}"), e))?;
+            (
+                "statefulset",
+                name,
+                sts.and_then(|s| Some(s.spec?.selector)),
+            )
+        }
+        (None, Some(name)) => {
+            let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+            let deploy = api
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube(format!("reading deployment {ns}/{name}"), e))?;
+            (
+                "deployment",
+                name,
+                deploy.and_then(|d| Some(d.spec?.selector)),
+            )
+        }
+        _ => {
+            return Err(Error::Usage(
+                "give exactly one of --statefulset and --deployment".into(),
+            ));
+        }
+    };
+    let selector: LabelSelector = selector.ok_or_else(|| Error::WorkloadNotFound {
+        kind,
+        namespace: ns.clone(),
+        name: name.clone(),
+    })?;
+    let selector = Selector::try_from(selector)
+        .map_err(|e| Error::Usage(format!("{kind} {ns}/{name} has a bad selector: {e}")))?;
+    Ok(Workload {
+        kind,
+        namespace: ns,
+        name: name.clone(),
+        selector,
+    })
+}
+
+/// Runs the trials one after another; stops at the first trial that cannot run.
+pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcome {
+    let fault = Fault::new(&args.fault, args.restore.as_deref());
+    let mut run = Run {
+        workload: String::new(),
+        fault: fault.name.clone(),
+        records: Vec::new(),
+    };
+    let result = async {
+        if args.trials == 0 {
+            return Err(Error::Usage("--trials must be at least 1".into()));
+        }
+        let client = connect(args.kubeconfig.as_deref()).await?;
+        let workload = workload(&client, args).await?;
+        run.workload = workload.to_string();
+        for k in 1..=args.trials {
+            let (mut record, restore) =
+                run_trial(&client, args, &fault, &workload, k, progress).await?;
+            // A restore that fails still leaves the trial's failover in the results.
+            if let Some(command) = restore {
+                match restore_node(&client, args, &record, command, progress).await {
+                    Ok(restored) => record.restore = Some(restored),
+                    Err(e) => {
+                        run.records.push(record);
+                        return Err(e);
+                    }
+                }
+            }
+            run.records.push(record);
+        }
+        Ok(())
+    }
+    .await;
+    Outcome {
+        run,
+        error: result.err(),
+    }
+}
+
+/// Writes the JSON and SVG files; returns their paths.
+pub fn write_outputs(args: &ChaosArgs, run: &Run) -> Result<(PathBuf, PathBuf), Error> {
+    let svg_path = args.svg_path();
+    for (path, text) in [
+        (&args.out, report::json(run)),
+        (&svg_path, report::svg(run)),
+    ] {
+        std::fs::write(path, text).map_err(|source| Error::Write {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    Ok((args.out.clone(), svg_path))
+}
+
+/// The whole command: progress on stderr, the table on stdout, the files written. Exit code 0
+/// when every invariant held, 1 when one was violated, 2 when the run could not run.
+pub async fn cli(args: ChaosArgs) -> ExitCode {
+    let mut progress = |line: &str| eprintln!("{line}");
+    let outcome = execute(&args, &mut progress).await;
+    if !outcome.run.records.is_empty() {
+        print!("{}", report::table(&outcome.run));
+        match write_outputs(&args, &outcome.run) {
+            Ok((json, svg)) => println!("results: {} and {}", json.display(), svg.display()),
+            Err(e) => eprintln!("podha chaos: {e}"),
+        }
+    }
+    if let Some(e) = &outcome.error {
+        eprintln!("podha chaos: {e}");
+        return ExitCode::from(2);
+    }
+    let violations = outcome.run.violations();
+    if violations.is_empty() {
+        println!(
+            "every invariant held in {} trial(s)",
+            outcome.run.records.len()
+        );
+        ExitCode::SUCCESS
+    } else {
+        for (trial, v) in &violations {
+            eprintln!(
+                "podha chaos: trial {trial}: {} violated: {}",
+                v.invariant, v.reason
+            );
+        }
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,236 @@
+//! One trial against a live cluster: wait for the workload, judge it with podha's rules, note
+//! the pods that must stay, inject the fault, follow the failover, check the bystanders,
+//! restore the node and watch podha's taint go.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::core::{Selector, SelectorExt};
+use kube::{Api, Client, ResourceExt};
+
+use super::faults::{self, Fault, Vars};
+use super::invariants::{Restore, TrialRecord};
+use super::preflight::{Bystander, Snapshot, bystanders, judge, window_note};
+use super::timeline::{follow, node_ready, wait_settled};
+use super::{ChaosArgs, Error};
+use crate::api::{FENCE_TAINT_KEY, OUT_OF_SERVICE_TAINT_KEY, TAINT_MARKER_ANNOTATION};
+
+/// The workload under test.
+pub struct Workload {
+    /// `statefulset` or `deployment`.
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub selector: Selector,
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// Runs trial `k` up to the end of the failover, reporting progress one line at a time; returns
+/// the record (without the restore) and the expanded restore command, if any.
+pub async fn run_trial(
+    client: &Client,
+    args: &ChaosArgs,
+    fault: &Fault,
+    workload: &Workload,
+    k: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(TrialRecord, Option<String>), Error> {
+    let n = args.trials;
+    progress(&format!(
+        "trial {k}/{n}: waiting for {workload} to run with its volumes attached"
+    ));
+    let selector = workload.selector.to_string();
+    let subject = wait_settled(client, &workload.namespace, &selector, args.settle_timeout)
+        .await
+        .map_err(|e| Error::kube(format!("reading the pods of {workload}"), e))?
+        .ok_or_else(|| Error::NotSettled {
+            workload: workload.to_string(),
+            waited: args.settle_timeout,
+        })?;
+    let pod_key = format!("{}/{}", subject.namespace, subject.pod);
+
+    let snapshot = Snapshot::read(client).await?;
+    let policies = snapshot.policy_refs();
+    let pod = snapshot
+        .view
+        .pods_on(&subject.node)
+        .iter()
+        .find(|p| p.metadata.uid.as_deref() == Some(subject.uid.as_str()))
+        .ok_or_else(|| Error::NotSettled {
+            workload: workload.to_string(),
+            waited: args.settle_timeout,
+        })?;
+    let policy = judge(&policies, pod, &snapshot.view).map_err(|reason| Error::NotMovable {
+        pod: pod_key.clone(),
+        reason,
+    })?;
+    if k == 1
+        && let Some(note) = window_note(&policies, &snapshot.view, &subject.node, n)
+    {
+        progress(&note);
+    }
+    let of_workload = |p: &Pod| {
+        p.namespace().as_deref() == Some(workload.namespace.as_str())
+            && workload.selector.matches(p.labels())
+    };
+    let bystanders = bystanders(&policies, &snapshot.view, &subject.node, &of_workload);
+
+    let vars = Vars {
+        node: subject.node.clone(),
+        namespace: subject.namespace.clone(),
+        pod: subject.pod.clone(),
+        sim_dir: args.sim_dir.clone(),
+        podha_sim: args.podha_sim.clone(),
+    };
+    let inject = faults::expand(&fault.inject, &vars)?;
+    let restore = fault
+        .restore
+        .as_deref()
+        .map(|r| faults::expand(r, &vars))
+        .transpose()?;
+    progress(&format!(
+        "trial {k}/{n}: {pod_key} on {} (policy {policy}), {} pod(s) there must stay; fault: {inject}",
+        subject.node,
+        bystanders.len()
+    ));
+    let fault_at = faults::run(&inject).await?;
+    let mut show = |step: &super::timeline::Step| {
+        progress(&format!(
+            "  [{k}] {:>6.1}s  {}",
+            step.at.as_secs_f64(),
+            step.what
+        ))
+    };
+    let timeline = follow(
+        client,
+        &subject,
+        &format!("fault: {inject}"),
+        fault_at,
+        args.timeout,
+        &mut show,
+    )
+    .await
+    .map_err(|e| Error::kube("following the failover", e))?;
+    progress(&format!(
+        "trial {k}/{n}: {}",
+        match timeline.recovered {
+            Some(d) => format!("recovered in {:.1}s", d.as_secs_f64()),
+            None => format!("not recovered within {:.0}s", timeline.waited.as_secs_f64()),
+        }
+    ));
+    let lost = lost_bystanders(client, &bystanders).await?;
+
+    let record = TrialRecord {
+        trial: k,
+        pod: pod_key,
+        policy,
+        fault_command: inject,
+        timeline,
+        bystanders,
+        lost,
+        restore: None,
+    };
+    Ok((record, restore))
+}
+
+/// Runs the restore command of trial `k` and watches the node come back without podha's taint.
+pub async fn restore_node(
+    client: &Client,
+    args: &ChaosArgs,
+    record: &TrialRecord,
+    command: String,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Restore, Error> {
+    let (k, n, node) = (record.trial, args.trials, record.timeline.node.as_str());
+    progress(&format!("trial {k}/{n}: restore: {command}"));
+    let restored_at = faults::run(&command).await?;
+    let seen = watch_untaint(client, node, restored_at, args.settle_timeout).await?;
+    progress(&format!(
+        "trial {k}/{n}: {}",
+        match (seen.taint_gone, &seen.remaining_taint) {
+            (Some(d), _) => format!(
+                "{node} Ready without podha's taint {:.1}s after the restore",
+                d.as_secs_f64()
+            ),
+            (None, Some(t)) => format!("{node} still carries podha's taint {t}"),
+            (None, None) => format!("{node} did not come back Ready"),
+        }
+    ));
+    Ok(Restore { command, ..seen })
+}
+
+/// The bystanders whose object is gone, or was replaced by another of the same name.
+async fn lost_bystanders(
+    client: &Client,
+    bystanders: &[Bystander],
+) -> Result<Vec<Bystander>, Error> {
+    let mut lost = Vec::new();
+    for b in bystanders {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &b.namespace);
+        let now = api
+            .get_opt(&b.name)
+            .await
+            .map_err(|e| Error::kube(format!("reading pod {}/{}", b.namespace, b.name), e))?;
+        if now.and_then(|p| p.metadata.uid).as_deref() != Some(b.uid.as_str()) {
+            lost.push(b.clone());
+        }
+    }
+    Ok(lost)
+}
+
+/// podha's taint on `node`, if any: its fence, or an out-of-service taint it marked as its own.
+fn podha_taint(node: &Node) -> Option<&'static str> {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref())?;
+    let has = |key: &str| taints.iter().any(|t| t.key == key);
+    if has(FENCE_TAINT_KEY) {
+        Some(FENCE_TAINT_KEY)
+    } else if has(OUT_OF_SERVICE_TAINT_KEY)
+        && node.annotations().contains_key(TAINT_MARKER_ANNOTATION)
+    {
+        Some(OUT_OF_SERVICE_TAINT_KEY)
+    } else {
+        None
+    }
+}
+
+/// Polls `node` every second from `since` until it is Ready without podha's taint, or
+/// `timeout` has passed.
+async fn watch_untaint(
+    client: &Client,
+    node: &str,
+    since: Instant,
+    timeout: Duration,
+) -> Result<Restore, Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut seen = Restore {
+        command: String::new(),
+        node_ready: None,
+        taint_gone: None,
+        waited: Duration::ZERO,
+        remaining_taint: None,
+    };
+    loop {
+        let n = nodes
+            .get(node)
+            .await
+            .map_err(|e| Error::kube(format!("reading node {node}"), e))?;
+        let ready = node_ready(&n);
+        if ready && seen.node_ready.is_none() {
+            seen.node_ready = Some(since.elapsed());
+        }
+        seen.remaining_taint = podha_taint(&n).map(str::to_string);
+        if ready && seen.remaining_taint.is_none() {
+            seen.taint_gone = Some(since.elapsed());
+        }
+        seen.waited = since.elapsed();
+        if seen.taint_gone.is_some() || seen.waited >= timeout {
+            return Ok(seen);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
