@@ -55,6 +55,20 @@ $(SIM_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build.sh
 	bash e2e/k8s/build.sh $(PODHA_CACHE)/$(SIM_KEY)
 	touch $@
 
+NODE_KEY := node-k8s-$(K8S_VERSION)
+NODE_BIN_DIR := $(PODHA_CACHE)/$(NODE_KEY)/bin
+export PODHA_NODE_BIN_DIR := $(NODE_BIN_DIR)
+NODE_DEBS := containerd runc containernetworking-plugins
+
+.PHONY: node-deps
+node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, runc, CNI plugins; kubelet from Go modules (cached)
+	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
+
+$(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR)/.complete
+	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
+	touch $@
+
 .PHONY: build
 build: ## Build the operator and the sim cluster CLI
 	$(CARGO) build --workspace --bins
