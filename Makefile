@@ -88,6 +88,19 @@ csi-sidecars: $(CSI_SIDECARS_BIN_DIR)/.complete ## Build csi-attacher and csi-pr
 
 $(CSI_SIDECARS_BIN_DIR)/.complete: e2e/versions.mk e2e/csi/build-sidecars.sh
 	bash e2e/csi/build-sidecars.sh $(PODHA_CACHE)/$(CSI_SIDECARS_KEY)
+
+NODE_KEY := node-k8s-$(K8S_VERSION)
+NODE_BIN_DIR := $(PODHA_CACHE)/$(NODE_KEY)/bin
+export PODHA_NODE_BIN_DIR := $(NODE_BIN_DIR)
+NODE_DEBS := containerd runc containernetworking-plugins
+
+.PHONY: node-deps
+node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, runc, CNI plugins; kubelet from Go modules (cached)
+	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing; fi
+
+$(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR)/.complete
+	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
 	touch $@
 
 .PHONY: build
