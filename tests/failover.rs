@@ -446,8 +446,13 @@ where
     let policy = ns.to_string();
     run_scenario(shared, ns, |ctx| async move {
         let client = ctx.client.clone();
-        let result = body(ctx, operators, replicas).await;
+        let after = ctx.clone();
+        let mut result = body(ctx, operators, replicas).await;
         delete_policy(&client, &policy).await;
+        // Scenarios share nodes (one after another on the same pair): leave nothing behind.
+        if result.is_ok() {
+            result = after.remove_workloads(secs_(90)).await;
+        }
         result.map_err(|e| {
             let metrics: String = replicas
                 .iter()

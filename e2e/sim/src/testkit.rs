@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, ClusterOptions, Profile};
 use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
     Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint,
 };
@@ -132,6 +133,7 @@ where
 }
 
 /// What a scenario works with.
+#[derive(Clone)]
 pub struct Ctx<'a> {
     pub cluster: &'a Cluster,
     pub client: kube::Client,
@@ -307,6 +309,37 @@ impl Ctx<'_> {
             .await
             .with_context(|| format!("force-delete {name}"))?;
         Ok(())
+    }
+
+    /// Deletes the namespace's workloads (StatefulSets, Deployments, then every pod, forced:
+    /// some are on nodes a scenario left dead) and waits until no pod of it remains, so that
+    /// a later scenario on the same nodes does not find them there (a leftover pod with a
+    /// volume is one podha must leave alone, and that changes what it may do to the node).
+    pub async fn remove_workloads(&self, timeout: Duration) -> anyhow::Result<()> {
+        let (dp, lp) = (DeleteParams::default(), ListParams::default());
+        let sts: Api<StatefulSet> = Api::namespaced(self.client.clone(), &self.ns);
+        let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), &self.ns);
+        sts.delete_collection(&dp, &lp)
+            .await
+            .context("delete StatefulSets")?;
+        deploys
+            .delete_collection(&dp, &lp)
+            .await
+            .context("delete Deployments")?;
+        let forced = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        let what = format!("the pods of namespace {} to be gone", self.ns);
+        wait_for(&what, timeout, || async {
+            // Again on every round: a ReplicaSet not yet collected may have made another.
+            let left = self.pods().delete_collection(&forced, &lp).await?;
+            Ok(left
+                .left()
+                .is_some_and(|l| l.items.is_empty())
+                .then_some(()))
+        })
+        .await
     }
 }
 

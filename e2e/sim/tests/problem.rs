@@ -402,7 +402,8 @@ fn restarted_node_ready(shared: &SharedCluster) -> Result<(), libtest_mimic::Fai
 
         let t1 = Instant::now();
         ctx.cluster.start_node(node).await?;
-        ctx.wait_ready(node, secs(30)).await?;
+        // Ready once the restarted kwok reports again; the machine may be loaded.
+        ctx.wait_ready(node, secs(60)).await?;
         log(
             &ns,
             format!("{node} Ready again {:.1?} after start", t1.elapsed()),
@@ -416,8 +417,8 @@ fn restarted_node_ready(shared: &SharedCluster) -> Result<(), libtest_mimic::Fai
         if boot_after == boot_before {
             anyhow::bail!("bootID did not change across the restart ({boot_after:?})");
         }
-        std::net::TcpStream::connect_timeout(&addr, secs(2))
-            .map_err(|e| anyhow::anyhow!("kubelet endpoint {addr} after restart: {e}"))?;
+        // Ready is written by the new kwok, which may not listen yet: wait, as for the pod.
+        wait_accepts(addr, "after restart").await?;
         ctx.wait_app_running("plain", secs(90)).await?;
         log(&ns, format!("a pod of plain runs on {node} again"));
         Ok(())
