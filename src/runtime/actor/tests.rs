@@ -1,0 +1,343 @@
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::watcher::Event;
+
+use super::*;
+use crate::test_builders::*;
+
+const DRIVER: &str = "rwo.sim.podha.io";
+
+/// Issue 11, defect 1: a restart resumes a failover only on what the cluster proves. A
+/// leftover marker (taint removed by an admin) or a node that is Ready again resumes
+/// nothing; only marker + podha's taint + not Ready does.
+#[test]
+fn only_marker_taint_and_not_ready_resume_a_failover() {
+    let marker = |n: Node| n.annotation(TAINT_MARKER_ANNOTATION, "p");
+    let oos = |n: Node| {
+        n.taint(
+            crate::api::OUT_OF_SERVICE_TAINT_KEY,
+            "nodeshutdown",
+            "NoExecute",
+        )
+    };
+    let cases = [
+        ("marker only, node Ready", marker(mk_node("n")), false),
+        (
+            "marker only, node not Ready",
+            marker(mk_node("n")).ready(false),
+            false,
+        ),
+        ("taint, marker, Ready", oos(marker(mk_node("n"))), false),
+        (
+            "taint and marker of another policy",
+            oos(mk_node("n").annotation(TAINT_MARKER_ANNOTATION, "q")).ready(false),
+            false,
+        ),
+        (
+            "taint without marker",
+            oos(mk_node("n")).ready(false),
+            false,
+        ),
+        (
+            "taint, marker, not Ready",
+            oos(marker(mk_node("n"))).ready(false),
+            true,
+        ),
+    ];
+    for (what, node, resumes) in cases {
+        assert_eq!(podha_taint_proves_failure(&node, "p"), resumes, "{what}");
+        let obs = crate::health::NodeObservations::new(Instant::now());
+        let tracker = resumed_tracker(&node, "p", &obs, Instant::now());
+        assert_eq!(tracker.state().is_failed(), resumes, "{what}");
+        // Even a resumed failover is no judgement: nothing new is done before a probe fails.
+        assert!(!tracker.judged_failed(), "{what}");
+    }
+}
+
+struct Harness {
+    actor: Actor,
+    writes: crate::runtime::writer::LaneReceivers,
+    metrics: Arc<Metrics>,
+    _leader: watch::Sender<bool>,
+    _plan: watch::Receiver<ProbePlan>,
+}
+
+/// An actor that leads, fed a complete initial list of these objects and a policy that
+/// judges a node by NodeReady alone, after one failed probe.
+fn harness(objects: Vec<Obj>) -> Harness {
+    let (leader_tx, leader_rx) = watch::channel(true);
+    let (ready_tx, _) = watch::channel(false);
+    let (writes_tx, writes) = crate::runtime::writer::lanes();
+    let (plan_tx, plan_rx) = watch::channel(ProbePlan::default());
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
+    let now = Instant::now();
+    let view = view_with(objects);
+    let mut spec = mk_spec();
+    spec.detection.signals = vec![crate::api::Signal::NodeReady];
+    spec.detection.failure_threshold = 1;
+    spec.detection.interval = crate::api::HumanDuration::from_secs(1);
+    spec.safety.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10);
+    let policy = PodHAPolicy::new("p", spec);
+    let state = &mut actor.state;
+    state.apply(Change::Policy(Event::Init), now);
+    state.apply(Change::Policy(Event::InitApply(policy)), now);
+    state.apply(Change::Policy(Event::InitDone), now);
+    state.apply(Change::Node(Event::Init), now);
+    for node in view.nodes.values() {
+        state.apply(Change::Node(Event::InitApply((**node).clone())), now);
+    }
+    state.apply(Change::Node(Event::InitDone), now);
+    state.apply(Change::Pod(Event::Init), now);
+    for pod in view.pods_by_node.values().flatten() {
+        state.apply(Change::Pod(Event::InitApply((**pod).clone())), now);
+    }
+    state.apply(Change::Pod(Event::InitDone), now);
+    state.apply(Change::Pvc(Event::Init), now);
+    for pvc in view.pvcs.values() {
+        state.apply(Change::Pvc(Event::InitApply((**pvc).clone())), now);
+    }
+    state.apply(Change::Pvc(Event::InitDone), now);
+    state.apply(Change::Pv(Event::Init), now);
+    for pv in view.pvs.values() {
+        state.apply(Change::Pv(Event::InitApply((**pv).clone())), now);
+    }
+    state.apply(Change::Pv(Event::InitDone), now);
+    state.apply(Change::Lease(Event::<Lease>::Init), now);
+    state.apply(Change::Lease(Event::InitDone), now);
+    state.apply(Change::Va(Event::Init), now);
+    state.apply(Change::Va(Event::InitDone), now);
+    state.apply(Change::ReplicaSet(Event::Init), now);
+    state.apply(Change::ReplicaSet(Event::InitDone), now);
+    state.apply(Change::Namespace(Event::Init), now);
+    state.apply(Change::Namespace(Event::InitDone), now);
+    Harness {
+        actor,
+        writes,
+        metrics,
+        _leader: leader_tx,
+        _plan: plan_rx,
+    }
+}
+
+fn dead_node_with_pods(node: &str) -> Vec<Obj> {
+    let claim = format!("data-{node}");
+    let pv = format!("pv-{node}");
+    vec![
+        mk_node(node).ready(false).into(),
+        mk_pod("ns", &format!("db-{node}"))
+            .on(node)
+            .owned_by_sts("db")
+            .claim(&claim)
+            .into(),
+        mk_pvc("ns", &claim).bound_to(&pv).into(),
+        mk_csi_pv(&pv, DRIVER).into(),
+        mk_pod("ns", &format!("bare-{node}"))
+            .on(node)
+            .claim(&claim)
+            .into(),
+    ]
+}
+
+fn acts(rx: &mut crate::runtime::writer::LaneReceivers) -> Vec<String> {
+    rx.queued_intents().iter().map(intent_key).collect()
+}
+
+fn skipped(metrics: &Metrics) -> f64 {
+    let text = metrics.encode().expect("encode");
+    text.lines()
+        .filter(|l| l.starts_with("podha_pods_skipped_total{"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_action_is_sent_once_and_each_skip_counted_once() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects.extend(dead_node_with_pods("node-10"));
+    objects.push(mk_node("node-2").into());
+    objects.push(mk_node("node-3").into());
+    let mut h = harness(objects);
+    h.actor.tick(Instant::now()).await;
+    assert_eq!(
+        acts(&mut h.writes),
+        ["taint/node-1", "taint/node-10"],
+        "pods wait for their node's taint"
+    );
+    assert_eq!(skipped(&h.metrics), 2.0, "one skip per bare pod");
+    for node in ["node-1", "node-10"] {
+        let intent = Intent::TaintNode {
+            node: node.into(),
+            policy: "p".into(),
+            taint: NodeTaint::OutOfService,
+        };
+        let result = Ok(Outcome::Applied);
+        h.actor
+            .on_result(ActResult { intent, result }, Instant::now());
+    }
+    h.actor.tick(Instant::now()).await;
+    assert_eq!(
+        acts(&mut h.writes),
+        ["delete/uid-ns-db-node-1", "delete/uid-ns-db-node-10"]
+    );
+    for _ in 0..10 {
+        tokio::time::advance(TICK).await;
+        h.actor.tick(Instant::now()).await;
+    }
+    assert!(
+        acts(&mut h.writes).is_empty(),
+        "in flight: nothing is sent twice"
+    );
+    assert_eq!(
+        skipped(&h.metrics),
+        2.0,
+        "skips are counted once per incident"
+    );
+}
+
+fn mark_of(pod: &str) -> Intent {
+    Intent::MarkPodNotReady {
+        pod: crate::view::ObjectKey::new("ns", pod),
+        uid: format!("uid-ns-{pod}"),
+        node: "node-1".into(),
+        policy: "p".into(),
+    }
+}
+
+fn delete_of(pod: &str, version: &str) -> Intent {
+    Intent::ForceDeletePod {
+        pod: crate::view::ObjectKey::new("ns", pod),
+        uid: format!("uid-ns-{pod}"),
+        node: "node-1".into(),
+        policy: "p".into(),
+        owner_kind: "StatefulSet",
+        resource_version: Some(version.into()),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_pods_are_marked_beside_the_taint_then_deleted_in_the_marked_version() {
+    let objects: Vec<Obj> = vec![
+        mk_node("node-1").ready(false).into(),
+        mk_node("node-2").into(),
+        mk_node("node-3").into(),
+        mk_pod("ns", "db-0")
+            .on("node-1")
+            .owned_by_sts("db")
+            .claim("data-0")
+            .ready(true)
+            .into(),
+        mk_pod("ns", "db-1")
+            .on("node-1")
+            .owned_by_sts("db")
+            .claim("data-1")
+            .ready(true)
+            .into(),
+        mk_pvc("ns", "data-0").bound_to("pv-0").into(),
+        mk_pvc("ns", "data-1").bound_to("pv-1").into(),
+        mk_csi_pv("pv-0", DRIVER).into(),
+        mk_csi_pv("pv-1", DRIVER).into(),
+    ];
+    let mut h = harness(objects);
+    h.actor.tick(Instant::now()).await;
+    assert_eq!(
+        acts(&mut h.writes),
+        ["taint/node-1", "mark/uid-ns-db-0", "mark/uid-ns-db-1"],
+        "the marks go out with the taint"
+    );
+    let now = Instant::now();
+    for (pod, version) in [("db-0", "10"), ("db-1", "11")] {
+        let result = Ok(Outcome::Marked {
+            resource_version: Some(version.into()),
+        });
+        h.actor.on_result(
+            ActResult {
+                intent: mark_of(pod),
+                result,
+            },
+            now,
+        );
+    }
+    h.actor.tick(now).await;
+    assert!(
+        acts(&mut h.writes).is_empty(),
+        "no delete before the taint is on"
+    );
+    let taint = Intent::TaintNode {
+        node: "node-1".into(),
+        policy: "p".into(),
+        taint: NodeTaint::OutOfService,
+    };
+    h.actor.on_result(
+        ActResult {
+            intent: taint,
+            result: Ok(Outcome::Applied),
+        },
+        now,
+    );
+    h.actor.tick(now).await;
+    assert_eq!(
+        h.writes.queued_intents(),
+        [delete_of("db-0", "10"), delete_of("db-1", "11")],
+        "each delete in the version its mark produced"
+    );
+
+    // db-0 deleted. db-1 changed after its mark: not deleted.
+    for (pod, version, outcome) in [
+        ("db-0", "10", Outcome::Applied),
+        ("db-1", "11", Outcome::Changed),
+    ] {
+        let result = ActResult {
+            intent: delete_of(pod, version),
+            result: Ok(outcome),
+        };
+        h.actor.on_result(result, now);
+    }
+    let incident = h.actor.ledger.get("node-1").expect("incident");
+    assert!(incident.deleted.contains("uid-ns-db-0"));
+    assert!(!incident.deleted.contains("uid-ns-db-1"));
+    assert_eq!(incident.marked_not_ready.get("uid-ns-db-1"), Some(&None));
+    let text = h.metrics.encode().expect("encode");
+    let deleted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("podha_pods_deleted_total{"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum();
+    assert_eq!(deleted, 1.0, "only db-0 was deleted");
+    // The watch still shows db-1 Ready: nothing more until it shows what changed.
+    for _ in 0..5 {
+        tokio::time::advance(TICK).await;
+        h.actor.tick(Instant::now()).await;
+    }
+    assert!(acts(&mut h.writes).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_one_incident_does_not_forget_another_nodes_reports() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects.extend(dead_node_with_pods("node-10"));
+    objects.push(mk_node("node-2").into());
+    objects.push(mk_node("node-3").into());
+    let mut h = harness(objects);
+    h.actor.tick(Instant::now()).await;
+    assert_eq!(skipped(&h.metrics), 2.0);
+    // node-1 comes back: its incident closes; node-10 stays dead.
+    let now = Instant::now();
+    h.actor
+        .state
+        .apply(Change::Node(Event::Apply(mk_node("node-1"))), now);
+    // The next probe (1 s) sees node-1 alive; keep ticking well past the close.
+    for _ in 0..15 {
+        tokio::time::advance(TICK).await;
+        h.actor.tick(Instant::now()).await;
+    }
+    assert!(
+        h.actor.ledger.get("node-1").is_none(),
+        "node-1's incident closed"
+    );
+    assert!(h.actor.ledger.get("node-10").is_some());
+    assert_eq!(
+        skipped(&h.metrics),
+        2.0,
+        "node-10's skip is not counted again"
+    );
+}
