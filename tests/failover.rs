@@ -34,10 +34,12 @@ use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
+#[path = "failover/policy_edits.rs"]
+mod policy_edits;
 #[path = "failover/prometheus.rs"]
 mod prometheus;
 
-const NODES: usize = 18;
+const NODES: usize = 20;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -53,7 +55,7 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 9] = [
+    let scenarios: [(&str, Scenario); 10] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -80,6 +82,10 @@ fn main() -> ExitCode {
         (
             "prometheus_scrapes_a_failover_and_every_query_has_data",
             prometheus::prometheus_scrapes_a_failover,
+        ),
+        (
+            "a_policy_switched_to_the_taint_mid_incident_acts_on_it",
+            policy_edits::switched_to_the_taint_mid_incident,
         ),
     ];
     let trials = scenarios
