@@ -327,9 +327,11 @@ pub struct Safety {
     /// many deaths at once more likely mean a network or control-plane problem than dead
     /// machines. Unhealthy counts nodes judged Failed, nodes on their way there (a failed probe
     /// already), and nodes that failed within `unhealthyWindow`. Before its first action on a
-    /// newly failed node podha also waits until the other watched nodes have renewed their
-    /// Lease since that node went silent (at most one renew interval, about 10s): until then a
-    /// partition cannot be told from one dead node, and nodes not yet heard from count too.
+    /// newly failed node podha also waits until the other watched nodes have shown life since
+    /// that node went silent (a Lease renewal, or with KubeletTCP a probe their host answered:
+    /// about one probe interval with KubeletTCP, at most one renew interval, about 10s, on the
+    /// Lease alone): until then a partition cannot be told from one dead node, and nodes not
+    /// yet heard from count too.
     #[serde(default = "default_max_unhealthy")]
     #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|(100|[1-9][0-9]?)%)$')").message("safety.maxUnhealthy must be a count of at least 1 or a percentage from 1% to 100%"))]
     pub max_unhealthy: IntOrString,

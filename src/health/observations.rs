@@ -88,6 +88,12 @@ pub struct NodeObservations {
     ready: ReadyStatus,
     /// `None` until the first probe result: no result is no evidence either way.
     tcp: Option<TcpResult>,
+    /// When the last probe that got an answer (connected or refused) was sent: the host was
+    /// up at that instant or after it.
+    tcp_answered: Option<Instant>,
+    /// When the first unanswered probe of the current run of them came back: the host was
+    /// silent by then (it died, or was cut off, at that instant or before).
+    tcp_silent_since: Option<Instant>,
     last_seen_alive: Option<Instant>,
     gap_since: Option<Instant>,
     /// Bumped whenever a gap begins or ends, so each tracker notices gaps it did not tick
@@ -106,6 +112,8 @@ impl NodeObservations {
             lease_duration: None,
             ready: ReadyStatus::Missing,
             tcp: None,
+            tcp_answered: None,
+            tcp_silent_since: None,
             last_seen_alive: None,
             gap_since: None,
             gap_epoch: 0,
@@ -149,14 +157,35 @@ impl NodeObservations {
         self.ready = status;
     }
 
-    /// The result of the latest TCP connect to the kubelet.
-    pub fn observe_tcp(&mut self, result: TcpResult) {
+    /// The result of the latest TCP connect to the kubelet: sent at `sent`, its result in at
+    /// `received`.
+    pub fn observe_tcp(&mut self, result: TcpResult, sent: Instant, received: Instant) {
         self.tcp = Some(result);
+        match result {
+            TcpResult::Connected | TcpResult::Refused => {
+                self.tcp_answered = Some(self.tcp_answered.map_or(sent, |t| t.max(sent)));
+                self.tcp_silent_since = None;
+            }
+            TcpResult::NoAnswer => {
+                self.tcp_silent_since.get_or_insert(received);
+            }
+        }
     }
 
     /// The node no longer publishes a kubelet endpoint: no TCP evidence either way.
     pub fn forget_tcp(&mut self) {
         self.tcp = None;
+        self.tcp_silent_since = None;
+    }
+
+    /// When the last answered TCP probe was sent (see [`Self::observe_tcp`]).
+    pub fn tcp_answered(&self) -> Option<Instant> {
+        self.tcp_answered
+    }
+
+    /// Since when the kubelet port has not answered, if it does not now.
+    pub fn tcp_silent_since(&self) -> Option<Instant> {
+        self.tcp_silent_since
     }
 
     /// podha's own view of the node stops being trustworthy (watch restarting, API server
@@ -422,5 +451,33 @@ mod tests {
         obs.end_gap(t0 + s(25));
         assert!(!obs.in_gap());
         assert_eq!(obs.lease_baseline(), t0 + s(25));
+    }
+
+    /// The settle rule reads when the port last answered (the probe's send time: the host was
+    /// up then or later) and since when it has been silent (the first unanswered probe's
+    /// result: silent by then). A refusal is an answer; silence restarts with each run.
+    #[test]
+    fn tcp_answers_and_silences_carry_their_instants() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        obs.observe_tcp(TcpResult::Connected, t0 + s(1), t0 + s(2));
+        assert_eq!(obs.tcp_answered(), Some(t0 + s(1)));
+        assert_eq!(obs.tcp_silent_since(), None);
+        obs.observe_tcp(TcpResult::NoAnswer, t0 + s(3), t0 + s(4));
+        obs.observe_tcp(TcpResult::NoAnswer, t0 + s(5), t0 + s(6));
+        assert_eq!(
+            obs.tcp_silent_since(),
+            Some(t0 + s(4)),
+            "from the first of the run"
+        );
+        assert_eq!(obs.tcp_answered(), Some(t0 + s(1)));
+        obs.observe_tcp(TcpResult::Refused, t0 + s(7), t0 + s(7));
+        assert_eq!(
+            (obs.tcp_answered(), obs.tcp_silent_since()),
+            (Some(t0 + s(7)), None)
+        );
+        obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
+        obs.forget_tcp();
+        assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
     }
 }

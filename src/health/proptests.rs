@@ -166,7 +166,7 @@ fn run(cfg: DetectionConfig, events: Vec<Event>) -> Result<(), TestCaseError> {
                 m.ready = status;
             }
             Event::Tcp(result) => {
-                obs.observe_tcp(result);
+                obs.observe_tcp(result, at(m.now), at(m.now));
                 m.tcp = Some(result);
             }
             Event::BeginGap => {

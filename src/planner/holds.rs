@@ -10,11 +10,15 @@
 //!   failed within `safety.unhealthyWindow` (so nodes failing one by one cannot each slip in
 //!   under the limit);
 //! - **settle**: before its first action on a newly failed node, a policy waits until every
-//!   other watched node has renewed its Lease *after* the failed node went silent plus one
-//!   renew interval (by then any node cut off at the same moment has missed a renewal too). A
-//!   node not heard from since counts as unhealthy meanwhile. With the default 40 s grace this
-//!   costs nothing (everyone has renewed long before); with a grace of one renew interval it
-//!   waits up to one interval. A wait that outlasts two renew intervals is reported as a hold.
+//!   other watched node has shown life *after* the instant by which the failed node was
+//!   certainly silent (so a node cut off at the same moment cannot pass for alive). That
+//!   instant is one renew interval after its last renewal (it missed one by then), or, for a
+//!   policy that probes the kubelet port, when its port first stopped answering if that came
+//!   sooner. Life is a Lease renewal, or for such a policy a probe the host answered. A node not
+//!   heard from since counts as unhealthy meanwhile. With the kubelet port probed every
+//!   interval this costs about one interval; on the Lease alone, up to one renew interval
+//!   with a short grace (nothing with the default 40 s). A wait that outlasts two renew
+//!   intervals is reported as a hold.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,6 +26,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{HoldReason, Incident, Intent, PlanInput, PolicyRef};
+use crate::api::Signal;
 use crate::health::NodeHealth;
 
 /// What the planner needs of podha's own observations of a node's Lease.
@@ -34,6 +39,30 @@ pub struct Heartbeat {
     pub silent_since: Instant,
     /// The longest a live node goes between two renewals.
     pub renew_period: Duration,
+    /// When the last TCP probe the host answered was sent.
+    pub tcp_answered: Option<Instant>,
+    /// Since when the kubelet port has not answered, if it does not now.
+    pub tcp_silent_since: Option<Instant>,
+}
+
+impl Heartbeat {
+    /// The instant by which this node was certainly silent: it missed a renewal one renew
+    /// interval after its last one; with `probes_tcp`, its kubelet port stopped answering,
+    /// when that came later than its last renewal (an older silence of the port says nothing
+    /// about when the Lease stopped).
+    fn certainly_silent_by(&self, probes_tcp: bool) -> Instant {
+        let missed_renewal = self.silent_since + self.renew_period;
+        match self.tcp_silent_since {
+            Some(port) if probes_tcp && port >= self.silent_since => missed_renewal.min(port),
+            _ => missed_renewal,
+        }
+    }
+
+    /// Whether this node showed life after `at`.
+    fn alive_after(&self, at: Instant, probes_tcp: bool) -> bool {
+        self.last_renewal.is_some_and(|r| r > at)
+            || (probes_tcp && self.tcp_answered.is_some_and(|t| t >= at))
+    }
 }
 
 /// Heartbeats by node name.
@@ -95,8 +124,9 @@ pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInp
     if acted {
         return Settle::Go;
     }
-    // Anyone cut off together with the dead node has missed a renewal by now.
-    let cutoff = dead.silent_since + dead.renew_period;
+    // Anyone cut off together with the dead node has been silent since then too.
+    let probes_tcp = policy.spec.detection.signals.contains(&Signal::KubeletTCP);
+    let cutoff = dead.certainly_silent_by(probes_tcp);
     let unhealthy = nodes
         .values()
         .filter(|h| !matches!(h, NodeHealth::Healthy))
@@ -108,7 +138,7 @@ pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInp
                 && input
                     .heartbeats
                     .get(name.as_str())
-                    .is_none_or(|hb| hb.last_renewal.is_none_or(|r| r <= cutoff))
+                    .is_none_or(|hb| !hb.alive_after(cutoff, probes_tcp))
         })
         .count();
     let max = policy.spec.max_unhealthy_nodes(nodes.len());

@@ -57,8 +57,13 @@ pub fn kubelet_addr(node: &Node) -> Option<SocketAddr> {
         .map(|p| SocketAddr::new(ip, p))
 }
 
-/// One probe round's results: per node, what the connect found (`None`: nothing to probe).
-pub type Round = Vec<(String, Option<TcpResult>)>;
+/// One probe round: when its connects were sent, and per node what the connect found
+/// (`None`: nothing to probe).
+#[derive(Debug)]
+pub struct Round {
+    pub sent: Instant,
+    pub results: Vec<(String, Option<TcpResult>)>,
+}
 
 async fn connect(target: Target) -> (String, Option<TcpResult>) {
     let Some(addr) = target.addr else {
@@ -95,11 +100,13 @@ pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Rou
                     break;
                 }
                 _ = ticker.tick() => {
-                    let round: Round = futures::stream::iter(current.targets.clone())
+                    let sent = Instant::now();
+                    let results_in = futures::stream::iter(current.targets.clone())
                         .map(connect)
                         .buffer_unordered(CONCURRENCY)
                         .collect()
                         .await;
+                    let round = Round { sent, results: results_in };
                     if results.send(round).await.is_err() {
                         return;
                     }
@@ -205,11 +212,17 @@ mod tests {
                 },
             ],
         });
+        let spawned = Instant::now();
         let prober = tokio::spawn(run(plan_rx, tx));
-        let mut round = rx.recv().await.expect("a round");
-        round.sort();
+        let round = rx.recv().await.expect("a round");
+        assert!(
+            spawned <= round.sent && round.sent <= Instant::now(),
+            "the round says when its probes were sent"
+        );
+        let mut results = round.results;
+        results.sort();
         assert_eq!(
-            round,
+            results,
             vec![
                 ("closed".to_string(), Some(TcpResult::Refused)),
                 ("open".to_string(), Some(TcpResult::Connected)),

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::api::Signal;
 use crate::planner::Heartbeat;
 
 fn s(n: u64) -> Duration {
@@ -288,6 +289,8 @@ fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
         last_renewal: Some(t0 + s(last)),
         silent_since: t0 + s(last),
         renew_period: renew,
+        tcp_answered: None,
+        tcp_silent_since: None,
     };
     let mut world = World::new(cluster(6)).policy("p", max_unhealthy(oos(), 2));
     // node-1 went silent at t0+0; node-2 and node-3 (cut off with it) renewed last at 3 s
@@ -347,6 +350,8 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         last_renewal: Some(t0 + s(last)),
         silent_since: t0 + s(last),
         renew_period: s(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
     world.heartbeats.insert("node-1".into(), hb(0));
@@ -380,6 +385,61 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
             ..
         }]
     ));
+}
+
+/// With the kubelet port probed every interval, the dead node is certainly silent once its
+/// port stopped answering, not only one renew interval after its last renewal: the others are
+/// heard from as soon as a probe they answered was sent after that. The settle costs about
+/// one probe instead of up to a renew interval (it doubled a fast failover). It stays safe: a
+/// node that answered only before, or a cut that silences every port (podha cut off with the
+/// API server), still waits; a port silent since before the last renewal says nothing.
+#[test]
+fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
+    let t0 = Instant::now();
+    let hb = |renewed: u64, answered: u64, port_silent: Option<u64>| Heartbeat {
+        last_renewal: Some(t0 + s(renewed)),
+        silent_since: t0 + s(renewed),
+        renew_period: s(10),
+        tcp_answered: Some(t0 + s(answered)),
+        tcp_silent_since: port_silent.map(|p| t0 + s(p)),
+    };
+    let mut tcp = max_unhealthy(oos(), 1);
+    tcp.detection.signals = vec![Signal::Lease, Signal::KubeletTCP];
+    let world = |spec: PodHAPolicySpec, beats: [Heartbeat; 3]| {
+        let mut w = World::new(cluster(3)).policy("p", spec);
+        for (i, hb) in beats.into_iter().enumerate() {
+            w.heartbeats.insert(format!("node-{}", i + 1), hb);
+        }
+        w.now = t0 + s(14);
+        w.fail("node-1")
+    };
+    // node-1 renewed at 0, its port silent from 2; the others renewed at 1 and 2 (before the
+    // missed renewal at 10) but answered probes sent at 3.
+    let dead = hb(0, 1, Some(2));
+    let beats = [dead, hb(1, 3, None), hb(2, 3, None)];
+    assert_eq!(
+        taints(&world(tcp.clone(), beats).plan()),
+        vec![("node-1".to_string(), NodeTaint::OutOfService)]
+    );
+    // On the Lease alone, the same evidence waits for renewals after 10 s.
+    assert!(
+        world(max_unhealthy(oos(), 1), beats)
+            .plan()
+            .intents
+            .is_empty()
+    );
+    // node-3 answered only before the port went silent: not heard from.
+    let beats = [dead, hb(1, 3, None), hb(1, 1, None)];
+    assert!(world(tcp.clone(), beats).plan().intents.is_empty());
+    // Every port silent from 2 (podha and the API server cut off from all nodes): waits.
+    let beats = [dead, hb(1, 1, Some(2)), hb(1, 1, Some(2))];
+    assert!(world(tcp.clone(), beats).plan().intents.is_empty());
+    // A port silent since before the last renewal (a firewall, not the death): the cutoff
+    // stays at the missed renewal, and answers at 3 prove nothing.
+    let mut old_silence = hb(5, 1, None);
+    old_silence.tcp_silent_since = Some(t0 + s(2));
+    let beats = [old_silence, hb(1, 3, None), hb(2, 3, None)];
+    assert!(world(tcp, beats).plan().intents.is_empty());
 }
 
 // ---- issue 15, item 3: a policy edited mid-incident -------------------------------------------

@@ -180,10 +180,11 @@ impl Actor {
                     }
                 }
                 Some(round) = tcp.recv() => {
-                    for (node, result) in round {
+                    let received = Instant::now();
+                    for (node, result) in round.results {
                         if let Some(obs) = self.state.observations.get_mut(&node) {
                             match result {
-                                Some(result) => obs.observe_tcp(result),
+                                Some(result) => obs.observe_tcp(result, round.sent, received),
                                 None => obs.forget_tcp(),
                             }
                         }
@@ -445,6 +446,8 @@ impl Actor {
                     last_renewal: obs.last_renewal(),
                     silent_since: obs.lease_baseline(),
                     renew_period: obs.renew_period_bound(),
+                    tcp_answered: obs.tcp_answered(),
+                    tcp_silent_since: obs.tcp_silent_since(),
                 };
                 (node.clone(), hb)
             })
