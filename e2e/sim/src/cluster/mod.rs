@@ -50,6 +50,7 @@ mod blackhole;
 mod fleet;
 mod pki;
 pub mod process;
+mod realnode;
 mod state;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -69,7 +70,9 @@ use tracing::{info, warn};
 pub use bins::{BINARIES, default_bin_dir, k8s_version};
 pub use fleet::{FLEET_GROUP_LABEL, FleetGroup};
 use process::ProcRecord;
-use state::{NodeRecord, Ports, State};
+pub use realnode::PAUSE_IMAGE;
+use realnode::RealNode;
+use state::{NodeRecord, Ports, RealNodes, State};
 
 /// Port kwok serves on (as a kubelet would) when it is free on the node's IP.
 pub const KUBELET_PORT: u16 = 10250;
@@ -88,6 +91,11 @@ fn kwok_proc(node: &str) -> String {
 
 fn csi_node_proc(node: &str) -> String {
     format!("csi-node-{node}")
+}
+
+/// A real node's boot script, which becomes its kubelet (see `realnode`).
+fn kubelet_proc(node: &str) -> String {
+    format!("kubelet-{node}")
 }
 
 /// Timing of the control plane; see the module documentation.
@@ -160,8 +168,16 @@ impl Profile {
 pub struct ClusterOptions {
     /// Directory holding the cluster's state, logs, certificates and etcd data.
     pub dir: PathBuf,
-    /// Number of nodes (`node-1`..`node-N`).
+    /// Number of kwok nodes (`node-1`..`node-N`).
     pub nodes: usize,
+    /// Number of real nodes (kubelet + containerd, see `realnode`), named after the kwok ones
+    /// (`node-<N+1>`...). They need `make node-deps` and `make node-pause`.
+    pub real_nodes: usize,
+    /// Where the kubelet is; default `$PODHA_NODE_BIN_DIR`, else the `make node-deps` cache.
+    pub node_bin_dir: Option<PathBuf>,
+    /// The static pause binary of the real nodes' sandbox image; default `$PODHA_PAUSE_BIN`,
+    /// else where `make node-pause` builds it (found from the podha-sim executable).
+    pub pause_binary: Option<PathBuf>,
     pub profile: Profile,
     /// Where the control-plane binaries are; default [`default_bin_dir`].
     pub bin_dir: Option<PathBuf>,
@@ -183,6 +199,9 @@ impl ClusterOptions {
         ClusterOptions {
             dir: dir.into(),
             nodes: 3,
+            real_nodes: 0,
+            node_bin_dir: None,
+            pause_binary: None,
             profile: Profile::Fast,
             bin_dir: None,
             sim_exe: None,
@@ -293,8 +312,11 @@ pub struct NodeInfo {
     pub ip: Ipv4Addr,
     /// kwok's server port, reported as `status.daemonEndpoints.kubeletEndpoint.Port`.
     pub kubelet_port: u16,
-    /// Whether its kwok process runs (false after [`Cluster::kill_node`]).
+    /// Whether its kwok process (a real node: its kubelet) runs (false after
+    /// [`Cluster::kill_node`]).
     pub running: bool,
+    /// A real node (kubelet and containerd) rather than a kwok one.
+    pub real: bool,
 }
 
 /// A process of the sim cluster.
@@ -402,6 +424,22 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         index,
         ip,
         port,
+        real: false,
+    })
+}
+
+fn real_node_record(index: u8, subnet: u8) -> Result<NodeRecord> {
+    if index == 0 || index > 250 {
+        return Err(Error::Other(format!(
+            "node index {index} out of range 1..=250"
+        )));
+    }
+    Ok(NodeRecord {
+        name: format!("node-{index}"),
+        index,
+        ip: realnode::net::node_ip(subnet, index),
+        port: realnode::KUBELET_PORT,
+        real: true,
     })
 }
 
@@ -445,11 +483,22 @@ impl Cluster {
             });
         }
         let sim_exe = resolve_sim_exe(opts.sim_exe.as_deref())?;
-        if opts.nodes == 0 || opts.nodes > 250 {
+        let total = opts.nodes + opts.real_nodes;
+        if total == 0 || total > 250 {
             return Err(Error::Other(format!(
-                "--nodes must be 1..=250, got {}",
-                opts.nodes
+                "--nodes plus --real-nodes must be 1..=250, got {total}"
             )));
+        }
+        let node_bin_dir = opts
+            .node_bin_dir
+            .clone()
+            .unwrap_or_else(realnode::default_node_bin_dir);
+        let pause_binary = opts
+            .pause_binary
+            .clone()
+            .unwrap_or_else(|| realnode::default_pause_binary(&sim_exe));
+        if opts.real_nodes > 0 {
+            realnode::check_host(&node_bin_dir, &pause_binary)?;
         }
         std::fs::create_dir_all(&opts.dir)
             .map_err(|e| Error::io(format!("create {}", opts.dir.display()), e))?;
@@ -475,6 +524,8 @@ impl Cluster {
             "kwok-home",
             "kubeconfig",
             "kwok-stages.yaml",
+            "nodes",
+            "images",
         ] {
             remove_path(&dir.join(stale))?;
         }
@@ -511,9 +562,23 @@ impl Cluster {
         )?;
         std::fs::write(dir.join("kwok-stages.yaml"), KWOK_STAGES)
             .map_err(|e| Error::io("write kwok-stages.yaml", e))?;
-        let nodes = (1..=opts.nodes as u8)
+        let mut nodes = (1..=opts.nodes as u8)
             .map(node_record)
             .collect::<Result<Vec<_>>>()?;
+        let real_nodes = if opts.real_nodes > 0 {
+            let seed = u8::from_str_radix(&realnode::cluster_id(&dir)[..2], 16).unwrap_or(0);
+            let subnet = realnode::net::free_subnet(seed)?;
+            for index in opts.nodes + 1..=total {
+                nodes.push(real_node_record(index as u8, subnet)?);
+            }
+            realnode::build_pause_image(&dir, &pause_binary)?;
+            Some(RealNodes {
+                subnet,
+                node_bin_dir,
+            })
+        } else {
+            None
+        };
         let state = State {
             profile: opts.profile,
             bin_dir,
@@ -522,6 +587,7 @@ impl Cluster {
             detach_delay: opts.detach_delay,
             ports,
             nodes,
+            real_nodes,
             processes: Default::default(),
         };
         state.save(&dir)?;
@@ -626,9 +692,16 @@ impl Cluster {
     /// being renewed, its status and `volumesInUse` freeze) and its address stops answering
     /// (packets to its kubelet endpoint are dropped: a connect times out, as against a host that
     /// is off).
+    ///
+    /// A real node: every process in its cgroup tree (containerd, shims, containers, kubelet)
+    /// is SIGKILLed and its veth goes down.
     pub fn kill_node(&self, name: &str) -> Result<()> {
         let rec = self.node(name)?;
-        blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+        if rec.real {
+            realnode::kill(&self.real_node(name, "killed")?)?;
+        } else {
+            blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+        }
         self.kill_node_processes(name)?;
         info!(node = name, "node killed");
         Ok(())
@@ -637,7 +710,20 @@ impl Cluster {
     /// Only the node's kubelet dies (kwok and the sim-csi node agent are SIGKILLed): the host
     /// stays up, so its kernel refuses connects to the kubelet port. Containers of a real node
     /// would go on running.
+    ///
+    /// A real node: only its kubelet is SIGKILLed; containerd and the containers run on.
     pub fn kill_kubelet(&self, name: &str) -> Result<()> {
+        if self.node(name)?.real {
+            let proc_name = kubelet_proc(name);
+            let mut st = self.lock_reloaded();
+            if let Some(rec) = st.processes.get(&proc_name).copied() {
+                process::kill_leader(&proc_name, &rec)?;
+                st.processes.remove(&proc_name);
+                st.save(&self.dir)?;
+            }
+            info!(node = name, "kubelet killed, containers running");
+            return Ok(());
+        }
         self.kill_node_processes(name)?;
         info!(node = name, "kubelet killed, host up");
         Ok(())
@@ -645,9 +731,13 @@ impl Cluster {
 
     fn kill_node_processes(&self, name: &str) -> Result<()> {
         let mut st = self.lock_reloaded();
-        st.node(name)?;
+        let names = if st.node(name)?.real {
+            vec![kubelet_proc(name)]
+        } else {
+            vec![kwok_proc(name), csi_node_proc(name)]
+        };
         let mut result = Ok(());
-        for proc_name in [kwok_proc(name), csi_node_proc(name)] {
+        for proc_name in names {
             if let Some(rec) = st.processes.get(&proc_name).copied() {
                 match process::kill(&proc_name, &rec) {
                     Ok(()) => {
@@ -664,7 +754,13 @@ impl Cluster {
     /// Restarts a killed node's kwok and node agent as a rebooted machine would come back: a
     /// new `nodeInfo.bootID`, the stale lease dropped so that the new kwok (which has a new
     /// holder identity, unlike a kubelet) takes it over at once. Returns once the node is Ready.
+    ///
+    /// A real node reboots: whatever still runs of it is killed, then it boots with a new boot
+    /// ID (which its kubelet reports); returns once it is Ready with that boot ID.
     pub async fn start_node(&self, name: &str) -> Result<()> {
+        if self.node(name)?.real {
+            return self.reboot_real_node(name).await;
+        }
         {
             let st = self.lock_reloaded();
             st.node(name)?;
@@ -709,7 +805,33 @@ impl Cluster {
         Ok(())
     }
 
-    /// Adds `node-<N+1>` and returns its name once it is Ready.
+    async fn reboot_real_node(&self, name: &str) -> Result<()> {
+        let node = self.real_node(name, "started")?;
+        let boot_id = {
+            let mut st = self.lock_reloaded();
+            if st
+                .processes
+                .get(&kubelet_proc(name))
+                .is_some_and(process::is_alive)
+            {
+                return Err(Error::NodeRunning(name.to_string()));
+            }
+            realnode::kill(&node)?;
+            let rec = st.node(name)?.clone();
+            self.boot_real_node(&mut st, &rec)?
+        };
+        let client = self.client().await?;
+        self.wait_real_nodes_ready(
+            &client,
+            &[(name.to_string(), boot_id)],
+            Duration::from_secs(120),
+        )
+        .await?;
+        info!(node = name, "real node rebooted");
+        Ok(())
+    }
+
+    /// Adds kwok node `node-<N+1>` and returns its name once it is Ready.
     pub async fn add_node(&self) -> Result<String> {
         let rec = {
             let mut st = self.lock_reloaded();
@@ -746,6 +868,18 @@ impl Cluster {
     pub fn down(&self) -> Result<()> {
         let mut st = self.lock_reloaded();
         let mut first_err = None;
+        // Real nodes first: their cgroup trees hold processes (shims, containers) that are in
+        // no recorded process group.
+        for rec in st.nodes.iter().filter(|n| n.real) {
+            if let Err(e) = realnode::remove(&self.real_node_of(rec)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        if st.real_nodes.is_some()
+            && let Err(e) = realnode::remove_host_network(&self.dir)
+        {
+            first_err.get_or_insert(e);
+        }
         let procs: Vec<(String, ProcRecord)> =
             st.processes.iter().map(|(n, r)| (n.clone(), *r)).collect();
         for (name, rec) in procs {
@@ -877,6 +1011,8 @@ impl Cluster {
                 .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
                 .arg(format!("--token-auth-file={}", pki.tokens.display()))
                 .arg("--authorization-mode=Node,RBAC")
+                // Real nodes' hostnames resolve nowhere: reach kubelets (logs, exec) by address.
+                .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
                 .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
                 .arg(format!(
                     "--service-account-key-file={}",
@@ -951,10 +1087,12 @@ impl Cluster {
         }
 
         // nodes
-        let nodes = self.lock().nodes.clone();
+        let (real, nodes): (Vec<NodeRecord>, Vec<NodeRecord>) =
+            self.lock().nodes.iter().cloned().partition(|n| n.real);
         for rec in &nodes {
             create_node(&client, rec).await?;
         }
+        let real_boots = self.boot_real_nodes(&real)?;
         {
             let mut st = self.lock();
             for rec in &nodes {
@@ -980,6 +1118,8 @@ impl Cluster {
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         self.wait_nodes_ready(&client, &names, Duration::from_secs(180))
             .await?;
+        self.wait_real_nodes_ready(&client, &real_boots, Duration::from_secs(180))
+            .await?;
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let sas = &sas;
         self.wait_until(
@@ -1003,7 +1143,122 @@ impl Cluster {
                 log,
             });
         }
-        info!(dir = %self.dir.display(), nodes = names.len(), "sim cluster up");
+        info!(dir = %self.dir.display(), nodes = names.len(), real_nodes = real.len(), "sim cluster up");
+        Ok(())
+    }
+
+    fn real_node_of(&self, rec: &NodeRecord) -> RealNode {
+        RealNode::new(&self.dir, &rec.name, rec.index, rec.ip)
+    }
+
+    /// The real node `name`, or an error when it is a kwok node.
+    fn real_node(&self, name: &str, what: &str) -> Result<RealNode> {
+        let st = self.reload();
+        let rec = st.node(name)?;
+        if !rec.real {
+            return Err(Error::Other(format!(
+                "{name} is a kwok node: only real nodes (--real-nodes) can be {what}"
+            )));
+        }
+        Ok(self.real_node_of(rec))
+    }
+
+    /// Creates the real nodes' network, prepares each node and boots it; returns each node's
+    /// name and boot ID, for [`Cluster::wait_real_nodes_ready`].
+    fn boot_real_nodes(&self, recs: &[NodeRecord]) -> Result<Vec<(String, String)>> {
+        let mut st = self.lock();
+        let Some(real) = st.real_nodes.clone() else {
+            return Ok(Vec::new());
+        };
+        let port = st.ports.apiserver;
+        realnode::create_host_network(&self.dir, real.subnet, port)?;
+        let mut boots = Vec::new();
+        for rec in recs {
+            realnode::prepare(
+                &self.real_node_of(rec),
+                real.subnet,
+                port,
+                &real.node_bin_dir,
+            )?;
+            boots.push((rec.name.clone(), self.boot_real_node(&mut st, rec)?));
+        }
+        Ok(boots)
+    }
+
+    /// Starts a real node's boot script (it becomes the kubelet); returns the node's boot ID.
+    fn boot_real_node(&self, st: &mut State, rec: &NodeRecord) -> Result<String> {
+        let (cmd, boot_id) = realnode::boot_command(&self.real_node_of(rec))?;
+        self.spawn(st, &kubelet_proc(&rec.name), cmd)?;
+        Ok(boot_id)
+    }
+
+    /// Waits until each real node is Ready and reports the boot ID it was booted with.
+    async fn wait_real_nodes_ready(
+        &self,
+        client: &kube::Client,
+        boots: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<()> {
+        if boots.is_empty() {
+            return Ok(());
+        }
+        let watched: Vec<String> = boots.iter().map(|(n, _)| kubelet_proc(n)).collect();
+        let watched: Vec<&str> = watched.iter().map(String::as_str).collect();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let nodes = &nodes;
+        let names: Vec<&str> = boots.iter().map(|(n, _)| n.as_str()).collect();
+        let what = format!("real nodes {} to be Ready after boot", names.join(", "));
+        self.wait_until(&what, timeout, &watched, || async move {
+            for (name, boot_id) in boots {
+                let Some(node) = nodes.get_opt(name).await.ok().flatten() else {
+                    return Ok(false);
+                };
+                let reported = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.boot_id.as_str());
+                if !node_is_ready(&node) || reported != Some(boot_id.as_str()) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Pids of every process of real node `name`: containerd, its shims, the containers and
+    /// the kubelet (its cgroup tree).
+    pub fn node_pids(&self, name: &str) -> Result<Vec<i32>> {
+        Ok(self.real_node(name, "listed by pid")?.cgroup().pids())
+    }
+
+    /// Real node `name` hangs: every process of it is frozen (cgroup freezer). The kernel still
+    /// answers on its address (a connect to the kubelet port is accepted).
+    pub fn freeze_node(&self, name: &str) -> Result<()> {
+        self.real_node(name, "frozen")?.cgroup().freeze()?;
+        info!(node = name, "node frozen");
+        Ok(())
+    }
+
+    /// Undoes [`Cluster::freeze_node`].
+    pub fn thaw_node(&self, name: &str) -> Result<()> {
+        self.real_node(name, "thawed")?.cgroup().thaw()?;
+        info!(node = name, "node thawed");
+        Ok(())
+    }
+
+    /// Cuts (`cut`) or restores real node `name`'s traffic to the host side of the bridge (the
+    /// API server); its containers keep running.
+    pub fn partition_node(&self, name: &str, cut: bool) -> Result<()> {
+        let node = self.real_node(name, "partitioned")?;
+        let subnet = self
+            .reload()
+            .real_nodes
+            .map(|r| r.subnet)
+            .ok_or_else(|| Error::Other("the cluster has no real nodes".into()))?;
+        realnode::net::set_partition(&node.netns(), subnet, cut)?;
+        info!(node = name, cut, "node partition changed");
         Ok(())
     }
 
@@ -1131,8 +1386,13 @@ fn node_info(st: &State, n: &NodeRecord) -> NodeInfo {
         kubelet_port: n.port,
         running: st
             .processes
-            .get(&kwok_proc(&n.name))
+            .get(&if n.real {
+                kubelet_proc(&n.name)
+            } else {
+                kwok_proc(&n.name)
+            })
             .is_some_and(process::is_alive),
+        real: n.real,
     }
 }
 
