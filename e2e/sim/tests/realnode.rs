@@ -7,7 +7,10 @@
 //!   workload runs there again in new containers;
 //! - freeze: the node's processes stop (a hung machine): the node goes `Unknown` while every
 //!   process is still there; thawed, it is Ready again with the same boot ID and the same
-//!   containers.
+//!   containers;
+//! - partition: the node's packets to the API server are dropped: the node goes `Unknown`
+//!   while its kubelet and containers run (and its kubelet port answers); healed, it is Ready
+//!   again with the same containers.
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-pause` (`make real-node-test` does it);
 //! without them the tests fail and say which target to run.
@@ -45,7 +48,7 @@ fn main() -> ExitCode {
         .with_real_nodes(1),
     );
     type Scenario = fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>;
-    let scenarios: [(&str, Scenario); 2] = [
+    let scenarios: [(&str, Scenario); 3] = [
         (
             "a_killed_real_node_loses_every_process_and_reboots",
             kill_and_reboot,
@@ -53,6 +56,10 @@ fn main() -> ExitCode {
         (
             "a_frozen_real_node_goes_unknown_and_comes_back",
             freeze_and_thaw,
+        ),
+        (
+            "a_partitioned_real_node_goes_unknown_while_its_containers_run",
+            partition_and_heal,
         ),
     ];
     let trials = scenarios
@@ -262,12 +269,17 @@ fn kill_and_reboot(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> 
             ),
         );
         check_real_node(&ctx).await?;
-        // Leave the node to the next scenario with its pods only.
-        Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-            .delete("sleeper", &DeleteParams::foreground())
-            .await?;
-        only_pods_of(&ctx, "sleeper-deleted").await
+        remove_app(&ctx, "sleeper").await
     })
+}
+
+/// Deletes the Deployment `app` and waits for its pods to leave the real node, so the next
+/// scenario finds no process of this one there.
+async fn remove_app(ctx: &Ctx<'_>, app: &str) -> anyhow::Result<()> {
+    Api::<Deployment>::namespaced(ctx.client.clone(), &ctx.ns)
+        .delete(app, &DeleteParams::foreground())
+        .await?;
+    only_pods_of(ctx, &format!("{app}-deleted")).await
 }
 
 /// Waits until every pod on the real node belongs to `app` of this scenario's namespace (none
@@ -336,6 +348,59 @@ fn freeze_and_thaw(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> 
             "the container changed from {container} to {after}"
         );
         log(&ns, "thawed: Ready, same boot ID, same container");
-        Ok(())
+        remove_app(&ctx, "hung").await
+    })
+}
+
+fn partition_and_heal(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
+    run_scenario(shared, "realnode-partition", |ctx| async move {
+        let ns = ctx.ns.clone();
+        ctx.create::<Deployment>(pause_deployment("cut-off", true))
+            .await?;
+        let (_, container) = wait_started_on_real_node(&ctx, "cut-off", None).await?;
+        only_pods_of(&ctx, "cut-off").await?;
+        let (node, before) = check_real_node(&ctx).await?;
+        let endpoint = SocketAddr::from((
+            ctx.cluster.node_ip(REAL_NODE)?,
+            ctx.cluster.node(REAL_NODE)?.kubelet_port,
+        ));
+
+        ctx.cluster.partition_node(REAL_NODE, true)?;
+        let heal_on_error = async {
+            let status = ctx.wait_not_ready(REAL_NODE, secs(60)).await?;
+            anyhow::ensure!(
+                status == "Unknown",
+                "cut-off node's Ready is {status}, not Unknown"
+            );
+            let gone: Vec<&(String, ProcRecord)> =
+                before.iter().filter(|(_, r)| !is_alive(r)).collect();
+            anyhow::ensure!(gone.is_empty(), "a cut-off node lost processes: {gone:?}");
+            anyhow::ensure!(
+                TcpStream::connect_timeout(&endpoint, secs(2)).is_ok(),
+                "a cut-off node's kubelet port stopped answering the host"
+            );
+            log(
+                &ns,
+                "node cut off: Ready Unknown, processes running, kubelet port answering",
+            );
+            Ok(())
+        }
+        .await;
+        ctx.cluster.partition_node(REAL_NODE, false)?;
+        heal_on_error?;
+
+        ctx.wait_ready(REAL_NODE, secs(60)).await?;
+        let (_, after) = wait_started_on_real_node(&ctx, "cut-off", None).await?;
+        anyhow::ensure!(
+            after == container,
+            "the container changed from {container} to {after}"
+        );
+        let node_now = ctx.nodes().get(REAL_NODE).await?;
+        anyhow::ensure!(
+            boot_id(&node_now) == boot_id(&node),
+            "a healed node has a new boot ID"
+        );
+        log(&ns, "healed: Ready, same container");
+        remove_app(&ctx, "cut-off").await
     })
 }

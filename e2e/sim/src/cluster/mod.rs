@@ -1248,16 +1248,16 @@ impl Cluster {
         Ok(())
     }
 
-    /// Cuts (`cut`) or restores real node `name`'s traffic to the host side of the bridge (the
-    /// API server); its containers keep running.
+    /// Cuts (`cut`) or restores real node `name`'s traffic to the API server; its containers
+    /// keep running and its kubelet port still answers.
     pub fn partition_node(&self, name: &str, cut: bool) -> Result<()> {
         let node = self.real_node(name, "partitioned")?;
-        let subnet = self
-            .reload()
+        let st = self.reload();
+        let subnet = st
             .real_nodes
             .map(|r| r.subnet)
             .ok_or_else(|| Error::Other("the cluster has no real nodes".into()))?;
-        realnode::net::set_partition(&node.netns(), subnet, cut)?;
+        realnode::net::set_partition(&node.netns(), subnet, st.ports.apiserver, cut)?;
         info!(node = name, cut, "node partition changed");
         Ok(())
     }

@@ -11,7 +11,8 @@
 //! node's kubeconfig names the server `localhost` for TLS).
 //!
 //! Killing a node takes its veth down: packets to its address are lost, as to a machine that
-//! is off. A partition drops, inside the node's namespace, its packets to the API server.
+//! is off. A partition drops, inside the node's namespace, its packets to the API server's
+//! port (only those: the kubelet port still answers the host).
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -179,10 +180,20 @@ pub fn set_link(veth: &str, up: bool) -> Result<()> {
     Ok(())
 }
 
-fn partition_rule(s: u8) -> Vec<String> {
-    ["OUTPUT", "-d", &format!("{}/32", host_ip(s)), "-j", "DROP"]
-        .map(String::from)
-        .to_vec()
+fn partition_rule(s: u8, apiserver_port: u16) -> Vec<String> {
+    [
+        "OUTPUT",
+        "-d",
+        &format!("{}/32", host_ip(s)),
+        "-p",
+        "tcp",
+        "--dport",
+        &apiserver_port.to_string(),
+        "-j",
+        "DROP",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn in_netns(netns: &str, op: &str, rule: &[String]) -> Result<String> {
@@ -192,10 +203,11 @@ fn in_netns(netns: &str, op: &str, rule: &[String]) -> Result<String> {
     run("nsenter", &args)
 }
 
-/// Drops (`cut`) or lets through again every packet from the node to the host side of the
-/// bridge, the API server included; the node's containers keep running.
-pub fn set_partition(netns: &str, s: u8, cut: bool) -> Result<()> {
-    let rule = partition_rule(s);
+/// Drops (`cut`) or lets through again every packet from the node to the API server; the
+/// node's containers keep running, and its kubelet port still answers (replies go to other
+/// ports of the host).
+pub fn set_partition(netns: &str, s: u8, apiserver_port: u16, cut: bool) -> Result<()> {
+    let rule = partition_rule(s, apiserver_port);
     let present = in_netns(netns, "-C", &rule).is_ok();
     match (cut, present) {
         (true, false) => in_netns(netns, "-I", &rule).map(drop),
