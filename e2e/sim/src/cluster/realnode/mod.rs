@@ -20,6 +20,7 @@
 //! the old mount namespace.
 
 pub mod cgroup;
+mod cluster_ops;
 pub mod files;
 pub mod net;
 
