@@ -187,7 +187,13 @@ fi
 mount --bind {d}/boot_id /proc/sys/kernel/random/boot_id
 {sysctls}
 rm -rf {d}/containerd/state
-mkdir -p {d}/containerd/state {d}/kubelet {d}/pod-logs
+mkdir -p {d}/containerd/state/run {d}/kubelet {d}/pod-logs {d}/container-logs {d}/cni-cache
+# Host paths containerd, CNI and the kubelet hard-code, made node-private (and emptied at boot
+# where a machine's would be): shim sockets, CNI results, container log links.
+mkdir -p /run/containerd /var/lib/cni /var/log/containers
+mount --bind {d}/containerd/state/run /run/containerd
+mount --bind {d}/cni-cache /var/lib/cni
+mount --bind {d}/container-logs /var/log/containers
 echo "boot $(cat /proc/sys/kernel/random/boot_id): starting containerd"
 containerd --config {d}/containerd.toml >> {logs}/containerd-{name}.log 2>&1 &
 i=0
