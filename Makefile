@@ -103,6 +103,19 @@ $(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR
 	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
 	touch $@
 
+# The sandbox (pause) binary of the real nodes' image, linked statically (the image has no libc).
+# An explicit --target keeps its RUSTFLAGS away from the host build's artefacts.
+PAUSE_TARGET := x86_64-unknown-linux-gnu
+export PODHA_PAUSE_BIN := $(CURDIR)/target/$(PAUSE_TARGET)/release/podha-pause
+
+.PHONY: node-pause
+node-pause: ## Build podha-pause statically, for the real nodes' pause image
+	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p podha-pause --target $(PAUSE_TARGET)
+
+.PHONY: real-node-test
+real-node-test: k8s sim-deps csi-sidecars node-deps node-pause ## A real node (kubelet + containerd) in the sim cluster: pods, kill, reboot, freeze (root; not in make test yet)
+	$(CARGO) test -p podha-sim --test realnode
+
 .PHONY: build
 build: ## Build the operator and the sim cluster CLI
 	$(CARGO) build --workspace --bins

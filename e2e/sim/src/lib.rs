@@ -1,6 +1,6 @@
 //! podha-sim: a real Kubernetes control plane on one machine, for podha's tests, demo and
 //! benchmarks. `cluster` starts and stops the processes; `csi` runs the CSI drivers (podha-csi behind the real sidecars, a simulated node side); `relay`
-//! cuts one client off the API server.
+//! cuts one client off the API server; `image` writes container images as OCI layout tars.
 #![forbid(unsafe_code)]
 
 pub mod bench;
@@ -8,5 +8,6 @@ pub mod chart_rbac;
 pub mod cluster;
 pub mod csi;
 pub mod failover;
+pub mod image;
 pub mod relay;
 pub mod testkit;

@@ -32,9 +32,13 @@ enum Cmd {
     Up {
         #[command(flatten)]
         dir: DirArg,
-        /// Number of nodes, named node-1..node-N.
+        /// Number of kwok nodes, named node-1..node-N.
         #[arg(long, default_value_t = 3)]
         nodes: usize,
+        /// Number of real nodes (kubelet + containerd in a network namespace), named after the
+        /// kwok ones; needs `make node-deps node-pause` and root.
+        #[arg(long, default_value_t = 0)]
+        real_nodes: usize,
         /// `fast` (short grace periods, for tests) or `stock` (upstream defaults).
         #[arg(long, default_value = "fast")]
         profile: Profile,
@@ -80,6 +84,11 @@ enum Cmd {
         #[command(subcommand)]
         command: NodeCmd,
     },
+    /// Container images without a registry.
+    Image {
+        #[command(subcommand)]
+        command: ImageCmd,
+    },
     /// Show the cluster's processes and nodes.
     Status {
         #[command(flatten)]
@@ -112,6 +121,26 @@ enum Cmd {
 }
 
 #[derive(Subcommand)]
+enum ImageCmd {
+    /// Write an OCI image layout tar (for `ctr -n k8s.io images import`) holding the given
+    /// files, usually static binaries.
+    Build {
+        /// Full image reference, e.g. podha.io/sim/pause:1.
+        #[arg(long)]
+        name: String,
+        /// HOST_PATH[:/PATH/IN/IMAGE] (default: /<file name>); repeat for several files.
+        #[arg(long = "binary", required = true)]
+        binaries: Vec<podha_sim::image::ImageFile>,
+        /// The entrypoint, one argument per use (default: the first binary's path in the image).
+        #[arg(long)]
+        entrypoint: Vec<String>,
+        /// The tar file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum NodeCmd {
     /// The node's machine dies: SIGKILL its kwok and sim-csi node agent, and drop packets to
     /// its address (a connect times out, as against a powered-off host).
@@ -133,7 +162,28 @@ enum NodeCmd {
         #[command(flatten)]
         dir: DirArg,
     },
-    /// Add node-<N+1>; prints its name once it is Ready.
+    /// Freeze every process of a real node (a hung machine).
+    Freeze {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Thaw a frozen real node.
+    Thaw {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Drop a real node's traffic to the API server (its containers keep running); `--heal`
+    /// lets it through again.
+    Partition {
+        name: String,
+        #[arg(long)]
+        heal: bool,
+        #[command(flatten)]
+        dir: DirArg,
+    },
+    /// Add kwok node node-<N+1>; prints its name once it is Ready.
     Add {
         #[command(flatten)]
         dir: DirArg,
@@ -170,6 +220,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Up {
             dir,
             nodes,
+            real_nodes,
             profile,
             attach_delay,
             detach_delay,
@@ -178,6 +229,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         } => {
             let opts = ClusterOptions {
                 nodes,
+                real_nodes,
                 profile,
                 attach_delay,
                 detach_delay,
@@ -227,6 +279,54 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         } => {
             Cluster::attach(&dir.dir)?.start_node(&name).await?;
             println!("{name} is Ready");
+        }
+        Cmd::Node {
+            command: NodeCmd::Freeze { name, dir },
+        } => {
+            Cluster::attach(&dir.dir)?.freeze_node(&name)?;
+            println!("{name} frozen");
+        }
+        Cmd::Node {
+            command: NodeCmd::Thaw { name, dir },
+        } => {
+            Cluster::attach(&dir.dir)?.thaw_node(&name)?;
+            println!("{name} thawed");
+        }
+        Cmd::Node {
+            command: NodeCmd::Partition { name, heal, dir },
+        } => {
+            Cluster::attach(&dir.dir)?.partition_node(&name, !heal)?;
+            println!(
+                "{name} {}",
+                if heal { "reconnected" } else { "partitioned" }
+            );
+        }
+        Cmd::Image {
+            command:
+                ImageCmd::Build {
+                    name,
+                    binaries,
+                    entrypoint,
+                    out,
+                },
+        } => {
+            let entrypoint = if entrypoint.is_empty() {
+                vec![binaries[0].path.clone()]
+            } else {
+                entrypoint
+            };
+            let spec = podha_sim::image::ImageSpec {
+                name,
+                files: binaries,
+                entrypoint,
+            };
+            let built = podha_sim::image::build(&spec, &out)?;
+            println!(
+                "{} {} -> {}",
+                built.name,
+                built.manifest_digest,
+                out.display()
+            );
         }
         Cmd::Node {
             command: NodeCmd::Add { dir },
@@ -304,8 +404,8 @@ async fn status(dir: &Path) -> anyhow::Result<()> {
     .await;
     println!();
     println!(
-        "{:<10} {:<15} {:>6}  {:<8} READY",
-        "NODE", "IP", "PORT", "PROCS"
+        "{:<10} {:<5} {:<15} {:>6}  {:<8} READY",
+        "NODE", "KIND", "IP", "PORT", "PROCS"
     );
     for n in cluster.nodes() {
         let r = match &ready {
@@ -317,9 +417,10 @@ async fn status(dir: &Path) -> anyhow::Result<()> {
             None => "unknown (API server unreachable)",
         };
         let procs = if n.running { "running" } else { "killed" };
+        let kind = if n.real { "real" } else { "kwok" };
         println!(
-            "{:<10} {:<15} {:>6}  {:<8} {r}",
-            n.name, n.ip, n.kubelet_port, procs
+            "{:<10} {:<5} {:<15} {:>6}  {:<8} {r}",
+            n.name, kind, n.ip, n.kubelet_port, procs
         );
     }
     Ok(())

@@ -23,6 +23,7 @@ use serde_json::json;
 pub struct SharedCluster {
     dir: PathBuf,
     nodes: usize,
+    real_nodes: usize,
     sim_exe: Option<PathBuf>,
     cell: OnceLock<Result<Cluster, String>>,
 }
@@ -43,9 +44,16 @@ impl SharedCluster {
         SharedCluster {
             dir,
             nodes,
+            real_nodes: 0,
             sim_exe,
             cell: OnceLock::new(),
         }
+    }
+
+    /// Adds `n` real nodes (kubelet + containerd) after the kwok ones.
+    pub fn with_real_nodes(mut self, n: usize) -> Self {
+        self.real_nodes = n;
+        self
     }
 
     /// The cluster, started on the first call (other callers wait for it).
@@ -58,12 +66,14 @@ impl SharedCluster {
                     .map_err(|e| e.to_string())?;
                 let mut opts = ClusterOptions::new(&self.dir);
                 opts.nodes = self.nodes;
+                opts.real_nodes = self.real_nodes;
                 opts.profile = Profile::Fast;
                 opts.sim_exe = self.sim_exe.clone();
                 eprintln!(
-                    "starting a sim cluster with {} nodes in {} (if this run is interrupted: \
-                     podha-sim down --dir {})",
+                    "starting a sim cluster with {} kwok and {} real nodes in {} (if this run is \
+                     interrupted: podha-sim down --dir {})",
                     self.nodes,
+                    self.real_nodes,
                     self.dir.display(),
                     self.dir.display()
                 );

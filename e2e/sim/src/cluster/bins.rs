@@ -44,12 +44,9 @@ pub fn k8s_version() -> &'static str {
     pinned("K8S_VERSION")
 }
 
-/// `$PODHA_SIM_BIN_DIR`, else `${PODHA_CACHE:-$HOME/.cache/podha}/<cache key>/bin`.
-pub fn default_bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PODHA_SIM_BIN_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let cache = std::env::var_os("PODHA_CACHE")
+/// `${PODHA_CACHE:-$HOME/.cache/podha}`, where the make targets cache what they build.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("PODHA_CACHE")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -57,8 +54,15 @@ pub fn default_bin_dir() -> PathBuf {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| "/".into());
             home.join(".cache/podha")
-        });
-    cache.join(cache_key()).join("bin")
+        })
+}
+
+/// `$PODHA_SIM_BIN_DIR`, else `${PODHA_CACHE:-$HOME/.cache/podha}/<cache key>/bin`.
+pub fn default_bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PODHA_SIM_BIN_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    cache_dir().join(cache_key()).join("bin")
 }
 
 /// Fails with [`Error::MissingBinaries`] unless every binary is an executable file in `dir`.

@@ -15,7 +15,7 @@ use std::process::Command;
 use super::{Error, Result};
 
 /// The comment that tags every rule of the cluster in `dir`.
-fn tag(dir: &Path) -> String {
+pub(super) fn tag(dir: &Path) -> String {
     // FNV-1a: stable across builds and processes (std's hasher is not), short enough for a comment.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in dir.as_os_str().as_encoded_bytes() {

@@ -40,6 +40,12 @@
 //! later. Tests use it. Nothing else differs: the attach/detach controller's 6 minute
 //! force-detach wait is hard-coded in Kubernetes and applies to both.
 //!
+//! # Real nodes
+//!
+//! With [`ClusterOptions::real_nodes`], nodes after the kwok ones run a real kubelet and
+//! containerd, each in a network namespace, cgroup tree and mount namespace of its own; see
+//! `realnode`.
+//!
 //! With kwok leases, nodes are `node-1`..`node-N`, each with labels `kubernetes.io/hostname`,
 //! `kubernetes.io/os=linux`, `kubernetes.io/arch=amd64`, `type=kwok` and the annotation
 //! `volumes.kubernetes.io/controller-managed-attach-detach=true` (a kubelet sets it; without it
@@ -50,6 +56,7 @@ mod blackhole;
 mod fleet;
 mod pki;
 pub mod process;
+mod realnode;
 mod state;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -69,7 +76,8 @@ use tracing::{info, warn};
 pub use bins::{BINARIES, default_bin_dir, k8s_version};
 pub use fleet::{FLEET_GROUP_LABEL, FleetGroup};
 use process::ProcRecord;
-use state::{NodeRecord, Ports, State};
+pub use realnode::PAUSE_IMAGE;
+use state::{NodeRecord, Ports, RealNodes, State};
 
 /// Port kwok serves on (as a kubelet would) when it is free on the node's IP.
 pub const KUBELET_PORT: u16 = 10250;
@@ -88,6 +96,11 @@ fn kwok_proc(node: &str) -> String {
 
 fn csi_node_proc(node: &str) -> String {
     format!("csi-node-{node}")
+}
+
+/// A real node's boot script, which becomes its kubelet (see `realnode`).
+fn kubelet_proc(node: &str) -> String {
+    format!("kubelet-{node}")
 }
 
 /// Timing of the control plane; see the module documentation.
@@ -160,8 +173,16 @@ impl Profile {
 pub struct ClusterOptions {
     /// Directory holding the cluster's state, logs, certificates and etcd data.
     pub dir: PathBuf,
-    /// Number of nodes (`node-1`..`node-N`).
+    /// Number of kwok nodes (`node-1`..`node-N`).
     pub nodes: usize,
+    /// Number of real nodes (kubelet + containerd, see `realnode`), named after the kwok ones
+    /// (`node-<N+1>`...). They need `make node-deps` and `make node-pause`.
+    pub real_nodes: usize,
+    /// Where the kubelet is; default `$PODHA_NODE_BIN_DIR`, else the `make node-deps` cache.
+    pub node_bin_dir: Option<PathBuf>,
+    /// The static pause binary of the real nodes' sandbox image; default `$PODHA_PAUSE_BIN`,
+    /// else where `make node-pause` builds it (found from the podha-sim executable).
+    pub pause_binary: Option<PathBuf>,
     pub profile: Profile,
     /// Where the control-plane binaries are; default [`default_bin_dir`].
     pub bin_dir: Option<PathBuf>,
@@ -183,6 +204,9 @@ impl ClusterOptions {
         ClusterOptions {
             dir: dir.into(),
             nodes: 3,
+            real_nodes: 0,
+            node_bin_dir: None,
+            pause_binary: None,
             profile: Profile::Fast,
             bin_dir: None,
             sim_exe: None,
@@ -293,8 +317,11 @@ pub struct NodeInfo {
     pub ip: Ipv4Addr,
     /// kwok's server port, reported as `status.daemonEndpoints.kubeletEndpoint.Port`.
     pub kubelet_port: u16,
-    /// Whether its kwok process runs (false after [`Cluster::kill_node`]).
+    /// Whether its kwok process (a real node: its kubelet) runs (false after
+    /// [`Cluster::kill_node`]).
     pub running: bool,
+    /// A real node (kubelet and containerd) rather than a kwok one.
+    pub real: bool,
 }
 
 /// A process of the sim cluster.
@@ -402,6 +429,22 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         index,
         ip,
         port,
+        real: false,
+    })
+}
+
+fn real_node_record(index: u8, subnet: u8) -> Result<NodeRecord> {
+    if index == 0 || index > 250 {
+        return Err(Error::Other(format!(
+            "node index {index} out of range 1..=250"
+        )));
+    }
+    Ok(NodeRecord {
+        name: format!("node-{index}"),
+        index,
+        ip: realnode::net::node_ip(subnet, index),
+        port: realnode::KUBELET_PORT,
+        real: true,
     })
 }
 
@@ -445,11 +488,22 @@ impl Cluster {
             });
         }
         let sim_exe = resolve_sim_exe(opts.sim_exe.as_deref())?;
-        if opts.nodes == 0 || opts.nodes > 250 {
+        let total = opts.nodes + opts.real_nodes;
+        if total == 0 || total > 250 {
             return Err(Error::Other(format!(
-                "--nodes must be 1..=250, got {}",
-                opts.nodes
+                "--nodes plus --real-nodes must be 1..=250, got {total}"
             )));
+        }
+        let node_bin_dir = opts
+            .node_bin_dir
+            .clone()
+            .unwrap_or_else(realnode::default_node_bin_dir);
+        let pause_binary = opts
+            .pause_binary
+            .clone()
+            .unwrap_or_else(|| realnode::default_pause_binary(&sim_exe));
+        if opts.real_nodes > 0 {
+            realnode::check_host(&node_bin_dir, &pause_binary)?;
         }
         std::fs::create_dir_all(&opts.dir)
             .map_err(|e| Error::io(format!("create {}", opts.dir.display()), e))?;
@@ -475,6 +529,8 @@ impl Cluster {
             "kwok-home",
             "kubeconfig",
             "kwok-stages.yaml",
+            "nodes",
+            "images",
         ] {
             remove_path(&dir.join(stale))?;
         }
@@ -511,9 +567,23 @@ impl Cluster {
         )?;
         std::fs::write(dir.join("kwok-stages.yaml"), KWOK_STAGES)
             .map_err(|e| Error::io("write kwok-stages.yaml", e))?;
-        let nodes = (1..=opts.nodes as u8)
+        let mut nodes = (1..=opts.nodes as u8)
             .map(node_record)
             .collect::<Result<Vec<_>>>()?;
+        let real_nodes = if opts.real_nodes > 0 {
+            let seed = u8::from_str_radix(&realnode::cluster_id(&dir)[..2], 16).unwrap_or(0);
+            let subnet = realnode::net::free_subnet(seed)?;
+            for index in opts.nodes + 1..=total {
+                nodes.push(real_node_record(index as u8, subnet)?);
+            }
+            realnode::build_pause_image(&dir, &pause_binary)?;
+            Some(RealNodes {
+                subnet,
+                node_bin_dir,
+            })
+        } else {
+            None
+        };
         let state = State {
             profile: opts.profile,
             bin_dir,
@@ -522,6 +592,7 @@ impl Cluster {
             detach_delay: opts.detach_delay,
             ports,
             nodes,
+            real_nodes,
             processes: Default::default(),
         };
         state.save(&dir)?;
@@ -626,9 +697,16 @@ impl Cluster {
     /// being renewed, its status and `volumesInUse` freeze) and its address stops answering
     /// (packets to its kubelet endpoint are dropped: a connect times out, as against a host that
     /// is off).
+    ///
+    /// A real node: every process in its cgroup tree (containerd, shims, containers, kubelet)
+    /// is SIGKILLed and its veth goes down.
     pub fn kill_node(&self, name: &str) -> Result<()> {
         let rec = self.node(name)?;
-        blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+        if rec.real {
+            realnode::kill(&self.real_node(name, "killed")?)?;
+        } else {
+            blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+        }
         self.kill_node_processes(name)?;
         info!(node = name, "node killed");
         Ok(())
@@ -637,7 +715,20 @@ impl Cluster {
     /// Only the node's kubelet dies (kwok and the sim-csi node agent are SIGKILLed): the host
     /// stays up, so its kernel refuses connects to the kubelet port. Containers of a real node
     /// would go on running.
+    ///
+    /// A real node: only its kubelet is SIGKILLed; containerd and the containers run on.
     pub fn kill_kubelet(&self, name: &str) -> Result<()> {
+        if self.node(name)?.real {
+            let proc_name = kubelet_proc(name);
+            let mut st = self.lock_reloaded();
+            if let Some(rec) = st.processes.get(&proc_name).copied() {
+                process::kill_leader(&proc_name, &rec)?;
+                st.processes.remove(&proc_name);
+                st.save(&self.dir)?;
+            }
+            info!(node = name, "kubelet killed, containers running");
+            return Ok(());
+        }
         self.kill_node_processes(name)?;
         info!(node = name, "kubelet killed, host up");
         Ok(())
@@ -645,9 +736,13 @@ impl Cluster {
 
     fn kill_node_processes(&self, name: &str) -> Result<()> {
         let mut st = self.lock_reloaded();
-        st.node(name)?;
+        let names = if st.node(name)?.real {
+            vec![kubelet_proc(name)]
+        } else {
+            vec![kwok_proc(name), csi_node_proc(name)]
+        };
         let mut result = Ok(());
-        for proc_name in [kwok_proc(name), csi_node_proc(name)] {
+        for proc_name in names {
             if let Some(rec) = st.processes.get(&proc_name).copied() {
                 match process::kill(&proc_name, &rec) {
                     Ok(()) => {
@@ -664,7 +759,13 @@ impl Cluster {
     /// Restarts a killed node's kwok and node agent as a rebooted machine would come back: a
     /// new `nodeInfo.bootID`, the stale lease dropped so that the new kwok (which has a new
     /// holder identity, unlike a kubelet) takes it over at once. Returns once the node is Ready.
+    ///
+    /// A real node reboots: whatever still runs of it is killed, then it boots with a new boot
+    /// ID (which its kubelet reports); returns once it is Ready with that boot ID.
     pub async fn start_node(&self, name: &str) -> Result<()> {
+        if self.node(name)?.real {
+            return self.reboot_real_node(name).await;
+        }
         {
             let st = self.lock_reloaded();
             st.node(name)?;
@@ -709,7 +810,7 @@ impl Cluster {
         Ok(())
     }
 
-    /// Adds `node-<N+1>` and returns its name once it is Ready.
+    /// Adds kwok node `node-<N+1>` and returns its name once it is Ready.
     pub async fn add_node(&self) -> Result<String> {
         let rec = {
             let mut st = self.lock_reloaded();
@@ -746,6 +847,18 @@ impl Cluster {
     pub fn down(&self) -> Result<()> {
         let mut st = self.lock_reloaded();
         let mut first_err = None;
+        // Real nodes first: their cgroup trees hold processes (shims, containers) that are in
+        // no recorded process group.
+        for rec in st.nodes.iter().filter(|n| n.real) {
+            if let Err(e) = realnode::remove(&self.real_node_of(rec)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        if st.real_nodes.is_some()
+            && let Err(e) = realnode::remove_host_network(&self.dir)
+        {
+            first_err.get_or_insert(e);
+        }
         let procs: Vec<(String, ProcRecord)> =
             st.processes.iter().map(|(n, r)| (n.clone(), *r)).collect();
         for (name, rec) in procs {
@@ -877,6 +990,8 @@ impl Cluster {
                 .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
                 .arg(format!("--token-auth-file={}", pki.tokens.display()))
                 .arg("--authorization-mode=Node,RBAC")
+                // Real nodes' hostnames resolve nowhere: reach kubelets (logs, exec) by address.
+                .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
                 .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
                 .arg(format!(
                     "--service-account-key-file={}",
@@ -951,10 +1066,12 @@ impl Cluster {
         }
 
         // nodes
-        let nodes = self.lock().nodes.clone();
+        let (real, nodes): (Vec<NodeRecord>, Vec<NodeRecord>) =
+            self.lock().nodes.iter().cloned().partition(|n| n.real);
         for rec in &nodes {
             create_node(&client, rec).await?;
         }
+        let real_boots = self.boot_real_nodes(&real)?;
         {
             let mut st = self.lock();
             for rec in &nodes {
@@ -980,6 +1097,8 @@ impl Cluster {
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         self.wait_nodes_ready(&client, &names, Duration::from_secs(180))
             .await?;
+        self.wait_real_nodes_ready(&client, &real_boots, Duration::from_secs(180))
+            .await?;
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let sas = &sas;
         self.wait_until(
@@ -1003,7 +1122,7 @@ impl Cluster {
                 log,
             });
         }
-        info!(dir = %self.dir.display(), nodes = names.len(), "sim cluster up");
+        info!(dir = %self.dir.display(), nodes = names.len(), real_nodes = real.len(), "sim cluster up");
         Ok(())
     }
 
@@ -1131,8 +1250,13 @@ fn node_info(st: &State, n: &NodeRecord) -> NodeInfo {
         kubelet_port: n.port,
         running: st
             .processes
-            .get(&kwok_proc(&n.name))
+            .get(&if n.real {
+                kubelet_proc(&n.name)
+            } else {
+                kwok_proc(&n.name)
+            })
             .is_some_and(process::is_alive),
+        real: n.real,
     }
 }
 

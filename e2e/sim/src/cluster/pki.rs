@@ -58,12 +58,9 @@ pub fn random_uuid() -> Result<String> {
     Ok(uuid.trim().to_string())
 }
 
-/// Writes every file of [`Pki`] and returns the admin token.
-pub fn generate(dir: &Path) -> Result<String> {
-    let paths = Pki::paths(dir);
-    std::fs::create_dir_all(dir.join("pki")).map_err(|e| Error::io("create pki dir", e))?;
-
-    let ca_key = KeyPair::generate()?;
+/// The CA's parameters; the same every time, so the CA can sign again later from its key alone
+/// (the issuer of a certificate is its name and key).
+fn ca_params() -> Result<CertificateParams> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
         .distinguished_name
@@ -74,6 +71,50 @@ pub fn generate(dir: &Path) -> Result<String> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
+    Ok(ca_params)
+}
+
+/// A client certificate signed by the cluster's CA for user `common_name` in group
+/// `organization` (the API server maps CN to the user, O to groups), written as PEM to `cert`
+/// and `key`. A real node's kubelet uses `system:node:<name>` in `system:nodes`, so the Node
+/// authorizer and NodeRestriction treat it as that node.
+pub fn issue_client_cert(
+    dir: &Path,
+    common_name: &str,
+    organization: &str,
+    cert: &Path,
+    key: &Path,
+) -> Result<()> {
+    let paths = Pki::paths(dir);
+    let ca_pem = std::fs::read_to_string(&paths.ca_key)
+        .map_err(|e| Error::io(format!("read {}", paths.ca_key.display()), e))?;
+    let ca_key = KeyPair::from_pem(&ca_pem)?;
+    let issuer = Issuer::new(ca_params()?, &ca_key);
+    let client_key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, organization);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let signed = params.signed_by(&client_key, &issuer)?;
+    write(cert, &signed.pem())?;
+    write(key, &client_key.serialize_pem())
+}
+
+/// Writes every file of [`Pki`] and returns the admin token.
+pub fn generate(dir: &Path) -> Result<String> {
+    let paths = Pki::paths(dir);
+    std::fs::create_dir_all(dir.join("pki")).map_err(|e| Error::io("create pki dir", e))?;
+
+    let ca_key = KeyPair::generate()?;
+    let ca_params = ca_params()?;
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca_params, &ca_key);
 

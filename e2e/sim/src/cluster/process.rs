@@ -121,6 +121,33 @@ pub fn kill(name: &str, rec: &ProcRecord) -> Result<()> {
     Ok(())
 }
 
+/// SIGKILLs only the recorded process (not its group) and waits (up to 10 s) for it to be gone.
+pub fn kill_leader(name: &str, rec: &ProcRecord) -> Result<()> {
+    if !is_alive(rec) {
+        return Ok(());
+    }
+    match nix::sys::signal::kill(Pid::from_raw(rec.pid), Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(e) => {
+            return Err(Error::io(
+                format!("kill {name} (pid {})", rec.pid),
+                std::io::Error::from(e),
+            ));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_alive(rec) {
+        if Instant::now() > deadline {
+            return Err(Error::Other(format!(
+                "{name} (pid {}) still alive 10 s after SIGKILL",
+                rec.pid
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// The last `lines` lines of a log file, for error messages.
 pub fn log_tail(log: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();

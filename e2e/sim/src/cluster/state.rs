@@ -27,6 +27,19 @@ pub struct NodeRecord {
     pub ip: Ipv4Addr,
     /// kwok's server port on `ip`, reported as the kubelet endpoint port.
     pub port: u16,
+    /// A real node (kubelet and containerd in a network namespace, see `realnode`) rather than
+    /// a kwok one.
+    #[serde(default)]
+    pub real: bool,
+}
+
+/// What the cluster's real nodes share.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RealNodes {
+    /// The third octet of their subnet, 172.31.<subnet>.0/24.
+    pub subnet: u8,
+    /// Where the kubelet is.
+    pub node_bin_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,6 +53,9 @@ pub struct State {
     pub detach_delay: Duration,
     pub ports: Ports,
     pub nodes: Vec<NodeRecord>,
+    /// Set when the cluster has real nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub real_nodes: Option<RealNodes>,
     /// Running (or last started) processes by name; removed when killed on purpose.
     pub processes: BTreeMap<String, ProcRecord>,
 }

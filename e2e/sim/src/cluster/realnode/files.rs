@@ -1,0 +1,263 @@
+//! The files a real node boots from, all under `DIR/nodes/<node>/`: containerd's config, the
+//! CNI network, the kubelet's configuration and kubeconfig, and `boot.sh`, the node's "init".
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{PAUSE_IMAGE, RealNode};
+use crate::cluster::{Error, Result};
+
+/// Host-wide sysctls the kubelet sets at start when they differ from what it wants
+/// (`protectKernelDefaults: false`; with `true` it refuses to start instead). `boot.sh` bind-mounts
+/// a node-private copy over each, so the kubelet writes its copy and the host keeps its values
+/// (`kernel.panic_on_oops=1` on a shared machine would be a bad surprise).
+pub const KUBELET_SYSCTLS: [&str; 6] = [
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))
+}
+
+pub fn containerd_config(node: &RealNode) -> String {
+    let dir = node.dir();
+    let dir = dir.display();
+    let sock = node.containerd_socket();
+    let sock = sock.display();
+    format!(
+        r#"# containerd of real node {name}, written by podha-sim.
+version = 2
+root = "{dir}/containerd/root"
+state = "{dir}/containerd/state"
+oom_score = 0
+
+[grpc]
+  address = "{sock}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # The CRI plugin writes -998 as the sandbox's oom_score_adj; without CAP_SYS_RESOURCE (CI VMs)
+  # runc cannot lower the score and the sandbox fails. Clamp every score to containerd's own.
+  restrict_oom_score_adj = true
+  # Pod network namespaces under the node's state directory, not the host's /var/run/netns.
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{dir}/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{dir}/containerd/state/runc"
+"#,
+        name = node.name,
+    )
+}
+
+/// A bridge `cni0` inside the node's namespace, pod addresses from `10.244.<k>.0/24` (kept
+/// by host-local in the node's directory). containerd adds the loopback network itself.
+pub fn cni_config(node: &RealNode) -> serde_json::Value {
+    json!({
+        "cniVersion": "0.4.0",
+        "name": "podha-sim",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{ "subnet": node.pod_cidr() }]],
+                "routes": [{ "dst": "0.0.0.0/0" }],
+                "dataDir": node.dir().join("cni-ipam"),
+            },
+        }],
+    })
+}
+
+pub fn kubelet_config(node: &RealNode, ca_cert: &Path) -> serde_json::Value {
+    let dir = node.dir();
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": node.ip.to_string(),
+        "port": super::KUBELET_PORT,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "containerRuntimeEndpoint": format!("unix://{}", node.containerd_socket().display()),
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": node.cgroup().root(),
+        "failCgroupV1": false,
+        "failSwapOn": false,
+        // The kubelet's default -999 is refused without CAP_SYS_RESOURCE, as for the sandboxes.
+        "oomScoreAdj": 0,
+        "protectKernelDefaults": false,
+        "podLogsDir": dir.join("pod-logs"),
+        "nodeLeaseDurationSeconds": crate::cluster::NODE_LEASE_DURATION_SECONDS,
+        "authentication": {
+            "anonymous": { "enabled": false },
+            "webhook": { "enabled": false },
+            "x509": { "clientCAFile": ca_cert },
+        },
+        "authorization": { "mode": "AlwaysAllow" },
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        "serializeImagePulls": false,
+        // A shared test machine's disk and memory are not the node's: never evict or collect.
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+    })
+}
+
+/// The kubelet's kubeconfig: the API server through the bridge (see `net`), TLS checked as
+/// `localhost` (a name in the serving certificate), the node's own client certificate.
+pub fn kubelet_kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u16)) -> String {
+    let dir = node.dir();
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{
+            "name": "podha-sim",
+            "cluster": {
+                "server": format!("https://{}:{}", server.0, server.1),
+                "certificate-authority": ca_cert,
+                "tls-server-name": "localhost",
+            },
+        }],
+        "users": [{ "name": node.name, "user": {
+            "client-certificate": dir.join("pki/node.crt"),
+            "client-key": dir.join("pki/node.key"),
+        }}],
+        "contexts": [{ "name": "node", "context": { "cluster": "podha-sim", "user": node.name } }],
+        "current-context": "node",
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// `boot.sh`: joins the node's cgroup, enters a mount namespace of its own and the node's
+/// network namespace (never `ip netns exec`: it remounts /sys and hides /sys/fs/cgroup), gives
+/// the node its boot ID and private sysctls, wipes the runtime state (a reboot empties /run),
+/// starts containerd (log `logs/containerd-<node>.log`), imports the pause image and becomes the
+/// kubelet (its output goes where the script's does, `logs/kubelet-<node>.log`).
+pub fn boot_script(node: &RealNode, cgroup_procs: &[std::path::PathBuf], kubelet: &Path) -> String {
+    let dir = node.dir();
+    let d = dir.display();
+    let sock = node.containerd_socket();
+    let sock = sock.display();
+    let logs = node.logs_dir.display();
+    let name = &node.name;
+    let procs: Vec<String> = cgroup_procs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let sysctls: Vec<String> = KUBELET_SYSCTLS
+        .iter()
+        .map(|s| {
+            format!(
+                "mount --bind {d}/sysctl/{} /proc/sys/{s}",
+                s.replace('/', ".")
+            )
+        })
+        .collect();
+    format!(
+        r#"#!/bin/sh
+# Boots real node {name} of a podha-sim cluster (written by podha-sim; see cluster/realnode).
+set -eu
+if [ "${{1:-}}" != inside ]; then
+  for f in {procs}; do echo $$ > "$f"; done
+  exec unshare --mount --propagation private -- nsenter --net=/run/netns/{netns} -- /bin/sh -eu "$0" inside
+fi
+mount --bind {d}/boot_id /proc/sys/kernel/random/boot_id
+{sysctls}
+rm -rf {d}/containerd/state
+mkdir -p {d}/containerd/state/run {d}/kubelet {d}/pod-logs {d}/container-logs {d}/cni-cache
+# Host paths containerd, CNI and the kubelet hard-code, made node-private (and emptied at boot
+# where a machine's would be): shim sockets, CNI results, container log links.
+mkdir -p /run/containerd /var/lib/cni /var/log/containers
+mount --bind {d}/containerd/state/run /run/containerd
+mount --bind {d}/cni-cache /var/lib/cni
+mount --bind {d}/container-logs /var/log/containers
+echo "boot $(cat /proc/sys/kernel/random/boot_id): starting containerd"
+containerd --config {d}/containerd.toml >> {logs}/containerd-{name}.log 2>&1 &
+i=0
+until ctr -a {sock} version > /dev/null 2>&1; do
+  i=$((i + 1))
+  if [ $i -gt 300 ]; then echo "containerd did not answer in 30 s, see {logs}/containerd-{name}.log"; exit 1; fi
+  sleep 0.1
+done
+ctr -a {sock} -n k8s.io images import {image}
+echo "starting the kubelet"
+exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
+  --root-dir={d}/kubelet --cert-dir={d}/kubelet/pki \
+  --hostname-override={name} --node-ip={ip} --node-labels=type=real \
+  --v=2
+"#,
+        procs = procs.join(" "),
+        netns = node.netns(),
+        sysctls = sysctls.join("\n"),
+        image = node.pause_image.display(),
+        kubelet = kubelet.display(),
+        ip = node.ip,
+    )
+}
+
+/// Writes every file above, the node-private sysctl copies (starting from the host's values)
+/// and the CNI directories.
+pub fn write_all(
+    node: &RealNode,
+    ca_cert: &Path,
+    server: (Ipv4Addr, u16),
+    kubelet: &Path,
+) -> Result<()> {
+    let dir = node.dir();
+    for sub in [
+        "cni/net.d",
+        "cni-ipam",
+        "pki",
+        "sysctl",
+        "kubelet",
+        "pod-logs",
+    ] {
+        let p = dir.join(sub);
+        std::fs::create_dir_all(&p).map_err(|e| Error::io(format!("create {}", p.display()), e))?;
+    }
+    let json = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    write(&dir.join("containerd.toml"), &containerd_config(node))?;
+    write(
+        &dir.join("cni/net.d/10-podha-sim.conflist"),
+        &json(&cni_config(node)),
+    )?;
+    write(
+        &dir.join("kubelet.json"),
+        &json(&kubelet_config(node, ca_cert)),
+    )?;
+    write(
+        &dir.join("kubeconfig"),
+        &kubelet_kubeconfig(node, ca_cert, server),
+    )?;
+    for s in KUBELET_SYSCTLS {
+        let host = format!("/proc/sys/{s}");
+        let value =
+            std::fs::read_to_string(&host).map_err(|e| Error::io(format!("read {host}"), e))?;
+        write(&dir.join("sysctl").join(s.replace('/', ".")), &value)?;
+    }
+    let procs = node.cgroup().runtime_procs_files()?;
+    write(&dir.join("boot.sh"), &boot_script(node, &procs, kubelet))
+}
