@@ -27,7 +27,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars node-deps node-pause helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -113,7 +113,7 @@ node-pause: ## Build podha-pause statically, for the real nodes' pause image
 	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p podha-pause --target $(PAUSE_TARGET)
 
 .PHONY: real-node-test
-real-node-test: k8s sim-deps csi-sidecars node-deps node-pause ## A real node (kubelet + containerd) in the sim cluster: pods, kill, reboot, freeze (root; not in make test yet)
+real-node-test: k8s sim-deps csi-sidecars node-deps node-pause ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; root)
 	$(CARGO) test -p podha-sim --test realnode
 
 .PHONY: build
