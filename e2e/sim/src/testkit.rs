@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, ClusterOptions, Profile};
@@ -140,6 +141,36 @@ where
             }
         }
     })
+}
+
+/// A scenario of a test binary: its name and what it runs against the shared cluster.
+pub type Scenario = (
+    &'static str,
+    fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>,
+);
+
+/// Runs `scenarios` as the binary's tests on `shared`, then takes the cluster down (kept for
+/// a look when a test failed, see [`SharedCluster::teardown`]).
+pub fn run_trials(
+    args: &libtest_mimic::Arguments,
+    shared: &Arc<SharedCluster>,
+    scenarios: Vec<Scenario>,
+) -> ExitCode {
+    let trials = scenarios
+        .into_iter()
+        .map(|(name, f)| {
+            let shared = shared.clone();
+            libtest_mimic::Trial::test(name, move || f(&shared))
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(args, trials);
+    shared.teardown(conclusion.has_failed());
+    conclusion.exit_code()
+}
+
+/// A scenario's progress line, prefixed with its namespace.
+pub fn log(ns: &str, msg: impl AsRef<str>) {
+    eprintln!("[{ns}] {}", msg.as_ref());
 }
 
 /// What a scenario works with.

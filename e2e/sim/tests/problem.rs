@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Taint};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Arguments;
 use podha_sim::testkit::*;
 
 const NODES: usize = 8;
@@ -31,8 +31,7 @@ fn main() -> ExitCode {
         NODES,
         Some(env!("CARGO_BIN_EXE_podha-sim").into()),
     ));
-    type Scenario = fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>;
-    let scenarios: [(&str, Scenario); 5] = [
+    let scenarios: [Scenario; 5] = [
         (
             "statefulset_pod_stays_terminating_and_is_not_replaced",
             statefulset_not_replaced,
@@ -51,20 +50,7 @@ fn main() -> ExitCode {
             machine_vs_kubelet,
         ),
     ];
-    let trials = scenarios
-        .into_iter()
-        .map(|(name, f)| {
-            let shared = shared.clone();
-            Trial::test(name, move || f(&shared))
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    shared.teardown(conclusion.has_failed());
-    conclusion.exit_code()
-}
-
-fn log(ns: &str, msg: impl AsRef<str>) {
-    eprintln!("[{ns}] {}", msg.as_ref());
+    run_trials(&args, &shared, scenarios.into())
 }
 
 /// A StatefulSet pod with an RWO volume on a node that dies: the node goes NotReady/Unknown, the

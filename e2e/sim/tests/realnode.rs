@@ -24,7 +24,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Arguments;
 use podha_sim::cluster::PAUSE_IMAGE;
 use podha_sim::cluster::process::{ProcRecord, is_alive};
 use podha_sim::testkit::*;
@@ -47,8 +47,7 @@ fn main() -> ExitCode {
         )
         .with_real_nodes(1),
     );
-    type Scenario = fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>;
-    let scenarios: [(&str, Scenario); 3] = [
+    let scenarios: [Scenario; 3] = [
         (
             "a_killed_real_node_loses_every_process_and_reboots",
             kill_and_reboot,
@@ -62,20 +61,7 @@ fn main() -> ExitCode {
             partition_and_heal,
         ),
     ];
-    let trials = scenarios
-        .into_iter()
-        .map(|(name, f)| {
-            let shared = shared.clone();
-            Trial::test(name, move || f(&shared))
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    shared.teardown(conclusion.has_failed());
-    conclusion.exit_code()
-}
-
-fn log(ns: &str, msg: impl AsRef<str>) {
-    eprintln!("[{ns}] {}", msg.as_ref());
+    run_trials(&args, &shared, scenarios.into())
 }
 
 /// A one-replica Deployment of the pause image, pinned to the real node; `stay` tolerates

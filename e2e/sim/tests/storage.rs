@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Taint;
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Arguments;
 use podha_csi::checker::Report;
 use podha_sim::csi::sidecars::Layout;
 use podha_sim::csi::writer::{self, SimulatedWriter};
@@ -39,28 +39,14 @@ fn main() -> ExitCode {
         NODES,
         Some(env!("CARGO_BIN_EXE_podha-sim").into()),
     ));
-    type Scenario = fn(&SharedCluster) -> Result<(), libtest_mimic::Failed>;
-    let scenarios: [(&str, Scenario); 2] = [
+    let scenarios: [Scenario; 2] = [
         ("fenced_storage_refuses_the_old_node_no_split_brain", fenced),
         (
             "unfenced_storage_lets_the_old_node_write_split_brain_reported",
             unfenced,
         ),
     ];
-    let trials = scenarios
-        .into_iter()
-        .map(|(name, f)| {
-            let shared = shared.clone();
-            Trial::test(name, move || f(&shared))
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    shared.teardown(conclusion.has_failed());
-    conclusion.exit_code()
-}
-
-fn log(ns: &str, msg: impl AsRef<str>) {
-    eprintln!("[{ns}] {}", msg.as_ref());
+    run_trials(&args, &shared, scenarios.into())
 }
 
 fn fenced(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
