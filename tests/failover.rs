@@ -34,10 +34,16 @@ use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
+#[path = "failover/holds.rs"]
+mod holds;
+#[path = "failover/moves.rs"]
+mod moves;
 #[path = "failover/policy_edits.rs"]
 mod policy_edits;
 #[path = "failover/prometheus.rs"]
 mod prometheus;
+#[path = "failover/replicas.rs"]
+mod replicas;
 
 const NODES: usize = 20;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
@@ -62,22 +68,31 @@ fn main() -> ExitCode {
         ),
         (
             "statefulset_delete_pods_moves_the_pod_after_the_detach_wait",
-            sts_delete_pods,
+            moves::sts_delete_pods,
         ),
         (
             "statefulset_out_of_service_taint_detaches_at_once_and_is_removed",
-            sts_taint,
+            moves::sts_taint,
         ),
-        ("deployment_delete_pods_recovers", deployment_delete_pods),
-        ("pods_that_must_not_move_keep_their_objects", untouched_pods),
+        (
+            "deployment_delete_pods_recovers",
+            moves::deployment_delete_pods,
+        ),
+        (
+            "pods_that_must_not_move_keep_their_objects",
+            holds::untouched_pods,
+        ),
         (
             "node_back_before_the_threshold_deletes_nothing",
-            flapping_node,
+            holds::flapping_node,
         ),
-        ("dry_run_deletes_nothing_and_says_what_it_would_do", dry_run),
+        (
+            "dry_run_deletes_nothing_and_says_what_it_would_do",
+            holds::dry_run,
+        ),
         (
             "too_many_unhealthy_nodes_hold_every_action",
-            too_many_unhealthy,
+            holds::too_many_unhealthy,
         ),
         (
             "prometheus_scrapes_a_failover_and_every_query_has_data",
@@ -99,14 +114,14 @@ fn main() -> ExitCode {
     // These disturb every scenario's leader, or read what the others did, so they run after
     // the others, one at a time.
     let last: [(&str, Scenario); 3] = [
-        ("two_replicas_only_the_leader_writes", one_leader),
+        ("two_replicas_only_the_leader_writes", replicas::one_leader),
         (
             "api_server_blip_is_no_node_death_and_leaves_podha_watching",
-            api_server_blip,
+            holds::api_server_blip,
         ),
         (
             "leader_change_mid_failover_repeats_no_action",
-            leader_change,
+            replicas::leader_change,
         ),
     ];
     for (name, f) in last {
@@ -598,369 +613,6 @@ async fn running_app(
 // ---------------------------------------------------------------------------------------------
 // Scenarios.
 
-/// DeletePods: podha force-deletes the dead node's StatefulSet pod; the replacement runs on the
-/// other node once the attach/detach controller's own 6-minute wait ends.
-fn sts_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-1", "node-2"];
-    scenario(shared, ops, "sts-delete", |ctx, _, replicas| async move {
-        let ns = ctx.ns.clone();
-        // A detach timeout well below the attach/detach controller's 6 minutes: reported.
-        let (pod, node, uid, pv) = policy_and_db(
-            &ctx,
-            &pair,
-            json!({"action": "DeletePods", "detachTimeout": "30s"}),
-        )
-        .await?;
-        let target = other(&pair, &node);
-        log(&ns, format!("{} on {node}; killing it", name_of(&pod)));
-        let killed = Instant::now();
-        ctx.cluster.kill_node(&node)?;
-        wait_for("db-0 force-deleted by podha", secs_(60), || async {
-            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
-        })
-        .await?;
-        log(
-            &ns,
-            format!("db-0 deleted {:.1?} after the kill", killed.elapsed()),
-        );
-        if has_podha_taint(&ctx, &node).await? {
-            bail!("DeletePods must not taint {node} out-of-service");
-        }
-        let fenced = ctx
-            .nodes()
-            .get(&node)
-            .await?
-            .spec
-            .and_then(|s| s.taints)
-            .is_some_and(|t| {
-                t.iter()
-                    .any(|t| t.key == podha::api::FENCE_TAINT_KEY && t.effect == "NoSchedule")
-            });
-        if !fenced {
-            bail!("DeletePods must fence {node} so the replacement is not scheduled back onto it");
-        }
-        wait_for(
-            "the Degraded condition for the stuck detach",
-            secs_(90),
-            || async {
-                let status = policy_status(&ctx.client, &ns).await?;
-                let degraded = status.conditions.iter().any(|c| {
-                    c.type_ == "Degraded" && c.status == "True" && c.reason == "DetachTimeout"
-                });
-                Ok(degraded.then_some(()))
-            },
-        )
-        .await?;
-        let leader = ops_leader(replicas).await?;
-        let timeouts = metric(
-            &scrape(leader)?,
-            "podha_detach_timeouts_total",
-            &[("policy", ns.as_str())],
-        );
-        if timeouts != Some(1.0) {
-            bail!("podha_detach_timeouts_total is {timeouts:?}, expected 1");
-        }
-        wait_recovered(&ctx, "db", &pv, target, &node, STOCK_DETACH_WAIT).await?;
-        log(
-            &ns,
-            format!(
-                "recovered on {target} {:.1?} after the kill",
-                killed.elapsed()
-            ),
-        );
-        Ok(())
-    })
-}
-
-/// OutOfServiceTaint: the taint detaches at once, the replacement runs, the failover phases
-/// show in the metrics, and the taint is removed once the node is back and holds no volume.
-fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-3", "node-4"];
-    scenario(shared, ops, "sts-taint", |ctx, _, replicas| async move {
-        let ns = ctx.ns.clone();
-        let (_, node, uid, pv) =
-            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
-        let target = other(&pair, &node);
-        let killed = Instant::now();
-        ctx.cluster.kill_node(&node)?;
-        wait_for("podha's out-of-service taint", secs_(60), || async {
-            Ok(has_podha_taint(&ctx, &node).await?.then_some(()))
-        })
-        .await?;
-        wait_for("db-0 force-deleted", secs_(30), || async {
-            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
-        })
-        .await?;
-        wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
-        log(
-            &ns,
-            format!(
-                "recovered on {target} {:.1?} after the kill",
-                killed.elapsed()
-            ),
-        );
-
-        let leader = ops_leader(replicas).await?;
-        wait_for(
-            "every failover phase in the leader's metrics",
-            secs_(30),
-            || async {
-                let text = scrape(leader)?;
-                let all = ["detect", "act", "detach", "recover", "total"]
-                    .iter()
-                    .all(|phase| {
-                        metric(
-                            &text,
-                            "podha_failover_phase_duration_seconds_count",
-                            &[("policy", ns.as_str()), ("phase", phase)],
-                        )
-                        .is_some_and(|v| v >= 1.0)
-                    });
-                let deleted = metric(
-                    &text,
-                    "podha_pods_deleted_total",
-                    &[("policy", ns.as_str()), ("owner_kind", "StatefulSet")],
-                );
-                let tainted = metric(
-                    &text,
-                    "podha_taints_total",
-                    &[("policy", ns.as_str()), ("operation", "add")],
-                );
-                // podha deletes the pod right after its taint lands: taint eviction then only
-                // marks it (podha's force delete still goes through), and pod GC, which could
-                // remove it first, runs every 20 s.
-                Ok((all && deleted == Some(1.0) && tainted == Some(1.0)).then_some(()))
-            },
-        )
-        .await?;
-        // Two replicas watch; exactly one acted, once.
-        acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
-        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
-        wait_for(
-            "the recovered failover in the policy status",
-            secs_(30),
-            || async {
-                let status = policy_status(&ctx.client, &ns).await?;
-                let recorded = status.recent_failovers.first().is_some_and(|f| {
-                    f.node == node
-                        && f.phase == podha::api::FailoverPhase::Recovered
-                        && f.pods == [format!("{ns}/db-0")]
-                        && f.acted_at.is_some()
-                        && f.detached_at.is_some()
-                        && f.recovered_at.is_some()
-                });
-                let ready = status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                Ok((recorded && ready && status.watched_nodes == 2).then_some(()))
-            },
-        )
-        .await?;
-
-        ctx.cluster.start_node(&node).await?;
-        wait_for(
-            "podha's taint removed from the returned node",
-            secs_(60),
-            || async { Ok((!has_podha_taint(&ctx, &node).await?).then_some(())) },
-        )
-        .await?;
-        let n: Node = ctx.nodes().get(&node).await?;
-        if n.spec
-            .and_then(|s| s.taints)
-            .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
-        {
-            bail!("the out-of-service taint is still on {node}");
-        }
-        Ok(())
-    })
-}
-
-/// DeletePods with a Deployment: the old pod is deleted and the replacement, stuck on the
-/// Multi-Attach error until the detach, runs on the other node.
-fn deployment_delete_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-5", "node-6"];
-    scenario(shared, ops, "deploy", |ctx, _, _| async move {
-        let ns = ctx.ns.clone();
-        create_policy(
-            &ctx.client,
-            policy(&ns, &ns, &pair, json!({"action": "DeletePods"})),
-        )
-        .await?;
-        ctx.create::<PersistentVolumeClaim>(pvc("web-data", podha_sim::csi::RWO_STORAGE_CLASS))
-            .await?;
-        ctx.create::<k8s_openapi::api::apps::v1::Deployment>(deployment(
-            "web",
-            &pair,
-            Some("web-data"),
-        ))
-        .await?;
-        let (pod, node, uid, pv) = running_app(&ctx, "web", "web-data").await?;
-        let target = other(&pair, &node);
-        let name = name_of(&pod).to_string();
-        ctx.cluster.kill_node(&node)?;
-        wait_for("the old web pod force-deleted", secs_(60), || async {
-            Ok(gone(&ctx, &name, &uid).await?.then_some(()))
-        })
-        .await?;
-        wait_recovered(&ctx, "web", &pv, target, &node, STOCK_DETACH_WAIT).await?;
-        Ok(())
-    })
-}
-
-/// On one dead node: a bare pod with a claim, a pod of a driver the policy does not select, a
-/// pod opted out by annotation and a pod that can only run on the dead node. None is deleted,
-/// and each reason shows in the metrics.
-fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let dead = "node-7";
-    scenario(shared, ops, "untouched", |ctx, _, replicas| async move {
-        let ns = ctx.ns.clone();
-        create_policy(
-            &ctx.client,
-            policy(
-                &ns,
-                &ns,
-                &["node-7", "node-8"],
-                json!({"action": "OutOfServiceTaint"}),
-            ),
-        )
-        .await?;
-        let pinned = [dead];
-        // A bare pod: no controller would recreate it.
-        ctx.create::<PersistentVolumeClaim>(pvc("bare-data", podha_sim::csi::RWO_STORAGE_CLASS))
-            .await?;
-        let mut bare = deployment("bare", &pinned, Some("bare-data"))["spec"]["template"].clone();
-        bare["apiVersion"] = json!("v1");
-        bare["kind"] = json!("Pod");
-        bare["metadata"]["name"] = json!("bare");
-        ctx.create::<Pod>(bare).await?;
-        // A StatefulSet on the other driver.
-        let mut other_driver = statefulset("otherdrv", &pinned);
-        other_driver["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] =
-            json!(podha_sim::csi::OTHER_STORAGE_CLASS);
-        ctx.create::<StatefulSet>(other_driver).await?;
-        // Opted out.
-        let mut opted_out = statefulset("optout", &["node-7", "node-8"]);
-        opted_out["spec"]["template"]["metadata"]["annotations"] =
-            json!({"podha.io/failover": "false"});
-        opted_out["spec"]["template"]["spec"]["affinity"] =
-            statefulset("x", &pinned)["spec"]["template"]["spec"]["affinity"].clone();
-        ctx.create::<StatefulSet>(opted_out).await?;
-        // Only the dead node fits.
-        ctx.create::<StatefulSet>(statefulset("pinned", &pinned))
-            .await?;
-        // One pod podha may move (it may run on either node, and prefers the one that dies):
-        // its failover would taint the node out-of-service, which would remove the others.
-        let mut mover = statefulset("mover", &["node-7", "node-8"]);
-        mover["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{
-            "weight": 100,
-            "preference": {"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [dead]}
-            ]}
-        }]);
-        ctx.create::<StatefulSet>(mover).await?;
-
-        let mut uids = Vec::new();
-        for (app, pod) in [
-            ("bare", "bare"),
-            ("otherdrv", "otherdrv-0"),
-            ("optout", "optout-0"),
-            ("pinned", "pinned-0"),
-            ("mover", "mover-0"),
-        ] {
-            let p = wait_for(&format!("{pod} running on {dead}"), secs_(120), || async {
-                Ok(ctx
-                    .pods()
-                    .get_opt(pod)
-                    .await?
-                    .filter(|p| running_ready(p) && node_of(p) == Some(dead)))
-            })
-            .await
-            .with_context(|| format!("app {app}"))?;
-            uids.push((pod, p.metadata.uid.clone().unwrap_or_default()));
-        }
-        let (mover_uid, kept) = match uids.split_last() {
-            Some(((_, uid), kept)) => (uid.clone(), kept.to_vec()),
-            None => bail!("no pods"),
-        };
-        ctx.cluster.kill_node(dead)?;
-        let leader = ops_leader(replicas).await?;
-        wait_for("every skip reason in the metrics", secs_(90), || async {
-            let text = scrape(leader)?;
-            let all = [
-                "NoControllerOwner",
-                "DriverNotSelected",
-                "OptedOut",
-                "NoTargetNode",
-            ]
-            .iter()
-            .all(|reason| {
-                metric(
-                    &text,
-                    "podha_pods_skipped_total",
-                    &[("policy", ns.as_str()), ("reason", reason)],
-                )
-                .is_some_and(|v| v >= 1.0)
-            });
-            Ok(all.then_some(()))
-        })
-        .await?;
-        // The eligible pod is deleted under the scheduling fence; the out-of-service taint,
-        // which would remove every other pod there, is refused and the refusal reported.
-        wait_for("mover-0 force-deleted", secs_(60), || async {
-            Ok(gone(&ctx, "mover-0", &mover_uid).await?.then_some(()))
-        })
-        .await?;
-        acted_once(&ctx.client, &ns, "PodForceDeleted", "mover-0").await?;
-        let n: Node = ctx.nodes().get(dead).await?;
-        let taints: Vec<String> = n
-            .spec
-            .and_then(|s| s.taints)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|t| t.key)
-            .collect();
-        if taints.iter().any(|k| k == OUT_OF_SERVICE_TAINT_KEY) {
-            bail!("{dead} was tainted out-of-service with pods on it that must stay: {taints:?}");
-        }
-        if !taints.iter().any(|k| k == podha::api::FENCE_TAINT_KEY) {
-            bail!("{dead} was not fenced: {taints:?}");
-        }
-        let text = scrape(leader)?;
-        let refused = metric(
-            &text,
-            "podha_actions_held_total",
-            &[
-                ("policy", ns.as_str()),
-                ("reason", "OutOfServiceTaintRefused"),
-            ],
-        );
-        if !refused.is_some_and(|v| v >= 1.0) {
-            bail!("the refused out-of-service taint was not reported: {refused:?}");
-        }
-        acted_once(&ctx.client, "default", "OutOfServiceTaintRefused", dead).await?;
-        holds_for("every other pod keeps its object", secs_(20), || async {
-            for (pod, uid) in &kept {
-                if gone(&ctx, pod, uid).await? {
-                    return Ok(Err(format!("{pod} was deleted")));
-                }
-            }
-            Ok(Ok(()))
-        })
-        .await?;
-        let text = scrape(leader)?;
-        let deleted = metric(
-            &text,
-            "podha_pods_deleted_total",
-            &[("policy", ns.as_str()), ("owner_kind", "StatefulSet")],
-        );
-        if deleted != Some(1.0) {
-            bail!("podha counted {deleted:?} deletions for this policy, want the mover's one");
-        }
-        Ok(())
-    })
-}
-
 /// The replica that leads. A leader whose own renewal is slow to show up drops its flag for a
 /// moment (the safe direction), so this waits a little for exactly one.
 async fn ops_leader(replicas: &[Replica]) -> anyhow::Result<&Replica> {
@@ -975,227 +627,6 @@ async fn ops_leader(replicas: &[Replica]) -> anyhow::Result<&Replica> {
         .iter()
         .find(|r| r.identity == one)
         .ok_or_else(|| anyhow!("{one} is gone"))
-}
-
-/// A node dead long enough for podha to count failed probes, and back before
-/// `failureThreshold` of them: it is Suspect for a while, then Healthy, and nothing happens.
-fn flapping_node(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-9", "node-10"];
-    scenario(shared, ops, "flap", |ctx, _, replicas| async move {
-        let ns = ctx.ns.clone();
-        // 8 failed probes 1 s apart: room to bring the node back once podha suspects it.
-        let spec = json!({
-            "action": "OutOfServiceTaint",
-            "detection": {"interval": "1s", "failureThreshold": 8, "signals": ["Lease", "KubeletTCP"],
-                          "leaseGracePeriod": "12s", "tcpTimeout": "500ms"},
-        });
-        let (_, node, uid, _) = policy_and_db(&ctx, &pair, spec).await?;
-        ctx.cluster.kill_node(&node)?;
-        let killed = Instant::now();
-        wait_for("podha to suspect the killed node", secs_(40), || async {
-            let status = policy_status(&ctx.client, &ns).await?;
-            Ok((status.suspect_nodes == 1).then_some(()))
-        })
-        .await?;
-        log(
-            &ns,
-            format!("{node} suspect {:.1?} after the kill", killed.elapsed()),
-        );
-        ctx.cluster.start_node(&node).await?;
-        wait_for("podha to see the node healthy again", secs_(30), || async {
-            let status = policy_status(&ctx.client, &ns).await?;
-            Ok((status.suspect_nodes == 0 && status.failed_nodes == 0).then_some(()))
-        })
-        .await?;
-        untouched_for(&ctx, &uid, &node, secs_(15), "").await?;
-        let text = scrape(ops_leader(replicas).await?)?;
-        if metric(
-            &text,
-            "podha_node_failures_total",
-            &[("policy", ns.as_str())],
-        )
-        .is_some_and(|v| v > 0.0)
-        {
-            bail!("podha judged the flapping node dead");
-        }
-        Ok(())
-    })
-}
-
-/// More nodes dead than `safety.maxUnhealthy` allows: podha holds every action of the policy,
-/// says so (metric, Degraded condition) and deletes and taints nothing.
-fn too_many_unhealthy(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-15", "node-16"];
-    scenario(
-        shared,
-        ops,
-        "max-unhealthy",
-        |ctx, _, replicas| async move {
-            let ns = ctx.ns.clone();
-            let (_, node, uid, _) = policy_and_db(
-                &ctx,
-                &pair,
-                json!({"action": "OutOfServiceTaint", "safety": {"maxUnhealthy": 1}}),
-            )
-            .await?;
-            // Both nodes cut off at once, the db's first: its grace runs out before the empty
-            // node's may, and the empty node is not yet Suspect when the db's node is judged
-            // dead. podha must wait until it has heard from the empty node (it never does),
-            // and hold once both are unhealthy.
-            ctx.cluster.kill_node(&node)?;
-            ctx.cluster.kill_node(other(&pair, &node))?;
-            wait_for("both nodes judged dead", secs_(60), || async {
-                let status = policy_status(&ctx.client, &ns).await?;
-                Ok((status.failed_nodes == 2).then_some(()))
-            })
-            .await?;
-            untouched_for(&ctx, &uid, &node, secs_(15), " while held").await?;
-            let text = scrape(ops_leader(replicas).await?)?;
-            let held = metric(
-                &text,
-                "podha_actions_held_total",
-                &[("policy", ns.as_str()), ("reason", "TooManyUnhealthyNodes")],
-            );
-            if !held.is_some_and(|v| v > 0.0) {
-                bail!("no TooManyUnhealthyNodes hold in the metrics: {held:?}");
-            }
-            let status = wait_for("the Degraded condition", secs_(15), || async {
-                let status = policy_status(&ctx.client, &ns).await?;
-                let degraded = status.conditions.iter().any(|c| {
-                    c.type_ == "Degraded"
-                        && c.status == "True"
-                        && c.reason == "TooManyUnhealthyNodes"
-                });
-                Ok(degraded.then_some(status))
-            })
-            .await?;
-            log(&ns, format!("held; status {:?}", status.conditions));
-            for dead in pair {
-                ctx.cluster.start_node(dead).await?;
-            }
-            Ok(())
-        },
-    )
-}
-
-/// The API server goes away for podha alone (its connections closed and refused for 20 s,
-/// longer than the policy's lease grace plus its probes) while the nodes keep renewing their
-/// Leases. podha must take the silence for a gap in its own view: no node judged dead, nothing
-/// deleted or tainted, during the cut or after it. And it must not stay blind: a node killed
-/// afterwards is failed over.
-fn api_server_blip(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-9", "node-10"];
-    scenario(shared, ops, "blip", |ctx, ops, replicas| async move {
-        let ns = ctx.ns.clone();
-        // Lease alone: the one signal a frozen view turns dead (the last Ready seen stays
-        // True). maxUnhealthy 100 %, so that a hold cannot hide a misjudgement.
-        let (_, node, uid, pv) = policy_and_db(
-            &ctx,
-            &pair,
-            json!({
-                "detection": {
-                    "signals": ["Lease"],
-                    "interval": "1s",
-                    "failureThreshold": 3,
-                    "leaseGracePeriod": "12s",
-                    "tcpTimeout": "500ms",
-                },
-                "safety": {"maxUnhealthy": "100%"},
-                "action": "OutOfServiceTaint",
-            }),
-        )
-        .await?;
-        let relay = ops.relay()?;
-        relay.cut();
-        log(&ns, "podha cut off the API server");
-        let cut_off = wait_for("no replica leading while cut off", secs_(15), || async {
-            Ok(leaders(replicas).is_empty().then_some(()))
-        })
-        .await;
-        tokio::time::sleep(secs_(20)).await;
-        relay.restore();
-        log(&ns, "podha reconnected");
-        cut_off?;
-        let restored = Instant::now();
-        ops_leader(replicas).await?;
-        log(
-            &ns,
-            format!("a leader again {:.1?} after", restored.elapsed()),
-        );
-        // Past the lease grace and the probes again, counted from the reconnection.
-        untouched_for(&ctx, &uid, &node, secs_(20), " after an API server blip").await?;
-        for r in replicas {
-            let failures = metric(
-                &scrape(r)?,
-                "podha_node_failures_total",
-                &[("policy", ns.as_str())],
-            );
-            if failures.is_some_and(|v| v > 0.0) {
-                bail!("{} judged a node dead during the blip", r.identity);
-            }
-        }
-        // Still watching: a real death is failed over.
-        let target = other(&pair, &node);
-        let killed = Instant::now();
-        ctx.cluster.kill_node(&node)?;
-        wait_for("db-0 force-deleted", secs_(60), || async {
-            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
-        })
-        .await?;
-        wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
-        log(
-            &ns,
-            format!("recovered {:.1?} after a kill", killed.elapsed()),
-        );
-        ctx.cluster.start_node(&node).await?;
-        Ok(())
-    })
-}
-
-/// dryRun: the pod keeps its object; the policy's events say what podha would have done.
-fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-11", "node-12"];
-    scenario(shared, ops, "dry-run", |ctx, _, replicas| async move {
-        let ns = ctx.ns.clone();
-        let (_, node, uid, _) = policy_and_db(
-            &ctx,
-            &pair,
-            json!({"action": "OutOfServiceTaint", "dryRun": true}),
-        )
-        .await?;
-        ctx.cluster.kill_node(&node)?;
-        let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), "default");
-        let note = wait_for(
-            "a DryRun event on the policy naming the pod",
-            secs_(90),
-            || async {
-                let list = events.list(&ListParams::default()).await?;
-                Ok(list.items.into_iter().find_map(|e| {
-                    let about_policy =
-                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(ns.as_str());
-                    let note = e.note.unwrap_or_default();
-                    (about_policy
-                        && e.reason.as_deref() == Some("DryRun")
-                        && note.contains(&format!("{ns}/db-0")))
-                    .then_some(note)
-                }))
-            },
-        )
-        .await?;
-        log(&ns, format!("event: {note}"));
-        untouched_for(&ctx, &uid, &node, secs_(20), " in a dry run").await?;
-        let text = scrape(ops_leader(replicas).await?)?;
-        if metric(
-            &text,
-            "podha_actions_held_total",
-            &[("policy", ns.as_str()), ("reason", "DryRun")],
-        )
-        .is_none_or(|v| v < 1.0)
-        {
-            bail!("no DryRun hold counted");
-        }
-        Ok(())
-    })
 }
 
 /// The CRD's validation, enforced by the real kube-apiserver: every bad spec is refused with a
@@ -1303,59 +734,6 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     })
 }
 
-/// Two replicas: never two leaders at once, and one leads in the end.
-fn one_leader(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let cluster = shared.get()?;
-    let replicas = ops.get(cluster)?;
-    // Run after the parallel scenarios, which failed nodes over without a leader change: every
-    // write of theirs went through the one leader, and the other replica, which planned the
-    // same intents, sent none.
-    let writes = |r: &Replica| -> anyhow::Result<(f64, f64)> {
-        let text = scrape(r)?;
-        Ok((
-            metric_sum(&text, "podha_action_request_duration_seconds_count"),
-            metric_sum(&text, "podha_intents_dropped_total"),
-        ))
-    };
-    let leader = match leaders(replicas).as_slice() {
-        [one] => one.to_string(),
-        other => return Err(format!("expected exactly one leader, found {other:?}").into()),
-    };
-    for r in replicas {
-        let (sent, dropped) = writes(r).map_err(|e| e.to_string())?;
-        eprintln!(
-            "[one-leader] {}: {sent} action requests, {dropped} intents dropped",
-            r.identity
-        );
-        if r.identity == leader && sent < 1.0 {
-            return Err(format!("the leader {leader} sent no action at all").into());
-        }
-        if r.identity != leader && (sent > 0.0 || dropped < 1.0) {
-            return Err(format!(
-                "standby {} sent {sent} action requests and dropped {dropped} intents: \
-                 want none sent, some dropped",
-                r.identity
-            )
-            .into());
-        }
-    }
-    Ok(())
-}
-
-/// The sum of every sample of `name` (all label values).
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let metric_name = series.split_once('{').map_or(series, |(n, _)| n);
-            (metric_name == name)
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .fold(0.0, |sum, v| sum + v)
-}
-
 /// The Events podha published with `reason` about the object `name` (in `ns`, where
 /// cluster-scoped objects' events live in `default`).
 async fn action_events(
@@ -1403,45 +781,4 @@ async fn acted_once(
         1 => Ok(()),
         n => bail!("expected podha to {reason} {name} once, it did {n} times"),
     }
-}
-
-/// The leader stops right after it acted on a dead node; the other replica takes over and
-/// finishes the failover without doing anything twice.
-fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-13", "node-14"];
-    scenario(shared, ops, "handover", |ctx, ops, replicas| async move {
-        let ns = ctx.ns.clone();
-        let (_, node, uid, pv) =
-            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
-        let target = other(&pair, &node);
-        ctx.cluster.kill_node(&node)?;
-        wait_for("podha's out-of-service taint", secs_(60), || async {
-            Ok(has_podha_taint(&ctx, &node).await?.then_some(()))
-        })
-        .await?;
-        let old = ops_leader(replicas).await?;
-        ops.stop_replica(old).await?;
-        log(
-            &ns,
-            format!("stopped the leader {} right after the taint", old.identity),
-        );
-        wait_for("the other replica to lead", secs_(20), || async {
-            Ok(leaders(replicas)
-                .iter()
-                .any(|l| *l != old.identity)
-                .then_some(()))
-        })
-        .await?;
-        wait_for("db-0 force-deleted", secs_(30), || async {
-            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
-        })
-        .await?;
-        wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
-        // One taint and one delete in all, whichever replica sent them: the new leader repeated
-        // nothing the old one did, and left nothing undone.
-        acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
-        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
-        ops.restart_replica(old)?;
-        Ok(())
-    })
 }
