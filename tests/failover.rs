@@ -777,8 +777,55 @@ async fn acted_once(
     reason: &str,
     name: &str,
 ) -> anyhow::Result<()> {
+    // Events go out after the actions they report: give the first one time to arrive.
+    let what = format!("podha's {reason} event about {name}");
+    let _ = wait_for(&what, secs_(30), || async {
+        Ok((times_acted(client, ns, reason, name).await? > 0).then_some(()))
+    })
+    .await;
     match times_acted(client, ns, reason, name).await? {
         1 => Ok(()),
         n => bail!("expected podha to {reason} {name} once, it did {n} times"),
     }
+}
+
+/// podha's requests (any replica's: the chart's ServiceAccount) to `verb` the object
+/// `resource` `namespace/name`, as the API server's audit log recorded them once answered.
+fn podha_requests(
+    cluster: &podha_sim::cluster::Cluster,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> anyhow::Result<Vec<podha_sim::cluster::audit::Request>> {
+    let user = format!(
+        "system:serviceaccount:default:{}",
+        podha_sim::chart_rbac::RELEASE
+    );
+    Ok(cluster
+        .audited_requests()?
+        .into_iter()
+        .filter(|r| r.user.username == user && r.is(verb, resource, namespace, name))
+        .collect())
+}
+
+/// podha asked the API server exactly once to delete `ns/pod`, and it was done: ground truth
+/// from the audit log, which no replica can lose by stopping right after its request (its
+/// Event can be lost that way).
+async fn deleted_once(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<()> {
+    let ns = Some(ctx.ns.as_str());
+    let what = format!("podha's delete of {}/{pod} in the audit log", ctx.ns);
+    wait_for(&what, secs_(30), || async {
+        Ok((!podha_requests(ctx.cluster, "delete", "pods", ns, pod)?.is_empty()).then_some(()))
+    })
+    .await?;
+    let requests = podha_requests(ctx.cluster, "delete", "pods", ns, pod)?;
+    let codes: Vec<Option<u16>> = requests.iter().map(|r| r.code()).collect();
+    if codes != [Some(200)] {
+        bail!(
+            "podha's delete requests for {}/{pod}: {codes:?}, expected one, answered 200",
+            ctx.ns
+        );
+    }
+    Ok(())
 }

@@ -106,7 +106,7 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             Ok(gone(&ctx, "mover-0", &mover_uid).await?.then_some(()))
         })
         .await?;
-        acted_once(&ctx.client, &ns, "PodForceDeleted", "mover-0").await?;
+        deleted_once(&ctx, "mover-0").await?;
         let n: Node = ctx.nodes().get(dead).await?;
         let taints: Vec<String> = n
             .spec

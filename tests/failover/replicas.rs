@@ -88,9 +88,15 @@ pub(super) fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(
         .await?;
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
         // One taint and one delete in all, whichever replica sent them: the new leader repeated
-        // nothing the old one did, and left nothing undone.
-        acted_once(&ctx.client, "default", "OutOfServiceTaintAdded", &node).await?;
-        acted_once(&ctx.client, &ns, "PodForceDeleted", "db-0").await?;
+        // nothing the old one did, and left nothing undone. Counted in the API server's audit
+        // log: the stopped replica's Events may never have been sent.
+        deleted_once(&ctx, "db-0").await?;
+        let patches = podha_requests(ctx.cluster, "patch", "nodes", None, &node)?;
+        let done = patches.iter().filter(|r| r.code() == Some(200)).count();
+        if done != 1 {
+            let codes: Vec<Option<u16>> = patches.iter().map(|r| r.code()).collect();
+            bail!("podha's patches of {node} (its taint): {codes:?}, expected one done");
+        }
         ops.restart_replica(old)?;
         Ok(())
     })

@@ -51,6 +51,7 @@
 //! `volumes.kubernetes.io/controller-managed-attach-detach=true` (a kubelet sets it; without it
 //! the attach/detach controller ignores the node).
 
+pub mod audit;
 mod bins;
 mod blackhole;
 mod fleet;
@@ -637,6 +638,12 @@ impl Cluster {
         self.dir.join("logs")
     }
 
+    /// The requests the API server answered, as its audit log records them (pod deletions
+    /// and Node writes; see [`audit`]).
+    pub fn audited_requests(&self) -> Result<Vec<audit::Request>> {
+        audit::answered(&audit::log_path(&self.dir))
+    }
+
     pub fn profile(&self) -> Profile {
         self.lock().profile
     }
@@ -975,6 +982,7 @@ impl Cluster {
 
         // kube-apiserver
         {
+            let audit_policy = audit::write_policy(&self.dir)?;
             let mut st = self.lock();
             let p = st.ports.clone();
             let mut cmd = Self::bin(&st, "kube-apiserver");
@@ -1006,6 +1014,12 @@ impl Cluster {
                 // reaches the API server through it.
                 .arg("--endpoint-reconciler-type=none")
                 .arg("--allow-privileged=true")
+                .arg(format!("--audit-policy-file={}", audit_policy.display()))
+                .arg(format!(
+                    "--audit-log-path={}",
+                    audit::log_path(&self.dir).display()
+                ))
+                .arg("--audit-log-format=json")
                 .args(st.profile.apiserver_args());
             self.spawn(&mut st, APISERVER, cmd)?;
         }
