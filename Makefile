@@ -95,7 +95,7 @@ export PODHA_NODE_BIN_DIR := $(NODE_BIN_DIR)
 NODE_DEBS := containerd runc containernetworking-plugins
 
 .PHONY: node-deps
-node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, runc, CNI plugins; kubelet from Go modules (cached)
+node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, runc, CNI plugins; kubelet and kube-proxy from Go modules (cached)
 	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing; fi
 
