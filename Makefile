@@ -27,7 +27,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars node-deps node-pause helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars node-deps node-pause helm image lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -127,8 +127,8 @@ image: ## podha's image without Docker: static release binary in an OCI tar, tar
 		--binary $(CURDIR)/target/$(STATIC_TARGET)/release/podha --out $(PODHA_IMAGE_TAR)
 
 .PHONY: real-node-test
-real-node-test: k8s sim-deps csi-sidecars node-deps node-pause ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; root)
-	$(CARGO) test -p podha-sim --test realnode
+real-node-test: k8s sim-deps csi-sidecars node-deps node-pause helm image ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
+	$(CARGO) test -p podha-sim --test realnode --test realnode_podha
 
 .PHONY: build
 build: ## Build the operator and the sim cluster CLI
