@@ -145,6 +145,8 @@ pub fn kube_proxy_config(node: &RealNode) -> serde_json::Value {
         "metricsBindAddress": "127.0.0.1:10249",
         "mode": "iptables",
         "clusterCIDR": node.pod_cidr(),
+        // NodePorts on the node's address only, not on every local address (cni0's too).
+        "nodePortAddresses": ["primary"],
         "oomScoreAdj": 0,
         "iptables": { "masqueradeAll": true, "localhostNodePorts": false },
         "conntrack": {
