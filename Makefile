@@ -27,7 +27,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars node-deps node-pause helm lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars node-deps node-pause helm image lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -95,7 +95,7 @@ export PODHA_NODE_BIN_DIR := $(NODE_BIN_DIR)
 NODE_DEBS := containerd runc containernetworking-plugins
 
 .PHONY: node-deps
-node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, runc, CNI plugins; kubelet from Go modules (cached)
+node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, runc, CNI plugins; kubelet and kube-proxy from Go modules (cached)
 	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing; fi
 
@@ -103,18 +103,32 @@ $(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR
 	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
 	touch $@
 
-# The sandbox (pause) binary of the real nodes' image, linked statically (the image has no libc).
-# An explicit --target keeps its RUSTFLAGS away from the host build's artefacts.
-PAUSE_TARGET := x86_64-unknown-linux-gnu
-export PODHA_PAUSE_BIN := $(CURDIR)/target/$(PAUSE_TARGET)/release/podha-pause
+# Binaries of images without a libc (the real nodes' pause image, podha's image), linked
+# statically. An explicit --target keeps their RUSTFLAGS away from the host build's artefacts.
+STATIC_TARGET := x86_64-unknown-linux-gnu
+STATIC_RUSTFLAGS := -C target-feature=+crt-static
+export PODHA_PAUSE_BIN := $(CURDIR)/target/$(STATIC_TARGET)/release/podha-pause
 
 .PHONY: node-pause
 node-pause: ## Build podha-pause statically, for the real nodes' pause image
-	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p podha-pause --target $(PAUSE_TARGET)
+	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha-pause --target $(STATIC_TARGET)
+
+# podha's image as the Dockerfile builds it, without Docker: named as the chart's default image
+# (podha:<appVersion>, docker.io/library/podha to containerd) so that, once loaded into a node
+# (`podha-sim image load`, like `kind load docker-image`), the chart needs no image values.
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/podha/Chart.yaml)
+export PODHA_IMAGE_TAR := $(CURDIR)/target/podha-image.tar
+
+.PHONY: image
+image: ## podha's image without Docker: static release binary in an OCI tar, target/podha-image.tar
+	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha --bin podha --target $(STATIC_TARGET)
+	$(CARGO) build -p podha-sim --bin podha-sim
+	$(CARGO_TARGET)/podha-sim image podha --name docker.io/library/podha:$(APP_VERSION) \
+		--binary $(CURDIR)/target/$(STATIC_TARGET)/release/podha --out $(PODHA_IMAGE_TAR)
 
 .PHONY: real-node-test
-real-node-test: k8s sim-deps csi-sidecars node-deps node-pause ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; root)
-	$(CARGO) test -p podha-sim --test realnode
+real-node-test: k8s sim-deps csi-sidecars node-deps node-pause helm image ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
+	$(CARGO) test -p podha-sim --test realnode --test realnode_podha
 
 .PHONY: build
 build: ## Build the operator and the sim cluster CLI

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Builds the kubelet for the sim cluster's real nodes from the same Go module set as the control
+# Builds the kubelet and kube-proxy for the sim cluster's real nodes from the same Go module set as the control
 # plane (k8s.io/kubernetes at K8S_VERSION, staging modules replaced by their published v0.x twins,
 # as in build.sh), into a cache directory keyed by version. Only the Go module proxy is needed.
-# Usage: build-node.sh OUT_DIR   (OUT_DIR/bin receives kubelet; a complete OUT_DIR is left alone)
+# Usage: build-node.sh OUT_DIR   (OUT_DIR/bin receives kubelet and kube-proxy; binaries already
+# there are left alone)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: build-node.sh OUT_DIR}
 k8s=$(sed -n "s/^K8S_VERSION := //p" "$here/../versions.mk")
 [ -n "$k8s" ] || { echo "build-node.sh: cannot read K8S_VERSION from e2e/versions.mk" >&2; exit 1; }
-if [ -x "$out/bin/kubelet" ]; then
-  echo "kubelet already built in $out/bin"
+cmds=()
+for c in kubelet kube-proxy; do
+  [ -x "$out/bin/$c" ] || cmds+=("$c")
+done
+if [ ${#cmds[@]} -eq 0 ]; then
+  echo "kubelet and kube-proxy already built in $out/bin"
   exit 0
 fi
 
@@ -41,6 +46,7 @@ cat > "$work/node/tools.go" <<'GO'
 package tools
 
 import (
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
@@ -53,6 +59,6 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=v$k8s -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-echo "building kubelet v$k8s (this takes a while on a small machine)"
+echo "building ${cmds[*]} v$k8s (this takes a while on a small machine)"
 ( cd "$work/node" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/" \
-    k8s.io/kubernetes/cmd/kubelet )
+    "${cmds[@]/#/k8s.io/kubernetes/cmd/}" )

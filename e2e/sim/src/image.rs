@@ -80,12 +80,47 @@ impl std::str::FromStr for ImageFile {
 }
 
 /// What goes into an image.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageSpec {
     /// Full reference containerd records, e.g. `podha.io/sim/pause:1`.
     pub name: String,
     pub files: Vec<ImageFile>,
     pub entrypoint: Vec<String>,
+    /// Default arguments (the Dockerfile's `CMD`).
+    pub cmd: Vec<String>,
+    /// `uid:gid` the container runs as unless the pod says otherwise; empty: root.
+    pub user: String,
+    /// Documentation only, as in a Dockerfile: `8080/tcp`.
+    pub exposed_ports: Vec<String>,
+    pub labels: Vec<(String, String)>,
+}
+
+/// podha's image as the repository's Dockerfile builds it: the binary at `/podha`, entrypoint
+/// `/podha`, command `run`, user 65532:65532 (distroless's nonroot), port 8080, the same
+/// labels. The binary must be static: the image has no libc (the Dockerfile's distroless base
+/// has one, and CA certificates; in-cluster access needs neither, the ServiceAccount's ca.crt
+/// is mounted).
+pub fn podha_spec(name: &str, binary: &Path) -> ImageSpec {
+    let label = |k: &str, v: &str| (format!("org.opencontainers.image.{k}"), v.to_string());
+    ImageSpec {
+        name: name.to_string(),
+        files: vec![ImageFile {
+            source: binary.to_path_buf(),
+            path: "/podha".into(),
+        }],
+        entrypoint: vec!["/podha".into()],
+        cmd: vec!["run".into()],
+        user: "65532:65532".into(),
+        exposed_ports: vec!["8080/tcp".into()],
+        labels: vec![
+            label("title", "podha"),
+            label(
+                "description",
+                "Kubernetes operator that fails stateful pods over when their node dies",
+            ),
+            label("licenses", "Apache-2.0"),
+        ],
+    }
 }
 
 /// What [`build`] wrote.
@@ -189,15 +224,38 @@ pub fn build(spec: &ImageSpec, out: &Path) -> Result<BuiltImage> {
         ));
     }
     let layer = Blob::new(layer(spec)?);
+    let mut image_config = json!({
+        "Entrypoint": spec.entrypoint,
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "WorkingDir": "/",
+    });
+    if !spec.cmd.is_empty() {
+        image_config["Cmd"] = json!(spec.cmd);
+    }
+    if !spec.user.is_empty() {
+        image_config["User"] = json!(spec.user);
+    }
+    if !spec.exposed_ports.is_empty() {
+        let ports: serde_json::Map<String, serde_json::Value> = spec
+            .exposed_ports
+            .iter()
+            .map(|p| (p.clone(), json!({})))
+            .collect();
+        image_config["ExposedPorts"] = ports.into();
+    }
+    if !spec.labels.is_empty() {
+        let labels: serde_json::Map<String, serde_json::Value> = spec
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        image_config["Labels"] = labels.into();
+    }
     let config = Blob::new(
         serde_json::to_vec(&json!({
             "architecture": "amd64",
             "os": "linux",
-            "config": {
-                "Entrypoint": spec.entrypoint,
-                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                "WorkingDir": "/",
-            },
+            "config": image_config,
             "rootfs": {
                 "type": "layers",
                 // Uncompressed layer: its diff ID is its digest.
@@ -301,6 +359,7 @@ mod tests {
             name: "podha.io/test/hello:2".into(),
             files: vec![format!("{}:/usr/bin/hello", bin.display()).parse().unwrap()],
             entrypoint: vec!["/usr/bin/hello".into()],
+            ..Default::default()
         };
         let (a, b) = (dir.join("a.tar"), dir.join("b.tar"));
         let built = build(&spec, &a).unwrap();
@@ -357,6 +416,55 @@ mod tests {
             serde_json::from_slice(get(&format!("blobs/sha256/{config_hex}"))).unwrap();
         assert_eq!(config["rootfs"]["diff_ids"][0], layer_digest);
         assert_eq!(config["config"]["Entrypoint"][0], "/usr/bin/hello");
+        assert!(config["config"].get("User").is_none());
+        assert!(config["config"].get("Cmd").is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The Dockerfile's runtime stage, field by field.
+    #[test]
+    fn podha_image_matches_the_dockerfile() {
+        let dir = std::env::temp_dir().join(format!("podha-image-op-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("podha");
+        std::fs::write(&bin, b"binary").unwrap();
+        let out = dir.join("podha.tar");
+        let built = build(&podha_spec("docker.io/library/podha:0.1.0", &bin), &out).unwrap();
+        let files = entries(&std::fs::read(&out).unwrap());
+        let get = |p: &str| -> serde_json::Value {
+            let data = &files.iter().find(|(n, _)| n == p).unwrap().1;
+            serde_json::from_slice(data).unwrap()
+        };
+        let manifest = get(&format!(
+            "blobs/sha256/{}",
+            built.manifest_digest.trim_start_matches("sha256:")
+        ));
+        let config_digest = manifest["config"]["digest"].as_str().unwrap();
+        let config = get(&format!(
+            "blobs/sha256/{}",
+            config_digest.trim_start_matches("sha256:")
+        ));
+        let c = &config["config"];
+        assert_eq!(c["Entrypoint"], json!(["/podha"]));
+        assert_eq!(c["Cmd"], json!(["run"]));
+        assert_eq!(c["User"], "65532:65532");
+        assert_eq!(c["ExposedPorts"], json!({ "8080/tcp": {} }));
+        assert_eq!(c["Labels"]["org.opencontainers.image.title"], "podha");
+        let dockerfile =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Dockerfile"))
+                .unwrap();
+        for line in [
+            "USER 65532:65532",
+            "ENTRYPOINT [\"/podha\"]",
+            "CMD [\"run\"]",
+            "EXPOSE 8080",
+            "COPY --from=builder /out/podha /podha",
+        ] {
+            assert!(
+                dockerfile.contains(line),
+                "the Dockerfile no longer says {line}"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -138,6 +138,25 @@ enum ImageCmd {
         #[arg(long)]
         out: PathBuf,
     },
+    /// podha's own image, as the repository's Dockerfile builds it, from a static podha binary
+    /// (`make image` does this into target/podha-image.tar).
+    Podha {
+        /// Full image reference; the chart's default `podha:<appVersion>` is
+        /// `docker.io/library/podha:<appVersion>` to containerd.
+        #[arg(long)]
+        name: String,
+        /// The podha binary, linked statically.
+        #[arg(long)]
+        binary: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Import an image tar into every real node's containerd (`kind load` for the sim).
+    Load {
+        tar: PathBuf,
+        #[command(flatten)]
+        dir: DirArg,
+    },
 }
 
 #[derive(Subcommand)]
@@ -319,6 +338,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 name,
                 files: binaries,
                 entrypoint,
+                ..Default::default()
             };
             let built = podha_sim::image::build(&spec, &out)?;
             println!(
@@ -327,6 +347,25 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 built.manifest_digest,
                 out.display()
             );
+        }
+        Cmd::Image {
+            command: ImageCmd::Podha { name, binary, out },
+        } => {
+            let built =
+                podha_sim::image::build(&podha_sim::image::podha_spec(&name, &binary), &out)?;
+            println!(
+                "{} {} -> {}",
+                built.name,
+                built.manifest_digest,
+                out.display()
+            );
+        }
+        Cmd::Image {
+            command: ImageCmd::Load { tar, dir },
+        } => {
+            for node in Cluster::attach(&dir.dir)?.load_image(&tar)? {
+                println!("{} loaded into {node}", tar.display());
+            }
         }
         Cmd::Node {
             command: NodeCmd::Add { dir },

@@ -986,9 +986,19 @@ impl Cluster {
             let mut st = self.lock();
             let p = st.ports.clone();
             let mut cmd = Self::bin(&st, "kube-apiserver");
+            // With real nodes the `kubernetes` Service's endpoint is the bridge's host address,
+            // which the DNAT sends to 127.0.0.1: in-cluster clients on real nodes reach the API
+            // server through the Service (kube-proxy); the lease reconciler keeps the endpoint.
+            // Without them it cannot have one: a loopback endpoint is invalid, and nothing
+            // reaches the API server through the Service.
+            let (advertise, reconciler) = match &st.real_nodes {
+                Some(real) => (realnode::net::host_ip(real.subnet), "lease"),
+                None => (Ipv4Addr::LOCALHOST, "none"),
+            };
             cmd.arg(format!("--etcd-servers=http://127.0.0.1:{}", p.etcd_client))
                 .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--advertise-address={advertise}"))
+                .arg(format!("--endpoint-reconciler-type={reconciler}"))
                 .arg(format!("--secure-port={}", p.apiserver))
                 .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
                 .arg(format!(
@@ -1010,9 +1020,6 @@ impl Cluster {
                     pki.sa_key.display()
                 ))
                 .arg("--service-cluster-ip-range=10.96.0.0/16")
-                // The `kubernetes` Service cannot have loopback endpoints; nothing in the sim
-                // reaches the API server through it.
-                .arg("--endpoint-reconciler-type=none")
                 .arg("--allow-privileged=true")
                 .arg(format!("--audit-policy-file={}", audit_policy.display()))
                 .arg(format!(

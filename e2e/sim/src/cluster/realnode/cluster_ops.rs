@@ -95,6 +95,44 @@ impl Cluster {
         .await
     }
 
+    /// Imports an image tar (see `crate::image`) into every real node's containerd, namespace
+    /// `k8s.io` where the kubelet looks, as `kind load` does; returns the nodes. Images stay
+    /// across reboots (containerd's root is the node's disk).
+    pub fn load_image(&self, tar: &std::path::Path) -> Result<Vec<String>> {
+        let tar = tar
+            .canonicalize()
+            .map_err(|e| Error::io(format!("read {}", tar.display()), e))?;
+        let tar = tar.to_string_lossy();
+        let st = self.reload();
+        let nodes: Vec<RealNode> = st
+            .nodes
+            .iter()
+            .filter(|r| r.real)
+            .map(|r| self.real_node_of(r))
+            .collect();
+        if nodes.is_empty() {
+            return Err(Error::Other(
+                "the cluster has no real nodes (--real-nodes) to load an image into".into(),
+            ));
+        }
+        for node in &nodes {
+            let sock = node.containerd_socket();
+            let sock = sock.to_string_lossy();
+            realnode::net::run(
+                "ctr",
+                &["-a", &sock, "-n", "k8s.io", "images", "import", &tar],
+            )?;
+            info!(node = node.name, image = %tar, "image loaded");
+        }
+        Ok(nodes.into_iter().map(|n| n.name).collect())
+    }
+
+    /// The network namespace of real node `name` (under `/run/netns`): where its pods' addresses
+    /// are reachable (`nsenter --net=/run/netns/<it>`).
+    pub fn node_netns(&self, name: &str) -> Result<String> {
+        Ok(self.real_node(name, "entered")?.netns())
+    }
+
     /// Pids of every process of real node `name`: containerd, its shims, the containers and
     /// the kubelet (its cgroup tree).
     pub fn node_pids(&self, name: &str) -> Result<Vec<i32>> {

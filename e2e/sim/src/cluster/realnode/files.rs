@@ -1,5 +1,6 @@
 //! The files a real node boots from, all under `DIR/nodes/<node>/`: containerd's config, the
-//! CNI network, the kubelet's configuration and kubeconfig, and `boot.sh`, the node's "init".
+//! CNI network, the kubelet's and kube-proxy's configuration and kubeconfigs, and `boot.sh`,
+//! the node's "init".
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -126,9 +127,41 @@ pub fn kubelet_config(node: &RealNode, ca_cert: &Path) -> serde_json::Value {
     })
 }
 
-/// The kubelet's kubeconfig: the API server through the bridge (see `net`), TLS checked as
-/// `localhost` (a name in the serving certificate), the node's own client certificate.
-pub fn kubelet_kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u16)) -> String {
+/// kube-proxy in iptables mode, inside the node's network namespace: it makes Service
+/// ClusterIPs (the `kubernetes` Service above all, which in-cluster clients use) reach their
+/// endpoints from the node and its pods. It leaves host-wide settings alone: no conntrack table
+/// size or timeouts (`0` keeps the kernel's), no localhost NodePorts (no `route_localnet` on
+/// all interfaces), no OOM score (refused without CAP_SYS_RESOURCE, as for the kubelet).
+/// `masqueradeAll`: service traffic leaves the node from its address, since the host has no
+/// route back to the pod network.
+pub fn kube_proxy_config(node: &RealNode) -> serde_json::Value {
+    json!({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": { "kubeconfig": node.dir().join("kube-proxy.kubeconfig") },
+        "hostnameOverride": node.name,
+        "bindAddress": node.ip.to_string(),
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "mode": "iptables",
+        "clusterCIDR": node.pod_cidr(),
+        // NodePorts on the node's address only, not on every local address (cni0's too).
+        "nodePortAddresses": ["primary"],
+        "oomScoreAdj": 0,
+        "iptables": { "masqueradeAll": true, "localhostNodePorts": false },
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+    })
+}
+
+/// A kubeconfig for a node's component: the API server through the bridge (see `net`), TLS
+/// checked as `localhost` (a name in the serving certificate), a client certificate of the
+/// node's directory (`pki/<cert>.crt` and `.key`).
+pub fn kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u16), cert: &str) -> String {
     let dir = node.dir();
     let doc = json!({
         "apiVersion": "v1",
@@ -141,11 +174,11 @@ pub fn kubelet_kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u1
                 "tls-server-name": "localhost",
             },
         }],
-        "users": [{ "name": node.name, "user": {
-            "client-certificate": dir.join("pki/node.crt"),
-            "client-key": dir.join("pki/node.key"),
+        "users": [{ "name": cert, "user": {
+            "client-certificate": dir.join(format!("pki/{cert}.crt")),
+            "client-key": dir.join(format!("pki/{cert}.key")),
         }}],
-        "contexts": [{ "name": "node", "context": { "cluster": "podha-sim", "user": node.name } }],
+        "contexts": [{ "name": "node", "context": { "cluster": "podha-sim", "user": cert } }],
         "current-context": "node",
     });
     serde_json::to_string_pretty(&doc).unwrap_or_default()
@@ -154,9 +187,10 @@ pub fn kubelet_kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u1
 /// `boot.sh`: joins the node's cgroup, enters a mount namespace of its own and the node's
 /// network namespace (never `ip netns exec`: it remounts /sys and hides /sys/fs/cgroup), gives
 /// the node its boot ID and private sysctls, wipes the runtime state (a reboot empties /run),
-/// starts containerd (log `logs/containerd-<node>.log`), imports the pause image and becomes the
-/// kubelet (its output goes where the script's does, `logs/kubelet-<node>.log`).
-pub fn boot_script(node: &RealNode, cgroup_procs: &[std::path::PathBuf], kubelet: &Path) -> String {
+/// starts containerd (log `logs/containerd-<node>.log`), imports the pause image, starts
+/// kube-proxy (log `logs/kube-proxy-<node>.log`) and becomes the kubelet (its output goes where
+/// the script's does, `logs/kubelet-<node>.log`).
+pub fn boot_script(node: &RealNode, cgroup_procs: &[std::path::PathBuf], bin_dir: &Path) -> String {
     let dir = node.dir();
     let d = dir.display();
     let sock = node.containerd_socket();
@@ -203,7 +237,8 @@ until ctr -a {sock} version > /dev/null 2>&1; do
   sleep 0.1
 done
 ctr -a {sock} -n k8s.io images import {image}
-echo "starting the kubelet"
+echo "starting kube-proxy and the kubelet"
+{kube_proxy} --config={d}/kube-proxy.json --v=2 >> {logs}/kube-proxy-{name}.log 2>&1 &
 exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
   --root-dir={d}/kubelet --cert-dir={d}/kubelet/pki \
   --hostname-override={name} --node-ip={ip} --node-labels=type=real \
@@ -213,7 +248,8 @@ exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
         netns = node.netns(),
         sysctls = sysctls.join("\n"),
         image = node.pause_image.display(),
-        kubelet = kubelet.display(),
+        kubelet = bin_dir.join("kubelet").display(),
+        kube_proxy = bin_dir.join("kube-proxy").display(),
         ip = node.ip,
     )
 }
@@ -224,7 +260,7 @@ pub fn write_all(
     node: &RealNode,
     ca_cert: &Path,
     server: (Ipv4Addr, u16),
-    kubelet: &Path,
+    bin_dir: &Path,
 ) -> Result<()> {
     let dir = node.dir();
     for sub in [
@@ -250,7 +286,15 @@ pub fn write_all(
     )?;
     write(
         &dir.join("kubeconfig"),
-        &kubelet_kubeconfig(node, ca_cert, server),
+        &kubeconfig(node, ca_cert, server, "node"),
+    )?;
+    write(
+        &dir.join("kube-proxy.json"),
+        &json(&kube_proxy_config(node)),
+    )?;
+    write(
+        &dir.join("kube-proxy.kubeconfig"),
+        &kubeconfig(node, ca_cert, server, "kube-proxy"),
     )?;
     for s in KUBELET_SYSCTLS {
         let host = format!("/proc/sys/{s}");
@@ -259,5 +303,5 @@ pub fn write_all(
         write(&dir.join("sysctl").join(s.replace('/', ".")), &value)?;
     }
     let procs = node.cgroup().runtime_procs_files()?;
-    write(&dir.join("boot.sh"), &boot_script(node, &procs, kubelet))
+    write(&dir.join("boot.sh"), &boot_script(node, &procs, bin_dir))
 }

@@ -158,9 +158,11 @@ pub fn check_host(node_bin_dir: &Path, pause_binary: &Path) -> Result<()> {
             .filter(|p| !Path::new("/usr/lib/cni").join(p).is_file())
             .map(|p| format!("/usr/lib/cni/{p}")),
     );
-    let kubelet = node_bin_dir.join("kubelet");
-    if !kubelet.is_file() {
-        missing.push(kubelet.display().to_string());
+    for bin in ["kubelet", "kube-proxy"] {
+        let path = node_bin_dir.join(bin);
+        if !path.is_file() {
+            missing.push(path.display().to_string());
+        }
     }
     if !missing.is_empty() {
         return Err(Error::Other(format!(
@@ -186,6 +188,7 @@ pub fn build_pause_image(dir: &Path, pause_binary: &Path) -> Result<()> {
             path: "/pause".into(),
         }],
         entrypoint: vec!["/pause".into()],
+        ..Default::default()
     };
     crate::image::build(&spec, &pause_image_path(dir))
         .map(drop)
@@ -215,7 +218,7 @@ pub fn prepare(
         node,
         &pki.ca_cert,
         (net::host_ip(subnet), apiserver_port),
-        &node_bin_dir.join("kubelet"),
+        node_bin_dir,
     )?;
     super::pki::issue_client_cert(
         &node.cluster_dir,
@@ -223,6 +226,14 @@ pub fn prepare(
         "system:nodes",
         &node.dir().join("pki/node.crt"),
         &node.dir().join("pki/node.key"),
+    )?;
+    // The user the default ClusterRoleBinding `system:node-proxier` names.
+    super::pki::issue_client_cert(
+        &node.cluster_dir,
+        "system:kube-proxy",
+        "system:node-proxier",
+        &node.dir().join("pki/kube-proxy.crt"),
+        &node.dir().join("pki/kube-proxy.key"),
     )?;
     net::create_node(
         &node.netns(),
