@@ -95,6 +95,8 @@ pub struct NodeObservations {
     /// silent by then (it died, or was cut off, at that instant or before).
     tcp_silent_since: Option<Instant>,
     last_seen_alive: Option<Instant>,
+    /// When this process first saw one of podha's taints on the node (cleared once it is gone).
+    podha_tainted_since: Option<Instant>,
     gap_since: Option<Instant>,
     /// Bumped whenever a gap begins or ends, so each tracker notices gaps it did not tick
     /// through without the runtime having to reach every tracker.
@@ -115,6 +117,7 @@ impl NodeObservations {
             tcp_answered: None,
             tcp_silent_since: None,
             last_seen_alive: None,
+            podha_tainted_since: None,
             gap_since: None,
             gap_epoch: 0,
         }
@@ -176,6 +179,20 @@ impl NodeObservations {
     pub fn forget_tcp(&mut self) {
         self.tcp = None;
         self.tcp_silent_since = None;
+    }
+
+    /// Whether the Node object carries one of podha's taints, as seen at `at`.
+    pub fn observe_podha_taint(&mut self, present: bool, at: Instant) {
+        if !present {
+            self.podha_tainted_since = None;
+        } else if self.podha_tainted_since.is_none() {
+            self.podha_tainted_since = Some(at);
+        }
+    }
+
+    /// When this process first saw podha's taint on the node, if it is on.
+    pub fn podha_tainted_since(&self) -> Option<Instant> {
+        self.podha_tainted_since
     }
 
     /// When the last answered TCP probe was sent (see [`Self::observe_tcp`]).

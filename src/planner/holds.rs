@@ -43,6 +43,8 @@ pub struct Heartbeat {
     pub tcp_answered: Option<Instant>,
     /// Since when the kubelet port has not answered, if it does not now.
     pub tcp_silent_since: Option<Instant>,
+    /// When this process first saw podha's taint on the node, if it is on.
+    pub tainted_since: Option<Instant>,
 }
 
 impl Heartbeat {
@@ -56,6 +58,14 @@ impl Heartbeat {
             Some(port) if probes_tcp && port >= self.silent_since => missed_renewal.min(port),
             _ => missed_renewal,
         }
+    }
+
+    /// Whether the node renewed its Lease after this process saw podha's taint on it: the
+    /// proof that it is back. A Ready=True alone is not (after a death it stays True until the
+    /// node lifecycle controller's grace, 40 s, runs out), nor is a tracker that just started
+    /// (a new leader's, a restarted process's) and has no failure to remember.
+    pub(super) fn renewed_since_tainted(&self) -> bool {
+        matches!((self.last_renewal, self.tainted_since), (Some(r), Some(t)) if r > t)
     }
 
     /// Whether this node showed life after `at`.

@@ -114,8 +114,8 @@ pub(super) fn plan_upgrade(
         })
 }
 
-/// Untaint nodes podha tainted once they are back (Ready, judged Healthy by every policy that
-/// watches them) and no volume of a pod that moved away is still attached there. The taint
+/// Untaint nodes podha tainted once they are back (Ready, its Lease renewed since this process
+/// saw the taint, judged Healthy by every policy that watches them) and no volume of a pod that moved away is still attached there. The taint
 /// protects the moved pods' volumes: a VolumeAttachment that serves a pod bound to the node
 /// (one podha left alone, back with its node) keeps nothing waiting.
 pub(super) fn plan_untaints(
@@ -133,7 +133,12 @@ pub(super) fn plan_untaints(
         if !marked || !NodeTaint::ALL.iter().any(|t| t.on(node)) {
             continue;
         }
+        let back = input
+            .heartbeats
+            .get(name.as_str())
+            .is_some_and(|hb| hb.renewed_since_tainted());
         if ReadyStatus::from_node(node) != ReadyStatus::True
+            || !back
             || !usable(node)
             || input
                 .view

@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -6,6 +7,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::api::{Action, NodeTaint, OwnerKind, TAINT_MARKER_ANNOTATION};
+use crate::planner::Heartbeat;
 use crate::test_builders::*;
 
 const DRIVER: &str = "rwo.sim.podha.io";
@@ -79,6 +81,20 @@ impl World {
     }
 
     /// Every policy judges `node` Failed, and the runtime opened its incident.
+    /// `node` renewed its Lease after this process saw podha's taint on it: it is back.
+    fn back(mut self, node: &str) -> Self {
+        let hb = Heartbeat {
+            last_renewal: Some(self.t0 + Duration::from_secs(1)),
+            silent_since: self.t0 + Duration::from_secs(1),
+            renew_period: Duration::from_secs(10),
+            tcp_answered: None,
+            tcp_silent_since: None,
+            tainted_since: Some(self.t0),
+        };
+        self.heartbeats.insert(node.to_string(), hb);
+        self
+    }
+
     fn fail(mut self, node: &str) -> Self {
         let failed = NodeHealth::Failed { since: self.t0 };
         for nodes in self.health.values_mut() {
@@ -585,7 +601,37 @@ fn tainted_by_podha(view: &mut View, node: &str) {
 fn podha_removes_its_taint_once_the_node_is_back_and_empty() {
     let mut view = cluster(3);
     tainted_by_podha(&mut view, "node-1");
+    let world = World::new(view).policy("p", mk_spec()).back("node-1");
+    assert_eq!(
+        world.plan().intents,
+        vec![Intent::RemoveTaint {
+            node: "node-1".into()
+        }]
+    );
+}
+
+/// A new leader (or a restarted podha) sees its taint on a node that died seconds ago: Ready
+/// is still True (the node lifecycle controller waits 40 s) and its fresh tracker remembers no
+/// failure. Only a Lease renewal seen after the taint proves the node back. Found by the
+/// leader-change scenario: the new leader took the out-of-service taint off the dead node one
+/// second after taking over.
+#[test]
+fn the_taint_stays_until_the_node_renews_after_it_was_seen() {
+    let mut view = cluster(3);
+    tainted_by_podha(&mut view, "node-1");
     let world = World::new(view).policy("p", mk_spec());
+    assert!(world.plan().intents.is_empty(), "no renewal seen at all");
+    let mut world = world.back("node-1");
+    let hb = world
+        .heartbeats
+        .get_mut("node-1")
+        .expect("inserted by back");
+    hb.last_renewal = Some(world.t0 - Duration::from_secs(3));
+    assert!(
+        world.plan().intents.is_empty(),
+        "renewed only before the taint was seen"
+    );
+    let world = world.back("node-1");
     assert_eq!(
         world.plan().intents,
         vec![Intent::RemoveTaint {
@@ -659,6 +705,7 @@ fn untaint_in_dry_run_is_held() {
     tainted_by_podha(&mut view, "node-1");
     let intents = World::new(view)
         .policy("p", dry_run(mk_spec()))
+        .back("node-1")
         .plan()
         .intents;
     assert!(
@@ -860,7 +907,7 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
         .annotation(TAINT_MARKER_ANNOTATION, "p");
     view.nodes
         .insert("node-1".into(), std::sync::Arc::new(fenced));
-    let world = World::new(view).policy("p", mk_spec());
+    let world = World::new(view).policy("p", mk_spec()).back("node-1");
     assert_eq!(
         world.plan().intents,
         vec![Intent::RemoveTaint {

@@ -205,7 +205,10 @@ fn the_fence_leaves_once_the_moved_pods_volumes_are_gone_whatever_stayed_attache
         .with(mk_csi_pv("pv-bare", DRIVER).claimed_by("ns", "bare-data"))
         .with(mk_va("va-bare", DRIVER, "pv-bare", "node-1"));
     tainted_by_podha(&mut view, "node-1");
-    let plan = World::new(view.clone()).policy("p", delete_pods()).plan();
+    let plan = World::new(view.clone())
+        .policy("p", delete_pods())
+        .back("node-1")
+        .plan();
     assert_eq!(
         plan.intents,
         vec![Intent::RemoveTaint {
@@ -291,6 +294,7 @@ fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
         renew_period: renew,
         tcp_answered: None,
         tcp_silent_since: None,
+        tainted_since: None,
     };
     let mut world = World::new(cluster(6)).policy("p", max_unhealthy(oos(), 2));
     // node-1 went silent at t0+0; node-2 and node-3 (cut off with it) renewed last at 3 s
@@ -352,6 +356,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         renew_period: s(10),
         tcp_answered: None,
         tcp_silent_since: None,
+        tainted_since: None,
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
     world.heartbeats.insert("node-1".into(), hb(0));
@@ -402,6 +407,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         renew_period: s(10),
         tcp_answered: Some(t0 + s(answered)),
         tcp_silent_since: port_silent.map(|p| t0 + s(p)),
+        tainted_since: None,
     };
     let mut tcp = max_unhealthy(oos(), 1);
     tcp.detection.signals = vec![Signal::Lease, Signal::KubeletTCP];

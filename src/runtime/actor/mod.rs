@@ -448,6 +448,7 @@ impl Actor {
                     renew_period: obs.renew_period_bound(),
                     tcp_answered: obs.tcp_answered(),
                     tcp_silent_since: obs.tcp_silent_since(),
+                    tainted_since: obs.podha_tainted_since(),
                 };
                 (node.clone(), hb)
             })

@@ -272,8 +272,10 @@ impl ClusterState {
     }
 
     fn observe_node(&mut self, node: &Node, now: Instant) {
-        self.observations_of(node.name_any(), now)
-            .observe_ready(ReadyStatus::from_node(node), now);
+        let tainted = crate::api::NodeTaint::ALL.iter().any(|t| t.on(node));
+        let obs = self.observations_of(node.name_any(), now);
+        obs.observe_ready(ReadyStatus::from_node(node), now);
+        obs.observe_podha_taint(tainted, now);
     }
 
     fn apply_node(&mut self, event: Event<Node>, now: Instant) {
