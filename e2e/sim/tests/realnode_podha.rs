@@ -20,7 +20,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::Arguments;
 use podha_sim::testkit::*;
 use serde_json::json;
 
@@ -44,38 +44,15 @@ fn main() -> ExitCode {
         )
         .with_real_nodes(REAL_NODES),
     );
-    let trials = vec![{
-        let shared = shared.clone();
-        Trial::test(
-            "podha_installed_by_its_chart_leads_on_real_nodes_and_fails_over",
-            move || installed_by_chart(&shared),
-        )
-    }];
-    let conclusion = libtest_mimic::run(&args, trials);
-    shared.teardown(conclusion.has_failed());
-    conclusion.exit_code()
-}
-
-fn log(msg: impl AsRef<str>) {
-    eprintln!("[{NAMESPACE}] {}", msg.as_ref());
+    let scenarios: [Scenario; 1] = [(
+        "podha_installed_by_its_chart_leads_on_real_nodes_and_fails_over",
+        installed_by_chart,
+    )];
+    run_trials(&args, &shared, scenarios.into())
 }
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `$PODHA_HELM` (the Makefile exports it), or an error naming `make helm`.
-fn helm() -> anyhow::Result<PathBuf> {
-    let helm = std::env::var_os("PODHA_HELM")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .context("PODHA_HELM is not set: run the test through `make real-node-test` (helm comes from `make helm`)")?;
-    ensure!(
-        helm.is_file(),
-        "helm {} is missing: run `make helm`",
-        helm.display()
-    );
-    Ok(helm)
 }
 
 /// `$PODHA_IMAGE_TAR`, else `target/podha-image.tar`, as `make image` writes it.
@@ -168,7 +145,7 @@ async fn wait_leader_gauge(ctx: &Ctx<'_>, pod: &Pod, value: &str) -> anyhow::Res
 }
 
 fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
-    let (helm, tar) = (helm()?, image_tar()?);
+    let (helm, tar) = (podha_sim::chart_rbac::helm_path()?, image_tar()?);
     run_scenario(shared, NAMESPACE, |ctx| async move {
         let real: Vec<String> = (KWOK_NODES + 1..=KWOK_NODES + REAL_NODES)
             .map(|i| format!("node-{i}"))
@@ -187,7 +164,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             .arg("--kubeconfig")
             .arg(ctx.cluster.kubeconfig_path())
             .args(["--set", "nodeSelector.type=real"]))?;
-        log("helm install done");
+        log(NAMESPACE, "helm install done");
 
         let pods = wait_for(
             "both podha replicas Running and Ready on the real nodes",
@@ -212,7 +189,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
                 .and_then(|s| s.service_account_name.as_deref());
             ensure!(sa == Some(RELEASE), "{} runs as {sa:?}", name_of(p));
         }
-        log(format!("replicas Ready on {nodes:?}"));
+        log(NAMESPACE, format!("replicas Ready on {nodes:?}"));
 
         let names: Vec<String> = pods.iter().map(|p| name_of(p).to_string()).collect();
         let leader = wait_for("a replica to hold the Lease", secs(60), || async {
@@ -229,9 +206,10 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             .context("follower")?;
         wait_leader_gauge(&ctx, leader_pod, "1").await?;
         wait_leader_gauge(&ctx, follower_pod, "0").await?;
-        log(format!(
-            "{leader} leads (Lease and /metrics), the other follows"
-        ));
+        log(
+            NAMESPACE,
+            format!("{leader} leads (Lease and /metrics), the other follows"),
+        );
 
         let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
         let policies: Api<DynamicObject> =
@@ -268,12 +246,15 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             },
         )
         .await?;
-        log("policy Ready=True");
+        log(NAMESPACE, "policy Ready=True");
 
         let leader_node = node_of(leader_pod).context("leader node")?.to_string();
         let follower = name_of(follower_pod).to_string();
         ctx.cluster.kill_node(&leader_node)?;
-        log(format!("{leader_node}, running leader {leader}, killed"));
+        log(
+            NAMESPACE,
+            format!("{leader_node}, running leader {leader}, killed"),
+        );
         let started = std::time::Instant::now();
         wait_for(
             &format!("{follower} to take the Lease from {leader}"),
@@ -284,10 +265,13 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         )
         .await?;
         wait_leader_gauge(&ctx, follower_pod, "1").await?;
-        log(format!(
-            "{follower} took over {:.1?} after the kill",
-            started.elapsed()
-        ));
+        log(
+            NAMESPACE,
+            format!(
+                "{follower} took over {:.1?} after the kill",
+                started.elapsed()
+            ),
+        );
         Ok(())
     })
 }
