@@ -108,6 +108,11 @@ pub fn kill(name: &str, rec: &ProcRecord) -> Result<()> {
             ));
         }
     }
+    wait_gone(name, rec)
+}
+
+/// Waits (up to 10 s) for the recorded process, just sent SIGKILL, to be gone.
+fn wait_gone(name: &str, rec: &ProcRecord) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while is_alive(rec) {
         if Instant::now() > deadline {
@@ -135,17 +140,7 @@ pub fn kill_leader(name: &str, rec: &ProcRecord) -> Result<()> {
             ));
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while is_alive(rec) {
-        if Instant::now() > deadline {
-            return Err(Error::Other(format!(
-                "{name} (pid {}) still alive 10 s after SIGKILL",
-                rec.pid
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
+    wait_gone(name, rec)
 }
 
 /// The last `lines` lines of a log file, for error messages.
