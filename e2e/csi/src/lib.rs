@@ -2,12 +2,14 @@
 //! keeps a write log per volume, plus the writer workload and the checker that reads the log.
 //! See README.md.
 
+pub mod authority;
 pub mod capability;
 pub mod checker;
 pub mod controller;
 pub mod identity;
 pub mod mount;
 pub mod node;
+pub mod registration;
 pub mod server;
 pub mod store;
 pub mod writer;
@@ -16,6 +18,12 @@ pub mod writer;
 #[allow(clippy::all, clippy::pedantic)]
 pub mod proto {
     tonic::include_proto!("csi.v1");
+}
+
+/// The kubelet's plugin registration API v1, generated from `proto/pluginregistration.proto`.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
 }
 
 /// The two driver names the sim serves, so driver scoping stays testable.

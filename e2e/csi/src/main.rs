@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use podha_csi::controller::ControllerService;
 use podha_csi::identity::IdentityService;
 use podha_csi::node::NodeService;
+use podha_csi::registration::RegistrationService;
 use podha_csi::store::{Store, Volume};
 use podha_csi::writer::{self, Writer};
 use podha_csi::{checker, server};
@@ -52,6 +53,13 @@ enum Command {
         /// `fencing: "on"|"off"` overrides it per volume).
         #[arg(long, value_enum, default_value = "on")]
         fencing: Fencing,
+        /// Register the driver with the kubelet through this socket in its `plugins_registry`
+        /// (what node-driver-registrar does elsewhere); needs --node-id.
+        #[arg(long, requires = "node_id")]
+        registration_socket: Option<PathBuf>,
+        /// The CSI socket as the kubelet sees it, for the registration (default: --socket).
+        #[arg(long, requires = "registration_socket")]
+        kubelet_endpoint: Option<PathBuf>,
     },
     /// The writer workload: numbered writes to a volume through this node until killed.
     Write {
@@ -98,6 +106,8 @@ async fn main() -> anyhow::Result<()> {
             attach_delay,
             detach_delay,
             fencing,
+            registration_socket,
+            kubelet_endpoint,
         } => {
             let store = Store::new(store)?;
             let controller = controller.then(|| ControllerService {
@@ -120,10 +130,60 @@ async fn main() -> anyhow::Result<()> {
                 driver,
                 controller: controller.is_some(),
             };
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = stopped.wait_for(|s| *s).await;
             };
-            server::serve(&socket, identity, controller, node, shutdown).await
+            let (refused, mut refusals) = tokio::sync::mpsc::unbounded_channel();
+            let registration_path = registration_socket.clone();
+            let registration = registration_socket.map(|path| {
+                let service = RegistrationService {
+                    driver: identity.driver.clone(),
+                    endpoint: kubelet_endpoint.unwrap_or_else(|| socket.clone()),
+                    refused,
+                };
+                (path, service)
+            });
+            let csi = server::serve(
+                &socket,
+                identity,
+                controller,
+                node,
+                until_stopped(stopped.clone()),
+            );
+            let registration = async {
+                match registration {
+                    Some((path, service)) => {
+                        server::serve_registration(&path, service, until_stopped(stopped.clone()))
+                            .await
+                    }
+                    None => Ok(()),
+                }
+            };
+            let servers = async { tokio::try_join!(csi, registration) };
+            tokio::pin!(servers);
+            let outcome = tokio::select! {
+                served = &mut servers => {
+                    served?;
+                    anyhow::bail!("the servers stopped");
+                }
+                signal = termination() => signal,
+                Some(error) = refusals.recv() => {
+                    Err(anyhow::anyhow!("the kubelet refused the registration: {error}"))
+                }
+            };
+            let _ = stop.send(true);
+            // A graceful stop waits for open connections (the kubelet keeps one); give them a
+            // moment, then go anyway.
+            match tokio::time::timeout(std::time::Duration::from_secs(2), &mut servers).await {
+                Ok(served) => served.map(drop)?,
+                Err(_) => tracing::info!("connections still open; stopping anyway"),
+            }
+            server::remove_socket(&socket);
+            if let Some(path) = &registration_path {
+                server::remove_socket(path);
+            }
+            outcome
         }
         Command::Write {
             volume_dir,
@@ -142,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
                 interval,
             };
             let stop = async {
-                let _ = tokio::signal::ctrl_c().await;
+                let _ = termination().await;
             };
             let stats = writer.run(count, stop).await?;
             println!(
@@ -163,4 +223,17 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// SIGTERM (how a container is stopped) or SIGINT.
+async fn termination() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("stopping");
+    Ok(())
 }

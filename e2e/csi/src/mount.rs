@@ -1,21 +1,14 @@
-//! Bind mounts with the system's mount(8)/umount(8) (util-linux), so the crate needs no unsafe
-//! code. Needs root (CAP_SYS_ADMIN), as every CSI node plugin does.
+//! Bind mounts with the mount(2) and umount2(2) system calls (through `nix`), so the plugin runs
+//! from an image that holds nothing but its static binary. Needs root (CAP_SYS_ADMIN), as every
+//! CSI node plugin does.
 
 use std::io;
 use std::path::Path;
-use std::process::Command;
 
-fn run(command: &mut Command) -> io::Result<()> {
-    let output = command.output()?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "{:?}: {}",
-            command,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+fn sys(what: &str, path: &Path, result: nix::Result<()>) -> io::Result<()> {
+    result.map_err(|e| io::Error::other(format!("{what} {}: {e}", path.display())))
 }
 
 /// Bind-mounts `source` onto `target` (created if missing); read-only when asked. Does nothing
@@ -25,11 +18,20 @@ pub fn bind(source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
     if is_mount_point(target)? {
         return Ok(());
     }
-    run(Command::new("mount").arg("--bind").arg(source).arg(target))?;
+    let none: Option<&str> = None;
+    sys(
+        "bind-mount onto",
+        target,
+        mount(Some(source), target, none, MsFlags::MS_BIND, none),
+    )?;
     if read_only {
-        run(Command::new("mount")
-            .args(["-o", "remount,bind,ro"])
-            .arg(target))?;
+        // A bind mount takes the read-only flag only on a remount.
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        sys(
+            "remount read-only",
+            target,
+            mount(none, target, none, flags, none),
+        )?;
     }
     Ok(())
 }
@@ -37,7 +39,7 @@ pub fn bind(source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
 /// Unmounts `target` if it is a mount point; a missing path is already unmounted.
 pub fn unmount(target: &Path) -> io::Result<()> {
     if target.exists() && is_mount_point(target)? {
-        run(Command::new("umount").arg(target))?;
+        sys("unmount", target, umount2(target, MntFlags::empty()))?;
     }
     Ok(())
 }
