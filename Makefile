@@ -27,15 +27,15 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars node-deps node-pause helm image lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars node-deps node-images helm image lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: demo
-demo: k8s sim-deps csi-sidecars ## Sim cluster + operator + a node kill, printing the failover timeline (DEMO_PROFILE)
+demo: k8s sim-deps csi-sidecars node-deps node-images helm image ## Real nodes, podha by its chart, a writer's node killed: the failover timeline (DEMO_PROFILE; DEMO_ARGS=--kwok for kwok nodes)
 	$(CARGO) build --bins -p podha -p podha-sim
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
-		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml
+		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml $(DEMO_ARGS)
 
 CHAOS_TRIALS ?= 3
 
@@ -46,15 +46,17 @@ chaos-sim: k8s sim-deps ## podha chaos --fault sim-kill on a fresh sim cluster (
 
 MODES ?= none,iomesh-like,default,fast
 TRIALS ?= 3
+# kwok, real or kwok,real: the nodes every mode runs on (real nodes: root, a group of 3 each).
+NODES ?= kwok
 SCALE_ARGS ?=
 
 .PHONY: bench
 bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
-bench-failover: k8s sim-deps csi-sidecars ## Failover time per mode on the stock profile (MODES, TRIALS)
+bench-failover: k8s sim-deps csi-sidecars node-deps node-images ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real)
 	$(CARGO) build --release --bins -p podha -p podha-sim
-	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) \
+	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) --nodes $(NODES) \
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
 		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json
 
@@ -103,15 +105,15 @@ $(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR
 	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
 	touch $@
 
-# Binaries of images without a libc (the real nodes' pause image, podha's image), linked
+# Binaries of images without a libc (the real nodes' pause and podha-csi images, podha's image), linked
 # statically. An explicit --target keeps their RUSTFLAGS away from the host build's artefacts.
 STATIC_TARGET := x86_64-unknown-linux-gnu
 STATIC_RUSTFLAGS := -C target-feature=+crt-static
-export PODHA_PAUSE_BIN := $(CURDIR)/target/$(STATIC_TARGET)/release/podha-pause
+export PODHA_STATIC_DIR := $(CURDIR)/target/$(STATIC_TARGET)/release
 
-.PHONY: node-pause
-node-pause: ## Build podha-pause statically, for the real nodes' pause image
-	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha-pause --target $(STATIC_TARGET)
+.PHONY: node-images
+node-images: ## Build podha-pause and podha-csi statically, for the real nodes' images
+	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha-pause -p podha-csi --target $(STATIC_TARGET)
 
 # podha's image as the Dockerfile builds it, without Docker: named as the chart's default image
 # (podha:<appVersion>, docker.io/library/podha to containerd) so that, once loaded into a node
@@ -127,7 +129,7 @@ image: ## podha's image without Docker: static release binary in an OCI tar, tar
 		--binary $(CURDIR)/target/$(STATIC_TARGET)/release/podha --out $(PODHA_IMAGE_TAR)
 
 .PHONY: real-node-test
-real-node-test: k8s sim-deps csi-sidecars node-deps node-pause helm image ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
+real-node-test: k8s sim-deps csi-sidecars node-deps node-images helm image ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
 	$(CARGO) test -p podha-sim --test realnode --test realnode_podha
 
 .PHONY: build

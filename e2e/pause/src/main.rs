@@ -4,7 +4,7 @@
 //!
 //! As PID 1 of a PID namespace, a signal whose handler is the default is dropped by the kernel;
 //! a *blocked* signal is kept pending, so the signals are blocked and taken with `sigwait`: no
-//! handler, no unsafe code. Built statically (`make node-pause`), the image needs no libc.
+//! handler, no unsafe code. Built statically (`make node-images`), the image needs no libc.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;

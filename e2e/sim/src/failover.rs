@@ -129,11 +129,7 @@ impl Operator {
     /// podha's own view of its failovers: the mean of each phase histogram of `policy` that has
     /// samples.
     pub fn phase_means(&self, policy: &str) -> anyhow::Result<Vec<(String, f64)>> {
-        let text = self.get("/metrics")?;
-        Ok(["detect", "act", "detach", "recover", "total"]
-            .iter()
-            .filter_map(|phase| Some((phase.to_string(), phase_mean_in(&text, policy, phase)?)))
-            .collect())
+        Ok(phase_means_in(&self.get("/metrics")?, policy))
     }
 
     /// The mean of `phase` in the phase histogram of `policy`.
@@ -164,6 +160,14 @@ pub fn metric_in(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
         .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The mean of each phase histogram of `policy` that has samples, in `/metrics` text.
+pub fn phase_means_in(text: &str, policy: &str) -> Vec<(String, f64)> {
+    ["detect", "act", "detach", "recover", "total"]
+        .iter()
+        .filter_map(|phase| Some((phase.to_string(), phase_mean_in(text, policy, phase)?)))
+        .collect()
 }
 
 /// sum / count of `phase` in podha's phase histogram of `policy`, when it has samples.
@@ -271,14 +275,16 @@ pub async fn measure(
     cluster: &Cluster,
     client: &Client,
     ns: &str,
-    app: &str,
-    nodes: &[String],
+    statefulset: serde_json::Value,
     timeout: Duration,
     after_renewal: Option<Duration>,
 ) -> anyhow::Result<Timeline> {
     create_namespace(client, ns).await?;
-    let node_refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    let sts: StatefulSet = serde_json::from_value(statefulset(app, &node_refs))?;
+    let app = statefulset["metadata"]["name"]
+        .as_str()
+        .context("the StatefulSet has no name")?
+        .to_string();
+    let sts: StatefulSet = serde_json::from_value(statefulset)?;
     Api::<StatefulSet>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &sts)
         .await?;
@@ -294,6 +300,21 @@ pub async fn measure(
     let killed = Instant::now();
     let fault = format!("node {} killed (SIGKILL)", subject.node);
     Ok(follow(client, &subject, &fault, killed, timeout, &mut |_| {}).await?)
+}
+
+/// The StatefulSet `app` a failover is measured on, on `nodes`: on kwok nodes the testkit's
+/// (no containers), on real nodes the writer workload (`podha-csi write` in a container).
+pub fn subject_statefulset(
+    app: &str,
+    nodes: &[String],
+    real: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    if real {
+        crate::csi::workload::writer_statefulset(app, &nodes, crate::csi::RWO_STORAGE_CLASS)
+    } else {
+        Ok(statefulset(app, &nodes))
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod chart_install;
 pub mod chart_rbac;
 pub mod cluster;
 pub mod csi;

@@ -36,7 +36,7 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         nodes: usize,
         /// Number of real nodes (kubelet + containerd in a network namespace), named after the
-        /// kwok ones; needs `make node-deps node-pause` and root.
+        /// kwok ones; needs `make node-deps node-images` and root.
         #[arg(long, default_value_t = 0)]
         real_nodes: usize,
         /// `fast` (short grace periods, for tests) or `stock` (upstream defaults).
@@ -73,6 +73,9 @@ enum Cmd {
         /// Leave the cluster running afterwards (take it down with `podha-sim down --dir DIR`).
         #[arg(long)]
         keep: bool,
+        /// kwok nodes, podha as a process here, even where real nodes could run (as root).
+        #[arg(long)]
+        kwok: bool,
     },
     /// Kill every process of the cluster in DIR.
     Down {
@@ -271,7 +274,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             operator,
             crd,
             keep,
-        } => demo(&dir, profile, &operator, &crd, keep).await?,
+            kwok,
+        } => demo(&dir, profile, &operator, &crd, keep, kwok).await?,
         Cmd::Down { dir } => {
             let cluster = Cluster::attach(&dir.dir)?;
             let n = cluster.processes().iter().filter(|p| p.alive).count();
@@ -486,57 +490,38 @@ async fn demo(
     operator: &Path,
     crd: &Path,
     keep: bool,
+    kwok: bool,
 ) -> anyhow::Result<()> {
-    use podha::chaos::timeline::render;
-    use podha_sim::failover::{Operator, apply_policy, install_crd, measure};
+    let real = !kwok && nix::unistd::geteuid().is_root();
     let started = std::time::Instant::now();
-    println!("== podha demo: sim cluster (profile {profile}), podha, a node killed");
     let mut opts = ClusterOptions::new(dir);
     opts.profile = profile;
+    if real {
+        println!(
+            "== podha demo on real nodes (kubelet, containerd, runc; profile {profile}): podha \
+             installed by its chart, a writer on a podha-csi volume, its node killed"
+        );
+        opts.nodes = 0;
+        opts.real_nodes = 3;
+    } else {
+        println!("== podha demo on kwok nodes (profile {profile}), podha, a node killed");
+        if !kwok {
+            println!(
+                "   (real nodes need root: this demo runs kwok nodes, which have no containers)"
+            );
+        }
+    }
     let cluster = Cluster::up(opts).await?;
     println!(
-        "cluster up in {:.1?}: 3 nodes, kubeconfig {}",
+        "cluster up in {:.1?}, kubeconfig {}",
         started.elapsed(),
         cluster.kubeconfig_path().display()
     );
-    let result = async {
-        let client = cluster.client().await?;
-        install_crd(&client, crd).await?;
-        apply_policy(&client, "demo", demo_policy()).await?;
-        println!("policy demo: {}", demo_policy());
-        let mut podha = Operator::start(operator, &cluster)?;
-        podha.wait_ready(Duration::from_secs(60)).await?;
-        println!(
-            "podha running (log {}); starting StatefulSet demo/db with a sim-rwo volume",
-            podha.log.display()
-        );
-        let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
-        let timeline = measure(
-            &cluster,
-            &client,
-            "demo",
-            "db",
-            &nodes,
-            Duration::from_secs(600),
-            None,
-        )
-        .await?;
-        println!(
-            "\nfailover timeline (from the kill, as seen through the API):\n{}",
-            render(&timeline)
-        );
-        // Give podha a tick to record the last phase.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let phases = podha.phase_means("demo")?;
-        if !phases.is_empty() {
-            println!("podha's own phase metrics (podha_failover_phase_duration_seconds):");
-            for (phase, secs) in phases {
-                println!("  {phase:>8}: {secs:.1}s");
-            }
-        }
-        anyhow::Ok(timeline.recovered.is_some())
-    }
-    .await;
+    let result = if real {
+        demo_real(&cluster).await
+    } else {
+        demo_kwok(&cluster, operator, crd).await
+    };
     if keep {
         cluster.keep_running();
         println!("cluster kept running in {}", dir.display());
@@ -548,4 +533,154 @@ async fn demo(
         true => Ok(()),
         false => anyhow::bail!("the pod did not recover"),
     }
+}
+
+/// kubectl of the cluster, its output printed.
+fn kubectl(cluster: &Cluster, args: &[&str]) -> anyhow::Result<()> {
+    let out = podha_sim::chart_install::run(
+        std::process::Command::new(cluster.bin_dir().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig_path())
+            .args(args),
+    )?;
+    print!("{out}");
+    Ok(())
+}
+
+/// podha helm-installed on three real nodes, a writer StatefulSet, its node killed; the
+/// timeline, the write log's verdict and podha's own phase metrics.
+async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
+    use podha::chaos::timeline::render;
+    use podha_sim::chart_install;
+    use podha_sim::failover::{apply_policy, measure, subject_statefulset};
+    let client = cluster.client().await?;
+    println!("$ kubectl get nodes -o wide");
+    kubectl(cluster, &["get", "nodes", "-o", "wide"])?;
+    let helm = podha_sim::chart_rbac::helm_path()?;
+    chart_install::install(cluster, &helm, &[])?;
+    println!(
+        "$ helm install podha charts/podha -n podha-system --create-namespace (image loaded into the nodes)"
+    );
+    let pods = chart_install::wait_replicas(&client, 2, Duration::from_secs(180)).await?;
+    let leader = chart_install::wait_leader(&client, &pods, Duration::from_secs(60)).await?;
+    println!("$ kubectl -n podha-system get pods -o wide   (leader: {leader})");
+    kubectl(
+        cluster,
+        &["-n", "podha-system", "get", "pods", "-o", "wide"],
+    )?;
+    apply_policy(&client, "demo", demo_policy()).await?;
+    println!(
+        "$ kubectl apply -f policy.yaml   # PodHAPolicy demo: {}",
+        demo_policy()
+    );
+    let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
+    let mut sts = subject_statefulset("db", &nodes, true)?;
+    // The writer starts beside the replicas where it can, so that the kill measures a failover,
+    // not a leader change as well (the real-node tests cover that one).
+    let replica_nodes: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
+        .collect();
+    let free: Vec<&String> = nodes
+        .iter()
+        .filter(|n| !replica_nodes.contains(&n.as_str()))
+        .collect();
+    sts["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = serde_json::json!([{
+        "weight": 100,
+        "preference": { "matchExpressions": [{
+            "key": "kubernetes.io/hostname", "operator": "In", "values": free,
+        }]},
+    }]);
+    println!(
+        "starting StatefulSet demo/db: `podha-csi write` on a sim-rwo volume, 10 writes a second"
+    );
+    let timeline = measure(
+        cluster,
+        &client,
+        "demo",
+        sts,
+        Duration::from_secs(600),
+        None,
+    )
+    .await?;
+    println!(
+        "\nfailover timeline (from the kill, as seen through the API):\n{}",
+        render(&timeline)
+    );
+    let db = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "demo")
+        .get("db-0")
+        .await?;
+    let handle = podha_sim::csi::writer::volume_handle(&client, "demo", &db).await?;
+    // Let the replacement write a little before reading the log.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = podha_sim::csi::workload::check(cluster.dir(), &handle)?;
+    println!(
+        "write log of {handle}: {} writes accepted, {} refused (the old node fenced), {} \
+         split-brain, {} acknowledged writes lost, from {} writers",
+        report.accepted_writes,
+        report.refused_writes,
+        report.split_brain_writes.len(),
+        report.lost_acknowledged_writes.len(),
+        report.writers.len()
+    );
+    let live = chart_install::podha_pods(&client).await?;
+    if let Some(leader) = live
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
+    {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let phases = podha_sim::failover::phase_means_in(
+            &chart_install::pod_metrics(cluster, leader)?,
+            "demo",
+        );
+        if !phases.is_empty() {
+            println!("podha's own phase metrics (podha_failover_phase_duration_seconds):");
+            for (phase, secs) in phases {
+                println!("  {phase:>8}: {secs:.1}s");
+            }
+        }
+    }
+    anyhow::ensure!(report.clean(), "the write log is not clean: {report:?}");
+    Ok(timeline.recovered.is_some())
+}
+
+/// The same on kwok nodes, podha as a process of this machine.
+async fn demo_kwok(cluster: &Cluster, operator: &Path, crd: &Path) -> anyhow::Result<bool> {
+    use podha::chaos::timeline::render;
+    use podha_sim::failover::{Operator, apply_policy, install_crd, measure, subject_statefulset};
+    let client = cluster.client().await?;
+    install_crd(&client, crd).await?;
+    apply_policy(&client, "demo", demo_policy()).await?;
+    println!("policy demo: {}", demo_policy());
+    let mut podha = Operator::start(operator, cluster)?;
+    podha.wait_ready(Duration::from_secs(60)).await?;
+    println!(
+        "podha running (log {}); starting StatefulSet demo/db with a sim-rwo volume",
+        podha.log.display()
+    );
+    let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
+    let sts = subject_statefulset("db", &nodes, false)?;
+    let timeline = measure(
+        cluster,
+        &client,
+        "demo",
+        sts,
+        Duration::from_secs(600),
+        None,
+    )
+    .await?;
+    println!(
+        "\nfailover timeline (from the kill, as seen through the API):\n{}",
+        render(&timeline)
+    );
+    // Give podha a tick to record the last phase.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let phases = podha.phase_means("demo")?;
+    if !phases.is_empty() {
+        println!("podha's own phase metrics (podha_failover_phase_duration_seconds):");
+        for (phase, secs) in phases {
+            println!("  {phase:>8}: {secs:.1}s");
+        }
+    }
+    Ok(timeline.recovered.is_some())
 }

@@ -12,7 +12,7 @@
 //!   while its kubelet and containers run (and its kubelet port answers); healed, it is Ready
 //!   again with the same containers.
 //!
-//! Needs root, `make k8s csi-sidecars node-deps node-pause` (`make real-node-test` does it);
+//! Needs root, `make k8s csi-sidecars node-deps node-images` (`make real-node-test` does it);
 //! without them the tests fail and say which target to run.
 
 use std::collections::BTreeSet;

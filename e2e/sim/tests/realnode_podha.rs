@@ -1,36 +1,45 @@
-//! podha installed by its own chart onto real nodes, as docs/install.md tells a user, with the
-//! image loaded into the nodes' containerd instead of pulled (`make image`, like `kind load`):
+//! podha installed by its own chart onto real nodes, as docs/install.md tells a user (the image
+//! loaded into the nodes' containerd instead of pulled, like `kind load`), failing over pods
+//! that write through podha-csi volumes (the node plugin is podha-csi's DaemonSet, registered
+//! with the real kubelets):
 //!
 //! - both replicas run on the real nodes, Ready, as the chart's ServiceAccount, reaching the API
-//!   server through the `kubernetes` Service (in-cluster config; kube-proxy on each node);
-//! - one of them holds the leader Lease, says so on `/metrics` (read from inside its node's
-//!   network namespace), and the other says it does not lead;
-//! - a PodHAPolicy is reported `Ready=True` in its status (the leader writes it);
-//! - the node running the leader dies: the other replica takes the Lease.
+//!   server through the `kubernetes` Service; one holds the leader Lease and says so on
+//!   `/metrics` (read from inside its node's network namespace), the other says it does not;
+//! - a PodHAPolicy is reported `Ready=True`;
+//! - a Deployment's writer node is killed: the replacement runs on the other node with its
+//!   volume attached there, the write log shows no split-brain write and no lost acknowledged
+//!   write; the node boots again and podha takes its taint off;
+//! - the node running the leading replica and a StatefulSet's writer is killed: the other
+//!   replica takes the Lease and completes the failover, with the same write-log checks.
 //!
-//! Needs root, `make k8s csi-sidecars node-deps node-pause helm image` (`make real-node-test`
+//! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use libtest_mimic::Arguments;
+use podha_sim::chart_install::{self, RELEASE};
+use podha_sim::csi::workload;
 use podha_sim::testkit::*;
 use serde_json::json;
 
-const KWOK_NODES: usize = 2;
-const REAL_NODES: usize = 2;
-const NAMESPACE: &str = "podha-system";
-const RELEASE: &str = "podha";
-/// The chart's default `leaderElection.leaseName`.
-const LEASE: &str = "podha-leader";
+const KWOK_NODES: usize = 1;
+const REAL_NODES: usize = 4;
+/// Where the writers run (the policy selects it).
+const WRITERS: &str = "writers";
 const POLICY: &str = "real-nodes";
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+/// Acknowledged writes a writer must have before its node is killed, and its replacement
+/// after (10 per second).
+const WRITES: usize = 20;
 
 fn main() -> ExitCode {
     let mut args = Arguments::from_args();
@@ -45,77 +54,10 @@ fn main() -> ExitCode {
         .with_real_nodes(REAL_NODES),
     );
     let scenarios: [Scenario; 1] = [(
-        "podha_installed_by_its_chart_leads_on_real_nodes_and_fails_over",
+        "podha_installed_by_its_chart_fails_writers_over_on_real_nodes",
         installed_by_chart,
     )];
     run_trials(&args, &shared, scenarios.into())
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `$PODHA_IMAGE_TAR`, else `target/podha-image.tar`, as `make image` writes it.
-fn image_tar() -> anyhow::Result<PathBuf> {
-    let tar = std::env::var_os("PODHA_IMAGE_TAR")
-        .filter(|t| !t.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("../podha-image.tar"));
-    ensure!(
-        tar.is_file(),
-        "podha's image {} is missing: run `make image`",
-        tar.display()
-    );
-    Ok(tar)
-}
-
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The chart's pods, by name, with their nodes.
-async fn podha_pods(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Pod>> {
-    let lp = ListParams::default().labels("app.kubernetes.io/name=podha");
-    Ok(ctx
-        .pods()
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| !terminating(p))
-        .collect())
-}
-
-async fn lease_holder(ctx: &Ctx<'_>) -> anyhow::Result<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), NAMESPACE);
-    Ok(leases
-        .get_opt(LEASE)
-        .await?
-        .and_then(|l| l.spec?.holder_identity)
-        .filter(|h| !h.is_empty()))
-}
-
-/// `/metrics` of a pod, fetched from inside its node's network namespace (the only place its
-/// address is routed to; no port-forward in the sim).
-fn metrics(ctx: &Ctx<'_>, pod: &Pod) -> anyhow::Result<String> {
-    let node = node_of(pod).context("pod not bound")?;
-    let ip = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .context("pod has no IP")?;
-    let netns = ctx.cluster.node_netns(node)?;
-    run(Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{netns}"))
-        .args(["curl", "-sS", "--max-time", "5"])
-        .arg(format!("http://{ip}:8080/metrics")))
 }
 
 fn leader_gauge(text: &str) -> Option<&str> {
@@ -130,7 +72,7 @@ async fn wait_leader_gauge(ctx: &Ctx<'_>, pod: &Pod, value: &str) -> anyhow::Res
     let mut last = None;
     let what = format!("{}'s /metrics to say podha_leader {value}", name_of(pod));
     let res = wait_for(&what, secs(10), || {
-        let text = metrics(ctx, pod);
+        let text = chart_install::pod_metrics(ctx.cluster, pod);
         let seen = text
             .as_deref()
             .ok()
@@ -144,42 +86,196 @@ async fn wait_leader_gauge(ctx: &Ctx<'_>, pod: &Pod, value: &str) -> anyhow::Res
     res.with_context(|| format!("last seen: {last:?}"))
 }
 
+async fn label_node(ctx: &Ctx<'_>, node: &str, key: &str, value: &str) -> anyhow::Result<()> {
+    let patch = json!({ "metadata": { "labels": { key: value } } });
+    ctx.nodes()
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("label {node}"))?;
+    Ok(())
+}
+
+async fn set_unschedulable(ctx: &Ctx<'_>, node: &str, cordoned: bool) -> anyhow::Result<()> {
+    let patch = json!({ "spec": { "unschedulable": cordoned } });
+    ctx.nodes()
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("cordon {node}: {cordoned}"))?;
+    Ok(())
+}
+
+/// Applies the policy: the real nodes, the writers' namespace, fast detection, the taint.
+async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
+    let policies: Api<DynamicObject> =
+        Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk));
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "podha.io/v1alpha1",
+        "kind": "PodHAPolicy",
+        "metadata": { "name": POLICY },
+        "spec": {
+            "nodeSelector": { "matchLabels": { "type": "real" } },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": WRITERS } },
+            "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
+            "detection": {
+                "signals": ["Lease", "KubeletTCP"],
+                "interval": "1s",
+                "failureThreshold": 3,
+                "leaseGracePeriod": "11s",
+                "tcpTimeout": "500ms",
+            },
+            "action": "OutOfServiceTaint",
+            // Two of the four nodes die within the unhealthy window (one after the other); the
+            // default (30 %: one node of four) would rightly hold the second failover.
+            "safety": { "maxUnhealthy": 2 },
+        },
+    }))?;
+    policies
+        .patch(
+            POLICY,
+            &PatchParams::apply("realnode-podha").force(),
+            &Patch::Apply(&policy),
+        )
+        .await
+        .context("apply the PodHAPolicy")?;
+    let policies = &policies;
+    wait_for(
+        "the PodHAPolicy's status Ready=True",
+        secs(60),
+        || async move {
+            let p = policies.get(POLICY).await?;
+            let conditions = p.data["status"]["conditions"].as_array().cloned();
+            Ok(conditions
+                .unwrap_or_default()
+                .iter()
+                .find_map(|c| (c["type"] == "Ready" && c["status"] == "True").then_some(())))
+        },
+    )
+    .await
+}
+
+/// Waits until pod `uid` has `n` acknowledged writes.
+async fn wait_writes(ctx: &Ctx<'_>, pod: &Pod, n: usize) -> anyhow::Result<()> {
+    let uid = pod.metadata.uid.clone().context("pod uid")?;
+    let dir = ctx.cluster.dir().to_path_buf();
+    let what = format!("{} to have {n} acknowledged writes", name_of(pod));
+    wait_for(&what, secs(60), || {
+        let done = workload::acknowledged(&dir, &uid).map(|k| k >= n);
+        async move { Ok(done?.then_some(())) }
+    })
+    .await
+}
+
+/// Kills the node of `app`'s writer and follows the failover: a replacement Running and Ready
+/// on another node of `nodes`, its volume attached there and no longer on the dead node, `WRITES`
+/// acknowledged writes from it; then checks the volume's write log. Returns the dead node.
+async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Result<String> {
+    let old = ctx.wait_app_running(app, secs(120)).await?;
+    let dead = node_of(&old).context("writer not bound")?.to_string();
+    wait_writes(ctx, &old, WRITES).await?;
+    let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &old).await?;
+    let pv = ctx
+        .pvs()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .map(|c| c.volume_handle.as_str())
+                == Some(handle.as_str())
+        })
+        .context("the writer's PV")?;
+    let pv = pv_name(&pv);
+
+    ctx.cluster.kill_node(&dead)?;
+    let killed = Instant::now();
+    log(
+        &ctx.ns,
+        format!("{dead}, running {}, killed", name_of(&old)),
+    );
+    let old_uid = old.metadata.uid.clone();
+    let replacement = wait_for(
+        &format!("a replacement of {} Running on another node", name_of(&old)),
+        secs(120),
+        || async {
+            let pods = ctx.app_pods(app).await?;
+            Ok(pods
+                .into_iter()
+                .find(|p| p.metadata.uid != old_uid && running_ready(p) && !terminating(p)))
+        },
+    )
+    .await?;
+    let running_after = killed.elapsed();
+    let node = node_of(&replacement)
+        .context("replacement not bound")?
+        .to_string();
+    ensure!(
+        node != dead && nodes.contains(&node.as_str()),
+        "the replacement runs on {node}, not on another of {nodes:?}"
+    );
+    ctx.wait_attached(&pv, &node, secs(30)).await?;
+    let on_dead = ctx
+        .vas_of(&pv)
+        .await?
+        .into_iter()
+        .filter(|va| va.spec.node_name == dead)
+        .count();
+    ensure!(
+        on_dead == 0,
+        "{pv} still has a VolumeAttachment on the dead {dead}"
+    );
+    wait_writes(ctx, &replacement, WRITES).await?;
+    let report = workload::check(ctx.cluster.dir(), &handle)?;
+    ensure!(
+        report.split_brain_writes.is_empty() && report.lost_acknowledged_writes.is_empty(),
+        "the write log of {handle} is not clean: {report:?}"
+    );
+    ensure!(
+        report.writers.len() == 2,
+        "the old and the new pod should both have written to {handle}: {report:?}"
+    );
+    log(
+        &ctx.ns,
+        format!(
+            "{} Running on {node} {running_after:.1?} after the kill; write log: {} accepted, \
+             {} refused, 0 split-brain, 0 lost",
+            name_of(&replacement),
+            report.accepted_writes,
+            report.refused_writes
+        ),
+    );
+    Ok(dead)
+}
+
 fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
-    let (helm, tar) = (podha_sim::chart_rbac::helm_path()?, image_tar()?);
-    run_scenario(shared, NAMESPACE, |ctx| async move {
+    let helm = podha_sim::chart_rbac::helm_path()?;
+    run_scenario(shared, WRITERS, |ctx| async move {
         let real: Vec<String> = (KWOK_NODES + 1..=KWOK_NODES + REAL_NODES)
             .map(|i| format!("node-{i}"))
             .collect();
-        let loaded = ctx.cluster.load_image(&tar)?;
-        ensure!(loaded == real, "image loaded into {loaded:?}, not {real:?}");
+        let real: Vec<&str> = real.iter().map(String::as_str).collect();
+        let (replica_nodes, app_nodes) = real.split_at(2);
+        for node in replica_nodes {
+            label_node(&ctx, node, "podha-test/replicas", "yes").await?;
+        }
+        // docs/install.md §2, with the image the nodes already have (chart default
+        // podha:<appVersion>, pullPolicy IfNotPresent), the replicas kept to two real nodes.
+        chart_install::install(
+            ctx.cluster,
+            &helm,
+            &["nodeSelector.podha-test/replicas=yes"],
+        )?;
+        log(&ctx.ns, "helm install done");
 
-        // docs/install.md §2, with the image the nodes already have (chart default podha:<appVersion>,
-        // pullPolicy IfNotPresent) and the replicas kept on the real nodes.
-        let chart = repo_root().join("charts/podha");
-        run(Command::new(&helm)
-            .arg("install")
-            .arg(RELEASE)
-            .arg(&chart)
-            .args(["-n", NAMESPACE, "--create-namespace"])
-            .arg("--kubeconfig")
-            .arg(ctx.cluster.kubeconfig_path())
-            .args(["--set", "nodeSelector.type=real"]))?;
-        log(NAMESPACE, "helm install done");
-
-        let pods = wait_for(
-            "both podha replicas Running and Ready on the real nodes",
-            secs(120),
-            || async {
-                let pods = podha_pods(&ctx).await?;
-                Ok((pods.len() == 2 && pods.iter().all(running_ready)).then_some(pods))
-            },
-        )
-        .await?;
+        let pods = chart_install::wait_replicas(&ctx.client, 2, secs(120)).await?;
         let mut nodes: Vec<&str> = pods.iter().filter_map(node_of).collect();
         nodes.sort();
         ensure!(
-            nodes == real,
-            "the replicas run on {nodes:?}, not one on each real node {real:?} (the chart's \
+            nodes == replica_nodes,
+            "the replicas run on {nodes:?}, not one on each of {replica_nodes:?} (the chart's \
              anti-affinity)"
         );
         for p in &pods {
@@ -189,17 +285,11 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
                 .and_then(|s| s.service_account_name.as_deref());
             ensure!(sa == Some(RELEASE), "{} runs as {sa:?}", name_of(p));
         }
-        log(NAMESPACE, format!("replicas Ready on {nodes:?}"));
-
-        let names: Vec<String> = pods.iter().map(|p| name_of(p).to_string()).collect();
-        let leader = wait_for("a replica to hold the Lease", secs(60), || async {
-            Ok(lease_holder(&ctx).await?.filter(|h| names.contains(h)))
-        })
-        .await?;
+        let leader = chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
         let leader_pod = pods
             .iter()
             .find(|p| name_of(p) == leader)
-            .context("leader pod")?;
+            .context("leader")?;
         let follower_pod = pods
             .iter()
             .find(|p| name_of(p) != leader)
@@ -207,69 +297,71 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         wait_leader_gauge(&ctx, leader_pod, "1").await?;
         wait_leader_gauge(&ctx, follower_pod, "0").await?;
         log(
-            NAMESPACE,
+            &ctx.ns,
             format!("{leader} leads (Lease and /metrics), the other follows"),
         );
+        apply_policy(&ctx).await?;
+        log(&ctx.ns, "policy Ready=True");
 
-        let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
-        let policies: Api<DynamicObject> =
-            Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk));
-        let policy: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "podha.io/v1alpha1",
-            "kind": "PodHAPolicy",
-            "metadata": { "name": POLICY },
-            "spec": {
-                "nodeSelector": { "matchLabels": { "type": "real" } },
-                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": NAMESPACE } },
-                "dryRun": true,
-            },
-        }))?;
-        policies
-            .patch(
-                POLICY,
-                &PatchParams::apply("realnode-podha").force(),
-                &Patch::Apply(&policy),
-            )
-            .await
-            .context("apply the PodHAPolicy")?;
-        let policies = &policies;
+        // A Deployment's writer node dies.
+        ctx.create::<PersistentVolumeClaim>(pvc("dep-data", podha_sim::csi::RWO_STORAGE_CLASS))
+            .await?;
+        ctx.create::<Deployment>(workload::writer_deployment("dep", app_nodes, "dep-data")?)
+            .await?;
+        let dead = kill_and_follow(&ctx, "dep", app_nodes).await?;
+        ctx.cluster.start_node(&dead).await?;
+        ctx.wait_ready(&dead, secs(120)).await?;
         wait_for(
-            "the PodHAPolicy's status Ready=True",
-            secs(60),
-            || async move {
-                let p = policies.get(POLICY).await?;
-                let conditions = p.data["status"]["conditions"].as_array().cloned();
-                Ok(conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .find_map(|c| (c["type"] == "Ready" && c["status"] == "True").then_some(())))
-            },
-        )
-        .await?;
-        log(NAMESPACE, "policy Ready=True");
-
-        let leader_node = node_of(leader_pod).context("leader node")?.to_string();
-        let follower = name_of(follower_pod).to_string();
-        ctx.cluster.kill_node(&leader_node)?;
-        log(
-            NAMESPACE,
-            format!("{leader_node}, running leader {leader}, killed"),
-        );
-        let started = std::time::Instant::now();
-        wait_for(
-            &format!("{follower} to take the Lease from {leader}"),
+            &format!("podha to take its taint off {dead}"),
             secs(60),
             || async {
-                Ok((lease_holder(&ctx).await?.as_deref() == Some(&follower)).then_some(()))
+                let node = ctx.nodes().get(&dead).await?;
+                let tainted = node
+                    .spec
+                    .and_then(|s| s.taints)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|t| t.key == OUT_OF_SERVICE);
+                Ok((!tainted).then_some(()))
             },
         )
         .await?;
+        log(&ctx.ns, format!("{dead} back, podha's taint gone"));
+
+        // The leader's node dies with a StatefulSet's writer on it.
+        let leader_node = node_of(leader_pod).context("leader node")?.to_string();
+        let mut db_nodes = vec![leader_node.as_str()];
+        db_nodes.extend_from_slice(app_nodes);
+        for node in app_nodes {
+            set_unschedulable(&ctx, node, true).await?;
+        }
+        ctx.create::<StatefulSet>(workload::writer_statefulset(
+            "db",
+            &db_nodes,
+            podha_sim::csi::RWO_STORAGE_CLASS,
+        )?)
+        .await?;
+        let db = ctx.wait_app_running("db", secs(120)).await?;
+        ensure!(
+            node_of(&db) == Some(leader_node.as_str()),
+            "db-0 is not on the leader's node"
+        );
+        for node in app_nodes {
+            set_unschedulable(&ctx, node, false).await?;
+        }
+        let follower = name_of(follower_pod).to_string();
+        let killed = Instant::now();
+        kill_and_follow(&ctx, "db", &db_nodes).await?;
+        ensure!(
+            chart_install::lease_holder(&ctx.client).await?.as_deref() == Some(follower.as_str()),
+            "{follower} should lead after {leader}'s node died"
+        );
         wait_leader_gauge(&ctx, follower_pod, "1").await?;
         log(
-            NAMESPACE,
+            &ctx.ns,
             format!(
-                "{follower} took over {:.1?} after the kill",
-                started.elapsed()
+                "{follower} took over and failed db-0 over, {:.1?} after the kill",
+                killed.elapsed()
             ),
         );
         Ok(())

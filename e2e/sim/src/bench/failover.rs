@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::cluster::{Cluster, ClusterOptions, Profile};
 use podha::chaos::timeline::{Phase, Timeline};
 
-use crate::failover::{Operator, apply_policy, install_crd, measure};
+use crate::failover::{Operator, apply_policy, install_crd, measure, subject_statefulset};
 
 #[derive(clap::Args, Debug)]
 pub struct FailoverArgs {
@@ -56,6 +56,70 @@ pub struct FailoverArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench-failover.json")]
     pub out: PathBuf,
+    /// Kinds of node every mode runs on: kwok, real (comma-separated). Real nodes run a real
+    /// kubelet and containerd and the writer workload in a container (root; `make node-deps
+    /// node-images`); kwok and real rows of one run share the cluster and the podha process.
+    #[arg(long, value_delimiter = ',', default_value = "kwok")]
+    pub nodes: Vec<Nodes>,
+}
+
+/// What a mode's nodes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Nodes {
+    /// kwok nodes: no containers; the storage node side simulated.
+    Kwok,
+    /// Real nodes: kubelet, containerd, podha-csi's node plugin, the writer in a container.
+    Real,
+}
+
+impl Nodes {
+    pub fn name(self) -> &'static str {
+        match self {
+            Nodes::Kwok => "kwok",
+            Nodes::Real => "real",
+        }
+    }
+}
+
+/// One mode on one kind of node: a group of three nodes and a policy selecting only them.
+#[derive(Clone, Debug)]
+struct Group {
+    mode: Mode,
+    kind: Nodes,
+    nodes: Vec<String>,
+}
+
+impl Group {
+    /// Its trials' namespaces are `<name>-<k>`.
+    fn name(&self) -> String {
+        match self.kind {
+            Nodes::Kwok => self.mode.name().to_string(),
+            Nodes::Real => format!("{}-real", self.mode.name()),
+        }
+    }
+}
+
+/// The groups of a run: every mode on every kind, kwok nodes numbered first (as the sim names
+/// them), three nodes each.
+fn groups(modes: &[Mode], kinds: &[Nodes]) -> Vec<Group> {
+    let kwok_groups = if kinds.contains(&Nodes::Kwok) {
+        modes.len()
+    } else {
+        0
+    };
+    let mut groups = Vec::new();
+    for &kind in kinds {
+        for (i, &mode) in modes.iter().enumerate() {
+            let first = match kind {
+                Nodes::Kwok => i * 3,
+                Nodes::Real => (kwok_groups + i) * 3,
+            };
+            let nodes = (1..=3).map(|k| format!("node-{}", first + k)).collect();
+            groups.push(Group { mode, kind, nodes });
+        }
+    }
+    groups
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
@@ -109,6 +173,7 @@ impl Mode {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Trial {
     pub mode: Mode,
+    pub nodes: Nodes,
     pub trial: usize,
     pub node: String,
     pub recovered_s: Option<f64>,
@@ -121,10 +186,11 @@ pub struct Trial {
 }
 
 impl Trial {
-    fn from_timeline(mode: Mode, trial: usize, t: &Timeline) -> Self {
+    fn from_timeline(group: &Group, trial: usize, t: &Timeline) -> Self {
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
         Trial {
-            mode,
+            mode: group.mode,
+            nodes: group.kind,
             trial,
             node: t.node.clone(),
             recovered_s: secs(t.recovered),
@@ -146,6 +212,7 @@ impl Trial {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Summary {
     pub mode: Mode,
+    pub nodes: Nodes,
     pub trials: usize,
     pub recovered: usize,
     pub min_s: Option<f64>,
@@ -155,7 +222,7 @@ pub struct Summary {
     pub act_median_s: Option<f64>,
     pub detach_median_s: Option<f64>,
     pub recover_median_s: Option<f64>,
-    /// iomesh-like median / this mode's median.
+    /// iomesh-like median / this mode's median, on the same kind of node.
     pub speedup_vs_iomesh_like: Option<f64>,
     pub not_recovered_within_s: Option<f64>,
 }
@@ -173,17 +240,21 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
-pub fn summarize(trials: &[Trial], modes: &[Mode]) -> Vec<Summary> {
-    let mut out: Vec<Summary> = modes
+pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
+    let mut out: Vec<Summary> = rows
         .iter()
-        .map(|&mode| {
-            let of: Vec<&Trial> = trials.iter().filter(|t| t.mode == mode).collect();
+        .map(|&(mode, nodes)| {
+            let of: Vec<&Trial> = trials
+                .iter()
+                .filter(|t| t.mode == mode && t.nodes == nodes)
+                .collect();
             let totals: Vec<f64> = of.iter().filter_map(|t| t.recovered_s).collect();
             let phase =
                 |f: fn(&Trial) -> Option<f64>| median(of.iter().filter_map(|t| f(t)).collect());
             let all_recovered = totals.len() == of.len() && !of.is_empty();
             Summary {
                 mode,
+                nodes,
                 trials: of.len(),
                 recovered: totals.len(),
                 min_s: totals.iter().copied().reduce(f64::min),
@@ -213,11 +284,13 @@ pub fn summarize(trials: &[Trial], modes: &[Mode]) -> Vec<Summary> {
             }
         })
         .collect();
-    let base = out
+    let bases: Vec<(Nodes, Option<f64>)> = out
         .iter()
-        .find(|s| s.mode == Mode::IomeshLike)
-        .and_then(|s| s.median_s);
+        .filter(|s| s.mode == Mode::IomeshLike)
+        .map(|s| (s.nodes, s.median_s))
+        .collect();
     for s in &mut out {
+        let base = bases.iter().find(|(n, _)| *n == s.nodes).and_then(|b| b.1);
         s.speedup_vs_iomesh_like = base.zip(s.median_s).map(|(b, m)| b / m);
     }
     out
@@ -226,8 +299,8 @@ pub fn summarize(trials: &[Trial], modes: &[Mode]) -> Vec<Summary> {
 pub fn render(summaries: &[Summary]) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
-        "| mode | trials | recovered | min s | median s | max s | detect | act | detach | recover | vs iomesh-like |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | vs iomesh-like |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         let median = match (s.median_s, s.not_recovered_within_s) {
@@ -239,8 +312,9 @@ pub fn render(summaries: &[Summary]) -> String {
             .speedup_vs_iomesh_like
             .map_or("-".to_string(), |r| format!("{r:.1}x"));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s.mode.name(),
+            s.nodes.name(),
             s.trials,
             s.recovered,
             f(s.min_s),
@@ -256,10 +330,6 @@ pub fn render(summaries: &[Summary]) -> String {
     out
 }
 
-fn group(index: usize) -> Vec<String> {
-    (1..=3).map(|k| format!("node-{}", index * 3 + k)).collect()
-}
-
 /// The kubelet's (kwok's) Lease renew interval: a quarter of the 40 s lease.
 const RENEW_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -273,28 +343,30 @@ fn kill_phase(k: usize, n: usize) -> Duration {
 
 /// Runs the trials of one mode, one after another. A trial that fails to run (not a failover
 /// that does not recover: that is a result) ends the mode; what was measured is kept.
-async fn run_mode(
+async fn run_group(
     cluster: &Cluster,
     client: &kube::Client,
-    mode: Mode,
-    nodes: Vec<String>,
+    group: &Group,
     args: &FailoverArgs,
 ) -> (Vec<Trial>, Option<anyhow::Error>) {
-    let timeout = if mode == Mode::None {
+    let timeout = if group.mode == Mode::None {
         args.none_timeout
     } else {
         args.timeout
     };
     let mut trials = Vec::new();
     for k in 1..=args.trials {
-        let ns = format!("{}-{k}", mode.name());
+        let ns = format!("{}-{k}", group.name());
         let started = Instant::now();
+        let subject = match subject_statefulset("db", &group.nodes, group.kind == Nodes::Real) {
+            Ok(s) => s,
+            Err(e) => return (trials, Some(e)),
+        };
         let t = match measure(
             cluster,
             client,
             &ns,
-            "db",
-            &nodes,
+            subject,
             timeout,
             Some(kill_phase(k, args.trials)),
         )
@@ -303,7 +375,7 @@ async fn run_mode(
             Ok(t) => t,
             Err(e) => return (trials, Some(e.context(ns))),
         };
-        let trial = Trial::from_timeline(mode, k, &t);
+        let trial = Trial::from_timeline(group, k, &t);
         eprintln!(
             "[{ns}] {} after {:.1?}",
             trial
@@ -334,15 +406,25 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let mut modes = args.modes.clone();
     modes.sort();
     modes.dedup();
+    let mut kinds = args.nodes.clone();
+    kinds.sort();
+    kinds.dedup();
     if args.trials == 0 {
         bail!("--trials must be at least 1");
     }
+    if kinds.is_empty() {
+        bail!("--nodes needs kwok, real or both");
+    }
+    let groups = groups(&modes, &kinds);
     let mut opts = ClusterOptions::new(&args.dir);
     opts.profile = args.profile;
-    opts.nodes = modes.len() * 3;
+    let count = |kind| groups.iter().filter(|g| g.kind == kind).count() * 3;
+    opts.nodes = count(Nodes::Kwok);
+    opts.real_nodes = count(Nodes::Real);
     eprintln!(
-        "starting a {}-node sim cluster (profile {}) in {}",
+        "starting a sim cluster of {} kwok and {} real nodes (profile {}) in {}",
         opts.nodes,
+        opts.real_nodes,
         args.profile,
         args.dir.display()
     );
@@ -350,13 +432,13 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let result = async {
         let client = cluster.client().await?;
         install_crd(&client, &args.crd).await?;
-        for (i, mode) in modes.iter().enumerate() {
-            if let Some(mut spec) = mode.spec() {
+        for group in &groups {
+            if let Some(mut spec) = group.mode.spec() {
                 let namespaces: Vec<String> = (1..=args.trials)
-                    .map(|k| format!("{}-{k}", mode.name()))
+                    .map(|k| format!("{}-{k}", group.name()))
                     .collect();
                 spec["nodeSelector"] = json!({"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": group(i)}
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": group.nodes}
                 ]});
                 spec["namespaceSelector"] = json!({"matchExpressions": [
                     {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
@@ -366,15 +448,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
                 // the first (maxUnhealthy 30 % of 3 is 1). The benchmark measures one failover
                 // at a time; the window is a safety rule tested on its own.
                 spec["safety"] = json!({"unhealthyWindow": "0s"});
-                apply_policy(&client, mode.name(), spec).await?;
+                apply_policy(&client, &group.name(), spec).await?;
             }
         }
         let mut podha = Operator::start(&args.operator, &cluster)?;
         podha.wait_ready(Duration::from_secs(60)).await?;
-        let runs = modes
+        let runs = groups
             .iter()
-            .enumerate()
-            .map(|(i, &mode)| run_mode(&cluster, &client, mode, group(i), &args));
+            .map(|group| run_group(&cluster, &client, group, &args));
         let mut trials = Vec::new();
         let mut errors = Vec::new();
         for (measured, error) in futures::future::join_all(runs).await {
@@ -386,7 +467,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     .await;
     cluster.down()?;
     let (trials, errors) = result?;
-    let summaries = summarize(&trials, &modes);
+    let rows: Vec<(Mode, Nodes)> = groups.iter().map(|g| (g.mode, g.kind)).collect();
+    let summaries = summarize(&trials, &rows);
     let table = render(&summaries);
     println!("{table}");
     let json =
@@ -414,6 +496,7 @@ mod tests {
     fn trial(mode: Mode, recovered: Option<f64>) -> Trial {
         Trial {
             mode,
+            nodes: Nodes::Kwok,
             trial: 1,
             node: "n".into(),
             recovered_s: recovered,
@@ -438,7 +521,8 @@ mod tests {
             trial(Mode::Fast, Some(11.0)),
             trial(Mode::Fast, Some(10.0)),
         ];
-        let s = summarize(&trials, &[Mode::None, Mode::IomeshLike, Mode::Fast]);
+        let rows = [Mode::None, Mode::IomeshLike, Mode::Fast].map(|m| (m, Nodes::Kwok));
+        let s = summarize(&trials, &rows);
         assert_eq!(s[0].median_s, None);
         assert_eq!(s[0].not_recovered_within_s, Some(480.0));
         assert_eq!(s[1].median_s, Some(460.0));
@@ -451,16 +535,38 @@ mod tests {
         let table = render(&s);
         assert!(table.contains("not recovered within 480s"), "{table}");
         assert!(
-            table.contains("| fast | 3 | 3 | 9.0 | 10.0 | 11.0 |"),
+            table.contains("| fast | kwok | 3 | 3 | 9.0 | 10.0 | 11.0 |"),
             "{table}"
         );
         assert!(table.contains("46.0x"), "{table}");
     }
 
     #[test]
+    fn kwok_and_real_groups_take_their_own_nodes_and_rows() {
+        let g = groups(&[Mode::Default, Mode::Fast], &[Nodes::Kwok, Nodes::Real]);
+        let names: Vec<String> = g.iter().map(Group::name).collect();
+        assert_eq!(names, ["default", "fast", "default-real", "fast-real"]);
+        assert_eq!(g[1].nodes, ["node-4", "node-5", "node-6"]);
+        assert_eq!(g[2].nodes, ["node-7", "node-8", "node-9"]);
+        let real_only = groups(&[Mode::Fast], &[Nodes::Real]);
+        assert_eq!(real_only[0].nodes, ["node-1", "node-2", "node-3"]);
+
+        let mut real = trial(Mode::Fast, Some(14.0));
+        real.nodes = Nodes::Real;
+        let trials = vec![trial(Mode::Fast, Some(10.0)), real];
+        let s = summarize(
+            &trials,
+            &[(Mode::Fast, Nodes::Kwok), (Mode::Fast, Nodes::Real)],
+        );
+        assert_eq!(s[0].median_s, Some(10.0));
+        assert_eq!(s[1].median_s, Some(14.0));
+        assert!(render(&s).contains("| fast | real | 1 | 1 | 14.0 | 14.0 | 14.0 |"));
+    }
+
+    #[test]
     fn a_mode_with_one_unrecovered_trial_has_no_median() {
         let trials = vec![trial(Mode::Default, Some(60.0)), trial(Mode::Default, None)];
-        let s = summarize(&trials, &[Mode::Default]);
+        let s = summarize(&trials, &[(Mode::Default, Nodes::Kwok)]);
         assert_eq!(s[0].median_s, None);
         assert_eq!(s[0].recovered, 1);
         assert_eq!(s[0].not_recovered_within_s, Some(480.0));

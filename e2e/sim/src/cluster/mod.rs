@@ -57,7 +57,7 @@ mod blackhole;
 mod fleet;
 mod pki;
 pub mod process;
-mod realnode;
+pub mod realnode;
 mod state;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -177,13 +177,14 @@ pub struct ClusterOptions {
     /// Number of kwok nodes (`node-1`..`node-N`).
     pub nodes: usize,
     /// Number of real nodes (kubelet + containerd, see `realnode`), named after the kwok ones
-    /// (`node-<N+1>`...). They need `make node-deps` and `make node-pause`.
+    /// (`node-<N+1>`...). They need `make node-deps` and `make node-images`.
     pub real_nodes: usize,
     /// Where the kubelet is; default `$PODHA_NODE_BIN_DIR`, else the `make node-deps` cache.
     pub node_bin_dir: Option<PathBuf>,
-    /// The static pause binary of the real nodes' sandbox image; default `$PODHA_PAUSE_BIN`,
-    /// else where `make node-pause` builds it (found from the podha-sim executable).
-    pub pause_binary: Option<PathBuf>,
+    /// The directory of the static binaries of the real nodes' images (`podha-pause`,
+    /// `podha-csi`); default `$PODHA_STATIC_DIR`, else where `make node-images` builds them
+    /// (found from the podha-sim executable).
+    pub static_dir: Option<PathBuf>,
     pub profile: Profile,
     /// Where the control-plane binaries are; default [`default_bin_dir`].
     pub bin_dir: Option<PathBuf>,
@@ -207,7 +208,7 @@ impl ClusterOptions {
             nodes: 3,
             real_nodes: 0,
             node_bin_dir: None,
-            pause_binary: None,
+            static_dir: None,
             profile: Profile::Fast,
             bin_dir: None,
             sim_exe: None,
@@ -499,12 +500,12 @@ impl Cluster {
             .node_bin_dir
             .clone()
             .unwrap_or_else(realnode::default_node_bin_dir);
-        let pause_binary = opts
-            .pause_binary
+        let static_dir = opts
+            .static_dir
             .clone()
-            .unwrap_or_else(|| realnode::default_pause_binary(&sim_exe));
+            .unwrap_or_else(|| realnode::default_static_dir(&sim_exe));
         if opts.real_nodes > 0 {
-            realnode::check_host(&node_bin_dir, &pause_binary)?;
+            realnode::check_host(&node_bin_dir, &static_dir)?;
         }
         std::fs::create_dir_all(&opts.dir)
             .map_err(|e| Error::io(format!("create {}", opts.dir.display()), e))?;
@@ -577,7 +578,7 @@ impl Cluster {
             for index in opts.nodes + 1..=total {
                 nodes.push(real_node_record(index as u8, subnet)?);
             }
-            realnode::build_pause_image(&dir, &pause_binary)?;
+            realnode::build_node_images(&dir, &static_dir)?;
             Some(RealNodes {
                 subnet,
                 node_bin_dir,
@@ -1120,6 +1121,10 @@ impl Cluster {
             .await?;
         self.wait_real_nodes_ready(&client, &real_boots, Duration::from_secs(180))
             .await?;
+        if !real.is_empty() {
+            let names: Vec<String> = real.iter().map(|n| n.name.clone()).collect();
+            realnode::csi::install_node_plugin(&client, &names, Duration::from_secs(120)).await?;
+        }
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
         let sas = &sas;
         self.wait_until(

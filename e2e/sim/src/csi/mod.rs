@@ -44,6 +44,7 @@
 
 mod node_agent;
 pub mod sidecars;
+pub mod workload;
 pub mod writer;
 
 use std::path::Path;

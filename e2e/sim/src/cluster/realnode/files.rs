@@ -7,7 +7,8 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{PAUSE_IMAGE, RealNode};
+use super::csi::{CSI_ACKS, CSI_STORE, KUBELET_ROOT, shared_acks, shared_store};
+use super::{PAUSE_IMAGE, RealNode, images_dir};
 use crate::cluster::{Error, Result};
 
 /// Host-wide sysctls the kubelet sets at start when they differ from what it wants
@@ -67,6 +68,8 @@ oom_score = 0
 
 /// A bridge `cni0` inside the node's namespace, pod addresses from `10.244.<k>.0/24` (kept
 /// by host-local in the node's directory). containerd adds the loopback network itself.
+/// Traffic leaving the pod network is masqueraded to the node's address: no node has a route
+/// to another node's pods, and a pod must reach other nodes (podha probes their kubelet port).
 pub fn cni_config(node: &RealNode) -> serde_json::Value {
     json!({
         "cniVersion": "0.4.0",
@@ -75,7 +78,7 @@ pub fn cni_config(node: &RealNode) -> serde_json::Value {
             "type": "bridge",
             "bridge": "cni0",
             "isGateway": true,
-            "ipMasq": false,
+            "ipMasq": true,
             "hairpinMode": true,
             "ipam": {
                 "type": "host-local",
@@ -228,6 +231,14 @@ mkdir -p /run/containerd /var/lib/cni /var/log/containers
 mount --bind {d}/containerd/state/run /run/containerd
 mount --bind {d}/cni-cache /var/lib/cni
 mount --bind {d}/container-logs /var/log/containers
+# The kubelet's root directory where CSI node plugins expect it, shared so that the mounts a
+# plugin container makes there (Bidirectional propagation) reach the kubelet and the pods; and
+# the storage every node reaches (podha-csi's store, and its writers' acknowledgements).
+mkdir -p {kubelet_root} {csi_store} {csi_acks}
+mount --bind {d}/kubelet {kubelet_root}
+mount --make-shared {kubelet_root}
+mount --bind {store} {csi_store}
+mount --bind {acks} {csi_acks}
 echo "boot $(cat /proc/sys/kernel/random/boot_id): starting containerd"
 containerd --config {d}/containerd.toml >> {logs}/containerd-{name}.log 2>&1 &
 i=0
@@ -236,18 +247,23 @@ until ctr -a {sock} version > /dev/null 2>&1; do
   if [ $i -gt 300 ]; then echo "containerd did not answer in 30 s, see {logs}/containerd-{name}.log"; exit 1; fi
   sleep 0.1
 done
-ctr -a {sock} -n k8s.io images import {image}
+for image in {images}/*.tar; do ctr -a {sock} -n k8s.io images import "$image"; done
 echo "starting kube-proxy and the kubelet"
 {kube_proxy} --config={d}/kube-proxy.json --v=2 >> {logs}/kube-proxy-{name}.log 2>&1 &
 exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
-  --root-dir={d}/kubelet --cert-dir={d}/kubelet/pki \
+  --root-dir={kubelet_root} --cert-dir={d}/kubelet/pki \
   --hostname-override={name} --node-ip={ip} --node-labels=type=real \
   --v=2
 "#,
         procs = procs.join(" "),
         netns = node.netns(),
         sysctls = sysctls.join("\n"),
-        image = node.pause_image.display(),
+        images = images_dir(&node.cluster_dir).display(),
+        kubelet_root = KUBELET_ROOT,
+        csi_store = CSI_STORE,
+        csi_acks = CSI_ACKS,
+        store = shared_store(&node.cluster_dir).display(),
+        acks = shared_acks(&node.cluster_dir).display(),
         kubelet = bin_dir.join("kubelet").display(),
         kube_proxy = bin_dir.join("kube-proxy").display(),
         ip = node.ip,
@@ -273,6 +289,13 @@ pub fn write_all(
     ] {
         let p = dir.join(sub);
         std::fs::create_dir_all(&p).map_err(|e| Error::io(format!("create {}", p.display()), e))?;
+    }
+    for shared in [
+        shared_store(&node.cluster_dir),
+        shared_acks(&node.cluster_dir),
+    ] {
+        std::fs::create_dir_all(&shared)
+            .map_err(|e| Error::io(format!("create {}", shared.display()), e))?;
     }
     let json = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     write(&dir.join("containerd.toml"), &containerd_config(node))?;

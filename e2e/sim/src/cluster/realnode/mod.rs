@@ -10,8 +10,10 @@
 //!   kubelet's root directory, configuration, kubeconfig and client certificate
 //!   (`system:node:<node>`, so the Node authorizer and NodeRestriction apply), `boot.sh`.
 //!
-//! The pause image is built by `crate::image` from `podha-pause` (`make node-pause`) into
-//! `DIR/images/pause.tar` and imported into every node's containerd at boot.
+//! The node images (the pause image from `podha-pause`, podha-csi's from `podha-csi`, both
+//! linked statically by `make node-images`) are built by `crate::image` into `DIR/images/` and
+//! imported into every node's containerd at boot. podha-csi's node plugin runs on every real
+//! node as a DaemonSet (`csi`).
 //!
 //! Faults: `kill` freezes and SIGKILLs the whole cgroup tree (containerd, shims, containers,
 //! kubelet) and takes the node's veth down; `freeze` freezes the tree (a hung machine);
@@ -21,6 +23,7 @@
 
 pub mod cgroup;
 mod cluster_ops;
+pub mod csi;
 pub mod files;
 pub mod net;
 
@@ -57,7 +60,6 @@ pub struct RealNode {
     cluster_dir: PathBuf,
     cluster_id: String,
     logs_dir: PathBuf,
-    pause_image: PathBuf,
 }
 
 impl RealNode {
@@ -69,7 +71,6 @@ impl RealNode {
             cluster_dir: cluster_dir.to_path_buf(),
             cluster_id: cluster_id(cluster_dir),
             logs_dir: cluster_dir.join("logs"),
-            pause_image: pause_image_path(cluster_dir),
         }
     }
 
@@ -110,8 +111,9 @@ pub fn bridge_name(dir: &Path) -> String {
     format!("phs{}", &cluster_id(dir)[..8])
 }
 
-pub fn pause_image_path(dir: &Path) -> PathBuf {
-    dir.join("images/pause.tar")
+/// The images every real node imports at boot, one OCI tar each.
+pub fn images_dir(dir: &Path) -> PathBuf {
+    dir.join("images")
 }
 
 /// `$PODHA_NODE_BIN_DIR`, else `${PODHA_CACHE:-$HOME/.cache/podha}/node-k8s-<K8S>/bin`, where
@@ -125,11 +127,12 @@ pub fn default_node_bin_dir() -> PathBuf {
         .join("bin")
 }
 
-/// `$PODHA_PAUSE_BIN`, else `podha-pause` as `make node-pause` builds it, found from the
+/// The directory of the static binaries the node images are made of (`podha-pause`,
+/// `podha-csi`): `$PODHA_STATIC_DIR`, else where `make node-images` builds them, found from the
 /// podha-sim executable (`target/<profile>/podha-sim` →
-/// `target/x86_64-unknown-linux-gnu/release/podha-pause`).
-pub fn default_pause_binary(sim_exe: &Path) -> PathBuf {
-    if let Some(p) = std::env::var_os("PODHA_PAUSE_BIN").filter(|p| !p.is_empty()) {
+/// `target/x86_64-unknown-linux-gnu/release`).
+pub fn default_static_dir(sim_exe: &Path) -> PathBuf {
+    if let Some(p) = std::env::var_os("PODHA_STATIC_DIR").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
     let target = sim_exe
@@ -137,7 +140,16 @@ pub fn default_pause_binary(sim_exe: &Path) -> PathBuf {
         .find(|a| a.file_name().is_some_and(|n| n == "target"))
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("target"));
-    target.join("x86_64-unknown-linux-gnu/release/podha-pause")
+    target.join("x86_64-unknown-linux-gnu/release")
+}
+
+/// The images every real node imports at boot: (image name, binary in the static directory,
+/// path in the image). podha-csi's name is the one its DaemonSet runs.
+fn node_images() -> Result<[(String, &'static str, &'static str); 2]> {
+    Ok([
+        (PAUSE_IMAGE.to_string(), "podha-pause", "/pause"),
+        (csi::csi_image()?, "podha-csi", "/podha-csi"),
+    ])
 }
 
 fn on_path(cmd: &str) -> bool {
@@ -146,7 +158,7 @@ fn on_path(cmd: &str) -> bool {
 }
 
 /// Everything a real node needs on the host, or an error naming what is missing and how to get it.
-pub fn check_host(node_bin_dir: &Path, pause_binary: &Path) -> Result<()> {
+pub fn check_host(node_bin_dir: &Path, static_dir: &Path) -> Result<()> {
     let mut missing: Vec<String> = HOST_COMMANDS
         .iter()
         .filter(|c| !on_path(c))
@@ -170,29 +182,38 @@ pub fn check_host(node_bin_dir: &Path, pause_binary: &Path) -> Result<()> {
             missing.join(", ")
         )));
     }
-    if !pause_binary.is_file() {
+    let missing: Vec<String> = ["podha-pause", "podha-csi"]
+        .iter()
+        .map(|b| static_dir.join(b))
+        .filter(|b| !b.is_file())
+        .map(|b| b.display().to_string())
+        .collect();
+    if !missing.is_empty() {
         return Err(Error::Other(format!(
-            "the static pause binary {} is missing: run `make node-pause` (or set PODHA_PAUSE_BIN)",
-            pause_binary.display()
+            "the static binaries of the node images {} are missing: run `make node-images` (or \
+             set PODHA_STATIC_DIR)",
+            missing.join(", ")
         )));
     }
     Ok(())
 }
 
-/// Builds the pause image from `pause_binary` into `DIR/images/pause.tar`.
-pub fn build_pause_image(dir: &Path, pause_binary: &Path) -> Result<()> {
-    let spec = crate::image::ImageSpec {
-        name: PAUSE_IMAGE.to_string(),
-        files: vec![crate::image::ImageFile {
-            source: pause_binary.to_path_buf(),
-            path: "/pause".into(),
-        }],
-        entrypoint: vec!["/pause".into()],
-        ..Default::default()
-    };
-    crate::image::build(&spec, &pause_image_path(dir))
-        .map(drop)
-        .map_err(|e| Error::Other(format!("build the pause image: {e}")))
+/// Builds the node images from the static binaries into [`images_dir`], one tar each.
+pub fn build_node_images(dir: &Path, static_dir: &Path) -> Result<()> {
+    for (name, binary, path) in node_images()? {
+        let spec = crate::image::ImageSpec {
+            name: name.clone(),
+            files: vec![crate::image::ImageFile {
+                source: static_dir.join(binary),
+                path: path.into(),
+            }],
+            entrypoint: vec![path.into()],
+            ..Default::default()
+        };
+        crate::image::build(&spec, &images_dir(dir).join(format!("{binary}.tar")))
+            .map_err(|e| Error::Other(format!("build the image {name}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// The cluster-wide part: the bridge and the API server's DNAT.
