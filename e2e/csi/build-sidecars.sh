@@ -7,8 +7,10 @@
 # each module's source is copied out of the module cache and built as the main module, with its
 # own go.mod and go.sum.
 # node-driver-registrar is not built: the Go module proxy answers 403 for
-# github.com/kubernetes-csi/node-driver-registrar (and /v2), so the sim's node part registers
-# the drivers in CSINode itself.
+# github.com/kubernetes-csi/node-driver-registrar (and /v2); podha-csi registers itself with the
+# kubelet on real nodes, and the sim's node agent writes CSINode for kwok nodes.
+# The binaries are linked statically (CGO_ENABLED=0), so the same files run on this host and
+# in the kind kit's images (e2e/kind/build-images.sh), which hold nothing else.
 # Usage: build-sidecars.sh OUT_DIR   (OUT_DIR/bin receives the binaries)
 set -euo pipefail
 
@@ -32,7 +34,7 @@ build() {
   cp -r "$dir" "$src"
   chmod -R u+w "$src"
   echo "building $bin v$version"
-  ( cd "$src" && GOFLAGS=-mod=mod go build -trimpath \
+  ( cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
       -ldflags "-s -w -X main.version=v$version" -o "$out/bin/$bin" "./$pkg" )
 }
 

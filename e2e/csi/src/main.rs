@@ -84,8 +84,12 @@ enum Command {
         #[arg(long)]
         volume_dir: PathBuf,
         /// Acknowledgement files of the volume's writers.
-        #[arg(long)]
+        #[arg(long, required_unless_present = "acks_dir")]
         acks: Vec<PathBuf>,
+        /// A directory of `<pod uid>.acks` files: those of the pods the volume's log names are
+        /// read (writers of other volumes are not this volume's).
+        #[arg(long, conflicts_with = "acks")]
+        acks_dir: Option<PathBuf>,
     },
 }
 
@@ -211,9 +215,17 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Check { volume_dir, acks } => {
+        Command::Check {
+            volume_dir,
+            acks,
+            acks_dir,
+        } => {
             let volume = Volume::at(&volume_dir)?;
             let log = volume.log()?;
+            let acks = match acks_dir {
+                Some(dir) => writer::acks_files_of(&log, &dir),
+                None => acks,
+            };
             let mut all = Vec::new();
             for path in &acks {
                 all.extend(writer::read_acks(path).with_context(|| path.display().to_string())?);

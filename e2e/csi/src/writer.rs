@@ -93,6 +93,20 @@ pub fn append_ack(path: &Path, ack: &Ack) -> store::Result<()> {
     file.write_all(&line).map_err(io)
 }
 
+/// The acknowledgement files `<dir>/<pod uid>.acks` of every pod that wrote to a volume, by its
+/// log, in order of first appearance.
+pub fn acks_files_of(log: &[store::LogEntry], dir: &Path) -> Vec<PathBuf> {
+    let mut pods: Vec<&str> = Vec::new();
+    for entry in log {
+        if !pods.contains(&entry.pod_uid.as_str()) {
+            pods.push(&entry.pod_uid);
+        }
+    }
+    pods.iter()
+        .map(|pod| dir.join(format!("{pod}.acks")))
+        .collect()
+}
+
 /// Reads an acknowledgement file; a missing one is empty.
 pub fn read_acks(path: &Path) -> store::Result<Vec<Ack>> {
     let text = match std::fs::read_to_string(path) {

@@ -112,12 +112,9 @@ pub fn writer_deployment(
 pub fn check(cluster_dir: &Path, handle: &str) -> anyhow::Result<Report> {
     let volume = Store::new(shared_store(cluster_dir))?.volume(handle)?;
     let log = volume.log()?;
-    let mut pods: Vec<&str> = log.iter().map(|e| e.pod_uid.as_str()).collect();
-    pods.sort_unstable();
-    pods.dedup();
     let mut acks = Vec::new();
-    for pod in pods {
-        acks.extend(podha_csi::writer::read_acks(&acks_path(cluster_dir, pod))?);
+    for path in podha_csi::writer::acks_files_of(&log, &shared_acks(cluster_dir)) {
+        acks.extend(podha_csi::writer::read_acks(&path)?);
     }
     Ok(podha_csi::checker::check(&log, &acks))
 }
