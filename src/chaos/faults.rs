@@ -18,7 +18,7 @@ pub struct Fault {
 }
 
 /// The built-in faults: name, fault, restore, what it models.
-pub const BUILT_IN: [(&str, &str, &str, &str); 5] = [
+pub const BUILT_IN: [(&str, &str, &str, &str); 7] = [
     (
         "kind-kill",
         "docker kill {node}",
@@ -49,6 +49,18 @@ pub const BUILT_IN: [(&str, &str, &str, &str); 5] = [
         "{podha_sim} node start {node} --dir {sim_dir}",
         "only the sim node's kubelet dies; the host stays up",
     ),
+    (
+        "sim-freeze",
+        "{podha_sim} node freeze {node} --dir {sim_dir}",
+        "{podha_sim} node thaw {node} --dir {sim_dir}",
+        "every process of a real sim node is frozen (a hung machine); thawed, it goes on",
+    ),
+    (
+        "sim-partition",
+        "{podha_sim} node partition {node} --dir {sim_dir}",
+        "{podha_sim} node partition {node} --heal --dir {sim_dir}",
+        "a real sim node's traffic to the API server is dropped; its containers keep running",
+    ),
 ];
 
 impl Fault {
@@ -77,9 +89,13 @@ pub struct Vars {
     pub pod: String,
     pub sim_dir: Option<PathBuf>,
     pub podha_sim: String,
+    /// The pod's volume handle (its first claim's PV), for `{volume}`.
+    pub volume: Option<String>,
+    pub podha_csi: String,
 }
 
-/// Replaces `{node}`, `{namespace}`, `{pod}`, `{sim_dir}` and `{podha_sim}` in `template`,
+/// Replaces `{node}`, `{namespace}`, `{pod}`, `{volume}`, `{sim_dir}`, `{podha_sim}` and
+/// `{podha_csi}` in `template`,
 /// each value shell-quoted. An unknown placeholder, or `{sim_dir}` without a sim directory, is
 /// a usage error.
 pub fn expand(template: &str, vars: &Vars) -> Result<String, Error> {
@@ -96,6 +112,15 @@ pub fn expand(template: &str, vars: &Vars) -> Result<String, Error> {
             "namespace" => vars.namespace.clone(),
             "pod" => vars.pod.clone(),
             "podha_sim" => vars.podha_sim.clone(),
+            "podha_csi" => vars.podha_csi.clone(),
+            "volume" => match &vars.volume {
+                Some(volume) => volume.clone(),
+                None => {
+                    return Err(Error::Usage(format!(
+                        "`{template}` uses {{volume}}, but the pod has no CSI persistent volume"
+                    )));
+                }
+            },
             "sim_dir" => match &vars.sim_dir {
                 Some(dir) => dir.display().to_string(),
                 None => {
@@ -108,7 +133,8 @@ pub fn expand(template: &str, vars: &Vars) -> Result<String, Error> {
             other => {
                 return Err(Error::Usage(format!(
                     "unknown placeholder {{{other}}} in `{template}` (known: {{node}}, \
-                     {{namespace}}, {{pod}}, {{sim_dir}}, {{podha_sim}})"
+                     {{namespace}}, {{pod}}, {{volume}}, {{sim_dir}}, {{podha_sim}}, \
+                     {{podha_csi}})"
                 )));
             }
         };
@@ -134,6 +160,12 @@ fn shell_quote(value: &str) -> String {
 
 /// Runs `command` with `sh -c`; returns when it ran, or an error with its exit code and stderr.
 pub async fn run(command: &str) -> Result<Instant, Error> {
+    run_output(command).await?;
+    Ok(Instant::now())
+}
+
+/// Runs `command` with `sh -c`; its stdout, or an error with its exit code and stderr.
+pub async fn run_output(command: &str) -> Result<String, Error> {
     let output = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(command)
@@ -145,9 +177,8 @@ pub async fn run(command: &str) -> Result<Instant, Error> {
             status: format!("could not start sh: {e}"),
             stderr: String::new(),
         })?;
-    let done = Instant::now();
     if output.status.success() {
-        return Ok(done);
+        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
     }
     let status = match output.status.code() {
         Some(code) => format!("exit code {code}"),
@@ -171,7 +202,38 @@ mod tests {
             pod: "db-0".into(),
             sim_dir: Some(PathBuf::from("/tmp/my sim")),
             podha_sim: "podha-sim".into(),
+            volume: Some("pvc-1".into()),
+            podha_csi: "podha-csi".into(),
         }
+    }
+
+    #[test]
+    fn the_sims_freeze_and_partition_are_built_in_with_their_undo() {
+        let freeze = Fault::new("sim-freeze", None);
+        assert_eq!(
+            expand(freeze.restore.as_deref().unwrap(), &vars()).unwrap(),
+            "podha-sim node thaw node-2 --dir '/tmp/my sim'"
+        );
+        let partition = Fault::new("sim-partition", None);
+        assert_eq!(
+            expand(partition.restore.as_deref().unwrap(), &vars()).unwrap(),
+            "podha-sim node partition node-2 --heal --dir '/tmp/my sim'"
+        );
+    }
+
+    #[test]
+    fn a_data_check_gets_the_volume_and_fails_clearly_without_one() {
+        let check = crate::chaos::data::template("podha-csi-sim");
+        assert_eq!(
+            expand(check, &vars()).unwrap(),
+            "podha-csi check --volume-dir '/tmp/my sim'/san/pvc-1 --acks-dir '/tmp/my sim'/acks"
+        );
+        let no_volume = Vars {
+            volume: None,
+            ..vars()
+        };
+        let err = expand(check, &no_volume).unwrap_err().to_string();
+        assert!(err.contains("no CSI persistent volume"), "{err}");
     }
 
     #[test]

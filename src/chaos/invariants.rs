@@ -1,12 +1,15 @@
 //! What must hold after each trial, checked on what was recorded (pure):
 //! - `replacement-running`: a replacement runs on another node with its volumes attached there;
 //! - `bystanders-kept`: every pod on the node that podha must not move kept its object;
-//! - `taint-removed`: after the node was restored, it is Ready and podha's taint is gone.
+//! - `taint-removed`: after the node was restored, it is Ready and podha's taint is gone;
+//! - `no-split-brain` and `no-lost-writes`, with `--data-check`: the storage saw no write of an
+//!   old writer after the new one's first, and holds every write a writer was told succeeded.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::data::DataCheck;
 use super::preflight::Bystander;
 use super::timeline::Timeline;
 
@@ -28,6 +31,8 @@ pub struct TrialRecord {
     pub lost: Vec<Bystander>,
     /// `None` when no restore command was given.
     pub restore: Option<Restore>,
+    /// `None` when no data check was asked for.
+    pub data: Option<DataCheck>,
 }
 
 /// What was seen after the restore command ran, from when it returned.
@@ -97,6 +102,41 @@ pub fn check(record: &TrialRecord) -> Vec<Violation> {
             reason,
         });
     }
+    if let Some(data) = &record.data {
+        match &data.result {
+            Ok(report) => {
+                if !report.split_brain_writes.is_empty() {
+                    out.push(Violation {
+                        invariant: "no-split-brain",
+                        reason: format!(
+                            "the storage accepted {} write(s) from an old writer after the new \
+                             one's first (`{}`)",
+                            report.split_brain_writes.len(),
+                            data.command
+                        ),
+                    });
+                }
+                if !report.lost_acknowledged_writes.is_empty() {
+                    out.push(Violation {
+                        invariant: "no-lost-writes",
+                        reason: format!(
+                            "{} acknowledged write(s) are not in the storage (`{}`)",
+                            report.lost_acknowledged_writes.len(),
+                            data.command
+                        ),
+                    });
+                }
+            }
+            Err(why) => {
+                for invariant in ["no-split-brain", "no-lost-writes"] {
+                    out.push(Violation {
+                        invariant,
+                        reason: format!("the data check `{}` gave no report: {why}", data.command),
+                    });
+                }
+            }
+        }
+    }
     out
 }
 
@@ -138,6 +178,7 @@ pub(crate) mod tests {
                 waited: secs(7),
                 remaining_taint: None,
             }),
+            data: None,
         }
     }
 
@@ -151,6 +192,38 @@ pub(crate) mod tests {
         let mut no_restore = recorded(1, Some(25));
         no_restore.restore = None;
         assert_eq!(check(&no_restore), [], "no restore: nothing to check");
+    }
+
+    fn data(json: Result<&str, &str>) -> Option<DataCheck> {
+        Some(DataCheck {
+            command: "podha-csi check".into(),
+            result: match json {
+                Ok(text) => crate::chaos::data::parse(text),
+                Err(why) => Err(why.to_string()),
+            },
+        })
+    }
+
+    #[test]
+    fn the_data_checks_arrays_are_the_write_invariants() {
+        let mut r = recorded(1, Some(25));
+        r.data = data(Ok(
+            r#"{"split_brain_writes":[],"lost_acknowledged_writes":[]}"#,
+        ));
+        assert_eq!(invariants(&r), Vec::<&str>::new());
+        r.data = data(Ok(
+            r#"{"split_brain_writes":[{}],"lost_acknowledged_writes":[]}"#,
+        ));
+        assert_eq!(invariants(&r), ["no-split-brain"]);
+        r.data = data(Ok(
+            r#"{"split_brain_writes":[],"lost_acknowledged_writes":[{},{}]}"#,
+        ));
+        let v = check(&r);
+        assert_eq!(v[0].invariant, "no-lost-writes");
+        assert!(v[0].reason.starts_with("2 acknowledged"), "{}", v[0].reason);
+        r.data = data(Err("it failed (exit code 2): no such volume"));
+        assert_eq!(invariants(&r), ["no-split-brain", "no-lost-writes"]);
+        assert!(check(&r)[0].reason.contains("no such volume"));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! pod, which pods must stay), `trial` (one trial against the cluster), `invariants`, `report`,
 //! `timeline`.
 
+pub mod data;
 pub mod faults;
 pub mod invariants;
 pub mod preflight;
@@ -105,15 +106,30 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 1)]
     pub trials: usize,
     /// The fault: a built-in name (kind-kill, kind-freeze, kind-partition, sim-kill,
-    /// sim-kill-kubelet) or a shell command template with {node}, {namespace}, {pod},
-    /// {sim_dir}, {podha_sim}, e.g. 'docker kill {node}'.
+    /// sim-kill-kubelet, sim-freeze, sim-partition) or a shell command template with {node},
+    /// {namespace}, {pod}, {volume}, {sim_dir}, {podha_sim}, e.g. 'docker kill {node}'.
     #[arg(long)]
     pub fault: String,
     /// Command template that brings the node back (default: the built-in fault's own). Without
     /// one, the check that podha's taint goes away is skipped.
     #[arg(long)]
     pub restore: Option<String>,
-    /// The sim cluster's directory, for {sim_dir} (sim-kill, sim-kill-kubelet).
+    /// What the trial did to the data: a command template printing a JSON object with the
+    /// arrays `split_brain_writes` and `lost_acknowledged_writes` (as `podha-csi check` does),
+    /// run after the node is restored and --data-settle has passed; or the built-in
+    /// `podha-csi-sim` (podha-csi on the sim cluster). Placeholders as for --fault, and
+    /// {volume} (the pod's volume handle) and {podha_csi}. Without it the invariants
+    /// no-split-brain and no-lost-writes are not checked.
+    #[arg(long)]
+    pub data_check: Option<String>,
+    /// How long writers may go on after the restore (or the failover, without one) before the
+    /// data check: a node that was frozen or cut off writes again in that time, if it can.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub data_settle: Duration,
+    /// The podha-csi executable, for {podha_csi}.
+    #[arg(long, default_value = "podha-csi")]
+    pub podha_csi: String,
+    /// The sim cluster's directory, for {sim_dir} (the sim-* faults, podha-csi-sim).
     #[arg(long)]
     pub sim_dir: Option<PathBuf>,
     /// The podha-sim executable, for {podha_sim}.
@@ -243,10 +259,10 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
         let workload = workload(&client, args).await?;
         run.workload = workload.to_string();
         for k in 1..=args.trials {
-            let (mut record, restore) =
+            let (mut record, after) =
                 run_trial(&client, args, &fault, &workload, k, progress).await?;
             // A restore that fails still leaves the trial's failover in the results.
-            if let Some(command) = restore {
+            if let Some(command) = after.restore {
                 match restore_node(&client, args, &record, command, progress).await {
                     Ok(restored) => record.restore = Some(restored),
                     Err(e) => {
@@ -254,6 +270,20 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
                         return Err(e);
                     }
                 }
+            }
+            if let Some(command) = after.data_check {
+                progress(&format!(
+                    "trial {k}/{}: data check in {:.0?}: {command}",
+                    args.trials, args.data_settle
+                ));
+                tokio::time::sleep(args.data_settle).await;
+                let checked = data::run(command).await;
+                progress(&format!(
+                    "trial {k}/{}: {}",
+                    args.trials,
+                    report::data_cell(&Some(checked.clone()))
+                ));
+                record.data = Some(checked);
             }
             run.records.push(record);
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::data::DataCheck;
 use super::invariants::{TrialRecord, Violation, check};
 use super::preflight::Bystander;
 use super::timeline::Phase;
@@ -39,10 +40,30 @@ fn cell(d: Option<Duration>) -> String {
     d.map_or("-".to_string(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
 
+/// A trial's data check in a few words: `not checked`, `split-brain 0, lost 0 (412 writes)`, or
+/// why there is no report.
+pub fn data_cell(data: &Option<DataCheck>) -> String {
+    match data {
+        None => "not checked".to_string(),
+        Some(DataCheck { result: Ok(r), .. }) => {
+            let writes = r
+                .accepted_writes
+                .map_or(String::new(), |n| format!(" ({n} writes)"));
+            format!(
+                "split-brain {}, lost {}{writes}",
+                r.split_brain_writes.len(),
+                r.lost_acknowledged_writes.len()
+            )
+        }
+        Some(DataCheck { result: Err(_), .. }) => "no report".to_string(),
+    }
+}
+
 /// The trials as an aligned table.
 pub fn table(run: &Run) -> String {
     let header = [
-        "trial", "pod", "node", "target", "detect", "act", "detach", "recover", "total", "result",
+        "trial", "pod", "node", "target", "detect", "act", "detach", "recover", "total", "data",
+        "result",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in &run.records {
@@ -59,6 +80,7 @@ pub fn table(run: &Run) -> String {
             Some(d) => cell(Some(d)),
             None => format!(">{:.0}s", t.waited.as_secs_f64()),
         });
+        row.push(data_cell(&r.data));
         row.push(if violated.is_empty() {
             "ok".to_string()
         } else {
@@ -113,7 +135,19 @@ struct JsonTrial<'a> {
     bystanders: &'a [Bystander],
     lost: &'a [Bystander],
     restore: Option<JsonRestore<'a>>,
+    /// `null` when not checked.
+    data: Option<JsonData<'a>>,
     violations: Vec<Violation>,
+}
+
+#[derive(Serialize)]
+struct JsonData<'a> {
+    command: &'a str,
+    split_brain_writes: Option<usize>,
+    lost_acknowledged_writes: Option<usize>,
+    accepted_writes: Option<u64>,
+    refused_writes: Option<u64>,
+    error: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -171,6 +205,17 @@ pub fn json(run: &Run) -> String {
                     taint_gone_s: x.taint_gone.map(secs),
                     waited_s: secs(x.waited),
                     remaining_taint: x.remaining_taint.as_deref(),
+                }),
+                data: r.data.as_ref().map(|d| {
+                    let report = d.result.as_ref().ok();
+                    JsonData {
+                        command: &d.command,
+                        split_brain_writes: report.map(|r| r.split_brain_writes.len()),
+                        lost_acknowledged_writes: report.map(|r| r.lost_acknowledged_writes.len()),
+                        accepted_writes: report.and_then(|r| r.accepted_writes),
+                        refused_writes: report.and_then(|r| r.refused_writes),
+                        error: d.result.as_ref().err().map(String::as_str),
+                    }
                 }),
                 violations: check(r),
             }

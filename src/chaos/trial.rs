@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::core::{Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 
@@ -30,8 +30,14 @@ impl std::fmt::Display for Workload {
     }
 }
 
+/// What runs after a trial's failover: the expanded restore and data check commands, if any.
+pub struct After {
+    pub restore: Option<String>,
+    pub data_check: Option<String>,
+}
+
 /// Runs trial `k` up to the end of the failover, reporting progress one line at a time; returns
-/// the record (without the restore) and the expanded restore command, if any.
+/// the record (without the restore and the data check) and what is to run after.
 pub async fn run_trial(
     client: &Client,
     args: &ChaosArgs,
@@ -39,7 +45,7 @@ pub async fn run_trial(
     workload: &Workload,
     k: usize,
     progress: &mut dyn FnMut(&str),
-) -> Result<(TrialRecord, Option<String>), Error> {
+) -> Result<(TrialRecord, After), Error> {
     let n = args.trials;
     progress(&format!(
         "trial {k}/{n}: waiting for {workload} to run with its volumes attached"
@@ -86,7 +92,14 @@ pub async fn run_trial(
         pod: subject.pod.clone(),
         sim_dir: args.sim_dir.clone(),
         podha_sim: args.podha_sim.clone(),
+        volume: volume_handle(client, pod).await?,
+        podha_csi: args.podha_csi.clone(),
     };
+    let data_check = args
+        .data_check
+        .as_deref()
+        .map(|c| faults::expand(super::data::template(c), &vars))
+        .transpose()?;
     let inject = faults::expand(&fault.inject, &vars)?;
     let restore = fault
         .restore
@@ -134,8 +147,45 @@ pub async fn run_trial(
         bystanders,
         lost,
         restore: None,
+        data: None,
     };
-    Ok((record, restore))
+    Ok((
+        record,
+        After {
+            restore,
+            data_check,
+        },
+    ))
+}
+
+/// The volume handle (`spec.csi.volumeHandle`) of the pod's first claim, if it is bound to a
+/// CSI volume.
+async fn volume_handle(client: &Client, pod: &Pod) -> Result<Option<String>, Error> {
+    let Some(claim) = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find_map(|v| v.persistent_volume_claim.as_ref())
+    else {
+        return Ok(None);
+    };
+    let ns = pod.namespace().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let read = |what: String| move |e| Error::kube(what, e);
+    let Some(volume) = claims
+        .get_opt(&claim.claim_name)
+        .await
+        .map_err(read(format!("reading claim {ns}/{}", claim.claim_name)))?
+        .and_then(|c| c.spec?.volume_name)
+    else {
+        return Ok(None);
+    };
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    Ok(volumes
+        .get_opt(&volume)
+        .await
+        .map_err(read(format!("reading volume {volume}")))?
+        .and_then(|v| Some(v.spec?.csi?.volume_handle)))
 }
 
 /// Runs the restore command of trial `k` and watches the node come back without podha's taint.
