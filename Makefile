@@ -15,7 +15,7 @@ PROMTOOL ?= /usr/bin/promtool
 HADOLINT := $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
 # tests/failover.rs renders the chart's RBAC with this helm.
 export PODHA_HELM := $(HELM)
-CSI_SIDECARS_KEY := csi-sidecars-attacher-$(CSI_ATTACHER_VERSION)-provisioner-$(CSI_PROVISIONER_VERSION)
+CSI_SIDECARS_KEY := csi-sidecars-attacher-$(CSI_ATTACHER_VERSION)-provisioner-$(CSI_PROVISIONER_VERSION)-static
 CSI_SIDECARS_BIN_DIR := $(PODHA_CACHE)/$(CSI_SIDECARS_KEY)/bin
 export PODHA_CSI_SIDECARS_BIN_DIR := $(CSI_SIDECARS_BIN_DIR)
 CARGO ?= cargo
@@ -43,6 +43,12 @@ CHAOS_TRIALS ?= 3
 chaos-sim: k8s sim-deps ## podha chaos --fault sim-kill on a fresh sim cluster (CHAOS_TRIALS); results in target/chaos-sim.{json,svg}
 	$(CARGO) build --bins -p podha -p podha-sim
 	CARGO_TARGET=$(CARGO_TARGET) e2e/sim/chaos-sim.sh $(CURDIR)/.sim-chaos $(CHAOS_TRIALS) $(CURDIR)/target/chaos-sim.json
+
+.PHONY: chaos-kind
+chaos-kind: node-images csi-sidecars image helm ## The kind kit: kind cluster, podha-csi, podha by its chart, podha chaos kill/freeze/partition (needs kind and Docker; e2e/kind/README.md)
+	$(CARGO) build --bins -p podha -p podha-sim -p podha-csi
+	PODHA_SIM=$(CARGO_TARGET)/podha-sim PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi \
+		e2e/kind/chaos-kind.sh $(CURDIR)/target/chaos-kind $(CHAOS_TRIALS)
 
 MODES ?= none,iomesh-like,default,fast
 TRIALS ?= 3

@@ -10,5 +10,7 @@ pub mod cluster;
 pub mod csi;
 pub mod failover;
 pub mod image;
+#[cfg(test)]
+mod kind_kit;
 pub mod relay;
 pub mod testkit;

@@ -125,9 +125,10 @@ async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
                 "tcpTimeout": "500ms",
             },
             "action": "OutOfServiceTaint",
-            // Two of the four nodes die within the unhealthy window (one after the other); the
-            // default (30 %: one node of four) would rightly hold the second failover.
-            "safety": { "maxUnhealthy": 2 },
+            // Nodes die one after another, each failed over before the next (the leader's
+            // node stays dead through the chaos trial): the recently-failed window would
+            // rightly hold the later failovers (maxUnhealthy 30 %: one node of four).
+            "safety": { "maxUnhealthy": 2, "unhealthyWindow": "0s" },
         },
     }))?;
     policies
@@ -364,6 +365,73 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
                 killed.elapsed()
             ),
         );
+
+        // `podha chaos` as a user runs it against these real nodes: the Deployment's node
+        // killed and rebooted, the write log checked by podha-csi.
+        chaos_trial(&ctx).await?;
         Ok(())
     })
+}
+
+/// One `podha chaos` trial on the Deployment: sim-kill, the data check on podha-csi's log.
+async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    let podha_sim = std::path::PathBuf::from(env!("CARGO_BIN_EXE_podha-sim"));
+    let podha_csi = podha_sim.with_file_name("podha-csi");
+    ensure!(
+        podha_csi.is_file(),
+        "{} is missing: build it with `cargo build -p podha-csi` (make test builds every binary)",
+        podha_csi.display()
+    );
+    let out = ctx.cluster.dir().join("chaos-real.json");
+    let args = podha::chaos::ChaosArgs {
+        kubeconfig: Some(ctx.cluster.kubeconfig_path()),
+        namespace: WRITERS.to_string(),
+        statefulset: None,
+        deployment: Some("dep".to_string()),
+        trials: 1,
+        fault: "sim-kill".to_string(),
+        restore: None,
+        data_check: Some("podha-csi-sim".to_string()),
+        data_settle: std::time::Duration::from_secs(3),
+        podha_csi: podha_csi.display().to_string(),
+        sim_dir: Some(ctx.cluster.dir().to_path_buf()),
+        podha_sim: podha_sim.display().to_string(),
+        timeout: secs(120),
+        settle_timeout: secs(120),
+        out: out.clone(),
+        svg: None,
+    };
+    let mut progress = |line: &str| log(WRITERS, format!("chaos: {line}"));
+    let outcome = podha::chaos::execute(&args, &mut progress).await;
+    if let Some(e) = outcome.error {
+        anyhow::bail!("podha chaos could not run: {e}");
+    }
+    let violations = outcome.run.violations();
+    ensure!(
+        violations.is_empty(),
+        "podha chaos on real nodes: {violations:?}"
+    );
+    let record = outcome.run.records.first().context("one trial")?;
+    let data = record.data.as_ref().context("the data check ran")?;
+    let report = data.result.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+    ensure!(
+        report.accepted_writes.unwrap_or(0) > 0,
+        "the data check saw no write: {data:?}"
+    );
+    ensure!(
+        record
+            .restore
+            .as_ref()
+            .is_some_and(|r| r.taint_gone.is_some()),
+        "{record:?}"
+    );
+    podha::chaos::write_outputs(&args, &outcome.run)?;
+    log(
+        WRITERS,
+        format!(
+            "podha chaos on real nodes:\n{}",
+            podha::chaos::report::table(&outcome.run)
+        ),
+    );
+    Ok(())
 }

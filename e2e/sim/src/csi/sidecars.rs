@@ -24,10 +24,11 @@ fn pinned(key: &str) -> &'static str {
         .unwrap_or("unknown")
 }
 
-/// `csi-sidecars-attacher-<A>-provisioner-<P>`, the cache entry `make csi-sidecars` fills.
+/// `csi-sidecars-attacher-<A>-provisioner-<P>-static`, the cache entry `make csi-sidecars`
+/// fills (static binaries, which the kind kit's images hold too).
 pub fn cache_key() -> String {
     format!(
-        "csi-sidecars-attacher-{}-provisioner-{}",
+        "csi-sidecars-attacher-{}-provisioner-{}-static",
         pinned("CSI_ATTACHER_VERSION"),
         pinned("CSI_PROVISIONER_VERSION")
     )
