@@ -535,6 +535,22 @@ async fn demo(
     }
 }
 
+/// Runs the failover of StatefulSet `sts` in namespace `demo` and prints its timeline.
+async fn measure_and_show(
+    cluster: &Cluster,
+    client: &kube::Client,
+    sts: serde_json::Value,
+) -> anyhow::Result<podha::chaos::timeline::Timeline> {
+    let timeline =
+        podha_sim::failover::measure(cluster, client, "demo", sts, Duration::from_secs(600), None)
+            .await?;
+    println!(
+        "\nfailover timeline (from the kill, as seen through the API):\n{}",
+        podha::chaos::timeline::render(&timeline)
+    );
+    Ok(timeline)
+}
+
 /// kubectl of the cluster, its output printed.
 fn kubectl(cluster: &Cluster, args: &[&str]) -> anyhow::Result<()> {
     let out = podha_sim::chart_install::run(
@@ -550,9 +566,8 @@ fn kubectl(cluster: &Cluster, args: &[&str]) -> anyhow::Result<()> {
 /// podha helm-installed on three real nodes, a writer StatefulSet, its node killed; the
 /// timeline, the write log's verdict and podha's own phase metrics.
 async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
-    use podha::chaos::timeline::render;
     use podha_sim::chart_install;
-    use podha_sim::failover::{apply_policy, measure, subject_statefulset};
+    use podha_sim::failover::{apply_policy, subject_statefulset};
     let client = cluster.client().await?;
     println!("$ kubectl get nodes -o wide");
     kubectl(cluster, &["get", "nodes", "-o", "wide"])?;
@@ -594,19 +609,7 @@ async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
     println!(
         "starting StatefulSet demo/db: `podha-csi write` on a sim-rwo volume, 10 writes a second"
     );
-    let timeline = measure(
-        cluster,
-        &client,
-        "demo",
-        sts,
-        Duration::from_secs(600),
-        None,
-    )
-    .await?;
-    println!(
-        "\nfailover timeline (from the kill, as seen through the API):\n{}",
-        render(&timeline)
-    );
+    let timeline = measure_and_show(cluster, &client, sts).await?;
     let db = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "demo")
         .get("db-0")
         .await?;
@@ -646,8 +649,7 @@ async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
 
 /// The same on kwok nodes, podha as a process of this machine.
 async fn demo_kwok(cluster: &Cluster, operator: &Path, crd: &Path) -> anyhow::Result<bool> {
-    use podha::chaos::timeline::render;
-    use podha_sim::failover::{Operator, apply_policy, install_crd, measure, subject_statefulset};
+    use podha_sim::failover::{Operator, apply_policy, install_crd, subject_statefulset};
     let client = cluster.client().await?;
     install_crd(&client, crd).await?;
     apply_policy(&client, "demo", demo_policy()).await?;
@@ -660,19 +662,7 @@ async fn demo_kwok(cluster: &Cluster, operator: &Path, crd: &Path) -> anyhow::Re
     );
     let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
     let sts = subject_statefulset("db", &nodes, false)?;
-    let timeline = measure(
-        cluster,
-        &client,
-        "demo",
-        sts,
-        Duration::from_secs(600),
-        None,
-    )
-    .await?;
-    println!(
-        "\nfailover timeline (from the kill, as seen through the API):\n{}",
-        render(&timeline)
-    );
+    let timeline = measure_and_show(cluster, &client, sts).await?;
     // Give podha a tick to record the last phase.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let phases = podha.phase_means("demo")?;

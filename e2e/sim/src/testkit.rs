@@ -550,6 +550,12 @@ pub fn pvc(name: &str, class: &str) -> serde_json::Value {
 pub fn statefulset(name: &str, nodes: &[&str]) -> serde_json::Value {
     let mut spec = pod_spec(nodes, None);
     spec["containers"][0]["volumeMounts"] = json!([{ "name": "data", "mountPath": "/data" }]);
+    statefulset_of(name, spec, crate::csi::RWO_STORAGE_CLASS)
+}
+
+/// A one-replica StatefulSet `name` (label `app=<name>`) of pods with `spec`, its claim template
+/// `data` (ReadWriteOnce, 1Gi) of StorageClass `class`.
+pub fn statefulset_of(name: &str, spec: serde_json::Value, class: &str) -> serde_json::Value {
     json!({
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -563,7 +569,7 @@ pub fn statefulset(name: &str, nodes: &[&str]) -> serde_json::Value {
                 "metadata": { "name": "data" },
                 "spec": {
                     "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": crate::csi::RWO_STORAGE_CLASS,
+                    "storageClassName": class,
                     "resources": { "requests": { "storage": "1Gi" } },
                 },
             }],

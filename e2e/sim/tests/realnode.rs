@@ -269,7 +269,8 @@ async fn remove_app(ctx: &Ctx<'_>, app: &str) -> anyhow::Result<()> {
 }
 
 /// Waits until every pod on the real node belongs to `app` of this scenario's namespace (none
-/// when there is no such app): processes of other pods may come and go.
+/// when there is no such app), apart from the node's DaemonSet pods (podha-csi's node plugin,
+/// which every real node runs): processes of other scenarios' pods may come and go.
 async fn only_pods_of(ctx: &Ctx<'_>, app: &str) -> anyhow::Result<()> {
     let all: Api<Pod> = Api::all(ctx.client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={REAL_NODE}"));
@@ -281,6 +282,7 @@ async fn only_pods_of(ctx: &Ctx<'_>, app: &str) -> anyhow::Result<()> {
             let pods = all.list(&on_node).await?.items;
             Ok(pods
                 .iter()
+                .filter(|p| !owned_by_daemonset(p))
                 .all(|p| {
                     let labels = p.metadata.labels.clone().unwrap_or_default();
                     p.metadata.namespace.as_deref() == Some(ns)
@@ -290,6 +292,14 @@ async fn only_pods_of(ctx: &Ctx<'_>, app: &str) -> anyhow::Result<()> {
         },
     )
     .await
+}
+
+fn owned_by_daemonset(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
 }
 
 fn freeze_and_thaw(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {

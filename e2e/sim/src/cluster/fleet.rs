@@ -228,18 +228,8 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(250)).await;
-            let st = self.reload();
-            for name in [CONTROLLER_MANAGER, SCHEDULER] {
-                if let Some(rec) = st.processes.get(name)
-                    && !process::is_alive(rec)
-                {
-                    let log = self.log_path(name);
-                    return Err(Error::ProcessExited {
-                        name: name.to_string(),
-                        tail: process::log_tail(&log, 20),
-                        log,
-                    });
-                }
+            if let Some(exited) = self.exited(&[CONTROLLER_MANAGER, SCHEDULER]) {
+                return Err(exited);
             }
         }
         Ok(())

@@ -61,25 +61,11 @@ pub fn writer_statefulset(
     nodes: &[&str],
     class: &str,
 ) -> anyhow::Result<serde_json::Value> {
-    Ok(json!({
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "serviceName": name,
-            "selector": { "matchLabels": { "app": name } },
-            "template": { "metadata": { "labels": { "app": name } }, "spec": writer_pod_spec(nodes)? },
-            "volumeClaimTemplates": [{
-                "metadata": { "name": "data" },
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": class,
-                    "resources": { "requests": { "storage": "1Gi" } },
-                },
-            }],
-        },
-    }))
+    Ok(crate::testkit::statefulset_of(
+        name,
+        writer_pod_spec(nodes)?,
+        class,
+    ))
 }
 
 /// A one-replica Deployment `name` (label `app=<name>`) of writers on claim `claim` (strategy

@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::storage::v1::CSINode;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::discovery::{Discovery, Scope};
+use kube::api::Api;
 use serde::Deserialize;
 
 use crate::cluster::{Error, Result};
@@ -30,8 +29,6 @@ pub const CSI_STORE: &str = "/var/lib/podha-csi/store";
 pub const CSI_ACKS: &str = "/var/lib/podha-csi/acks";
 /// The node plugin's manifests, shared with the kind kit.
 pub const NODE_MANIFEST: &str = include_str!("../../../../kind/podha-csi/node.yaml");
-/// Field manager of what the sim applies.
-const MANAGER: &str = "podha-sim";
 
 /// The store directory in the cluster directory (the sim's controller side uses it too).
 pub fn shared_store(cluster_dir: &Path) -> PathBuf {
@@ -72,16 +69,11 @@ pub async fn install_node_plugin(
     nodes: &[String],
     timeout: Duration,
 ) -> Result<()> {
-    let discovery = Discovery::new(client.clone())
-        .run()
-        .await
-        .map_err(|e| Error::kube("discover the API", e))?;
-    for mut obj in node_manifest_objects()? {
-        if obj["kind"] == "DaemonSet" {
-            obj["spec"]["template"]["spec"]["nodeSelector"] = serde_json::json!({ "type": "real" });
-        }
-        apply(client, &discovery, &obj).await?;
+    let mut objects = node_manifest_objects()?;
+    for obj in objects.iter_mut().filter(|o| o["kind"] == "DaemonSet") {
+        obj["spec"]["template"]["spec"]["nodeSelector"] = serde_json::json!({ "type": "real" });
     }
+    crate::cluster::apply(client, &objects).await?;
     let csinodes: Api<CSINode> = Api::all(client.clone());
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -109,43 +101,6 @@ pub async fn install_node_plugin(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-/// Server-side apply of one manifest object.
-async fn apply(
-    client: &kube::Client,
-    discovery: &Discovery,
-    obj: &serde_json::Value,
-) -> Result<()> {
-    let (Some(api_version), Some(kind), Some(name)) = (
-        obj["apiVersion"].as_str(),
-        obj["kind"].as_str(),
-        obj["metadata"]["name"].as_str(),
-    ) else {
-        return Err(Error::Other(format!(
-            "a manifest object without apiVersion, kind or name: {obj}"
-        )));
-    };
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
-    let (resource, caps) = discovery.resolve_gvk(&gvk).ok_or_else(|| {
-        Error::Other(format!(
-            "the API server does not serve {api_version} {kind}"
-        ))
-    })?;
-    let api: Api<DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
-        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
-        (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
-        (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
-    };
-    api.patch(
-        name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await
-    .map_err(|e| Error::kube(format!("apply {kind} {name}"), e))?;
-    Ok(())
 }
 
 #[cfg(test)]

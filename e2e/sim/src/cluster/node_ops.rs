@@ -1,0 +1,155 @@
+//! The operations on one node: kill it (a dead machine), kill only its kubelet, start it
+//! again, add one.
+
+use super::*;
+
+impl Cluster {
+    /// The node's machine dies: its kwok and sim-csi node agent are SIGKILLed (its lease stops
+    /// being renewed, its status and `volumesInUse` freeze) and its address stops answering
+    /// (packets to its kubelet endpoint are dropped: a connect times out, as against a host that
+    /// is off).
+    ///
+    /// A real node: every process in its cgroup tree (containerd, shims, containers, kubelet)
+    /// is SIGKILLed and its veth goes down.
+    pub fn kill_node(&self, name: &str) -> Result<()> {
+        let rec = self.node(name)?;
+        if rec.real {
+            realnode::kill(&self.real_node(name, "killed")?)?;
+        } else {
+            blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+        }
+        self.kill_node_processes(name)?;
+        info!(node = name, "node killed");
+        Ok(())
+    }
+
+    /// Only the node's kubelet dies (kwok and the sim-csi node agent are SIGKILLed): the host
+    /// stays up, so its kernel refuses connects to the kubelet port. Containers of a real node
+    /// would go on running.
+    ///
+    /// A real node: only its kubelet is SIGKILLed; containerd and the containers run on.
+    pub fn kill_kubelet(&self, name: &str) -> Result<()> {
+        if self.node(name)?.real {
+            let proc_name = kubelet_proc(name);
+            let mut st = self.lock_reloaded();
+            if let Some(rec) = st.processes.get(&proc_name).copied() {
+                process::kill_leader(&proc_name, &rec)?;
+                st.processes.remove(&proc_name);
+                st.save(&self.dir)?;
+            }
+            info!(node = name, "kubelet killed, containers running");
+            return Ok(());
+        }
+        self.kill_node_processes(name)?;
+        info!(node = name, "kubelet killed, host up");
+        Ok(())
+    }
+
+    fn kill_node_processes(&self, name: &str) -> Result<()> {
+        let mut st = self.lock_reloaded();
+        let names = if st.node(name)?.real {
+            vec![kubelet_proc(name)]
+        } else {
+            vec![kwok_proc(name), csi_node_proc(name)]
+        };
+        let mut result = Ok(());
+        for proc_name in names {
+            if let Some(rec) = st.processes.get(&proc_name).copied() {
+                match process::kill(&proc_name, &rec) {
+                    Ok(()) => {
+                        st.processes.remove(&proc_name);
+                    }
+                    Err(e) => result = Err(e),
+                }
+            }
+        }
+        st.save(&self.dir)?;
+        result
+    }
+
+    /// Restarts a killed node's kwok and node agent as a rebooted machine would come back: a
+    /// new `nodeInfo.bootID`, the stale lease dropped so that the new kwok (which has a new
+    /// holder identity, unlike a kubelet) takes it over at once. Returns once the node is Ready.
+    ///
+    /// A real node reboots: whatever still runs of it is killed, then it boots with a new boot
+    /// ID (which its kubelet reports); returns once it is Ready with that boot ID.
+    pub async fn start_node(&self, name: &str) -> Result<()> {
+        if self.node(name)?.real {
+            return self.reboot_real_node(name).await;
+        }
+        {
+            let st = self.lock_reloaded();
+            st.node(name)?;
+            let kwok_alive = st
+                .processes
+                .get(&kwok_proc(name))
+                .is_some_and(process::is_alive);
+            let agent_alive = st
+                .processes
+                .get(&csi_node_proc(name))
+                .is_some_and(process::is_alive);
+            if kwok_alive && agent_alive {
+                return Err(Error::NodeRunning(name.to_string()));
+            }
+        }
+        let client = self.client().await?;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+        match leases.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube(format!("delete lease of {name}"), e)),
+        }
+        set_boot_id(&client, name).await?;
+        {
+            let mut st = self.lock_reloaded();
+            let mut rec = st.node(name)?.clone();
+            blackhole::restore(&self.dir, rec.ip, rec.port)?;
+            // Another process may have taken the node's port while it was down (a second sim
+            // cluster shares the loopback addresses): take a free one; kwok reports it in the
+            // Node's daemonEndpoints, where probes read it.
+            if !port_is_free(rec.ip, rec.port) {
+                rec.port = free_port(rec.ip)?;
+                if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == name) {
+                    stored.port = rec.port;
+                }
+            }
+            self.spawn_node(&mut st, &rec)?;
+        }
+        self.wait_nodes_ready(&client, &[name.to_string()], Duration::from_secs(120))
+            .await?;
+        info!(node = name, "node started");
+        Ok(())
+    }
+
+    /// Adds kwok node `node-<N+1>` and returns its name once it is Ready.
+    pub async fn add_node(&self) -> Result<String> {
+        let rec = {
+            let mut st = self.lock_reloaded();
+            let index = st
+                .nodes
+                .iter()
+                .map(|n| n.index)
+                .max()
+                .unwrap_or(0)
+                .checked_add(1);
+            let rec = node_record(index.unwrap_or(0))?;
+            st.nodes.push(rec.clone());
+            st.save(&self.dir)?;
+            rec
+        };
+        let client = self.client().await?;
+        create_node(&client, &rec).await?;
+        {
+            let mut st = self.lock_reloaded();
+            self.spawn_node(&mut st, &rec)?;
+        }
+        self.wait_nodes_ready(
+            &client,
+            std::slice::from_ref(&rec.name),
+            Duration::from_secs(120),
+        )
+        .await?;
+        info!(node = %rec.name, "node added");
+        Ok(rec.name)
+    }
+}
