@@ -34,11 +34,12 @@ pub const ACTION_BUCKETS: &[f64] = &[
 const POLICY: &str = "policy";
 
 /// The `reason` values of `podha_actions_held_total` (`planner::HoldReason::as_str`).
-pub const HOLD_REASONS: [&str; 4] = [
+pub const HOLD_REASONS: [&str; 5] = [
     "TooManyUnhealthyNodes",
     "DryRun",
     "NodesNotHeardFrom",
     "OutOfServiceTaintRefused",
+    "FencingPending",
 ];
 
 /// The kinds of action (`runtime::writer::intent_kind`): `kind` of `podha_intents_dropped_total`

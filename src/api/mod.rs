@@ -1,10 +1,12 @@
 //! The `PodHAPolicy` API (`podha.io/v1alpha1`): spec, status and the generated CRD.
 
 mod duration;
+mod fencing;
 mod policy;
 mod status;
 
 pub use duration::{DURATION_PATTERN, HumanDuration, ParseDurationError};
+pub use fencing::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 pub use policy::{
     AccessMode, Action, Detection, OwnerKind, PodHAPolicy, PodHAPolicySpec, Safety, Signal,
     VolumeRules,

@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
+use super::fencing::Fencing;
 use super::status::PodHAPolicyStatus;
 
 /// A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and which
@@ -116,6 +117,13 @@ pub struct PodHAPolicySpec {
     /// to it.
     #[serde(default)]
     pub action: Action,
+
+    /// What must prove a dead node fenced (unable to write any more) before `OutOfServiceTaint`
+    /// puts the taint on it. Until the proof is on the node podha holds it: nothing is tainted
+    /// or deleted there, and a `FencingPending` event says why. `DeletePods`, and a node that
+    /// gets podha's fence because a pod there must stay, need no proof.
+    #[serde(default)]
+    pub fencing: Fencing,
 
     /// Guards against acting on bad information.
     #[serde(default)]

@@ -39,7 +39,7 @@ pub use holds::{Heartbeat, Heartbeats};
 pub use ledger::{Incident, Ledger};
 pub use ownership::{node_owner, pod_owner};
 
-use crate::api::{Action, NodeTaint, PodHAPolicySpec};
+use crate::api::{Action, FencingProof, NodeTaint, PodHAPolicySpec};
 use crate::eligibility::{self, SkipReason};
 use crate::health::NodeHealth;
 use crate::view::{ObjectKey, View};
@@ -122,6 +122,8 @@ pub enum HoldReason {
     /// The out-of-service taint would remove `pod`, which must stay (`why`); the node gets the
     /// scheduling fence instead and only the eligible pods are deleted.
     OutOfServiceRefused { pod: ObjectKey, why: &'static str },
+    /// The policy's `fencing.proof` is not on the node yet: nothing is tainted or deleted there.
+    FencingPending { proof: FencingProof },
 }
 
 impl HoldReason {
@@ -132,6 +134,7 @@ impl HoldReason {
             Self::DryRun { .. } => "DryRun",
             Self::Unconfirmed { .. } => "NodesNotHeardFrom",
             Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
+            Self::FencingPending { .. } => "FencingPending",
         }
     }
 }
@@ -275,6 +278,14 @@ fn plan_incident(
     let moving = !np.marks.is_empty() || !np.deletes.is_empty();
     let tainted = incident.tainted || NodeTaint::ALL.iter().any(|t| t.on(node_obj));
     let rehearsal = node_policy.spec.dry_run;
+    if moving
+        && !tainted
+        && let Some(hold) = taints::fencing_pending(node_obj, node_policy, np.protected.as_ref())
+    {
+        // A node that could still be running keeps its pods and volumes until the proof comes.
+        out.intents.push(hold);
+        return;
+    }
     if moving && !tainted {
         out.intents.extend(taints::plan_taint(
             node,

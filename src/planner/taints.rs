@@ -44,6 +44,28 @@ pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static 
     }
 }
 
+/// The hold while the policy's fencing proof is missing on a node that would get the
+/// out-of-service taint; none when the taint needs no proof, or the node gets podha's fence
+/// instead (a pod must stay: only eligible pods are deleted and the volumes wait out the
+/// attach/detach controller, as with `DeletePods`).
+pub(super) fn fencing_pending(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    protected: Option<&Protected>,
+) -> Option<Intent> {
+    let fencing = &node_policy.spec.fencing;
+    (NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService
+        && protected.is_none()
+        && !fencing.proven(node))
+    .then(|| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: node.metadata.name.clone(),
+        reason: HoldReason::FencingPending {
+            proof: fencing.proof,
+        },
+    })
+}
+
 /// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service
 /// taint (volumes detach at once) or the scheduling fence (without it, a pod deleted before the
 /// node lifecycle controller taints the node unreachable may be scheduled right back onto the
@@ -106,6 +128,7 @@ pub(super) fn plan_upgrade(
         && fenced_by_podha
         && !NodeTaint::OutOfService.on(node)
         && protected.is_none()
+        && node_policy.spec.fencing.proven(node)
         && waiting)
         .then(|| Intent::TaintNode {
             node: name.to_string(),

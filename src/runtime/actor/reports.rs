@@ -29,7 +29,9 @@ impl Actor {
         let would = match reason {
             HoldReason::DryRun { would } => intent_key(would),
             HoldReason::OutOfServiceRefused { pod, .. } => pod.to_string(),
-            HoldReason::TooManyUnhealthy { .. } | HoldReason::Unconfirmed { .. } => String::new(),
+            HoldReason::TooManyUnhealthy { .. }
+            | HoldReason::Unconfirmed { .. }
+            | HoldReason::FencingPending { .. } => String::new(),
         };
         let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.since);
         let key = format!("hold/{policy}/{}/{would}/{incident:?}", reason.as_str());
@@ -62,11 +64,21 @@ impl Actor {
                  pods, whose volumes detach after the attach/detach controller's 6-minute wait",
                 node.unwrap_or("?")
             ),
+            HoldReason::FencingPending { proof } => format!(
+                "node {} is judged dead, but fencing.proof {} is not on it: nothing is tainted \
+                 or deleted there until it is (a node that could still run keeps its volumes)",
+                node.unwrap_or("?"),
+                proof.as_str()
+            ),
         };
         warn!(policy, %note, "action held");
-        if let (HoldReason::OutOfServiceRefused { .. }, Some(node)) = (reason, node) {
-            let on_node =
-                self.node_event(node, true, "OutOfServiceTaintRefused", "Hold", note.clone());
+        let on_node_reason = match reason {
+            HoldReason::OutOfServiceRefused { .. } => Some("OutOfServiceTaintRefused"),
+            HoldReason::FencingPending { .. } => Some("FencingPending"),
+            _ => None,
+        };
+        if let (Some(event_reason), Some(node)) = (on_node_reason, node) {
+            let on_node = self.node_event(node, true, event_reason, "Hold", note.clone());
             self.event(on_node).await;
         }
         if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
@@ -82,6 +94,7 @@ impl Actor {
                     "ActionsHeld"
                 }
                 HoldReason::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
+                HoldReason::FencingPending { .. } => "FencingPending",
             };
             self.event(EventNote {
                 regarding,

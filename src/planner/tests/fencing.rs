@@ -1,0 +1,145 @@
+//! `fencing.proof`: the out-of-service taint only on a node proven fenced (issue 15).
+
+use super::*;
+use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
+
+fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
+    spec.fencing = Fencing {
+        proof: FencingProof::CloudShutdownTaint,
+    };
+    spec
+}
+
+fn shut_down(mut view: View, node: &str) -> View {
+    let off = (*view.nodes[node])
+        .clone()
+        .taint(CLOUD_SHUTDOWN_TAINT_KEY, "", "NoSchedule");
+    view.nodes.insert(node.into(), std::sync::Arc::new(off));
+    view
+}
+
+fn pending(plan: &Plan) -> Vec<(Option<String>, FencingProof)> {
+    plan.intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Hold {
+                node,
+                reason: HoldReason::FencingPending { proof },
+                ..
+            } => Some((node.clone(), *proof)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn without_the_proof_a_dead_node_is_held_with_nothing_tainted_marked_or_deleted() {
+    let plan = World::new(cluster(3))
+        .policy("p", needs_cloud_shutdown(mk_spec()))
+        .fail("node-1")
+        .plan();
+    assert_eq!(
+        pending(&plan),
+        [(Some("node-1".to_string()), FencingProof::CloudShutdownTaint)]
+    );
+    assert_eq!(plan.intents.len(), 1, "only the hold: {:?}", plan.intents);
+    assert_eq!(
+        HoldReason::FencingPending {
+            proof: FencingProof::None
+        }
+        .as_str(),
+        "FencingPending"
+    );
+}
+
+#[test]
+fn once_the_cloud_reports_the_instance_shut_down_the_taint_follows() {
+    let mut world = World::new(shut_down(cluster(3), "node-1"))
+        .policy("p", needs_cloud_shutdown(mk_spec()))
+        .fail("node-1");
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+    world.ledger.record_tainted("node-1");
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
+}
+
+#[test]
+fn no_proof_is_todays_behaviour_and_the_default() {
+    assert_eq!(mk_spec().fencing.proof, FencingProof::None);
+    let plan = World::new(cluster(3))
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert!(pending(&plan).is_empty());
+    assert_eq!(
+        intent_names(&plan),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
+#[test]
+fn delete_pods_keeps_its_own_rules() {
+    let plan = World::new(cluster(3))
+        .policy("p", needs_cloud_shutdown(delete_pods()))
+        .fail("node-1")
+        .plan();
+    assert!(pending(&plan).is_empty(), "{:?}", plan.intents);
+    assert!(matches!(
+        plan.intents.first(),
+        Some(Intent::TaintNode {
+            taint: NodeTaint::Fence,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_fenced_node_is_upgraded_to_the_out_of_service_taint_only_with_the_proof() {
+    // podha fenced the node under DeletePods; the policy then switched to the taint with a
+    // proof: the upgrade waits for the proof like a first taint does.
+    // db-0 already runs on node-2; its volume is still attached to the dead node-1.
+    let mut view = View::default();
+    for i in 1..=3 {
+        view = view.with(mk_node(&format!("node-{i}")));
+    }
+    let mut view = view
+        .with(
+            mk_pod("ns", "db-0")
+                .on("node-2")
+                .owned_by_sts("db")
+                .claim("data-db-0"),
+        )
+        .with(mk_pvc("ns", "data-db-0").bound_to("pv-db"))
+        .with(mk_csi_pv("pv-db", DRIVER));
+    let fenced = (*view.nodes["node-1"])
+        .clone()
+        .taint(crate::api::FENCE_TAINT_KEY, "nodeDead", "NoSchedule")
+        .annotation(TAINT_MARKER_ANNOTATION, "p");
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(fenced));
+    let va = mk_va("va-db", DRIVER, "pv-db", "node-1");
+    let without = World::new(view.clone().with(va.clone()))
+        .policy("p", needs_cloud_shutdown(mk_spec()))
+        .fail("node-1")
+        .plan();
+    assert!(
+        !intent_names(&without)
+            .iter()
+            .any(|i| i.contains("out-of-service")),
+        "{:?}",
+        without.intents
+    );
+    let with = World::new(shut_down(view, "node-1").with(va))
+        .policy("p", needs_cloud_shutdown(mk_spec()))
+        .fail("node-1")
+        .plan();
+    assert!(
+        intent_names(&with)
+            .iter()
+            .any(|i| i.contains("out-of-service")),
+        "{:?}",
+        with.intents
+    );
+}
