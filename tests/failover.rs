@@ -1,9 +1,9 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 18 nodes serves every scenario; each scenario has its own namespace, its own
+//! One cluster of 22 nodes serves every scenario; each scenario has its own namespace, its own
 //! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
-//! nodes and that namespace, so the scenarios run in parallel. At most 7 of 18 nodes are dead at
+//! nodes and that namespace, so the scenarios run in parallel. At most 8 of 22 nodes are dead at
 //! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
@@ -34,6 +34,8 @@ use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
+#[path = "failover/fencing.rs"]
+mod fencing;
 #[path = "failover/holds.rs"]
 mod holds;
 #[path = "failover/moves.rs"]
@@ -45,7 +47,7 @@ mod prometheus;
 #[path = "failover/replicas.rs"]
 mod replicas;
 
-const NODES: usize = 20;
+const NODES: usize = 22;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -61,7 +63,7 @@ fn main() -> ExitCode {
     ));
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 10] = [
+    let scenarios: [(&str, Scenario); 11] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -101,6 +103,10 @@ fn main() -> ExitCode {
         (
             "a_policy_switched_to_the_taint_mid_incident_acts_on_it",
             policy_edits::switched_to_the_taint_mid_incident,
+        ),
+        (
+            "a_node_is_held_until_the_cloud_reports_it_shut_down",
+            fencing::held_until_the_cloud_reports_the_node_shut_down,
         ),
     ];
     let trials = scenarios
