@@ -1,7 +1,9 @@
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::runtime::watcher::Event;
 
 use super::*;
+use crate::api::PodHAPolicySpec;
 use crate::test_builders::*;
 
 const DRIVER: &str = "rwo.sim.podha.io";
@@ -61,9 +63,25 @@ struct Harness {
     _plan: watch::Receiver<ProbePlan>,
 }
 
-/// An actor that leads, fed a complete initial list of these objects and a policy that
-/// judges a node by NodeReady alone, after one failed probe.
+/// A policy that judges a node by NodeReady alone, after one failed probe.
+fn quick_spec() -> PodHAPolicySpec {
+    let mut spec = mk_spec();
+    spec.detection.signals = vec![crate::api::Signal::NodeReady];
+    spec.detection.failure_threshold = 1;
+    spec.detection.interval = crate::api::HumanDuration::from_secs(1);
+    spec.safety.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10);
+    spec
+}
+
+/// An actor that leads, fed a complete initial list of these objects and the policy `p` of
+/// [`quick_spec`].
 fn harness(objects: Vec<Obj>) -> Harness {
+    harness_with(objects, Some(quick_spec()))
+}
+
+/// An actor that leads, fed a complete initial list of these objects and, if given, the
+/// policy `p` with this spec.
+fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
     let (leader_tx, leader_rx) = watch::channel(true);
     let (ready_tx, _) = watch::channel(false);
     let (writes_tx, writes) = crate::runtime::writer::lanes();
@@ -72,15 +90,14 @@ fn harness(objects: Vec<Obj>) -> Harness {
     let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
     let now = Instant::now();
     let view = view_with(objects);
-    let mut spec = mk_spec();
-    spec.detection.signals = vec![crate::api::Signal::NodeReady];
-    spec.detection.failure_threshold = 1;
-    spec.detection.interval = crate::api::HumanDuration::from_secs(1);
-    spec.safety.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10);
-    let policy = PodHAPolicy::new("p", spec);
     let state = &mut actor.state;
     state.apply(Change::Policy(Event::Init), now);
-    state.apply(Change::Policy(Event::InitApply(policy)), now);
+    if let Some(spec) = spec {
+        state.apply(
+            Change::Policy(Event::InitApply(PodHAPolicy::new("p", spec))),
+            now,
+        );
+    }
     state.apply(Change::Policy(Event::InitDone), now);
     state.apply(Change::Node(Event::Init), now);
     for node in view.nodes.values() {
@@ -105,6 +122,11 @@ fn harness(objects: Vec<Obj>) -> Harness {
     state.apply(Change::Lease(Event::<Lease>::Init), now);
     state.apply(Change::Lease(Event::InitDone), now);
     state.apply(Change::Va(Event::Init), now);
+    for node in view.nodes.keys() {
+        for va in view.attachments_on(node) {
+            state.apply(Change::Va(Event::InitApply((**va).clone())), now);
+        }
+    }
     state.apply(Change::Va(Event::InitDone), now);
     state.apply(Change::ReplicaSet(Event::Init), now);
     state.apply(Change::ReplicaSet(Event::InitDone), now);
@@ -136,6 +158,32 @@ fn dead_node_with_pods(node: &str) -> Vec<Obj> {
             .claim(&claim)
             .into(),
     ]
+}
+
+impl Harness {
+    /// The user applies the policy `p` with this spec (created or edited).
+    fn apply_policy(&mut self, spec: PodHAPolicySpec) {
+        let policy = PodHAPolicy::new("p", spec);
+        self.actor
+            .state
+            .apply(Change::Policy(Event::Apply(policy)), Instant::now());
+    }
+
+    /// Ticks for `secs` seconds of the loop's time.
+    async fn run_for(&mut self, secs: u64) {
+        for _ in 0..(secs * 1000 / TICK.as_millis() as u64) {
+            tokio::time::advance(TICK).await;
+            self.actor.tick(Instant::now()).await;
+        }
+    }
+
+    fn applied(&mut self, intent: Intent) {
+        let result = ActResult {
+            intent,
+            result: Ok(Outcome::Applied),
+        };
+        self.actor.on_result(result, Instant::now());
+    }
 }
 
 fn acts(rx: &mut crate::runtime::writer::LaneReceivers) -> Vec<String> {
@@ -340,4 +388,135 @@ async fn closing_one_incident_does_not_forget_another_nodes_reports() {
         2.0,
         "node-10's skip is not counted again"
     );
+}
+
+fn taint_of(node: &str) -> Intent {
+    Intent::TaintNode {
+        node: node.into(),
+        policy: "p".into(),
+        taint: NodeTaint::OutOfService,
+    }
+}
+
+/// Issue 15, item 3: a policy created after its node died acts on that node (the node is
+/// judged by the new policy's own probes; its pods then are the pods at failure).
+#[tokio::test(start_paused = true)]
+async fn a_policy_created_after_the_node_died_acts_on_it() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects.push(mk_node("node-2").into());
+    objects.push(mk_node("node-3").into());
+    let mut h = harness_with(objects, None);
+    h.run_for(3).await;
+    assert!(acts(&mut h.writes).is_empty(), "no policy, nothing done");
+    h.apply_policy(quick_spec());
+    h.run_for(2).await;
+    assert_eq!(acts(&mut h.writes), ["taint/node-1"]);
+    h.applied(taint_of("node-1"));
+    h.run_for(1).await;
+    assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-node-1"]);
+}
+
+/// Issue 15, item 3: a rehearsal turned real acts on the incident it rehearsed, at once.
+#[tokio::test(start_paused = true)]
+async fn dry_run_turned_off_mid_incident_acts_on_it() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects.push(mk_node("node-2").into());
+    objects.push(mk_node("node-3").into());
+    let mut rehearsal = quick_spec();
+    rehearsal.dry_run = true;
+    let mut h = harness_with(objects, Some(rehearsal));
+    h.run_for(3).await;
+    assert!(acts(&mut h.writes).is_empty(), "a dry run writes nothing");
+    assert!(
+        h.actor.ledger.get("node-1").is_some(),
+        "the incident is open"
+    );
+    h.apply_policy(quick_spec());
+    h.actor.tick(Instant::now()).await;
+    assert_eq!(acts(&mut h.writes), ["taint/node-1"], "on the next tick");
+    h.applied(taint_of("node-1"));
+    h.actor.tick(Instant::now()).await;
+    assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-node-1"]);
+}
+
+/// Issue 15, item 3: a pod selector widened mid-incident moves the pod it now selects, if it
+/// was on the node when it died, and lifts the refusal of the out-of-service taint that the
+/// unselected pod caused: the volume of the pod podha moved earlier, waiting out the
+/// attach/detach controller behind podha's fence, is let go at once.
+#[tokio::test(start_paused = true)]
+async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
+    let pod = |name: &str, tier: &str, claim: &str| {
+        mk_pod("ns", name)
+            .on("node-1")
+            .owned_by_sts(tier)
+            .claim(claim)
+            .label("tier", tier)
+    };
+    let objects: Vec<Obj> = vec![
+        mk_node("node-1").ready(false).into(),
+        mk_node("node-2").into(),
+        mk_node("node-3").into(),
+        pod("db-0", "db", "data-0").into(),
+        pod("cache-0", "cache", "data-1").into(),
+        mk_pvc("ns", "data-0").bound_to("pv-0").into(),
+        mk_pvc("ns", "data-1").bound_to("pv-1").into(),
+        mk_csi_pv("pv-0", DRIVER).claimed_by("ns", "data-0").into(),
+        mk_csi_pv("pv-1", DRIVER).claimed_by("ns", "data-1").into(),
+        mk_va("va-0", DRIVER, "pv-0", "node-1").into(),
+        mk_va("va-1", DRIVER, "pv-1", "node-1").into(),
+    ];
+    let only = |tiers: &[&str]| {
+        let mut spec = quick_spec();
+        spec.pod_selector = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "In".into(),
+                values: Some(tiers.iter().map(|t| t.to_string()).collect()),
+            }]),
+            ..LabelSelector::default()
+        };
+        spec
+    };
+    let mut h = harness_with(objects, Some(only(&["db"])));
+    h.actor.tick(Instant::now()).await;
+    // cache-0's volume is on storage no policy vouches for: podha's fence, not the
+    // out-of-service taint, and only db-0 moves.
+    let fence = Intent::TaintNode {
+        node: "node-1".into(),
+        policy: "p".into(),
+        taint: NodeTaint::Fence,
+    };
+    assert_eq!(h.writes.queued_intents(), [fence.clone()]);
+    h.applied(fence);
+    let fenced = mk_node("node-1")
+        .ready(false)
+        .taint(crate::api::FENCE_TAINT_KEY, "nodeDead", "NoSchedule")
+        .annotation(TAINT_MARKER_ANNOTATION, "p");
+    let now = Instant::now();
+    h.actor.state.apply(Change::Node(Event::Apply(fenced)), now);
+    h.actor.tick(now).await;
+    assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-0"]);
+    h.applied(Intent::ForceDeletePod {
+        pod: crate::view::ObjectKey::new("ns", "db-0"),
+        uid: "uid-ns-db-0".into(),
+        node: "node-1".into(),
+        policy: "p".into(),
+        owner_kind: "StatefulSet",
+        resource_version: None,
+    });
+    let db0 = pod("db-0", "db", "data-0");
+    h.actor
+        .state
+        .apply(Change::Pod(Event::Delete(db0)), Instant::now());
+    h.run_for(2).await;
+    assert!(
+        acts(&mut h.writes).is_empty(),
+        "cache-0 is not selected: pv-0 waits behind the fence"
+    );
+
+    h.apply_policy(only(&["db", "cache"]));
+    h.actor.tick(Instant::now()).await;
+    let mut sent = acts(&mut h.writes);
+    sent.sort();
+    assert_eq!(sent, ["delete/uid-ns-cache-0", "taint/node-1"]);
 }
