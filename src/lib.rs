@@ -3,6 +3,7 @@
 //! taints the node out-of-service), then follows their volumes until the replacements run.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod api;
 pub mod chaos;
 pub mod deadline;
@@ -10,6 +11,7 @@ pub mod detach;
 pub mod eligibility;
 pub mod health;
 pub mod http;
+pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;
 pub mod planner;

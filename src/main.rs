@@ -23,6 +23,8 @@ enum Command {
     Run(RunArgs),
     /// Fault a workload's node N times and check that podha fails it over (see docs/install.md).
     Chaos(podha::chaos::ChaosArgs),
+    /// Run the node agent: heartbeats for podha, fencing of its own node (see docs/agent.md).
+    Agent(podha::agent::AgentArgs),
 }
 
 /// Every flag also reads a `PODHA_*` environment variable (a flag given wins).
@@ -82,22 +84,6 @@ fn init_tracing(json: bool, level: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
-async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(&path)
-                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("invalid kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| format!("no Kubernetes configuration: {e}"))?,
-    };
-    kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
-}
-
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -120,7 +106,7 @@ async fn shutdown_signal() {
 }
 
 async fn run(args: RunArgs) -> Result<(), String> {
-    let client = client(args.kubeconfig).await?;
+    let client = podha::kubeconfig::client(args.kubeconfig.as_deref()).await?;
     let identity = args
         .identity
         .unwrap_or_else(podha::leader::default_identity);
@@ -165,6 +151,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Agent(args) => {
+            if let Err(e) = init_tracing(false, None) {
+                eprintln!("podha: {e}");
+                return ExitCode::FAILURE;
+            }
+            match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime.block_on(podha::agent::cli(args)),
+                Err(e) => {
+                    eprintln!("podha: cannot start the async runtime: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(args) => {
             if let Err(e) = init_tracing(args.log_json, args.log_level.as_deref()) {
                 eprintln!("podha: {e}");

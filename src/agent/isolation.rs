@@ -1,0 +1,180 @@
+//! When an agent fences its own node. Pure: the agent's loop gathers the facts, this decides.
+//!
+//! podha's leader probes every agent (see [`super::server`]); each probe says how long ago the
+//! leader last got an answer from this agent, so an agent whose answers are lost learns it is
+//! not heard even while probes still reach it. A node whose agent podha has not heard for
+//! `isolation_timeout` may be judged dead and its volumes moved; by then the agent must have
+//! fenced the node, unless podha itself is not hearing anybody (its leader crashed, the control
+//! plane is down): then nothing is being moved, and fencing would only take healthy nodes down.
+//!
+//! The agent tells those cases apart by asking its peers how long ago podha heard *them*:
+//! - a peer heard within the timeout: podha works and does not hear this node. **Fence.**
+//! - a strict majority of all peers answered and none was heard: podha hears nobody. **Stay.**
+//!   (A majority, so a group of nodes cut off together cannot vouch for one another: podha acts
+//!   only while it hears most nodes, and two majorities always share a node.)
+//! - fewer answers than that and none heard: this node may be on the cut-off side. **Fence.**
+//! - no peers at all: there is nowhere to fail over to. **Stay.**
+
+use std::time::Duration;
+
+/// What the agent learned from its peers in one survey.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Survey {
+    /// Every peer the agent knows of (other nodes with an agent), asked or not.
+    pub peers: usize,
+    /// The answers: for each peer that answered, how long ago podha last heard it (`None`:
+    /// never since that agent started).
+    pub answers: Vec<Option<Duration>>,
+}
+
+impl Survey {
+    /// Whether this survey already decides: a heard peer, or a majority unheard. The agent
+    /// stops asking once it does (a thousand-node cluster needs few answers either way).
+    pub fn settled(&self, timeout: Duration) -> bool {
+        self.heard(timeout) > 0 || self.answers.len() > self.peers / 2
+    }
+
+    fn heard(&self, timeout: Duration) -> usize {
+        self.answers
+            .iter()
+            .filter(|a| a.is_some_and(|ago| ago < timeout))
+            .count()
+    }
+}
+
+/// The agent's verdict on its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// podha heard this node within the timeout: nothing to ask.
+    Heard,
+    /// Fence the node now.
+    Fence(String),
+    /// Not heard, but fencing would not make anything safer; keep running.
+    Stay(String),
+}
+
+/// The verdict for a node podha has not heard for `not_heard_for`, given its peers' answers
+/// (gathered only once `not_heard_for` reached `timeout`).
+pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey>) -> Verdict {
+    if not_heard_for < timeout {
+        return Verdict::Heard;
+    }
+    let Some(survey) = survey else {
+        return Verdict::Stay("not heard; the peers are not asked yet".into());
+    };
+    let silent = humantime::format_duration(round_secs(not_heard_for));
+    if survey.peers == 0 {
+        return Verdict::Stay(format!(
+            "podha has not heard this node for {silent}, but there is no other node to fail \
+             over to"
+        ));
+    }
+    let heard = survey.heard(timeout);
+    let answered = survey.answers.len();
+    if heard > 0 {
+        return Verdict::Fence(format!(
+            "podha has not heard this node for {silent} but hears {heard} of the {answered} \
+             peers that answered"
+        ));
+    }
+    if answered > survey.peers / 2 {
+        return Verdict::Stay(format!(
+            "podha has not heard this node for {silent}, nor any of the {answered} of {} \
+             peers that answered: podha or the control plane is down, not this node",
+            survey.peers
+        ));
+    }
+    Verdict::Fence(format!(
+        "podha has not heard this node for {silent}, and only {answered} of {} peers \
+         answered (none heard): this node may be cut off",
+        survey.peers
+    ))
+}
+
+fn round_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(30);
+
+    fn s(secs: u64) -> Option<Duration> {
+        Some(Duration::from_secs(secs))
+    }
+
+    fn survey(peers: usize, answers: &[Option<Duration>]) -> Survey {
+        Survey {
+            peers,
+            answers: answers.to_vec(),
+        }
+    }
+
+    fn fences(v: &Verdict) -> bool {
+        matches!(v, Verdict::Fence(_))
+    }
+
+    #[test]
+    fn a_heard_node_asks_nobody_and_stays() {
+        assert_eq!(decide(Duration::from_secs(29), T, None), Verdict::Heard);
+    }
+
+    #[test]
+    fn a_node_podha_cannot_hear_while_it_hears_a_peer_fences() {
+        let v = decide(T, T, Some(&survey(9, &[s(40), s(2)])));
+        assert!(fences(&v), "{v:?}");
+    }
+
+    #[test]
+    fn when_podha_hears_nobody_a_majority_of_peers_vouches_and_nobody_fences() {
+        // The leader crashed 60 s ago: every agent is unheard, and says so to the others.
+        let unheard = [s(61), s(60), None, s(62), s(60)];
+        let v = decide(Duration::from_secs(60), T, Some(&survey(9, &unheard)));
+        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+    }
+
+    #[test]
+    fn a_minority_cut_off_together_cannot_vouch_for_itself() {
+        // Four of ten nodes partitioned with this one: they answer, unheard; the rest of the
+        // cluster (heard by podha) is out of reach.
+        let v = decide(T, T, Some(&survey(9, &[s(31), s(35), s(40), s(33)])));
+        assert!(fences(&v), "{v:?}");
+    }
+
+    #[test]
+    fn a_node_no_peer_answers_fences() {
+        let v = decide(T, T, Some(&survey(9, &[])));
+        assert!(fences(&v), "{v:?}");
+    }
+
+    #[test]
+    fn a_single_node_stays() {
+        let v = decide(Duration::from_secs(600), T, Some(&survey(0, &[])));
+        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+    }
+
+    #[test]
+    fn unasked_peers_decide_nothing_yet() {
+        let v = decide(T, T, None);
+        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+    }
+
+    #[test]
+    fn a_survey_settles_on_the_first_heard_peer_or_an_unheard_majority() {
+        assert!(!survey(9, &[s(40), s(50)]).settled(T));
+        assert!(survey(9, &[s(40), s(1)]).settled(T));
+        assert!(!survey(9, &[s(40); 4]).settled(T));
+        assert!(survey(9, &[s(40); 5]).settled(T));
+        // Exactly half is no majority.
+        assert!(!survey(10, &[s(40); 5]).settled(T));
+        assert!(survey(10, &[s(40); 6]).settled(T));
+    }
+
+    #[test]
+    fn the_verdict_holds_at_the_majority_boundary() {
+        assert!(fences(&decide(T, T, Some(&survey(10, &[s(40); 5])))));
+        assert!(!fences(&decide(T, T, Some(&survey(10, &[s(40); 6])))));
+    }
+}

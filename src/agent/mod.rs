@@ -1,0 +1,247 @@
+//! `podha agent`: one per node. It answers podha's heartbeat probes, fences its own node when
+//! podha can no longer hear it (unless its peers show podha hears nobody), and fences at once
+//! when podha asks through the API, acknowledging on the Node. See docs/agent.md.
+//!
+//! - [`isolation`]: the rule for fencing oneself (pure).
+//! - [`server`]: the endpoints podha's leader and the peers call.
+//! - [`peers`]: who the peers are and what they answer.
+//! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
+
+pub mod isolation;
+mod peers;
+mod requests;
+pub mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{error, info, warn};
+
+use isolation::{Verdict, decide};
+use peers::Peers;
+use server::{Hearing, SharedHearing};
+
+/// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
+/// the request.
+pub const FENCE_REQUEST_ANNOTATION: &str = "podha.io/fence-request";
+/// Node annotation the agent sets once it fenced the node for a request: the request's value.
+pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
+
+/// `podha agent`'s options. Every flag also reads a `PODHA_AGENT_*` variable.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AgentArgs {
+    /// This node's name (in the chart's DaemonSet: from the downward API).
+    #[arg(long, env = "PODHA_AGENT_NODE")]
+    pub node: String,
+    /// How the node is fenced: `sysrq-reboot` (an immediate reboot through
+    /// /proc/sysrq-trigger, no sync: what a fence is), or `command:<shell command>` (run with
+    /// `sh -c`; for the sim, or a site's own power-off). No default: a fence is never an
+    /// accident.
+    #[arg(long, env = "PODHA_AGENT_FENCE", value_parser = FenceMethod::parse)]
+    pub fence: FenceMethod,
+    /// Where podha's probes and the peers' surveys arrive. Peers are asked on the same port.
+    #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "0.0.0.0:9441")]
+    pub listen: SocketAddr,
+    /// How long podha may not hear this node before it fences itself (unless its peers show
+    /// podha hears nobody). podha's `AgentSilence` proof waits this long plus a margin.
+    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub isolation_timeout: Duration,
+    /// How often the agent checks whether it is heard.
+    #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    pub check_interval: Duration,
+    /// The peers' agent addresses (host:port, comma-separated); without it, every other
+    /// Node's InternalIP at this agent's port, from the API server.
+    #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
+    pub peers: Vec<SocketAddr>,
+    /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
+    #[arg(long, env = "PODHA_AGENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// How the agent fences its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenceMethod {
+    SysrqReboot,
+    Command(String),
+}
+
+impl FenceMethod {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            _ if s == "sysrq-reboot" => Ok(Self::SysrqReboot),
+            Some(("command", cmd)) if !cmd.trim().is_empty() => Ok(Self::Command(cmd.into())),
+            _ => Err(format!(
+                "{s:?} is no fence method: use sysrq-reboot or command:<shell command>"
+            )),
+        }
+    }
+}
+
+/// Fences the node, once per episode: after a fence the agent does not fence again until podha
+/// has heard it since (a fence that did not take the node down is reported, not repeated in a
+/// loop).
+pub struct Fencer {
+    method: FenceMethod,
+    node: String,
+    done: tokio::sync::Mutex<bool>,
+}
+
+impl Fencer {
+    pub fn new(method: FenceMethod, node: &str) -> Self {
+        Self {
+            method,
+            node: node.to_string(),
+            done: tokio::sync::Mutex::new(false),
+        }
+    }
+
+    /// Fences unless this episode already did; returns whether the node is fenced.
+    pub async fn fence(&self, why: &str) -> bool {
+        let mut done = self.done.lock().await;
+        if *done {
+            return true;
+        }
+        warn!(node = %self.node, why, "fencing this node");
+        let result = match &self.method {
+            FenceMethod::SysrqReboot => tokio::fs::write("/proc/sysrq-trigger", b"b")
+                .await
+                .map_err(|e| format!("writing b to /proc/sysrq-trigger: {e}")),
+            FenceMethod::Command(cmd) => tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .env("PODHA_FENCE_NODE", &self.node)
+                .env("PODHA_FENCE_REASON", why)
+                .status()
+                .await
+                .map_err(|e| format!("running {cmd:?}: {e}"))
+                .and_then(|status| {
+                    status
+                        .success()
+                        .then_some(())
+                        .ok_or_else(|| format!("{cmd:?} failed: {status}"))
+                }),
+        };
+        match result {
+            Ok(()) => {
+                info!(node = %self.node, "node fenced");
+                *done = true;
+            }
+            Err(e) => error!(node = %self.node, error = %e, "the fence failed"),
+        }
+        *done
+    }
+
+    /// podha heard the node again: a later isolation is a new episode.
+    pub async fn heard(&self) {
+        *self.done.lock().await = false;
+    }
+}
+
+pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "podha agent stopped");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: AgentArgs) -> Result<(), String> {
+    let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::new(Instant::now())));
+    let router = server::router(&args.node, hearing.clone());
+    let serve = async move { axum::serve(listener, router).await };
+    let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
+    let peers = if args.peers.is_empty() {
+        Peers::discovered(client.clone(), &args.node, args.listen.port())
+    } else {
+        Peers::fixed(args.peers.clone())
+    };
+    info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, "podha agent started");
+    tokio::select! {
+        r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),
+        r = requests::follow(client, &args.node, fencer.clone()) => r,
+        () = check_loop(&args, hearing, &peers, &fencer) => Ok(()),
+    }
+}
+
+/// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
+async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fencer: &Fencer) {
+    let mut ticker = tokio::time::interval(args.check_interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_stay = None;
+    loop {
+        ticker.tick().await;
+        let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
+        if not_heard_for < args.isolation_timeout {
+            fencer.heard().await;
+            last_stay = None;
+            continue;
+        }
+        let survey = peers.survey(args.isolation_timeout).await;
+        match decide(not_heard_for, args.isolation_timeout, Some(&survey)) {
+            Verdict::Heard => {}
+            Verdict::Fence(why) => {
+                fencer.fence(&why).await;
+            }
+            Verdict::Stay(why) => {
+                if last_stay.as_ref() != Some(&why) {
+                    warn!(node = %args.node, why, "not heard; staying up");
+                    last_stay = Some(why);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_method_is_named_never_assumed() {
+        assert_eq!(
+            FenceMethod::parse("sysrq-reboot"),
+            Ok(FenceMethod::SysrqReboot)
+        );
+        assert_eq!(
+            FenceMethod::parse("command:kill -9 1"),
+            Ok(FenceMethod::Command("kill -9 1".into()))
+        );
+        for bad in ["", "reboot", "command:", "command:  ", "sysrq"] {
+            let err = FenceMethod::parse(bad).expect_err(bad);
+            assert!(err.contains("sysrq-reboot or command:"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fence_runs_once_per_episode_and_a_failed_one_is_tried_again() {
+        let dir = std::env::temp_dir().join(format!("podha-fence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("log");
+        let flag = dir.join("fail");
+        let cmd = format!(
+            "test ! -e {flag} && echo \"$PODHA_FENCE_NODE $PODHA_FENCE_REASON\" >> {log}",
+            flag = flag.display(),
+            log = log.display()
+        );
+        let fencer = Fencer::new(FenceMethod::Command(cmd), "node-1");
+        std::fs::write(&flag, "").expect("flag");
+        assert!(!fencer.fence("cut off").await, "the command failed");
+        std::fs::remove_file(&flag).expect("flag");
+        assert!(fencer.fence("cut off").await);
+        assert!(fencer.fence("cut off").await, "already fenced");
+        fencer.heard().await;
+        assert!(fencer.fence("again").await);
+        let text = std::fs::read_to_string(&log).expect("log");
+        assert_eq!(text, "node-1 cut off\nnode-1 again\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

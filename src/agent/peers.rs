@@ -1,0 +1,182 @@
+//! The peers: every other node's agent, and the survey of how long ago podha heard them.
+//!
+//! Peers come from a fixed list, or from the Node list (each node's InternalIP at this agent's
+//! port), read from the API server at most every [`REFRESH`] and kept when it is unreachable:
+//! a cut-off agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops
+//! as soon as the answers decide (one heard peer, or a majority unheard), so a node that is
+//! merely unheard for a moment asks a few peers, not the whole cluster.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::future::join_all;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::isolation::Survey;
+use super::server::PeerAnswer;
+
+/// Peers asked at once.
+const BATCH: usize = 8;
+/// How long one peer has to answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the API server has to list the nodes.
+const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the peer list is read again from the API server.
+const REFRESH: Duration = Duration::from_secs(30);
+
+pub struct Peers {
+    source: Source,
+    http: HttpClient<HttpConnector, Empty<Bytes>>,
+}
+
+enum Source {
+    Fixed(Vec<SocketAddr>),
+    Discovered {
+        client: kube::Client,
+        node: String,
+        port: u16,
+        known: Mutex<(Vec<SocketAddr>, Option<Instant>)>,
+    },
+}
+
+impl Peers {
+    pub fn fixed(peers: Vec<SocketAddr>) -> Self {
+        Self::with(Source::Fixed(peers))
+    }
+
+    pub fn discovered(client: kube::Client, node: &str, port: u16) -> Self {
+        Self::with(Source::Discovered {
+            client,
+            node: node.to_string(),
+            port,
+            known: Mutex::new((Vec::new(), None)),
+        })
+    }
+
+    fn with(source: Source) -> Self {
+        let http = HttpClient::builder(TokioExecutor::new()).build_http();
+        Self { source, http }
+    }
+
+    /// Asks the peers, a batch at a time, until the answers decide or every peer was asked.
+    pub async fn survey(&self, timeout: Duration) -> Survey {
+        let peers = self.list().await;
+        let mut survey = Survey {
+            peers: peers.len(),
+            answers: Vec::new(),
+        };
+        for batch in peers.chunks(BATCH) {
+            let answers = join_all(batch.iter().map(|addr| self.ask(*addr))).await;
+            survey.answers.extend(answers.into_iter().flatten());
+            if survey.settled(timeout) {
+                break;
+            }
+        }
+        survey
+    }
+
+    async fn ask(&self, addr: SocketAddr) -> Option<Option<Duration>> {
+        let uri: hyper::Uri = format!("http://{addr}/peer").parse().ok()?;
+        let answer = tokio::time::timeout(ASK_TIMEOUT, async {
+            let response = self.http.get(uri).await.map_err(|e| e.to_string())?;
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            serde_json::from_slice::<PeerAnswer>(&body).map_err(|e| e.to_string())
+        })
+        .await;
+        match answer {
+            Ok(Ok(answer)) => Some(answer.heard_ago_ms.map(Duration::from_millis)),
+            Ok(Err(e)) => {
+                debug!(%addr, error = %e, "a peer did not answer");
+                None
+            }
+            Err(_) => {
+                debug!(%addr, "a peer did not answer in time");
+                None
+            }
+        }
+    }
+
+    /// The peers, in an order that differs per node (so that surveys spread over the cluster).
+    async fn list(&self) -> Vec<SocketAddr> {
+        let (mut peers, me) = match &self.source {
+            Source::Fixed(peers) => (peers.clone(), 0),
+            Source::Discovered {
+                client,
+                node,
+                port,
+                known,
+            } => {
+                let stale = lock(known).1.is_none_or(|at| at.elapsed() >= REFRESH);
+                if stale {
+                    match tokio::time::timeout(LIST_TIMEOUT, list_nodes(client, node, *port)).await
+                    {
+                        Ok(Ok(found)) => *lock(known) = (found, Some(Instant::now())),
+                        Ok(Err(e)) => {
+                            warn!(error = %e, "cannot list the peers; using the last list")
+                        }
+                        Err(_) => warn!("listing the peers timed out; using the last list"),
+                    }
+                }
+                (lock(known).0.clone(), spread(node))
+            }
+        };
+        if !peers.is_empty() {
+            let shift = me % peers.len();
+            peers.rotate_left(shift);
+        }
+        peers
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A number derived from the node's name (FNV-1a), to start each node's survey elsewhere.
+fn spread(node: &str) -> usize {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in node.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash as usize
+}
+
+async fn list_nodes(client: &kube::Client, me: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|n| n.metadata.name.as_deref() != Some(me))
+        .filter_map(internal_ip)
+        .map(|ip| SocketAddr::new(ip, port))
+        .collect())
+}
+
+fn internal_ip(node: &Node) -> Option<IpAddr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .and_then(|a| a.address.parse().ok())
+}

@@ -1,0 +1,102 @@
+//! Fence requests through the API: podha sets [`FENCE_REQUEST_ANNOTATION`] on the Node; the
+//! agent, watching its own Node, fences and then sets [`FENCE_ACK_ANNOTATION`] to the same
+//! value. The acknowledgement is written only after the fence succeeded, so it is a proof; a
+//! request already acknowledged is not fenced again (the agent restarts on a rebooted node and
+//! sees the old request answered).
+
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, Fencer};
+
+/// The request on this Node still waiting for its acknowledgement, if any.
+pub fn unanswered(node: &Node) -> Option<&str> {
+    let annotations = node.metadata.annotations.as_ref()?;
+    let request = annotations.get(FENCE_REQUEST_ANNOTATION)?;
+    (annotations.get(FENCE_ACK_ANNOTATION) != Some(request)).then_some(request.as_str())
+}
+
+/// Follows the Node `name` for as long as the agent runs (the watch restarts with backoff
+/// while the API server is unreachable).
+pub async fn follow(client: kube::Client, name: &str, fencer: Arc<Fencer>) -> Result<(), String> {
+    let nodes: Api<Node> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(nodes.clone(), config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    loop {
+        match stream.try_next().await {
+            Ok(Some(node)) => {
+                if let Some(request) = unanswered(&node) {
+                    answer(&nodes, name, request, &fencer).await;
+                }
+            }
+            Ok(None) => return Err("the watch of this node ended".into()),
+            Err(e) => warn!(error = %e, "watching this node"),
+        }
+    }
+}
+
+async fn answer(nodes: &Api<Node>, name: &str, request: &str, fencer: &Fencer) {
+    info!(node = name, request, "podha asks for a fence");
+    let why = format!("podha asked for it (request {request})");
+    if !fencer.fence(&why).await {
+        return;
+    }
+    let patch = json!({"metadata": {"annotations": {FENCE_ACK_ANNOTATION: request}}});
+    match nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => info!(node = name, request, "fence acknowledged"),
+        Err(e) => warn!(node = name, error = %e, "cannot acknowledge the fence"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(annotations: &[(&str, &str)]) -> Node {
+        let mut n = Node::default();
+        n.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        n
+    }
+
+    #[test]
+    fn only_a_request_without_its_acknowledgement_is_answered() {
+        assert_eq!(unanswered(&node(&[])), None);
+        assert_eq!(
+            unanswered(&node(&[(FENCE_REQUEST_ANNOTATION, "r1")])),
+            Some("r1")
+        );
+        assert_eq!(
+            unanswered(&node(&[
+                (FENCE_REQUEST_ANNOTATION, "r1"),
+                (FENCE_ACK_ANNOTATION, "r1")
+            ])),
+            None
+        );
+        assert_eq!(
+            unanswered(&node(&[
+                (FENCE_REQUEST_ANNOTATION, "r2"),
+                (FENCE_ACK_ANNOTATION, "r1")
+            ])),
+            Some("r2"),
+            "a new request after an old acknowledgement"
+        );
+    }
+}

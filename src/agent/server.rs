@@ -1,0 +1,146 @@
+//! The agent's HTTP endpoints, and what it knows of being heard.
+//!
+//! - `GET /heartbeat?heardMs=N` — podha's leader probes every agent with this. `heardMs` is how
+//!   long ago the leader last got an answer from this agent (absent: never). The agent counts
+//!   itself heard at `now - heardMs`, so lost answers do not pass for being heard.
+//! - `GET /peer` — another agent surveying its peers: how long ago podha last heard this one.
+//!
+//! Both answer JSON; neither writes to the API server: thousands of nodes probed every second
+//! cost the leader one small request per node per interval and the API server nothing.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// What the agent knows of podha hearing it, shared by the endpoints and the check loop.
+#[derive(Debug)]
+pub struct Hearing {
+    started: Instant,
+    heard_at: Option<Instant>,
+}
+
+impl Hearing {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            heard_at: None,
+        }
+    }
+
+    /// A probe arrived at `now`, from a leader that last heard this agent `heard_ago` ago.
+    pub fn probed(&mut self, now: Instant, heard_ago: Option<Duration>) {
+        let Some(at) = heard_ago.and_then(|ago| now.checked_sub(ago)) else {
+            return;
+        };
+        if self.heard_at.is_none_or(|h| at > h) {
+            self.heard_at = Some(at);
+        }
+    }
+
+    /// How long podha has not heard this agent: since it was last heard, or since the agent
+    /// started (a new agent gets the same time as any other to be heard).
+    pub fn not_heard_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.heard_at.unwrap_or(self.started))
+    }
+
+    /// How long ago podha last heard this agent, if ever.
+    pub fn heard_ago(&self, now: Instant) -> Option<Duration> {
+        self.heard_at.map(|h| now.saturating_duration_since(h))
+    }
+}
+
+pub type SharedHearing = Arc<Mutex<Hearing>>;
+
+#[derive(Clone)]
+struct AppState {
+    node: Arc<str>,
+    hearing: SharedHearing,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ProbeQuery {
+    heard_ms: Option<u64>,
+}
+
+/// The answer to podha's probe.
+#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAnswer {
+    pub node: String,
+}
+
+/// The answer to a peer's survey.
+#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAnswer {
+    pub node: String,
+    /// How long ago podha last heard this agent, in milliseconds; absent: never.
+    pub heard_ago_ms: Option<u64>,
+}
+
+pub fn router(node: &str, hearing: SharedHearing) -> Router {
+    Router::new()
+        .route("/heartbeat", get(heartbeat))
+        .route("/peer", get(peer))
+        .with_state(AppState {
+            node: node.into(),
+            hearing,
+        })
+}
+
+pub(super) fn lock(hearing: &SharedHearing) -> std::sync::MutexGuard<'_, Hearing> {
+    // A panic while holding it cannot leave a Hearing half-updated: keep going.
+    hearing.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn heartbeat(
+    State(state): State<AppState>,
+    Query(q): Query<ProbeQuery>,
+) -> axum::Json<HeartbeatAnswer> {
+    lock(&state.hearing).probed(Instant::now(), q.heard_ms.map(Duration::from_millis));
+    axum::Json(HeartbeatAnswer {
+        node: state.node.to_string(),
+    })
+}
+
+async fn peer(State(state): State<AppState>) -> axum::Json<PeerAnswer> {
+    let ago = lock(&state.hearing).heard_ago(Instant::now());
+    axum::Json(PeerAnswer {
+        node: state.node.to_string(),
+        heard_ago_ms: ago.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_answers_do_not_count_as_heard() {
+        let mut h = Hearing::new(Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(5));
+        // The leader's first probe: it never heard this agent.
+        h.probed(Instant::now(), None);
+        assert_eq!(h.heard_ago(Instant::now()), None);
+        // It got that answer: heard a second ago.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        h.probed(Instant::now(), Some(Duration::from_secs(1)));
+        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(1));
+        // From now on the answers are lost: the probes keep coming, saying so.
+        for ago in 2..=10 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            h.probed(Instant::now(), Some(Duration::from_secs(ago)));
+        }
+        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(10));
+        // A late, older probe does not move the time back.
+        h.probed(Instant::now(), Some(Duration::from_secs(30)));
+        assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(10)));
+    }
+}
