@@ -7,8 +7,11 @@
 //! fenced the node, unless podha itself is not hearing anybody (its leader crashed, the control
 //! plane is down): then nothing is being moved, and fencing would only take healthy nodes down.
 //!
-//! The agent tells those cases apart by asking its peers how long ago podha heard *them*:
-//! - a peer heard within the timeout: podha works and does not hear this node. **Fence.**
+//! The agent tells those cases apart by asking its peers how long ago podha heard *them*. A
+//! peer counts as heard within half the timeout: when podha stops hearing everybody at once
+//! (its leader stopped), every peer's silence is nearly as long as this node's, while a peer
+//! podha still hears was heard a probe interval ago (podha probes every second).
+//! - a peer heard: podha works and does not hear this node. **Fence.**
 //! - a strict majority of all peers answered and none was heard: podha hears nobody. **Stay.**
 //!   (A majority, so a group of nodes cut off together cannot vouch for one another: podha acts
 //!   only while it hears most nodes, and two majorities always share a node.)
@@ -37,7 +40,7 @@ impl Survey {
     fn heard(&self, timeout: Duration) -> usize {
         self.answers
             .iter()
-            .filter(|a| a.is_some_and(|ago| ago < timeout))
+            .filter(|a| a.is_some_and(|ago| ago <= timeout / 2))
             .count()
     }
 }
@@ -133,6 +136,16 @@ mod tests {
         let unheard = [s(61), s(60), None, s(62), s(60)];
         let v = decide(Duration::from_secs(60), T, Some(&survey(9, &unheard)));
         assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+    }
+
+    #[test]
+    fn peers_whose_silence_began_with_this_nodes_are_not_heard() {
+        // podha's leader stopped 30 s ago; the peers' last probes came up to a second after
+        // this node's: they are as unheard as this node, and vouch.
+        let v = decide(T, T, Some(&survey(4, &[s(29), s(29), s(30)])));
+        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+        let v = decide(T, T, Some(&survey(4, &[s(15), s(29), s(30)])));
+        assert!(fences(&v), "heard 15 s ago, within half the timeout: {v:?}");
     }
 
     #[test]

@@ -30,6 +30,13 @@ pub const FENCE_REQUEST_ANNOTATION: &str = "podha.io/fence-request";
 /// Node annotation the agent sets once it fenced the node for a request: the request's value.
 pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
 
+/// Node annotation the agent sets when it starts: the port podha's leader probes it on (at
+/// the node's InternalIP). podha probes only nodes that carry it.
+pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
+/// Node annotation the agent sets when it starts: its isolation timeout, after which an
+/// unheard agent has fenced its node (podha's `Agent` proof adds its margin).
+pub const AGENT_ISOLATION_TIMEOUT_ANNOTATION: &str = "podha.io/agent-isolation-timeout";
+
 /// `podha agent`'s options. Every flag also reads a `PODHA_AGENT_*` variable.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AgentArgs {
@@ -165,9 +172,15 @@ async fn run(args: AgentArgs) -> Result<(), String> {
         Peers::fixed(args.peers.clone())
     };
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, "podha agent started");
+    let advertised = requests::advertise(
+        client.clone(),
+        &args.node,
+        args.listen.port(),
+        args.isolation_timeout,
+    );
     tokio::select! {
         r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),
-        r = requests::follow(client, &args.node, fencer.clone()) => r,
+        r = async { tokio::join!(advertised, requests::follow(client, &args.node, fencer.clone())).1 } => r,
         () = check_loop(&args, hearing, &peers, &fencer) => Ok(()),
     }
 }

@@ -3,8 +3,9 @@
 //! Peers come from a fixed list, or from the Node list (each node's InternalIP at this agent's
 //! port), read from the API server at most every [`REFRESH`] and kept when it is unreachable:
 //! a cut-off agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops
-//! as soon as the answers decide (one heard peer, or a majority unheard), so a node that is
-//! merely unheard for a moment asks a few peers, not the whole cluster.
+//! as soon as the answers decide (one heard peer, or a majority unheard) or [`SURVEY_DEADLINE`]
+//! passed, so a node that is merely unheard for a moment asks a few peers, not the whole
+//! cluster.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
@@ -25,7 +26,10 @@ use super::isolation::Survey;
 use super::server::PeerAnswer;
 
 /// Peers asked at once.
-const BATCH: usize = 8;
+const BATCH: usize = 16;
+/// How long a survey may take: what it has by then decides (few answers fence). podha's
+/// `Agent` proof waits the isolation timeout plus a margin that covers this.
+pub const SURVEY_DEADLINE: Duration = Duration::from_secs(5);
 /// How long one peer has to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the API server has to list the nodes.
@@ -69,6 +73,7 @@ impl Peers {
 
     /// Asks the peers, a batch at a time, until the answers decide or every peer was asked.
     pub async fn survey(&self, timeout: Duration) -> Survey {
+        let started = Instant::now();
         let peers = self.list().await;
         let mut survey = Survey {
             peers: peers.len(),
@@ -77,7 +82,7 @@ impl Peers {
         for batch in peers.chunks(BATCH) {
             let answers = join_all(batch.iter().map(|addr| self.ask(*addr))).await;
             survey.answers.extend(answers.into_iter().flatten());
-            if survey.settled(timeout) {
+            if survey.settled(timeout) || started.elapsed() >= SURVEY_DEADLINE {
                 break;
             }
         }

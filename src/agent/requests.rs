@@ -5,6 +5,7 @@
 //! sees the old request answered).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -13,7 +14,35 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, Fencer};
+use super::{
+    AGENT_ISOLATION_TIMEOUT_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+    FENCE_REQUEST_ANNOTATION, Fencer,
+};
+
+/// Tells podha, on the Node, that an agent runs here: its port and isolation timeout. Tried
+/// every few seconds until the API server takes it (the agent may start cut off).
+pub async fn advertise(client: kube::Client, name: &str, port: u16, timeout: Duration) {
+    let nodes: Api<Node> = Api::all(client);
+    let patch = json!({"metadata": {"annotations": {
+        AGENT_PORT_ANNOTATION: port.to_string(),
+        AGENT_ISOLATION_TIMEOUT_ANNOTATION: humantime::format_duration(timeout).to_string(),
+    }}});
+    loop {
+        match nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(node = name, port, "agent advertised on the node");
+                return;
+            }
+            Err(e) => {
+                warn!(node = name, error = %e, "cannot advertise the agent on the node yet");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
 
 /// The request on this Node still waiting for its acknowledgement, if any.
 pub fn unanswered(node: &Node) -> Option<&str> {
