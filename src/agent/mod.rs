@@ -12,7 +12,9 @@ mod peers;
 mod requests;
 pub mod server;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Node;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +38,33 @@ pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
 /// Node annotation the agent sets when it starts: its isolation timeout, after which an
 /// unheard agent has fenced its node (podha's `Agent` proof adds its margin).
 pub const AGENT_ISOLATION_TIMEOUT_ANNOTATION: &str = "podha.io/agent-isolation-timeout";
+
+/// A node's InternalIP, where its kubelet and its agent listen.
+pub fn internal_ip(node: &Node) -> Option<IpAddr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
+}
+
+/// The podha agent's endpoint on a node: its InternalIP and the port the agent advertised.
+/// `None` for a node without an agent.
+pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
+    let port: u16 = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(AGENT_PORT_ANNOTATION)?
+        .parse()
+        .ok()
+        .filter(|p| *p != 0)?;
+    Some(SocketAddr::new(internal_ip(node)?, port))
+}
 
 /// `podha agent`'s options. Every flag also reads a `PODHA_AGENT_*` variable.
 #[derive(clap::Args, Clone, Debug)]

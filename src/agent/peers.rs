@@ -7,7 +7,7 @@
 //! passed, so a node that is merely unheard for a moment asks a few peers, not the whole
 //! cluster.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::internal_ip;
 use super::isolation::Survey;
 use super::server::PeerAnswer;
 
@@ -174,14 +175,4 @@ async fn list_nodes(client: &kube::Client, me: &str, port: u16) -> Result<Vec<So
         .filter_map(internal_ip)
         .map(|ip| SocketAddr::new(ip, port))
         .collect())
-}
-
-fn internal_ip(node: &Node) -> Option<IpAddr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")
-        .and_then(|a| a.address.parse().ok())
 }

@@ -1,9 +1,14 @@
 //! `spec.fencing`: what must prove that a dead node can no longer write before podha puts the
 //! out-of-service taint on it.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Node;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use super::HumanDuration;
+use crate::agent::{AGENT_ISOLATION_TIMEOUT_ANNOTATION, FENCE_ACK_ANNOTATION};
 
 /// The taint the cloud node lifecycle controller puts on a node whose instance the cloud
 /// provider reports shut down.
@@ -15,7 +20,7 @@ pub const CLOUD_SHUTDOWN_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/shu
 /// storage fences it on detach they write on beside the replacement. With a proof, podha holds
 /// the node (event `FencingPending`, nothing deleted, nothing tainted) until the proof is
 /// there; `DeletePods` needs none (its fence only keeps the scheduler off the node).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Fencing {
     /// `None` (the default): no proof; the node is taken for shut down once judged dead. Safe
@@ -24,8 +29,30 @@ pub struct Fencing {
     /// beside the replacement. `CloudShutdownTaint`: the cloud provider reported the instance
     /// shut down (the taint `node.cloudprovider.kubernetes.io/shutdown`, which the cloud node
     /// lifecycle controller adds while the instance is off and removes when it runs again).
+    /// `Agent`: the node's podha agent (docs/agent.md) fenced it: it acknowledged the fence
+    /// podha asked for on the Node, or it has not answered podha's heartbeat for its isolation
+    /// timeout (which it advertises on the Node) plus `agentMargin`, by which time an agent cut
+    /// off from podha has fenced its node itself. A node without an agent never has this proof.
     #[serde(default)]
     pub proof: FencingProof,
+    /// With proof `Agent`: how much longer than the agent's isolation timeout podha waits on a
+    /// silent agent. It covers the agent's check interval, its survey of its peers (at most
+    /// 5s) and the fence itself.
+    #[serde(default = "default_agent_margin")]
+    pub agent_margin: HumanDuration,
+}
+
+impl Default for Fencing {
+    fn default() -> Self {
+        Self {
+            proof: FencingProof::default(),
+            agent_margin: default_agent_margin(),
+        }
+    }
+}
+
+fn default_agent_margin() -> HumanDuration {
+    HumanDuration::from_secs(10)
 }
 
 /// The proof the out-of-service taint needs.
@@ -34,6 +61,7 @@ pub enum FencingProof {
     #[default]
     None,
     CloudShutdownTaint,
+    Agent,
 }
 
 impl FencingProof {
@@ -41,20 +69,79 @@ impl FencingProof {
         match self {
             Self::None => "None",
             Self::CloudShutdownTaint => "CloudShutdownTaint",
+            Self::Agent => "Agent",
+        }
+    }
+}
+
+/// What podha knows of a node's agent for the `Agent` proof.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentEvidence<'a> {
+    /// How long the agent has not answered podha's heartbeat; `None` while it answers (or was
+    /// never asked).
+    pub silent_for: Option<Duration>,
+    /// The fence podha asked the agent for in this incident, if it did.
+    pub request: Option<&'a str>,
+}
+
+/// What proved a node fenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FenceEvidence {
+    /// The policy asks for no proof.
+    NotAsked,
+    /// The cloud provider's shutdown taint.
+    CloudShutdown,
+    /// The agent acknowledged podha's fence request.
+    AgentAcknowledged,
+    /// The agent has been silent past its isolation timeout and the margin.
+    AgentSilent,
+}
+
+impl FenceEvidence {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NotAsked => "NotAsked",
+            Self::CloudShutdown => "CloudShutdownTaint",
+            Self::AgentAcknowledged => "AgentAcknowledged",
+            Self::AgentSilent => "AgentSilent",
         }
     }
 }
 
 impl Fencing {
-    /// Whether `node` carries the proof this policy asks for (always, with `None`).
-    pub fn proven(&self, node: &Node) -> bool {
+    /// The proof this policy asks for, if `node` has it (always, with `None`).
+    pub fn proven(&self, node: &Node, agent: AgentEvidence<'_>) -> Option<FenceEvidence> {
         match self.proof {
-            FencingProof::None => true,
+            FencingProof::None => Some(FenceEvidence::NotAsked),
             FencingProof::CloudShutdownTaint => node
                 .spec
                 .as_ref()
                 .and_then(|s| s.taints.as_ref())
-                .is_some_and(|taints| taints.iter().any(|t| t.key == CLOUD_SHUTDOWN_TAINT_KEY)),
+                .is_some_and(|taints| taints.iter().any(|t| t.key == CLOUD_SHUTDOWN_TAINT_KEY))
+                .then_some(FenceEvidence::CloudShutdown),
+            FencingProof::Agent => {
+                let annotations = node.metadata.annotations.as_ref();
+                let acknowledged = agent.request.is_some_and(|request| {
+                    annotations
+                        .and_then(|a| a.get(FENCE_ACK_ANNOTATION))
+                        .map(String::as_str)
+                        == Some(request)
+                });
+                let isolation = annotations
+                    .and_then(|a| a.get(AGENT_ISOLATION_TIMEOUT_ANNOTATION))
+                    .and_then(|t| humantime::parse_duration(t).ok());
+                let silent = matches!(
+                    (agent.silent_for, isolation),
+                    (Some(silent), Some(timeout)) if silent >= timeout + self.agent_margin.get()
+                );
+                if acknowledged {
+                    Some(FenceEvidence::AgentAcknowledged)
+                } else if silent {
+                    Some(FenceEvidence::AgentSilent)
+                } else {
+                    None
+                }
+            }
         }
     }
 }
@@ -71,14 +158,67 @@ mod tests {
                 .unwrap();
         let running = mk_node("n1");
         let off = mk_node("n1").taint(CLOUD_SHUTDOWN_TAINT_KEY, "", "NoSchedule");
-        assert!(!spec.fencing.proven(&running));
-        assert!(spec.fencing.proven(&off));
-        assert!(Fencing::default().proven(&running));
+        let none = AgentEvidence::default();
+        assert_eq!(spec.fencing.proven(&running, none), None);
+        assert_eq!(
+            spec.fencing.proven(&off, none),
+            Some(FenceEvidence::CloudShutdown)
+        );
+        assert_eq!(
+            Fencing::default().proven(&running, none),
+            Some(FenceEvidence::NotAsked)
+        );
         assert!(
             serde_json::from_value::<crate::api::PodHAPolicySpec>(
                 serde_json::json!({"fencing": {"proof": "Hope"}})
             )
             .is_err()
         );
+    }
+
+    fn agent_spec() -> crate::api::PodHAPolicySpec {
+        serde_json::from_value(serde_json::json!({"fencing": {"proof": "Agent"}})).unwrap()
+    }
+
+    #[test]
+    fn an_agent_proves_the_fence_by_its_acknowledgement_of_this_incidents_request() {
+        let spec = agent_spec();
+        let acked = mk_node("n1").annotation(FENCE_ACK_ANNOTATION, "p/1");
+        let asked = |request| AgentEvidence {
+            silent_for: None,
+            request,
+        };
+        assert_eq!(spec.fencing.proven(&acked, asked(None)), None, "not asked");
+        assert_eq!(
+            spec.fencing.proven(&acked, asked(Some("p/2"))),
+            None,
+            "an older request's acknowledgement proves nothing now"
+        );
+        assert_eq!(
+            spec.fencing.proven(&acked, asked(Some("p/1"))),
+            Some(FenceEvidence::AgentAcknowledged)
+        );
+    }
+
+    #[test]
+    fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
+        let spec = agent_spec();
+        let with_agent = mk_node("n1").annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "30s");
+        let silent = |secs| AgentEvidence {
+            silent_for: Some(Duration::from_secs(secs)),
+            request: None,
+        };
+        assert_eq!(spec.fencing.proven(&with_agent, silent(39)), None);
+        assert_eq!(
+            spec.fencing.proven(&with_agent, silent(40)),
+            Some(FenceEvidence::AgentSilent)
+        );
+        assert_eq!(
+            spec.fencing.proven(&mk_node("n1"), silent(4000)),
+            None,
+            "a node that never had an agent proves nothing by silence"
+        );
+        let garbled = mk_node("n1").annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "soon");
+        assert_eq!(spec.fencing.proven(&garbled, silent(4000)), None);
     }
 }

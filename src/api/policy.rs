@@ -229,7 +229,7 @@ impl AccessMode {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("duration(self.tcpTimeout) < duration(self.interval)").message("detection.tcpTimeout must be shorter than detection.interval"),
-    validation = Rule::new("!(self.signals.size() == 1 && self.signals[0] == 'KubeletTCP')").message("KubeletTCP cannot be the only signal: a failed TCP connect does not tell a dead node from a network problem; combine it with Lease or NodeReady"),
+    validation = Rule::new("self.signals.size() == 0 || self.signals.exists(s, s == 'Lease' || s == 'NodeReady')").message("KubeletTCP and AgentHeartbeat cannot be the only signals: a probe that gets no answer does not tell a dead node from a network problem; combine them with Lease or NodeReady"),
 )]
 pub struct Detection {
     /// Time between two probes of a node. A probe also runs as soon as the evidence turns (the
@@ -253,6 +253,9 @@ pub struct Detection {
     /// `KubeletTCP`: a TCP connect to the node's InternalIP and kubelet port gets no answer
     /// within `tcpTimeout` (a path to the machine independent of the API server); a refused
     /// connect is the host's kernel answering, so the machine runs and it counts as alive.
+    /// `AgentHeartbeat`: the node's podha agent does not answer the leader's heartbeat
+    /// (asked every second, `tcpTimeout` to answer); like KubeletTCP a refusal counts as alive.
+    /// Nodes without an agent give it no evidence either way.
     #[serde(default = "default_signals")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("detection.signals must name at least one signal"))]
@@ -307,6 +310,10 @@ pub enum Signal {
     Lease,
     NodeReady,
     KubeletTCP,
+    /// podha agent's heartbeat: the leader asks every node's agent each second (see
+    /// docs/agent.md); an agent that does not answer says dead, one that answers or whose host
+    /// refuses the connect says alive.
+    AgentHeartbeat,
 }
 
 /// What to do on a dead node.

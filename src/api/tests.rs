@@ -96,7 +96,11 @@ fn each_bad_spec_is_rejected_with_its_own_message() {
         ),
         (
             json!({"detection": {"signals": ["KubeletTCP"]}}),
-            "KubeletTCP cannot be the only signal",
+            "KubeletTCP and AgentHeartbeat cannot be the only signals",
+        ),
+        (
+            json!({"detection": {"signals": ["KubeletTCP", "AgentHeartbeat"]}}),
+            "KubeletTCP and AgentHeartbeat cannot be the only signals",
         ),
         (
             json!({"detection": {"interval": "2s", "tcpTimeout": "2s"}}),
@@ -180,7 +184,7 @@ fn schema_carries_enums_patterns_and_list_types() {
     let detection = &props["detection"]["properties"];
     assert_eq!(
         detection["signals"]["items"]["enum"],
-        json!(["Lease", "NodeReady", "KubeletTCP"])
+        json!(["Lease", "NodeReady", "KubeletTCP", "AgentHeartbeat"])
     );
     assert_eq!(detection["signals"]["x-kubernetes-list-type"], "set");
     assert_eq!(detection["interval"]["pattern"], DURATION_PATTERN);

@@ -11,6 +11,7 @@ pub struct SignalSet {
     pub lease: bool,
     pub node_ready: bool,
     pub kubelet_tcp: bool,
+    pub agent: bool,
 }
 
 impl SignalSet {
@@ -19,19 +20,25 @@ impl SignalSet {
             Signal::Lease => self.lease,
             Signal::NodeReady => self.node_ready,
             Signal::KubeletTCP => self.kubelet_tcp,
+            Signal::AgentHeartbeat => self.agent,
         }
     }
 
     pub const fn is_empty(self) -> bool {
-        !(self.lease || self.node_ready || self.kubelet_tcp)
+        !(self.lease || self.node_ready || self.kubelet_tcp || self.agent)
     }
 
-    /// The enabled signals, always in the order Lease, NodeReady, KubeletTCP, so that event
-    /// messages read the same way for every policy.
+    /// The enabled signals, always in the order Lease, NodeReady, KubeletTCP, AgentHeartbeat,
+    /// so that event messages read the same way for every policy.
     pub fn iter(self) -> impl Iterator<Item = Signal> {
-        [Signal::Lease, Signal::NodeReady, Signal::KubeletTCP]
-            .into_iter()
-            .filter(move |s| self.contains(*s))
+        [
+            Signal::Lease,
+            Signal::NodeReady,
+            Signal::KubeletTCP,
+            Signal::AgentHeartbeat,
+        ]
+        .into_iter()
+        .filter(move |s| self.contains(*s))
     }
 }
 
@@ -42,6 +49,7 @@ impl FromIterator<Signal> for SignalSet {
                 Signal::Lease => set.lease = true,
                 Signal::NodeReady => set.node_ready = true,
                 Signal::KubeletTCP => set.kubelet_tcp = true,
+                Signal::AgentHeartbeat => set.agent = true,
             }
             set
         })
@@ -131,7 +139,8 @@ mod tests {
             SignalSet {
                 lease: true,
                 node_ready: true,
-                kubelet_tcp: false
+                kubelet_tcp: false,
+                agent: false,
             }
         );
         assert_eq!(cfg.lease_grace, Duration::from_secs(40));

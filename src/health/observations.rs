@@ -71,6 +71,48 @@ impl TcpResult {
     }
 }
 
+/// Which prober a result comes from: the kubelet port's TCP connect, or podha agent's
+/// heartbeat (an HTTP answer from the node's agent; see `crate::agent`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProbeKind {
+    KubeletTcp,
+    Agent,
+}
+
+/// One prober's results for a node: the latest, when it last got an answer, and since when it
+/// has got none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Probed {
+    /// `None` until the first result: no result is no evidence either way.
+    pub result: Option<TcpResult>,
+    /// When the last probe that got an answer (connected or refused) was sent: the host was
+    /// up at that instant or after it.
+    pub answered: Option<Instant>,
+    /// When the first unanswered probe of the current run of them came back: the host was
+    /// silent by then (it died, or was cut off, at that instant or before).
+    pub silent_since: Option<Instant>,
+}
+
+impl Probed {
+    fn observe(&mut self, result: TcpResult, sent: Instant, received: Instant) {
+        self.result = Some(result);
+        match result {
+            TcpResult::Connected | TcpResult::Refused => {
+                self.answered = Some(self.answered.map_or(sent, |t| t.max(sent)));
+                self.silent_since = None;
+            }
+            TcpResult::NoAnswer => {
+                self.silent_since.get_or_insert(received);
+            }
+        }
+    }
+
+    fn forget(&mut self) {
+        self.result = None;
+        self.silent_since = None;
+    }
+}
+
 /// Observations of one node. Every instant is on podha's clock (`tokio::time::Instant`), taken
 /// when podha saw something, never derived from a timestamp written by the node.
 #[derive(Clone, Debug)]
@@ -86,14 +128,10 @@ pub struct NodeObservations {
     /// of it.
     lease_duration: Option<std::time::Duration>,
     ready: ReadyStatus,
-    /// `None` until the first probe result: no result is no evidence either way.
-    tcp: Option<TcpResult>,
-    /// When the last probe that got an answer (connected or refused) was sent: the host was
-    /// up at that instant or after it.
-    tcp_answered: Option<Instant>,
-    /// When the first unanswered probe of the current run of them came back: the host was
-    /// silent by then (it died, or was cut off, at that instant or before).
-    tcp_silent_since: Option<Instant>,
+    /// The kubelet port's TCP connects.
+    tcp: Probed,
+    /// The node agent's heartbeats.
+    agent: Probed,
     last_seen_alive: Option<Instant>,
     /// When this process first saw one of podha's taints on the node (cleared once it is gone).
     podha_tainted_since: Option<Instant>,
@@ -113,9 +151,8 @@ impl NodeObservations {
             renew_time: None,
             lease_duration: None,
             ready: ReadyStatus::Missing,
-            tcp: None,
-            tcp_answered: None,
-            tcp_silent_since: None,
+            tcp: Probed::default(),
+            agent: Probed::default(),
             last_seen_alive: None,
             podha_tainted_since: None,
             gap_since: None,
@@ -160,25 +197,40 @@ impl NodeObservations {
         self.ready = status;
     }
 
-    /// The result of the latest TCP connect to the kubelet: sent at `sent`, its result in at
-    /// `received`.
+    /// The result of the latest probe of `kind`: sent at `sent`, its result in at `received`.
+    pub fn observe_probe(
+        &mut self,
+        kind: ProbeKind,
+        result: TcpResult,
+        sent: Instant,
+        received: Instant,
+    ) {
+        self.probed_mut(kind).observe(result, sent, received);
+    }
+
+    /// The result of the latest TCP connect to the kubelet.
     pub fn observe_tcp(&mut self, result: TcpResult, sent: Instant, received: Instant) {
-        self.tcp = Some(result);
-        match result {
-            TcpResult::Connected | TcpResult::Refused => {
-                self.tcp_answered = Some(self.tcp_answered.map_or(sent, |t| t.max(sent)));
-                self.tcp_silent_since = None;
-            }
-            TcpResult::NoAnswer => {
-                self.tcp_silent_since.get_or_insert(received);
-            }
+        self.observe_probe(ProbeKind::KubeletTcp, result, sent, received);
+    }
+
+    /// The node no longer publishes an endpoint for `kind`: no evidence either way.
+    pub fn forget_probe(&mut self, kind: ProbeKind) {
+        self.probed_mut(kind).forget();
+    }
+
+    fn probed_mut(&mut self, kind: ProbeKind) -> &mut Probed {
+        match kind {
+            ProbeKind::KubeletTcp => &mut self.tcp,
+            ProbeKind::Agent => &mut self.agent,
         }
     }
 
-    /// The node no longer publishes a kubelet endpoint: no TCP evidence either way.
-    pub fn forget_tcp(&mut self) {
-        self.tcp = None;
-        self.tcp_silent_since = None;
+    /// What the prober of `kind` found.
+    pub fn probed(&self, kind: ProbeKind) -> &Probed {
+        match kind {
+            ProbeKind::KubeletTcp => &self.tcp,
+            ProbeKind::Agent => &self.agent,
+        }
     }
 
     /// Whether the Node object carries one of podha's taints, as seen at `at`.
@@ -195,14 +247,14 @@ impl NodeObservations {
         self.podha_tainted_since
     }
 
-    /// When the last answered TCP probe was sent (see [`Self::observe_tcp`]).
+    /// When the last answered TCP probe was sent (see [`Probed::answered`]).
     pub fn tcp_answered(&self) -> Option<Instant> {
-        self.tcp_answered
+        self.tcp.answered
     }
 
     /// Since when the kubelet port has not answered, if it does not now.
     pub fn tcp_silent_since(&self) -> Option<Instant> {
-        self.tcp_silent_since
+        self.tcp.silent_since
     }
 
     /// podha's own view of the node stops being trustworthy (watch restarting, API server
@@ -279,7 +331,7 @@ impl NodeObservations {
     }
 
     pub fn tcp(&self) -> Option<TcpResult> {
-        self.tcp
+        self.tcp.result
     }
 
     /// The last sign of life: an observed Lease renewal or a change of Ready to True. The
@@ -494,7 +546,7 @@ mod tests {
             (Some(t0 + s(7)), None)
         );
         obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
-        obs.forget_tcp();
+        obs.forget_probe(ProbeKind::KubeletTcp);
         assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
     }
 }

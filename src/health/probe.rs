@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{DetectionConfig, NodeObservations, ReadyStatus, TcpResult};
+use super::{DetectionConfig, NodeObservations, ProbeKind, ReadyStatus, TcpResult};
 use crate::api::Signal;
 
 /// What one signal says about the node.
@@ -32,6 +32,8 @@ pub enum Reading {
     NodeReady(ReadyStatus),
     /// `None`: no TCP result yet.
     KubeletTcp(Option<TcpResult>),
+    /// `None`: no heartbeat result yet (or the node runs no agent).
+    Agent(Option<TcpResult>),
 }
 
 impl Reading {
@@ -40,6 +42,7 @@ impl Reading {
             Self::Lease { .. } => Signal::Lease,
             Self::NodeReady(_) => Signal::NodeReady,
             Self::KubeletTcp(_) => Signal::KubeletTCP,
+            Self::Agent(_) => Signal::AgentHeartbeat,
         }
     }
 
@@ -63,9 +66,11 @@ impl Reading {
             Self::NodeReady(ReadyStatus::Unknown) => Evidence::Dead,
             Self::NodeReady(ReadyStatus::Missing) => Evidence::Inconclusive,
             // A refusal is the host's kernel answering: the machine is up.
-            Self::KubeletTcp(Some(TcpResult::Connected | TcpResult::Refused)) => Evidence::Alive,
-            Self::KubeletTcp(Some(TcpResult::NoAnswer)) => Evidence::Dead,
-            Self::KubeletTcp(None) => Evidence::Inconclusive,
+            Self::KubeletTcp(Some(TcpResult::Connected | TcpResult::Refused))
+            | Self::Agent(Some(TcpResult::Connected | TcpResult::Refused)) => Evidence::Alive,
+            Self::KubeletTcp(Some(TcpResult::NoAnswer))
+            | Self::Agent(Some(TcpResult::NoAnswer)) => Evidence::Dead,
+            Self::KubeletTcp(None) | Self::Agent(None) => Evidence::Inconclusive,
         }
     }
 
@@ -113,6 +118,14 @@ impl fmt::Display for Reading {
                 f.write_str("kubelet TCP connect not answered")
             }
             (Self::KubeletTcp(None), _) => f.write_str("kubelet TCP not probed yet"),
+            (Self::Agent(Some(TcpResult::Connected)), _) => f.write_str("agent heartbeat ok"),
+            (Self::Agent(Some(TcpResult::Refused)), _) => {
+                f.write_str("agent heartbeat refused (the host is up)")
+            }
+            (Self::Agent(Some(TcpResult::NoAnswer)), _) => {
+                f.write_str("agent heartbeat not answered")
+            }
+            (Self::Agent(None), _) => f.write_str("no agent heartbeat yet"),
         }
     }
 }
@@ -192,6 +205,7 @@ pub fn evaluate(now: Instant, obs: &NodeObservations, cfg: &DetectionConfig) -> 
             },
             Signal::NodeReady => Reading::NodeReady(obs.ready()),
             Signal::KubeletTCP => Reading::KubeletTcp(obs.tcp()),
+            Signal::AgentHeartbeat => Reading::Agent(obs.probed(ProbeKind::Agent).result),
         })
         .collect();
     Probe { readings }
@@ -216,6 +230,7 @@ mod tests {
                 lease,
                 node_ready,
                 kubelet_tcp,
+                agent: false,
             },
             lease_grace: s(40),
             tcp_timeout: s(1),

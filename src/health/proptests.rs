@@ -53,6 +53,7 @@ fn config() -> impl Strategy<Value = DetectionConfig> {
             lease: mask & 1 != 0,
             node_ready: mask & 2 != 0,
             kubelet_tcp: mask & 4 != 0,
+            agent: false,
         },
         lease_grace: Duration::from_millis(grace_ms),
         tcp_timeout: Duration::from_secs(1),

@@ -43,21 +43,28 @@ pub struct Heartbeat {
     pub tcp_answered: Option<Instant>,
     /// Since when the kubelet port has not answered, if it does not now.
     pub tcp_silent_since: Option<Instant>,
+    /// When the last heartbeat the node's agent (or its host) answered was sent.
+    pub agent_answered: Option<Instant>,
+    /// Since when the node's agent has not answered, if it does not now.
+    pub agent_silent_since: Option<Instant>,
     /// When this process first saw podha's taint on the node, if it is on.
     pub tainted_since: Option<Instant>,
 }
 
 impl Heartbeat {
     /// The instant by which this node was certainly silent: it missed a renewal one renew
-    /// interval after its last one; with `probes_tcp`, its kubelet port stopped answering,
-    /// when that came later than its last renewal (an older silence of the port says nothing
-    /// about when the Lease stopped).
-    fn certainly_silent_by(&self, probes_tcp: bool) -> Instant {
+    /// interval after its last one; with a probe the policy listens to, that probe stopped
+    /// being answered, when that came later than its last renewal (an older silence of a probe
+    /// says nothing about when the Lease stopped).
+    fn certainly_silent_by(&self, probes: Probes) -> Instant {
         let missed_renewal = self.silent_since + self.renew_period;
-        match self.tcp_silent_since {
-            Some(port) if probes_tcp && port >= self.silent_since => missed_renewal.min(port),
-            _ => missed_renewal,
-        }
+        [
+            (probes.tcp, self.tcp_silent_since),
+            (probes.agent, self.agent_silent_since),
+        ]
+        .into_iter()
+        .filter_map(|(listened, since)| since.filter(|s| listened && *s >= self.silent_since))
+        .fold(missed_renewal, Instant::min)
     }
 
     /// Whether the node renewed its Lease after this process saw podha's taint on it: the
@@ -69,9 +76,27 @@ impl Heartbeat {
     }
 
     /// Whether this node showed life after `at`.
-    fn alive_after(&self, at: Instant, probes_tcp: bool) -> bool {
+    fn alive_after(&self, at: Instant, probes: Probes) -> bool {
         self.last_renewal.is_some_and(|r| r > at)
-            || (probes_tcp && self.tcp_answered.is_some_and(|t| t >= at))
+            || (probes.tcp && self.tcp_answered.is_some_and(|t| t >= at))
+            || (probes.agent && self.agent_answered.is_some_and(|t| t >= at))
+    }
+}
+
+/// The probes a policy listens to besides the Lease.
+#[derive(Clone, Copy, Debug)]
+struct Probes {
+    tcp: bool,
+    agent: bool,
+}
+
+impl Probes {
+    fn of(policy: PolicyRef<'_>) -> Self {
+        let signals = &policy.spec.detection.signals;
+        Self {
+            tcp: signals.contains(&Signal::KubeletTCP),
+            agent: signals.contains(&Signal::AgentHeartbeat),
+        }
     }
 }
 
@@ -135,8 +160,8 @@ pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInp
         return Settle::Go;
     }
     // Anyone cut off together with the dead node has been silent since then too.
-    let probes_tcp = policy.spec.detection.signals.contains(&Signal::KubeletTCP);
-    let cutoff = dead.certainly_silent_by(probes_tcp);
+    let probes = Probes::of(policy);
+    let cutoff = dead.certainly_silent_by(probes);
     let unhealthy = nodes
         .values()
         .filter(|h| !matches!(h, NodeHealth::Healthy))
@@ -148,7 +173,7 @@ pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInp
                 && input
                     .heartbeats
                     .get(name.as_str())
-                    .is_none_or(|hb| !hb.alive_after(cutoff, probes_tcp))
+                    .is_none_or(|hb| !hb.alive_after(cutoff, probes))
         })
         .count();
     let max = policy.spec.max_unhealthy_nodes(nodes.len());

@@ -25,6 +25,9 @@ pub struct Incident {
     pub marked_not_ready: BTreeMap<String, Option<String>>,
     /// podha added the out-of-service taint for this incident.
     pub tainted: bool,
+    /// The fence podha asked of the node's agent in this incident (the request's value on the
+    /// Node), once the request is written.
+    pub fence_request: Option<String>,
 }
 
 /// Open incidents by node name, and when recently closed ones opened (for
@@ -61,6 +64,7 @@ impl Ledger {
                 deleted: BTreeSet::new(),
                 marked_not_ready: BTreeMap::new(),
                 tainted: false,
+                fence_request: None,
             },
         );
         true
@@ -97,6 +101,13 @@ impl Ledger {
             .and_then(|incident| incident.marked_not_ready.get_mut(uid))
         {
             *version = None;
+        }
+    }
+
+    /// Records that podha asked `node`'s agent for a fence, with this request value.
+    pub fn record_fence_request(&mut self, node: &str, request: &str) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.fence_request = Some(request.to_string());
         }
     }
 

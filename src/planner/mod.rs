@@ -96,6 +96,9 @@ pub enum Intent {
     },
     /// Remove the taints podha added (the node is back and holds no volume).
     RemoveTaint { node: String },
+    /// Ask the node's podha agent to fence the node (policy proof `Agent`): an annotation on
+    /// the Node the agent answers with its acknowledgement.
+    RequestFence { node: String, policy: String },
     /// An action podha chose not to take, and why.
     Hold {
         policy: String,
@@ -278,11 +281,18 @@ fn plan_incident(
     let moving = !np.marks.is_empty() || !np.deletes.is_empty();
     let tainted = incident.tainted || NodeTaint::ALL.iter().any(|t| t.on(node_obj));
     let rehearsal = node_policy.spec.dry_run;
+    let proven = taints::fence_proof(node_obj, node_policy, incident, input).is_some();
     if moving
         && !tainted
-        && let Some(hold) = taints::fencing_pending(node_obj, node_policy, np.protected.as_ref())
+        && let Some(hold) =
+            taints::fencing_pending(node_obj, node_policy, np.protected.as_ref(), proven)
     {
-        // A node that could still be running keeps its pods and volumes until the proof comes.
+        // A node that could still be running keeps its pods and volumes until the proof comes;
+        // its agent, if it runs one and the policy takes its word, is asked to fence it.
+        if let Some(ask) = taints::fence_request(node_obj, node_policy, incident) {
+            out.intents
+                .push(dry_run_guard(node_policy, node, ask, rehearsal));
+        }
         out.intents.push(hold);
         return;
     }
@@ -293,9 +303,13 @@ fn plan_incident(
             rehearsal,
             np.protected.as_ref(),
         ));
-    } else if let Some(upgrade) =
-        taints::plan_upgrade(node_obj, node_policy, input.view, np.protected.as_ref())
-    {
+    } else if let Some(upgrade) = taints::plan_upgrade(
+        node_obj,
+        node_policy,
+        input.view,
+        np.protected.as_ref(),
+        proven,
+    ) {
         // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
         // volumes need not wait out the attach/detach controller's 6 minutes any longer.
         out.intents

@@ -12,8 +12,13 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
-use super::{HoldReason, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable};
-use crate::api::{Action, NodeTaint, TAINT_MARKER_ANNOTATION};
+use super::{
+    HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
+};
+use crate::agent::agent_addr;
+use crate::api::{
+    Action, AgentEvidence, FenceEvidence, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION,
+};
 use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
 use crate::health::ReadyStatus;
 use crate::view::View;
@@ -52,17 +57,53 @@ pub(super) fn fencing_pending(
     node: &Node,
     node_policy: PolicyRef<'_>,
     protected: Option<&Protected>,
+    proven: bool,
 ) -> Option<Intent> {
     let fencing = &node_policy.spec.fencing;
     (NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService
         && protected.is_none()
-        && !fencing.proven(node))
-    .then(|| Intent::Hold {
+        && !proven)
+        .then(|| Intent::Hold {
+            policy: node_policy.name.to_string(),
+            node: node.metadata.name.clone(),
+            reason: HoldReason::FencingPending {
+                proof: fencing.proof,
+            },
+        })
+}
+
+/// What proves the incident's node fenced for its policy, if anything does yet.
+pub(super) fn fence_proof(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    incident: &Incident,
+    input: &PlanInput<'_>,
+) -> Option<FenceEvidence> {
+    let silent_for = input
+        .heartbeats
+        .get(incident.node.as_str())
+        .and_then(|hb| hb.agent_silent_since)
+        .map(|since| input.now.saturating_duration_since(since));
+    let agent = AgentEvidence {
+        silent_for,
+        request: incident.fence_request.as_deref(),
+    };
+    node_policy.spec.fencing.proven(node, agent)
+}
+
+/// The fence to ask of the node's agent while the `Agent` proof is missing: once per
+/// incident, and only of a node that runs an agent.
+pub(super) fn fence_request(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    incident: &Incident,
+) -> Option<Intent> {
+    (node_policy.spec.fencing.proof == FencingProof::Agent
+        && incident.fence_request.is_none()
+        && agent_addr(node).is_some())
+    .then(|| Intent::RequestFence {
+        node: incident.node.clone(),
         policy: node_policy.name.to_string(),
-        node: node.metadata.name.clone(),
-        reason: HoldReason::FencingPending {
-            proof: fencing.proof,
-        },
     })
 }
 
@@ -112,6 +153,7 @@ pub(super) fn plan_upgrade(
     node_policy: PolicyRef<'_>,
     view: &View,
     protected: Option<&Protected>,
+    proven: bool,
 ) -> Option<Intent> {
     let name = node.metadata.name.as_deref()?;
     let fenced_by_podha = NodeTaint::Fence.on(node)
@@ -128,7 +170,7 @@ pub(super) fn plan_upgrade(
         && fenced_by_podha
         && !NodeTaint::OutOfService.on(node)
         && protected.is_none()
-        && node_policy.spec.fencing.proven(node)
+        && proven
         && waiting)
         .then(|| Intent::TaintNode {
             node: name.to_string(),

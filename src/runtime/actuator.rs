@@ -10,6 +10,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 
+use crate::agent::FENCE_REQUEST_ANNOTATION;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::planner::Intent;
 use crate::view::ObjectKey;
@@ -27,6 +28,8 @@ pub enum Outcome {
     /// The pod changed since the version its delete was conditioned on (resourceVersion
     /// precondition): not deleted; the watch will show what changed.
     Changed,
+    /// The fence request is on the Node, with this value (the one the agent acknowledges).
+    FenceRequested { request: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +105,7 @@ impl Actuator {
                 taint,
             } => self.taint(node, policy, *taint, seen).await,
             Intent::RemoveTaint { node } => self.untaint(node, seen).await,
+            Intent::RequestFence { node, policy } => self.request_fence(node, policy).await,
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
     }
@@ -193,6 +197,21 @@ impl Actuator {
             (!kind.on(current)).then(|| (taint_patch(current, policy, kind), Outcome::Applied))
         })
         .await
+    }
+
+    /// Asks the node's agent for a fence: a new request value on the Node (the policy and the
+    /// time, unique per request, so an acknowledgement of an older one proves nothing now).
+    pub async fn request_fence(&self, node: &str, policy: &str) -> Result<Outcome, ActError> {
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let request = format!("{policy}/{millis}");
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {FENCE_REQUEST_ANNOTATION: &request}}});
+        self.ensure_leading()?;
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(Outcome::FenceRequested { request })
     }
 
     /// Removes podha's taints (out-of-service, fence) and the marker (see [`untaint_patch`]).

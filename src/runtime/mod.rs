@@ -35,6 +35,7 @@ pub use actuator::{Actuator, Outcome};
 pub use state::{Change, ClusterState, Watch};
 
 use crate::api::PodHAPolicy;
+use crate::health::ProbeKind;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::Metrics;
 
@@ -115,18 +116,27 @@ pub async fn run(
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
-    let (plan_tx, plan_rx) = watch::channel(prober::ProbePlan::default());
-    let (tcp_tx, tcp_rx) = mpsc::channel(16);
-    let mut prober = tokio::spawn(prober::run(plan_rx, tcp_tx));
-    let actor = actor::Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
+    let (kubelet_plan, kubelet_plan_rx) = watch::channel(prober::ProbePlan::default());
+    let (agent_plan, agent_plan_rx) = watch::channel(prober::ProbePlan::default());
+    let (rounds_tx, rounds_rx) = mpsc::channel(16);
+    let kubelet_prober = prober::run(ProbeKind::KubeletTcp, kubelet_plan_rx, rounds_tx.clone());
+    let agent_prober = prober::run(ProbeKind::Agent, agent_plan_rx, rounds_tx);
+    let mut prober = tokio::spawn(async move {
+        tokio::join!(kubelet_prober, agent_prober);
+    });
+    let plans = prober::PlanSenders {
+        kubelet: kubelet_plan,
+        agent: agent_plan,
+    };
+    let actor = actor::Actor::new(leader_rx, ready_tx, writes_tx, plans, metrics.clone());
     let changes = watches(&client);
 
     let result = tokio::select! {
         r = &mut http => flatten(r, "HTTP server", Error::Http),
         r = &mut election => flatten(r, "leader election", Error::Leader),
         _ = &mut writer => Err(Error::TaskEnded("writer")),
-        _ = &mut prober => Err(Error::TaskEnded("TCP prober")),
-        r = actor.run(changes, results_rx, tcp_rx) => r.map_err(Error::from),
+        _ = &mut prober => Err(Error::TaskEnded("probers")),
+        r = actor.run(changes, results_rx, rounds_rx) => r.map_err(Error::from),
         () = shutdown => Ok(()),
     };
     // Release the lease (so a standby takes over at once) and drain the server before

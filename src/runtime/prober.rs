@@ -1,28 +1,47 @@
-//! The `KubeletTCP` signal: a TCP connect to each node's InternalIP and kubelet port, every
+//! The probers. `KubeletTCP`: a TCP connect to each node's InternalIP and kubelet port, every
 //! probe interval, with a timeout and bounded concurrency. Only the connect is tried; nothing is
 //! sent, so it needs no credentials and costs the kubelet one accept. What it tells apart: an
 //! accepted connect, a refusal (the host's kernel answered: the machine runs) and silence (no
 //! answer within the timeout, or the host unreachable: a machine that is off or cut off).
+//!
+//! `AgentHeartbeat`: an HTTP GET of `/heartbeat` on each node's podha agent (InternalIP, the
+//! port the agent advertises on its Node), every second, by the leader only. Each probe says
+//! how long ago this process last got an answer from that agent (`heardMs`), so an agent whose
+//! answers are lost learns it is not heard (see `crate::agent`). An answer naming the node is
+//! `Connected`; a refusal or any other answer is the host up without its agent (`Refused`);
+//! silence is `NoAnswer`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::health::TcpResult;
+pub use crate::agent::agent_addr;
+use crate::agent::internal_ip;
+use crate::agent::server::HeartbeatAnswer;
+use crate::health::{ProbeKind, TcpResult};
 
-/// Connects in flight at once.
+/// Probes in flight at once.
 const CONCURRENCY: usize = 256;
+/// How often the leader asks every agent. The agents' own rule (a peer heard within half the
+/// isolation timeout is heard) needs this far shorter than their timeout.
+pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One node to probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub node: String,
-    /// `None` when the node publishes no InternalIP or kubelet port: nothing is probed and
-    /// the signal has no evidence.
+    /// `None` when the node publishes no InternalIP or port: nothing is probed and the signal
+    /// has no evidence.
     pub addr: Option<SocketAddr>,
     pub timeout: Duration,
 }
@@ -36,16 +55,10 @@ pub struct ProbePlan {
 
 /// The kubelet endpoint of a node, from its status.
 pub fn kubelet_addr(node: &Node) -> Option<SocketAddr> {
-    let status = node.status.as_ref()?;
-    let ip: IpAddr = status
-        .addresses
+    let ip = internal_ip(node)?;
+    let port = node
+        .status
         .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")?
-        .address
-        .parse()
-        .ok()?;
-    let port = status
         .daemon_endpoints
         .as_ref()?
         .kubelet_endpoint
@@ -57,10 +70,17 @@ pub fn kubelet_addr(node: &Node) -> Option<SocketAddr> {
         .map(|p| SocketAddr::new(ip, p))
 }
 
-/// One probe round: when its connects were sent, and per node what the connect found
+/// The decision loop's ends of the probers' plans.
+pub struct PlanSenders {
+    pub kubelet: watch::Sender<ProbePlan>,
+    pub agent: watch::Sender<ProbePlan>,
+}
+
+/// One probe round: which prober, when its probes were sent, and per node what the probe found
 /// (`None`: nothing to probe).
 #[derive(Debug)]
 pub struct Round {
+    pub kind: ProbeKind,
     pub sent: Instant,
     pub results: Vec<(String, Option<TcpResult>)>,
 }
@@ -79,8 +99,65 @@ async fn connect(target: Target) -> (String, Option<TcpResult>) {
     (target.node, Some(result))
 }
 
-/// Runs until the decision loop goes away (its plan sender or result receiver dropped).
-pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Round>) {
+type Http = HttpClient<HttpConnector, Empty<Bytes>>;
+
+async fn heartbeat(
+    http: &Http,
+    target: Target,
+    heard_ago: Option<Duration>,
+) -> (String, Option<TcpResult>) {
+    let Some(addr) = target.addr else {
+        return (target.node, None);
+    };
+    let query = heard_ago.map_or(String::new(), |ago| format!("?heardMs={}", ago.as_millis()));
+    let Ok(uri) = format!("http://{addr}/heartbeat{query}").parse::<hyper::Uri>() else {
+        return (target.node, None);
+    };
+    let asked = async {
+        let response = http.get(uri).await?;
+        let ok = response.status().is_success();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((ok, body))
+    };
+    let result = match tokio::time::timeout(target.timeout, asked).await {
+        Ok(Ok((true, body))) => match serde_json::from_slice::<HeartbeatAnswer>(&body) {
+            Ok(answer) if answer.node == target.node => TcpResult::Connected,
+            // Something else answers at that address: the host runs, its agent does not.
+            _ => TcpResult::Refused,
+        },
+        Ok(Ok((false, _))) => TcpResult::Refused,
+        Ok(Err(e)) if refused(e.as_ref()) => TcpResult::Refused,
+        Ok(Err(_)) | Err(_) => TcpResult::NoAnswer,
+    };
+    (target.node, Some(result))
+}
+
+/// Whether a connect was refused somewhere down this error's chain.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// Runs the prober of `kind` until the decision loop goes away (its plan sender or result
+/// receiver dropped).
+pub async fn run(
+    kind: ProbeKind,
+    mut plan: watch::Receiver<ProbePlan>,
+    results: mpsc::Sender<Round>,
+) {
+    let http: Http = HttpClient::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1)
+        .build_http();
+    // When each agent last answered this process: what its next probe tells it.
+    let mut heard: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
         let current = plan.borrow_and_update().clone();
         if current.targets.is_empty() || current.interval.is_zero() {
@@ -101,12 +178,36 @@ pub async fn run(mut plan: watch::Receiver<ProbePlan>, results: mpsc::Sender<Rou
                 }
                 _ = ticker.tick() => {
                     let sent = Instant::now();
-                    let results_in = futures::stream::iter(current.targets.clone())
-                        .map(connect)
-                        .buffer_unordered(CONCURRENCY)
-                        .collect()
-                        .await;
-                    let round = Round { sent, results: results_in };
+                    let results_in: Vec<(String, Option<TcpResult>)> = match kind {
+                        ProbeKind::KubeletTcp => {
+                            futures::stream::iter(current.targets.clone())
+                                .map(connect)
+                                .buffer_unordered(CONCURRENCY)
+                                .collect()
+                                .await
+                        }
+                        ProbeKind::Agent => {
+                            let mut asks = Vec::with_capacity(current.targets.len());
+                            for t in &current.targets {
+                                let ago = heard.get(&t.node).map(|h| sent.saturating_duration_since(*h));
+                                asks.push(heartbeat(&http, t.clone(), ago));
+                            }
+                            futures::stream::iter(asks)
+                                .buffer_unordered(CONCURRENCY)
+                                .collect()
+                                .await
+                        }
+                    };
+                    if kind == ProbeKind::Agent {
+                        let now = Instant::now();
+                        for (node, result) in &results_in {
+                            if *result == Some(TcpResult::Connected) {
+                                heard.insert(node.clone(), now);
+                            }
+                        }
+                        heard.retain(|node, _| current.targets.iter().any(|t| &t.node == node));
+                    }
+                    let round = Round { kind, sent, results: results_in };
                     if results.send(round).await.is_err() {
                         return;
                     }
@@ -213,7 +314,7 @@ mod tests {
             ],
         });
         let spawned = Instant::now();
-        let prober = tokio::spawn(run(plan_rx, tx));
+        let prober = tokio::spawn(run(ProbeKind::KubeletTcp, plan_rx, tx));
         let round = rx.recv().await.expect("a round");
         assert!(
             spawned <= round.sent && round.sent <= Instant::now(),

@@ -328,6 +328,7 @@ pub const fn intent_kind(intent: &Intent) -> &'static str {
         Intent::ForceDeletePod { .. } => "delete_pod",
         Intent::TaintNode { .. } => "taint_node",
         Intent::RemoveTaint { .. } => "untaint_node",
+        Intent::RequestFence { .. } => "request_fence",
         Intent::Hold { .. } => "hold",
     }
 }

@@ -1,11 +1,15 @@
 //! `fencing.proof`: the out-of-service taint only on a node proven fenced (issue 15).
 
 use super::*;
+use crate::agent::{
+    AGENT_ISOLATION_TIMEOUT_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec.fencing = Fencing {
         proof: FencingProof::CloudShutdownTaint,
+        ..Fencing::default()
     };
     spec
 }
@@ -141,5 +145,141 @@ fn a_fenced_node_is_upgraded_to_the_out_of_service_taint_only_with_the_proof() {
             .any(|i| i.contains("out-of-service")),
         "{:?}",
         with.intents
+    );
+}
+
+fn needs_agent(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    spec
+}
+
+/// `node` runs a podha agent: an InternalIP and the agent's advertised port and timeout.
+fn with_agent(mut view: View, node: &str) -> View {
+    let mut n = (*view.nodes[node])
+        .clone()
+        .annotation(AGENT_PORT_ANNOTATION, "9441")
+        .annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "30s");
+    n.status.get_or_insert_with(Default::default).addresses =
+        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }]);
+    view.nodes.insert(node.into(), std::sync::Arc::new(n));
+    view
+}
+
+/// `node`'s agent has not answered for `secs`; every other node renewed its Lease just now
+/// (so the settle rule lets the policy act).
+fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
+    let since = world.now - Duration::from_secs(secs);
+    let others: Vec<String> = world
+        .view
+        .nodes
+        .keys()
+        .filter(|n| *n != node)
+        .cloned()
+        .collect();
+    for other in others {
+        let alive = Heartbeat {
+            last_renewal: Some(world.now),
+            silent_since: world.now,
+            renew_period: Duration::from_secs(10),
+            tcp_answered: None,
+            tcp_silent_since: None,
+            agent_answered: None,
+            agent_silent_since: None,
+            tainted_since: None,
+        };
+        world.heartbeats.insert(other, alive);
+    }
+    world.heartbeats.insert(
+        node.to_string(),
+        Heartbeat {
+            last_renewal: None,
+            silent_since: since - Duration::from_secs(10),
+            renew_period: Duration::from_secs(10),
+            tcp_answered: None,
+            tcp_silent_since: None,
+            agent_answered: None,
+            agent_silent_since: Some(since),
+            tainted_since: None,
+        },
+    );
+}
+
+#[test]
+fn the_agent_is_asked_to_fence_once_and_its_acknowledgement_lets_the_taint_on() {
+    let mut world = World::new(with_agent(cluster(3), "node-1"))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    let plan = world.plan();
+    assert_eq!(
+        intent_names(&plan),
+        ["request fence node-1", "hold FencingPending"],
+        "nothing tainted or deleted before the proof"
+    );
+    world.ledger.record_fence_request("node-1", "p/1");
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["hold FencingPending"],
+        "asked once per incident"
+    );
+    // An acknowledgement of another request proves nothing.
+    let stale = (*world.view.nodes["node-1"])
+        .clone()
+        .annotation(FENCE_ACK_ANNOTATION, "p/0");
+    world.view.nodes.insert("node-1".into(), stale.into());
+    assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
+    let acked = (*world.view.nodes["node-1"])
+        .clone()
+        .annotation(FENCE_ACK_ANNOTATION, "p/1");
+    world.view.nodes.insert("node-1".into(), acked.into());
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
+#[test]
+fn an_agent_silent_past_its_timeout_and_the_margin_has_fenced_its_node() {
+    let mut world = World::new(with_agent(cluster(3), "node-1"))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    world.ledger.record_fence_request("node-1", "p/1");
+    agent_silent_for(&mut world, "node-1", 39);
+    assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
+    agent_silent_for(&mut world, "node-1", 40);
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
+#[test]
+fn a_node_without_an_agent_is_never_asked_and_never_proven_by_the_agent() {
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    agent_silent_for(&mut world, "node-1", 400);
+    assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
+}
+
+#[test]
+fn a_rehearsal_only_says_it_would_ask_the_agent() {
+    let mut spec = needs_agent(mk_spec());
+    spec.dry_run = true;
+    let plan = World::new(with_agent(cluster(3), "node-1"))
+        .policy("p", spec)
+        .fail("node-1")
+        .plan();
+    assert!(
+        plan.intents
+            .iter()
+            .all(|i| !matches!(i, Intent::RequestFence { .. })),
+        "{:?}",
+        plan.intents
     );
 }

@@ -89,6 +89,8 @@ impl World {
             renew_period: Duration::from_secs(10),
             tcp_answered: None,
             tcp_silent_since: None,
+            agent_answered: None,
+            agent_silent_since: None,
             tainted_since: Some(self.t0),
         };
         self.heartbeats.insert(node.to_string(), hb);
@@ -753,6 +755,7 @@ fn intent_names(plan: &Plan) -> Vec<String> {
             } => format!("delete {pod} in version {v}"),
             Intent::TaintNode { node, taint, .. } => format!("taint {node} {}", taint.key()),
             Intent::RemoveTaint { node } => format!("untaint {node}"),
+            Intent::RequestFence { node, .. } => format!("request fence {node}"),
             Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
         })
         .collect()

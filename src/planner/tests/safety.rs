@@ -294,6 +294,8 @@ fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
         renew_period: renew,
         tcp_answered: None,
         tcp_silent_since: None,
+        agent_answered: None,
+        agent_silent_since: None,
         tainted_since: None,
     };
     let mut world = World::new(cluster(6)).policy("p", max_unhealthy(oos(), 2));
@@ -356,6 +358,8 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         renew_period: s(10),
         tcp_answered: None,
         tcp_silent_since: None,
+        agent_answered: None,
+        agent_silent_since: None,
         tainted_since: None,
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
@@ -407,6 +411,8 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         renew_period: s(10),
         tcp_answered: Some(t0 + s(answered)),
         tcp_silent_since: port_silent.map(|p| t0 + s(p)),
+        agent_answered: None,
+        agent_silent_since: None,
         tainted_since: None,
     };
     let mut tcp = max_unhealthy(oos(), 1);

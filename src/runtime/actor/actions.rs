@@ -47,7 +47,9 @@ impl Actor {
                     policy.clone(),
                 )
             }
-            Intent::TaintNode { policy, .. } => (None, policy.clone()),
+            Intent::TaintNode { policy, .. } | Intent::RequestFence { policy, .. } => {
+                (None, policy.clone())
+            }
             Intent::RemoveTaint { node } => (None, self.marker_policy(node)),
             Intent::Hold { .. } => return,
         };
@@ -208,6 +210,19 @@ impl Actor {
                         .inc_taints(&pending.policy, TaintOperation::Remove);
                     let note = "removed podha's taint: the node is back and holds no volume";
                     let ev = self.node_event(node, false, "TaintRemoved", "Untaint", note.into());
+                    self.queue_event(ev);
+                }
+            }
+            Intent::RequestFence { node, policy } => {
+                if let Outcome::FenceRequested { request } = &outcome {
+                    self.ledger.record_fence_request(node, request);
+                    info!(node, request, "fence asked of the node's agent");
+                    let note = format!(
+                        "asked the node's podha agent to fence it (request {request}, policy \
+                         {policy}); the out-of-service taint waits for its acknowledgement or \
+                         its silence"
+                    );
+                    let ev = self.node_event(node, true, "FenceRequested", "Fence", note);
                     self.queue_event(ev);
                 }
             }

@@ -15,7 +15,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::actuator::Outcome;
-use super::prober::{self, ProbePlan, Target, kubelet_addr};
+use super::prober::{
+    self, AGENT_PROBE_INTERVAL, PlanSenders, ProbePlan, Target, agent_addr, kubelet_addr,
+};
 use super::state::{Change, ClusterState, Watch};
 use super::status::{PolicyFacts, policy_status};
 use super::writer::{ActResult, EventNote, Lanes, Report, ResultReceiver, intent_kind};
@@ -25,7 +27,9 @@ use crate::api::{
 use crate::detach::{Failover, MovedPod, PhaseChange};
 use crate::eligibility::SkipReason;
 use crate::eligibility::node_selected;
-use crate::health::{Cause, DetectionConfig, HealthTracker, NodeHealth, ReadyStatus, Transition};
+use crate::health::{
+    Cause, DetectionConfig, HealthTracker, NodeHealth, ProbeKind, ReadyStatus, Transition,
+};
 use crate::metrics::{Metrics, TaintOperation};
 use crate::planner::{
     self, HealthBook, Heartbeat, Heartbeats, HoldReason, Intent, Ledger, PlanInput, PodSkip,
@@ -107,7 +111,7 @@ pub struct Actor {
     is_leader: watch::Receiver<bool>,
     ready: watch::Sender<bool>,
     writes: Lanes,
-    probe_plan: watch::Sender<ProbePlan>,
+    probe_plans: PlanSenders,
     metrics: Arc<Metrics>,
     wall: WallClock,
 }
@@ -117,7 +121,7 @@ impl Actor {
         is_leader: watch::Receiver<bool>,
         ready: watch::Sender<bool>,
         writes: Lanes,
-        probe_plan: watch::Sender<ProbePlan>,
+        probe_plans: PlanSenders,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
@@ -135,7 +139,7 @@ impl Actor {
             is_leader,
             ready,
             writes,
-            probe_plan,
+            probe_plans,
             metrics,
             wall: WallClock::now(),
         }
@@ -146,7 +150,7 @@ impl Actor {
         mut self,
         changes: impl Stream<Item = Change> + Unpin,
         mut results: ResultReceiver,
-        mut tcp: mpsc::Receiver<prober::Round>,
+        mut rounds: mpsc::Receiver<prober::Round>,
     ) -> Result<(), ActorError> {
         let mut changes = changes;
         let mut ticker = tokio::time::interval(TICK);
@@ -179,13 +183,15 @@ impl Actor {
                         self.tick(Instant::now()).await;
                     }
                 }
-                Some(round) = tcp.recv() => {
+                Some(round) = rounds.recv() => {
                     let received = Instant::now();
                     for (node, result) in round.results {
                         if let Some(obs) = self.state.observations.get_mut(&node) {
                             match result {
-                                Some(result) => obs.observe_tcp(result, round.sent, received),
-                                None => obs.forget_tcp(),
+                                Some(result) => {
+                                    obs.observe_probe(round.kind, result, round.sent, received);
+                                }
+                                None => obs.forget_probe(round.kind),
                             }
                         }
                     }
@@ -325,12 +331,16 @@ impl Actor {
         let mut selected = BTreeSet::new();
         let mut tcp_interval: Option<Duration> = None;
         let mut tcp_targets: BTreeMap<&str, Target> = BTreeMap::new();
+        let mut agent_timeout = AGENT_PROBE_INTERVAL;
         for (name, policy) in &self.state.policies {
             let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
                 continue;
             };
             if cfg.signals.kubelet_tcp {
                 tcp_interval = Some(tcp_interval.map_or(cfg.interval, |i| i.min(cfg.interval)));
+            }
+            if cfg.signals.agent {
+                agent_timeout = agent_timeout.min(cfg.tcp_timeout);
             }
             for (node_name, node) in &self.state.view.nodes {
                 if !node_selected(&policy.spec, node) {
@@ -360,19 +370,42 @@ impl Actor {
                 }
             }
         }
-        let plan = ProbePlan {
-            interval: tcp_interval.unwrap_or_default(),
-            targets: tcp_targets.into_values().collect(),
-        };
-        self.probe_plan.send_if_modified(|current| {
-            let changed = *current != plan;
-            if changed {
-                *current = plan;
-            }
-            changed
-        });
+        publish(
+            &self.probe_plans.kubelet,
+            ProbePlan {
+                interval: tcp_interval.unwrap_or_default(),
+                targets: tcp_targets.into_values().collect(),
+            },
+        );
+        publish(&self.probe_plans.agent, self.agent_plan(agent_timeout));
         self.trackers.retain(|key, _| selected.contains(key));
         transitions
+    }
+
+    /// The leader asks every node that runs a podha agent, whether or not a policy listens:
+    /// an agent podha stops hearing fences its node (see `crate::agent`), so every agent must be
+    /// heard while podha leads. A follower asks none (only the leader's hearing counts).
+    fn agent_plan(&self, timeout: Duration) -> ProbePlan {
+        if !self.leading {
+            return ProbePlan::default();
+        }
+        let targets = self
+            .state
+            .view
+            .nodes
+            .iter()
+            .filter_map(|(name, node)| {
+                agent_addr(node).map(|addr| Target {
+                    node: name.clone(),
+                    addr: Some(addr),
+                    timeout,
+                })
+            })
+            .collect();
+        ProbePlan {
+            interval: AGENT_PROBE_INTERVAL,
+            targets,
+        }
     }
 
     async fn on_transition(&mut self, policy: &str, node: &str, t: Transition) {
@@ -448,6 +481,8 @@ impl Actor {
                     renew_period: obs.renew_period_bound(),
                     tcp_answered: obs.tcp_answered(),
                     tcp_silent_since: obs.tcp_silent_since(),
+                    agent_answered: obs.probed(ProbeKind::Agent).answered,
+                    agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                     tainted_since: obs.podha_tainted_since(),
                 };
                 (node.clone(), hb)
@@ -523,6 +558,17 @@ impl Actor {
     }
 }
 
+/// Hands a prober its plan, waking it only when the plan changed.
+fn publish(sender: &watch::Sender<ProbePlan>, plan: ProbePlan) {
+    sender.send_if_modified(|current| {
+        let changed = *current != plan;
+        if changed {
+            *current = plan;
+        }
+        changed
+    });
+}
+
 /// A tracker for a node a policy starts watching. A node carrying podha's taint marker for
 /// this policy was judged dead before (by a previous process or leader): it resumes as Failed
 /// so a restart does not by itself make it look healthy.
@@ -565,6 +611,7 @@ fn intent_node(intent: &Intent) -> &str {
         Intent::MarkPodNotReady { node, .. }
         | Intent::ForceDeletePod { node, .. }
         | Intent::TaintNode { node, .. }
+        | Intent::RequestFence { node, .. }
         | Intent::RemoveTaint { node } => node,
         Intent::Hold { node, .. } => node.as_deref().unwrap_or(""),
     }
@@ -576,6 +623,7 @@ fn intent_key(intent: &Intent) -> String {
         Intent::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
         Intent::TaintNode { node, .. } => format!("taint/{node}"),
         Intent::RemoveTaint { node } => format!("untaint/{node}"),
+        Intent::RequestFence { node, .. } => format!("fence/{node}"),
         Intent::Hold {
             policy,
             node,
@@ -602,6 +650,7 @@ fn describe(intent: &Intent) -> String {
             format!("taint node {node} {}:{}", taint.key(), taint.effect())
         }
         Intent::RemoveTaint { node } => format!("remove the out-of-service taint from node {node}"),
+        Intent::RequestFence { node, .. } => format!("ask node {node}'s podha agent to fence it"),
         Intent::Hold { .. } => "hold".to_string(),
     }
 }

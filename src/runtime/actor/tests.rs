@@ -60,7 +60,7 @@ struct Harness {
     writes: crate::runtime::writer::LaneReceivers,
     metrics: Arc<Metrics>,
     _leader: watch::Sender<bool>,
-    _plan: watch::Receiver<ProbePlan>,
+    _plans: [watch::Receiver<ProbePlan>; 2],
 }
 
 /// A policy that judges a node by NodeReady alone, after one failed probe.
@@ -85,9 +85,14 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
     let (leader_tx, leader_rx) = watch::channel(true);
     let (ready_tx, _) = watch::channel(false);
     let (writes_tx, writes) = crate::runtime::writer::lanes();
-    let (plan_tx, plan_rx) = watch::channel(ProbePlan::default());
+    let (kubelet_plan, kubelet_rx) = watch::channel(ProbePlan::default());
+    let (agent_plan, agent_rx) = watch::channel(ProbePlan::default());
+    let plans = PlanSenders {
+        kubelet: kubelet_plan,
+        agent: agent_plan,
+    };
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plan_tx, metrics.clone());
+    let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plans, metrics.clone());
     let now = Instant::now();
     let view = view_with(objects);
     let state = &mut actor.state;
@@ -137,7 +142,7 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
         writes,
         metrics,
         _leader: leader_tx,
-        _plan: plan_rx,
+        _plans: [kubelet_rx, agent_rx],
     }
 }
 
