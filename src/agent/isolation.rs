@@ -20,6 +20,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// What the agent learned from its peers in one survey.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Survey {
@@ -92,6 +94,35 @@ pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey
          answered (none heard): this node may be cut off",
         survey.peers
     ))
+}
+
+/// How long a `Fence` verdict must hold before the agent fences: two probe intervals. When
+/// podha's leader starts probing again (a new leader, the API server back), one round reaches
+/// the agents over a few milliseconds to seconds; an agent surveying in that window finds a
+/// peer heard a moment before its own probe arrives. Waiting for the verdict to hold lets that
+/// probe arrive.
+pub const CONFIRM: Duration = Duration::from_secs(2);
+
+/// A `Fence` verdict held since when; the agent fences once it held for [`CONFIRM`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Confirmation {
+    since: Option<Instant>,
+}
+
+impl Confirmation {
+    /// Takes this check's verdict at `now`; returns whether to fence now.
+    pub fn fence_now(&mut self, verdict: &Verdict, now: Instant) -> bool {
+        match verdict {
+            Verdict::Fence(_) => {
+                let since = *self.since.get_or_insert(now);
+                now.saturating_duration_since(since) >= CONFIRM
+            }
+            Verdict::Heard | Verdict::Stay(_) => {
+                self.since = None;
+                false
+            }
+        }
+    }
 }
 
 fn round_secs(d: Duration) -> Duration {
@@ -183,6 +214,23 @@ mod tests {
         // Exactly half is no majority.
         assert!(!survey(10, &[s(40); 5]).settled(T));
         assert!(survey(10, &[s(40); 6]).settled(T));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_verdict_must_hold_for_two_seconds() {
+        let fence = Verdict::Fence("cut off".into());
+        let mut c = Confirmation::default();
+        assert!(!c.fence_now(&fence, Instant::now()));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!c.fence_now(&fence, Instant::now()));
+        // Heard in between: the count starts over.
+        assert!(!c.fence_now(&Verdict::Heard, Instant::now()));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!c.fence_now(&fence, Instant::now()));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!c.fence_now(&fence, Instant::now()));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(c.fence_now(&fence, Instant::now()));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
-use isolation::{Verdict, decide};
+use isolation::{Confirmation, Verdict, decide};
 use peers::Peers;
 use server::{Hearing, SharedHearing};
 
@@ -219,19 +219,28 @@ async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fen
     let mut ticker = tokio::time::interval(args.check_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_stay = None;
+    let mut confirmation = Confirmation::default();
     loop {
         ticker.tick().await;
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
         if not_heard_for < args.isolation_timeout {
+            confirmation.fence_now(&Verdict::Heard, Instant::now());
             fencer.heard().await;
             last_stay = None;
             continue;
         }
         let survey = peers.survey(args.isolation_timeout).await;
-        match decide(not_heard_for, args.isolation_timeout, Some(&survey)) {
+        // The survey took a while: heard meanwhile?
+        let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
+        let verdict = decide(not_heard_for, args.isolation_timeout, Some(&survey));
+        let fence = confirmation.fence_now(&verdict, Instant::now());
+        match verdict {
             Verdict::Heard => {}
-            Verdict::Fence(why) => {
+            Verdict::Fence(why) if fence => {
                 fencer.fence(&why).await;
+            }
+            Verdict::Fence(why) => {
+                info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
             }
             Verdict::Stay(why) => {
                 if last_stay.as_ref() != Some(&why) {
