@@ -88,8 +88,8 @@ pub struct AgentArgs {
     /// How often the agent checks whether it is heard.
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
     pub check_interval: Duration,
-    /// The peers' agent addresses (host:port, comma-separated); without it, every other
-    /// Node's InternalIP at this agent's port, from the API server.
+    /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
+    /// that advertises an agent, from the API server.
     #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
     pub peers: Vec<SocketAddr>,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
@@ -196,7 +196,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let serve = async move { axum::serve(listener, router).await };
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
     let peers = if args.peers.is_empty() {
-        Peers::discovered(client.clone(), &args.node, args.listen.port())
+        Peers::discovered(client.clone(), &args.node)
     } else {
         Peers::fixed(args.peers.clone())
     };

@@ -1,7 +1,7 @@
 //! The peers: every other node's agent, and the survey of how long ago podha heard them.
 //!
-//! Peers come from a fixed list, or from the Node list (each node's InternalIP at this agent's
-//! port), read from the API server at most every [`REFRESH`] and kept when it is unreachable:
+//! Peers come from a fixed list, or from the Node list (every other node that advertises an
+//! agent: a node without one could never answer, and would count against the majority), read from the API server at most every [`REFRESH`] and kept when it is unreachable:
 //! a cut-off agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops
 //! as soon as the answers decide (one heard peer, or a majority unheard) or [`SURVEY_DEADLINE`]
 //! passed, so a node that is merely unheard for a moment asks a few peers, not the whole
@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::internal_ip;
+use super::agent_addr;
 use super::isolation::Survey;
 use super::server::PeerAnswer;
 
@@ -48,7 +48,6 @@ enum Source {
     Discovered {
         client: kube::Client,
         node: String,
-        port: u16,
         known: Mutex<(Vec<SocketAddr>, Option<Instant>)>,
     },
 }
@@ -58,11 +57,10 @@ impl Peers {
         Self::with(Source::Fixed(peers))
     }
 
-    pub fn discovered(client: kube::Client, node: &str, port: u16) -> Self {
+    pub fn discovered(client: kube::Client, node: &str) -> Self {
         Self::with(Source::Discovered {
             client,
             node: node.to_string(),
-            port,
             known: Mutex::new((Vec::new(), None)),
         })
     }
@@ -123,13 +121,11 @@ impl Peers {
             Source::Discovered {
                 client,
                 node,
-                port,
                 known,
             } => {
                 let stale = lock(known).1.is_none_or(|at| at.elapsed() >= REFRESH);
                 if stale {
-                    match tokio::time::timeout(LIST_TIMEOUT, list_nodes(client, node, *port)).await
-                    {
+                    match tokio::time::timeout(LIST_TIMEOUT, list_nodes(client, node)).await {
                         Ok(Ok(found)) => *lock(known) = (found, Some(Instant::now())),
                         Ok(Err(e)) => {
                             warn!(error = %e, "cannot list the peers; using the last list")
@@ -162,7 +158,7 @@ fn spread(node: &str) -> usize {
     hash as usize
 }
 
-async fn list_nodes(client: &kube::Client, me: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, String> {
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes
         .list(&ListParams::default())
@@ -172,7 +168,6 @@ async fn list_nodes(client: &kube::Client, me: &str, port: u16) -> Result<Vec<So
         .items
         .iter()
         .filter(|n| n.metadata.name.as_deref() != Some(me))
-        .filter_map(internal_ip)
-        .map(|ip| SocketAddr::new(ip, port))
+        .filter_map(agent_addr)
         .collect())
 }

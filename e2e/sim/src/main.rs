@@ -178,6 +178,14 @@ enum NodeCmd {
         #[command(flatten)]
         dir: DirArg,
     },
+    /// What a kwok node's podha agent runs to fence it: SIGKILL its kwok and node agent (the
+    /// host and the podha agent stay up), and record the fence in the cluster's fences.log.
+    /// The agent gives the reason in $PODHA_FENCE_REASON.
+    Fence {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
     /// Restart a killed node; returns once it is Ready.
     Start {
         name: String,
@@ -296,6 +304,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         } => {
             Cluster::attach(&dir.dir)?.kill_kubelet(&name)?;
             println!("{name}: kubelet killed, host up");
+        }
+        Cmd::Node {
+            command: NodeCmd::Fence { name, dir },
+        } => {
+            let reason = std::env::var("PODHA_FENCE_REASON").unwrap_or_default();
+            Cluster::attach(&dir.dir)?.fence_node(&name, &reason)?;
+            println!("{name} fenced");
         }
         Cmd::Node {
             command: NodeCmd::Start { name, dir },

@@ -251,7 +251,11 @@ impl Cluster {
             .arg("csi-node")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--node={}", rec.name));
-        self.spawn(st, &csi_node_proc(&rec.name), agent)
+        self.spawn(st, &csi_node_proc(&rec.name), agent)?;
+        if let Some(agents) = st.agents.clone() {
+            self.spawn_agent(st, &mut rec.clone(), &agents)?;
+        }
+        Ok(())
     }
 
     /// Polls `check` every 250 ms until it returns true; fails early if one of `watched`

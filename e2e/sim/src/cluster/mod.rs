@@ -51,6 +51,7 @@
 //! `volumes.kubernetes.io/controller-managed-attach-detach=true` (a kubelet sets it; without it
 //! the attach/detach controller ignores the node).
 
+pub mod agents;
 pub mod audit;
 mod bins;
 mod blackhole;
@@ -81,6 +82,7 @@ pub use bins::{BINARIES, default_bin_dir, k8s_version};
 pub use fleet::{FLEET_GROUP_LABEL, FleetGroup};
 use process::ProcRecord;
 pub use realnode::PAUSE_IMAGE;
+pub use state::Agents;
 use state::{NodeRecord, Ports, RealNodes, State};
 
 pub use options::{ClusterOptions, Error, Profile, Result};
@@ -102,6 +104,11 @@ fn kwok_proc(node: &str) -> String {
 
 fn csi_node_proc(node: &str) -> String {
     format!("csi-node-{node}")
+}
+
+/// The podha agent of a kwok node (see `agents`).
+fn agent_proc(node: &str) -> String {
+    format!("podha-agent-{node}")
 }
 
 /// A real node's boot script, which becomes its kubelet (see `realnode`).
@@ -230,6 +237,7 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         ip,
         port,
         real: false,
+        agent_port: None,
     })
 }
 
@@ -245,6 +253,7 @@ fn real_node_record(index: u8, subnet: u8) -> Result<NodeRecord> {
         ip: realnode::net::node_ip(subnet, index),
         port: realnode::KUBELET_PORT,
         real: true,
+        agent_port: None,
     })
 }
 
@@ -393,6 +402,7 @@ impl Cluster {
             ports,
             nodes,
             real_nodes,
+            agents: opts.agents.clone(),
             processes: Default::default(),
         };
         state.save(&dir)?;

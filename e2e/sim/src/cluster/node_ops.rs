@@ -17,8 +17,12 @@ impl Cluster {
             realnode::kill(&self.real_node(name, "killed")?)?;
         } else {
             blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
+            // Its podha agent's address goes silent with it.
+            if let Some(port) = self.lock_reloaded().node(name)?.agent_port {
+                blackhole::silence(&self.dir, rec.ip, port)?;
+            }
         }
-        self.kill_node_processes(name)?;
+        self.kill_node_processes(name, true)?;
         info!(node = name, "node killed");
         Ok(())
     }
@@ -40,18 +44,28 @@ impl Cluster {
             info!(node = name, "kubelet killed, containers running");
             return Ok(());
         }
-        self.kill_node_processes(name)?;
+        self.kill_node_processes(name, false)?;
         info!(node = name, "kubelet killed, host up");
         Ok(())
     }
 
-    fn kill_node_processes(&self, name: &str) -> Result<()> {
+    /// SIGKILLs the node's processes: a real node's kubelet, a kwok node's kwok and sim-csi
+    /// node agent, and, `with_agent`, its podha agent (the machine is gone, not only its
+    /// workloads).
+    pub(in crate::cluster) fn kill_node_processes(
+        &self,
+        name: &str,
+        with_agent: bool,
+    ) -> Result<()> {
         let mut st = self.lock_reloaded();
-        let names = if st.node(name)?.real {
+        let mut names = if st.node(name)?.real {
             vec![kubelet_proc(name)]
         } else {
             vec![kwok_proc(name), csi_node_proc(name)]
         };
+        if with_agent {
+            names.push(agent_proc(name));
+        }
         let mut result = Ok(());
         for proc_name in names {
             if let Some(rec) = st.processes.get(&proc_name).copied() {
@@ -92,6 +106,15 @@ impl Cluster {
                 return Err(Error::NodeRunning(name.to_string()));
             }
         }
+        // A fenced node's podha agent still runs: the node boots with a new one.
+        {
+            let mut st = self.lock_reloaded();
+            if let Some(rec) = st.processes.get(&agent_proc(name)).copied() {
+                process::kill(&agent_proc(name), &rec)?;
+                st.processes.remove(&agent_proc(name));
+                st.save(&self.dir)?;
+            }
+        }
         let client = self.client().await?;
         let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
         match leases.delete(name, &DeleteParams::default()).await {
@@ -104,6 +127,9 @@ impl Cluster {
             let mut st = self.lock_reloaded();
             let mut rec = st.node(name)?.clone();
             blackhole::restore(&self.dir, rec.ip, rec.port)?;
+            if let Some(port) = rec.agent_port {
+                blackhole::restore(&self.dir, rec.ip, port)?;
+            }
             // Another process may have taken the node's port while it was down (a second sim
             // cluster shares the loopback addresses): take a free one; kwok reports it in the
             // Node's daemonEndpoints, where probes read it.

@@ -96,6 +96,8 @@ pub struct ClusterOptions {
     pub attach_delay: Duration,
     /// sim-csi's simulated ControllerUnpublish time.
     pub detach_delay: Duration,
+    /// Run a podha agent beside every kwok node (see `agents`); `None`: no agents.
+    pub agents: Option<Agents>,
 }
 
 impl ClusterOptions {
@@ -113,6 +115,7 @@ impl ClusterOptions {
             apiserver_port: None,
             attach_delay: Duration::from_secs(1),
             detach_delay: Duration::from_secs(1),
+            agents: None,
         }
     }
 }

@@ -31,6 +31,19 @@ pub struct NodeRecord {
     /// a kwok one.
     #[serde(default)]
     pub real: bool,
+    /// The podha agent's port on `ip`, when the cluster runs agents (chosen free at each
+    /// start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_port: Option<u16>,
+}
+
+/// The podha agents the cluster runs on its kwok nodes (see [`super::agents`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Agents {
+    /// The podha executable.
+    pub exe: PathBuf,
+    #[serde(with = "humantime_serde_compat")]
+    pub isolation_timeout: Duration,
 }
 
 /// What the cluster's real nodes share.
@@ -56,6 +69,9 @@ pub struct State {
     /// Set when the cluster has real nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub real_nodes: Option<RealNodes>,
+    /// Set when the cluster runs podha agents on its kwok nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Agents>,
     /// Running (or last started) processes by name; removed when killed on purpose.
     pub processes: BTreeMap<String, ProcRecord>,
 }

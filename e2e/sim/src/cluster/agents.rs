@@ -1,0 +1,115 @@
+//! podha agents on the kwok nodes, where a cluster is started with [`super::Agents`].
+//!
+//! A kwok node is a kwok process and a sim-csi node agent; with agents it also runs
+//! `podha agent` on its own loopback address (a free port, advertised on the Node by the agent
+//! itself), recorded with the node's processes so that a killed node loses its agent too. Its
+//! fence is `podha-sim node fence`: the node's kwok and sim-csi node agent are SIGKILLed (its
+//! workloads stop: its Lease, status and volumes freeze) while its host, and the agent, run on,
+//! as after a fence that stops a machine's kubelet and containers; each fence is appended to
+//! `fences.log` in the cluster directory, the record the tests read.
+//!
+//! What a real machine has and this lacks: a fence here cannot reboot anything, and a kwok node
+//! cannot be frozen or cut off from the API server alone (those faults exist for real nodes).
+
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::*;
+
+/// One fence an agent carried out, as `fences.log` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u128,
+    pub node: String,
+    pub reason: String,
+}
+
+impl Cluster {
+    /// Starts the podha agent of kwok node `rec` on a free port of its address.
+    pub(in crate::cluster) fn spawn_agent(
+        &self,
+        st: &mut State,
+        rec: &mut NodeRecord,
+        agents: &Agents,
+    ) -> Result<()> {
+        let port = free_port(rec.ip)?;
+        rec.agent_port = Some(port);
+        if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == rec.name) {
+            stored.agent_port = Some(port);
+        }
+        let fence = format!(
+            "command:'{}' node fence '{}' --dir '{}'",
+            st.sim_exe.display(),
+            rec.name,
+            self.dir.display()
+        );
+        let mut agent = Command::new(&agents.exe);
+        agent
+            .arg("agent")
+            .arg(format!("--node={}", rec.name))
+            .arg(format!("--listen={}:{port}", rec.ip))
+            .arg(format!(
+                "--isolation-timeout={}",
+                humantime::format_duration(agents.isolation_timeout)
+            ))
+            .arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
+            .arg(format!("--fence={fence}"));
+        self.spawn(st, &agent_proc(&rec.name), agent)
+    }
+
+    /// The fence a kwok node's agent asks for: its kwok and sim-csi node agent are SIGKILLed,
+    /// the agent and the host stay; recorded in `fences.log`.
+    pub fn fence_node(&self, name: &str, reason: &str) -> Result<()> {
+        if self.node(name)?.real {
+            return Err(Error::Other(format!(
+                "{name} is a real node: the sim's agents run on kwok nodes only"
+            )));
+        }
+        self.kill_node_processes(name, false)?;
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let line = format!("{at_ms} {name} {}\n", reason.replace('\n', " "));
+        let path = self.fences_log();
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| Error::io(format!("append to {}", path.display()), e))?;
+        info!(node = name, reason, "node fenced by its agent");
+        Ok(())
+    }
+
+    fn fences_log(&self) -> PathBuf {
+        self.dir.join("fences.log")
+    }
+
+    /// Every fence carried out so far, oldest first.
+    pub fn fences(&self) -> Result<Vec<Fence>> {
+        let path = self.fences_log();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+        };
+        text.lines()
+            .map(|line| {
+                let mut parts = line.splitn(3, ' ');
+                let at_ms = parts.next().and_then(|t| t.parse().ok());
+                match (at_ms, parts.next(), parts.next()) {
+                    (Some(at_ms), Some(node), reason) => Ok(Fence {
+                        at_ms,
+                        node: node.to_string(),
+                        reason: reason.unwrap_or_default().to_string(),
+                    }),
+                    _ => Err(Error::Other(format!(
+                        "{}: malformed line {line:?}",
+                        path.display()
+                    ))),
+                }
+            })
+            .collect()
+    }
+}
