@@ -95,6 +95,21 @@ pub struct AgentArgs {
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "PODHA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// This boot's ID (what the kubelet reports as `nodeInfo.bootID`); without it, read from
+    /// /proc/sys/kernel/random/boot_id. A fence request made in an earlier boot is answered
+    /// without a fence: the reboot was one.
+    #[arg(long, env = "PODHA_AGENT_BOOT_ID")]
+    pub boot_id: Option<String>,
+}
+
+/// The boot ID the agent runs in: `--boot-id`, else the kernel's; `None` if neither is known
+/// (then every request is fenced).
+fn boot_id(given: Option<&str>) -> Option<String> {
+    given.map(str::to_string).or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|id| id.trim().to_string())
+    })
 }
 
 /// How the agent fences its node.
@@ -209,7 +224,10 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     );
     tokio::select! {
         r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),
-        r = async { tokio::join!(advertised, requests::follow(client, &args.node, fencer.clone())).1 } => r,
+        r = async {
+            let boot = boot_id(args.boot_id.as_deref());
+            tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
+        } => r,
         () = check_loop(&args, hearing, &peers, &fencer) => Ok(()),
     }
 }

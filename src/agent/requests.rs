@@ -44,6 +44,24 @@ pub async fn advertise(client: kube::Client, name: &str, port: u16, timeout: Dur
     }
 }
 
+/// The boot a request was made in: its last `/`-separated part (podha writes
+/// `<policy>/<unix ms>/<bootID as the Node reported it>`); `None` when it names none.
+pub fn requested_boot(request: &str) -> Option<&str> {
+    request
+        .rsplit_once('/')
+        .map(|(_, boot)| boot)
+        .filter(|boot| !boot.is_empty())
+}
+
+/// Whether the request must be answered with a fence: unless it was made in another boot of
+/// this node (the reboot since was the fence). Unknown boots on either side: fence.
+pub fn needs_fence(request: &str, this_boot: Option<&str>) -> bool {
+    match (requested_boot(request), this_boot.filter(|b| !b.is_empty())) {
+        (Some(then), Some(now)) => then == now,
+        _ => true,
+    }
+}
+
 /// The request on this Node still waiting for its acknowledgement, if any.
 pub fn unanswered(node: &Node) -> Option<&str> {
     let annotations = node.metadata.annotations.as_ref()?;
@@ -53,7 +71,12 @@ pub fn unanswered(node: &Node) -> Option<&str> {
 
 /// Follows the Node `name` for as long as the agent runs (the watch restarts with backoff
 /// while the API server is unreachable).
-pub async fn follow(client: kube::Client, name: &str, fencer: Arc<Fencer>) -> Result<(), String> {
+pub async fn follow(
+    client: kube::Client,
+    name: &str,
+    boot: Option<String>,
+    fencer: Arc<Fencer>,
+) -> Result<(), String> {
     let nodes: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(nodes.clone(), config)
@@ -64,7 +87,7 @@ pub async fn follow(client: kube::Client, name: &str, fencer: Arc<Fencer>) -> Re
         match stream.try_next().await {
             Ok(Some(node)) => {
                 if let Some(request) = unanswered(&node) {
-                    answer(&nodes, name, request, &fencer).await;
+                    answer(&nodes, name, request, boot.as_deref(), &fencer).await;
                 }
             }
             Ok(None) => return Err("the watch of this node ended".into()),
@@ -73,11 +96,18 @@ pub async fn follow(client: kube::Client, name: &str, fencer: Arc<Fencer>) -> Re
     }
 }
 
-async fn answer(nodes: &Api<Node>, name: &str, request: &str, fencer: &Fencer) {
-    info!(node = name, request, "podha asks for a fence");
-    let why = format!("podha asked for it (request {request})");
-    if !fencer.fence(&why).await {
-        return;
+async fn answer(nodes: &Api<Node>, name: &str, request: &str, boot: Option<&str>, fencer: &Fencer) {
+    if needs_fence(request, boot) {
+        info!(node = name, request, "podha asks for a fence");
+        let why = format!("podha asked for it (request {request})");
+        if !fencer.fence(&why).await {
+            return;
+        }
+    } else {
+        info!(
+            node = name,
+            request, "a fence asked of an earlier boot: the reboot was the fence"
+        );
     }
     let patch = json!({"metadata": {"annotations": {FENCE_ACK_ANNOTATION: request}}});
     match nodes
@@ -103,6 +133,17 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
         );
         n
+    }
+
+    #[test]
+    fn a_request_of_an_earlier_boot_needs_no_fence_and_an_unknown_boot_does() {
+        assert_eq!(requested_boot("p/1700000000000/b1"), Some("b1"));
+        assert_eq!(requested_boot("p/1700000000000/"), None);
+        assert!(needs_fence("p/1/b1", Some("b1")), "this boot");
+        assert!(!needs_fence("p/1/b1", Some("b2")), "rebooted since");
+        assert!(needs_fence("p/1/", Some("b2")), "the request names no boot");
+        assert!(needs_fence("p/1/b1", None), "this boot unknown");
+        assert!(needs_fence("p/1/b1", Some("")), "this boot unknown");
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl Actuator {
                 taint,
             } => self.taint(node, policy, *taint, seen).await,
             Intent::RemoveTaint { node } => self.untaint(node, seen).await,
-            Intent::RequestFence { node, policy } => self.request_fence(node, policy).await,
+            Intent::RequestFence { node, policy } => self.request_fence(node, policy, seen).await,
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
     }
@@ -199,14 +199,36 @@ impl Actuator {
         .await
     }
 
-    /// Asks the node's agent for a fence: a new request value on the Node (the policy and the
-    /// time, unique per request, so an acknowledgement of an older one proves nothing now).
-    pub async fn request_fence(&self, node: &str, policy: &str) -> Result<Outcome, ActError> {
+    /// Asks the node's agent for a fence: a new request value on the Node,
+    /// `<policy>/<unix ms>/<bootID>`: unique per request (an acknowledgement of an older one
+    /// proves nothing now), and naming the boot it is for (an agent of a later boot answers
+    /// without fencing: the reboot was the fence). The boot ID is the Node's as last seen, read
+    /// here when the decision loop had none.
+    pub async fn request_fence(
+        &self,
+        node: &str,
+        policy: &str,
+        seen: Option<&Node>,
+    ) -> Result<Outcome, ActError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let read;
+        let current = match seen {
+            Some(seen) => seen,
+            None => {
+                self.ensure_leading()?;
+                read = api.get(node).await?;
+                &read
+            }
+        };
+        let boot = current
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map_or("", |i| i.boot_id.as_str());
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        let request = format!("{policy}/{millis}");
-        let api: Api<Node> = Api::all(self.client.clone());
+        let request = format!("{policy}/{millis}/{boot}");
         let patch = json!({"metadata": {"annotations": {FENCE_REQUEST_ANNOTATION: &request}}});
         self.ensure_leading()?;
         api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))

@@ -63,9 +63,9 @@ impl Actor {
             },
         );
         let node = match &intent {
-            Intent::TaintNode { node, .. } | Intent::RemoveTaint { node } => {
-                self.state.view.nodes.get(node).cloned()
-            }
+            Intent::TaintNode { node, .. }
+            | Intent::RemoveTaint { node }
+            | Intent::RequestFence { node, .. } => self.state.view.nodes.get(node).cloned(),
             _ => None,
         };
         self.writes.act(intent, node).await;

@@ -54,6 +54,11 @@ impl Cluster {
                 humantime::format_duration(agents.isolation_timeout)
             ))
             .arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
+            // The host's boot ID is every kwok node's: each gets the one the sim gave it.
+            .arg(format!(
+                "--boot-id={}",
+                rec.boot_id.as_deref().unwrap_or_default()
+            ))
             .arg(format!("--fence={fence}"));
         self.spawn(st, &agent_proc(&rec.name), agent)
     }

@@ -162,10 +162,16 @@ impl Cluster {
         }
 
         // nodes
-        let (real, nodes): (Vec<NodeRecord>, Vec<NodeRecord>) =
+        let (real, mut nodes): (Vec<NodeRecord>, Vec<NodeRecord>) =
             self.lock().nodes.iter().cloned().partition(|n| n.real);
-        for rec in &nodes {
-            create_node(&client, rec).await?;
+        for rec in &mut nodes {
+            rec.boot_id = Some(create_node(&client, rec).await?);
+        }
+        {
+            let mut st = self.lock();
+            for rec in &nodes {
+                st.record_boot_id(&rec.name, rec.boot_id.clone());
+            }
         }
         let real_boots = self.boot_real_nodes(&real)?;
         {

@@ -238,6 +238,7 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         port,
         real: false,
         agent_port: None,
+        boot_id: None,
     })
 }
 
@@ -254,6 +255,7 @@ fn real_node_record(index: u8, subnet: u8) -> Result<NodeRecord> {
         port: realnode::KUBELET_PORT,
         real: true,
         agent_port: None,
+        boot_id: None,
     })
 }
 
@@ -633,7 +635,8 @@ pub fn node_is_ready(node: &Node) -> bool {
         .is_some_and(|c| c.status == "True")
 }
 
-async fn create_node(client: &kube::Client, rec: &NodeRecord) -> Result<()> {
+/// Creates the Node object of kwok node `rec`; returns its boot ID.
+async fn create_node(client: &kube::Client, rec: &NodeRecord) -> Result<String> {
     let node: Node = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -662,9 +665,9 @@ async fn create_node(client: &kube::Client, rec: &NodeRecord) -> Result<()> {
     set_boot_id(client, &rec.name).await
 }
 
-/// Gives the node a fresh `status.nodeInfo.bootID`, as a (re)booted kubelet reports; kwok keeps
-/// whatever value is there.
-async fn set_boot_id(client: &kube::Client, name: &str) -> Result<()> {
+/// Gives the node a fresh `status.nodeInfo.bootID`, as a (re)booted kubelet reports (kwok
+/// keeps whatever value is there); returns it.
+async fn set_boot_id(client: &kube::Client, name: &str) -> Result<String> {
     let nodes: Api<Node> = Api::all(client.clone());
     let boot_id = pki::random_uuid()?;
     let patch = serde_json::json!({ "status": { "nodeInfo": { "bootID": boot_id } } });
@@ -672,7 +675,7 @@ async fn set_boot_id(client: &kube::Client, name: &str) -> Result<()> {
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| Error::kube(format!("set bootID of {name}"), e))?;
-    Ok(())
+    Ok(boot_id)
 }
 
 /// Server-side applies sim-csi's cluster objects (CSIDrivers, StorageClasses).

@@ -122,9 +122,10 @@ impl Cluster {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(Error::kube(format!("delete lease of {name}"), e)),
         }
-        set_boot_id(&client, name).await?;
+        let boot_id = set_boot_id(&client, name).await?;
         {
             let mut st = self.lock_reloaded();
+            st.record_boot_id(name, Some(boot_id));
             let mut rec = st.node(name)?.clone();
             blackhole::restore(&self.dir, rec.ip, rec.port)?;
             if let Some(port) = rec.agent_port {
@@ -164,9 +165,14 @@ impl Cluster {
             rec
         };
         let client = self.client().await?;
-        create_node(&client, &rec).await?;
+        let boot_id = create_node(&client, &rec).await?;
         {
             let mut st = self.lock_reloaded();
+            st.record_boot_id(&rec.name, Some(boot_id.clone()));
+            let rec = NodeRecord {
+                boot_id: Some(boot_id),
+                ..rec.clone()
+            };
             self.spawn_node(&mut st, &rec)?;
         }
         self.wait_nodes_ready(

@@ -35,6 +35,10 @@ pub struct NodeRecord {
     /// start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_port: Option<u16>,
+    /// The boot ID the sim gave the node's current boot (`status.nodeInfo.bootID`), which its
+    /// podha agent is told as its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// The podha agents the cluster runs on its kwok nodes (see [`super::agents`]).
@@ -74,6 +78,15 @@ pub struct State {
     pub agents: Option<Agents>,
     /// Running (or last started) processes by name; removed when killed on purpose.
     pub processes: BTreeMap<String, ProcRecord>,
+}
+
+impl State {
+    /// Records the boot ID the sim gave `node`.
+    pub(in crate::cluster) fn record_boot_id(&mut self, node: &str, boot_id: Option<String>) {
+        if let Some(rec) = self.nodes.iter_mut().find(|n| n.name == node) {
+            rec.boot_id = boot_id;
+        }
+    }
 }
 
 /// Durations as humantime strings ("1s 500ms") so the file stays readable.
