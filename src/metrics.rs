@@ -67,15 +67,19 @@ pub enum Phase {
     Recover,
     /// Last healthy observation until the replacement ran.
     Total,
+    /// With a `fencing.proof`: node judged failed until the proof was there and the
+    /// out-of-service taint went on (part of `act`).
+    Fence,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 5] = [
+    pub const ALL: [Phase; 6] = [
         Phase::Detect,
         Phase::Act,
         Phase::Detach,
         Phase::Recover,
         Phase::Total,
+        Phase::Fence,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +89,7 @@ impl Phase {
             Phase::Detach => "detach",
             Phase::Recover => "recover",
             Phase::Total => "total",
+            Phase::Fence => "fence",
         }
     }
 }
@@ -181,7 +186,8 @@ impl Metrics {
                 "podha_failover_phase_duration_seconds",
                 "Duration of each failover phase: detect (node silent until judged failed), act \
                  (until pods deleted or node tainted), detach (until the old volume attachment was \
-                 gone), recover (until the replacement ran with its volume attached) and total.",
+                 gone), recover (until the replacement ran with its volume attached) and total; \
+                 with a fencing proof also fence (judged failed until the proof was there).",
             )
             .buckets(PHASE_BUCKETS.to_vec()),
             &[POLICY, "phase"],
@@ -593,7 +599,10 @@ mod tests {
     #[test]
     fn phases_have_their_documented_names() {
         let names: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
-        assert_eq!(names, ["detect", "act", "detach", "recover", "total"]);
+        assert_eq!(
+            names,
+            ["detect", "act", "detach", "recover", "total", "fence"]
+        );
         assert_eq!(TaintOperation::Add.as_str(), "add");
         assert_eq!(TaintOperation::Remove.as_str(), "remove");
     }

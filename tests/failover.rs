@@ -1,7 +1,7 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 22 nodes serves every scenario; each scenario has its own namespace, its own
+//! One cluster of 24 nodes, each with a podha agent, serves every scenario; each scenario has its own namespace, its own
 //! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
 //! nodes and that namespace, so the scenarios run in parallel. At most 8 of 22 nodes are dead at
 //! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
@@ -34,6 +34,8 @@ use podha_sim::testkit::*;
 use serde_json::json;
 use tokio::sync::watch;
 
+#[path = "failover/agent.rs"]
+mod agent;
 #[path = "failover/fencing.rs"]
 mod fencing;
 #[path = "failover/holds.rs"]
@@ -47,7 +49,7 @@ mod prometheus;
 #[path = "failover/replicas.rs"]
 mod replicas;
 
-const NODES: usize = 22;
+const NODES: usize = 24;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -55,15 +57,13 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // Every scenario mostly waits; run them all at once.
     args.test_threads.get_or_insert(8);
-    let shared = Arc::new(SharedCluster::new(
-        env!("CARGO_TARGET_TMPDIR"),
-        "podha-failover",
-        NODES,
-        None,
-    ));
+    let shared = Arc::new(
+        SharedCluster::new(env!("CARGO_TARGET_TMPDIR"), "podha-failover", NODES, None)
+            .with_agents(env!("CARGO_BIN_EXE_podha"), agent::ISOLATION_TIMEOUT),
+    );
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 11] = [
+    let scenarios: [(&str, Scenario); 12] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -108,6 +108,10 @@ fn main() -> ExitCode {
             "a_node_is_held_until_the_cloud_reports_it_shut_down",
             fencing::held_until_the_cloud_reports_the_node_shut_down,
         ),
+        (
+            "the_agent_fences_before_the_out_of_service_taint",
+            agent::fences_before_the_taint,
+        ),
     ];
     let trials = scenarios
         .into_iter()
@@ -119,7 +123,7 @@ fn main() -> ExitCode {
     let mut failed = libtest_mimic::run(&args, trials).has_failed();
     // These disturb every scenario's leader, or read what the others did, so they run after
     // the others, one at a time.
-    let last: [(&str, Scenario); 3] = [
+    let last: [(&str, Scenario); 4] = [
         ("two_replicas_only_the_leader_writes", replicas::one_leader),
         (
             "api_server_blip_is_no_node_death_and_leaves_podha_watching",
@@ -128,6 +132,10 @@ fn main() -> ExitCode {
         (
             "leader_change_mid_failover_repeats_no_action",
             replicas::leader_change,
+        ),
+        (
+            "no_agent_fenced_a_node_podha_hears",
+            agent::no_agent_fenced_a_node_podha_hears,
         ),
     ];
     for (name, f) in last {

@@ -26,6 +26,7 @@ pub struct SharedCluster {
     nodes: usize,
     real_nodes: usize,
     sim_exe: Option<PathBuf>,
+    agents: Option<crate::cluster::Agents>,
     cell: OnceLock<Result<Cluster, String>>,
 }
 
@@ -47,6 +48,7 @@ impl SharedCluster {
             nodes,
             real_nodes: 0,
             sim_exe,
+            agents: None,
             cell: OnceLock::new(),
         }
     }
@@ -54,6 +56,16 @@ impl SharedCluster {
     /// Adds `n` real nodes (kubelet + containerd) after the kwok ones.
     pub fn with_real_nodes(mut self, n: usize) -> Self {
         self.real_nodes = n;
+        self
+    }
+
+    /// Runs a podha agent beside every kwok node: `exe` is the podha executable, cut off
+    /// agents fence after `isolation_timeout`.
+    pub fn with_agents(mut self, exe: impl Into<PathBuf>, isolation_timeout: Duration) -> Self {
+        self.agents = Some(crate::cluster::Agents {
+            exe: exe.into(),
+            isolation_timeout,
+        });
         self
     }
 
@@ -70,6 +82,7 @@ impl SharedCluster {
                 opts.real_nodes = self.real_nodes;
                 opts.profile = Profile::Fast;
                 opts.sim_exe = self.sim_exe.clone();
+                opts.agents = self.agents.clone();
                 eprintln!(
                     "starting a sim cluster with {} kwok and {} real nodes in {} (if this run is \
                      interrupted: podha-sim down --dir {})",

@@ -81,6 +81,31 @@ impl Actor {
         }
     }
 
+    /// What proves `node` fenced for `policy` now, as the planner judged it.
+    fn fence_evidence(
+        &self,
+        node: &str,
+        policy: &str,
+        now: Instant,
+    ) -> Option<crate::api::FenceEvidence> {
+        let spec = &self.state.policies.get(policy)?.spec;
+        let node_obj = self.state.view.nodes.get(node)?;
+        let silent_for = self
+            .state
+            .observations
+            .get(node)
+            .and_then(|o| o.probed(ProbeKind::Agent).silent_since)
+            .map(|since| now.saturating_duration_since(since));
+        let agent = crate::api::AgentEvidence {
+            silent_for,
+            request: self
+                .ledger
+                .get(node)
+                .and_then(|i| i.fence_request.as_deref()),
+        };
+        spec.fencing.proven(node_obj, agent)
+    }
+
     pub(super) fn marker_policy(&self, node: &str) -> String {
         self.state
             .view
@@ -190,8 +215,23 @@ impl Actor {
                 }
                 self.record_action(node, now, None);
                 if applied {
+                    let evidence = match taint {
+                        NodeTaint::OutOfService => self.fence_evidence(node, policy, now),
+                        NodeTaint::Fence => None,
+                    };
+                    if let Some(evidence) = evidence
+                        && evidence != crate::api::FenceEvidence::NotAsked
+                        && let Some(f) = self.failovers.get(node)
+                    {
+                        let fence = now.saturating_duration_since(f.detected_at);
+                        self.metrics
+                            .observe_phase(&f.policy, crate::metrics::Phase::Fence, fence);
+                    }
+                    let proof = evidence.map_or(String::new(), |e| {
+                        format!("; fencing proof: {}", e.as_str())
+                    });
                     let note = format!(
-                        "tainted {}={}:{} (policy {policy})",
+                        "tainted {}={}:{} (policy {policy}{proof})",
                         taint.key(),
                         taint.value(),
                         taint.effect()
