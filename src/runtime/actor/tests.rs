@@ -491,7 +491,7 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
         policy: "p".into(),
         taint: NodeTaint::Fence,
     };
-    assert_eq!(h.writes.queued_intents(), [fence.clone()]);
+    assert_eq!(h.writes.queued_intents(), std::slice::from_ref(&fence));
     h.applied(fence);
     let fenced = mk_node("node-1")
         .ready(false)
