@@ -670,7 +670,7 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             ),
             (
                 json!({"detection": {"signals": ["KubeletTCP"]}}),
-                "KubeletTCP cannot be the only signal",
+                "KubeletTCP and AgentHeartbeat cannot be the only signals",
             ),
             (
                 json!({"detection": {"signals": ["Lease", "Lease"]}}),

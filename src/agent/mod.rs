@@ -236,7 +236,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
 async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fencer: &Fencer) {
     let mut ticker = tokio::time::interval(args.check_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last_stay = None;
+    let mut last_stay = false;
     let mut confirmation = Confirmation::default();
     loop {
         ticker.tick().await;
@@ -244,7 +244,7 @@ async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fen
         if not_heard_for < args.isolation_timeout {
             confirmation.fence_now(&Verdict::Heard, Instant::now());
             fencer.heard().await;
-            last_stay = None;
+            last_stay = false;
             continue;
         }
         let survey = peers.survey(args.isolation_timeout).await;
@@ -261,9 +261,10 @@ async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fen
                 info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
             }
             Verdict::Stay(why) => {
-                if last_stay.as_ref() != Some(&why) {
+                // Once per episode, not every second.
+                if !last_stay {
                     warn!(node = %args.node, why, "not heard; staying up");
-                    last_stay = Some(why);
+                    last_stay = true;
                 }
             }
         }

@@ -333,4 +333,64 @@ mod tests {
         );
         prober.abort();
     }
+
+    /// The leader's heartbeat reaches a real agent's endpoint: answered, and from the second
+    /// round on it tells the agent it was heard.
+    #[tokio::test]
+    async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
+        use crate::agent::server::{Hearing, router};
+        use std::sync::{Arc, Mutex};
+        let hearing = Arc::new(Mutex::new(Hearing::new(Instant::now())));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let served = router("n1", hearing.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, served).await;
+        });
+        let refused = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr")
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let target = |node: &str, addr| Target {
+            node: node.into(),
+            addr: Some(addr),
+            timeout: Duration::from_millis(500),
+        };
+        let (_plan_tx, plan_rx) = watch::channel(ProbePlan {
+            interval: Duration::from_millis(100),
+            targets: vec![
+                target("n1", addr),
+                target("n2", refused),
+                target("other", addr),
+            ],
+        });
+        let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
+        let mut results = rx.recv().await.expect("a round").results;
+        results.sort();
+        assert_eq!(
+            results,
+            vec![
+                ("n1".to_string(), Some(TcpResult::Connected)),
+                ("n2".to_string(), Some(TcpResult::Refused)),
+                // Another node's agent answers at that address: the host runs, not its agent.
+                ("other".to_string(), Some(TcpResult::Refused)),
+            ]
+        );
+        let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
+        assert_eq!(
+            heard(&hearing),
+            None,
+            "the first probe cannot say it heard anything"
+        );
+        let _ = rx.recv().await.expect("a second round");
+        assert!(
+            heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)),
+            "the second probe says the first was answered"
+        );
+        prober.abort();
+        server.abort();
+    }
 }

@@ -2,12 +2,16 @@
 //! flat as clusters grow (a pod's env, images and commands are dropped on arrival).
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec, PodStatus,
-    ResourceRequirements,
+    Container, Node, NodeSystemInfo, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec,
+    PodStatus, ResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::ObjectMeta;
 
+use crate::agent::{
+    AGENT_ISOLATION_TIMEOUT_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+    FENCE_REQUEST_ANNOTATION,
+};
 use crate::api::{FAILOVER_ANNOTATION, TAINT_MARKER_ANNOTATION};
 
 /// Drops metadata podha never reads; keeps only the named annotations.
@@ -28,11 +32,26 @@ pub fn node(node: &mut Node) {
     // A node keeps its resourceVersion: the taint patch is built on the cached node and
     // guarded by it (one request instead of a read and a write).
     let version = node.metadata.resource_version.take();
-    trim_meta(&mut node.metadata, &[TAINT_MARKER_ANNOTATION]);
+    // The agent's endpoint and timeout, the fence request and its acknowledgement: what the
+    // `Agent` proof and the heartbeat read.
+    trim_meta(
+        &mut node.metadata,
+        &[
+            TAINT_MARKER_ANNOTATION,
+            AGENT_PORT_ANNOTATION,
+            AGENT_ISOLATION_TIMEOUT_ANNOTATION,
+            FENCE_REQUEST_ANNOTATION,
+            FENCE_ACK_ANNOTATION,
+        ],
+    );
     node.metadata.resource_version = version;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
-        status.node_info = None;
+        // The boot ID alone: a fence request names the boot it is for.
+        status.node_info = status.node_info.take().map(|info| NodeSystemInfo {
+            boot_id: info.boot_id,
+            ..NodeSystemInfo::default()
+        });
         status.volumes_attached = None;
         status.volumes_in_use = None;
         status.capacity = None;
@@ -212,20 +231,32 @@ mod tests {
     }
 
     #[test]
-    fn nodes_keep_ready_taints_the_marker_and_their_version() {
+    fn nodes_keep_ready_taints_the_marker_the_agents_word_the_boot_and_their_version() {
         let mut n = mk_node("n1")
             .taint("k", "v", "NoSchedule")
             .annotation(TAINT_MARKER_ANNOTATION, "p")
+            .annotation(AGENT_PORT_ANNOTATION, "9441")
+            .annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "30s")
+            .annotation(FENCE_REQUEST_ANNOTATION, "p/1/b")
+            .annotation(FENCE_ACK_ANNOTATION, "p/1/b")
             .annotation("other", "x");
         n.metadata.resource_version = Some("7".into());
+        n.status.get_or_insert_with(Default::default).node_info = Some(NodeSystemInfo {
+            boot_id: "b".into(),
+            kernel_version: "6.1".into(),
+            ..NodeSystemInfo::default()
+        });
         node(&mut n);
         assert_eq!(n.metadata.resource_version.as_deref(), Some("7"));
         assert!(
             n.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.len() == 1)
+                .is_some_and(|a| a.len() == 5 && !a.contains_key("other"))
         );
+        let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
+        assert_eq!(info.map(|i| i.boot_id.as_str()), Some("b"));
+        assert_eq!(info.map(|i| i.kernel_version.as_str()), Some(""));
         assert!(n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some());
         let conditions = n
             .status
