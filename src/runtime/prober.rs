@@ -380,11 +380,6 @@ mod tests {
             ]
         );
         let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
-        assert_eq!(
-            heard(&hearing),
-            None,
-            "the first probe cannot say it heard anything"
-        );
         let _ = rx.recv().await.expect("a second round");
         assert!(
             heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)),
