@@ -41,6 +41,8 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
                 "tcpTimeout": "500ms",
             },
             "fencing": {"proof": "Agent", "agentMargin": "2s"},
+            // Its two nodes die one after the other: the second is no sign of a partition.
+            "safety": {"unhealthyWindow": "0s"},
         });
         let (_, node, _, pv) = policy_and_db(&ctx, &pair, spec).await?;
         let target = other(&pair, &node);
