@@ -17,6 +17,12 @@
 //!   only while it hears most nodes, and two majorities always share a node.)
 //! - fewer answers than that and none heard: this node may be on the cut-off side. **Fence.**
 //! - no peers at all: there is nowhere to fail over to. **Stay.**
+//!
+//! With a watchdog (see [`super::watchdog`]) the agent also decides whether to pet it: freely
+//! while podha heard it recently enough that the watchdog, if it stopped now, would fire
+//! within the isolation timeout of podha's last hearing; after that only while the peers show
+//! that podha hears nobody ([`pet_watchdog`]). A frozen agent pets nothing, so the watchdog
+//! resets a hung node before podha's silence proof can hold.
 
 use std::time::Duration;
 
@@ -35,15 +41,25 @@ pub struct Survey {
 impl Survey {
     /// Whether this survey already decides: a heard peer, or a majority unheard. The agent
     /// stops asking once it does (a thousand-node cluster needs few answers either way).
-    pub fn settled(&self, timeout: Duration) -> bool {
-        self.heard(timeout) > 0 || self.answers.len() > self.peers / 2
+    /// `silence`: how long this node has gone unheard, as [`Survey::heard`] takes it.
+    pub fn settled(&self, silence: Duration) -> bool {
+        self.heard(silence) > 0 || self.answers.len() > self.peers / 2
     }
 
-    fn heard(&self, timeout: Duration) -> usize {
+    /// Peers podha heard within half of `silence` (this node's silence, at most the isolation
+    /// timeout): when podha stops hearing everybody at once, each peer's silence is nearly as
+    /// long as this node's, while a peer podha still hears was heard a probe interval ago.
+    fn heard(&self, silence: Duration) -> usize {
         self.answers
             .iter()
-            .filter(|a| a.is_some_and(|ago| ago <= timeout / 2))
+            .filter(|a| a.is_some_and(|ago| ago <= silence / 2))
             .count()
+    }
+
+    /// podha hears nobody: there are no peers, or a strict majority of them answered and none
+    /// was heard (see the module's rule).
+    pub fn nobody_heard(&self, silence: Duration) -> bool {
+        self.peers == 0 || (self.heard(silence) == 0 && self.answers.len() > self.peers / 2)
     }
 }
 
@@ -82,7 +98,7 @@ pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey
              peers that answered"
         ));
     }
-    if answered > survey.peers / 2 {
+    if survey.nobody_heard(timeout) {
         return Verdict::Stay(format!(
             "podha has not heard this node for {silent}, nor any of the {answered} of {} \
              peers that answered: podha or the control plane is down, not this node",
@@ -94,6 +110,31 @@ pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey
          answered (none heard): this node may be cut off",
         survey.peers
     ))
+}
+
+/// When the agent surveys its peers: at the isolation timeout, or with a watchdog as soon as
+/// stopping to pet it could let it fire before then (`watchdog` earlier), so that a vouching
+/// majority is known before the watchdog would reset a healthy node.
+pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
+    timeout.saturating_sub(watchdog.unwrap_or_default())
+}
+
+/// Whether the agent pets its watchdog (whose timeout is `watchdog`) at this check:
+/// - while a watchdog that stopped now would fire within `timeout` of podha's last hearing
+///   (`not_heard_for + watchdog <= timeout`): podha's silence proof, which waits `timeout`
+///   plus a margin from that hearing, then never sees a node that still runs;
+/// - later, only while `survey` shows podha hears nobody (its leader or the control plane is
+///   down): nothing is being moved, and a watchdog reset would take a healthy node down.
+///
+/// A frozen or hung node pets nothing, whatever the rule says.
+pub fn pet_watchdog(
+    not_heard_for: Duration,
+    timeout: Duration,
+    watchdog: Duration,
+    survey: Option<&Survey>,
+) -> bool {
+    not_heard_for + watchdog <= timeout
+        || survey.is_some_and(|s| s.nobody_heard(not_heard_for.min(timeout)))
 }
 
 /// How long a `Fence` verdict must hold before the agent fences: two probe intervals. When
@@ -231,6 +272,53 @@ mod tests {
         assert!(!c.fence_now(&fence, Instant::now()));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(c.fence_now(&fence, Instant::now()));
+    }
+
+    const W: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_watchdog_is_petted_freely_only_while_it_would_fire_within_the_timeout() {
+        assert!(pet_watchdog(Duration::from_secs(20), T, W, None));
+        assert!(!pet_watchdog(Duration::from_secs(21), T, W, None));
+        assert_eq!(survey_after(T, Some(W)), Duration::from_secs(20));
+        assert_eq!(survey_after(T, None), T);
+    }
+
+    #[test]
+    fn after_that_the_watchdog_is_petted_only_while_podha_hears_nobody() {
+        let at = Duration::from_secs(21);
+        // podha's leader crashed 21 s ago: every peer as unheard as this node.
+        let crashed = survey(4, &[s(21), s(20), s(22)]);
+        assert!(pet_watchdog(at, T, W, Some(&crashed)));
+        // No peers: nowhere to fail over to.
+        assert!(pet_watchdog(at, T, W, Some(&survey(0, &[]))));
+        // A peer heard a second ago: this node alone is unheard; the watchdog may fire.
+        let isolated = survey(4, &[s(21), s(1), s(22)]);
+        assert!(!pet_watchdog(at, T, W, Some(&isolated)));
+        // Too few answers to vouch.
+        assert!(!pet_watchdog(at, T, W, Some(&survey(4, &[s(21)]))));
+        // Long past the timeout, the same rule as the fence's (heard within half of it).
+        let late = Duration::from_secs(90);
+        assert!(pet_watchdog(
+            late,
+            T,
+            W,
+            Some(&survey(4, &[s(89), s(16), s(90)]))
+        ));
+        assert!(!pet_watchdog(
+            late,
+            T,
+            W,
+            Some(&survey(4, &[s(89), s(15), s(90)]))
+        ));
+    }
+
+    #[test]
+    fn before_the_timeout_heard_means_within_half_of_this_nodes_silence() {
+        // Surveyed 20 s into a leader crash: the peers' silences began with this node's.
+        let at = Duration::from_secs(20);
+        assert!(survey(4, &[s(19), s(20), s(21)]).nobody_heard(at));
+        assert!(!survey(4, &[s(10), s(20), s(21)]).nobody_heard(at));
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod isolation;
 mod peers;
 mod requests;
 pub mod server;
+pub mod watchdog;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -22,9 +23,10 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
-use isolation::{Confirmation, Verdict, decide};
+use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::Peers;
 use server::{Hearing, SharedHearing};
+use watchdog::Watchdog;
 
 /// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
 /// the request.
@@ -100,6 +102,16 @@ pub struct AgentArgs {
     /// without a fence: the reboot was one.
     #[arg(long, env = "PODHA_AGENT_BOOT_ID")]
     pub boot_id: Option<String>,
+    /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
+    /// hears this node (or hears nobody), disarmed on SIGTERM. Without one, a frozen node is
+    /// not reset: see docs/agent.md.
+    #[arg(long, env = "PODHA_AGENT_WATCHDOG", requires = "watchdog_timeout")]
+    pub watchdog: Option<PathBuf>,
+    /// The watchdog device's timeout (set on the device: softdog's soft_margin, the BIOS). More
+    /// than the check interval plus the longest peer survey (8s), at most half the isolation
+    /// timeout.
+    #[arg(long, env = "PODHA_AGENT_WATCHDOG_TIMEOUT", value_parser = humantime::parse_duration, requires = "watchdog")]
+    pub watchdog_timeout: Option<Duration>,
 }
 
 /// The boot ID the agent runs in: `--boot-id`, else the kernel's; `None` if neither is known
@@ -202,6 +214,16 @@ pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
 }
 
 async fn run(args: AgentArgs) -> Result<(), String> {
+    if let Some(timeout) = args.watchdog_timeout {
+        watchdog::check_timeout(
+            timeout,
+            args.isolation_timeout,
+            args.check_interval,
+            peers::SURVEY_LIMIT,
+        )?;
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
     let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -215,6 +237,10 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     } else {
         Peers::fixed(args.peers.clone())
     };
+    let mut watchdog = match &args.watchdog {
+        Some(path) => Some(Watchdog::open(path).await?),
+        None => None,
+    };
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, "podha agent started");
     let advertised = requests::advertise(
         client.clone(),
@@ -222,18 +248,38 @@ async fn run(args: AgentArgs) -> Result<(), String> {
         args.listen.port(),
         args.isolation_timeout,
     );
-    tokio::select! {
+    let result = tokio::select! {
         r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),
         r = async {
             let boot = boot_id(args.boot_id.as_deref());
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
         } => r,
-        () = check_loop(&args, hearing, &peers, &fencer) => Ok(()),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut()) => Ok(()),
+        _ = terminate.recv() => {
+            info!(node = %args.node, "SIGTERM: stopping");
+            Ok(())
+        }
+    };
+    // Stopped on purpose (or a part of it failed and the agent exits to be restarted): the
+    // watchdog would otherwise reset the node. A killed agent never gets here.
+    if let Some(watchdog) = watchdog {
+        watchdog.disarm();
     }
+    result
 }
 
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
-async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fencer: &Fencer) {
+/// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
+/// petted as [`pet_watchdog`] says.
+async fn check_loop(
+    args: &AgentArgs,
+    hearing: SharedHearing,
+    peers: &Peers,
+    fencer: &Fencer,
+    mut watchdog: Option<&mut Watchdog>,
+) {
+    let timeout = args.isolation_timeout;
+    let survey_from = survey_after(timeout, args.watchdog_timeout);
     let mut ticker = tokio::time::interval(args.check_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_stay = false;
@@ -241,16 +287,28 @@ async fn check_loop(args: &AgentArgs, hearing: SharedHearing, peers: &Peers, fen
     loop {
         ticker.tick().await;
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        if not_heard_for < args.isolation_timeout {
+        if not_heard_for < survey_from {
+            if let Some(w) = watchdog.as_deref_mut() {
+                w.pet();
+            }
+        }
+        if not_heard_for < timeout {
             confirmation.fence_now(&Verdict::Heard, Instant::now());
             fencer.heard().await;
             last_stay = false;
+        }
+        if not_heard_for < survey_from {
             continue;
         }
-        let survey = peers.survey(args.isolation_timeout).await;
+        let survey = peers.survey(not_heard_for.min(timeout)).await;
         // The survey took a while: heard meanwhile?
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        let verdict = decide(not_heard_for, args.isolation_timeout, Some(&survey));
+        if let (Some(w), Some(w_timeout)) = (watchdog.as_deref_mut(), args.watchdog_timeout) {
+            if pet_watchdog(not_heard_for, timeout, w_timeout, Some(&survey)) {
+                w.pet();
+            }
+        }
+        let verdict = decide(not_heard_for, timeout, Some(&survey));
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
             Verdict::Heard => {}

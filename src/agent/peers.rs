@@ -35,6 +35,10 @@ pub const SURVEY_DEADLINE: Duration = Duration::from_secs(5);
 const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the API server has to list the nodes.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a survey takes: listing the peers, asking until the deadline, and the batch
+/// under way then.
+pub const SURVEY_LIMIT: Duration =
+    Duration::from_secs(LIST_TIMEOUT.as_secs() + SURVEY_DEADLINE.as_secs() + ASK_TIMEOUT.as_secs());
 /// How often the peer list is read again from the API server.
 const REFRESH: Duration = Duration::from_secs(30);
 
@@ -70,8 +74,9 @@ impl Peers {
         Self { source, http }
     }
 
-    /// Asks the peers, a batch at a time, until the answers decide or every peer was asked.
-    pub async fn survey(&self, timeout: Duration) -> Survey {
+    /// Asks the peers, a batch at a time, until the answers decide or every peer was asked
+    /// (`silence`: how long podha has not heard this node, as [`Survey::heard`] takes it).
+    pub async fn survey(&self, silence: Duration) -> Survey {
         let started = Instant::now();
         let peers = self.list().await;
         let mut survey = Survey {
@@ -81,7 +86,7 @@ impl Peers {
         for batch in peers.chunks(BATCH) {
             let answers = join_all(batch.iter().map(|addr| self.ask(*addr))).await;
             survey.answers.extend(answers.into_iter().flatten());
-            if survey.settled(timeout) || started.elapsed() >= SURVEY_DEADLINE {
+            if survey.settled(silence) || started.elapsed() >= SURVEY_DEADLINE {
                 break;
             }
         }
