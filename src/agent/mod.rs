@@ -287,10 +287,10 @@ async fn check_loop(
     loop {
         ticker.tick().await;
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        if not_heard_for < survey_from {
-            if let Some(w) = watchdog.as_deref_mut() {
-                w.pet();
-            }
+        if not_heard_for < survey_from
+            && let Some(w) = watchdog.as_deref_mut()
+        {
+            w.pet();
         }
         if not_heard_for < timeout {
             confirmation.fence_now(&Verdict::Heard, Instant::now());
@@ -303,10 +303,10 @@ async fn check_loop(
         let survey = peers.survey(not_heard_for.min(timeout)).await;
         // The survey took a while: heard meanwhile?
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        if let (Some(w), Some(w_timeout)) = (watchdog.as_deref_mut(), args.watchdog_timeout) {
-            if pet_watchdog(not_heard_for, timeout, w_timeout, Some(&survey)) {
-                w.pet();
-            }
+        if let (Some(w), Some(w_timeout)) = (watchdog.as_deref_mut(), args.watchdog_timeout)
+            && pet_watchdog(not_heard_for, timeout, w_timeout, Some(&survey))
+        {
+            w.pet();
         }
         let verdict = decide(not_heard_for, timeout, Some(&survey));
         let fence = confirmation.fence_now(&verdict, Instant::now());
