@@ -87,6 +87,17 @@ enum Cmd {
         #[command(subcommand)]
         command: NodeCmd,
     },
+    /// A real node's BMC (started by the sim with the node when it runs a podha agent): its
+    /// watchdog and power control, until it powers the node off.
+    Bmc {
+        /// The real node.
+        name: String,
+        /// The watchdog's timeout; without it the node has no watchdog.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        watchdog_timeout: Option<std::time::Duration>,
+        #[command(flatten)]
+        dir: DirArg,
+    },
     /// Container images without a registry.
     Image {
         #[command(subcommand)]
@@ -292,6 +303,16 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 "sim cluster in {} is down ({n} processes killed)",
                 cluster.dir().display()
             );
+        }
+        Cmd::Bmc {
+            name,
+            watchdog_timeout,
+            dir,
+        } => {
+            let reason = Cluster::attach(&dir.dir)?
+                .run_bmc(&name, watchdog_timeout)
+                .await?;
+            println!("{name} powered off: {reason}");
         }
         Cmd::Node {
             command: NodeCmd::Kill { name, dir },

@@ -65,6 +65,25 @@ impl SharedCluster {
         self.agents = Some(crate::cluster::Agents {
             exe: exe.into(),
             isolation_timeout,
+            on: crate::cluster::AgentNodes::Kwok,
+            watchdog_timeout: None,
+        });
+        self
+    }
+
+    /// Runs a podha agent on every real node, fencing through the node's BMC, petting its
+    /// watchdog (`watchdog_timeout`) when given one.
+    pub fn with_real_agents(
+        mut self,
+        exe: impl Into<PathBuf>,
+        isolation_timeout: Duration,
+        watchdog_timeout: Option<Duration>,
+    ) -> Self {
+        self.agents = Some(crate::cluster::Agents {
+            exe: exe.into(),
+            isolation_timeout,
+            on: crate::cluster::AgentNodes::Real,
+            watchdog_timeout,
         });
         self
     }

@@ -16,6 +16,9 @@
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
 
+#[path = "realnode_podha/fencing.rs"]
+mod fencing;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,9 +44,23 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// after (10 per second).
 const WRITES: usize = 20;
 
+/// The real nodes' podha agents: how long podha may not hear one before it fences its node,
+/// and the timeout of the watchdog each pets.
+const ISOLATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+const WATCHDOG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
+    let podha = std::path::PathBuf::from(env!("CARGO_BIN_EXE_podha-sim")).with_file_name("podha");
+    if !podha.is_file() {
+        eprintln!(
+            "{} is missing: the real nodes' podha agents run it; build it with `cargo build -p \
+             podha` (make test builds every binary)",
+            podha.display()
+        );
+        return ExitCode::FAILURE;
+    }
     let shared = Arc::new(
         SharedCluster::new(
             env!("CARGO_TARGET_TMPDIR"),
@@ -51,12 +68,19 @@ fn main() -> ExitCode {
             KWOK_NODES,
             Some(env!("CARGO_BIN_EXE_podha-sim").into()),
         )
-        .with_real_nodes(REAL_NODES),
+        .with_real_nodes(REAL_NODES)
+        .with_real_agents(podha, ISOLATION_TIMEOUT, Some(WATCHDOG_TIMEOUT)),
     );
-    let scenarios: [Scenario; 1] = [(
-        "podha_installed_by_its_chart_fails_writers_over_on_real_nodes",
-        installed_by_chart,
-    )];
+    let scenarios: [Scenario; 2] = [
+        (
+            "podha_installed_by_its_chart_fails_writers_over_on_real_nodes",
+            installed_by_chart,
+        ),
+        (
+            "a_frozen_node_is_reset_by_its_watchdog_before_its_volume_moves_a_cut_off_one_is_left_alone",
+            fencing::frozen_and_cut_off_nodes,
+        ),
+    ];
     run_trials(&args, &shared, scenarios.into())
 }
 
@@ -104,11 +128,21 @@ async fn set_unschedulable(ctx: &Ctx<'_>, node: &str, cordoned: bool) -> anyhow:
     Ok(())
 }
 
+/// The real nodes, `node-<KWOK_NODES + 1>` on.
+fn real_nodes() -> Vec<String> {
+    (KWOK_NODES + 1..=KWOK_NODES + REAL_NODES)
+        .map(|i| format!("node-{i}"))
+        .collect()
+}
+
+fn policies(ctx: &Ctx<'_>) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
+    Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
 /// Applies the policy: the real nodes, the writers' namespace, fast detection, the taint.
 async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
-    let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
-    let policies: Api<DynamicObject> =
-        Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk));
+    let policies = policies(ctx);
     let policy: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "podha.io/v1alpha1",
         "kind": "PodHAPolicy",
@@ -139,12 +173,16 @@ async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
         )
         .await
         .context("apply the PodHAPolicy")?;
-    let policies = &policies;
+    wait_policy_ready(ctx, POLICY).await
+}
+
+async fn wait_policy_ready(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {
+    let policies = &policies(ctx);
     wait_for(
-        "the PodHAPolicy's status Ready=True",
+        &format!("PodHAPolicy {name}'s status Ready=True"),
         secs(60),
         || async move {
-            let p = policies.get(POLICY).await?;
+            let p = policies.get(name).await?;
             let conditions = p.data["status"]["conditions"].as_array().cloned();
             Ok(conditions
                 .unwrap_or_default()
@@ -254,9 +292,7 @@ async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Re
 fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
     let helm = podha_sim::chart_rbac::helm_path()?;
     run_scenario(shared, WRITERS, |ctx| async move {
-        let real: Vec<String> = (KWOK_NODES + 1..=KWOK_NODES + REAL_NODES)
-            .map(|i| format!("node-{i}"))
-            .collect();
+        let real = real_nodes();
         let real: Vec<&str> = real.iter().map(String::as_str).collect();
         let (replica_nodes, app_nodes) = real.split_at(2);
         for node in replica_nodes {
@@ -369,6 +405,10 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         // `podha chaos` as a user runs it against these real nodes: the Deployment's node
         // killed and rebooted, the write log checked by podha-csi.
         chaos_trial(&ctx).await?;
+        // Every node ran a podha agent throughout, the leader's node died: none fenced (a
+        // kill is not a fence).
+        let fences = ctx.cluster.fences()?;
+        ensure!(fences.is_empty(), "agents fenced nodes: {fences:?}");
         Ok(())
     })
 }

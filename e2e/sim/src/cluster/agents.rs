@@ -1,4 +1,12 @@
-//! podha agents on the kwok nodes, where a cluster is started with [`super::Agents`].
+//! podha agents, where a cluster is started with [`super::Agents`]: on its kwok nodes, or on its
+//! real nodes.
+//!
+//! A real node's agent starts with the node (its `boot.sh`), inside the node: its cgroup (a
+//! frozen or killed node freezes or kills it), its network namespace (it listens on the node's
+//! address; a partition cuts it from the API server) and its mount namespace (it reads the
+//! node's boot ID). It talks to the API server as the node (the kubelet's credential: the
+//! Node authorizer lets a node read Nodes and patch its own). Its fence is the node's BMC
+//! (`super::bmc`): `off` to the BMC's power FIFO; with a watchdog it pets the BMC's watchdog.
 //!
 //! A kwok node is a kwok process and a sim-csi node agent; with agents it also runs
 //! `podha agent` on its own loopback address (a free port, advertised on the Node by the agent
@@ -8,13 +16,16 @@
 //! as after a fence that stops a machine's kubelet and containers; each fence is appended to
 //! `fences.log` in the cluster directory, the record the tests read.
 //!
-//! What a real machine has and this lacks: a fence here cannot reboot anything, and a kwok node
-//! cannot be frozen or cut off from the API server alone (those faults exist for real nodes).
+//! What a real machine has and this lacks: a kwok node's fence cannot reboot anything, and a
+//! kwok node cannot be frozen or cut off from the API server alone (real nodes can).
 
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::*;
+
+/// Where a real node's agent listens (the agent's default port), on the node's address.
+pub const REAL_AGENT_PORT: u16 = 9441;
 
 /// One fence an agent carried out, as `fences.log` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,15 +74,17 @@ impl Cluster {
         self.spawn(st, &agent_proc(&rec.name), agent)
     }
 
-    /// The fence a kwok node's agent asks for: its kwok and sim-csi node agent are SIGKILLed,
-    /// the agent and the host stay; recorded in `fences.log`.
+    /// A node's fence, recorded in `fences.log`. A kwok node's (what its agent asks for): its
+    /// kwok and sim-csi node agent are SIGKILLed, the agent and the host stay. A real node's
+    /// (what its BMC does): powered off, every process SIGKILLed and its link down, as
+    /// [`Cluster::kill_node`] but with the BMC left to the caller.
     pub fn fence_node(&self, name: &str, reason: &str) -> Result<()> {
         if self.node(name)?.real {
-            return Err(Error::Other(format!(
-                "{name} is a real node: the sim's agents run on kwok nodes only"
-            )));
+            realnode::kill(&self.real_node(name, "fenced")?)?;
+            self.kill_node_processes(name, true)?;
+        } else {
+            self.kill_node_processes(name, false)?;
         }
-        self.kill_node_processes(name, false)?;
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -85,6 +98,42 @@ impl Cluster {
             .map_err(|e| Error::io(format!("append to {}", path.display()), e))?;
         info!(node = name, reason, "node fenced by its agent");
         Ok(())
+    }
+
+    /// The line in a real node's `boot.sh` that starts its podha agent, when the cluster runs
+    /// agents on its real nodes.
+    pub(in crate::cluster) fn real_agent_line(
+        &self,
+        agents: &Agents,
+        node: &realnode::RealNode,
+    ) -> String {
+        let bmc = super::bmc::bmc_dir(&self.dir, &node.name);
+        let mut args = vec![
+            format!("--node={}", node.name),
+            format!("--listen={}:{REAL_AGENT_PORT}", node.ip),
+            format!(
+                "--isolation-timeout={}",
+                humantime::format_duration(agents.isolation_timeout)
+            ),
+            format!("--kubeconfig={}", node.dir().join("kubeconfig").display()),
+            format!("--fence=command:echo off > {}", bmc.join("power").display()),
+        ];
+        if let Some(timeout) = agents.watchdog_timeout {
+            args.push(format!("--watchdog={}", bmc.join("watchdog").display()));
+            args.push(format!(
+                "--watchdog-timeout={}",
+                humantime::format_duration(timeout)
+            ));
+        }
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        format!(
+            "'{}' agent {} >> '{}' 2>&1 &",
+            agents.exe.display(),
+            quoted.join(" "),
+            self.logs_dir()
+                .join(format!("agent-{}.log", node.name))
+                .display()
+        )
     }
 
     fn fences_log(&self) -> PathBuf {

@@ -258,7 +258,9 @@ impl Cluster {
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--node={}", rec.name));
         self.spawn(st, &csi_node_proc(&rec.name), agent)?;
-        if let Some(agents) = st.agents.clone() {
+        if let Some(agents) = st.agents.clone()
+            && agents.on == AgentNodes::Kwok
+        {
             self.spawn_agent(st, &mut rec.clone(), &agents)?;
         }
         Ok(())

@@ -55,6 +55,7 @@ pub mod agents;
 pub mod audit;
 mod bins;
 mod blackhole;
+pub mod bmc;
 mod boot;
 mod fleet;
 mod node_ops;
@@ -82,7 +83,7 @@ pub use bins::{BINARIES, default_bin_dir, k8s_version};
 pub use fleet::{FLEET_GROUP_LABEL, FleetGroup};
 use process::ProcRecord;
 pub use realnode::PAUSE_IMAGE;
-pub use state::Agents;
+pub use state::{AgentNodes, Agents};
 use state::{NodeRecord, Ports, RealNodes, State};
 
 pub use options::{ClusterOptions, Error, Profile, Result};

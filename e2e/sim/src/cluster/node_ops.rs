@@ -15,6 +15,8 @@ impl Cluster {
         let rec = self.node(name)?;
         if rec.real {
             realnode::kill(&self.real_node(name, "killed")?)?;
+            // The whole machine is off: its BMC (watchdog) with it.
+            self.stop_bmc(&mut self.lock_reloaded(), name)?;
         } else {
             blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
             // Its podha agent's address goes silent with it.

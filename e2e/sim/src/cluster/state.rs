@@ -41,13 +41,30 @@ pub struct NodeRecord {
     pub boot_id: Option<String>,
 }
 
-/// The podha agents the cluster runs on its kwok nodes (see [`super::agents`]).
+/// The podha agents the cluster runs on its nodes (see [`super::agents`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Agents {
     /// The podha executable.
     pub exe: PathBuf,
     #[serde(with = "humantime_serde_compat")]
     pub isolation_timeout: Duration,
+    /// Which nodes run one.
+    #[serde(default)]
+    pub on: AgentNodes,
+    /// Real nodes: the timeout of the watchdog each node's BMC keeps (see `super::bmc`), which
+    /// the agent pets; `None`: no watchdog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog_timeout: Option<Duration>,
+}
+
+/// Which nodes run a podha agent: kwok nodes reach nothing but the host, so agents there serve
+/// a podha on the host; real nodes' agents serve podha running in pods (installed by its
+/// chart), which cannot reach the kwok nodes' loopback addresses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentNodes {
+    #[default]
+    Kwok,
+    Real,
 }
 
 /// What the cluster's real nodes share.

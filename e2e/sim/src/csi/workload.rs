@@ -105,6 +105,16 @@ pub fn check(cluster_dir: &Path, handle: &str) -> anyhow::Result<Report> {
     Ok(podha_csi::checker::check(&log, &acks))
 }
 
+/// Volume `handle`'s write log (every attempt, accepted or refused), oldest first.
+pub fn write_log(
+    cluster_dir: &Path,
+    handle: &str,
+) -> anyhow::Result<Vec<podha_csi::store::LogEntry>> {
+    Ok(Store::new(shared_store(cluster_dir))?
+        .volume(handle)?
+        .log()?)
+}
+
 /// How many writes pod `pod_uid` had acknowledged (0 before its first).
 pub fn acknowledged(cluster_dir: &Path, pod_uid: &str) -> anyhow::Result<usize> {
     Ok(podha_csi::writer::read_acks(&acks_path(cluster_dir, pod_uid))?.len())

@@ -233,6 +233,7 @@ pub fn prepare(
     subnet: u8,
     apiserver_port: u16,
     node_bin_dir: &Path,
+    agent: Option<&str>,
 ) -> Result<()> {
     let pki = super::pki::Pki::paths(&node.cluster_dir);
     files::write_all(
@@ -240,6 +241,7 @@ pub fn prepare(
         &pki.ca_cert,
         (net::host_ip(subnet), apiserver_port),
         node_bin_dir,
+        agent,
     )?;
     super::pki::issue_client_cert(
         &node.cluster_dir,

@@ -1,0 +1,208 @@
+//! A real node's BMC: what a machine has outside its operating system, here a `podha-sim bmc`
+//! process on the host, outside the node's cgroup (a frozen node does not freeze it).
+//!
+//! - **Its watchdog.** `DIR/nodes/<node>/bmc/watchdog` is a FIFO standing in for the node's
+//!   `/dev/watchdog`, with the Linux watchdog's rules: the first write arms it, any write pets
+//!   it, a `V` before the writer closes disarms it; unpetted for the timeout, it powers the
+//!   node off. The node's podha agent pets it (`--watchdog`).
+//! - **Its power control.** `off` written to `DIR/nodes/<node>/bmc/power` powers the node off
+//!   (the agent's fence: what a site's fence command does through IPMI or redfish).
+//!
+//! Powering off is [`Cluster::fence_node`]: every process of the node SIGKILLed, its link
+//! down, the fence appended to `fences.log`. The BMC then exits; the node's next boot starts a
+//! new one.
+
+use std::io::{ErrorKind, Read as _};
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::time::Instant;
+
+use super::*;
+
+/// The BMC of real node `name`.
+pub(in crate::cluster) fn bmc_proc(name: &str) -> String {
+    format!("bmc-{name}")
+}
+
+/// Where a real node's BMC keeps its FIFOs.
+pub fn bmc_dir(cluster_dir: &Path, node: &str) -> PathBuf {
+    cluster_dir.join("nodes").join(node).join("bmc")
+}
+
+/// How often the BMC looks at its FIFOs.
+const TICK: Duration = Duration::from_millis(100);
+
+/// The watchdog's state, fed what its FIFO delivers.
+#[derive(Debug, Default)]
+struct Watchdog {
+    /// Last pet while armed.
+    petted: Option<Instant>,
+    /// The last write held a `V`: a close now disarms.
+    magic: bool,
+}
+
+impl Watchdog {
+    fn wrote(&mut self, bytes: &[u8], now: Instant) {
+        self.petted = Some(now);
+        self.magic = bytes.contains(&b'V');
+    }
+
+    /// The writer closed the device.
+    fn closed(&mut self) {
+        if self.magic {
+            self.petted = None;
+            self.magic = false;
+        }
+    }
+
+    /// How long it has not been petted while armed.
+    fn unpetted_for(&self, now: Instant) -> Option<Duration> {
+        self.petted.map(|at| now.saturating_duration_since(at))
+    }
+}
+
+fn mkfifo(path: &Path) -> Result<()> {
+    match nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
+        Err(e) => Err(Error::Other(format!("mkfifo {}: {e}", path.display()))),
+    }
+}
+
+fn open_fifo(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))
+}
+
+/// What one read of a FIFO gave.
+enum Got {
+    Bytes(Vec<u8>),
+    /// No writer has it open.
+    Closed,
+    Nothing,
+}
+
+fn read_fifo(file: &mut std::fs::File) -> Result<Got> {
+    let mut buf = [0u8; 512];
+    match file.read(&mut buf) {
+        Ok(0) => Ok(Got::Closed),
+        Ok(n) => Ok(Got::Bytes(buf[..n].to_vec())),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(Got::Nothing),
+        Err(e) => Err(Error::io("read a BMC FIFO", e)),
+    }
+}
+
+impl Cluster {
+    /// Starts real node `name`'s BMC (before the node boots: its agent opens the watchdog).
+    pub(in crate::cluster) fn spawn_bmc(
+        &self,
+        st: &mut State,
+        name: &str,
+        watchdog_timeout: Option<Duration>,
+    ) -> Result<()> {
+        let dir = bmc_dir(&self.dir, name);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        mkfifo(&dir.join("watchdog"))?;
+        mkfifo(&dir.join("power"))?;
+        self.stop_bmc(st, name)?;
+        let mut cmd = Command::new(&st.sim_exe);
+        cmd.arg("bmc")
+            .arg(name)
+            .arg(format!("--dir={}", self.dir.display()));
+        if let Some(timeout) = watchdog_timeout {
+            cmd.arg(format!(
+                "--watchdog-timeout={}",
+                humantime::format_duration(timeout)
+            ));
+        }
+        self.spawn(st, &bmc_proc(name), cmd)
+    }
+
+    /// Stops real node `name`'s BMC, if it runs.
+    pub(in crate::cluster) fn stop_bmc(&self, st: &mut State, name: &str) -> Result<()> {
+        if let Some(rec) = st.processes.get(&bmc_proc(name)).copied() {
+            if process::is_alive(&rec) {
+                process::kill(&bmc_proc(name), &rec)?;
+            }
+            st.processes.remove(&bmc_proc(name));
+            st.save(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The BMC of real node `name` (`podha-sim bmc`): watches its watchdog and power FIFOs
+    /// until it powers the node off; returns the reason. Without `watchdog_timeout` the node has
+    /// no watchdog: what its FIFO gets is ignored.
+    pub async fn run_bmc(&self, name: &str, watchdog_timeout: Option<Duration>) -> Result<String> {
+        let dir = bmc_dir(&self.dir, name);
+        let mut watchdog_fifo = open_fifo(&dir.join("watchdog"))?;
+        let mut power_fifo = open_fifo(&dir.join("power"))?;
+        let mut watchdog = Watchdog::default();
+        info!(node = name, ?watchdog_timeout, "BMC up");
+        let reason = loop {
+            tokio::time::sleep(TICK).await;
+            let now = Instant::now();
+            match read_fifo(&mut watchdog_fifo)? {
+                Got::Bytes(bytes) => watchdog.wrote(&bytes, now),
+                Got::Closed => watchdog.closed(),
+                Got::Nothing => {}
+            }
+            if let Got::Bytes(bytes) = read_fifo(&mut power_fifo)? {
+                let said = String::from_utf8_lossy(&bytes).trim().to_string();
+                if said == "off" {
+                    break "powered off by its podha agent".to_string();
+                }
+                warn!(
+                    node = name,
+                    said, "the BMC's power control takes only \"off\""
+                );
+            }
+            if let Some(silent) = watchdog.unpetted_for(now)
+                && let Some(timeout) = watchdog_timeout
+                && silent > timeout
+            {
+                break format!(
+                    "watchdog: not petted for {}",
+                    humantime::format_duration(Duration::from_millis(silent.as_millis() as u64))
+                );
+            }
+        };
+        self.fence_node(name, &reason)?;
+        Ok(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_arms_on_the_first_write_and_only_a_v_disarms_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut w = Watchdog::default();
+        assert_eq!(w.unpetted_for(t0), None, "not armed before a write");
+        w.closed();
+        w.wrote(b"\n", t0);
+        assert_eq!(w.unpetted_for(t0 + s(3)), Some(s(3)));
+        w.closed();
+        assert_eq!(
+            w.unpetted_for(t0 + s(4)),
+            Some(s(4)),
+            "a crash keeps it armed"
+        );
+        w.wrote(b"V", t0 + s(5));
+        w.closed();
+        assert_eq!(w.unpetted_for(t0 + s(9)), None, "magic close");
+        w.wrote(b"V", t0 + s(10));
+        w.wrote(b"\n", t0 + s(11));
+        w.closed();
+        assert_eq!(
+            w.unpetted_for(t0 + s(12)),
+            Some(s(1)),
+            "a pet after the V takes the magic back"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! podha's fencing on real nodes, with storage that does not fence (podha-csi's `fencing: off`
+//! class: a node keeps the access it once had), so podha's own fencing is what keeps the data
+//! whole. Every real node runs `podha agent` (started with the node, inside it), fencing
+//! through the node's BMC and petting the BMC's watchdog; the policy asks for the agent's
+//! proof before the out-of-service taint.
+//!
+//! At once, for 120 s:
+//! - one writer's node **freezes** (a hung machine: its agent frozen too). The agent stops
+//!   petting, the watchdog powers the node off; only then does podha's silence proof hold and
+//!   the volume move. Thawing the node afterwards wakes nothing: it was reset.
+//! - another writer's node is **cut off from the API server**: podha still hears its agent, so
+//!   the node is left alone (no fence, no taint) and its writer keeps writing (Kubernetes
+//!   evicts it meanwhile, but its kubelet hears of that only once the partition heals, and
+//!   the replacement waits for the volume on the same node).
+//!
+//! Then: the write logs show no split-brain write and no lost acknowledged write, the frozen
+//! node boots again and podha takes its taint off, and no node but the frozen one was fenced.
+
+use super::*;
+
+/// Where this scenario's writers run; the policy selects it.
+const NS: &str = "fencing";
+const POLICY_NAME: &str = "fenced-real-nodes";
+/// How long the two faults last.
+const FAULT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The policy: the agent's heartbeat beside the Lease, the agent's proof before the taint.
+async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    let policies = policies(ctx);
+    // The first scenario's policy (no fencing proof) must not act on these nodes.
+    match policies.delete(POLICY, &Default::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e).context("delete the first scenario's policy"),
+    }
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "podha.io/v1alpha1",
+        "kind": "PodHAPolicy",
+        "metadata": { "name": POLICY_NAME },
+        "spec": {
+            "nodeSelector": { "matchLabels": { "type": "real" } },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": NS } },
+            "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
+            "detection": {
+                "signals": ["Lease", "AgentHeartbeat"],
+                "interval": "1s",
+                "failureThreshold": 3,
+                "leaseGracePeriod": "11s",
+                "tcpTimeout": "500ms",
+            },
+            "action": "OutOfServiceTaint",
+            "fencing": { "proof": "Agent", "agentMargin": "2s" },
+            "safety": { "maxUnhealthy": 2, "unhealthyWindow": "0s" },
+        },
+    }))?;
+    policies
+        .patch(
+            POLICY_NAME,
+            &PatchParams::apply("realnode-podha").force(),
+            &Patch::Apply(&policy),
+        )
+        .await
+        .context("apply the fencing PodHAPolicy")?;
+    wait_policy_ready(ctx, POLICY_NAME).await
+}
+
+/// Every real node Ready (the first scenario leaves its leader's node dead) and podha's two
+/// replicas running with a leader.
+async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> {
+    for node in real {
+        let ready = ctx
+            .nodes()
+            .get(node)
+            .await
+            .ok()
+            .and_then(|n| ready_status(&n))
+            .is_some_and(|s| s == "True");
+        if !ready {
+            ctx.cluster.start_node(node).await?;
+        }
+    }
+    let pods = chart_install::wait_replicas(&ctx.client, 2, secs(180)).await?;
+    chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+    Ok(())
+}
+
+/// A writer Deployment `app` on its own claim of the unfenced class, started on `on` (the other
+/// `nodes` cordoned meanwhile); returns the running pod and its volume handle.
+async fn start_writer(
+    ctx: &Ctx<'_>,
+    app: &str,
+    on: &str,
+    nodes: &[&str],
+) -> anyhow::Result<(Pod, String)> {
+    let claim = format!("{app}-data");
+    ctx.create::<PersistentVolumeClaim>(pvc(&claim, podha_sim::csi::UNFENCED_STORAGE_CLASS))
+        .await?;
+    let others: Vec<&str> = nodes.iter().copied().filter(|n| *n != on).collect();
+    for node in &others {
+        set_unschedulable(ctx, node, true).await?;
+    }
+    ctx.create::<Deployment>(workload::writer_deployment(app, nodes, &claim)?)
+        .await?;
+    let pod = ctx.wait_app_running(app, secs(120)).await;
+    for node in &others {
+        set_unschedulable(ctx, node, false).await?;
+    }
+    let pod = pod?;
+    ensure!(node_of(&pod) == Some(on), "{app} does not run on {on}");
+    wait_writes(ctx, &pod, WRITES).await?;
+    let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
+    Ok((pod, handle))
+}
+
+fn has_out_of_service_taint(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE))
+}
+
+pub(super) fn frozen_and_cut_off_nodes(
+    shared: &SharedCluster,
+) -> Result<(), libtest_mimic::Failed> {
+    run_scenario(shared, NS, |ctx| async move {
+        let real = real_nodes();
+        let real: Vec<&str> = real.iter().map(String::as_str).collect();
+        let (replica_nodes, app_nodes) = real.split_at(2);
+        let (frozen, cut) = (app_nodes[0], app_nodes[1]);
+        let refuge = replica_nodes[0];
+        every_real_node_up(&ctx, &real).await?;
+        apply_fencing_policy(&ctx).await?;
+        let fences_before = ctx.cluster.fences()?.len();
+
+        let (old, frozen_volume) = start_writer(&ctx, "frozen", frozen, &[frozen, refuge]).await?;
+        let (cut_pod, cut_volume) = start_writer(&ctx, "cut", cut, &[cut]).await?;
+        let cut_acks = workload::acknowledged(ctx.cluster.dir(), &uid(&cut_pod)?)?;
+        log(
+            &ctx.ns,
+            format!(
+                "writers on {frozen} and {cut}; freezing {frozen}, cutting {cut} off the API server for {FAULT:?}"
+            ),
+        );
+
+        ctx.cluster.freeze_node(frozen)?;
+        ctx.cluster.partition_node(cut, true)?;
+        let started = Instant::now();
+        let during = async {
+            let replacement = wait_for(
+                "the frozen writer's replacement Running on another node",
+                secs(110),
+                || async {
+                    let pods = ctx.app_pods("frozen").await?;
+                    Ok(pods.into_iter().find(|p| {
+                        p.metadata.uid != old.metadata.uid && running_ready(p) && !terminating(p)
+                    }))
+                },
+            )
+            .await?;
+            ensure!(
+                node_of(&replacement) == Some(refuge),
+                "the replacement runs on {:?}, not {refuge}",
+                node_of(&replacement)
+            );
+            log(
+                &ctx.ns,
+                format!(
+                    "{} Running on {refuge} {:.1?} after the freeze",
+                    name_of(&replacement),
+                    started.elapsed()
+                ),
+            );
+            wait_writes(&ctx, &replacement, WRITES).await?;
+            // podha must leave the cut-off node alone until the faults end.
+            let cut_node = ctx.nodes().get(cut).await?;
+            ensure!(
+                !has_out_of_service_taint(&cut_node),
+                "podha tainted the cut-off {cut}"
+            );
+            anyhow::Ok(replacement)
+        }
+        .await;
+        let left = FAULT.saturating_sub(started.elapsed());
+        if during.is_ok() {
+            tokio::time::sleep(left).await;
+        }
+        ctx.cluster.thaw_node(frozen)?;
+        ctx.cluster.partition_node(cut, false)?;
+        let replacement = during?;
+        log(
+            &ctx.ns,
+            format!("{FAULT:?} later: {frozen} thawed, {cut} back in touch"),
+        );
+
+        // The frozen node: reset by its watchdog, before its volume moved.
+        let fences: Vec<_> = ctx
+            .cluster
+            .fences()?
+            .into_iter()
+            .skip(fences_before)
+            .collect();
+        let fence = fences
+            .iter()
+            .find(|f| f.node == frozen)
+            .with_context(|| format!("{frozen} was never fenced: {fences:?}"))?;
+        ensure!(
+            fence.reason.starts_with("watchdog"),
+            "{frozen}'s fence was not its watchdog's: {fence:?}"
+        );
+        let log_entries = workload::write_log(ctx.cluster.dir(), &frozen_volume)?;
+        let first_new = log_entries
+            .iter()
+            .find(|e| e.accepted && e.pod_uid == uid(&replacement).unwrap_or_default())
+            .context("the replacement's first write")?;
+        ensure!(
+            u128::from(first_new.time_us / 1000) > fence.at_ms,
+            "the replacement wrote ({} µs) before {frozen} was fenced ({} ms)",
+            first_new.time_us,
+            fence.at_ms
+        );
+        let report = workload::check(ctx.cluster.dir(), &frozen_volume)?;
+        ensure!(report.clean(), "the frozen writer's volume: {report:?}");
+        ensure!(
+            report.writers.len() == 2,
+            "both writers should have written: {report:?}"
+        );
+        log(
+            &ctx.ns,
+            format!(
+                "{frozen} reset by its watchdog {:.1?} before the replacement's first write; \
+                 write log: {} accepted, 0 split-brain, 0 lost",
+                std::time::Duration::from_millis(
+                    u64::try_from(
+                        (u128::from(first_new.time_us) / 1000).saturating_sub(fence.at_ms)
+                    )
+                    .unwrap_or(0)
+                ),
+                report.accepted_writes
+            ),
+        );
+
+        // The cut-off node: never fenced nor tainted, its writer wrote through the partition.
+        ensure!(
+            fences.iter().all(|f| f.node == frozen),
+            "a node other than {frozen} was fenced: {fences:?}"
+        );
+        ctx.wait_ready(cut, secs(60)).await?;
+        let acks_now = workload::acknowledged(ctx.cluster.dir(), &uid(&cut_pod)?)?;
+        ensure!(
+            acks_now > cut_acks + 100,
+            "the cut-off writer should have written on (acknowledged {cut_acks} → {acks_now})"
+        );
+        let report = workload::check(ctx.cluster.dir(), &cut_volume)?;
+        ensure!(report.clean(), "the cut-off writer's volume: {report:?}");
+        ensure!(
+            !has_out_of_service_taint(&ctx.nodes().get(cut).await?),
+            "podha tainted the cut-off {cut}"
+        );
+        log(
+            &ctx.ns,
+            format!(
+                "{cut}: not fenced, not tainted, {} writes meanwhile",
+                acks_now - cut_acks
+            ),
+        );
+
+        // The frozen node boots again; podha takes its taint off.
+        ctx.cluster.start_node(frozen).await?;
+        wait_for(
+            &format!("podha to take its taint off {frozen}"),
+            secs(60),
+            || async {
+                let node = ctx.nodes().get(frozen).await?;
+                Ok((!has_out_of_service_taint(&node)).then_some(()))
+            },
+        )
+        .await?;
+        log(&ctx.ns, format!("{frozen} back, podha's taint gone"));
+        Ok(())
+    })
+}
+
+fn uid(pod: &Pod) -> anyhow::Result<String> {
+    pod.metadata.uid.clone().context("pod uid")
+}
