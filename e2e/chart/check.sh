@@ -18,16 +18,20 @@ trap 'rm -rf "$work"' EXIT
 "$helm" lint --strict "$chart" -f "$here/values-full.yaml"
 "$helm" template podha "$chart" --kube-version "$kube" > "$work/default.yaml"
 "$helm" template podha "$chart" --kube-version "$kube" -f "$here/values-full.yaml" > "$work/full.yaml"
-for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy; do
+for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy DaemonSet; do
   grep -q "^kind: $kind$" "$work/full.yaml" || { echo "check.sh: non-default values render no $kind" >&2; exit 1; }
   if [ "$kind" != PodHAPolicy ] && grep -q "^kind: $kind$" "$work/default.yaml"; then
     echo "check.sh: default values render a $kind, which must be off by default" >&2; exit 1
   fi
 done
 
+# The agent's DaemonSet passes the watchdog only when a device is given.
+grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdog-timeout=15s" "$work/full.yaml" \
+  || { echo "check.sh: the agent's DaemonSet does not pass its watchdog" >&2; exit 1; }
+
 # The schema refuses wrong types, unknown keys and durations the binary would reject.
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
-           prometheusRule.failoverSlowSeconds=100; do
+           prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.isolationTimeout=30; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi

@@ -64,3 +64,19 @@ Container image reference.
 {{- define "podha.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
 {{- end }}
+
+{{/*
+Labels selecting the agent's pods: a name of their own, so the operator's Service, PDB and
+Deployment never select them.
+*/}}
+{{- define "podha.agentSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "podha.name" . }}-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Name of the agent's objects (DaemonSet, ServiceAccount, ClusterRole).
+*/}}
+{{- define "podha.agentName" -}}
+{{- printf "%s-agent" (include "podha.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
