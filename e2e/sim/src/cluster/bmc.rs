@@ -179,6 +179,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_fifo_reads_as_closed_until_a_writer_opens_it_and_after_it_closes() {
+        let dir = std::env::temp_dir().join(format!("podha-bmc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("watchdog");
+        mkfifo(&path).expect("mkfifo");
+        mkfifo(&path).expect("a second mkfifo finds it there");
+        let mut reader = open_fifo(&path).expect("open without a writer");
+        assert!(matches!(read_fifo(&mut reader), Ok(Got::Closed)));
+        let mut writer = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("writer");
+        assert!(matches!(read_fifo(&mut reader), Ok(Got::Nothing)));
+        std::io::Write::write_all(&mut writer, b"\nV").expect("write");
+        match read_fifo(&mut reader) {
+            Ok(Got::Bytes(b)) => assert_eq!(b, b"\nV"),
+            _ => panic!("the bytes written"),
+        }
+        drop(writer);
+        assert!(matches!(read_fifo(&mut reader), Ok(Got::Closed)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn the_watchdog_arms_on_the_first_write_and_only_a_v_disarms_it() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
