@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             policy_edits::switched_to_the_taint_mid_incident,
         ),
         (
-            "a_node_is_held_until_the_cloud_reports_it_shut_down",
+            "a_node_is_held_until_the_cloud_or_an_external_fence_proves_it_off",
             fencing::held_until_the_cloud_reports_the_node_shut_down,
         ),
         (

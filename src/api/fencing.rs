@@ -33,6 +33,10 @@ pub struct Fencing {
     /// podha asked for on the Node, or it has not answered podha's heartbeat for its isolation
     /// timeout (which it advertises on the Node) plus `agentMargin`, by which time an agent cut
     /// off from podha has fenced its node itself. A node without an agent never has this proof.
+    /// `External`: a fence controller of the user's fenced it: podha asks on the Node
+    /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
+    /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an
+    /// acknowledgement of this incident's request counts; silence proves nothing.
     #[serde(default)]
     pub proof: FencingProof,
     /// With proof `Agent`: how much longer than the agent's isolation timeout podha waits on a
@@ -62,6 +66,7 @@ pub enum FencingProof {
     None,
     CloudShutdownTaint,
     Agent,
+    External,
 }
 
 impl FencingProof {
@@ -70,7 +75,14 @@ impl FencingProof {
             Self::None => "None",
             Self::CloudShutdownTaint => "CloudShutdownTaint",
             Self::Agent => "Agent",
+            Self::External => "External",
         }
+    }
+
+    /// Whether podha asks for the fence on the Node (`podha.io/fence-request`) and takes an
+    /// acknowledgement of it as the proof.
+    pub const fn requests_fence(self) -> bool {
+        matches!(self, Self::Agent | Self::External)
     }
 }
 
@@ -95,6 +107,8 @@ pub enum FenceEvidence {
     AgentAcknowledged,
     /// The agent has been silent past its isolation timeout and the margin.
     AgentSilent,
+    /// The user's fence controller acknowledged podha's fence request.
+    ExternalAcknowledged,
 }
 
 impl FenceEvidence {
@@ -104,6 +118,7 @@ impl FenceEvidence {
             Self::CloudShutdown => "CloudShutdownTaint",
             Self::AgentAcknowledged => "AgentAcknowledged",
             Self::AgentSilent => "AgentSilent",
+            Self::ExternalAcknowledged => "ExternalAcknowledged",
         }
     }
 }
@@ -119,14 +134,12 @@ impl Fencing {
                 .and_then(|s| s.taints.as_ref())
                 .is_some_and(|taints| taints.iter().any(|t| t.key == CLOUD_SHUTDOWN_TAINT_KEY))
                 .then_some(FenceEvidence::CloudShutdown),
+            FencingProof::External => {
+                acknowledged(node, agent.request).then_some(FenceEvidence::ExternalAcknowledged)
+            }
             FencingProof::Agent => {
                 let annotations = node.metadata.annotations.as_ref();
-                let acknowledged = agent.request.is_some_and(|request| {
-                    annotations
-                        .and_then(|a| a.get(FENCE_ACK_ANNOTATION))
-                        .map(String::as_str)
-                        == Some(request)
-                });
+                let acknowledged = acknowledged(node, agent.request);
                 let isolation = annotations
                     .and_then(|a| a.get(AGENT_ISOLATION_TIMEOUT_ANNOTATION))
                     .and_then(|t| humantime::parse_duration(t).ok());
@@ -144,6 +157,18 @@ impl Fencing {
             }
         }
     }
+}
+
+/// Whether `node` carries the acknowledgement of `request` (this incident's fence request).
+fn acknowledged(node: &Node, request: Option<&str>) -> bool {
+    request.is_some_and(|request| {
+        node.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(FENCE_ACK_ANNOTATION))
+            .map(String::as_str)
+            == Some(request)
+    })
 }
 
 #[cfg(test)]
@@ -174,6 +199,34 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_only() {
+        let spec: crate::api::PodHAPolicySpec =
+            serde_json::from_value(serde_json::json!({"fencing": {"proof": "External"}})).unwrap();
+        let acked = mk_node("n1").annotation(FENCE_ACK_ANNOTATION, "p/1");
+        let asked = |request, silent_for| AgentEvidence {
+            silent_for,
+            request,
+        };
+        assert_eq!(spec.fencing.proven(&acked, asked(None, None)), None);
+        assert_eq!(spec.fencing.proven(&acked, asked(Some("p/2"), None)), None);
+        assert_eq!(
+            spec.fencing.proven(&acked, asked(Some("p/1"), None)),
+            Some(FenceEvidence::ExternalAcknowledged)
+        );
+        let silent_agent = mk_node("n1").annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "1s");
+        assert_eq!(
+            spec.fencing.proven(
+                &silent_agent,
+                asked(Some("p/1"), Some(Duration::from_secs(3600)))
+            ),
+            None,
+            "silence proves nothing to an external fence"
+        );
+        assert!(FencingProof::External.requests_fence() && FencingProof::Agent.requests_fence());
+        assert!(!FencingProof::CloudShutdownTaint.requests_fence());
     }
 
     fn agent_spec() -> crate::api::PodHAPolicySpec {

@@ -91,16 +91,18 @@ pub(super) fn fence_proof(
     node_policy.spec.fencing.proven(node, agent)
 }
 
-/// The fence to ask of the node's agent while the `Agent` proof is missing: once per
-/// incident, and only of a node that runs an agent.
+/// The fence to ask for on the Node while the proof is missing: once per incident; for the
+/// `Agent` proof only of a node that runs an agent, for `External` of any (the user's fence
+/// controller answers).
 pub(super) fn fence_request(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
 ) -> Option<Intent> {
-    (node_policy.spec.fencing.proof == FencingProof::Agent
+    let proof = node_policy.spec.fencing.proof;
+    (proof.requests_fence()
         && incident.fence_request.is_none()
-        && agent_addr(node).is_some())
+        && (proof == FencingProof::External || agent_addr(node).is_some()))
     .then(|| Intent::RequestFence {
         node: incident.node.clone(),
         policy: node_policy.name.to_string(),

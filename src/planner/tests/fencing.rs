@@ -283,3 +283,33 @@ fn a_rehearsal_only_says_it_would_ask_the_agent() {
         plan.intents
     );
 }
+
+#[test]
+fn an_external_fence_is_asked_of_any_node_and_only_its_acknowledgement_lets_the_taint_on() {
+    let mut spec = mk_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::External,
+        ..Fencing::default()
+    };
+    // No agent on the node: the user's fence controller answers.
+    let mut world = World::new(cluster(3)).policy("p", spec).fail("node-1");
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["request fence node-1", "hold FencingPending"]
+    );
+    world.ledger.record_fence_request("node-1", "p/1");
+    agent_silent_for(&mut world, "node-1", 3600);
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["hold FencingPending"],
+        "silence proves no external fence"
+    );
+    let acked = (*world.view.nodes["node-1"])
+        .clone()
+        .annotation(FENCE_ACK_ANNOTATION, "p/1");
+    world.view.nodes.insert("node-1".into(), acked.into());
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}

@@ -256,11 +256,22 @@ impl Actor {
             Intent::RequestFence { node, policy } => {
                 if let Outcome::FenceRequested { request } = &outcome {
                     self.ledger.record_fence_request(node, request);
-                    info!(node, request, "fence asked of the node's agent");
+                    info!(node, request, "fence requested on the node");
                     let note = format!(
-                        "asked the node's podha agent to fence it (request {request}, policy \
-                         {policy}); the out-of-service taint waits for its acknowledgement or \
-                         its silence"
+                        "asked for a fence of the node (podha.io/fence-request {request}, policy \
+                         {policy}); the out-of-service taint waits for the fence's \
+                         acknowledgement (podha.io/fence-ack){}",
+                        if self
+                            .state
+                            .policies
+                            .get(policy)
+                            .map(|p| p.spec.fencing.proof)
+                            == Some(crate::api::FencingProof::Agent)
+                        {
+                            " or the agent's silence"
+                        } else {
+                            ""
+                        }
                     );
                     let ev = self.node_event(node, true, "FenceRequested", "Fence", note);
                     self.queue_event(ev);

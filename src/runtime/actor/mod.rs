@@ -650,7 +650,9 @@ fn describe(intent: &Intent) -> String {
             format!("taint node {node} {}:{}", taint.key(), taint.effect())
         }
         Intent::RemoveTaint { node } => format!("remove the out-of-service taint from node {node}"),
-        Intent::RequestFence { node, .. } => format!("ask node {node}'s podha agent to fence it"),
+        Intent::RequestFence { node, .. } => {
+            format!("ask for a fence of node {node} (podha.io/fence-request)")
+        }
         Intent::Hold { .. } => "hold".to_string(),
     }
 }
