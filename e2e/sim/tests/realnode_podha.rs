@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         .with_real_nodes(REAL_NODES)
         .with_real_agents(podha, ISOLATION_TIMEOUT, Some(WATCHDOG_TIMEOUT)),
     );
-    let scenarios: [Scenario; 2] = [
+    let scenarios: [Scenario; 3] = [
         (
             "podha_installed_by_its_chart_fails_writers_over_on_real_nodes",
             installed_by_chart,
@@ -79,6 +79,10 @@ fn main() -> ExitCode {
         (
             "a_frozen_node_is_reset_by_its_watchdog_before_its_volume_moves_a_cut_off_one_is_left_alone",
             fencing::frozen_and_cut_off_nodes,
+        ),
+        (
+            "an_api_server_hung_for_60s_fences_no_node",
+            fencing::api_server_outage,
         ),
     ];
     run_trials(&args, &shared, scenarios.into())

@@ -143,6 +143,28 @@ pub fn kill_leader(name: &str, rec: &ProcRecord) -> Result<()> {
     wait_gone(name, rec)
 }
 
+/// Stops (`SIGSTOP`, `paused`) or continues (`SIGCONT`) the process group of `rec`: a process
+/// that hangs, its sockets still open.
+pub fn pause(name: &str, rec: &ProcRecord, paused: bool) -> Result<()> {
+    if !is_alive(rec) {
+        return Err(Error::Other(format!(
+            "{name} (pid {}) is not running",
+            rec.pid
+        )));
+    }
+    let signal = if paused {
+        Signal::SIGSTOP
+    } else {
+        Signal::SIGCONT
+    };
+    killpg(Pid::from_raw(rec.pid), signal).map_err(|e| {
+        Error::io(
+            format!("{signal} {name} (process group {})", rec.pid),
+            std::io::Error::from(e),
+        )
+    })
+}
+
 /// The last `lines` lines of a log file, for error messages.
 pub fn log_tail(log: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();

@@ -283,3 +283,81 @@ pub(super) fn frozen_and_cut_off_nodes(
 fn uid(pod: &Pod) -> anyhow::Result<String> {
     pod.metadata.uid.clone().context("pod uid")
 }
+
+/// The API server hangs for 60 s (SIGSTOP: connections accepted, nothing answered): every
+/// kubelet stops renewing, podha's leader loses its Lease and stops probing, so every agent
+/// goes unheard at once. Their peers vouch (a majority unheard): no agent fences, no watchdog
+/// resets its node, and once the API server answers again every node is Ready, nothing is
+/// tainted and the write log is clean.
+pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
+    run_scenario(shared, "outage", |ctx| async move {
+        let real = real_nodes();
+        let real: Vec<&str> = real.iter().map(String::as_str).collect();
+        let on = real[2];
+        every_real_node_up(&ctx, &real).await?;
+        apply_fencing_policy(&ctx).await?;
+        let fences_before = ctx.cluster.fences()?.len();
+        let claim = "steady-data";
+        ctx.create::<PersistentVolumeClaim>(pvc(claim, podha_sim::csi::UNFENCED_STORAGE_CLASS))
+            .await?;
+        ctx.create::<Deployment>(workload::writer_deployment("steady", &[on], claim)?)
+            .await?;
+        let pod = ctx.wait_app_running("steady", secs(120)).await?;
+        wait_writes(&ctx, &pod, WRITES).await?;
+        let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
+        let acks = workload::acknowledged(ctx.cluster.dir(), &uid(&pod)?)?;
+
+        ctx.cluster.pause_apiserver(true)?;
+        log(&ctx.ns, "kube-apiserver hung for 60 s");
+        tokio::time::sleep(secs(60)).await;
+        ctx.cluster.pause_apiserver(false)?;
+        let resumed = Instant::now();
+        for node in &real {
+            ctx.wait_ready(node, secs(90)).await?;
+        }
+        let pods = chart_install::wait_replicas(&ctx.client, 2, secs(90)).await?;
+        chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+        log(
+            &ctx.ns,
+            format!(
+                "API server back: every node Ready and a podha leader {:.1?} later",
+                resumed.elapsed()
+            ),
+        );
+        // A watchdog that was let go fires within its timeout; an agent's verdict within the
+        // isolation timeout: wait out both before counting.
+        tokio::time::sleep(ISOLATION_TIMEOUT).await;
+        let fences: Vec<_> = ctx
+            .cluster
+            .fences()?
+            .into_iter()
+            .skip(fences_before)
+            .collect();
+        ensure!(
+            fences.is_empty(),
+            "nodes fenced over an API server outage: {fences:?}"
+        );
+        for node in &real {
+            ensure!(
+                !has_out_of_service_taint(&ctx.nodes().get(node).await?),
+                "{node} tainted out of service after an API server outage"
+            );
+        }
+        // Whether the writer lived through it is Kubernetes' call (the node lifecycle controller
+        // may mark the nodes unreachable before their kubelets renew); podha's part is that no
+        // node was fenced or tainted, and the volume was written by one node at a time.
+        let acks_now = workload::acknowledged(ctx.cluster.dir(), &uid(&pod)?)?;
+        let report = workload::check(ctx.cluster.dir(), &handle)?;
+        ensure!(report.clean(), "{report:?}");
+        log(
+            &ctx.ns,
+            format!(
+                "no fence, no taint; the writer acknowledged {} writes since the outage began, \
+                 write log clean ({} writer(s))",
+                acks_now - acks,
+                report.writers.len()
+            ),
+        );
+        Ok(())
+    })
+}
