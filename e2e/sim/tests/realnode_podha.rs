@@ -132,6 +132,19 @@ async fn set_unschedulable(ctx: &Ctx<'_>, node: &str, cordoned: bool) -> anyhow:
     Ok(())
 }
 
+/// docs/install.md §2, with the image the nodes already have (chart default
+/// podha:<appVersion>, pullPolicy IfNotPresent), the replicas kept to `replica_nodes`.
+async fn install(
+    ctx: &Ctx<'_>,
+    helm: &std::path::Path,
+    replica_nodes: &[&str],
+) -> anyhow::Result<()> {
+    for node in replica_nodes {
+        label_node(ctx, node, "podha-test/replicas", "yes").await?;
+    }
+    chart_install::install(ctx.cluster, helm, &["nodeSelector.podha-test/replicas=yes"])
+}
+
 /// The real nodes, `node-<KWOK_NODES + 1>` on.
 fn real_nodes() -> Vec<String> {
     (KWOK_NODES + 1..=KWOK_NODES + REAL_NODES)
@@ -299,16 +312,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         let real = real_nodes();
         let real: Vec<&str> = real.iter().map(String::as_str).collect();
         let (replica_nodes, app_nodes) = real.split_at(2);
-        for node in replica_nodes {
-            label_node(&ctx, node, "podha-test/replicas", "yes").await?;
-        }
-        // docs/install.md §2, with the image the nodes already have (chart default
-        // podha:<appVersion>, pullPolicy IfNotPresent), the replicas kept to two real nodes.
-        chart_install::install(
-            ctx.cluster,
-            &helm,
-            &["nodeSelector.podha-test/replicas=yes"],
-        )?;
+        install(&ctx, &helm, replica_nodes).await?;
         log(&ctx.ns, "helm install done");
 
         let pods = chart_install::wait_replicas(&ctx.client, 2, secs(120)).await?;

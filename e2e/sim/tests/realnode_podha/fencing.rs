@@ -65,8 +65,11 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
 }
 
 /// Every real node Ready (the first scenario leaves its leader's node dead) and podha's two
-/// replicas running with a leader.
+/// replicas running with a leader (installed by the chart if the first scenario did not run).
 async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> {
+    if chart_install::podha_pods(&ctx.client).await?.is_empty() {
+        install(ctx, &podha_sim::chart_rbac::helm_path()?, &real[..2]).await?;
+    }
     for node in real {
         let ready = ctx
             .nodes()
