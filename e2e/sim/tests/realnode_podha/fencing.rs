@@ -283,6 +283,15 @@ pub(super) fn frozen_and_cut_off_nodes(
     })
 }
 
+/// How often real node `node`'s agent decided to stay up though unheard (its log says so once
+/// per episode).
+fn stays(ctx: &Ctx<'_>, node: &str) -> usize {
+    std::fs::read_to_string(ctx.cluster.logs_dir().join(format!("agent-{node}.log")))
+        .unwrap_or_default()
+        .matches("not heard; staying up")
+        .count()
+}
+
 fn uid(pod: &Pod) -> anyhow::Result<String> {
     pod.metadata.uid.clone().context("pod uid")
 }
@@ -309,6 +318,7 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         wait_writes(&ctx, &pod, WRITES).await?;
         let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
         let acks = workload::acknowledged(ctx.cluster.dir(), &uid(&pod)?)?;
+        let stays_before: Vec<usize> = real.iter().map(|n| stays(&ctx, n)).collect();
 
         ctx.cluster.pause_apiserver(true)?;
         log(&ctx.ns, "kube-apiserver hung for 60 s");
@@ -340,6 +350,15 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
             fences.is_empty(),
             "nodes fenced over an API server outage: {fences:?}"
         );
+        // Not by luck: every agent went unheard past its isolation timeout and stayed up
+        // because its peers vouched.
+        for (node, before) in real.iter().zip(stays_before) {
+            ensure!(
+                stays(&ctx, node) > before,
+                "{node}'s agent never decided to stay up: was it unheard at all? (see \
+                 logs/agent-{node}.log)"
+            );
+        }
         for node in &real {
             ensure!(
                 !has_out_of_service_taint(&ctx.nodes().get(node).await?),
