@@ -156,6 +156,14 @@ fn needs_agent(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec
 }
 
+/// Whoever fences `node` acknowledges `request` on it.
+fn acknowledge(world: &mut World, node: &str, request: &str) {
+    let acked = (*world.view.nodes[node])
+        .clone()
+        .annotation(FENCE_ACK_ANNOTATION, request);
+    world.view.nodes.insert(node.into(), acked.into());
+}
+
 /// `node` runs a podha agent: an InternalIP and the agent's advertised port and timeout.
 fn with_agent(mut view: View, node: &str) -> View {
     let mut n = (*view.nodes[node])
@@ -228,15 +236,9 @@ fn the_agent_is_asked_to_fence_once_and_its_acknowledgement_lets_the_taint_on() 
         "asked once per incident"
     );
     // An acknowledgement of another request proves nothing.
-    let stale = (*world.view.nodes["node-1"])
-        .clone()
-        .annotation(FENCE_ACK_ANNOTATION, "p/0");
-    world.view.nodes.insert("node-1".into(), stale.into());
+    acknowledge(&mut world, "node-1", "p/0");
     assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
-    let acked = (*world.view.nodes["node-1"])
-        .clone()
-        .annotation(FENCE_ACK_ANNOTATION, "p/1");
-    world.view.nodes.insert("node-1".into(), acked.into());
+    acknowledge(&mut world, "node-1", "p/1");
     assert_eq!(
         intent_names(&world.plan()),
         ["taint node-1 node.kubernetes.io/out-of-service"]
@@ -304,10 +306,7 @@ fn an_external_fence_is_asked_of_any_node_and_only_its_acknowledgement_lets_the_
         ["hold FencingPending"],
         "silence proves no external fence"
     );
-    let acked = (*world.view.nodes["node-1"])
-        .clone()
-        .annotation(FENCE_ACK_ANNOTATION, "p/1");
-    world.view.nodes.insert("node-1".into(), acked.into());
+    acknowledge(&mut world, "node-1", "p/1");
     assert_eq!(
         intent_names(&world.plan()),
         ["taint node-1 node.kubernetes.io/out-of-service"]

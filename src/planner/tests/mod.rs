@@ -612,6 +612,22 @@ fn podha_removes_its_taint_once_the_node_is_back_and_empty() {
     );
 }
 
+/// The policy that tainted the node was deleted mid-incident: the taint still leaves once the
+/// node is back (removing taints follows podha's marker, not a policy), and not before.
+#[test]
+fn a_taint_outlives_its_deleted_policy_only_until_the_node_is_back() {
+    let mut view = cluster(3);
+    tainted_by_podha(&mut view, "node-1");
+    let world = World::new(view);
+    assert!(world.plan().intents.is_empty(), "still dead: the taint stays");
+    assert_eq!(
+        world.back("node-1").plan().intents,
+        vec![Intent::RemoveTaint {
+            node: "node-1".into()
+        }]
+    );
+}
+
 /// A new leader (or a restarted podha) sees its taint on a node that died seconds ago: Ready
 /// is still True (the node lifecycle controller waits 40 s) and its fresh tracker remembers no
 /// failure. Only a Lease renewal seen after the taint proves the node back. Found by the

@@ -196,12 +196,7 @@ pub(super) fn frozen_and_cut_off_nodes(
         );
 
         // The frozen node: reset by its watchdog, before its volume moved.
-        let fences: Vec<_> = ctx
-            .cluster
-            .fences()?
-            .into_iter()
-            .skip(fences_before)
-            .collect();
+        let fences = fences_since(&ctx, fences_before)?;
         let fence = fences
             .iter()
             .find(|f| f.node == frozen)
@@ -292,6 +287,14 @@ fn stays(ctx: &Ctx<'_>, node: &str) -> usize {
         .count()
 }
 
+/// The fences carried out since the cluster had carried out `before`.
+fn fences_since(
+    ctx: &Ctx<'_>,
+    before: usize,
+) -> anyhow::Result<Vec<podha_sim::cluster::agents::Fence>> {
+    Ok(ctx.cluster.fences()?.into_iter().skip(before).collect())
+}
+
 fn uid(pod: &Pod) -> anyhow::Result<String> {
     pod.metadata.uid.clone().context("pod uid")
 }
@@ -340,12 +343,7 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         // A watchdog that was let go fires within its timeout; an agent's verdict within the
         // isolation timeout: wait out both before counting.
         tokio::time::sleep(ISOLATION_TIMEOUT).await;
-        let fences: Vec<_> = ctx
-            .cluster
-            .fences()?
-            .into_iter()
-            .skip(fences_before)
-            .collect();
+        let fences = fences_since(&ctx, fences_before)?;
         ensure!(
             fences.is_empty(),
             "nodes fenced over an API server outage: {fences:?}"
