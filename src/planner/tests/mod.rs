@@ -619,7 +619,10 @@ fn a_taint_outlives_its_deleted_policy_only_until_the_node_is_back() {
     let mut view = cluster(3);
     tainted_by_podha(&mut view, "node-1");
     let world = World::new(view);
-    assert!(world.plan().intents.is_empty(), "still dead: the taint stays");
+    assert!(
+        world.plan().intents.is_empty(),
+        "still dead: the taint stays"
+    );
     assert_eq!(
         world.back("node-1").plan().intents,
         vec![Intent::RemoveTaint {
