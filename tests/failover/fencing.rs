@@ -31,7 +31,13 @@ pub fn held_until_the_cloud_reports_the_node_shut_down(
     let pair = ["node-21", "node-22"];
     scenario(shared, ops, "fenced", |ctx, _, _| async move {
         let ns = ctx.ns.clone();
-        let spec = json!({"fencing": {"proof": "CloudShutdownTaint"}});
+        // The pair's nodes die one after the other: without `unhealthyWindow: 0s` the first,
+        // back by then, still counts as recently failed and the second death is held
+        // (TooManyUnhealthyNodes), as a user would set a two-node policy.
+        let spec = json!({
+            "fencing": {"proof": "CloudShutdownTaint"},
+            "safety": {"unhealthyWindow": "0s"},
+        });
         let (_, node, uid, pv) = policy_and_db(&ctx, &pair, spec).await?;
         let target = other(&pair, &node);
         ctx.cluster.kill_node(&node)?;
