@@ -417,6 +417,9 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         // kill is not a fence).
         let fences = ctx.cluster.fences()?;
         ensure!(fences.is_empty(), "agents fenced nodes: {fences:?}");
+        // A leftover pod with a volume is one a later scenario's policy must leave alone,
+        // which changes what podha may do to its node (no out-of-service taint beside it).
+        ctx.remove_workloads(secs(180)).await?;
         Ok(())
     })
 }

@@ -18,8 +18,10 @@
 
 use super::*;
 
-/// Where this scenario's writers run; the policy selects it.
+/// Where the frozen and cut-off writers run, and the outage scenario's; the policy selects
+/// both.
 const NS: &str = "fencing";
+const OUTAGE_NS: &str = "outage";
 const POLICY_NAME: &str = "fenced-real-nodes";
 /// How long the two faults last.
 const FAULT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -39,7 +41,11 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
         "metadata": { "name": POLICY_NAME },
         "spec": {
             "nodeSelector": { "matchLabels": { "type": "real" } },
-            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": NS } },
+            "namespaceSelector": { "matchExpressions": [{
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": [NS, OUTAGE_NS],
+            }] },
             "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
             "detection": {
                 "signals": ["Lease", "AgentHeartbeat"],
@@ -64,9 +70,21 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     wait_policy_ready(ctx, POLICY_NAME).await
 }
 
-/// Every real node Ready (the first scenario leaves its leader's node dead) and podha's two
-/// replicas running with a leader (installed by the chart if the first scenario did not run).
+/// No workload of another scenario left (a pod this policy does not select would keep the
+/// out-of-service taint off its node), every real node Ready (the first scenario leaves its
+/// leader's node dead) and podha's two replicas running with a leader (installed by the chart
+/// if the first scenario did not run).
 async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> {
+    for ns in [WRITERS, NS, OUTAGE_NS] {
+        if ns != ctx.ns {
+            let other = Ctx {
+                cluster: ctx.cluster,
+                client: ctx.client.clone(),
+                ns: ns.to_string(),
+            };
+            other.remove_workloads(secs(180)).await?;
+        }
+    }
     if chart_install::podha_pods(&ctx.client).await?.is_empty() {
         install(ctx, &podha_sim::chart_rbac::helm_path()?, &real[..2]).await?;
     }
@@ -274,6 +292,7 @@ pub(super) fn frozen_and_cut_off_nodes(
         )
         .await?;
         log(&ctx.ns, format!("{frozen} back, podha's taint gone"));
+        ctx.remove_workloads(secs(180)).await?;
         Ok(())
     })
 }
@@ -305,7 +324,7 @@ fn uid(pod: &Pod) -> anyhow::Result<String> {
 /// resets its node, and once the API server answers again every node is Ready, nothing is
 /// tainted and the write log is clean.
 pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
-    run_scenario(shared, "outage", |ctx| async move {
+    run_scenario(shared, OUTAGE_NS, |ctx| async move {
         let real = real_nodes();
         let real: Vec<&str> = real.iter().map(String::as_str).collect();
         let on = real[2];
@@ -378,6 +397,7 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
                 report.writers.len()
             ),
         );
+        ctx.remove_workloads(secs(180)).await?;
         Ok(())
     })
 }
