@@ -284,8 +284,7 @@ fn plan_incident(
     let proven = taints::fence_proof(node_obj, node_policy, incident, input).is_some();
     if moving
         && !tainted
-        && let Some(hold) =
-            taints::fencing_pending(node_obj, node_policy, np.protected.as_ref(), proven)
+        && let Some(hold) = taints::fencing_pending(node_obj, node_policy, proven)
     {
         // A node that could still be running keeps its pods and volumes until the proof comes;
         // its agent, if it runs one and the policy takes its word, is asked to fence it.

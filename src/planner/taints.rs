@@ -49,27 +49,27 @@ pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static 
     }
 }
 
-/// The hold while the policy's fencing proof is missing on a node that would get the
-/// out-of-service taint; none when the taint needs no proof, or the node gets podha's fence
-/// instead (a pod must stay: only eligible pods are deleted and the volumes wait out the
-/// attach/detach controller, as with `DeletePods`).
+/// The hold while the policy's fencing proof is missing on a node whose policy wants the
+/// out-of-service taint; none when the taint needs no proof. Also when the taint will be
+/// refused (a pod must stay, and the node gets podha's fence instead): the eligible pods'
+/// deletion is what lets the attach/detach controller force-detach their volumes 6 minutes
+/// later, which on storage that does not fence is the very move the proof guards (a pod left
+/// alone on a dead node is never detached). `DeletePods` keeps its own rules.
 pub(super) fn fencing_pending(
     node: &Node,
     node_policy: PolicyRef<'_>,
-    protected: Option<&Protected>,
     proven: bool,
 ) -> Option<Intent> {
     let fencing = &node_policy.spec.fencing;
-    (NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService
-        && protected.is_none()
-        && !proven)
-        .then(|| Intent::Hold {
+    (NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven).then(
+        || Intent::Hold {
             policy: node_policy.name.to_string(),
             node: node.metadata.name.clone(),
             reason: HoldReason::FencingPending {
                 proof: fencing.proof,
             },
-        })
+        },
+    )
 }
 
 /// What proves the incident's node fenced for its policy, if anything does yet.

@@ -312,3 +312,35 @@ fn an_external_fence_is_asked_of_any_node_and_only_its_acknowledgement_lets_the_
         ["taint node-1 node.kubernetes.io/out-of-service"]
     );
 }
+
+/// A pod that must stay keeps the out-of-service taint off the node (podha's fence instead,
+/// and only the eligible pods deleted). Those deletions let the attach/detach controller
+/// force-detach the volumes 6 minutes later, so with a proof asked for they wait for it too.
+#[test]
+fn a_refused_taint_still_waits_for_the_proof_before_any_pod_is_deleted() {
+    let bare = mk_pod("ns", "bare").on("node-1").claim("bare-data");
+    let view = cluster(3)
+        .with(bare)
+        .with(mk_pvc("ns", "bare-data").bound_to("pv-bare"))
+        .with(mk_csi_pv("pv-bare", DRIVER));
+    let mut world = World::new(view)
+        .policy("p", needs_cloud_shutdown(mk_spec()))
+        .fail("node-1");
+    let plan = world.plan();
+    assert_eq!(
+        pending(&plan),
+        vec![(Some("node-1".into()), FencingProof::CloudShutdownTaint)]
+    );
+    assert_eq!(
+        intent_names(&plan),
+        ["hold FencingPending"],
+        "no fence, no mark, no delete before the proof"
+    );
+    world.view = shut_down(world.view, "node-1");
+    let names = intent_names(&world.plan());
+    assert!(
+        names.iter().any(|n| n.contains("podha.io/fenced"))
+            && !names.iter().any(|n| n.contains("out-of-service")),
+        "the proof in, the node gets podha's fence (the taint stays refused): {names:?}"
+    );
+}
