@@ -237,9 +237,9 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     } else {
         Peers::fixed(args.peers.clone())
     };
-    let mut watchdog = match &args.watchdog {
-        Some(path) => Some(Watchdog::open(path).await?),
-        None => None,
+    let mut watchdog = match (&args.watchdog, args.watchdog_timeout) {
+        (Some(path), Some(timeout)) => Some(Watchdog::open(path, timeout).await?),
+        _ => None,
     };
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, "podha agent started");
     let advertised = requests::advertise(
@@ -279,7 +279,7 @@ async fn check_loop(
     mut watchdog: Option<&mut Watchdog>,
 ) {
     let timeout = args.isolation_timeout;
-    let survey_from = survey_after(timeout, args.watchdog_timeout);
+    let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
     let mut ticker = tokio::time::interval(args.check_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_stay = false;
@@ -287,11 +287,7 @@ async fn check_loop(
     loop {
         ticker.tick().await;
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        if not_heard_for < survey_from
-            && let Some(w) = watchdog.as_deref_mut()
-        {
-            w.pet();
-        }
+        pet(watchdog.as_deref_mut(), not_heard_for, timeout, None);
         if not_heard_for < timeout {
             confirmation.fence_now(&Verdict::Heard, Instant::now());
             fencer.heard().await;
@@ -303,11 +299,12 @@ async fn check_loop(
         let survey = peers.survey(not_heard_for.min(timeout)).await;
         // The survey took a while: heard meanwhile?
         let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        if let (Some(w), Some(w_timeout)) = (watchdog.as_deref_mut(), args.watchdog_timeout)
-            && pet_watchdog(not_heard_for, timeout, w_timeout, Some(&survey))
-        {
-            w.pet();
-        }
+        pet(
+            watchdog.as_deref_mut(),
+            not_heard_for,
+            timeout,
+            Some(&survey),
+        );
         let verdict = decide(not_heard_for, timeout, Some(&survey));
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
@@ -326,6 +323,21 @@ async fn check_loop(
                 }
             }
         }
+    }
+}
+
+/// Pets the watchdog, if there is one, when [`pet_watchdog`] allows it (given the survey, if
+/// one was made).
+fn pet(
+    watchdog: Option<&mut Watchdog>,
+    not_heard_for: Duration,
+    timeout: Duration,
+    survey: Option<&isolation::Survey>,
+) {
+    if let Some(w) = watchdog
+        && pet_watchdog(not_heard_for, timeout, w.timeout(), survey)
+    {
+        w.pet();
     }
 }
 

@@ -24,13 +24,15 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Watchdog {
     path: PathBuf,
     device: std::fs::File,
+    /// The device's timeout, as the agent was told it.
+    timeout: Duration,
     /// Whether the last pet failed (logged once, not every second).
     failing: bool,
 }
 
 impl Watchdog {
-    /// Opens (and so arms) the watchdog device at `path`.
-    pub async fn open(path: &Path) -> Result<Self, String> {
+    /// Opens (and so arms) the watchdog device at `path`, whose timeout is `timeout`.
+    pub async fn open(path: &Path, timeout: Duration) -> Result<Self, String> {
         let owned = path.to_path_buf();
         let open = tokio::task::spawn_blocking(move || {
             std::fs::OpenOptions::new().write(true).open(&owned)
@@ -49,17 +51,23 @@ impl Watchdog {
         Ok(Self {
             path: path.to_path_buf(),
             device,
+            timeout,
             failing: false,
         })
     }
 
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.device.write_all(bytes)?;
+        self.device.flush()
+    }
+
     /// Pets the watchdog: it will not fire for another timeout.
     pub fn pet(&mut self) {
-        match self
-            .device
-            .write_all(b"\n")
-            .and_then(|()| self.device.flush())
-        {
+        match self.write(b"\n") {
             Ok(()) => self.failing = false,
             Err(e) if !self.failing => {
                 error!(watchdog = %self.path.display(), error = %e, "cannot pet the watchdog: it will reset the node");
@@ -71,11 +79,7 @@ impl Watchdog {
 
     /// Disarms the watchdog and closes it (the agent stops on purpose).
     pub fn disarm(mut self) {
-        match self
-            .device
-            .write_all(b"V")
-            .and_then(|()| self.device.flush())
-        {
+        match self.write(b"V") {
             Ok(()) => info!(watchdog = %self.path.display(), "watchdog disarmed"),
             Err(e) => {
                 error!(watchdog = %self.path.display(), error = %e, "cannot disarm the watchdog")
@@ -135,12 +139,14 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let device = dir.join("watchdog");
         std::fs::write(&device, "").expect("device");
-        let mut dog = Watchdog::open(&device).await.expect("open");
+        let mut dog = Watchdog::open(&device, Duration::from_secs(10))
+            .await
+            .expect("open");
         dog.pet();
         dog.pet();
         dog.disarm();
         assert_eq!(std::fs::read_to_string(&device).expect("read"), "\n\nV");
-        let err = Watchdog::open(&dir.join("missing"))
+        let err = Watchdog::open(&dir.join("missing"), Duration::from_secs(10))
             .await
             .err()
             .expect("no such device");
