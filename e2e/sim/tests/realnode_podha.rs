@@ -157,14 +157,35 @@ fn policies(ctx: &Ctx<'_>) -> Api<DynamicObject> {
     Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk))
 }
 
-/// Applies the policy: the real nodes, the writers' namespace, fast detection, the taint.
-async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
-    let policies = policies(ctx);
+/// Applies PodHAPolicy `name` with `spec` (server-side apply) and waits until it is Ready.
+async fn apply_policy_spec(
+    ctx: &Ctx<'_>,
+    name: &str,
+    spec: serde_json::Value,
+) -> anyhow::Result<()> {
     let policy: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "podha.io/v1alpha1",
         "kind": "PodHAPolicy",
-        "metadata": { "name": POLICY },
-        "spec": {
+        "metadata": { "name": name },
+        "spec": spec,
+    }))?;
+    policies(ctx)
+        .patch(
+            name,
+            &PatchParams::apply("realnode-podha").force(),
+            &Patch::Apply(&policy),
+        )
+        .await
+        .with_context(|| format!("apply PodHAPolicy {name}"))?;
+    wait_policy_ready(ctx, name).await
+}
+
+/// Applies the policy: the real nodes, the writers' namespace, fast detection, the taint.
+async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    apply_policy_spec(
+        ctx,
+        POLICY,
+        json!({
             "nodeSelector": { "matchLabels": { "type": "real" } },
             "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": WRITERS } },
             "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
@@ -180,17 +201,9 @@ async fn apply_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
             // node stays dead through the chaos trial): the recently-failed window would
             // rightly hold the later failovers (maxUnhealthy 30 %: one node of four).
             "safety": { "maxUnhealthy": 2, "unhealthyWindow": "0s" },
-        },
-    }))?;
-    policies
-        .patch(
-            POLICY,
-            &PatchParams::apply("realnode-podha").force(),
-            &Patch::Apply(&policy),
-        )
-        .await
-        .context("apply the PodHAPolicy")?;
-    wait_policy_ready(ctx, POLICY).await
+        }),
+    )
+    .await
 }
 
 async fn wait_policy_ready(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {

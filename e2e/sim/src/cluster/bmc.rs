@@ -123,9 +123,7 @@ impl Cluster {
     /// Stops real node `name`'s BMC, if it runs.
     pub(in crate::cluster) fn stop_bmc(&self, st: &mut State, name: &str) -> Result<()> {
         if let Some(rec) = st.processes.get(&bmc_proc(name)).copied() {
-            if process::is_alive(&rec) {
-                process::kill(&bmc_proc(name), &rec)?;
-            }
+            process::kill(&bmc_proc(name), &rec)?;
             st.processes.remove(&bmc_proc(name));
             st.save(&self.dir)?;
         }

@@ -104,6 +104,11 @@ impl State {
             rec.boot_id = boot_id;
         }
     }
+
+    /// The cluster's podha agents, if it runs them on nodes of kind `on`.
+    pub(in crate::cluster) fn agents_on(&self, on: AgentNodes) -> Option<Agents> {
+        self.agents.clone().filter(|a| a.on == on)
+    }
 }
 
 /// Durations as humantime strings ("1s 500ms") so the file stays readable.

@@ -35,11 +35,10 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => return Err(e).context("delete the first scenario's policy"),
     }
-    let policy: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "podha.io/v1alpha1",
-        "kind": "PodHAPolicy",
-        "metadata": { "name": POLICY_NAME },
-        "spec": {
+    apply_policy_spec(
+        ctx,
+        POLICY_NAME,
+        json!({
             "nodeSelector": { "matchLabels": { "type": "real" } },
             "namespaceSelector": { "matchExpressions": [{
                 "key": "kubernetes.io/metadata.name",
@@ -57,17 +56,9 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
             "action": "OutOfServiceTaint",
             "fencing": { "proof": "Agent", "agentMargin": "2s" },
             "safety": { "maxUnhealthy": 2, "unhealthyWindow": "0s" },
-        },
-    }))?;
-    policies
-        .patch(
-            POLICY_NAME,
-            &PatchParams::apply("realnode-podha").force(),
-            &Patch::Apply(&policy),
-        )
-        .await
-        .context("apply the fencing PodHAPolicy")?;
-    wait_policy_ready(ctx, POLICY_NAME).await
+        }),
+    )
+    .await
 }
 
 /// No workload of another scenario left (a pod this policy does not select would keep the

@@ -41,7 +41,7 @@ impl Cluster {
         let port = st.ports.apiserver;
         realnode::create_host_network(&self.dir, real.subnet, port)?;
         let mut boots = Vec::new();
-        let agents = st.agents.clone().filter(|a| a.on == AgentNodes::Real);
+        let agents = st.agents_on(AgentNodes::Real);
         for rec in recs {
             let node = self.real_node_of(rec);
             let agent = agents.as_ref().map(|a| self.real_agent_line(a, &node));
@@ -60,7 +60,7 @@ impl Cluster {
     /// Starts a real node's boot script (it becomes the kubelet), after its BMC when it runs an
     /// agent; returns the node's boot ID.
     fn boot_real_node(&self, st: &mut State, rec: &NodeRecord) -> Result<String> {
-        if let Some(agents) = st.agents.clone().filter(|a| a.on == AgentNodes::Real) {
+        if let Some(agents) = st.agents_on(AgentNodes::Real) {
             self.spawn_bmc(st, &rec.name, agents.watchdog_timeout)?;
         }
         let (cmd, boot_id) = realnode::boot_command(&self.real_node_of(rec))?;
