@@ -25,13 +25,34 @@ for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy Daemo
   fi
 done
 
-# The agent's DaemonSet passes the watchdog only when a device is given.
+# The agent's DaemonSet passes the watchdog only when a device is given, and checks that it is
+# one.
 grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdog-timeout=15s" "$work/full.yaml" \
-  || { echo "check.sh: the agent's DaemonSet does not pass its watchdog" >&2; exit 1; }
+  && grep -q "type: CharDevice" "$work/full.yaml" \
+  || { echo "check.sh: the agent's DaemonSet does not pass and mount its watchdog" >&2; exit 1; }
+# A fence that writes to a BMC interface through an extra hostPath, a watchdog that is no
+# device (the sim's real nodes: e2e/sim/src/chart_install.rs).
+cat > "$work/bmc.yaml" <<'VALUES'
+agent:
+  enabled: true
+  fence: write:/run/bmc/power=off
+  watchdog: { device: /run/bmc/watchdog, timeout: 10s, hostPathType: "" }
+  extraVolumes: [{ name: bmc, hostPath: { path: /run/bmc, type: Directory } }]
+  extraVolumeMounts: [{ name: bmc, mountPath: /run/bmc }]
+VALUES
+"$helm" lint --strict "$chart" -f "$work/bmc.yaml"
+"$helm" template podha "$chart" --kube-version "$kube" -f "$work/bmc.yaml" > "$work/bmc.out"
+for want in "--fence=write:/run/bmc/power=off" "mountPath: /run/bmc" "path: /run/bmc$" "type: Directory"; do
+  grep -q -- "$want" "$work/bmc.out" || { echo "check.sh: the BMC values render no '$want'" >&2; exit 1; }
+done
+if grep -q "type: CharDevice" "$work/bmc.out"; then
+  echo "check.sh: hostPathType \"\" still checks the watchdog as a CharDevice" >&2; exit 1
+fi
 
 # The schema refuses wrong types, unknown keys and durations the binary would reject.
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
-           prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.isolationTimeout=30; do
+           prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.fence=write:power=off \
+           agent.isolationTimeout=30 agent.watchdog.hostPathType=Directory; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi
