@@ -75,9 +75,10 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_NODE")]
     pub node: String,
     /// How the node is fenced: `sysrq-reboot` (an immediate reboot through
-    /// /proc/sysrq-trigger, no sync: what a fence is), or `command:<shell command>` (run with
-    /// `sh -c`; for the sim, or a site's own power-off). No default: a fence is never an
-    /// accident.
+    /// /proc/sysrq-trigger, no sync: what a fence is), `write:<file>=<text>` (the text written
+    /// to the file: a kernel or BMC interface; `sysrq-reboot` is `write:/proc/sysrq-trigger=b`),
+    /// or `command:<shell command>` (run with `sh -c`, in an image that has a shell: a site's
+    /// own power-off). No default: a fence is never an accident.
     #[arg(long, env = "PODHA_AGENT_FENCE", value_parser = FenceMethod::parse)]
     pub fence: FenceMethod,
     /// Where podha's probes and the peers' surveys arrive. Peers are asked on the same port.
@@ -97,11 +98,14 @@ pub struct AgentArgs {
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "PODHA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// This boot's ID (what the kubelet reports as `nodeInfo.bootID`); without it, read from
-    /// /proc/sys/kernel/random/boot_id. A fence request made in an earlier boot is answered
-    /// without a fence: the reboot was one.
-    #[arg(long, env = "PODHA_AGENT_BOOT_ID")]
-    pub boot_id: Option<String>,
+    /// Where this boot's ID is read (what the kubelet reports as `nodeInfo.bootID`). A fence
+    /// request made in an earlier boot is answered without a fence: the reboot was one.
+    #[arg(
+        long,
+        env = "PODHA_AGENT_BOOT_ID_FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    pub boot_id_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
     /// hears this node (or hears nobody), disarmed on SIGTERM. Without one, a frozen node is
     /// not reset: see docs/agent.md.
@@ -114,32 +118,53 @@ pub struct AgentArgs {
     pub watchdog_timeout: Option<Duration>,
 }
 
-/// The boot ID the agent runs in: `--boot-id`, else the kernel's; `None` if neither is known
-/// (then every request is fenced).
-fn boot_id(given: Option<&str>) -> Option<String> {
-    given.map(str::to_string).or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
-            .map(|id| id.trim().to_string())
-    })
+/// The boot ID the agent runs in, read from `file`; `None` if it cannot be read (then every
+/// request is fenced).
+fn boot_id(file: &std::path::Path) -> Option<String> {
+    match std::fs::read_to_string(file) {
+        Ok(id) if !id.trim().is_empty() => Some(id.trim().to_string()),
+        Ok(_) => {
+            warn!(file = %file.display(), "the boot ID file is empty: every fence request will be carried out");
+            None
+        }
+        Err(e) => {
+            warn!(file = %file.display(), error = %e, "no boot ID: every fence request will be carried out");
+            None
+        }
+    }
 }
 
 /// How the agent fences its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FenceMethod {
-    SysrqReboot,
+    /// `text` written to the file at `path`.
+    Write { path: PathBuf, text: String },
+    /// A shell command.
     Command(String),
 }
 
 impl FenceMethod {
     pub fn parse(s: &str) -> Result<Self, String> {
-        match s.split_once(':') {
-            _ if s == "sysrq-reboot" => Ok(Self::SysrqReboot),
-            Some(("command", cmd)) if !cmd.trim().is_empty() => Ok(Self::Command(cmd.into())),
-            _ => Err(format!(
-                "{s:?} is no fence method: use sysrq-reboot or command:<shell command>"
-            )),
-        }
+        let method = match s.split_once(':') {
+            _ if s == "sysrq-reboot" => Some(Self::Write {
+                path: "/proc/sysrq-trigger".into(),
+                text: "b".into(),
+            }),
+            Some(("write", what)) => what.split_once('=').and_then(|(path, text)| {
+                (path.starts_with('/') && !text.is_empty()).then(|| Self::Write {
+                    path: path.into(),
+                    text: text.into(),
+                })
+            }),
+            Some(("command", cmd)) if !cmd.trim().is_empty() => Some(Self::Command(cmd.into())),
+            _ => None,
+        };
+        method.ok_or_else(|| {
+            format!(
+                "{s:?} is no fence method: use sysrq-reboot, write:<absolute path>=<text> or \
+                 command:<shell command>"
+            )
+        })
     }
 }
 
@@ -169,9 +194,9 @@ impl Fencer {
         }
         warn!(node = %self.node, why, "fencing this node");
         let result = match &self.method {
-            FenceMethod::SysrqReboot => tokio::fs::write("/proc/sysrq-trigger", b"b")
+            FenceMethod::Write { path, text } => tokio::fs::write(path, text.as_bytes())
                 .await
-                .map_err(|e| format!("writing b to /proc/sysrq-trigger: {e}")),
+                .map_err(|e| format!("writing {text:?} to {}: {e}", path.display())),
             FenceMethod::Command(cmd) => tokio::process::Command::new("sh")
                 .arg("-c")
                 .arg(cmd)
@@ -251,7 +276,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let result = tokio::select! {
         r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),
         r = async {
-            let boot = boot_id(args.boot_id.as_deref());
+            let boot = boot_id(&args.boot_id_file);
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
         } => r,
         () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut()) => Ok(()),
@@ -349,16 +374,77 @@ mod tests {
     fn a_fence_method_is_named_never_assumed() {
         assert_eq!(
             FenceMethod::parse("sysrq-reboot"),
-            Ok(FenceMethod::SysrqReboot)
+            Ok(FenceMethod::Write {
+                path: "/proc/sysrq-trigger".into(),
+                text: "b".into()
+            })
+        );
+        assert_eq!(
+            FenceMethod::parse("write:/run/bmc/power=off"),
+            Ok(FenceMethod::Write {
+                path: "/run/bmc/power".into(),
+                text: "off".into()
+            })
         );
         assert_eq!(
             FenceMethod::parse("command:kill -9 1"),
             Ok(FenceMethod::Command("kill -9 1".into()))
         );
-        for bad in ["", "reboot", "command:", "command:  ", "sysrq"] {
+        for bad in [
+            "",
+            "reboot",
+            "command:",
+            "command:  ",
+            "sysrq",
+            "write:",
+            "write:/run/bmc/power",
+            "write:/run/bmc/power=",
+            "write:power=off",
+        ] {
             let err = FenceMethod::parse(bad).expect_err(bad);
-            assert!(err.contains("sysrq-reboot or command:"), "{err}");
+            assert!(
+                err.contains("sysrq-reboot, write:<absolute path>=<text> or command:"),
+                "{err}"
+            );
         }
+    }
+
+    #[tokio::test]
+    async fn a_write_fence_writes_its_text_and_a_missing_file_is_no_fence() {
+        let dir = std::env::temp_dir().join(format!("podha-write-fence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let power = dir.join("power");
+        let missing = Fencer::new(
+            FenceMethod::Write {
+                path: dir.join("no-such-dir/power"),
+                text: "off".into(),
+            },
+            "node-1",
+        );
+        assert!(!missing.fence("cut off").await);
+        let fencer = Fencer::new(
+            FenceMethod::Write {
+                path: power.clone(),
+                text: "off".into(),
+            },
+            "node-1",
+        );
+        assert!(fencer.fence("cut off").await);
+        assert_eq!(std::fs::read_to_string(&power).expect("power"), "off");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_boot_id_is_the_files_trimmed_and_none_when_unreadable_or_empty() {
+        let dir = std::env::temp_dir().join(format!("podha-boot-id-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("boot_id");
+        std::fs::write(&file, "0d1e-42\n").expect("write");
+        assert_eq!(boot_id(&file).as_deref(), Some("0d1e-42"));
+        std::fs::write(&file, " \n").expect("write");
+        assert_eq!(boot_id(&file), None);
+        assert_eq!(boot_id(&dir.join("missing")), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

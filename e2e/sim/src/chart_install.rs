@@ -63,8 +63,14 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 /// Loads podha's image into every real node and `helm install`s the chart into [`NAMESPACE`]
-/// with `set` values (`key=value`, as `--set` takes them) and the replicas on real nodes.
-pub fn install(cluster: &Cluster, helm: &Path, set: &[&str]) -> anyhow::Result<()> {
+/// with the replicas on real nodes, the `values` document (as a `-f` file, when given) and
+/// `set` values (`key=value`, as `--set` takes them).
+pub fn install(
+    cluster: &Cluster,
+    helm: &Path,
+    values: Option<&serde_json::Value>,
+    set: &[&str],
+) -> anyhow::Result<()> {
     cluster.load_image(&image_tar()?)?;
     let mut cmd = Command::new(helm);
     cmd.arg("install")
@@ -74,11 +80,51 @@ pub fn install(cluster: &Cluster, helm: &Path, set: &[&str]) -> anyhow::Result<(
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig_path())
         .args(["--set", "nodeSelector.type=real"]);
+    if let Some(values) = values {
+        let file = cluster.dir().join("podha-values.json");
+        std::fs::write(&file, serde_json::to_vec_pretty(values)?)
+            .with_context(|| format!("write {}", file.display()))?;
+        cmd.arg("-f").arg(file);
+    }
     for value in set {
         cmd.args(["--set", value]);
     }
     run(&mut cmd)?;
     Ok(())
+}
+
+/// The chart's values for `podha agent` on the sim's real nodes, as a user would write them for
+/// machines with a BMC: the DaemonSet on the real nodes only, fencing by writing `off` to the
+/// BMC's power control, petting the BMC's watchdog when the cluster gives its BMCs one
+/// (`watchdog_timeout`), both found where the nodes show them
+/// ([`crate::cluster::realnode::MACHINE_DIR`]), with the node's boot ID from there too.
+pub fn sim_agent_values(
+    isolation_timeout: Duration,
+    watchdog_timeout: Option<Duration>,
+) -> serde_json::Value {
+    let machine = crate::cluster::realnode::MACHINE_DIR;
+    let watchdog = match watchdog_timeout {
+        Some(timeout) => serde_json::json!({
+            "device": format!("{machine}/bmc/watchdog"),
+            "timeout": humantime::format_duration(timeout).to_string(),
+            // A FIFO, not a character device.
+            "hostPathType": "",
+        }),
+        None => serde_json::json!({ "device": "" }),
+    };
+    serde_json::json!({ "agent": {
+        "enabled": true,
+        "fence": format!("write:{machine}/bmc/power=off"),
+        "isolationTimeout": humantime::format_duration(isolation_timeout).to_string(),
+        "watchdog": watchdog,
+        "nodeSelector": { "type": "real" },
+        "extraArgs": [format!("--boot-id-file={machine}/boot_id")],
+        "extraVolumes": [{
+            "name": "machine",
+            "hostPath": { "path": machine, "type": "Directory" },
+        }],
+        "extraVolumeMounts": [{ "name": "machine", "mountPath": machine }],
+    }})
 }
 
 /// The chart's live pods.
@@ -91,6 +137,68 @@ pub async fn podha_pods(client: &kube::Client) -> anyhow::Result<Vec<Pod>> {
         .into_iter()
         .filter(|p| !terminating(p))
         .collect())
+}
+
+/// The chart's live agent pods (its DaemonSet's).
+pub async fn agent_pods(client: &kube::Client) -> anyhow::Result<Vec<Pod>> {
+    let lp = ListParams::default().labels("app.kubernetes.io/name=podha-agent");
+    Ok(Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| !terminating(p))
+        .collect())
+}
+
+/// Waits until an agent pod is Running and Ready on each of `nodes`; returns them.
+pub async fn wait_agents(
+    client: &kube::Client,
+    nodes: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<Vec<Pod>> {
+    wait_for(
+        &format!("a podha agent Running and Ready on each of {nodes:?}"),
+        timeout,
+        || async {
+            let pods = agent_pods(client).await?;
+            let on = |node: &&str| {
+                pods.iter().any(|p| {
+                    running_ready(p)
+                        && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node)
+                })
+            };
+            Ok(nodes.iter().all(on).then_some(pods))
+        },
+    )
+    .await
+}
+
+/// Everything the agent containers on real node `node` logged (every pod, every restart), from
+/// the kubelet's pod log directory.
+pub fn agent_log(cluster: &Cluster, node: &str) -> anyhow::Result<String> {
+    let dir = cluster.dir().join("nodes").join(node).join("pod-logs");
+    let mut text = String::new();
+    let prefix = format!("{NAMESPACE}_{RELEASE}-agent-");
+    for pod in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let pod = pod?.path();
+        let is_agent = pod
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&prefix));
+        if !is_agent {
+            continue;
+        }
+        let Ok(logs) = std::fs::read_dir(pod.join("agent")) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = logs.filter_map(|f| Some(f.ok()?.path())).collect();
+        files.sort();
+        for file in files {
+            text.push_str(&std::fs::read_to_string(&file).unwrap_or_default());
+        }
+    }
+    Ok(text)
 }
 
 /// Waits until `replicas` pods of the chart are Running and Ready; returns them.

@@ -87,8 +87,8 @@ enum Cmd {
         #[command(subcommand)]
         command: NodeCmd,
     },
-    /// A real node's BMC (started by the sim with the node when it runs a podha agent): its
-    /// watchdog and power control, until it powers the node off.
+    /// A real node's BMC (started by the sim with every real node): its watchdog and power
+    /// control, until it powers the node off.
     Bmc {
         /// The real node.
         name: String,
@@ -608,7 +608,7 @@ async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
     println!("$ kubectl get nodes -o wide");
     kubectl(cluster, &["get", "nodes", "-o", "wide"])?;
     let helm = podha_sim::chart_rbac::helm_path()?;
-    chart_install::install(cluster, &helm, &[])?;
+    chart_install::install(cluster, &helm, None, &[])?;
     println!(
         "$ helm install podha charts/podha -n podha-system --create-namespace (image loaded into the nodes)"
     );

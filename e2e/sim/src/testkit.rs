@@ -27,6 +27,7 @@ pub struct SharedCluster {
     real_nodes: usize,
     sim_exe: Option<PathBuf>,
     agents: Option<crate::cluster::Agents>,
+    real_node_watchdog: Option<Duration>,
     cell: OnceLock<Result<Cluster, String>>,
 }
 
@@ -49,6 +50,7 @@ impl SharedCluster {
             real_nodes: 0,
             sim_exe,
             agents: None,
+            real_node_watchdog: None,
             cell: OnceLock::new(),
         }
     }
@@ -65,26 +67,14 @@ impl SharedCluster {
         self.agents = Some(crate::cluster::Agents {
             exe: exe.into(),
             isolation_timeout,
-            on: crate::cluster::AgentNodes::Kwok,
-            watchdog_timeout: None,
         });
         self
     }
 
-    /// Runs a podha agent on every real node, fencing through the node's BMC, petting its
-    /// watchdog (`watchdog_timeout`) when given one.
-    pub fn with_real_agents(
-        mut self,
-        exe: impl Into<PathBuf>,
-        isolation_timeout: Duration,
-        watchdog_timeout: Option<Duration>,
-    ) -> Self {
-        self.agents = Some(crate::cluster::Agents {
-            exe: exe.into(),
-            isolation_timeout,
-            on: crate::cluster::AgentNodes::Real,
-            watchdog_timeout,
-        });
+    /// Gives every real node's BMC a watchdog of `timeout` (which a podha agent installed by the
+    /// chart pets, see `crate::chart_install::sim_agent_values`).
+    pub fn with_real_node_watchdog(mut self, timeout: Duration) -> Self {
+        self.real_node_watchdog = Some(timeout);
         self
     }
 
@@ -102,6 +92,7 @@ impl SharedCluster {
                 opts.profile = Profile::Fast;
                 opts.sim_exe = self.sim_exe.clone();
                 opts.agents = self.agents.clone();
+                opts.real_node_watchdog = self.real_node_watchdog;
                 eprintln!(
                     "starting a sim cluster with {} kwok and {} real nodes in {} (if this run is \
                      interrupted: podha-sim down --dir {})",

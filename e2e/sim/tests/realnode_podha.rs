@@ -6,6 +6,9 @@
 //! - both replicas run on the real nodes, Ready, as the chart's ServiceAccount, reaching the API
 //!   server through the `kubernetes` Service; one holds the leader Lease and says so on
 //!   `/metrics` (read from inside its node's network namespace), the other says it does not;
+//! - the chart's agent DaemonSet runs `podha agent` on every real node, as its own
+//!   ServiceAccount, each advertising itself on its Node (values as a user with BMCs would
+//!   write them: `chart_install::sim_agent_values`);
 //! - a PodHAPolicy is reported `Ready=True`;
 //! - a Deployment's writer node is killed: the replacement runs on the other node with its
 //!   volume attached there, the write log shows no split-brain write and no lost acknowledged
@@ -44,23 +47,14 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// after (10 per second).
 const WRITES: usize = 20;
 
-/// The real nodes' podha agents: how long podha may not hear one before it fences its node,
-/// and the timeout of the watchdog each pets.
+/// The real nodes' podha agents (the chart's DaemonSet): how long podha may not hear one before
+/// it fences its node, and the timeout of the watchdog (the node's BMC's) each pets.
 const ISOLATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 const WATCHDOG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let podha = std::path::PathBuf::from(env!("CARGO_BIN_EXE_podha-sim")).with_file_name("podha");
-    if !podha.is_file() {
-        eprintln!(
-            "{} is missing: the real nodes' podha agents run it; build it with `cargo build -p \
-             podha` (make test builds every binary)",
-            podha.display()
-        );
-        return ExitCode::FAILURE;
-    }
     let shared = Arc::new(
         SharedCluster::new(
             env!("CARGO_TARGET_TMPDIR"),
@@ -69,7 +63,7 @@ fn main() -> ExitCode {
             Some(env!("CARGO_BIN_EXE_podha-sim").into()),
         )
         .with_real_nodes(REAL_NODES)
-        .with_real_agents(podha, ISOLATION_TIMEOUT, Some(WATCHDOG_TIMEOUT)),
+        .with_real_node_watchdog(WATCHDOG_TIMEOUT),
     );
     let scenarios: [Scenario; 3] = [
         (
@@ -133,7 +127,8 @@ async fn set_unschedulable(ctx: &Ctx<'_>, node: &str, cordoned: bool) -> anyhow:
 }
 
 /// docs/install.md §2, with the image the nodes already have (chart default
-/// podha:<appVersion>, pullPolicy IfNotPresent), the replicas kept to `replica_nodes`.
+/// podha:<appVersion>, pullPolicy IfNotPresent), the replicas kept to `replica_nodes`, and
+/// docs/agent.md's agent on every real node; waits until an agent runs on each.
 async fn install(
     ctx: &Ctx<'_>,
     helm: &std::path::Path,
@@ -142,7 +137,50 @@ async fn install(
     for node in replica_nodes {
         label_node(ctx, node, "podha-test/replicas", "yes").await?;
     }
-    chart_install::install(ctx.cluster, helm, &["nodeSelector.podha-test/replicas=yes"])
+    let agent = chart_install::sim_agent_values(ISOLATION_TIMEOUT, Some(WATCHDOG_TIMEOUT));
+    chart_install::install(
+        ctx.cluster,
+        helm,
+        Some(&agent),
+        &["nodeSelector.podha-test/replicas=yes"],
+    )
+}
+
+/// The chart's agents: one Running on every real node as the agent's ServiceAccount, each
+/// advertising its port and isolation timeout on its Node.
+async fn wait_agents(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    let real = real_nodes();
+    let real: Vec<&str> = real.iter().map(String::as_str).collect();
+    let pods = chart_install::wait_agents(&ctx.client, &real, secs(120)).await?;
+    for p in &pods {
+        let sa = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.as_deref());
+        ensure!(
+            sa == Some(&format!("{RELEASE}-agent")),
+            "{} runs as {sa:?}",
+            name_of(p)
+        );
+    }
+    let timeout = humantime::format_duration(ISOLATION_TIMEOUT).to_string();
+    for node in &real {
+        wait_for(
+            &format!("{node}'s agent to advertise itself on the Node"),
+            secs(30),
+            || async {
+                let n = ctx.nodes().get(node).await?;
+                let a = n.metadata.annotations.unwrap_or_default();
+                let port = a
+                    .get(podha::agent::AGENT_PORT_ANNOTATION)
+                    .map(String::as_str);
+                let isolation = a.get(podha::agent::AGENT_ISOLATION_TIMEOUT_ANNOTATION);
+                Ok((port == Some("9441") && isolation == Some(&timeout)).then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// The real nodes, `node-<KWOK_NODES + 1>` on.
@@ -329,6 +367,8 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         log(&ctx.ns, "helm install done");
 
         let pods = chart_install::wait_replicas(&ctx.client, 2, secs(120)).await?;
+        wait_agents(&ctx).await?;
+        log(&ctx.ns, "podha agent running on every real node");
         let mut nodes: Vec<&str> = pods.iter().filter_map(node_of).collect();
         nodes.sort();
         ensure!(
@@ -426,8 +466,8 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         // `podha chaos` as a user runs it against these real nodes: the Deployment's node
         // killed and rebooted, the write log checked by podha-csi.
         chaos_trial(&ctx).await?;
-        // Every node ran a podha agent throughout, the leader's node died: none fenced (a
-        // kill is not a fence).
+        // Every node ran a podha agent throughout (each killed node's restarted with it), the
+        // leader's node died: none fenced (a kill is not a fence).
         let fences = ctx.cluster.fences()?;
         ensure!(fences.is_empty(), "agents fenced nodes: {fences:?}");
         // A leftover pod with a volume is one a later scenario's policy must leave alone,

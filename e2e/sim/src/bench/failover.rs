@@ -453,8 +453,6 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         opts.agents = Some(crate::cluster::Agents {
             exe: args.operator.clone(),
             isolation_timeout: AGENT_ISOLATION_TIMEOUT,
-            on: crate::cluster::AgentNodes::Kwok,
-            watchdog_timeout: None,
         });
     }
     eprintln!(

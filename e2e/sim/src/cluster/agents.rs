@@ -1,16 +1,16 @@
-//! podha agents, where a cluster is started with [`super::Agents`]: on its kwok nodes, or on its
-//! real nodes.
+//! podha agents and the fences they carry out.
 //!
-//! A real node's agent starts with the node (its `boot.sh`), inside the node: its cgroup (a
-//! frozen or killed node freezes or kills it), its network namespace (it listens on the node's
-//! address; a partition cuts it from the API server) and its mount namespace (it reads the
-//! node's boot ID). It talks to the API server as the node (the kubelet's credential: the
-//! Node authorizer lets a node read Nodes and patch its own). Its fence is the node's BMC
-//! (`super::bmc`): `off` to the BMC's power FIFO; with a watchdog it pets the BMC's watchdog.
+//! A real node's agent is what a user installs: a pod of podha's chart (its DaemonSet, values
+//! from `crate::chart_install::sim_agent_values`), started by the node's kubelet, so it lives in
+//! the node's cgroup (a frozen or killed node freezes or kills it) and, on the host network, in
+//! the node's network namespace (it listens on the node's address; a partition cuts it from the
+//! API server). It fences through the node's BMC (`super::bmc`), which the node shows its pods
+//! at `realnode::MACHINE_DIR`: `off` written to the BMC's power FIFO; with a watchdog it pets the
+//! BMC's watchdog. Its BMC carries the fence out and records it.
 //!
-//! A kwok node is a kwok process and a sim-csi node agent; with agents it also runs
-//! `podha agent` on its own loopback address (a free port, advertised on the Node by the agent
-//! itself), recorded with the node's processes so that a killed node loses its agent too. Its
+//! A kwok node is a kwok process and a sim-csi node agent; in a cluster started with
+//! [`super::Agents`] it also runs `podha agent` on its own loopback address (a free port,
+//! advertised on the Node by the agent itself), recorded with the node's processes so that a killed node loses its agent too. Its
 //! fence is `podha-sim node fence`: the node's kwok and sim-csi node agent are SIGKILLed (its
 //! workloads stop: its Lease, status and volumes freeze) while its host, and the agent, run on,
 //! as after a fence that stops a machine's kubelet and containers; each fence is appended to
@@ -23,9 +23,6 @@ use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::*;
-
-/// Where a real node's agent listens (the agent's default port), on the node's address.
-pub const REAL_AGENT_PORT: u16 = 9441;
 
 /// One fence an agent carried out, as `fences.log` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +52,14 @@ impl Cluster {
             rec.name,
             self.dir.display()
         );
+        // The host's boot ID is every kwok node's: each agent reads the one the sim gave its node.
+        let boot_id_file = self.dir.join("nodes").join(&rec.name).join("boot_id");
+        let dir = boot_id_file.parent().unwrap_or(&self.dir);
+        std::fs::create_dir_all(dir)
+            .and_then(|()| {
+                std::fs::write(&boot_id_file, rec.boot_id.as_deref().unwrap_or_default())
+            })
+            .map_err(|e| Error::io(format!("write {}", boot_id_file.display()), e))?;
         let mut agent = Command::new(&agents.exe);
         agent
             .arg("agent")
@@ -65,11 +70,7 @@ impl Cluster {
                 humantime::format_duration(agents.isolation_timeout)
             ))
             .arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
-            // The host's boot ID is every kwok node's: each gets the one the sim gave it.
-            .arg(format!(
-                "--boot-id={}",
-                rec.boot_id.as_deref().unwrap_or_default()
-            ))
+            .arg(format!("--boot-id-file={}", boot_id_file.display()))
             .arg(format!("--fence={fence}"));
         self.spawn(st, &agent_proc(&rec.name), agent)
     }
@@ -98,42 +99,6 @@ impl Cluster {
             .map_err(|e| Error::io(format!("append to {}", path.display()), e))?;
         info!(node = name, reason, "node fenced by its agent");
         Ok(())
-    }
-
-    /// The line in a real node's `boot.sh` that starts its podha agent, when the cluster runs
-    /// agents on its real nodes.
-    pub(in crate::cluster) fn real_agent_line(
-        &self,
-        agents: &Agents,
-        node: &realnode::RealNode,
-    ) -> String {
-        let bmc = super::bmc::bmc_dir(&self.dir, &node.name);
-        let mut args = vec![
-            format!("--node={}", node.name),
-            format!("--listen={}:{REAL_AGENT_PORT}", node.ip),
-            format!(
-                "--isolation-timeout={}",
-                humantime::format_duration(agents.isolation_timeout)
-            ),
-            format!("--kubeconfig={}", node.dir().join("kubeconfig").display()),
-            format!("--fence=command:echo off > {}", bmc.join("power").display()),
-        ];
-        if let Some(timeout) = agents.watchdog_timeout {
-            args.push(format!("--watchdog={}", bmc.join("watchdog").display()));
-            args.push(format!(
-                "--watchdog-timeout={}",
-                humantime::format_duration(timeout)
-            ));
-        }
-        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
-        format!(
-            "'{}' agent {} >> '{}' 2>&1 &",
-            agents.exe.display(),
-            quoted.join(" "),
-            self.logs_dir()
-                .join(format!("agent-{}.log", node.name))
-                .display()
-        )
     }
 
     fn fences_log(&self) -> PathBuf {

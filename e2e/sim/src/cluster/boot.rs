@@ -258,7 +258,7 @@ impl Cluster {
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--node={}", rec.name));
         self.spawn(st, &csi_node_proc(&rec.name), agent)?;
-        if let Some(agents) = st.agents_on(AgentNodes::Kwok) {
+        if let Some(agents) = st.agents.clone() {
             self.spawn_agent(st, &mut rec.clone(), &agents)?;
         }
         Ok(())

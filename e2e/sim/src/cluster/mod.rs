@@ -83,7 +83,7 @@ pub use bins::{BINARIES, default_bin_dir, k8s_version};
 pub use fleet::{FLEET_GROUP_LABEL, FleetGroup};
 use process::ProcRecord;
 pub use realnode::PAUSE_IMAGE;
-pub use state::{AgentNodes, Agents};
+pub use state::Agents;
 use state::{NodeRecord, Ports, RealNodes, State};
 
 pub use options::{ClusterOptions, Error, Profile, Result};
@@ -392,6 +392,7 @@ impl Cluster {
             Some(RealNodes {
                 subnet,
                 node_bin_dir,
+                watchdog_timeout: opts.real_node_watchdog,
             })
         } else {
             None

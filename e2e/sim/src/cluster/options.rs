@@ -98,6 +98,9 @@ pub struct ClusterOptions {
     pub detach_delay: Duration,
     /// Run a podha agent beside every kwok node (see `agents`); `None`: no agents.
     pub agents: Option<Agents>,
+    /// The timeout of the watchdog each real node's BMC keeps (a podha agent installed by the
+    /// chart pets it); `None`: no watchdog.
+    pub real_node_watchdog: Option<Duration>,
 }
 
 impl ClusterOptions {
@@ -116,6 +119,7 @@ impl ClusterOptions {
             attach_delay: Duration::from_secs(1),
             detach_delay: Duration::from_secs(1),
             agents: None,
+            real_node_watchdog: None,
         }
     }
 }

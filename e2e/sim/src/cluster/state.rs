@@ -41,30 +41,14 @@ pub struct NodeRecord {
     pub boot_id: Option<String>,
 }
 
-/// The podha agents the cluster runs on its nodes (see [`super::agents`]).
+/// The podha agents the cluster runs beside its kwok nodes (see [`super::agents`]; a real
+/// node's agent is a pod of podha's chart).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Agents {
     /// The podha executable.
     pub exe: PathBuf,
     #[serde(with = "humantime_serde_compat")]
     pub isolation_timeout: Duration,
-    /// Which nodes run one.
-    #[serde(default)]
-    pub on: AgentNodes,
-    /// Real nodes: the timeout of the watchdog each node's BMC keeps (see `super::bmc`), which
-    /// the agent pets; `None`: no watchdog.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub watchdog_timeout: Option<Duration>,
-}
-
-/// Which nodes run a podha agent: kwok nodes reach nothing but the host, so agents there serve
-/// a podha on the host; real nodes' agents serve podha running in pods (installed by its
-/// chart), which cannot reach the kwok nodes' loopback addresses.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AgentNodes {
-    #[default]
-    Kwok,
-    Real,
 }
 
 /// What the cluster's real nodes share.
@@ -74,6 +58,14 @@ pub struct RealNodes {
     pub subnet: u8,
     /// Where the kubelet is.
     pub node_bin_dir: PathBuf,
+    /// The timeout of the watchdog each node's BMC keeps (see `super::bmc`); `None`: the BMCs
+    /// have no watchdog.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde_compat::option"
+    )]
+    pub watchdog_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -104,11 +96,6 @@ impl State {
             rec.boot_id = boot_id;
         }
     }
-
-    /// The cluster's podha agents, if it runs them on nodes of kind `on`.
-    pub(in crate::cluster) fn agents_on(&self, on: AgentNodes) -> Option<Agents> {
-        self.agents.clone().filter(|a| a.on == on)
-    }
 }
 
 /// Durations as humantime strings ("1s 500ms") so the file stays readable.
@@ -124,6 +111,25 @@ mod humantime_serde_compat {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+
+    pub mod option {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => super::serialize(d, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            Option::<String>::deserialize(d)?
+                .map(|s| humantime::parse_duration(&s).map_err(serde::de::Error::custom))
+                .transpose()
+        }
     }
 }
 

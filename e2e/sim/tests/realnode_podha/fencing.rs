@@ -1,8 +1,8 @@
 //! podha's fencing on real nodes, with storage that does not fence (podha-csi's `fencing: off`
 //! class: a node keeps the access it once had), so podha's own fencing is what keeps the data
-//! whole. Every real node runs `podha agent` (started with the node, inside it), fencing
-//! through the node's BMC and petting the BMC's watchdog; the policy asks for the agent's
-//! proof before the out-of-service taint.
+//! whole. Every real node runs `podha agent` (the chart's DaemonSet), fencing through the
+//! node's BMC and petting the BMC's watchdog; the policy asks for the agent's proof before the
+//! out-of-service taint.
 //!
 //! At once, for 120 s:
 //! - one writer's node **freezes** (a hung machine: its agent frozen too). The agent stops
@@ -93,6 +93,7 @@ async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> 
     }
     let pods = chart_install::wait_replicas(&ctx.client, 2, secs(180)).await?;
     chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+    wait_agents(ctx).await?;
     Ok(())
 }
 
@@ -290,11 +291,10 @@ pub(super) fn frozen_and_cut_off_nodes(
 
 /// How often real node `node`'s agent decided to stay up though unheard (its log says so once
 /// per episode).
-fn stays(ctx: &Ctx<'_>, node: &str) -> usize {
-    std::fs::read_to_string(ctx.cluster.logs_dir().join(format!("agent-{node}.log")))
-        .unwrap_or_default()
+fn stays(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<usize> {
+    Ok(chart_install::agent_log(ctx.cluster, node)?
         .matches("not heard; staying up")
-        .count()
+        .count())
 }
 
 /// The fences carried out since the cluster had carried out `before`.
@@ -331,7 +331,10 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         wait_writes(&ctx, &pod, WRITES).await?;
         let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
         let acks = workload::acknowledged(ctx.cluster.dir(), &uid(&pod)?)?;
-        let stays_before: Vec<usize> = real.iter().map(|n| stays(&ctx, n)).collect();
+        let stays_before = real
+            .iter()
+            .map(|n| stays(&ctx, n))
+            .collect::<anyhow::Result<Vec<usize>>>()?;
 
         ctx.cluster.pause_apiserver(true)?;
         log(&ctx.ns, "kube-apiserver hung for 60 s");
@@ -362,9 +365,9 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         // because its peers vouched.
         for (node, before) in real.iter().zip(stays_before) {
             ensure!(
-                stays(&ctx, node) > before,
-                "{node}'s agent never decided to stay up: was it unheard at all? (see \
-                 logs/agent-{node}.log)"
+                stays(&ctx, node)? > before,
+                "{node}'s agent never decided to stay up: was it unheard at all? (see its log \
+                 in nodes/{node}/pod-logs/)"
             );
         }
         for node in &real {

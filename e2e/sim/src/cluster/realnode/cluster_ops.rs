@@ -8,7 +8,7 @@ use kube::Api;
 use tracing::info;
 
 use super::{self as realnode, RealNode};
-use crate::cluster::state::{AgentNodes, NodeRecord, State};
+use crate::cluster::state::{NodeRecord, State};
 use crate::cluster::{Cluster, Error, Result, kubelet_proc, node_is_ready, process};
 
 impl Cluster {
@@ -41,28 +41,19 @@ impl Cluster {
         let port = st.ports.apiserver;
         realnode::create_host_network(&self.dir, real.subnet, port)?;
         let mut boots = Vec::new();
-        let agents = st.agents_on(AgentNodes::Real);
         for rec in recs {
             let node = self.real_node_of(rec);
-            let agent = agents.as_ref().map(|a| self.real_agent_line(a, &node));
-            realnode::prepare(
-                &node,
-                real.subnet,
-                port,
-                &real.node_bin_dir,
-                agent.as_deref(),
-            )?;
+            realnode::prepare(&node, real.subnet, port, &real.node_bin_dir)?;
             boots.push((rec.name.clone(), self.boot_real_node(&mut st, rec)?));
         }
         Ok(boots)
     }
 
-    /// Starts a real node's boot script (it becomes the kubelet), after its BMC when it runs an
-    /// agent; returns the node's boot ID.
+    /// Starts a real node's BMC, then its boot script (it becomes the kubelet); returns the
+    /// node's boot ID.
     fn boot_real_node(&self, st: &mut State, rec: &NodeRecord) -> Result<String> {
-        if let Some(agents) = st.agents_on(AgentNodes::Real) {
-            self.spawn_bmc(st, &rec.name, agents.watchdog_timeout)?;
-        }
+        let watchdog = st.real_nodes.as_ref().and_then(|r| r.watchdog_timeout);
+        self.spawn_bmc(st, &rec.name, watchdog)?;
         let (cmd, boot_id) = realnode::boot_command(&self.real_node_of(rec))?;
         self.spawn(st, &kubelet_proc(&rec.name), cmd)?;
         Ok(boot_id)

@@ -191,15 +191,9 @@ pub fn kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u16), cert
 /// network namespace (never `ip netns exec`: it remounts /sys and hides /sys/fs/cgroup), gives
 /// the node its boot ID and private sysctls, wipes the runtime state (a reboot empties /run),
 /// starts containerd (log `logs/containerd-<node>.log`), imports the pause image, starts
-/// kube-proxy (log `logs/kube-proxy-<node>.log`), then the `agent` line (the node's podha agent,
-/// when the cluster runs agents on its real nodes) and becomes the kubelet (its output goes
-/// where the script's does, `logs/kubelet-<node>.log`).
-pub fn boot_script(
-    node: &RealNode,
-    cgroup_procs: &[std::path::PathBuf],
-    bin_dir: &Path,
-    agent: Option<&str>,
-) -> String {
+/// kube-proxy (log `logs/kube-proxy-<node>.log`) and becomes the kubelet (its output goes where
+/// the script's does, `logs/kubelet-<node>.log`).
+pub fn boot_script(node: &RealNode, cgroup_procs: &[std::path::PathBuf], bin_dir: &Path) -> String {
     let dir = node.dir();
     let d = dir.display();
     let sock = node.containerd_socket();
@@ -245,6 +239,12 @@ mount --bind {d}/kubelet {kubelet_root}
 mount --make-shared {kubelet_root}
 mount --bind {store} {csi_store}
 mount --bind {acks} {csi_acks}
+# What the machine has outside its operating system, where its pods find it: the BMC's FIFOs
+# and the boot ID.
+mkdir -p {machine}/bmc {d}/bmc
+touch {machine}/boot_id
+mount --bind {d}/bmc {machine}/bmc
+mount --bind {d}/boot_id {machine}/boot_id
 echo "boot $(cat /proc/sys/kernel/random/boot_id): starting containerd"
 containerd --config {d}/containerd.toml >> {logs}/containerd-{name}.log 2>&1 &
 i=0
@@ -256,7 +256,6 @@ done
 for image in {images}/*.tar; do ctr -a {sock} -n k8s.io images import "$image"; done
 echo "starting kube-proxy and the kubelet"
 {kube_proxy} --config={d}/kube-proxy.json --v=2 >> {logs}/kube-proxy-{name}.log 2>&1 &
-{agent}
 exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
   --root-dir={kubelet_root} --cert-dir={d}/kubelet/pki \
   --hostname-override={name} --node-ip={ip} --node-labels=type=real \
@@ -274,7 +273,7 @@ exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
         kubelet = bin_dir.join("kubelet").display(),
         kube_proxy = bin_dir.join("kube-proxy").display(),
         ip = node.ip,
-        agent = agent.unwrap_or("# no podha agent"),
+        machine = super::MACHINE_DIR,
     )
 }
 
@@ -285,7 +284,6 @@ pub fn write_all(
     ca_cert: &Path,
     server: (Ipv4Addr, u16),
     bin_dir: &Path,
-    agent: Option<&str>,
 ) -> Result<()> {
     let dir = node.dir();
     for sub in [
@@ -335,8 +333,5 @@ pub fn write_all(
         write(&dir.join("sysctl").join(s.replace('/', ".")), &value)?;
     }
     let procs = node.cgroup().runtime_procs_files()?;
-    write(
-        &dir.join("boot.sh"),
-        &boot_script(node, &procs, bin_dir, agent),
-    )
+    write(&dir.join("boot.sh"), &boot_script(node, &procs, bin_dir))
 }

@@ -6,6 +6,7 @@
 //! - a mount namespace of its own, where `/proc/sys/kernel/random/boot_id` is a file of the
 //!   node (a new one per boot, which the kubelet reports as `status.nodeInfo.bootID`) and the
 //!   host-wide sysctls the kubelet sets are node-private copies (`files::KUBELET_SYSCTLS`),
+//!   and [`MACHINE_DIR`] shows what the machine has outside its operating system (its BMC),
 //! - its files under `DIR/nodes/<node>/`: containerd root and state, the CNI network, the
 //!   kubelet's root directory, configuration, kubeconfig and client certificate
 //!   (`system:node:<node>`, so the Node authorizer and NodeRestriction apply), `boot.sh`.
@@ -38,6 +39,11 @@ use cgroup::NodeCgroup;
 pub const PAUSE_IMAGE: &str = "podha.io/sim/pause:1";
 /// The kubelet's port on the node's address.
 pub const KUBELET_PORT: u16 = 10250;
+/// Where a real node shows its pods (hostPath) what a machine has outside its operating system:
+/// `bmc/watchdog` and `bmc/power`, its BMC's watchdog and power control (`super::bmc`), and
+/// `boot_id`, the node's boot ID (a container's /proc shows the host's). The podha agent's
+/// DaemonSet mounts it (`crate::chart_install::sim_agent_values`).
+pub const MACHINE_DIR: &str = "/run/podha-sim-machine";
 
 /// Commands a real node runs from the host's PATH (Debian packages, `make node-deps`).
 const HOST_COMMANDS: [&str; 7] = [
@@ -233,7 +239,6 @@ pub fn prepare(
     subnet: u8,
     apiserver_port: u16,
     node_bin_dir: &Path,
-    agent: Option<&str>,
 ) -> Result<()> {
     let pki = super::pki::Pki::paths(&node.cluster_dir);
     files::write_all(
@@ -241,7 +246,6 @@ pub fn prepare(
         &pki.ca_cert,
         (net::host_ip(subnet), apiserver_port),
         node_bin_dir,
-        agent,
     )?;
     super::pki::issue_client_cert(
         &node.cluster_dir,
