@@ -55,71 +55,9 @@ impl Cluster {
         )
         .await?;
 
-        // kube-apiserver
-        {
-            let audit_policy = audit::write_policy(&self.dir)?;
-            let mut st = self.lock();
-            let p = st.ports.clone();
-            let mut cmd = Self::bin(&st, "kube-apiserver");
-            // With real nodes the `kubernetes` Service's endpoint is the bridge's host address,
-            // which the DNAT sends to 127.0.0.1: in-cluster clients on real nodes reach the API
-            // server through the Service (kube-proxy); the lease reconciler keeps the endpoint.
-            // Without them it cannot have one: a loopback endpoint is invalid, and nothing
-            // reaches the API server through the Service.
-            let (advertise, reconciler) = match &st.real_nodes {
-                Some(real) => (realnode::net::host_ip(real.subnet), "lease"),
-                None => (Ipv4Addr::LOCALHOST, "none"),
-            };
-            cmd.arg(format!("--etcd-servers=http://127.0.0.1:{}", p.etcd_client))
-                .arg("--bind-address=127.0.0.1")
-                .arg(format!("--advertise-address={advertise}"))
-                .arg(format!("--endpoint-reconciler-type={reconciler}"))
-                .arg(format!("--secure-port={}", p.apiserver))
-                .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
-                .arg(format!(
-                    "--tls-private-key-file={}",
-                    pki.serving_key.display()
-                ))
-                .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
-                .arg(format!("--token-auth-file={}", pki.tokens.display()))
-                .arg("--authorization-mode=Node,RBAC")
-                // Real nodes' hostnames resolve nowhere: reach kubelets (logs, exec) by address.
-                .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
-                .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-                .arg(format!(
-                    "--service-account-key-file={}",
-                    pki.sa_pub.display()
-                ))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    pki.sa_key.display()
-                ))
-                .arg("--service-cluster-ip-range=10.96.0.0/16")
-                .arg("--allow-privileged=true")
-                .arg(format!("--audit-policy-file={}", audit_policy.display()))
-                .arg(format!(
-                    "--audit-log-path={}",
-                    audit::log_path(&self.dir).display()
-                ))
-                .arg("--audit-log-format=json")
-                .args(st.profile.apiserver_args());
-            self.spawn(&mut st, APISERVER, cmd)?;
-        }
+        self.spawn_apiserver()?;
         let client = self.client().await?;
-        let c = &client;
-        self.wait_until(
-            "kube-apiserver /readyz",
-            Duration::from_secs(180),
-            &[ETCD, APISERVER],
-            || async move {
-                let req = http::Request::get("/readyz").body(Vec::new());
-                match req {
-                    Ok(req) => Ok(c.request_text(req).await.is_ok_and(|body| body == "ok")),
-                    Err(e) => Err(Error::Other(format!("build /readyz request: {e}"))),
-                }
-            },
-        )
-        .await?;
+        self.wait_apiserver_ready(&client).await?;
 
         apply_csi_objects(&client).await?;
 

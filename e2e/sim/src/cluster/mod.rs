@@ -52,6 +52,7 @@
 //! the attach/detach controller ignores the node).
 
 pub mod agents;
+mod apiserver;
 pub mod audit;
 mod bins;
 mod blackhole;

@@ -29,20 +29,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// The API server hangs (`paused`: SIGSTOP; its port still accepts connections, nothing
-    /// answers) or goes on (SIGCONT): a control-plane outage as every client sees one.
-    pub fn pause_apiserver(&self, paused: bool) -> Result<()> {
-        let st = self.lock_reloaded();
-        let rec = st
-            .processes
-            .get(APISERVER)
-            .copied()
-            .ok_or_else(|| Error::Other("the cluster runs no kube-apiserver".into()))?;
-        process::pause(APISERVER, &rec, paused)?;
-        info!(paused, "kube-apiserver");
-        Ok(())
-    }
-
     /// Only the node's kubelet dies (kwok and the sim-csi node agent are SIGKILLed): the host
     /// stays up, so its kernel refuses connects to the kubelet port. Containers of a real node
     /// would go on running.
