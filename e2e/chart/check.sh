@@ -28,7 +28,7 @@ done
 # The agent's DaemonSet passes the watchdog only when a device is given, and checks that it is
 # one.
 grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdog-timeout=15s" "$work/full.yaml" \
-  && grep -q "type: CharDevice" "$work/full.yaml" \
+  && grep -q "type: CharDevice" "$work/full.yaml" && grep -q -- "--hearing-file=/run/podha-agent/heard" "$work/full.yaml" \
   || { echo "check.sh: the agent's DaemonSet does not pass and mount its watchdog" >&2; exit 1; }
 # A fence that writes to a BMC interface through an extra hostPath, a watchdog that is no
 # device (the sim's real nodes: e2e/sim/src/chart_install.rs).

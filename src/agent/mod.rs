@@ -7,6 +7,7 @@
 //! - [`peers`]: who the peers are and what they answer.
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
 
+mod hearing_file;
 pub mod isolation;
 mod peers;
 mod requests;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
+use hearing_file::HearingFile;
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::Peers;
 use server::{Hearing, SharedHearing};
@@ -106,6 +108,12 @@ pub struct AgentArgs {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
+    /// Where the agent keeps when podha last heard this node, so that an agent restarted after
+    /// a crash goes on from there (a node cut off from podha is still fenced in time) instead
+    /// of counting its start as heard. Somewhere a container restart keeps and a reboot
+    /// empties (the chart: an emptyDir in memory).
+    #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
+    pub hearing_file: Option<PathBuf>,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
     /// hears this node (or hears nobody), disarmed on SIGTERM. Without one, a frozen node is
     /// not reset: see docs/agent.md.
@@ -253,7 +261,14 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::new(Instant::now())));
+    let mut hearing_file = args.hearing_file.as_deref().map(HearingFile::new);
+    let heard_ago = hearing_file
+        .as_ref()
+        .and_then(|f| f.heard_ago(std::time::SystemTime::now()));
+    if let Some(ago) = heard_ago {
+        info!(node = %args.node, ?ago, "going on from the last agent: podha last heard this node that long ago");
+    }
+    let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(Instant::now(), heard_ago)));
     let router = server::router(&args.node, hearing.clone());
     let serve = async move { axum::serve(listener, router).await };
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
@@ -279,7 +294,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
             let boot = boot_id(&args.boot_id_file);
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
         } => r,
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut()) => Ok(()),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), hearing_file.as_mut()) => Ok(()),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
             Ok(())
@@ -295,13 +310,14 @@ async fn run(args: AgentArgs) -> Result<(), String> {
 
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
 /// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
-/// petted as [`pet_watchdog`] says.
+/// petted as [`pet_watchdog`] says. When podha last heard the node goes to the hearing file.
 async fn check_loop(
     args: &AgentArgs,
     hearing: SharedHearing,
     peers: &Peers,
     fencer: &Fencer,
     mut watchdog: Option<&mut Watchdog>,
+    mut hearing_file: Option<&mut HearingFile>,
 ) {
     let timeout = args.isolation_timeout;
     let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
@@ -311,7 +327,13 @@ async fn check_loop(
     let mut confirmation = Confirmation::default();
     loop {
         ticker.tick().await;
-        let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
+        let (not_heard_for, heard_ago) = {
+            let h = server::lock(&hearing);
+            (h.not_heard_for(Instant::now()), h.heard_ago(Instant::now()))
+        };
+        if let (Some(file), Some(ago)) = (hearing_file.as_deref_mut(), heard_ago) {
+            file.record(std::time::SystemTime::now() - ago);
+        }
         pet(watchdog.as_deref_mut(), not_heard_for, timeout, None);
         if not_heard_for < timeout {
             confirmation.fence_now(&Verdict::Heard, Instant::now());

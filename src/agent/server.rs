@@ -32,6 +32,15 @@ impl Hearing {
         }
     }
 
+    /// An agent that goes on where its predecessor stopped: podha last heard this node
+    /// `heard_ago` before `now` (`None`: never, as [`Hearing::new`]).
+    pub fn resumed(now: Instant, heard_ago: Option<Duration>) -> Self {
+        Self {
+            started: now,
+            heard_at: heard_ago.and_then(|ago| now.checked_sub(ago)),
+        }
+    }
+
     /// A probe arrived at `now`, from a leader that last heard this agent `heard_ago` ago.
     pub fn probed(&mut self, now: Instant, heard_ago: Option<Duration>) {
         let Some(at) = heard_ago.and_then(|ago| now.checked_sub(ago)) else {
@@ -142,5 +151,16 @@ mod tests {
         // A late, older probe does not move the time back.
         h.probed(Instant::now(), Some(Duration::from_secs(30)));
         assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(10)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_agent_is_as_unheard_as_its_predecessor() {
+        tokio::time::advance(Duration::from_secs(100)).await;
+        let h = Hearing::resumed(Instant::now(), Some(Duration::from_secs(25)));
+        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(25));
+        assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(25)));
+        let fresh = Hearing::resumed(Instant::now(), None);
+        assert_eq!(fresh.not_heard_for(Instant::now()), Duration::ZERO);
+        assert_eq!(fresh.heard_ago(Instant::now()), None);
     }
 }

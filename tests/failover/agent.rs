@@ -7,6 +7,10 @@
 //! 2. The machine dies with its agent: podha asks, nobody answers; the taint waits until the
 //!    agent has been silent for its isolation timeout plus the policy's margin. Restarted, the
 //!    node's new agent finds the request of its earlier boot and answers without fencing.
+//! 3. podha is cut off from a running node's agent (its probes dropped), and the agent crashes
+//!    and is restarted meanwhile: the new agent goes on from its hearing file and fences the
+//!    node within the isolation timeout of podha's last hearing, as podha's silence proof
+//!    assumes, not an isolation timeout after its own start.
 //!
 //! And over the whole suite (a trial after the scenarios that stop the leading replica and cut
 //! podha off the API server): no agent fenced its node but the one podha asked.
@@ -27,9 +31,11 @@ use podha_sim::testkit::*;
 /// on its Lease (12 s grace, 3 probes), so the silence proof is what the taint waits for.
 pub const ISOLATION_TIMEOUT: Duration = Duration::from_secs(15);
 const MARGIN: Duration = Duration::from_secs(2);
+/// The scenario's nodes: the only ones whose agents fence (the second one's on its own, 3.).
+const PAIR: [&str; 2] = ["node-23", "node-24"];
 
 pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
-    let pair = ["node-23", "node-24"];
+    let pair = PAIR;
     scenario(shared, ops, "agent", |ctx, _, _| async move {
         let ns = ctx.ns.clone();
         let spec = json!({
@@ -116,12 +122,70 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             &ns,
             format!("{target} back; the old request answered without a fence"),
         );
+
+        // 3. podha cut off from a running agent, which is restarted meanwhile. First podha
+        // hears the agent the reboot started (its first probe told it when podha last heard
+        // the node: before the kill).
+        wait_for(
+            &format!("podha to hear {target}'s new agent"),
+            secs_(30),
+            || async {
+                Ok(heard_ago(&ctx, target)
+                    .await?
+                    .filter(|ago| *ago < Duration::from_secs(2))
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        let cut = std::time::SystemTime::now();
+        ctx.cluster.cut_agent_off(target, true)?;
+        tokio::time::sleep(ISOLATION_TIMEOUT * 2 / 3).await;
+        ctx.cluster.restart_agent(target)?;
+        log(
+            &ns,
+            format!(
+                "{target}'s agent cut off from podha, restarted {:?} later",
+                ISOLATION_TIMEOUT * 2 / 3
+            ),
+        );
+        let fence = wait_for(
+            &format!("{target}'s agent to fence it"),
+            secs_(60),
+            || async {
+                let fences = ctx.cluster.fences()?;
+                Ok(fences.into_iter().find(|f| f.node == target))
+            },
+        )
+        .await;
+        ctx.cluster.cut_agent_off(target, false)?;
+        let fence = fence?;
+        let cut_ms = cut
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let after = Duration::from_millis(
+            u64::try_from(fence.at_ms.saturating_sub(cut_ms)).unwrap_or(u64::MAX),
+        );
+        // Heard until the cut; the fence verdict holds 2 s and the check runs every second.
+        let latest = ISOLATION_TIMEOUT + Duration::from_secs(7);
+        if fence.reason.contains("asked") || after < ISOLATION_TIMEOUT || after > latest {
+            bail!(
+                "{target} fenced {after:.1?} after podha was cut off from its agent ({fence:?}): \
+                 expected its own fence between the isolation timeout ({ISOLATION_TIMEOUT:?}) \
+                 and {latest:?}, however late the agent was restarted"
+            );
+        }
+        log(
+            &ns,
+            format!("{target} fenced by its restarted agent {after:.1?} after the cut"),
+        );
+        ctx.cluster.start_node(target).await?;
+        untainted(&ctx, target).await?;
         Ok(())
     })
 }
 
 /// Over the whole suite, after the scenarios that stop the leader and cut podha off: the only
-/// fences are those podha asked for.
+/// fences are the one podha asked for and the one of the agent podha was cut off from.
 pub fn no_agent_fenced_a_node_podha_hears(
     shared: &SharedCluster,
     _ops: &Operators,
@@ -130,15 +194,31 @@ pub fn no_agent_fenced_a_node_podha_hears(
     let fences = cluster.fences().map_err(|e| e.to_string())?;
     let unasked: Vec<_> = fences
         .iter()
-        .filter(|f| !f.reason.contains("asked"))
+        .filter(|f| !f.reason.contains("asked") && !PAIR.contains(&f.node.as_str()))
         .collect();
     if !unasked.is_empty() {
         return Err(format!("agents fenced their nodes on their own: {unasked:?}").into());
     }
-    if fences.len() != 1 {
-        return Err(format!("expected the one fence podha asked for, got {fences:?}").into());
+    if fences.len() != 2 {
+        return Err(format!(
+            "expected the one fence podha asked for and the cut-off agent's, got {fences:?}"
+        )
+        .into());
     }
     Ok(())
+}
+
+/// How long ago podha last heard `node`, as its agent answers a peer.
+async fn heard_ago(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<Duration>> {
+    let n = ctx.nodes().get(node).await?;
+    let Some(addr) = podha::agent::agent_addr(&n) else {
+        return Ok(None);
+    };
+    let Ok(body) = podha_sim::failover::http_get(addr, "/peer") else {
+        return Ok(None);
+    };
+    let answer: podha::agent::server::PeerAnswer = serde_json::from_str(&body)?;
+    Ok(answer.heard_ago_ms.map(Duration::from_millis))
 }
 
 async fn boot_id(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<String> {

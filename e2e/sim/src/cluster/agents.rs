@@ -34,7 +34,8 @@ pub struct Fence {
 }
 
 impl Cluster {
-    /// Starts the podha agent of kwok node `rec` on a free port of its address.
+    /// Starts the podha agent of kwok node `rec`, booted: on a free port of its address, with
+    /// an empty hearing file (a reboot empties it, as the chart's emptyDir in memory).
     pub(in crate::cluster) fn spawn_agent(
         &self,
         st: &mut State,
@@ -46,6 +47,64 @@ impl Cluster {
         if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == rec.name) {
             stored.agent_port = Some(port);
         }
+        let hearing = self.agent_hearing_file(&rec.name);
+        match std::fs::remove_file(&hearing) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("remove {}", hearing.display()), e)),
+        }
+        self.start_agent(st, rec, agents, port)
+    }
+
+    /// Restarts kwok node `name`'s podha agent as the kubelet restarts a crashed container:
+    /// SIGKILLed, started again on the same port with the same hearing file.
+    pub fn restart_agent(&self, name: &str) -> Result<()> {
+        let mut st = self.lock_reloaded();
+        let agents = st
+            .agents
+            .clone()
+            .ok_or_else(|| Error::Other("the cluster runs no agents on its kwok nodes".into()))?;
+        let rec = st.node(name)?.clone();
+        let port = rec
+            .agent_port
+            .ok_or_else(|| Error::Other(format!("{name} has no podha agent")))?;
+        if let Some(old) = st.processes.remove(&agent_proc(name)) {
+            process::kill(&agent_proc(name), &old)?;
+        }
+        self.start_agent(&mut st, &rec, &agents, port)?;
+        info!(node = name, "podha agent restarted");
+        Ok(())
+    }
+
+    /// Cuts (`cut`) podha off kwok node `name`'s agent or lets it through again: packets to
+    /// the agent's address and port are dropped, so podha's probes and the peers' surveys go
+    /// unanswered, while the node, its agent and the agent's own requests run on.
+    pub fn cut_agent_off(&self, name: &str, cut: bool) -> Result<()> {
+        let rec = self.lock_reloaded().node(name)?.clone();
+        let port = rec
+            .agent_port
+            .ok_or_else(|| Error::Other(format!("{name} has no podha agent")))?;
+        if cut {
+            blackhole::silence(&self.dir, rec.ip, port)?;
+        } else {
+            blackhole::restore(&self.dir, rec.ip, port)?;
+        }
+        info!(node = name, cut, "podha agent cut off");
+        Ok(())
+    }
+
+    /// Where kwok node `name`'s agent keeps when podha last heard it.
+    fn agent_hearing_file(&self, name: &str) -> PathBuf {
+        self.dir.join("nodes").join(name).join("agent-heard")
+    }
+
+    fn start_agent(
+        &self,
+        st: &mut State,
+        rec: &NodeRecord,
+        agents: &Agents,
+        port: u16,
+    ) -> Result<()> {
         let fence = format!(
             "command:'{}' node fence '{}' --dir '{}'",
             st.sim_exe.display(),
@@ -71,6 +130,10 @@ impl Cluster {
             ))
             .arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
             .arg(format!("--boot-id-file={}", boot_id_file.display()))
+            .arg(format!(
+                "--hearing-file={}",
+                self.agent_hearing_file(&rec.name).display()
+            ))
             .arg(format!("--fence={fence}"));
         self.spawn(st, &agent_proc(&rec.name), agent)
     }
