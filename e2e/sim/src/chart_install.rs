@@ -218,6 +218,47 @@ pub async fn wait_replicas(
     .await
 }
 
+/// Crashes podha replica `pod`: SIGKILL to its process (found among its node's processes by
+/// the `--identity` the chart gives it); the kubelet restarts the container. Returns the
+/// process ID.
+pub fn crash_replica(cluster: &Cluster, pod: &Pod) -> anyhow::Result<i32> {
+    let name = pod.metadata.name.as_deref().context("pod name")?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .context("pod not bound")?;
+    let identity = format!("--identity={name}");
+    crash_podha(cluster, node, &identity)
+}
+
+/// Crashes the podha agent of real node `node` (SIGKILL); the kubelet restarts the container.
+/// Returns the process ID.
+pub fn crash_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
+    crash_podha(cluster, node, "agent")
+}
+
+/// SIGKILLs the podha process among real node `node`'s processes that has argument `arg`.
+fn crash_podha(cluster: &Cluster, node: &str, arg: &str) -> anyhow::Result<i32> {
+    let pid = cluster
+        .node_pids(node)?
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let mut args = cmdline.split(|b| *b == 0);
+                args.next().is_some_and(|exe| exe.ends_with(b"/podha"))
+                    && args.any(|a| a == arg.as_bytes())
+            })
+        })
+        .with_context(|| format!("no process of {node} runs podha with {arg}"))?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .with_context(|| format!("SIGKILL podha {arg} on {node} (pid {pid})"))?;
+    Ok(pid)
+}
+
 /// Who holds podha's leader Lease.
 pub async fn lease_holder(client: &kube::Client) -> anyhow::Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);

@@ -75,8 +75,8 @@ fn main() -> ExitCode {
             fencing::frozen_and_cut_off_nodes,
         ),
         (
-            "an_api_server_hung_for_60s_fences_no_node",
-            fencing::api_server_outage,
+            "crashed_podha_processes_and_an_api_server_hung_or_stopped_for_60s_fence_no_node",
+            fencing::control_plane_faults,
         ),
     ];
     run_trials(&args, &shared, scenarios.into())

@@ -309,12 +309,20 @@ fn uid(pod: &Pod) -> anyhow::Result<String> {
     pod.metadata.uid.clone().context("pod uid")
 }
 
-/// The API server hangs for 60 s (SIGSTOP: connections accepted, nothing answered): every
-/// kubelet stops renewing, podha's leader loses its Lease and stops probing, so every agent
-/// goes unheard at once. Their peers vouch (a majority unheard): no agent fences, no watchdog
-/// resets its node, and once the API server answers again every node is Ready, nothing is
-/// tainted and the write log is clean.
-pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
+/// The control plane fails in the three ways that leave every agent unheard at once, one after
+/// another, with a writer running throughout:
+/// - the leading podha replica crashes (SIGKILL of its process) and one agent with it: a
+///   replica takes the Lease again and probes, the restarted agent goes on from when podha
+///   last heard its node (its hearing file, kept in the pod's emptyDir) and fences nothing;
+/// - the API server hangs for 60 s (SIGSTOP: connections accepted, nothing answered) and
+/// - is stopped for 60 s (killed: connections refused), then started again: every kubelet stops
+///   renewing, podha's leader loses its Lease and stops probing, every agent goes unheard past
+///   its isolation timeout.
+///
+/// Their peers vouch (a majority unheard): no agent fences, no watchdog resets its node, each
+/// outage has every agent decide to stay up, and once the API server answers again every node is
+/// Ready, nothing is tainted and the write log is clean.
+pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
     run_scenario(shared, OUTAGE_NS, |ctx| async move {
         let real = real_nodes();
         let real: Vec<&str> = real.iter().map(String::as_str).collect();
@@ -331,51 +339,86 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         wait_writes(&ctx, &pod, WRITES).await?;
         let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
         let acks = workload::acknowledged(ctx.cluster.dir(), &uid(&pod)?)?;
-        let stays_before = real
-            .iter()
-            .map(|n| stays(&ctx, n))
-            .collect::<anyhow::Result<Vec<usize>>>()?;
 
-        ctx.cluster.pause_apiserver(true)?;
-        log(&ctx.ns, "kube-apiserver hung for 60 s");
-        tokio::time::sleep(secs(60)).await;
-        ctx.cluster.pause_apiserver(false)?;
-        let resumed = Instant::now();
-        for node in &real {
-            ctx.wait_ready(node, secs(90)).await?;
-        }
-        let pods = chart_install::wait_replicas(&ctx.client, 2, secs(90)).await?;
-        chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+        // The leader crashes.
+        let pods = chart_install::wait_replicas(&ctx.client, 2, secs(60)).await?;
+        let leader = chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+        let leader_pod = pods
+            .iter()
+            .find(|p| name_of(p) == leader)
+            .context("the leader's pod")?;
+        let agent_node = real[3];
+        let heard_before = resumed_agents(&ctx, agent_node)?;
+        let pid = chart_install::crash_replica(ctx.cluster, leader_pod)?;
+        let agent_pid = chart_install::crash_agent(ctx.cluster, agent_node)?;
+        let crashed = Instant::now();
+        let last_renewal = lease_renewal(&ctx).await?;
+        wait_for(
+            "a podha replica to renew the Lease after the crash",
+            secs(60),
+            || async { Ok((lease_renewal(&ctx).await? != last_renewal).then_some(())) },
+        )
+        .await?;
+        let holder = chart_install::lease_holder(&ctx.client).await?;
         log(
             &ctx.ns,
             format!(
-                "API server back: every node Ready and a podha leader {:.1?} later",
-                resumed.elapsed()
+                "{leader} (pid {pid}) and {agent_node}'s agent (pid {agent_pid}) crashed; \
+                 {holder:?} leads {:.1?} later",
+                crashed.elapsed()
             ),
         );
-        // A watchdog that was let go fires within its timeout; an agent's verdict within the
-        // isolation timeout: wait out both before counting.
-        tokio::time::sleep(ISOLATION_TIMEOUT).await;
-        let fences = fences_since(&ctx, fences_before)?;
+        chart_install::wait_agents(&ctx.client, &real, secs(60)).await?;
+        outage_over(&ctx, &real, fences_before, None).await?;
         ensure!(
-            fences.is_empty(),
-            "nodes fenced over an API server outage: {fences:?}"
+            resumed_agents(&ctx, agent_node)? > heard_before,
+            "{agent_node}'s restarted agent did not go on from its hearing file (see its log in \
+             nodes/{agent_node}/pod-logs/)"
         );
-        // Not by luck: every agent went unheard past its isolation timeout and stayed up
-        // because its peers vouched.
-        for (node, before) in real.iter().zip(stays_before) {
-            ensure!(
-                stays(&ctx, node)? > before,
-                "{node}'s agent never decided to stay up: was it unheard at all? (see its log \
-                 in nodes/{node}/pod-logs/)"
+
+        // The API server hangs, then stops.
+        for stop in [false, true] {
+            let stays_before = stays_on(&ctx, &real)?;
+            let what = if stop { "stopped" } else { "hung" };
+            if stop {
+                ctx.cluster.stop_apiserver()?;
+            } else {
+                ctx.cluster.pause_apiserver(true)?;
+            }
+            log(&ctx.ns, format!("kube-apiserver {what} for 60 s"));
+            tokio::time::sleep(secs(60)).await;
+            if stop {
+                ctx.cluster.start_apiserver().await?;
+            } else {
+                ctx.cluster.pause_apiserver(false)?;
+            }
+            let resumed = Instant::now();
+            // After a stop the kubelets here took 70-90 s to report Ready again (their Lease
+            // renewals resumed at once, their status patches after their informers relisted):
+            // Kubernetes' recovery, waited for, not podha's.
+            for node in &real {
+                ctx.wait_ready(node, secs(180)).await?;
+            }
+            let ready = resumed.elapsed();
+            let pods = chart_install::wait_replicas(&ctx.client, 2, secs(90)).await?;
+            chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+            let restarts: i32 = pods
+                .iter()
+                .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+                .flatten()
+                .map(|c| c.restart_count)
+                .sum();
+            log(
+                &ctx.ns,
+                format!(
+                    "API server back: every node Ready {ready:.1?} later, a podha leader {:.1?} \
+                     later (podha containers restarted {restarts} times so far)",
+                    resumed.elapsed()
+                ),
             );
+            outage_over(&ctx, &real, fences_before, Some(&stays_before)).await?;
         }
-        for node in &real {
-            ensure!(
-                !has_out_of_service_taint(&ctx.nodes().get(node).await?),
-                "{node} tainted out of service after an API server outage"
-            );
-        }
+
         // Whether the writer lived through it is Kubernetes' call (the node lifecycle controller
         // may mark the nodes unreachable before their kubelets renew); podha's part is that no
         // node was fenced or tainted, and the volume was written by one node at a time.
@@ -385,7 +428,7 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         log(
             &ctx.ns,
             format!(
-                "no fence, no taint; the writer acknowledged {} writes since the outage began, \
+                "no fence, no taint; the writer acknowledged {} writes since the leader crashed, \
                  write log clean ({} writer(s))",
                 acks_now - acks,
                 report.writers.len()
@@ -394,4 +437,59 @@ pub(super) fn api_server_outage(shared: &SharedCluster) -> Result<(), libtest_mi
         ctx.remove_workloads(secs(180)).await?;
         Ok(())
     })
+}
+
+/// When podha's leader Lease was last renewed, as the Lease says.
+async fn lease_renewal(ctx: &Ctx<'_>) -> anyhow::Result<Option<String>> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(ctx.client.clone(), chart_install::NAMESPACE);
+    let lease = leases.get(chart_install::LEASE).await?;
+    Ok(lease
+        .spec
+        .and_then(|s| s.renew_time)
+        .map(|t| format!("{t:?}")))
+}
+
+/// How often an agent on real node `node` started where its predecessor stopped.
+fn resumed_agents(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<usize> {
+    Ok(chart_install::agent_log(ctx.cluster, node)?
+        .matches("going on from the last agent")
+        .count())
+}
+
+/// How often each of `nodes`' agents has decided to stay up though unheard.
+fn stays_on(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<usize>> {
+    nodes.iter().map(|n| stays(ctx, n)).collect()
+}
+
+/// After a fault that left every agent unheard: waits out the isolation timeout (a watchdog let
+/// go fires within its timeout, an agent's verdict within the isolation timeout), then checks
+/// that no node was fenced since `fences_before` nor tainted and, given the agents' earlier
+/// `stays`, that every agent decided to stay up since (it was unheard past its timeout and
+/// stayed because its peers vouched: not by luck).
+async fn outage_over(
+    ctx: &Ctx<'_>,
+    nodes: &[&str],
+    fences_before: usize,
+    stays: Option<&[usize]>,
+) -> anyhow::Result<()> {
+    tokio::time::sleep(ISOLATION_TIMEOUT).await;
+    let fences = fences_since(ctx, fences_before)?;
+    ensure!(fences.is_empty(), "nodes fenced over an outage: {fences:?}");
+    if let Some(before) = stays {
+        for ((node, before), now) in nodes.iter().zip(before).zip(stays_on(ctx, nodes)?) {
+            ensure!(
+                now > *before,
+                "{node}'s agent never decided to stay up: was it unheard at all? (see its log \
+                 in nodes/{node}/pod-logs/)"
+            );
+        }
+    }
+    for node in nodes {
+        ensure!(
+            !has_out_of_service_taint(&ctx.nodes().get(node).await?),
+            "{node} tainted out of service after an outage"
+        );
+    }
+    Ok(())
 }
