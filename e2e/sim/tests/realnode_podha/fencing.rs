@@ -348,7 +348,7 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
             .find(|p| name_of(p) == leader)
             .context("the leader's pod")?;
         let agent_node = real[3];
-        let heard_before = resumed_agents(&ctx, agent_node)?;
+        let resumed_before = resumed_agents(&ctx, agent_node)?;
         let pid = chart_install::crash_replica(ctx.cluster, leader_pod)?;
         let agent_pid = chart_install::crash_agent(ctx.cluster, agent_node)?;
         let crashed = Instant::now();
@@ -371,7 +371,7 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
         chart_install::wait_agents(&ctx.client, &real, secs(60)).await?;
         outage_over(&ctx, &real, fences_before, None).await?;
         ensure!(
-            resumed_agents(&ctx, agent_node)? > heard_before,
+            resumed_agents(&ctx, agent_node)? > resumed_before,
             "{agent_node}'s restarted agent did not go on from its hearing file (see its log in \
              nodes/{agent_node}/pod-logs/)"
         );
@@ -393,9 +393,8 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
                 ctx.cluster.pause_apiserver(false)?;
             }
             let resumed = Instant::now();
-            // After a stop the kubelets here took 70-90 s to report Ready again (their Lease
-            // renewals resumed at once, their status patches after their informers relisted):
-            // Kubernetes' recovery, waited for, not podha's.
+            // After a stop the kubelets here took 58-90 s to report Ready again: Kubernetes'
+            // recovery, waited for, not podha's.
             for node in &real {
                 ctx.wait_ready(node, secs(180)).await?;
             }
