@@ -823,6 +823,38 @@ fn podha_requests(
         .collect())
 }
 
+/// `ns/pod` was deleted, by podha at most once (see [`deleted_once`] for what counts as
+/// repeated) or else by someone else (Kubernetes' pod GC); returns whether podha deleted it.
+fn deleted_at_most_once(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<bool> {
+    let ns = Some(ctx.ns.as_str());
+    let requests = podha_requests(ctx.cluster, "delete", "pods", ns, pod)?;
+    let codes: Vec<Option<u16>> = requests.iter().map(|r| r.code()).collect();
+    let done = codes.iter().filter(|c| **c == Some(200)).count();
+    let refused = codes.iter().filter(|c| **c == Some(409)).count();
+    if done > 1 || done + refused != codes.len() {
+        bail!(
+            "podha's delete requests for {}/{pod}: {codes:?}, expected at most one answered 200 \
+             (and only precondition conflicts besides)",
+            ctx.ns
+        );
+    }
+    if done == 0 {
+        let others = ctx
+            .cluster
+            .audited_requests()?
+            .into_iter()
+            .filter(|r| r.is("delete", "pods", ns, pod) && r.code() == Some(200))
+            .count();
+        if others == 0 {
+            bail!(
+                "{}/{pod} is gone, but no delete of it is in the audit log",
+                ctx.ns
+            );
+        }
+    }
+    Ok(done == 1)
+}
+
 /// podha deleted `ns/pod` exactly once: ground truth from the audit log, which no replica can
 /// lose by stopping right after its request (its Event can be lost that way). A delete the API
 /// server refused with 409 did nothing: podha deletes on a precondition, and the pod changing

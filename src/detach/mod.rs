@@ -112,6 +112,23 @@ impl Failover {
         }
     }
 
+    /// A failover that an earlier leader or process started: podha's taint on the node, which
+    /// is what resumes it, was that process's first action, so this one is past Acting even if
+    /// nothing is left for it to do (Kubernetes' pod GC may have removed the pods the taint let
+    /// go). Its detach and recover phases count from the resumption; the earlier process
+    /// observed what came before.
+    pub fn resumed(
+        node: impl Into<String>,
+        policy: impl Into<String>,
+        last_seen_alive: Option<Instant>,
+        resumed_at: Instant,
+    ) -> Self {
+        Self {
+            acted_at: Some(resumed_at),
+            ..Self::new(node, policy, last_seen_alive, resumed_at)
+        }
+    }
+
     /// Records an action: the taint (`moved: None`) or a pod deletion. Returns
     /// [`PhaseChange::Acted`] for the first one only. A pod already recorded (same UID) is not
     /// added twice.

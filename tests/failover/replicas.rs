@@ -87,10 +87,42 @@ pub(super) fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(
         })
         .await?;
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
-        // One taint and one delete in all, whichever replica sent them: the new leader repeated
-        // nothing the old one did, and left nothing undone. Counted in the API server's audit
-        // log: the stopped replica's Events may never have been sent.
-        deleted_once(&ctx, "db-0").await?;
+        // One taint and at most one delete in all, whichever replica sent them: the new leader
+        // repeated nothing the old one did, and left nothing undone. Counted in the API
+        // server's audit log: the stopped replica's Events may never have been sent. The delete
+        // may be Kubernetes' own: with the out-of-service taint on, the taint-eviction
+        // controller marks the pod for deletion and pod GC (every 20 s) removes it, sometimes
+        // before the new leader has judged the node itself.
+        let podha_deleted = deleted_at_most_once(&ctx, "db-0")?;
+        log(
+            &ns,
+            format!(
+                "old db-0 deleted by {}",
+                if podha_deleted {
+                    "podha"
+                } else {
+                    "Kubernetes' pod GC"
+                }
+            ),
+        );
+        // Either way the new leader's failover is done, not left open in Acting.
+        let leader = ops_leader(replicas).await?;
+        wait_for(
+            "the new leader's failover to be over",
+            secs_(30),
+            || async {
+                let text = scrape(leader)?;
+                let open = text
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("podha_failovers_open{") && l.contains(r#"policy="handover""#)
+                    })
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                    .sum::<f64>();
+                Ok((open == 0.0).then_some(()))
+            },
+        )
+        .await?;
         let patches = podha_requests(ctx.cluster, "patch", "nodes", None, &node)?;
         let done = patches.iter().filter(|r| r.code() == Some(200)).count();
         if done != 1 {

@@ -460,7 +460,7 @@ impl Actor {
                     .and_then(|o| o.last_seen_alive());
                 self.failovers.insert(
                     node.clone(),
-                    Failover::new(node.clone(), policy.clone(), alive, since),
+                    Failover::resumed(node.clone(), policy.clone(), alive, since),
                 );
                 info!(
                     policy,

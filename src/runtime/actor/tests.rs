@@ -525,3 +525,30 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
     sent.sort();
     assert_eq!(sent, ["delete/uid-ns-cache-0", "taint/node-1"]);
 }
+
+/// A leader stopped right after its taint; before the new leader judged the node, Kubernetes'
+/// pod GC removed the pod the taint let go. The resumed failover has nothing left to do and
+/// must not stay open in Acting (CI: `podha_failovers_open{phase="Acting"}` stuck at 1 after
+/// the replacement ran): with no volume left on the node it is recovered at once.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
+    let tainted = mk_node("node-1")
+        .ready(false)
+        .annotation(TAINT_MARKER_ANNOTATION, "p")
+        .taint(
+            crate::api::OUT_OF_SERVICE_TAINT_KEY,
+            "nodeshutdown",
+            "NoExecute",
+        );
+    let mut h = harness(vec![
+        tainted.into(),
+        mk_node("node-2").into(),
+        mk_node("node-3").into(),
+    ]);
+    h.run_for(3).await;
+    assert!(acts(&mut h.writes).is_empty(), "nothing to repeat");
+    assert_eq!(
+        h.actor.failovers.get("node-1").map(Failover::phase),
+        Some(crate::api::FailoverPhase::Recovered)
+    );
+}
