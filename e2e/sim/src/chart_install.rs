@@ -174,6 +174,30 @@ pub async fn wait_agents(
     .await
 }
 
+/// The nodes among `nodes` whose agent container the kubelet has never restarted (restart
+/// count 0). The kubelet restarts such a container at once when it dies; one it restarted
+/// before (a node reboot counts) waits out its CrashLoopBackOff first: 10 s, doubling per
+/// crash, and 10-15 s more until the pod is synced again.
+pub async fn agents_never_restarted(
+    client: &kube::Client,
+    nodes: &[&str],
+) -> anyhow::Result<Vec<String>> {
+    let pods = agent_pods(client).await?;
+    Ok(nodes
+        .iter()
+        .filter(|node| {
+            pods.iter().any(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(**node)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .is_some_and(|cs| cs.iter().all(|c| c.restart_count == 0))
+            })
+        })
+        .map(|n| n.to_string())
+        .collect())
+}
+
 /// Everything the agent containers on real node `node` logged (every pod, every restart), from
 /// the kubelet's pod log directory.
 pub fn agent_log(cluster: &Cluster, node: &str) -> anyhow::Result<String> {

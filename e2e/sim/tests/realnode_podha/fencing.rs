@@ -347,7 +347,14 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
             .iter()
             .find(|p| name_of(p) == leader)
             .context("the leader's pod")?;
-        let agent_node = real[3];
+        // An agent's first crash: the kubelet restarts it at once. A crash of an agent it
+        // restarted before waits out the CrashLoopBackOff (10-25 s), longer than the watchdog
+        // lets a node run unpetted, and resets the node (docs/agent.md, "A crashed agent").
+        let fresh = chart_install::agents_never_restarted(&ctx.client, &real).await?;
+        let agent_node = fresh.last().cloned().with_context(|| {
+            format!("every agent on {real:?} was restarted before: none can crash without a reset")
+        })?;
+        let agent_node = agent_node.as_str();
         let resumed_before = resumed_agents(&ctx, agent_node)?;
         let pid = chart_install::crash_replica(ctx.cluster, leader_pod)?;
         let agent_pid = chart_install::crash_agent(ctx.cluster, agent_node)?;
