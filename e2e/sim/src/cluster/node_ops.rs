@@ -39,9 +39,25 @@ impl Cluster {
             let proc_name = kubelet_proc(name);
             let mut st = self.lock_reloaded();
             if let Some(rec) = st.processes.get(&proc_name).copied() {
+                // The boot script that restarts the kubelet (as systemd would) first, then the
+                // kubelet itself.
                 process::kill_leader(&proc_name, &rec)?;
                 st.processes.remove(&proc_name);
                 st.save(&self.dir)?;
+            }
+            for pid in self.node_pids(name)? {
+                let is_kubelet = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    c.split(|b| *b == 0)
+                        .next()
+                        .is_some_and(|exe| exe.ends_with(b"/kubelet"))
+                });
+                if is_kubelet {
+                    // Gone already (ESRCH) is what was asked for.
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
             }
             info!(node = name, "kubelet killed, containers running");
             return Ok(());

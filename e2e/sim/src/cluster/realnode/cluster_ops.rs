@@ -49,7 +49,7 @@ impl Cluster {
         Ok(boots)
     }
 
-    /// Starts a real node's BMC, then its boot script (it becomes the kubelet); returns the
+    /// Starts a real node's BMC, then its boot script (it runs the kubelet); returns the
     /// node's boot ID.
     fn boot_real_node(&self, st: &mut State, rec: &NodeRecord) -> Result<String> {
         let watchdog = st.real_nodes.as_ref().and_then(|r| r.watchdog_timeout);

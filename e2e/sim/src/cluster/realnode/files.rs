@@ -191,8 +191,8 @@ pub fn kubeconfig(node: &RealNode, ca_cert: &Path, server: (Ipv4Addr, u16), cert
 /// network namespace (never `ip netns exec`: it remounts /sys and hides /sys/fs/cgroup), gives
 /// the node its boot ID and private sysctls, wipes the runtime state (a reboot empties /run),
 /// starts containerd (log `logs/containerd-<node>.log`), imports the pause image, starts
-/// kube-proxy (log `logs/kube-proxy-<node>.log`) and becomes the kubelet (its output goes where
-/// the script's does, `logs/kubelet-<node>.log`).
+/// kube-proxy (log `logs/kube-proxy-<node>.log`) and runs the kubelet, restarting it when it
+/// exits as systemd would (its output goes where the script's does, `logs/kubelet-<node>.log`).
 pub fn boot_script(node: &RealNode, cgroup_procs: &[std::path::PathBuf], bin_dir: &Path) -> String {
     let dir = node.dir();
     let d = dir.display();
@@ -256,10 +256,17 @@ done
 for image in {images}/*.tar; do ctr -a {sock} -n k8s.io images import "$image"; done
 echo "starting kube-proxy and the kubelet"
 {kube_proxy} --config={d}/kube-proxy.json --v=2 >> {logs}/kube-proxy-{name}.log 2>&1 &
-exec {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
-  --root-dir={kubelet_root} --cert-dir={d}/kubelet/pki \
-  --hostname-override={name} --node-ip={ip} --node-labels=type=real \
-  --v=2
+# The kubelet is restarted whenever it exits, as systemd's kubelet.service does (Restart=always):
+# kubelet v1.34.4 sometimes dies as it starts ("fatal error: concurrent map read and map write"
+# in hardEvictionReservation: its DRA plugin manager's first read of the node races the
+# container manager's start).
+while :; do
+  {kubelet} --config={d}/kubelet.json --kubeconfig={d}/kubeconfig \
+    --root-dir={kubelet_root} --cert-dir={d}/kubelet/pki \
+    --hostname-override={name} --node-ip={ip} --node-labels=type=real \
+    --v=2 || echo "kubelet exited with status $?; restarting it in 1 s"
+  sleep 1
+done
 "#,
         procs = procs.join(" "),
         netns = node.netns(),
