@@ -112,20 +112,14 @@ impl Failover {
         }
     }
 
-    /// A failover that an earlier leader or process started: podha's taint on the node, which
-    /// is what resumes it, was that process's first action, so this one is past Acting even if
-    /// nothing is left for it to do (Kubernetes' pod GC may have removed the pods the taint let
-    /// go). Its detach and recover phases count from the resumption; the earlier process
-    /// observed what came before.
-    pub fn resumed(
-        node: impl Into<String>,
-        policy: impl Into<String>,
-        last_seen_alive: Option<Instant>,
-        resumed_at: Instant,
-    ) -> Self {
-        Self {
-            acted_at: Some(resumed_at),
-            ..Self::new(node, policy, last_seen_alive, resumed_at)
+    /// Notes an action this process did not take: podha's taint on the node, put there by
+    /// another replica or an earlier process (which observed its act phase itself). The
+    /// failover is past Acting even if nothing is left to do here (Kubernetes' pod GC may have
+    /// removed the pods the taint let go); its detach and recover phases count from now.
+    pub fn adopt_action(&mut self, now: Instant) {
+        if self.acted_at.is_none() {
+            self.acted_at = Some(now);
+            self.held = None;
         }
     }
 

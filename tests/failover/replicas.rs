@@ -105,6 +105,24 @@ pub(super) fn leader_change(shared: &SharedCluster, ops: &Operators) -> Result<(
                 }
             ),
         );
+        // Either way the new leader's failover is done, not left open in Acting.
+        let leader = ops_leader(replicas).await?;
+        wait_for(
+            "the new leader's failover to be over",
+            secs_(30),
+            || async {
+                let text = scrape(leader)?;
+                let open = text
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("podha_failovers_open{") && l.contains(r#"policy="handover""#)
+                    })
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                    .sum::<f64>();
+                Ok((open == 0.0).then_some(()))
+            },
+        )
+        .await?;
         let patches = podha_requests(ctx.cluster, "patch", "nodes", None, &node)?;
         let done = patches.iter().filter(|r| r.code() == Some(200)).count();
         if done != 1 {

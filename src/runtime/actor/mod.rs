@@ -240,6 +240,7 @@ impl Actor {
             self.on_transition(&policy, &node, transition).await;
         }
         self.open_resumed_incidents();
+        self.adopt_earlier_actions(now);
         let health = self.health_book();
         self.count_nodes(&health);
 
@@ -460,12 +461,34 @@ impl Actor {
                     .and_then(|o| o.last_seen_alive());
                 self.failovers.insert(
                     node.clone(),
-                    Failover::resumed(node.clone(), policy.clone(), alive, since),
+                    Failover::new(node.clone(), policy.clone(), alive, since),
                 );
                 info!(
                     policy,
                     node, "resuming the failover of a node podha tainted before"
                 );
+            }
+        }
+    }
+
+    /// A failover whose node already carries podha's taint for its policy, put there by
+    /// another replica (this one followed meanwhile) or an earlier process (resumed above), is
+    /// past Acting: that action was taken, whether or not anything is left for this one to do.
+    /// Not while this process's own taint is in flight: its result records the action, and
+    /// observes it.
+    fn adopt_earlier_actions(&mut self, now: Instant) {
+        for (node, failover) in &mut self.failovers {
+            let tainted = self
+                .state
+                .view
+                .nodes
+                .get(node)
+                .is_some_and(|n| podha_taint_proves_failure(n, &failover.policy));
+            if failover.acted_at.is_none()
+                && tainted
+                && !self.pending.contains_key(&taint_key(node))
+            {
+                failover.adopt_action(now);
             }
         }
     }
@@ -617,11 +640,16 @@ fn intent_node(intent: &Intent) -> &str {
     }
 }
 
+/// The key of a taint of `node` among the intents in flight.
+fn taint_key(node: &str) -> String {
+    format!("taint/{node}")
+}
+
 fn intent_key(intent: &Intent) -> String {
     match intent {
         Intent::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
         Intent::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
-        Intent::TaintNode { node, .. } => format!("taint/{node}"),
+        Intent::TaintNode { node, .. } => taint_key(node),
         Intent::RemoveTaint { node } => format!("untaint/{node}"),
         Intent::RequestFence { node, .. } => format!("fence/{node}"),
         Intent::Hold {

@@ -59,7 +59,7 @@ struct Harness {
     actor: Actor,
     writes: crate::runtime::writer::LaneReceivers,
     metrics: Arc<Metrics>,
-    _leader: watch::Sender<bool>,
+    leader: watch::Sender<bool>,
     _plans: [watch::Receiver<ProbePlan>; 2],
 }
 
@@ -141,7 +141,7 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
         actor,
         writes,
         metrics,
-        _leader: leader_tx,
+        leader: leader_tx,
         _plans: [kubelet_rx, agent_rx],
     }
 }
@@ -526,10 +526,9 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
     assert_eq!(sent, ["delete/uid-ns-cache-0", "taint/node-1"]);
 }
 
-/// A leader stopped right after its taint; before the new leader judged the node, Kubernetes'
-/// pod GC removed the pod the taint let go. The resumed failover has nothing left to do and
-/// must not stay open in Acting (CI: `podha_failovers_open{phase="Acting"}` stuck at 1 after
-/// the replacement ran): with no volume left on the node it is recovered at once.
+/// A process restarted after its taint; meanwhile Kubernetes' pod GC removed the pod the
+/// taint let go. The resumed failover has nothing left to do and must not stay open in Acting:
+/// with no volume left on the node it is recovered at once.
 #[tokio::test(start_paused = true)]
 async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
     let tainted = mk_node("node-1")
@@ -545,6 +544,52 @@ async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
         mk_node("node-2").into(),
         mk_node("node-3").into(),
     ]);
+    h.run_for(3).await;
+    assert!(acts(&mut h.writes).is_empty(), "nothing to repeat");
+    assert_eq!(
+        h.actor.failovers.get("node-1").map(Failover::phase),
+        Some(crate::api::FailoverPhase::Recovered)
+    );
+}
+
+/// A standby followed a failover (its intents dropped); the leader tainted the node, deleted
+/// the pod and stopped; the standby leads now and has nothing left to do. Its failover must
+/// not stay open in Acting (CI: `podha_failovers_open{phase="Acting"}` stuck at 1 on the new
+/// leader after the replacement ran).
+#[tokio::test(start_paused = true)]
+async fn a_failover_another_replica_acted_on_is_not_left_acting() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects.push(mk_node("node-2").into());
+    objects.push(mk_node("node-3").into());
+    let mut h = harness(objects);
+    h.leader.send(false).expect("leader channel");
+    h.run_for(3).await;
+    assert!(acts(&mut h.writes).is_empty(), "a standby sends nothing");
+    assert_eq!(
+        h.actor.failovers.get("node-1").map(Failover::phase),
+        Some(crate::api::FailoverPhase::Acting)
+    );
+    // The leader's work, as the watches show it.
+    let tainted = mk_node("node-1")
+        .ready(false)
+        .annotation(TAINT_MARKER_ANNOTATION, "p")
+        .taint(
+            crate::api::OUT_OF_SERVICE_TAINT_KEY,
+            "nodeshutdown",
+            "NoExecute",
+        );
+    let now = Instant::now();
+    h.actor
+        .state
+        .apply(Change::Node(Event::Apply(tainted)), now);
+    let deleted = mk_pod("ns", "db-node-1")
+        .on("node-1")
+        .owned_by_sts("db")
+        .claim("data-node-1");
+    h.actor
+        .state
+        .apply(Change::Pod(Event::Delete(deleted)), now);
+    h.leader.send(true).expect("leader channel");
     h.run_for(3).await;
     assert!(acts(&mut h.writes).is_empty(), "nothing to repeat");
     assert_eq!(
