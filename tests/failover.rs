@@ -823,9 +823,9 @@ fn podha_requests(
         .collect())
 }
 
-/// `ns/pod` was deleted, by podha at most once (see [`deleted_once`] for what counts as
-/// repeated) or else by someone else (Kubernetes' pod GC); returns whether podha deleted it.
-fn deleted_at_most_once(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<bool> {
+/// How many of podha's delete requests for `ns/pod` the API server answered 200; fails on a
+/// second one or on any answer but 200 and 409 (see [`deleted_once`] for why).
+fn podha_deletes_done(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<usize> {
     let ns = Some(ctx.ns.as_str());
     let requests = podha_requests(ctx.cluster, "delete", "pods", ns, pod)?;
     let codes: Vec<Option<u16>> = requests.iter().map(|r| r.code()).collect();
@@ -838,7 +838,15 @@ fn deleted_at_most_once(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<bool> {
             ctx.ns
         );
     }
+    Ok(done)
+}
+
+/// `ns/pod` was deleted, by podha at most once or else by someone else (Kubernetes' pod GC);
+/// returns whether podha deleted it.
+fn deleted_at_most_once(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<bool> {
+    let done = podha_deletes_done(ctx, pod)?;
     if done == 0 {
+        let ns = Some(ctx.ns.as_str());
         let others = ctx
             .cluster
             .audited_requests()?
@@ -867,14 +875,9 @@ async fn deleted_once(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<()> {
         Ok((!podha_requests(ctx.cluster, "delete", "pods", ns, pod)?.is_empty()).then_some(()))
     })
     .await?;
-    let requests = podha_requests(ctx.cluster, "delete", "pods", ns, pod)?;
-    let codes: Vec<Option<u16>> = requests.iter().map(|r| r.code()).collect();
-    let done = codes.iter().filter(|c| **c == Some(200)).count();
-    let refused = codes.iter().filter(|c| **c == Some(409)).count();
-    if done != 1 || done + refused != codes.len() {
+    if podha_deletes_done(ctx, pod)? != 1 {
         bail!(
-            "podha's delete requests for {}/{pod}: {codes:?}, expected one answered 200 \
-             (and only precondition conflicts besides)",
+            "podha's delete requests for {}/{pod} were all refused: expected one answered 200",
             ctx.ns
         );
     }
