@@ -81,7 +81,9 @@ impl Operating {
                 counts.insert((policy, phase_label(phase)), 0);
             }
         }
-        for (policy, phase) in open {
+        // A recovered failover (or one whose node returned) stays on the leader's books until
+        // the node is healthy again, but it is finished: not counted.
+        for (policy, phase) in open.into_iter().filter(|(_, p)| OPEN_PHASES.contains(p)) {
             *counts.entry((policy, phase_label(phase))).or_default() += 1;
         }
         self.failovers_open.reset();
@@ -141,10 +143,16 @@ mod tests {
                 ("db", FailoverPhase::DetachTimedOut),
                 ("db", FailoverPhase::DetachTimedOut),
                 ("db", FailoverPhase::Recovering),
+                ("db", FailoverPhase::Recovered),
+                ("web", FailoverPhase::NodeReturned),
             ],
         );
         let lines = open_lines(&registry);
-        assert_eq!(lines.len(), 10, "{lines:?}");
+        assert_eq!(
+            lines.len(),
+            10,
+            "finished failovers are not counted: {lines:?}"
+        );
         assert!(lines.contains(
             &r#"podha_failovers_open{phase="DetachTimedOut",policy="db"} 2"#.to_string()
         ));
