@@ -436,7 +436,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
     if modes.contains(&Mode::Agent) && kinds.contains(&Nodes::Real) {
         bail!(
-            "the agent mode runs on kwok nodes only: the real nodes run no podha agent yet \
+            "the agent mode runs on kwok nodes only: on real nodes the agent is the chart's \
+             DaemonSet, and the benchmark runs podha as a process without the chart \
              (docs/agent.md); use --nodes kwok for it"
         );
     }
