@@ -526,19 +526,24 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
     assert_eq!(sent, ["delete/uid-ns-cache-0", "taint/node-1"]);
 }
 
-/// A process restarted after its taint; meanwhile Kubernetes' pod GC removed the pod the
-/// taint let go. The resumed failover has nothing left to do and must not stay open in Acting:
-/// with no volume left on the node it is recovered at once.
-#[tokio::test(start_paused = true)]
-async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
-    let tainted = mk_node("node-1")
+/// A dead node as policy `p` leaves it: its marker and the out-of-service taint on.
+fn tainted_by_policy_p(node: &str) -> Node {
+    mk_node(node)
         .ready(false)
         .annotation(TAINT_MARKER_ANNOTATION, "p")
         .taint(
             crate::api::OUT_OF_SERVICE_TAINT_KEY,
             "nodeshutdown",
             "NoExecute",
-        );
+        )
+}
+
+/// A process restarted after its taint; meanwhile Kubernetes' pod GC removed the pod the
+/// taint let go. The resumed failover has nothing left to do and must not stay open in Acting:
+/// with no volume left on the node it is recovered at once.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
+    let tainted = tainted_by_policy_p("node-1");
     let mut h = harness(vec![
         tainted.into(),
         mk_node("node-2").into(),
@@ -570,14 +575,7 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
         Some(crate::api::FailoverPhase::Acting)
     );
     // The leader's work, as the watches show it.
-    let tainted = mk_node("node-1")
-        .ready(false)
-        .annotation(TAINT_MARKER_ANNOTATION, "p")
-        .taint(
-            crate::api::OUT_OF_SERVICE_TAINT_KEY,
-            "nodeshutdown",
-            "NoExecute",
-        );
+    let tainted = tainted_by_policy_p("node-1");
     let now = Instant::now();
     h.actor
         .state
