@@ -54,17 +54,20 @@ MODES ?= none,iomesh-like,default,fast
 TRIALS ?= 3
 # kwok, real or kwok,real: the nodes every mode runs on (real nodes: root, a group of 3 each).
 NODES ?= kwok
+# The real kubelets' nodeStatusUpdateFrequency, e.g. 1s (empty: the kubelet's default, 10 s).
+NODE_STATUS_UPDATE ?=
 SCALE_ARGS ?=
 
 .PHONY: bench
 bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
-bench-failover: k8s sim-deps csi-sidecars node-deps node-images ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real)
+bench-failover: k8s sim-deps csi-sidecars node-deps node-images ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real, NODE_STATUS_UPDATE)
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) --nodes $(NODES) \
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
-		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json
+		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json \
+		$(if $(NODE_STATUS_UPDATE),--node-status-update-frequency $(NODE_STATUS_UPDATE))
 
 .PHONY: bench-scale
 bench-scale: k8s sim-deps csi-sidecars ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")

@@ -54,6 +54,11 @@ enum Cmd {
         /// API server port on 127.0.0.1 (default: a free port).
         #[arg(long)]
         apiserver_port: Option<u16>,
+        /// The real kubelets' nodeStatusUpdateFrequency (default: the kubelet's, 10s). A kubelet
+        /// mounts a new pod's volume only after reporting it in the Node's volumesInUse on
+        /// this cycle.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        node_status_update_frequency: Option<Duration>,
     },
     /// The main job on the embedded default: a sim cluster, podha, a StatefulSet with an RWO
     /// volume, a node killed, and the failover timeline. Everything is torn down at the end.
@@ -267,6 +272,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             detach_delay,
             bin_dir,
             apiserver_port,
+            node_status_update_frequency,
         } => {
             let opts = ClusterOptions {
                 nodes,
@@ -276,6 +282,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 detach_delay,
                 bin_dir,
                 apiserver_port,
+                node_status_update_frequency,
                 ..ClusterOptions::new(dir.dir)
             };
             let cluster = Cluster::up(opts).await?;

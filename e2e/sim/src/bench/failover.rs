@@ -61,6 +61,11 @@ pub struct FailoverArgs {
     /// node-images`); kwok and real rows of one run share the cluster and the podha process.
     #[arg(long, value_delimiter = ',', default_value = "kwok")]
     pub nodes: Vec<Nodes>,
+    /// The real kubelets' nodeStatusUpdateFrequency (default: the kubelet's, 10s). A cluster
+    /// setting, not podha's: the kubelet mounts a replacement's volume only after reporting it
+    /// in the Node's volumesInUse, on this cycle (docs/benchmarks.md).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub node_status_update_frequency: Option<Duration>,
 }
 
 /// What a mode's nodes are.
@@ -447,6 +452,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let count = |kind| groups.iter().filter(|g| g.kind == kind).count() * 3;
     opts.nodes = count(Nodes::Kwok);
     opts.real_nodes = count(Nodes::Real);
+    opts.node_status_update_frequency = args.node_status_update_frequency;
     if groups
         .iter()
         .any(|g| g.mode == Mode::Agent && g.kind == Nodes::Kwok)
@@ -456,8 +462,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             isolation_timeout: AGENT_ISOLATION_TIMEOUT,
         });
     }
+    let status_update = kubelet_status_update(args.node_status_update_frequency);
     eprintln!(
-        "starting a sim cluster of {} kwok and {} real nodes (profile {}) in {}",
+        "starting a sim cluster of {} kwok and {} real nodes (profile {}; real kubelets' \
+         nodeStatusUpdateFrequency {status_update}) in {}",
         opts.nodes,
         opts.real_nodes,
         args.profile,
@@ -506,14 +514,29 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let summaries = summarize(&trials, &rows);
     let table = render(&summaries);
     println!("{table}");
-    let json =
-        json!({ "profile": args.profile.to_string(), "trials": trials, "summary": summaries });
+    if kinds.contains(&Nodes::Real) {
+        println!("real nodes: the kubelets' nodeStatusUpdateFrequency was {status_update}");
+    }
+    let json = json!({
+        "profile": args.profile.to_string(),
+        "kubelet_node_status_update_frequency": status_update,
+        "trials": trials,
+        "summary": summaries,
+    });
     std::fs::write(&args.out, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!("results written to {}", args.out.display());
     match errors.into_iter().next() {
         Some(e) => Err(e.context("some trials could not run; the figures above cover the others")),
         None => Ok(()),
+    }
+}
+
+/// The real kubelets' status cycle as the results name it.
+fn kubelet_status_update(frequency: Option<Duration>) -> String {
+    match frequency {
+        Some(every) => humantime::format_duration(every).to_string(),
+        None => "10s (the kubelet's default)".to_string(),
     }
 }
 

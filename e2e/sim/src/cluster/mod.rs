@@ -394,6 +394,7 @@ impl Cluster {
                 subnet,
                 node_bin_dir,
                 watchdog_timeout: opts.real_node_watchdog,
+                node_status_update_frequency: opts.node_status_update_frequency,
             })
         } else {
             None

@@ -101,6 +101,10 @@ pub struct ClusterOptions {
     /// The timeout of the watchdog each real node's BMC keeps (a podha agent installed by the
     /// chart pets it); `None`: no watchdog.
     pub real_node_watchdog: Option<Duration>,
+    /// The real kubelets' `nodeStatusUpdateFrequency`; `None`: the kubelet's default (10 s).
+    /// It sets how soon a kubelet reports a new pod's volume in `status.volumesInUse`, which it
+    /// waits for before it mounts the volume (see `realnode::files::kubelet_config`).
+    pub node_status_update_frequency: Option<Duration>,
 }
 
 impl ClusterOptions {
@@ -120,6 +124,7 @@ impl ClusterOptions {
             detach_delay: Duration::from_secs(1),
             agents: None,
             real_node_watchdog: None,
+            node_status_update_frequency: None,
         }
     }
 }

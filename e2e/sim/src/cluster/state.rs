@@ -66,6 +66,13 @@ pub struct RealNodes {
         with = "humantime_serde_compat::option"
     )]
     pub watchdog_timeout: Option<Duration>,
+    /// The kubelets' `nodeStatusUpdateFrequency`; `None`: the kubelet's default.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde_compat::option"
+    )]
+    pub node_status_update_frequency: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -43,7 +43,7 @@ impl Cluster {
         let mut boots = Vec::new();
         for rec in recs {
             let node = self.real_node_of(rec);
-            realnode::prepare(&node, real.subnet, port, &real.node_bin_dir)?;
+            realnode::prepare(&node, &real, port)?;
             boots.push((rec.name.clone(), self.boot_real_node(&mut st, rec)?));
         }
         Ok(boots)

@@ -234,18 +234,14 @@ pub fn create_host_network(dir: &Path, subnet: u8, apiserver_port: u16) -> Resul
 
 /// Everything a node needs before its first boot: files, client certificate, network
 /// namespace, cgroups.
-pub fn prepare(
-    node: &RealNode,
-    subnet: u8,
-    apiserver_port: u16,
-    node_bin_dir: &Path,
-) -> Result<()> {
+pub fn prepare(node: &RealNode, real: &super::state::RealNodes, apiserver_port: u16) -> Result<()> {
+    let subnet = real.subnet;
     let pki = super::pki::Pki::paths(&node.cluster_dir);
     files::write_all(
         node,
         &pki.ca_cert,
         (net::host_ip(subnet), apiserver_port),
-        node_bin_dir,
+        real,
     )?;
     super::pki::issue_client_cert(
         &node.cluster_dir,
