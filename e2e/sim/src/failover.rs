@@ -251,15 +251,16 @@ pub async fn apply_policy(
 }
 
 /// Returns once the node's Lease in `kube-node-lease` has been renewed (its `renewTime`
-/// changed), seen by polling every 50 ms.
+/// changed, or the Lease created: a kubelet may run pods before its Lease exists), seen by
+/// polling every 50 ms.
 async fn wait_lease_renewal(client: &Client, node: &str) -> anyhow::Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    let renew_time = |lease: Lease| lease.spec.and_then(|s| s.renew_time);
-    let first = renew_time(leases.get(node).await?);
+    let renew_time = |lease: Option<Lease>| lease.and_then(|l| l.spec?.renew_time);
+    let first = renew_time(leases.get_opt(node).await?);
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        if renew_time(leases.get(node).await?) != first {
+        if renew_time(leases.get_opt(node).await?) != first {
             return Ok(());
         }
     }
