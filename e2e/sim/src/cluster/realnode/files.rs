@@ -92,10 +92,10 @@ pub fn cni_config(node: &RealNode) -> serde_json::Value {
 }
 
 /// `status_update`: the kubelet's `nodeStatusUpdateFrequency` (`None`: its default, 10 s). A
-/// kubelet mounts a new pod's attachable volume only once it has reported the volume in the
-/// Node's `status.volumesInUse`, which it does on this cycle; until then its attach check fails
-/// and backs off (0.5, 1, 2, 4, 8 s). On a failover that is most of the time from "volume
-/// attached" to "replacement Running" (docs/benchmarks.md).
+/// kubelet starts on a new pod's attachable volume only once it has reported the volume in the
+/// Node's `status.volumesInUse`, which it does on this cycle; until then it skips the volume.
+/// On a failover that is most of the time from "volume attached" to "replacement Running"
+/// (docs/benchmarks.md).
 pub fn kubelet_config(
     node: &RealNode,
     ca_cert: &Path,
