@@ -6,12 +6,18 @@
 //!   pair; writers are ordered by their first accepted write.
 //! - a **lost acknowledged write** is a write a writer was told succeeded that the volume's log
 //!   does not hold as accepted.
+//!
+//! A volume may be checked while its writer still writes: [`check_volume`] reads the
+//! acknowledgements before the log, so every acknowledgement it read names a write the log
+//! already holds (a writer logs a write before it is acknowledged).
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::LogEntry;
+use crate::store::{self, LogEntry, Volume};
+use crate::writer;
 
 /// A write the writer was told succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -46,6 +52,30 @@ impl Report {
     pub fn clean(&self) -> bool {
         self.split_brain_writes.is_empty() && self.lost_acknowledged_writes.is_empty()
     }
+}
+
+/// Where the acknowledgements of a volume's writers are.
+#[derive(Debug, Clone, Copy)]
+pub enum AcksFrom<'a> {
+    /// These files.
+    Files(&'a [PathBuf]),
+    /// `<dir>/<pod uid>.acks` for every pod the volume's log names.
+    Dir(&'a Path),
+}
+
+/// Checks `volume` against its writers' acknowledgements, writers still running or not. The
+/// log is read after the acknowledgements: read the other way round, a write acknowledged
+/// between the two reads would be reported lost.
+pub fn check_volume(volume: &Volume, acks: AcksFrom<'_>) -> store::Result<Report> {
+    let files = match acks {
+        AcksFrom::Files(files) => files.to_vec(),
+        AcksFrom::Dir(dir) => writer::acks_files_of(&volume.log()?, dir),
+    };
+    let mut all = Vec::new();
+    for path in &files {
+        all.extend(writer::read_acks(path)?);
+    }
+    Ok(check(&volume.log()?, &all))
 }
 
 /// Checks one volume's log against the acknowledgements its writers received.

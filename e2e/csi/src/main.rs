@@ -3,14 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use podha_csi::controller::ControllerService;
 use podha_csi::identity::IdentityService;
 use podha_csi::node::NodeService;
 use podha_csi::registration::RegistrationService;
 use podha_csi::store::{Store, Volume};
-use podha_csi::writer::{self, Writer};
+use podha_csi::writer::Writer;
 use podha_csi::{checker, server};
 
 #[derive(Parser)]
@@ -221,16 +220,11 @@ async fn main() -> anyhow::Result<()> {
             acks_dir,
         } => {
             let volume = Volume::at(&volume_dir)?;
-            let log = volume.log()?;
-            let acks = match acks_dir {
-                Some(dir) => writer::acks_files_of(&log, &dir),
-                None => acks,
+            let from = match &acks_dir {
+                Some(dir) => checker::AcksFrom::Dir(dir),
+                None => checker::AcksFrom::Files(&acks),
             };
-            let mut all = Vec::new();
-            for path in &acks {
-                all.extend(writer::read_acks(path).with_context(|| path.display().to_string())?);
-            }
-            let report = checker::check(&log, &all);
+            let report = checker::check_volume(&volume, from)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }

@@ -107,7 +107,8 @@ pub fn acks_files_of(log: &[store::LogEntry], dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Reads an acknowledgement file; a missing one is empty.
+/// Reads an acknowledgement file; a missing one is empty. A last line without its newline is
+/// an acknowledgement still being appended, and is left for the next read.
 pub fn read_acks(path: &Path) -> store::Result<Vec<Ack>> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
@@ -119,7 +120,9 @@ pub fn read_acks(path: &Path) -> store::Result<Vec<Ack>> {
             });
         }
     };
-    text.lines()
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
         .filter(|line| !line.trim().is_empty())
         .map(|line| {
             serde_json::from_str(line).map_err(|source| Error::Json {
@@ -133,8 +136,86 @@ pub fn read_acks(path: &Path) -> store::Result<Vec<Ack>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checker::check;
+    use crate::checker::{AcksFrom, check, check_volume};
     use crate::store::{AccessMode, NewVolume, Store};
+
+    fn published_volume(san: &Path) -> Volume {
+        let store = Store::new(san).unwrap();
+        let new = NewVolume {
+            id: "pvc-1",
+            driver: "rwo.sim.podha.io",
+            capacity_bytes: 1,
+            access_mode: AccessMode::SingleNodeWriter,
+            fencing: true,
+        };
+        store.create_volume(&new).unwrap();
+        let volume = store.volume("pvc-1").unwrap();
+        volume.publish("a").unwrap();
+        volume
+    }
+
+    #[test]
+    fn a_volume_checked_while_its_writer_writes_has_lost_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = Writer {
+            volume: published_volume(&dir.path().join("san")),
+            node: "a".into(),
+            pod_uid: "p1".into(),
+            acks: dir.path().join("acks").join("p1.acks"),
+            interval: Duration::ZERO,
+        };
+        std::fs::create_dir(dir.path().join("acks")).unwrap();
+        let writes = 3000;
+        let writing = {
+            let writer = writer.clone();
+            std::thread::spawn(move || {
+                for seq in 1..=writes {
+                    assert!(writer.write_once(seq).unwrap());
+                }
+            })
+        };
+        let acks_dir = dir.path().join("acks");
+        // Checkers on several threads, so some read between a write and its acknowledgement.
+        let checks: u64 = std::thread::scope(|scope| {
+            let checkers: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut checks = 0;
+                        while !writing.is_finished() {
+                            let report =
+                                check_volume(&writer.volume, AcksFrom::Dir(&acks_dir)).unwrap();
+                            assert!(report.clean(), "check {checks}: {report:?}");
+                            checks += 1;
+                        }
+                        checks
+                    })
+                })
+                .collect();
+            checkers.into_iter().map(|c| c.join().unwrap()).sum()
+        });
+        writing.join().unwrap();
+        let report = check_volume(&writer.volume, AcksFrom::Dir(&acks_dir)).unwrap();
+        assert!(report.clean(), "{report:?}");
+        assert_eq!(report.accepted_writes, writes as usize);
+        assert!(checks > 0, "the writer finished before the first check");
+    }
+
+    #[test]
+    fn an_acknowledgement_still_being_appended_is_left_for_the_next_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1.acks");
+        let ack = |seq| Ack {
+            node: "a".into(),
+            pod_uid: "p1".into(),
+            seq,
+        };
+        append_ack(&path, &ack(1)).unwrap();
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(br#"{"node":"a","pod_"#).unwrap();
+        assert_eq!(read_acks(&path).unwrap(), vec![ack(1)]);
+        file.write_all(b"uid\":\"p1\",\"seq\":2}\n").unwrap();
+        assert_eq!(read_acks(&path).unwrap(), vec![ack(1), ack(2)]);
+    }
 
     #[tokio::test]
     async fn the_writer_records_acknowledged_writes_and_counts_refused_ones() {

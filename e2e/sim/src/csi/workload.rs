@@ -97,12 +97,11 @@ pub fn writer_deployment(
 /// acknowledgements of every pod its log names.
 pub fn check(cluster_dir: &Path, handle: &str) -> anyhow::Result<Report> {
     let volume = Store::new(shared_store(cluster_dir))?.volume(handle)?;
-    let log = volume.log()?;
-    let mut acks = Vec::new();
-    for path in podha_csi::writer::acks_files_of(&log, &shared_acks(cluster_dir)) {
-        acks.extend(podha_csi::writer::read_acks(&path)?);
-    }
-    Ok(podha_csi::checker::check(&log, &acks))
+    let acks = shared_acks(cluster_dir);
+    Ok(podha_csi::checker::check_volume(
+        &volume,
+        podha_csi::checker::AcksFrom::Dir(&acks),
+    )?)
 }
 
 /// Volume `handle`'s write log (every attempt, accepted or refused), oldest first.

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
 use podha_csi::checker::{self, Report};
 use podha_csi::store::{Store, Volume};
-use podha_csi::writer::{self as workload, Writer, WriterStats};
+use podha_csi::writer::{Writer, WriterStats};
 
 /// A running simulated writer.
 pub struct SimulatedWriter {
@@ -124,9 +124,9 @@ impl SimulatedWriter {
 
 /// The checker's report on `volume` against the acknowledgements in `acks`.
 pub fn check(volume: &Volume, acks: &[&Path]) -> anyhow::Result<Report> {
-    let mut all = Vec::new();
-    for path in acks {
-        all.extend(workload::read_acks(path)?);
-    }
-    Ok(checker::check(&volume.log()?, &all))
+    let files: Vec<PathBuf> = acks.iter().map(|path| path.to_path_buf()).collect();
+    Ok(checker::check_volume(
+        volume,
+        checker::AcksFrom::Files(&files),
+    )?)
 }
