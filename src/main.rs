@@ -156,11 +156,31 @@ fn main() -> ExitCode {
                 eprintln!("podha: {e}");
                 return ExitCode::FAILURE;
             }
-            match tokio::runtime::Runtime::new() {
-                Ok(runtime) => runtime.block_on(podha::agent::cli(args)),
-                Err(e) => {
-                    eprintln!("podha: cannot start the async runtime: {e}");
-                    ExitCode::FAILURE
+            match args.worker_of {
+                // The supervisor: one thread, the one its worker's parent-death signal is
+                // tied to.
+                None => match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(podha::agent::supervisor_cli(args)),
+                    Err(e) => {
+                        eprintln!("podha: cannot start the async runtime: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Some(supervisor) => {
+                    if let Err(e) = podha::agent::supervisor::die_with_supervisor(supervisor) {
+                        eprintln!("podha agent: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                    match tokio::runtime::Runtime::new() {
+                        Ok(runtime) => runtime.block_on(podha::agent::cli(args)),
+                        Err(e) => {
+                            eprintln!("podha: cannot start the async runtime: {e}");
+                            ExitCode::FAILURE
+                        }
+                    }
                 }
             }
         }

@@ -12,6 +12,7 @@ pub mod isolation;
 mod peers;
 mod requests;
 pub mod server;
+pub mod supervisor;
 pub mod watchdog;
 
 use std::net::{IpAddr, SocketAddr};
@@ -124,6 +125,25 @@ pub struct AgentArgs {
     /// timeout.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG_TIMEOUT", value_parser = humantime::parse_duration, requires = "watchdog")]
     pub watchdog_timeout: Option<Duration>,
+    /// Set by `podha agent` on the process it runs the agent in: the supervisor's pid (see
+    /// `supervisor`). Not for people.
+    #[arg(long, hide = true)]
+    pub worker_of: Option<u32>,
+}
+
+impl AgentArgs {
+    /// What can be wrong with the options before anything runs.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(timeout) = self.watchdog_timeout {
+            watchdog::check_timeout(
+                timeout,
+                self.isolation_timeout,
+                self.check_interval,
+                peers::SURVEY_LIMIT,
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// The boot ID the agent runs in, read from `file`; `None` if it cannot be read (then every
@@ -236,6 +256,41 @@ impl Fencer {
     }
 }
 
+/// `podha agent`: the supervisor, which runs the agent in a worker process of its own and
+/// replaces it when it dies (see [`supervisor`]).
+pub async fn supervisor_cli(args: AgentArgs) -> std::process::ExitCode {
+    if let Err(e) = args.check() {
+        error!(error = %e, "podha agent cannot start");
+        return std::process::ExitCode::FAILURE;
+    }
+    let own_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(terminate) => terminate,
+            Err(e) => {
+                error!(error = %e, "podha agent cannot handle SIGTERM");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+    let stop = async {
+        terminate.recv().await;
+        info!("SIGTERM: stopping the agent");
+    };
+    let spawn = || supervisor::worker_command(&own_args)?.spawn();
+    match supervisor::supervise(supervisor::Restarts::default(), spawn, stop).await {
+        Ok(status) if status.success() => std::process::ExitCode::SUCCESS,
+        Ok(status) => {
+            error!(%status, "podha agent stopped");
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            error!(error = %e, "podha agent stopped");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `podha agent --worker-of <pid>`: the agent itself, in the supervisor's worker process.
 pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -247,14 +302,7 @@ pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
 }
 
 async fn run(args: AgentArgs) -> Result<(), String> {
-    if let Some(timeout) = args.watchdog_timeout {
-        watchdog::check_timeout(
-            timeout,
-            args.isolation_timeout,
-            args.check_interval,
-            peers::SURVEY_LIMIT,
-        )?;
-    }
+    args.check()?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
     let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;

@@ -3,6 +3,7 @@
 //! `helm install charts/podha`, the replicas kept on the real nodes. Used by the real-node
 //! tests, the demo and the benchmark.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -174,27 +175,29 @@ pub async fn wait_agents(
     .await
 }
 
-/// The nodes among `nodes` whose agent container the kubelet has never restarted (restart
-/// count 0). The kubelet restarts such a container at once when it dies; one it restarted
-/// before (a node reboot counts) waits out its CrashLoopBackOff first: 10 s, doubling per
-/// crash, and 10-15 s more until the pod is synced again.
-pub async fn agents_never_restarted(
+/// How often the kubelet has restarted the agent container on each of `nodes` (a node reboot
+/// counts), by node; a node without an agent pod is left out.
+pub async fn agent_restarts(
     client: &kube::Client,
     nodes: &[&str],
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<BTreeMap<String, i32>> {
     let pods = agent_pods(client).await?;
     Ok(nodes
         .iter()
-        .filter(|node| {
-            pods.iter().any(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(**node)
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .is_some_and(|cs| cs.iter().all(|c| c.restart_count == 0))
-            })
+        .filter_map(|node| {
+            let pod = pods
+                .iter()
+                .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node))?;
+            let restarts = pod
+                .status
+                .as_ref()?
+                .container_statuses
+                .as_ref()?
+                .iter()
+                .map(|c| c.restart_count)
+                .sum();
+            Some((node.to_string(), restarts))
         })
-        .map(|n| n.to_string())
         .collect())
 }
 
@@ -253,34 +256,48 @@ pub fn crash_replica(cluster: &Cluster, pod: &Pod) -> anyhow::Result<i32> {
         .and_then(|s| s.node_name.as_deref())
         .context("pod not bound")?;
     let identity = format!("--identity={name}");
-    crash_podha(cluster, node, &identity)
+    let pid = podha_process(cluster, node, |arg| arg == identity.as_bytes())?
+        .with_context(|| format!("no process of {node} runs podha with {identity}"))?;
+    sigkill(pid, &format!("podha replica {name} on {node}"))?;
+    Ok(pid)
 }
 
-/// Crashes the podha agent of real node `node` (SIGKILL); the kubelet restarts the container.
-/// Returns the process ID.
+/// The process of real node `node`'s podha agent that runs the agent itself: the worker its
+/// supervisor (the container's main process, `podha agent`) started, `podha agent
+/// --worker-of=<pid>`. `None` while there is none.
+pub fn agent_worker(cluster: &Cluster, node: &str) -> anyhow::Result<Option<i32>> {
+    podha_process(cluster, node, |arg| arg.starts_with(b"--worker-of="))
+}
+
+/// Crashes the podha agent of real node `node`: SIGKILL to its worker process, which its
+/// supervisor replaces (the container stays). Returns the process ID.
 pub fn crash_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
-    crash_podha(cluster, node, "agent")
+    let pid = agent_worker(cluster, node)?
+        .with_context(|| format!("no podha agent worker runs on {node}"))?;
+    sigkill(pid, &format!("podha agent on {node}"))?;
+    Ok(pid)
 }
 
-/// SIGKILLs the podha process among real node `node`'s processes that has argument `arg`.
-fn crash_podha(cluster: &Cluster, node: &str, arg: &str) -> anyhow::Result<i32> {
-    let pid = cluster
-        .node_pids(node)?
-        .into_iter()
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
-                let mut args = cmdline.split(|b| *b == 0);
-                args.next().is_some_and(|exe| exe.ends_with(b"/podha"))
-                    && args.any(|a| a == arg.as_bytes())
-            })
+/// The podha process among real node `node`'s processes with an argument `arg` accepts.
+fn podha_process(
+    cluster: &Cluster,
+    node: &str,
+    arg: impl Fn(&[u8]) -> bool,
+) -> anyhow::Result<Option<i32>> {
+    Ok(cluster.node_pids(node)?.into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+            let mut args = cmdline.split(|b| *b == 0);
+            args.next().is_some_and(|exe| exe.ends_with(b"/podha")) && args.any(&arg)
         })
-        .with_context(|| format!("no process of {node} runs podha with {arg}"))?;
+    }))
+}
+
+fn sigkill(pid: i32, what: &str) -> anyhow::Result<()> {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     )
-    .with_context(|| format!("SIGKILL podha {arg} on {node} (pid {pid})"))?;
-    Ok(pid)
+    .with_context(|| format!("SIGKILL {what} (pid {pid})"))
 }
 
 /// Who holds podha's leader Lease.

@@ -311,9 +311,10 @@ fn uid(pod: &Pod) -> anyhow::Result<String> {
 
 /// The control plane fails in the three ways that leave every agent unheard at once, one after
 /// another, with a writer running throughout:
-/// - the leading podha replica crashes (SIGKILL of its process) and one agent with it: a
-///   replica takes the Lease again and probes, the restarted agent goes on from when podha
-///   last heard its node (its hearing file, kept in the pod's emptyDir) and fences nothing;
+/// - the leading podha replica crashes (SIGKILL of its process) and one agent with it, twice:
+///   a replica takes the Lease again and probes, the agent's supervisor starts another each
+///   time, which goes on from when podha last heard its node (its hearing file, kept in the
+///   pod's emptyDir) and fences nothing; the container is not restarted;
 /// - the API server hangs for 60 s (SIGSTOP: connections accepted, nothing answered) and
 /// - is stopped for 60 s (killed: connections refused), then started again: every kubelet stops
 ///   renewing, podha's leader loses its Lease and stops probing, every agent goes unheard past
@@ -347,18 +348,22 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
             .iter()
             .find(|p| name_of(p) == leader)
             .context("the leader's pod")?;
-        // An agent's first crash: the kubelet restarts it at once. A crash of an agent it
-        // restarted before waits out the CrashLoopBackOff (10-25 s), longer than the watchdog
-        // lets a node run unpetted, and resets the node (docs/agent.md, "A crashed agent").
-        let fresh = chart_install::agents_never_restarted(&ctx.client, &real).await?;
-        let agent_node = fresh.last().cloned().with_context(|| {
-            format!("every agent on {real:?} was restarted before: none can crash without a reset")
-        })?;
+        // One agent crashes with it, then again: its supervisor replaces it at once each time,
+        // the container stays. The agent the kubelet restarted most (a node reboot counts):
+        // restarted by the kubelet, its second crash would wait out the CrashLoopBackOff
+        // (10-25 s), longer than the watchdog lets a node run unpetted (docs/agent.md).
+        let restarts = chart_install::agent_restarts(&ctx.client, &real).await?;
+        let (agent_node, kubelet_restarts) = restarts
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(node, n)| (node.clone(), *n))
+            .context("no agent pod on the real nodes")?;
         let agent_node = agent_node.as_str();
         let resumed_before = resumed_agents(&ctx, agent_node)?;
         let pid = chart_install::crash_replica(ctx.cluster, leader_pod)?;
         let agent_pid = chart_install::crash_agent(ctx.cluster, agent_node)?;
         let crashed = Instant::now();
+        let replaced = agent_replaced(&ctx, agent_node, agent_pid, resumed_before + 1).await?;
         let last_renewal = lease_renewal(&ctx).await?;
         wait_for(
             "a podha replica to renew the Lease after the crash",
@@ -375,12 +380,23 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
                 crashed.elapsed()
             ),
         );
+        let second_pid = chart_install::crash_agent(ctx.cluster, agent_node)?;
+        let again = agent_replaced(&ctx, agent_node, second_pid, resumed_before + 2).await?;
+        log(
+            &ctx.ns,
+            format!(
+                "{agent_node}'s agent (its container restarted {kubelet_restarts} times by the \
+                 kubelet) crashed twice; its supervisor had the next one going on from the \
+                 hearing file {replaced:.1?} and {again:.1?} later"
+            ),
+        );
         chart_install::wait_agents(&ctx.client, &real, secs(60)).await?;
         outage_over(&ctx, &real, fences_before, None).await?;
+        let restarts_now = chart_install::agent_restarts(&ctx.client, &[agent_node]).await?;
         ensure!(
-            resumed_agents(&ctx, agent_node)? > resumed_before,
-            "{agent_node}'s restarted agent did not go on from its hearing file (see its log in \
-             nodes/{agent_node}/pod-logs/)"
+            restarts_now.get(agent_node) == Some(&kubelet_restarts),
+            "{agent_node}'s agent container was restarted ({kubelet_restarts} restarts before the \
+             crashes, {restarts_now:?} after): its supervisor should have replaced the agent"
         );
 
         // The API server hangs, then stops.
@@ -454,6 +470,28 @@ async fn lease_renewal(ctx: &Ctx<'_>) -> anyhow::Result<Option<String>> {
         .spec
         .and_then(|s| s.renew_time)
         .map(|t| format!("{t:?}")))
+}
+
+/// Waits until real node `node`'s agent that replaced the crashed `pid` has gone on from its
+/// hearing file (the `resumed`-th time on that node); returns how long after now.
+async fn agent_replaced(
+    ctx: &Ctx<'_>,
+    node: &str,
+    pid: i32,
+    resumed: usize,
+) -> anyhow::Result<std::time::Duration> {
+    let since = Instant::now();
+    wait_for(
+        &format!("{node}'s agent supervisor to replace its crashed agent (pid {pid})"),
+        secs(10),
+        || async {
+            let worker = chart_install::agent_worker(ctx.cluster, node)?;
+            let going_on = resumed_agents(ctx, node)? >= resumed;
+            Ok((worker.is_some_and(|w| w != pid) && going_on).then_some(()))
+        },
+    )
+    .await?;
+    Ok(since.elapsed())
 }
 
 /// How often an agent on real node `node` started where its predecessor stopped.

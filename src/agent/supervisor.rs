@@ -1,0 +1,300 @@
+//! `podha agent` is a supervisor: it runs the agent itself as a child process (the worker: the
+//! same binary, `podha agent … --worker-of <supervisor pid>`) and starts a new one the moment one
+//! dies.
+//!
+//! Why: a killed agent leaves the node's watchdog armed, and must (a dead agent cannot say
+//! whether podha hears its node). The kubelet restarts a container it never restarted at once,
+//! but one it restarted before only after its CrashLoopBackOff (10 s and more), longer than
+//! the watchdog lets a node run unpetted: a second crash of the agent reset a healthy node. The
+//! supervisor starts a new worker within milliseconds whatever happened before; the watchdog
+//! stays armed across (the worker that died never disarmed it) and the new worker goes on from
+//! the hearing file, deciding as its predecessor would have.
+//!
+//! - A worker that dies (a signal, or an exit other than 0) is replaced: at once after a
+//!   worker that ran a while ([`Restarts::settled`]), then after a delay doubling up to a
+//!   second while workers keep dying quickly, so one that cannot start does not spin. After
+//!   [`Restarts::quick_deaths`] quick deaths in a row the supervisor gives up and exits, so the
+//!   pod shows the crash loop; a worker that cannot start pets no watchdog, and the node is
+//!   reset either way, as it must be when its agent cannot run.
+//! - SIGTERM to the supervisor is passed to the worker, which disarms the watchdog and
+//!   stops; the supervisor exits as the worker did. A worker that exits 0 on its own (stopped on
+//!   purpose) ends the supervisor too.
+//! - A worker dies with its supervisor (the parent-death signal, set by the worker itself: see
+//!   [`die_with_supervisor`]), so a killed supervisor leaves no worker behind to be doubled by
+//!   the next one.
+
+use std::future::Future;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// When the supervisor starts the next worker.
+#[derive(Clone, Copy, Debug)]
+pub struct Restarts {
+    /// A worker that ran this long was not crash-looping: the next one starts at once.
+    pub settled: Duration,
+    /// The delay after the first quick death; it doubles with each quick death in a row.
+    pub first_delay: Duration,
+    /// The longest delay: well inside any watchdog timeout the agent accepts.
+    pub max_delay: Duration,
+    /// Quick deaths in a row after which the supervisor gives up.
+    pub quick_deaths: usize,
+}
+
+impl Default for Restarts {
+    fn default() -> Self {
+        Self {
+            settled: Duration::from_secs(10),
+            first_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+            quick_deaths: 10,
+        }
+    }
+}
+
+impl Restarts {
+    /// The delays before the restarts that follow quick deaths in a row; it ends where the
+    /// supervisor gives up.
+    fn after_quick_deaths(&self) -> impl Iterator<Item = Duration> + use<> {
+        ExponentialBuilder::new()
+            .with_min_delay(self.first_delay)
+            .with_max_delay(self.max_delay)
+            .with_factor(2.0)
+            .with_max_times(self.quick_deaths)
+            .build()
+    }
+}
+
+/// Runs workers from `spawn` one after another until `stop` completes (then the worker gets
+/// SIGTERM and its exit is returned) or a worker exits 0 on its own (returned). `Err` when a
+/// worker cannot be started or waited for, or keeps dying.
+pub async fn supervise(
+    restarts: Restarts,
+    mut spawn: impl FnMut() -> std::io::Result<Child>,
+    stop: impl Future<Output = ()>,
+) -> Result<ExitStatus, String> {
+    tokio::pin!(stop);
+    let mut delays = restarts.after_quick_deaths();
+    loop {
+        let mut worker = spawn().map_err(|e| format!("cannot start the agent: {e}"))?;
+        let pid = worker.id();
+        let started = Instant::now();
+        let status = tokio::select! {
+            status = worker.wait() => status.map_err(|e| format!("waiting for the agent (pid {pid:?}): {e}"))?,
+            () = &mut stop => return stop_worker(worker).await,
+        };
+        if status.success() {
+            info!(?pid, "the agent stopped");
+            return Ok(status);
+        }
+        let delay = if started.elapsed() >= restarts.settled {
+            delays = restarts.after_quick_deaths();
+            Duration::ZERO
+        } else {
+            delays.next().ok_or_else(|| {
+                format!(
+                    "the agent died {} times in a row within {:?} of its start, the last time \
+                     {status}: giving up",
+                    restarts.quick_deaths + 1,
+                    restarts.settled
+                )
+            })?
+        };
+        warn!(?pid, %status, delay_ms = delay.as_millis(), "the agent died; starting another");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = &mut stop => return Err(format!("stopped while the agent was down ({status})")),
+        }
+    }
+}
+
+/// Passes SIGTERM to `worker` and waits for it to exit.
+async fn stop_worker(mut worker: Child) -> Result<ExitStatus, String> {
+    if let Some(pid) = worker.id() {
+        info!(pid, "stopping the agent");
+        let pid = Pid::from_raw(i32::try_from(pid).map_err(|e| e.to_string())?);
+        if let Err(e) = kill(pid, Signal::SIGTERM) {
+            warn!(%pid, error = %e, "cannot pass SIGTERM to the agent");
+        }
+    }
+    worker
+        .wait()
+        .await
+        .map_err(|e| format!("waiting for the agent to stop: {e}"))
+}
+
+/// The worker's command: this executable with `args` (the supervisor's own, which name the
+/// `agent` command) and `--worker-of <this process's pid>`.
+pub fn worker_command(args: &[std::ffi::OsString]) -> std::io::Result<Command> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(args)
+        .arg(format!("--worker-of={}", std::process::id()))
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+/// In the worker: asks the kernel for SIGKILL when the supervisor dies, then makes sure it has
+/// not died already (the worker would have been orphaned before asking). `Err` says why the
+/// worker must not run.
+pub fn die_with_supervisor(supervisor: u32) -> Result<(), String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| format!("cannot ask to die with the supervisor: {e}"))?;
+    let parent = std::os::unix::process::parent_id();
+    if parent != supervisor {
+        return Err(format!(
+            "the supervisor (pid {supervisor}) is gone: the parent is pid {parent}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// A worker that records its start in `runs` and then runs `script` (sh).
+    fn worker(runs: &Path, script: &str) -> impl FnMut() -> std::io::Result<Child> {
+        let script = format!("echo started >> {}; {script}", runs.display());
+        move || Command::new("sh").arg("-c").arg(&script).spawn()
+    }
+
+    fn starts(runs: &Path) -> usize {
+        std::fs::read_to_string(runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_dies_is_replaced_until_one_stops_on_purpose() {
+        let dir = tempfile_dir("replaced");
+        let runs = dir.join("runs");
+        // Killed by a signal twice, exits 3 once, then stops on purpose.
+        let script = format!(
+            "n=$(wc -l < {runs}); \
+             if [ $n -le 2 ]; then kill -9 $$; fi; \
+             if [ $n -eq 3 ]; then exit 3; fi; \
+             exit 0",
+            runs = runs.display()
+        );
+        let begun = Instant::now();
+        let status = supervise(
+            Restarts::default(),
+            worker(&runs, &script),
+            std::future::pending(),
+        )
+        .await
+        .expect("supervised");
+        assert!(status.success(), "{status}");
+        assert_eq!(starts(&runs), 4);
+        // Three quick deaths: 0.1 + 0.2 + 0.4 s of delays, no more.
+        let took = begun.elapsed();
+        assert!(
+            took >= Duration::from_millis(700),
+            "restarted without delay: {took:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn quick_restarts_wait_longer_and_longer_up_to_a_second_then_stop() {
+        let delays: Vec<u128> = Restarts::default()
+            .after_quick_deaths()
+            .map(|d| d.as_millis())
+            .collect();
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800, 1000, 1000, 1000, 1000, 1000, 1000]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_keeps_dying_quickly_is_given_up_but_one_that_ran_a_while_is_not() {
+        let dir = tempfile_dir("given-up");
+        let runs = dir.join("runs");
+        let restarts = Restarts {
+            settled: Duration::from_millis(300),
+            first_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+            quick_deaths: 3,
+        };
+        // Every worker dies; the 2nd and 4th after running past `settled`, which restarts the
+        // count: quick deaths in a row are the 5th-8th, and the 8th is given up on.
+        let script = format!(
+            "n=$(wc -l < {runs}); \
+             if [ $n -eq 2 ] || [ $n -eq 4 ]; then sleep 0.4; fi; \
+             exit 7",
+            runs = runs.display()
+        );
+        let err = supervise(restarts, worker(&runs, &script), std::future::pending())
+            .await
+            .expect_err("given up");
+        assert!(err.contains("died 4 times in a row"), "{err}");
+        assert!(err.contains("exit status: 7"), "{err}");
+        assert_eq!(starts(&runs), 8);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_stop_is_passed_to_the_worker_and_its_exit_returned() {
+        let dir = tempfile_dir("stop");
+        let runs = dir.join("runs");
+        let stopped = dir.join("stopped");
+        let script = format!(
+            "trap 'echo term > {stopped}; exit 0' TERM; while true; do sleep 0.05; done",
+            stopped = stopped.display()
+        );
+        let stop = async {
+            while starts(&runs) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The trap is set right after the start is recorded.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let status = supervise(Restarts::default(), worker(&runs, &script), stop)
+            .await
+            .expect("supervised");
+        assert!(status.success(), "{status}");
+        assert_eq!(
+            std::fs::read_to_string(&stopped).expect("stopped"),
+            "term\n"
+        );
+        assert_eq!(starts(&runs), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_cannot_be_started_is_an_error() {
+        let err = supervise(
+            Restarts::default(),
+            || Command::new("/nonexistent/podha").spawn(),
+            std::future::pending(),
+        )
+        .await
+        .expect_err("no worker");
+        assert!(err.contains("cannot start the agent"), "{err}");
+    }
+
+    #[test]
+    fn a_worker_whose_supervisor_is_gone_does_not_run() {
+        // This test's parent is not pid 1's child here: whatever it is, pid 1 is not it.
+        let err = die_with_supervisor(1).expect_err("pid 1 is not the parent");
+        assert!(err.contains("the supervisor (pid 1) is gone"), "{err}");
+        die_with_supervisor(std::os::unix::process::parent_id()).expect("the real parent");
+    }
+
+    fn tempfile_dir(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("podha-supervisor-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+}
