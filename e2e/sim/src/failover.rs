@@ -4,7 +4,7 @@
 //! podha itself runs as a separate process ([`Operator`]).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -53,7 +53,9 @@ impl Operator {
         identity: &str,
         extra_args: &[&str],
     ) -> anyhow::Result<Operator> {
-        let http = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let localhost = std::net::Ipv4Addr::LOCALHOST;
+        let http =
+            std::net::SocketAddr::from((localhost, crate::cluster::ports::free_port(localhost)?));
         let log = cluster.logs_dir().join("podha.log");
         let out =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;

@@ -140,6 +140,8 @@ impl Cluster {
         self.wait_real_nodes_ready(&client, &real_boots, Duration::from_secs(180))
             .await?;
         if !real.is_empty() {
+            // The node plugin's DaemonSet needs the controller manager and the scheduler.
+            self.every_process_alive()?;
             let names: Vec<String> = real.iter().map(|n| n.name.clone()).collect();
             realnode::csi::install_node_plugin(&client, &names, Duration::from_secs(120)).await?;
         }
@@ -152,22 +154,25 @@ impl Cluster {
             || async move { Ok(sas.get_opt("default").await.ok().flatten().is_some()) },
         )
         .await?;
-        let dead: Vec<String> = self
-            .processes()
-            .into_iter()
-            .filter(|p| !p.alive)
-            .map(|p| p.name)
-            .collect();
-        if let Some(name) = dead.first() {
-            let log = self.log_path(name);
-            return Err(Error::ProcessExited {
-                name: name.clone(),
-                tail: process::log_tail(&log, 20),
-                log,
-            });
-        }
+        self.every_process_alive()?;
         info!(dir = %self.dir.display(), nodes = names.len(), real_nodes = real.len(), "sim cluster up");
         Ok(())
+    }
+
+    /// `Err` naming the first of the cluster's processes that exited, with its log's tail.
+    fn every_process_alive(&self) -> Result<()> {
+        let dead = self.processes().into_iter().find(|p| !p.alive);
+        match dead {
+            Some(dead) => {
+                let log = self.log_path(&dead.name);
+                Err(Error::ProcessExited {
+                    tail: process::log_tail(&log, 20),
+                    name: dead.name,
+                    log,
+                })
+            }
+            None => Ok(()),
+        }
     }
 
     pub(in crate::cluster) fn spawn_node(&self, st: &mut State, rec: &NodeRecord) -> Result<()> {
@@ -241,7 +246,13 @@ impl Cluster {
         names: &[String],
         timeout: Duration,
     ) -> Result<()> {
-        let mut watched: Vec<String> = vec![APISERVER.into()];
+        // A controller manager or scheduler that died at start leaves nodes Ready but no
+        // DaemonSet pod ever scheduled: said now, with its log, not after a later timeout.
+        let mut watched: Vec<String> = vec![
+            APISERVER.into(),
+            CONTROLLER_MANAGER.into(),
+            SCHEDULER.into(),
+        ];
         for n in names {
             watched.push(kwok_proc(n));
             watched.push(csi_node_proc(n));

@@ -62,11 +62,12 @@ mod fleet;
 mod node_ops;
 mod options;
 mod pki;
+pub(crate) mod ports;
 pub mod process;
 pub mod realnode;
 mod state;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -162,15 +163,7 @@ impl Drop for Cluster {
 }
 
 fn free_port(ip: Ipv4Addr) -> Result<u16> {
-    let l = TcpListener::bind((ip, 0))
-        .map_err(|e| Error::io(format!("find a free port on {ip}"), e))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| Error::io("local_addr", e))
-}
-
-fn port_is_free(ip: Ipv4Addr, port: u16) -> bool {
-    TcpListener::bind((ip, port)).is_ok()
+    ports::free_port(ip).map_err(|e| Error::io(format!("find a free port on {ip}"), e))
 }
 
 fn resolve_sim_exe(explicit: Option<&Path>) -> Result<PathBuf> {
@@ -228,7 +221,7 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         )));
     }
     let ip = Ipv4Addr::new(127, 0, 0, index + 1);
-    let port = if port_is_free(ip, KUBELET_PORT) {
+    let port = if ports::port_is_free(ip, KUBELET_PORT) {
         KUBELET_PORT
     } else {
         free_port(ip)?
@@ -355,7 +348,7 @@ impl Cluster {
 
         let localhost = Ipv4Addr::LOCALHOST;
         let apiserver = match opts.apiserver_port {
-            Some(p) if !port_is_free(localhost, p) => {
+            Some(p) if !ports::port_is_free(localhost, p) => {
                 return Err(Error::PortTaken {
                     ip: localhost,
                     port: p,

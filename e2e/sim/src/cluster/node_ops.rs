@@ -152,7 +152,7 @@ impl Cluster {
             // Another process may have taken the node's port while it was down (a second sim
             // cluster shares the loopback addresses): take a free one; kwok reports it in the
             // Node's daemonEndpoints, where probes read it.
-            if !port_is_free(rec.ip, rec.port) {
+            if !ports::port_is_free(rec.ip, rec.port) {
                 rec.port = free_port(rec.ip)?;
                 if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == name) {
                     stored.port = rec.port;
