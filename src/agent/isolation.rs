@@ -170,9 +170,50 @@ fn round_secs(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
 }
 
+/// How long after podha last heard it an agent's node is fenced at the latest, if podha does
+/// not hear it again (and hears its peers): what the agent advertises on its Node, and what
+/// podha's silence proof waits for (plus its margin, for the fence itself and the probes' own
+/// delays).
+///
+/// - With a watchdog (timeout at most half of `timeout`), the isolation timeout: the agent
+///   stops petting once a watchdog that stopped then would fire within it ([`pet_watchdog`]),
+///   so the node is reset by then, whatever the agent decides or whether it runs at all.
+/// - Without one, the agent's own decision: the first check past the isolation timeout (at
+///   most `check_interval` later) surveys its peers (at most `survey_limit`); the `Fence`
+///   verdict must then hold for [`CONFIRM`], which the first verdict of a later survey shows,
+///   one check interval and one survey after the last verdict that was too early.
+pub fn fenced_within(
+    timeout: Duration,
+    check_interval: Duration,
+    survey_limit: Duration,
+    watchdog: Option<Duration>,
+) -> Duration {
+    match watchdog {
+        Some(_) => timeout,
+        None => timeout + 2 * (check_interval + survey_limit) + CONFIRM,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_watchdog_fences_by_the_isolation_timeout_the_agent_alone_by_its_slowest_decision() {
+        let (timeout, check, survey) = (secs(30), secs(1), secs(8));
+        assert_eq!(
+            fenced_within(timeout, check, survey, Some(secs(10))),
+            secs(30)
+        );
+        // 30 s, a check 1 s later, a survey of 8 s: the first Fence verdict by 39 s. The
+        // verdict that shows it held 2 s comes at most a check and a survey (9 s) after the
+        // last one that came too early (before 41 s): by 50 s.
+        assert_eq!(fenced_within(timeout, check, survey, None), secs(50));
+    }
 
     const T: Duration = Duration::from_secs(30);
 

@@ -40,9 +40,10 @@ pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
 /// Node annotation the agent sets when it starts: the port podha's leader probes it on (at
 /// the node's InternalIP). podha probes only nodes that carry it.
 pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
-/// Node annotation the agent sets when it starts: its isolation timeout, after which an
-/// unheard agent has fenced its node (podha's `Agent` proof adds its margin).
-pub const AGENT_ISOLATION_TIMEOUT_ANNOTATION: &str = "podha.io/agent-isolation-timeout";
+/// Node annotation the agent sets when it starts: how long after podha last heard it the node
+/// is fenced at the latest, if podha does not hear it again ([`isolation::fenced_within`]: the
+/// isolation timeout with a watchdog, more without one). podha's `Agent` proof adds its margin.
+pub const AGENT_FENCED_WITHIN_ANNOTATION: &str = "podha.io/agent-fenced-within";
 
 /// A node's InternalIP, where its kubelet and its agent listen.
 pub fn internal_ip(node: &Node) -> Option<IpAddr> {
@@ -329,12 +330,18 @@ async fn run(args: AgentArgs) -> Result<(), String> {
         (Some(path), Some(timeout)) => Some(Watchdog::open(path, timeout).await?),
         _ => None,
     };
-    info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, "podha agent started");
+    let fenced_within = isolation::fenced_within(
+        args.isolation_timeout,
+        args.check_interval,
+        peers::SURVEY_LIMIT,
+        args.watchdog_timeout,
+    );
+    info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
     let advertised = requests::advertise(
         client.clone(),
         &args.node,
         args.listen.port(),
-        args.isolation_timeout,
+        fenced_within,
     );
     let result = tokio::select! {
         r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),

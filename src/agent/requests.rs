@@ -15,17 +15,18 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{
-    AGENT_ISOLATION_TIMEOUT_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
     FENCE_REQUEST_ANNOTATION, Fencer,
 };
 
-/// Tells podha, on the Node, that an agent runs here: its port and isolation timeout. Tried
-/// every few seconds until the API server takes it (the agent may start cut off).
-pub async fn advertise(client: kube::Client, name: &str, port: u16, timeout: Duration) {
+/// Tells podha, on the Node, that an agent runs here: its port, and how long after podha last
+/// heard it its node is fenced at the latest (`fenced_within`). Tried every few seconds until
+/// the API server takes it (the agent may start cut off).
+pub async fn advertise(client: kube::Client, name: &str, port: u16, fenced_within: Duration) {
     let nodes: Api<Node> = Api::all(client);
     let patch = json!({"metadata": {"annotations": {
         AGENT_PORT_ANNOTATION: port.to_string(),
-        AGENT_ISOLATION_TIMEOUT_ANNOTATION: humantime::format_duration(timeout).to_string(),
+        AGENT_FENCED_WITHIN_ANNOTATION: humantime::format_duration(fenced_within).to_string(),
     }}});
     loop {
         match nodes

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::HumanDuration;
-use crate::agent::{AGENT_ISOLATION_TIMEOUT_ANNOTATION, FENCE_ACK_ANNOTATION};
+use crate::agent::{AGENT_FENCED_WITHIN_ANNOTATION, FENCE_ACK_ANNOTATION};
 
 /// The taint the cloud node lifecycle controller puts on a node whose instance the cloud
 /// provider reports shut down.
@@ -30,18 +30,20 @@ pub struct Fencing {
     /// shut down (the taint `node.cloudprovider.kubernetes.io/shutdown`, which the cloud node
     /// lifecycle controller adds while the instance is off and removes when it runs again).
     /// `Agent`: the node's podha agent (docs/agent.md) fenced it: it acknowledged the fence
-    /// podha asked for on the Node, or it has not answered podha's heartbeat for its isolation
-    /// timeout (which it advertises on the Node) plus `agentMargin`, by which time an agent cut
-    /// off from podha has fenced its node itself. A node without an agent never has this proof.
+    /// podha asked for on the Node, or it has not answered podha's heartbeat for as long as it
+    /// advertises on the Node (`podha.io/agent-fenced-within`: its isolation timeout with a
+    /// watchdog, longer without) plus `agentMargin`, by which time an agent cut off from podha
+    /// has fenced its node itself. A node without an agent never has this proof.
     /// `External`: a fence controller of the user's fenced it: podha asks on the Node
     /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
     /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an
     /// acknowledgement of this incident's request counts; silence proves nothing.
     #[serde(default)]
     pub proof: FencingProof,
-    /// With proof `Agent`: how much longer than the agent's isolation timeout podha waits on a
-    /// silent agent. It covers the agent's check interval, its survey of its peers (at most
-    /// 5s) and the fence itself.
+    /// With proof `Agent`: how much longer than the time the agent advertises
+    /// (`podha.io/agent-fenced-within`, which includes the agent's own checks and peer
+    /// surveys) podha waits on a silent agent. It covers the fence itself (a reboot, a BMC's
+    /// power-off) and the delay of podha's heartbeat probes.
     #[serde(default = "default_agent_margin")]
     pub agent_margin: HumanDuration,
 }
@@ -141,7 +143,7 @@ impl Fencing {
                 let annotations = node.metadata.annotations.as_ref();
                 let acknowledged = acknowledged(node, agent.request);
                 let isolation = annotations
-                    .and_then(|a| a.get(AGENT_ISOLATION_TIMEOUT_ANNOTATION))
+                    .and_then(|a| a.get(AGENT_FENCED_WITHIN_ANNOTATION))
                     .and_then(|t| humantime::parse_duration(t).ok());
                 let silent = matches!(
                     (agent.silent_for, isolation),
@@ -216,7 +218,7 @@ mod tests {
             spec.fencing.proven(&acked, asked(Some("p/1"), None)),
             Some(FenceEvidence::ExternalAcknowledged)
         );
-        let silent_agent = mk_node("n1").annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "1s");
+        let silent_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "1s");
         assert_eq!(
             spec.fencing.proven(
                 &silent_agent,
@@ -256,7 +258,7 @@ mod tests {
     #[test]
     fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
         let spec = agent_spec();
-        let with_agent = mk_node("n1").annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "30s");
+        let with_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
         let silent = |secs| AgentEvidence {
             silent_for: Some(Duration::from_secs(secs)),
             request: None,
@@ -271,7 +273,7 @@ mod tests {
             None,
             "a node that never had an agent proves nothing by silence"
         );
-        let garbled = mk_node("n1").annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "soon");
+        let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
         assert_eq!(spec.fencing.proven(&garbled, silent(4000)), None);
     }
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::ObjectMeta;
 
 use crate::agent::{
-    AGENT_ISOLATION_TIMEOUT_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
     FENCE_REQUEST_ANNOTATION,
 };
 use crate::api::{FAILOVER_ANNOTATION, TAINT_MARKER_ANNOTATION};
@@ -39,7 +39,7 @@ pub fn node(node: &mut Node) {
         &[
             TAINT_MARKER_ANNOTATION,
             AGENT_PORT_ANNOTATION,
-            AGENT_ISOLATION_TIMEOUT_ANNOTATION,
+            AGENT_FENCED_WITHIN_ANNOTATION,
             FENCE_REQUEST_ANNOTATION,
             FENCE_ACK_ANNOTATION,
         ],
@@ -236,7 +236,7 @@ mod tests {
             .taint("k", "v", "NoSchedule")
             .annotation(TAINT_MARKER_ANNOTATION, "p")
             .annotation(AGENT_PORT_ANNOTATION, "9441")
-            .annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "30s")
+            .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
             .annotation(FENCE_REQUEST_ANNOTATION, "p/1/b")
             .annotation(FENCE_ACK_ANNOTATION, "p/1/b")
             .annotation("other", "x");

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use podha::agent::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use serde_json::json;
 
@@ -82,6 +82,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         untainted(&ctx, &node).await?;
 
         // 2. The machine dies with its agent.
+        let fenced_within = advertised_fenced_within(&ctx, target).await?;
         let killed = Instant::now();
         ctx.cluster.kill_node(target)?;
         acted_once(&ctx.client, "default", "FenceRequested", target).await?;
@@ -90,10 +91,11 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         })
         .await?;
         let waited = killed.elapsed();
-        if waited < ISOLATION_TIMEOUT + MARGIN {
+        // podha last heard the agent at most a probe interval (1 s) before the kill.
+        if waited + Duration::from_secs(1) < fenced_within + MARGIN {
             bail!(
-                "{target} tainted {waited:.1?} after its agent died, before the agent's \
-                 isolation timeout ({ISOLATION_TIMEOUT:?}) and the margin ({MARGIN:?})"
+                "{target} tainted {waited:.1?} after its agent died, before the time the agent \
+                 advertised ({fenced_within:?}) and the margin ({MARGIN:?})"
             );
         }
         said_proof(&ctx, target, "AgentSilent").await?;
@@ -260,4 +262,24 @@ async fn said_proof(ctx: &Ctx<'_>, node: &str, proof: &str) -> anyhow::Result<()
             .then_some(()))
     })
     .await
+}
+
+/// How long after podha last heard it node `node`'s agent says its node is fenced at the
+/// latest (its annotation): without a watchdog, more than its isolation timeout.
+async fn advertised_fenced_within(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Duration> {
+    let n = ctx.nodes().get(node).await?;
+    let value = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(podha::agent::AGENT_FENCED_WITHIN_ANNOTATION))
+        .with_context(|| format!("{node}'s agent advertised no fenced-within time"))?;
+    let fenced_within = humantime::parse_duration(value)?;
+    if fenced_within <= ISOLATION_TIMEOUT {
+        bail!(
+            "{node}'s agent has no watchdog but advertised {value}: fenced within its isolation \
+             timeout ({ISOLATION_TIMEOUT:?}) it cannot be"
+        );
+    }
+    Ok(fenced_within)
 }

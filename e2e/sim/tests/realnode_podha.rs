@@ -174,8 +174,9 @@ async fn wait_agents(ctx: &Ctx<'_>) -> anyhow::Result<()> {
                 let port = a
                     .get(podha::agent::AGENT_PORT_ANNOTATION)
                     .map(String::as_str);
-                let isolation = a.get(podha::agent::AGENT_ISOLATION_TIMEOUT_ANNOTATION);
-                Ok((port == Some("9441") && isolation == Some(&timeout)).then_some(()))
+                // With a watchdog the node is fenced by the isolation timeout.
+                let fenced_within = a.get(podha::agent::AGENT_FENCED_WITHIN_ANNOTATION);
+                Ok((port == Some("9441") && fenced_within == Some(&timeout)).then_some(()))
             },
         )
         .await?;

@@ -1,9 +1,7 @@
 //! `fencing.proof`: the out-of-service taint only on a node proven fenced (issue 15).
 
 use super::*;
-use crate::agent::{
-    AGENT_ISOLATION_TIMEOUT_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-};
+use crate::agent::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
@@ -169,7 +167,7 @@ fn with_agent(mut view: View, node: &str) -> View {
     let mut n = (*view.nodes[node])
         .clone()
         .annotation(AGENT_PORT_ANNOTATION, "9441")
-        .annotation(AGENT_ISOLATION_TIMEOUT_ANNOTATION, "30s");
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
     n.status.get_or_insert_with(Default::default).addresses =
         Some(vec![k8s_openapi::api::core::v1::NodeAddress {
             type_: "InternalIP".into(),
