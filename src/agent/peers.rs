@@ -28,8 +28,9 @@ use super::server::PeerAnswer;
 
 /// Peers asked at once.
 const BATCH: usize = 16;
-/// How long a survey may take: what it has by then decides (few answers fence). podha's
-/// `Agent` proof waits the isolation timeout plus a margin that covers this.
+/// How long a survey may take: what it has by then decides (few answers fence). Without a
+/// watchdog, the time the agent advertises for podha's `Agent` proof covers two of them
+/// (`isolation::fenced_within`).
 pub const SURVEY_DEADLINE: Duration = Duration::from_secs(5);
 /// How long one peer has to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(1);
