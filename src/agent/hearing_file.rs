@@ -1,10 +1,11 @@
 //! Where the agent keeps when podha last heard it (`--hearing-file`), so that a restarted agent
 //! goes on from there instead of counting its start as heard.
 //!
-//! Without it, an agent that crashed and was restarted by the kubelet on a node cut off from
-//! podha would start a new isolation timeout, pet the watchdog its predecessor left armed, and
-//! fence the node later than podha's silence proof assumes. With it, the new agent knows how
-//! long podha has not heard the node and decides as its predecessor would have. The chart keeps
+//! Without it, an agent that crashed and was restarted (by its supervisor within a second, or
+//! with its container by the kubelet) on a node cut off from podha would start a new isolation
+//! timeout, pet the watchdog its predecessor left armed, and fence the node later than podha's
+//! silence proof assumes. With it, the new agent knows how long podha has not heard the node
+//! and decides as its predecessor would have. The chart keeps
 //! the file in an emptyDir in memory: a container restart keeps it, a reboot (itself a fence)
 //! empties it.
 
