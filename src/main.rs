@@ -132,6 +132,20 @@ async fn run(args: RunArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// Runs `command` on `runtime`, or says why the runtime could not start.
+fn block_on(
+    runtime: std::io::Result<tokio::runtime::Runtime>,
+    command: impl std::future::Future<Output = ExitCode>,
+) -> ExitCode {
+    match runtime {
+        Ok(runtime) => runtime.block_on(command),
+        Err(e) => {
+            eprintln!("podha: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Crd => match podha::api::crd_yaml() {
@@ -144,13 +158,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Chaos(args) => match tokio::runtime::Runtime::new() {
-            Ok(runtime) => runtime.block_on(podha::chaos::cli(args)),
-            Err(e) => {
-                eprintln!("podha: cannot start the async runtime: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Chaos(args) => block_on(tokio::runtime::Runtime::new(), podha::chaos::cli(args)),
         Command::Agent(args) => {
             if let Err(e) = init_tracing(false, None) {
                 eprintln!("podha: {e}");
@@ -159,28 +167,18 @@ fn main() -> ExitCode {
             match args.worker_of {
                 // The supervisor: one thread, the one its worker's parent-death signal is
                 // tied to.
-                None => match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime.block_on(podha::agent::supervisor_cli(args)),
-                    Err(e) => {
-                        eprintln!("podha: cannot start the async runtime: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
+                None => block_on(
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build(),
+                    podha::agent::supervisor_cli(args),
+                ),
                 Some(supervisor) => {
                     if let Err(e) = podha::agent::supervisor::die_with_supervisor(supervisor) {
                         eprintln!("podha agent: {e}");
                         return ExitCode::FAILURE;
                     }
-                    match tokio::runtime::Runtime::new() {
-                        Ok(runtime) => runtime.block_on(podha::agent::cli(args)),
-                        Err(e) => {
-                            eprintln!("podha: cannot start the async runtime: {e}");
-                            ExitCode::FAILURE
-                        }
-                    }
+                    block_on(tokio::runtime::Runtime::new(), podha::agent::cli(args))
                 }
             }
         }
@@ -189,21 +187,16 @@ fn main() -> ExitCode {
                 eprintln!("podha: {e}");
                 return ExitCode::FAILURE;
             }
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("podha: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
+            block_on(tokio::runtime::Runtime::new(), async {
+                match run(args).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    // Once, through the log (stdout), where the rest of the run is.
+                    Err(e) => {
+                        tracing::error!(error = %e, "podha stopped");
+                        ExitCode::FAILURE
+                    }
                 }
-            };
-            match runtime.block_on(run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                // Once, through the log (stdout), where the rest of the run is.
-                Err(e) => {
-                    tracing::error!(error = %e, "podha stopped");
-                    ExitCode::FAILURE
-                }
-            }
+            })
         }
     }
 }

@@ -220,17 +220,7 @@ mod tests {
     #[tokio::test]
     async fn the_writer_records_acknowledged_writes_and_counts_refused_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path().join("san")).unwrap();
-        let new = NewVolume {
-            id: "pvc-1",
-            driver: "rwo.sim.podha.io",
-            capacity_bytes: 1,
-            access_mode: AccessMode::SingleNodeWriter,
-            fencing: true,
-        };
-        store.create_volume(&new).unwrap();
-        let volume = store.volume("pvc-1").unwrap();
-        volume.publish("a").unwrap();
+        let volume = published_volume(&dir.path().join("san"));
         let writer = Writer {
             volume: volume.clone(),
             node: "a".into(),
