@@ -4,6 +4,7 @@
 
 mod actor;
 mod actuator;
+mod events;
 mod prober;
 mod rewatch;
 mod state;

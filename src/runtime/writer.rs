@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use super::actuator::{ActError, Actuator, Outcome};
+use super::events::EventPublisher;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
 use crate::metrics::Metrics;
 use crate::planner::Intent;
@@ -152,7 +153,7 @@ pub struct ActResult {
 pub struct Writer {
     client: Client,
     actuator: Actuator,
-    recorder: Recorder,
+    events: EventPublisher,
     metrics: Arc<Metrics>,
     is_leader: watch::Receiver<bool>,
     /// See [`action_deadline`].
@@ -171,7 +172,7 @@ impl Writer {
     ) -> Self {
         Self {
             actuator: Actuator::new(client.clone(), is_leader.clone()),
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventPublisher::new(client.clone(), reporter),
             client,
             metrics,
             is_leader,
@@ -291,18 +292,7 @@ impl Writer {
     }
 
     async fn publish(&self, note: EventNote) {
-        let event = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.to_string(),
-            note: Some(note.note),
-            action: note.action.to_string(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &note.regarding).await {
+        if let Err(e) = self.events.publish(&note).await {
             self.metrics.inc_api_errors("create_event");
             debug!(error = %e, reason = note.reason, "event not published");
         }

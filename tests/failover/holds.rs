@@ -364,15 +364,36 @@ pub(super) fn dry_run(shared: &SharedCluster, ops: &Operators) -> Result<(), Fai
         log(&ns, format!("event: {note}"));
         untouched_for(&ctx, &uid, &node, secs_(20), " in a dry run").await?;
         let text = scrape(ops_leader(replicas).await?)?;
-        if metric(
+        let held = metric(
             &text,
             "podha_actions_held_total",
             &[("policy", ns.as_str()), ("reason", "DryRun")],
         )
-        .is_none_or(|v| v < 1.0)
-        {
+        .unwrap_or(0.0);
+        if held < 1.0 {
             bail!("no DryRun hold counted");
         }
+        // Each hold (the node's fence request or taint, the pod's mark or deletion) says what
+        // it would have done in its own event: none is folded into another's.
+        let notes = wait_for(
+            &format!("{held} DryRun events with distinct notes on the policy"),
+            secs_(30),
+            || async {
+                let list = events.list(&ListParams::default()).await?;
+                let notes: std::collections::BTreeSet<String> = list
+                    .items
+                    .into_iter()
+                    .filter(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(ns.as_str())
+                            && e.reason.as_deref() == Some("DryRun")
+                    })
+                    .filter_map(|e| e.note)
+                    .collect();
+                Ok((notes.len() as f64 >= held).then_some(notes))
+            },
+        )
+        .await?;
+        log(&ns, format!("{} DryRun events: {notes:?}", notes.len()));
         Ok(())
     })
 }
