@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use kube::Api;
@@ -52,20 +53,23 @@ impl std::fmt::Display for Fault {
     }
 }
 
-/// The wait before the next start, after `failures` failures in a row (0: none).
-pub fn backoff(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
-    }
-    let doublings = (failures - 1).min(16);
-    FIRST_BACKOFF
-        .saturating_mul(1 << doublings)
-        .min(MAX_BACKOFF)
+/// The waits before the starts that follow failures in a row: [`FIRST_BACKOFF`] doubling up to
+/// [`MAX_BACKOFF`], for as long as the failures go on.
+fn backoff() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(FIRST_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
 }
 
 struct Session<K: 'static> {
     stream: Option<BoxStream<'static, watcher::Result<watcher::Event<K>>>>,
-    failures: u32,
+    /// The wait before the next start: none at first and after a list completed.
+    wait: Duration,
+    /// The waits of the failures in a row so far, if any.
+    failing: Option<ExponentialBackoff>,
 }
 
 /// Like [`watcher`], but every error ends the watch: the error is passed on, then a new watch
@@ -81,13 +85,14 @@ where
 {
     let start = Session {
         stream: None,
-        failures: 0,
+        wait: Duration::ZERO,
+        failing: None,
     };
     stream::unfold(start, move |mut session| {
         let (api, config) = (api.clone(), config.clone());
         async move {
             if session.stream.is_none() {
-                tokio::time::sleep(backoff(session.failures)).await;
+                tokio::time::sleep(session.wait).await;
             }
             let stream = session
                 .stream
@@ -101,11 +106,12 @@ where
                 None => stream.next().await?.map_err(Fault::Failed),
             };
             match &next {
-                Ok(watcher::Event::InitDone) => session.failures = 0,
+                Ok(watcher::Event::InitDone) => session.failing = None,
                 Ok(_) => {}
                 Err(_) => {
                     session.stream = None;
-                    session.failures = session.failures.saturating_add(1);
+                    let waits = session.failing.get_or_insert_with(backoff);
+                    session.wait = waits.next().unwrap_or(MAX_BACKOFF);
                 }
             }
             Some((next, session))
@@ -212,12 +218,12 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_from_a_quarter_second_up_to_thirty() {
-        let waits: Vec<u128> = (0..10).map(|n| backoff(n).as_millis()).collect();
+    fn backoff_doubles_from_a_quarter_second_up_to_thirty_for_good() {
+        let waits: Vec<u128> = backoff().take(10).map(|d| d.as_millis()).collect();
         assert_eq!(
             waits,
-            [0, 250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
+            [250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
         );
-        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+        assert_eq!(backoff().nth(10_000), Some(MAX_BACKOFF));
     }
 }
