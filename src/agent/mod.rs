@@ -278,7 +278,14 @@ pub async fn supervisor_cli(args: AgentArgs) -> std::process::ExitCode {
         info!("SIGTERM: stopping the agent");
     };
     let spawn = || supervisor::worker_command(&own_args)?.spawn();
-    match supervisor::supervise(supervisor::Restarts::default(), spawn, stop).await {
+    match supervisor::supervise(
+        supervisor::Restarts::default(),
+        supervisor::Orphans::Reap,
+        spawn,
+        stop,
+    )
+    .await
+    {
         Ok(status) if status.success() => std::process::ExitCode::SUCCESS,
         Ok(status) => {
             error!(%status, "podha agent stopped");

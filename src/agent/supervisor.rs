@@ -22,6 +22,10 @@
 //! - A worker dies with its supervisor (the parent-death signal, set by the worker itself: see
 //!   [`die_with_supervisor`]), so a killed supervisor leaves no worker behind to be doubled by
 //!   the next one.
+//! - The supervisor collects orphans ([`Orphans::Reap`]): in its container it is PID 1, and a
+//!   process orphaned there (a `command:` fence that leaves something running in the
+//!   background) is handed to it; outside a container it asks to be their subreaper. Without
+//!   that, each would stay a zombie for the container's life.
 
 use std::future::Future;
 use std::process::ExitStatus;
@@ -29,10 +33,12 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// When the supervisor starts the next worker.
 #[derive(Clone, Copy, Debug)]
@@ -71,23 +77,46 @@ impl Restarts {
     }
 }
 
+/// What the supervisor does with exited processes that are not its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphans {
+    /// Become their subreaper and collect them (`podha agent`).
+    Reap,
+    /// Leave them to whoever else waits for them (a test process, whose other tests have
+    /// children of their own).
+    Leave,
+}
+
 /// Runs workers from `spawn` one after another until `stop` completes (then the worker gets
 /// SIGTERM and its exit is returned) or a worker exits 0 on its own (returned). `Err` when a
 /// worker cannot be started or waited for, or keeps dying.
 pub async fn supervise(
     restarts: Restarts,
+    orphans: Orphans,
     mut spawn: impl FnMut() -> std::io::Result<Child>,
     stop: impl Future<Output = ()>,
 ) -> Result<ExitStatus, String> {
     tokio::pin!(stop);
+    let mut exits = match orphans {
+        Orphans::Reap => {
+            nix::sys::prctl::set_child_subreaper(true)
+                .map_err(|e| format!("cannot become the subreaper of orphans: {e}"))?;
+            Some(signal(SignalKind::child()).map_err(|e| format!("cannot handle SIGCHLD: {e}"))?)
+        }
+        Orphans::Leave => None,
+    };
     let mut delays = restarts.after_quick_deaths();
     loop {
         let mut worker = spawn().map_err(|e| format!("cannot start the agent: {e}"))?;
         let pid = worker.id();
         let started = Instant::now();
-        let status = tokio::select! {
-            status = worker.wait() => status.map_err(|e| format!("waiting for the agent (pid {pid:?}): {e}"))?,
-            () = &mut stop => return stop_worker(worker).await,
+        let status = loop {
+            tokio::select! {
+                // Cancel-safe: a wait cut short by another branch loses nothing.
+                status = worker.wait() => break status.map_err(|e| format!("waiting for the agent (pid {pid:?}): {e}"))?,
+                () = &mut stop => return stop_worker(worker).await,
+                Some(()) = child_exited(&mut exits) => reap_orphans(pid),
+            }
         };
         if status.success() {
             info!(?pid, "the agent stopped");
@@ -112,6 +141,47 @@ pub async fn supervise(
             () = &mut stop => return Err(format!("stopped while the agent was down ({status})")),
         }
     }
+}
+
+/// The next SIGCHLD, if the supervisor reaps orphans; never otherwise.
+async fn child_exited(exits: &mut Option<SignalStream>) -> Option<()> {
+    match exits {
+        Some(exits) => exits.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Collects every exited child but `worker` (which its own wait collects, with its status).
+/// The supervisor starts no other process, so these are orphans handed to it.
+fn reap_orphans(worker: Option<u32>) {
+    for child in children() {
+        if Some(child) == worker {
+            continue;
+        }
+        let Ok(raw) = i32::try_from(child) else {
+            continue;
+        };
+        match waitpid(Pid::from_raw(raw), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => {}
+            Ok(status) => debug!(?status, "collected an orphan"),
+        }
+    }
+}
+
+/// This process's children, from every thread's `/proc/self/task/<tid>/children`.
+fn children() -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|pid| pid.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// Passes SIGTERM to `worker` and waits for it to exit.
@@ -188,6 +258,7 @@ mod tests {
         let begun = Instant::now();
         let status = supervise(
             Restarts::default(),
+            Orphans::Leave,
             worker(&runs, &script),
             std::future::pending(),
         )
@@ -234,9 +305,14 @@ mod tests {
              exit 7",
             runs = runs.display()
         );
-        let err = supervise(restarts, worker(&runs, &script), std::future::pending())
-            .await
-            .expect_err("given up");
+        let err = supervise(
+            restarts,
+            Orphans::Leave,
+            worker(&runs, &script),
+            std::future::pending(),
+        )
+        .await
+        .expect_err("given up");
         assert!(err.contains("died 4 times in a row"), "{err}");
         assert!(err.contains("exit status: 7"), "{err}");
         assert_eq!(starts(&runs), 8);
@@ -259,9 +335,14 @@ mod tests {
             // The trap is set right after the start is recorded.
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
-        let status = supervise(Restarts::default(), worker(&runs, &script), stop)
-            .await
-            .expect("supervised");
+        let status = supervise(
+            Restarts::default(),
+            Orphans::Leave,
+            worker(&runs, &script),
+            stop,
+        )
+        .await
+        .expect("supervised");
         assert!(status.success(), "{status}");
         assert_eq!(
             std::fs::read_to_string(&stopped).expect("stopped"),
@@ -275,12 +356,60 @@ mod tests {
     async fn a_worker_that_cannot_be_started_is_an_error() {
         let err = supervise(
             Restarts::default(),
+            Orphans::Leave,
             || Command::new("/nonexistent/podha").spawn(),
             std::future::pending(),
         )
         .await
         .expect_err("no worker");
         assert!(err.contains("cannot start the agent"), "{err}");
+    }
+
+    /// Runs in a process of its own, this test binary started again for this test alone: the
+    /// supervisor becomes the subreaper of its whole process and would collect the children of
+    /// the tests running beside it.
+    #[tokio::test]
+    async fn an_orphan_of_the_worker_is_collected() {
+        const INSIDE: &str = "PODHA_TEST_SUPERVISOR_REAPS";
+        const NAME: &str = "agent::supervisor::tests::an_orphan_of_the_worker_is_collected";
+        if std::env::var_os(INSIDE).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args(["--exact", NAME, "--nocapture"])
+                .env(INSIDE, "1")
+                .output()
+                .expect("the test binary runs");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "{stdout}\n{stderr}"
+            );
+            return;
+        }
+        let dir = tempfile_dir("orphan");
+        let runs = dir.join("runs");
+        let orphan = dir.join("orphan");
+        // A subshell starts a sleep in the background and exits: the sleep is orphaned while
+        // the worker runs on, and exits before it.
+        let script = format!(
+            "(sleep 0.2 & echo $! > {orphan}); sleep 1; exit 0",
+            orphan = orphan.display()
+        );
+        let status = supervise(
+            Restarts::default(),
+            Orphans::Reap,
+            worker(&runs, &script),
+            std::future::pending(),
+        )
+        .await
+        .expect("supervised");
+        assert!(status.success(), "{status}");
+        let pid = std::fs::read_to_string(&orphan).expect("the orphan's pid");
+        let pid = pid.trim();
+        // Collected: gone from /proc (a zombie stays there, in state Z, until collected).
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+        assert!(stat.is_err(), "orphan {pid} not collected: {stat:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
