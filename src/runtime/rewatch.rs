@@ -66,7 +66,8 @@ fn backoff() -> ExponentialBackoff {
 
 struct Session<K: 'static> {
     stream: Option<BoxStream<'static, watcher::Result<watcher::Event<K>>>>,
-    /// The wait before the next start: none at first and after a list completed.
+    /// The wait before the next start: none at first, then what the failure that ended the
+    /// last watch set.
     wait: Duration,
     /// The waits of the failures in a row so far, if any.
     failing: Option<ExponentialBackoff>,
