@@ -28,6 +28,7 @@ done
 # The agent's DaemonSet passes the watchdog only when a device is given, and checks that it is
 # one.
 grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdog-timeout=15s" "$work/full.yaml" \
+  && grep -q -- "--survey-timeout=2s" "$work/full.yaml" \
   && grep -q "type: CharDevice" "$work/full.yaml" && grep -q -- "--hearing-file=/run/podha-agent/heard" "$work/full.yaml" \
   || { echo "check.sh: the agent's DaemonSet does not pass and mount its watchdog" >&2; exit 1; }
 # A fence that writes to a BMC interface through an extra hostPath, a watchdog that is no
@@ -52,7 +53,7 @@ fi
 # The schema refuses wrong types, unknown keys and durations the binary would reject.
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
            prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.fence=write:power=off \
-           agent.isolationTimeout=30 agent.watchdog.hostPathType=Directory; do
+           agent.isolationTimeout=30 agent.surveyTimeout=soon agent.watchdog.hostPathType=Directory; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi

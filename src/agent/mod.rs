@@ -27,7 +27,7 @@ use tracing::{error, info, warn};
 
 use hearing_file::HearingFile;
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
-use peers::Peers;
+use peers::{Peers, SurveyTimes};
 use server::{Hearing, SharedHearing};
 use watchdog::Watchdog;
 
@@ -72,6 +72,11 @@ pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
     Some(SocketAddr::new(internal_ip(node)?, port))
 }
 
+/// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
+/// to count as heard, in a survey that starts when half the timeout has passed, as with the
+/// longest watchdog) must cover two of podha's 1 s probe intervals.
+pub const MIN_ISOLATION_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// `podha agent`'s options. Every flag also reads a `PODHA_AGENT_*` variable.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AgentArgs {
@@ -95,6 +100,12 @@ pub struct AgentArgs {
     /// How often the agent checks whether it is heard.
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
     pub check_interval: Duration,
+    /// How long a peer survey may go on asking (peers answer within 1 s, or half this if
+    /// shorter; the peer list is read within 2 s, or this). What the answers say by then
+    /// decides, and too few answers fence: a short one suits a small cluster on a fast network
+    /// and allows a short watchdog timeout (see docs/agent.md, "Timing").
+    #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub survey_timeout: Duration,
     /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
     /// that advertises an agent, from the API server.
     #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
@@ -122,8 +133,8 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_WATCHDOG", requires = "watchdog_timeout")]
     pub watchdog: Option<PathBuf>,
     /// The watchdog device's timeout (set on the device: softdog's soft_margin, the BIOS). More
-    /// than the check interval plus the longest peer survey (8s), at most half the isolation
-    /// timeout.
+    /// than the check interval plus the longest peer survey (8s with the default survey
+    /// timeout), at most half the isolation timeout.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG_TIMEOUT", value_parser = humantime::parse_duration, requires = "watchdog")]
     pub watchdog_timeout: Option<Duration>,
     /// Set by `podha agent` on the process it runs the agent in: the supervisor's pid (see
@@ -135,15 +146,33 @@ pub struct AgentArgs {
 impl AgentArgs {
     /// What can be wrong with the options before anything runs.
     pub fn check(&self) -> Result<(), String> {
+        if self.survey_timeout.is_zero() {
+            return Err("--survey-timeout must be more than 0s".into());
+        }
+        if self.isolation_timeout < MIN_ISOLATION_TIMEOUT {
+            return Err(format!(
+                "--isolation-timeout {} must be at least {}: a peer podha hears was heard up to \
+                 two of its 1 s probes ago, and the agent counts a peer as heard within a \
+                 quarter of the isolation timeout at the earliest (half the silence of a \
+                 survey that starts half the timeout in, see docs/agent.md)",
+                humantime::format_duration(self.isolation_timeout),
+                humantime::format_duration(MIN_ISOLATION_TIMEOUT)
+            ));
+        }
         if let Some(timeout) = self.watchdog_timeout {
             watchdog::check_timeout(
                 timeout,
                 self.isolation_timeout,
                 self.check_interval,
-                peers::SURVEY_LIMIT,
+                self.survey_times().limit(),
             )?;
         }
         Ok(())
+    }
+
+    /// How long a peer survey and its parts may take.
+    pub fn survey_times(&self) -> SurveyTimes {
+        SurveyTimes::new(self.survey_timeout)
     }
 }
 
@@ -329,9 +358,9 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let serve = async move { axum::serve(listener, router).await };
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
     let peers = if args.peers.is_empty() {
-        Peers::discovered(client.clone(), &args.node)
+        Peers::discovered(client.clone(), &args.node, args.survey_times())
     } else {
-        Peers::fixed(args.peers.clone())
+        Peers::fixed(args.peers.clone(), args.survey_times())
     };
     let mut watchdog = match (&args.watchdog, args.watchdog_timeout) {
         (Some(path), Some(timeout)) => Some(Watchdog::open(path, timeout).await?),
@@ -340,7 +369,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let fenced_within = isolation::fenced_within(
         args.isolation_timeout,
         args.check_interval,
-        peers::SURVEY_LIMIT,
+        args.survey_times().limit(),
         args.watchdog_timeout,
     );
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
@@ -553,5 +582,50 @@ mod tests {
         let text = std::fs::read_to_string(&log).expect("log");
         assert_eq!(text, "node-1 cut off\nnode-1 again\n");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn agent_args(flags: &[&str]) -> AgentArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            agent: AgentArgs,
+        }
+        let argv = ["agent", "--node=n1", "--fence=sysrq-reboot"];
+        let argv = argv.iter().chain(flags);
+        <Cli as clap::Parser>::try_parse_from(argv)
+            .expect("flags")
+            .agent
+    }
+
+    #[test]
+    fn a_short_survey_timeout_allows_a_short_watchdog_and_isolation_timeout() {
+        let check = |flags: &[&str]| agent_args(flags).check();
+        assert_eq!(check(&[]), Ok(()), "the defaults");
+        // The default survey takes up to 8 s: a 4 s watchdog could reset a node mid-survey.
+        let short = [
+            "--isolation-timeout=8s",
+            "--watchdog=/dev/watchdog",
+            "--watchdog-timeout=4s",
+        ];
+        let err = check(&short).unwrap_err();
+        assert!(
+            err.contains("longer than the check interval plus the longest peer survey (9s)"),
+            "{err}"
+        );
+        // A 1 s survey takes up to 2.5 s: check (1 s) + 2.5 s < 4 s.
+        assert_eq!(
+            check(&[&short[..], &["--survey-timeout=1s"]].concat()),
+            Ok(())
+        );
+        let err = check(&["--isolation-timeout=6s", "--survey-timeout=1s"]).unwrap_err();
+        assert!(
+            err.contains("--isolation-timeout 6s must be at least 8s"),
+            "{err}"
+        );
+        let err = check(&["--survey-timeout=0s"]).unwrap_err();
+        assert!(
+            err.contains("--survey-timeout must be more than 0s"),
+            "{err}"
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! Peers come from a fixed list, or from the Node list (every other node that advertises an
 //! agent: a node without one could never answer, and would count against the majority), read from the API server at most every [`REFRESH`] and kept when it is unreachable:
 //! a cut-off agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops
-//! as soon as the answers decide (one heard peer, or a majority unheard) or [`SURVEY_DEADLINE`]
-//! passed, so a node that is merely unheard for a moment asks a few peers, not the whole
+//! as soon as the answers decide (one heard peer, or a majority unheard) or its deadline
+//! ([`SurveyTimes`], `--survey-timeout`) passed, so a node that is merely unheard for a moment asks a few peers, not the whole
 //! cluster.
 
 use std::net::SocketAddr;
@@ -28,23 +28,45 @@ use super::server::PeerAnswer;
 
 /// Peers asked at once.
 const BATCH: usize = 16;
-/// How long a survey may take: what it has by then decides (few answers fence). Without a
-/// watchdog, the time the agent advertises for podha's `Agent` proof covers two of them
-/// (`isolation::fenced_within`).
-pub const SURVEY_DEADLINE: Duration = Duration::from_secs(5);
-/// How long one peer has to answer.
-const ASK_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long the API server has to list the nodes.
-const LIST_TIMEOUT: Duration = Duration::from_secs(2);
-/// The longest a survey takes: listing the peers, asking until the deadline, and the batch
-/// under way then.
-pub const SURVEY_LIMIT: Duration =
-    Duration::from_secs(LIST_TIMEOUT.as_secs() + SURVEY_DEADLINE.as_secs() + ASK_TIMEOUT.as_secs());
+/// How long a survey and its parts may take, from its deadline (`--survey-timeout`, 5 s by
+/// default): what the survey has by then decides (few answers fence). The longest a survey
+/// takes ([`SurveyTimes::limit`]) bounds the watchdog timeout from below and, without a
+/// watchdog, is part of what the agent advertises for podha's `Agent` proof
+/// (`isolation::fenced_within`). A short deadline suits a small cluster on a fast network: a
+/// survey that runs out before the answers decide fences a node podha may merely not hear
+/// while its leader changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SurveyTimes {
+    /// After this, no new batch of peers is asked.
+    pub deadline: Duration,
+    /// How long one peer has to answer: 1 s, or half the deadline if that is shorter.
+    pub ask: Duration,
+    /// How long the API server has to list the nodes: 2 s, or the deadline if shorter.
+    pub list: Duration,
+}
+
+impl SurveyTimes {
+    pub fn new(deadline: Duration) -> Self {
+        Self {
+            deadline,
+            ask: Duration::from_secs(1).min(deadline / 2),
+            list: Duration::from_secs(2).min(deadline),
+        }
+    }
+
+    /// The longest a survey takes: listing the peers, asking until the deadline, and the
+    /// batch under way then.
+    pub fn limit(&self) -> Duration {
+        self.list + self.deadline + self.ask
+    }
+}
+
 /// How often the peer list is read again from the API server.
 const REFRESH: Duration = Duration::from_secs(30);
 
 pub struct Peers {
     source: Source,
+    times: SurveyTimes,
     http: HttpClient<HttpConnector, Empty<Bytes>>,
 }
 
@@ -58,21 +80,26 @@ enum Source {
 }
 
 impl Peers {
-    pub fn fixed(peers: Vec<SocketAddr>) -> Self {
-        Self::with(Source::Fixed(peers))
+    pub fn fixed(peers: Vec<SocketAddr>, times: SurveyTimes) -> Self {
+        Self::with(Source::Fixed(peers), times)
     }
 
-    pub fn discovered(client: kube::Client, node: &str) -> Self {
-        Self::with(Source::Discovered {
+    pub fn discovered(client: kube::Client, node: &str, times: SurveyTimes) -> Self {
+        let source = Source::Discovered {
             client,
             node: node.to_string(),
             known: Mutex::new((Vec::new(), None)),
-        })
+        };
+        Self::with(source, times)
     }
 
-    fn with(source: Source) -> Self {
+    fn with(source: Source, times: SurveyTimes) -> Self {
         let http = HttpClient::builder(TokioExecutor::new()).build_http();
-        Self { source, http }
+        Self {
+            source,
+            times,
+            http,
+        }
     }
 
     /// Asks the peers, a batch at a time, until the answers decide or every peer was asked
@@ -87,7 +114,7 @@ impl Peers {
         for batch in peers.chunks(BATCH) {
             let answers = join_all(batch.iter().map(|addr| self.ask(*addr))).await;
             survey.answers.extend(answers.into_iter().flatten());
-            if survey.settled(silence) || started.elapsed() >= SURVEY_DEADLINE {
+            if survey.settled(silence) || started.elapsed() >= self.times.deadline {
                 break;
             }
         }
@@ -96,7 +123,7 @@ impl Peers {
 
     async fn ask(&self, addr: SocketAddr) -> Option<Option<Duration>> {
         let uri: hyper::Uri = format!("http://{addr}/peer").parse().ok()?;
-        let answer = tokio::time::timeout(ASK_TIMEOUT, async {
+        let answer = tokio::time::timeout(self.times.ask, async {
             let response = self.http.get(uri).await.map_err(|e| e.to_string())?;
             let body = response
                 .into_body()
@@ -131,7 +158,7 @@ impl Peers {
             } => {
                 let stale = lock(known).1.is_none_or(|at| at.elapsed() >= REFRESH);
                 if stale {
-                    match tokio::time::timeout(LIST_TIMEOUT, list_nodes(client, node)).await {
+                    match tokio::time::timeout(self.times.list, list_nodes(client, node)).await {
                         Ok(Ok(found)) => *lock(known) = (found, Some(Instant::now())),
                         Ok(Err(e)) => {
                             warn!(error = %e, "cannot list the peers; using the last list")
@@ -176,4 +203,22 @@ async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, 
         .filter(|n| n.metadata.name.as_deref() != Some(me))
         .filter_map(agent_addr)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_surveys_parts_are_bounded_by_its_deadline() {
+        let ms = Duration::from_millis;
+        // The default: a 2 s list, 5 s of batches, the last one's 1 s.
+        let default = SurveyTimes::new(Duration::from_secs(5));
+        assert_eq!((default.list, default.ask), (ms(2000), ms(1000)));
+        assert_eq!(default.limit(), Duration::from_secs(8));
+        // A short deadline shortens the list and the asks too, so the watchdog may be short.
+        let short = SurveyTimes::new(ms(1000));
+        assert_eq!((short.list, short.ask), (ms(1000), ms(500)));
+        assert_eq!(short.limit(), ms(2500));
+    }
 }
