@@ -92,10 +92,10 @@ enum Cmd {
         #[command(subcommand)]
         command: NodeCmd,
     },
-    /// A real node's BMC (started by the sim with every real node): its watchdog and power
-    /// control, until it powers the node off.
+    /// A node's BMC (started by the sim with every real node, and with kwok nodes whose agents
+    /// have a watchdog): its watchdog and power control, until it powers the node off.
     Bmc {
-        /// The real node.
+        /// The node.
         name: String,
         /// The watchdog's timeout; without it the node has no watchdog.
         #[arg(long, value_parser = humantime::parse_duration)]

@@ -67,6 +67,8 @@ impl SharedCluster {
         self.agents = Some(crate::cluster::Agents {
             exe: exe.into(),
             isolation_timeout,
+            survey_timeout: None,
+            watchdog_timeout: None,
         });
         self
     }

@@ -139,13 +139,19 @@ pub enum Mode {
     /// Lease and kubelet TCP, 1 s probes, 3 failures, an 11 s lease grace, out-of-service taint.
     Fast,
     /// `fast` with the agent: Lease and agent heartbeat, and the out-of-service taint only once
-    /// the node's podha agent proved the fence (`fencing.proof: Agent`; agents with a 10 s
-    /// isolation timeout, a 2 s margin). The price of safety, beside `fast`.
+    /// the node's podha agent proved the fence (`fencing.proof: Agent`, a 2 s margin; agents
+    /// with the shortest timings the agent accepts: an 8 s isolation timeout, a 4 s watchdog
+    /// in each node's BMC, 1 s peer surveys). The price of safety, beside `fast`.
     Agent,
 }
 
-/// The agents' isolation timeout in the `agent` mode.
-pub const AGENT_ISOLATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The agents' isolation timeout in the `agent` mode: the shortest the agent accepts.
+pub const AGENT_ISOLATION_TIMEOUT: Duration = podha::agent::MIN_ISOLATION_TIMEOUT;
+/// Their watchdog's timeout: half the isolation timeout, more than the check interval (1 s)
+/// plus their longest survey (2.5 s).
+pub const AGENT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(4);
+/// Their survey timeout: a small cluster on loopback.
+pub const AGENT_SURVEY_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Mode {
     pub fn name(self) -> &'static str {
@@ -460,6 +466,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         opts.agents = Some(crate::cluster::Agents {
             exe: args.operator.clone(),
             isolation_timeout: AGENT_ISOLATION_TIMEOUT,
+            survey_timeout: Some(AGENT_SURVEY_TIMEOUT),
+            watchdog_timeout: Some(AGENT_WATCHDOG_TIMEOUT),
         });
     }
     let status_update = kubelet_status_update(args.node_status_update_frequency);

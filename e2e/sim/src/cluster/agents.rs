@@ -16,6 +16,11 @@
 //! as after a fence that stops a machine's kubelet and containers; each fence is appended to
 //! `fences.log` in the cluster directory, the record the tests read.
 //!
+//! With [`Agents::watchdog_timeout`] a kwok node also has a BMC (`super::bmc`, outside the
+//! node: a kill of the node stops it with the machine, as a real node's) whose watchdog the
+//! agent pets; unpetted, it powers the node off: its kwok, sim-csi node agent and podha agent
+//! SIGKILLed and its addresses silent, as [`Cluster::kill_node`].
+//!
 //! What a real machine has and this lacks: a kwok node's fence cannot reboot anything, and a
 //! kwok node cannot be frozen or cut off from the API server alone (real nodes can).
 
@@ -52,6 +57,10 @@ impl Cluster {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(format!("remove {}", hearing.display()), e)),
+        }
+        if agents.watchdog_timeout.is_some() {
+            // The machine's BMC first: the agent opens the watchdog at start.
+            self.spawn_bmc(st, &rec.name, agents.watchdog_timeout)?;
         }
         self.start_agent(st, rec, agents, port)
     }
@@ -135,6 +144,21 @@ impl Cluster {
                 self.agent_hearing_file(&rec.name).display()
             ))
             .arg(format!("--fence={fence}"));
+        if let Some(timeout) = agents.survey_timeout {
+            agent.arg(format!(
+                "--survey-timeout={}",
+                humantime::format_duration(timeout)
+            ));
+        }
+        if let Some(timeout) = agents.watchdog_timeout {
+            let device = super::bmc::bmc_dir(&self.dir, &rec.name).join("watchdog");
+            agent
+                .arg(format!("--watchdog={}", device.display()))
+                .arg(format!(
+                    "--watchdog-timeout={}",
+                    humantime::format_duration(timeout)
+                ));
+        }
         self.spawn(st, &agent_proc(&rec.name), agent)
     }
 
@@ -149,6 +173,11 @@ impl Cluster {
         } else {
             self.kill_node_processes(name, false)?;
         }
+        self.record_fence(name, reason)
+    }
+
+    /// Appends a fence of node `name` to `fences.log`.
+    pub(in crate::cluster) fn record_fence(&self, name: &str, reason: &str) -> Result<()> {
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());

@@ -1,5 +1,7 @@
-//! A real node's BMC: what a machine has outside its operating system, here a `podha-sim bmc`
-//! process on the host, outside the node's cgroup (a frozen node does not freeze it).
+//! A node's BMC: what a machine has outside its operating system, here a `podha-sim bmc`
+//! process on the host, outside the node's cgroup (a frozen node does not freeze it). Every
+//! real node has one; a kwok node has one when its podha agent has a watchdog
+//! (`super::Agents::watchdog_timeout`).
 //!
 //! - **Its watchdog.** `DIR/nodes/<node>/bmc/watchdog` is a FIFO standing in for the node's
 //!   `/dev/watchdog`, with the Linux watchdog's rules: the first write arms it, any write pets
@@ -8,8 +10,10 @@
 //! - **Its power control.** `off` written to `DIR/nodes/<node>/bmc/power` powers the node off
 //!   (the agent's fence: what a site's fence command does through IPMI or redfish).
 //!
-//! Powering off is [`Cluster::fence_node`]: every process of the node SIGKILLed, its link
-//! down, the fence appended to `fences.log`. The BMC then exits; the node's next boot starts a
+//! Powering off is [`Cluster::fence_node`] for a real node: every process of the node
+//! SIGKILLed, its link down, the fence appended to `fences.log`; a kwok node is powered off as
+//! [`Cluster::kill_node`] kills it (its agent too, its addresses silent), and the fence
+//! recorded. The BMC then exits; the node's next boot starts a
 //! new one.
 
 use std::io::{ErrorKind, Read as _};
@@ -94,7 +98,7 @@ fn read_fifo(file: &mut std::fs::File) -> Result<Got> {
 }
 
 impl Cluster {
-    /// Starts real node `name`'s BMC (before the node boots: its agent opens the watchdog).
+    /// Starts node `name`'s BMC (before the node boots: its agent opens the watchdog).
     pub(in crate::cluster) fn spawn_bmc(
         &self,
         st: &mut State,
@@ -120,7 +124,7 @@ impl Cluster {
         self.spawn(st, &bmc_proc(name), cmd)
     }
 
-    /// Stops real node `name`'s BMC, if it runs.
+    /// Stops node `name`'s BMC, if it runs.
     pub(in crate::cluster) fn stop_bmc(&self, st: &mut State, name: &str) -> Result<()> {
         if let Some(rec) = st.processes.get(&bmc_proc(name)).copied() {
             process::kill(&bmc_proc(name), &rec)?;
@@ -130,7 +134,7 @@ impl Cluster {
         Ok(())
     }
 
-    /// The BMC of real node `name` (`podha-sim bmc`): watches its watchdog and power FIFOs
+    /// The BMC of node `name` (`podha-sim bmc`): watches its watchdog and power FIFOs
     /// until it powers the node off; returns the reason. Without `watchdog_timeout` the node has
     /// no watchdog: what its FIFO gets is ignored.
     pub async fn run_bmc(&self, name: &str, watchdog_timeout: Option<Duration>) -> Result<String> {
@@ -167,7 +171,14 @@ impl Cluster {
                 );
             }
         };
-        self.fence_node(name, &reason)?;
+        if self.node(name)?.real {
+            self.fence_node(name, &reason)?;
+        } else {
+            // A kwok machine powered off: as one killed, but for its BMC (this process).
+            self.silence_kwok_node(name)?;
+            self.kill_node_processes(name, true)?;
+            self.record_fence(name, &reason)?;
+        }
         Ok(reason)
     }
 }

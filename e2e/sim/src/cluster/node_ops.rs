@@ -18,14 +18,23 @@ impl Cluster {
             // The whole machine is off: its BMC (watchdog) with it.
             self.stop_bmc(&mut self.lock_reloaded(), name)?;
         } else {
-            blackhole::silence(&self.dir, rec.ip, rec.kubelet_port)?;
-            // Its podha agent's address goes silent with it.
-            if let Some(port) = self.lock_reloaded().node(name)?.agent_port {
-                blackhole::silence(&self.dir, rec.ip, port)?;
-            }
+            self.silence_kwok_node(name)?;
+            // Its BMC, if its agent has a watchdog, is off with it.
+            self.stop_bmc(&mut self.lock_reloaded(), name)?;
         }
         self.kill_node_processes(name, true)?;
         info!(node = name, "node killed");
+        Ok(())
+    }
+
+    /// Kwok node `name`'s addresses stop answering, as a machine's that is off: its kubelet
+    /// endpoint and its podha agent's.
+    pub(in crate::cluster) fn silence_kwok_node(&self, name: &str) -> Result<()> {
+        let rec = self.lock_reloaded().node(name)?.clone();
+        blackhole::silence(&self.dir, rec.ip, rec.port)?;
+        if let Some(port) = rec.agent_port {
+            blackhole::silence(&self.dir, rec.ip, port)?;
+        }
         Ok(())
     }
 

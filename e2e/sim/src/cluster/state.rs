@@ -49,6 +49,21 @@ pub struct Agents {
     pub exe: PathBuf,
     #[serde(with = "humantime_serde_compat")]
     pub isolation_timeout: Duration,
+    /// The agents' `--survey-timeout`; `None`: the agent's default.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde_compat::option"
+    )]
+    pub survey_timeout: Option<Duration>,
+    /// With a timeout, every kwok node also has a BMC (`super::bmc`) whose watchdog of that
+    /// timeout its agent pets, as the chart's agent on a real node; `None`: no watchdog.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde_compat::option"
+    )]
+    pub watchdog_timeout: Option<Duration>,
 }
 
 /// What the cluster's real nodes share.
