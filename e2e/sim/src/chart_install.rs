@@ -99,9 +99,11 @@ pub fn install(
 /// BMC's power control, petting the BMC's watchdog when the cluster gives its BMCs one
 /// (`watchdog_timeout`), both found where the nodes show them
 /// ([`crate::cluster::realnode::MACHINE_DIR`]), with the node's boot ID from there too.
+/// `survey_timeout`: the agents' `agent.surveyTimeout`, or the chart's default.
 pub fn sim_agent_values(
     isolation_timeout: Duration,
     watchdog_timeout: Option<Duration>,
+    survey_timeout: Option<Duration>,
 ) -> serde_json::Value {
     let machine = crate::cluster::realnode::MACHINE_DIR;
     let watchdog = match watchdog_timeout {
@@ -113,7 +115,7 @@ pub fn sim_agent_values(
         }),
         None => serde_json::json!({ "device": "" }),
     };
-    serde_json::json!({ "agent": {
+    let mut values = serde_json::json!({ "agent": {
         "enabled": true,
         "fence": format!("write:{machine}/bmc/power=off"),
         "isolationTimeout": humantime::format_duration(isolation_timeout).to_string(),
@@ -125,7 +127,11 @@ pub fn sim_agent_values(
             "hostPath": { "path": machine, "type": "Directory" },
         }],
         "extraVolumeMounts": [{ "name": "machine", "mountPath": machine }],
-    }})
+    }});
+    if let Some(timeout) = survey_timeout {
+        values["agent"]["surveyTimeout"] = humantime::format_duration(timeout).to_string().into();
+    }
+    values
 }
 
 /// The chart's live pods.

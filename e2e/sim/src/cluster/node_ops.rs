@@ -133,9 +133,12 @@ impl Cluster {
                 return Err(Error::NodeRunning(name.to_string()));
             }
         }
-        // A fenced node's podha agent still runs: the node boots with a new one.
+        // A fenced node's podha agent still runs: the node boots with a new one (and a new
+        // BMC, if it has one: a reboot disarms the watchdog, so the old agent's end fires
+        // nothing).
         {
             let mut st = self.lock_reloaded();
+            self.stop_bmc(&mut st, name)?;
             if let Some(rec) = st.processes.get(&agent_proc(name)).copied() {
                 process::kill(&agent_proc(name), &rec)?;
                 st.processes.remove(&agent_proc(name));
