@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
+use crate::runtime::AGENT_PROBE_INTERVAL;
 use hearing_file::HearingFile;
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
@@ -74,8 +75,8 @@ pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
 /// to count as heard, in a survey that starts when half the timeout has passed, as with the
-/// longest watchdog) must cover two of podha's 1 s probe intervals.
-pub const MIN_ISOLATION_TIMEOUT: Duration = Duration::from_secs(8);
+/// longest watchdog) must cover two of podha's probe intervals (8 s with 1 s probes).
+pub const MIN_ISOLATION_TIMEOUT: Duration = AGENT_PROBE_INTERVAL.saturating_mul(8);
 
 /// `podha agent`'s options. Every flag also reads a `PODHA_AGENT_*` variable.
 #[derive(clap::Args, Clone, Debug)]
@@ -152,11 +153,12 @@ impl AgentArgs {
         if self.isolation_timeout < MIN_ISOLATION_TIMEOUT {
             return Err(format!(
                 "--isolation-timeout {} must be at least {}: a peer podha hears was heard up to \
-                 two of its 1 s probes ago, and the agent counts a peer as heard within a \
-                 quarter of the isolation timeout at the earliest (half the silence of a \
+                 two of its probes ({} apart) ago, and the agent counts a peer as heard within \
+                 a quarter of the isolation timeout at the earliest (half the silence of a \
                  survey that starts half the timeout in, see docs/agent.md)",
                 humantime::format_duration(self.isolation_timeout),
-                humantime::format_duration(MIN_ISOLATION_TIMEOUT)
+                humantime::format_duration(MIN_ISOLATION_TIMEOUT),
+                humantime::format_duration(AGENT_PROBE_INTERVAL)
             ));
         }
         if let Some(timeout) = self.watchdog_timeout {
@@ -357,10 +359,11 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let router = server::router(&args.node, hearing.clone());
     let serve = async move { axum::serve(listener, router).await };
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
+    let survey_times = args.survey_times();
     let peers = if args.peers.is_empty() {
-        Peers::discovered(client.clone(), &args.node, args.survey_times())
+        Peers::discovered(client.clone(), &args.node, survey_times)
     } else {
-        Peers::fixed(args.peers.clone(), args.survey_times())
+        Peers::fixed(args.peers.clone(), survey_times)
     };
     let mut watchdog = match (&args.watchdog, args.watchdog_timeout) {
         (Some(path), Some(timeout)) => Some(Watchdog::open(path, timeout).await?),
@@ -369,7 +372,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
     let fenced_within = isolation::fenced_within(
         args.isolation_timeout,
         args.check_interval,
-        args.survey_times().limit(),
+        survey_times.limit(),
         args.watchdog_timeout,
     );
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");

@@ -1,11 +1,12 @@
 //! The peers: every other node's agent, and the survey of how long ago podha heard them.
 //!
 //! Peers come from a fixed list, or from the Node list (every other node that advertises an
-//! agent: a node without one could never answer, and would count against the majority), read from the API server at most every [`REFRESH`] and kept when it is unreachable:
-//! a cut-off agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops
-//! as soon as the answers decide (one heard peer, or a majority unheard) or its deadline
-//! ([`SurveyTimes`], `--survey-timeout`) passed, so a node that is merely unheard for a moment asks a few peers, not the whole
-//! cluster.
+//! agent: a node without one could never answer, and would count against the majority), read
+//! from the API server at most every [`REFRESH`] and kept when it is unreachable: a cut-off
+//! agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops as soon as
+//! the answers decide (one heard peer, or a majority unheard) or its deadline
+//! ([`SurveyTimes`], `--survey-timeout`) passed, so a node that is merely unheard for a moment
+//! asks a few peers, not the whole cluster.
 
 use std::net::SocketAddr;
 use std::sync::Mutex;

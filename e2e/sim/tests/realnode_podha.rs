@@ -51,9 +51,10 @@ const WRITES: usize = 20;
 /// it fences its node, the timeout of the watchdog (the node's BMC's) each pets, and how long
 /// their peer surveys may take: the shortest set the agent accepts (docs/agent.md, "Timing"),
 /// the one `make bench-failover`'s agent mode measures.
-const ISOLATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(8);
-const WATCHDOG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
-const SURVEY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+use podha_sim::bench::failover::{
+    AGENT_ISOLATION_TIMEOUT as ISOLATION_TIMEOUT, AGENT_SURVEY_TIMEOUT as SURVEY_TIMEOUT,
+    AGENT_WATCHDOG_TIMEOUT as WATCHDOG_TIMEOUT,
+};
 
 fn main() -> ExitCode {
     let mut args = Arguments::from_args();
