@@ -54,45 +54,7 @@ pub const ACTION_KINDS: [&str; 4] = [
 /// The `operation` values of `podha_api_errors_total` besides [`ACTION_KINDS`].
 pub const OTHER_API_OPERATIONS: [&str; 2] = ["create_event", "patch_status"];
 
-/// A step of one failover, timed from the previous step (`Total` spans the whole failover).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Last healthy observation of the node until podha judged it failed.
-    Detect,
-    /// Node judged failed until its pods were deleted (or the node tainted).
-    Act,
-    /// Action until the volume attachment on the failed node was gone.
-    Detach,
-    /// Detach until the replacement pod ran with its volume attached on the new node.
-    Recover,
-    /// Last healthy observation until the replacement ran.
-    Total,
-    /// With a `fencing.proof`: node judged failed until the proof was there and the
-    /// out-of-service taint went on (part of `act`).
-    Fence,
-}
-
-impl Phase {
-    pub const ALL: [Phase; 6] = [
-        Phase::Detect,
-        Phase::Act,
-        Phase::Detach,
-        Phase::Recover,
-        Phase::Total,
-        Phase::Fence,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Detect => "detect",
-            Phase::Act => "act",
-            Phase::Detach => "detach",
-            Phase::Recover => "recover",
-            Phase::Total => "total",
-            Phase::Fence => "fence",
-        }
-    }
-}
+pub use crate::incident::Phase;
 
 /// What podha did with the out-of-service taint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

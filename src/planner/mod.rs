@@ -26,7 +26,7 @@
 //!   replacement created before could be scheduled straight back onto the dead node.
 
 mod holds;
-mod ledger;
+mod intent;
 mod ownership;
 mod taints;
 
@@ -36,12 +36,13 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
 
 pub use holds::{Heartbeat, Heartbeats};
-pub use ledger::{Incident, Ledger};
+pub use intent::{HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
 
-use crate::api::{Action, FencingProof, NodeTaint, PodHAPolicySpec};
+use crate::api::{Action, NodeTaint, PodHAPolicySpec};
 use crate::eligibility::{self, SkipReason};
 use crate::health::NodeHealth;
+use crate::incident::{Incident, Ledger};
 use crate::view::{ObjectKey, View};
 
 /// A policy as the planner sees it.
@@ -64,82 +65,6 @@ pub struct PlanInput<'a> {
     /// podha's observations of every node's Lease, for the settle rule.
     pub heartbeats: &'a Heartbeats,
     pub now: Instant,
-}
-
-/// Something the actuator should do.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Intent {
-    /// Add the taint (out-of-service, or the scheduling fence) and podha's marker.
-    TaintNode {
-        node: String,
-        policy: String,
-        taint: NodeTaint,
-    },
-    /// Set the pod's Ready condition to False (its node is dead, the readiness is stale), if it
-    /// is still the object with this UID.
-    MarkPodNotReady {
-        pod: ObjectKey,
-        uid: String,
-        node: String,
-        policy: String,
-    },
-    /// Force-delete (grace 0) the pod with this UID (UID precondition), and, for a pod podha
-    /// marked NotReady that the watch does not show so yet, only in the version the mark
-    /// produced (resourceVersion precondition).
-    ForceDeletePod {
-        pod: ObjectKey,
-        uid: String,
-        node: String,
-        policy: String,
-        owner_kind: &'static str,
-        resource_version: Option<String>,
-    },
-    /// Remove the taints podha added (the node is back and holds no volume).
-    RemoveTaint { node: String },
-    /// Ask the node's podha agent to fence the node (policy proof `Agent`): an annotation on
-    /// the Node the agent answers with its acknowledgement.
-    RequestFence { node: String, policy: String },
-    /// An action podha chose not to take, and why.
-    Hold {
-        policy: String,
-        node: Option<String>,
-        reason: HoldReason,
-    },
-}
-
-/// Why an action is held.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HoldReason {
-    /// More watched nodes are unhealthy (Failed, Suspect, or failed within
-    /// `safety.unhealthyWindow`) than `safety.maxUnhealthy` allows.
-    TooManyUnhealthy {
-        failed: usize,
-        watched: usize,
-        max: usize,
-    },
-    /// `dryRun` is set; this is what would have been done.
-    DryRun { would: Box<Intent> },
-    /// A node failed, but so many other watched nodes have not renewed their Lease since that a
-    /// partition cannot be ruled out.
-    Unconfirmed { unheard: usize, watched: usize },
-    /// The out-of-service taint would remove `pod`, which must stay (`why`); the node gets the
-    /// scheduling fence instead and only the eligible pods are deleted.
-    OutOfServiceRefused { pod: ObjectKey, why: &'static str },
-    /// The policy's `fencing.proof` is not on the node yet: nothing is tainted or deleted there.
-    FencingPending { proof: FencingProof },
-}
-
-impl HoldReason {
-    /// Label value for `podha_actions_held_total{reason}`.
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            Self::TooManyUnhealthy { .. } => "TooManyUnhealthyNodes",
-            Self::DryRun { .. } => "DryRun",
-            Self::Unconfirmed { .. } => "NodesNotHeardFrom",
-            Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
-            Self::FencingPending { .. } => "FencingPending",
-        }
-    }
 }
 
 /// A pod on a failed node that the out-of-service taint must not remove, and why.

@@ -131,7 +131,12 @@ pub async fn run(
         kubelet: kubelet_plan,
         agent: agent_plan,
     };
-    let actor = actor::Actor::new(leader_rx, ready_tx, writes_tx, plans, metrics.clone());
+    let outputs = actor::Outputs {
+        ready: ready_tx,
+        writes: writes_tx,
+        probe_plans: plans,
+    };
+    let actor = actor::Actor::new(leader_rx, outputs, metrics.clone());
     let changes = watches(&client);
 
     let result = tokio::select! {

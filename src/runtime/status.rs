@@ -7,9 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
 use crate::api::{FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition};
-use crate::detach::Failover;
 use crate::eligibility::invalid_selectors;
 use crate::health::{DetectionConfig, NodeHealth};
+use crate::incident::Incident;
 use crate::planner::HoldReason;
 
 /// What a policy's status is made of.
@@ -18,8 +18,8 @@ pub struct PolicyFacts<'a> {
     /// Health of the nodes the policy watches.
     pub health: &'a BTreeMap<String, NodeHealth>,
     /// Its open failovers and its finished ones (newest first).
-    pub open: &'a [&'a Failover],
-    pub finished: &'a [&'a Failover],
+    pub open: &'a [&'a Incident],
+    pub finished: &'a [&'a Incident],
     pub wall: &'a dyn Fn(Instant) -> Time,
     /// Wall-clock now, for condition transitions.
     pub now: Time,
@@ -94,7 +94,7 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         (false, condition::REASON_AS_EXPECTED, String::new())
     };
 
-    let mut failovers: Vec<&Failover> = facts.open.iter().chain(facts.finished).copied().collect();
+    let mut failovers: Vec<&Incident> = facts.open.iter().chain(facts.finished).copied().collect();
     failovers.sort_by_key(|f| std::cmp::Reverse(f.detected_at));
     failovers.truncate(RECENT_FAILOVERS_KEPT);
 
@@ -162,7 +162,7 @@ mod tests {
     fn facts_for<'a>(
         policy: &'a PodHAPolicy,
         health: &'a BTreeMap<String, NodeHealth>,
-        open: &'a [&'a Failover],
+        open: &'a [&'a Incident],
         wall: &'a dyn Fn(Instant) -> Time,
     ) -> PolicyFacts<'a> {
         PolicyFacts {
@@ -300,9 +300,9 @@ mod tests {
         ]);
         let pod = view.pods_on("n1")[0].clone();
         let t0 = Instant::now();
-        let mut failover = Failover::new("n1", "p", Some(t0), t0);
-        failover.record_action(t0, Some(crate::detach::MovedPod::from_pod(&pod, &view)));
-        failover.update(
+        let mut failover = Incident::new("n1", "p", Some(t0), t0);
+        failover.record_action(t0, Some(crate::incident::MovedPod::from_pod(&pod, &view)));
+        failover.follow(
             t0 + std::time::Duration::from_secs(400),
             &view,
             std::time::Duration::from_secs(390),

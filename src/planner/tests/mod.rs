@@ -102,7 +102,7 @@ impl World {
         for nodes in self.health.values_mut() {
             nodes.insert(node.to_string(), failed);
         }
-        self.ledger.open(node, self.t0, &self.view);
+        self.ledger.open(node, "p", None, self.t0, &self.view);
         self
     }
 
@@ -219,7 +219,7 @@ fn nothing_happens_before_the_node_is_failed() {
     ] {
         let mut world = World::new(cluster(3)).policy("p", mk_spec());
         // Even with an incident opened by another policy's judgement, this policy decides.
-        world.ledger.open("node-1", t0, &world.view);
+        world.ledger.open("node-1", "p", None, t0, &world.view);
         let world = world.set_health("p", "node-1", health);
         assert_eq!(world.plan(), Plan::default(), "{health:?}");
     }
@@ -741,9 +741,9 @@ fn ledger_snapshots_the_pods_on_the_node() {
     let view = cluster(3);
     let mut ledger = Ledger::default();
     let t0 = Instant::now();
-    assert!(ledger.open("node-1", t0, &view));
+    assert!(ledger.open("node-1", "p", None, t0, &view));
     assert!(
-        !ledger.open("node-1", t0, &view),
+        !ledger.open("node-1", "p", None, t0, &view),
         "an open incident is not reopened"
     );
     let incident = ledger.get("node-1").expect("open");

@@ -264,7 +264,9 @@ fn suspect_nodes_count_towards_max_unhealthy() {
 #[test]
 fn nodes_failing_one_by_one_count_together_within_the_window() {
     let mut world = World::new(cluster(4)).policy("p", max_unhealthy(oos(), 1));
-    world.ledger.open("node-3", world.t0, &world.view);
+    world
+        .ledger
+        .open("node-3", "p", None, world.t0, &world.view);
     world.ledger.close("node-3", world.t0 + s(60));
     world.now = world.t0 + s(120);
     let world = world.fail("node-1");

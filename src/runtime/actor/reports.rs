@@ -1,23 +1,83 @@
-//! What the decision loop tells people: events, holds and skips reported once, phase
-//! changes announced, policy statuses written.
+//! Report: what the decision loop tells people: events, holds and skips reported once, phase
+//! changes announced, node counts, policy statuses written.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::{Resource, ResourceExt};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::super::status::{PolicyFacts, policy_status};
+use super::super::writer::{EventNote, Report};
+use super::Actor;
+use crate::api::{PodHAPolicy, PodHAPolicyStatus};
+use crate::eligibility::SkipReason;
+use crate::health::NodeHealth;
+use crate::incident::{Incident, Phase, PhaseChange};
+use crate::planner::{HealthBook, HoldReason, PodSkip, Skip};
+
+/// What was reported already, so each skip, hold and dropped intent is counted once, and each
+/// status written only when it changed.
+#[derive(Default)]
+pub(super) struct ReportBook {
+    /// Keys reported, grouped by scope (a node, or `policy:<name>` for a policy-wide hold) so a
+    /// scope is forgotten whole when its incident closes or its hold ends.
+    reported: BTreeMap<String, BTreeSet<String>>,
+    last_status: BTreeMap<String, PodHAPolicyStatus>,
+    /// Each policy's policy-wide hold in the last planning round.
+    policy_holds: BTreeMap<String, HoldReason>,
+}
+
+impl ReportBook {
+    /// Whether `key` is reported for the first time in `scope` (and remember it).
+    pub fn first(&mut self, scope: &str, key: String) -> bool {
+        self.reported
+            .entry(scope.to_string())
+            .or_default()
+            .insert(key)
+    }
+
+    pub fn forget_scope(&mut self, scope: &str) {
+        self.reported.remove(scope);
+    }
+
+    /// A new leader writes every status again.
+    pub fn forget_statuses(&mut self) {
+        self.last_status.clear();
+    }
+
+    /// The policies a status was written for that are gone now; forgotten here.
+    pub fn policies_gone<V>(&mut self, live: &BTreeMap<String, V>) -> Vec<String> {
+        let gone: Vec<String> = self
+            .last_status
+            .keys()
+            .filter(|p| !live.contains_key(*p))
+            .cloned()
+            .collect();
+        for policy in &gone {
+            self.last_status.remove(policy);
+        }
+        gone
+    }
+
+    /// This round's policy-wide holds; a hold that ended is reported again when it returns.
+    pub fn set_policy_holds(&mut self, holds: BTreeMap<String, HoldReason>) {
+        let held: BTreeSet<String> = holds.keys().map(|p| format!("policy:{p}")).collect();
+        self.reported
+            .retain(|scope, _| !scope.starts_with("policy:") || held.contains(scope));
+        self.policy_holds = holds;
+    }
+}
 
 impl Actor {
     /// Events from result handling go out without awaiting: the channel has room, and a full
     /// channel only loses an event, never an action.
     pub(super) fn queue_event(&self, note: EventNote) {
         if self.leading {
-            self.writes.try_report(Report::Event(note));
+            self.out.writes.try_report(Report::Event(note));
         }
-    }
-
-    /// Whether `key` is reported for the first time in `scope` (and remember it).
-    pub(super) fn first_report(&mut self, scope: &str, key: String) -> bool {
-        self.reported
-            .entry(scope.to_string())
-            .or_default()
-            .insert(key)
     }
 
     pub(super) async fn report_hold(
@@ -27,19 +87,19 @@ impl Actor {
         reason: &HoldReason,
     ) {
         let would = match reason {
-            HoldReason::DryRun { would } => intent_key(would),
+            HoldReason::DryRun { would } => would.key(),
             HoldReason::OutOfServiceRefused { pod, .. } => pod.to_string(),
             HoldReason::TooManyUnhealthy { .. }
             | HoldReason::Unconfirmed { .. }
             | HoldReason::FencingPending { .. } => String::new(),
         };
-        let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.since);
+        let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.detected_at);
         let key = format!("hold/{policy}/{}/{would}/{incident:?}", reason.as_str());
         let scope = match node {
             Some(node) => node.to_string(),
             None => format!("policy:{policy}"),
         };
-        if !self.first_report(&scope, key) {
+        if !self.reported.first(&scope, key) {
             return;
         }
         self.metrics.inc_actions_held(policy, reason.as_str());
@@ -52,7 +112,7 @@ impl Actor {
                 "holding every action: {failed} of {watched} watched nodes failed, more than \
                  safety.maxUnhealthy allows ({max})"
             ),
-            HoldReason::DryRun { would } => format!("dry run: would {}", describe(would)),
+            HoldReason::DryRun { would } => format!("dry run: would {}", would.describe()),
             HoldReason::Unconfirmed { unheard, watched } => format!(
                 "holding: {unheard} of {watched} watched nodes have not renewed their Lease since \
                  node {} went silent, so a partition cannot be told from one dead node",
@@ -82,8 +142,8 @@ impl Actor {
             self.event(on_node).await;
         }
         if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
-            for f in self.failovers.values_mut().filter(|f| f.policy == policy) {
-                f.record_hold(note.clone());
+            for incident in self.ledger.iter_mut().filter(|i| i.policy == policy) {
+                incident.record_hold(note.clone());
             }
         }
         if let Some(p) = self.state.policies.get(policy) {
@@ -108,9 +168,9 @@ impl Actor {
     }
 
     pub(super) async fn report_skip(&mut self, skip: PodSkip) {
-        let incident = self.ledger.get(&skip.node).map(|i| i.since);
+        let incident = self.ledger.get(&skip.node).map(|i| i.detected_at);
         let key = format!("skip/{}/{}/{incident:?}", skip.uid, skip.reason.as_str());
-        if !self.first_report(&skip.node, key) {
+        if !self.reported.first(&skip.node, key) {
             return;
         }
         self.metrics
@@ -138,7 +198,7 @@ impl Actor {
         .await;
     }
 
-    pub(super) async fn announce(&self, f: &Failover, change: &PhaseChange) {
+    pub(super) async fn announce(&self, f: &Incident, change: &PhaseChange) {
         let (warning, reason, note) = match change {
             PhaseChange::Acted { .. } => return,
             PhaseChange::Detached { .. } => (
@@ -147,10 +207,7 @@ impl Actor {
                 format!("volumes of the moved pods left dead node {}", f.node),
             ),
             PhaseChange::Recovered { .. } => {
-                let total = f
-                    .durations()
-                    .into_iter()
-                    .find(|(p, _)| *p == crate::metrics::Phase::Total);
+                let total = f.durations().into_iter().find(|(p, _)| *p == Phase::Total);
                 let secs = total.map_or(String::new(), |(_, d)| {
                     format!(" in {:.1}s", d.as_secs_f64())
                 });
@@ -197,11 +254,14 @@ impl Actor {
         for policy in policies {
             let name = policy.name_any();
             let status = self.policy_status(&policy, health.get(&name));
-            if self.last_status.get(&name) == Some(&status) {
+            if self.reported.last_status.get(&name) == Some(&status) {
                 continue;
             }
-            self.last_status.insert(name.clone(), status.clone());
-            self.writes
+            self.reported
+                .last_status
+                .insert(name.clone(), status.clone());
+            self.out
+                .writes
                 .report(Report::Status {
                     policy: name,
                     status,
@@ -218,16 +278,7 @@ impl Actor {
     ) -> PodHAPolicyStatus {
         let name = policy.name_any();
         let empty = BTreeMap::new();
-        let open: Vec<&Failover> = self
-            .failovers
-            .values()
-            .filter(|f| f.policy == name)
-            .collect();
-        let done: Vec<&Failover> = self
-            .history
-            .get(&name)
-            .map(|h| h.iter().collect())
-            .unwrap_or_default();
+        let (open, done) = self.ledger.of_policy(&name);
         let wall = self.wall;
         policy_status(&PolicyFacts {
             policy,
@@ -235,7 +286,7 @@ impl Actor {
             open: &open,
             finished: &done,
             wall: &|i| wall.time(i),
-            held: self.policy_holds.get(&name),
+            held: self.reported.policy_holds.get(&name),
             now: wall.time(Instant::now()),
         })
     }
@@ -264,5 +315,43 @@ impl Actor {
             action,
             note,
         }
+    }
+}
+
+impl Actor {
+    /// Events go out only from the leader.
+    pub(super) async fn event(&self, note: EventNote) {
+        if self.leading {
+            self.out.writes.report(Report::Event(note)).await;
+        }
+    }
+
+    /// `podha_nodes{state}`: every watched node once, in the worst state any policy sees.
+    pub(super) fn count_nodes(&self, health: &HealthBook) {
+        let mut worst: BTreeMap<&str, u8> = BTreeMap::new();
+        for nodes in health.values() {
+            for (node, h) in nodes {
+                let rank = match h {
+                    NodeHealth::Healthy => 0,
+                    NodeHealth::Suspect { .. } => 1,
+                    NodeHealth::Failed { .. } => 2,
+                };
+                let entry = worst.entry(node).or_default();
+                *entry = (*entry).max(rank);
+            }
+        }
+        let count = |r| worst.values().filter(|v| **v == r).count();
+        self.metrics.set_nodes(count(0), count(1), count(2));
+    }
+}
+
+pub(super) fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some(<Pod as Resource>::kind(&()).into_owned()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: Some(uid.to_string()),
+        ..ObjectReference::default()
     }
 }

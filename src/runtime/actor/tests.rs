@@ -2,13 +2,23 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::runtime::watcher::Event;
 
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::judge::{podha_taint_proves_failure, resumed_tracker};
 use super::*;
-use crate::api::PodHAPolicySpec;
+use crate::api::{NodeTaint, PodHAPolicy, PodHAPolicySpec, TAINT_MARKER_ANNOTATION};
+use crate::runtime::actuator::Outcome;
+use crate::runtime::prober::{PlanSenders, ProbePlan};
+use crate::runtime::writer::ActResult;
 use crate::test_builders::*;
 
 const DRIVER: &str = "rwo.sim.podha.io";
 
-/// Issue 11, defect 1: a restart resumes a failover only on what the cluster proves. A
+/// A restart resumes a failover only on what the cluster proves. A
 /// leftover marker (taint removed by an admin) or a node that is Ready again resumes
 /// nothing; only marker + podha's taint + not Ready does.
 #[test]
@@ -92,7 +102,12 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
         agent: agent_plan,
     };
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    let mut actor = Actor::new(leader_rx, ready_tx, writes_tx, plans, metrics.clone());
+    let outputs = Outputs {
+        ready: ready_tx,
+        writes: writes_tx,
+        probe_plans: plans,
+    };
+    let mut actor = Actor::new(leader_rx, outputs, metrics.clone());
     let now = Instant::now();
     let view = view_with(objects);
     let state = &mut actor.state;
@@ -192,7 +207,7 @@ impl Harness {
 }
 
 fn acts(rx: &mut crate::runtime::writer::LaneReceivers) -> Vec<String> {
-    rx.queued_intents().iter().map(intent_key).collect()
+    rx.queued_intents().iter().map(Intent::key).collect()
 }
 
 fn skipped(metrics: &Metrics) -> f64 {
@@ -552,7 +567,10 @@ async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
     h.run_for(3).await;
     assert!(acts(&mut h.writes).is_empty(), "nothing to repeat");
     assert_eq!(
-        h.actor.failovers.get("node-1").map(Failover::phase),
+        h.actor
+            .ledger
+            .get("node-1")
+            .map(crate::incident::Incident::phase),
         Some(crate::api::FailoverPhase::Recovered)
     );
 }
@@ -571,7 +589,10 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
     h.run_for(3).await;
     assert!(acts(&mut h.writes).is_empty(), "a standby sends nothing");
     assert_eq!(
-        h.actor.failovers.get("node-1").map(Failover::phase),
+        h.actor
+            .ledger
+            .get("node-1")
+            .map(crate::incident::Incident::phase),
         Some(crate::api::FailoverPhase::Acting)
     );
     // The leader's work, as the watches show it.
@@ -591,7 +612,10 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
     h.run_for(3).await;
     assert!(acts(&mut h.writes).is_empty(), "nothing to repeat");
     assert_eq!(
-        h.actor.failovers.get("node-1").map(Failover::phase),
+        h.actor
+            .ledger
+            .get("node-1")
+            .map(crate::incident::Incident::phase),
         Some(crate::api::FailoverPhase::Recovered)
     );
 }

@@ -7,6 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::*;
+use crate::api::FailoverPhase;
 use crate::test_builders::*;
 use crate::view::ObjectKey;
 
@@ -107,8 +108,8 @@ fn sts_new_vas(node: &str) -> Vec<Obj> {
 
 /// A failover of n1 detected at t0+40s (last seen at t0) that deleted `moved` at t0+45s, as
 /// seen in `before`.
-fn acted(t0: Instant, moved: &[Pod], before: &View) -> Failover {
-    let mut f = Failover::new("n1", "db", Some(t0), t0 + secs(40));
+fn acted(t0: Instant, moved: &[Pod], before: &View) -> Incident {
+    let mut f = Incident::new("n1", "db", Some(t0), t0 + secs(40));
     if moved.is_empty() {
         f.record_action(t0 + secs(45), None);
     }
@@ -118,11 +119,11 @@ fn acted(t0: Instant, moved: &[Pod], before: &View) -> Failover {
     f
 }
 
-fn detached(f: &Failover) -> bool {
+fn detached(f: &Incident) -> bool {
     f.detached_at.is_some()
 }
 
-fn recovered(f: &Failover) -> bool {
+fn recovered(f: &Incident) -> bool {
     f.recovered_at.is_some()
 }
 
@@ -226,7 +227,7 @@ fn detach_follows_only_the_moved_volumes() {
     for (name, moved, after, want) in cases {
         let pods = if moved { vec![sts_old()] } else { vec![] };
         let mut f = acted(t0, &pods, &before);
-        let changes = f.update(t0 + secs(60), &world(after), TIMEOUT);
+        let changes = f.follow(t0 + secs(60), &world(after), TIMEOUT);
         assert_eq!(detached(&f), want, "{name}");
         if want {
             assert_eq!(
@@ -472,7 +473,7 @@ fn recovery_needs_a_running_ready_replacement_with_attached_volumes() {
                 .collect(),
         );
         let mut f = acted(t0, &moved, &before);
-        let changes = f.update(t0 + secs(60), &world(after), TIMEOUT);
+        let changes = f.follow(t0 + secs(60), &world(after), TIMEOUT);
         assert!(detached(&f), "{name}: the old attachments are gone");
         assert_eq!(recovered(&f), want, "{name}");
         let recovered_change = PhaseChange::Recovered { at: t0 + secs(60) };
@@ -489,7 +490,7 @@ fn a_replacement_on_the_dead_node_does_not_count() {
     let before = world(vec![sts_old().into()]);
     for (node, want) in [("n1", false), ("n2", true)] {
         let mut f = acted(t0, &[sts_old()], &before);
-        f.update(t0 + secs(60), &world(vec![sts_new(node).into()]), TIMEOUT);
+        f.follow(t0 + secs(60), &world(vec![sts_new(node).into()]), TIMEOUT);
         assert!(detached(&f));
         assert_eq!(recovered(&f), want, "replacement on {node}");
         if want {
@@ -534,7 +535,7 @@ fn siblings_that_ran_before_the_move_do_not_replace_a_pod_without_persistent_cla
         attached("pv6", "n2"),
     ];
     assert_eq!(
-        f.update(t0 + secs(60), &world(after.clone()), TIMEOUT),
+        f.follow(t0 + secs(60), &world(after.clone()), TIMEOUT),
         [PhaseChange::Detached { at: t0 + secs(60) }]
     );
     assert!(!recovered(&f), "the sibling was running before");
@@ -555,13 +556,13 @@ fn siblings_that_ran_before_the_move_do_not_replace_a_pod_without_persistent_cla
     ]
     .concat();
     assert!(
-        f.update(t0 + secs(70), &world(with_new.clone()), TIMEOUT)
+        f.follow(t0 + secs(70), &world(with_new.clone()), TIMEOUT)
             .is_empty(),
         "its ephemeral volume is not attached yet"
     );
     let attached_new = [with_new, vec![attached("pv8", "n3")]].concat();
     assert_eq!(
-        f.update(t0 + secs(80), &world(attached_new), TIMEOUT),
+        f.follow(t0 + secs(80), &world(attached_new), TIMEOUT),
         [PhaseChange::Recovered { at: t0 + secs(80) }]
     );
     assert_eq!(
@@ -583,14 +584,14 @@ fn recovery_never_comes_before_the_detach() {
         ]
         .concat(),
     );
-    assert!(f.update(t0 + secs(50), &stuck, TIMEOUT).is_empty());
+    assert!(f.follow(t0 + secs(50), &stuck, TIMEOUT).is_empty());
     assert_eq!(f.phase(), FailoverPhase::Detaching);
     assert_eq!(f.still_attached, ["pv1"]);
 
     let done = world([vec![sts_new("n2").into()], sts_new_vas("n2")].concat());
     let at = t0 + secs(55);
     assert_eq!(
-        f.update(at, &done, TIMEOUT),
+        f.follow(at, &done, TIMEOUT),
         [PhaseChange::Detached { at }, PhaseChange::Recovered { at }]
     );
     assert_eq!(f.phase(), FailoverPhase::Recovered);
@@ -600,9 +601,9 @@ fn recovery_never_comes_before_the_detach() {
 #[test]
 fn nothing_is_tracked_before_the_first_action() {
     let t0 = Instant::now();
-    let mut f = Failover::new("n1", "db", None, t0);
+    let mut f = Incident::new("n1", "db", None, t0);
     let empty = world(vec![]);
-    assert!(f.update(t0 + secs(1000), &empty, TIMEOUT).is_empty());
+    assert!(f.follow(t0 + secs(1000), &empty, TIMEOUT).is_empty());
     assert_eq!(f.phase(), FailoverPhase::Acting);
     assert!(f.durations().is_empty());
 }
@@ -614,11 +615,11 @@ fn the_detach_timeout_is_reported_once_and_a_late_detach_still_counts() {
     let stuck = world([vec![sts_old().into()], sts_old_vas()].concat());
     let mut f = acted(t0, &[sts_old()], &stuck); // acted at t0+45s
     assert!(
-        f.update(t0 + secs(105), &stuck, timeout).is_empty(),
+        f.follow(t0 + secs(105), &stuck, timeout).is_empty(),
         "exactly the timeout is not yet over it"
     );
     assert_eq!(
-        f.update(t0 + secs(106), &stuck, timeout),
+        f.follow(t0 + secs(106), &stuck, timeout),
         [PhaseChange::DetachTimedOut {
             waited: secs(61),
             volumes: vec!["pv1".into(), "pv2".into()],
@@ -626,7 +627,7 @@ fn the_detach_timeout_is_reported_once_and_a_late_detach_still_counts() {
     );
     assert_eq!(f.phase(), FailoverPhase::DetachTimedOut);
     for later in [107, 200, 10_000] {
-        assert!(f.update(t0 + secs(later), &stuck, timeout).is_empty());
+        assert!(f.follow(t0 + secs(later), &stuck, timeout).is_empty());
     }
     assert_eq!(f.timed_out_at, Some(t0 + secs(106)));
     let record = f.to_record(|_| Time(Timestamp::UNIX_EPOCH));
@@ -638,11 +639,11 @@ fn the_detach_timeout_is_reported_once_and_a_late_detach_still_counts() {
 
     let gone = world(vec![]);
     let at = t0 + secs(10_045);
-    assert_eq!(f.update(at, &gone, timeout), [PhaseChange::Detached { at }]);
+    assert_eq!(f.follow(at, &gone, timeout), [PhaseChange::Detached { at }]);
     assert_eq!(f.phase(), FailoverPhase::Recovering);
     assert!(f.timed_out());
     assert!(f.durations().contains(&(Phase::Detach, secs(10_000))));
-    assert!(f.update(at + secs(1), &gone, timeout).is_empty());
+    assert!(f.follow(at + secs(1), &gone, timeout).is_empty());
     let message = f.to_record(|_| Time(Timestamp::UNIX_EPOCH)).message;
     assert_eq!(
         message.as_deref(),
@@ -657,7 +658,7 @@ fn a_detach_seen_after_the_deadline_is_not_a_timeout() {
     let mut f = acted(t0, &[sts_old()], &before);
     let at = t0 + secs(1000);
     assert_eq!(
-        f.update(at, &world(vec![]), secs(60)),
+        f.follow(at, &world(vec![]), secs(60)),
         [PhaseChange::Detached { at }]
     );
     assert!(!f.timed_out());
@@ -668,7 +669,7 @@ fn a_detach_seen_after_the_deadline_is_not_a_timeout() {
 fn durations_span_each_phase() {
     let t0 = Instant::now();
     let before = world([vec![sts_old().into()], sts_old_vas()].concat());
-    let mut f = Failover::new("n1", "db", Some(t0), t0 + secs(40));
+    let mut f = Incident::new("n1", "db", Some(t0), t0 + secs(40));
     let acted_change =
         f.record_action(t0 + secs(45), Some(MovedPod::from_pod(&sts_old(), &before)));
     assert_eq!(acted_change, Some(PhaseChange::Acted { at: t0 + secs(45) }));
@@ -686,11 +687,11 @@ fn durations_span_each_phase() {
     );
 
     let detached_view = world(vec![]);
-    let detach = f.update(t0 + secs(75), &detached_view, TIMEOUT);
+    let detach = f.follow(t0 + secs(75), &detached_view, TIMEOUT);
     assert_eq!(f.durations_for(&detach[0]), [(Phase::Detach, secs(30))]);
 
     let recovered_view = world([vec![sts_new("n2").into()], sts_new_vas("n2")].concat());
-    let recover = f.update(t0 + secs(90), &recovered_view, TIMEOUT);
+    let recover = f.follow(t0 + secs(90), &recovered_view, TIMEOUT);
     assert_eq!(
         f.durations_for(&recover[0]),
         [(Phase::Recover, secs(15)), (Phase::Total, secs(90))]
@@ -707,10 +708,10 @@ fn durations_span_each_phase() {
     );
 
     // Without a last-seen-alive time there is no detect phase and the total starts at detection.
-    let mut unknown = Failover::new("n1", "db", None, t0 + secs(40));
+    let mut unknown = Incident::new("n1", "db", None, t0 + secs(40));
     unknown.record_action(t0 + secs(45), Some(MovedPod::from_pod(&sts_old(), &before)));
-    unknown.update(t0 + secs(75), &detached_view, TIMEOUT);
-    unknown.update(t0 + secs(90), &recovered_view, TIMEOUT);
+    unknown.follow(t0 + secs(75), &detached_view, TIMEOUT);
+    unknown.follow(t0 + secs(90), &recovered_view, TIMEOUT);
     assert_eq!(
         unknown.durations(),
         [
@@ -738,12 +739,12 @@ fn update_is_idempotent() {
     ];
     let mut now = t0 + secs(50);
     for (i, (view, want)) in stages.iter().enumerate() {
-        let first = f.update(now, view, TIMEOUT);
+        let first = f.follow(now, view, TIMEOUT);
         assert_eq!(first.len(), *want, "stage {i}: {first:?}");
         let settled = f.clone();
         for _ in 0..3 {
             now += secs(1);
-            assert!(f.update(now, view, TIMEOUT).is_empty(), "stage {i}");
+            assert!(f.follow(now, view, TIMEOUT).is_empty(), "stage {i}");
             assert_eq!(f, settled, "stage {i}: the state does not move");
         }
         now += secs(10);
@@ -754,7 +755,7 @@ fn update_is_idempotent() {
 #[test]
 fn phases_follow_the_recorded_steps() {
     let t0 = Instant::now();
-    let mut f = Failover::new("n1", "db", None, t0);
+    let mut f = Incident::new("n1", "db", None, t0);
     assert_eq!(f.phase(), FailoverPhase::Acting);
     f.record_hold("TooManyUnhealthyNodes: 3 of 4 nodes failed");
     assert_eq!(f.phase(), FailoverPhase::Held);
@@ -780,13 +781,13 @@ fn phases_follow_the_recorded_steps() {
     let mut returned = f.clone();
     returned.record_node_returned(t0 + secs(5));
     assert_eq!(returned.phase(), FailoverPhase::NodeReturned);
-    returned.update(t0 + secs(6), &world(vec![]), TIMEOUT);
+    returned.follow(t0 + secs(6), &world(vec![]), TIMEOUT);
     assert!(
         detached(&returned),
         "tracking goes on after the node returns"
     );
 
-    f.update(t0 + secs(6), &world(vec![]), TIMEOUT);
+    f.follow(t0 + secs(6), &world(vec![]), TIMEOUT);
     assert_eq!(
         f.phase(),
         FailoverPhase::Recovered,
@@ -820,9 +821,9 @@ fn the_record_shows_every_timestamp_in_wall_time() {
     assert_eq!(record.pods, ["ns/db-0"]);
     assert_eq!(record.message, None);
 
-    f.update(t0 + secs(75), &world(vec![]), TIMEOUT);
+    f.follow(t0 + secs(75), &world(vec![]), TIMEOUT);
     let recovered_view = world([vec![sts_new("n2").into()], sts_new_vas("n2")].concat());
-    f.update(t0 + secs(90), &recovered_view, TIMEOUT);
+    f.follow(t0 + secs(90), &recovered_view, TIMEOUT);
     let record = f.to_record(wall);
     assert_eq!(record.phase, FailoverPhase::Recovered);
     assert_eq!(record.detached_at, Some(at(75)));
@@ -850,12 +851,12 @@ fn a_replacement_must_be_in_the_moved_pods_namespace() {
         pod("b", "web-1-p", "n2").ready(true).into(),
         pod("b", "web-1-q", "n3").ready(true).into(),
     ];
-    f.update(t0 + secs(60), &world(two_in_b.clone()), TIMEOUT);
+    f.follow(t0 + secs(60), &world(two_in_b.clone()), TIMEOUT);
     assert!(detached(&f));
     assert!(!recovered(&f), "pods of b do not stand for a's pod");
 
     let one_in_each = [two_in_b, vec![pod("a", "web-1-r", "n2").ready(true).into()]].concat();
-    f.update(t0 + secs(70), &world(one_in_each), TIMEOUT);
+    f.follow(t0 + secs(70), &world(one_in_each), TIMEOUT);
     assert!(recovered(&f));
     let replaced: Vec<Option<String>> = f
         .moved

@@ -1,0 +1,202 @@
+//! One node death, from the moment a policy judges the node Failed until the node is healthy
+//! again: what podha did about it and when each phase of the failover ended. One record per dead
+//! node ([`Incident`]), kept by the decision loop in the [`Ledger`]; the planner reads it so that
+//! one incident never gets two actions, and [`Incident::follow`] advances its phases from the
+//! cluster view. Pure: no client, no IO; the runtime turns what changed into events, metrics and
+//! status.
+//!
+//! Rules:
+//! - **Only the pods there at the judgement move.** The UIDs bound to the node when the incident
+//!   opened are the only ones podha may delete: a pod bound to the node later is a replacement
+//!   that the dead kubelet never ran.
+//! - **Detached** when no VolumeAttachment on the dead node attaches a volume of a moved pod.
+//!   Attachments of other volumes do not count: they belong to pods podha left alone.
+//!   Attachments of inline volume specs name no PersistentVolume and are ignored. When nothing
+//!   was moved (only the out-of-service taint was added), detached means no VolumeAttachment at
+//!   all remains on the node: with the taint the attach/detach controller frees every volume
+//!   there, and it is the same test that allows removing the taint.
+//! - **Recovered** when every moved pod has a replacement (see [`MovedPod`]), never before
+//!   detached. When nothing was moved it is recovered as soon as it is detached.
+//! - **Detach timed out** once more than `detachTimeout` has passed since the first action
+//!   without a detach; reported once. A later detach is still recorded, and the failover goes on.
+//! - Phase timestamps are written once, so each event and metric fires once and repeated updates
+//!   with the same view change nothing. A pod recorded after recovery is listed, not tracked.
+
+mod follow;
+#[cfg(test)]
+mod follow_tests;
+mod ledger;
+mod moved;
+mod phase;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tokio::time::Instant;
+
+pub use ledger::{Ledger, RECENT_KEPT_FOR};
+pub use moved::{MovedPod, OwnerRef, Replacement};
+pub use phase::{Phase, PhaseChange};
+
+use crate::view::View;
+
+/// One node death, from judgement to recovery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incident {
+    pub node: String,
+    /// The policy that judged the node dead.
+    pub policy: String,
+    /// Last time the node was seen alive on the operator's clock, if known.
+    pub last_seen_alive: Option<Instant>,
+    /// When the node was judged Failed.
+    pub detected_at: Instant,
+
+    // What podha did.
+    /// UIDs of the pods bound to the node when the incident opened. Only these may be deleted:
+    /// a pod bound to the node later is a replacement that the dead kubelet never ran.
+    pub pods_at_failure: BTreeSet<String>,
+    /// UIDs of the pods podha force-deleted.
+    pub deleted: BTreeSet<String>,
+    /// The pods podha marked NotReady, by UID: the resourceVersion the mark produced, or
+    /// `None` once a delete in that version found the pod changed (the watch decides then).
+    pub marked_not_ready: BTreeMap<String, Option<String>>,
+    /// podha added the out-of-service taint for this incident.
+    pub tainted: bool,
+    /// The fence podha asked of the node's agent in this incident (the request's value on the
+    /// Node), once the request is written.
+    pub fence_request: Option<String>,
+    /// Pods podha deleted, as they were, in the order it deleted them.
+    pub moved: Vec<MovedPod>,
+
+    // When each phase ended.
+    /// The first action: a taint or a pod deletion.
+    pub acted_at: Option<Instant>,
+    pub detached_at: Option<Instant>,
+    pub recovered_at: Option<Instant>,
+    /// When the detach timeout was reported.
+    pub timed_out_at: Option<Instant>,
+    /// Volumes (or, for an inline spec, VolumeAttachments) still holding the dead node, as of
+    /// the last update before the detach; empty once detached.
+    pub still_attached: Vec<String>,
+    /// Why actions are held, while no action was taken.
+    pub held: Option<String>,
+    /// When the node was seen healthy again, if before recovery.
+    pub node_returned_at: Option<Instant>,
+}
+
+impl Incident {
+    /// An incident with nothing done yet and no pod recorded on the node.
+    pub fn new(
+        node: impl Into<String>,
+        policy: impl Into<String>,
+        last_seen_alive: Option<Instant>,
+        detected_at: Instant,
+    ) -> Self {
+        Self {
+            node: node.into(),
+            policy: policy.into(),
+            last_seen_alive,
+            detected_at,
+            pods_at_failure: BTreeSet::new(),
+            deleted: BTreeSet::new(),
+            marked_not_ready: BTreeMap::new(),
+            tainted: false,
+            fence_request: None,
+            moved: Vec::new(),
+            acted_at: None,
+            detached_at: None,
+            recovered_at: None,
+            timed_out_at: None,
+            still_attached: Vec::new(),
+            held: None,
+            node_returned_at: None,
+        }
+    }
+
+    /// The same, with the pods bound to the node in `view` now as the only ones that may move.
+    pub fn open(
+        node: &str,
+        policy: &str,
+        last_seen_alive: Option<Instant>,
+        detected_at: Instant,
+        view: &View,
+    ) -> Self {
+        let mut incident = Self::new(node, policy, last_seen_alive, detected_at);
+        incident.pods_at_failure = view
+            .pods_on(node)
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        incident
+    }
+
+    /// Records that the pod `uid` was deleted.
+    pub fn record_deleted(&mut self, uid: &str) {
+        self.deleted.insert(uid.to_string());
+    }
+
+    /// Records that the pod `uid` was marked NotReady, in `version`.
+    pub fn record_marked_not_ready(&mut self, uid: &str, version: Option<String>) {
+        self.marked_not_ready.insert(uid.to_string(), version);
+    }
+
+    /// Records that the pod `uid` changed after podha marked it: no delete in the marked
+    /// version any more.
+    pub fn record_changed_since_mark(&mut self, uid: &str) {
+        if let Some(version) = self.marked_not_ready.get_mut(uid) {
+            *version = None;
+        }
+    }
+
+    /// Records that podha asked the node's agent for a fence, with this request value.
+    pub fn record_fence_request(&mut self, request: &str) {
+        self.fence_request = Some(request.to_string());
+    }
+
+    /// Records that podha tainted the node.
+    pub fn record_tainted(&mut self) {
+        self.tainted = true;
+    }
+
+    /// Notes an action this process did not take: podha's taint on the node, put there by
+    /// another replica or an earlier process (which observed its act phase itself). The
+    /// failover is past Acting even if nothing is left to do here (Kubernetes' pod GC may have
+    /// removed the pods the taint let go); its detach and recover phases count from now.
+    pub fn adopt_action(&mut self, now: Instant) {
+        if self.acted_at.is_none() {
+            self.acted_at = Some(now);
+            self.held = None;
+        }
+    }
+
+    /// Records an action: the taint (`moved: None`) or a pod deletion. Returns
+    /// [`PhaseChange::Acted`] for the first one only. A pod already recorded (same UID) is not
+    /// added twice.
+    pub fn record_action(&mut self, now: Instant, moved: Option<MovedPod>) -> Option<PhaseChange> {
+        if let Some(pod) = moved
+            && !self.moved.iter().any(|m| m.uid == pod.uid)
+        {
+            self.moved.push(pod);
+        }
+        if self.acted_at.is_some() {
+            return None;
+        }
+        self.acted_at = Some(now);
+        self.held = None;
+        Some(PhaseChange::Acted { at: now })
+    }
+
+    /// Notes that actions are held (safety limit, dry run); shown until an action is taken.
+    pub fn record_hold(&mut self, reason: impl Into<String>) {
+        if self.acted_at.is_none() {
+            self.held = Some(reason.into());
+        }
+    }
+
+    /// Notes that the node is healthy again. Tracking goes on: a late detach or recovery is
+    /// still recorded.
+    pub fn record_node_returned(&mut self, now: Instant) {
+        if self.recovered_at.is_none() && self.node_returned_at.is_none() {
+            self.node_returned_at = Some(now);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! What the planner asks for: an [`Intent`] per action (or hold), and the names the rest of
+//! podha gives it: its key among the actions in flight, its node, its words in an event.
+
+use crate::api::{FencingProof, NodeTaint};
+use crate::view::ObjectKey;
+
+/// Something the actuator should do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Intent {
+    /// Add the taint (out-of-service, or the scheduling fence) and podha's marker.
+    TaintNode {
+        node: String,
+        policy: String,
+        taint: NodeTaint,
+    },
+    /// Set the pod's Ready condition to False (its node is dead, the readiness is stale), if it
+    /// is still the object with this UID.
+    MarkPodNotReady {
+        pod: ObjectKey,
+        uid: String,
+        node: String,
+        policy: String,
+    },
+    /// Force-delete (grace 0) the pod with this UID (UID precondition), and, for a pod podha
+    /// marked NotReady that the watch does not show so yet, only in the version the mark
+    /// produced (resourceVersion precondition).
+    ForceDeletePod {
+        pod: ObjectKey,
+        uid: String,
+        node: String,
+        policy: String,
+        owner_kind: &'static str,
+        resource_version: Option<String>,
+    },
+    /// Remove the taints podha added (the node is back and holds no volume).
+    RemoveTaint { node: String },
+    /// Ask the node's podha agent to fence the node (policy proof `Agent`): an annotation on
+    /// the Node the agent answers with its acknowledgement.
+    RequestFence { node: String, policy: String },
+    /// An action podha chose not to take, and why.
+    Hold {
+        policy: String,
+        node: Option<String>,
+        reason: HoldReason,
+    },
+}
+
+/// Why an action is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldReason {
+    /// More watched nodes are unhealthy (Failed, Suspect, or failed within
+    /// `safety.unhealthyWindow`) than `safety.maxUnhealthy` allows.
+    TooManyUnhealthy {
+        failed: usize,
+        watched: usize,
+        max: usize,
+    },
+    /// `dryRun` is set; this is what would have been done.
+    DryRun { would: Box<Intent> },
+    /// A node failed, but so many other watched nodes have not renewed their Lease since that a
+    /// partition cannot be ruled out.
+    Unconfirmed { unheard: usize, watched: usize },
+    /// The out-of-service taint would remove `pod`, which must stay (`why`); the node gets the
+    /// scheduling fence instead and only the eligible pods are deleted.
+    OutOfServiceRefused { pod: ObjectKey, why: &'static str },
+    /// The policy's `fencing.proof` is not on the node yet: nothing is tainted or deleted there.
+    FencingPending { proof: FencingProof },
+}
+
+impl HoldReason {
+    /// Label value for `podha_actions_held_total{reason}`.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::TooManyUnhealthy { .. } => "TooManyUnhealthyNodes",
+            Self::DryRun { .. } => "DryRun",
+            Self::Unconfirmed { .. } => "NodesNotHeardFrom",
+            Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
+            Self::FencingPending { .. } => "FencingPending",
+        }
+    }
+}
+
+impl Intent {
+    /// The node an intent is about (`None` for a policy-wide hold).
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Self::MarkPodNotReady { node, .. }
+            | Self::ForceDeletePod { node, .. }
+            | Self::TaintNode { node, .. }
+            | Self::RequestFence { node, .. }
+            | Self::RemoveTaint { node } => Some(node),
+            Self::Hold { node, .. } => node.as_deref(),
+        }
+    }
+
+    /// Identifies the action among those in flight or waiting for a retry: one per pod and
+    /// action, one per node and taint operation, one per hold.
+    pub fn key(&self) -> String {
+        match self {
+            Self::MarkPodNotReady { uid, .. } => format!("mark/{uid}"),
+            Self::ForceDeletePod { uid, .. } => format!("delete/{uid}"),
+            Self::TaintNode { node, .. } => taint_key(node),
+            Self::RemoveTaint { node } => format!("untaint/{node}"),
+            Self::RequestFence { node, .. } => format!("fence/{node}"),
+            Self::Hold {
+                policy,
+                node,
+                reason,
+            } => format!(
+                "hold/{policy}/{}/{}",
+                node.as_deref().unwrap_or(""),
+                reason.as_str()
+            ),
+        }
+    }
+
+    /// The action in words, for events ("dry run: would …").
+    pub fn describe(&self) -> String {
+        match self {
+            Self::MarkPodNotReady { pod, node, .. } => {
+                format!("mark pod {pod} on dead node {node} NotReady, then force-delete it")
+            }
+            Self::ForceDeletePod { pod, node, .. } => {
+                format!("force-delete pod {pod} on dead node {node}")
+            }
+            Self::TaintNode { node, taint, .. } => {
+                format!("taint node {node} {}:{}", taint.key(), taint.effect())
+            }
+            Self::RemoveTaint { node } => {
+                format!("remove the out-of-service taint from node {node}")
+            }
+            Self::RequestFence { node, .. } => {
+                format!("ask for a fence of node {node} (podha.io/fence-request)")
+            }
+            Self::Hold { .. } => "hold".to_string(),
+        }
+    }
+
+    /// Whether the result of this action can let the planner go on with the node at once: a
+    /// pod is deleted once its node's taint is on and its mark has landed.
+    pub const fn unblocks_deletes(&self) -> bool {
+        matches!(self, Self::TaintNode { .. } | Self::MarkPodNotReady { .. })
+    }
+}
+
+/// The key of a taint of `node` among the actions in flight ([`Intent::key`]).
+pub fn taint_key(node: &str) -> String {
+    format!("taint/{node}")
+}

@@ -1,0 +1,175 @@
+//! Dispatch: an intent becomes a write sent to the writer, unless the same action is in flight
+//! or waiting for its retry, or this replica does not lead; and the answer of a write comes
+//! back to the same schedule.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::super::writer::{ActResult, intent_kind};
+use super::Actor;
+use crate::incident::MovedPod;
+use crate::planner::Intent;
+
+/// The longest wait between two tries of one failed action.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The delays between retries of one failed action: 0.5 s, doubled per failure up to 30 s.
+fn action_retry() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(RETRY_MAX)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+}
+
+/// An action sent to the writer and not answered yet.
+pub(super) struct Sent {
+    /// The pod a delete moves, as it was when sent.
+    pub moved: Option<MovedPod>,
+    pub policy: String,
+    pub sent_at: Instant,
+}
+
+/// One action's place in the schedule.
+#[derive(Default)]
+struct Entry {
+    sent: Option<Sent>,
+    /// After a failure: when the action may be sent again, and the delays of the next ones.
+    retry: Option<(Instant, ExponentialBackoff)>,
+}
+
+/// Actions in flight or waiting for a retry, one per intent key: an action is sent once at a
+/// time, and a failed one not before its backoff allows (kube-runtime's scheduler does the same
+/// per object).
+#[derive(Default)]
+pub(super) struct Schedule {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Schedule {
+    /// Whether the action may be sent now: not in flight, and no retry due later.
+    pub fn is_due(&self, key: &str, now: Instant) -> bool {
+        self.entries
+            .get(key)
+            .is_none_or(|e| e.sent.is_none() && e.retry.as_ref().is_none_or(|(due, _)| now >= *due))
+    }
+
+    pub fn in_flight(&self, key: &str) -> bool {
+        self.entries.get(key).is_some_and(|e| e.sent.is_some())
+    }
+
+    pub fn send(&mut self, key: String, sent: Sent) {
+        self.entries.entry(key).or_default().sent = Some(sent);
+    }
+
+    /// The answer to an action in flight came: `None` if none was (a late answer). A success
+    /// forgets the action; a failure returns the delay before it may be sent again.
+    pub fn answer(
+        &mut self,
+        key: &str,
+        ok: bool,
+        now: Instant,
+    ) -> Option<(Sent, Option<Duration>)> {
+        let entry = self.entries.get_mut(key)?;
+        let sent = entry.sent.take()?;
+        if ok {
+            self.entries.remove(key);
+            return Some((sent, None));
+        }
+        let (due, delays) = entry.retry.get_or_insert_with(|| (now, action_retry()));
+        // The builder sets no limit on the number of delays: there is always a next one.
+        let delay = delays.next().unwrap_or(RETRY_MAX);
+        *due = now + delay;
+        Some((sent, Some(delay)))
+    }
+}
+
+impl Actor {
+    /// Dispatch: reports a hold, or sends the action once (and again only when its retry is
+    /// due); a follower only counts what it would have done.
+    pub(super) async fn dispatch(&mut self, intent: Intent, now: Instant) {
+        if let Intent::Hold {
+            policy,
+            node,
+            reason,
+        } = &intent
+        {
+            self.report_hold(policy, node.as_deref(), reason).await;
+            return;
+        }
+        let key = intent.key();
+        if !self.schedule.is_due(&key, now) {
+            return;
+        }
+        if !self.leading {
+            let scope = intent.node().unwrap_or("");
+            if self.reported.first(scope, format!("dropped/{key}")) {
+                self.metrics.inc_intents_dropped(intent_kind(&intent));
+            }
+            return;
+        }
+        let sent = Sent {
+            moved: self.moved_pod(&intent),
+            policy: match &intent {
+                Intent::RemoveTaint { node } => self.marker_policy(node),
+                _ => intent_policy(&intent).to_string(),
+            },
+            sent_at: Instant::now(),
+        };
+        self.schedule.send(key, sent);
+        let node = match &intent {
+            Intent::TaintNode { node, .. }
+            | Intent::RemoveTaint { node }
+            | Intent::RequestFence { node, .. } => self.state.view.nodes.get(node).cloned(),
+            _ => None,
+        };
+        self.out.writes.act(intent, node).await;
+    }
+
+    /// The pod a delete (or a mark before it) moves, as the view shows it now.
+    fn moved_pod(&self, intent: &Intent) -> Option<MovedPod> {
+        let (Intent::ForceDeletePod { node, uid, .. } | Intent::MarkPodNotReady { node, uid, .. }) =
+            intent
+        else {
+            return None;
+        };
+        let view = &self.state.view;
+        view.pods_on(node)
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            .map(|p| MovedPod::from_pod(p, view))
+    }
+
+    /// The answer of a write: on success, what it did goes into the incident and the reports;
+    /// a failure waits for its retry.
+    pub(super) fn on_result(&mut self, result: ActResult, now: Instant) {
+        let key = result.intent.key();
+        let ok = result.result.is_ok();
+        let Some((sent, retry_in)) = self.schedule.answer(&key, ok, now) else {
+            return;
+        };
+        self.metrics
+            .observe_action_latency(intent_kind(&result.intent), now - sent.sent_at);
+        match result.result {
+            Ok(outcome) => self.record_outcome(&result.intent, outcome, sent, now),
+            Err(error) => warn!(%key, %error, ?retry_in, "action failed"),
+        }
+    }
+}
+
+/// The policy an action is taken for ("" for an untaint, whose policy is the node's marker).
+fn intent_policy(intent: &Intent) -> &str {
+    match intent {
+        Intent::ForceDeletePod { policy, .. }
+        | Intent::MarkPodNotReady { policy, .. }
+        | Intent::TaintNode { policy, .. }
+        | Intent::RequestFence { policy, .. }
+        | Intent::Hold { policy, .. } => policy,
+        Intent::RemoveTaint { .. } => "",
+    }
+}

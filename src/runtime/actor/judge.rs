@@ -1,0 +1,225 @@
+//! Judge: every policy's health tracker for every node it watches, advanced by the node's
+//! observations; what the probers must probe; the heartbeats the planner's settle rule reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::super::prober::{AGENT_PROBE_INTERVAL, ProbePlan, Target, agent_addr, kubelet_addr};
+use super::super::state::ClusterState;
+use crate::api::{NodeTaint, PodHAPolicy, TAINT_MARKER_ANNOTATION};
+use crate::eligibility::node_selected;
+use crate::health::{
+    DetectionConfig, HealthTracker, NodeHealth, NodeObservations, ProbeKind, ReadyStatus,
+    Transition,
+};
+use crate::planner::{HealthBook, Heartbeat, Heartbeats};
+
+/// A policy's tracker of a node changed state.
+pub(super) struct Judgement {
+    pub policy: String,
+    pub node: String,
+    pub transition: Transition,
+}
+
+/// The health trackers, by (policy, node).
+#[derive(Default)]
+pub(super) struct Judge {
+    trackers: BTreeMap<(String, String), HealthTracker>,
+}
+
+impl Judge {
+    /// Advances every tracker whose probe is due; returns the transitions, in policy and node
+    /// order. A (policy, node) pair no longer watched loses its tracker.
+    pub fn advance(&mut self, state: &ClusterState, now: Instant) -> Vec<Judgement> {
+        let mut judgements = Vec::new();
+        let mut watched = BTreeSet::new();
+        for (name, policy) in &state.policies {
+            let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
+                continue;
+            };
+            for (node_name, node) in &state.view.nodes {
+                let Some(obs) = state.observations.get(node_name) else {
+                    continue;
+                };
+                if !node_selected(&policy.spec, node) {
+                    continue;
+                }
+                let key = (name.clone(), node_name.clone());
+                watched.insert(key.clone());
+                let tracker = self
+                    .trackers
+                    .entry(key)
+                    .or_insert_with(|| resumed_tracker(node, name, obs, now));
+                if let Some(transition) = tracker.poll(now, obs, &cfg) {
+                    judgements.push(Judgement {
+                        policy: name.clone(),
+                        node: node_name.clone(),
+                        transition,
+                    });
+                }
+            }
+        }
+        self.trackers.retain(|key, _| watched.contains(key));
+        judgements
+    }
+
+    pub fn forget_policies_but(&mut self, live: &BTreeMap<String, std::sync::Arc<PodHAPolicy>>) {
+        self.trackers
+            .retain(|(policy, _), _| live.contains_key(policy));
+    }
+
+    /// Node health per policy, as the planner reads it.
+    pub fn health_book(&self) -> HealthBook {
+        let mut book = HealthBook::new();
+        for ((policy, node), tracker) in &self.trackers {
+            book.entry(policy.clone())
+                .or_default()
+                .insert(node.clone(), tracker.state());
+        }
+        book
+    }
+
+    /// (policy, node, judged at) of every tracker resumed as Failed whose failure is proven by
+    /// the cluster (podha's taint from a previous leader or process): it made no transition.
+    pub fn resumed_failures(&self) -> impl Iterator<Item = (&str, &str, Instant)> {
+        self.trackers
+            .iter()
+            .filter_map(|((policy, node), tracker)| match tracker.state() {
+                NodeHealth::Failed { since } if tracker.judged_failed() => {
+                    Some((policy.as_str(), node.as_str(), since))
+                }
+                _ => None,
+            })
+    }
+}
+
+/// What the probers probe: the kubelet port of every node a policy with the `KubeletTCP`
+/// signal watches (at the shortest such interval and timeout), and, while podha leads, the agent
+/// of every node that runs one, whether or not a policy listens: an agent podha stops hearing
+/// fences its node (see `crate::agent`), so every agent must be heard while podha leads. A
+/// follower asks none (only the leader's hearing counts).
+pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, ProbePlan) {
+    let mut tcp_interval: Option<Duration> = None;
+    let mut tcp_targets: BTreeMap<&str, Target> = BTreeMap::new();
+    let mut agent_timeout = AGENT_PROBE_INTERVAL;
+    for policy in state.policies.values() {
+        let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
+            continue;
+        };
+        if cfg.signals.agent {
+            agent_timeout = agent_timeout.min(cfg.tcp_timeout);
+        }
+        if !cfg.signals.kubelet_tcp {
+            continue;
+        }
+        tcp_interval = Some(tcp_interval.map_or(cfg.interval, |i| i.min(cfg.interval)));
+        for (node_name, node) in &state.view.nodes {
+            if !node_selected(&policy.spec, node) {
+                continue;
+            }
+            tcp_targets
+                .entry(node_name)
+                .and_modify(|t| t.timeout = t.timeout.min(cfg.tcp_timeout))
+                .or_insert_with(|| Target {
+                    node: node_name.clone(),
+                    addr: kubelet_addr(node),
+                    timeout: cfg.tcp_timeout,
+                });
+        }
+    }
+    let kubelet = ProbePlan {
+        interval: tcp_interval.unwrap_or_default(),
+        targets: tcp_targets.into_values().collect(),
+    };
+    let agent = if leading {
+        ProbePlan {
+            interval: AGENT_PROBE_INTERVAL,
+            targets: agent_targets(state, agent_timeout),
+        }
+    } else {
+        ProbePlan::default()
+    };
+    (kubelet, agent)
+}
+
+fn agent_targets(state: &ClusterState, timeout: Duration) -> Vec<Target> {
+    state
+        .view
+        .nodes
+        .iter()
+        .filter_map(|(name, node)| {
+            agent_addr(node).map(|addr| Target {
+                node: name.clone(),
+                addr: Some(addr),
+                timeout,
+            })
+        })
+        .collect()
+}
+
+/// Hands a prober its plan, waking it only when the plan changed.
+pub(super) fn publish(sender: &watch::Sender<ProbePlan>, plan: ProbePlan) {
+    sender.send_if_modified(|current| {
+        let changed = *current != plan;
+        if changed {
+            *current = plan;
+        }
+        changed
+    });
+}
+
+/// What podha has heard from every node, for the planner's settle rule.
+pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
+    state
+        .observations
+        .iter()
+        .map(|(node, obs)| {
+            let hb = Heartbeat {
+                last_renewal: obs.last_renewal(),
+                silent_since: obs.lease_baseline(),
+                renew_period: obs.renew_period_bound(),
+                tcp_answered: obs.tcp_answered(),
+                tcp_silent_since: obs.tcp_silent_since(),
+                agent_answered: obs.probed(ProbeKind::Agent).answered,
+                agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
+                tainted_since: obs.podha_tainted_since(),
+            };
+            (node.clone(), hb)
+        })
+        .collect()
+}
+
+/// A tracker for a node a policy starts watching. A node carrying podha's taint marker for
+/// this policy was judged dead before (by a previous process or leader): it resumes as Failed
+/// so a restart does not by itself make it look healthy.
+pub(super) fn resumed_tracker(
+    node: &Node,
+    policy: &str,
+    obs: &NodeObservations,
+    now: Instant,
+) -> HealthTracker {
+    if podha_taint_proves_failure(node, policy) {
+        HealthTracker::resume_failed(obs, now)
+    } else {
+        HealthTracker::new(obs)
+    }
+}
+
+/// Whether the cluster itself shows that `policy` failed this node over before (another
+/// replica, or this process before a restart): podha's marker names the policy, podha's taint
+/// is still on, and the node is not Ready. A marker alone proves nothing (an admin may have
+/// removed the taint by hand, as Kubernetes' docs tell them to), and a Ready node is back.
+pub(super) fn podha_taint_proves_failure(node: &Node, policy: &str) -> bool {
+    let marked = node
+        .annotations()
+        .get(TAINT_MARKER_ANNOTATION)
+        .is_some_and(|p| p == policy);
+    marked
+        && NodeTaint::ALL.iter().any(|t| t.on(node))
+        && ReadyStatus::from_node(node) != ReadyStatus::True
+}

@@ -1,0 +1,238 @@
+//! What a write that succeeded did: recorded in its incident (so it is never done twice),
+//! counted, and told in an event.
+
+use kube::ResourceExt;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::super::actuator::Outcome;
+use super::super::writer::EventNote;
+use super::Actor;
+use super::dispatch::Sent;
+use super::reports::pod_reference;
+use crate::api::{AgentEvidence, FenceEvidence, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::health::ProbeKind;
+use crate::incident::Phase;
+use crate::metrics::TaintOperation;
+use crate::planner::Intent;
+use crate::view::ObjectKey;
+
+impl Actor {
+    pub(super) fn record_outcome(
+        &mut self,
+        intent: &Intent,
+        outcome: Outcome,
+        sent: Sent,
+        now: Instant,
+    ) {
+        match intent {
+            Intent::MarkPodNotReady { node, uid, pod, .. } => {
+                self.record_mark(node, uid, pod, outcome, sent, now);
+            }
+            Intent::ForceDeletePod {
+                pod,
+                uid,
+                node,
+                policy,
+                ..
+            } if outcome == Outcome::Changed => self.record_changed(pod, uid, node, policy),
+            Intent::ForceDeletePod { .. } => {
+                self.record_delete(intent, outcome == Outcome::Applied, sent, now);
+            }
+            Intent::TaintNode {
+                node,
+                policy,
+                taint,
+            } => self.record_taint(node, policy, *taint, outcome == Outcome::Applied, now),
+            Intent::RemoveTaint { node } => {
+                if outcome == Outcome::Applied {
+                    self.metrics
+                        .inc_taints(&sent.policy, TaintOperation::Remove);
+                    let note = "removed podha's taint: the node is back and holds no volume";
+                    let ev = self.node_event(node, false, "TaintRemoved", "Untaint", note.into());
+                    self.queue_event(ev);
+                }
+            }
+            Intent::RequestFence { node, policy } => {
+                if let Outcome::FenceRequested { request } = &outcome {
+                    self.record_fence_request(node, policy, request);
+                }
+            }
+            Intent::Hold { .. } => {}
+        }
+    }
+
+    fn record_mark(
+        &mut self,
+        node: &str,
+        uid: &str,
+        pod: &ObjectKey,
+        outcome: Outcome,
+        sent: Sent,
+        now: Instant,
+    ) {
+        match outcome {
+            Outcome::Marked { resource_version } => {
+                self.ledger
+                    .record_marked_not_ready(node, uid, resource_version);
+                info!(%pod, node, "pod marked NotReady");
+                self.record_action(node, now, None);
+            }
+            // Gone, or the name is another pod now: nothing left to delete; its volumes are
+            // followed as for a delete.
+            _ => {
+                self.ledger.record_deleted(node, uid);
+                self.record_action(node, now, sent.moved);
+            }
+        }
+    }
+
+    fn record_changed(&mut self, pod: &ObjectKey, uid: &str, node: &str, policy: &str) {
+        self.ledger.record_changed_since_mark(node, uid);
+        info!(%pod, node, "pod marked NotReady; it changed before the delete");
+        let note = format!(
+            "marked NotReady: node {node} is dead (policy {policy}); the pod changed before it \
+             could be deleted"
+        );
+        self.queue_event(EventNote {
+            regarding: pod_reference(pod, uid),
+            warning: false,
+            reason: "PodMarkedNotReady",
+            action: "MarkNotReady",
+            note,
+        });
+    }
+
+    fn record_delete(&mut self, intent: &Intent, applied: bool, sent: Sent, now: Instant) {
+        let Intent::ForceDeletePod {
+            node,
+            uid,
+            pod,
+            owner_kind,
+            policy,
+            ..
+        } = intent
+        else {
+            return;
+        };
+        self.ledger.record_deleted(node, uid);
+        if applied {
+            self.metrics.inc_pods_deleted(policy, owner_kind);
+            info!(%pod, node, "pod force-deleted");
+        }
+        self.record_action(node, now, sent.moved);
+        if !applied {
+            return;
+        }
+        let marked = self
+            .ledger
+            .get(node)
+            .is_some_and(|i| i.marked_not_ready.contains_key(uid));
+        let how = if marked { "marked NotReady and " } else { "" };
+        self.queue_event(EventNote {
+            regarding: pod_reference(pod, uid),
+            warning: false,
+            reason: "PodForceDeleted",
+            action: "ForceDelete",
+            note: format!("{how}force-deleted from dead node {node} (policy {policy})"),
+        });
+    }
+
+    fn record_taint(
+        &mut self,
+        node: &str,
+        policy: &str,
+        taint: NodeTaint,
+        applied: bool,
+        now: Instant,
+    ) {
+        self.ledger.record_tainted(node);
+        if applied {
+            self.metrics.inc_taints(policy, TaintOperation::Add);
+        }
+        self.record_action(node, now, None);
+        if !applied {
+            return;
+        }
+        let evidence = match taint {
+            NodeTaint::OutOfService => self.fence_evidence(node, policy, now),
+            NodeTaint::Fence => None,
+        };
+        if let Some(evidence) = evidence
+            && evidence != FenceEvidence::NotAsked
+            && let Some(incident) = self.ledger.get(node)
+        {
+            let fence = now.saturating_duration_since(incident.detected_at);
+            self.metrics
+                .observe_phase(&incident.policy, Phase::Fence, fence);
+        }
+        let proof = evidence.map_or(String::new(), |e| {
+            format!("; fencing proof: {}", e.as_str())
+        });
+        let note = format!(
+            "tainted {}={}:{} (policy {policy}{proof})",
+            taint.key(),
+            taint.value(),
+            taint.effect()
+        );
+        let reason = match taint {
+            NodeTaint::OutOfService => "OutOfServiceTaintAdded",
+            NodeTaint::Fence => "NodeFenced",
+        };
+        let ev = self.node_event(node, true, reason, "Taint", note);
+        self.queue_event(ev);
+    }
+
+    fn record_fence_request(&mut self, node: &str, policy: &str, request: &str) {
+        self.ledger.record_fence_request(node, request);
+        info!(node, request, "fence requested on the node");
+        let agent_proof = self
+            .state
+            .policies
+            .get(policy)
+            .map(|p| p.spec.fencing.proof)
+            == Some(FencingProof::Agent);
+        let note = format!(
+            "asked for a fence of the node (podha.io/fence-request {request}, policy {policy}); \
+             the out-of-service taint waits for the fence's acknowledgement \
+             (podha.io/fence-ack){}",
+            if agent_proof {
+                " or the agent's silence"
+            } else {
+                ""
+            }
+        );
+        let ev = self.node_event(node, true, "FenceRequested", "Fence", note);
+        self.queue_event(ev);
+    }
+
+    /// What proves `node` fenced for `policy` now, as the planner judged it.
+    fn fence_evidence(&self, node: &str, policy: &str, now: Instant) -> Option<FenceEvidence> {
+        let spec = &self.state.policies.get(policy)?.spec;
+        let node_obj = self.state.view.nodes.get(node)?;
+        let silent_for = self
+            .state
+            .observations
+            .get(node)
+            .and_then(|o| o.probed(ProbeKind::Agent).silent_since)
+            .map(|since| now.saturating_duration_since(since));
+        let agent = AgentEvidence {
+            silent_for,
+            request: self
+                .ledger
+                .get(node)
+                .and_then(|i| i.fence_request.as_deref()),
+        };
+        spec.fencing.proven(node_obj, agent)
+    }
+
+    /// The policy named by podha's taint marker on `node` ("" without one).
+    pub(super) fn marker_policy(&self, node: &str) -> String {
+        self.state
+            .view
+            .nodes
+            .get(node)
+            .and_then(|n| n.annotations().get(TAINT_MARKER_ANNOTATION).cloned())
+            .unwrap_or_default()
+    }
+}
