@@ -173,3 +173,68 @@ fn intent_policy(intent: &Intent) -> &str {
         Intent::RemoveTaint { .. } => "",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent() -> Sent {
+        Sent {
+            moved: None,
+            policy: "p".into(),
+            sent_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn an_action_is_sent_once_at_a_time() {
+        let now = Instant::now();
+        let mut schedule = Schedule::default();
+        assert!(schedule.is_due("taint/n1", now));
+        schedule.send("taint/n1".into(), sent());
+        assert!(schedule.in_flight("taint/n1"));
+        assert!(!schedule.is_due("taint/n1", now));
+        assert!(
+            schedule.is_due("taint/n2", now),
+            "other keys are independent"
+        );
+        let (_, retry) = schedule.answer("taint/n1", true, now).expect("in flight");
+        assert_eq!(retry, None);
+        assert!(schedule.is_due("taint/n1", now));
+        assert!(
+            schedule.answer("taint/n1", true, now).is_none(),
+            "a late answer finds nothing in flight"
+        );
+    }
+
+    #[test]
+    fn a_failed_action_waits_doubling_delays_up_to_the_maximum_and_success_resets_them() {
+        let mut now = Instant::now();
+        let mut schedule = Schedule::default();
+        let mut delays = Vec::new();
+        for _ in 0..10 {
+            assert!(schedule.is_due("delete/u", now));
+            schedule.send("delete/u".into(), sent());
+            let (_, retry) = schedule.answer("delete/u", false, now).expect("in flight");
+            let delay = retry.expect("a failure is retried");
+            assert!(!schedule.is_due("delete/u", now + delay - Duration::from_millis(1)));
+            delays.push(delay.as_millis());
+            now += delay;
+        }
+        assert_eq!(
+            delays,
+            [
+                500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000
+            ]
+        );
+        schedule.send("delete/u".into(), sent());
+        schedule.answer("delete/u", true, now).expect("in flight");
+        schedule.send("delete/u".into(), sent());
+        let (_, retry) = schedule.answer("delete/u", false, now).expect("in flight");
+        assert_eq!(
+            retry,
+            Some(Duration::from_millis(500)),
+            "a success starts over"
+        );
+    }
+}
