@@ -1,4 +1,4 @@
-//! `fencing.proof`: the out-of-service taint only on a node proven fenced (issue 15).
+//! `fencing.proof`: the out-of-service taint only on a node proven fenced.
 
 use super::*;
 use crate::agent::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION};

@@ -1,4 +1,4 @@
-//! Issue 11's defects 3, 4, 7 and 8: what the out-of-service taint may hit, when the fence
+//! Safety of the fence: what the out-of-service taint may hit, when the fence
 //! leaves, counting unhealthy nodes in a partition, and one rule for overlapping policies.
 
 use std::time::Duration;
@@ -38,7 +38,7 @@ fn oos() -> PodHAPolicySpec {
     with_action(mk_spec(), Action::OutOfServiceTaint)
 }
 
-// ---- defect 3: the out-of-service taint is node-wide ------------------------------------------
+// ---- the out-of-service taint is node-wide ------------------------------------------
 
 /// One eligible pod must not bring the taint down on pods podha would never move: a bare pod
 /// (lost for good), an opted-out pod, a pod of another driver. The node gets the fence, the
@@ -102,7 +102,7 @@ fn stateless_controlled_pods_do_not_hold_back_the_out_of_service_taint() {
     assert!(refused(&plan).is_empty());
 }
 
-// ---- defect 8: one rule for overlapping policies ---------------------------------------------
+// ---- one rule for overlapping policies ---------------------------------------------
 
 /// "a" owns the node (first by name; its namespace selector selects no pod here), "b" owns the
 /// pod. The pod moves only once "a" judges the node dead too, and never before a taint: today
@@ -189,7 +189,7 @@ fn the_nodes_policy_hold_holds_every_pod_on_the_node() {
     assert_eq!(skip_reasons(&plan), vec![("ns/db-0".to_string(), "Held")]);
 }
 
-// ---- defect 4: the fence protects the moved pods' volumes -----------------------------------
+// ---- the fence protects the moved pods' volumes -----------------------------------
 
 /// The node comes back with a pod podha left alone (a bare pod) still attached: its volume is
 /// no reason to keep the fence, so the node takes new pods again. A volume of a pod that moved
@@ -231,7 +231,7 @@ fn the_fence_leaves_once_the_moved_pods_volumes_are_gone_whatever_stayed_attache
     assert!(plan.intents.is_empty(), "{:?}", plan.intents);
 }
 
-// ---- defect 7: counting unhealthy nodes in a partition --------------------------------------
+// ---- counting unhealthy nodes in a partition --------------------------------------
 
 /// Suspect nodes count: they are on their way to Failed, one probe interval behind.
 #[test]
@@ -456,7 +456,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
     assert!(world(tcp, beats).plan().intents.is_empty());
 }
 
-// ---- issue 15, item 3: a policy edited mid-incident -------------------------------------------
+// ---- a policy edited mid-incident -------------------------------------------------------------
 
 /// A node failed over with `DeletePods` (fenced, db-0 deleted, its replacement waiting for the
 /// volume); the user switches the policy to `OutOfServiceTaint`: the open incident gets the

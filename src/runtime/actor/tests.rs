@@ -418,7 +418,7 @@ fn taint_of(node: &str) -> Intent {
     }
 }
 
-/// Issue 15, item 3: a policy created after its node died acts on that node (the node is
+/// A policy created after its node died acts on that node (the node is
 /// judged by the new policy's own probes; its pods then are the pods at failure).
 #[tokio::test(start_paused = true)]
 async fn a_policy_created_after_the_node_died_acts_on_it() {
@@ -436,7 +436,7 @@ async fn a_policy_created_after_the_node_died_acts_on_it() {
     assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-node-1"]);
 }
 
-/// Issue 15, item 3: a rehearsal turned real acts on the incident it rehearsed, at once.
+/// A rehearsal turned real acts on the incident it rehearsed, at once.
 #[tokio::test(start_paused = true)]
 async fn dry_run_turned_off_mid_incident_acts_on_it() {
     let mut objects = dead_node_with_pods("node-1");
@@ -459,7 +459,7 @@ async fn dry_run_turned_off_mid_incident_acts_on_it() {
     assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-node-1"]);
 }
 
-/// Issue 15, item 3: a pod selector widened mid-incident moves the pod it now selects, if it
+/// A pod selector widened mid-incident moves the pod it now selects, if it
 /// was on the node when it died, and lifts the refusal of the out-of-service taint that the
 /// unselected pod caused: the volume of the pod podha moved earlier, waiting out the
 /// attach/detach controller behind podha's fence, is let go at once.
