@@ -78,6 +78,68 @@ impl HoldReason {
             Self::FencingPending { .. } => "FencingPending",
         }
     }
+    /// What a hold is about, to tell two holds of one reason apart: the action a dry run
+    /// rehearses, the pod a refused taint would remove.
+    pub fn subject(&self) -> String {
+        match self {
+            Self::DryRun { would } => would.key(),
+            Self::OutOfServiceRefused { pod, .. } => pod.to_string(),
+            Self::TooManyUnhealthy { .. }
+            | Self::Unconfirmed { .. }
+            | Self::FencingPending { .. } => String::new(),
+        }
+    }
+
+    /// The hold in words, for its events and the incident's status.
+    pub fn note(&self, node: Option<&str>) -> String {
+        let node = node.unwrap_or("?");
+        match self {
+            Self::TooManyUnhealthy {
+                failed,
+                watched,
+                max,
+            } => format!(
+                "holding every action: {failed} of {watched} watched nodes failed, more than \
+                 safety.maxUnhealthy allows ({max})"
+            ),
+            Self::DryRun { would } => format!("dry run: would {}", would.describe()),
+            Self::Unconfirmed { unheard, watched } => format!(
+                "holding: {unheard} of {watched} watched nodes have not renewed their Lease since \
+                 node {node} went silent, so a partition cannot be told from one dead node"
+            ),
+            Self::OutOfServiceRefused { pod, why } => format!(
+                "out-of-service taint refused on node {node}: it would remove pod {pod}, which \
+                 must stay ({why}); fencing the node for the scheduler and deleting only the \
+                 eligible pods, whose volumes detach after the attach/detach controller's \
+                 6-minute wait"
+            ),
+            Self::FencingPending { proof } => format!(
+                "node {node} is judged dead, but fencing.proof {} is not on it: nothing is \
+                 tainted or deleted there until it is (a node that could still run keeps its \
+                 volumes)",
+                proof.as_str()
+            ),
+        }
+    }
+
+    /// The reason of the hold's event on its node, for the holds a node's owner must see.
+    pub const fn node_event_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::OutOfServiceRefused { .. } => Some("OutOfServiceTaintRefused"),
+            Self::FencingPending { .. } => Some("FencingPending"),
+            _ => None,
+        }
+    }
+
+    /// The reason of the hold's event on its policy.
+    pub const fn policy_event_reason(&self) -> &'static str {
+        match self {
+            Self::DryRun { .. } => "DryRun",
+            Self::TooManyUnhealthy { .. } | Self::Unconfirmed { .. } => "ActionsHeld",
+            Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
+            Self::FencingPending { .. } => "FencingPending",
+        }
+    }
 }
 
 impl Intent {

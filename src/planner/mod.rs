@@ -32,7 +32,7 @@ mod taints;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use tokio::time::Instant;
 
 pub use holds::{Heartbeat, Heartbeats};
@@ -170,9 +170,35 @@ struct NodePlan<'p> {
     protected: Option<Protected>,
 }
 
-fn plan_incident(
+/// A failed node and the policy that governs it, as one round sees them.
+struct FailedNode<'a, 'p> {
+    incident: &'a Incident,
+    node: &'a Node,
+    policy: PolicyRef<'p>,
+    policies: &'a [PolicyRef<'p>],
+    held: &'a BTreeMap<&'a str, HoldReason>,
+    input: &'a PlanInput<'a>,
+}
+
+impl FailedNode<'_, '_> {
+    fn name(&self) -> &str {
+        &self.incident.node
+    }
+
+    /// The node's policy holds every action on the node.
+    fn held(&self) -> bool {
+        self.held.contains_key(self.policy.name)
+    }
+
+    /// A dry run of the node's policy rehearses every action on the node.
+    fn rehearsal(&self) -> bool {
+        self.policy.spec.dry_run
+    }
+}
+
+fn plan_incident<'p>(
     incident: &Incident,
-    policies: &[PolicyRef<'_>],
+    policies: &[PolicyRef<'p>],
     held: &BTreeMap<&str, HoldReason>,
     input: &PlanInput<'_>,
     out: &mut Plan,
@@ -189,197 +215,249 @@ fn plan_incident(
     if !judged_failed(input.health, node_policy.name, node) {
         return;
     }
-    let node_held = held.contains_key(node_policy.name);
-    if !node_held && let holds::Settle::Wait(hold) = holds::settle(node_policy, incident, input) {
+    let failed = FailedNode {
+        incident,
+        node: node_obj,
+        policy: node_policy,
+        policies,
+        held,
+        input,
+    };
+    if !failed.held()
+        && let holds::Settle::Wait(hold) = holds::settle(node_policy, incident, input)
+    {
         out.intents.extend(hold);
         return;
     }
-    let np = plan_pods(incident, node_obj, node_policy, policies, held, input, out);
-    if node_held {
+    let np = plan_pods(&failed, out);
+    if failed.held() {
         return;
     }
-
     // Marks go out with the taint: they move nothing. Deletes only once the node carries a
     // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
     // have its replacement scheduled straight back onto the dead node (still Ready for the node
     // lifecycle controller for up to 50 s).
-    let moving = !np.marks.is_empty() || !np.deletes.is_empty();
     let tainted = incident.tainted || NodeTaint::ALL.iter().any(|t| t.on(node_obj));
-    let rehearsal = node_policy.spec.dry_run;
-    let proven = taints::fence_proof(node_obj, node_policy, incident, input).is_some();
-    if moving
-        && !tainted
-        && let Some(hold) = taints::fencing_pending(node_obj, node_policy, proven)
-    {
-        // A node that could still be running keeps its pods and volumes until the proof comes;
-        // its agent, if it runs one and the policy takes its word, is asked to fence it.
-        if let Some(ask) = taints::fence_request(node_obj, node_policy, incident) {
-            out.intents
-                .push(dry_run_guard(node_policy, node, ask, rehearsal));
-        }
-        out.intents.push(hold);
+    if !plan_fence(&failed, &np, tainted, out) {
         return;
     }
-    if moving && !tainted {
-        out.intents.extend(taints::plan_taint(
-            node,
-            node_policy,
-            rehearsal,
-            np.protected.as_ref(),
-        ));
-    } else if let Some(upgrade) = taints::plan_upgrade(
-        node_obj,
-        node_policy,
-        input.view,
-        np.protected.as_ref(),
-        proven,
-    ) {
-        // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
-        // volumes need not wait out the attach/detach controller's 6 minutes any longer.
-        out.intents
-            .push(dry_run_guard(node_policy, node, upgrade, rehearsal));
-    }
+    let rehearsal = failed.rehearsal();
     for (owner, intent) in np.marks {
-        out.intents.push(dry_run_guard(
-            owner,
-            node,
-            intent,
-            rehearsal || owner.spec.dry_run,
-        ));
+        let dry_run = rehearsal || owner.spec.dry_run;
+        out.intents
+            .push(dry_run_guard(owner, node, intent, dry_run));
     }
     // In a rehearsal nothing is tainted: say what would be deleted all the same.
     if !tainted && !rehearsal {
         return;
     }
     for (owner, intent) in np.deletes {
-        out.intents.push(dry_run_guard(
-            owner,
+        let dry_run = rehearsal || owner.spec.dry_run;
+        out.intents
+            .push(dry_run_guard(owner, node, intent, dry_run));
+    }
+}
+
+/// The fence before anything moves: the taint, or, while the policy's fencing proof is not on
+/// the node, a hold (and a fence request to its agent). Returns whether the pods may be planned
+/// this round.
+fn plan_fence(
+    failed: &FailedNode<'_, '_>,
+    np: &NodePlan<'_>,
+    tainted: bool,
+    out: &mut Plan,
+) -> bool {
+    let (node, node_obj, policy) = (failed.name(), failed.node, failed.policy);
+    let rehearsal = failed.rehearsal();
+    let moving = !np.marks.is_empty() || !np.deletes.is_empty();
+    let proven = taints::fence_proof(node_obj, policy, failed.incident, failed.input).is_some();
+    if moving
+        && !tainted
+        && let Some(hold) = taints::fencing_pending(node_obj, policy, proven)
+    {
+        // A node that could still be running keeps its pods and volumes until the proof comes;
+        // its agent, if it runs one and the policy takes its word, is asked to fence it.
+        if let Some(ask) = taints::fence_request(node_obj, policy, failed.incident) {
+            out.intents
+                .push(dry_run_guard(policy, node, ask, rehearsal));
+        }
+        out.intents.push(hold);
+        return false;
+    }
+    if moving && !tainted {
+        out.intents.extend(taints::plan_taint(
             node,
-            intent,
-            rehearsal || owner.spec.dry_run,
+            policy,
+            rehearsal,
+            np.protected.as_ref(),
         ));
+    } else if let Some(upgrade) = taints::plan_upgrade(
+        node_obj,
+        policy,
+        failed.input.view,
+        np.protected.as_ref(),
+        proven,
+    ) {
+        // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
+        // volumes need not wait out the attach/detach controller's 6 minutes any longer.
+        out.intents
+            .push(dry_run_guard(policy, node, upgrade, rehearsal));
+    }
+    true
+}
+
+/// What one round decides about one pod on the failed node.
+#[derive(Default)]
+struct PodVerdict<'p> {
+    /// Why the out-of-service taint must not remove the pod.
+    protect: Option<&'static str>,
+    skip: Option<PodSkip>,
+    mark: Option<(PolicyRef<'p>, Intent)>,
+    delete: Option<(PolicyRef<'p>, Intent)>,
+}
+
+impl<'p> PodVerdict<'p> {
+    fn protect(why: &'static str) -> Self {
+        Self {
+            protect: Some(why),
+            ..Self::default()
+        }
     }
 }
 
 /// Every pod on the failed node: what moves, what is skipped and why, and what the
 /// out-of-service taint must not touch.
-fn plan_pods<'p>(
-    incident: &Incident,
-    node_obj: &Node,
-    node_policy: PolicyRef<'p>,
-    policies: &[PolicyRef<'p>],
-    held: &BTreeMap<&str, HoldReason>,
-    input: &PlanInput<'_>,
-    out: &mut Plan,
-) -> NodePlan<'p> {
-    let view = input.view;
-    let node = incident.node.as_str();
-    let usable = node_usable(input.health);
-    let node_held = held.contains_key(node_policy.name);
+fn plan_pods<'p>(failed: &FailedNode<'_, 'p>, out: &mut Plan) -> NodePlan<'p> {
+    let usable = node_usable(failed.input.health);
     let mut np = NodePlan {
         marks: Vec::new(),
         deletes: Vec::new(),
         protected: None,
     };
-    for pod in view.pods_on(node) {
+    for pod in failed.input.view.pods_on(failed.name()) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
             continue;
         };
-        if is_terminal(pod) || incident.deleted.contains(uid) {
+        if is_terminal(pod) || failed.incident.deleted.contains(uid) {
             continue;
         }
         let key = ObjectKey::new(
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let mut protect = |why: &'static str| {
-            np.protected.get_or_insert_with(|| Protected {
-                pod: key.clone(),
-                why,
-            });
-        };
-        let Some(owner) = pod_owner(policies, pod, node_obj, view) else {
-            if let Some(why) = taints::unselected_protection(pod) {
-                protect(why);
-            }
-            continue;
-        };
-        // The pod's own policy must see the node dead too; until it does the pod stays.
-        if !judged_failed(input.health, owner.name, node) {
-            protect("NodeNotJudgedDeadByItsPolicy");
-            continue;
+        let verdict = judge_pod(failed, pod, uid, &key, &usable);
+        if let Some(why) = verdict.protect {
+            np.protected.get_or_insert(Protected { pod: key, why });
         }
-        let skip = |reason| PodSkip {
+        out.skips.extend(verdict.skip);
+        np.marks.extend(verdict.mark);
+        np.deletes.extend(verdict.delete);
+    }
+    np
+}
+
+/// One pod on the failed node: whether it moves (mark or delete), is skipped, and whether the
+/// out-of-service taint must spare it.
+fn judge_pod<'p>(
+    failed: &FailedNode<'_, 'p>,
+    pod: &Pod,
+    uid: &str,
+    key: &ObjectKey,
+    usable: &dyn Fn(&Node) -> bool,
+) -> PodVerdict<'p> {
+    let (node, view) = (failed.name(), failed.input.view);
+    let Some(owner) = pod_owner(failed.policies, pod, failed.node, view) else {
+        return taints::unselected_protection(pod)
+            .map_or_else(PodVerdict::default, PodVerdict::protect);
+    };
+    // The pod's own policy must see the node dead too; until it does the pod stays.
+    if !judged_failed(failed.input.health, owner.name, node) {
+        return PodVerdict::protect("NodeNotJudgedDeadByItsPolicy");
+    }
+    let skip = |reason| {
+        Some(PodSkip {
             pod: key.clone(),
             uid: uid.to_string(),
             node: node.to_string(),
             policy: owner.name.to_string(),
             reason,
+        })
+    };
+    if failed.held() || failed.held.contains_key(owner.name) {
+        return PodVerdict {
+            skip: skip(Skip::Held),
+            ..PodVerdict::protect("PolicyHeld")
         };
-        if node_held || held.contains_key(owner.name) {
-            out.skips.push(skip(Skip::Held));
-            protect("PolicyHeld");
-            continue;
-        }
-        if !incident.pods_at_failure.contains(uid) {
-            out.skips.push(skip(Skip::Replacement));
-            continue;
-        }
-        let eligible = match eligibility::check_movable(owner.spec, pod, view, &usable) {
-            Err(reason) => {
-                out.skips.push(skip(Skip::Ineligible(reason)));
-                if let Some(why) = taints::skip_protection(reason, pod) {
-                    protect(why);
-                }
-                continue;
-            }
-            Ok(eligible) => eligible,
-        };
-        // The node's policy's own action and dry run already decide the taint; another
-        // policy's choices must not be overruled by it.
-        if owner.name != node_policy.name {
-            if owner.spec.action == Action::DeletePods {
-                // It chose to wait for the attach/detach controller (storage that does not
-                // fence, nodes that may come back).
-                protect("PolicyActionDeletePods");
-            }
-            if owner.spec.dry_run {
-                protect("PolicyDryRun");
-            }
-        }
-        let resource_version = if eligibility::looks_alive(pod) {
-            match incident.marked_not_ready.get(uid) {
-                None => {
-                    let intent = Intent::MarkPodNotReady {
-                        pod: key,
-                        uid: uid.to_string(),
-                        node: node.to_string(),
-                        policy: owner.name.to_string(),
-                    };
-                    np.marks.push((owner, intent));
-                    continue;
-                }
-                // Marked, and the watch does not show it yet: delete that version only.
-                Some(Some(version)) => Some(version.clone()),
-                // Marked, but the pod changed since and still shows Ready: wait for the watch
-                // to show the mark (or, if a live kubelet turned it Ready again, for the node
-                // to be judged healthy).
-                Some(None) => continue,
-            }
-        } else {
-            None
-        };
-        let intent = Intent::ForceDeletePod {
-            pod: key,
-            uid: uid.to_string(),
-            node: node.to_string(),
-            policy: owner.name.to_string(),
-            owner_kind: eligible.owner_kind,
-            resource_version,
-        };
-        np.deletes.push((owner, intent));
     }
-    np
+    if !failed.incident.pods_at_failure.contains(uid) {
+        return PodVerdict {
+            skip: skip(Skip::Replacement),
+            ..PodVerdict::default()
+        };
+    }
+    let eligible = match eligibility::check_movable(owner.spec, pod, view, usable) {
+        Err(reason) => {
+            return PodVerdict {
+                skip: skip(Skip::Ineligible(reason)),
+                protect: taints::skip_protection(reason, pod),
+                ..PodVerdict::default()
+            };
+        }
+        Ok(eligible) => eligible,
+    };
+    let mut verdict = PodVerdict {
+        protect: other_policy_protection(failed.policy, owner),
+        ..PodVerdict::default()
+    };
+    let resource_version = if eligibility::looks_alive(pod) {
+        match failed.incident.marked_not_ready.get(uid) {
+            None => {
+                let intent = Intent::MarkPodNotReady {
+                    pod: key.clone(),
+                    uid: uid.to_string(),
+                    node: node.to_string(),
+                    policy: owner.name.to_string(),
+                };
+                verdict.mark = Some((owner, intent));
+                return verdict;
+            }
+            // Marked, and the watch does not show it yet: delete that version only.
+            Some(Some(version)) => Some(version.clone()),
+            // Marked, but the pod changed since and still shows Ready: wait for the watch to
+            // show the mark (or, if a live kubelet turned it Ready again, for the node to be
+            // judged healthy).
+            Some(None) => return verdict,
+        }
+    } else {
+        None
+    };
+    let intent = Intent::ForceDeletePod {
+        pod: key.clone(),
+        uid: uid.to_string(),
+        node: node.to_string(),
+        policy: owner.name.to_string(),
+        owner_kind: eligible.owner_kind,
+        resource_version,
+    };
+    verdict.delete = Some((owner, intent));
+    verdict
+}
+
+/// The node's policy's own action and dry run already decide the taint; another policy's
+/// choices must not be overruled by it.
+fn other_policy_protection(
+    node_policy: PolicyRef<'_>,
+    owner: PolicyRef<'_>,
+) -> Option<&'static str> {
+    if owner.name == node_policy.name {
+        return None;
+    }
+    // The pod's policy chose to wait for the attach/detach controller (storage that does not
+    // fence, nodes that may come back).
+    if owner.spec.action == Action::DeletePods {
+        return Some("PolicyActionDeletePods");
+    }
+    owner.spec.dry_run.then_some("PolicyDryRun")
 }
 
 fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent, dry_run: bool) -> Intent {
@@ -397,7 +475,7 @@ fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent, dry_run: boo
 }
 
 /// A pod that has finished holds no volume and needs no replacement.
-fn is_terminal(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+fn is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded") | Some("Failed")

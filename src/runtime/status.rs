@@ -43,56 +43,8 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         .unwrap_or(&[]);
     let generation = policy.metadata.generation;
 
-    let ready = match (
-        DetectionConfig::try_from(&policy.spec.detection),
-        invalid_selectors(&policy.spec),
-    ) {
-        (Err(e), _) => (false, condition::REASON_INVALID_SPEC, e.to_string()),
-        (Ok(_), Some(problems)) => (
-            false,
-            condition::REASON_INVALID_SPEC,
-            format!("invalid label selector, which selects nothing: {problems}"),
-        ),
-        (Ok(_), None) => (
-            true,
-            condition::REASON_WATCHING,
-            format!("watching {watched} nodes"),
-        ),
-    };
-    let timed_out: Vec<&str> = facts
-        .open
-        .iter()
-        .filter(|f| f.phase() == FailoverPhase::DetachTimedOut)
-        .map(|f| f.node.as_str())
-        .collect();
-    let degraded = if let Some(HoldReason::TooManyUnhealthy {
-        failed: unhealthy,
-        watched,
-        max,
-    }) = facts.held
-    {
-        (
-            true,
-            condition::REASON_TOO_MANY_UNHEALTHY,
-            format!(
-                "{unhealthy} of {watched} watched nodes unhealthy or failed within \
-                 unhealthyWindow (maxUnhealthy allows {max}): every action is held"
-            ),
-        )
-    } else if !timed_out.is_empty() {
-        (
-            true,
-            condition::REASON_DETACH_TIMEOUT,
-            format!(
-                "volumes still attached to dead nodes after detachTimeout: {}",
-                timed_out.join(", ")
-            ),
-        )
-    } else if !ready.0 {
-        (true, condition::REASON_INVALID_SPEC, ready.2.clone())
-    } else {
-        (false, condition::REASON_AS_EXPECTED, String::new())
-    };
+    let ready = ready_condition(policy, watched);
+    let degraded = degraded_condition(facts, &ready);
 
     let mut failovers: Vec<&Incident> = facts.open.iter().chain(facts.finished).copied().collect();
     failovers.sort_by_key(|f| std::cmp::Reverse(f.detected_at));
@@ -151,6 +103,68 @@ fn make_condition(
         message,
         observed_generation: generation,
         last_transition_time: since,
+    }
+}
+
+/// `Ready`: whether the policy's spec is valid, so its nodes are watched: (status, reason,
+/// message).
+fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str, String) {
+    match (
+        DetectionConfig::try_from(&policy.spec.detection),
+        invalid_selectors(&policy.spec),
+    ) {
+        (Err(e), _) => (false, condition::REASON_INVALID_SPEC, e.to_string()),
+        (Ok(_), Some(problems)) => (
+            false,
+            condition::REASON_INVALID_SPEC,
+            format!("invalid label selector, which selects nothing: {problems}"),
+        ),
+        (Ok(_), None) => (
+            true,
+            condition::REASON_WATCHING,
+            format!("watching {watched} nodes"),
+        ),
+    }
+}
+
+/// `Degraded`: every action held, a detach past its timeout, or an invalid spec.
+fn degraded_condition(
+    facts: &PolicyFacts<'_>,
+    ready: &(bool, &'static str, String),
+) -> (bool, &'static str, String) {
+    let timed_out: Vec<&str> = facts
+        .open
+        .iter()
+        .filter(|f| f.phase() == FailoverPhase::DetachTimedOut)
+        .map(|f| f.node.as_str())
+        .collect();
+    if let Some(HoldReason::TooManyUnhealthy {
+        failed: unhealthy,
+        watched,
+        max,
+    }) = facts.held
+    {
+        (
+            true,
+            condition::REASON_TOO_MANY_UNHEALTHY,
+            format!(
+                "{unhealthy} of {watched} watched nodes unhealthy or failed within \
+                 unhealthyWindow (maxUnhealthy allows {max}): every action is held"
+            ),
+        )
+    } else if !timed_out.is_empty() {
+        (
+            true,
+            condition::REASON_DETACH_TIMEOUT,
+            format!(
+                "volumes still attached to dead nodes after detachTimeout: {}",
+                timed_out.join(", ")
+            ),
+        )
+    } else if !ready.0 {
+        (true, condition::REASON_INVALID_SPEC, ready.2.clone())
+    } else {
+        (false, condition::REASON_AS_EXPECTED, String::new())
     }
 }
 

@@ -86,15 +86,12 @@ impl Actor {
         node: Option<&str>,
         reason: &HoldReason,
     ) {
-        let would = match reason {
-            HoldReason::DryRun { would } => would.key(),
-            HoldReason::OutOfServiceRefused { pod, .. } => pod.to_string(),
-            HoldReason::TooManyUnhealthy { .. }
-            | HoldReason::Unconfirmed { .. }
-            | HoldReason::FencingPending { .. } => String::new(),
-        };
         let incident = node.and_then(|n| self.ledger.get(n)).map(|i| i.detected_at);
-        let key = format!("hold/{policy}/{}/{would}/{incident:?}", reason.as_str());
+        let key = format!(
+            "hold/{policy}/{}/{}/{incident:?}",
+            reason.as_str(),
+            reason.subject()
+        );
         let scope = match node {
             Some(node) => node.to_string(),
             None => format!("policy:{policy}"),
@@ -103,41 +100,9 @@ impl Actor {
             return;
         }
         self.metrics.inc_actions_held(policy, reason.as_str());
-        let note = match reason {
-            HoldReason::TooManyUnhealthy {
-                failed,
-                watched,
-                max,
-            } => format!(
-                "holding every action: {failed} of {watched} watched nodes failed, more than \
-                 safety.maxUnhealthy allows ({max})"
-            ),
-            HoldReason::DryRun { would } => format!("dry run: would {}", would.describe()),
-            HoldReason::Unconfirmed { unheard, watched } => format!(
-                "holding: {unheard} of {watched} watched nodes have not renewed their Lease since \
-                 node {} went silent, so a partition cannot be told from one dead node",
-                node.unwrap_or("?")
-            ),
-            HoldReason::OutOfServiceRefused { pod, why } => format!(
-                "out-of-service taint refused on node {}: it would remove pod {pod}, which must \
-                 stay ({why}); fencing the node for the scheduler and deleting only the eligible \
-                 pods, whose volumes detach after the attach/detach controller's 6-minute wait",
-                node.unwrap_or("?")
-            ),
-            HoldReason::FencingPending { proof } => format!(
-                "node {} is judged dead, but fencing.proof {} is not on it: nothing is tainted \
-                 or deleted there until it is (a node that could still run keeps its volumes)",
-                node.unwrap_or("?"),
-                proof.as_str()
-            ),
-        };
+        let note = reason.note(node);
         warn!(policy, %note, "action held");
-        let on_node_reason = match reason {
-            HoldReason::OutOfServiceRefused { .. } => Some("OutOfServiceTaintRefused"),
-            HoldReason::FencingPending { .. } => Some("FencingPending"),
-            _ => None,
-        };
-        if let (Some(event_reason), Some(node)) = (on_node_reason, node) {
+        if let (Some(event_reason), Some(node)) = (reason.node_event_reason(), node) {
             let on_node = self.node_event(node, true, event_reason, "Hold", note.clone());
             self.event(on_node).await;
         }
@@ -147,19 +112,10 @@ impl Actor {
             }
         }
         if let Some(p) = self.state.policies.get(policy) {
-            let regarding = p.object_ref(&());
-            let reason_label = match reason {
-                HoldReason::DryRun { .. } => "DryRun",
-                HoldReason::TooManyUnhealthy { .. } | HoldReason::Unconfirmed { .. } => {
-                    "ActionsHeld"
-                }
-                HoldReason::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
-                HoldReason::FencingPending { .. } => "FencingPending",
-            };
             self.event(EventNote {
-                regarding,
+                regarding: p.object_ref(&()),
                 warning: true,
-                reason: reason_label,
+                reason: reason.policy_event_reason(),
                 action: "Hold",
                 note,
             })
