@@ -33,15 +33,6 @@ pub const ACTION_BUCKETS: &[f64] = &[
 
 const POLICY: &str = "policy";
 
-/// The `reason` values of `podha_actions_held_total` (`planner::HoldReason::as_str`).
-pub const HOLD_REASONS: [&str; 5] = [
-    "TooManyUnhealthyNodes",
-    "DryRun",
-    "NodesNotHeardFrom",
-    "OutOfServiceTaintRefused",
-    "FencingPending",
-];
-
 /// The kinds of action (`runtime::writer::intent_kind`): `kind` of `podha_intents_dropped_total`
 /// and of the action histograms.
 pub const ACTION_KINDS: [&str; 4] = [
@@ -372,8 +363,9 @@ impl Metrics {
     pub fn touch_policy(&self, policy: &str) {
         self.node_failures.with_label_values(&[policy]);
         self.detach_timeouts.with_label_values(&[policy]);
-        for reason in HOLD_REASONS {
-            self.actions_held.with_label_values(&[policy, reason]);
+        for reason in crate::planner::HoldKind::ALL {
+            self.actions_held
+                .with_label_values(&[policy, reason.as_str()]);
         }
     }
 

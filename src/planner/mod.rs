@@ -130,14 +130,50 @@ pub enum HoldReason {
 }
 
 impl HoldReason {
+    pub const fn kind(&self) -> HoldKind {
+        match self {
+            Self::TooManyUnhealthy { .. } => HoldKind::TooManyUnhealthy,
+            Self::DryRun { .. } => HoldKind::DryRun,
+            Self::Unconfirmed { .. } => HoldKind::Unconfirmed,
+            Self::OutOfServiceRefused { .. } => HoldKind::OutOfServiceRefused,
+            Self::FencingPending { .. } => HoldKind::FencingPending,
+        }
+    }
+
     /// Label value for `podha_actions_held_total{reason}`.
     pub const fn as_str(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// A [`HoldReason`] without its details: every counter of a policy's holds is exported at 0
+/// before it counts, so the reasons must be listable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldKind {
+    TooManyUnhealthy,
+    DryRun,
+    Unconfirmed,
+    OutOfServiceRefused,
+    FencingPending,
+}
+
+impl HoldKind {
+    pub const ALL: [HoldKind; 5] = [
+        HoldKind::TooManyUnhealthy,
+        HoldKind::DryRun,
+        HoldKind::Unconfirmed,
+        HoldKind::OutOfServiceRefused,
+        HoldKind::FencingPending,
+    ];
+
+    /// Label value for `podha_actions_held_total{reason}`.
+    pub const fn as_str(self) -> &'static str {
         match self {
-            Self::TooManyUnhealthy { .. } => "TooManyUnhealthyNodes",
-            Self::DryRun { .. } => "DryRun",
-            Self::Unconfirmed { .. } => "NodesNotHeardFrom",
-            Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
-            Self::FencingPending { .. } => "FencingPending",
+            Self::TooManyUnhealthy => "TooManyUnhealthyNodes",
+            Self::DryRun => "DryRun",
+            Self::Unconfirmed => "NodesNotHeardFrom",
+            Self::OutOfServiceRefused => "OutOfServiceTaintRefused",
+            Self::FencingPending => "FencingPending",
         }
     }
 }
