@@ -24,8 +24,10 @@ impl Actor {
             return;
         }
         if !self.leading {
-            if self.first_report(intent_node(&intent), format!("dropped/{key}")) {
-                self.metrics.inc_intents_dropped(intent_kind(&intent));
+            if self.first_report(intent_node(&intent), format!("dropped/{key}"))
+                && let Some(kind) = intent_kind(&intent)
+            {
+                self.metrics.actions.inc_intents_dropped(kind);
             }
             return;
         }
@@ -120,8 +122,11 @@ impl Actor {
         let Some(pending) = self.pending.remove(&key) else {
             return;
         };
-        self.metrics
-            .observe_action_latency(intent_kind(&result.intent), now - pending.sent_at);
+        if let Some(kind) = intent_kind(&result.intent) {
+            self.metrics
+                .actions
+                .observe_action_latency(kind, now - pending.sent_at);
+        }
         let outcome = match result.result {
             Ok(outcome) => outcome,
             Err(error) => {
@@ -182,7 +187,7 @@ impl Actor {
             } => {
                 self.ledger.record_deleted(node, uid);
                 if applied {
-                    self.metrics.inc_pods_deleted(policy, owner_kind);
+                    self.metrics.actions.inc_pods_deleted(policy, owner_kind);
                     info!(%pod, node, "pod force-deleted");
                 }
                 self.record_action(node, now, pending.moved);
@@ -211,7 +216,7 @@ impl Actor {
             } => {
                 self.ledger.record_tainted(node);
                 if applied {
-                    self.metrics.inc_taints(policy, TaintOperation::Add);
+                    self.metrics.actions.inc_taints(policy, TaintOperation::Add);
                 }
                 self.record_action(node, now, None);
                 if applied {
@@ -224,8 +229,11 @@ impl Actor {
                         && let Some(f) = self.failovers.get(node)
                     {
                         let fence = now.saturating_duration_since(f.detected_at);
-                        self.metrics
-                            .observe_phase(&f.policy, crate::metrics::Phase::Fence, fence);
+                        self.metrics.failovers.observe_phase(
+                            &f.policy,
+                            crate::metrics::Phase::Fence,
+                            fence,
+                        );
                     }
                     let proof = evidence.map_or(String::new(), |e| {
                         format!("; fencing proof: {}", e.as_str())
@@ -247,6 +255,7 @@ impl Actor {
             Intent::RemoveTaint { node } => {
                 if applied {
                     self.metrics
+                        .actions
                         .inc_taints(&pending.policy, TaintOperation::Remove);
                     let note = "removed podha's taint: the node is back and holds no volume";
                     let ev = self.node_event(node, false, "TaintRemoved", "Untaint", note.into());

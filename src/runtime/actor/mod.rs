@@ -18,7 +18,7 @@ use super::actuator::Outcome;
 use super::prober::{
     self, AGENT_PROBE_INTERVAL, PlanSenders, ProbePlan, Target, agent_addr, kubelet_addr,
 };
-use super::state::{Change, ClusterState, Watch};
+use super::state::{Change, ClusterState};
 use super::status::{PolicyFacts, policy_status};
 use super::writer::{ActResult, EventNote, Lanes, Report, ResultReceiver, intent_kind};
 use crate::api::{
@@ -160,7 +160,7 @@ impl Actor {
                 change = changes.next() => match change {
                     Some(change) => {
                         if let Change::WatchError { watch } = &change {
-                            self.metrics.operating.inc_watch_restarts(watch.as_str());
+                            self.metrics.operating.inc_watch_restarts(*watch);
                         }
                         self.state.apply(change, Instant::now());
                     }
@@ -211,7 +211,7 @@ impl Actor {
         let leading = *self.is_leader.borrow_and_update();
         if leading != self.leading {
             self.leading = leading;
-            self.metrics.set_leader(leading);
+            self.metrics.operating.set_leader(leading);
             if leading {
                 // What a follower saw may be stale; re-baseline before judging anything.
                 for obs in self.state.observations.values_mut() {
@@ -228,7 +228,7 @@ impl Actor {
     async fn tick(&mut self, now: Instant) {
         self.follow_leadership(now);
         let synced = self.state.synced();
-        self.metrics.set_cache_synced(synced);
+        self.metrics.operating.set_cache_synced(synced);
         self.ready
             .send_if_modified(|r| std::mem::replace(r, synced) != synced);
         if !synced {
@@ -292,13 +292,10 @@ impl Actor {
             self.report_skip(skip).await;
         }
         self.follow_failovers(now, &health).await;
-        self.metrics
-            .operating
-            .touch_watches(Watch::ALL.map(Watch::as_str));
         for policy in self.state.policies.keys() {
             self.metrics.touch_policy(policy);
         }
-        self.metrics.operating.set_failovers_open(
+        self.metrics.failovers.set_failovers_open(
             self.state.policies.keys().map(String::as_str),
             self.failovers
                 .values()
@@ -420,7 +417,7 @@ impl Actor {
         match t.to {
             NodeHealth::Failed { since } => {
                 warn!(policy, node, %detail, "node judged dead");
-                self.metrics.inc_node_failures(policy);
+                self.metrics.detection.inc_node_failures(policy);
                 if self.ledger.open(node, since, &self.state.view) {
                     let alive = self
                         .state
@@ -537,7 +534,9 @@ impl Actor {
             }
         }
         let count = |r| worst.values().filter(|v| **v == r).count();
-        self.metrics.set_nodes(count(0), count(1), count(2));
+        self.metrics
+            .detection
+            .set_nodes(count(0), count(1), count(2));
     }
 
     /// Advances every open failover; closes those whose node is back.
@@ -624,7 +623,7 @@ fn podha_taint_proves_failure(node: &Node, policy: &str) -> bool {
 
 fn observe(metrics: &Metrics, f: &Failover, change: &PhaseChange) {
     for (phase, duration) in f.durations_for(change) {
-        metrics.observe_phase(&f.policy, phase, duration);
+        metrics.failovers.observe_phase(&f.policy, phase, duration);
     }
 }
 

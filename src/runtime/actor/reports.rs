@@ -42,7 +42,7 @@ impl Actor {
         if !self.first_report(&scope, key) {
             return;
         }
-        self.metrics.inc_actions_held(policy, reason.as_str());
+        self.metrics.actions.inc_actions_held(policy, reason.kind());
         let note = match reason {
             HoldReason::TooManyUnhealthy {
                 failed,
@@ -114,7 +114,8 @@ impl Actor {
             return;
         }
         self.metrics
-            .inc_pods_skipped(&skip.policy, skip.reason.as_str());
+            .actions
+            .inc_pods_skipped(&skip.policy, skip.reason);
         let note = format!(
             "not moved off dead node {}: {} (policy {})",
             skip.node,
@@ -161,7 +162,7 @@ impl Actor {
                 )
             }
             PhaseChange::DetachTimedOut { waited, volumes } => {
-                self.metrics.inc_detach_timeouts(&f.policy);
+                self.metrics.failovers.inc_detach_timeouts(&f.policy);
                 (
                     true,
                     "DetachTimeout",
