@@ -267,7 +267,7 @@ mod tests {
             (
                 "podha_failovers_open",
                 "gauge",
-                r#"podha_failovers_open{phase="Detaching",policy="db"} 1"#,
+                r#"podha_failovers_open{policy="db",state="Detaching"} 1"#,
             ),
             (
                 "podha_watch_restarts_total",
@@ -468,7 +468,7 @@ mod tests {
         }
         for state in OpenState::ALL {
             expected.push(format!(
-                r#"podha_failovers_open{{phase="{}",policy="db"}} 0"#,
+                r#"podha_failovers_open{{policy="db",state="{}"}} 0"#,
                 state.as_str()
             ));
         }

@@ -10,7 +10,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use super::{PHASE_BUCKETS, POLICY, Phase, register, remove_policy};
 use crate::api::FailoverPhase;
 
-/// The state of a failover that is still open: the `phase` of `podha_failovers_open`, named
+/// The state of a failover that is still open: the `state` of `podha_failovers_open`, named
 /// as in a policy's status. Every one is exported (0 when empty) for each live policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpenState {
@@ -95,11 +95,11 @@ impl Failovers {
             IntGaugeVec::new(
                 Opts::new(
                     "podha_failovers_open",
-                    "Failovers in progress on the leader, by policy and phase (Acting, Held, \
+                    "Failovers in progress on the leader, by policy and state (Acting, Held, \
                      Detaching, DetachTimedOut, Recovering); a finished failover leaves the \
                      gauge.",
                 ),
-                &[POLICY, "phase"],
+                &[POLICY, "state"],
             )?,
         )?;
         Ok(Self {
@@ -172,7 +172,7 @@ mod tests {
     }
 
     #[test]
-    fn open_failovers_are_counted_by_phase_and_finished_ones_leave() {
+    fn open_failovers_are_counted_by_state_and_finished_ones_leave() {
         let registry = Registry::new();
         let m = Failovers::register(&registry).expect("register");
         m.set_failovers_open(
@@ -192,14 +192,14 @@ mod tests {
             "finished failovers are not counted: {lines:?}"
         );
         assert!(lines.contains(
-            &r#"podha_failovers_open{phase="DetachTimedOut",policy="db"} 2"#.to_string()
+            &r#"podha_failovers_open{policy="db",state="DetachTimedOut"} 2"#.to_string()
         ));
         assert!(
             lines
-                .contains(&r#"podha_failovers_open{phase="Recovering",policy="db"} 1"#.to_string())
+                .contains(&r#"podha_failovers_open{policy="db",state="Recovering"} 1"#.to_string())
         );
         assert!(
-            lines.contains(&r#"podha_failovers_open{phase="Acting",policy="web"} 0"#.to_string())
+            lines.contains(&r#"podha_failovers_open{policy="web",state="Acting"} 0"#.to_string())
         );
 
         // The failovers finished and policy web was deleted.
