@@ -232,9 +232,11 @@ mod tests {
     #[tokio::test]
     async fn metrics_are_served_in_the_text_format() {
         let metrics = Arc::new(Metrics::new().unwrap());
-        metrics.inc_pods_deleted("db", "StatefulSet");
-        metrics.set_leader(true);
-        metrics.observe_phase("db", Phase::Total, std::time::Duration::from_secs(95));
+        metrics.actions.inc_pods_deleted("db", "StatefulSet");
+        metrics.operating.set_leader(true);
+        metrics
+            .failovers
+            .observe_phase("db", Phase::Total, std::time::Duration::from_secs(95));
         let (_ready_tx, ready) = watch::channel(true);
         let server = TestServer::start(metrics.clone(), ready).await;
 
@@ -252,7 +254,7 @@ mod tests {
             == r#"podha_failover_phase_duration_seconds_bucket{phase="total",policy="db",le="120"} 1"#));
 
         // The endpoint reflects observations made after the server started.
-        metrics.inc_pods_deleted("db", "StatefulSet");
+        metrics.actions.inc_pods_deleted("db", "StatefulSet");
         let (_, _, body) = server.get("/metrics").await;
         assert!(
             body.lines()

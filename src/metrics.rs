@@ -1,22 +1,31 @@
-//! Prometheus metrics for podha, in a registry owned by [`Metrics`] (no global registry), so
-//! tests and several operator instances in one process never share counters.
+//! podha's Prometheus metrics. Each family belongs to the part of podha that updates it, and
+//! that part's group registers it: [`Detection`] (node health as probed), [`Actions`] (what the
+//! decision loop did to pods and nodes, or withheld), [`Writes`] (the writer's requests to the
+//! API server), [`Failovers`] (phase timings, detach timeouts, failovers open now) and
+//! [`Operating`] (leadership, caches, watches, build, process). All of them live in one registry
+//! owned by [`Metrics`], not a global one, so tests and several operator instances in one
+//! process never share counters.
 //!
-//! Every family of `DESIGN.md` §3 is here, plus two that time podha's own actions; label values
-//! are bounded by their callers (policy names, `as_str()` of enums, action kinds). When a policy
-//! is deleted, [`Metrics::forget_policy`] drops its series so cardinality follows the live
-//! policies.
+//! Label values are policy names, owner kinds, or the `as_str()` of an enum whose `ALL` lists
+//! the series exported at 0 before they count. When a policy is deleted,
+//! [`Metrics::forget_policy`] drops its series so cardinality follows the live policies.
 
+mod actions;
+mod detection;
+mod failovers;
 mod operating;
+mod writes;
 
+pub use actions::{ActionKind, Actions, TaintOperation};
+pub use detection::{Detection, NodeState};
+pub use failovers::{Failovers, OpenState};
 pub use operating::Operating;
+pub use writes::{ApiOperation, Writes};
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Registry, TextEncoder};
 
 /// Upper bounds of the failover phase histogram, in seconds. Detection takes seconds, a stock
 /// attach/detach controller waits 6 minutes before force-detaching, so the range spans both.
@@ -33,222 +42,31 @@ pub const ACTION_BUCKETS: &[f64] = &[
 
 const POLICY: &str = "policy";
 
-/// The `reason` values of `podha_actions_held_total` (`planner::HoldReason::as_str`).
-pub const HOLD_REASONS: [&str; 5] = [
-    "TooManyUnhealthyNodes",
-    "DryRun",
-    "NodesNotHeardFrom",
-    "OutOfServiceTaintRefused",
-    "FencingPending",
-];
-
-/// The kinds of action (`runtime::writer::intent_kind`): `kind` of `podha_intents_dropped_total`
-/// and of the action histograms.
-pub const ACTION_KINDS: [&str; 4] = [
-    "mark_pod_not_ready",
-    "delete_pod",
-    "taint_node",
-    "untaint_node",
-];
-
-/// The `operation` values of `podha_api_errors_total` besides [`ACTION_KINDS`].
-pub const OTHER_API_OPERATIONS: [&str; 2] = ["create_event", "patch_status"];
-
 pub use crate::incident::Phase;
 
-/// What podha did with the out-of-service taint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TaintOperation {
-    Add,
-    Remove,
-}
-
-impl TaintOperation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaintOperation::Add => "add",
-            TaintOperation::Remove => "remove",
-        }
-    }
-}
-
-/// All of podha's metrics and the registry they are exported from.
+/// All of podha's metrics, by the part of podha that updates them, and the registry they are
+/// exported from.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     registry: Registry,
-    nodes: IntGaugeVec,
-    node_failures: IntCounterVec,
-    pods_deleted: IntCounterVec,
-    pods_skipped: IntCounterVec,
-    taints: IntCounterVec,
-    actions_held: IntCounterVec,
-    phase_duration: HistogramVec,
-    detach_timeouts: IntCounterVec,
-    leader: IntGauge,
-    intents_dropped: IntCounterVec,
-    api_errors: IntCounterVec,
-    cache_synced: IntGauge,
-    action_requests: HistogramVec,
-    action_latency: HistogramVec,
-    /// Failovers open now, watch restarts, build and process.
+    pub detection: Detection,
+    pub actions: Actions,
+    pub writes: Writes,
+    pub failovers: Failovers,
     pub operating: Operating,
 }
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-
-        let nodes = IntGaugeVec::new(
-            Opts::new(
-                "podha_nodes",
-                "Nodes watched by at least one policy, by health state as of the last probe round \
-                 (healthy, suspect = failing probes below the threshold, failed).",
-            ),
-            &["state"],
-        )?;
-        let node_failures = IntCounterVec::new(
-            Opts::new(
-                "podha_node_failures_total",
-                "Nodes that a policy judged failed (failureThreshold consecutive failed probes).",
-            ),
-            &[POLICY],
-        )?;
-        let pods_deleted = IntCounterVec::new(
-            Opts::new(
-                "podha_pods_deleted_total",
-                "Pods force-deleted from a failed node so that their controller recreates them \
-                 elsewhere, by the kind of their owning controller.",
-            ),
-            &[POLICY, "owner_kind"],
-        )?;
-        let pods_skipped = IntCounterVec::new(
-            Opts::new(
-                "podha_pods_skipped_total",
-                "Pods on a failed node that podha deliberately left alone, by reason.",
-            ),
-            &[POLICY, "reason"],
-        )?;
-        let taints = IntCounterVec::new(
-            Opts::new(
-                "podha_taints_total",
-                "Out-of-service taints podha added to failed nodes or removed from recovered ones.",
-            ),
-            &[POLICY, "operation"],
-        )?;
-        let actions_held = IntCounterVec::new(
-            Opts::new(
-                "podha_actions_held_total",
-                "Failover actions withheld by a safety check (for example more failed nodes than \
-                 safety.maxUnhealthy allows), by reason.",
-            ),
-            &[POLICY, "reason"],
-        )?;
-        let phase_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "podha_failover_phase_duration_seconds",
-                "Duration of each failover phase: detect (node silent until judged failed), act \
-                 (until pods deleted or node tainted), detach (until the old volume attachment was \
-                 gone), recover (until the replacement ran with its volume attached) and total; \
-                 with a fencing proof also fence (judged failed until the proof was there).",
-            )
-            .buckets(PHASE_BUCKETS.to_vec()),
-            &[POLICY, "phase"],
-        )?;
-        let detach_timeouts = IntCounterVec::new(
-            Opts::new(
-                "podha_detach_timeouts_total",
-                "Failovers whose volumes were still attached to the failed node after the \
-                 policy's detachTimeout.",
-            ),
-            &[POLICY],
-        )?;
-        let leader = IntGauge::new(
-            "podha_leader",
-            "1 if this replica holds the leader lease and performs writes, 0 otherwise.",
-        )?;
-        let intents_dropped = IntCounterVec::new(
-            Opts::new(
-                "podha_intents_dropped_total",
-                "Actions computed while this replica was not the leader, and therefore not \
-                 performed, by kind of action.",
-            ),
-            &["kind"],
-        )?;
-        let api_errors = IntCounterVec::new(
-            Opts::new(
-                "podha_api_errors_total",
-                "Failed writes to the Kubernetes API, by operation; they are retried with backoff.",
-            ),
-            &["operation"],
-        )?;
-        let cache_synced = IntGauge::new(
-            "podha_cache_synced",
-            "1 once every watch cache has completed its initial list, 0 before.",
-        )?;
-        let action_requests = HistogramVec::new(
-            HistogramOpts::new(
-                "podha_action_request_duration_seconds",
-                "Time an action spent in its API requests (first request to last response), by \
-                 kind of action.",
-            )
-            .buckets(ACTION_BUCKETS.to_vec()),
-            &["kind"],
-        )?;
-        let action_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "podha_action_latency_seconds",
-                "Time from the decision loop sending an action to it handling the result: the \
-                 requests plus the waits in the writer's queue and the loop's, by kind of action.",
-            )
-            .buckets(ACTION_BUCKETS.to_vec()),
-            &["kind"],
-        )?;
-
-        registry.register(Box::new(nodes.clone()))?;
-        registry.register(Box::new(node_failures.clone()))?;
-        registry.register(Box::new(pods_deleted.clone()))?;
-        registry.register(Box::new(pods_skipped.clone()))?;
-        registry.register(Box::new(taints.clone()))?;
-        registry.register(Box::new(actions_held.clone()))?;
-        registry.register(Box::new(phase_duration.clone()))?;
-        registry.register(Box::new(detach_timeouts.clone()))?;
-        registry.register(Box::new(leader.clone()))?;
-        registry.register(Box::new(intents_dropped.clone()))?;
-        registry.register(Box::new(api_errors.clone()))?;
-        registry.register(Box::new(cache_synced.clone()))?;
-        registry.register(Box::new(action_requests.clone()))?;
-        registry.register(Box::new(action_latency.clone()))?;
-        let operating = Operating::register(&registry)?;
-
-        let metrics = Self {
+        Ok(Self {
+            detection: Detection::register(&registry)?,
+            actions: Actions::register(&registry)?,
+            writes: Writes::register(&registry)?,
+            failovers: Failovers::register(&registry)?,
+            operating: Operating::register(&registry)?,
             registry,
-            nodes,
-            node_failures,
-            pods_deleted,
-            pods_skipped,
-            taints,
-            actions_held,
-            phase_duration,
-            detach_timeouts,
-            leader,
-            intents_dropped,
-            api_errors,
-            cache_synced,
-            action_requests,
-            action_latency,
-            operating,
-        };
-        // Export all node states from the start, so dashboards see 0 rather than no data.
-        metrics.set_nodes(0, 0, 0);
-        // Counters start at 0 rather than appearing at their first increment, which `increase()`
-        // would miss, and so that an alert on them has a series to evaluate.
-        for operation in ACTION_KINDS.into_iter().chain(OTHER_API_OPERATIONS) {
-            metrics.api_errors.with_label_values(&[operation]);
-        }
-        for kind in ACTION_KINDS {
-            metrics.intents_dropped.with_label_values(&[kind]);
-        }
-        Ok(metrics)
+        })
     }
 
     /// The registry, for callers that want to add their own collectors.
@@ -256,104 +74,33 @@ impl Metrics {
         &self.registry
     }
 
-    pub fn set_nodes(&self, healthy: usize, suspect: usize, failed: usize) {
-        for (state, count) in [
-            ("healthy", healthy),
-            ("suspect", suspect),
-            ("failed", failed),
-        ] {
-            self.nodes
-                .with_label_values(&[state])
-                .set(i64::try_from(count).unwrap_or(i64::MAX));
-        }
-    }
-
-    pub fn inc_node_failures(&self, policy: &str) {
-        self.node_failures.with_label_values(&[policy]).inc();
-    }
-
-    pub fn inc_pods_deleted(&self, policy: &str, owner_kind: &str) {
-        self.pods_deleted
-            .with_label_values(&[policy, owner_kind])
-            .inc();
-    }
-
-    pub fn inc_pods_skipped(&self, policy: &str, reason: &str) {
-        self.pods_skipped.with_label_values(&[policy, reason]).inc();
-    }
-
-    pub fn inc_taints(&self, policy: &str, operation: TaintOperation) {
-        self.taints
-            .with_label_values(&[policy, operation.as_str()])
-            .inc();
-    }
-
-    pub fn inc_actions_held(&self, policy: &str, reason: &str) {
-        self.actions_held.with_label_values(&[policy, reason]).inc();
-    }
-
-    pub fn observe_phase(&self, policy: &str, phase: Phase, duration: Duration) {
-        self.phase_duration
-            .with_label_values(&[policy, phase.as_str()])
-            .observe(duration.as_secs_f64());
-    }
-
-    pub fn inc_detach_timeouts(&self, policy: &str) {
-        self.detach_timeouts.with_label_values(&[policy]).inc();
-    }
-
-    pub fn set_leader(&self, leader: bool) {
-        self.leader.set(i64::from(leader));
-    }
-
-    pub fn inc_intents_dropped(&self, kind: &str) {
-        self.intents_dropped.with_label_values(&[kind]).inc();
-    }
-
-    pub fn inc_api_errors(&self, operation: &str) {
-        self.api_errors.with_label_values(&[operation]).inc();
-    }
-
-    pub fn observe_action_requests(&self, kind: &str, duration: Duration) {
-        self.action_requests
-            .with_label_values(&[kind])
-            .observe(duration.as_secs_f64());
-    }
-
-    pub fn observe_action_latency(&self, kind: &str, duration: Duration) {
-        self.action_latency
-            .with_label_values(&[kind])
-            .observe(duration.as_secs_f64());
-    }
-
-    pub fn set_cache_synced(&self, synced: bool) {
-        self.cache_synced.set(i64::from(synced));
-    }
-
     /// Exports `policy`'s failure, hold and detach-timeout counters at 0 until they count.
     pub fn touch_policy(&self, policy: &str) {
-        self.node_failures.with_label_values(&[policy]);
-        self.detach_timeouts.with_label_values(&[policy]);
-        for reason in HOLD_REASONS {
-            self.actions_held.with_label_values(&[policy, reason]);
-        }
+        self.detection.touch_policy(policy);
+        self.actions.touch_policy(policy);
+        self.failovers.touch_policy(policy);
     }
 
     /// Drops every series labelled with `policy`, once the policy is deleted.
     pub fn forget_policy(&self, policy: &str) {
-        remove_policy(&self.node_failures, policy);
-        remove_policy(&self.pods_deleted, policy);
-        remove_policy(&self.pods_skipped, policy);
-        remove_policy(&self.taints, policy);
-        remove_policy(&self.actions_held, policy);
-        remove_policy(&self.phase_duration, policy);
-        remove_policy(&self.detach_timeouts, policy);
+        self.detection.forget_policy(policy);
+        self.actions.forget_policy(policy);
+        self.failovers.forget_policy(policy);
     }
 
     /// All metrics in the Prometheus text exposition format ([`prometheus::TEXT_FORMAT`]).
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         TextEncoder::new().encode_to_string(&self.registry.gather())
     }
+}
+
+/// Registers `collector` in `registry` and hands it back, for the group that updates it.
+fn register<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    collector: C,
+) -> Result<C, prometheus::Error> {
+    registry.register(Box::new(collector.clone()))?;
+    Ok(collector)
 }
 
 /// Removes the series of `vec` whose `policy` label equals `policy`, whatever its other labels:
@@ -377,26 +124,37 @@ fn remove_policy<T: MetricVecBuilder>(vec: &MetricVec<T>, policy: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::eligibility::SkipReason;
+    use crate::planner::{HoldKind, Skip};
+    use crate::runtime::Watch;
 
     fn observe_everything(m: &Metrics, policy: &str) {
-        m.set_nodes(3, 1, 2);
-        m.inc_node_failures(policy);
-        m.inc_pods_deleted(policy, "StatefulSet");
-        m.inc_pods_skipped(policy, "NoController");
-        m.inc_taints(policy, TaintOperation::Add);
-        m.inc_actions_held(policy, "MaxUnhealthyExceeded");
-        m.observe_phase(policy, Phase::Detect, Duration::from_millis(1500));
-        m.inc_detach_timeouts(policy);
-        m.set_leader(true);
-        m.inc_intents_dropped("ForceDeletePod");
-        m.inc_api_errors("delete_pod");
-        m.set_cache_synced(true);
-        m.observe_action_requests("delete_pod", Duration::from_millis(20));
-        m.observe_action_latency("delete_pod", Duration::from_millis(30));
-        m.operating
+        m.detection.set_nodes(3, 1, 2);
+        m.detection.inc_node_failures(policy);
+        m.actions.inc_pods_deleted(policy, "StatefulSet");
+        m.actions
+            .inc_pods_skipped(policy, Skip::Ineligible(SkipReason::NoControllerOwner));
+        m.actions.inc_taints(policy, TaintOperation::Add);
+        m.actions
+            .inc_actions_held(policy, HoldKind::TooManyUnhealthy);
+        m.failovers
+            .observe_phase(policy, Phase::Detect, Duration::from_millis(1500));
+        m.failovers.inc_detach_timeouts(policy);
+        m.operating.set_leader(true);
+        m.actions.inc_intents_dropped(ActionKind::DeletePod);
+        m.writes
+            .inc_api_errors(ApiOperation::Action(ActionKind::DeletePod));
+        m.operating.set_cache_synced(true);
+        m.writes
+            .observe_action_requests(ActionKind::DeletePod, Duration::from_millis(20));
+        m.actions
+            .observe_action_latency(ActionKind::DeletePod, Duration::from_millis(30));
+        m.failovers
             .set_failovers_open([policy], [(policy, crate::api::FailoverPhase::Detaching)]);
-        m.operating.inc_watch_restarts("leases");
+        m.operating.inc_watch_restarts(Watch::Lease);
     }
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -424,7 +182,7 @@ mod tests {
             (
                 "podha_pods_skipped_total",
                 "counter",
-                r#"podha_pods_skipped_total{policy="db",reason="NoController"} 1"#,
+                r#"podha_pods_skipped_total{policy="db",reason="NoControllerOwner"} 1"#,
             ),
             (
                 "podha_taints_total",
@@ -434,7 +192,7 @@ mod tests {
             (
                 "podha_actions_held_total",
                 "counter",
-                r#"podha_actions_held_total{policy="db",reason="MaxUnhealthyExceeded"} 1"#,
+                r#"podha_actions_held_total{policy="db",reason="TooManyUnhealthyNodes"} 1"#,
             ),
             (
                 "podha_failover_phase_duration_seconds",
@@ -450,7 +208,7 @@ mod tests {
             (
                 "podha_intents_dropped_total",
                 "counter",
-                r#"podha_intents_dropped_total{kind="ForceDeletePod"} 1"#,
+                r#"podha_intents_dropped_total{kind="delete_pod"} 1"#,
             ),
             (
                 "podha_api_errors_total",
@@ -471,7 +229,7 @@ mod tests {
             (
                 "podha_failovers_open",
                 "gauge",
-                r#"podha_failovers_open{phase="Detaching",policy="db"} 1"#,
+                r#"podha_failovers_open{policy="db",state="Detaching"} 1"#,
             ),
             (
                 "podha_watch_restarts_total",
@@ -521,8 +279,8 @@ mod tests {
     #[test]
     fn set_nodes_overwrites_the_previous_round() {
         let m = Metrics::new().unwrap();
-        m.set_nodes(5, 2, 1);
-        m.set_nodes(7, 0, 1);
+        m.detection.set_nodes(5, 2, 1);
+        m.detection.set_nodes(7, 0, 1);
         let text = m.encode().unwrap();
         for sample in [
             r#"podha_nodes{state="healthy"} 7"#,
@@ -536,7 +294,8 @@ mod tests {
     #[test]
     fn histogram_has_the_documented_buckets() {
         let m = Metrics::new().unwrap();
-        m.observe_phase("db", Phase::Total, Duration::from_secs(42));
+        m.failovers
+            .observe_phase("db", Phase::Total, Duration::from_secs(42));
         let text = m.encode().unwrap();
         let bounds: Vec<&str> = lines_of(&text, "podha_failover_phase_duration_seconds_bucket{")
             .iter()
@@ -574,9 +333,11 @@ mod tests {
         let m = Metrics::new().unwrap();
         observe_everything(&m, "db");
         observe_everything(&m, "web");
-        m.inc_pods_skipped("db", "OptedOut");
+        m.actions
+            .inc_pods_skipped("db", Skip::Ineligible(SkipReason::OptedOut));
         for phase in Phase::ALL {
-            m.observe_phase("db", phase, Duration::from_secs(1));
+            m.failovers
+                .observe_phase("db", phase, Duration::from_secs(1));
         }
 
         m.forget_policy("db");
@@ -607,11 +368,77 @@ mod tests {
         );
 
         // A policy recreated with the same name starts from zero.
-        m.inc_node_failures("db");
+        m.detection.inc_node_failures("db");
         let text = m.encode().unwrap();
         assert!(
             text.lines()
                 .any(|l| l == r#"podha_node_failures_total{policy="db"} 1"#)
         );
+    }
+
+    /// Every value of a label's enum is exported at 0 before it counts: those without a policy
+    /// once registered, a policy's once it is touched (every tick, for each live policy).
+    #[test]
+    fn every_enum_value_is_exported_before_it_counts() {
+        let m = Metrics::new().unwrap();
+        let text = m.encode().unwrap();
+        let mut expected: Vec<String> = Vec::new();
+        for state in NodeState::ALL {
+            expected.push(format!(r#"podha_nodes{{state="{}"}} 0"#, state.as_str()));
+        }
+        for kind in ActionKind::ALL {
+            expected.push(format!(
+                r#"podha_intents_dropped_total{{kind="{}"}} 0"#,
+                kind.as_str()
+            ));
+        }
+        for operation in ApiOperation::all() {
+            expected.push(format!(
+                r#"podha_api_errors_total{{operation="{}"}} 0"#,
+                operation.as_str()
+            ));
+        }
+        for watch in Watch::ALL {
+            expected.push(format!(
+                r#"podha_watch_restarts_total{{resource="{}"}} 0"#,
+                watch.as_str()
+            ));
+        }
+        for sample in &expected {
+            assert!(
+                text.lines().any(|l| l == sample),
+                "missing {sample}:\n{text}"
+            );
+        }
+        assert!(
+            text.lines()
+                .any(|l| l == r#"podha_intents_dropped_total{kind="request_fence"} 0"#)
+        );
+
+        m.touch_policy("db");
+        m.failovers.set_failovers_open(["db"], []);
+        let text = m.encode().unwrap();
+        let mut expected = vec![
+            r#"podha_node_failures_total{policy="db"} 0"#.to_string(),
+            r#"podha_detach_timeouts_total{policy="db"} 0"#.to_string(),
+        ];
+        for reason in HoldKind::ALL {
+            expected.push(format!(
+                r#"podha_actions_held_total{{policy="db",reason="{}"}} 0"#,
+                reason.as_str()
+            ));
+        }
+        for state in OpenState::ALL {
+            expected.push(format!(
+                r#"podha_failovers_open{{policy="db",state="{}"}} 0"#,
+                state.as_str()
+            ));
+        }
+        for sample in &expected {
+            assert!(
+                text.lines().any(|l| l == sample),
+                "missing {sample}:\n{text}"
+            );
+        }
     }
 }

@@ -68,15 +68,19 @@ pub enum HoldReason {
 }
 
 impl HoldReason {
+    pub const fn kind(&self) -> HoldKind {
+        match self {
+            Self::TooManyUnhealthy { .. } => HoldKind::TooManyUnhealthy,
+            Self::DryRun { .. } => HoldKind::DryRun,
+            Self::Unconfirmed { .. } => HoldKind::Unconfirmed,
+            Self::OutOfServiceRefused { .. } => HoldKind::OutOfServiceRefused,
+            Self::FencingPending { .. } => HoldKind::FencingPending,
+        }
+    }
+
     /// Label value for `podha_actions_held_total{reason}`.
     pub const fn as_str(&self) -> &'static str {
-        match self {
-            Self::TooManyUnhealthy { .. } => "TooManyUnhealthyNodes",
-            Self::DryRun { .. } => "DryRun",
-            Self::Unconfirmed { .. } => "NodesNotHeardFrom",
-            Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
-            Self::FencingPending { .. } => "FencingPending",
-        }
+        self.kind().as_str()
     }
     /// What a hold is about, to tell two holds of one reason apart: the action a dry run
     /// rehearses, the pod a refused taint would remove.
@@ -202,6 +206,38 @@ impl Intent {
     /// pod is deleted once its node's taint is on and its mark has landed.
     pub const fn unblocks_deletes(&self) -> bool {
         matches!(self, Self::TaintNode { .. } | Self::MarkPodNotReady { .. })
+    }
+}
+
+/// A [`HoldReason`] without its details: every counter of a policy's holds is exported at 0
+/// before it counts, so the reasons must be listable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldKind {
+    TooManyUnhealthy,
+    DryRun,
+    Unconfirmed,
+    OutOfServiceRefused,
+    FencingPending,
+}
+
+impl HoldKind {
+    pub const ALL: [HoldKind; 5] = [
+        HoldKind::TooManyUnhealthy,
+        HoldKind::DryRun,
+        HoldKind::Unconfirmed,
+        HoldKind::OutOfServiceRefused,
+        HoldKind::FencingPending,
+    ];
+
+    /// Label value for `podha_actions_held_total{reason}`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TooManyUnhealthy => "TooManyUnhealthyNodes",
+            Self::DryRun => "DryRun",
+            Self::Unconfirmed => "NodesNotHeardFrom",
+            Self::OutOfServiceRefused => "OutOfServiceTaintRefused",
+            Self::FencingPending => "FencingPending",
+        }
     }
 }
 

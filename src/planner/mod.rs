@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tokio::time::Instant;
 
 pub use holds::{Heartbeat, Heartbeats};
-pub use intent::{HoldReason, Intent, taint_key};
+pub use intent::{HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
 
 use crate::api::{Action, NodeTaint, PodHAPolicySpec};

@@ -25,7 +25,7 @@ use tracing::{debug, warn};
 use super::actuator::{ActError, Actuator, Outcome};
 use super::events::EventPublisher;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
-use crate::metrics::Metrics;
+use crate::metrics::{ActionKind, ApiOperation, Metrics};
 use crate::planner::Intent;
 
 /// Actions in flight at once: enough to delete the pods of many nodes in parallel, few enough
@@ -248,7 +248,9 @@ impl Writer {
         let result = if self.leading() {
             self.act(&intent, node.as_deref()).await
         } else {
-            self.metrics.inc_intents_dropped(intent_kind(&intent));
+            if let Some(kind) = intent_kind(&intent) {
+                self.metrics.actions.inc_intents_dropped(kind);
+            }
             Err("not the leader any more".to_string())
         };
         // The decision loop ending first is a shutdown; nothing to report to.
@@ -266,25 +268,33 @@ impl Writer {
     }
 
     async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, String> {
+        // The decision loop reports holds and never sends them; one sent anyway asks nothing
+        // of the API server, so it is neither timed nor counted as an error.
+        let Some(kind) = intent_kind(intent) else {
+            return Err(ActError::NotAnAction.to_string());
+        };
         let started = tokio::time::Instant::now();
         let deadline = self.action_deadline;
         let result = tokio::time::timeout(deadline, self.actuator.execute(intent, seen))
             .await
             .unwrap_or(Err(ActError::TimedOut(deadline)));
         self.metrics
-            .observe_action_requests(intent_kind(intent), started.elapsed());
+            .writes
+            .observe_action_requests(kind, started.elapsed());
         match result {
             Ok(outcome) => {
                 debug!(?intent, ?outcome, "action done");
                 Ok(outcome)
             }
             Err(ActError::NotLeader) => {
-                self.metrics.inc_intents_dropped(intent_kind(intent));
+                self.metrics.actions.inc_intents_dropped(kind);
                 debug!(?intent, "leadership lost during the action; dropped");
                 Err(ActError::NotLeader.to_string())
             }
             Err(e) => {
-                self.metrics.inc_api_errors(intent_kind(intent));
+                self.metrics
+                    .writes
+                    .inc_api_errors(ApiOperation::Action(kind));
                 warn!(?intent, error = %e, cause = e.label(), "action failed; will retry");
                 Err(e.to_string())
             }
@@ -293,7 +303,9 @@ impl Writer {
 
     async fn publish(&self, note: EventNote) {
         if let Err(e) = self.events.publish(&note).await {
-            self.metrics.inc_api_errors("create_event");
+            self.metrics
+                .writes
+                .inc_api_errors(ApiOperation::CreateEvent);
             debug!(error = %e, reason = note.reason, "event not published");
         }
     }
@@ -305,21 +317,23 @@ impl Writer {
             .patch_status(policy, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            self.metrics.inc_api_errors("patch_status");
+            self.metrics
+                .writes
+                .inc_api_errors(ApiOperation::PatchStatus);
             warn!(policy, error = %e, "status not written");
         }
     }
 }
 
-/// Bounded label for an intent.
-pub const fn intent_kind(intent: &Intent) -> &'static str {
+/// The kind of action an intent asks for; none for a hold, which asks for nothing.
+pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
     match intent {
-        Intent::MarkPodNotReady { .. } => "mark_pod_not_ready",
-        Intent::ForceDeletePod { .. } => "delete_pod",
-        Intent::TaintNode { .. } => "taint_node",
-        Intent::RemoveTaint { .. } => "untaint_node",
-        Intent::RequestFence { .. } => "request_fence",
-        Intent::Hold { .. } => "hold",
+        Intent::MarkPodNotReady { .. } => Some(ActionKind::MarkPodNotReady),
+        Intent::ForceDeletePod { .. } => Some(ActionKind::DeletePod),
+        Intent::TaintNode { .. } => Some(ActionKind::TaintNode),
+        Intent::RemoveTaint { .. } => Some(ActionKind::UntaintNode),
+        Intent::RequestFence { .. } => Some(ActionKind::RequestFence),
+        Intent::Hold { .. } => None,
     }
 }
 

@@ -108,8 +108,10 @@ impl Actor {
         }
         if !self.leading {
             let scope = intent.node().unwrap_or("");
-            if self.reported.first(scope, format!("dropped/{key}")) {
-                self.metrics.inc_intents_dropped(intent_kind(&intent));
+            if self.reported.first(scope, format!("dropped/{key}"))
+                && let Some(kind) = intent_kind(&intent)
+            {
+                self.metrics.actions.inc_intents_dropped(kind);
             }
             return;
         }
@@ -153,8 +155,11 @@ impl Actor {
         let Some((sent, retry_in)) = self.schedule.answer(&key, ok, now) else {
             return;
         };
-        self.metrics
-            .observe_action_latency(intent_kind(&result.intent), now - sent.sent_at);
+        if let Some(kind) = intent_kind(&result.intent) {
+            self.metrics
+                .actions
+                .observe_action_latency(kind, now - sent.sent_at);
+        }
         match result.result {
             Ok(outcome) => self.record_outcome(&result.intent, outcome, sent, now),
             Err(error) => warn!(%key, %error, ?retry_in, "action failed"),

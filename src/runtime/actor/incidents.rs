@@ -44,7 +44,7 @@ impl Actor {
         match t.to {
             NodeHealth::Failed { since } => {
                 warn!(policy, node, %detail, "node judged dead");
-                self.metrics.inc_node_failures(policy);
+                self.metrics.detection.inc_node_failures(policy);
                 self.open_incident(policy, node, since);
                 let note = format!("policy {policy} judged node {node} dead: {detail}");
                 self.event(self.node_event(node, true, "NodeFailed", "Detect", note))
@@ -160,6 +160,8 @@ impl Actor {
 /// Observes, once, the durations of the phases a step completes.
 fn observe_phases(metrics: &Metrics, incident: &Incident, change: &PhaseChange) {
     for (phase, duration) in incident.durations_for(change) {
-        metrics.observe_phase(&incident.policy, phase, duration);
+        metrics
+            .failovers
+            .observe_phase(&incident.policy, phase, duration);
     }
 }

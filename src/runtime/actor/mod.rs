@@ -18,7 +18,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::info;
 
 use super::prober::{self, PlanSenders};
-use super::state::{Change, ClusterState, Watch};
+use super::state::{Change, ClusterState};
 use super::writer::{Lanes, ResultReceiver};
 use crate::api::PodHAPolicy;
 use crate::incident::Ledger;
@@ -138,7 +138,7 @@ impl Actor {
 
     fn observe_change(&mut self, change: Change) {
         if let Change::WatchError { watch } = &change {
-            self.metrics.operating.inc_watch_restarts(watch.as_str());
+            self.metrics.operating.inc_watch_restarts(*watch);
         }
         self.state.apply(change, Instant::now());
     }
@@ -159,7 +159,7 @@ impl Actor {
     fn observe(&mut self, now: Instant) -> bool {
         self.follow_leadership(now);
         let synced = self.state.synced();
-        self.metrics.set_cache_synced(synced);
+        self.metrics.operating.set_cache_synced(synced);
         self.out
             .ready
             .send_if_modified(|r| std::mem::replace(r, synced) != synced);
@@ -175,7 +175,7 @@ impl Actor {
             return;
         }
         self.leading = leading;
-        self.metrics.set_leader(leading);
+        self.metrics.operating.set_leader(leading);
         if leading {
             // What a follower saw may be stale; re-baseline before judging anything.
             for obs in self.state.observations.values_mut() {
@@ -238,13 +238,10 @@ impl Actor {
     /// Report: gauges, and the policies' statuses.
     async fn report(&mut self, health: &HealthBook) {
         self.count_nodes(health);
-        self.metrics
-            .operating
-            .touch_watches(Watch::ALL.map(Watch::as_str));
         for policy in self.state.policies.keys() {
             self.metrics.touch_policy(policy);
         }
-        self.metrics.operating.set_failovers_open(
+        self.metrics.failovers.set_failovers_open(
             self.state.policies.keys().map(String::as_str),
             self.ledger.iter().map(|i| (i.policy.as_str(), i.phase())),
         );

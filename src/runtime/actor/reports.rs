@@ -99,7 +99,7 @@ impl Actor {
         if !self.reported.first(&scope, key) {
             return;
         }
-        self.metrics.inc_actions_held(policy, reason.as_str());
+        self.metrics.actions.inc_actions_held(policy, reason.kind());
         let note = reason.note(node);
         warn!(policy, %note, "action held");
         if let (Some(event_reason), Some(node)) = (reason.node_event_reason(), node) {
@@ -130,7 +130,8 @@ impl Actor {
             return;
         }
         self.metrics
-            .inc_pods_skipped(&skip.policy, skip.reason.as_str());
+            .actions
+            .inc_pods_skipped(&skip.policy, skip.reason);
         let note = format!(
             "not moved off dead node {}: {} (policy {})",
             skip.node,
@@ -174,7 +175,7 @@ impl Actor {
                 )
             }
             PhaseChange::DetachTimedOut { waited, volumes } => {
-                self.metrics.inc_detach_timeouts(&f.policy);
+                self.metrics.failovers.inc_detach_timeouts(&f.policy);
                 (
                     true,
                     "DetachTimeout",
@@ -297,7 +298,9 @@ impl Actor {
             }
         }
         let count = |r| worst.values().filter(|v| **v == r).count();
-        self.metrics.set_nodes(count(0), count(1), count(2));
+        self.metrics
+            .detection
+            .set_nodes(count(0), count(1), count(2));
     }
 }
 

@@ -47,6 +47,7 @@ impl Actor {
             Intent::RemoveTaint { node } => {
                 if outcome == Outcome::Applied {
                     self.metrics
+                        .actions
                         .inc_taints(&sent.policy, TaintOperation::Remove);
                     let note = "removed podha's taint: the node is back and holds no volume";
                     let ev = self.node_event(node, false, "TaintRemoved", "Untaint", note.into());
@@ -117,7 +118,7 @@ impl Actor {
         };
         self.ledger.record_deleted(node, uid);
         if applied {
-            self.metrics.inc_pods_deleted(policy, owner_kind);
+            self.metrics.actions.inc_pods_deleted(policy, owner_kind);
             info!(%pod, node, "pod force-deleted");
         }
         self.record_action(node, now, sent.moved);
@@ -148,7 +149,7 @@ impl Actor {
     ) {
         self.ledger.record_tainted(node);
         if applied {
-            self.metrics.inc_taints(policy, TaintOperation::Add);
+            self.metrics.actions.inc_taints(policy, TaintOperation::Add);
         }
         self.record_action(node, now, None);
         if !applied {
@@ -164,6 +165,7 @@ impl Actor {
         {
             let fence = now.saturating_duration_since(incident.detected_at);
             self.metrics
+                .failovers
                 .observe_phase(&incident.policy, Phase::Fence, fence);
         }
         let proof = evidence.map_or(String::new(), |e| {

@@ -577,7 +577,7 @@ async fn a_resumed_failover_with_nothing_left_to_do_is_not_left_acting() {
 
 /// A standby followed a failover (its intents dropped); the leader tainted the node, deleted
 /// the pod and stopped; the standby leads now and has nothing left to do. Its failover must
-/// not stay open in Acting (CI: `podha_failovers_open{phase="Acting"}` stuck at 1 on the new
+/// not stay open in Acting (CI: `podha_failovers_open{state="Acting"}` stuck at 1 on the new
 /// leader after the replacement ran).
 #[tokio::test(start_paused = true)]
 async fn a_failover_another_replica_acted_on_is_not_left_acting() {

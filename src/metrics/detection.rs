@@ -1,0 +1,94 @@
+//! What podha's probes concluded about nodes: how many are in each health state now, and how
+//! often a policy judged a node failed. Updated by the decision loop after each probe round.
+
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::{POLICY, register, remove_policy};
+
+/// A node's health as counted by `podha_nodes{state}`: the worst any policy judged it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeState {
+    Healthy,
+    /// Failing probes, fewer than the threshold.
+    Suspect,
+    Failed,
+}
+
+impl NodeState {
+    pub const ALL: [NodeState; 3] = [NodeState::Healthy, NodeState::Suspect, NodeState::Failed];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Healthy => "healthy",
+            NodeState::Suspect => "suspect",
+            NodeState::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Detection {
+    nodes: IntGaugeVec,
+    node_failures: IntCounterVec,
+}
+
+impl Detection {
+    /// Registers the families in `registry`, with every node state at 0 so that dashboards
+    /// see 0 rather than no data before the first round.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let nodes = register(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "podha_nodes",
+                    "Nodes watched by at least one policy, by health state as of the last probe \
+                     round (healthy, suspect = failing probes below the threshold, failed).",
+                ),
+                &["state"],
+            )?,
+        )?;
+        let node_failures = register(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "podha_node_failures_total",
+                    "Nodes that a policy judged failed (failureThreshold consecutive failed \
+                     probes).",
+                ),
+                &[POLICY],
+            )?,
+        )?;
+        let detection = Self {
+            nodes,
+            node_failures,
+        };
+        detection.set_nodes(0, 0, 0);
+        Ok(detection)
+    }
+
+    pub fn set_nodes(&self, healthy: usize, suspect: usize, failed: usize) {
+        for state in NodeState::ALL {
+            let count = match state {
+                NodeState::Healthy => healthy,
+                NodeState::Suspect => suspect,
+                NodeState::Failed => failed,
+            };
+            self.nodes
+                .with_label_values(&[state.as_str()])
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub fn inc_node_failures(&self, policy: &str) {
+        self.node_failures.with_label_values(&[policy]).inc();
+    }
+
+    /// Exports `policy`'s failure counter at 0 until it counts.
+    pub(super) fn touch_policy(&self, policy: &str) {
+        self.node_failures.with_label_values(&[policy]);
+    }
+
+    pub(super) fn forget_policy(&self, policy: &str) {
+        remove_policy(&self.node_failures, policy);
+    }
+}
