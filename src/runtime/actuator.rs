@@ -8,10 +8,11 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::agent::FENCE_REQUEST_ANNOTATION;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::leader::Leadership;
 use crate::planner::Intent;
 use crate::view::ObjectKey;
 
@@ -65,18 +66,19 @@ const CONFLICT_RETRIES: usize = 5;
 #[derive(Clone)]
 pub struct Actuator {
     client: Client,
-    is_leader: watch::Receiver<bool>,
+    leadership: Leadership,
 }
 
 impl Actuator {
-    /// An actuator that sends a request only while `is_leader` reads `true`.
-    pub fn new(client: Client, is_leader: watch::Receiver<bool>) -> Self {
-        Self { client, is_leader }
+    /// An actuator that sends a request only while `leadership` lets it write.
+    pub fn new(client: Client, leadership: Leadership) -> Self {
+        Self { client, leadership }
     }
 
-    /// Called right before every request: a replica that lost leadership sends nothing more.
+    /// Called right before every request: a replica that lost leadership, or whose claim ran
+    /// out, sends nothing more.
     fn ensure_leading(&self) -> Result<(), ActError> {
-        if *self.is_leader.borrow() {
+        if self.leadership.may_write(Instant::now()) {
             Ok(())
         } else {
             Err(ActError::NotLeader)
@@ -344,6 +346,59 @@ fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A claim past its expiry that the election has not withdrawn yet: every kind of action
+    /// is refused before its first request.
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_claim_sends_no_request() {
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Err::<http::Response<kube::client::Body>, _>("no request expected") }
+        });
+        let (claim, leadership) = crate::leader::channel();
+        let expires = Instant::now() + std::time::Duration::from_secs(1);
+        claim.send_replace(Some(crate::leader::Claim::until(expires)));
+        let actuator = Actuator::new(Client::new(service, "default"), leadership);
+        tokio::time::sleep_until(expires).await;
+
+        let pod = ObjectKey::new("ns", "db-0");
+        let intents = [
+            Intent::MarkPodNotReady {
+                pod: pod.clone(),
+                uid: "u".into(),
+                node: "n".into(),
+                policy: "p".into(),
+            },
+            Intent::ForceDeletePod {
+                pod,
+                uid: "u".into(),
+                resource_version: None,
+                node: "n".into(),
+                policy: "p".into(),
+                owner_kind: "StatefulSet",
+            },
+            Intent::TaintNode {
+                node: "n".into(),
+                policy: "p".into(),
+                taint: NodeTaint::OutOfService,
+            },
+            Intent::RemoveTaint { node: "n".into() },
+            Intent::RequestFence {
+                node: "n".into(),
+                policy: "p".into(),
+            },
+        ];
+        for intent in intents {
+            let result = actuator.execute(&intent, None).await;
+            assert!(
+                matches!(result, Err(ActError::NotLeader)),
+                "{intent:?}: {result:?}"
+            );
+        }
+        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn the_taint_patch_keeps_the_other_taints_and_is_guarded_by_the_version() {

@@ -25,7 +25,7 @@ impl Actor {
         }
         if !self.leading {
             if self.first_report(intent_node(&intent), format!("dropped/{key}")) {
-                self.metrics.inc_intents_dropped(intent_kind(&intent));
+                count_dropped(&self.metrics, &intent);
             }
             return;
         }

@@ -20,7 +20,9 @@ use super::prober::{
 };
 use super::state::{Change, ClusterState, Watch};
 use super::status::{PolicyFacts, policy_status};
-use super::writer::{ActResult, EventNote, Lanes, Report, ResultReceiver, intent_kind};
+use super::writer::{
+    ActResult, EventNote, Lanes, Report, ResultReceiver, count_dropped, intent_kind,
+};
 use crate::api::{
     NodeTaint, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, TAINT_MARKER_ANNOTATION,
 };
@@ -30,6 +32,7 @@ use crate::eligibility::node_selected;
 use crate::health::{
     Cause, DetectionConfig, HealthTracker, NodeHealth, ProbeKind, ReadyStatus, Transition,
 };
+use crate::leader::Leadership;
 use crate::metrics::{Metrics, TaintOperation};
 use crate::planner::{
     self, HealthBook, Heartbeat, Heartbeats, HoldReason, Intent, Ledger, PlanInput, PodSkip,
@@ -108,7 +111,7 @@ pub struct Actor {
     /// Each policy's policy-wide hold in the last planning round.
     policy_holds: BTreeMap<String, HoldReason>,
     leading: bool,
-    is_leader: watch::Receiver<bool>,
+    leadership: Leadership,
     ready: watch::Sender<bool>,
     writes: Lanes,
     probe_plans: PlanSenders,
@@ -118,7 +121,7 @@ pub struct Actor {
 
 impl Actor {
     pub fn new(
-        is_leader: watch::Receiver<bool>,
+        leadership: Leadership,
         ready: watch::Sender<bool>,
         writes: Lanes,
         probe_plans: PlanSenders,
@@ -136,7 +139,7 @@ impl Actor {
             last_status: BTreeMap::new(),
             policy_holds: BTreeMap::new(),
             leading: false,
-            is_leader,
+            leadership,
             ready,
             writes,
             probe_plans,
@@ -208,7 +211,7 @@ impl Actor {
     }
 
     fn follow_leadership(&mut self, now: Instant) {
-        let leading = *self.is_leader.borrow_and_update();
+        let leading = self.leadership.may_write(now);
         if leading != self.leading {
             self.leading = leading;
             self.metrics.set_leader(leading);
