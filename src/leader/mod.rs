@@ -73,11 +73,11 @@
 //!
 //! # Errors
 //!
-//! Transient API errors are retried with backoff (no claim is published meanwhile unless the
-//! last renewal seen still covers it). A deleted Lease is recreated. Errors no retry can fix
-//! (401, 403, invalid requests, a broken lease state, a refused watch of the Lease) end [`run`]
-//! with an error (`errors.rs` sorts them): the caller ends the process, so the failure is visible
-//! (CrashLoopBackOff) rather than a replica that silently never leads.
+//! Transient API errors are retried after [`crate::backoff::lease_retry`] (no claim is published
+//! meanwhile unless the last renewal seen still covers it). A deleted Lease is recreated. Errors
+//! no retry can fix (401, 403, invalid requests, a broken lease state, a refused watch of the
+//! Lease) end [`run`] with an error (`errors.rs` sorts them): the caller ends the process, so the
+//! failure is visible (CrashLoopBackOff) rather than a replica that silently never leads.
 //!
 //! RBAC: `get`, `create`, `patch`, `list`, `watch` on `leases.coordination.k8s.io` in
 //! [`LeaderConfig::namespace`].
@@ -111,9 +111,11 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Client,
-    runtime::{WatchStreamExt, utils::Backoff, watcher},
+    runtime::{WatchStreamExt, watcher},
 };
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
+
+use crate::backoff::{self, Backoff};
 use tokio::{sync::watch, time::Instant};
 
 mod claim;
@@ -138,8 +140,6 @@ pub const DEFAULT_RENEW_GRACE: Duration = Duration::from_secs(5);
 
 /// Upper bound for releasing the lease on shutdown.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-/// First retry delay after an API error; doubles up to the lease duration.
-const FIRST_RETRY: Duration = Duration::from_millis(500);
 
 pub type Result<T, E = LeaderError> = std::result::Result<T, E>;
 
@@ -308,13 +308,13 @@ async fn elect(
         Api::<Lease>::namespaced(watch_client.clone(), &cfg.namespace),
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.lease_name)),
     )
-    .backoff(Retry::new(cfg.lease_duration));
+    .backoff(backoff::lease_retry(cfg.lease_duration));
     let mut leases = pin!(leases);
     let mut shutdown = pin!(shutdown);
 
     let mut manager: Option<Arc<LeaseManager>> = None;
     let mut turn = pin!(next_turn(client, cfg, seconds, None, Duration::ZERO));
-    let mut retry = Retry::new(cfg.lease_duration);
+    let mut retry = backoff::lease_retry(cfg.lease_duration);
     let mut held = false;
     let mut view = LeaseView::default();
 
@@ -354,12 +354,12 @@ async fn elect(
                         match on_error(&error) {
                             OnError::Fatal => return Err(LeaderError::Fatal(error)),
                             OnError::Retry => {
-                                let delay = retry.delay();
+                                let delay = retry.next().unwrap_or(cfg.lease_duration);
                                 tracing::warn!(%error, ?delay, "leader lease: retrying");
                                 (manager.take(), delay)
                             }
                             OnError::Rebuild => {
-                                let delay = retry.delay();
+                                let delay = retry.next().unwrap_or(cfg.lease_duration);
                                 tracing::warn!(%error, ?delay, "leader lease: starting over");
                                 held = false;
                                 (None, delay)
@@ -431,43 +431,6 @@ async fn build(
         .await
 }
 
-/// Doubling delay between retries, capped so a follower retries at least once per lease.
-struct Retry {
-    next: Duration,
-    cap: Duration,
-}
-
-impl Retry {
-    fn new(cap: Duration) -> Self {
-        Self {
-            next: FIRST_RETRY,
-            cap,
-        }
-    }
-
-    fn delay(&mut self) -> Duration {
-        let delay = self.next.min(self.cap);
-        self.next = delay.saturating_mul(2);
-        delay
-    }
-}
-
-/// Also the backoff of the watch of the Lease: without that watch no replica may lead, so after
-/// an API server outage it must come back within a lease, not after kube-runtime's default 30 s.
-impl Iterator for Retry {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        Some(self.delay())
-    }
-}
-
-impl Backoff for Retry {
-    fn reset(&mut self) {
-        self.next = FIRST_RETRY;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,16 +487,6 @@ mod tests {
         assert_eq!(identity_from(None, s("host"), 7), "host-7");
         assert_eq!(identity_from(None, None, 7), "podha-7");
         assert!(!default_identity().is_empty());
-    }
-
-    #[test]
-    fn retry_doubles_up_to_the_lease_duration() {
-        let mut retry = Retry::new(secs(4));
-        let delays: Vec<_> = (0..5).map(|_| retry.delay()).collect();
-        let ms = Duration::from_millis;
-        assert_eq!(delays, [ms(500), ms(1000), ms(2000), ms(4000), ms(4000)]);
-        retry.reset();
-        assert_eq!(retry.delay(), ms(500));
     }
 
     /// A fake API server that never answers a call for the Lease itself (a hung connection)
