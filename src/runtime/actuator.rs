@@ -47,9 +47,21 @@ pub enum ActError {
     NotLeader,
 }
 
+/// What to do with an action that failed, by what failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// The cause may pass: a conflict, a busy or failing API server, a lost connection, no
+    /// answer in time, leadership lost for now.
+    Retry,
+    /// The request itself is refused (RBAC, an invalid object, a request podha cannot build):
+    /// the same request fails the same way until someone changes the cluster or podha.
+    GiveUp,
+}
+
 impl ActError {
-    /// `podha_api_errors_total{operation}` is labelled by operation; this labels the cause.
-    pub const fn label(&self) -> &'static str {
+    /// A bounded label for the cause (`podha_api_errors_total{operation}` is labelled by
+    /// operation).
+    pub const fn metric_label(&self) -> &'static str {
         match self {
             Self::Api(_) => "api",
             Self::Conflict(_) => "conflict",
@@ -57,6 +69,33 @@ impl ActError {
             Self::NotAnAction => "not_an_action",
             Self::NotLeader => "not_leader",
         }
+    }
+
+    /// Whether sending the same action again may succeed.
+    pub fn retry(&self) -> RetryPolicy {
+        match self {
+            Self::Api(error) => api_retry(error),
+            Self::Conflict(_) | Self::TimedOut(_) | Self::NotLeader => RetryPolicy::Retry,
+            // A hold sent as an action is a bug of podha's; sending it again repeats it.
+            Self::NotAnAction => RetryPolicy::GiveUp,
+        }
+    }
+}
+
+fn api_retry(error: &kube::Error) -> RetryPolicy {
+    match error {
+        // 401: kube reloads a rotated token for the next request. 408, 409 (a change in
+        // between), 429 (API Priority and Fairness) and 5xx: the API server's state or load.
+        kube::Error::Api(status) => match status.code {
+            401 | 408 | 409 | 429 => RetryPolicy::Retry,
+            400..=499 => RetryPolicy::GiveUp,
+            _ => RetryPolicy::Retry,
+        },
+        // The request could not even be built: the same one never can.
+        kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => RetryPolicy::GiveUp,
+        // The way there or back (connection, TLS, reading or decoding the answer, credentials
+        // being refreshed): nothing says the request was wrong.
+        _ => RetryPolicy::Retry,
     }
 }
 
@@ -346,6 +385,45 @@ fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conflicts_outages_and_lost_leadership_are_retried_refusals_are_not() {
+        let api = |code| {
+            ActError::Api(kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        for code in [401, 408, 409, 429, 500, 503, 504] {
+            assert_eq!(api(code).retry(), RetryPolicy::Retry, "{code}");
+        }
+        for code in [400, 403, 404, 405, 422] {
+            assert_eq!(api(code).retry(), RetryPolicy::GiveUp, "{code}");
+        }
+        let unreachable = ActError::Api(kube::Error::Service("connection refused".into()));
+        assert_eq!(unreachable.retry(), RetryPolicy::Retry);
+        let retried = [
+            ActError::Conflict("n".into()),
+            ActError::TimedOut(std::time::Duration::from_secs(2)),
+            ActError::NotLeader,
+        ];
+        for error in retried {
+            assert_eq!(error.retry(), RetryPolicy::Retry, "{error}");
+        }
+        assert_eq!(ActError::NotAnAction.retry(), RetryPolicy::GiveUp);
+        let labels = [
+            api(500).metric_label(),
+            ActError::Conflict("n".into()).metric_label(),
+            ActError::TimedOut(std::time::Duration::ZERO).metric_label(),
+            ActError::NotAnAction.metric_label(),
+            ActError::NotLeader.metric_label(),
+        ];
+        assert_eq!(
+            labels,
+            ["api", "conflict", "timeout", "not_an_action", "not_leader"]
+        );
+    }
 
     /// A claim past its expiry that the election has not withdrawn yet: every kind of action
     /// is refused before its first request.

@@ -21,9 +21,9 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
-use super::actuator::{ActError, Actuator, Outcome};
+use super::actuator::{ActError, Actuator, Outcome, RetryPolicy};
 use super::events::EventPublisher;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
 use crate::leader::Leadership;
@@ -148,8 +148,9 @@ pub fn results() -> (ResultSender, ResultReceiver) {
 #[derive(Debug)]
 pub struct ActResult {
     pub intent: Intent,
-    /// `Err` carries the error text for logs; the metric is already counted.
-    pub result: Result<Outcome, String>,
+    /// `Err` tells what failed and whether a retry may help ([`ActError::retry`]); the metrics
+    /// are already counted and the failure logged.
+    pub result: Result<Outcome, ActError>,
 }
 
 pub struct Writer {
@@ -256,7 +257,6 @@ impl Writer {
         if matches!(result, Err(ActError::NotLeader)) {
             count_dropped(&self.metrics, &intent);
         }
-        let result = result.map_err(|e| e.to_string());
         // The decision loop ending first is a shutdown; nothing to report to.
         let _ = results.send(ActResult { intent, result });
     }
@@ -290,7 +290,16 @@ impl Writer {
             }
             Err(e) => {
                 self.metrics.inc_api_errors(intent_kind(intent));
-                warn!(?intent, error = %e, cause = e.label(), "action failed; will retry");
+                let cause = e.metric_label();
+                match e.retry() {
+                    RetryPolicy::Retry => {
+                        warn!(?intent, error = %e, cause, "action failed; will retry");
+                    }
+                    // RBAC or an invalid request: only a change to the cluster or to podha helps.
+                    RetryPolicy::GiveUp => {
+                        error!(?intent, error = %e, cause, "action refused; no retry can fix it");
+                    }
+                }
                 Err(e)
             }
         }
@@ -452,7 +461,8 @@ mod tests {
             .expect("the action gives up within the step-down margin")
             .expect("the action's result");
         let error = result.result.expect_err("no answer is a failure");
-        assert!(error.contains("no answer"), "{error}");
+        assert!(error.to_string().contains("no answer"), "{error}");
+        assert_eq!(error.retry(), RetryPolicy::Retry);
         assert_eq!(started.elapsed(), action_deadline(margin()));
         for _ in 0..50 {
             if seen.lock().expect("lock").len() == 2 {
@@ -516,7 +526,7 @@ mod tests {
         tx.act(taint, Some(Arc::new(node))).await;
         let result = results.recv().await.expect("the action's result");
         let error = result.result.expect_err("the taint is not applied");
-        assert!(error.contains("not the leader"), "{error}");
+        assert!(error.to_string().contains("not the leader"), "{error}");
         assert_eq!(
             *seen.lock().expect("lock"),
             ["PATCH /api/v1/nodes/node-1"],
@@ -553,7 +563,7 @@ mod tests {
         tx.report(Report::Event(note())).await;
         let result = results.recv().await.expect("the action's result");
         let error = result.result.expect_err("refused");
-        assert!(error.contains("not the leader"), "{error}");
+        assert!(matches!(error, ActError::NotLeader), "{error}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(seen.lock().expect("lock").is_empty(), "no request at all");
         let text = metrics.encode().expect("metrics");
