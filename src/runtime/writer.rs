@@ -364,6 +364,16 @@ mod tests {
         seen: Arc<std::sync::Mutex<Vec<String>>>,
         release: Arc<tokio::sync::Notify>,
     ) -> Writer {
+        let (claim, leadership) = crate::leader::channel();
+        claim.send_replace(Some(crate::leader::Claim::for_tests()));
+        writer_on(fake_api(seen, release), leadership)
+    }
+
+    /// The API server of [`writer_on_fake_api`].
+    fn fake_api(
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+        release: Arc<tokio::sync::Notify>,
+    ) -> Client {
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let seen = seen.clone();
             let release = release.clone();
@@ -380,10 +390,7 @@ mod tests {
                     .body(kube::client::Body::from(body.to_vec()))
             }
         });
-        let client = Client::new(service, "default");
-        let (claim, leadership) = crate::leader::channel();
-        claim.send_replace(Some(crate::leader::Claim::for_tests()));
-        writer_on(client, leadership)
+        Client::new(service, "default")
     }
 
     /// The default leader settings' step-down margin.
@@ -540,16 +547,10 @@ mod tests {
     async fn an_expired_claim_sends_nothing() {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let release = Arc::new(tokio::sync::Notify::new());
-        release.notify_one();
-        let writer = writer_on_fake_api(seen.clone(), release);
         let (claim, leadership) = crate::leader::channel();
         let expires = tokio::time::Instant::now() + Duration::from_secs(1);
         claim.send_replace(Some(crate::leader::Claim::until(expires)));
-        let writer = Writer {
-            actuator: Actuator::new(writer.client.clone(), leadership.clone()),
-            leadership,
-            ..writer
-        };
+        let writer = writer_on(fake_api(seen.clone(), release), leadership);
         let metrics = writer.metrics.clone();
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
