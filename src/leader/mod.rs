@@ -22,7 +22,7 @@
 //! claim's expiry passes and the claim refuses writes without any help from the API server: a
 //! reader compares the expiry with its own `now`, so it is refused from the expiry on even if
 //! [`run`] has not withdrawn the claim yet. [`run`] also withdraws it at the expiry, so that
-//! the decision loop sees the change and the `podha_leader` metric follows.
+//! what it publishes says what readers conclude, and readers that wait for a change wake.
 //!
 //! kube 5's default client has no read timeout, so a lease call could also hang for as long as
 //! the connection lives. The crate is given a client whose every call, answer included, gives up
@@ -326,8 +326,8 @@ async fn elect(
         if let Some(leading) = publisher.set(claim) {
             tracing::info!(identity = %cfg.identity, lease = %cfg.lease_name, leading, "leadership changed");
         }
-        // Readers refuse the claim from its expiry on by themselves; withdrawing it then wakes
-        // the decision loop and moves the metric.
+        // Readers refuse the claim from its expiry on by themselves; withdrawing it then keeps
+        // the published value true for readers that wait for a change.
         let step_down = async {
             match claim {
                 Some(claim) => tokio::time::sleep_until(claim.expires).await,

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::LeaderConfig;
 
-/// Where [`run`] records that the election loop moves on; see the module docs ("Liveness").
+/// Where [`super::run`] records that the election loop moves on.
 #[derive(Clone, Debug)]
 pub struct Progress {
     last: Arc<std::sync::Mutex<Instant>>,
