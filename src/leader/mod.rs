@@ -18,7 +18,7 @@
 //!
 //! Condition 2 exists because the crate alone does not guarantee a timely "not leading": when a
 //! renewal fails, `changed()` returns the error and leaves its state at "leader" (its `watch()`
-//! helper logs the error and retries while its channel keeps saying `true`). Either way the
+//! function logs the error and retries while its channel keeps saying `true`). Either way the
 //! claim's expiry passes and the claim refuses writes without any help from the API server: a
 //! reader compares the expiry with its own `now`, so it is refused from the expiry on even if
 //! [`run`] has not withdrawn the claim yet. [`run`] also withdraws it at the expiry, so that
