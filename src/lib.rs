@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod backoff;
 pub mod chaos;
 pub mod deadline;
 pub mod eligibility;

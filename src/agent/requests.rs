@@ -81,7 +81,7 @@ pub async fn follow(
     let nodes: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(nodes.clone(), config)
-        .default_backoff()
+        .backoff(crate::backoff::node_watch())
         .applied_objects()
         .boxed();
     loop {

@@ -31,7 +31,6 @@ use std::future::Future;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -68,12 +67,7 @@ impl Restarts {
     /// The delays before the restarts that follow quick deaths in a row; it ends where the
     /// supervisor gives up.
     fn after_quick_deaths(&self) -> impl Iterator<Item = Duration> + use<> {
-        ExponentialBuilder::new()
-            .with_min_delay(self.first_delay)
-            .with_max_delay(self.max_delay)
-            .with_factor(2.0)
-            .with_max_times(self.quick_deaths)
-            .build()
+        crate::backoff::quick_restarts(self.first_delay, self.max_delay, self.quick_deaths)
     }
 }
 

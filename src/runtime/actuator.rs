@@ -8,10 +8,11 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::agent::FENCE_REQUEST_ANNOTATION;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::leader::Leadership;
 use crate::planner::Intent;
 use crate::view::ObjectKey;
 
@@ -46,9 +47,21 @@ pub enum ActError {
     NotLeader,
 }
 
+/// What to do with an action that failed, by what failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// The cause may pass: a conflict, a busy or failing API server, a lost connection, no
+    /// answer in time, leadership lost for now.
+    Retry,
+    /// The request itself is refused (RBAC, an invalid object, a request podha cannot build):
+    /// the same request fails the same way until someone changes the cluster or podha.
+    GiveUp,
+}
+
 impl ActError {
-    /// `podha_api_errors_total{operation}` is labelled by operation; this labels the cause.
-    pub const fn label(&self) -> &'static str {
+    /// A bounded label for the cause (`podha_api_errors_total{operation}` is labelled by
+    /// operation).
+    pub const fn metric_label(&self) -> &'static str {
         match self {
             Self::Api(_) => "api",
             Self::Conflict(_) => "conflict",
@@ -56,6 +69,33 @@ impl ActError {
             Self::NotAnAction => "not_an_action",
             Self::NotLeader => "not_leader",
         }
+    }
+
+    /// Whether sending the same action again may succeed.
+    pub fn retry(&self) -> RetryPolicy {
+        match self {
+            Self::Api(error) => api_retry(error),
+            Self::Conflict(_) | Self::TimedOut(_) | Self::NotLeader => RetryPolicy::Retry,
+            // A hold sent as an action is a bug of podha's; sending it again repeats it.
+            Self::NotAnAction => RetryPolicy::GiveUp,
+        }
+    }
+}
+
+fn api_retry(error: &kube::Error) -> RetryPolicy {
+    match error {
+        // 401: kube reloads a rotated token for the next request. 408, 409 (a change in
+        // between), 429 (API Priority and Fairness) and 5xx: the API server's state or load.
+        kube::Error::Api(status) => match status.code {
+            401 | 408 | 409 | 429 => RetryPolicy::Retry,
+            400..=499 => RetryPolicy::GiveUp,
+            _ => RetryPolicy::Retry,
+        },
+        // The request could not even be built: the same one never can.
+        kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => RetryPolicy::GiveUp,
+        // The way there or back (connection, TLS, reading or decoding the answer, credentials
+        // being refreshed): nothing says the request was wrong.
+        _ => RetryPolicy::Retry,
     }
 }
 
@@ -65,18 +105,19 @@ const CONFLICT_RETRIES: usize = 5;
 #[derive(Clone)]
 pub struct Actuator {
     client: Client,
-    is_leader: watch::Receiver<bool>,
+    leadership: Leadership,
 }
 
 impl Actuator {
-    /// An actuator that sends a request only while `is_leader` reads `true`.
-    pub fn new(client: Client, is_leader: watch::Receiver<bool>) -> Self {
-        Self { client, is_leader }
+    /// An actuator that sends a request only while `leadership` lets it write.
+    pub fn new(client: Client, leadership: Leadership) -> Self {
+        Self { client, leadership }
     }
 
-    /// Called right before every request: a replica that lost leadership sends nothing more.
+    /// Called right before every request: a replica that lost leadership, or whose claim ran
+    /// out, sends nothing more.
     fn ensure_leading(&self) -> Result<(), ActError> {
-        if *self.is_leader.borrow() {
+        if self.leadership.may_write(Instant::now()) {
             Ok(())
         } else {
             Err(ActError::NotLeader)
@@ -344,6 +385,98 @@ fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conflicts_outages_and_lost_leadership_are_retried_refusals_are_not() {
+        let api = |code| {
+            ActError::Api(kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        for code in [401, 408, 409, 429, 500, 503, 504] {
+            assert_eq!(api(code).retry(), RetryPolicy::Retry, "{code}");
+        }
+        for code in [400, 403, 404, 405, 422] {
+            assert_eq!(api(code).retry(), RetryPolicy::GiveUp, "{code}");
+        }
+        let unreachable = ActError::Api(kube::Error::Service("connection refused".into()));
+        assert_eq!(unreachable.retry(), RetryPolicy::Retry);
+        let retried = [
+            ActError::Conflict("n".into()),
+            ActError::TimedOut(std::time::Duration::from_secs(2)),
+            ActError::NotLeader,
+        ];
+        for error in retried {
+            assert_eq!(error.retry(), RetryPolicy::Retry, "{error}");
+        }
+        assert_eq!(ActError::NotAnAction.retry(), RetryPolicy::GiveUp);
+        let labels = [
+            api(500).metric_label(),
+            ActError::Conflict("n".into()).metric_label(),
+            ActError::TimedOut(std::time::Duration::ZERO).metric_label(),
+            ActError::NotAnAction.metric_label(),
+            ActError::NotLeader.metric_label(),
+        ];
+        assert_eq!(
+            labels,
+            ["api", "conflict", "timeout", "not_an_action", "not_leader"]
+        );
+    }
+
+    /// A claim past its expiry that the election has not withdrawn yet: every kind of action
+    /// is refused before its first request.
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_claim_sends_no_request() {
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Err::<http::Response<kube::client::Body>, _>("no request expected") }
+        });
+        let (claim, leadership) = crate::leader::channel();
+        let expires = Instant::now() + std::time::Duration::from_secs(1);
+        claim.send_replace(Some(crate::leader::Claim::until(expires)));
+        let actuator = Actuator::new(Client::new(service, "default"), leadership);
+        tokio::time::sleep_until(expires).await;
+
+        let pod = ObjectKey::new("ns", "db-0");
+        let intents = [
+            Intent::MarkPodNotReady {
+                pod: pod.clone(),
+                uid: "u".into(),
+                node: "n".into(),
+                policy: "p".into(),
+            },
+            Intent::ForceDeletePod {
+                pod,
+                uid: "u".into(),
+                resource_version: None,
+                node: "n".into(),
+                policy: "p".into(),
+                owner_kind: "StatefulSet",
+            },
+            Intent::TaintNode {
+                node: "n".into(),
+                policy: "p".into(),
+                taint: NodeTaint::OutOfService,
+            },
+            Intent::RemoveTaint { node: "n".into() },
+            Intent::RequestFence {
+                node: "n".into(),
+                policy: "p".into(),
+            },
+        ];
+        for intent in intents {
+            let result = actuator.execute(&intent, None).await;
+            assert!(
+                matches!(result, Err(ActError::NotLeader)),
+                "{intent:?}: {result:?}"
+            );
+        }
+        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn the_taint_patch_keeps_the_other_taints_and_is_guarded_by_the_version() {

@@ -78,7 +78,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     wait_for_crd(&client).await?;
     let metrics = Arc::new(Metrics::new()?);
-    let (leader_tx, leader_rx) = watch::channel(false);
+    let (claim_tx, leadership) = leader::channel();
     let (ready_tx, ready_rx) = watch::channel(false);
     let (writes_tx, writes_rx) = writer::lanes();
     let (results_tx, results_rx) = writer::results();
@@ -103,7 +103,7 @@ pub async fn run(
     let mut election = tokio::spawn(leader::run(
         client.clone(),
         opts.leader.clone(),
-        leader_tx,
+        claim_tx,
         election_progress,
         stopped(),
     ));
@@ -115,7 +115,7 @@ pub async fn run(
         client.clone(),
         reporter,
         metrics.clone(),
-        leader_rx.clone(),
+        leadership.clone(),
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
@@ -136,7 +136,7 @@ pub async fn run(
         writes: writes_tx,
         probe_plans: plans,
     };
-    let actor = actor::Actor::new(leader_rx, outputs, metrics.clone());
+    let actor = actor::Actor::new(leadership, outputs, metrics.clone());
     let changes = watches(&client);
 
     let result = tokio::select! {

@@ -17,17 +17,13 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use kube::Api;
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
-/// The first wait before a failed watch is started again; doubled on each failure in a row up
-/// to [`MAX_BACKOFF`], back to this once a list completes.
-const FIRST_BACKOFF: Duration = Duration::from_millis(250);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+use crate::backoff::{self, Exponential};
 
 /// How long the watch of `kube-node-lease` may go without any event before it counts as
 /// stalled: one and a half kubelet renew intervals (10 s each), so one live kubelet is enough to
@@ -53,29 +49,18 @@ impl std::fmt::Display for Fault {
     }
 }
 
-/// The waits before the starts that follow failures in a row: [`FIRST_BACKOFF`] doubling up to
-/// [`MAX_BACKOFF`], for as long as the failures go on.
-fn backoff() -> ExponentialBackoff {
-    ExponentialBuilder::new()
-        .with_min_delay(FIRST_BACKOFF)
-        .with_max_delay(MAX_BACKOFF)
-        .with_factor(2.0)
-        .without_max_times()
-        .build()
-}
-
 struct Session<K: 'static> {
     stream: Option<BoxStream<'static, watcher::Result<watcher::Event<K>>>>,
     /// The wait before the next start: none at first, then what the failure that ended the
     /// last watch set.
     wait: Duration,
     /// The waits of the failures in a row so far, if any.
-    failing: Option<ExponentialBackoff>,
+    failing: Option<Exponential>,
 }
 
 /// Like [`watcher`], but every error ends the watch: the error is passed on, then a new watch
-/// lists everything again after [`backoff`]. With `stall_bound`, no event within it counts as an
-/// error too. Never ends.
+/// lists everything again after [`backoff::rewatch`]. With `stall_bound`, no event within it
+/// counts as an error too. Never ends.
 pub fn relisting_watcher<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -111,8 +96,8 @@ where
                 Ok(_) => {}
                 Err(_) => {
                     session.stream = None;
-                    let waits = session.failing.get_or_insert_with(backoff);
-                    session.wait = waits.next().unwrap_or(MAX_BACKOFF);
+                    let waits = session.failing.get_or_insert_with(backoff::rewatch);
+                    session.wait = waits.next().unwrap_or(backoff::REWATCH_MAX);
                 }
             }
             Some((next, session))
@@ -216,15 +201,5 @@ mod tests {
             obs.lease_baseline() > stalled_at,
             "the Lease clock restarted"
         );
-    }
-
-    #[test]
-    fn backoff_doubles_from_a_quarter_second_up_to_thirty_for_good() {
-        let waits: Vec<u128> = backoff().take(10).map(|d| d.as_millis()).collect();
-        assert_eq!(
-            waits,
-            [250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
-        );
-        assert_eq!(backoff().nth(10_000), Some(MAX_BACKOFF));
     }
 }

@@ -9,7 +9,7 @@
 //! loop retries it and the reports go on. The deadline is shorter than the leader's step-down
 //! margin and leadership is checked before every request (see [`Actuator`]), so a replica that
 //! lost leadership sends nothing more, and a request it sent just before has been given up on the
-//! client side before another replica can lead (`src/leader.rs`).
+//! client side before another replica can lead (`src/leader/`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +20,13 @@ use kube::runtime::events::Reporter;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{debug, warn};
+use tokio::time::Instant;
+use tracing::{debug, error, warn};
 
-use super::actuator::{ActError, Actuator, Outcome};
+use super::actuator::{ActError, Actuator, Outcome, RetryPolicy};
 use super::events::EventPublisher;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
+use crate::leader::Leadership;
 use crate::metrics::{ActionKind, ApiOperation, Metrics};
 use crate::planner::Intent;
 
@@ -146,8 +148,9 @@ pub fn results() -> (ResultSender, ResultReceiver) {
 #[derive(Debug)]
 pub struct ActResult {
     pub intent: Intent,
-    /// `Err` carries the error text for logs; the metric is already counted.
-    pub result: Result<Outcome, String>,
+    /// `Err` tells what failed and whether a retry may help ([`ActError::retry`]); the metrics
+    /// are already counted and the failure logged.
+    pub result: Result<Outcome, ActError>,
 }
 
 pub struct Writer {
@@ -155,27 +158,27 @@ pub struct Writer {
     actuator: Actuator,
     events: EventPublisher,
     metrics: Arc<Metrics>,
-    is_leader: watch::Receiver<bool>,
+    leadership: Leadership,
     /// See [`action_deadline`].
     action_deadline: Duration,
 }
 
 impl Writer {
-    /// A writer that acts while `is_leader` reads `true`; `step_down_margin` is the leader's
+    /// A writer that acts while `leadership` lets it write; `step_down_margin` is the leader's
     /// ([`crate::leader::LeaderConfig::step_down_margin`]).
     pub fn new(
         client: Client,
         reporter: Reporter,
         metrics: Arc<Metrics>,
-        is_leader: watch::Receiver<bool>,
+        leadership: Leadership,
         step_down_margin: Duration,
     ) -> Self {
         Self {
-            actuator: Actuator::new(client.clone(), is_leader.clone()),
+            actuator: Actuator::new(client.clone(), leadership.clone()),
             events: EventPublisher::new(client.clone(), reporter),
             client,
             metrics,
-            is_leader,
+            leadership,
             action_deadline: action_deadline(step_down_margin),
         }
     }
@@ -240,7 +243,7 @@ impl Writer {
     }
 
     fn leading(&self) -> bool {
-        *self.is_leader.borrow()
+        self.leadership.may_write(Instant::now())
     }
 
     async fn perform_act(&self, act: Act, results: &ResultSender) {
@@ -248,11 +251,12 @@ impl Writer {
         let result = if self.leading() {
             self.act(&intent, node.as_deref()).await
         } else {
-            if let Some(kind) = intent_kind(&intent) {
-                self.metrics.actions.inc_intents_dropped(kind);
-            }
-            Err("not the leader any more".to_string())
+            Err(ActError::NotLeader)
         };
+        // Refused before the action or during it: either way the claim no longer covered it.
+        if matches!(result, Err(ActError::NotLeader)) {
+            count_dropped(&self.metrics, &intent);
+        }
         // The decision loop ending first is a shutdown; nothing to report to.
         let _ = results.send(ActResult { intent, result });
     }
@@ -267,11 +271,11 @@ impl Writer {
         }
     }
 
-    async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, String> {
+    async fn act(&self, intent: &Intent, seen: Option<&Node>) -> Result<Outcome, ActError> {
         // The decision loop reports holds and never sends them; one sent anyway asks nothing
         // of the API server, so it is neither timed nor counted as an error.
         let Some(kind) = intent_kind(intent) else {
-            return Err(ActError::NotAnAction.to_string());
+            return Err(ActError::NotAnAction);
         };
         let started = tokio::time::Instant::now();
         let deadline = self.action_deadline;
@@ -287,16 +291,24 @@ impl Writer {
                 Ok(outcome)
             }
             Err(ActError::NotLeader) => {
-                self.metrics.actions.inc_intents_dropped(kind);
                 debug!(?intent, "leadership lost during the action; dropped");
-                Err(ActError::NotLeader.to_string())
+                Err(ActError::NotLeader)
             }
             Err(e) => {
                 self.metrics
                     .writes
                     .inc_api_errors(ApiOperation::Action(kind));
-                warn!(?intent, error = %e, cause = e.label(), "action failed; will retry");
-                Err(e.to_string())
+                let cause = e.metric_label();
+                match e.retry() {
+                    RetryPolicy::Retry => {
+                        warn!(?intent, error = %e, cause, "action failed; will retry");
+                    }
+                    // RBAC or an invalid request: only a change to the cluster or to podha helps.
+                    RetryPolicy::GiveUp => {
+                        error!(?intent, error = %e, cause, "action refused; no retry can fix it");
+                    }
+                }
+                Err(e)
             }
         }
     }
@@ -322,6 +334,15 @@ impl Writer {
                 .inc_api_errors(ApiOperation::PatchStatus);
             warn!(policy, error = %e, "status not written");
         }
+    }
+}
+
+/// Counts an intent this replica does not carry out because it does not lead: planned while
+/// following (the decision loop), or refused by the claim before or during its action (the
+/// writer). The one place `podha_intents_dropped_total` is counted.
+pub fn count_dropped(metrics: &Metrics, intent: &Intent) {
+    if let Some(kind) = intent_kind(intent) {
+        metrics.actions.inc_intents_dropped(kind);
     }
 }
 
@@ -357,6 +378,16 @@ mod tests {
         seen: Arc<std::sync::Mutex<Vec<String>>>,
         release: Arc<tokio::sync::Notify>,
     ) -> Writer {
+        let (claim, leadership) = crate::leader::channel();
+        claim.send_replace(Some(crate::leader::Claim::for_tests()));
+        writer_on(fake_api(seen, release), leadership)
+    }
+
+    /// The API server of [`writer_on_fake_api`].
+    fn fake_api(
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+        release: Arc<tokio::sync::Notify>,
+    ) -> Client {
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let seen = seen.clone();
             let release = release.clone();
@@ -373,9 +404,7 @@ mod tests {
                     .body(kube::client::Body::from(body.to_vec()))
             }
         });
-        let client = Client::new(service, "default");
-        let (_, is_leader) = watch::channel(true);
-        writer_on(client, is_leader)
+        Client::new(service, "default")
     }
 
     /// The default leader settings' step-down margin.
@@ -383,13 +412,13 @@ mod tests {
         crate::leader::LeaderConfig::new("podha-system", "me").step_down_margin()
     }
 
-    fn writer_on(client: Client, is_leader: watch::Receiver<bool>) -> Writer {
+    fn writer_on(client: Client, leadership: Leadership) -> Writer {
         let reporter = Reporter {
             controller: "podha-test".into(),
             instance: None,
         };
         let metrics = Arc::new(Metrics::new().expect("metrics"));
-        Writer::new(client, reporter, metrics, is_leader, margin())
+        Writer::new(client, reporter, metrics, leadership, margin())
     }
 
     #[tokio::test]
@@ -453,7 +482,8 @@ mod tests {
             .expect("the action gives up within the step-down margin")
             .expect("the action's result");
         let error = result.result.expect_err("no answer is a failure");
-        assert!(error.contains("no answer"), "{error}");
+        assert!(error.to_string().contains("no answer"), "{error}");
+        assert_eq!(error.retry(), RetryPolicy::Retry);
         assert_eq!(started.elapsed(), action_deadline(margin()));
         for _ in 0..50 {
             if seen.lock().expect("lock").len() == 2 {
@@ -474,7 +504,8 @@ mod tests {
     #[tokio::test]
     async fn a_taint_retried_on_conflict_stops_once_leadership_is_lost() {
         let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let (leader_tx, is_leader) = watch::channel(true);
+        let (leader_tx, leadership) = crate::leader::channel();
+        leader_tx.send_replace(Some(crate::leader::Claim::for_tests()));
         let leader_tx = Arc::new(leader_tx);
         let record = seen.clone();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
@@ -482,7 +513,7 @@ mod tests {
             record.lock().expect("lock").push(line);
             let (status, body) = if req.method() == http::Method::PATCH {
                 // Leadership goes while the API server refuses the first write.
-                leader_tx.send_replace(false);
+                leader_tx.send_replace(None);
                 (
                     409,
                     r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#,
@@ -500,7 +531,7 @@ mod tests {
                     .body(kube::client::Body::from(body.as_bytes().to_vec()))
             }
         });
-        let writer = writer_on(Client::new(service, "default"), is_leader);
+        let writer = writer_on(Client::new(service, "default"), leadership);
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
@@ -516,12 +547,47 @@ mod tests {
         tx.act(taint, Some(Arc::new(node))).await;
         let result = results.recv().await.expect("the action's result");
         let error = result.result.expect_err("the taint is not applied");
-        assert!(error.contains("not the leader"), "{error}");
+        assert!(error.to_string().contains("not the leader"), "{error}");
         assert_eq!(
             *seen.lock().expect("lock"),
             ["PATCH /api/v1/nodes/node-1"],
             "no request after leadership was lost"
         );
+    }
+
+    /// A claim past its expiry that the election has not withdrawn yet (its task late): the
+    /// writer sends neither the action nor the report, and counts the intent as dropped.
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_claim_sends_nothing() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let (claim, leadership) = crate::leader::channel();
+        let expires = tokio::time::Instant::now() + Duration::from_secs(1);
+        claim.send_replace(Some(crate::leader::Claim::until(expires)));
+        let writer = writer_on(fake_api(seen.clone(), release), leadership);
+        let metrics = writer.metrics.clone();
+        let (tx, rx) = lanes();
+        let (results_tx, mut results) = results();
+        tokio::spawn(writer.run(rx, results_tx));
+
+        tokio::time::sleep_until(expires).await;
+        let untaint = Intent::RemoveTaint {
+            node: "node-1".into(),
+        };
+        tx.act(untaint, None).await;
+        tx.report(Report::Event(note())).await;
+        let result = results.recv().await.expect("the action's result");
+        let error = result.result.expect_err("refused");
+        assert!(matches!(error, ActError::NotLeader), "{error}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(seen.lock().expect("lock").is_empty(), "no request at all");
+        let text = metrics.encode().expect("metrics");
+        assert!(
+            text.lines()
+                .any(|l| l == r#"podha_intents_dropped_total{kind="untaint_node"} 1"#),
+            "{text}"
+        );
+        drop(claim);
     }
 
     /// The decision loop sends one tick's intents before it reads any result. A tick of more

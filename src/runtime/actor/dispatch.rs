@@ -5,27 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::super::writer::{ActResult, intent_kind};
+use super::super::actuator::RetryPolicy;
+use super::super::writer::{ActResult, count_dropped, intent_kind};
 use super::Actor;
+use crate::backoff::{ACTION_RETRY_MAX, Exponential, action_retry};
 use crate::incident::MovedPod;
 use crate::planner::Intent;
-
-/// The longest wait between two tries of one failed action.
-const RETRY_MAX: Duration = Duration::from_secs(30);
-
-/// The delays between retries of one failed action: 0.5 s, doubled per failure up to 30 s.
-fn action_retry() -> ExponentialBackoff {
-    ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(RETRY_MAX)
-        .with_factor(2.0)
-        .without_max_times()
-        .build()
-}
 
 /// An action sent to the writer and not answered yet.
 pub(super) struct Sent {
@@ -40,7 +28,7 @@ pub(super) struct Sent {
 struct Entry {
     sent: Option<Sent>,
     /// After a failure: when the action may be sent again, and the delays of the next ones.
-    retry: Option<(Instant, ExponentialBackoff)>,
+    retry: Option<(Instant, Exponential)>,
 }
 
 /// Actions in flight or waiting for a retry, one per intent key: an action is sent once at a
@@ -68,25 +56,40 @@ impl Schedule {
     }
 
     /// The answer to an action in flight came: `None` if none was (a late answer). A success
-    /// forgets the action; a failure returns the delay before it may be sent again.
+    /// forgets the action; a failure returns the delay before it may be sent again: the next of
+    /// its backoff, or the longest at once for a failure no retry can fix (RBAC, an invalid
+    /// request), which is tried again only in case someone fixed its cause.
     pub fn answer(
         &mut self,
         key: &str,
-        ok: bool,
+        answer: Answer,
         now: Instant,
     ) -> Option<(Sent, Option<Duration>)> {
         let entry = self.entries.get_mut(key)?;
         let sent = entry.sent.take()?;
-        if ok {
-            self.entries.remove(key);
-            return Some((sent, None));
-        }
+        let policy = match answer {
+            Answer::Done => {
+                self.entries.remove(key);
+                return Some((sent, None));
+            }
+            Answer::Failed(policy) => policy,
+        };
         let (due, delays) = entry.retry.get_or_insert_with(|| (now, action_retry()));
-        // The builder sets no limit on the number of delays: there is always a next one.
-        let delay = delays.next().unwrap_or(RETRY_MAX);
+        let delay = match policy {
+            // The builder sets no limit on the number of delays: there is always a next one.
+            RetryPolicy::Retry => delays.next().unwrap_or(ACTION_RETRY_MAX),
+            RetryPolicy::GiveUp => ACTION_RETRY_MAX,
+        };
         *due = now + delay;
         Some((sent, Some(delay)))
     }
+}
+
+/// How an action in flight ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    Done,
+    Failed(RetryPolicy),
 }
 
 impl Actor {
@@ -108,10 +111,8 @@ impl Actor {
         }
         if !self.leading {
             let scope = intent.node().unwrap_or("");
-            if self.reported.first(scope, format!("dropped/{key}"))
-                && let Some(kind) = intent_kind(&intent)
-            {
-                self.metrics.actions.inc_intents_dropped(kind);
+            if self.reported.first(scope, format!("dropped/{key}")) {
+                count_dropped(&self.metrics, &intent);
             }
             return;
         }
@@ -151,8 +152,11 @@ impl Actor {
     /// a failure waits for its retry.
     pub(super) fn on_result(&mut self, result: ActResult, now: Instant) {
         let key = result.intent.key();
-        let ok = result.result.is_ok();
-        let Some((sent, retry_in)) = self.schedule.answer(&key, ok, now) else {
+        let answer = match &result.result {
+            Ok(_) => Answer::Done,
+            Err(error) => Answer::Failed(error.retry()),
+        };
+        let Some((sent, retry_in)) = self.schedule.answer(&key, answer, now) else {
             return;
         };
         if let Some(kind) = intent_kind(&result.intent) {
@@ -203,11 +207,13 @@ mod tests {
             schedule.is_due("taint/n2", now),
             "other keys are independent"
         );
-        let (_, retry) = schedule.answer("taint/n1", true, now).expect("in flight");
+        let (_, retry) = schedule
+            .answer("taint/n1", Answer::Done, now)
+            .expect("in flight");
         assert_eq!(retry, None);
         assert!(schedule.is_due("taint/n1", now));
         assert!(
-            schedule.answer("taint/n1", true, now).is_none(),
+            schedule.answer("taint/n1", Answer::Done, now).is_none(),
             "a late answer finds nothing in flight"
         );
     }
@@ -220,7 +226,9 @@ mod tests {
         for _ in 0..10 {
             assert!(schedule.is_due("delete/u", now));
             schedule.send("delete/u".into(), sent());
-            let (_, retry) = schedule.answer("delete/u", false, now).expect("in flight");
+            let (_, retry) = schedule
+                .answer("delete/u", Answer::Failed(RetryPolicy::Retry), now)
+                .expect("in flight");
             let delay = retry.expect("a failure is retried");
             assert!(!schedule.is_due("delete/u", now + delay - Duration::from_millis(1)));
             delays.push(delay.as_millis());
@@ -233,9 +241,13 @@ mod tests {
             ]
         );
         schedule.send("delete/u".into(), sent());
-        schedule.answer("delete/u", true, now).expect("in flight");
+        schedule
+            .answer("delete/u", Answer::Done, now)
+            .expect("in flight");
         schedule.send("delete/u".into(), sent());
-        let (_, retry) = schedule.answer("delete/u", false, now).expect("in flight");
+        let (_, retry) = schedule
+            .answer("delete/u", Answer::Failed(RetryPolicy::Retry), now)
+            .expect("in flight");
         assert_eq!(
             retry,
             Some(Duration::from_millis(500)),

@@ -22,6 +22,7 @@ use super::state::{Change, ClusterState};
 use super::writer::{Lanes, ResultReceiver};
 use crate::api::PodHAPolicy;
 use crate::incident::Ledger;
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::planner::{self, HealthBook, Intent, PlanInput, PolicyRef};
 use clock::WallClock;
@@ -61,14 +62,14 @@ pub struct Actor {
     schedule: Schedule,
     reported: ReportBook,
     leading: bool,
-    is_leader: watch::Receiver<bool>,
+    leadership: Leadership,
     out: Outputs,
     metrics: Arc<Metrics>,
     wall: WallClock,
 }
 
 impl Actor {
-    pub fn new(is_leader: watch::Receiver<bool>, out: Outputs, metrics: Arc<Metrics>) -> Self {
+    pub fn new(leadership: Leadership, out: Outputs, metrics: Arc<Metrics>) -> Self {
         Self {
             state: ClusterState::default(),
             judge: Judge::default(),
@@ -76,7 +77,7 @@ impl Actor {
             schedule: Schedule::default(),
             reported: ReportBook::default(),
             leading: false,
-            is_leader,
+            leadership,
             out,
             metrics,
             wall: WallClock::now(),
@@ -170,7 +171,7 @@ impl Actor {
     }
 
     fn follow_leadership(&mut self, now: Instant) {
-        let leading = *self.is_leader.borrow_and_update();
+        let leading = self.leadership.may_write(now);
         if leading == self.leading {
             return;
         }

@@ -69,7 +69,7 @@ struct Harness {
     actor: Actor,
     writes: crate::runtime::writer::LaneReceivers,
     metrics: Arc<Metrics>,
-    leader: watch::Sender<bool>,
+    leader: watch::Sender<Option<crate::leader::Claim>>,
     _plans: [watch::Receiver<ProbePlan>; 2],
 }
 
@@ -92,7 +92,8 @@ fn harness(objects: Vec<Obj>) -> Harness {
 /// An actor that leads, fed a complete initial list of these objects and, if given, the
 /// policy `p` with this spec.
 fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
-    let (leader_tx, leader_rx) = watch::channel(true);
+    let (leader_tx, leader_rx) = crate::leader::channel();
+    leader_tx.send_replace(Some(crate::leader::Claim::for_tests()));
     let (ready_tx, _) = watch::channel(false);
     let (writes_tx, writes) = crate::runtime::writer::lanes();
     let (kubelet_plan, kubelet_rx) = watch::channel(ProbePlan::default());
@@ -585,7 +586,7 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
     objects.push(mk_node("node-2").into());
     objects.push(mk_node("node-3").into());
     let mut h = harness(objects);
-    h.leader.send(false).expect("leader channel");
+    h.leader.send(None).expect("leader channel");
     h.run_for(3).await;
     assert!(acts(&mut h.writes).is_empty(), "a standby sends nothing");
     assert_eq!(
@@ -608,7 +609,9 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
     h.actor
         .state
         .apply(Change::Pod(Event::Delete(deleted)), now);
-    h.leader.send(true).expect("leader channel");
+    h.leader
+        .send(Some(crate::leader::Claim::for_tests()))
+        .expect("leader channel");
     h.run_for(3).await;
     assert!(acts(&mut h.writes).is_empty(), "nothing to repeat");
     assert_eq!(

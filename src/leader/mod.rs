@@ -1,24 +1,28 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, built on `kube-lease-manager` 0.13.
 //!
-//! Every replica keeps its caches warm; only the one whose [`run`] publishes `true` may write.
-//! The rest of the runtime reads a `watch::Receiver<bool>` and checks it right before each write.
+//! Every replica keeps its caches warm; only the one holding a current [`Claim`] may write.
+//! [`run`] publishes the claim; the rest of the runtime reads it through a [`Leadership`] and
+//! asks [`Leadership::may_write`] right before each request.
 //!
-//! # How the gate is decided
+//! # How the claim is decided
 //!
 //! Notation: `d` = [`LeaderConfig::lease_duration`], `g` = [`LeaderConfig::renew_grace`],
 //! `m` = [`LeaderConfig::step_down_margin`] = `g / 2`, `R` = the Lease's `renewTime`.
 //!
-//! The gate is `true` only while both hold:
+//! [`run`] publishes a claim only while both hold:
 //! 1. the crate's last answer from `LeaseManager::changed()` is "we hold the lease", and
 //! 2. our own watch of the Lease object last showed `holderIdentity` = our identity with a `renewTime`
 //!    `R` such that `now < R + d - m`. `R` was written by this process (the crate stamps it with
 //!    its own wall clock), so this compares our clock with itself; once read, the remaining time
-//!    is turned into a monotonic [`Instant`] deadline.
+//!    is turned into a monotonic [`Instant`], the claim's expiry.
 //!
-//! Condition 2 exists because the crate alone does not guarantee a timely `false`: when a renewal
-//! fails, `changed()` returns the error and leaves its state at "leader" (its `watch()` helper
-//! logs the error and retries while its channel keeps saying `true`). Either way the deadline
-//! in 2 passes and the gate closes without any help from the API server.
+//! Condition 2 exists because the crate alone does not guarantee a timely "not leading": when a
+//! renewal fails, `changed()` returns the error and leaves its state at "leader" (its `watch()`
+//! function logs the error and retries while its channel keeps saying `true`). Either way the
+//! claim's expiry passes and the claim refuses writes without any help from the API server: a
+//! reader compares the expiry with its own `now`, so it is refused from the expiry on even if
+//! [`run`] has not withdrawn the claim yet. [`run`] also withdraws it at the expiry, so that
+//! what it publishes says what readers conclude, and readers that wait for a change wake.
 //!
 //! kube 5's default client has no read timeout, so a lease call could also hang for as long as
 //! the connection lives. The crate is given a client whose every call, answer included, gives up
@@ -44,21 +48,23 @@
 //!   acquisitions conflict on the `holderIdentity` field manager (409) so only one succeeds.
 //!
 //! So another replica can hold the lease no earlier than `R + d + 100 ms` by its clock, while our
-//! gate closes at `R + d - m` by ours. With clock skew between replicas below `m` (2.5 s with the
-//! defaults) there is no overlap. What remains, and what writers must live with:
+//! claim expires at `R + d - m` by ours. With clock skew between replicas below `m` (2.5 s with
+//! the defaults) there is no overlap. What remains, and what writers must live with:
 //! - skew beyond `m`: overlap of at most `skew - m - 100 ms`;
-//! - a write already sent when the gate closes still lands: bound writes with a request timeout,
-//!   and use preconditions (UID, resourceVersion) so a late write by a stale leader is harmless;
-//! - a reader that checked the gate and then awaited something must check it again before writing;
-//! - a process frozen (SIGSTOP, paused VM) for longer than `m` may let a reader run before this
-//!   task closes the gate; no lease without fencing tokens can exclude that.
+//! - a write already sent when the claim expires still lands: bound writes with a request
+//!   timeout, and use preconditions (UID, resourceVersion) so a late write by a stale leader is
+//!   harmless;
+//! - a reader that asked [`Leadership::may_write`] and then awaited something must ask again
+//!   before writing;
+//! - a process frozen (SIGSTOP, paused VM) between a reader's question and its request sends a
+//!   request its claim may no longer cover; no lease without fencing tokens can exclude that.
 //!
-//! The renewal at `R + d - g` has `g - m = g / 2` to be seen on our watch before the gate closes;
-//! if it is slower, the gate blinks `false` (the safe direction) until the renewal is seen.
+//! The renewal at `R + d - g` has `g - m = g / 2` to be seen on our watch before the claim
+//! expires; if it is slower, the claim lapses (the safe direction) until the renewal is seen.
 //!
 //! # Hand-over
 //!
-//! On shutdown the gate goes `false` first, then the lease is released (holder cleared). The
+//! On shutdown the claim is withdrawn first, then the lease is released (holder cleared). The
 //! followers' crate would only notice at the old expiry, so each follower also watches the Lease:
 //! when it sees the lease freed before the holder's lease ran out (a release, not an expiry) it
 //! starts a fresh `LeaseManager`, which takes the lease within a few round trips. After a crash
@@ -67,31 +73,32 @@
 //!
 //! # Errors
 //!
-//! Transient API errors are retried with backoff (the gate protects against acting meanwhile).
-//! A deleted Lease is recreated. Errors no retry can fix (401, 403, invalid requests, a broken
-//! lease state, a refused watch of the Lease) end [`run`] with an error: the caller ends the process, so the failure is visible
-//! (CrashLoopBackOff) rather than a replica that silently never leads.
+//! Transient API errors are retried after [`crate::backoff::lease_retry`] (no claim is published
+//! meanwhile unless the last renewal seen still covers it). A deleted Lease is recreated. Errors
+//! no retry can fix (401, 403, invalid requests, a broken lease state, a refused watch of the
+//! Lease) end [`run`] with an error (`errors.rs` sorts them): the caller ends the process, so the
+//! failure is visible (CrashLoopBackOff) rather than a replica that silently never leads.
 //!
 //! RBAC: `get`, `create`, `patch`, `list`, `watch` on `leases.coordination.k8s.io` in
 //! [`LeaderConfig::namespace`].
 //!
-//! # Integration test recipe (sim cluster; the lead turns this into a test)
+//! # Tests
 //!
-//! Two `run` futures with identities `a` and `b`, same lease name and namespace (a fresh
-//! namespace per test), one API server, `lease_duration = 4 s`, `renew_grace = 2 s`. Each gets its
-//! own `watch::channel(false)` and a `oneshot` receiver as `shutdown`; spawn both, keep the
-//! `JoinHandle`s.
-//! 1. Sample both receivers every 50 ms for `3 * d`: never both `true`; from `d + g` on, exactly
-//!    one `true`, and the Lease's `holderIdentity` names that one.
-//! 2. Graceful stop: fire the leader's shutdown. Its receiver reads `false` before its `run`
-//!    returns `Ok(())`; the Lease's holder is cleared or already the other identity; the other
-//!    becomes `true` within `d + g` (expected: about a second). Keep sampling: never both `true`.
-//! 3. Crash: restart the stopped replica (it stays follower while the other renews), then
-//!    `abort()` the leader's task (no release). The other becomes `true` within `d + g`
-//!    (expected about `d + 1 s`), never both `true`.
-//! 4. Deleted Lease: delete it while one leads; within `d + g` the Lease exists again and exactly
-//!    one replica is `true`.
-//! 5. Every `run` still alive ends with `Ok(())` on shutdown; none ended with an error.
+//! The unit tests here cover the rules one at a time: the claim refuses writes from its expiry
+//! on (`claim`), the validity read from a renewal and the spotting of a release (`view`), which
+//! errors are retried (`errors`), and a hung lease call given up and retried against a fake API
+//! server. The writer's and the actuator's tests check that an expired or withdrawn claim sends
+//! nothing. Two replicas on the sim cluster's real API server (`tests/failover.rs`, in this
+//! process, 4 s leases) cover the election itself:
+//! - `two_replicas_only_the_leader_writes`: exactly one leads; the other sent no action and
+//!   counted dropped intents;
+//! - `leader_change_mid_failover_repeats_no_action`: the leader is stopped (its lease released)
+//!   mid-failover; the other leads within 20 s and repeats nothing;
+//! - `api_server_blip_is_no_node_death_and_leaves_podha_watching`: cut off from the API server,
+//!   no replica leads within 15 s, and one leads again once it is back.
+//!
+//! Not covered by a test: a leader that crashes without releasing (the follower takes over at
+//! the old expiry), and a Lease deleted while one replica leads (recreated by a fresh manager).
 
 use std::{
     future::Future,
@@ -101,13 +108,28 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Client,
-    runtime::{WatchStreamExt, utils::Backoff, watcher},
+    runtime::{WatchStreamExt, watcher},
 };
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
+
+use crate::backoff::{self, Backoff};
 use tokio::{sync::watch, time::Instant};
+
+mod claim;
+mod errors;
+mod progress;
+mod view;
+
+pub use claim::{Claim, Leadership, channel};
+pub use errors::LeaderError;
+pub use progress::Progress;
+
+use claim::Publisher;
+use errors::{OnError, on_error, watch_refused};
+use view::LeaseView;
 
 /// Name of the Lease the replicas compete for.
 pub const DEFAULT_LEASE_NAME: &str = "podha-leader";
@@ -116,40 +138,8 @@ pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How long before the end of its hold the leader renews it.
 pub const DEFAULT_RENEW_GRACE: Duration = Duration::from_secs(5);
 
-/// Where [`run`] records that the election loop moves on; see the module docs ("Liveness").
-#[derive(Clone, Debug)]
-pub struct Progress {
-    last: Arc<std::sync::Mutex<Instant>>,
-    stuck_after: Duration,
-}
-
-impl Progress {
-    /// How many lease durations without progress make the loop stuck.
-    pub const STUCK_AFTER_LEASES: u32 = 3;
-
-    /// Progress as of now, for an election with `cfg`'s timings.
-    pub fn new(cfg: &LeaderConfig) -> Self {
-        Self {
-            last: Arc::new(std::sync::Mutex::new(Instant::now())),
-            stuck_after: cfg.lease_duration * Self::STUCK_AFTER_LEASES,
-        }
-    }
-
-    fn stamp(&self) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-    }
-
-    /// How long the loop has not moved on, if that is longer than a working loop ever takes.
-    pub fn stuck_for(&self) -> Option<Duration> {
-        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
-        Some(last.elapsed()).filter(|quiet| *quiet > self.stuck_after)
-    }
-}
-
 /// Upper bound for releasing the lease on shutdown.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-/// First retry delay after an API error; doubles up to the lease duration.
-const FIRST_RETRY: Duration = Duration::from_millis(500);
 
 pub type Result<T, E = LeaderError> = std::result::Result<T, E>;
 
@@ -213,39 +203,6 @@ impl LeaderConfig {
     }
 }
 
-/// Why leader election stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum LeaderError {
-    #[error("invalid leader election config: {0}")]
-    InvalidConfig(String),
-    /// An error no retry can fix (credentials, RBAC, invalid request, broken lease state).
-    #[error("leader election cannot go on: {0}")]
-    Fatal(#[source] LeaseManagerError),
-    /// The API server refuses to let us watch the lease (credentials, RBAC).
-    #[error("watch of the leader lease refused: {0}")]
-    WatchRefused(#[source] watcher::Error),
-    #[error("watch of the leader lease ended")]
-    WatchEnded,
-    #[error("releasing the leader lease failed: {0}")]
-    Release(#[source] LeaseManagerError),
-    #[error("releasing the leader lease took longer than {0:?}")]
-    ReleaseTimeout(Duration),
-}
-
-impl LeaderError {
-    /// Bounded label for metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            LeaderError::InvalidConfig(_) => "invalid_config",
-            LeaderError::Fatal(_) => "fatal",
-            LeaderError::WatchRefused(_) => "watch_refused",
-            LeaderError::WatchEnded => "watch_ended",
-            LeaderError::Release(_) => "release",
-            LeaderError::ReleaseTimeout(_) => "release_timeout",
-        }
-    }
-}
-
 /// `POD_NAME` (set through the downward API), else `<hostname>-<pid>`.
 ///
 /// A pod name is unique among live pods, and a restarted container (same name) only starts
@@ -271,19 +228,19 @@ fn identity_from(pod_name: Option<String>, hostname: Option<String>, pid: u32) -
 
 /// Runs the election until `shutdown` resolves or an error no retry can fix.
 ///
-/// `is_leader` reads `true` while this replica holds the lease (see the module docs for the
-/// exact rule). It reads `false` at the start, on shutdown before the lease is released, and on
-/// every return or drop of this future. On an error the caller ends the process: a replica that
+/// `claim` holds a [`Claim`] while this replica holds the lease (see the module docs for the
+/// exact rule), and `None` at the start, on shutdown before the lease is released, and on every
+/// return or drop of this future. On an error the caller ends the process: a replica that
 /// cannot tell whether it leads must not act.
 pub async fn run(
     client: Client,
     cfg: LeaderConfig,
-    is_leader: watch::Sender<bool>,
+    claim: watch::Sender<Option<Claim>>,
     progress: Progress,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let gate = Gate(is_leader);
-    gate.set(false);
+    let publisher = Publisher(claim);
+    publisher.set(None);
     let seconds = cfg.lease_seconds()?;
     let lease_client = with_call_timeout(&client, cfg.step_down_margin());
     let manager = elect(
@@ -291,14 +248,14 @@ pub async fn run(
         &lease_client,
         &cfg,
         seconds,
-        &gate,
+        &publisher,
         &progress,
         shutdown,
     )
     .await?;
 
     // `elect` has returned, so no renewal is in flight and the manager's state lock is free.
-    gate.set(false);
+    publisher.set(None);
     tracing::info!(identity = %cfg.identity, "releasing the leader lease");
     let release = async {
         let manager = match manager {
@@ -343,7 +300,7 @@ async fn elect(
     client: &Client,
     cfg: &LeaderConfig,
     seconds: (u64, u64),
-    gate: &Gate,
+    publisher: &Publisher,
     progress: &Progress,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Option<Arc<LeaseManager>>> {
@@ -351,25 +308,30 @@ async fn elect(
         Api::<Lease>::namespaced(watch_client.clone(), &cfg.namespace),
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.lease_name)),
     )
-    .backoff(Retry::new(cfg.lease_duration));
+    .backoff(backoff::lease_retry(cfg.lease_duration));
     let mut leases = pin!(leases);
     let mut shutdown = pin!(shutdown);
 
     let mut manager: Option<Arc<LeaseManager>> = None;
     let mut turn = pin!(next_turn(client, cfg, seconds, None, Duration::ZERO));
-    let mut retry = Retry::new(cfg.lease_duration);
+    let mut retry = backoff::lease_retry(cfg.lease_duration);
     let mut held = false;
     let mut view = LeaseView::default();
 
     loop {
-        let leading = held && view.own_valid_until.is_some_and(|t| Instant::now() < t);
-        if gate.set(leading) {
+        let claim = view
+            .own_valid_until
+            .map(Claim::until)
+            .filter(|claim| held && claim.is_current_at(Instant::now()));
+        if let Some(leading) = publisher.set(claim) {
             tracing::info!(identity = %cfg.identity, lease = %cfg.lease_name, leading, "leadership changed");
         }
+        // Readers refuse the claim from its expiry on by themselves; withdrawing it then keeps
+        // the published value true for readers that wait for a change.
         let step_down = async {
-            match view.own_valid_until {
-                Some(deadline) if leading => tokio::time::sleep_until(deadline).await,
-                _ => std::future::pending().await,
+            match claim {
+                Some(claim) => tokio::time::sleep_until(claim.expires).await,
+                None => std::future::pending().await,
             }
         };
 
@@ -392,12 +354,12 @@ async fn elect(
                         match on_error(&error) {
                             OnError::Fatal => return Err(LeaderError::Fatal(error)),
                             OnError::Retry => {
-                                let delay = retry.delay();
+                                let delay = retry.next().unwrap_or(cfg.lease_duration);
                                 tracing::warn!(%error, ?delay, "leader lease: retrying");
                                 (manager.take(), delay)
                             }
                             OnError::Rebuild => {
-                                let delay = retry.delay();
+                                let delay = retry.next().unwrap_or(cfg.lease_duration);
                                 tracing::warn!(%error, ?delay, "leader lease: starting over");
                                 held = false;
                                 (None, delay)
@@ -418,7 +380,7 @@ async fn elect(
                         turn.set(next_turn(client, cfg, seconds, None, Duration::ZERO));
                     }
                 }
-                // Without the watch the gate stays shut, so a refusal must not go unnoticed.
+                // Without the watch no claim is ever published, so a refusal must not go unnoticed.
                 Some(Err(error)) if watch_refused(&error) => {
                     return Err(LeaderError::WatchRefused(error));
                 }
@@ -430,26 +392,6 @@ async fn elect(
     }
 
     Ok(manager)
-}
-
-/// The shared flag, forced to `false` however [`run`] ends (return, error, panic, drop).
-struct Gate(watch::Sender<bool>);
-
-impl Gate {
-    /// Returns whether the value changed; receivers are only woken on a change.
-    fn set(&self, leading: bool) -> bool {
-        self.0.send_if_modified(|current| {
-            let changed = *current != leading;
-            *current = leading;
-            changed
-        })
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.set(false);
-    }
 }
 
 /// One step of the election. It owns no state of its own, so dropping it at any await point
@@ -489,170 +431,12 @@ async fn build(
         .await
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum OnError {
-    Retry,
-    /// The lease is gone: a fresh manager recreates it.
-    Rebuild,
-    Fatal,
-}
-
-fn on_error(error: &LeaseManagerError) -> OnError {
-    match error {
-        LeaseManagerError::NonexistentLease(_) => OnError::Rebuild,
-        LeaseManagerError::KubeError(kube::Error::Api(status)) => match status.code {
-            404 => OnError::Rebuild,
-            400 | 401 | 403 | 422 => OnError::Fatal,
-            _ => OnError::Retry,
-        },
-        LeaseManagerError::KubeError(_) => OnError::Retry,
-        LeaseManagerError::InconsistentState(_)
-        | LeaseManagerError::LeaseAlreadyExists(_)
-        | LeaseManagerError::ControlChannelError(_) => OnError::Fatal,
-    }
-}
-
-fn watch_refused(error: &watcher::Error) -> bool {
-    let status = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status))
-        | watcher::Error::WatchError(status) => status,
-        _ => return false,
-    };
-    matches!(status.code, 401 | 403)
-}
-
-/// Doubling delay between retries, capped so a follower retries at least once per lease.
-struct Retry {
-    next: Duration,
-    cap: Duration,
-}
-
-impl Retry {
-    fn new(cap: Duration) -> Self {
-        Self {
-            next: FIRST_RETRY,
-            cap,
-        }
-    }
-
-    fn delay(&mut self) -> Duration {
-        let delay = self.next.min(self.cap);
-        self.next = delay.saturating_mul(2);
-        delay
-    }
-}
-
-/// Also the backoff of the watch of the Lease: without that watch no replica may lead, so after
-/// an API server outage it must come back within a lease, not after kube-runtime's default 30 s.
-impl Iterator for Retry {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        Some(self.delay())
-    }
-}
-
-impl Backoff for Retry {
-    fn reset(&mut self) {
-        self.next = FIRST_RETRY;
-    }
-}
-
-/// What our own watch of the Lease object last showed.
-#[derive(Debug, Default)]
-struct LeaseView {
-    /// Until when our last observed renewal lets us act.
-    own_valid_until: Option<Instant>,
-    /// When another replica's hold, as last observed, runs out by our clock.
-    other_expiry: Option<SystemTime>,
-}
-
-impl LeaseView {
-    /// Returns `true` when the lease was freed before its holder's hold ran out: a release, as
-    /// opposed to a follower clearing an expired hold.
-    fn observe(
-        &mut self,
-        event: &watcher::Event<Lease>,
-        cfg: &LeaderConfig,
-        now_wall: SystemTime,
-        now: Instant,
-    ) -> bool {
-        let spec = match event {
-            watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => lease.spec.as_ref(),
-            watcher::Event::Delete(_) => None,
-            // A re-list follows; a stale view cannot outlive the renewal it was computed from.
-            watcher::Event::Init | watcher::Event::InitDone => return false,
-        };
-        let released = holder(spec).is_none() && self.other_expiry.is_some_and(|e| e > now_wall);
-        self.own_valid_until = own_validity(spec, cfg, now_wall).map(|left| now + left);
-        self.other_expiry = match holder(spec) {
-            Some(h) if h != cfg.identity => expiry(spec, cfg.lease_duration),
-            _ => None,
-        };
-        released
-    }
-}
-
-fn holder(spec: Option<&LeaseSpec>) -> Option<&str> {
-    spec.and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
-}
-
-/// `renewTime + leaseDurationSeconds`, never longer than our own lease duration.
-fn expiry(spec: Option<&LeaseSpec>, max: Duration) -> Option<SystemTime> {
-    let spec = spec?;
-    let renewed = SystemTime::from(spec.renew_time.as_ref()?.0);
-    let duration = spec.lease_duration_seconds.map_or(max, |s| {
-        Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(max)
-    });
-    renewed.checked_add(duration)
-}
-
-/// How much longer this replica may act on the hold `spec` shows, if it shows ours.
-fn own_validity(
-    spec: Option<&LeaseSpec>,
-    cfg: &LeaderConfig,
-    now_wall: SystemTime,
-) -> Option<Duration> {
-    if holder(spec) != Some(cfg.identity.as_str()) {
-        return None;
-    }
-    let stop = expiry(spec, cfg.lease_duration)?.checked_sub(cfg.step_down_margin())?;
-    let left = stop.duration_since(now_wall).ok()?;
-    // A renewTime in our future (wall clock stepped back) buys no more than one lease.
-    Some(left.min(cfg.lease_duration)).filter(|left| !left.is_zero())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
-    use kube::core::{ObjectMeta, Status};
 
     fn cfg() -> LeaderConfig {
         LeaderConfig::new("podha-system", "me")
-    }
-
-    fn at(t: SystemTime) -> MicroTime {
-        MicroTime(Timestamp::try_from(t).unwrap())
-    }
-
-    fn spec(holder: Option<&str>, renewed: Option<SystemTime>, seconds: Option<i32>) -> LeaseSpec {
-        LeaseSpec {
-            holder_identity: holder.map(str::to_owned),
-            renew_time: renewed.map(at),
-            lease_duration_seconds: seconds,
-            ..LeaseSpec::default()
-        }
-    }
-
-    fn apply(spec: LeaseSpec) -> watcher::Event<Lease> {
-        watcher::Event::Apply(Lease {
-            metadata: ObjectMeta::default(),
-            spec: Some(spec),
-        })
     }
 
     fn secs(s: u64) -> Duration {
@@ -705,144 +489,6 @@ mod tests {
         assert!(!default_identity().is_empty());
     }
 
-    #[test]
-    fn own_validity_counts_from_our_renewal() {
-        let cfg = cfg(); // 15 s lease, step down 2.5 s early
-        let now = SystemTime::now();
-        let ago = |s: u64| Some(now - secs(s));
-        let cases = [
-            (
-                spec(Some("me"), ago(0), Some(15)),
-                Some(Duration::from_millis(12_500)),
-            ),
-            (
-                spec(Some("me"), ago(10), Some(15)),
-                Some(Duration::from_millis(2_500)),
-            ),
-            (spec(Some("me"), ago(13), Some(15)), None),
-            (
-                spec(Some("me"), ago(0), Some(5)),
-                Some(Duration::from_millis(2_500)),
-            ),
-            (
-                spec(Some("me"), ago(0), Some(60)),
-                Some(Duration::from_millis(12_500)),
-            ),
-            (
-                spec(Some("me"), ago(0), None),
-                Some(Duration::from_millis(12_500)),
-            ),
-            (
-                spec(Some("me"), Some(now + secs(60)), Some(15)),
-                Some(secs(15)),
-            ),
-            (spec(Some("me"), None, Some(15)), None),
-            (spec(Some("other"), ago(0), Some(15)), None),
-            (spec(None, ago(0), Some(15)), None),
-        ];
-        for (i, (spec, want)) in cases.into_iter().enumerate() {
-            assert_eq!(own_validity(Some(&spec), &cfg, now), want, "case {i}");
-        }
-        assert_eq!(own_validity(None, &cfg, now), None);
-    }
-
-    #[test]
-    fn view_tracks_our_hold_and_spots_releases() {
-        let cfg = cfg();
-        let (wall, now) = (SystemTime::now(), Instant::now());
-        let mut view = LeaseView::default();
-
-        assert!(!view.observe(
-            &apply(spec(Some("me"), Some(wall), Some(15))),
-            &cfg,
-            wall,
-            now
-        ));
-        assert_eq!(
-            view.own_valid_until,
-            Some(now + Duration::from_millis(12_500))
-        );
-
-        // Another replica holds it; our validity is gone at once.
-        assert!(!view.observe(
-            &apply(spec(Some("b"), Some(wall), Some(15))),
-            &cfg,
-            wall,
-            now
-        ));
-        assert_eq!(view.own_valid_until, None);
-
-        // Freed while b's hold was still valid: a release, worth competing for now.
-        let later = wall + secs(3);
-        assert!(view.observe(&apply(spec(None, None, None)), &cfg, later, now));
-
-        // Freed after b's hold expired: a follower cleared it, the crate handles that itself.
-        view.observe(
-            &apply(spec(Some("b"), Some(wall), Some(15))),
-            &cfg,
-            wall,
-            now,
-        );
-        assert!(!view.observe(&apply(spec(None, None, None)), &cfg, wall + secs(16), now));
-
-        // A deleted lease is no hold of ours; restarts of the watch change nothing.
-        view.observe(
-            &apply(spec(Some("me"), Some(wall), Some(15))),
-            &cfg,
-            wall,
-            now,
-        );
-        view.observe(&watcher::Event::Init, &cfg, wall, now);
-        assert!(view.own_valid_until.is_some());
-        let deleted = watcher::Event::Delete(Lease::default());
-        assert!(!view.observe(&deleted, &cfg, wall, now));
-        assert_eq!(view.own_valid_until, None);
-    }
-
-    #[test]
-    fn errors_are_retried_unless_no_retry_can_help() {
-        let api = |code| {
-            LeaseManagerError::KubeError(kube::Error::Api(
-                Status::failure("x", "y").with_code(code).boxed(),
-            ))
-        };
-        assert_eq!(on_error(&api(500)), OnError::Retry);
-        assert_eq!(on_error(&api(429)), OnError::Retry);
-        assert_eq!(on_error(&api(409)), OnError::Retry);
-        assert_eq!(on_error(&api(404)), OnError::Rebuild);
-        assert_eq!(on_error(&api(403)), OnError::Fatal);
-        assert_eq!(on_error(&api(401)), OnError::Fatal);
-        assert_eq!(
-            on_error(&LeaseManagerError::NonexistentLease("l".into())),
-            OnError::Rebuild
-        );
-        assert_eq!(
-            on_error(&LeaseManagerError::InconsistentState("x".into())),
-            OnError::Fatal
-        );
-    }
-
-    #[test]
-    fn only_auth_failures_end_the_lease_watch() {
-        let api = |code| kube::Error::Api(Status::failure("x", "y").with_code(code).boxed());
-        assert!(watch_refused(&watcher::Error::InitialListFailed(api(403))));
-        assert!(watch_refused(&watcher::Error::WatchStartFailed(api(401))));
-        let gone = Status::failure("x", "Expired").with_code(410).boxed();
-        assert!(!watch_refused(&watcher::Error::WatchError(gone)));
-        assert!(!watch_refused(&watcher::Error::WatchFailed(api(500))));
-        assert!(!watch_refused(&watcher::Error::NoResourceVersion));
-    }
-
-    #[test]
-    fn retry_doubles_up_to_the_lease_duration() {
-        let mut retry = Retry::new(secs(4));
-        let delays: Vec<_> = (0..5).map(|_| retry.delay()).collect();
-        let ms = Duration::from_millis;
-        assert_eq!(delays, [ms(500), ms(1000), ms(2000), ms(4000), ms(4000)]);
-        retry.reset();
-        assert_eq!(retry.delay(), ms(500));
-    }
-
     /// A fake API server that never answers a call for the Lease itself (a hung connection)
     /// and whose list of Leases is empty and watch silent. Counts the calls for the Lease.
     fn hanging_lease_api(calls: Arc<std::sync::atomic::AtomicUsize>) -> Client {
@@ -880,7 +526,7 @@ mod tests {
     async fn a_hung_lease_call_times_out_and_is_retried() {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let cfg = LeaderConfig::new("podha-system", "me");
-        let (tx, is_leader) = watch::channel(false);
+        let (tx, leadership) = channel();
         let progress = Progress::new(&cfg);
         let election = tokio::spawn(run(
             hanging_lease_api(calls.clone()),
@@ -895,21 +541,9 @@ mod tests {
             made >= 3,
             "the hung call was never given up: {made} call(s)"
         );
-        assert!(!*is_leader.borrow());
+        assert!(!leadership.may_write(Instant::now()));
         assert_eq!(progress.stuck_for(), None, "failed calls are progress");
         assert!(!election.is_finished(), "a hung call is retried, not fatal");
         election.abort();
-    }
-
-    #[test]
-    fn gate_notifies_on_change_and_closes_on_drop() {
-        let (tx, mut rx) = watch::channel(false);
-        let gate = Gate(tx);
-        assert!(!gate.set(false));
-        assert!(!rx.has_changed().unwrap());
-        assert!(gate.set(true));
-        assert!(*rx.borrow_and_update());
-        drop(gate);
-        assert!(!*rx.borrow());
     }
 }
