@@ -31,6 +31,7 @@ use kube::runtime::{conditions, wait::await_condition, watcher};
 use kube::{Api, Client, CustomResourceExt};
 use std::future::Future;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use actor::TICK;
@@ -57,7 +58,7 @@ pub enum Error {
     #[error("cannot reach the API server: {0}")]
     Client(#[source] kube::Error),
     #[error("waiting for the PodHAPolicy CRD: {0}")]
-    Crd(String),
+    Crd(#[source] kube::runtime::wait::Error),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("HTTP server: {0}")]
@@ -119,18 +120,7 @@ pub async fn run(
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
-    let (kubelet_plan, kubelet_plan_rx) = watch::channel(prober::ProbePlan::default());
-    let (agent_plan, agent_plan_rx) = watch::channel(prober::ProbePlan::default());
-    let (rounds_tx, rounds_rx) = mpsc::channel(16);
-    let kubelet_prober = prober::run(ProbeKind::KubeletTcp, kubelet_plan_rx, rounds_tx.clone());
-    let agent_prober = prober::run(ProbeKind::Agent, agent_plan_rx, rounds_tx);
-    let mut prober = tokio::spawn(async move {
-        tokio::join!(kubelet_prober, agent_prober);
-    });
-    let plans = prober::PlanSenders {
-        kubelet: kubelet_plan,
-        agent: agent_plan,
-    };
+    let (mut prober, plans, rounds_rx) = spawn_probers();
     let outputs = actor::Outputs {
         ready: ready_tx,
         writes: writes_tx,
@@ -147,24 +137,46 @@ pub async fn run(
         r = actor.run(changes, results_rx, rounds_rx) => r.map_err(Error::from),
         () = shutdown => Ok(()),
     };
-    // Release the lease (so a standby takes over at once) and drain the server before
-    // returning; in-flight writes are abandoned (every write is idempotent and re-planned by
-    // whoever leads next).
     let _ = stop_tx.send(true);
+    drain(&mut election, &mut http).await;
+    writer.abort();
+    prober.abort();
+    result
+}
+
+/// The kubelet-port and agent probers in one task, the senders of their plans and the
+/// receiver of their rounds.
+fn spawn_probers() -> (
+    JoinHandle<()>,
+    prober::PlanSenders,
+    mpsc::Receiver<prober::Round>,
+) {
+    let (kubelet, kubelet_plan) = watch::channel(prober::ProbePlan::default());
+    let (agent, agent_plan) = watch::channel(prober::ProbePlan::default());
+    let (rounds_tx, rounds_rx) = mpsc::channel(16);
+    let kubelet_prober = prober::run(ProbeKind::KubeletTcp, kubelet_plan, rounds_tx.clone());
+    let agent_prober = prober::run(ProbeKind::Agent, agent_plan, rounds_tx);
+    let task = tokio::spawn(async move {
+        tokio::join!(kubelet_prober, agent_prober);
+    });
+    (task, prober::PlanSenders { kubelet, agent }, rounds_rx)
+}
+
+/// Once stopped: the lease is released (so a standby takes over at once) and the server
+/// drained before returning, within [`SHUTDOWN_GRACE`]; in-flight writes are abandoned (every
+/// write is idempotent and re-planned by whoever leads next).
+async fn drain<E, H>(election: &mut JoinHandle<E>, http: &mut JoinHandle<H>) {
     let drain = async {
         if !election.is_finished() {
-            let _ = (&mut election).await;
+            let _ = election.await;
         }
         if !http.is_finished() {
-            let _ = (&mut http).await;
+            let _ = http.await;
         }
     };
     if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
         warn!("shutdown took longer than {SHUTDOWN_GRACE:?}; leaving");
     }
-    writer.abort();
-    prober.abort();
-    result
 }
 
 /// How long shutdown waits for the lease release and the HTTP drain.
@@ -191,7 +203,7 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
         let wait = await_condition(crds.clone(), name, conditions::is_crd_established());
         match tokio::time::timeout(Duration::from_secs(30), wait).await {
             Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => return Err(Error::Crd(e.to_string())),
+            Ok(Err(e)) => return Err(Error::Crd(e)),
             Err(_) => warn!(
                 crd = name,
                 "CRD not established yet; install crds/podha.io_podhapolicies.yaml"
@@ -205,93 +217,87 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
 /// A watch that fails lists everything again ([`rewatch`]), so that the end of a gap in podha's
 /// view is known; so does the Lease watch when it stalls ([`rewatch::LEASE_STALL_BOUND`]).
 pub fn watches(client: &Client) -> BoxStream<'static, Change> {
-    fn typed<K, F>(
-        api: Api<K>,
-        cfg: watcher::Config,
-        stall_bound: Option<Duration>,
-        watch: Watch,
-        wrap: F,
-    ) -> BoxStream<'static, Change>
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-        F: Fn(watcher::Event<K>) -> Change + Send + 'static,
-    {
-        rewatch::relisting_watcher(api, cfg, stall_bound)
-            .map(move |r| match r {
-                Ok(event) => wrap(event),
-                Err(error) => {
-                    warn!(watch = watch.as_str(), %error, "watch failed or stalled; listing again");
-                    Change::WatchError { watch }
-                }
-            })
-            .boxed()
-    }
-    let cfg = || watcher::Config::default().any_semantic();
-    let c = client.clone();
+    let any = || watcher::Config::default().any_semantic();
+    let c = client;
     stream::select_all([
-        typed(
+        watch(
             Api::<PodHAPolicy>::all(c.clone()),
             watcher::Config::default(),
-            None,
             Watch::Policy,
             Change::Policy,
         ),
-        typed(
+        watch(
             Api::<Node>::all(c.clone()),
-            cfg(),
-            None,
+            any(),
             Watch::Node,
             Change::Node,
         ),
-        typed(
+        watch(
             Api::<Lease>::namespaced(c.clone(), "kube-node-lease"),
-            cfg(),
-            Some(rewatch::LEASE_STALL_BOUND),
+            any(),
             Watch::Lease,
             Change::Lease,
         ),
-        typed(
+        watch(
             Api::<Pod>::all(c.clone()),
-            cfg().fields("spec.nodeName!="),
-            None,
+            any().fields("spec.nodeName!="),
             Watch::Pod,
             Change::Pod,
         ),
-        typed(
+        watch(
             Api::<PersistentVolumeClaim>::all(c.clone()),
-            cfg(),
-            None,
+            any(),
             Watch::Pvc,
             Change::Pvc,
         ),
-        typed(
+        watch(
             Api::<PersistentVolume>::all(c.clone()),
-            cfg(),
-            None,
+            any(),
             Watch::Pv,
             Change::Pv,
         ),
-        typed(
+        watch(
             Api::<VolumeAttachment>::all(c.clone()),
-            cfg(),
-            None,
+            any(),
             Watch::Va,
             Change::Va,
         ),
-        typed(
+        watch(
             Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
-            cfg(),
-            None,
+            any(),
             Watch::ReplicaSet,
             Change::ReplicaSet,
         ),
-        typed(
-            Api::<PartialObjectMeta<Namespace>>::all(c),
-            cfg(),
-            None,
+        watch(
+            Api::<PartialObjectMeta<Namespace>>::all(c.clone()),
+            any(),
             Watch::Namespace,
             Change::Namespace,
         ),
     ])
     .boxed()
+}
+
+/// One relisting watch, its events wrapped as changes. The Lease watch alone has a stall bound:
+/// renewals arrive every few seconds, so a silent Lease watch is a gap, not a quiet cluster.
+fn watch<K, F>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    watch: Watch,
+    wrap: F,
+) -> BoxStream<'static, Change>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(watcher::Event<K>) -> Change + Send + 'static,
+{
+    let stall_bound = (watch == Watch::Lease).then_some(rewatch::LEASE_STALL_BOUND);
+    rewatch::relisting_watcher(api, cfg, stall_bound)
+        .map(move |r| match r {
+            Ok(event) => wrap(event),
+            Err(error) => {
+                warn!(watch = watch.as_str(), %error, "watch failed or stalled; listing again");
+                Change::WatchError { watch }
+            }
+        })
+        .boxed()
 }
