@@ -199,7 +199,7 @@ pub(crate) mod tests {
             command: "podha-csi check".into(),
             result: match json {
                 Ok(text) => crate::chaos::data::parse(text),
-                Err(why) => Err(why.to_string()),
+                Err(why) => Err(crate::chaos::data::Error::NotRun(why.to_string())),
             },
         })
     }

@@ -147,7 +147,7 @@ struct JsonData<'a> {
     lost_acknowledged_writes: Option<usize>,
     accepted_writes: Option<u64>,
     refused_writes: Option<u64>,
-    error: Option<&'a str>,
+    error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -214,7 +214,7 @@ pub fn json(run: &Run) -> String {
                         lost_acknowledged_writes: report.map(|r| r.lost_acknowledged_writes.len()),
                         accepted_writes: report.and_then(|r| r.accepted_writes),
                         refused_writes: report.and_then(|r| r.refused_writes),
-                        error: d.result.as_ref().err().map(String::as_str),
+                        error: d.result.as_ref().err().map(ToString::to_string),
                     }
                 }),
                 violations: check(r),
