@@ -119,18 +119,7 @@ pub async fn run(
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
-    let (kubelet_plan, kubelet_plan_rx) = watch::channel(prober::ProbePlan::default());
-    let (agent_plan, agent_plan_rx) = watch::channel(prober::ProbePlan::default());
-    let (rounds_tx, rounds_rx) = mpsc::channel(16);
-    let kubelet_prober = prober::run(ProbeKind::KubeletTcp, kubelet_plan_rx, rounds_tx.clone());
-    let agent_prober = prober::run(ProbeKind::Agent, agent_plan_rx, rounds_tx);
-    let mut prober = tokio::spawn(async move {
-        tokio::join!(kubelet_prober, agent_prober);
-    });
-    let plans = prober::PlanSenders {
-        kubelet: kubelet_plan,
-        agent: agent_plan,
-    };
+    let (mut prober, plans, rounds_rx) = spawn_probers();
     let actor = actor::Actor::new(leader_rx, ready_tx, writes_tx, plans, metrics.clone());
     let changes = watches(&client);
 
@@ -160,6 +149,28 @@ pub async fn run(
     writer.abort();
     prober.abort();
     result
+}
+
+/// The kubelet and agent probers, as one task; the actor plans their rounds through the
+/// senders and reads their results from the receiver.
+fn spawn_probers() -> (
+    tokio::task::JoinHandle<()>,
+    prober::PlanSenders,
+    mpsc::Receiver<prober::Round>,
+) {
+    let (kubelet_plan, kubelet_plan_rx) = watch::channel(prober::ProbePlan::default());
+    let (agent_plan, agent_plan_rx) = watch::channel(prober::ProbePlan::default());
+    let (rounds_tx, rounds_rx) = mpsc::channel(16);
+    let kubelet_prober = prober::run(ProbeKind::KubeletTcp, kubelet_plan_rx, rounds_tx.clone());
+    let agent_prober = prober::run(ProbeKind::Agent, agent_plan_rx, rounds_tx);
+    let task = tokio::spawn(async move {
+        tokio::join!(kubelet_prober, agent_prober);
+    });
+    let plans = prober::PlanSenders {
+        kubelet: kubelet_plan,
+        agent: agent_plan,
+    };
+    (task, plans, rounds_rx)
 }
 
 /// How long shutdown waits for the lease release and the HTTP drain.
@@ -200,27 +211,6 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
 /// A watch that fails lists everything again ([`rewatch`]), so that the end of a gap in podha's
 /// view is known; so does the Lease watch when it stalls ([`rewatch::LEASE_STALL_BOUND`]).
 pub fn watches(client: &Client) -> BoxStream<'static, Change> {
-    fn typed<K, F>(
-        api: Api<K>,
-        cfg: watcher::Config,
-        stall_bound: Option<Duration>,
-        watch: Watch,
-        wrap: F,
-    ) -> BoxStream<'static, Change>
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-        F: Fn(watcher::Event<K>) -> Change + Send + 'static,
-    {
-        rewatch::relisting_watcher(api, cfg, stall_bound)
-            .map(move |r| match r {
-                Ok(event) => wrap(event),
-                Err(error) => {
-                    warn!(watch = watch.as_str(), %error, "watch failed or stalled; listing again");
-                    Change::WatchError { watch }
-                }
-            })
-            .boxed()
-    }
     let cfg = || watcher::Config::default().any_semantic();
     let c = client.clone();
     stream::select_all([
@@ -289,4 +279,28 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
         ),
     ])
     .boxed()
+}
+
+/// One watch as a stream of changes: its events wrapped by `wrap`, a failure or stall as a
+/// [`Change::WatchError`] (the watch lists everything again).
+fn typed<K, F>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    stall_bound: Option<Duration>,
+    watch: Watch,
+    wrap: F,
+) -> BoxStream<'static, Change>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(watcher::Event<K>) -> Change + Send + 'static,
+{
+    rewatch::relisting_watcher(api, cfg, stall_bound)
+        .map(move |r| match r {
+            Ok(event) => wrap(event),
+            Err(error) => {
+                warn!(watch = watch.as_str(), %error, "watch failed or stalled; listing again");
+                Change::WatchError { watch }
+            }
+        })
+        .boxed()
 }
