@@ -5,7 +5,6 @@ use super::*;
 
 impl Cluster {
     pub(in crate::cluster) async fn boot(&self) -> Result<()> {
-
         self.spawn_etcd()?;
         let etcd_port = self.lock().ports.etcd_client;
         self.wait_until(
