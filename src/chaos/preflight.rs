@@ -40,26 +40,11 @@ impl Snapshot {
             Err(kube::Error::Api(s)) if s.code == 404 => return Err(Error::NoCrd),
             Err(e) => return Err(Error::kube("listing PodHAPolicies", e)),
         };
-        let nodes = Api::<Node>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("nodes"))?;
-        let pods = Api::<Pod>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("pods"))?;
-        let pvcs = Api::<PersistentVolumeClaim>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("persistentvolumeclaims"))?;
-        let pvs = Api::<PersistentVolume>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("persistentvolumes"))?;
-        let vas = Api::<VolumeAttachment>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("volumeattachments"))?;
+        let nodes = list_all::<Node>(client, "nodes").await?;
+        let pods = list_all::<Pod>(client, "pods").await?;
+        let pvcs = list_all::<PersistentVolumeClaim>(client, "persistentvolumeclaims").await?;
+        let pvs = list_all::<PersistentVolume>(client, "persistentvolumes").await?;
+        let vas = list_all::<VolumeAttachment>(client, "volumeattachments").await?;
         let replica_sets = Api::<ReplicaSet>::all(client.clone())
             .list_metadata(&lp)
             .await
@@ -78,11 +63,11 @@ impl Snapshot {
             out
         }
         let changes = [
-            listed(nodes.items, Change::Node),
-            listed(pods.items, Change::Pod),
-            listed(pvcs.items, Change::Pvc),
-            listed(pvs.items, Change::Pv),
-            listed(vas.items, Change::Va),
+            listed(nodes, Change::Node),
+            listed(pods, Change::Pod),
+            listed(pvcs, Change::Pvc),
+            listed(pvs, Change::Pv),
+            listed(vas, Change::Va),
             listed(replica_sets.items, Change::ReplicaSet),
             listed(namespaces.items, Change::Namespace),
         ];
@@ -105,6 +90,19 @@ impl Snapshot {
             .map(|(name, spec)| PolicyRef { name, spec })
             .collect()
     }
+}
+
+/// Every object of kind `K` in the cluster; `kind` names it in the error.
+async fn list_all<K>(client: &Client, kind: &str) -> Result<Vec<K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(|e| Error::kube(format!("listing {kind}"), e))
 }
 
 /// Why podha would not move a pod if its node died: the first rule that refuses, named as the
