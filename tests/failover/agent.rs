@@ -1,4 +1,4 @@
-//! podha agent and `fencing.proof: Agent` (issue 15): the out-of-service taint only once the
+//! podha agent and `fencing.proof: Agent`: the out-of-service taint only once the
 //! node's agent proved the node fenced. Every kwok node of the suite's cluster runs an agent
 //! (`podha agent`, fencing through `podha-sim node fence`, which records each fence).
 //!

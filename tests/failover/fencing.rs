@@ -1,4 +1,4 @@
-//! Fencing proofs a user's cluster supplies (issue 15): a node that stops heartbeating is held,
+//! Fencing proofs a user's cluster supplies: a node that stops heartbeating is held,
 //! not tainted, until
 //! - `CloudShutdownTaint`: the cloud provider says the instance is shut down (what a cloud's
 //!   node lifecycle controller does is done here by the test: it adds the

@@ -1,4 +1,4 @@
-//! A policy changed while its incident is still open, tried as a user would (issue 15, item 3):
+//! A policy changed while its incident is still open, tried as a user would:
 //! a node dies under `action: DeletePods`, podha deletes the pod, the replacement waits on the
 //! attach/detach controller's 6 minutes; the user switches the policy to `OutOfServiceTaint`,
 //! and podha must act on the open incident at once (taint, detach, replacement Running), not
