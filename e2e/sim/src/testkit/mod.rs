@@ -1,4 +1,4 @@
-//! Helpers for integration tests on the sim cluster (this crate's and the operator's): one shared cluster per test binary, polling
+//! What the integration tests on the sim cluster share (this crate's and the operator's): one shared cluster per test binary, polling
 //! waits, object builders, queries and a dump of everything relevant for failure messages.
 
 use std::collections::BTreeMap;
