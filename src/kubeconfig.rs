@@ -2,20 +2,50 @@
 //! ~/.kube/config). Nothing is asked of the API server here: the operator and the agent start
 //! (and serve their endpoints) while it is unreachable.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read kubeconfig {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid kubeconfig {}: {source}", path.display())]
+    Invalid {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no Kubernetes configuration: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("cannot build a client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// For callers that still report their errors as text.
+impl From<Error> for String {
+    fn from(e: Error) -> Self {
+        e.to_string()
+    }
+}
+
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Read {
+                path: path.to_owned(),
+                source,
+            })?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| format!("invalid kubeconfig {}: {e}", path.display()))?
+                .map_err(|source| Error::Invalid {
+                    path: path.to_owned(),
+                    source,
+                })?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| format!("no Kubernetes configuration: {e}"))?,
+        None => kube::Config::infer().await.map_err(Error::Infer)?,
     };
-    kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+    kube::Client::try_from(config).map_err(Error::Client)
 }

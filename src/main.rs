@@ -60,18 +60,37 @@ struct RunArgs {
     log_level: Option<String>,
 }
 
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("invalid --log-level {level:?}: {source}")]
+    LogLevel {
+        level: String,
+        source: tracing_subscriber::filter::ParseError,
+    },
+    #[error(transparent)]
+    Kubeconfig(#[from] podha::kubeconfig::Error),
+    #[error(transparent)]
+    Operator(#[from] podha::runtime::Error),
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// The log filter: `--log-level`, else `RUST_LOG`, else `info`.
-fn log_filter(level: Option<&str>) -> Result<tracing_subscriber::EnvFilter, String> {
+fn log_filter(level: Option<&str>) -> Result<tracing_subscriber::EnvFilter> {
     match level {
-        Some(level) => tracing_subscriber::EnvFilter::try_new(level)
-            .map_err(|e| format!("invalid --log-level {level:?}: {e}")),
+        Some(level) => {
+            tracing_subscriber::EnvFilter::try_new(level).map_err(|source| Error::LogLevel {
+                level: level.to_string(),
+                source,
+            })
+        }
         None => Ok(tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))),
     }
 }
 
 /// Logs to stdout; colours only when stdout is a terminal (never in a container's log file).
-fn init_tracing(json: bool, level: Option<&str>) -> Result<(), String> {
+fn init_tracing(json: bool, level: Option<&str>) -> Result<()> {
     use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(log_filter(level)?)
@@ -105,7 +124,7 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn run(args: RunArgs) -> Result<(), String> {
+async fn run(args: RunArgs) -> Result<()> {
     let client = podha::kubeconfig::client(args.kubeconfig.as_deref()).await?;
     let identity = args
         .identity
@@ -127,9 +146,8 @@ async fn run(args: RunArgs) -> Result<(), String> {
         leader,
         controller_name: "podha".to_string(),
     };
-    podha::runtime::run(client, opts, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    podha::runtime::run(client, opts, shutdown_signal()).await?;
+    Ok(())
 }
 
 /// Runs `command` on `runtime`, or says why the runtime could not start.
@@ -227,6 +245,6 @@ mod tests {
     fn log_level_is_a_filter_and_a_bad_one_is_refused() {
         assert!(log_filter(Some("podha=debug,info")).is_ok());
         let err = log_filter(Some("podha=loud")).expect_err("invalid filter");
-        assert!(err.contains("--log-level"), "{err}");
+        assert!(err.to_string().contains("--log-level"), "{err}");
     }
 }

@@ -14,8 +14,25 @@
 
 use serde::Deserialize;
 
-use super::Error;
 use super::faults;
+
+/// Why a data check gave no report. Kept as text where the cause is: a trial's record is cloned
+/// and compared, which the underlying errors are not.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("it failed ({status}): {stderr}")]
+    Failed { status: String, stderr: String },
+    #[error("{0}")]
+    NotRun(String),
+    /// `output`: the first 200 characters of what it printed.
+    #[error(
+        "its output is not a JSON object with split_brain_writes and lost_acknowledged_writes \
+         arrays ({reason}): {output}"
+    )]
+    NotAReport { reason: String, output: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The built-in data checks: name, template.
 pub const BUILT_IN: [(&str, &str); 1] = [(
@@ -46,17 +63,14 @@ pub struct DataReport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataCheck {
     pub command: String,
-    pub result: Result<DataReport, String>,
+    pub result: Result<DataReport>,
 }
 
 /// Parses a data check's output.
-pub fn parse(stdout: &str) -> Result<DataReport, String> {
-    serde_json::from_str(stdout.trim()).map_err(|e| {
-        format!(
-            "its output is not a JSON object with split_brain_writes and \
-             lost_acknowledged_writes arrays ({e}): {}",
-            stdout.chars().take(200).collect::<String>()
-        )
+pub fn parse(stdout: &str) -> Result<DataReport> {
+    serde_json::from_str(stdout.trim()).map_err(|e| Error::NotAReport {
+        reason: e.to_string(),
+        output: stdout.chars().take(200).collect(),
     })
 }
 
@@ -64,10 +78,8 @@ pub fn parse(stdout: &str) -> Result<DataReport, String> {
 pub async fn run(command: String) -> DataCheck {
     let result = match faults::run_output(&command).await {
         Ok(stdout) => parse(&stdout),
-        Err(Error::Command { status, stderr, .. }) => {
-            Err(format!("it failed ({status}): {stderr}"))
-        }
-        Err(e) => Err(e.to_string()),
+        Err(super::Error::Command { status, stderr, .. }) => Err(Error::Failed { status, stderr }),
+        Err(e) => Err(Error::NotRun(e.to_string())),
     };
     DataCheck { command, result }
 }
@@ -95,7 +107,7 @@ mod tests {
 
     #[test]
     fn output_without_the_arrays_is_an_error_that_quotes_it() {
-        let err = parse("all good").unwrap_err();
+        let err = parse("all good").unwrap_err().to_string();
         assert!(err.contains("all good"), "{err}");
         assert!(parse(r#"{"split_brain_writes": []}"#).is_err());
     }
@@ -109,7 +121,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_or_silent_command_is_recorded_with_the_reason() {
         let failed = run("echo broken >&2; exit 3".into()).await;
-        let reason = failed.result.unwrap_err();
+        let reason = failed.result.unwrap_err().to_string();
         assert!(
             reason.contains("exit code 3") && reason.contains("broken"),
             "{reason}"

@@ -103,37 +103,44 @@ pub fn check(record: &TrialRecord) -> Vec<Violation> {
         });
     }
     if let Some(data) = &record.data {
-        match &data.result {
-            Ok(report) => {
-                if !report.split_brain_writes.is_empty() {
-                    out.push(Violation {
-                        invariant: "no-split-brain",
-                        reason: format!(
-                            "the storage accepted {} write(s) from an old writer after the new \
-                             one's first (`{}`)",
-                            report.split_brain_writes.len(),
-                            data.command
-                        ),
-                    });
-                }
-                if !report.lost_acknowledged_writes.is_empty() {
-                    out.push(Violation {
-                        invariant: "no-lost-writes",
-                        reason: format!(
-                            "{} acknowledged write(s) are not in the storage (`{}`)",
-                            report.lost_acknowledged_writes.len(),
-                            data.command
-                        ),
-                    });
-                }
+        out.extend(data_violations(data));
+    }
+    out
+}
+
+/// The write invariants, from the storage's report; without a report both are violated.
+fn data_violations(data: &DataCheck) -> Vec<Violation> {
+    let mut out = Vec::new();
+    match &data.result {
+        Ok(report) => {
+            if !report.split_brain_writes.is_empty() {
+                out.push(Violation {
+                    invariant: "no-split-brain",
+                    reason: format!(
+                        "the storage accepted {} write(s) from an old writer after the new \
+                         one's first (`{}`)",
+                        report.split_brain_writes.len(),
+                        data.command
+                    ),
+                });
             }
-            Err(why) => {
-                for invariant in ["no-split-brain", "no-lost-writes"] {
-                    out.push(Violation {
-                        invariant,
-                        reason: format!("the data check `{}` gave no report: {why}", data.command),
-                    });
-                }
+            if !report.lost_acknowledged_writes.is_empty() {
+                out.push(Violation {
+                    invariant: "no-lost-writes",
+                    reason: format!(
+                        "{} acknowledged write(s) are not in the storage (`{}`)",
+                        report.lost_acknowledged_writes.len(),
+                        data.command
+                    ),
+                });
+            }
+        }
+        Err(why) => {
+            for invariant in ["no-split-brain", "no-lost-writes"] {
+                out.push(Violation {
+                    invariant,
+                    reason: format!("the data check `{}` gave no report: {why}", data.command),
+                });
             }
         }
     }
@@ -199,7 +206,7 @@ pub(crate) mod tests {
             command: "podha-csi check".into(),
             result: match json {
                 Ok(text) => crate::chaos::data::parse(text),
-                Err(why) => Err(why.to_string()),
+                Err(why) => Err(crate::chaos::data::Error::NotRun(why.to_string())),
             },
         })
     }

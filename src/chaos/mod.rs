@@ -48,7 +48,10 @@ pub enum Error {
     )]
     NoCrd,
     #[error("podha would not move {pod}: {reason}")]
-    NotMovable { pod: String, reason: String },
+    NotMovable {
+        pod: String,
+        reason: preflight::Refusal,
+    },
     #[error(
         "{workload} has no pod Running and Ready with all its volumes attached after {}s",
         waited.as_secs()

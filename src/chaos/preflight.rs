@@ -16,7 +16,9 @@ use tokio::time::Instant;
 use super::Error;
 use super::timeline::node_ready;
 use crate::api::{PodHAPolicy, PodHAPolicySpec};
-use crate::eligibility::{check_movable, claim_names, controller_ref, node_selected, opted_out};
+use crate::eligibility::{
+    SkipReason, check_movable, claim_names, controller_ref, node_selected, opted_out,
+};
 use crate::planner::{PolicyRef, node_owner, pod_owner};
 use crate::runtime::{Change, ClusterState};
 use crate::view::View;
@@ -38,26 +40,11 @@ impl Snapshot {
             Err(kube::Error::Api(s)) if s.code == 404 => return Err(Error::NoCrd),
             Err(e) => return Err(Error::kube("listing PodHAPolicies", e)),
         };
-        let nodes = Api::<Node>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("nodes"))?;
-        let pods = Api::<Pod>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("pods"))?;
-        let pvcs = Api::<PersistentVolumeClaim>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("persistentvolumeclaims"))?;
-        let pvs = Api::<PersistentVolume>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("persistentvolumes"))?;
-        let vas = Api::<VolumeAttachment>::all(client.clone())
-            .list(&lp)
-            .await
-            .map_err(what("volumeattachments"))?;
+        let nodes = list_all::<Node>(client, "nodes").await?;
+        let pods = list_all::<Pod>(client, "pods").await?;
+        let pvcs = list_all::<PersistentVolumeClaim>(client, "persistentvolumeclaims").await?;
+        let pvs = list_all::<PersistentVolume>(client, "persistentvolumes").await?;
+        let vas = list_all::<VolumeAttachment>(client, "volumeattachments").await?;
         let replica_sets = Api::<ReplicaSet>::all(client.clone())
             .list_metadata(&lp)
             .await
@@ -76,11 +63,11 @@ impl Snapshot {
             out
         }
         let changes = [
-            listed(nodes.items, Change::Node),
-            listed(pods.items, Change::Pod),
-            listed(pvcs.items, Change::Pvc),
-            listed(pvs.items, Change::Pv),
-            listed(vas.items, Change::Va),
+            listed(nodes, Change::Node),
+            listed(pods, Change::Pod),
+            listed(pvcs, Change::Pvc),
+            listed(pvs, Change::Pv),
+            listed(vas, Change::Va),
             listed(replica_sets.items, Change::ReplicaSet),
             listed(namespaces.items, Change::Namespace),
         ];
@@ -105,19 +92,57 @@ impl Snapshot {
     }
 }
 
-/// Which policy would move `pod` if its node died, or why none would: the first rule that
-/// refuses, named as the operator names it.
-pub fn judge(policies: &[PolicyRef<'_>], pod: &Pod, view: &View) -> Result<String, String> {
+/// Every object of kind `K` in the cluster; `kind` names it in the error.
+async fn list_all<K>(client: &Client, kind: &str) -> Result<Vec<K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(|e| Error::kube(format!("listing {kind}"), e))
+}
+
+/// Why podha would not move a pod if its node died: the first rule that refuses, named as the
+/// operator names it.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("pod {pod} is not scheduled on a node")]
+    Unscheduled { pod: String },
+    #[error("node {node} of pod {pod} does not exist")]
+    NoNode { node: String, pod: String },
+    #[error("no PodHAPolicy exists: podha moves nothing")]
+    NoPolicy,
+    /// `refusals`: each policy's first selector that refuses the pod.
+    #[error("no PodHAPolicy selects {subject} ({})", refusals.join("; "))]
+    Unselected {
+        subject: String,
+        refusals: Vec<String>,
+    },
+    #[error(
+        "policy {policy}: dryRun is on (it governs node {node}): podha only says what it would do"
+    )]
+    NodePolicyDryRun { policy: String, node: String },
+    #[error("policy {policy}: dryRun is on: podha only says what it would do")]
+    DryRun { policy: String },
+    #[error("policy {policy}: {}", reason.as_str())]
+    Ineligible { policy: String, reason: SkipReason },
+}
+
+/// Which policy would move `pod` if its node died (its name), or why none would.
+pub fn judge(policies: &[PolicyRef<'_>], pod: &Pod, view: &View) -> Result<String, Refusal> {
     let pod_key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-    let node_name = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .ok_or_else(|| format!("pod {pod_key} is not scheduled on a node"))?;
-    let node = view
-        .nodes
-        .get(&node_name)
-        .ok_or_else(|| format!("node {node_name} of pod {pod_key} does not exist"))?;
+    let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Err(Refusal::Unscheduled { pod: pod_key });
+    };
+    let Some(node) = view.nodes.get(&node_name) else {
+        return Err(Refusal::NoNode {
+            node: node_name,
+            pod: pod_key,
+        });
+    };
     let Some(owner) = pod_owner(policies, pod, node, view) else {
         return Err(unselected(policies, pod, node, view));
     };
@@ -125,31 +150,32 @@ pub fn judge(policies: &[PolicyRef<'_>], pod: &Pod, view: &View) -> Result<Strin
     if let Some(node_policy) = node_owner(policies, node)
         && node_policy.spec.dry_run
     {
-        return Err(format!(
-            "policy {}: dryRun is on (it governs node {node_name}): podha only says what it \
-             would do",
-            node_policy.name
-        ));
+        return Err(Refusal::NodePolicyDryRun {
+            policy: node_policy.name.to_string(),
+            node: node_name,
+        });
     }
     if owner.spec.dry_run {
-        return Err(format!(
-            "policy {}: dryRun is on: podha only says what it would do",
-            owner.name
-        ));
+        return Err(Refusal::DryRun {
+            policy: owner.name.to_string(),
+        });
     }
     let usable = |n: &Node| n.name_any() != node_name && node_ready(n);
     match check_movable(owner.spec, pod, view, &usable) {
         Ok(_) => Ok(owner.name.to_string()),
-        Err(reason) => Err(format!("policy {}: {}", owner.name, reason.as_str())),
+        Err(reason) => Err(Refusal::Ineligible {
+            policy: owner.name.to_string(),
+            reason,
+        }),
     }
 }
 
 /// Why no policy selects the pod: each policy's first selector that refuses it.
-fn unselected(policies: &[PolicyRef<'_>], pod: &Pod, node: &Node, view: &View) -> String {
+fn unselected(policies: &[PolicyRef<'_>], pod: &Pod, node: &Node, view: &View) -> Refusal {
     let namespace = pod.namespace().unwrap_or_default();
     let node_name = node.name_any();
     if policies.is_empty() {
-        return "no PodHAPolicy exists: podha moves nothing".to_string();
+        return Refusal::NoPolicy;
     }
     let no_labels = BTreeMap::new();
     let ns_labels = view.namespace_labels.get(&namespace).unwrap_or(&no_labels);
@@ -173,11 +199,13 @@ fn unselected(policies: &[PolicyRef<'_>], pod: &Pod, node: &Node, view: &View) -
         },
         _ => format!("pod {namespace}/{} on node {node_name}", pod.name_any()),
     };
-    let details: Vec<String> = refusals
-        .into_iter()
-        .map(|(_, r)| format!("{r} does not select it"))
-        .collect();
-    format!("no PodHAPolicy selects {subject} ({})", details.join("; "))
+    Refusal::Unselected {
+        subject,
+        refusals: refusals
+            .into_iter()
+            .map(|(_, r)| format!("{r} does not select it"))
+            .collect(),
+    }
 }
 
 /// Faults one after another count against the node policy's `safety.maxUnhealthy` for
@@ -276,7 +304,7 @@ mod tests {
     fn no_policy_no_selection_and_dry_run_are_refusals_that_name_the_rule() {
         let view = view_of(vec![db()]);
         assert_eq!(
-            judge(&[], &db(), &view).unwrap_err(),
+            judge(&[], &db(), &view).unwrap_err().to_string(),
             "no PodHAPolicy exists: podha moves nothing"
         );
         let other_ns = mk_spec().namespace_selector(LabelSelector {
@@ -287,7 +315,7 @@ mod tests {
             name: "p",
             spec: &other_ns,
         }];
-        let e = judge(&refs, &db(), &view).unwrap_err();
+        let e = judge(&refs, &db(), &view).unwrap_err().to_string();
         assert_eq!(
             e,
             "no PodHAPolicy selects namespace shop (policy p: namespaceSelector does not select it)"
@@ -298,7 +326,7 @@ mod tests {
             name: "d",
             spec: &dry,
         }];
-        let e = judge(&refs, &db(), &view).unwrap_err();
+        let e = judge(&refs, &db(), &view).unwrap_err().to_string();
         assert!(e.starts_with("policy d: dryRun is on"), "{e}");
     }
 
@@ -310,7 +338,7 @@ mod tests {
             name: "p",
             spec: &spec,
         }];
-        let e = judge(&refs, &db(), &view).unwrap_err();
+        let e = judge(&refs, &db(), &view).unwrap_err().to_string();
         assert_eq!(e, "policy p: NoPersistentVolumeClaim");
     }
 

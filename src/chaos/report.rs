@@ -147,7 +147,7 @@ struct JsonData<'a> {
     lost_acknowledged_writes: Option<usize>,
     accepted_writes: Option<u64>,
     refused_writes: Option<u64>,
-    error: Option<&'a str>,
+    error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -214,7 +214,7 @@ pub fn json(run: &Run) -> String {
                         lost_acknowledged_writes: report.map(|r| r.lost_acknowledged_writes.len()),
                         accepted_writes: report.and_then(|r| r.accepted_writes),
                         refused_writes: report.and_then(|r| r.refused_writes),
-                        error: d.result.as_ref().err().map(String::as_str),
+                        error: d.result.as_ref().err().map(ToString::to_string),
                     }
                 }),
                 violations: check(r),
@@ -313,78 +313,87 @@ pub fn svg(run: &Run) -> String {
         axis_y + 34.0
     );
     for (i, r) in run.records.iter().enumerate() {
-        let t = &r.timeline;
-        let y = TOP + i as f64 * ROW + (ROW - BAR) / 2.0;
-        let violated: Vec<&str> = check(r).iter().map(|v| v.invariant).collect();
-        let failed = !violated.is_empty();
-        let label = format!(
-            "trial {} {} → {}",
-            r.trial,
-            t.node,
-            t.target.as_deref().unwrap_or("?")
-        );
+        svg_trial(&mut out, r, TOP + i as f64 * ROW + (ROW - BAR) / 2.0, &x);
+    }
+    svg_legend(&mut out, axis_y + 52.0);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// One trial's row at height `y`: its label, a bar per phase, a mark per step and the outcome.
+fn svg_trial(out: &mut String, r: &TrialRecord, y: f64, x: &dyn Fn(f64) -> f64) {
+    let t = &r.timeline;
+    let violated: Vec<&str> = check(r).iter().map(|v| v.invariant).collect();
+    let failed = !violated.is_empty();
+    let label = format!(
+        "trial {} {} → {}",
+        r.trial,
+        t.node,
+        t.target.as_deref().unwrap_or("?")
+    );
+    let _ = writeln!(
+        out,
+        r##"<text x="10" y="{:.1}" fill="{}">{}</text>"##,
+        y + BAR - 4.0,
+        if failed { "#c00000" } else { "black" },
+        escape(&label)
+    );
+    let spans = t.spans();
+    for s in &spans {
+        let colour = PHASE_COLOURS
+            .iter()
+            .find(|(p, _)| *p == s.phase)
+            .map_or(UNFINISHED, |(_, c)| c);
+        let (x0, x1) = (x(s.start.as_secs_f64()), x(s.end.as_secs_f64()));
         let _ = writeln!(
             out,
-            r##"<text x="10" y="{:.1}" fill="{}">{}</text>"##,
-            y + BAR - 4.0,
-            if failed { "#c00000" } else { "black" },
-            escape(&label)
-        );
-        let spans = t.spans();
-        for s in &spans {
-            let colour = PHASE_COLOURS
-                .iter()
-                .find(|(p, _)| *p == s.phase)
-                .map_or(UNFINISHED, |(_, c)| c);
-            let (x0, x1) = (x(s.start.as_secs_f64()), x(s.end.as_secs_f64()));
-            let _ = writeln!(
-                out,
-                r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{BAR}" fill="{colour}"><title>{}: {:.1}s</title></rect>"#,
-                (x1 - x0).max(0.0),
-                s.phase.as_str(),
-                s.duration().as_secs_f64()
-            );
-        }
-        if t.recovered.is_none() {
-            let from = spans.last().map_or(0.0, |s| s.end.as_secs_f64());
-            let (x0, x1) = (x(from), x(t.waited.as_secs_f64()));
-            let _ = writeln!(
-                out,
-                r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{BAR}" fill="{UNFINISHED}"><title>not recovered</title></rect>"#,
-                (x1 - x0).max(0.0)
-            );
-        }
-        for s in &t.steps {
-            let sx = x(s.at.as_secs_f64());
-            let _ = writeln!(
-                out,
-                r#"<line x1="{sx:.1}" y1="{:.1}" x2="{sx:.1}" y2="{:.1}" stroke="black"><title>{:.1}s {}</title></line>"#,
-                y - 3.0,
-                y + BAR + 3.0,
-                s.at.as_secs_f64(),
-                escape(&s.what)
-            );
-        }
-        let end = t.recovered.unwrap_or(t.waited).as_secs_f64();
-        let outcome = match t.recovered {
-            Some(_) => format!("{end:.1}s"),
-            None => format!("not recovered ({end:.0}s)"),
-        };
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}">{}{}</text>"#,
-            x(end) + 6.0,
-            y + BAR - 4.0,
-            outcome,
-            if failed {
-                format!(" ✗ {}", violated.join(", "))
-            } else {
-                String::new()
-            }
+            r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{BAR}" fill="{colour}"><title>{}: {:.1}s</title></rect>"#,
+            (x1 - x0).max(0.0),
+            s.phase.as_str(),
+            s.duration().as_secs_f64()
         );
     }
-    // Legend.
-    let ly = axis_y + 52.0;
+    if t.recovered.is_none() {
+        let from = spans.last().map_or(0.0, |s| s.end.as_secs_f64());
+        let (x0, x1) = (x(from), x(t.waited.as_secs_f64()));
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{BAR}" fill="{UNFINISHED}"><title>not recovered</title></rect>"#,
+            (x1 - x0).max(0.0)
+        );
+    }
+    for s in &t.steps {
+        let sx = x(s.at.as_secs_f64());
+        let _ = writeln!(
+            out,
+            r#"<line x1="{sx:.1}" y1="{:.1}" x2="{sx:.1}" y2="{:.1}" stroke="black"><title>{:.1}s {}</title></line>"#,
+            y - 3.0,
+            y + BAR + 3.0,
+            s.at.as_secs_f64(),
+            escape(&s.what)
+        );
+    }
+    let end = t.recovered.unwrap_or(t.waited).as_secs_f64();
+    let outcome = match t.recovered {
+        Some(_) => format!("{end:.1}s"),
+        None => format!("not recovered ({end:.0}s)"),
+    };
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}">{}{}</text>"#,
+        x(end) + 6.0,
+        y + BAR - 4.0,
+        outcome,
+        if failed {
+            format!(" ✗ {}", violated.join(", "))
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// The phases' colours, below the axis at height `ly`.
+fn svg_legend(out: &mut String, ly: f64) {
     let legend = PHASE_COLOURS
         .iter()
         .map(|(p, c)| (p.as_str(), *c))
@@ -398,8 +407,6 @@ pub fn svg(run: &Run) -> String {
             ly + 12.0
         );
     }
-    out.push_str("</svg>\n");
-    out
 }
 
 #[cfg(test)]

@@ -218,77 +218,109 @@ pub async fn follow(
     timeout: Duration,
     on_step: &mut dyn FnMut(&Step),
 ) -> Result<Timeline, kube::Error> {
-    let node = subject.node.as_str();
-    let pod_name = subject.pod.as_str();
-    let volumes = subject.volumes.join(", ");
-    let mut timeline = Timeline {
-        fault: fault.to_string(),
-        node: node.to_string(),
-        target: None,
-        steps: Vec::new(),
-        recovered: None,
-        waited: Duration::ZERO,
-    };
-    let mut seen = BTreeSet::new();
-    let mut step = |timeline: &mut Timeline, key: &'static str, what: String| {
-        if seen.insert(key) {
-            let step = Step {
-                key,
-                what,
-                at: fault_at.elapsed(),
-            };
-            on_step(&step);
-            timeline.steps.push(step);
-        }
+    let mut rec = Recorder {
+        timeline: Timeline {
+            fault: fault.to_string(),
+            node: subject.node.clone(),
+            target: None,
+            steps: Vec::new(),
+            recovered: None,
+            waited: Duration::ZERO,
+        },
+        seen: BTreeSet::new(),
+        fault_at,
+        on_step,
     };
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &subject.namespace);
     while fault_at.elapsed() < timeout {
-        let n = nodes.get(node).await?;
-        if !node_ready(&n) {
-            step(
-                &mut timeline,
-                "notready",
-                format!("kube-controller-manager marks {node} NotReady"),
-            );
-        }
-        if has_taint(&n, OUT_OF_SERVICE_TAINT_KEY) {
-            step(
-                &mut timeline,
-                "taint",
-                format!("{node} tainted out-of-service"),
-            );
-        }
-        if has_taint(&n, FENCE_TAINT_KEY) {
-            step(
-                &mut timeline,
-                "fenced",
-                format!("{node} fenced (podha.io/fenced:NoSchedule)"),
-            );
-        }
+        rec.node(&nodes.get(&subject.node).await?);
         let workload = pods
             .list(&ListParams::default().labels(&subject.selector))
             .await?
             .items;
+        rec.old_pod(&workload, subject);
+        if rec.volumes_and_replacement(&list_vas(client).await?, &workload, subject) {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let mut timeline = rec.timeline;
+    timeline.waited = fault_at.elapsed();
+    Ok(timeline)
+}
+
+/// The timeline being followed: each step is recorded (and shown) once, when first seen.
+struct Recorder<'a> {
+    timeline: Timeline,
+    seen: BTreeSet<&'static str>,
+    fault_at: Instant,
+    on_step: &'a mut dyn FnMut(&Step),
+}
+
+impl Recorder<'_> {
+    fn step(&mut self, key: &'static str, what: String) {
+        if self.seen.insert(key) {
+            let step = Step {
+                key,
+                what,
+                at: self.fault_at.elapsed(),
+            };
+            (self.on_step)(&step);
+            self.timeline.steps.push(step);
+        }
+    }
+
+    /// What the control plane and podha did to the faulted node.
+    fn node(&mut self, n: &Node) {
+        let node = self.timeline.node.clone();
+        if !node_ready(n) {
+            self.step(
+                "notready",
+                format!("kube-controller-manager marks {node} NotReady"),
+            );
+        }
+        if has_taint(n, OUT_OF_SERVICE_TAINT_KEY) {
+            self.step("taint", format!("{node} tainted out-of-service"));
+        }
+        if has_taint(n, FENCE_TAINT_KEY) {
+            self.step(
+                "fenced",
+                format!("{node} fenced (podha.io/fenced:NoSchedule)"),
+            );
+        }
+    }
+
+    /// What became of the subject pod itself.
+    fn old_pod(&mut self, workload: &[Pod], subject: &Subject) {
+        let pod_name = subject.pod.as_str();
         match workload
             .iter()
             .find(|p| p.metadata.uid.as_deref() == Some(subject.uid.as_str()))
         {
             // Who marked it: podha's reason is NodeFailed; kube-controller-manager's is not.
-            Some(old) if ready_false(old, Some("NodeFailed")) => step(
-                &mut timeline,
-                "marked",
-                format!("{pod_name} marked NotReady by podha"),
-            ),
-            Some(old) if ready_false(old, None) => step(
-                &mut timeline,
+            Some(old) if ready_false(old, Some("NodeFailed")) => {
+                self.step("marked", format!("{pod_name} marked NotReady by podha"));
+            }
+            Some(old) if ready_false(old, None) => self.step(
                 "kcm-marked",
                 format!("{pod_name} marked NotReady by kube-controller-manager"),
             ),
             Some(_) => {}
-            None => step(&mut timeline, "deleted", format!("old {pod_name} deleted")),
+            None => self.step("deleted", format!("old {pod_name} deleted")),
         }
-        let vas = list_vas(client).await?;
+    }
+
+    /// The subject's volumes and its replacement; true once the replacement runs on another
+    /// node with every volume attached there (the failover is over).
+    fn volumes_and_replacement(
+        &mut self,
+        vas: &[VolumeAttachment],
+        workload: &[Pod],
+        subject: &Subject,
+    ) -> bool {
+        let node = subject.node.as_str();
+        let volumes = subject.volumes.join(", ");
         let of_subject: Vec<&VolumeAttachment> = vas
             .iter()
             .filter(|v| {
@@ -300,46 +332,30 @@ pub async fn follow(
             })
             .collect();
         if !of_subject.iter().any(|v| v.spec.node_name == node) {
-            step(
-                &mut timeline,
-                "detached",
-                format!("{volumes} detached from {node}"),
-            );
+            self.step("detached", format!("{volumes} detached from {node}"));
         }
-        if let Some(replacement) = replacement(&workload, subject)
-            && let Some(target) = node_of(replacement)
-        {
-            step(
-                &mut timeline,
-                "scheduled",
-                format!("replacement scheduled on {target}"),
-            );
-            let attached = subject
-                .volumes
-                .iter()
-                .all(|pv| of_subject.iter().any(|v| is_attached(v, pv, &target)));
-            if attached {
-                step(
-                    &mut timeline,
-                    "attached",
-                    format!("{volumes} attached on {target}"),
-                );
-            }
-            if attached && running_ready(replacement) {
-                step(
-                    &mut timeline,
-                    "running",
-                    format!("replacement Running on {target}"),
-                );
-                timeline.recovered = Some(fault_at.elapsed());
-                timeline.target = Some(target);
-                break;
-            }
+        let Some(replacement) = replacement(workload, subject) else {
+            return false;
+        };
+        let Some(target) = node_of(replacement) else {
+            return false;
+        };
+        self.step("scheduled", format!("replacement scheduled on {target}"));
+        let attached = subject
+            .volumes
+            .iter()
+            .all(|pv| of_subject.iter().any(|v| is_attached(v, pv, &target)));
+        if attached {
+            self.step("attached", format!("{volumes} attached on {target}"));
         }
-        tokio::time::sleep(POLL).await;
+        if attached && running_ready(replacement) {
+            self.step("running", format!("replacement Running on {target}"));
+            self.timeline.recovered = Some(self.fault_at.elapsed());
+            self.timeline.target = Some(target);
+            return true;
+        }
+        false
     }
-    timeline.waited = fault_at.elapsed();
-    Ok(timeline)
 }
 
 /// The subject's replacement: a live pod of the workload, not the subject itself, that mounts

@@ -11,7 +11,7 @@ use kube::{Api, Client, ResourceExt};
 use super::faults::{self, Fault, Vars};
 use super::invariants::{Restore, TrialRecord};
 use super::preflight::{Bystander, Snapshot, bystanders, judge, window_note};
-use super::timeline::{follow, node_ready, wait_settled};
+use super::timeline::{Subject, follow, node_ready, wait_settled};
 use super::{ChaosArgs, Error};
 use crate::api::{FENCE_TAINT_KEY, OUT_OF_SERVICE_TAINT_KEY, TAINT_MARKER_ANNOTATION};
 
@@ -50,6 +50,88 @@ pub async fn run_trial(
     progress(&format!(
         "trial {k}/{n}: waiting for {workload} to run with its volumes attached"
     ));
+    let judged = judge_subject(client, args, workload, k, progress).await?;
+    let Judged {
+        subject,
+        pod_key,
+        policy,
+        bystanders,
+        ..
+    } = &judged;
+    let (inject, after) = commands(args, fault, &judged)?;
+    progress(&format!(
+        "trial {k}/{n}: {pod_key} on {} (policy {policy}), {} pod(s) there must stay; fault: {inject}",
+        subject.node,
+        bystanders.len()
+    ));
+    let fault_at = faults::run(&inject).await?;
+    let mut show = |step: &super::timeline::Step| {
+        progress(&format!(
+            "  [{k}] {:>6.1}s  {}",
+            step.at.as_secs_f64(),
+            step.what
+        ))
+    };
+    let timeline = follow(
+        client,
+        subject,
+        &format!("fault: {inject}"),
+        fault_at,
+        args.timeout,
+        &mut show,
+    )
+    .await
+    .map_err(|e| Error::kube("following the failover", e))?;
+    progress(&format!(
+        "trial {k}/{n}: {}",
+        match timeline.recovered {
+            Some(d) => format!("recovered in {:.1}s", d.as_secs_f64()),
+            None => format!("not recovered within {:.0}s", timeline.waited.as_secs_f64()),
+        }
+    ));
+    let lost = lost_bystanders(client, bystanders).await?;
+    let Judged {
+        pod_key,
+        policy,
+        bystanders,
+        ..
+    } = judged;
+    let record = TrialRecord {
+        trial: k,
+        pod: pod_key,
+        policy,
+        fault_command: inject,
+        timeline,
+        bystanders,
+        lost,
+        restore: None,
+        data: None,
+    };
+    Ok((record, after))
+}
+
+/// The workload's pod as podha's rules see it before the fault.
+struct Judged {
+    subject: Subject,
+    /// `namespace/name`.
+    pod_key: String,
+    /// The policy that would move it.
+    policy: String,
+    /// The pods on its node that must keep their objects.
+    bystanders: Vec<Bystander>,
+    /// Its first claim's CSI volume handle, for `{volume}`.
+    volume: Option<String>,
+}
+
+/// Waits for the workload's pod to run with its volumes attached and judges it with the
+/// operator's own rules; a pod podha would not move ends the run before any fault.
+async fn judge_subject(
+    client: &Client,
+    args: &ChaosArgs,
+    workload: &Workload,
+    k: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Judged, Error> {
     let selector = workload.selector.to_string();
     let subject = wait_settled(client, &workload.namespace, &selector, args.settle_timeout)
         .await
@@ -76,7 +158,7 @@ pub async fn run_trial(
         reason,
     })?;
     if k == 1
-        && let Some(note) = window_note(&policies, &snapshot.view, &subject.node, n)
+        && let Some(note) = window_note(&policies, &snapshot.view, &subject.node, args.trials)
     {
         progress(&note);
     }
@@ -85,14 +167,27 @@ pub async fn run_trial(
             && workload.selector.matches(p.labels())
     };
     let bystanders = bystanders(&policies, &snapshot.view, &subject.node, &of_workload);
+    let volume = volume_handle(client, pod).await?;
+    Ok(Judged {
+        subject,
+        pod_key,
+        policy,
+        bystanders,
+        volume,
+    })
+}
 
+/// The fault's inject command, and the restore and data check to run after, expanded for the
+/// judged pod.
+fn commands(args: &ChaosArgs, fault: &Fault, judged: &Judged) -> Result<(String, After), Error> {
+    let subject = &judged.subject;
     let vars = Vars {
         node: subject.node.clone(),
         namespace: subject.namespace.clone(),
         pod: subject.pod.clone(),
         sim_dir: args.sim_dir.clone(),
         podha_sim: args.podha_sim.clone(),
-        volume: volume_handle(client, pod).await?,
+        volume: judged.volume.clone(),
         podha_csi: args.podha_csi.clone(),
     };
     let data_check = args
@@ -106,51 +201,8 @@ pub async fn run_trial(
         .as_deref()
         .map(|r| faults::expand(r, &vars))
         .transpose()?;
-    progress(&format!(
-        "trial {k}/{n}: {pod_key} on {} (policy {policy}), {} pod(s) there must stay; fault: {inject}",
-        subject.node,
-        bystanders.len()
-    ));
-    let fault_at = faults::run(&inject).await?;
-    let mut show = |step: &super::timeline::Step| {
-        progress(&format!(
-            "  [{k}] {:>6.1}s  {}",
-            step.at.as_secs_f64(),
-            step.what
-        ))
-    };
-    let timeline = follow(
-        client,
-        &subject,
-        &format!("fault: {inject}"),
-        fault_at,
-        args.timeout,
-        &mut show,
-    )
-    .await
-    .map_err(|e| Error::kube("following the failover", e))?;
-    progress(&format!(
-        "trial {k}/{n}: {}",
-        match timeline.recovered {
-            Some(d) => format!("recovered in {:.1}s", d.as_secs_f64()),
-            None => format!("not recovered within {:.0}s", timeline.waited.as_secs_f64()),
-        }
-    ));
-    let lost = lost_bystanders(client, &bystanders).await?;
-
-    let record = TrialRecord {
-        trial: k,
-        pod: pod_key,
-        policy,
-        fault_command: inject,
-        timeline,
-        bystanders,
-        lost,
-        restore: None,
-        data: None,
-    };
     Ok((
-        record,
+        inject,
         After {
             restore,
             data_check,

@@ -1,7 +1,10 @@
 //! Per-node health: a pure state machine fed with observations (lease renewals seen, Ready
 //! condition, TCP probe results, gaps in podha's own view) and probe ticks.
 //!
-//! INTERFACE (owned by the lead; the health helper implements the machine in `machine.rs`).
+//! [`NodeHealth`] is what the rest of podha reads; the [`HealthTracker`] in `machine.rs` moves
+//! a node between its states, the signals and their readings are in `observations.rs` and
+//! `probe.rs`, and a policy's detection settings in `config.rs`. Nothing here does I/O or reads
+//! a clock: time comes in with the observations and ticks, so every judgment can be replayed.
 
 use tokio::time::Instant;
 

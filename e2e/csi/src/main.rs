@@ -28,38 +28,7 @@ enum Fencing {
 #[derive(Subcommand)]
 enum Command {
     /// Serve Identity, and the Controller and/or Node service, on a unix socket.
-    Serve {
-        #[arg(long)]
-        socket: PathBuf,
-        #[arg(long)]
-        driver: String,
-        /// The shared directory holding every volume.
-        #[arg(long)]
-        store: PathBuf,
-        /// Serve the Controller service.
-        #[arg(long)]
-        controller: bool,
-        /// Serve the Node service as this node.
-        #[arg(long)]
-        node_id: Option<String>,
-        /// Simulated ControllerPublishVolume time.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-        attach_delay: Duration,
-        /// Simulated ControllerUnpublishVolume time.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-        detach_delay: Duration,
-        /// Whether unpublish revokes a node's access to new volumes (StorageClass parameter
-        /// `fencing: "on"|"off"` overrides it per volume).
-        #[arg(long, value_enum, default_value = "on")]
-        fencing: Fencing,
-        /// Register the driver with the kubelet through this socket in its `plugins_registry`
-        /// (what node-driver-registrar does elsewhere); needs --node-id.
-        #[arg(long, requires = "node_id")]
-        registration_socket: Option<PathBuf>,
-        /// The CSI socket as the kubelet sees it, for the registration (default: --socket).
-        #[arg(long, requires = "registration_socket")]
-        kubelet_endpoint: Option<PathBuf>,
-    },
+    Serve(ServeArgs),
     /// The writer workload: numbered writes to a volume through this node until killed.
     Write {
         /// The volume's directory as this pod sees it (its mount path).
@@ -92,6 +61,40 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long)]
+    socket: PathBuf,
+    #[arg(long)]
+    driver: String,
+    /// The shared directory holding every volume.
+    #[arg(long)]
+    store: PathBuf,
+    /// Serve the Controller service.
+    #[arg(long)]
+    controller: bool,
+    /// Serve the Node service as this node.
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Simulated ControllerPublishVolume time.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    attach_delay: Duration,
+    /// Simulated ControllerUnpublishVolume time.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    detach_delay: Duration,
+    /// Whether unpublish revokes a node's access to new volumes (StorageClass parameter
+    /// `fencing: "on"|"off"` overrides it per volume).
+    #[arg(long, value_enum, default_value = "on")]
+    fencing: Fencing,
+    /// Register the driver with the kubelet through this socket in its `plugins_registry`
+    /// (what node-driver-registrar does elsewhere); needs --node-id.
+    #[arg(long, requires = "node_id")]
+    registration_socket: Option<PathBuf>,
+    /// The CSI socket as the kubelet sees it, for the registration (default: --socket).
+    #[arg(long, requires = "registration_socket")]
+    kubelet_endpoint: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -100,94 +103,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Command::Serve {
-            socket,
-            driver,
-            store,
-            controller,
-            node_id,
-            attach_delay,
-            detach_delay,
-            fencing,
-            registration_socket,
-            kubelet_endpoint,
-        } => {
-            let store = Store::new(store)?;
-            let controller = controller.then(|| ControllerService {
-                store: store.clone(),
-                driver: driver.clone(),
-                attach_delay,
-                detach_delay,
-                fencing: matches!(fencing, Fencing::On),
-            });
-            let node = node_id.map(|node_id| NodeService {
-                store,
-                driver: driver.clone(),
-                node_id,
-            });
-            anyhow::ensure!(
-                controller.is_some() || node.is_some(),
-                "serve needs --controller and/or --node-id"
-            );
-            let identity = IdentityService {
-                driver,
-                controller: controller.is_some(),
-            };
-            let (stop, stopped) = tokio::sync::watch::channel(false);
-            let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            let (refused, mut refusals) = tokio::sync::mpsc::unbounded_channel();
-            let registration_path = registration_socket.clone();
-            let registration = registration_socket.map(|path| {
-                let service = RegistrationService {
-                    driver: identity.driver.clone(),
-                    endpoint: kubelet_endpoint.unwrap_or_else(|| socket.clone()),
-                    refused,
-                };
-                (path, service)
-            });
-            let csi = server::serve(
-                &socket,
-                identity,
-                controller,
-                node,
-                until_stopped(stopped.clone()),
-            );
-            let registration = async {
-                match registration {
-                    Some((path, service)) => {
-                        server::serve_registration(&path, service, until_stopped(stopped.clone()))
-                            .await
-                    }
-                    None => Ok(()),
-                }
-            };
-            let servers = async { tokio::try_join!(csi, registration) };
-            tokio::pin!(servers);
-            let outcome = tokio::select! {
-                served = &mut servers => {
-                    served?;
-                    anyhow::bail!("the servers stopped");
-                }
-                signal = termination() => signal,
-                Some(error) = refusals.recv() => {
-                    Err(anyhow::anyhow!("the kubelet refused the registration: {error}"))
-                }
-            };
-            let _ = stop.send(true);
-            // A graceful stop waits for open connections (the kubelet keeps one); give them a
-            // moment, then go anyway.
-            match tokio::time::timeout(std::time::Duration::from_secs(2), &mut servers).await {
-                Ok(served) => served.map(drop)?,
-                Err(_) => tracing::info!("connections still open; stopping anyway"),
-            }
-            server::remove_socket(&socket);
-            if let Some(path) = &registration_path {
-                server::remove_socket(path);
-            }
-            outcome
-        }
+        Command::Serve(args) => serve(args).await,
         Command::Write {
             volume_dir,
             node,
@@ -229,6 +145,103 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `podha-csi serve`: the CSI services (and the kubelet registration) until a termination
+/// signal, a refused registration or a server's end.
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (identity, controller, node) = services(&args)?;
+    let ServeArgs {
+        socket,
+        registration_socket,
+        kubelet_endpoint,
+        ..
+    } = args;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    };
+    let (refused, mut refusals) = tokio::sync::mpsc::unbounded_channel();
+    let registration_path = registration_socket.clone();
+    let registration = registration_socket.map(|path| {
+        let service = RegistrationService {
+            driver: identity.driver.clone(),
+            endpoint: kubelet_endpoint.unwrap_or_else(|| socket.clone()),
+            refused,
+        };
+        (path, service)
+    });
+    let csi = server::serve(
+        &socket,
+        identity,
+        controller,
+        node,
+        until_stopped(stopped.clone()),
+    );
+    let registration = async {
+        match registration {
+            Some((path, service)) => {
+                server::serve_registration(&path, service, until_stopped(stopped.clone())).await
+            }
+            None => Ok(()),
+        }
+    };
+    let servers = async { tokio::try_join!(csi, registration) };
+    tokio::pin!(servers);
+    let outcome = tokio::select! {
+        served = &mut servers => {
+            served?;
+            anyhow::bail!("the servers stopped");
+        }
+        signal = termination() => signal,
+        Some(error) = refusals.recv() => {
+            Err(anyhow::anyhow!("the kubelet refused the registration: {error}"))
+        }
+    };
+    let _ = stop.send(true);
+    // A graceful stop waits for open connections (the kubelet keeps one); give them a
+    // moment, then go anyway.
+    match tokio::time::timeout(std::time::Duration::from_secs(2), &mut servers).await {
+        Ok(served) => served.map(drop)?,
+        Err(_) => tracing::info!("connections still open; stopping anyway"),
+    }
+    server::remove_socket(&socket);
+    if let Some(path) = &registration_path {
+        server::remove_socket(path);
+    }
+    outcome
+}
+
+/// The Identity service, and the Controller and Node services asked for (at least one).
+fn services(
+    args: &ServeArgs,
+) -> anyhow::Result<(
+    IdentityService,
+    Option<ControllerService>,
+    Option<NodeService>,
+)> {
+    let store = Store::new(args.store.clone())?;
+    let controller = args.controller.then(|| ControllerService {
+        store: store.clone(),
+        driver: args.driver.clone(),
+        attach_delay: args.attach_delay,
+        detach_delay: args.detach_delay,
+        fencing: matches!(args.fencing, Fencing::On),
+    });
+    let node = args.node_id.clone().map(|node_id| NodeService {
+        store,
+        driver: args.driver.clone(),
+        node_id,
+    });
+    anyhow::ensure!(
+        controller.is_some() || node.is_some(),
+        "serve needs --controller and/or --node-id"
+    );
+    let identity = IdentityService {
+        driver: args.driver.clone(),
+        controller: controller.is_some(),
+    };
+    Ok((identity, controller, node))
 }
 
 /// SIGTERM (how a container is stopped) or SIGINT.

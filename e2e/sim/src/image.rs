@@ -216,14 +216,9 @@ fn tag_of(name: &str) -> &str {
     last.split_once(':').map_or("latest", |(_, tag)| tag)
 }
 
-/// Writes the OCI image layout of `spec` as a tar file at `out`.
-pub fn build(spec: &ImageSpec, out: &Path) -> Result<BuiltImage> {
-    if spec.name.is_empty() || spec.entrypoint.is_empty() {
-        return Err(Error::Spec(
-            "an image needs a name and an entrypoint".into(),
-        ));
-    }
-    let layer = Blob::new(layer(spec)?);
+/// The image's runtime configuration (the `config` of the OCI image config): entrypoint,
+/// environment and what the spec adds.
+fn image_config(spec: &ImageSpec) -> serde_json::Value {
     let mut image_config = json!({
         "Entrypoint": spec.entrypoint,
         "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
@@ -251,6 +246,18 @@ pub fn build(spec: &ImageSpec, out: &Path) -> Result<BuiltImage> {
             .collect();
         image_config["Labels"] = labels.into();
     }
+    image_config
+}
+
+/// Writes the OCI image layout of `spec` as a tar file at `out`.
+pub fn build(spec: &ImageSpec, out: &Path) -> Result<BuiltImage> {
+    if spec.name.is_empty() || spec.entrypoint.is_empty() {
+        return Err(Error::Spec(
+            "an image needs a name and an entrypoint".into(),
+        ));
+    }
+    let layer = Blob::new(layer(spec)?);
+    let image_config = image_config(spec);
     let config = Blob::new(
         serde_json::to_vec(&json!({
             "architecture": "amd64",

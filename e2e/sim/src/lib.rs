@@ -8,6 +8,7 @@ pub mod chart_install;
 pub mod chart_rbac;
 pub mod cluster;
 pub mod csi;
+pub mod demo;
 pub mod failover;
 pub mod image;
 #[cfg(test)]

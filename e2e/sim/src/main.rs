@@ -285,14 +285,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 node_status_update_frequency,
                 ..ClusterOptions::new(dir.dir)
             };
-            let cluster = Cluster::up(opts).await?;
-            println!("sim cluster up in {}", cluster.dir().display());
-            println!(
-                "export KUBECONFIG={}; {}/kubectl get nodes",
-                cluster.kubeconfig_path().display(),
-                cluster.bin_dir().display()
-            );
-            cluster.keep_running();
+            up(opts).await?;
         }
         Cmd::Demo {
             dir,
@@ -301,7 +294,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             crd,
             keep,
             kwok,
-        } => demo(&dir, profile, &operator, &crd, keep, kwok).await?,
+        } => podha_sim::demo::run(&dir, profile, &operator, &crd, keep, kwok).await?,
         Cmd::Down { dir } => {
             let cluster = Cluster::attach(&dir.dir)?;
             let n = cluster.processes().iter().filter(|p| p.alive).count();
@@ -321,60 +314,94 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .await?;
             println!("{name} powered off: {reason}");
         }
-        Cmd::Node {
-            command: NodeCmd::Kill { name, dir },
+        Cmd::Node { command } => node(command).await?,
+        Cmd::Image { command } => image(command)?,
+        Cmd::Status { dir } => status(&dir.dir).await?,
+        Cmd::CsiPlugin {
+            driver,
+            socket,
+            store,
+            attach_delay,
+            detach_delay,
         } => {
+            let cfg = podha_sim::csi::ControllerConfig {
+                attach_delay,
+                detach_delay,
+            };
+            podha_sim::csi::run_plugin(&driver, &socket, &store, cfg).await?;
+        }
+        Cmd::CsiNode { kubeconfig, node } => {
+            let client = client_from(&kubeconfig).await?;
+            podha_sim::csi::run_node_agent(client, node).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `podha-sim up`: the cluster is left running, and how to reach it is printed.
+async fn up(opts: ClusterOptions) -> anyhow::Result<()> {
+    let cluster = Cluster::up(opts).await?;
+    println!("sim cluster up in {}", cluster.dir().display());
+    println!(
+        "export KUBECONFIG={}; {}/kubectl get nodes",
+        cluster.kubeconfig_path().display(),
+        cluster.bin_dir().display()
+    );
+    cluster.keep_running();
+    Ok(())
+}
+
+/// `podha-sim node …`: one node's fault, repair or addition, on a running cluster.
+async fn node(cmd: NodeCmd) -> anyhow::Result<()> {
+    match cmd {
+        NodeCmd::Kill { name, dir } => {
             Cluster::attach(&dir.dir)?.kill_node(&name)?;
             println!("{name} killed");
         }
-        Cmd::Node {
-            command: NodeCmd::KillKubelet { name, dir },
-        } => {
+        NodeCmd::KillKubelet { name, dir } => {
             Cluster::attach(&dir.dir)?.kill_kubelet(&name)?;
             println!("{name}: kubelet killed, host up");
         }
-        Cmd::Node {
-            command: NodeCmd::Fence { name, dir },
-        } => {
+        NodeCmd::Fence { name, dir } => {
             let reason = std::env::var("PODHA_FENCE_REASON").unwrap_or_default();
             Cluster::attach(&dir.dir)?.fence_node(&name, &reason)?;
             println!("{name} fenced");
         }
-        Cmd::Node {
-            command: NodeCmd::Start { name, dir },
-        } => {
+        NodeCmd::Start { name, dir } => {
             Cluster::attach(&dir.dir)?.start_node(&name).await?;
             println!("{name} is Ready");
         }
-        Cmd::Node {
-            command: NodeCmd::Freeze { name, dir },
-        } => {
+        NodeCmd::Freeze { name, dir } => {
             Cluster::attach(&dir.dir)?.freeze_node(&name)?;
             println!("{name} frozen");
         }
-        Cmd::Node {
-            command: NodeCmd::Thaw { name, dir },
-        } => {
+        NodeCmd::Thaw { name, dir } => {
             Cluster::attach(&dir.dir)?.thaw_node(&name)?;
             println!("{name} thawed");
         }
-        Cmd::Node {
-            command: NodeCmd::Partition { name, heal, dir },
-        } => {
+        NodeCmd::Partition { name, heal, dir } => {
             Cluster::attach(&dir.dir)?.partition_node(&name, !heal)?;
             println!(
                 "{name} {}",
                 if heal { "reconnected" } else { "partitioned" }
             );
         }
-        Cmd::Image {
-            command:
-                ImageCmd::Build {
-                    name,
-                    binaries,
-                    entrypoint,
-                    out,
-                },
+        NodeCmd::Add { dir } => {
+            let name = Cluster::attach(&dir.dir)?.add_node().await?;
+            println!("{name}");
+        }
+    }
+    Ok(())
+}
+
+/// `podha-sim image …`: an image built as an OCI layout tar, or loaded into the nodes.
+fn image(cmd: ImageCmd) -> anyhow::Result<()> {
+    match cmd {
+        ImageCmd::Build {
+            name,
+            binaries,
+            entrypoint,
+            out,
         } => {
             let entrypoint = if entrypoint.is_empty() {
                 vec![binaries[0].path.clone()]
@@ -395,9 +422,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 out.display()
             );
         }
-        Cmd::Image {
-            command: ImageCmd::Podha { name, binary, out },
-        } => {
+        ImageCmd::Podha { name, binary, out } => {
             let built =
                 podha_sim::image::build(&podha_sim::image::podha_spec(&name, &binary), &out)?;
             println!(
@@ -407,36 +432,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 out.display()
             );
         }
-        Cmd::Image {
-            command: ImageCmd::Load { tar, dir },
-        } => {
+        ImageCmd::Load { tar, dir } => {
             for node in Cluster::attach(&dir.dir)?.load_image(&tar)? {
                 println!("{} loaded into {node}", tar.display());
             }
-        }
-        Cmd::Node {
-            command: NodeCmd::Add { dir },
-        } => {
-            let name = Cluster::attach(&dir.dir)?.add_node().await?;
-            println!("{name}");
-        }
-        Cmd::Status { dir } => status(&dir.dir).await?,
-        Cmd::CsiPlugin {
-            driver,
-            socket,
-            store,
-            attach_delay,
-            detach_delay,
-        } => {
-            let cfg = podha_sim::csi::ControllerConfig {
-                attach_delay,
-                detach_delay,
-            };
-            podha_sim::csi::run_plugin(&driver, &socket, &store, cfg).await?;
-        }
-        Cmd::CsiNode { kubeconfig, node } => {
-            let client = client_from(&kubeconfig).await?;
-            podha_sim::csi::run_node_agent(client, node).await?;
         }
     }
     Ok(())
@@ -510,210 +509,4 @@ async fn status(dir: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The demo policy: Lease and kubelet TCP must both say dead, probed every second, three
-/// failures, a lease grace just above the kubelet's 10 s renew interval; out-of-service taint.
-fn demo_policy() -> serde_json::Value {
-    serde_json::json!({
-        "detection": {
-            "interval": "1s",
-            "failureThreshold": 3,
-            "signals": ["Lease", "KubeletTCP"],
-            "leaseGracePeriod": "12s",
-            "tcpTimeout": "500ms",
-        },
-        "action": "OutOfServiceTaint",
-    })
-}
-
-async fn demo(
-    dir: &Path,
-    profile: Profile,
-    operator: &Path,
-    crd: &Path,
-    keep: bool,
-    kwok: bool,
-) -> anyhow::Result<()> {
-    let real = !kwok && nix::unistd::geteuid().is_root();
-    let started = std::time::Instant::now();
-    let mut opts = ClusterOptions::new(dir);
-    opts.profile = profile;
-    if real {
-        println!(
-            "== podha demo on real nodes (kubelet, containerd, runc; profile {profile}): podha \
-             installed by its chart, a writer on a podha-csi volume, its node killed"
-        );
-        opts.nodes = 0;
-        opts.real_nodes = 3;
-    } else {
-        println!("== podha demo on kwok nodes (profile {profile}), podha, a node killed");
-        if !kwok {
-            println!(
-                "   (real nodes need root: this demo runs kwok nodes, which have no containers)"
-            );
-        }
-    }
-    let cluster = Cluster::up(opts).await?;
-    println!(
-        "cluster up in {:.1?}, kubeconfig {}",
-        started.elapsed(),
-        cluster.kubeconfig_path().display()
-    );
-    let result = if real {
-        demo_real(&cluster).await
-    } else {
-        demo_kwok(&cluster, operator, crd).await
-    };
-    if keep {
-        cluster.keep_running();
-        println!("cluster kept running in {}", dir.display());
-    } else {
-        cluster.down()?;
-        println!("cluster torn down");
-    }
-    match result? {
-        true => Ok(()),
-        false => anyhow::bail!("the pod did not recover"),
-    }
-}
-
-/// Runs the failover of StatefulSet `sts` in namespace `demo` and prints its timeline.
-async fn measure_and_show(
-    cluster: &Cluster,
-    client: &kube::Client,
-    sts: serde_json::Value,
-) -> anyhow::Result<podha::chaos::timeline::Timeline> {
-    let timeline =
-        podha_sim::failover::measure(cluster, client, "demo", sts, Duration::from_secs(600), None)
-            .await?;
-    println!(
-        "\nfailover timeline (from the kill, as seen through the API):\n{}",
-        podha::chaos::timeline::render(&timeline)
-    );
-    Ok(timeline)
-}
-
-/// kubectl of the cluster, its output printed.
-fn kubectl(cluster: &Cluster, args: &[&str]) -> anyhow::Result<()> {
-    let out = podha_sim::chart_install::run(
-        std::process::Command::new(cluster.bin_dir().join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig_path())
-            .args(args),
-    )?;
-    print!("{out}");
-    Ok(())
-}
-
-/// podha helm-installed on three real nodes, a writer StatefulSet, its node killed; the
-/// timeline, the write log's verdict and podha's own phase metrics.
-async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
-    use podha_sim::chart_install;
-    use podha_sim::failover::{apply_policy, subject_statefulset};
-    let client = cluster.client().await?;
-    println!("$ kubectl get nodes -o wide");
-    kubectl(cluster, &["get", "nodes", "-o", "wide"])?;
-    let helm = podha_sim::chart_rbac::helm_path()?;
-    chart_install::install(cluster, &helm, None, &[])?;
-    println!(
-        "$ helm install podha charts/podha -n podha-system --create-namespace (image loaded into the nodes)"
-    );
-    let pods = chart_install::wait_replicas(&client, 2, Duration::from_secs(180)).await?;
-    let leader = chart_install::wait_leader(&client, &pods, Duration::from_secs(60)).await?;
-    println!("$ kubectl -n podha-system get pods -o wide   (leader: {leader})");
-    kubectl(
-        cluster,
-        &["-n", "podha-system", "get", "pods", "-o", "wide"],
-    )?;
-    apply_policy(&client, "demo", demo_policy()).await?;
-    println!(
-        "$ kubectl apply -f policy.yaml   # PodHAPolicy demo: {}",
-        demo_policy()
-    );
-    let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
-    let mut sts = subject_statefulset("db", &nodes, true)?;
-    // The writer starts beside the replicas where it can, so that the kill measures a failover,
-    // not a leader change as well (the real-node tests cover that one).
-    let replica_nodes: Vec<&str> = pods
-        .iter()
-        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
-        .collect();
-    let free: Vec<&String> = nodes
-        .iter()
-        .filter(|n| !replica_nodes.contains(&n.as_str()))
-        .collect();
-    sts["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = serde_json::json!([{
-        "weight": 100,
-        "preference": { "matchExpressions": [{
-            "key": "kubernetes.io/hostname", "operator": "In", "values": free,
-        }]},
-    }]);
-    println!(
-        "starting StatefulSet demo/db: `podha-csi write` on a sim-rwo volume, 10 writes a second"
-    );
-    let timeline = measure_and_show(cluster, &client, sts).await?;
-    let db = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "demo")
-        .get("db-0")
-        .await?;
-    let handle = podha_sim::csi::writer::volume_handle(&client, "demo", &db).await?;
-    // Let the replacement write a little before reading the log.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let report = podha_sim::csi::workload::check(cluster.dir(), &handle)?;
-    println!(
-        "write log of {handle}: {} writes accepted, {} refused (the old node fenced), {} \
-         split-brain, {} acknowledged writes lost, from {} writers",
-        report.accepted_writes,
-        report.refused_writes,
-        report.split_brain_writes.len(),
-        report.lost_acknowledged_writes.len(),
-        report.writers.len()
-    );
-    let live = chart_install::podha_pods(&client).await?;
-    if let Some(leader) = live
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
-    {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let phases = podha_sim::failover::phase_means_in(
-            &chart_install::pod_metrics(cluster, leader)?,
-            "demo",
-        );
-        if !phases.is_empty() {
-            println!("podha's own phase metrics (podha_failover_phase_duration_seconds):");
-            for (phase, secs) in phases {
-                println!("  {phase:>8}: {secs:.1}s");
-            }
-        }
-    }
-    anyhow::ensure!(report.clean(), "the write log is not clean: {report:?}");
-    Ok(timeline.recovered.is_some())
-}
-
-/// The same on kwok nodes, podha as a process of this machine.
-async fn demo_kwok(cluster: &Cluster, operator: &Path, crd: &Path) -> anyhow::Result<bool> {
-    use podha_sim::failover::{Operator, apply_policy, install_crd, subject_statefulset};
-    let client = cluster.client().await?;
-    install_crd(&client, crd).await?;
-    apply_policy(&client, "demo", demo_policy()).await?;
-    println!("policy demo: {}", demo_policy());
-    let mut podha = Operator::start(operator, cluster)?;
-    podha.wait_ready(Duration::from_secs(60)).await?;
-    println!(
-        "podha running (log {}); starting StatefulSet demo/db with a sim-rwo volume",
-        podha.log.display()
-    );
-    let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
-    let sts = subject_statefulset("db", &nodes, false)?;
-    let timeline = measure_and_show(cluster, &client, sts).await?;
-    // Give podha a tick to record the last phase.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let phases = podha.phase_means("demo")?;
-    if !phases.is_empty() {
-        println!("podha's own phase metrics (podha_failover_phase_duration_seconds):");
-        for (phase, secs) in phases {
-            println!("  {phase:>8}: {secs:.1}s");
-        }
-    }
-    Ok(timeline.recovered.is_some())
 }

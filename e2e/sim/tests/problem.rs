@@ -1,5 +1,7 @@
-//! The problem podha exists to fix, reproduced on the sim cluster (profile `fast`), as described
-//! in DESIGN.md §1. These tests are the ground truth later operator tests build on.
+//! The problem podha exists to fix, reproduced on the sim cluster (profile `fast`): without
+//! podha, a StatefulSet pod on a dead node stays Terminating and is never replaced, and a
+//! Deployment's replacement waits on a volume still attached to the dead node. These tests are
+//! the ground truth the operator's tests build on.
 //!
 //! One cluster of 8 nodes serves every scenario; each scenario has its own namespace and its own
 //! nodes (pods are pinned with node affinity), so they run in parallel without affecting each

@@ -3,7 +3,8 @@
 //!
 //! Watch streams restart (`Init` … `InitDone`) after errors or expiry. While any stream that
 //! feeds detection is re-listing, podha's view has a gap: detection re-baselines instead of
-//! counting the missing updates as death (DESIGN.md §3).
+//! counting the missing updates as death: a renewal podha did not see is not a renewal that did
+//! not happen.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -453,23 +453,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         );
     }
     let groups = groups(&modes, &kinds);
-    let mut opts = ClusterOptions::new(&args.dir);
-    opts.profile = args.profile;
-    let count = |kind| groups.iter().filter(|g| g.kind == kind).count() * 3;
-    opts.nodes = count(Nodes::Kwok);
-    opts.real_nodes = count(Nodes::Real);
-    opts.node_status_update_frequency = args.node_status_update_frequency;
-    if groups
-        .iter()
-        .any(|g| g.mode == Mode::Agent && g.kind == Nodes::Kwok)
-    {
-        opts.agents = Some(crate::cluster::Agents {
-            exe: args.operator.clone(),
-            isolation_timeout: AGENT_ISOLATION_TIMEOUT,
-            survey_timeout: Some(AGENT_SURVEY_TIMEOUT),
-            watchdog_timeout: Some(AGENT_WATCHDOG_TIMEOUT),
-        });
-    }
+    let opts = cluster_options(&args, &groups);
     let status_update = kubelet_status_update(args.node_status_update_frequency);
     eprintln!(
         "starting a sim cluster of {} kwok and {} real nodes (profile {}; real kubelets' \
@@ -484,21 +468,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         let client = cluster.client().await?;
         install_crd(&client, &args.crd).await?;
         for group in &groups {
-            if let Some(mut spec) = group.mode.spec() {
-                let namespaces: Vec<String> = (1..=args.trials)
-                    .map(|k| format!("{}-{k}", group.name()))
-                    .collect();
-                spec["nodeSelector"] = json!({"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": group.nodes}
-                ]});
-                spec["namespaceSelector"] = json!({"matchExpressions": [
-                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
-                ]});
-                // Trials kill the group's nodes one after another, each back before the next:
-                // with a 3-node group, the recently-failed window would hold every trial after
-                // the first (maxUnhealthy 30 % of 3 is 1). The benchmark measures one failover
-                // at a time; the window is a safety rule tested on its own.
-                spec["safety"] = json!({"unhealthyWindow": "0s"});
+            if let Some(spec) = group_policy(group, args.trials) {
                 apply_policy(&client, &group.name(), spec).await?;
             }
         }
@@ -538,6 +508,49 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         Some(e) => Err(e.context("some trials could not run; the figures above cover the others")),
         None => Ok(()),
     }
+}
+
+/// A cluster with three nodes per group, and agents on the kwok nodes when a group needs them.
+fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
+    let mut opts = ClusterOptions::new(&args.dir);
+    opts.profile = args.profile;
+    let count = |kind| groups.iter().filter(|g| g.kind == kind).count() * 3;
+    opts.nodes = count(Nodes::Kwok);
+    opts.real_nodes = count(Nodes::Real);
+    opts.node_status_update_frequency = args.node_status_update_frequency;
+    if groups
+        .iter()
+        .any(|g| g.mode == Mode::Agent && g.kind == Nodes::Kwok)
+    {
+        opts.agents = Some(crate::cluster::Agents {
+            exe: args.operator.clone(),
+            isolation_timeout: AGENT_ISOLATION_TIMEOUT,
+            survey_timeout: Some(AGENT_SURVEY_TIMEOUT),
+            watchdog_timeout: Some(AGENT_WATCHDOG_TIMEOUT),
+        });
+    }
+    opts
+}
+
+/// The policy of a group's mode (none for `none`), limited to the group's nodes and its trials'
+/// namespaces.
+fn group_policy(group: &Group, trials: usize) -> Option<serde_json::Value> {
+    let mut spec = group.mode.spec()?;
+    let namespaces: Vec<String> = (1..=trials)
+        .map(|k| format!("{}-{k}", group.name()))
+        .collect();
+    spec["nodeSelector"] = json!({"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": group.nodes}
+    ]});
+    spec["namespaceSelector"] = json!({"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
+    ]});
+    // Trials kill the group's nodes one after another, each back before the next: with a
+    // 3-node group, the recently-failed window would hold every trial after the first
+    // (maxUnhealthy 30 % of 3 is 1). The benchmark measures one failover at a time; the window
+    // is a safety rule tested on its own.
+    spec["safety"] = json!({"unhealthyWindow": "0s"});
+    Some(spec)
 }
 
 /// The real kubelets' status cycle as the results name it.

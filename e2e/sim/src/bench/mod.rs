@@ -1,4 +1,4 @@
-//! Benchmarks: they print figures, they assert nothing (DESIGN.md; `make bench`).
+//! Benchmarks: they print figures, they assert nothing (`make bench`; the figures and what they mean are in `docs/benchmarks.md`).
 
 pub mod failover;
 pub mod scale;

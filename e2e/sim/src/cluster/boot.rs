@@ -5,41 +5,7 @@ use super::*;
 
 impl Cluster {
     pub(in crate::cluster) async fn boot(&self) -> Result<()> {
-        let dir = self.dir.clone();
-        let kubeconfig = self.kubeconfig_path();
-        let pki = pki::Pki::paths(&dir);
-
-        // etcd
-        {
-            let mut st = self.lock();
-            let p = st.ports.clone();
-            let mut cmd = Self::bin(&st, "etcd");
-            cmd.arg("--name=sim")
-                .arg(format!("--data-dir={}", dir.join("etcd").display()))
-                .arg(format!(
-                    "--listen-client-urls=http://127.0.0.1:{}",
-                    p.etcd_client
-                ))
-                .arg(format!(
-                    "--advertise-client-urls=http://127.0.0.1:{}",
-                    p.etcd_client
-                ))
-                .arg(format!(
-                    "--listen-peer-urls=http://127.0.0.1:{}",
-                    p.etcd_peer
-                ))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
-                    p.etcd_peer
-                ))
-                .arg(format!(
-                    "--initial-cluster=sim=http://127.0.0.1:{}",
-                    p.etcd_peer
-                ))
-                .arg("--unsafe-no-fsync=true")
-                .arg("--log-level=warn");
-            self.spawn(&mut st, ETCD, cmd)?;
-        }
+        self.spawn_etcd()?;
         let etcd_port = self.lock().ports.etcd_client;
         self.wait_until(
             "etcd to accept connections",
@@ -61,43 +27,7 @@ impl Cluster {
 
         apply_csi_objects(&client).await?;
 
-        // kube-controller-manager and kube-scheduler
-        {
-            let mut st = self.lock();
-            let p = st.ports.clone();
-            let mut cmd = Self::bin(&st, "kube-controller-manager");
-            cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg("--bind-address=127.0.0.1")
-                .arg(format!("--secure-port={}", p.controller_manager))
-                .arg("--leader-elect=false")
-                .arg("--controllers=*")
-                .arg("--use-service-account-credentials=false")
-                .arg(format!(
-                    "--service-account-private-key-file={}",
-                    pki.sa_key.display()
-                ))
-                .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
-                .arg(format!(
-                    "--cluster-signing-cert-file={}",
-                    pki.ca_cert.display()
-                ))
-                .arg(format!(
-                    "--cluster-signing-key-file={}",
-                    pki.ca_key.display()
-                ))
-                .arg("--allocate-node-cidrs=false")
-                .arg("--cluster-name=podha-sim")
-                .args(st.profile.controller_manager_args());
-            self.spawn(&mut st, CONTROLLER_MANAGER, cmd)?;
-
-            let mut cmd = Self::bin(&st, "kube-scheduler");
-            cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg("--bind-address=127.0.0.1")
-                .arg(format!("--secure-port={}", p.scheduler))
-                .arg("--leader-elect=false")
-                .args(st.profile.scheduler_args());
-            self.spawn(&mut st, SCHEDULER, cmd)?;
-        }
+        self.spawn_controllers()?;
 
         // nodes
         let (real, mut nodes): (Vec<NodeRecord>, Vec<NodeRecord>) =
@@ -112,27 +42,7 @@ impl Cluster {
             }
         }
         let real_boots = self.boot_real_nodes(&real)?;
-        {
-            let mut st = self.lock();
-            for rec in &nodes {
-                self.spawn_node(&mut st, rec)?;
-            }
-            let cfg = crate::csi::ControllerConfig {
-                attach_delay: st.attach_delay,
-                detach_delay: st.detach_delay,
-            };
-            let layout = crate::csi::sidecars::Layout::new(&self.dir);
-            let sidecar_dir = crate::csi::sidecars::default_bin_dir();
-            for (name, cmd) in crate::csi::sidecars::controller_processes(
-                &st.sim_exe,
-                &sidecar_dir,
-                &layout,
-                &kubeconfig,
-                cfg,
-            ) {
-                self.spawn(&mut st, &name, cmd)?;
-            }
-        }
+        self.spawn_nodes_and_csi(&nodes)?;
 
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         self.wait_nodes_ready(&client, &names, Duration::from_secs(180))
@@ -156,6 +66,105 @@ impl Cluster {
         .await?;
         self.every_process_alive()?;
         info!(dir = %self.dir.display(), nodes = names.len(), real_nodes = real.len(), "sim cluster up");
+        Ok(())
+    }
+
+    /// The kwok nodes' processes and the CSI controller side (plugins and sidecars).
+    fn spawn_nodes_and_csi(&self, nodes: &[NodeRecord]) -> Result<()> {
+        let kubeconfig = self.kubeconfig_path();
+        let mut st = self.lock();
+        for rec in nodes {
+            self.spawn_node(&mut st, rec)?;
+        }
+        let cfg = crate::csi::ControllerConfig {
+            attach_delay: st.attach_delay,
+            detach_delay: st.detach_delay,
+        };
+        let layout = crate::csi::sidecars::Layout::new(&self.dir);
+        let sidecar_dir = crate::csi::sidecars::default_bin_dir();
+        for (name, cmd) in crate::csi::sidecars::controller_processes(
+            &st.sim_exe,
+            &sidecar_dir,
+            &layout,
+            &kubeconfig,
+            cfg,
+        ) {
+            self.spawn(&mut st, &name, cmd)?;
+        }
+        Ok(())
+    }
+
+    fn spawn_etcd(&self) -> Result<()> {
+        let dir = self.dir.clone();
+        let mut st = self.lock();
+        let p = st.ports.clone();
+        let mut cmd = Self::bin(&st, "etcd");
+        cmd.arg("--name=sim")
+            .arg(format!("--data-dir={}", dir.join("etcd").display()))
+            .arg(format!(
+                "--listen-client-urls=http://127.0.0.1:{}",
+                p.etcd_client
+            ))
+            .arg(format!(
+                "--advertise-client-urls=http://127.0.0.1:{}",
+                p.etcd_client
+            ))
+            .arg(format!(
+                "--listen-peer-urls=http://127.0.0.1:{}",
+                p.etcd_peer
+            ))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                p.etcd_peer
+            ))
+            .arg(format!(
+                "--initial-cluster=sim=http://127.0.0.1:{}",
+                p.etcd_peer
+            ))
+            .arg("--unsafe-no-fsync=true")
+            .arg("--log-level=warn");
+        self.spawn(&mut st, ETCD, cmd)?;
+        Ok(())
+    }
+
+    /// kube-controller-manager and kube-scheduler.
+    fn spawn_controllers(&self) -> Result<()> {
+        let kubeconfig = self.kubeconfig_path();
+        let pki = pki::Pki::paths(&self.dir);
+        let mut st = self.lock();
+        let p = st.ports.clone();
+        let mut cmd = Self::bin(&st, "kube-controller-manager");
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", p.controller_manager))
+            .arg("--leader-elect=false")
+            .arg("--controllers=*")
+            .arg("--use-service-account-credentials=false")
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                pki.sa_key.display()
+            ))
+            .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
+            .arg(format!(
+                "--cluster-signing-cert-file={}",
+                pki.ca_cert.display()
+            ))
+            .arg(format!(
+                "--cluster-signing-key-file={}",
+                pki.ca_key.display()
+            ))
+            .arg("--allocate-node-cidrs=false")
+            .arg("--cluster-name=podha-sim")
+            .args(st.profile.controller_manager_args());
+        self.spawn(&mut st, CONTROLLER_MANAGER, cmd)?;
+
+        let mut cmd = Self::bin(&st, "kube-scheduler");
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", p.scheduler))
+            .arg("--leader-elect=false")
+            .args(st.profile.scheduler_args());
+        self.spawn(&mut st, SCHEDULER, cmd)?;
         Ok(())
     }
 

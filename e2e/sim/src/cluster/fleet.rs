@@ -113,29 +113,7 @@ impl Cluster {
         .buffer_unordered(CREATE_CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
-        {
-            let mut st = self.lock_reloaded();
-            for g in &groups {
-                let mut kwok = Self::bin(&st, "kwok");
-                kwok.arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
-                    .arg(format!(
-                        "--config={}",
-                        self.dir.join("kwok-stages.yaml").display()
-                    ))
-                    .arg(format!(
-                        "--manage-nodes-with-label-selector={}",
-                        g.selector()
-                    ))
-                    .arg(format!("--node-ip={}", g.ip))
-                    .arg(format!("--node-port={KUBELET_PORT}"))
-                    .arg(format!("--server-address={}:{KUBELET_PORT}", g.ip))
-                    .arg(format!(
-                        "--node-lease-duration-seconds={NODE_LEASE_DURATION_SECONDS}"
-                    ))
-                    .env("HOME", self.dir.join("kwok-home"));
-                self.spawn(&mut st, &g.process_name(), kwok)?;
-            }
-        }
+        self.spawn_fleet_kwoks(&groups)?;
         let names: BTreeSet<String> = groups.iter().flat_map(|g| g.nodes.clone()).collect();
         let watched: Vec<String> = groups.iter().map(FleetGroup::process_name).collect();
         let watched: Vec<&str> = watched.iter().map(String::as_str).collect();
@@ -168,6 +146,32 @@ impl Cluster {
             "fleet nodes Ready"
         );
         Ok(groups)
+    }
+
+    /// One kwok process per group, managing the group's nodes by their label.
+    fn spawn_fleet_kwoks(&self, groups: &[FleetGroup]) -> Result<()> {
+        let mut st = self.lock_reloaded();
+        for g in groups {
+            let mut kwok = Self::bin(&st, "kwok");
+            kwok.arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
+                .arg(format!(
+                    "--config={}",
+                    self.dir.join("kwok-stages.yaml").display()
+                ))
+                .arg(format!(
+                    "--manage-nodes-with-label-selector={}",
+                    g.selector()
+                ))
+                .arg(format!("--node-ip={}", g.ip))
+                .arg(format!("--node-port={KUBELET_PORT}"))
+                .arg(format!("--server-address={}:{KUBELET_PORT}", g.ip))
+                .arg(format!(
+                    "--node-lease-duration-seconds={NODE_LEASE_DURATION_SECONDS}"
+                ))
+                .env("HOME", self.dir.join("kwok-home"));
+            self.spawn(&mut st, &g.process_name(), kwok)?;
+        }
+        Ok(())
     }
 
     /// SIGKILLs the group's kwok: every node of the group dies at once.

@@ -337,6 +337,80 @@ struct Stores {
 }
 
 impl Stores {
+    /// The caches of what the node's kubelet would watch, and the stream that keeps them
+    /// up to date.
+    fn watch(
+        client: &Client,
+        node_name: &str,
+    ) -> (
+        Stores,
+        futures::stream::SelectAll<BoxStream<'static, Result<(), watcher::Error>>>,
+    ) {
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+        let (nodes, s1) = reflect(Api::<Node>::all(client.clone()), by_name.clone());
+        let (csinodes, s2) = reflect(Api::<CSINode>::all(client.clone()), by_name);
+        let (pods, s3) = reflect(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+        );
+        let (claims, s4) = reflect(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
+            Default::default(),
+        );
+        let (volumes, s5) = reflect(
+            Api::<PersistentVolume>::all(client.clone()),
+            Default::default(),
+        );
+        let (attachments, s6) = reflect(
+            Api::<VolumeAttachment>::all(client.clone()),
+            Default::default(),
+        );
+        let stores = Stores {
+            nodes,
+            csinodes,
+            pods,
+            claims,
+            volumes,
+            attachments,
+        };
+        let events = futures::stream::select_all([s1, s2, s3, s4, s5, s6]);
+        (stores, events)
+    }
+
+    /// What the node should do now, from the caches; forgets the marks of pods that are gone.
+    fn intents(&self, node_name: &str, marked: &mut HashSet<String>) -> Vec<NodeIntent> {
+        let node = self.nodes.get(&reflector::ObjectRef::new(node_name));
+        let csinode = self.csinodes.get(&reflector::ObjectRef::new(node_name));
+        let pods = self.pods.state();
+        let claims = self.claims.state();
+        let volumes = self.volumes.state();
+        let attachments = self.attachments.state();
+        let world = World {
+            node_name,
+            node: node.as_deref(),
+            csinode: csinode.as_deref(),
+            pods: pods.iter().map(|p| &**p).collect(),
+            claims: claims
+                .iter()
+                .map(|c| {
+                    let key = (
+                        c.metadata.namespace.as_deref().unwrap_or_default(),
+                        c.metadata.name.as_deref().unwrap_or_default(),
+                    );
+                    (key, &**c)
+                })
+                .collect(),
+            volumes: volumes
+                .iter()
+                .map(|v| (v.metadata.name.as_deref().unwrap_or_default(), &**v))
+                .collect(),
+            attachments: attachments.iter().map(|a| &**a).collect(),
+        };
+        let present: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        marked.retain(|uid| present.contains(uid));
+        plan(&world)
+    }
+
     fn ready(&self) -> bool {
         fn ready<K: kube::Resource + Clone>(s: &Store<K>) -> bool
         where
@@ -441,34 +515,7 @@ async fn apply(client: &Client, node_name: &str, intent: &NodeIntent) -> Result<
 
 /// Watches what the node's kubelet would watch and applies [`plan`] on every change.
 pub(super) async fn run(client: Client, node_name: String) -> anyhow::Result<()> {
-    let by_name = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-    let (nodes, s1) = reflect(Api::<Node>::all(client.clone()), by_name.clone());
-    let (csinodes, s2) = reflect(Api::<CSINode>::all(client.clone()), by_name);
-    let (pods, s3) = reflect(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
-    );
-    let (claims, s4) = reflect(
-        Api::<PersistentVolumeClaim>::all(client.clone()),
-        Default::default(),
-    );
-    let (volumes, s5) = reflect(
-        Api::<PersistentVolume>::all(client.clone()),
-        Default::default(),
-    );
-    let (attachments, s6) = reflect(
-        Api::<VolumeAttachment>::all(client.clone()),
-        Default::default(),
-    );
-    let stores = Stores {
-        nodes,
-        csinodes,
-        pods,
-        claims,
-        volumes,
-        attachments,
-    };
-    let mut events = futures::stream::select_all([s1, s2, s3, s4, s5, s6]);
+    let (stores, mut events) = Stores::watch(&client, &node_name);
 
     // Pods annotated by us whose update our cache may not show yet, by UID.
     let mut marked: HashSet<String> = HashSet::new();
@@ -493,38 +540,7 @@ pub(super) async fn run(client: Client, node_name: String) -> anyhow::Result<()>
         if !stores.ready() {
             continue;
         }
-        let intents = {
-            let node = stores.nodes.get(&reflector::ObjectRef::new(&node_name));
-            let csinode = stores.csinodes.get(&reflector::ObjectRef::new(&node_name));
-            let pods = stores.pods.state();
-            let claims = stores.claims.state();
-            let volumes = stores.volumes.state();
-            let attachments = stores.attachments.state();
-            let world = World {
-                node_name: &node_name,
-                node: node.as_deref(),
-                csinode: csinode.as_deref(),
-                pods: pods.iter().map(|p| &**p).collect(),
-                claims: claims
-                    .iter()
-                    .map(|c| {
-                        let key = (
-                            c.metadata.namespace.as_deref().unwrap_or_default(),
-                            c.metadata.name.as_deref().unwrap_or_default(),
-                        );
-                        (key, &**c)
-                    })
-                    .collect(),
-                volumes: volumes
-                    .iter()
-                    .map(|v| (v.metadata.name.as_deref().unwrap_or_default(), &**v))
-                    .collect(),
-                attachments: attachments.iter().map(|a| &**a).collect(),
-            };
-            let present: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
-            marked.retain(|uid| present.contains(uid));
-            plan(&world)
-        };
+        let intents = stores.intents(&node_name, &mut marked);
         retry_at = None;
         for intent in intents {
             if let NodeIntent::MarkPodReady { uid, .. } = &intent

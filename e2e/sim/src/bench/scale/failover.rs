@@ -30,25 +30,7 @@ pub(super) async fn failover(
     args: &ScaleArgs,
 ) -> anyhow::Result<FailoverSample> {
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut victims: HashMap<String, Victim> = HashMap::new();
-    for node in &group.nodes {
-        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        for p in pods.list(&lp).await?.items {
-            let (Some(uid), labels) = (p.metadata.uid.clone(), p.metadata.labels.as_ref()) else {
-                continue;
-            };
-            let Some(kind) = labels.and_then(|l| l.get(KIND_LABEL)) else {
-                continue;
-            };
-            victims.insert(
-                uid,
-                Victim {
-                    node: node.clone(),
-                    stateful: kind == STATEFUL,
-                },
-            );
-        }
-    }
+    let victims = victims_of(&pods, group).await?;
     let eligible = victims.values().filter(|v| v.stateful).count();
     let others = victims.len() - eligible;
     say(format!(
@@ -57,18 +39,7 @@ pub(super) async fn failover(
         group.nodes.len()
     ));
 
-    // Every bench pod, so that a deleted Deployment pod would show too.
-    let cfg = watcher::Config::default().labels(BENCH_LABEL);
-    let mut events = watcher(pods.clone(), cfg).boxed();
-    let synced_by = Instant::now() + Duration::from_secs(120);
-    loop {
-        match tokio::time::timeout_at(synced_by.into(), events.next()).await {
-            Ok(Some(Ok(watcher::Event::InitDone))) => break,
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(e))) => bail!("pod watch: {e}"),
-            Ok(None) | Err(_) => bail!("pod watch did not sync within 120s"),
-        }
-    }
+    let mut events = synced_pod_watch(&pods).await?;
 
     let flow_before = PodhaFlow::read(client).await?;
     let killed = SystemTime::now();
@@ -78,7 +49,65 @@ pub(super) async fn failover(
         group.process_name(),
         humantime::format_duration(args.failover_timeout)
     ));
-    let deadline = Instant::now() + args.failover_timeout;
+    let gone = watch_deletions(&mut events, &victims, args.failover_timeout, podha, killed).await?;
+    drop(events);
+    let apf = PodhaFlow::read(client).await?.since(flow_before);
+
+    let log = podha_log(&podha.log)?;
+    let (failed_at, held) = judged_dead(&log, group, killed);
+    let mut last_gone_by_node: BTreeMap<&str, SystemTime> = BTreeMap::new();
+    for (uid, at) in &gone {
+        if let Some(v) = victims.get(uid)
+            && v.stateful
+        {
+            let e = last_gone_by_node.entry(v.node.as_str()).or_insert(*at);
+            *e = (*e).max(*at);
+        }
+    }
+    let mut per_node: Vec<f64> = last_gone_by_node
+        .iter()
+        .filter_map(|(node, at)| Some(since(*failed_at.get(*node)?, *at)))
+        .collect();
+    per_node.sort_by(f64::total_cmp);
+    let first_failed = failed_at.values().min().copied();
+    let last_failed = failed_at.values().max().copied();
+    let last_gone = last_gone_by_node.values().max().copied();
+    let deleted = gone
+        .keys()
+        .filter(|u| victims.get(*u).is_some_and(|v| v.stateful))
+        .count();
+    Ok(FailoverSample {
+        group: group.label.clone(),
+        nodes: group.nodes.len(),
+        eligible,
+        others,
+        deleted,
+        others_deleted: gone.len() - deleted,
+        failed_seen: failed_at.len(),
+        held,
+        kill_to_first_failed: first_failed.map(|t| since(killed, t)),
+        kill_to_last_failed: last_failed.map(|t| since(killed, t)),
+        per_node,
+        last_failed_to_last_deleted: last_failed.zip(last_gone).map(|(a, b)| since(a, b)),
+        first_failed_to_last_deleted: first_failed.zip(last_gone).map(|(a, b)| since(a, b)),
+        podha_act_mean: podha.phase_mean(POLICY, "act"),
+        action_timings: action_timings(podha),
+        apf,
+        rss_after_kib: status_kib(podha.pid(), "VmRSS").unwrap_or(0),
+    })
+}
+
+/// When each victim's deletion was seen, until every StatefulSet pod is gone or `timeout`,
+/// then a few seconds more.
+async fn watch_deletions(
+    events: &mut futures::stream::BoxStream<'static, watcher::Result<watcher::Event<Pod>>>,
+    victims: &HashMap<String, Victim>,
+    timeout: Duration,
+    podha: &mut Operator,
+    killed: SystemTime,
+) -> anyhow::Result<HashMap<String, SystemTime>> {
+    let deadline = Instant::now() + timeout;
+    let eligible = victims.values().filter(|v| v.stateful).count();
     let mut gone: HashMap<String, SystemTime> = HashMap::new();
     let mut last_say = Instant::now();
     while victims
@@ -122,13 +151,66 @@ pub(super) async fn failover(
             gone.entry(uid).or_insert_with(SystemTime::now);
         }
     }
-    drop(events);
-    let apf = PodhaFlow::read(client).await?.since(flow_before);
+    Ok(gone)
+}
 
-    let log = podha_log(&podha.log)?;
+/// The group's bench pods, by UID.
+async fn victims_of(
+    pods: &Api<Pod>,
+    group: &FleetGroup,
+) -> anyhow::Result<HashMap<String, Victim>> {
+    let mut victims: HashMap<String, Victim> = HashMap::new();
+    for node in &group.nodes {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        for p in pods.list(&lp).await?.items {
+            let (Some(uid), labels) = (p.metadata.uid.clone(), p.metadata.labels.as_ref()) else {
+                continue;
+            };
+            let Some(kind) = labels.and_then(|l| l.get(KIND_LABEL)) else {
+                continue;
+            };
+            victims.insert(
+                uid,
+                Victim {
+                    node: node.clone(),
+                    stateful: kind == STATEFUL,
+                },
+            );
+        }
+    }
+    Ok(victims)
+}
+
+/// A watch of every bench pod (so that a deleted Deployment pod would show too), past its
+/// initial list.
+async fn synced_pod_watch(
+    pods: &Api<Pod>,
+) -> anyhow::Result<futures::stream::BoxStream<'static, watcher::Result<watcher::Event<Pod>>>> {
+    let cfg = watcher::Config::default().labels(BENCH_LABEL);
+    let mut events = watcher(pods.clone(), cfg).boxed();
+    let synced_by = Instant::now() + Duration::from_secs(120);
+    loop {
+        match tokio::time::timeout_at(synced_by.into(), events.next()).await {
+            Ok(Some(Ok(watcher::Event::InitDone))) => break,
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => bail!("pod watch: {e}"),
+            Ok(None) | Err(_) => bail!("pod watch did not sync within 120s"),
+        }
+    }
+
+    Ok(events)
+}
+
+/// When podha judged each of the group's nodes dead, from its log, and whether it held an
+/// action after the kill.
+fn judged_dead(
+    log: &[LogLine],
+    group: &FleetGroup,
+    killed: SystemTime,
+) -> (BTreeMap<String, SystemTime>, bool) {
     let mut failed_at: BTreeMap<String, SystemTime> = BTreeMap::new();
     let mut held = false;
-    for line in &log {
+    for line in log {
         let msg = line.message.as_str();
         if msg == "node judged dead"
             && let Some(node) = line.field("node")
@@ -140,46 +222,7 @@ pub(super) async fn failover(
             held = true;
         }
     }
-    let mut last_gone_by_node: BTreeMap<&str, SystemTime> = BTreeMap::new();
-    for (uid, at) in &gone {
-        if let Some(v) = victims.get(uid)
-            && v.stateful
-        {
-            let e = last_gone_by_node.entry(v.node.as_str()).or_insert(*at);
-            *e = (*e).max(*at);
-        }
-    }
-    let mut per_node: Vec<f64> = last_gone_by_node
-        .iter()
-        .filter_map(|(node, at)| Some(since(*failed_at.get(*node)?, *at)))
-        .collect();
-    per_node.sort_by(f64::total_cmp);
-    let first_failed = failed_at.values().min().copied();
-    let last_failed = failed_at.values().max().copied();
-    let last_gone = last_gone_by_node.values().max().copied();
-    let deleted = gone
-        .keys()
-        .filter(|u| victims.get(*u).is_some_and(|v| v.stateful))
-        .count();
-    Ok(FailoverSample {
-        group: group.label.clone(),
-        nodes: group.nodes.len(),
-        eligible,
-        others,
-        deleted,
-        others_deleted: gone.len() - deleted,
-        failed_seen: failed_at.len(),
-        held,
-        kill_to_first_failed: first_failed.map(|t| since(killed, t)),
-        kill_to_last_failed: last_failed.map(|t| since(killed, t)),
-        per_node,
-        last_failed_to_last_deleted: last_failed.zip(last_gone).map(|(a, b)| since(a, b)),
-        first_failed_to_last_deleted: first_failed.zip(last_gone).map(|(a, b)| since(a, b)),
-        podha_act_mean: podha.phase_mean(POLICY, "act"),
-        action_timings: action_timings(podha),
-        apf,
-        rss_after_kib: status_kib(podha.pid(), "VmRSS").unwrap_or(0),
-    })
+    (failed_at, held)
 }
 
 /// podha's timing of one kind of action over the run.

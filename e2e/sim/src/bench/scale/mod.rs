@@ -236,27 +236,7 @@ async fn bench(cluster: &Cluster, args: &ScaleArgs, operator: &Path) -> anyhow::
             .raise_client_qps(args.client_qps, args.client_qps * 2)
             .await?;
     }
-    install_crd(&client, &args.crd).await?;
-    let kubeconfig = podha_identity(cluster, &client).await?;
-    let mut podha = Operator::start_as(
-        operator,
-        cluster,
-        &kubeconfig,
-        PODHA_NS,
-        "podha-scale",
-        &["--log-json"],
-    )?;
-    podha.wait_ready(Duration::from_secs(120)).await?;
-    apply_policy(
-        &client,
-        POLICY,
-        json!({ "safety": { "maxUnhealthy": MAX_UNHEALTHY } }),
-    )
-    .await?;
-    say(format!(
-        "podha (pid {}) leads; policy {POLICY} with safety.maxUnhealthy {MAX_UNHEALTHY}",
-        podha.pid()
-    ));
+    let mut podha = start_podha(cluster, &client, args, operator).await?;
     let mut report = Report {
         rest: Vec::new(),
         failover: None,
@@ -323,4 +303,35 @@ async fn bench(cluster: &Cluster, args: &ScaleArgs, operator: &Path) -> anyhow::
     report.failover = Some(failover(cluster, &client, &mut podha, &victim, args).await?);
     drop(podha);
     Ok(report)
+}
+
+/// podha under its own identity, leading, with the benchmark's policy applied.
+async fn start_podha(
+    cluster: &Cluster,
+    client: &kube::Client,
+    args: &ScaleArgs,
+    operator: &Path,
+) -> anyhow::Result<Operator> {
+    install_crd(client, &args.crd).await?;
+    let kubeconfig = podha_identity(cluster, client).await?;
+    let mut podha = Operator::start_as(
+        operator,
+        cluster,
+        &kubeconfig,
+        PODHA_NS,
+        "podha-scale",
+        &["--log-json"],
+    )?;
+    podha.wait_ready(Duration::from_secs(120)).await?;
+    apply_policy(
+        client,
+        POLICY,
+        json!({ "safety": { "maxUnhealthy": MAX_UNHEALTHY } }),
+    )
+    .await?;
+    say(format!(
+        "podha (pid {}) leads; policy {POLICY} with safety.maxUnhealthy {MAX_UNHEALTHY}",
+        podha.pid()
+    ));
+    Ok(podha)
 }

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::{MAX_UNHEALTHY, POLICY, Report, ScaleArgs};
+use super::{FailoverSample, MAX_UNHEALTHY, POLICY, Report, ScaleArgs};
 use crate::csi::RWO_STORAGE_CLASS;
 
 fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
@@ -54,90 +54,102 @@ pub(super) fn render(r: &Report) -> String {
         ));
     }
     if let Some(f) = &r.failover {
-        out.push_str(&format!(
-            "\nfailover: group {} ({} nodes, one kwok) SIGKILLed; {} eligible StatefulSet pods \
-             (one {RWO_STORAGE_CLASS} volume each), {} Deployment pods without volumes\n",
-            f.group, f.nodes, f.eligible, f.others
-        ));
-        let mut rows = vec![
-            (
-                "nodes judged dead by podha".to_string(),
-                format!("{}/{}", f.failed_seen, f.nodes),
-            ),
-            (
-                "kill -> first node Failed".to_string(),
-                secs(f.kill_to_first_failed),
-            ),
-            (
-                "kill -> last node Failed".to_string(),
-                secs(f.kill_to_last_failed),
-            ),
-            (
-                "threshold -> node's eligible pods deleted, median".to_string(),
-                secs(quantile(&f.per_node, 0.5)),
-            ),
-            (
-                "threshold -> node's eligible pods deleted, p90".to_string(),
-                secs(quantile(&f.per_node, 0.9)),
-            ),
-            (
-                "threshold -> node's eligible pods deleted, max".to_string(),
-                secs(f.per_node.last().copied()),
-            ),
-            (
-                "last Failed -> last eligible pod deleted".to_string(),
-                secs(f.last_failed_to_last_deleted),
-            ),
-            (
-                "first Failed -> last eligible pod deleted".to_string(),
-                secs(f.first_failed_to_last_deleted),
-            ),
-            (
-                "podha's own act phase (mean)".to_string(),
-                secs(f.podha_act_mean),
-            ),
-        ];
-        for t in &f.action_timings {
-            rows.push((
-                format!("{}: API requests / sent->handled (mean)", t.kind),
-                format!("{} / {}", secs(t.requests_mean), secs(t.latency_mean)),
-            ));
-        }
-        rows.extend([
-            (
-                "podha's requests at the API server (non-watch)".to_string(),
-                format!("{:.0}", f.apf.executed),
-            ),
-            (
-                "  APF queue wait / execution (mean)".to_string(),
-                format!(
-                    "{} / {}",
-                    secs(f.apf.mean_wait()),
-                    secs(f.apf.mean_execution())
-                ),
-            ),
-            (
-                "eligible pods deleted".to_string(),
-                format!("{}/{}", f.deleted, f.eligible),
-            ),
-            (
-                "other pods deleted".to_string(),
-                f.others_deleted.to_string(),
-            ),
-            (
-                "actions held".to_string(),
-                if f.held { "yes" } else { "no" }.to_string(),
-            ),
-            (
-                "podha RSS after the failover".to_string(),
-                format!("{:.1} MiB", f.rss_after_kib as f64 / 1024.0),
-            ),
-        ]);
-        for (k, v) in rows {
-            out.push_str(&format!("  {k:<50} {v:>10}\n"));
-        }
+        out.push_str(&render_failover(f));
     }
     out
+}
+
+/// The failover's figures, one per line.
+fn render_failover(f: &FailoverSample) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "\nfailover: group {} ({} nodes, one kwok) SIGKILLed; {} eligible StatefulSet pods \
+         (one {RWO_STORAGE_CLASS} volume each), {} Deployment pods without volumes\n",
+        f.group, f.nodes, f.eligible, f.others
+    ));
+    let mut rows = vec![
+        (
+            "nodes judged dead by podha".to_string(),
+            format!("{}/{}", f.failed_seen, f.nodes),
+        ),
+        (
+            "kill -> first node Failed".to_string(),
+            secs(f.kill_to_first_failed),
+        ),
+        (
+            "kill -> last node Failed".to_string(),
+            secs(f.kill_to_last_failed),
+        ),
+        (
+            "threshold -> node's eligible pods deleted, median".to_string(),
+            secs(quantile(&f.per_node, 0.5)),
+        ),
+        (
+            "threshold -> node's eligible pods deleted, p90".to_string(),
+            secs(quantile(&f.per_node, 0.9)),
+        ),
+        (
+            "threshold -> node's eligible pods deleted, max".to_string(),
+            secs(f.per_node.last().copied()),
+        ),
+        (
+            "last Failed -> last eligible pod deleted".to_string(),
+            secs(f.last_failed_to_last_deleted),
+        ),
+        (
+            "first Failed -> last eligible pod deleted".to_string(),
+            secs(f.first_failed_to_last_deleted),
+        ),
+        (
+            "podha's own act phase (mean)".to_string(),
+            secs(f.podha_act_mean),
+        ),
+    ];
+    for t in &f.action_timings {
+        rows.push((
+            format!("{}: API requests / sent->handled (mean)", t.kind),
+            format!("{} / {}", secs(t.requests_mean), secs(t.latency_mean)),
+        ));
+    }
+    rows.extend(request_and_outcome_rows(f));
+    for (k, v) in rows {
+        out.push_str(&format!("  {k:<50} {v:>10}\n"));
+    }
+    out
+}
+
+/// What podha asked of the API server, and what the failover left.
+fn request_and_outcome_rows(f: &FailoverSample) -> [(String, String); 6] {
+    [
+        (
+            "podha's requests at the API server (non-watch)".to_string(),
+            format!("{:.0}", f.apf.executed),
+        ),
+        (
+            "  APF queue wait / execution (mean)".to_string(),
+            format!(
+                "{} / {}",
+                secs(f.apf.mean_wait()),
+                secs(f.apf.mean_execution())
+            ),
+        ),
+        (
+            "eligible pods deleted".to_string(),
+            format!("{}/{}", f.deleted, f.eligible),
+        ),
+        (
+            "other pods deleted".to_string(),
+            f.others_deleted.to_string(),
+        ),
+        (
+            "actions held".to_string(),
+            if f.held { "yes" } else { "no" }.to_string(),
+        ),
+        (
+            "podha RSS after the failover".to_string(),
+            format!("{:.1} MiB", f.rss_after_kib as f64 / 1024.0),
+        ),
+    ]
 }
 
 impl Report {

@@ -1,4 +1,4 @@
-//! Helpers for integration tests on the sim cluster (this crate's and the operator's): one shared cluster per test binary, polling
+//! What the integration tests on the sim cluster share (this crate's and the operator's): one shared cluster per test binary, polling
 //! waits, object builders, queries and a dump of everything relevant for failure messages.
 
 use std::collections::BTreeMap;
@@ -18,6 +18,11 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::json;
+
+mod dump;
+mod objects;
+pub use dump::dump;
+pub use objects::{deployment, pvc, statefulset, statefulset_of};
 
 /// One cluster shared by every test of a binary, started on first use and taken down by
 /// [`SharedCluster::teardown`].
@@ -524,101 +529,6 @@ pub fn pv_name(pv: &PersistentVolume) -> String {
     pv.metadata.name.clone().unwrap_or_default()
 }
 
-/// Required node affinity to `nodes`, so each scenario keeps to its own nodes.
-fn affinity(nodes: &[&str]) -> serde_json::Value {
-    json!({
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{
-                    "matchExpressions": [{
-                        "key": "kubernetes.io/hostname",
-                        "operator": "In",
-                        "values": nodes,
-                    }],
-                }],
-            },
-        },
-    })
-}
-
-fn pod_spec(nodes: &[&str], claim: Option<&str>) -> serde_json::Value {
-    let mut spec = json!({
-        "affinity": affinity(nodes),
-        "containers": [{
-            "name": "app",
-            "image": "registry.invalid/podha/app:1",
-            "volumeMounts": [],
-        }],
-    });
-    if let Some(claim) = claim {
-        spec["containers"][0]["volumeMounts"] = json!([{ "name": "data", "mountPath": "/data" }]);
-        spec["volumes"] =
-            json!([{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }]);
-    }
-    spec
-}
-
-pub fn pvc(name: &str, class: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": { "name": name },
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": class,
-            "resources": { "requests": { "storage": "1Gi" } },
-        },
-    })
-}
-
-/// A one-replica StatefulSet `name` (label `app=<name>`) with a `sim-rwo` claim template `data`.
-pub fn statefulset(name: &str, nodes: &[&str]) -> serde_json::Value {
-    let mut spec = pod_spec(nodes, None);
-    spec["containers"][0]["volumeMounts"] = json!([{ "name": "data", "mountPath": "/data" }]);
-    statefulset_of(name, spec, crate::csi::RWO_STORAGE_CLASS)
-}
-
-/// A one-replica StatefulSet `name` (label `app=<name>`) of pods with `spec`, its claim template
-/// `data` (ReadWriteOnce, 1Gi) of StorageClass `class`.
-pub fn statefulset_of(name: &str, spec: serde_json::Value, class: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "serviceName": name,
-            "selector": { "matchLabels": { "app": name } },
-            "template": { "metadata": { "labels": { "app": name } }, "spec": spec },
-            "volumeClaimTemplates": [{
-                "metadata": { "name": "data" },
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": class,
-                    "resources": { "requests": { "storage": "1Gi" } },
-                },
-            }],
-        },
-    })
-}
-
-/// A one-replica Deployment `name` (label `app=<name>`), mounting `claim` if given.
-pub fn deployment(name: &str, nodes: &[&str], claim: Option<&str>) -> serde_json::Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "selector": { "matchLabels": { "app": name } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": pod_spec(nodes, claim),
-            },
-        },
-    })
-}
-
 pub async fn create_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     let obj: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
@@ -638,123 +548,6 @@ pub async fn events_for(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<Vec<Event>> 
         .into_iter()
         .filter(|e| e.involved_object.name.as_deref() == Some(pod))
         .collect())
-}
-
-/// Pods, claims, volume attachments, nodes and events, for failure messages.
-pub async fn dump(client: &kube::Client, ns: &str) -> String {
-    let mut out = String::new();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    match pods.list(&ListParams::default()).await {
-        Ok(list) => {
-            out.push_str(&format!("pods in {ns}:\n"));
-            for p in &list.items {
-                let ann = p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(crate::csi::VOLUMES_READY_ANNOTATION).cloned());
-                out.push_str(&format!(
-                    "  {} uid={} node={} phase={} ready={} deletion={:?} volumes-ready={:?}\n",
-                    name_of(p),
-                    p.metadata.uid.as_deref().unwrap_or(""),
-                    node_of(p).unwrap_or("-"),
-                    phase(p),
-                    running_ready(p),
-                    p.metadata
-                        .deletion_timestamp
-                        .as_ref()
-                        .map(|t| t.0.to_string()),
-                    ann,
-                ));
-            }
-        }
-        Err(e) => out.push_str(&format!("pods: {e}\n")),
-    }
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    if let Ok(list) = pvcs.list(&ListParams::default()).await {
-        out.push_str("claims:\n");
-        for c in &list.items {
-            out.push_str(&format!(
-                "  {} volume={:?} phase={:?}\n",
-                c.metadata.name.as_deref().unwrap_or(""),
-                c.spec.as_ref().and_then(|s| s.volume_name.clone()),
-                c.status.as_ref().and_then(|s| s.phase.clone()),
-            ));
-        }
-    }
-    let vas: Api<VolumeAttachment> = Api::all(client.clone());
-    match vas.list(&ListParams::default()).await {
-        Ok(list) => {
-            out.push_str("volume attachments:\n");
-            for va in &list.items {
-                out.push_str(&format!(
-                    "  {} pv={:?} node={} attached={} deletion={:?} finalizers={:?} error={:?}\n",
-                    va.metadata.name.as_deref().unwrap_or(""),
-                    va.spec.source.persistent_volume_name,
-                    va.spec.node_name,
-                    va_attached(va),
-                    va.metadata
-                        .deletion_timestamp
-                        .as_ref()
-                        .map(|t| t.0.to_string()),
-                    va.metadata.finalizers,
-                    va.status
-                        .as_ref()
-                        .and_then(|s| s.attach_error.as_ref())
-                        .and_then(|e| e.message.clone()),
-                ));
-            }
-        }
-        Err(e) => out.push_str(&format!("volume attachments: {e}\n")),
-    }
-    let nodes: Api<Node> = Api::all(client.clone());
-    match nodes.list(&ListParams::default()).await {
-        Ok(list) => {
-            out.push_str("nodes:\n");
-            for n in &list.items {
-                let taints: Vec<String> = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.clone())
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|t| {
-                        format!(
-                            "{}={}:{}",
-                            t.key,
-                            t.value.as_deref().unwrap_or(""),
-                            t.effect
-                        )
-                    })
-                    .collect();
-                out.push_str(&format!(
-                    "  {} ready={:?} taints={:?} volumesInUse={:?}\n",
-                    n.metadata.name.as_deref().unwrap_or(""),
-                    ready_status(n),
-                    taints,
-                    volumes_in_use(n),
-                ));
-            }
-        }
-        Err(e) => out.push_str(&format!("nodes: {e}\n")),
-    }
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    if let Ok(list) = events.list(&ListParams::default()).await {
-        out.push_str(&format!("events in {ns} (last 40):\n"));
-        let mut items = list.items;
-        items.sort_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
-        for e in items.iter().rev().take(40).rev() {
-            out.push_str(&format!(
-                "  {} {}/{} {}: {}\n",
-                e.type_.as_deref().unwrap_or(""),
-                e.involved_object.kind.as_deref().unwrap_or(""),
-                e.involved_object.name.as_deref().unwrap_or(""),
-                e.reason.as_deref().unwrap_or(""),
-                e.message.as_deref().unwrap_or(""),
-            ));
-        }
-    }
-    out
 }
 
 /// Summary of the scenario's pods (for progress output).
