@@ -340,33 +340,7 @@ async fn elect(
             () = &mut shutdown => break,
             outcome = &mut turn => {
                 progress.stamp();
-                let (next, delay) = match outcome {
-                    Turn::Built(Ok(built)) => {
-                        retry.reset();
-                        (Some(Arc::from(built)), Duration::ZERO)
-                    }
-                    Turn::Changed(Ok(state)) => {
-                        retry.reset();
-                        held = state;
-                        (manager.take(), Duration::ZERO)
-                    }
-                    Turn::Built(Err(error)) | Turn::Changed(Err(error)) => {
-                        match on_error(&error) {
-                            OnError::Fatal => return Err(LeaderError::Fatal(error)),
-                            OnError::Retry => {
-                                let delay = retry.next().unwrap_or(cfg.lease_duration);
-                                tracing::warn!(%error, ?delay, "leader lease: retrying");
-                                (manager.take(), delay)
-                            }
-                            OnError::Rebuild => {
-                                let delay = retry.next().unwrap_or(cfg.lease_duration);
-                                tracing::warn!(%error, ?delay, "leader lease: starting over");
-                                held = false;
-                                (None, delay)
-                            }
-                        }
-                    }
-                };
+                let (next, delay) = after_turn(outcome, &mut manager, &mut held, &mut retry, cfg)?;
                 manager = next.clone();
                 turn.set(next_turn(client, cfg, seconds, next, delay));
             }
@@ -392,6 +366,43 @@ async fn elect(
     }
 
     Ok(manager)
+}
+
+/// What a finished turn leaves for the next: the manager to go on with (none: build a new
+/// one) and how long to wait first. A success starts the retry delays over; an error no retry
+/// can fix ends the election.
+fn after_turn(
+    outcome: Turn,
+    manager: &mut Option<Arc<LeaseManager>>,
+    held: &mut bool,
+    retry: &mut backoff::Exponential,
+    cfg: &LeaderConfig,
+) -> Result<(Option<Arc<LeaseManager>>, Duration)> {
+    match outcome {
+        Turn::Built(Ok(built)) => {
+            retry.reset();
+            Ok((Some(Arc::from(built)), Duration::ZERO))
+        }
+        Turn::Changed(Ok(state)) => {
+            retry.reset();
+            *held = state;
+            Ok((manager.take(), Duration::ZERO))
+        }
+        Turn::Built(Err(error)) | Turn::Changed(Err(error)) => match on_error(&error) {
+            OnError::Fatal => Err(LeaderError::Fatal(error)),
+            OnError::Retry => {
+                let delay = retry.next().unwrap_or(cfg.lease_duration);
+                tracing::warn!(%error, ?delay, "leader lease: retrying");
+                Ok((manager.take(), delay))
+            }
+            OnError::Rebuild => {
+                let delay = retry.next().unwrap_or(cfg.lease_duration);
+                tracing::warn!(%error, ?delay, "leader lease: starting over");
+                *held = false;
+                Ok((None, delay))
+            }
+        },
+    }
 }
 
 /// One step of the election. It owns no state of its own, so dropping it at any await point
