@@ -75,9 +75,10 @@ impl Schedule {
             Answer::Failed(policy) => policy,
         };
         let (due, delays) = entry.retry.get_or_insert_with(|| (now, action_retry()));
+        // The builder sets no limit on the number of delays: there is always a next one.
+        let next = delays.next().unwrap_or(ACTION_RETRY_MAX);
         let delay = match policy {
-            // The builder sets no limit on the number of delays: there is always a next one.
-            RetryPolicy::Retry => delays.next().unwrap_or(ACTION_RETRY_MAX),
+            RetryPolicy::Retry => next,
             RetryPolicy::GiveUp => ACTION_RETRY_MAX,
         };
         *due = now + delay;
