@@ -255,4 +255,26 @@ mod tests {
             "a success starts over"
         );
     }
+
+    #[test]
+    fn a_failure_no_retry_can_fix_waits_the_longest_delay_at_once() {
+        let now = Instant::now();
+        let mut schedule = Schedule::default();
+        schedule.send("untaint/n1".into(), sent());
+        let refused = Answer::Failed(RetryPolicy::GiveUp);
+        let (_, retry) = schedule
+            .answer("untaint/n1", refused, now)
+            .expect("in flight");
+        assert_eq!(retry, Some(ACTION_RETRY_MAX));
+        let just_before = now + ACTION_RETRY_MAX - Duration::from_millis(1);
+        assert!(!schedule.is_due("untaint/n1", just_before));
+        assert!(schedule.is_due("untaint/n1", now + ACTION_RETRY_MAX));
+        // It took its step of the backoff: a later transient failure goes on from there.
+        schedule.send("untaint/n1".into(), sent());
+        let transient = Answer::Failed(RetryPolicy::Retry);
+        let (_, retry) = schedule
+            .answer("untaint/n1", transient, now)
+            .expect("in flight");
+        assert_eq!(retry, Some(Duration::from_secs(1)));
+    }
 }
