@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod api;
 pub mod chaos;
+pub mod contract;
 pub mod deadline;
 pub mod detach;
 pub mod eligibility;

@@ -15,9 +15,7 @@ pub mod server;
 pub mod supervisor;
 pub mod watchdog;
 
-use std::net::{IpAddr, SocketAddr};
-
-use k8s_openapi::api::core::v1::Node;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,53 +23,12 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
-use crate::runtime::AGENT_PROBE_INTERVAL;
+use crate::contract::AGENT_PROBE_INTERVAL;
 use hearing_file::HearingFile;
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
 use server::{Hearing, SharedHearing};
 use watchdog::Watchdog;
-
-/// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
-/// the request.
-pub const FENCE_REQUEST_ANNOTATION: &str = "podha.io/fence-request";
-/// Node annotation the agent sets once it fenced the node for a request: the request's value.
-pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
-
-/// Node annotation the agent sets when it starts: the port podha's leader probes it on (at
-/// the node's InternalIP). podha probes only nodes that carry it.
-pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
-/// Node annotation the agent sets when it starts: how long after podha last heard it the node
-/// is fenced at the latest, if podha does not hear it again ([`isolation::fenced_within`]: the
-/// isolation timeout with a watchdog, more without one). podha's `Agent` proof adds its margin.
-pub const AGENT_FENCED_WITHIN_ANNOTATION: &str = "podha.io/agent-fenced-within";
-
-/// A node's InternalIP, where its kubelet and its agent listen.
-pub fn internal_ip(node: &Node) -> Option<IpAddr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")?
-        .address
-        .parse()
-        .ok()
-}
-
-/// The podha agent's endpoint on a node: its InternalIP and the port the agent advertised.
-/// `None` for a node without an agent.
-pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
-    let port: u16 = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(AGENT_PORT_ANNOTATION)?
-        .parse()
-        .ok()
-        .filter(|p| *p != 0)?;
-    Some(SocketAddr::new(internal_ip(node)?, port))
-}
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
 /// to count as heard, in a survey that starts when half the timeout has passed, as with the

@@ -23,9 +23,9 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::agent_addr;
 use super::isolation::Survey;
 use super::server::PeerAnswer;
+use crate::contract::agent_addr;
 
 /// Peers asked at once.
 const BATCH: usize = 16;

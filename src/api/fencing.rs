@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::HumanDuration;
-use crate::agent::{AGENT_FENCED_WITHIN_ANNOTATION, FENCE_ACK_ANNOTATION};
+use crate::contract::{AGENT_FENCED_WITHIN_ANNOTATION, FENCE_ACK_ANNOTATION};
 
 /// The taint the cloud node lifecycle controller puts on a node whose instance the cloud
 /// provider reports shut down.

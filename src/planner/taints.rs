@@ -15,10 +15,10 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
 };
-use crate::agent::agent_addr;
 use crate::api::{
     Action, AgentEvidence, FenceEvidence, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION,
 };
+use crate::contract::agent_addr;
 use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
 use crate::health::ReadyStatus;
 use crate::view::View;
