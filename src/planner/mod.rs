@@ -28,6 +28,7 @@
 mod holds;
 mod ledger;
 mod ownership;
+pub mod proof;
 mod taints;
 
 use std::collections::BTreeMap;

@@ -87,7 +87,7 @@ impl Actor {
         node: &str,
         policy: &str,
         now: Instant,
-    ) -> Option<crate::api::FenceEvidence> {
+    ) -> Option<crate::planner::proof::FenceEvidence> {
         let spec = &self.state.policies.get(policy)?.spec;
         let node_obj = self.state.view.nodes.get(node)?;
         let silent_for = self
@@ -96,14 +96,14 @@ impl Actor {
             .get(node)
             .and_then(|o| o.probed(ProbeKind::Agent).silent_since)
             .map(|since| now.saturating_duration_since(since));
-        let agent = crate::api::AgentEvidence {
+        let agent = crate::planner::proof::AgentEvidence {
             silent_for,
             request: self
                 .ledger
                 .get(node)
                 .and_then(|i| i.fence_request.as_deref()),
         };
-        spec.fencing.proven(node_obj, agent)
+        crate::planner::proof::proven(&spec.fencing, node_obj, agent)
     }
 
     pub(super) fn marker_policy(&self, node: &str) -> String {
@@ -220,7 +220,7 @@ impl Actor {
                         NodeTaint::Fence => None,
                     };
                     if let Some(evidence) = evidence
-                        && evidence != crate::api::FenceEvidence::NotAsked
+                        && evidence != crate::planner::proof::FenceEvidence::NotAsked
                         && let Some(f) = self.failovers.get(node)
                     {
                         let fence = now.saturating_duration_since(f.detected_at);
