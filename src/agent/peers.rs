@@ -192,12 +192,9 @@ fn spread(node: &str) -> usize {
     hash as usize
 }
 
-async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, String> {
+async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let list = nodes
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let list = nodes.list(&ListParams::default()).await?;
     Ok(list
         .items
         .iter()

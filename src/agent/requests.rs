@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::Fencer;
+use super::{AgentError, Fencer};
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
     FENCE_REQUEST_ANNOTATION, fenced_within_value, requested_boot,
@@ -69,7 +69,7 @@ pub async fn follow(
     name: &str,
     boot: Option<String>,
     fencer: Arc<Fencer>,
-) -> Result<(), String> {
+) -> Result<(), AgentError> {
     let nodes: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(nodes.clone(), config)
@@ -83,7 +83,7 @@ pub async fn follow(
                     answer(&nodes, name, request, boot.as_deref(), &fencer).await;
                 }
             }
-            Ok(None) => return Err("the watch of this node ended".into()),
+            Ok(None) => return Err(AgentError::WatchEnded),
             Err(e) => warn!(error = %e, "watching this node"),
         }
     }
