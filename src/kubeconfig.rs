@@ -24,13 +24,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// For callers that still report their errors as text.
-impl From<Error> for String {
-    fn from(e: Error) -> Self {
-        e.to_string()
-    }
-}
-
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {

@@ -11,6 +11,7 @@ pub mod agent;
 pub mod api;
 pub mod backoff;
 pub mod chaos;
+pub mod contract;
 pub mod deadline;
 pub mod eligibility;
 pub mod health;

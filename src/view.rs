@@ -78,3 +78,50 @@ impl View {
         self.pvs.get(name).map(Arc::as_ref)
     }
 }
+
+/// The watches that fill the view: one per kind of object podha reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Watch {
+    Policy,
+    Node,
+    Lease,
+    Pod,
+    Pvc,
+    Pv,
+    Va,
+    ReplicaSet,
+    Namespace,
+}
+
+impl Watch {
+    pub const ALL: [Watch; 9] = [
+        Watch::Policy,
+        Watch::Node,
+        Watch::Lease,
+        Watch::Pod,
+        Watch::Pvc,
+        Watch::Pv,
+        Watch::Va,
+        Watch::ReplicaSet,
+        Watch::Namespace,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Policy => "podhapolicies",
+            Self::Node => "nodes",
+            Self::Lease => "leases",
+            Self::Pod => "pods",
+            Self::Pvc => "persistentvolumeclaims",
+            Self::Pv => "persistentvolumes",
+            Self::Va => "volumeattachments",
+            Self::ReplicaSet => "replicasets",
+            Self::Namespace => "namespaces",
+        }
+    }
+
+    /// Watches whose silence could look like a dead node.
+    pub const fn feeds_detection(self) -> bool {
+        matches!(self, Self::Node | Self::Lease)
+    }
+}

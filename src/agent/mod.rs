@@ -7,6 +7,7 @@
 //! - [`peers`]: who the peers are and what they answer.
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
 
+mod error;
 mod hearing_file;
 pub mod isolation;
 mod peers;
@@ -15,9 +16,7 @@ pub mod server;
 pub mod supervisor;
 pub mod watchdog;
 
-use std::net::{IpAddr, SocketAddr};
-
-use k8s_openapi::api::core::v1::Node;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,53 +24,13 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
-use crate::runtime::AGENT_PROBE_INTERVAL;
+use crate::contract::AGENT_PROBE_INTERVAL;
+pub use error::{AgentError, ArgsError, SupervisorError, WatchdogError};
 use hearing_file::HearingFile;
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
 use server::{Hearing, SharedHearing};
 use watchdog::Watchdog;
-
-/// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
-/// the request.
-pub const FENCE_REQUEST_ANNOTATION: &str = "podha.io/fence-request";
-/// Node annotation the agent sets once it fenced the node for a request: the request's value.
-pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
-
-/// Node annotation the agent sets when it starts: the port podha's leader probes it on (at
-/// the node's InternalIP). podha probes only nodes that carry it.
-pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
-/// Node annotation the agent sets when it starts: how long after podha last heard it the node
-/// is fenced at the latest, if podha does not hear it again ([`isolation::fenced_within`]: the
-/// isolation timeout with a watchdog, more without one). podha's `Agent` proof adds its margin.
-pub const AGENT_FENCED_WITHIN_ANNOTATION: &str = "podha.io/agent-fenced-within";
-
-/// A node's InternalIP, where its kubelet and its agent listen.
-pub fn internal_ip(node: &Node) -> Option<IpAddr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")?
-        .address
-        .parse()
-        .ok()
-}
-
-/// The podha agent's endpoint on a node: its InternalIP and the port the agent advertised.
-/// `None` for a node without an agent.
-pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
-    let port: u16 = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(AGENT_PORT_ANNOTATION)?
-        .parse()
-        .ok()
-        .filter(|p| *p != 0)?;
-    Some(SocketAddr::new(internal_ip(node)?, port))
-}
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
 /// to count as heard, in a survey that starts when half the timeout has passed, as with the
@@ -146,20 +105,16 @@ pub struct AgentArgs {
 
 impl AgentArgs {
     /// What can be wrong with the options before anything runs.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ArgsError> {
         if self.survey_timeout.is_zero() {
-            return Err("--survey-timeout must be more than 0s".into());
+            return Err(ArgsError::NoSurveyTime);
         }
         if self.isolation_timeout < MIN_ISOLATION_TIMEOUT {
-            return Err(format!(
-                "--isolation-timeout {} must be at least {}: a peer podha hears was heard up to \
-                 two of its probes ({} apart) ago, and the agent counts a peer as heard within \
-                 a quarter of the isolation timeout at the earliest (half the silence of a \
-                 survey that starts half the timeout in, see docs/agent.md)",
-                humantime::format_duration(self.isolation_timeout),
-                humantime::format_duration(MIN_ISOLATION_TIMEOUT),
-                humantime::format_duration(AGENT_PROBE_INTERVAL)
-            ));
+            return Err(ArgsError::IsolationTooShort {
+                timeout: self.isolation_timeout,
+                min: MIN_ISOLATION_TIMEOUT,
+                probe_interval: AGENT_PROBE_INTERVAL,
+            });
         }
         if let Some(timeout) = self.watchdog_timeout {
             watchdog::check_timeout(
@@ -204,7 +159,7 @@ pub enum FenceMethod {
 }
 
 impl FenceMethod {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ArgsError> {
         let method = match s.split_once(':') {
             _ if s == "sysrq-reboot" => Some(Self::Write {
                 path: "/proc/sysrq-trigger".into(),
@@ -219,12 +174,7 @@ impl FenceMethod {
             Some(("command", cmd)) if !cmd.trim().is_empty() => Some(Self::Command(cmd.into())),
             _ => None,
         };
-        method.ok_or_else(|| {
-            format!(
-                "{s:?} is no fence method: use sysrq-reboot, write:<absolute path>=<text> or \
-                 command:<shell command>"
-            )
-        })
+        method.ok_or_else(|| ArgsError::NoFenceMethod(s.to_string()))
     }
 }
 
@@ -340,14 +290,19 @@ pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
     }
 }
 
-async fn run(args: AgentArgs) -> Result<(), String> {
+async fn run(args: AgentArgs) -> Result<(), AgentError> {
     args.check()?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
+        .map_err(AgentError::Terminate)?;
+    let client = crate::kubeconfig::client(args.kubeconfig.as_deref())
+        .await
+        .map_err(AgentError::Client)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        .map_err(|source| AgentError::Listen {
+            addr: args.listen,
+            source,
+        })?;
     let mut hearing_file = args.hearing_file.as_deref().map(HearingFile::new);
     let heard_ago = hearing_file
         .as_ref()
@@ -383,7 +338,7 @@ async fn run(args: AgentArgs) -> Result<(), String> {
         fenced_within,
     );
     let result = tokio::select! {
-        r = serve => r.map_err(|e| format!("the agent's server stopped: {e}")),
+        r = serve => r.map_err(AgentError::Serve),
         r = async {
             let boot = boot_id(&args.boot_id_file);
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
@@ -517,7 +472,7 @@ mod tests {
             "write:/run/bmc/power=",
             "write:power=off",
         ] {
-            let err = FenceMethod::parse(bad).expect_err(bad);
+            let err = FenceMethod::parse(bad).expect_err(bad).to_string();
             assert!(
                 err.contains("sysrq-reboot, write:<absolute path>=<text> or command:"),
                 "{err}"
@@ -602,7 +557,7 @@ mod tests {
 
     #[test]
     fn a_short_survey_timeout_allows_a_short_watchdog_and_isolation_timeout() {
-        let check = |flags: &[&str]| agent_args(flags).check();
+        let check = |flags: &[&str]| agent_args(flags).check().map_err(|e| e.to_string());
         assert_eq!(check(&[]), Ok(()), "the defaults");
         // The default survey takes up to 8 s: a 4 s watchdog could reset a node mid-survey.
         let short = [

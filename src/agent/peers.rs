@@ -23,9 +23,9 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::agent_addr;
 use super::isolation::Survey;
 use super::server::PeerAnswer;
+use crate::contract::agent_addr;
 
 /// Peers asked at once.
 const BATCH: usize = 16;
@@ -192,12 +192,9 @@ fn spread(node: &str) -> usize {
     hash as usize
 }
 
-async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, String> {
+async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let list = nodes
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let list = nodes.list(&ListParams::default()).await?;
     Ok(list
         .items
         .iter()

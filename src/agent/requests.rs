@@ -14,9 +14,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{
+use super::{AgentError, Fencer};
+use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-    FENCE_REQUEST_ANNOTATION, Fencer,
+    FENCE_REQUEST_ANNOTATION, fenced_within_value, requested_boot,
 };
 
 /// Tells podha, on the Node, that an agent runs here: its port, and how long after podha last
@@ -26,7 +27,7 @@ pub async fn advertise(client: kube::Client, name: &str, port: u16, fenced_withi
     let nodes: Api<Node> = Api::all(client);
     let patch = json!({"metadata": {"annotations": {
         AGENT_PORT_ANNOTATION: port.to_string(),
-        AGENT_FENCED_WITHIN_ANNOTATION: humantime::format_duration(fenced_within).to_string(),
+        AGENT_FENCED_WITHIN_ANNOTATION: fenced_within_value(fenced_within),
     }}});
     loop {
         match nodes
@@ -43,15 +44,6 @@ pub async fn advertise(client: kube::Client, name: &str, port: u16, fenced_withi
             }
         }
     }
-}
-
-/// The boot a request was made in: its last `/`-separated part (podha writes
-/// `<policy>/<unix ms>/<bootID as the Node reported it>`); `None` when it names none.
-pub fn requested_boot(request: &str) -> Option<&str> {
-    request
-        .rsplit_once('/')
-        .map(|(_, boot)| boot)
-        .filter(|boot| !boot.is_empty())
 }
 
 /// Whether the request must be answered with a fence: unless it was made in another boot of
@@ -77,7 +69,7 @@ pub async fn follow(
     name: &str,
     boot: Option<String>,
     fencer: Arc<Fencer>,
-) -> Result<(), String> {
+) -> Result<(), AgentError> {
     let nodes: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(nodes.clone(), config)
@@ -91,7 +83,7 @@ pub async fn follow(
                     answer(&nodes, name, request, boot.as_deref(), &fencer).await;
                 }
             }
-            Ok(None) => return Err("the watch of this node ended".into()),
+            Ok(None) => return Err(AgentError::WatchEnded),
             Err(e) => warn!(error = %e, "watching this node"),
         }
     }
@@ -138,8 +130,6 @@ mod tests {
 
     #[test]
     fn a_request_of_an_earlier_boot_needs_no_fence_and_an_unknown_boot_does() {
-        assert_eq!(requested_boot("p/1700000000000/b1"), Some("b1"));
-        assert_eq!(requested_boot("p/1700000000000/"), None);
         assert!(needs_fence("p/1/b1", Some("b1")), "this boot");
         assert!(!needs_fence("p/1/b1", Some("b2")), "rebooted since");
         assert!(needs_fence("p/1/", Some("b2")), "the request names no boot");

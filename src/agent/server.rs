@@ -1,8 +1,9 @@
 //! The agent's HTTP endpoints, and what it knows of being heard.
 //!
-//! - `GET /heartbeat?heardMs=N` — podha's leader probes every agent with this. `heardMs` is how
-//!   long ago the leader last got an answer from this agent (absent: never). The agent counts
-//!   itself heard at `now - heardMs`, so lost answers do not pass for being heard.
+//! - `GET /heartbeat?heardMs=N` — podha's leader probes every agent with this (the request and
+//!   the answer are part of [`crate::contract`]). `heardMs` is how long ago the leader last got
+//!   an answer from this agent (absent: never). The agent counts itself heard at
+//!   `now - heardMs`, so lost answers do not pass for being heard.
 //! - `GET /peer` — another agent surveying its peers: how long ago podha last heard this one.
 //!
 //! Both answer JSON; neither writes to the API server: thousands of nodes probed every second
@@ -16,6 +17,8 @@ use axum::extract::{Query, State};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+use crate::contract::{HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery};
 
 /// What the agent knows of podha hearing it, shared by the endpoints and the check loop.
 #[derive(Debug)]
@@ -71,19 +74,6 @@ struct AppState {
     hearing: SharedHearing,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ProbeQuery {
-    heard_ms: Option<u64>,
-}
-
-/// The answer to podha's probe.
-#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct HeartbeatAnswer {
-    pub node: String,
-}
-
 /// The answer to a peer's survey.
 #[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -95,7 +85,7 @@ pub struct PeerAnswer {
 
 pub fn router(node: &str, hearing: SharedHearing) -> Router {
     Router::new()
-        .route("/heartbeat", get(heartbeat))
+        .route(HEARTBEAT_PATH, get(heartbeat))
         .route("/peer", get(peer))
         .with_state(AppState {
             node: node.into(),
@@ -110,9 +100,9 @@ pub(super) fn lock(hearing: &SharedHearing) -> std::sync::MutexGuard<'_, Hearing
 
 async fn heartbeat(
     State(state): State<AppState>,
-    Query(q): Query<ProbeQuery>,
+    Query(q): Query<HeartbeatQuery>,
 ) -> axum::Json<HeartbeatAnswer> {
-    lock(&state.hearing).probed(Instant::now(), q.heard_ms.map(Duration::from_millis));
+    lock(&state.hearing).probed(Instant::now(), q.heard_ago());
     axum::Json(HeartbeatAnswer {
         node: state.node.to_string(),
     })

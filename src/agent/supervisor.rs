@@ -39,6 +39,8 @@ use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::SupervisorError;
+
 /// When the supervisor starts the next worker.
 #[derive(Clone, Copy, Debug)]
 pub struct Restarts {
@@ -89,25 +91,24 @@ pub async fn supervise(
     orphans: Orphans,
     mut spawn: impl FnMut() -> std::io::Result<Child>,
     stop: impl Future<Output = ()>,
-) -> Result<ExitStatus, String> {
+) -> Result<ExitStatus, SupervisorError> {
     tokio::pin!(stop);
     let mut exits = match orphans {
         Orphans::Reap => {
-            nix::sys::prctl::set_child_subreaper(true)
-                .map_err(|e| format!("cannot become the subreaper of orphans: {e}"))?;
-            Some(signal(SignalKind::child()).map_err(|e| format!("cannot handle SIGCHLD: {e}"))?)
+            nix::sys::prctl::set_child_subreaper(true).map_err(SupervisorError::Subreaper)?;
+            Some(signal(SignalKind::child()).map_err(SupervisorError::ChildSignal)?)
         }
         Orphans::Leave => None,
     };
     let mut delays = restarts.after_quick_deaths();
     loop {
-        let mut worker = spawn().map_err(|e| format!("cannot start the agent: {e}"))?;
+        let mut worker = spawn().map_err(SupervisorError::Start)?;
         let pid = worker.id();
         let started = Instant::now();
         let status = loop {
             tokio::select! {
                 // Cancel-safe: a wait cut short by another branch loses nothing.
-                status = worker.wait() => break status.map_err(|e| format!("waiting for the agent (pid {pid:?}): {e}"))?,
+                status = worker.wait() => break status.map_err(|source| SupervisorError::Wait { pid, source })?,
                 () = &mut stop => return stop_worker(worker).await,
                 Some(()) = child_exited(&mut exits) => reap_orphans(pid),
             }
@@ -120,19 +121,16 @@ pub async fn supervise(
             delays = restarts.after_quick_deaths();
             Duration::ZERO
         } else {
-            delays.next().ok_or_else(|| {
-                format!(
-                    "the agent died {} times in a row within {:?} of its start, the last time \
-                     {status}: giving up",
-                    restarts.quick_deaths + 1,
-                    restarts.settled
-                )
+            delays.next().ok_or(SupervisorError::GaveUp {
+                deaths: restarts.quick_deaths + 1,
+                within: restarts.settled,
+                last: status,
             })?
         };
         warn!(?pid, %status, delay_ms = delay.as_millis(), "the agent died; starting another");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = &mut stop => return Err(format!("stopped while the agent was down ({status})")),
+            () = &mut stop => return Err(SupervisorError::StoppedWhileDown(status)),
         }
     }
 }
@@ -179,18 +177,17 @@ fn children() -> Vec<u32> {
 }
 
 /// Passes SIGTERM to `worker` and waits for it to exit.
-async fn stop_worker(mut worker: Child) -> Result<ExitStatus, String> {
+async fn stop_worker(mut worker: Child) -> Result<ExitStatus, SupervisorError> {
     if let Some(pid) = worker.id() {
         info!(pid, "stopping the agent");
-        let pid = Pid::from_raw(i32::try_from(pid).map_err(|e| e.to_string())?);
+        let pid = Pid::from_raw(
+            i32::try_from(pid).map_err(|source| SupervisorError::Pid { pid, source })?,
+        );
         if let Err(e) = kill(pid, Signal::SIGTERM) {
             warn!(%pid, error = %e, "cannot pass SIGTERM to the agent");
         }
     }
-    worker
-        .wait()
-        .await
-        .map_err(|e| format!("waiting for the agent to stop: {e}"))
+    worker.wait().await.map_err(SupervisorError::WaitStop)
 }
 
 /// The worker's command: this executable with `args` (the supervisor's own, which name the
@@ -207,14 +204,11 @@ pub fn worker_command(args: &[std::ffi::OsString]) -> std::io::Result<Command> {
 /// In the worker: asks the kernel for SIGKILL when the supervisor dies, then makes sure it has
 /// not died already (the worker would have been orphaned before asking). `Err` says why the
 /// worker must not run.
-pub fn die_with_supervisor(supervisor: u32) -> Result<(), String> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| format!("cannot ask to die with the supervisor: {e}"))?;
+pub fn die_with_supervisor(supervisor: u32) -> Result<(), SupervisorError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(SupervisorError::DeathSignal)?;
     let parent = std::os::unix::process::parent_id();
     if parent != supervisor {
-        return Err(format!(
-            "the supervisor (pid {supervisor}) is gone: the parent is pid {parent}"
-        ));
+        return Err(SupervisorError::SupervisorGone { supervisor, parent });
     }
     Ok(())
 }
@@ -306,7 +300,8 @@ mod tests {
             std::future::pending(),
         )
         .await
-        .expect_err("given up");
+        .expect_err("given up")
+        .to_string();
         assert!(err.contains("died 4 times in a row"), "{err}");
         assert!(err.contains("exit status: 7"), "{err}");
         assert_eq!(starts(&runs), 8);
@@ -355,7 +350,8 @@ mod tests {
             std::future::pending(),
         )
         .await
-        .expect_err("no worker");
+        .expect_err("no worker")
+        .to_string();
         assert!(err.contains("cannot start the agent"), "{err}");
     }
 
@@ -409,7 +405,9 @@ mod tests {
     #[test]
     fn a_worker_whose_supervisor_is_gone_does_not_run() {
         // This test's parent is not pid 1's child here: whatever it is, pid 1 is not it.
-        let err = die_with_supervisor(1).expect_err("pid 1 is not the parent");
+        let err = die_with_supervisor(1)
+            .expect_err("pid 1 is not the parent")
+            .to_string();
         assert!(err.contains("the supervisor (pid 1) is gone"), "{err}");
         die_with_supervisor(std::os::unix::process::parent_id()).expect("the real parent");
     }

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tracing::{error, info};
 
+use super::{ArgsError, WatchdogError};
+
 /// How long opening the device may take (a FIFO standing in for one opens once its reader is
 /// there).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,21 +34,25 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Opens (and so arms) the watchdog device at `path`, whose timeout is `timeout`.
-    pub async fn open(path: &Path, timeout: Duration) -> Result<Self, String> {
+    pub async fn open(path: &Path, timeout: Duration) -> Result<Self, WatchdogError> {
         let owned = path.to_path_buf();
         let open = tokio::task::spawn_blocking(move || {
             std::fs::OpenOptions::new().write(true).open(&owned)
         });
         let device = tokio::time::timeout(OPEN_TIMEOUT, open)
             .await
-            .map_err(|_| {
-                format!(
-                    "opening the watchdog {} took over {OPEN_TIMEOUT:?}",
-                    path.display()
-                )
+            .map_err(|_| WatchdogError::OpenTimedOut {
+                path: path.to_path_buf(),
+                after: OPEN_TIMEOUT,
             })?
-            .map_err(|e| format!("opening the watchdog {}: {e}", path.display()))?
-            .map_err(|e| format!("cannot open the watchdog {}: {e}", path.display()))?;
+            .map_err(|source| WatchdogError::OpenTask {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .map_err(|source| WatchdogError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
         info!(watchdog = %path.display(), "watchdog armed");
         Ok(Self {
             path: path.to_path_buf(),
@@ -97,23 +103,16 @@ pub fn check_timeout(
     isolation_timeout: Duration,
     check_interval: Duration,
     survey_limit: Duration,
-) -> Result<(), String> {
-    let fmt = |d: Duration| humantime::format_duration(d).to_string();
+) -> Result<(), ArgsError> {
     let shortest = check_interval + survey_limit;
     if watchdog <= shortest {
-        return Err(format!(
-            "--watchdog-timeout {} must be longer than the check interval plus the longest peer \
-             survey ({}): a survey would let the watchdog reset a healthy node",
-            fmt(watchdog),
-            fmt(shortest)
-        ));
+        return Err(ArgsError::WatchdogTooShort { watchdog, shortest });
     }
     if watchdog > isolation_timeout / 2 {
-        return Err(format!(
-            "--watchdog-timeout {} must be at most half the isolation timeout {}",
-            fmt(watchdog),
-            fmt(isolation_timeout)
-        ));
+        return Err(ArgsError::WatchdogTooLong {
+            watchdog,
+            isolation_timeout,
+        });
     }
     Ok(())
 }
@@ -127,9 +126,13 @@ mod tests {
         let s = Duration::from_secs;
         assert!(check_timeout(s(10), s(30), s(1), s(7)).is_ok());
         assert!(check_timeout(s(15), s(30), s(1), s(7)).is_ok());
-        let err = check_timeout(s(16), s(30), s(1), s(7)).unwrap_err();
+        let err = check_timeout(s(16), s(30), s(1), s(7))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("half the isolation timeout 30s"), "{err}");
-        let err = check_timeout(s(8), s(30), s(1), s(7)).unwrap_err();
+        let err = check_timeout(s(8), s(30), s(1), s(7))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("longer than the check interval"), "{err}");
     }
 
@@ -149,7 +152,8 @@ mod tests {
         let err = Watchdog::open(&dir.join("missing"), Duration::from_secs(10))
             .await
             .err()
-            .expect("no such device");
+            .expect("no such device")
+            .to_string();
         assert!(err.contains("cannot open the watchdog"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -6,7 +6,7 @@ mod policy;
 mod status;
 
 pub use duration::{DURATION_PATTERN, HumanDuration, ParseDurationError};
-pub use fencing::{AgentEvidence, CLOUD_SHUTDOWN_TAINT_KEY, FenceEvidence, Fencing, FencingProof};
+pub use fencing::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 pub use policy::{
     AccessMode, Action, Detection, OwnerKind, PodHAPolicy, PodHAPolicySpec, Safety, Signal,
     VolumeRules,

@@ -5,7 +5,7 @@
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::register;
-use crate::runtime::Watch;
+use crate::view::Watch;
 
 #[derive(Clone, Debug)]
 pub struct Operating {

@@ -28,6 +28,7 @@
 mod holds;
 mod intent;
 mod ownership;
+pub mod proof;
 mod taints;
 
 use std::collections::BTreeMap;

@@ -12,13 +12,12 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
+use super::proof::{AgentEvidence, FenceEvidence, proven, requests_fence};
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
 };
-use crate::agent::agent_addr;
-use crate::api::{
-    Action, AgentEvidence, FenceEvidence, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION,
-};
+use crate::api::{Action, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::contract::agent_addr;
 use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
 use crate::health::ReadyStatus;
 use crate::view::View;
@@ -88,7 +87,7 @@ pub(super) fn fence_proof(
         silent_for,
         request: incident.fence_request.as_deref(),
     };
-    node_policy.spec.fencing.proven(node, agent)
+    proven(&node_policy.spec.fencing, node, agent)
 }
 
 /// The fence to ask for on the Node while the proof is missing: once per incident; for the
@@ -100,7 +99,7 @@ pub(super) fn fence_request(
     incident: &Incident,
 ) -> Option<Intent> {
     let proof = node_policy.spec.fencing.proof;
-    (proof.requests_fence()
+    (requests_fence(proof)
         && incident.fence_request.is_none()
         && (proof == FencingProof::External || agent_addr(node).is_some()))
     .then(|| Intent::RequestFence {

@@ -10,8 +10,8 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::agent::FENCE_REQUEST_ANNOTATION;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::contract::{FENCE_REQUEST_ANNOTATION, fence_request};
 use crate::leader::Leadership;
 use crate::planner::Intent;
 use crate::view::ObjectKey;
@@ -269,7 +269,7 @@ impl Actuator {
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        let request = format!("{policy}/{millis}/{boot}");
+        let request = fence_request(policy, millis, boot);
         let patch = json!({"metadata": {"annotations": {FENCE_REQUEST_ANNOTATION: &request}}});
         self.ensure_leading()?;
         api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))

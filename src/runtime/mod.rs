@@ -12,8 +12,6 @@ mod status;
 mod trim;
 mod writer;
 
-pub use prober::AGENT_PROBE_INTERVAL;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! `AgentHeartbeat`: an HTTP GET of `/heartbeat` on each node's podha agent (InternalIP, the
 //! port the agent advertises on its Node), every second, by the leader only. Each probe says
 //! how long ago this process last got an answer from that agent (`heardMs`), so an agent whose
-//! answers are lost learns it is not heard (see `crate::agent`). An answer naming the node is
+//! answers are lost learns it is not heard (see `crate::contract`). An answer naming the node is
 //! `Connected`; a refusal or any other answer is the host up without its agent (`Refused`);
 //! silence is `NoAnswer`.
 
@@ -25,16 +25,12 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-pub use crate::agent::agent_addr;
-use crate::agent::internal_ip;
-use crate::agent::server::HeartbeatAnswer;
+pub use crate::contract::{AGENT_PROBE_INTERVAL, agent_addr};
+use crate::contract::{HeartbeatAnswer, HeartbeatQuery, internal_ip};
 use crate::health::{ProbeKind, TcpResult};
 
 /// Probes in flight at once.
 const CONCURRENCY: usize = 256;
-/// How often the leader asks every agent. The agents' own rule (a peer heard within half the
-/// isolation timeout is heard) needs this far shorter than their timeout.
-pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One node to probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,8 +105,8 @@ async fn heartbeat(
     let Some(addr) = target.addr else {
         return (target.node, None);
     };
-    let query = heard_ago.map_or(String::new(), |ago| format!("?heardMs={}", ago.as_millis()));
-    let Ok(uri) = format!("http://{addr}/heartbeat{query}").parse::<hyper::Uri>() else {
+    let path = HeartbeatQuery::new(heard_ago).path_and_query();
+    let Ok(uri) = format!("http://{addr}{path}").parse::<hyper::Uri>() else {
         return (target.node, None);
     };
     let asked = async {

@@ -8,11 +8,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::ObjectMeta;
 
-use crate::agent::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-    FENCE_REQUEST_ANNOTATION,
-};
 use crate::api::{FAILOVER_ANNOTATION, TAINT_MARKER_ANNOTATION};
+use crate::contract::NODE_ANNOTATIONS;
 
 /// Drops metadata podha never reads; keeps only the named annotations.
 fn trim_meta(meta: &mut ObjectMeta, keep_annotations: &[&str]) {
@@ -32,17 +29,13 @@ pub fn node(node: &mut Node) {
     // A node keeps its resourceVersion: the taint patch is built on the cached node and
     // guarded by it (one request instead of a read and a write).
     let version = node.metadata.resource_version.take();
-    // The agent's endpoint and timeout, the fence request and its acknowledgement: what the
-    // `Agent` proof and the heartbeat read.
+    // And the agent contract's (its endpoint and timeout, the fence request and its
+    // acknowledgement): what the `Agent` proof and the heartbeat read. Named one by one so that
+    // an annotation added to the contract does not compile until it is kept here too.
+    let [port, fenced_within, request, ack] = NODE_ANNOTATIONS;
     trim_meta(
         &mut node.metadata,
-        &[
-            TAINT_MARKER_ANNOTATION,
-            AGENT_PORT_ANNOTATION,
-            AGENT_FENCED_WITHIN_ANNOTATION,
-            FENCE_REQUEST_ANNOTATION,
-            FENCE_ACK_ANNOTATION,
-        ],
+        &[TAINT_MARKER_ANNOTATION, port, fenced_within, request, ack],
     );
     node.metadata.resource_version = version;
     if let Some(status) = node.status.as_mut() {
@@ -178,6 +171,10 @@ pub fn volume_attachment(va: &mut VolumeAttachment) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::{
+        AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+        FENCE_REQUEST_ANNOTATION,
+    };
     use crate::test_builders::*;
     use k8s_openapi::api::core::v1::EnvVar;
 

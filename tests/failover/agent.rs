@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use podha::agent::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
+use podha::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use serde_json::json;
 
 use super::{
@@ -213,7 +213,7 @@ pub fn no_agent_fenced_a_node_podha_hears(
 /// How long ago podha last heard `node`, as its agent answers a peer.
 async fn heard_ago(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<Duration>> {
     let n = ctx.nodes().get(node).await?;
-    let Some(addr) = podha::agent::agent_addr(&n) else {
+    let Some(addr) = podha::contract::agent_addr(&n) else {
         return Ok(None);
     };
     let Ok(body) = podha_sim::failover::http_get(addr, "/peer") else {
@@ -272,7 +272,7 @@ async fn advertised_fenced_within(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<D
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(podha::agent::AGENT_FENCED_WITHIN_ANNOTATION))
+        .and_then(|a| a.get(podha::contract::AGENT_FENCED_WITHIN_ANNOTATION))
         .with_context(|| format!("{node}'s agent advertised no fenced-within time"))?;
     let fenced_within = humantime::parse_duration(value)?;
     if fenced_within <= ISOLATION_TIMEOUT {

@@ -14,8 +14,8 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Taint;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use podha::agent::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use podha::api::{CLOUD_SHUTDOWN_TAINT_KEY, PodHAPolicy};
+use podha::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use serde_json::json;
 
 use super::{

@@ -180,10 +180,10 @@ async fn wait_agents(ctx: &Ctx<'_>) -> anyhow::Result<()> {
                 let n = ctx.nodes().get(node).await?;
                 let a = n.metadata.annotations.unwrap_or_default();
                 let port = a
-                    .get(podha::agent::AGENT_PORT_ANNOTATION)
+                    .get(podha::contract::AGENT_PORT_ANNOTATION)
                     .map(String::as_str);
                 // With a watchdog the node is fenced by the isolation timeout.
-                let fenced_within = a.get(podha::agent::AGENT_FENCED_WITHIN_ANNOTATION);
+                let fenced_within = a.get(podha::contract::AGENT_FENCED_WITHIN_ANNOTATION);
                 Ok((port == Some("9441") && fenced_within == Some(&timeout)).then_some(()))
             },
         )

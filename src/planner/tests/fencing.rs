@@ -1,8 +1,10 @@
 //! `fencing.proof`: the out-of-service taint only on a node proven fenced.
 
 use super::*;
-use crate::agent::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
+use crate::contract::{
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+};
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec.fencing = Fencing {

@@ -10,11 +10,12 @@ use super::super::writer::EventNote;
 use super::Actor;
 use super::dispatch::Sent;
 use super::reports::pod_reference;
-use crate::api::{AgentEvidence, FenceEvidence, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::api::{FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::health::ProbeKind;
 use crate::incident::Phase;
 use crate::metrics::TaintOperation;
 use crate::planner::Intent;
+use crate::planner::proof::{self, AgentEvidence, FenceEvidence};
 use crate::view::ObjectKey;
 
 impl Actor {
@@ -225,7 +226,7 @@ impl Actor {
                 .get(node)
                 .and_then(|i| i.fence_request.as_deref()),
         };
-        spec.fencing.proven(node_obj, agent)
+        proof::proven(&spec.fencing, node_obj, agent)
     }
 
     /// The policy named by podha's taint marker on `node` ("" without one).

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::api::{OwnerKind, PodHAPolicy};
 use crate::health::{NodeObservations, ReadyStatus};
+pub use crate::view::Watch;
 use crate::view::{ObjectKey, View};
 
 /// One watch event from any of podha's watches, or the failure of a watch.
@@ -38,53 +39,6 @@ pub enum Change {
     WatchError {
         watch: Watch,
     },
-}
-
-/// The watches podha runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Watch {
-    Policy,
-    Node,
-    Lease,
-    Pod,
-    Pvc,
-    Pv,
-    Va,
-    ReplicaSet,
-    Namespace,
-}
-
-impl Watch {
-    pub const ALL: [Watch; 9] = [
-        Watch::Policy,
-        Watch::Node,
-        Watch::Lease,
-        Watch::Pod,
-        Watch::Pvc,
-        Watch::Pv,
-        Watch::Va,
-        Watch::ReplicaSet,
-        Watch::Namespace,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Policy => "podhapolicies",
-            Self::Node => "nodes",
-            Self::Lease => "leases",
-            Self::Pod => "pods",
-            Self::Pvc => "persistentvolumeclaims",
-            Self::Pv => "persistentvolumes",
-            Self::Va => "volumeattachments",
-            Self::ReplicaSet => "replicasets",
-            Self::Namespace => "namespaces",
-        }
-    }
-
-    /// Watches whose silence could look like a dead node.
-    const fn feeds_detection(self) -> bool {
-        matches!(self, Self::Node | Self::Lease)
-    }
 }
 
 /// A store for one kind that swaps in a complete re-list at `InitDone`.

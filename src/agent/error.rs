@@ -1,0 +1,129 @@
+//! The agent's errors, each with what was being done: they end in the log line that says why
+//! the agent (or its supervisor) stopped or would not start.
+
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+fn fmt(d: &Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(*d)
+}
+
+/// Options that cannot work together: found before anything runs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error("--survey-timeout must be more than 0s")]
+    NoSurveyTime,
+    #[error(
+        "--isolation-timeout {} must be at least {}: a peer podha hears was heard up to two of \
+         its probes ({} apart) ago, and the agent counts a peer as heard within a quarter of the \
+         isolation timeout at the earliest (half the silence of a survey that starts half the \
+         timeout in, see docs/agent.md)",
+        fmt(.timeout), fmt(.min), fmt(.probe_interval)
+    )]
+    IsolationTooShort {
+        timeout: Duration,
+        min: Duration,
+        probe_interval: Duration,
+    },
+    #[error(
+        "--watchdog-timeout {} must be longer than the check interval plus the longest peer \
+         survey ({}): a survey would let the watchdog reset a healthy node",
+        fmt(.watchdog), fmt(.shortest)
+    )]
+    WatchdogTooShort {
+        watchdog: Duration,
+        shortest: Duration,
+    },
+    #[error(
+        "--watchdog-timeout {} must be at most half the isolation timeout {}",
+        fmt(.watchdog), fmt(.isolation_timeout)
+    )]
+    WatchdogTooLong {
+        watchdog: Duration,
+        isolation_timeout: Duration,
+    },
+    #[error(
+        "{0:?} is no fence method: use sysrq-reboot, write:<absolute path>=<text> or \
+         command:<shell command>"
+    )]
+    NoFenceMethod(String),
+}
+
+/// Why the watchdog device could not be armed.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogError {
+    #[error("opening the watchdog {} took over {after:?}", .path.display())]
+    OpenTimedOut { path: PathBuf, after: Duration },
+    #[error("opening the watchdog {}: {source}", .path.display())]
+    OpenTask {
+        path: PathBuf,
+        source: tokio::task::JoinError,
+    },
+    #[error("cannot open the watchdog {}: {source}", .path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Why the supervisor stopped, or a worker must not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot become the subreaper of orphans: {0}")]
+    Subreaper(nix::Error),
+    #[error("cannot handle SIGCHLD: {0}")]
+    ChildSignal(std::io::Error),
+    #[error("cannot start the agent: {0}")]
+    Start(std::io::Error),
+    #[error("waiting for the agent (pid {pid:?}): {source}")]
+    Wait {
+        pid: Option<u32>,
+        source: std::io::Error,
+    },
+    #[error(
+        "the agent died {deaths} times in a row within {within:?} of its start, the last time \
+         {last}: giving up"
+    )]
+    GaveUp {
+        deaths: usize,
+        within: Duration,
+        last: ExitStatus,
+    },
+    #[error("stopped while the agent was down ({0})")]
+    StoppedWhileDown(ExitStatus),
+    #[error("the agent's pid {pid} is out of range: {source}")]
+    Pid {
+        pid: u32,
+        source: std::num::TryFromIntError,
+    },
+    #[error("waiting for the agent to stop: {0}")]
+    WaitStop(std::io::Error),
+    #[error("cannot ask to die with the supervisor: {0}")]
+    DeathSignal(nix::Error),
+    #[error("the supervisor (pid {supervisor}) is gone: the parent is pid {parent}")]
+    SupervisorGone { supervisor: u32, parent: u32 },
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error("cannot handle SIGTERM: {0}")]
+    Terminate(std::io::Error),
+    /// The client's own message says which configuration and what was wrong.
+    #[error(transparent)]
+    Client(#[from] crate::kubeconfig::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Watchdog(#[from] WatchdogError),
+    #[error("the agent's server stopped: {0}")]
+    Serve(std::io::Error),
+    #[error("the watch of this node ended")]
+    WatchEnded,
+}

@@ -1,0 +1,232 @@
+//! The contract between podha (the operator, whose leader probes and fences) and `podha agent`
+//! (one per node). The two are separate processes, often of different versions during a
+//! rollout, so everything here is wire format: changing a name or a field breaks the other
+//! side. Both sides import it from here and from nowhere else.
+//!
+//! On the Node (annotations, see [`NODE_ANNOTATIONS`]):
+//! - [`AGENT_PORT_ANNOTATION`] and [`AGENT_FENCED_WITHIN_ANNOTATION`]: written by the agent when
+//!   it starts; read by podha's prober (where to probe, [`agent_addr`]) and by the `Agent`
+//!   proof (how long a silent agent takes to fence, [`fenced_within`]).
+//! - [`FENCE_REQUEST_ANNOTATION`]: written by podha's leader ([`fence_request`]); read by the
+//!   agent (or the user's fence controller), which learns from it the boot it is for
+//!   ([`requested_boot`]).
+//! - [`FENCE_ACK_ANNOTATION`]: written by the agent (or the fence controller) once the node is
+//!   fenced; read by podha's `Agent` and `External` proofs.
+//!
+//! Over HTTP, at the node's InternalIP ([`internal_ip`]) and the advertised port:
+//! - `GET` [`HEARTBEAT_PATH`] with a [`HeartbeatQuery`]: sent by podha's leader every
+//!   [`AGENT_PROBE_INTERVAL`]; the agent answers a [`HeartbeatAnswer`] naming its node. The
+//!   agent's shortest isolation timeout follows from that interval.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::{Deserialize, Serialize};
+
+/// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
+/// the request (see [`fence_request`]).
+pub const FENCE_REQUEST_ANNOTATION: &str = "podha.io/fence-request";
+/// Node annotation the agent sets once it fenced the node for a request: the request's value.
+pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
+
+/// Node annotation the agent sets when it starts: the port podha's leader probes it on (at
+/// the node's InternalIP). podha probes only nodes that carry it.
+pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
+/// Node annotation the agent sets when it starts: how long after podha last heard it the node
+/// is fenced at the latest, if podha does not hear it again (the isolation timeout with a
+/// watchdog, more without one; see `agent::isolation::fenced_within`), as a humantime duration.
+/// podha's `Agent` proof adds its margin.
+pub const AGENT_FENCED_WITHIN_ANNOTATION: &str = "podha.io/agent-fenced-within";
+
+/// Every Node annotation of the contract: podha's cache of Nodes keeps these (and drops the
+/// rest), so one added here reaches the decisions.
+pub const NODE_ANNOTATIONS: [&str; 4] = [
+    AGENT_PORT_ANNOTATION,
+    AGENT_FENCED_WITHIN_ANNOTATION,
+    FENCE_REQUEST_ANNOTATION,
+    FENCE_ACK_ANNOTATION,
+];
+
+/// How often podha's leader probes every agent. The agents' own rule (a peer heard within a
+/// quarter of the isolation timeout is heard) needs this far shorter than their timeout, so
+/// their shortest isolation timeout is derived from it.
+pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A node's InternalIP, where its kubelet and its agent listen.
+pub fn internal_ip(node: &Node) -> Option<IpAddr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
+}
+
+/// The podha agent's endpoint on a node: its InternalIP and the port the agent advertised.
+/// `None` for a node without an agent.
+pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
+    let port: u16 = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(AGENT_PORT_ANNOTATION)?
+        .parse()
+        .ok()
+        .filter(|p| *p != 0)?;
+    Some(SocketAddr::new(internal_ip(node)?, port))
+}
+
+/// The value of [`AGENT_FENCED_WITHIN_ANNOTATION`] the agent writes.
+pub fn fenced_within_value(fenced_within: Duration) -> String {
+    humantime::format_duration(fenced_within).to_string()
+}
+
+/// What the node's agent advertises in [`AGENT_FENCED_WITHIN_ANNOTATION`]; `None` without an
+/// agent or when the value is not a duration.
+pub fn fenced_within(node: &Node) -> Option<Duration> {
+    let value = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(AGENT_FENCED_WITHIN_ANNOTATION)?;
+    humantime::parse_duration(value).ok()
+}
+
+/// The value of [`FENCE_REQUEST_ANNOTATION`] podha writes: `<policy>/<unix ms>/<bootID>`,
+/// unique per request (an acknowledgement of an older one proves nothing now) and naming the
+/// boot it is for, as the Node reported it (empty when unknown).
+pub fn fence_request(policy: &str, unix_ms: u128, boot_id: &str) -> String {
+    format!("{policy}/{unix_ms}/{boot_id}")
+}
+
+/// The boot a request was made in: its last `/`-separated part (see [`fence_request`]);
+/// `None` when it names none.
+pub fn requested_boot(request: &str) -> Option<&str> {
+    request
+        .rsplit_once('/')
+        .map(|(_, boot)| boot)
+        .filter(|boot| !boot.is_empty())
+}
+
+/// Where podha's leader probes an agent.
+pub const HEARTBEAT_PATH: &str = "/heartbeat";
+
+/// The query of podha's probe: `heardMs` is how long ago the leader last got an answer from
+/// this agent (absent: never). The agent counts itself heard at `now - heardMs`, so lost
+/// answers do not pass for being heard.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard_ms: Option<u64>,
+}
+
+impl HeartbeatQuery {
+    pub fn new(heard_ago: Option<Duration>) -> Self {
+        Self {
+            heard_ms: heard_ago.map(|ago| u64::try_from(ago.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// How long ago the leader last heard the agent, if ever.
+    pub fn heard_ago(&self) -> Option<Duration> {
+        self.heard_ms.map(Duration::from_millis)
+    }
+
+    /// The probe's path and query, e.g. `/heartbeat?heardMs=1000`.
+    pub fn path_and_query(&self) -> String {
+        match self.heard_ms {
+            Some(ms) => format!("{HEARTBEAT_PATH}?heardMs={ms}"),
+            None => HEARTBEAT_PATH.to_string(),
+        }
+    }
+}
+
+/// The agent's answer to podha's probe: the node it runs on. An answer naming another node is
+/// no answer from this node's agent.
+#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAnswer {
+    pub node: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_builders::*;
+
+    #[test]
+    fn the_annotations_keep_their_names() {
+        assert_eq!(FENCE_REQUEST_ANNOTATION, "podha.io/fence-request");
+        assert_eq!(FENCE_ACK_ANNOTATION, "podha.io/fence-ack");
+        assert_eq!(AGENT_PORT_ANNOTATION, "podha.io/agent-port");
+        assert_eq!(
+            AGENT_FENCED_WITHIN_ANNOTATION,
+            "podha.io/agent-fenced-within"
+        );
+    }
+
+    #[test]
+    fn the_heartbeat_json_keeps_its_field_names() {
+        let answer = HeartbeatAnswer { node: "n1".into() };
+        assert_eq!(
+            serde_json::to_value(&answer).expect("json"),
+            serde_json::json!({"node": "n1"})
+        );
+        assert_eq!(
+            serde_json::from_str::<HeartbeatAnswer>(r#"{"node":"n1"}"#).expect("json"),
+            answer
+        );
+        assert_eq!(
+            HeartbeatQuery::new(Some(Duration::from_millis(1500))).path_and_query(),
+            "/heartbeat?heardMs=1500"
+        );
+        assert_eq!(HeartbeatQuery::new(None).path_and_query(), "/heartbeat");
+    }
+
+    #[test]
+    fn the_heartbeat_query_podha_sends_is_the_one_the_agent_reads() {
+        for heard_ago in [
+            None,
+            Some(Duration::ZERO),
+            Some(Duration::from_millis(2345)),
+        ] {
+            let sent = HeartbeatQuery::new(heard_ago);
+            let uri: axum::http::Uri = sent.path_and_query().parse().expect("uri");
+            let axum::extract::Query(read) =
+                axum::extract::Query::<HeartbeatQuery>::try_from_uri(&uri).expect("query");
+            assert_eq!(read, sent);
+            assert_eq!(read.heard_ago(), heard_ago);
+        }
+    }
+
+    #[test]
+    fn a_fence_request_names_the_boot_it_is_for() {
+        assert_eq!(
+            fence_request("p", 1_700_000_000_000, "b1"),
+            "p/1700000000000/b1"
+        );
+        assert_eq!(requested_boot("p/1700000000000/b1"), Some("b1"));
+        assert_eq!(requested_boot(&fence_request("p", 1, "")), None);
+        assert_eq!(requested_boot("p/1700000000000/"), None);
+    }
+
+    #[test]
+    fn the_agents_endpoint_and_timeout_come_from_its_node() {
+        let with_agent = mk_node("n1")
+            .annotation(
+                AGENT_FENCED_WITHIN_ANNOTATION,
+                &fenced_within_value(Duration::from_secs(38)),
+            )
+            .annotation(AGENT_PORT_ANNOTATION, "9441");
+        assert_eq!(fenced_within(&with_agent), Some(Duration::from_secs(38)));
+        assert_eq!(fenced_within(&mk_node("n1")), None);
+        let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
+        assert_eq!(fenced_within(&garbled), None);
+        assert_eq!(agent_addr(&mk_node("n1")), None, "no agent");
+    }
+}
