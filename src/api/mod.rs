@@ -9,7 +9,7 @@ pub use duration::{DURATION_PATTERN, HumanDuration, ParseDurationError};
 pub use fencing::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 pub use policy::{
     AccessMode, Action, Detection, OwnerKind, PodHAPolicy, PodHAPolicySpec, Safety, Signal,
-    VolumeRules,
+    VolumeRules, default_detach_timeout,
 };
 pub use status::{
     FailoverPhase, FailoverRecord, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition,

@@ -165,7 +165,8 @@ fn default_owners() -> Vec<OwnerKind> {
     vec![OwnerKind::StatefulSet, OwnerKind::Deployment]
 }
 
-fn default_detach_timeout() -> HumanDuration {
+/// `detachTimeout` when the spec does not set it (and for an incident whose policy is gone).
+pub fn default_detach_timeout() -> HumanDuration {
     HumanDuration::from_secs(390)
 }
 

@@ -159,6 +159,19 @@ impl Intent {
         }
     }
 
+    /// The policy an intent is taken for (`None` for an untaint: its policy is the one named
+    /// by podha's marker on the node).
+    pub fn policy(&self) -> Option<&str> {
+        match self {
+            Self::ForceDeletePod { policy, .. }
+            | Self::MarkPodNotReady { policy, .. }
+            | Self::TaintNode { policy, .. }
+            | Self::RequestFence { policy, .. }
+            | Self::Hold { policy, .. } => Some(policy),
+            Self::RemoveTaint { .. } => None,
+        }
+    }
+
     /// Identifies the action among those in flight or waiting for a retry: one per pod and
     /// action, one per node and taint operation, one per hold.
     pub fn key(&self) -> String {

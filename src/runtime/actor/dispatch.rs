@@ -117,12 +117,17 @@ impl Actor {
             }
             return;
         }
+        let policy = match intent.policy() {
+            Some(policy) => policy.to_string(),
+            // An untaint is counted for the policy podha's marker on the node names.
+            None => intent
+                .node()
+                .map(|n| self.marker_policy(n))
+                .unwrap_or_default(),
+        };
         let sent = Sent {
             moved: self.moved_pod(&intent),
-            policy: match &intent {
-                Intent::RemoveTaint { node } => self.marker_policy(node),
-                _ => intent_policy(&intent).to_string(),
-            },
+            policy,
             sent_at: Instant::now(),
         };
         self.schedule.send(key, sent);
@@ -169,18 +174,6 @@ impl Actor {
             Ok(outcome) => self.record_outcome(&result.intent, outcome, sent, now),
             Err(error) => warn!(%key, %error, ?retry_in, "action failed"),
         }
-    }
-}
-
-/// The policy an action is taken for ("" for an untaint, whose policy is the node's marker).
-fn intent_policy(intent: &Intent) -> &str {
-    match intent {
-        Intent::ForceDeletePod { policy, .. }
-        | Intent::MarkPodNotReady { policy, .. }
-        | Intent::TaintNode { policy, .. }
-        | Intent::RequestFence { policy, .. }
-        | Intent::Hold { policy, .. } => policy,
-        Intent::RemoveTaint { .. } => "",
     }
 }
 

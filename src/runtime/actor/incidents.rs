@@ -2,20 +2,16 @@
 //! resumed from an earlier leader's taint is opened too, and every open incident advances from
 //! the view until its node is healthy again.
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Actor;
 use super::judge::{self, Judgement, podha_taint_proves_failure};
+use crate::api::default_detach_timeout;
 use crate::health::{Cause, NodeHealth};
 use crate::incident::{Incident, PhaseChange};
 use crate::metrics::Metrics;
 use crate::planner::{HealthBook, taint_key};
-
-/// The detach timeout of an incident whose policy is gone: the default `detachTimeout`.
-const DEFAULT_DETACH_TIMEOUT: Duration = Duration::from_secs(390);
 
 impl Actor {
     /// Judge: advance the trackers, tell the probers what to probe, open an incident for every
@@ -124,7 +120,8 @@ impl Actor {
                 .state
                 .policies
                 .get(&incident.policy)
-                .map_or(DEFAULT_DETACH_TIMEOUT, |p| p.spec.detach_timeout.get());
+                .map_or(default_detach_timeout(), |p| p.spec.detach_timeout)
+                .get();
             let changes = incident.follow(now, &self.state.view, timeout);
             let incident = incident.clone();
             for change in &changes {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::super::prober::{AGENT_PROBE_INTERVAL, ProbePlan, Target, agent_addr, kubelet_addr};
 use super::super::state::ClusterState;
-use crate::api::{NodeTaint, PodHAPolicy, TAINT_MARKER_ANNOTATION};
+use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::eligibility::node_selected;
 use crate::health::{
     DetectionConfig, HealthTracker, NodeHealth, NodeObservations, ProbeKind, ReadyStatus,
@@ -66,11 +66,6 @@ impl Judge {
         }
         self.trackers.retain(|key, _| watched.contains(key));
         judgements
-    }
-
-    pub fn forget_policies_but(&mut self, live: &BTreeMap<String, std::sync::Arc<PodHAPolicy>>) {
-        self.trackers
-            .retain(|(policy, _), _| live.contains_key(policy));
     }
 
     /// Node health per policy, as the planner reads it.

@@ -195,7 +195,6 @@ impl Actor {
             self.metrics.forget_policy(&policy);
             self.ledger.forget_policy(&policy);
         }
-        self.judge.forget_policies_but(live);
     }
 
     /// Plan: the planner's intents and skips for this round; the policy-wide holds are kept
