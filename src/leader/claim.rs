@@ -56,6 +56,7 @@ impl Leadership {
     }
 
     /// The claim as last published, current or not.
+    #[cfg(test)]
     pub fn claim(&self) -> Option<Claim> {
         *self.0.borrow()
     }
