@@ -701,6 +701,16 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
                 json!({"volumes": {"accessModes": []}}),
                 "must list at least one access mode",
             ),
+            (
+                json!({"fencing": {"agentMargin": "2h"}}),
+                "fencing.agentMargin must be at most 1h",
+            ),
+            // Past what a duration holds: the pattern alone let it in, and no replica could
+            // list the policies afterwards.
+            (
+                json!({"fencing": {"agentMargin": "99999999999999999999h"}}),
+                "agentMargin",
+            ),
         ];
         for (i, (spec, expected)) in cases.into_iter().enumerate() {
             let obj: kube::core::DynamicObject = serde_json::from_value(json!({

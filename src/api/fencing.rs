@@ -1,6 +1,7 @@
 //! `spec.fencing`: what must prove that a dead node can no longer write before podha puts the
 //! out-of-service taint on it (the proof itself is judged in `planner::proof`).
 
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +17,7 @@ pub const CLOUD_SHUTDOWN_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/shu
 /// storage fences it on detach they write on beside the replacement. With a proof, podha holds
 /// the node (event `FencingPending`, nothing deleted, nothing tainted) until the proof is
 /// there; `DeletePods` needs none (its fence only keeps the scheduler off the node).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Fencing {
     /// `None` (the default): no proof; the node is taken for shut down once judged dead. Safe
@@ -39,8 +40,9 @@ pub struct Fencing {
     /// With proof `Agent`: how much longer than the time the agent advertises
     /// (`podha.io/agent-fenced-within`, which includes the agent's own checks and peer
     /// surveys) podha waits on a silent agent. It covers the fence itself (a reboot, a BMC's
-    /// power-off) and the delay of podha's heartbeat probes.
+    /// power-off) and the delay of podha's heartbeat probes. At most 1h.
     #[serde(default = "default_agent_margin")]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('1h')").message("fencing.agentMargin must be at most 1h"))]
     pub agent_margin: HumanDuration,
 }
 

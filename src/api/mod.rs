@@ -2,11 +2,13 @@
 
 mod duration;
 mod fencing;
+mod listed;
 mod policy;
 mod status;
 
 pub use duration::{DURATION_PATTERN, HumanDuration, ParseDurationError};
 pub use fencing::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
+pub use listed::{ListedPolicy, UnreadablePolicy};
 pub use policy::{
     AccessMode, Action, Detection, OwnerKind, PodHAPolicy, PodHAPolicySpec, Safety, Signal,
     VolumeRules, default_detach_timeout,

@@ -36,7 +36,7 @@ pub use actor::TICK;
 pub use actuator::{Actuator, Outcome};
 pub use state::{Change, ClusterState, Watch};
 
-use crate::api::PodHAPolicy;
+use crate::api::{ListedPolicy, PodHAPolicy};
 use crate::health::ProbeKind;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::Metrics;
@@ -219,7 +219,7 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
     let c = client;
     stream::select_all([
         watch(
-            Api::<PodHAPolicy>::all(c.clone()),
+            Api::<ListedPolicy>::all(c.clone()),
             watcher::Config::default(),
             Watch::Policy,
             Change::Policy,

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
-use crate::api::{FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition};
+use crate::api::{
+    FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, UnreadablePolicy,
+    condition,
+};
 use crate::eligibility::invalid_selectors;
 use crate::health::{DetectionConfig, NodeHealth};
 use crate::incident::Incident;
@@ -77,6 +80,40 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         suspect_nodes: i32::try_from(suspect).unwrap_or(i32::MAX),
         last_failover_time: failovers.first().map(|f| (facts.wall)(f.detected_at)),
         recent_failovers: failovers.iter().map(|f| f.to_record(facts.wall)).collect(),
+    }
+}
+
+/// The status of a policy podha cannot read (see [`crate::api::ListedPolicy`]): not Ready and
+/// Degraded, saying why; it watches no node and acts on none.
+pub fn unreadable_status(policy: &UnreadablePolicy, now: &Time) -> PodHAPolicyStatus {
+    let previous = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let generation = policy.metadata.generation;
+    let message = format!(
+        "podha cannot read this policy and acts on none of its nodes: {}",
+        policy.error
+    );
+    let condition = |type_, status| {
+        make_condition(
+            previous,
+            type_,
+            status,
+            condition::REASON_INVALID_SPEC,
+            message.clone(),
+            generation,
+            now,
+        )
+    };
+    PodHAPolicyStatus {
+        observed_generation: generation,
+        conditions: vec![
+            condition(condition::READY, false),
+            condition(condition::DEGRADED, true),
+        ],
+        ..PodHAPolicyStatus::default()
     }
 }
 
@@ -196,6 +233,38 @@ mod tests {
             .iter()
             .find(|c| c.type_ == type_)
             .expect("condition present")
+    }
+
+    #[test]
+    fn an_unreadable_policy_is_not_ready_and_degraded_and_says_why_once() {
+        let listed: crate::api::ListedPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "huge", "generation": 3},
+            "spec": {"fencing": {"agentMargin": "99999999999999999999h"}},
+        }))
+        .expect("listed");
+        let crate::api::ListedPolicy::Unreadable(policy) = listed else {
+            panic!("readable: {listed:?}")
+        };
+        let mut policy = *policy;
+        let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).expect("t0"));
+        let status = unreadable_status(&policy, &t0);
+        let ready = condition(&status, condition::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", condition::REASON_INVALID_SPEC)
+        );
+        assert!(
+            ready.message.contains("acts on none of its nodes")
+                && ready.message.contains("invalid duration"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(condition(&status, condition::DEGRADED).status, "True");
+        assert_eq!(status.observed_generation, Some(3));
+        // Written once: the next round, with that status on the object, computes the same.
+        policy.status = Some(status.clone());
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(2_000).expect("t1"));
+        assert_eq!(unreadable_status(&policy, &later), status);
     }
 
     #[test]

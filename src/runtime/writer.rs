@@ -25,7 +25,7 @@ use tracing::{debug, error, warn};
 
 use super::actuator::{ActError, Actuator, Outcome, RetryPolicy};
 use super::events::EventPublisher;
-use crate::api::{PodHAPolicy, PodHAPolicyStatus};
+use crate::api::{ListedPolicy, PodHAPolicyStatus};
 use crate::leader::Leadership;
 use crate::metrics::{ActionKind, ApiOperation, Metrics};
 use crate::planner::Intent;
@@ -323,7 +323,7 @@ impl Writer {
     }
 
     async fn patch_status(&self, policy: &str, status: PodHAPolicyStatus) {
-        let api: Api<PodHAPolicy> = Api::all(self.client.clone());
+        let api: Api<ListedPolicy> = Api::all(self.client.clone());
         let patch = serde_json::json!({ "status": status });
         if let Err(e) = api
             .patch_status(policy, &PatchParams::default(), &Patch::Merge(&patch))

@@ -190,7 +190,9 @@ impl Actor {
     }
 
     fn forget_deleted_policies(&mut self) {
-        let live = &self.state.policies;
+        let state = &self.state;
+        let live =
+            |p: &str| state.policies.contains_key(p) || state.unreadable_policies.contains_key(p);
         for policy in self.reported.policies_gone(live) {
             self.metrics.forget_policy(&policy);
             self.ledger.forget_policy(&policy);

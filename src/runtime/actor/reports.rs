@@ -9,7 +9,7 @@ use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::super::status::{PolicyFacts, policy_status};
+use super::super::status::{PolicyFacts, policy_status, unreadable_status};
 use super::super::writer::{EventNote, Report};
 use super::Actor;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
@@ -48,12 +48,13 @@ impl ReportBook {
         self.last_status.clear();
     }
 
-    /// The policies a status was written for that are gone now; forgotten here.
-    pub fn policies_gone<V>(&mut self, live: &BTreeMap<String, V>) -> Vec<String> {
+    /// The policies a status was written for that are gone now (`live` says which are not);
+    /// forgotten here.
+    pub fn policies_gone(&mut self, live: impl Fn(&str) -> bool) -> Vec<String> {
         let gone: Vec<String> = self
             .last_status
             .keys()
-            .filter(|p| !live.contains_key(*p))
+            .filter(|p| !live(p))
             .cloned()
             .collect();
         for policy in &gone {
@@ -217,6 +218,50 @@ impl Actor {
             self.reported
                 .last_status
                 .insert(name.clone(), status.clone());
+            self.out
+                .writes
+                .report(Report::Status {
+                    policy: name,
+                    status,
+                })
+                .await;
+        }
+        self.write_unreadable_statuses().await;
+    }
+
+    /// Each policy podha cannot read says so on itself (status and a Warning event, when that
+    /// changes); the others go on.
+    async fn write_unreadable_statuses(&mut self) {
+        let now = self.wall.time(Instant::now());
+        let unreadable: Vec<_> = self.state.unreadable_policies.values().cloned().collect();
+        for policy in unreadable {
+            let name = policy.metadata.name.clone().unwrap_or_default();
+            let status = unreadable_status(&policy, &now);
+            if self.reported.last_status.get(&name) == Some(&status) {
+                continue;
+            }
+            warn!(policy = %name, error = %policy.error, "cannot read the policy; acting on none of its nodes");
+            self.reported
+                .last_status
+                .insert(name.clone(), status.clone());
+            let regarding = ObjectReference {
+                api_version: Some(PodHAPolicy::api_version(&()).into_owned()),
+                kind: Some(PodHAPolicy::kind(&()).into_owned()),
+                name: Some(name.clone()),
+                uid: policy.metadata.uid.clone(),
+                ..ObjectReference::default()
+            };
+            self.event(EventNote {
+                regarding,
+                warning: true,
+                reason: "PolicyUnreadable",
+                action: "Read",
+                note: format!(
+                    "podha cannot read this policy and acts on none of its nodes: {}",
+                    policy.error
+                ),
+            })
+            .await;
             self.out
                 .writes
                 .report(Report::Status {

@@ -115,7 +115,7 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
     state.apply(Change::Policy(Event::Init), now);
     if let Some(spec) = spec {
         state.apply(
-            Change::Policy(Event::InitApply(PodHAPolicy::new("p", spec))),
+            Change::Policy(Event::InitApply(PodHAPolicy::new("p", spec).into())),
             now,
         );
     }
@@ -187,7 +187,7 @@ impl Harness {
         let policy = PodHAPolicy::new("p", spec);
         self.actor
             .state
-            .apply(Change::Policy(Event::Apply(policy)), Instant::now());
+            .apply(Change::Policy(Event::Apply(policy.into())), Instant::now());
     }
 
     /// Ticks for `secs` seconds of the loop's time.

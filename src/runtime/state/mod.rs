@@ -18,7 +18,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 
-use crate::api::{OwnerKind, PodHAPolicy};
+use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
 use crate::view::{ObjectKey, View};
@@ -26,7 +26,7 @@ use crate::view::{ObjectKey, View};
 /// One watch event from any of podha's watches, or the failure of a watch.
 #[derive(Debug)]
 pub enum Change {
-    Policy(Event<PodHAPolicy>),
+    Policy(Event<ListedPolicy>),
     Node(Event<Node>),
     Lease(Event<Lease>),
     Pod(Event<Pod>),
@@ -88,6 +88,9 @@ impl<K> Relist<K> {
 pub struct ClusterState {
     pub view: View,
     pub policies: BTreeMap<String, Arc<PodHAPolicy>>,
+    /// Policies podha cannot read (see [`ListedPolicy`]): it acts on none of their nodes and
+    /// reports each on itself.
+    pub unreadable_policies: BTreeMap<String, UnreadablePolicy>,
     pub observations: BTreeMap<String, NodeObservations>,
     /// Node of each bound pod, to move or drop it from `view.pods_by_node`.
     pod_nodes: HashMap<ObjectKey, String>,
@@ -95,7 +98,7 @@ pub struct ClusterState {
     va_nodes: HashMap<String, String>,
     /// Watches that completed a list at least once.
     synced: BTreeMap<Watch, bool>,
-    policies_relist: Relist<PodHAPolicy>,
+    policies_relist: Relist<ListedPolicy>,
     nodes_relist: Relist<Node>,
     leases_relist: Relist<Lease>,
     pods_relist: Relist<Pod>,
@@ -195,22 +198,38 @@ impl ClusterState {
         self.broken.insert(watch, false);
     }
 
-    fn apply_policy(&mut self, event: Event<PodHAPolicy>) {
+    fn apply_policy(&mut self, event: Event<ListedPolicy>) {
         match self.policies_relist.step(event) {
-            Step::Upsert(p) => {
-                self.policies.insert(p.name_any(), Arc::new(p));
-            }
+            Step::Upsert(p) => self.keep_policy(p),
             Step::Remove(p) => {
                 self.policies.remove(&p.name_any());
+                self.unreadable_policies.remove(&p.name_any());
             }
             Step::Replace(all) => {
-                self.policies = all
-                    .into_iter()
-                    .map(|p| (p.name_any(), Arc::new(p)))
-                    .collect();
+                self.policies.clear();
+                self.unreadable_policies.clear();
+                for p in all {
+                    self.keep_policy(p);
+                }
                 self.mark_synced(Watch::Policy);
             }
             Step::Nothing => {}
+        }
+    }
+
+    /// A policy as listed, where it belongs: a policy that became unreadable is no longer
+    /// acted on as it was.
+    fn keep_policy(&mut self, listed: ListedPolicy) {
+        let name = listed.name_any();
+        match listed {
+            ListedPolicy::Valid(p) => {
+                self.unreadable_policies.remove(&name);
+                self.policies.insert(name, Arc::new(*p));
+            }
+            ListedPolicy::Unreadable(u) => {
+                self.policies.remove(&name);
+                self.unreadable_policies.insert(name, *u);
+            }
         }
     }
 

@@ -272,3 +272,48 @@ fn nodes_seen_during_a_gap_start_in_it() {
     assert!(!state.observations.contains_key("n1"));
     assert!(!state.view.nodes.contains_key("n1"));
 }
+
+fn listed(name: &str, spec: serde_json::Value) -> ListedPolicy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "podha.io/v1alpha1",
+        "kind": "PodHAPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("listed")
+}
+
+#[test]
+fn an_unreadable_policy_is_kept_aside_and_the_others_sync() {
+    let now = Instant::now();
+    let mut state = synced(&["node-1"], now);
+    state.apply(Change::Policy(Event::Init), now);
+    let huge = serde_json::json!({"fencing": {"agentMargin": "99999999999999999999h"}});
+    state.apply(Change::Policy(Event::InitApply(listed("huge", huge))), now);
+    let good = serde_json::json!({});
+    state.apply(Change::Policy(Event::InitApply(listed("good", good))), now);
+    state.apply(Change::Policy(Event::InitDone), now);
+    assert!(state.synced());
+    assert_eq!(state.policies.keys().collect::<Vec<_>>(), ["good"]);
+    assert_eq!(
+        state.unreadable_policies.keys().collect::<Vec<_>>(),
+        ["huge"]
+    );
+    // Mended: acted on again; broken again: no longer acted on as it was.
+    let mended = serde_json::json!({"fencing": {"agentMargin": "5s"}});
+    state.apply(Change::Policy(Event::Apply(listed("huge", mended))), now);
+    assert!(state.unreadable_policies.is_empty());
+    assert_eq!(state.policies.len(), 2);
+    let broken = serde_json::json!({"detection": {"interval": "forever"}});
+    state.apply(Change::Policy(Event::Apply(listed("good", broken))), now);
+    assert_eq!(state.policies.keys().collect::<Vec<_>>(), ["huge"]);
+    assert_eq!(
+        state.unreadable_policies.keys().collect::<Vec<_>>(),
+        ["good"]
+    );
+    state.apply(
+        Change::Policy(Event::Delete(listed("good", serde_json::json!({})))),
+        now,
+    );
+    assert!(state.unreadable_policies.is_empty());
+}
