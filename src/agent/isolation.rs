@@ -16,7 +16,12 @@
 //!   (A majority, so a group of nodes cut off together cannot vouch for one another: podha acts
 //!   only while it hears most nodes, and two majorities always share a node.)
 //! - fewer answers than that and none heard: this node may be on the cut-off side. **Fence.**
-//! - no peers at all: there is nowhere to fail over to. **Stay.**
+//! - no peers at all (the peer list was read, or given, and names no other agent): there is
+//!   nowhere to fail over to. **Stay.**
+//! - the peer list was never read (the API server has not answered the agent since it
+//!   started): the agent cannot know whether it is alone, so nothing shows that podha hears
+//!   nobody. **Fence.** (A node cut off from everything must not take its empty list for a
+//!   cluster of one.)
 //!
 //! With a watchdog (see [`super::watchdog`]) the agent also decides whether to pet it: freely
 //! while podha heard it recently enough that the watchdog, if it stopped now, would fire
@@ -28,11 +33,20 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// How many peers (other nodes with an agent) the agent knows of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerCount {
+    /// The peer list was never read: the agent cannot know whether it is alone.
+    Unknown,
+    /// The peer list was read (or given with `--peers`): this many peers.
+    Known(usize),
+}
+
 /// What the agent learned from its peers in one survey.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Survey {
-    /// Every peer the agent knows of (other nodes with an agent), asked or not.
-    pub peers: usize,
+    /// Every peer the agent knows of, asked or not.
+    pub peers: PeerCount,
     /// The answers: for each peer that answered, how long ago podha last heard it (`None`:
     /// never since that agent started).
     pub answers: Vec<Option<Duration>>,
@@ -43,7 +57,15 @@ impl Survey {
     /// stops asking once it does (a thousand-node cluster needs few answers either way).
     /// `silence`: how long this node has gone unheard, as [`Survey::heard`] takes it.
     pub fn settled(&self, silence: Duration) -> bool {
-        self.heard(silence) > 0 || self.answers.len() > self.peers / 2
+        self.heard(silence) > 0 || self.majority_answered()
+    }
+
+    /// A strict majority of the known peers answered (never, with an unknown list).
+    fn majority_answered(&self) -> bool {
+        match self.peers {
+            PeerCount::Unknown => false,
+            PeerCount::Known(peers) => self.answers.len() > peers / 2,
+        }
     }
 
     /// Peers podha heard within half of `silence` (this node's silence, at most the isolation
@@ -56,10 +78,10 @@ impl Survey {
             .count()
     }
 
-    /// podha hears nobody: there are no peers, or a strict majority of them answered and none
-    /// was heard (see the module's rule).
+    /// podha hears nobody: there are no peers (known: an unknown list shows nothing), or a
+    /// strict majority of them answered and none was heard (see the module's rule).
     pub fn nobody_heard(&self, silence: Duration) -> bool {
-        self.peers == 0 || (self.heard(silence) == 0 && self.answers.len() > self.peers / 2)
+        self.peers == PeerCount::Known(0) || (self.heard(silence) == 0 && self.majority_answered())
     }
 }
 
@@ -84,12 +106,22 @@ pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey
         return Verdict::Stay("not heard; the peers are not asked yet".into());
     };
     let silent = humantime::format_duration(round_secs(not_heard_for));
-    if survey.peers == 0 {
-        return Verdict::Stay(format!(
-            "podha has not heard this node for {silent}, but there is no other node to fail \
-             over to"
-        ));
-    }
+    let peers = match survey.peers {
+        PeerCount::Unknown => {
+            return Verdict::Fence(format!(
+                "podha has not heard this node for {silent}, and the peer list was never read \
+                 (the API server has not answered this agent): nothing shows that podha hears \
+                 nobody"
+            ));
+        }
+        PeerCount::Known(0) => {
+            return Verdict::Stay(format!(
+                "podha has not heard this node for {silent}, but there is no other node to \
+                 fail over to"
+            ));
+        }
+        PeerCount::Known(peers) => peers,
+    };
     let heard = survey.heard(timeout);
     let answered = survey.answers.len();
     if heard > 0 {
@@ -100,15 +132,13 @@ pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey
     }
     if survey.nobody_heard(timeout) {
         return Verdict::Stay(format!(
-            "podha has not heard this node for {silent}, nor any of the {answered} of {} \
-             peers that answered: podha or the control plane is down, not this node",
-            survey.peers
+            "podha has not heard this node for {silent}, nor any of the {answered} of {peers} \
+             peers that answered: podha or the control plane is down, not this node"
         ));
     }
     Verdict::Fence(format!(
-        "podha has not heard this node for {silent}, and only {answered} of {} peers \
-         answered (none heard): this node may be cut off",
-        survey.peers
+        "podha has not heard this node for {silent}, and only {answered} of {peers} peers \
+         answered (none heard): this node may be cut off"
     ))
 }
 
@@ -204,15 +234,15 @@ mod tests {
 
     #[test]
     fn a_watchdog_fences_by_the_isolation_timeout_the_agent_alone_by_its_slowest_decision() {
-        let (timeout, check, survey) = (secs(30), secs(1), secs(8));
+        let (timeout, check, survey) = (secs(30), secs(1), secs(6));
         assert_eq!(
             fenced_within(timeout, check, survey, Some(secs(10))),
             secs(30)
         );
-        // 30 s, a check 1 s later, a survey of 8 s: the first Fence verdict by 39 s. The
-        // verdict that shows it held 2 s comes at most a check and a survey (9 s) after the
-        // last one that came too early (before 41 s): by 50 s.
-        assert_eq!(fenced_within(timeout, check, survey, None), secs(50));
+        // 30 s, a check 1 s later, a survey of 6 s: the first Fence verdict by 37 s. The
+        // verdict that shows it held 2 s comes at most a check and a survey (7 s) after the
+        // last one that came too early (before 39 s): by 46 s.
+        assert_eq!(fenced_within(timeout, check, survey, None), secs(46));
     }
 
     const T: Duration = Duration::from_secs(30);
@@ -223,8 +253,16 @@ mod tests {
 
     fn survey(peers: usize, answers: &[Option<Duration>]) -> Survey {
         Survey {
-            peers,
+            peers: PeerCount::Known(peers),
             answers: answers.to_vec(),
+        }
+    }
+
+    /// What a node that never read its peer list finds: nobody to ask.
+    fn unknown_peers() -> Survey {
+        Survey {
+            peers: PeerCount::Unknown,
+            answers: Vec::new(),
         }
     }
 
@@ -276,9 +314,43 @@ mod tests {
     }
 
     #[test]
-    fn a_single_node_stays() {
+    fn a_node_that_knows_it_is_alone_stays() {
         let v = decide(Duration::from_secs(600), T, Some(&survey(0, &[])));
         assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+    }
+
+    #[test]
+    fn a_node_that_never_read_its_peer_list_fences() {
+        // Cut off from everything since the agent started: the list was never read. An empty
+        // list taken for a cluster of one kept such a node up while podha moved its volumes.
+        let v = decide(T, T, Some(&unknown_peers()));
+        assert!(fences(&v), "{v:?}");
+        assert!(!unknown_peers().nobody_heard(T));
+        assert!(!unknown_peers().settled(T));
+    }
+
+    #[test]
+    fn a_node_that_never_read_its_peer_list_stops_petting_after_its_free_window() {
+        // Petted freely while a stopped watchdog would fire within the timeout...
+        assert!(pet_watchdog(
+            Duration::from_secs(20),
+            T,
+            W,
+            Some(&unknown_peers())
+        ));
+        // ...and not after: the unknown list shows nothing, and the watchdog resets the node.
+        assert!(!pet_watchdog(
+            Duration::from_secs(21),
+            T,
+            W,
+            Some(&unknown_peers())
+        ));
+        assert!(!pet_watchdog(
+            Duration::from_secs(600),
+            T,
+            W,
+            Some(&unknown_peers())
+        ));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
-pub use error::{AgentError, ArgsError, SupervisorError, WatchdogError};
+pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
 use hearing_file::HearingFile;
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
@@ -61,13 +61,15 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
     pub check_interval: Duration,
     /// How long a peer survey may go on asking (peers answer within 1 s, or half this if
-    /// shorter; the peer list is read within 2 s, or this). What the answers say by then
-    /// decides, and too few answers fence: a short one suits a small cluster on a fast network
-    /// and allows a short watchdog timeout (see docs/agent.md, "Timing").
+    /// shorter; the peer list is the one the agent keeps warm, read every 30 s). What the
+    /// answers say by then decides, and too few answers fence: a short one suits a small
+    /// cluster on a fast network and allows a short watchdog timeout (see docs/agent.md,
+    /// "Timing").
     #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub survey_timeout: Duration,
     /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
-    /// that advertises an agent, from the API server.
+    /// that advertises an agent, from the API server (read every 30 s; until first read, the
+    /// agent does not know its peers, and fences when podha stops hearing it).
     #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
     pub peers: Vec<SocketAddr>,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
@@ -344,6 +346,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
         } => r,
         () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), hearing_file.as_mut()) => Ok(()),
+        () = peers.keep_warm() => Ok(()),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
             Ok(())
@@ -559,7 +562,7 @@ mod tests {
     fn a_short_survey_timeout_allows_a_short_watchdog_and_isolation_timeout() {
         let check = |flags: &[&str]| agent_args(flags).check().map_err(|e| e.to_string());
         assert_eq!(check(&[]), Ok(()), "the defaults");
-        // The default survey takes up to 8 s: a 4 s watchdog could reset a node mid-survey.
+        // The default survey takes up to 6 s: a 4 s watchdog could reset a node mid-survey.
         let short = [
             "--isolation-timeout=8s",
             "--watchdog=/dev/watchdog",
@@ -567,10 +570,10 @@ mod tests {
         ];
         let err = check(&short).unwrap_err();
         assert!(
-            err.contains("longer than the check interval plus the longest peer survey (9s)"),
+            err.contains("longer than the check interval plus the longest peer survey (7s)"),
             "{err}"
         );
-        // A 1 s survey takes up to 2.5 s: check (1 s) + 2.5 s < 4 s.
+        // A 1 s survey takes up to 1.5 s: check (1 s) + 1.5 s < 4 s.
         assert_eq!(
             check(&[&short[..], &["--survey-timeout=1s"]].concat()),
             Ok(())
