@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
-use hearing_file::HearingFile;
+use hearing_file::{HearingFile, LastHeard};
 use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
 use server::{Hearing, SharedHearing};
@@ -306,10 +306,12 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             source,
         })?;
     let mut hearing_file = args.hearing_file.as_deref().map(HearingFile::new);
-    let heard_ago = hearing_file
+    let now = std::time::SystemTime::now();
+    let last_heard = hearing_file
         .as_ref()
-        .and_then(|f| f.heard_ago(std::time::SystemTime::now()));
-    if let Some(ago) = heard_ago {
+        .map_or(LastHeard::Never, |f| f.last_heard(now));
+    let heard_ago = last_heard.ago(now, args.isolation_timeout);
+    if let (LastHeard::At(_), Some(ago)) = (last_heard, heard_ago) {
         info!(node = %args.node, ?ago, "going on from the last agent: podha last heard this node that long ago");
     }
     let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(Instant::now(), heard_ago)));
