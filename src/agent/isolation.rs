@@ -85,6 +85,17 @@ impl Survey {
     }
 }
 
+/// How long podha has not heard this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Silence {
+    /// podha has never heard this node since it booted: no probe said podha got an answer,
+    /// and the hearing file has no record. podha's `Agent` proof counts only the silence of an
+    /// agent it heard, so there is no silence here for it to count.
+    NeverHeard,
+    /// podha last heard this node this long ago.
+    For(Duration),
+}
+
 /// The agent's verdict on its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -96,9 +107,22 @@ pub enum Verdict {
     Stay(String),
 }
 
-/// The verdict for a node podha has not heard for `not_heard_for`, given its peers' answers
-/// (gathered only once `not_heard_for` reached `timeout`).
-pub fn decide(not_heard_for: Duration, timeout: Duration, survey: Option<&Survey>) -> Verdict {
+/// The verdict for a node podha has not heard for `silence`, given its peers' answers
+/// (gathered only once the silence neared `timeout`). A node podha never heard since it booted
+/// stays, with no survey: podha cannot be counting its silence, and when a whole cluster
+/// powers up without its control plane, every node is unheard and knows no peers; fencing
+/// then would reboot every node, again and again.
+pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> Verdict {
+    let not_heard_for = match silence {
+        Silence::NeverHeard => {
+            return Verdict::Stay(
+                "podha has never heard this node since it booted: its silence counts for \
+                 nothing in podha's fencing proof, so there is nothing to fence against"
+                    .into(),
+            );
+        }
+        Silence::For(not_heard_for) => not_heard_for,
+    };
     if not_heard_for < timeout {
         return Verdict::Heard;
     }
@@ -150,6 +174,7 @@ pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
 }
 
 /// Whether the agent pets its watchdog (whose timeout is `watchdog`) at this check:
+/// - while podha has never heard this node since it booted: no proof can hold for it;
 /// - while a watchdog that stopped now would fire within `timeout` of podha's last hearing
 ///   (`not_heard_for + watchdog <= timeout`): podha's silence proof, which waits `timeout`
 ///   plus a margin from that hearing, then never sees a node that still runs;
@@ -158,13 +183,18 @@ pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
 ///
 /// A frozen or hung node pets nothing, whatever the rule says.
 pub fn pet_watchdog(
-    not_heard_for: Duration,
+    silence: Silence,
     timeout: Duration,
     watchdog: Duration,
     survey: Option<&Survey>,
 ) -> bool {
-    not_heard_for + watchdog <= timeout
-        || survey.is_some_and(|s| s.nobody_heard(not_heard_for.min(timeout)))
+    match silence {
+        Silence::NeverHeard => true,
+        Silence::For(not_heard_for) => {
+            not_heard_for.saturating_add(watchdog) <= timeout
+                || survey.is_some_and(|s| s.nobody_heard(not_heard_for.min(timeout)))
+        }
+    }
 }
 
 /// How long a `Fence` verdict must hold before the agent fences: two probe intervals. When
@@ -227,6 +257,7 @@ pub fn fenced_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Silence::For;
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -272,12 +303,15 @@ mod tests {
 
     #[test]
     fn a_heard_node_asks_nobody_and_stays() {
-        assert_eq!(decide(Duration::from_secs(29), T, None), Verdict::Heard);
+        assert_eq!(
+            decide(For(Duration::from_secs(29)), T, None),
+            Verdict::Heard
+        );
     }
 
     #[test]
     fn a_node_podha_cannot_hear_while_it_hears_a_peer_fences() {
-        let v = decide(T, T, Some(&survey(9, &[s(40), s(2)])));
+        let v = decide(For(T), T, Some(&survey(9, &[s(40), s(2)])));
         assert!(fences(&v), "{v:?}");
     }
 
@@ -285,7 +319,7 @@ mod tests {
     fn when_podha_hears_nobody_a_majority_of_peers_vouches_and_nobody_fences() {
         // The leader crashed 60 s ago: every agent is unheard, and says so to the others.
         let unheard = [s(61), s(60), None, s(62), s(60)];
-        let v = decide(Duration::from_secs(60), T, Some(&survey(9, &unheard)));
+        let v = decide(For(Duration::from_secs(60)), T, Some(&survey(9, &unheard)));
         assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
     }
 
@@ -293,9 +327,9 @@ mod tests {
     fn peers_whose_silence_began_with_this_nodes_are_not_heard() {
         // podha's leader stopped 30 s ago; the peers' last probes came up to a second after
         // this node's: they are as unheard as this node, and vouch.
-        let v = decide(T, T, Some(&survey(4, &[s(29), s(29), s(30)])));
+        let v = decide(For(T), T, Some(&survey(4, &[s(29), s(29), s(30)])));
         assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
-        let v = decide(T, T, Some(&survey(4, &[s(15), s(29), s(30)])));
+        let v = decide(For(T), T, Some(&survey(4, &[s(15), s(29), s(30)])));
         assert!(fences(&v), "heard 15 s ago, within half the timeout: {v:?}");
     }
 
@@ -303,19 +337,19 @@ mod tests {
     fn a_minority_cut_off_together_cannot_vouch_for_itself() {
         // Four of ten nodes partitioned with this one: they answer, unheard; the rest of the
         // cluster (heard by podha) is out of reach.
-        let v = decide(T, T, Some(&survey(9, &[s(31), s(35), s(40), s(33)])));
+        let v = decide(For(T), T, Some(&survey(9, &[s(31), s(35), s(40), s(33)])));
         assert!(fences(&v), "{v:?}");
     }
 
     #[test]
     fn a_node_no_peer_answers_fences() {
-        let v = decide(T, T, Some(&survey(9, &[])));
+        let v = decide(For(T), T, Some(&survey(9, &[])));
         assert!(fences(&v), "{v:?}");
     }
 
     #[test]
     fn a_node_that_knows_it_is_alone_stays() {
-        let v = decide(Duration::from_secs(600), T, Some(&survey(0, &[])));
+        let v = decide(For(Duration::from_secs(600)), T, Some(&survey(0, &[])));
         assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
     }
 
@@ -323,7 +357,7 @@ mod tests {
     fn a_node_that_never_read_its_peer_list_fences() {
         // Cut off from everything since the agent started: the list was never read. An empty
         // list taken for a cluster of one kept such a node up while podha moved its volumes.
-        let v = decide(T, T, Some(&unknown_peers()));
+        let v = decide(For(T), T, Some(&unknown_peers()));
         assert!(fences(&v), "{v:?}");
         assert!(!unknown_peers().nobody_heard(T));
         assert!(!unknown_peers().settled(T));
@@ -333,20 +367,20 @@ mod tests {
     fn a_node_that_never_read_its_peer_list_stops_petting_after_its_free_window() {
         // Petted freely while a stopped watchdog would fire within the timeout...
         assert!(pet_watchdog(
-            Duration::from_secs(20),
+            For(Duration::from_secs(20)),
             T,
             W,
             Some(&unknown_peers())
         ));
         // ...and not after: the unknown list shows nothing, and the watchdog resets the node.
         assert!(!pet_watchdog(
-            Duration::from_secs(21),
+            For(Duration::from_secs(21)),
             T,
             W,
             Some(&unknown_peers())
         ));
         assert!(!pet_watchdog(
-            Duration::from_secs(600),
+            For(Duration::from_secs(600)),
             T,
             W,
             Some(&unknown_peers())
@@ -354,8 +388,25 @@ mod tests {
     }
 
     #[test]
+    fn a_node_podha_never_heard_since_it_booted_stays_and_pets_without_asking() {
+        // podha cannot reach it from boot, or the whole cluster powered up with the API server
+        // down: nobody has heard it, and its peer list is unknown. No survey is needed.
+        for survey in [None, Some(unknown_peers()), Some(survey(9, &[s(1)]))] {
+            let v = decide(Silence::NeverHeard, T, survey.as_ref());
+            let Verdict::Stay(why) = &v else {
+                panic!("{v:?}")
+            };
+            assert!(
+                why.contains("never heard this node since it booted"),
+                "{why}"
+            );
+            assert!(pet_watchdog(Silence::NeverHeard, T, W, survey.as_ref()));
+        }
+    }
+
+    #[test]
     fn unasked_peers_decide_nothing_yet() {
-        let v = decide(T, T, None);
+        let v = decide(For(T), T, None);
         assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
     }
 
@@ -391,8 +442,8 @@ mod tests {
 
     #[test]
     fn the_watchdog_is_petted_freely_only_while_it_would_fire_within_the_timeout() {
-        assert!(pet_watchdog(Duration::from_secs(20), T, W, None));
-        assert!(!pet_watchdog(Duration::from_secs(21), T, W, None));
+        assert!(pet_watchdog(For(Duration::from_secs(20)), T, W, None));
+        assert!(!pet_watchdog(For(Duration::from_secs(21)), T, W, None));
         assert_eq!(survey_after(T, Some(W)), Duration::from_secs(20));
         assert_eq!(survey_after(T, None), T);
     }
@@ -402,24 +453,24 @@ mod tests {
         let at = Duration::from_secs(21);
         // podha's leader crashed 21 s ago: every peer as unheard as this node.
         let crashed = survey(4, &[s(21), s(20), s(22)]);
-        assert!(pet_watchdog(at, T, W, Some(&crashed)));
+        assert!(pet_watchdog(For(at), T, W, Some(&crashed)));
         // No peers: nowhere to fail over to.
-        assert!(pet_watchdog(at, T, W, Some(&survey(0, &[]))));
+        assert!(pet_watchdog(For(at), T, W, Some(&survey(0, &[]))));
         // A peer heard a second ago: this node alone is unheard; the watchdog may fire.
         let isolated = survey(4, &[s(21), s(1), s(22)]);
-        assert!(!pet_watchdog(at, T, W, Some(&isolated)));
+        assert!(!pet_watchdog(For(at), T, W, Some(&isolated)));
         // Too few answers to vouch.
-        assert!(!pet_watchdog(at, T, W, Some(&survey(4, &[s(21)]))));
+        assert!(!pet_watchdog(For(at), T, W, Some(&survey(4, &[s(21)]))));
         // Long past the timeout, the same rule as the fence's (heard within half of it).
         let late = Duration::from_secs(90);
         assert!(pet_watchdog(
-            late,
+            For(late),
             T,
             W,
             Some(&survey(4, &[s(89), s(16), s(90)]))
         ));
         assert!(!pet_watchdog(
-            late,
+            For(late),
             T,
             W,
             Some(&survey(4, &[s(89), s(15), s(90)]))
@@ -436,7 +487,7 @@ mod tests {
 
     #[test]
     fn the_verdict_holds_at_the_majority_boundary() {
-        assert!(fences(&decide(T, T, Some(&survey(10, &[s(40); 5])))));
-        assert!(!fences(&decide(T, T, Some(&survey(10, &[s(40); 6])))));
+        assert!(fences(&decide(For(T), T, Some(&survey(10, &[s(40); 5])))));
+        assert!(!fences(&decide(For(T), T, Some(&survey(10, &[s(40); 6])))));
     }
 }

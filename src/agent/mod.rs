@@ -27,7 +27,7 @@ use tracing::{error, info, warn};
 use crate::contract::AGENT_PROBE_INTERVAL;
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
 use hearing_file::{HearingFile, LastHeard};
-use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
+use isolation::{Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
 use server::{Hearing, SharedHearing};
 use watchdog::Watchdog;
@@ -86,9 +86,11 @@ pub struct AgentArgs {
     /// Where the agent keeps when podha last heard this node, so that an agent restarted after
     /// a crash goes on from there (a node cut off from podha is still fenced in time) instead
     /// of counting its start as heard. Somewhere a container restart keeps and a reboot
-    /// empties (the chart: an emptyDir in memory).
+    /// empties (the chart: an emptyDir in memory): no file means podha has not heard this node
+    /// since it booted, and such a node does not fence itself on isolation. Required: without
+    /// it a restarted agent could not tell that case from a node podha heard and lost.
     #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
-    pub hearing_file: Option<PathBuf>,
+    pub hearing_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
     /// hears this node (or hears nobody), disarmed on SIGTERM. Without one, a frozen node is
     /// not reset: see docs/agent.md.
@@ -305,16 +307,9 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             addr: args.listen,
             source,
         })?;
-    let mut hearing_file = args.hearing_file.as_deref().map(HearingFile::new);
-    let now = std::time::SystemTime::now();
-    let last_heard = hearing_file
-        .as_ref()
-        .map_or(LastHeard::Never, |f| f.last_heard(now));
-    let heard_ago = last_heard.ago(now, args.isolation_timeout);
-    if let (LastHeard::At(_), Some(ago)) = (last_heard, heard_ago) {
-        info!(node = %args.node, ?ago, "going on from the last agent: podha last heard this node that long ago");
-    }
-    let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(Instant::now(), heard_ago)));
+    let mut hearing_file = HearingFile::new(&args.hearing_file);
+    let hearing = resume(&hearing_file, &args.node, args.isolation_timeout);
+    let hearing: SharedHearing = Arc::new(Mutex::new(hearing));
     let router = server::router(&args.node, hearing.clone());
     let serve = async move { axum::serve(listener, router).await };
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
@@ -347,7 +342,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             let boot = boot_id(&args.boot_id_file);
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
         } => r,
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), hearing_file.as_mut()) => Ok(()),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => Ok(()),
         () = peers.keep_warm() => Ok(()),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
@@ -362,68 +357,115 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     result
 }
 
+/// What the agent knows of podha hearing its node when it starts: what the hearing file says
+/// an earlier agent knew in this boot (nothing: never heard since the node booted; unknown:
+/// heard, not for `timeout` already).
+fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Hearing {
+    let now = std::time::SystemTime::now();
+    let last_heard = file.last_heard(now);
+    let heard_ago = last_heard.ago(now, timeout);
+    match (last_heard, heard_ago) {
+        (LastHeard::Never, _) => {
+            info!(
+                node,
+                "podha has not heard this node since it booted (no record in the hearing file)"
+            );
+        }
+        (LastHeard::At(_), Some(ago)) => {
+            info!(
+                node,
+                ?ago,
+                "going on from the last agent: podha last heard this node that long ago"
+            );
+        }
+        _ => {}
+    }
+    Hearing::resumed(Instant::now(), heard_ago)
+}
+
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
 /// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
-/// petted as [`pet_watchdog`] says. When podha last heard the node goes to the hearing file.
+/// petted as [`pet_watchdog`] says. A node podha never heard since it booted asks nobody and
+/// stays. When podha last heard the node goes to the hearing file.
 async fn check_loop(
     args: &AgentArgs,
     hearing: SharedHearing,
     peers: &Peers,
     fencer: &Fencer,
     mut watchdog: Option<&mut Watchdog>,
-    mut hearing_file: Option<&mut HearingFile>,
+    hearing_file: &mut HearingFile,
 ) {
     let timeout = args.isolation_timeout;
     let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
     let mut ticker = tokio::time::interval(args.check_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last_stay = false;
+    let mut said = Said::Nothing;
     let mut confirmation = Confirmation::default();
     loop {
         ticker.tick().await;
-        let (not_heard_for, heard_ago) = {
+        let (silence, heard_ago) = {
             let h = server::lock(&hearing);
-            (h.not_heard_for(Instant::now()), h.heard_ago(Instant::now()))
+            (h.silence(Instant::now()), h.heard_ago(Instant::now()))
         };
-        if let (Some(file), Some(ago)) = (hearing_file.as_deref_mut(), heard_ago) {
-            file.record(std::time::SystemTime::now() - ago);
+        if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
+            hearing_file.record(at);
         }
-        pet(watchdog.as_deref_mut(), not_heard_for, timeout, None);
-        if not_heard_for < timeout {
-            confirmation.fence_now(&Verdict::Heard, Instant::now());
-            fencer.heard().await;
-            last_stay = false;
-        }
-        if not_heard_for < survey_from {
-            continue;
-        }
-        let survey = peers.survey(not_heard_for.min(timeout)).await;
+        pet(watchdog.as_deref_mut(), silence, timeout, None);
+        let survey = match silence {
+            Silence::For(not_heard_for) if not_heard_for >= survey_from => {
+                Some(peers.survey(not_heard_for.min(timeout)).await)
+            }
+            _ => None,
+        };
         // The survey took a while: heard meanwhile?
-        let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        pet(
-            watchdog.as_deref_mut(),
-            not_heard_for,
-            timeout,
-            Some(&survey),
-        );
-        let verdict = decide(not_heard_for, timeout, Some(&survey));
+        let silence = match &survey {
+            Some(survey) => {
+                let silence = server::lock(&hearing).silence(Instant::now());
+                pet(watchdog.as_deref_mut(), silence, timeout, Some(survey));
+                silence
+            }
+            None => silence,
+        };
+        let verdict = decide(silence, timeout, survey.as_ref());
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
-            Verdict::Heard => {}
+            Verdict::Heard => {
+                fencer.heard().await;
+                said = Said::Nothing;
+            }
             Verdict::Fence(why) if fence => {
                 fencer.fence(&why).await;
             }
             Verdict::Fence(why) => {
                 info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
             }
-            Verdict::Stay(why) => {
-                // Once per episode, not every second.
-                if !last_stay {
-                    warn!(node = %args.node, why, "not heard; staying up");
-                    last_stay = true;
-                }
-            }
+            Verdict::Stay(why) => said.stay(&args.node, silence, &why),
         }
+    }
+}
+
+/// Which `Stay` the check loop last said: each is said once per episode, not every second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Said {
+    Nothing,
+    NeverHeard,
+    Unheard,
+}
+
+impl Said {
+    fn stay(&mut self, node: &str, silence: Silence, why: &str) {
+        let now = match silence {
+            Silence::NeverHeard => Self::NeverHeard,
+            Silence::For(_) => Self::Unheard,
+        };
+        if *self == now {
+            return;
+        }
+        match now {
+            Self::NeverHeard => info!(node, why, "staying up"),
+            _ => warn!(node, why, "not heard; staying up"),
+        }
+        *self = now;
     }
 }
 
@@ -431,12 +473,12 @@ async fn check_loop(
 /// one was made).
 fn pet(
     watchdog: Option<&mut Watchdog>,
-    not_heard_for: Duration,
+    silence: Silence,
     timeout: Duration,
     survey: Option<&isolation::Survey>,
 ) {
     if let Some(w) = watchdog
-        && pet_watchdog(not_heard_for, timeout, w.timeout(), survey)
+        && pet_watchdog(silence, timeout, w.timeout(), survey)
     {
         w.pet();
     }
@@ -553,11 +595,54 @@ mod tests {
             #[command(flatten)]
             agent: AgentArgs,
         }
-        let argv = ["agent", "--node=n1", "--fence=sysrq-reboot"];
+        let argv = [
+            "agent",
+            "--node=n1",
+            "--fence=sysrq-reboot",
+            "--hearing-file=/run/podha-agent/heard",
+        ];
         let argv = argv.iter().chain(flags);
         <Cli as clap::Parser>::try_parse_from(argv)
             .expect("flags")
             .agent
+    }
+
+    #[test]
+    fn the_hearing_file_is_required() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            _agent: AgentArgs,
+        }
+        let argv = ["agent", "--node=n1", "--fence=sysrq-reboot"];
+        let err = <Cli as clap::Parser>::try_parse_from(argv).expect_err("no hearing file");
+        assert!(err.to_string().contains("--hearing-file"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_agent_counts_as_heard_in_this_boot_unless_its_file_has_no_record() {
+        let dir = std::env::temp_dir().join(format!("podha-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard");
+        let t = Duration::from_secs(30);
+        let file = HearingFile::new(&path);
+        // No record: a node podha has not heard since it booted. Nothing to count.
+        let silence = |h: Hearing| h.silence(Instant::now());
+        assert_eq!(silence(resume(&file, "n1", t)), Silence::NeverHeard);
+        // Garbled: heard in this boot, when unknown: not heard for the whole timeout already.
+        std::fs::write(&path, "garbled").expect("write");
+        assert_eq!(silence(resume(&file, "n1", t)), Silence::For(t));
+        // A record: from there.
+        let ten_ago = std::time::SystemTime::now() - Duration::from_secs(10);
+        HearingFile::new(&path).record(ten_ago);
+        let Silence::For(ago) = silence(resume(&file, "n1", t)) else {
+            panic!("heard in this boot")
+        };
+        assert!(
+            ago >= Duration::from_secs(10) && ago < Duration::from_secs(11),
+            "{ago:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
