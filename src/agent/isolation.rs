@@ -7,10 +7,20 @@
 //! fenced the node, unless podha itself is not hearing anybody (its leader crashed, the control
 //! plane is down): then nothing is being moved, and fencing would only take healthy nodes down.
 //!
-//! The agent tells those cases apart by asking its peers how long ago podha heard *them*. A
-//! peer counts as heard within half the timeout: when podha stops hearing everybody at once
-//! (its leader stopped), every peer's silence is nearly as long as this node's, while a peer
-//! podha still hears was heard a probe interval ago (podha probes every second).
+//! That silence counts only once podha has heard the node: podha's `Agent` proof counts the
+//! silence of an agent it heard before. While podha has never heard this node since it booted
+//! ([`Silence::NeverHeard`]: no probe said podha got an answer, and the hearing file, which a
+//! reboot empties, has no record), the agent asks nobody and **stays**, and pets its watchdog.
+//! Otherwise an agent whose port podha cannot reach would fence its node after every boot, and
+//! a cluster powering up while its API server is down (every node unheard, no peer list read)
+//! would reboot every node, again and again. A hearing file that cannot be read or trusted
+//! counts as heard in this boot, long ago (see `super::hearing_file`).
+//!
+//! Once heard, the agent tells its own isolation from a podha that hears nobody by asking its
+//! peers how long ago podha heard *them*. A peer counts as heard within half the timeout:
+//! when podha stops hearing everybody at once (its leader stopped), every peer's silence is
+//! nearly as long as this node's, while a peer podha still hears was heard a probe interval
+//! ago (podha probes every second).
 //! - a peer heard: podha works and does not hear this node. **Fence.**
 //! - a strict majority of all peers answered and none was heard: podha hears nobody. **Stay.**
 //!   (A majority, so a group of nodes cut off together cannot vouch for one another: podha acts
@@ -24,7 +34,7 @@
 //!   cluster of one.)
 //!
 //! With a watchdog (see [`super::watchdog`]) the agent also decides whether to pet it: freely
-//! while podha heard it recently enough that the watchdog, if it stopped now, would fire
+//! while podha never heard it since the node booted, or heard it recently enough that the watchdog, if it stopped now, would fire
 //! within the isolation timeout of podha's last hearing; after that only while the peers show
 //! that podha hears nobody ([`pet_watchdog`]). A frozen agent pets nothing, so the watchdog
 //! resets a hung node before podha's silence proof can hold.
