@@ -7,14 +7,16 @@
 //! fenced the node, unless podha itself is not hearing anybody (its leader crashed, the control
 //! plane is down): then nothing is being moved, and fencing would only take healthy nodes down.
 //!
-//! That silence counts only once podha has heard the node: podha's `Agent` proof counts the
-//! silence of an agent it heard before. While podha has never heard this node since it booted
-//! ([`Silence::NeverHeard`]: no probe said podha got an answer, and the hearing file, which a
-//! reboot empties, has no record), the agent asks nobody and **stays**, and pets its watchdog.
-//! Otherwise an agent whose port podha cannot reach would fence its node after every boot, and
-//! a cluster powering up while its API server is down (every node unheard, no peer list read)
-//! would reboot every node, again and again. A hearing file that cannot be read or trusted
-//! counts as heard in this boot, long ago (see `super::hearing_file`).
+//! The agent counts that silence only once podha has heard the node in this boot. While podha
+//! has never heard this node since it booted ([`Silence::NeverHeard`]: no probe said podha got
+//! an answer, and the hearing file, which a reboot empties, has no record), the agent asks
+//! nobody and **stays**, and pets its watchdog. Otherwise an agent whose port podha cannot reach
+//! would fence its node after every boot, and a cluster powering up while its API server is
+//! down (every node unheard, no peer list read) would reboot every node, again and again. This
+//! is sound only while podha's `Agent` proof likewise counts no silence of an agent it has not
+//! heard in the node's current boot (see docs/agent.md, "What is not there yet"). A hearing
+//! file that cannot be read or trusted counts as heard in this boot, long ago (see
+//! `super::hearing_file`).
 //!
 //! Once heard, the agent tells its own isolation from a podha that hears nobody by asking its
 //! peers how long ago podha heard *them*. A peer counts as heard within half the timeout:
@@ -99,8 +101,7 @@ impl Survey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Silence {
     /// podha has never heard this node since it booted: no probe said podha got an answer,
-    /// and the hearing file has no record. podha's `Agent` proof counts only the silence of an
-    /// agent it heard, so there is no silence here for it to count.
+    /// and the hearing file has no record.
     NeverHeard,
     /// podha last heard this node this long ago.
     For(Duration),
@@ -119,15 +120,16 @@ pub enum Verdict {
 
 /// The verdict for a node podha has not heard for `silence`, given its peers' answers
 /// (gathered only once the silence neared `timeout`). A node podha never heard since it booted
-/// stays, with no survey: podha cannot be counting its silence, and when a whole cluster
-/// powers up without its control plane, every node is unheard and knows no peers; fencing
-/// then would reboot every node, again and again.
+/// stays, with no survey: an agent podha cannot reach would otherwise fence its node after
+/// every boot, and when a whole cluster powers up without its control plane, every node is
+/// unheard and knows no peers; fencing then would reboot every node, again and again.
 pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> Verdict {
     let not_heard_for = match silence {
         Silence::NeverHeard => {
             return Verdict::Stay(
-                "podha has never heard this node since it booted: its silence counts for \
-                 nothing in podha's fencing proof, so there is nothing to fence against"
+                "podha has never heard this node since it booted: the agent fences on \
+                 isolation only once podha has heard it (an agent podha cannot reach, or a \
+                 cluster powering up without its API server, must not reboot its nodes)"
                     .into(),
             );
         }

@@ -121,7 +121,7 @@ impl Kept {
                             warn!(error = %e, kept = list.len(), "cannot read the peer list; keeping the last one")
                         }
                         None => {
-                            warn!(error = %e, "cannot read the peer list, never read yet: until it is, this node fences when podha does not hear it")
+                            warn!(error = %e, "cannot read the peer list, never read yet: until it is, this node is fenced if podha stops hearing it for the isolation timeout")
                         }
                     }
                 }

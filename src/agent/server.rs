@@ -161,8 +161,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_agent_podha_never_heard_has_no_silence_to_count() {
-        // podha cannot reach this agent since the node booted: its proof counts no silence
-        // for it, so neither does the agent, however long it runs.
+        // podha cannot reach this agent since the node booted: the agent counts no silence,
+        // however long it runs.
         let mut h = Hearing::default();
         tokio::time::advance(Duration::from_secs(600)).await;
         h.probed(Instant::now(), None);
