@@ -127,3 +127,12 @@ pub enum AgentError {
     #[error("the watch of this node ended")]
     WatchEnded,
 }
+
+/// Why the peer list could not be read from the API server (the last good one is kept).
+#[derive(Debug, thiserror::Error)]
+pub enum PeerListError {
+    #[error("listing the Nodes: {0}")]
+    Api(#[from] kube::Error),
+    #[error("listing the Nodes took over {}", fmt(.0))]
+    TimedOut(Duration),
+}

@@ -3,10 +3,13 @@
 //! when podha asks through the API, acknowledging on the Node. See docs/agent.md.
 //!
 //! - [`isolation`]: the rule for fencing oneself (pure).
+//! - [`check`]: the loop that applies it every check interval, and the hearing file read at
+//!   start.
 //! - [`server`]: the endpoints podha's leader and the peers call.
 //! - [`peers`]: who the peers are and what they answer.
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
 
+mod check;
 mod error;
 mod hearing_file;
 pub mod isolation;
@@ -21,15 +24,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
-pub use error::{AgentError, ArgsError, SupervisorError, WatchdogError};
+use check::{check_loop, resume};
+pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
 use hearing_file::HearingFile;
-use isolation::{Confirmation, Verdict, decide, pet_watchdog, survey_after};
 use peers::{Peers, SurveyTimes};
-use server::{Hearing, SharedHearing};
+use server::SharedHearing;
 use watchdog::Watchdog;
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
@@ -61,13 +63,15 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
     pub check_interval: Duration,
     /// How long a peer survey may go on asking (peers answer within 1 s, or half this if
-    /// shorter; the peer list is read within 2 s, or this). What the answers say by then
-    /// decides, and too few answers fence: a short one suits a small cluster on a fast network
-    /// and allows a short watchdog timeout (see docs/agent.md, "Timing").
+    /// shorter; the peer list is the one the agent keeps warm, read every 30 s). What the
+    /// answers say by then decides, and too few answers fence: a short one suits a small
+    /// cluster on a fast network and allows a short watchdog timeout (see docs/agent.md,
+    /// "Timing").
     #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub survey_timeout: Duration,
     /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
-    /// that advertises an agent, from the API server.
+    /// that advertises an agent, from the API server (read every 30 s; until first read, the
+    /// agent does not know its peers, and fences when podha stops hearing it).
     #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
     pub peers: Vec<SocketAddr>,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
@@ -84,9 +88,11 @@ pub struct AgentArgs {
     /// Where the agent keeps when podha last heard this node, so that an agent restarted after
     /// a crash goes on from there (a node cut off from podha is still fenced in time) instead
     /// of counting its start as heard. Somewhere a container restart keeps and a reboot
-    /// empties (the chart: an emptyDir in memory).
+    /// empties (the chart: an emptyDir in memory): no file means podha has not heard this node
+    /// since it booted, and such a node does not fence itself on isolation. Required: without
+    /// it a restarted agent could not tell that case from a node podha heard and lost.
     #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
-    pub hearing_file: Option<PathBuf>,
+    pub hearing_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
     /// hears this node (or hears nobody), disarmed on SIGTERM. Without one, a frozen node is
     /// not reset: see docs/agent.md.
@@ -303,14 +309,9 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             addr: args.listen,
             source,
         })?;
-    let mut hearing_file = args.hearing_file.as_deref().map(HearingFile::new);
-    let heard_ago = hearing_file
-        .as_ref()
-        .and_then(|f| f.heard_ago(std::time::SystemTime::now()));
-    if let Some(ago) = heard_ago {
-        info!(node = %args.node, ?ago, "going on from the last agent: podha last heard this node that long ago");
-    }
-    let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(Instant::now(), heard_ago)));
+    let mut hearing_file = HearingFile::new(&args.hearing_file);
+    let hearing = resume(&hearing_file, &args.node, args.isolation_timeout);
+    let hearing: SharedHearing = Arc::new(Mutex::new(hearing));
     let router = server::router(&args.node, hearing.clone());
     let serve = async move { axum::serve(listener, router).await };
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
@@ -343,7 +344,8 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             let boot = boot_id(&args.boot_id_file);
             tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
         } => r,
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), hearing_file.as_mut()) => Ok(()),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => Ok(()),
+        () = peers.keep_warm() => Ok(()),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
             Ok(())
@@ -355,86 +357,6 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         watchdog.disarm();
     }
     result
-}
-
-/// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
-/// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
-/// petted as [`pet_watchdog`] says. When podha last heard the node goes to the hearing file.
-async fn check_loop(
-    args: &AgentArgs,
-    hearing: SharedHearing,
-    peers: &Peers,
-    fencer: &Fencer,
-    mut watchdog: Option<&mut Watchdog>,
-    mut hearing_file: Option<&mut HearingFile>,
-) {
-    let timeout = args.isolation_timeout;
-    let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
-    let mut ticker = tokio::time::interval(args.check_interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last_stay = false;
-    let mut confirmation = Confirmation::default();
-    loop {
-        ticker.tick().await;
-        let (not_heard_for, heard_ago) = {
-            let h = server::lock(&hearing);
-            (h.not_heard_for(Instant::now()), h.heard_ago(Instant::now()))
-        };
-        if let (Some(file), Some(ago)) = (hearing_file.as_deref_mut(), heard_ago) {
-            file.record(std::time::SystemTime::now() - ago);
-        }
-        pet(watchdog.as_deref_mut(), not_heard_for, timeout, None);
-        if not_heard_for < timeout {
-            confirmation.fence_now(&Verdict::Heard, Instant::now());
-            fencer.heard().await;
-            last_stay = false;
-        }
-        if not_heard_for < survey_from {
-            continue;
-        }
-        let survey = peers.survey(not_heard_for.min(timeout)).await;
-        // The survey took a while: heard meanwhile?
-        let not_heard_for = server::lock(&hearing).not_heard_for(Instant::now());
-        pet(
-            watchdog.as_deref_mut(),
-            not_heard_for,
-            timeout,
-            Some(&survey),
-        );
-        let verdict = decide(not_heard_for, timeout, Some(&survey));
-        let fence = confirmation.fence_now(&verdict, Instant::now());
-        match verdict {
-            Verdict::Heard => {}
-            Verdict::Fence(why) if fence => {
-                fencer.fence(&why).await;
-            }
-            Verdict::Fence(why) => {
-                info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
-            }
-            Verdict::Stay(why) => {
-                // Once per episode, not every second.
-                if !last_stay {
-                    warn!(node = %args.node, why, "not heard; staying up");
-                    last_stay = true;
-                }
-            }
-        }
-    }
-}
-
-/// Pets the watchdog, if there is one, when [`pet_watchdog`] allows it (given the survey, if
-/// one was made).
-fn pet(
-    watchdog: Option<&mut Watchdog>,
-    not_heard_for: Duration,
-    timeout: Duration,
-    survey: Option<&isolation::Survey>,
-) {
-    if let Some(w) = watchdog
-        && pet_watchdog(not_heard_for, timeout, w.timeout(), survey)
-    {
-        w.pet();
-    }
 }
 
 #[cfg(test)]
@@ -548,7 +470,12 @@ mod tests {
             #[command(flatten)]
             agent: AgentArgs,
         }
-        let argv = ["agent", "--node=n1", "--fence=sysrq-reboot"];
+        let argv = [
+            "agent",
+            "--node=n1",
+            "--fence=sysrq-reboot",
+            "--hearing-file=/run/podha-agent/heard",
+        ];
         let argv = argv.iter().chain(flags);
         <Cli as clap::Parser>::try_parse_from(argv)
             .expect("flags")
@@ -556,10 +483,22 @@ mod tests {
     }
 
     #[test]
+    fn the_hearing_file_is_required() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            _agent: AgentArgs,
+        }
+        let argv = ["agent", "--node=n1", "--fence=sysrq-reboot"];
+        let err = <Cli as clap::Parser>::try_parse_from(argv).expect_err("no hearing file");
+        assert!(err.to_string().contains("--hearing-file"), "{err}");
+    }
+
+    #[test]
     fn a_short_survey_timeout_allows_a_short_watchdog_and_isolation_timeout() {
         let check = |flags: &[&str]| agent_args(flags).check().map_err(|e| e.to_string());
         assert_eq!(check(&[]), Ok(()), "the defaults");
-        // The default survey takes up to 8 s: a 4 s watchdog could reset a node mid-survey.
+        // The default survey takes up to 6 s: a 4 s watchdog could reset a node mid-survey.
         let short = [
             "--isolation-timeout=8s",
             "--watchdog=/dev/watchdog",
@@ -567,10 +506,10 @@ mod tests {
         ];
         let err = check(&short).unwrap_err();
         assert!(
-            err.contains("longer than the check interval plus the longest peer survey (9s)"),
+            err.contains("longer than the check interval plus the longest peer survey (7s)"),
             "{err}"
         );
-        // A 1 s survey takes up to 2.5 s: check (1 s) + 2.5 s < 4 s.
+        // A 1 s survey takes up to 1.5 s: check (1 s) + 1.5 s < 4 s.
         assert_eq!(
             check(&[&short[..], &["--survey-timeout=1s"]].concat()),
             Ok(())

@@ -1,12 +1,18 @@
 //! The peers: every other node's agent, and the survey of how long ago podha heard them.
 //!
-//! Peers come from a fixed list, or from the Node list (every other node that advertises an
-//! agent: a node without one could never answer, and would count against the majority), read
-//! from the API server at most every [`REFRESH`] and kept when it is unreachable: a cut-off
-//! agent surveys the peers it knew. A survey asks in batches of [`BATCH`] and stops as soon as
-//! the answers decide (one heard peer, or a majority unheard) or its deadline
-//! ([`SurveyTimes`], `--survey-timeout`) passed, so a node that is merely unheard for a moment
-//! asks a few peers, not the whole cluster.
+//! Peers come from a fixed list (`--peers`), or from the Node list: every other node that
+//! advertises an agent (a node without one could never answer, and would count against the
+//! majority). The agent keeps that list warm while it runs ([`Peers::keep_warm`]): it reads the
+//! Nodes every [`REFRESH`], in pages of [`PAGE`] (a 5,000-node cluster is ten small answers,
+//! not one large one), and keeps the last good list when a read fails, so a cut-off agent
+//! surveys the peers it knew. A survey reads that kept list and never waits for the API server.
+//! A list never read is unknown ([`PeerCount::Unknown`]), not empty: an agent cut off from
+//! everything since it started cannot tell a cluster of one from its own isolation, and must
+//! not take one for the other (see [`super::isolation`]).
+//!
+//! A survey asks in batches of [`BATCH`] and stops as soon as the answers decide (one heard
+//! peer, or a majority unheard) or its deadline ([`SurveyTimes`], `--survey-timeout`) passed,
+//! so a node that is merely unheard for a moment asks a few peers, not the whole cluster.
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -20,10 +26,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use tokio::time::Instant;
-use tracing::{debug, warn};
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{debug, info, warn};
 
-use super::isolation::Survey;
+use super::PeerListError;
+use super::isolation::{PeerCount, Survey};
 use super::server::PeerAnswer;
 use crate::contract::agent_addr;
 
@@ -42,8 +49,6 @@ pub struct SurveyTimes {
     pub deadline: Duration,
     /// How long one peer has to answer: 1 s, or half the deadline if that is shorter.
     pub ask: Duration,
-    /// How long the API server has to list the nodes: 2 s, or the deadline if shorter.
-    pub list: Duration,
 }
 
 impl SurveyTimes {
@@ -51,19 +56,23 @@ impl SurveyTimes {
         Self {
             deadline,
             ask: Duration::from_secs(1).min(deadline / 2),
-            list: Duration::from_secs(2).min(deadline),
         }
     }
 
-    /// The longest a survey takes: listing the peers, asking until the deadline, and the
-    /// batch under way then.
+    /// The longest a survey takes: asking until the deadline, and the batch under way then
+    /// (the peer list is the one kept warm: reading it takes no time).
     pub fn limit(&self) -> Duration {
-        self.list + self.deadline + self.ask
+        self.deadline + self.ask
     }
 }
 
 /// How often the peer list is read again from the API server.
-const REFRESH: Duration = Duration::from_secs(30);
+pub const REFRESH: Duration = Duration::from_secs(30);
+/// How many Nodes one page of the peer list holds.
+const PAGE: u32 = 500;
+/// How long one read of the whole peer list may take (all its pages): a read that hangs is
+/// given up and tried again at the next refresh.
+const READ_TIMEOUT: Duration = REFRESH;
 
 pub struct Peers {
     source: Source,
@@ -76,8 +85,51 @@ enum Source {
     Discovered {
         client: kube::Client,
         node: String,
-        known: Mutex<(Vec<SocketAddr>, Option<Instant>)>,
+        kept: Mutex<Kept>,
     },
+}
+
+/// The peer list as last read from the API server, and whether reading it fails now.
+#[derive(Debug, Default)]
+struct Kept {
+    /// `None`: never read.
+    list: Option<Vec<SocketAddr>>,
+    /// The last read failed: said once per run of failures, not at every refresh.
+    failing: bool,
+}
+
+impl Kept {
+    /// Takes one read of the list: a good one replaces the list, a failed one keeps it.
+    /// Returns whether the read was worth a log line (the first failure of a run of them, the
+    /// first good read after one, the first read ever).
+    fn took(&mut self, read: Result<Vec<SocketAddr>, PeerListError>) -> bool {
+        match read {
+            Ok(list) => {
+                let note = self.failing || self.list.is_none();
+                if note {
+                    info!(peers = list.len(), "peer list read");
+                }
+                self.list = Some(list);
+                self.failing = false;
+                note
+            }
+            Err(e) => {
+                let note = !self.failing;
+                if note {
+                    match &self.list {
+                        Some(list) => {
+                            warn!(error = %e, kept = list.len(), "cannot read the peer list; keeping the last one")
+                        }
+                        None => {
+                            warn!(error = %e, "cannot read the peer list, never read yet: until it is, this node is fenced if podha stops hearing it for the isolation timeout")
+                        }
+                    }
+                }
+                self.failing = true;
+                note
+            }
+        }
+    }
 }
 
 impl Peers {
@@ -85,11 +137,12 @@ impl Peers {
         Self::with(Source::Fixed(peers), times)
     }
 
+    /// Peers from the Node list, unknown until [`Peers::keep_warm`] first reads it.
     pub fn discovered(client: kube::Client, node: &str, times: SurveyTimes) -> Self {
         let source = Source::Discovered {
             client,
             node: node.to_string(),
-            known: Mutex::new((Vec::new(), None)),
+            kept: Mutex::new(Kept::default()),
         };
         Self::with(source, times)
     }
@@ -103,13 +156,38 @@ impl Peers {
         }
     }
 
+    /// Reads the peer list now and every [`REFRESH`], for as long as the agent runs (a fixed
+    /// list needs nothing: this waits forever). A failed read keeps the last good list.
+    pub async fn keep_warm(&self) {
+        let Source::Discovered { client, node, kept } = &self.source else {
+            return std::future::pending().await;
+        };
+        let nodes: Api<Node> = Api::all(client.clone());
+        let mut ticker = tokio::time::interval(REFRESH);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let read = match tokio::time::timeout(READ_TIMEOUT, list_peers(&nodes, node)).await {
+                Ok(read) => read.map_err(PeerListError::from),
+                Err(_) => Err(PeerListError::TimedOut(READ_TIMEOUT)),
+            };
+            lock(kept).took(read);
+        }
+    }
+
     /// Asks the peers, a batch at a time, until the answers decide or every peer was asked
     /// (`silence`: how long podha has not heard this node, as [`Survey::heard`] takes it).
+    /// With an unknown peer list there is nobody to ask.
     pub async fn survey(&self, silence: Duration) -> Survey {
         let started = Instant::now();
-        let peers = self.list().await;
+        let Some(peers) = self.list() else {
+            return Survey {
+                peers: PeerCount::Unknown,
+                answers: Vec::new(),
+            };
+        };
         let mut survey = Survey {
-            peers: peers.len(),
+            peers: PeerCount::Known(peers.len()),
             answers: Vec::new(),
         };
         for batch in peers.chunks(BATCH) {
@@ -148,33 +226,18 @@ impl Peers {
         }
     }
 
-    /// The peers, in an order that differs per node (so that surveys spread over the cluster).
-    async fn list(&self) -> Vec<SocketAddr> {
+    /// The peers as kept (`None`: the list was never read), in an order that differs per node
+    /// (so that surveys spread over the cluster).
+    fn list(&self) -> Option<Vec<SocketAddr>> {
         let (mut peers, me) = match &self.source {
             Source::Fixed(peers) => (peers.clone(), 0),
-            Source::Discovered {
-                client,
-                node,
-                known,
-            } => {
-                let stale = lock(known).1.is_none_or(|at| at.elapsed() >= REFRESH);
-                if stale {
-                    match tokio::time::timeout(self.times.list, list_nodes(client, node)).await {
-                        Ok(Ok(found)) => *lock(known) = (found, Some(Instant::now())),
-                        Ok(Err(e)) => {
-                            warn!(error = %e, "cannot list the peers; using the last list")
-                        }
-                        Err(_) => warn!("listing the peers timed out; using the last list"),
-                    }
-                }
-                (lock(known).0.clone(), spread(node))
-            }
+            Source::Discovered { node, kept, .. } => (lock(kept).list.clone()?, spread(node)),
         };
         if !peers.is_empty() {
             let shift = me % peers.len();
             peers.rotate_left(shift);
         }
-        peers
+        Some(peers)
     }
 }
 
@@ -192,31 +255,162 @@ fn spread(node: &str) -> usize {
     hash as usize
 }
 
-async fn list_nodes(client: &kube::Client, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let list = nodes.list(&ListParams::default()).await?;
-    Ok(list
-        .items
-        .iter()
-        .filter(|n| n.metadata.name.as_deref() != Some(me))
-        .filter_map(agent_addr)
-        .collect())
+/// Every other Node's agent, read in pages of [`PAGE`].
+async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
+    let mut params = ListParams::default().limit(PAGE);
+    let mut peers = Vec::new();
+    loop {
+        let page = nodes.list(&params).await?;
+        peers.extend(
+            page.items
+                .iter()
+                .filter(|n| n.metadata.name.as_deref() != Some(me))
+                .filter_map(agent_addr),
+        );
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(peers),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn a_surveys_parts_are_bounded_by_its_deadline() {
         let ms = Duration::from_millis;
-        // The default: a 2 s list, 5 s of batches, the last one's 1 s.
+        // The default: 5 s of batches, the last one's 1 s; the peer list is already at hand.
         let default = SurveyTimes::new(Duration::from_secs(5));
-        assert_eq!((default.list, default.ask), (ms(2000), ms(1000)));
-        assert_eq!(default.limit(), Duration::from_secs(8));
-        // A short deadline shortens the list and the asks too, so the watchdog may be short.
+        assert_eq!(default.ask, ms(1000));
+        assert_eq!(default.limit(), Duration::from_secs(6));
+        // A short deadline shortens the asks too, so the watchdog may be short.
         let short = SurveyTimes::new(ms(1000));
-        assert_eq!((short.list, short.ask), (ms(1000), ms(500)));
-        assert_eq!(short.limit(), ms(2500));
+        assert_eq!(short.ask, ms(500));
+        assert_eq!(short.limit(), ms(1500));
+    }
+
+    fn addr(last: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, last], 9441))
+    }
+
+    fn failed() -> Result<Vec<SocketAddr>, PeerListError> {
+        Err(PeerListError::TimedOut(READ_TIMEOUT))
+    }
+
+    #[test]
+    fn a_list_never_read_stays_unknown_and_a_failed_read_keeps_the_last_good_one() {
+        let mut kept = Kept::default();
+        assert!(kept.took(failed()), "the first failure is said");
+        assert!(!kept.took(failed()), "the next ones are not");
+        assert_eq!(kept.list, None, "never read: unknown, not empty");
+        assert!(
+            kept.took(Ok(vec![addr(2), addr(3)])),
+            "the first read is said"
+        );
+        assert!(!kept.took(Ok(vec![addr(2)])));
+        assert!(kept.took(failed()));
+        assert!(!kept.took(failed()));
+        assert_eq!(kept.list, Some(vec![addr(2)]), "the last good list is kept");
+        assert!(kept.took(Ok(Vec::new())), "read again after failures: said");
+        assert_eq!(
+            kept.list,
+            Some(Vec::new()),
+            "read, and nobody else: known empty"
+        );
+    }
+
+    fn node_json(name: &str, ip: &str) -> String {
+        format!(
+            r#"{{"metadata":{{"name":"{name}","annotations":{{"podha.io/agent-port":"9441"}}}},
+                 "status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}]}}}}"#
+        )
+    }
+
+    /// A fake API server whose Node list comes in two pages (`n1` and `n2`, then `n3` and a
+    /// node without an agent), answering only the first `good` lists and failing the rest.
+    fn paged_api(
+        lists: Arc<AtomicUsize>,
+        queries: Arc<Mutex<Vec<String>>>,
+        good: usize,
+    ) -> kube::Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let query = req.uri().query().unwrap_or_default().to_string();
+            lock(&queries).push(query.clone());
+            let first_page = !query.contains("continue=");
+            let n = if first_page {
+                lists.fetch_add(1, Ordering::SeqCst) + 1
+            } else {
+                lists.load(Ordering::SeqCst)
+            };
+            async move {
+                if n > good {
+                    return http::Response::builder()
+                        .status(500)
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#));
+                }
+                let (items, next) = if first_page {
+                    (
+                        [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")],
+                        r#","continue":"page-2""#,
+                    )
+                } else {
+                    let bare = r#"{"metadata":{"name":"n4"}}"#.to_string();
+                    ([node_json("n3", "10.0.0.3"), bare], "")
+                };
+                let list = format!(
+                    r#"{{"apiVersion":"v1","kind":"NodeList","metadata":{{"resourceVersion":"5"{next}}},"items":[{}]}}"#,
+                    items.join(",")
+                );
+                http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(list))
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_peer_list_is_kept_warm_in_pages_and_kept_when_the_api_server_fails() {
+        let lists = Arc::new(AtomicUsize::new(0));
+        let queries = Arc::new(Mutex::new(Vec::new()));
+        let client = paged_api(lists.clone(), queries.clone(), 1);
+        let times = SurveyTimes::new(Duration::from_secs(5));
+        let peers = Peers::discovered(client, "n1", times);
+        assert_eq!(peers.list(), None, "not read yet: unknown");
+        let survey = peers.survey(Duration::from_secs(30)).await;
+        assert_eq!(survey.peers, PeerCount::Unknown);
+        // The first read at once, the next ones every 30 s: they fail, the list stays.
+        let warm = tokio::time::timeout(REFRESH * 3 - Duration::from_secs(1), peers.keep_warm());
+        assert!(
+            warm.await.is_err(),
+            "keeps the list warm for as long as it runs"
+        );
+        assert_eq!(lists.load(Ordering::SeqCst), 3);
+        let mut found = peers.list().expect("read");
+        found.sort();
+        assert_eq!(
+            found,
+            vec![addr(2), addr(3)],
+            "every other node with an agent"
+        );
+        let queries = lock(&queries).clone();
+        assert!(queries[0].contains("limit=500"), "{queries:?}");
+        assert!(
+            queries[1].contains("limit=500") && queries[1].contains("continue=page-2"),
+            "{queries:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_fixed_list_is_known() {
+        let peers = Peers::fixed(Vec::new(), SurveyTimes::new(Duration::from_secs(1)));
+        let survey = peers.survey(Duration::from_secs(30)).await;
+        assert_eq!(survey.peers, PeerCount::Known(0));
     }
 }

@@ -18,51 +18,62 @@ use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::isolation::Silence;
 use crate::contract::{HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery};
 
 /// What the agent knows of podha hearing it, shared by the endpoints and the check loop.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Hearing {
-    started: Instant,
-    heard_at: Option<Instant>,
+    /// `None`: podha has not heard this node since it booted.
+    last: Option<HeardAgo>,
+}
+
+/// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
+/// may lie before the monotonic clock's start (a long silence recorded before a restart).
+#[derive(Clone, Copy, Debug)]
+struct HeardAgo {
+    at: Instant,
+    ago: Duration,
+}
+
+impl HeardAgo {
+    fn silence(self, now: Instant) -> Duration {
+        self.ago
+            .saturating_add(now.saturating_duration_since(self.at))
+    }
 }
 
 impl Hearing {
-    pub fn new(now: Instant) -> Self {
-        Self {
-            started: now,
-            heard_at: None,
-        }
-    }
-
-    /// An agent that goes on where its predecessor stopped: podha last heard this node
-    /// `heard_ago` before `now` (`None`: never, as [`Hearing::new`]).
+    /// An agent that goes on where its predecessor in this boot stopped: podha last heard this
+    /// node `heard_ago` before `now` (`None`: never since the node booted).
     pub fn resumed(now: Instant, heard_ago: Option<Duration>) -> Self {
         Self {
-            started: now,
-            heard_at: heard_ago.and_then(|ago| now.checked_sub(ago)),
+            last: heard_ago.map(|ago| HeardAgo { at: now, ago }),
         }
     }
 
     /// A probe arrived at `now`, from a leader that last heard this agent `heard_ago` ago.
     pub fn probed(&mut self, now: Instant, heard_ago: Option<Duration>) {
-        let Some(at) = heard_ago.and_then(|ago| now.checked_sub(ago)) else {
+        let Some(ago) = heard_ago else {
             return;
         };
-        if self.heard_at.is_none_or(|h| at > h) {
-            self.heard_at = Some(at);
+        let heard = HeardAgo { at: now, ago };
+        if self.last.is_none_or(|last| ago < last.silence(now)) {
+            self.last = Some(heard);
         }
     }
 
-    /// How long podha has not heard this agent: since it was last heard, or since the agent
-    /// started (a new agent gets the same time as any other to be heard).
-    pub fn not_heard_for(&self, now: Instant) -> Duration {
-        now.saturating_duration_since(self.heard_at.unwrap_or(self.started))
+    /// How long podha has not heard this agent: since it was last heard, or
+    /// [`Silence::NeverHeard`] (no probe ever said podha got an answer, in this agent or, as
+    /// the hearing file says, in an earlier one since the node booted).
+    pub fn silence(&self, now: Instant) -> Silence {
+        self.last
+            .map_or(Silence::NeverHeard, |last| Silence::For(last.silence(now)))
     }
 
     /// How long ago podha last heard this agent, if ever.
     pub fn heard_ago(&self, now: Instant) -> Option<Duration> {
-        self.heard_at.map(|h| now.saturating_duration_since(h))
+        self.last.map(|last| last.silence(now))
     }
 }
 
@@ -122,35 +133,60 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn lost_answers_do_not_count_as_heard() {
-        let mut h = Hearing::new(Instant::now());
+        let mut h = Hearing::default();
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(5));
         // The leader's first probe: it never heard this agent.
         h.probed(Instant::now(), None);
         assert_eq!(h.heard_ago(Instant::now()), None);
         // It got that answer: heard a second ago.
         tokio::time::advance(Duration::from_secs(1)).await;
         h.probed(Instant::now(), Some(Duration::from_secs(1)));
-        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(1));
+        assert_eq!(
+            h.silence(Instant::now()),
+            Silence::For(Duration::from_secs(1))
+        );
         // From now on the answers are lost: the probes keep coming, saying so.
         for ago in 2..=10 {
             tokio::time::advance(Duration::from_secs(1)).await;
             h.probed(Instant::now(), Some(Duration::from_secs(ago)));
         }
-        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(10));
+        assert_eq!(
+            h.silence(Instant::now()),
+            Silence::For(Duration::from_secs(10))
+        );
         // A late, older probe does not move the time back.
         h.probed(Instant::now(), Some(Duration::from_secs(30)));
         assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(10)));
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_agent_podha_never_heard_has_no_silence_to_count() {
+        // podha cannot reach this agent since the node booted: the agent counts no silence,
+        // however long it runs.
+        let mut h = Hearing::default();
+        tokio::time::advance(Duration::from_secs(600)).await;
+        h.probed(Instant::now(), None);
+        assert_eq!(h.silence(Instant::now()), Silence::NeverHeard);
+        assert_eq!(h.heard_ago(Instant::now()), None);
+        let fresh = Hearing::resumed(Instant::now(), None);
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert_eq!(fresh.silence(Instant::now()), Silence::NeverHeard);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_resumed_agent_is_as_unheard_as_its_predecessor() {
         tokio::time::advance(Duration::from_secs(100)).await;
         let h = Hearing::resumed(Instant::now(), Some(Duration::from_secs(25)));
-        assert_eq!(h.not_heard_for(Instant::now()), Duration::from_secs(25));
+        assert_eq!(
+            h.silence(Instant::now()),
+            Silence::For(Duration::from_secs(25))
+        );
         assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(25)));
-        let fresh = Hearing::resumed(Instant::now(), None);
-        assert_eq!(fresh.not_heard_for(Instant::now()), Duration::ZERO);
-        assert_eq!(fresh.heard_ago(Instant::now()), None);
+        // Longer ago than the monotonic clock reaches back: still that long, never "now".
+        let long_ago = Duration::from_secs(10 * 365 * 86_400);
+        let h = Hearing::resumed(Instant::now(), Some(long_ago));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let expected = long_ago + Duration::from_secs(1);
+        assert_eq!(h.silence(Instant::now()), Silence::For(expected));
     }
 }

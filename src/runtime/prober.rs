@@ -336,7 +336,7 @@ mod tests {
     async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
         use crate::agent::server::{Hearing, router};
         use std::sync::{Arc, Mutex};
-        let hearing = Arc::new(Mutex::new(Hearing::new(Instant::now())));
+        let hearing = Arc::new(Mutex::new(Hearing::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

@@ -1,0 +1,174 @@
+//! The agent's loop: every check interval, whether podha hears this node; if not for long
+//! enough, what the peers say, the verdict ([`super::isolation::decide`]) and the watchdog's
+//! pet ([`super::isolation::pet_watchdog`]). Also what the agent knows of being heard when it
+//! starts, from the hearing file.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{info, warn};
+
+use super::hearing_file::{HearingFile, LastHeard};
+use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
+use super::peers::Peers;
+use super::server::{self, Hearing, SharedHearing};
+use super::watchdog::Watchdog;
+use super::{AgentArgs, Fencer};
+
+/// What the agent knows of podha hearing its node when it starts: what the hearing file says
+/// an earlier agent knew in this boot (nothing: never heard since the node booted; unknown:
+/// heard, not for `timeout` already).
+pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Hearing {
+    let now = std::time::SystemTime::now();
+    let last_heard = file.last_heard(now);
+    let heard_ago = last_heard.ago(now, timeout);
+    match (last_heard, heard_ago) {
+        (LastHeard::Never, _) => {
+            info!(
+                node,
+                "podha has not heard this node since it booted (no record in the hearing file)"
+            );
+        }
+        (LastHeard::At(_), Some(ago)) => {
+            info!(
+                node,
+                ?ago,
+                "going on from the last agent: podha last heard this node that long ago"
+            );
+        }
+        _ => {}
+    }
+    Hearing::resumed(Instant::now(), heard_ago)
+}
+
+/// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
+/// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
+/// petted as [`pet_watchdog`] says. A node podha never heard since it booted asks nobody and
+/// stays. When podha last heard the node goes to the hearing file.
+pub(super) async fn check_loop(
+    args: &AgentArgs,
+    hearing: SharedHearing,
+    peers: &Peers,
+    fencer: &Fencer,
+    mut watchdog: Option<&mut Watchdog>,
+    hearing_file: &mut HearingFile,
+) {
+    let timeout = args.isolation_timeout;
+    let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
+    let mut ticker = tokio::time::interval(args.check_interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut said = Said::Nothing;
+    let mut confirmation = Confirmation::default();
+    loop {
+        ticker.tick().await;
+        let (silence, heard_ago) = {
+            let h = server::lock(&hearing);
+            (h.silence(Instant::now()), h.heard_ago(Instant::now()))
+        };
+        if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
+            hearing_file.record(at);
+        }
+        pet(watchdog.as_deref_mut(), silence, timeout, None);
+        let survey = match silence {
+            Silence::For(not_heard_for) if not_heard_for >= survey_from => {
+                Some(peers.survey(not_heard_for.min(timeout)).await)
+            }
+            _ => None,
+        };
+        // The survey took a while: heard meanwhile?
+        let silence = match &survey {
+            Some(survey) => {
+                let silence = server::lock(&hearing).silence(Instant::now());
+                pet(watchdog.as_deref_mut(), silence, timeout, Some(survey));
+                silence
+            }
+            None => silence,
+        };
+        let verdict = decide(silence, timeout, survey.as_ref());
+        let fence = confirmation.fence_now(&verdict, Instant::now());
+        match verdict {
+            Verdict::Heard => {
+                fencer.heard().await;
+                said = Said::Nothing;
+            }
+            Verdict::Fence(why) if fence => {
+                fencer.fence(&why).await;
+            }
+            Verdict::Fence(why) => {
+                info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
+            }
+            Verdict::Stay(why) => said.stay(&args.node, silence, &why),
+        }
+    }
+}
+
+/// Which `Stay` the check loop last said: each is said once per episode, not every second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Said {
+    Nothing,
+    NeverHeard,
+    Unheard,
+}
+
+impl Said {
+    fn stay(&mut self, node: &str, silence: Silence, why: &str) {
+        let now = match silence {
+            Silence::NeverHeard => Self::NeverHeard,
+            Silence::For(_) => Self::Unheard,
+        };
+        if *self == now {
+            return;
+        }
+        match now {
+            Self::NeverHeard => info!(node, why, "staying up"),
+            _ => warn!(node, why, "not heard; staying up"),
+        }
+        *self = now;
+    }
+}
+
+/// Pets the watchdog, if there is one, when [`pet_watchdog`] allows it (given the survey, if
+/// one was made).
+fn pet(
+    watchdog: Option<&mut Watchdog>,
+    silence: Silence,
+    timeout: Duration,
+    survey: Option<&isolation::Survey>,
+) {
+    if let Some(w) = watchdog
+        && pet_watchdog(silence, timeout, w.timeout(), survey)
+    {
+        w.pet();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_agent_counts_as_heard_in_this_boot_unless_its_file_has_no_record() {
+        let dir = std::env::temp_dir().join(format!("podha-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard");
+        let t = Duration::from_secs(30);
+        let file = HearingFile::new(&path);
+        // No record: a node podha has not heard since it booted. Nothing to count.
+        let silence = |h: Hearing| h.silence(Instant::now());
+        assert_eq!(silence(resume(&file, "n1", t)), Silence::NeverHeard);
+        // Garbled: heard in this boot, when unknown: not heard for the whole timeout already.
+        std::fs::write(&path, "garbled").expect("write");
+        assert_eq!(silence(resume(&file, "n1", t)), Silence::For(t));
+        // A record: from there.
+        let ten_ago = std::time::SystemTime::now() - Duration::from_secs(10);
+        HearingFile::new(&path).record(ten_ago);
+        let Silence::For(ago) = silence(resume(&file, "n1", t)) else {
+            panic!("heard in this boot")
+        };
+        assert!(
+            ago >= Duration::from_secs(10) && ago < Duration::from_secs(11),
+            "{ago:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
