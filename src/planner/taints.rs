@@ -60,15 +60,33 @@ pub(super) fn fencing_pending(
     proven: bool,
 ) -> Option<Intent> {
     let fencing = &node_policy.spec.fencing;
-    (NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven).then(
-        || Intent::Hold {
-            policy: node_policy.name.to_string(),
-            node: node.metadata.name.clone(),
-            reason: HoldReason::FencingPending {
-                proof: fencing.proof,
-            },
+    proof_pending(node_policy, proven).then(|| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: node.metadata.name.clone(),
+        reason: HoldReason::FencingPending {
+            proof: fencing.proof,
         },
-    )
+    })
+}
+
+/// Whether the incident's node carries a taint its pods may be deleted under: the one this
+/// incident put on, or one found on the node (an earlier process's or replica's, for this
+/// failure) while the policy's fencing proof is not pending. A taint left from an earlier
+/// failure (podha's scheduling fence, whose volumes never moved and whose node nothing proved
+/// fenced) must not let this incident delete pods without the proof its policy asks for.
+pub(super) fn tainted_for(
+    incident: &Incident,
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    proven: bool,
+) -> bool {
+    incident.tainted
+        || (NodeTaint::ALL.iter().any(|t| t.on(node)) && !proof_pending(node_policy, proven))
+}
+
+/// Whether the policy wants the out-of-service taint and its fencing proof is not there yet.
+fn proof_pending(node_policy: PolicyRef<'_>, proven: bool) -> bool {
+    NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven
 }
 
 /// What proves the incident's node fenced for its policy, if anything does yet.

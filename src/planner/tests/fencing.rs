@@ -344,3 +344,53 @@ fn a_refused_taint_still_waits_for_the_proof_before_any_pod_is_deleted() {
         "the proof in, the node gets podha's fence (the taint stays refused): {names:?}"
     );
 }
+
+/// podha's scheduling fence left from an earlier failure of the node (its volumes never
+/// moved, nothing proved the node fenced) is no taint this incident may delete pods under:
+/// the policy's proof is asked for as on a node without it.
+#[test]
+fn a_fence_left_from_an_earlier_failure_lets_no_pod_go_without_the_proof() {
+    let mut view = with_agent(cluster(3), "node-1");
+    let leftover = (*view.nodes["node-1"])
+        .clone()
+        .taint(crate::api::FENCE_TAINT_KEY, "nodeDead", "NoSchedule")
+        .annotation(TAINT_MARKER_ANNOTATION, "p");
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(leftover));
+    let mut world = World::new(view)
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    let plan = world.plan();
+    assert!(deletes(&plan).is_empty(), "{:?}", plan.intents);
+    assert_eq!(
+        intent_names(&plan),
+        ["request fence node-1", "hold FencingPending"]
+    );
+    // The proof in, the fence on the node keeps the scheduler off it: the pod may go (and
+    // the node gets the out-of-service taint once its volume waits, as any fenced node).
+    world.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut world, "node-1", "p/1");
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
+}
+
+/// The out-of-service taint already on the node (an earlier process's, or an admin's) counts
+/// only with the policy's proof. (`DeletePods` asks for none: a fence found on the node
+/// counts at once, see `delete_pods_fences_the_node_so_no_replacement_lands_there`.)
+#[test]
+fn an_out_of_service_taint_found_on_the_node_counts_only_with_the_proof() {
+    let mut view = with_agent(cluster(3), "node-1");
+    let found = (*view.nodes["node-1"]).clone().taint(
+        crate::api::OUT_OF_SERVICE_TAINT_KEY,
+        "nodeshutdown",
+        "NoExecute",
+    );
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(found));
+    let mut world = World::new(view)
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    assert!(deletes(&world.plan()).is_empty());
+    world.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut world, "node-1", "p/1");
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
+}
