@@ -240,9 +240,9 @@ fn plan_incident<'p>(
     // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
     // have its replacement scheduled straight back onto the dead node (still Ready for the node
     // lifecycle controller for up to 50 s).
-    let proven = taints::fence_proof(node_obj, node_policy, incident, input).is_some();
-    let tainted = taints::tainted_for(incident, node_obj, node_policy, proven);
-    if !plan_fence(&failed, &np, tainted, proven, out) {
+    let check = taints::fence_check(node_obj, node_policy, incident, input);
+    let tainted = taints::tainted_for(incident, node_obj, node_policy, check.proven());
+    if !plan_fence(&failed, &np, tainted, check, out) {
         return;
     }
     let rehearsal = failed.rehearsal();
@@ -269,7 +269,7 @@ fn plan_fence(
     failed: &FailedNode<'_, '_>,
     np: &NodePlan<'_>,
     tainted: bool,
-    proven: bool,
+    check: taints::FenceCheck,
     out: &mut Plan,
 ) -> bool {
     let (node, node_obj, policy) = (failed.name(), failed.node, failed.policy);
@@ -277,7 +277,7 @@ fn plan_fence(
     let moving = !np.marks.is_empty() || !np.deletes.is_empty();
     if moving
         && !tainted
-        && let Some(hold) = taints::fencing_pending(node_obj, policy, proven)
+        && let Some(hold) = taints::fencing_pending(node_obj, policy, check)
     {
         // A node that could still be running keeps its pods and volumes until the proof comes;
         // its agent, if it runs one and the policy takes its word, is asked to fence it.
@@ -300,7 +300,7 @@ fn plan_fence(
         policy,
         failed.input.view,
         np.protected.as_ref(),
-        proven,
+        check.proven(),
     ) {
         // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
         // volumes need not wait out the attach/detach controller's 6 minutes any longer.

@@ -622,3 +622,5 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
         Some(crate::api::FailoverPhase::Recovered)
     );
 }
+
+mod silence;
