@@ -244,7 +244,7 @@ impl NodeObservations {
     /// forgotten, and results of probes sent before `at` are ignored. An agent's silence then
     /// counts only from this term's own probes (and its answers before the silence only from
     /// this term: see `planner::proof`), never from a silence that began while another
-    /// replica led and may have heard it.
+    /// replica held the lease and may have heard it.
     pub fn restart_agent_hearing(&mut self, at: Instant) {
         self.agent = Probed {
             from: Some(at),

@@ -55,8 +55,9 @@ fn held(metrics: &Metrics, reason: &str) -> f64 {
         .sum()
 }
 
-/// A replica heard node-1's agent go silent, lost the lease, and leads again long after: the
-/// silence began before this term (while another replica led, and may have heard the agent),
+/// A replica heard node-1's agent go silent, lost the lease, and gains it again long after:
+/// the silence began before this term (while another replica held it, and may have heard the
+/// agent),
 /// so it proves nothing, however long it looks; podha holds and says why.
 #[tokio::test(start_paused = true)]
 async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
