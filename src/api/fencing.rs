@@ -30,7 +30,11 @@ pub struct Fencing {
     /// podha asked for on the Node, or it has not answered podha's heartbeat for as long as it
     /// advertises on the Node (`podha.io/agent-fenced-within`: its isolation timeout with a
     /// watchdog, longer without) plus `agentMargin`, by which time an agent cut off from podha
-    /// has fenced its node itself. A node without an agent never has this proof.
+    /// has fenced its node itself. The silence counts only for an agent podha heard right
+    /// before it (within 3 s) in its current leadership term, and only while podha hears a
+    /// strict majority of the other agents (an agent whose peers say podha hears nobody stays
+    /// up); otherwise podha holds the node (event `AgentSilenceUnproven`) until the agent
+    /// acknowledges the request. A node without an agent never has this proof.
     /// `External`: a fence controller of the user's fenced it: podha asks on the Node
     /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
     /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an

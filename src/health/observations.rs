@@ -91,10 +91,16 @@ pub struct Probed {
     /// When the first unanswered probe of the current run of them came back: the host was
     /// silent by then (it died, or was cut off, at that instant or before).
     pub silent_since: Option<Instant>,
+    /// Results of probes sent before this instant are ignored (see
+    /// [`NodeObservations::restart_agent_hearing`]).
+    pub from: Option<Instant>,
 }
 
 impl Probed {
     fn observe(&mut self, result: TcpResult, sent: Instant, received: Instant) {
+        if self.from.is_some_and(|from| sent < from) {
+            return;
+        }
         self.result = Some(result);
         match result {
             TcpResult::Connected | TcpResult::Refused => {
@@ -231,6 +237,19 @@ impl NodeObservations {
             ProbeKind::KubeletTcp => &self.tcp,
             ProbeKind::Agent => &self.agent,
         }
+    }
+
+    /// podha gained leadership at `at`: what it heard of the node's agent before (as an
+    /// earlier leader, or from a round still in flight) is no evidence in this term, so it is
+    /// forgotten, and results of probes sent before `at` are ignored. An agent's silence then
+    /// counts only from this term's own probes (and its answers before the silence only from
+    /// this term: see `planner::proof`), never from a silence that began while another
+    /// replica held the lease and may have heard it.
+    pub fn restart_agent_hearing(&mut self, at: Instant) {
+        self.agent = Probed {
+            from: Some(at),
+            ..Probed::default()
+        };
     }
 
     /// Whether the Node object carries one of podha's taints, as seen at `at`.
@@ -548,5 +567,42 @@ mod tests {
         obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
         obs.forget_probe(ProbeKind::KubeletTcp);
         assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
+    }
+
+    /// A leadership term hears the agent afresh: an earlier term's answers and silence are
+    /// forgotten, and a round sent before the term began counts for nothing.
+    #[test]
+    fn a_new_leadership_term_forgets_what_was_heard_of_the_agent() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
+        obs.observe_probe(ProbeKind::Agent, TcpResult::Connected, t0, t0 + s(1));
+        obs.observe_probe(ProbeKind::Agent, TcpResult::NoAnswer, t0 + s(1), t0 + s(2));
+        obs.restart_agent_hearing(t0 + s(60));
+        let fresh = agent(&obs);
+        assert_eq!(
+            (fresh.result, fresh.answered, fresh.silent_since),
+            (None, None, None)
+        );
+        // Sent before the term began, in late.
+        obs.observe_probe(
+            ProbeKind::Agent,
+            TcpResult::Connected,
+            t0 + s(59),
+            t0 + s(61),
+        );
+        assert_eq!(agent(&obs).answered, None);
+        obs.observe_probe(
+            ProbeKind::Agent,
+            TcpResult::NoAnswer,
+            t0 + s(60),
+            t0 + s(61),
+        );
+        assert_eq!(agent(&obs).silent_since, Some(t0 + s(61)));
+        assert_eq!(
+            obs.tcp(),
+            None,
+            "the kubelet port's prober does not change with it"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! What the planner asks for: an [`Intent`] per action (or hold), and the names the rest of
 //! podha gives it: its key among the actions in flight, its node, its words in an event.
 
+use super::proof::SilenceDoubt;
 use crate::api::{FencingProof, NodeTaint};
 use crate::view::ObjectKey;
 
@@ -65,6 +66,9 @@ pub enum HoldReason {
     OutOfServiceRefused { pod: ObjectKey, why: &'static str },
     /// The policy's `fencing.proof` is not on the node yet: nothing is tainted or deleted there.
     FencingPending { proof: FencingProof },
+    /// `fencing.proof: Agent`, and the node's agent is silent, but its silence proves no fence
+    /// (`why`): only its acknowledgement of this incident's fence request can.
+    AgentSilenceUnproven { why: SilenceDoubt },
 }
 
 impl HoldReason {
@@ -75,6 +79,7 @@ impl HoldReason {
             Self::Unconfirmed { .. } => HoldKind::Unconfirmed,
             Self::OutOfServiceRefused { .. } => HoldKind::OutOfServiceRefused,
             Self::FencingPending { .. } => HoldKind::FencingPending,
+            Self::AgentSilenceUnproven { .. } => HoldKind::AgentSilenceUnproven,
         }
     }
 
@@ -83,11 +88,12 @@ impl HoldReason {
         self.kind().as_str()
     }
     /// What a hold is about, to tell two holds of one reason apart: the action a dry run
-    /// rehearses, the pod a refused taint would remove.
+    /// rehearses, the pod a refused taint would remove, why an agent's silence proves nothing.
     pub fn subject(&self) -> String {
         match self {
             Self::DryRun { would } => would.key(),
             Self::OutOfServiceRefused { pod, .. } => pod.to_string(),
+            Self::AgentSilenceUnproven { why } => why.as_str().to_string(),
             Self::TooManyUnhealthy { .. }
             | Self::Unconfirmed { .. }
             | Self::FencingPending { .. } => String::new(),
@@ -123,6 +129,12 @@ impl HoldReason {
                  volumes)",
                 proof.as_str()
             ),
+            Self::AgentSilenceUnproven { why } => format!(
+                "node {node} is judged dead and its agent is silent, but the silence proves no \
+                 fence: {}; nothing is tainted or deleted there until the agent acknowledges \
+                 podha's fence request (podha.io/fence-ack) or its silence counts",
+                why.describe(node)
+            ),
         }
     }
 
@@ -131,6 +143,7 @@ impl HoldReason {
         match self {
             Self::OutOfServiceRefused { .. } => Some("OutOfServiceTaintRefused"),
             Self::FencingPending { .. } => Some("FencingPending"),
+            Self::AgentSilenceUnproven { .. } => Some("AgentSilenceUnproven"),
             _ => None,
         }
     }
@@ -142,6 +155,7 @@ impl HoldReason {
             Self::TooManyUnhealthy { .. } | Self::Unconfirmed { .. } => "ActionsHeld",
             Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
             Self::FencingPending { .. } => "FencingPending",
+            Self::AgentSilenceUnproven { .. } => "AgentSilenceUnproven",
         }
     }
 }
@@ -231,15 +245,17 @@ pub enum HoldKind {
     Unconfirmed,
     OutOfServiceRefused,
     FencingPending,
+    AgentSilenceUnproven,
 }
 
 impl HoldKind {
-    pub const ALL: [HoldKind; 5] = [
+    pub const ALL: [HoldKind; 6] = [
         HoldKind::TooManyUnhealthy,
         HoldKind::DryRun,
         HoldKind::Unconfirmed,
         HoldKind::OutOfServiceRefused,
         HoldKind::FencingPending,
+        HoldKind::AgentSilenceUnproven,
     ];
 
     /// Label value for `podha_actions_held_total{reason}`.
@@ -250,6 +266,7 @@ impl HoldKind {
             Self::Unconfirmed => "NodesNotHeardFrom",
             Self::OutOfServiceRefused => "OutOfServiceTaintRefused",
             Self::FencingPending => "FencingPending",
+            Self::AgentSilenceUnproven => "AgentSilenceUnproven",
         }
     }
 }

@@ -22,8 +22,10 @@
 //!   dead (beside the taint: a mark moves nothing), and deletes each one in the version its mark
 //!   produced, or once the watch shows it not Ready. A pod that changed after podha marked it
 //!   and is Ready again is left alone: something alive keeps reporting it.
-//! - **Taint first.** A pod is deleted only once its node's taint is on (ledger or node): a
-//!   replacement created before could be scheduled straight back onto the dead node.
+//! - **Taint first.** A pod is deleted only once its node's taint is on: the taint this
+//!   incident put on (ledger), or one found on the node while the policy's fencing proof is
+//!   not pending (see `taints::tainted_for`); a replacement created before could be scheduled
+//!   straight back onto the dead node.
 
 mod holds;
 mod intent;
@@ -40,7 +42,7 @@ pub use holds::{Heartbeat, Heartbeats};
 pub use intent::{HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
 
-use crate::api::{Action, NodeTaint, PodHAPolicySpec};
+use crate::api::{Action, PodHAPolicySpec};
 use crate::eligibility::{self, SkipReason};
 use crate::health::NodeHealth;
 use crate::incident::{Incident, Ledger};
@@ -238,8 +240,9 @@ fn plan_incident<'p>(
     // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
     // have its replacement scheduled straight back onto the dead node (still Ready for the node
     // lifecycle controller for up to 50 s).
-    let tainted = incident.tainted || NodeTaint::ALL.iter().any(|t| t.on(node_obj));
-    if !plan_fence(&failed, &np, tainted, out) {
+    let check = taints::fence_check(node_obj, node_policy, incident, input);
+    let tainted = taints::tainted_for(incident, node_obj, node_policy, check.proven());
+    if !plan_fence(&failed, &np, tainted, check, out) {
         return;
     }
     let rehearsal = failed.rehearsal();
@@ -266,15 +269,15 @@ fn plan_fence(
     failed: &FailedNode<'_, '_>,
     np: &NodePlan<'_>,
     tainted: bool,
+    check: taints::FenceCheck,
     out: &mut Plan,
 ) -> bool {
     let (node, node_obj, policy) = (failed.name(), failed.node, failed.policy);
     let rehearsal = failed.rehearsal();
     let moving = !np.marks.is_empty() || !np.deletes.is_empty();
-    let proven = taints::fence_proof(node_obj, policy, failed.incident, failed.input).is_some();
     if moving
         && !tainted
-        && let Some(hold) = taints::fencing_pending(node_obj, policy, proven)
+        && let Some(hold) = taints::fencing_pending(node_obj, policy, check)
     {
         // A node that could still be running keeps its pods and volumes until the proof comes;
         // its agent, if it runs one and the policy takes its word, is asked to fence it.
@@ -297,7 +300,7 @@ fn plan_fence(
         policy,
         failed.input.view,
         np.protected.as_ref(),
-        proven,
+        check.proven(),
     ) {
         // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
         // volumes need not wait out the attach/detach controller's 6 minutes any longer.

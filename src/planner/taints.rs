@@ -12,7 +12,7 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
-use super::proof::{AgentEvidence, FenceEvidence, proven, requests_fence};
+use super::proof::{FenceEvidence, SilenceDoubt, agent_evidence, proven, requests_fence};
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
 };
@@ -53,41 +53,85 @@ pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static 
 /// refused (a pod must stay, and the node gets podha's fence instead): the eligible pods'
 /// deletion is what lets the attach/detach controller force-detach their volumes 6 minutes
 /// later, which on storage that does not fence is the very move the proof guards (a pod left
-/// alone on a dead node is never detached). `DeletePods` keeps its own rules.
+/// alone on a dead node is never detached). `DeletePods` keeps its own rules. A silent agent
+/// whose silence proves nothing (see `proof`) is held for that reason, so the user learns the
+/// proof will not come by itself.
 pub(super) fn fencing_pending(
     node: &Node,
     node_policy: PolicyRef<'_>,
-    proven: bool,
+    check: FenceCheck,
 ) -> Option<Intent> {
     let fencing = &node_policy.spec.fencing;
-    (NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven).then(
-        || Intent::Hold {
-            policy: node_policy.name.to_string(),
-            node: node.metadata.name.clone(),
-            reason: HoldReason::FencingPending {
-                proof: fencing.proof,
-            },
+    let reason = match check.doubt {
+        Some(why) => HoldReason::AgentSilenceUnproven { why },
+        None => HoldReason::FencingPending {
+            proof: fencing.proof,
         },
-    )
+    };
+    proof_pending(node_policy, check.proven()).then(|| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: node.metadata.name.clone(),
+        reason,
+    })
 }
 
-/// What proves the incident's node fenced for its policy, if anything does yet.
-pub(super) fn fence_proof(
+/// What podha knows of the fence of an incident's node, as its policy asks.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FenceCheck {
+    /// What proves the node fenced, if anything does yet.
+    pub proof: Option<FenceEvidence>,
+    /// With proof `Agent`, not proven: why the agent's silence proves nothing, if it is silent.
+    pub doubt: Option<SilenceDoubt>,
+}
+
+impl FenceCheck {
+    pub fn proven(self) -> bool {
+        self.proof.is_some()
+    }
+}
+
+/// What proves the incident's node fenced for its policy, if anything does yet, and why its
+/// agent's silence does not.
+pub(super) fn fence_check(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
     input: &PlanInput<'_>,
-) -> Option<FenceEvidence> {
-    let silent_for = input
-        .heartbeats
-        .get(incident.node.as_str())
-        .and_then(|hb| hb.agent_silent_since)
-        .map(|since| input.now.saturating_duration_since(since));
-    let agent = AgentEvidence {
-        silent_for,
-        request: incident.fence_request.as_deref(),
-    };
-    proven(&node_policy.spec.fencing, node, agent)
+) -> FenceCheck {
+    let agent = agent_evidence(
+        &incident.node,
+        input.view,
+        input.heartbeats,
+        input.now,
+        incident.fence_request.as_deref(),
+    );
+    let fencing = &node_policy.spec.fencing;
+    let proof = proven(fencing, node, agent);
+    let doubt =
+        (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
+            .then(|| agent.silence_doubt())
+            .flatten();
+    FenceCheck { proof, doubt }
+}
+
+/// Whether the incident's node carries a taint its pods may be deleted under: the one this
+/// incident put on, or one found on the node (an earlier process's or replica's, for this
+/// failure) while the policy's fencing proof is not pending. A taint left from an earlier
+/// failure (podha's scheduling fence, whose volumes never moved and whose node nothing proved
+/// fenced) must not let this incident delete pods without the proof its policy asks for.
+pub(super) fn tainted_for(
+    incident: &Incident,
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    proven: bool,
+) -> bool {
+    incident.tainted
+        || (NodeTaint::ALL.iter().any(|t| t.on(node)) && !proof_pending(node_policy, proven))
+}
+
+/// Whether the policy wants the out-of-service taint and its fencing proof is not there yet.
+fn proof_pending(node_policy: PolicyRef<'_>, proven: bool) -> bool {
+    NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven
 }
 
 /// The fence to ask for on the Node while the proof is missing: once per incident; for the

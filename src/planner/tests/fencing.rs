@@ -179,9 +179,26 @@ fn with_agent(mut view: View, node: &str) -> View {
     view
 }
 
-/// `node`'s agent has not answered for `secs`; every other node renewed its Lease just now
-/// (so the settle rule lets the policy act).
+/// Every node of `view` runs a podha agent.
+fn with_agents(mut view: View) -> View {
+    let names: Vec<String> = view.nodes.keys().cloned().collect();
+    for name in names {
+        view = with_agent(view, &name);
+    }
+    view
+}
+
+/// `node`'s agent has not answered for `secs`, and podha heard it right before; every other
+/// node renewed its Lease just now (so the settle rule lets the policy act), and its agent, if
+/// it runs one, answered just now.
 fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
+    agent_silent(world, node, secs, |_| true);
+}
+
+/// `node`'s agent has not answered for `secs`, after an answer right before if podha heard
+/// it; every other node renewed its Lease just now, and its agent answered just now if podha
+/// hears it (`heard`).
+fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -> bool) {
     let since = world.now - Duration::from_secs(secs);
     let others: Vec<String> = world
         .view
@@ -197,8 +214,8 @@ fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
             renew_period: Duration::from_secs(10),
             tcp_answered: None,
             tcp_silent_since: None,
-            agent_answered: None,
-            agent_silent_since: None,
+            agent_answered: heard(&other).then_some(world.now),
+            agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
         };
         world.heartbeats.insert(other, alive);
@@ -211,7 +228,7 @@ fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
             renew_period: Duration::from_secs(10),
             tcp_answered: None,
             tcp_silent_since: None,
-            agent_answered: None,
+            agent_answered: heard(node).then(|| since - Duration::from_secs(1)),
             agent_silent_since: Some(since),
             tainted_since: None,
         },
@@ -247,7 +264,7 @@ fn the_agent_is_asked_to_fence_once_and_its_acknowledgement_lets_the_taint_on() 
 
 #[test]
 fn an_agent_silent_past_its_timeout_and_the_margin_has_fenced_its_node() {
-    let mut world = World::new(with_agent(cluster(3), "node-1"))
+    let mut world = World::new(with_agents(cluster(3)))
         .policy("p", needs_agent(mk_spec()))
         .fail("node-1");
     world.ledger.record_fence_request("node-1", "p/1");
@@ -313,6 +330,96 @@ fn an_external_fence_is_asked_of_any_node_and_only_its_acknowledgement_lets_the_
     );
 }
 
+fn unproven(plan: &Plan) -> Vec<String> {
+    plan.intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Hold {
+                node,
+                reason: reason @ HoldReason::AgentSilenceUnproven { .. },
+                ..
+            } => Some(reason.note(node.as_deref())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A NetworkPolicy or a firewall blocks the agent port: podha hears no agent at all. The first
+/// node to die is not proven fenced by its agent's silence, however long (an agent podha never
+/// heard fences nothing on isolation): podha asks for the fence and says why it holds.
+#[test]
+fn silence_of_agents_podha_never_heard_proves_nothing() {
+    let mut world = World::new(with_agents(cluster(5)))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    agent_silent(&mut world, "node-1", 400, |_| false);
+    let plan = world.plan();
+    assert_eq!(
+        intent_names(&plan),
+        ["request fence node-1", "hold AgentSilenceUnproven"],
+        "asked, held, nothing tainted on the first pass"
+    );
+    let notes = unproven(&plan);
+    assert!(
+        notes[0].contains("podha never heard the agent of node node-1 in this leadership term"),
+        "{notes:?}"
+    );
+    // Its acknowledgement still proves the fence.
+    world.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut world, "node-1", "p/1");
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
+/// podha heard the dead node's agent, but hears too few of the others now: their port may be
+/// blocked, and peers podha does not hear may have vouched for the silent agent.
+#[test]
+fn silence_counts_only_while_podha_hears_a_strict_majority_of_the_other_agents() {
+    let mut world = World::new(with_agents(cluster(5)))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    world.ledger.record_fence_request("node-1", "p/1");
+    agent_silent(&mut world, "node-1", 400, |n| {
+        n == "node-1" || n == "node-2"
+    });
+    let plan = world.plan();
+    assert_eq!(intent_names(&plan), ["hold AgentSilenceUnproven"]);
+    assert!(
+        unproven(&plan)[0].contains("podha hears 1 of the 4 other agents it expects"),
+        "{:?}",
+        unproven(&plan)
+    );
+    agent_silent(&mut world, "node-1", 400, |n| {
+        n != "node-5" && n != "node-4"
+    });
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["hold AgentSilenceUnproven"],
+        "2 of 4 is no strict majority"
+    );
+    agent_silent(&mut world, "node-1", 400, |n| n != "node-5");
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
+/// With two agents, one dead, hearing the other one is enough.
+#[test]
+fn with_two_agents_hearing_the_other_one_is_enough() {
+    let mut world = World::new(with_agents(cluster(2)))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    world.ledger.record_fence_request("node-1", "p/1");
+    agent_silent_for(&mut world, "node-1", 40);
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
 /// A pod that must stay keeps the out-of-service taint off the node (podha's fence instead,
 /// and only the eligible pods deleted). Those deletions let the attach/detach controller
 /// force-detach the volumes 6 minutes later, so with a proof asked for they wait for it too.
@@ -343,4 +450,54 @@ fn a_refused_taint_still_waits_for_the_proof_before_any_pod_is_deleted() {
             && !names.iter().any(|n| n.contains("out-of-service")),
         "the proof in, the node gets podha's fence (the taint stays refused): {names:?}"
     );
+}
+
+/// podha's scheduling fence left from an earlier failure of the node (its volumes never
+/// moved, nothing proved the node fenced) is no taint this incident may delete pods under:
+/// the policy's proof is asked for as on a node without it.
+#[test]
+fn a_fence_left_from_an_earlier_failure_lets_no_pod_go_without_the_proof() {
+    let mut view = with_agent(cluster(3), "node-1");
+    let leftover = (*view.nodes["node-1"])
+        .clone()
+        .taint(crate::api::FENCE_TAINT_KEY, "nodeDead", "NoSchedule")
+        .annotation(TAINT_MARKER_ANNOTATION, "p");
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(leftover));
+    let mut world = World::new(view)
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    let plan = world.plan();
+    assert!(deletes(&plan).is_empty(), "{:?}", plan.intents);
+    assert_eq!(
+        intent_names(&plan),
+        ["request fence node-1", "hold FencingPending"]
+    );
+    // The proof in, the fence on the node keeps the scheduler off it: the pod may go (and
+    // the node gets the out-of-service taint once its volume waits, as any fenced node).
+    world.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut world, "node-1", "p/1");
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
+}
+
+/// The out-of-service taint already on the node (an earlier process's, or an admin's) counts
+/// only with the policy's proof. (`DeletePods` asks for none: a fence found on the node
+/// counts at once, see `delete_pods_fences_the_node_so_no_replacement_lands_there`.)
+#[test]
+fn an_out_of_service_taint_found_on_the_node_counts_only_with_the_proof() {
+    let mut view = with_agent(cluster(3), "node-1");
+    let found = (*view.nodes["node-1"]).clone().taint(
+        crate::api::OUT_OF_SERVICE_TAINT_KEY,
+        "nodeshutdown",
+        "NoExecute",
+    );
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(found));
+    let mut world = World::new(view)
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    assert!(deletes(&world.plan()).is_empty());
+    world.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut world, "node-1", "p/1");
+    assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
 }

@@ -527,6 +527,12 @@ fn every_hold_reason_is_a_known_metric_label() {
             pod: crate::view::ObjectKey::new("ns", "p"),
             why: "x",
         },
+        HoldReason::FencingPending {
+            proof: crate::api::FencingProof::Agent,
+        },
+        HoldReason::AgentSilenceUnproven {
+            why: crate::planner::proof::SilenceDoubt::NeverHeard,
+        },
     ];
     for reason in reasons {
         assert!(

@@ -178,9 +178,11 @@ impl Actor {
         self.leading = leading;
         self.metrics.operating.set_leader(leading);
         if leading {
-            // What a follower saw may be stale; re-baseline before judging anything.
+            // What a follower saw may be stale; re-baseline before judging anything. Agents
+            // are heard afresh: only this term's hearing may prove a silent agent fenced.
             for obs in self.state.observations.values_mut() {
                 obs.gap(now);
+                obs.restart_agent_hearing(now);
             }
             self.reported.forget_statuses();
             info!("became leader");

@@ -9,13 +9,13 @@ use super::super::actuator::Outcome;
 use super::super::writer::EventNote;
 use super::Actor;
 use super::dispatch::Sent;
+use super::judge;
 use super::reports::pod_reference;
 use crate::api::{FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
-use crate::health::ProbeKind;
 use crate::incident::Phase;
 use crate::metrics::TaintOperation;
 use crate::planner::Intent;
-use crate::planner::proof::{self, AgentEvidence, FenceEvidence};
+use crate::planner::proof::{self, FenceEvidence};
 use crate::view::ObjectKey;
 
 impl Actor {
@@ -209,23 +209,17 @@ impl Actor {
         self.queue_event(ev);
     }
 
-    /// What proves `node` fenced for `policy` now, as the planner judged it.
+    /// What proves `node` fenced for `policy` now, as the planner judged it (from the same
+    /// evidence, `proof::agent_evidence`).
     fn fence_evidence(&self, node: &str, policy: &str, now: Instant) -> Option<FenceEvidence> {
         let spec = &self.state.policies.get(policy)?.spec;
         let node_obj = self.state.view.nodes.get(node)?;
-        let silent_for = self
-            .state
-            .observations
+        let request = self
+            .ledger
             .get(node)
-            .and_then(|o| o.probed(ProbeKind::Agent).silent_since)
-            .map(|since| now.saturating_duration_since(since));
-        let agent = AgentEvidence {
-            silent_for,
-            request: self
-                .ledger
-                .get(node)
-                .and_then(|i| i.fence_request.as_deref()),
-        };
+            .and_then(|i| i.fence_request.as_deref());
+        let heartbeats = judge::heartbeats(&self.state);
+        let agent = proof::agent_evidence(node, &self.state.view, &heartbeats, now, request);
         proof::proven(&spec.fencing, node_obj, agent)
     }
 

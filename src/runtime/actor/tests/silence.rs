@@ -1,0 +1,118 @@
+//! `fencing.proof: Agent` as the decision loop lives it: an agent's silence proves a fence
+//! only from what this leadership term heard.
+
+use super::*;
+use crate::api::{Fencing, FencingProof};
+use crate::contract::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION};
+use crate::health::{ProbeKind, TcpResult};
+
+/// `node` runs a podha agent that fences within 8 s of podha's last hearing.
+fn agent_node(node: Node) -> Node {
+    let mut n = node
+        .annotation(AGENT_PORT_ANNOTATION, "9441")
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "8s");
+    n.status.get_or_insert_with(Default::default).addresses =
+        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }]);
+    n
+}
+
+/// One round of agent probes sent now: `silent` nodes do not answer, the others do.
+fn agent_round(h: &mut Harness, silent: &[&str]) {
+    let results = ["node-1", "node-2", "node-3"]
+        .into_iter()
+        .map(|n| {
+            let result = if silent.contains(&n) {
+                TcpResult::NoAnswer
+            } else {
+                TcpResult::Connected
+            };
+            (n.to_string(), Some(result))
+        })
+        .collect();
+    h.actor.observe_round(crate::runtime::prober::Round {
+        kind: ProbeKind::Agent,
+        sent: Instant::now(),
+        results,
+    });
+}
+
+/// Runs the loop for `secs` seconds with an agent round every second.
+async fn run_with_rounds(h: &mut Harness, secs: u64, silent: &[&str]) {
+    for _ in 0..secs {
+        agent_round(h, silent);
+        h.run_for(1).await;
+    }
+}
+
+fn held(metrics: &Metrics, reason: &str) -> f64 {
+    let text = metrics.encode().expect("encode");
+    text.lines()
+        .filter(|l| l.starts_with("podha_actions_held_total{") && l.contains(reason))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// A replica heard node-1's agent go silent, lost the lease, and gains it again long after:
+/// the silence began before this term (while another replica held it, and may have heard the
+/// agent),
+/// so it proves nothing, however long it looks; podha holds and says why.
+#[tokio::test(start_paused = true)]
+async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    // The kubelet is dead, the agent still answers: podha asks it for the fence.
+    run_with_rounds(&mut h, 3, &[]).await;
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    // The agent goes silent, for less than its 8 s and the 10 s margin.
+    run_with_rounds(&mut h, 5, &["node-1"]).await;
+    h.leader.send(None).expect("leader channel");
+    h.run_for(30).await;
+    h.leader
+        .send(Some(crate::leader::Claim::for_tests()))
+        .expect("leader channel");
+    run_with_rounds(&mut h, 5, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "silence from before this term proved the fence: {sent:?}"
+    );
+    assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
+    // Silent through this term's own 18 s: podha never heard it in this term, still no proof.
+    run_with_rounds(&mut h, 20, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(!sent.iter().any(|k| k.starts_with("taint/")), "{sent:?}");
+}
+
+/// The same agent heard in this term before it went silent: its silence past 8 s and the
+/// margin proves the fence.
+#[tokio::test(start_paused = true)]
+async fn a_silence_this_term_heard_begin_proves_the_fence() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    run_with_rounds(&mut h, 3, &[]).await;
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 16, &["node-1"]).await;
+    assert!(acts(&mut h.writes).is_empty(), "not 18 s yet");
+    run_with_rounds(&mut h, 4, &["node-1"]).await;
+    assert!(acts(&mut h.writes).contains(&"taint/node-1".to_string()));
+    assert_eq!(held(&h.metrics, "AgentSilenceUnproven"), 0.0);
+}
