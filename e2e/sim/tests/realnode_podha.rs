@@ -38,7 +38,7 @@ use podha_sim::testkit::*;
 use serde_json::json;
 
 const KWOK_NODES: usize = 1;
-const REAL_NODES: usize = 4;
+const REAL_NODES: usize = 5;
 /// Where the writers run (the policy selects it).
 const WRITERS: &str = "writers";
 const POLICY: &str = "real-nodes";
