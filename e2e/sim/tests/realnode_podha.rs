@@ -38,7 +38,7 @@ use podha_sim::testkit::*;
 use serde_json::json;
 
 const KWOK_NODES: usize = 1;
-const REAL_NODES: usize = 4;
+const REAL_NODES: usize = 5;
 /// Where the writers run (the policy selects it).
 const WRITERS: &str = "writers";
 const POLICY: &str = "real-nodes";
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
             installed_by_chart,
         ),
         (
-            "a_frozen_node_is_reset_by_its_watchdog_before_its_volume_moves_a_cut_off_one_is_left_alone",
+            "frozen_and_isolated_nodes_are_fenced_before_their_volumes_move_one_cut_off_the_api_server_is_left_alone",
             fencing::frozen_and_cut_off_nodes,
         ),
         (

@@ -8,13 +8,17 @@
 //! - one writer's node **freezes** (a hung machine: its agent frozen too). The agent stops
 //!   petting, the watchdog powers the node off; only then does podha's silence proof hold and
 //!   the volume move. Thawing the node afterwards wakes nothing: it was reset.
+//! - another writer's node is **cut off from everything** (its link down: no packet in or
+//!   out), its processes and its writer running on. Its agent, hearing neither podha nor a
+//!   peer, cannot show that podha hears nobody: it stops petting and fences (its own decision
+//!   or its watchdog, through the BMC) before podha's silence proof holds and the volume moves.
 //! - another writer's node is **cut off from the API server**: podha still hears its agent, so
 //!   the node is left alone (no fence, no taint) and its writer keeps writing (Kubernetes
 //!   evicts it meanwhile, but its kubelet hears of that only once the partition heals, and
 //!   the replacement waits for the volume on the same node).
 //!
-//! Then: the write logs show no split-brain write and no lost acknowledged write, the frozen
-//! node boots again and podha takes its taint off, and no node but the frozen one was fenced.
+//! Then: the write logs show no split-brain write and no lost acknowledged write, the frozen and
+//! isolated nodes boot again and podha takes their taints off, and no other node was fenced.
 
 use super::*;
 
@@ -55,7 +59,7 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
             },
             "action": "OutOfServiceTaint",
             "fencing": { "proof": "Agent", "agentMargin": "2s" },
-            "safety": { "maxUnhealthy": 2, "unhealthyWindow": "0s" },
+            "safety": { "maxUnhealthy": 3, "unhealthyWindow": "0s" },
         }),
     )
     .await
@@ -139,58 +143,43 @@ pub(super) fn frozen_and_cut_off_nodes(
         let real = real_nodes();
         let real: Vec<&str> = real.iter().map(String::as_str).collect();
         let (replica_nodes, app_nodes) = real.split_at(2);
-        let (frozen, cut) = (app_nodes[0], app_nodes[1]);
-        let refuge = replica_nodes[0];
+        let (frozen, cut, isolated) = (app_nodes[0], app_nodes[1], app_nodes[2]);
         every_real_node_up(&ctx, &real).await?;
         apply_fencing_policy(&ctx).await?;
         let fences_before = ctx.cluster.fences()?.len();
 
-        let (old, frozen_volume) = start_writer(&ctx, "frozen", frozen, &[frozen, refuge]).await?;
+        let frozen_writer =
+            start_writer(&ctx, "frozen", frozen, &[frozen, replica_nodes[0]]).await?;
+        let frozen_writer = Moved::start(frozen_writer, replica_nodes[0]);
+        let isolated_writer =
+            start_writer(&ctx, "isolated", isolated, &[isolated, replica_nodes[1]]).await?;
+        let isolated_writer = Moved::start(isolated_writer, replica_nodes[1]);
         let (cut_pod, cut_volume) = start_writer(&ctx, "cut", cut, &[cut]).await?;
         let cut_acks = workload::acknowledged(ctx.cluster.dir(), &uid(&cut_pod)?)?;
         log(
             &ctx.ns,
             format!(
-                "writers on {frozen} and {cut}; freezing {frozen}, cutting {cut} off the API server for {FAULT:?}"
+                "writers on {frozen}, {isolated} and {cut}; freezing {frozen}, cutting \
+                 {isolated} off from everything and {cut} off the API server for {FAULT:?}"
             ),
         );
 
         ctx.cluster.freeze_node(frozen)?;
+        ctx.cluster.isolate_node(isolated, true)?;
         ctx.cluster.partition_node(cut, true)?;
         let started = Instant::now();
         let during = async {
-            let replacement = wait_for(
-                "the frozen writer's replacement Running on another node",
-                secs(110),
-                || async {
-                    let pods = ctx.app_pods("frozen").await?;
-                    Ok(pods.into_iter().find(|p| {
-                        p.metadata.uid != old.metadata.uid && running_ready(p) && !terminating(p)
-                    }))
-                },
-            )
-            .await?;
-            ensure!(
-                node_of(&replacement) == Some(refuge),
-                "the replacement runs on {:?}, not {refuge}",
-                node_of(&replacement)
-            );
-            log(
-                &ctx.ns,
-                format!(
-                    "{} Running on {refuge} {:.1?} after the freeze",
-                    name_of(&replacement),
-                    started.elapsed()
-                ),
-            );
-            wait_writes(&ctx, &replacement, WRITES).await?;
+            let frozen_new = frozen_writer.replacement(&ctx, "frozen", started).await?;
+            let isolated_new = isolated_writer
+                .replacement(&ctx, "isolated", started)
+                .await?;
             // podha must leave the cut-off node alone until the faults end.
             let cut_node = ctx.nodes().get(cut).await?;
             ensure!(
                 !has_out_of_service_taint(&cut_node),
                 "podha tainted the cut-off {cut}"
             );
-            anyhow::Ok(replacement)
+            anyhow::Ok((frozen_new, isolated_new))
         }
         .await;
         let left = FAULT.saturating_sub(started.elapsed());
@@ -198,59 +187,30 @@ pub(super) fn frozen_and_cut_off_nodes(
             tokio::time::sleep(left).await;
         }
         ctx.cluster.thaw_node(frozen)?;
+        ctx.cluster.isolate_node(isolated, false)?;
         ctx.cluster.partition_node(cut, false)?;
-        let replacement = during?;
+        let (frozen_new, isolated_new) = during?;
         log(
             &ctx.ns,
-            format!("{FAULT:?} later: {frozen} thawed, {cut} back in touch"),
+            format!("{FAULT:?} later: {frozen} thawed, {isolated} and {cut} back in touch"),
         );
 
-        // The frozen node: reset by its watchdog, before its volume moved.
+        // Each failed node fenced (through its BMC) before its volume moved: the frozen one by
+        // its watchdog, the isolated one by its agent's decision or its watchdog.
         let fences = fences_since(&ctx, fences_before)?;
-        let fence = fences
-            .iter()
-            .find(|f| f.node == frozen)
-            .with_context(|| format!("{frozen} was never fenced: {fences:?}"))?;
+        let fence = frozen_writer.fenced_first(&ctx, frozen, &frozen_new, &fences)?;
         ensure!(
             fence.reason.starts_with("watchdog"),
             "{frozen}'s fence was not its watchdog's: {fence:?}"
         );
-        let log_entries = workload::write_log(ctx.cluster.dir(), &frozen_volume)?;
-        let first_new = log_entries
-            .iter()
-            .find(|e| e.accepted && e.pod_uid == uid(&replacement).unwrap_or_default())
-            .context("the replacement's first write")?;
-        ensure!(
-            u128::from(first_new.time_us / 1000) > fence.at_ms,
-            "the replacement wrote ({} µs) before {frozen} was fenced ({} ms)",
-            first_new.time_us,
-            fence.at_ms
-        );
-        let report = workload::check(ctx.cluster.dir(), &frozen_volume)?;
-        ensure!(report.clean(), "the frozen writer's volume: {report:?}");
-        ensure!(
-            report.writers.len() == 2,
-            "both writers should have written: {report:?}"
-        );
-        log(
-            &ctx.ns,
-            format!(
-                "{frozen} reset by its watchdog {:.1?} before the replacement's first write; \
-                 write log: {} accepted, 0 split-brain, 0 lost",
-                std::time::Duration::from_millis(
-                    u64::try_from(
-                        (u128::from(first_new.time_us) / 1000).saturating_sub(fence.at_ms)
-                    )
-                    .unwrap_or(0)
-                ),
-                report.accepted_writes
-            ),
-        );
+        isolated_writer.fenced_first(&ctx, isolated, &isolated_new, &fences)?;
 
         // The cut-off node: never fenced nor tainted, its writer wrote through the partition.
         ensure!(
-            fences.iter().all(|f| f.node == frozen),
-            "a node other than {frozen} was fenced: {fences:?}"
+            fences
+                .iter()
+                .all(|f| f.node == frozen || f.node == isolated),
+            "a node other than {frozen} and {isolated} was fenced: {fences:?}"
         );
         ctx.wait_ready(cut, secs(60)).await?;
         let acks_now = workload::acknowledged(ctx.cluster.dir(), &uid(&cut_pod)?)?;
@@ -272,21 +232,122 @@ pub(super) fn frozen_and_cut_off_nodes(
             ),
         );
 
-        // The frozen node boots again; podha takes its taint off.
-        ctx.cluster.start_node(frozen).await?;
-        wait_for(
-            &format!("podha to take its taint off {frozen}"),
-            secs(60),
-            || async {
-                let node = ctx.nodes().get(frozen).await?;
-                Ok((!has_out_of_service_taint(&node)).then_some(()))
-            },
-        )
-        .await?;
-        log(&ctx.ns, format!("{frozen} back, podha's taint gone"));
+        // The fenced nodes boot again; podha takes their taints off.
+        for node in [frozen, isolated] {
+            ctx.cluster.start_node(node).await?;
+        }
+        for node in [frozen, isolated] {
+            wait_for(
+                &format!("podha to take its taint off {node}"),
+                secs(60),
+                || async {
+                    let n = ctx.nodes().get(node).await?;
+                    Ok((!has_out_of_service_taint(&n)).then_some(()))
+                },
+            )
+            .await?;
+        }
+        log(
+            &ctx.ns,
+            format!("{frozen} and {isolated} back, podha's taints gone"),
+        );
         ctx.remove_workloads(secs(180)).await?;
         Ok(())
     })
+}
+
+/// A writer whose node is about to fail, and where its replacement must run.
+struct Moved<'a> {
+    old: Pod,
+    volume: String,
+    refuge: &'a str,
+}
+
+impl<'a> Moved<'a> {
+    fn start((old, volume): (Pod, String), refuge: &'a str) -> Self {
+        Self {
+            old,
+            volume,
+            refuge,
+        }
+    }
+
+    /// The replacement of `app`'s writer, Running on the refuge and writing.
+    async fn replacement(&self, ctx: &Ctx<'_>, app: &str, started: Instant) -> anyhow::Result<Pod> {
+        let replacement = wait_for(
+            &format!("the {app} writer's replacement Running on another node"),
+            secs(110),
+            || async {
+                let pods = ctx.app_pods(app).await?;
+                Ok(pods.into_iter().find(|p| {
+                    p.metadata.uid != self.old.metadata.uid && running_ready(p) && !terminating(p)
+                }))
+            },
+        )
+        .await?;
+        ensure!(
+            node_of(&replacement) == Some(self.refuge),
+            "the {app} replacement runs on {:?}, not {}",
+            node_of(&replacement),
+            self.refuge
+        );
+        log(
+            &ctx.ns,
+            format!(
+                "{} Running on {} {:.1?} after the fault",
+                name_of(&replacement),
+                self.refuge,
+                started.elapsed()
+            ),
+        );
+        wait_writes(ctx, &replacement, WRITES).await?;
+        Ok(replacement)
+    }
+
+    /// `node` was fenced before `replacement` first wrote, and the volume's write log is clean
+    /// (no split-brain write, no lost acknowledged write, both writers wrote); returns the fence.
+    fn fenced_first<'f>(
+        &self,
+        ctx: &Ctx<'_>,
+        node: &str,
+        replacement: &Pod,
+        fences: &'f [podha_sim::cluster::agents::Fence],
+    ) -> anyhow::Result<&'f podha_sim::cluster::agents::Fence> {
+        let fence = fences
+            .iter()
+            .find(|f| f.node == node)
+            .with_context(|| format!("{node} was never fenced: {fences:?}"))?;
+        let log_entries = workload::write_log(ctx.cluster.dir(), &self.volume)?;
+        let first_new = log_entries
+            .iter()
+            .find(|e| e.accepted && e.pod_uid == uid(replacement).unwrap_or_default())
+            .context("the replacement's first write")?;
+        let first_new_ms = u128::from(first_new.time_us / 1000);
+        ensure!(
+            first_new_ms > fence.at_ms,
+            "the replacement wrote ({} µs) before {node} was fenced ({} ms)",
+            first_new.time_us,
+            fence.at_ms
+        );
+        let report = workload::check(ctx.cluster.dir(), &self.volume)?;
+        ensure!(report.clean(), "{node}'s writer's volume: {report:?}");
+        ensure!(
+            report.writers.len() == 2,
+            "both writers should have written: {report:?}"
+        );
+        let before = u64::try_from(first_new_ms.saturating_sub(fence.at_ms)).unwrap_or(0);
+        log(
+            &ctx.ns,
+            format!(
+                "{node} fenced ({}) {:.1?} before the replacement's first write; write log: {} \
+                 accepted, 0 split-brain, 0 lost",
+                fence.reason,
+                std::time::Duration::from_millis(before),
+                report.accepted_writes
+            ),
+        );
+        Ok(fence)
+    }
 }
 
 /// How often real node `node`'s agent decided to stay up though unheard (its log says so once

@@ -153,6 +153,16 @@ impl Cluster {
         Ok(())
     }
 
+    /// Cuts (`cut`) real node `name` off from everything, or lets it back: its address goes
+    /// silent both ways (the host end of its link down), while its processes, its containers
+    /// and their volumes run on, as on a machine whose network failed.
+    pub fn isolate_node(&self, name: &str, cut: bool) -> Result<()> {
+        let node = self.real_node(name, "isolated")?;
+        realnode::net::set_link(&node.veth(), !cut)?;
+        info!(node = name, cut, "node isolation changed");
+        Ok(())
+    }
+
     /// Cuts (`cut`) or restores real node `name`'s traffic to the API server; its containers
     /// keep running and its kubelet port still answers.
     pub fn partition_node(&self, name: &str, cut: bool) -> Result<()> {
