@@ -141,6 +141,8 @@ pub struct NodeObservations {
     last_seen_alive: Option<Instant>,
     /// When this process first saw one of podha's taints on the node (cleared once it is gone).
     podha_tainted_since: Option<Instant>,
+    /// The node's boot ID (`status.nodeInfo.bootID`) as last seen.
+    boot_id: Option<String>,
     gap_since: Option<Instant>,
     /// Bumped whenever a gap begins or ends, so each tracker notices gaps it did not tick
     /// through without the runtime having to reach every tracker.
@@ -161,6 +163,7 @@ impl NodeObservations {
             agent: Probed::default(),
             last_seen_alive: None,
             podha_tainted_since: None,
+            boot_id: None,
             gap_since: None,
             gap_epoch: 0,
         }
@@ -250,6 +253,21 @@ impl NodeObservations {
             from: Some(at),
             ..Probed::default()
         };
+    }
+
+    /// The node's boot ID as seen at `at`. A new boot's agent is another agent: what podha
+    /// heard of the last boot's is forgotten, as at a new leadership term, so that a silence
+    /// counts only after this boot's agent answered. (An agent whose port podha cannot reach
+    /// from boot does not fence on isolation: podha must not count the silence that began when
+    /// the previous boot ended.)
+    pub fn observe_boot_id(&mut self, boot_id: Option<&str>, at: Instant) {
+        let Some(now) = boot_id.filter(|b| !b.is_empty()) else {
+            return;
+        };
+        if self.boot_id.as_deref().is_some_and(|before| before != now) {
+            self.restart_agent_hearing(at);
+        }
+        self.boot_id = Some(now.to_string());
     }
 
     /// Whether the Node object carries one of podha's taints, as seen at `at`.
@@ -567,6 +585,37 @@ mod tests {
         obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
         obs.forget_probe(ProbeKind::KubeletTcp);
         assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
+    }
+
+    /// A new boot's agent is heard afresh: the silence that began when the last boot ended is
+    /// not this agent's.
+    #[test]
+    fn a_new_boot_forgets_what_was_heard_of_the_last_boots_agent() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
+        obs.observe_boot_id(Some("boot-1"), t0);
+        obs.observe_probe(ProbeKind::Agent, TcpResult::Connected, t0, t0 + s(1));
+        obs.observe_probe(ProbeKind::Agent, TcpResult::NoAnswer, t0 + s(1), t0 + s(2));
+        // Re-delivered, or not reported: nothing forgotten.
+        obs.observe_boot_id(Some("boot-1"), t0 + s(3));
+        obs.observe_boot_id(None, t0 + s(3));
+        obs.observe_boot_id(Some(""), t0 + s(3));
+        assert_eq!(agent(&obs).silent_since, Some(t0 + s(2)));
+        obs.observe_boot_id(Some("boot-2"), t0 + s(30));
+        let fresh = agent(&obs);
+        assert_eq!((fresh.answered, fresh.silent_since), (None, None));
+        // Still silent in the new boot: a silence, but with no answer before it.
+        obs.observe_probe(
+            ProbeKind::Agent,
+            TcpResult::NoAnswer,
+            t0 + s(31),
+            t0 + s(32),
+        );
+        assert_eq!(
+            (agent(&obs).answered, agent(&obs).silent_since),
+            (None, Some(t0 + s(32)))
+        );
     }
 
     /// A leadership term hears the agent afresh: an earlier term's answers and silence are
