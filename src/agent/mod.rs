@@ -30,7 +30,7 @@ use crate::contract::AGENT_PROBE_INTERVAL;
 use check::{check_loop, resume};
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
 use hearing_file::HearingFile;
-use peers::{Peers, SurveyTimes};
+use peers::{Peers, SavedList, SurveyTimes};
 use server::SharedHearing;
 use watchdog::Watchdog;
 
@@ -317,7 +317,13 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
     let survey_times = args.survey_times();
     let peers = if args.peers.is_empty() {
-        Peers::discovered(client.clone(), &args.node, survey_times)
+        let saved = args.hearing_file.with_extension("peers");
+        Peers::discovered(
+            client.clone(),
+            &args.node,
+            survey_times,
+            SavedList::new(saved),
+        )
     } else {
         Peers::fixed(args.peers.clone(), survey_times)
     };

@@ -15,6 +15,7 @@
 //! so a node that is merely unheard for a moment asks a few peers, not the whole cluster.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -86,6 +87,8 @@ enum Source {
         client: kube::Client,
         node: String,
         kept: Mutex<Kept>,
+        /// Where the list is saved for the next agent of this boot (see [`SavedList`]).
+        saved: SavedList,
     },
 }
 
@@ -137,12 +140,23 @@ impl Peers {
         Self::with(Source::Fixed(peers), times)
     }
 
-    /// Peers from the Node list, unknown until [`Peers::keep_warm`] first reads it.
-    pub fn discovered(client: kube::Client, node: &str, times: SurveyTimes) -> Self {
+    /// Peers from the Node list, unknown until [`Peers::keep_warm`] first reads it, or until
+    /// then the list an earlier agent of this boot saved in `saved`.
+    pub fn discovered(
+        client: kube::Client,
+        node: &str,
+        times: SurveyTimes,
+        saved: SavedList,
+    ) -> Self {
+        let kept = Kept {
+            list: saved.load(),
+            failing: false,
+        };
         let source = Source::Discovered {
             client,
             node: node.to_string(),
-            kept: Mutex::new(Kept::default()),
+            kept: Mutex::new(kept),
+            saved,
         };
         Self::with(source, times)
     }
@@ -159,7 +173,13 @@ impl Peers {
     /// Reads the peer list now and every [`REFRESH`], for as long as the agent runs (a fixed
     /// list needs nothing: this waits forever). A failed read keeps the last good list.
     pub async fn keep_warm(&self) {
-        let Source::Discovered { client, node, kept } = &self.source else {
+        let Source::Discovered {
+            client,
+            node,
+            kept,
+            saved,
+        } = &self.source
+        else {
             return std::future::pending().await;
         };
         let nodes: Api<Node> = Api::all(client.clone());
@@ -171,7 +191,12 @@ impl Peers {
                 Ok(read) => read.map_err(PeerListError::from),
                 Err(_) => Err(PeerListError::TimedOut(READ_TIMEOUT)),
             };
-            lock(kept).took(read);
+            let mut kept = lock(kept);
+            let before = kept.list.clone();
+            kept.took(read);
+            if let Some(list) = kept.list.as_ref().filter(|l| Some(*l) != before.as_ref()) {
+                saved.save(list);
+            }
         }
     }
 
@@ -238,6 +263,55 @@ impl Peers {
             peers.rotate_left(shift);
         }
         Some(peers)
+    }
+}
+
+/// The peer list saved beside the hearing file, for the next agent of this boot: an agent
+/// restarted while the API server is down (a crash, its container restarted) then still knows
+/// its peers, and their vouching keeps its healthy node up through a control-plane outage. The
+/// file lives where the hearing file does (memory a reboot empties); one address per line. A
+/// file that cannot be read whole is no list (unknown, as before any read).
+pub struct SavedList {
+    path: PathBuf,
+}
+
+impl SavedList {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path }
+    }
+
+    fn load(&self) -> Option<Vec<SocketAddr>> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                warn!(file = %self.path.display(), error = %e, "cannot read the saved peer list");
+                return None;
+            }
+        };
+        let list: Result<Vec<SocketAddr>, _> = text.lines().map(str::parse).collect();
+        match list {
+            Ok(list) => {
+                info!(file = %self.path.display(), peers = list.len(), "going on with the peer list the last agent of this boot read");
+                Some(list)
+            }
+            Err(e) => {
+                warn!(file = %self.path.display(), error = %e, "the saved peer list is garbled; ignored");
+                None
+            }
+        }
+    }
+
+    /// Written whole, then renamed over the old file. A failure is logged; the list in memory
+    /// stands.
+    fn save(&self, list: &[SocketAddr]) {
+        let text: String = list.iter().map(|a| format!("{a}\n")).collect();
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".new");
+        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path))
+        {
+            warn!(file = %self.path.display(), error = %e, "cannot save the peer list for the next agent");
+        }
     }
 }
 
@@ -381,7 +455,10 @@ mod tests {
         let queries = Arc::new(Mutex::new(Vec::new()));
         let client = paged_api(lists.clone(), queries.clone(), 1);
         let times = SurveyTimes::new(Duration::from_secs(5));
-        let peers = Peers::discovered(client, "n1", times);
+        let dir = std::env::temp_dir().join(format!("podha-peers-warm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let saved = SavedList::new(dir.join("heard.peers"));
+        let peers = Peers::discovered(client, "n1", times, saved);
         assert_eq!(peers.list(), None, "not read yet: unknown");
         let survey = peers.survey(Duration::from_secs(30)).await;
         assert_eq!(survey.peers, PeerCount::Unknown);
@@ -405,6 +482,23 @@ mod tests {
             queries[1].contains("limit=500") && queries[1].contains("continue=page-2"),
             "{queries:?}"
         );
+        // The next agent of this boot (a crash, the API server down): the saved list.
+        let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
+        let saved = SavedList::new(dir.join("heard.peers"));
+        let next = Peers::discovered(down, "n1", times, saved);
+        let mut resumed = next.list().expect("the saved list");
+        resumed.sort();
+        assert_eq!(resumed, found);
+        // A garbled file is no list.
+        std::fs::write(dir.join("heard.peers"), "10.0.0.2:9441\nnonsense\n").expect("write");
+        let garbled = SavedList::new(dir.join("heard.peers"));
+        let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
+        assert_eq!(Peers::discovered(down, "n1", times, garbled).list(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn queries_sink() -> Arc<Mutex<Vec<String>>> {
+        Arc::new(Mutex::new(Vec::new()))
     }
 
     #[tokio::test]
