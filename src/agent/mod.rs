@@ -338,18 +338,13 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         args.watchdog_timeout,
     );
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
-    let advertised = requests::advertise(
-        client.clone(),
-        &args.node,
-        args.listen.port(),
+    let advert = requests::Advert {
+        port: args.listen.port(),
         fenced_within,
-    );
+    };
     let result = tokio::select! {
         r = serve => r.map_err(AgentError::Serve),
-        r = async {
-            let boot = boot_id(&args.boot_id_file);
-            tokio::join!(advertised, requests::follow(client, &args.node, boot, fencer.clone())).1
-        } => r,
+        r = requests::follow(client, &args.node, advert, boot_id(&args.boot_id_file), fencer.clone()) => r,
         () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => Ok(()),
         () = peers.keep_warm() => Ok(()),
         _ = terminate.recv() => {

@@ -20,28 +20,53 @@ use crate::contract::{
     FENCE_REQUEST_ANNOTATION, fenced_within_value, requested_boot,
 };
 
-/// Tells podha, on the Node, that an agent runs here: its port, and how long after podha last
-/// heard it its node is fenced at the latest (`fenced_within`). Tried every few seconds until
-/// the API server takes it (the agent may start cut off).
-pub async fn advertise(client: kube::Client, name: &str, port: u16, fenced_within: Duration) {
-    let nodes: Api<Node> = Api::all(client);
-    let patch = json!({"metadata": {"annotations": {
-        AGENT_PORT_ANNOTATION: port.to_string(),
-        AGENT_FENCED_WITHIN_ANNOTATION: fenced_within_value(fenced_within),
-    }}});
-    loop {
+/// What the agent tells podha on its Node: that an agent runs here, on this port, and how long
+/// after podha last heard it its node is fenced at the latest (`fenced_within`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advert {
+    pub port: u16,
+    pub fenced_within: Duration,
+}
+
+impl Advert {
+    fn annotations(&self) -> [(&'static str, String); 2] {
+        [
+            (AGENT_PORT_ANNOTATION, self.port.to_string()),
+            (
+                AGENT_FENCED_WITHIN_ANNOTATION,
+                fenced_within_value(self.fenced_within),
+            ),
+        ]
+    }
+
+    /// Whether `node` lacks this advert, or carries another: a Node deleted and registered
+    /// again comes back without it, and podha, which probes only nodes that advertise an
+    /// agent, would stop hearing this one (whose node it would then fence).
+    pub fn missing_from(&self, node: &Node) -> bool {
+        let annotations = node.metadata.annotations.as_ref();
+        self.annotations()
+            .iter()
+            .any(|(key, value)| annotations.and_then(|a| a.get(*key)) != Some(value))
+    }
+
+    async fn put_on(&self, nodes: &Api<Node>, name: &str) {
+        let annotations: serde_json::Map<String, serde_json::Value> = self
+            .annotations()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+        let patch = json!({"metadata": {"annotations": annotations}});
         match nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {
-                info!(node = name, port, "agent advertised on the node");
-                return;
-            }
-            Err(e) => {
-                warn!(node = name, error = %e, "cannot advertise the agent on the node yet");
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
+            Ok(_) => info!(
+                node = name,
+                port = self.port,
+                "agent advertised on the node"
+            ),
+            // The watch delivers the Node again (or podha's next write does): tried then.
+            Err(e) => warn!(node = name, error = %e, "cannot advertise the agent on the node yet"),
         }
     }
 }
@@ -63,10 +88,12 @@ pub fn unanswered(node: &Node) -> Option<&str> {
 }
 
 /// Follows the Node `name` for as long as the agent runs (the watch restarts with backoff
-/// while the API server is unreachable).
+/// while the API server is unreachable): keeps `advert` on it, whenever the Node lacks it (at
+/// start, after the Node was registered again), and answers fence requests.
 pub async fn follow(
     client: kube::Client,
     name: &str,
+    advert: Advert,
     boot: Option<String>,
     fencer: Arc<Fencer>,
 ) -> Result<(), AgentError> {
@@ -79,6 +106,9 @@ pub async fn follow(
     loop {
         match stream.try_next().await {
             Ok(Some(node)) => {
+                if advert.missing_from(&node) {
+                    advert.put_on(&nodes, name).await;
+                }
                 if let Some(request) = unanswered(&node) {
                     answer(&nodes, name, request, boot.as_deref(), &fencer).await;
                 }
@@ -126,6 +156,28 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
         );
         n
+    }
+
+    #[test]
+    fn a_node_without_the_agents_advert_or_with_another_one_is_advertised_again() {
+        let advert = Advert {
+            port: 9441,
+            fenced_within: Duration::from_secs(30),
+        };
+        let carried = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
+            (FENCE_ACK_ANNOTATION, "r1"),
+        ]);
+        assert!(!advert.missing_from(&carried));
+        // Registered again: no annotations at all.
+        assert!(advert.missing_from(&Node::default()));
+        assert!(advert.missing_from(&node(&[(AGENT_PORT_ANNOTATION, "9441")])));
+        let older = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_FENCED_WITHIN_ANNOTATION, "46s"),
+        ]);
+        assert!(advert.missing_from(&older), "another agent's timing");
     }
 
     #[test]
