@@ -13,7 +13,7 @@ use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdo
 use super::peers::Peers;
 use super::server::{self, Hearing, SharedHearing};
 use super::watchdog::Watchdog;
-use super::{AgentArgs, Fencer};
+use super::{AgentArgs, FenceCause, Fencer};
 
 /// What the agent knows of podha hearing its node when it starts: what the hearing file says
 /// an earlier agent knew in this boot (nothing: never heard since the node booted; unknown:
@@ -92,7 +92,7 @@ pub(super) async fn check_loop(
                 said = Said::Nothing;
             }
             Verdict::Fence(why) if fence => {
-                fencer.fence(&why).await;
+                fencer.fence(FenceCause::Isolation, &why).await;
             }
             Verdict::Fence(why) => {
                 info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);

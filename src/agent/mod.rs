@@ -8,9 +8,11 @@
 //! - [`server`]: the endpoints podha's leader and the peers call.
 //! - [`peers`]: who the peers are and what they answer.
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
+//! - [`fence`]: how the node is fenced, once per cause.
 
 mod check;
 mod error;
+mod fence;
 mod hearing_file;
 pub mod isolation;
 mod peers;
@@ -29,6 +31,7 @@ use tracing::{error, info, warn};
 use crate::contract::AGENT_PROBE_INTERVAL;
 use check::{check_loop, resume};
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
+pub use fence::{FenceCause, FenceMethod, Fencer};
 use hearing_file::HearingFile;
 use peers::{Peers, SavedList, SurveyTimes};
 use server::SharedHearing;
@@ -155,95 +158,6 @@ fn boot_id(file: &std::path::Path) -> Option<String> {
     }
 }
 
-/// How the agent fences its node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FenceMethod {
-    /// `text` written to the file at `path`.
-    Write { path: PathBuf, text: String },
-    /// A shell command.
-    Command(String),
-}
-
-impl FenceMethod {
-    pub fn parse(s: &str) -> Result<Self, ArgsError> {
-        let method = match s.split_once(':') {
-            _ if s == "sysrq-reboot" => Some(Self::Write {
-                path: "/proc/sysrq-trigger".into(),
-                text: "b".into(),
-            }),
-            Some(("write", what)) => what.split_once('=').and_then(|(path, text)| {
-                (path.starts_with('/') && !text.is_empty()).then(|| Self::Write {
-                    path: path.into(),
-                    text: text.into(),
-                })
-            }),
-            Some(("command", cmd)) if !cmd.trim().is_empty() => Some(Self::Command(cmd.into())),
-            _ => None,
-        };
-        method.ok_or_else(|| ArgsError::NoFenceMethod(s.to_string()))
-    }
-}
-
-/// Fences the node, once per episode: after a fence the agent does not fence again until podha
-/// has heard it since (a fence that did not take the node down is reported, not repeated in a
-/// loop).
-pub struct Fencer {
-    method: FenceMethod,
-    node: String,
-    done: tokio::sync::Mutex<bool>,
-}
-
-impl Fencer {
-    pub fn new(method: FenceMethod, node: &str) -> Self {
-        Self {
-            method,
-            node: node.to_string(),
-            done: tokio::sync::Mutex::new(false),
-        }
-    }
-
-    /// Fences unless this episode already did; returns whether the node is fenced.
-    pub async fn fence(&self, why: &str) -> bool {
-        let mut done = self.done.lock().await;
-        if *done {
-            return true;
-        }
-        warn!(node = %self.node, why, "fencing this node");
-        let result = match &self.method {
-            FenceMethod::Write { path, text } => tokio::fs::write(path, text.as_bytes())
-                .await
-                .map_err(|e| format!("writing {text:?} to {}: {e}", path.display())),
-            FenceMethod::Command(cmd) => tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(cmd)
-                .env("PODHA_FENCE_NODE", &self.node)
-                .env("PODHA_FENCE_REASON", why)
-                .status()
-                .await
-                .map_err(|e| format!("running {cmd:?}: {e}"))
-                .and_then(|status| {
-                    status
-                        .success()
-                        .then_some(())
-                        .ok_or_else(|| format!("{cmd:?} failed: {status}"))
-                }),
-        };
-        match result {
-            Ok(()) => {
-                info!(node = %self.node, "node fenced");
-                *done = true;
-            }
-            Err(e) => error!(node = %self.node, error = %e, "the fence failed"),
-        }
-        *done
-    }
-
-    /// podha heard the node again: a later isolation is a new episode.
-    pub async fn heard(&self) {
-        *self.done.lock().await = false;
-    }
-}
-
 /// `podha agent`: the supervisor, which runs the agent in a worker process of its own and
 /// replaces it when it dies (see [`supervisor`]).
 pub async fn supervisor_cli(args: AgentArgs) -> std::process::ExitCode {
@@ -365,70 +279,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_fence_method_is_named_never_assumed() {
-        assert_eq!(
-            FenceMethod::parse("sysrq-reboot"),
-            Ok(FenceMethod::Write {
-                path: "/proc/sysrq-trigger".into(),
-                text: "b".into()
-            })
-        );
-        assert_eq!(
-            FenceMethod::parse("write:/run/bmc/power=off"),
-            Ok(FenceMethod::Write {
-                path: "/run/bmc/power".into(),
-                text: "off".into()
-            })
-        );
-        assert_eq!(
-            FenceMethod::parse("command:kill -9 1"),
-            Ok(FenceMethod::Command("kill -9 1".into()))
-        );
-        for bad in [
-            "",
-            "reboot",
-            "command:",
-            "command:  ",
-            "sysrq",
-            "write:",
-            "write:/run/bmc/power",
-            "write:/run/bmc/power=",
-            "write:power=off",
-        ] {
-            let err = FenceMethod::parse(bad).expect_err(bad).to_string();
-            assert!(
-                err.contains("sysrq-reboot, write:<absolute path>=<text> or command:"),
-                "{err}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn a_write_fence_writes_its_text_and_a_missing_file_is_no_fence() {
-        let dir = std::env::temp_dir().join(format!("podha-write-fence-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let power = dir.join("power");
-        let missing = Fencer::new(
-            FenceMethod::Write {
-                path: dir.join("no-such-dir/power"),
-                text: "off".into(),
-            },
-            "node-1",
-        );
-        assert!(!missing.fence("cut off").await);
-        let fencer = Fencer::new(
-            FenceMethod::Write {
-                path: power.clone(),
-                text: "off".into(),
-            },
-            "node-1",
-        );
-        assert!(fencer.fence("cut off").await);
-        assert_eq!(std::fs::read_to_string(&power).expect("power"), "off");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
     fn the_boot_id_is_the_files_trimmed_and_none_when_unreadable_or_empty() {
         let dir = std::env::temp_dir().join(format!("podha-boot-id-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
@@ -438,30 +288,6 @@ mod tests {
         std::fs::write(&file, " \n").expect("write");
         assert_eq!(boot_id(&file), None);
         assert_eq!(boot_id(&dir.join("missing")), None);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test]
-    async fn a_fence_runs_once_per_episode_and_a_failed_one_is_tried_again() {
-        let dir = std::env::temp_dir().join(format!("podha-fence-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let log = dir.join("log");
-        let flag = dir.join("fail");
-        let cmd = format!(
-            "test ! -e {flag} && echo \"$PODHA_FENCE_NODE $PODHA_FENCE_REASON\" >> {log}",
-            flag = flag.display(),
-            log = log.display()
-        );
-        let fencer = Fencer::new(FenceMethod::Command(cmd), "node-1");
-        std::fs::write(&flag, "").expect("flag");
-        assert!(!fencer.fence("cut off").await, "the command failed");
-        std::fs::remove_file(&flag).expect("flag");
-        assert!(fencer.fence("cut off").await);
-        assert!(fencer.fence("cut off").await, "already fenced");
-        fencer.heard().await;
-        assert!(fencer.fence("again").await);
-        let text = std::fs::read_to_string(&log).expect("log");
-        assert_eq!(text, "node-1 cut off\nnode-1 again\n");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

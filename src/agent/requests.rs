@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{AgentError, Fencer};
+use super::{AgentError, FenceCause, Fencer};
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
     FENCE_REQUEST_ANNOTATION, fenced_within_value, requested_boot,
@@ -123,7 +123,10 @@ async fn answer(nodes: &Api<Node>, name: &str, request: &str, boot: Option<&str>
     if needs_fence(request, boot) {
         info!(node = name, request, "podha asks for a fence");
         let why = format!("podha asked for it (request {request})");
-        if !fencer.fence(&why).await {
+        if !fencer
+            .fence(FenceCause::Request(request.to_string()), &why)
+            .await
+        {
             return;
         }
     } else {

@@ -4,7 +4,7 @@
 //! node's BMC and petting the BMC's watchdog; the policy asks for the agent's proof before the
 //! out-of-service taint.
 //!
-//! At once, for 120 s:
+//! At once, for 90 s:
 //! - one writer's node **freezes** (a hung machine: its agent frozen too). The agent stops
 //!   petting, the watchdog powers the node off; only then does podha's silence proof hold and
 //!   the volume move. Thawing the node afterwards wakes nothing: it was reset.
@@ -28,7 +28,7 @@ const NS: &str = "fencing";
 const OUTAGE_NS: &str = "outage";
 const POLICY_NAME: &str = "fenced-real-nodes";
 /// How long the two faults last.
-const FAULT: std::time::Duration = std::time::Duration::from_secs(120);
+const FAULT: std::time::Duration = std::time::Duration::from_secs(90);
 
 /// The policy: the agent's heartbeat beside the Lease, the agent's proof before the taint.
 async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
