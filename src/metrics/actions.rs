@@ -18,15 +18,17 @@ pub enum ActionKind {
     TaintNode,
     UntaintNode,
     RequestFence,
+    WithdrawFenceRequest,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 5] = [
+    pub const ALL: [ActionKind; 6] = [
         ActionKind::MarkPodNotReady,
         ActionKind::DeletePod,
         ActionKind::TaintNode,
         ActionKind::UntaintNode,
         ActionKind::RequestFence,
+        ActionKind::WithdrawFenceRequest,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -36,6 +38,7 @@ impl ActionKind {
             ActionKind::TaintNode => "taint_node",
             ActionKind::UntaintNode => "untaint_node",
             ActionKind::RequestFence => "request_fence",
+            ActionKind::WithdrawFenceRequest => "withdraw_fence_request",
         }
     }
 }

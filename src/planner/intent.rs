@@ -38,6 +38,9 @@ pub enum Intent {
     /// Ask the node's podha agent to fence the node (policy proof `Agent`): an annotation on
     /// the Node the agent answers with its acknowledgement.
     RequestFence { node: String, policy: String },
+    /// Take podha's fence request off a node whose failure is over (no open incident, judged
+    /// Healthy): an agent that never saw it must not carry it out later.
+    WithdrawFenceRequest { node: String },
     /// An action podha chose not to take, and why.
     Hold {
         policy: String,
@@ -168,13 +171,14 @@ impl Intent {
             | Self::ForceDeletePod { node, .. }
             | Self::TaintNode { node, .. }
             | Self::RequestFence { node, .. }
-            | Self::RemoveTaint { node } => Some(node),
+            | Self::RemoveTaint { node }
+            | Self::WithdrawFenceRequest { node } => Some(node),
             Self::Hold { node, .. } => node.as_deref(),
         }
     }
 
     /// The policy an intent is taken for (`None` for an untaint: its policy is the one named
-    /// by podha's marker on the node).
+    /// by podha's marker on the node; nor for a withdrawal, whose incident is over).
     pub fn policy(&self) -> Option<&str> {
         match self {
             Self::ForceDeletePod { policy, .. }
@@ -182,7 +186,7 @@ impl Intent {
             | Self::TaintNode { policy, .. }
             | Self::RequestFence { policy, .. }
             | Self::Hold { policy, .. } => Some(policy),
-            Self::RemoveTaint { .. } => None,
+            Self::RemoveTaint { .. } | Self::WithdrawFenceRequest { .. } => None,
         }
     }
 
@@ -195,6 +199,7 @@ impl Intent {
             Self::TaintNode { node, .. } => taint_key(node),
             Self::RemoveTaint { node } => format!("untaint/{node}"),
             Self::RequestFence { node, .. } => format!("fence/{node}"),
+            Self::WithdrawFenceRequest { node } => format!("unfence/{node}"),
             Self::Hold {
                 policy,
                 node,
@@ -224,6 +229,9 @@ impl Intent {
             }
             Self::RequestFence { node, .. } => {
                 format!("ask for a fence of node {node} (podha.io/fence-request)")
+            }
+            Self::WithdrawFenceRequest { node } => {
+                format!("withdraw the fence request of node {node} (podha.io/fence-request)")
             }
             Self::Hold { .. } => "hold".to_string(),
         }

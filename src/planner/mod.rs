@@ -32,6 +32,7 @@ mod intent;
 mod ownership;
 pub mod proof;
 mod taints;
+mod withdrawals;
 
 use std::collections::BTreeMap;
 
@@ -135,6 +136,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         plan_incident(incident, &policies, &held, input, &mut out);
     }
     taints::plan_untaints(&policies, input, &mut out.intents);
+    withdrawals::plan_withdrawals(input, &mut out.intents);
     out
 }
 

@@ -147,6 +147,9 @@ impl Actuator {
             } => self.taint(node, policy, *taint, seen).await,
             Intent::RemoveTaint { node } => self.untaint(node, seen).await,
             Intent::RequestFence { node, policy } => self.request_fence(node, policy, seen).await,
+            Intent::WithdrawFenceRequest { node } => {
+                self.patch_node(node, seen, withdrawal_patch).await
+            }
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
     }
@@ -350,6 +353,25 @@ fn taint_patch(node: &Node, policy: &str, kind: NodeTaint) -> serde_json::Value 
 /// version, and what it stands for: `Applied` when a taint of podha's goes, `AlreadyDone` when
 /// only the marker is left. `None` without the marker: a taint somebody else put on the node
 /// stays.
+/// The merge patch that takes podha's fence request off `node` (guarded by its
+/// resourceVersion: a request written meanwhile is not lost unseen); `None` without one.
+fn withdrawal_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
+    let requested = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(FENCE_REQUEST_ANNOTATION));
+    requested.then(|| {
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": { FENCE_REQUEST_ANNOTATION: null },
+            },
+        });
+        (patch, Outcome::Applied)
+    })
+}
+
 fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
     let marked = node
         .metadata
@@ -546,6 +568,32 @@ mod tests {
         node.spec = None;
         let (patch, outcome) = untaint_patch(&node).expect("marked");
         assert_eq!(outcome, Outcome::AlreadyDone);
+        assert!(patch.get("spec").is_none());
+    }
+
+    #[test]
+    fn a_withdrawal_takes_off_the_request_alone_in_the_version_seen() {
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("7".into());
+        assert!(
+            withdrawal_patch(&node).is_none(),
+            "no request: nothing to do"
+        );
+        node.metadata.annotations = Some(
+            [
+                (FENCE_REQUEST_ANNOTATION.into(), "p/1/b".into()),
+                (crate::contract::FENCE_ACK_ANNOTATION.into(), "p/1/b".into()),
+            ]
+            .into(),
+        );
+        let (patch, outcome) = withdrawal_patch(&node).expect("requested");
+        assert_eq!(outcome, Outcome::Applied);
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        let annotations = patch["metadata"]["annotations"]
+            .as_object()
+            .expect("annotations");
+        assert_eq!(annotations.len(), 1, "{patch}");
+        assert!(annotations[FENCE_REQUEST_ANNOTATION].is_null());
         assert!(patch.get("spec").is_none());
     }
 }

@@ -354,6 +354,7 @@ pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
         Intent::TaintNode { .. } => Some(ActionKind::TaintNode),
         Intent::RemoveTaint { .. } => Some(ActionKind::UntaintNode),
         Intent::RequestFence { .. } => Some(ActionKind::RequestFence),
+        Intent::WithdrawFenceRequest { .. } => Some(ActionKind::WithdrawFenceRequest),
         Intent::Hold { .. } => None,
     }
 }

@@ -4,6 +4,7 @@ use super::*;
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
+    FENCE_REQUEST_ANNOTATION,
 };
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
@@ -500,4 +501,44 @@ fn an_out_of_service_taint_found_on_the_node_counts_only_with_the_proof() {
     world.ledger.record_fence_request("node-1", "p/1");
     acknowledge(&mut world, "node-1", "p/1");
     assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
+}
+
+/// A fence request left on a node whose failure is over is withdrawn, so an agent that never
+/// saw it (cut off, stopped) does not carry it out later on a healthy node; not while the
+/// incident is open, nor while the node is not Ready or some policy does not judge it Healthy.
+#[test]
+fn a_fence_request_is_withdrawn_once_the_failure_is_over() {
+    let mut view = cluster(3);
+    let requested = (*view.nodes["node-1"])
+        .clone()
+        .annotation(FENCE_REQUEST_ANNOTATION, "p/1/boot-1");
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(requested));
+    let withdraw = Intent::WithdrawFenceRequest {
+        node: "node-1".into(),
+    };
+    let healed = World::new(view.clone()).policy("p", mk_spec());
+    assert_eq!(healed.plan().intents, vec![withdraw.clone()]);
+    let open = World::new(view.clone())
+        .policy("p", mk_spec())
+        .fail("node-1");
+    assert!(
+        !open.plan().intents.contains(&withdraw),
+        "the incident is open: {:?}",
+        open.plan().intents
+    );
+    let suspect = World::new(view.clone()).policy("p", mk_spec()).set_health(
+        "p",
+        "node-1",
+        NodeHealth::Suspect {
+            since: Instant::now(),
+            failures: 1,
+        },
+    );
+    assert!(suspect.plan().intents.is_empty(), "not judged Healthy yet");
+    let unknown = (*view.nodes["node-1"]).clone().ready(false);
+    view.nodes
+        .insert("node-1".into(), std::sync::Arc::new(unknown));
+    let not_ready = World::new(view).policy("p", mk_spec());
+    assert!(not_ready.plan().intents.is_empty(), "not Ready");
 }

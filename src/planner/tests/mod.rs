@@ -775,6 +775,7 @@ fn intent_names(plan: &Plan) -> Vec<String> {
             Intent::TaintNode { node, taint, .. } => format!("taint {node} {}", taint.key()),
             Intent::RemoveTaint { node } => format!("untaint {node}"),
             Intent::RequestFence { node, .. } => format!("request fence {node}"),
+            Intent::WithdrawFenceRequest { node } => format!("withdraw fence request {node}"),
             Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
         })
         .collect()

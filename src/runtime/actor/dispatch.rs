@@ -134,7 +134,8 @@ impl Actor {
         let node = match &intent {
             Intent::TaintNode { node, .. }
             | Intent::RemoveTaint { node }
-            | Intent::RequestFence { node, .. } => self.state.view.nodes.get(node).cloned(),
+            | Intent::RequestFence { node, .. }
+            | Intent::WithdrawFenceRequest { node } => self.state.view.nodes.get(node).cloned(),
             _ => None,
         };
         self.out.writes.act(intent, node).await;

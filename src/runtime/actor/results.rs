@@ -60,6 +60,16 @@ impl Actor {
                     self.record_fence_request(node, policy, request);
                 }
             }
+            Intent::WithdrawFenceRequest { node } => {
+                if outcome == Outcome::Applied {
+                    info!(node, "fence request withdrawn");
+                    let note = "withdrew podha's fence request (podha.io/fence-request): the \
+                                node is back and its failure is over";
+                    let ev =
+                        self.node_event(node, false, "FenceRequestWithdrawn", "Fence", note.into());
+                    self.queue_event(ev);
+                }
+            }
             Intent::Hold { .. } => {}
         }
     }
