@@ -102,5 +102,6 @@ pub mod condition {
     pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
     pub const REASON_TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthyNodes";
     pub const REASON_DETACH_TIMEOUT: &str = "DetachTimeout";
+    pub const REASON_POLICY_UNREADABLE: &str = "PolicyUnreadable";
     pub const REASON_AS_EXPECTED: &str = "AsExpected";
 }

@@ -103,13 +103,27 @@ impl Probes {
 /// Heartbeats by node name.
 pub type Heartbeats = BTreeMap<String, Heartbeat>;
 
-/// Policies with more unhealthy nodes than `safety.maxUnhealthy` allows hold every action.
+/// Policies that hold every action: those with more unhealthy nodes than `safety.maxUnhealthy`
+/// allows, and those that come after a policy podha cannot read. Nodes and pods go to the
+/// first policy by name that selects them; an unreadable policy may select any of them, and
+/// what it would decide is unknown, so no policy after it may act in its place (one before it
+/// owns its nodes and pods whatever it says).
 pub(super) fn held_policies<'a>(
     policies: &[PolicyRef<'a>],
     input: &PlanInput<'_>,
 ) -> BTreeMap<&'a str, HoldReason> {
     let mut held = BTreeMap::new();
+    let first_unreadable = input.unreadable.iter().min();
     for policy in policies {
+        if let Some(unreadable) = first_unreadable.filter(|u| u.as_str() < policy.name) {
+            held.insert(
+                policy.name,
+                HoldReason::PolicyUnreadable {
+                    unreadable: unreadable.clone(),
+                },
+            );
+            continue;
+        }
         let Some(nodes) = input.health.get(policy.name) else {
             continue;
         };

@@ -72,6 +72,9 @@ pub enum HoldReason {
     /// `fencing.proof: Agent`, and the node's agent is silent, but its silence proves no fence
     /// (`why`): only its acknowledgement of this incident's fence request can.
     AgentSilenceUnproven { why: SilenceDoubt },
+    /// A policy that comes before this one by name cannot be read: it may select the same
+    /// nodes and pods, so this one holds every action.
+    PolicyUnreadable { unreadable: String },
 }
 
 impl HoldReason {
@@ -83,6 +86,7 @@ impl HoldReason {
             Self::OutOfServiceRefused { .. } => HoldKind::OutOfServiceRefused,
             Self::FencingPending { .. } => HoldKind::FencingPending,
             Self::AgentSilenceUnproven { .. } => HoldKind::AgentSilenceUnproven,
+            Self::PolicyUnreadable { .. } => HoldKind::PolicyUnreadable,
         }
     }
 
@@ -97,6 +101,7 @@ impl HoldReason {
             Self::DryRun { would } => would.key(),
             Self::OutOfServiceRefused { pod, .. } => pod.to_string(),
             Self::AgentSilenceUnproven { why } => why.as_str().to_string(),
+            Self::PolicyUnreadable { unreadable } => unreadable.clone(),
             Self::TooManyUnhealthy { .. }
             | Self::Unconfirmed { .. }
             | Self::FencingPending { .. } => String::new(),
@@ -132,6 +137,11 @@ impl HoldReason {
                  volumes)",
                 proof.as_str()
             ),
+            Self::PolicyUnreadable { unreadable } => format!(
+                "holding every action: policy {unreadable} cannot be read (see its status) and \
+                 comes first by name, so it may select the same nodes and pods and podha does not \
+                 know what it would decide"
+            ),
             Self::AgentSilenceUnproven { why } => format!(
                 "node {node} is judged dead and its agent is silent, but the silence proves no \
                  fence: {}; nothing is tainted or deleted there until the agent acknowledges \
@@ -155,7 +165,9 @@ impl HoldReason {
     pub const fn policy_event_reason(&self) -> &'static str {
         match self {
             Self::DryRun { .. } => "DryRun",
-            Self::TooManyUnhealthy { .. } | Self::Unconfirmed { .. } => "ActionsHeld",
+            Self::TooManyUnhealthy { .. }
+            | Self::Unconfirmed { .. }
+            | Self::PolicyUnreadable { .. } => "ActionsHeld",
             Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
             Self::FencingPending { .. } => "FencingPending",
             Self::AgentSilenceUnproven { .. } => "AgentSilenceUnproven",
@@ -254,16 +266,18 @@ pub enum HoldKind {
     OutOfServiceRefused,
     FencingPending,
     AgentSilenceUnproven,
+    PolicyUnreadable,
 }
 
 impl HoldKind {
-    pub const ALL: [HoldKind; 6] = [
+    pub const ALL: [HoldKind; 7] = [
         HoldKind::TooManyUnhealthy,
         HoldKind::DryRun,
         HoldKind::Unconfirmed,
         HoldKind::OutOfServiceRefused,
         HoldKind::FencingPending,
         HoldKind::AgentSilenceUnproven,
+        HoldKind::PolicyUnreadable,
     ];
 
     /// Label value for `podha_actions_held_total{reason}`.
@@ -275,6 +289,7 @@ impl HoldKind {
             Self::OutOfServiceRefused => "OutOfServiceTaintRefused",
             Self::FencingPending => "FencingPending",
             Self::AgentSilenceUnproven => "AgentSilenceUnproven",
+            Self::PolicyUnreadable => "PolicyUnreadable",
         }
     }
 }

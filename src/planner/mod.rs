@@ -68,6 +68,8 @@ pub struct PlanInput<'a> {
     pub ledger: &'a Ledger,
     /// podha's observations of every node's Lease, for the settle rule.
     pub heartbeats: &'a Heartbeats,
+    /// Policies podha cannot read (`crate::api::ListedPolicy`): their selectors are unknown.
+    pub unreadable: &'a [String],
     pub now: Instant,
 }
 

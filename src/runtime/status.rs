@@ -189,6 +189,8 @@ fn degraded_condition(
                  unhealthyWindow (maxUnhealthy allows {max}): every action is held"
             ),
         )
+    } else if let Some(hold @ HoldReason::PolicyUnreadable { .. }) = facts.held {
+        (true, condition::REASON_POLICY_UNREADABLE, hold.note(None))
     } else if !timed_out.is_empty() {
         (
             true,

@@ -42,6 +42,7 @@ struct World {
     health: HealthBook,
     ledger: Ledger,
     heartbeats: Heartbeats,
+    unreadable: Vec<String>,
     t0: Instant,
     now: Instant,
 }
@@ -54,6 +55,7 @@ impl World {
             health: HealthBook::new(),
             ledger: Ledger::default(),
             heartbeats: Heartbeats::new(),
+            unreadable: Vec::new(),
             t0: Instant::now(),
             now: Instant::now(),
         }
@@ -125,6 +127,7 @@ impl World {
             view: &self.view,
             ledger: &self.ledger,
             heartbeats: &self.heartbeats,
+            unreadable: &self.unreadable,
             now: self.now,
         })
     }

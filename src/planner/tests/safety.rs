@@ -533,6 +533,9 @@ fn every_hold_reason_is_a_known_metric_label() {
         HoldReason::AgentSilenceUnproven {
             why: crate::planner::proof::SilenceDoubt::NeverHeard,
         },
+        HoldReason::PolicyUnreadable {
+            unreadable: "p".into(),
+        },
     ];
     for reason in reasons {
         assert!(
@@ -541,4 +544,59 @@ fn every_hold_reason_is_a_known_metric_label() {
             reason.as_str()
         );
     }
+}
+
+/// A policy podha cannot read may select any node and pod: no policy after it by name (the
+/// order in which policies own nodes and pods) acts in its place; one before it goes on.
+#[test]
+fn policies_after_an_unreadable_one_hold_every_action() {
+    let world = |unreadable: &str| {
+        let mut w = World::new(cluster(3))
+            .policy("a-first", with_action(mk_spec(), Action::DeletePods))
+            .policy("z-default", mk_spec())
+            .fail("node-1");
+        w.unreadable = vec![unreadable.to_string()];
+        w
+    };
+    let plan = world("m-db").plan();
+    let holds: Vec<(&str, &HoldReason)> = plan
+        .intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Hold {
+                policy,
+                node: None,
+                reason,
+            } => Some((policy.as_str(), reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        holds,
+        [(
+            "z-default",
+            &HoldReason::PolicyUnreadable {
+                unreadable: "m-db".into()
+            }
+        )]
+    );
+    // "a-first" owns node-1 and its pod: it acts (its fence first, the delete next round).
+    assert!(
+        plan.intents.iter().any(|i| matches!(
+            i,
+            Intent::TaintNode { policy, .. } if policy == "a-first"
+        )),
+        "{:?}",
+        plan.intents
+    );
+    // Unreadable before every policy: nothing moves.
+    let plan = world("0-db").plan();
+    assert!(deletes(&plan).is_empty(), "{:?}", plan.intents);
+    assert!(
+        plan.intents
+            .iter()
+            .all(|i| matches!(i, Intent::Hold { .. })),
+        "{:?}",
+        plan.intents
+    );
 }

@@ -218,12 +218,14 @@ impl Actor {
             })
             .collect();
         let heartbeats = judge::heartbeats(&self.state);
+        let unreadable: Vec<String> = self.state.unreadable_policies.keys().cloned().collect();
         let plan = planner::plan(&PlanInput {
             policies: &refs,
             health,
             view: &self.state.view,
             ledger: &self.ledger,
             heartbeats: &heartbeats,
+            unreadable: &unreadable,
             now,
         });
         let holds = plan.intents.iter().filter_map(|i| match i {
