@@ -11,6 +11,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::ResourceExt;
 
 use super::proof::{FenceEvidence, SilenceDoubt, agent_evidence, proven, requests_fence};
 use super::{
@@ -201,12 +202,8 @@ pub(super) fn plan_upgrade(
     proven: bool,
 ) -> Option<Intent> {
     let name = node.metadata.name.as_deref()?;
-    let fenced_by_podha = NodeTaint::Fence.on(node)
-        && node
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+    let fenced_by_podha =
+        NodeTaint::Fence.on(node) && node.annotations().contains_key(TAINT_MARKER_ANNOTATION);
     let waiting = view
         .attachments_on(name)
         .iter()
@@ -235,11 +232,7 @@ pub(super) fn plan_untaints(
 ) {
     let usable = node_usable(input.health);
     for (name, node) in &input.view.nodes {
-        let marked = node
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+        let marked = node.annotations().contains_key(TAINT_MARKER_ANNOTATION);
         if !marked || !NodeTaint::ALL.iter().any(|t| t.on(node)) {
             continue;
         }

@@ -4,6 +4,8 @@
 //! off from the API server, or stopped) would be carried out whenever the agent next reads its
 //! Node, perhaps hours later on a healthy node.
 
+use kube::ResourceExt;
+
 use super::{Intent, PlanInput, node_usable};
 use crate::contract::FENCE_REQUEST_ANNOTATION;
 use crate::health::ReadyStatus;
@@ -12,11 +14,7 @@ use crate::health::ReadyStatus;
 pub(super) fn plan_withdrawals(input: &PlanInput<'_>, out: &mut Vec<Intent>) {
     let usable = node_usable(input.health);
     for (name, node) in &input.view.nodes {
-        let requested = node
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(FENCE_REQUEST_ANNOTATION));
+        let requested = node.annotations().contains_key(FENCE_REQUEST_ANNOTATION);
         if requested
             && input.ledger.get(name).is_none()
             && ReadyStatus::from_node(node) == ReadyStatus::True

@@ -6,7 +6,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -356,11 +356,7 @@ fn taint_patch(node: &Node, policy: &str, kind: NodeTaint) -> serde_json::Value 
 /// The merge patch that takes podha's fence request off `node` (guarded by its
 /// resourceVersion: a request written meanwhile is not lost unseen); `None` without one.
 fn withdrawal_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
-    let requested = node
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(FENCE_REQUEST_ANNOTATION));
+    let requested = node.annotations().contains_key(FENCE_REQUEST_ANNOTATION);
     requested.then(|| {
         let patch = json!({
             "metadata": {
@@ -373,11 +369,7 @@ fn withdrawal_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 }
 
 fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
-    let marked = node
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(TAINT_MARKER_ANNOTATION));
+    let marked = node.annotations().contains_key(TAINT_MARKER_ANNOTATION);
     if !marked {
         return None;
     }

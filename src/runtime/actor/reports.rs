@@ -212,21 +212,28 @@ impl Actor {
         for policy in policies {
             let name = policy.name_any();
             let status = self.policy_status(&policy, health.get(&name));
-            if self.reported.last_status.get(&name) == Some(&status) {
-                continue;
-            }
-            self.reported
-                .last_status
-                .insert(name.clone(), status.clone());
-            self.out
-                .writes
-                .report(Report::Status {
-                    policy: name,
-                    status,
-                })
-                .await;
+            self.write_status(name, status).await;
         }
         self.write_unreadable_statuses().await;
+    }
+
+    /// Writes `status` on the policy `name` unless it is what was written last; returns
+    /// whether it wrote.
+    async fn write_status(&mut self, name: String, status: PodHAPolicyStatus) -> bool {
+        if self.reported.last_status.get(&name) == Some(&status) {
+            return false;
+        }
+        self.reported
+            .last_status
+            .insert(name.clone(), status.clone());
+        self.out
+            .writes
+            .report(Report::Status {
+                policy: name,
+                status,
+            })
+            .await;
+        true
     }
 
     /// Each policy podha cannot read says so on itself (status and a Warning event, when that
@@ -237,17 +244,14 @@ impl Actor {
         for policy in unreadable {
             let name = policy.metadata.name.clone().unwrap_or_default();
             let status = unreadable_status(&policy, &now);
-            if self.reported.last_status.get(&name) == Some(&status) {
+            if !self.write_status(name.clone(), status).await {
                 continue;
             }
             warn!(policy = %name, error = %policy.error, "cannot read the policy; acting on none of its nodes");
-            self.reported
-                .last_status
-                .insert(name.clone(), status.clone());
             let regarding = ObjectReference {
                 api_version: Some(PodHAPolicy::api_version(&()).into_owned()),
                 kind: Some(PodHAPolicy::kind(&()).into_owned()),
-                name: Some(name.clone()),
+                name: Some(name),
                 uid: policy.metadata.uid.clone(),
                 ..ObjectReference::default()
             };
@@ -262,13 +266,6 @@ impl Actor {
                 ),
             })
             .await;
-            self.out
-                .writes
-                .report(Report::Status {
-                    policy: name,
-                    status,
-                })
-                .await;
         }
     }
 
