@@ -88,6 +88,10 @@ pub struct Probed {
     /// When the last probe that got an answer (connected or refused) was sent: the host was
     /// up at that instant or after it.
     pub answered: Option<Instant>,
+    /// When the last probe its target itself answered (`Connected`) was sent: for the agent,
+    /// an HTTP answer naming the node. A refusal is the host's kernel, or something else on
+    /// the port, never the agent: it is an answer for detection, not the agent's.
+    pub connected: Option<Instant>,
     /// When the first unanswered probe of the current run of them came back: the host was
     /// silent by then (it died, or was cut off, at that instant or before).
     pub silent_since: Option<Instant>,
@@ -106,6 +110,9 @@ impl Probed {
             TcpResult::Connected | TcpResult::Refused => {
                 self.answered = Some(self.answered.map_or(sent, |t| t.max(sent)));
                 self.silent_since = None;
+                if result == TcpResult::Connected {
+                    self.connected = Some(self.connected.map_or(sent, |t| t.max(sent)));
+                }
             }
             TcpResult::NoAnswer => {
                 self.silent_since.get_or_insert(received);
@@ -581,6 +588,11 @@ mod tests {
         assert_eq!(
             (obs.tcp_answered(), obs.tcp_silent_since()),
             (Some(t0 + s(7)), None)
+        );
+        assert_eq!(
+            obs.probed(ProbeKind::KubeletTcp).connected,
+            Some(t0 + s(1)),
+            "a refusal is the host, not what listens on the port"
         );
         obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
         obs.forget_probe(ProbeKind::KubeletTcp);

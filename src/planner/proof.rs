@@ -10,6 +10,12 @@
 //! it never heard, its port blocked, has nothing to lose and fences nothing), and only while
 //! it hears a strict majority of the other agents it expects (then no majority of peers can
 //! have vouched for the silent one).
+//!
+//! Heard means an answer from the agent itself: an HTTP answer naming the node
+//! ([`Heartbeat::agent_connected`](super::Heartbeat::agent_connected)). A refused connect, an
+//! error status or an answer naming another node says the machine runs (detection counts it),
+//! not that its agent does: an agent stopped for good (its watchdog disarmed) leaves its port
+//! refusing, and a silence after that proves nothing.
 
 use std::time::Duration;
 
@@ -38,10 +44,12 @@ pub struct AgentEvidence<'a> {
     /// How long the agent has not answered podha's heartbeat; `None` while it answers (or was
     /// never asked).
     pub silent_for: Option<Duration>,
-    /// How long before its silence began podha last got an answer from the agent; `None` when
-    /// podha got none in its current leadership term before the silence.
+    /// How long before its silence began podha last got an answer from the agent itself (not
+    /// its host's refusal); `None` when podha got none in its current leadership term before
+    /// the silence.
     pub heard_before_silence: Option<Duration>,
-    /// The other nodes advertising an agent that podha heard within [`AGENT_HEARD_WITHIN`].
+    /// The other nodes advertising an agent whose agent itself answered podha within
+    /// [`AGENT_HEARD_WITHIN`].
     pub others_heard: usize,
     /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP).
     pub others_expected: usize,
@@ -133,7 +141,7 @@ pub fn agent_evidence<'a>(
     let own = heartbeats.get(node);
     let silent_since = own.and_then(|hb| hb.agent_silent_since);
     let heard_before_silence = own
-        .and_then(|hb| hb.agent_answered)
+        .and_then(|hb| hb.agent_connected)
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
     let others = view
@@ -145,7 +153,7 @@ pub fn agent_evidence<'a>(
         others_expected += 1;
         let heard = heartbeats
             .get(name)
-            .and_then(|hb| hb.agent_answered)
+            .and_then(|hb| hb.agent_connected)
             .is_some_and(|t| now.saturating_duration_since(t) <= AGENT_HEARD_WITHIN);
         others_heard += usize::from(heard);
     }
@@ -498,6 +506,7 @@ mod tests {
             .with(agent("n2"))
             .with(agent("n3"))
             .with(agent("n4"))
+            .with(agent("n6"))
             .with(mk_node("plain"));
         let hb = |answered: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
             last_renewal: None,
@@ -506,8 +515,14 @@ mod tests {
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: answered,
+            agent_connected: answered,
             agent_silent_since: silent_since,
             tainted_since: None,
+        };
+        // The host refused (the agent not running): an answer, not the agent's.
+        let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {
+            agent_connected: None,
+            ..hb(Some(at), silent_since)
         };
         let heartbeats = crate::planner::Heartbeats::from([
             (
@@ -517,6 +532,11 @@ mod tests {
             ("n2".to_string(), hb(Some(now - AGENT_HEARD_WITHIN), None)),
             ("n3".to_string(), hb(Some(now - secs(4)), None)),
             ("plain".to_string(), hb(Some(now), None)),
+            (
+                "n5".to_string(),
+                refused(now - secs(62), Some(now - secs(60))),
+            ),
+            ("n6".to_string(), refused(now, None)),
         ]);
         let evidence = agent_evidence("n1", &view, &heartbeats, now, Some("p/1"));
         assert_eq!(
@@ -525,12 +545,22 @@ mod tests {
                 silent_for: Some(secs(60)),
                 heard_before_silence: Some(secs(2)),
                 others_heard: 1,
-                others_expected: 3,
+                others_expected: 4,
                 request: Some("p/1"),
             },
-            "n2 heard, n3 too long ago, n4 never; a node without an agent is not expected"
+            "n2 heard, n3 too long ago, n4 never, n6 only refused; a node without an agent is \
+             not expected"
         );
         let never = agent_evidence("n4", &view, &heartbeats, now, None);
         assert_eq!((never.silent_for, never.heard_before_silence), (None, None));
+        let refused_before = agent_evidence("n5", &view, &heartbeats, now, None);
+        assert_eq!(
+            (
+                refused_before.silent_for,
+                refused_before.heard_before_silence
+            ),
+            (Some(secs(60)), None),
+            "a refusal right before the silence is no answer from the agent"
+        );
     }
 }

@@ -216,6 +216,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: heard(&other).then_some(world.now),
+            agent_connected: heard(&other).then_some(world.now),
             agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
         };
@@ -230,6 +231,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: heard(node).then(|| since - Duration::from_secs(1)),
+            agent_connected: heard(node).then(|| since - Duration::from_secs(1)),
             agent_silent_since: Some(since),
             tainted_since: None,
         },

@@ -90,6 +90,7 @@ impl World {
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: None,
+            agent_connected: None,
             agent_silent_since: None,
             tainted_since: Some(self.t0),
         };

@@ -181,6 +181,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 tcp_answered: obs.tcp_answered(),
                 tcp_silent_since: obs.tcp_silent_since(),
                 agent_answered: obs.probed(ProbeKind::Agent).answered,
+                agent_connected: obs.probed(ProbeKind::Agent).connected,
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
             };

@@ -21,16 +21,20 @@ fn agent_node(node: Node) -> Node {
 
 /// One round of agent probes sent now: `silent` nodes do not answer, the others do.
 fn agent_round(h: &mut Harness, silent: &[&str]) {
+    agent_round_with(h, |n| {
+        if silent.contains(&n) {
+            TcpResult::NoAnswer
+        } else {
+            TcpResult::Connected
+        }
+    });
+}
+
+/// One round of agent probes sent now, each node's result from `result`.
+fn agent_round_with(h: &mut Harness, result: impl Fn(&str) -> TcpResult) {
     let results = ["node-1", "node-2", "node-3"]
         .into_iter()
-        .map(|n| {
-            let result = if silent.contains(&n) {
-                TcpResult::NoAnswer
-            } else {
-                TcpResult::Connected
-            };
-            (n.to_string(), Some(result))
-        })
+        .map(|n| (n.to_string(), Some(result(n))))
         .collect();
     h.actor.observe_round(crate::runtime::prober::Round {
         kind: ProbeKind::Agent,
@@ -115,4 +119,40 @@ async fn a_silence_this_term_heard_begin_proves_the_fence() {
     run_with_rounds(&mut h, 4, &["node-1"]).await;
     assert!(acts(&mut h.writes).contains(&"taint/node-1".to_string()));
     assert_eq!(held(&h.metrics, "AgentSilenceUnproven"), 0.0);
+}
+
+/// node-1's agent stopped (its watchdog disarmed) and its replacement never started: the port
+/// refuses for a while, then the node is cut off. A refusal is the host, not the agent: the
+/// silence after it is not an agent's silence after an answer, and proves nothing.
+#[tokio::test(start_paused = true)]
+async fn a_silence_after_refusals_proves_no_fence() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    let refused = |n: &str| {
+        if n == "node-1" {
+            TcpResult::Refused
+        } else {
+            TcpResult::Connected
+        }
+    };
+    for _ in 0..5 {
+        agent_round_with(&mut h, refused);
+        h.run_for(1).await;
+    }
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 40, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "a silence after refusals proved the fence: {sent:?}"
+    );
+    assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
 }
