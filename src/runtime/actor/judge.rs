@@ -124,6 +124,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
                     node: node_name.clone(),
                     addr: kubelet_addr(node),
                     timeout: cfg.tcp_timeout,
+                    boot_id: None,
                 });
         }
     }
@@ -152,6 +153,12 @@ fn agent_targets(state: &ClusterState, timeout: Duration) -> Vec<Target> {
                 node: name.clone(),
                 addr: Some(addr),
                 timeout,
+                boot_id: node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.boot_id.clone())
+                    .filter(|b| !b.is_empty()),
             })
         })
         .collect()

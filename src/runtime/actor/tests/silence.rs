@@ -156,3 +156,27 @@ async fn a_silence_after_refusals_proves_no_fence() {
     );
     assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
 }
+
+/// The heartbeat prober learns each node's boot from its plan, so that it forgets what it
+/// heard of an agent whose node booted again.
+#[tokio::test(start_paused = true)]
+async fn the_agent_probe_plan_names_each_nodes_boot() {
+    let mut booted = agent_node(mk_node("node-1"));
+    booted.status.get_or_insert_with(Default::default).node_info =
+        Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+            boot_id: "boot-1".into(),
+            ..Default::default()
+        });
+    let mut h = harness_with(
+        vec![booted.into(), agent_node(mk_node("node-2")).into()],
+        Some(quick_spec()),
+    );
+    h.run_for(1).await;
+    let plan = h._plans[1].borrow().clone();
+    let boots: Vec<_> = plan
+        .targets
+        .iter()
+        .map(|t| (t.node.as_str(), t.boot_id.as_deref()))
+        .collect();
+    assert_eq!(boots, [("node-1", Some("boot-1")), ("node-2", None)]);
+}
