@@ -68,6 +68,9 @@ pub struct PlanInput<'a> {
     pub ledger: &'a Ledger,
     /// podha's observations of every node's Lease, for the settle rule.
     pub heartbeats: &'a Heartbeats,
+    /// Since when podha has heard enough agents without a break (`proof::agent_quorum`);
+    /// `None` while it does not.
+    pub agent_quorum_since: Option<Instant>,
     pub now: Instant,
 }
 

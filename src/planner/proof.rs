@@ -9,7 +9,11 @@
 //! agent it heard right before the silence began, in its current leadership term (an agent
 //! it never heard, its port blocked, has nothing to lose and fences nothing), and only while
 //! it hears a strict majority of the other agents it expects (then no majority of peers can
-//! have vouched for the silent one).
+//! have vouched for the silent one). The silence counts only from when podha began hearing
+//! enough agents without a break (see [`agent_quorum`]): while podha heard too few (the agent
+//! port blocked everywhere), an agent cut off meanwhile had its peers vouch for it and stayed
+//! up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
+//! peers again.
 //!
 //! Heard means an answer from the agent itself: an HTTP answer naming the node
 //! ([`Heartbeat::agent_connected`](super::Heartbeat::agent_connected)). A refused connect, an
@@ -53,6 +57,9 @@ pub struct AgentEvidence<'a> {
     pub others_heard: usize,
     /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP).
     pub others_expected: usize,
+    /// How long podha has heard enough agents without a break (see [`agent_quorum`]); `None`
+    /// while it does not. The silence counts only for this long.
+    pub quorum_for: Option<Duration>,
     /// The fence podha asked the agent for in this incident, if it did.
     pub request: Option<&'a str>,
 }
@@ -75,6 +82,23 @@ impl AgentEvidence<'_> {
             Some(_) => None,
         }
     }
+}
+
+impl AgentEvidence<'_> {
+    /// How much of the silence counts: the part since podha has heard enough agents (see
+    /// [`agent_quorum`]); `None` while the agent answers or podha hears too few.
+    pub fn counted_silence(&self) -> Option<Duration> {
+        self.silent_for.zip(self.quorum_for).map(|(s, q)| s.min(q))
+    }
+}
+
+/// Whether podha hears enough of the `expected` agents (nodes advertising one) to count an
+/// agent's silence: `heard` of them answered within [`AGENT_HEARD_WITHIN`], a strict majority
+/// of the others of any agent it does not hear (`2 * heard > expected - 1`: with two agents,
+/// one of them). Then no agent it does not hear can have a strict majority of its peers
+/// vouching for it.
+pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
+    heard * 2 > expected.saturating_sub(1)
 }
 
 /// Why a silent agent's silence proves no fence.
@@ -135,6 +159,7 @@ pub fn agent_evidence<'a>(
     node: &str,
     view: &View,
     heartbeats: &Heartbeats,
+    quorum_since: Option<Instant>,
     now: Instant,
     request: Option<&'a str>,
 ) -> AgentEvidence<'a> {
@@ -151,19 +176,41 @@ pub fn agent_evidence<'a>(
     let (mut others_heard, mut others_expected) = (0, 0);
     for (name, _) in others {
         others_expected += 1;
-        let heard = heartbeats
-            .get(name)
-            .and_then(|hb| hb.agent_connected)
-            .is_some_and(|t| now.saturating_duration_since(t) <= AGENT_HEARD_WITHIN);
-        others_heard += usize::from(heard);
+        others_heard += usize::from(heard_now(heartbeats, name, now));
     }
     AgentEvidence {
         silent_for: silent_since.map(|since| now.saturating_duration_since(since)),
         heard_before_silence,
         others_heard,
         others_expected,
+        quorum_for: quorum_since.map(|since| now.saturating_duration_since(since)),
         request,
     }
+}
+
+/// Whether podha hears `node`'s agent now: the agent itself answered within
+/// [`AGENT_HEARD_WITHIN`].
+fn heard_now(heartbeats: &Heartbeats, node: &str, now: Instant) -> bool {
+    heartbeats
+        .get(node)
+        .and_then(|hb| hb.agent_connected)
+        .is_some_and(|t| now.saturating_duration_since(t) <= AGENT_HEARD_WITHIN)
+}
+
+/// Whether podha hears enough agents now ([`agent_quorum`] over the nodes of `view` that
+/// advertise one); the decision loop follows since when it has, without a break.
+pub fn hears_agent_quorum(view: &View, heartbeats: &Heartbeats, now: Instant) -> bool {
+    let (mut heard, mut expected) = (0, 0);
+    for name in view
+        .nodes
+        .iter()
+        .filter(|(_, n)| agent_addr(n).is_some())
+        .map(|(name, _)| name)
+    {
+        expected += 1;
+        heard += usize::from(heard_now(heartbeats, name, now));
+    }
+    expected > 0 && agent_quorum(heard, expected)
 }
 
 /// What proved a node fenced.
@@ -211,7 +258,7 @@ pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Optio
             let isolation = fenced_within(node);
             let silent = agent.silence_doubt().is_none()
                 && matches!(
-                    (agent.silent_for, isolation),
+                    (agent.counted_silence(), isolation),
                     (Some(silent), Some(timeout)) if silent >= timeout + fencing.agent_margin.get()
                 );
             if acknowledged {
@@ -313,6 +360,7 @@ mod tests {
             heard_before_silence: Some(Duration::from_secs(2)),
             others_heard: 2,
             others_expected: 2,
+            quorum_for: Some(Duration::from_secs(86_400)),
             ..AgentEvidence::default()
         }
     }
@@ -366,6 +414,49 @@ mod tests {
         );
         let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
         assert_eq!(proven(&spec.fencing, &garbled, silent(4000)), None);
+    }
+
+    /// The silence counts only since podha has heard enough agents without a break: an agent
+    /// cut off while podha heard too few had its peers vouch for it, and starts deciding to
+    /// fence only once podha hears enough of them again.
+    #[test]
+    fn silence_counts_only_since_podha_hears_enough_agents() {
+        let spec = agent_spec();
+        let node = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+        let secs = Duration::from_secs;
+        let silent = |quorum_for| AgentEvidence {
+            silent_for: Some(secs(4000)),
+            quorum_for,
+            ..heard()
+        };
+        assert_eq!(silent(Some(secs(39))).counted_silence(), Some(secs(39)));
+        assert_eq!(proven(&spec.fencing, &node, silent(Some(secs(39)))), None);
+        assert_eq!(
+            proven(&spec.fencing, &node, silent(Some(secs(40)))),
+            Some(FenceEvidence::AgentSilent)
+        );
+        assert_eq!(proven(&spec.fencing, &node, silent(None)), None);
+        let answering = AgentEvidence {
+            silent_for: None,
+            ..heard()
+        };
+        assert_eq!(answering.counted_silence(), None);
+        // Enough: a strict majority of the others of any agent podha does not hear.
+        let cases = [
+            (0, 0, false),
+            (0, 1, false),
+            (1, 1, true),
+            (1, 2, true),
+            (1, 3, false),
+            (2, 3, true),
+            (1, 4, false),
+            (2, 4, true),
+            (2, 5, false),
+            (3, 5, true),
+        ];
+        for (heard, expected, want) in cases {
+            assert_eq!(agent_quorum(heard, expected), want, "{heard} of {expected}");
+        }
     }
 
     /// Silence is no proof where the agent's own rule may have kept it up: an agent podha
@@ -538,7 +629,8 @@ mod tests {
             ),
             ("n6".to_string(), refused(now, None)),
         ]);
-        let evidence = agent_evidence("n1", &view, &heartbeats, now, Some("p/1"));
+        let quorum = Some(now - secs(30));
+        let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, Some("p/1"));
         assert_eq!(
             evidence,
             AgentEvidence {
@@ -546,14 +638,15 @@ mod tests {
                 heard_before_silence: Some(secs(2)),
                 others_heard: 1,
                 others_expected: 4,
+                quorum_for: Some(secs(30)),
                 request: Some("p/1"),
             },
             "n2 heard, n3 too long ago, n4 never, n6 only refused; a node without an agent is \
              not expected"
         );
-        let never = agent_evidence("n4", &view, &heartbeats, now, None);
+        let never = agent_evidence("n4", &view, &heartbeats, quorum, now, None);
         assert_eq!((never.silent_for, never.heard_before_silence), (None, None));
-        let refused_before = agent_evidence("n5", &view, &heartbeats, now, None);
+        let refused_before = agent_evidence("n5", &view, &heartbeats, quorum, now, None);
         assert_eq!(
             (
                 refused_before.silent_for,
@@ -561,6 +654,18 @@ mod tests {
             ),
             (Some(secs(60)), None),
             "a refusal right before the silence is no answer from the agent"
+        );
+        // Of the five agents, n2 heard: not enough; n3 heard too: two of the other four of an
+        // agent podha does not hear, still no strict majority; n4 too: enough.
+        assert!(!hears_agent_quorum(&view, &heartbeats, now));
+        let mut more = heartbeats.clone();
+        more.insert("n3".to_string(), hb(Some(now), None));
+        assert!(!hears_agent_quorum(&view, &more, now));
+        more.insert("n4".to_string(), hb(Some(now), None));
+        assert!(hears_agent_quorum(&view, &more, now));
+        assert!(
+            !hears_agent_quorum(&View::default(), &more, now),
+            "no agent"
         );
     }
 }

@@ -201,6 +201,8 @@ fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
 /// hears it (`heard`).
 fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -> bool) {
     let since = world.now - Duration::from_secs(secs);
+    // podha heard enough agents since before the silence began.
+    world.agent_quorum_since = Some(since - Duration::from_secs(10));
     let others: Vec<String> = world
         .view
         .nodes

@@ -42,6 +42,7 @@ struct World {
     health: HealthBook,
     ledger: Ledger,
     heartbeats: Heartbeats,
+    agent_quorum_since: Option<Instant>,
     t0: Instant,
     now: Instant,
 }
@@ -54,6 +55,7 @@ impl World {
             health: HealthBook::new(),
             ledger: Ledger::default(),
             heartbeats: Heartbeats::new(),
+            agent_quorum_since: None,
             t0: Instant::now(),
             now: Instant::now(),
         }
@@ -126,6 +128,7 @@ impl World {
             view: &self.view,
             ledger: &self.ledger,
             heartbeats: &self.heartbeats,
+            agent_quorum_since: self.agent_quorum_since,
             now: self.now,
         })
     }

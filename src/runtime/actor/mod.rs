@@ -224,6 +224,7 @@ impl Actor {
             view: &self.state.view,
             ledger: &self.ledger,
             heartbeats: &heartbeats,
+            agent_quorum_since: self.judge.agent_quorum_since(),
             now,
         });
         let holds = plan.intents.iter().filter_map(|i| match i {

@@ -180,3 +180,34 @@ async fn the_agent_probe_plan_names_each_nodes_boot() {
         .collect();
     assert_eq!(boots, [("node-1", Some("boot-1")), ("node-2", None)]);
 }
+
+/// The agent port blocked everywhere for a while: podha hears no agent, and an agent cut off
+/// meanwhile has its peers vouch for it and stays up. node-1's silence began in that window;
+/// once podha hears the others again its agent only starts deciding to fence, so its silence
+/// counts from then, not from when it began.
+#[tokio::test(start_paused = true)]
+async fn a_silence_counts_only_since_podha_hears_enough_agents_again() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    run_with_rounds(&mut h, 3, &[]).await;
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 30, &["node-1", "node-2", "node-3"]).await;
+    // The others are heard again; node-1 has been silent 30 s, past its 8 s and the 10 s
+    // margin, but its agent only now sees that podha hears its peers.
+    run_with_rounds(&mut h, 15, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "a silence that began while podha heard too few agents proved the fence: {sent:?}"
+    );
+    run_with_rounds(&mut h, 5, &["node-1"]).await;
+    assert!(acts(&mut h.writes).contains(&"taint/node-1".to_string()));
+}
