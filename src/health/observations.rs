@@ -89,8 +89,9 @@ pub struct Probed {
     /// up at that instant or after it.
     pub answered: Option<Instant>,
     /// When the last probe its target itself answered (`Connected`) was sent: for the agent,
-    /// an HTTP answer naming the node. A refusal is the host's kernel, or something else on
-    /// the port, never the agent: it is an answer for detection, not the agent's.
+    /// an HTTP answer naming the node from an agent that counts itself heard in this boot (see
+    /// [`NodeObservations::observe_agent`]). A refusal is the host's kernel, or something else
+    /// on the port, never the agent: it is an answer for detection, not the agent's.
     pub connected: Option<Instant>,
     /// When the first unanswered probe of the current run of them came back: the host was
     /// silent by then (it died, or was cut off, at that instant or before).
@@ -101,7 +102,9 @@ pub struct Probed {
 }
 
 impl Probed {
-    fn observe(&mut self, result: TcpResult, sent: Instant, received: Instant) {
+    /// `counted`: whether a `Connected` result is the target's own answer (see
+    /// [`Self::connected`]).
+    fn observe(&mut self, result: TcpResult, counted: bool, sent: Instant, received: Instant) {
         if self.from.is_some_and(|from| sent < from) {
             return;
         }
@@ -110,7 +113,7 @@ impl Probed {
             TcpResult::Connected | TcpResult::Refused => {
                 self.answered = Some(self.answered.map_or(sent, |t| t.max(sent)));
                 self.silent_since = None;
-                if result == TcpResult::Connected {
+                if counted && result == TcpResult::Connected {
                     self.connected = Some(self.connected.map_or(sent, |t| t.max(sent)));
                 }
             }
@@ -221,7 +224,22 @@ impl NodeObservations {
         sent: Instant,
         received: Instant,
     ) {
-        self.probed_mut(kind).observe(result, sent, received);
+        self.probed_mut(kind).observe(result, true, sent, received);
+    }
+
+    /// The result of the latest heartbeat of the node's agent, sent at `sent`, in at
+    /// `received`; `heard`: the agent said that, after this probe, it counts itself heard in
+    /// this boot. An answer it does not know was heard (the first of a boot, or an agent too old
+    /// to say) is an answer for detection (the agent runs), but not for the `Agent` proof: an
+    /// agent cut off right after it counts itself never heard, and never fences on isolation.
+    pub fn observe_agent(
+        &mut self,
+        result: TcpResult,
+        heard: bool,
+        sent: Instant,
+        received: Instant,
+    ) {
+        self.agent.observe(result, heard, sent, received);
     }
 
     /// The result of the latest TCP connect to the kubelet.
@@ -597,6 +615,27 @@ mod tests {
         obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
         obs.forget_probe(ProbeKind::KubeletTcp);
         assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
+    }
+
+    /// Only an answer from an agent that counts itself heard is counted as the agent's own
+    /// (for the `Agent` proof); any answer says it runs.
+    #[test]
+    fn an_agent_answer_counts_as_the_agents_only_once_it_knows_it_is_heard() {
+        let t0 = Instant::now();
+        let mut obs = NodeObservations::new(t0);
+        let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
+        obs.observe_agent(TcpResult::Connected, false, t0, t0 + s(1));
+        assert_eq!(
+            (agent(&obs).answered, agent(&obs).connected),
+            (Some(t0), None)
+        );
+        obs.observe_agent(TcpResult::Connected, true, t0 + s(1), t0 + s(2));
+        assert_eq!(agent(&obs).connected, Some(t0 + s(1)));
+        obs.observe_agent(TcpResult::Refused, true, t0 + s(2), t0 + s(3));
+        assert_eq!(
+            (agent(&obs).answered, agent(&obs).connected),
+            (Some(t0 + s(2)), Some(t0 + s(1)))
+        );
     }
 
     /// A new boot's agent is heard afresh: the silence that began when the last boot ended is

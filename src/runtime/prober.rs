@@ -13,7 +13,7 @@
 //! `Connected`; a refusal or any other answer is the host up without its agent (`Refused`);
 //! silence is `NoAnswer`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -84,6 +84,9 @@ pub struct Round {
     pub kind: ProbeKind,
     pub sent: Instant,
     pub results: Vec<(String, Option<TcpResult>)>,
+    /// The nodes whose agent answered this round saying it counts itself heard in this boot:
+    /// only their answers count for the `Agent` proof (see `NodeObservations::observe_agent`).
+    pub heard: BTreeSet<String>,
 }
 
 async fn connect(target: Target) -> (String, Option<TcpResult>) {
@@ -102,17 +105,17 @@ async fn connect(target: Target) -> (String, Option<TcpResult>) {
 
 type Http = HttpClient<HttpConnector, Empty<Bytes>>;
 
-async fn heartbeat(
-    http: &Http,
-    target: Target,
-    heard_ago: Option<Duration>,
-) -> (String, Option<TcpResult>) {
+/// One agent's heartbeat: the node, what the probe found, and whether the agent said it
+/// counts itself heard in this boot.
+type Heartbeat = (String, Option<TcpResult>, bool);
+
+async fn heartbeat(http: &Http, target: Target, heard_ago: Option<Duration>) -> Heartbeat {
     let Some(addr) = target.addr else {
-        return (target.node, None);
+        return (target.node, None, false);
     };
     let path = HeartbeatQuery::new(heard_ago).path_and_query();
     let Ok(uri) = format!("http://{addr}{path}").parse::<hyper::Uri>() else {
-        return (target.node, None);
+        return (target.node, None, false);
     };
     let asked = async {
         let response = http.get(uri).await?;
@@ -120,17 +123,17 @@ async fn heartbeat(
         let body = response.into_body().collect().await?.to_bytes();
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((ok, body))
     };
-    let result = match tokio::time::timeout(target.timeout, asked).await {
+    let (result, heard) = match tokio::time::timeout(target.timeout, asked).await {
         Ok(Ok((true, body))) => match serde_json::from_slice::<HeartbeatAnswer>(&body) {
-            Ok(answer) if answer.node == target.node => TcpResult::Connected,
+            Ok(answer) if answer.node == target.node => (TcpResult::Connected, answer.heard),
             // Something else answers at that address: the host runs, its agent does not.
-            _ => TcpResult::Refused,
+            _ => (TcpResult::Refused, false),
         },
-        Ok(Ok((false, _))) => TcpResult::Refused,
-        Ok(Err(e)) if refused(e.as_ref()) => TcpResult::Refused,
-        Ok(Err(_)) | Err(_) => TcpResult::NoAnswer,
+        Ok(Ok((false, _))) => (TcpResult::Refused, false),
+        Ok(Err(e)) if refused(e.as_ref()) => (TcpResult::Refused, false),
+        Ok(Err(_)) | Err(_) => (TcpResult::NoAnswer, false),
     };
-    (target.node, Some(result))
+    (target.node, Some(result), heard)
 }
 
 /// Whether a connect was refused somewhere down this error's chain.
@@ -172,9 +175,11 @@ impl Heard {
             .map(|(_, at)| sent.saturating_duration_since(*at))
     }
 
-    /// The answers of a round probing `targets`, in at `now`.
-    fn round(&mut self, targets: &[Target], results: &[(String, Option<TcpResult>)], now: Instant) {
-        for (node, result) in results {
+    /// The answers of a round probing `targets`, in at `now`. Any answer naming the node is
+    /// one: whether the agent knew it was heard before this one or not, the next probe tells
+    /// it this one was.
+    fn round(&mut self, targets: &[Target], results: &[Heartbeat], now: Instant) {
+        for (node, result, _) in results {
             if *result != Some(TcpResult::Connected) {
                 continue;
             }
@@ -219,6 +224,7 @@ pub async fn run(
                 }
                 _ = ticker.tick() => {
                     let sent = Instant::now();
+                    let mut agents_heard = BTreeSet::new();
                     let results_in: Vec<(String, Option<TcpResult>)> = match kind {
                         ProbeKind::KubeletTcp => {
                             futures::stream::iter(current.targets.clone())
@@ -239,9 +245,17 @@ pub async fn run(
                                 .await;
                             heard.round(&current.targets, &results_in, Instant::now());
                             results_in
+                                .into_iter()
+                                .map(|(node, result, said_heard)| {
+                                    if said_heard && result == Some(TcpResult::Connected) {
+                                        agents_heard.insert(node.clone());
+                                    }
+                                    (node, result)
+                                })
+                                .collect()
                         }
                     };
-                    let round = Round { kind, sent, results: results_in };
+                    let round = Round { kind, sent, results: results_in, heard: agents_heard };
                     if results.send(round).await.is_err() {
                         return;
                     }
@@ -407,7 +421,12 @@ mod tests {
             ],
         });
         let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
-        let mut results = rx.recv().await.expect("a round").results;
+        let first = rx.recv().await.expect("a round");
+        assert!(
+            first.heard.is_empty(),
+            "the agent does not know its first answer was heard"
+        );
+        let mut results = first.results;
         results.sort();
         assert_eq!(
             results,
@@ -419,10 +438,15 @@ mod tests {
             ]
         );
         let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
-        let _ = rx.recv().await.expect("a second round");
+        let second = rx.recv().await.expect("a second round");
         assert!(
             heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)),
             "the second probe says the first was answered"
+        );
+        assert_eq!(
+            second.heard,
+            BTreeSet::from(["n1".to_string()]),
+            "the agent says it is heard"
         );
         prober.abort();
         server.abort();

@@ -30,16 +30,34 @@ fn agent_round(h: &mut Harness, silent: &[&str]) {
     });
 }
 
-/// One round of agent probes sent now, each node's result from `result`.
+/// One round of agent probes sent now, each node's result from `result`; every agent that
+/// answers says it counts itself heard.
 fn agent_round_with(h: &mut Harness, result: impl Fn(&str) -> TcpResult) {
-    let results = ["node-1", "node-2", "node-3"]
+    agent_round_heard(h, result, |_| true);
+}
+
+/// One round of agent probes sent now, each node's result from `result`, and whether its
+/// agent, if it answers, says it counts itself heard from `heard`.
+fn agent_round_heard(
+    h: &mut Harness,
+    result: impl Fn(&str) -> TcpResult,
+    heard: impl Fn(&str) -> bool,
+) {
+    let nodes = ["node-1", "node-2", "node-3"];
+    let results = nodes
         .into_iter()
         .map(|n| (n.to_string(), Some(result(n))))
+        .collect();
+    let heard = nodes
+        .into_iter()
+        .filter(|n| result(n) == TcpResult::Connected && heard(n))
+        .map(str::to_string)
         .collect();
     h.actor.observe_round(crate::runtime::prober::Round {
         kind: ProbeKind::Agent,
         sent: Instant::now(),
         results,
+        heard,
     });
 }
 
@@ -210,4 +228,33 @@ async fn a_silence_counts_only_since_podha_hears_enough_agents_again() {
     );
     run_with_rounds(&mut h, 5, &["node-1"]).await;
     assert!(acts(&mut h.writes).contains(&"taint/node-1".to_string()));
+}
+
+/// node-1's agent answers, but does not know it was heard (its first answer of the boot,
+/// cut off before the next probe could tell it): it counts itself never heard and does not
+/// fence on isolation, so its silence after that answer proves nothing.
+#[tokio::test(start_paused = true)]
+async fn a_silence_after_answers_the_agent_does_not_know_were_heard_proves_no_fence() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    for _ in 0..3 {
+        agent_round_heard(&mut h, |_| TcpResult::Connected, |n| n != "node-1");
+        h.run_for(1).await;
+    }
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 40, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "a silence after answers the agent did not know were heard proved the fence: {sent:?}"
+    );
+    assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
 }
