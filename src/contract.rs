@@ -15,8 +15,9 @@
 //!
 //! Over HTTP, at the node's InternalIP ([`internal_ip`]) and the advertised port:
 //! - `GET` [`HEARTBEAT_PATH`] with a [`HeartbeatQuery`]: sent by podha's leader every
-//!   [`AGENT_PROBE_INTERVAL`]; the agent answers a [`HeartbeatAnswer`] naming its node. The
-//!   agent's shortest isolation timeout follows from that interval.
+//!   [`AGENT_PROBE_INTERVAL`]; the agent answers a [`HeartbeatAnswer`] naming its node and
+//!   saying whether it counts itself heard. The agent's shortest isolation timeout follows
+//!   from that interval.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -146,12 +147,20 @@ impl HeartbeatQuery {
     }
 }
 
-/// The agent's answer to podha's probe: the node it runs on. An answer naming another node is
-/// no answer from this node's agent.
+/// The agent's answer to podha's probe: the node it runs on, and whether it counts itself
+/// heard. An answer naming another node is no answer from this node's agent.
 #[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAnswer {
     pub node: String,
+    /// Whether, after this probe, the agent counts itself heard by podha in this boot of its
+    /// node: a probe (this one, or an earlier one of this boot, as its hearing file says)
+    /// told it podha got an answer. Only such an answer counts for podha's `Agent` proof: an
+    /// agent learns it was heard from the probe after its answer, and one cut off before that
+    /// counts itself never heard and does not fence on isolation. Absent (an agent from
+    /// before this field): not heard, so an older agent's silence proves no fence.
+    #[serde(default)]
+    pub heard: bool,
 }
 
 #[cfg(test)]
@@ -172,14 +181,25 @@ mod tests {
 
     #[test]
     fn the_heartbeat_json_keeps_its_field_names() {
-        let answer = HeartbeatAnswer { node: "n1".into() };
+        let answer = HeartbeatAnswer {
+            node: "n1".into(),
+            heard: true,
+        };
         assert_eq!(
             serde_json::to_value(&answer).expect("json"),
-            serde_json::json!({"node": "n1"})
+            serde_json::json!({"node": "n1", "heard": true})
         );
         assert_eq!(
-            serde_json::from_str::<HeartbeatAnswer>(r#"{"node":"n1"}"#).expect("json"),
+            serde_json::from_str::<HeartbeatAnswer>(r#"{"node":"n1","heard":true}"#).expect("json"),
             answer
+        );
+        // An agent from before `heard`: not heard.
+        assert_eq!(
+            serde_json::from_str::<HeartbeatAnswer>(r#"{"node":"n1"}"#).expect("json"),
+            HeartbeatAnswer {
+                node: "n1".into(),
+                heard: false,
+            }
         );
         assert_eq!(
             HeartbeatQuery::new(Some(Duration::from_millis(1500))).path_and_query(),

@@ -3,7 +3,10 @@
 //! - `GET /heartbeat?heardMs=N` — podha's leader probes every agent with this (the request and
 //!   the answer are part of [`crate::contract`]). `heardMs` is how long ago the leader last got
 //!   an answer from this agent (absent: never). The agent counts itself heard at
-//!   `now - heardMs`, so lost answers do not pass for being heard.
+//!   `now - heardMs`, so lost answers do not pass for being heard. Its answer says whether,
+//!   after this probe, it counts itself heard in this boot: podha counts only such answers as
+//!   hearing it for its silence proof (the first answer of a boot is not, until the next
+//!   probe tells the agent it was heard).
 //! - `GET /peer` — another agent surveying its peers: how long ago podha last heard this one.
 //!
 //! Both answer JSON; neither writes to the API server: thousands of nodes probed every second
@@ -113,9 +116,15 @@ async fn heartbeat(
     State(state): State<AppState>,
     Query(q): Query<HeartbeatQuery>,
 ) -> axum::Json<HeartbeatAnswer> {
-    lock(&state.hearing).probed(Instant::now(), q.heard_ago());
+    let now = Instant::now();
+    let heard = {
+        let mut hearing = lock(&state.hearing);
+        hearing.probed(now, q.heard_ago());
+        hearing.heard_ago(now).is_some()
+    };
     axum::Json(HeartbeatAnswer {
         node: state.node.to_string(),
+        heard,
     })
 }
 
@@ -157,6 +166,43 @@ mod tests {
         // A late, older probe does not move the time back.
         h.probed(Instant::now(), Some(Duration::from_secs(30)));
         assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(10)));
+    }
+
+    /// The answer says whether the agent counts itself heard in this boot, after the probe:
+    /// not at a never-heard agent's first probe, yes once a probe said podha got an answer,
+    /// and yes at a new leader's first probe (no `heardMs`) to an agent heard before.
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_answer_says_whether_the_agent_counts_itself_heard() {
+        let ask = |hearing: &SharedHearing, heard_ms: Option<u64>| {
+            let state = AppState {
+                node: "n1".into(),
+                hearing: hearing.clone(),
+            };
+            heartbeat(State(state), Query(HeartbeatQuery { heard_ms }))
+        };
+        let hearing: SharedHearing = Arc::default();
+        let first = ask(&hearing, None).await.0;
+        assert_eq!(
+            first,
+            HeartbeatAnswer {
+                node: "n1".into(),
+                heard: false,
+            }
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(ask(&hearing, Some(1000)).await.0.heard);
+        assert!(
+            ask(&hearing, None).await.0.heard,
+            "a new leader's first probe"
+        );
+        let resumed = Arc::new(Mutex::new(Hearing::resumed(
+            Instant::now(),
+            Some(Duration::from_secs(5)),
+        )));
+        assert!(
+            ask(&resumed, None).await.0.heard,
+            "heard in this boot before"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -88,6 +88,11 @@ pub struct Probed {
     /// When the last probe that got an answer (connected or refused) was sent: the host was
     /// up at that instant or after it.
     pub answered: Option<Instant>,
+    /// When the last probe its target itself answered (`Connected`) was sent: for the agent,
+    /// an HTTP answer naming the node from an agent that counts itself heard in this boot (see
+    /// [`NodeObservations::observe_agent`]). A refusal is the host's kernel, or something else
+    /// on the port, never the agent: it is an answer for detection, not the agent's.
+    pub connected: Option<Instant>,
     /// When the first unanswered probe of the current run of them came back: the host was
     /// silent by then (it died, or was cut off, at that instant or before).
     pub silent_since: Option<Instant>,
@@ -97,7 +102,9 @@ pub struct Probed {
 }
 
 impl Probed {
-    fn observe(&mut self, result: TcpResult, sent: Instant, received: Instant) {
+    /// `counted`: whether a `Connected` result is the target's own answer (see
+    /// [`Self::connected`]).
+    fn observe(&mut self, result: TcpResult, counted: bool, sent: Instant, received: Instant) {
         if self.from.is_some_and(|from| sent < from) {
             return;
         }
@@ -106,6 +113,9 @@ impl Probed {
             TcpResult::Connected | TcpResult::Refused => {
                 self.answered = Some(self.answered.map_or(sent, |t| t.max(sent)));
                 self.silent_since = None;
+                if counted && result == TcpResult::Connected {
+                    self.connected = Some(self.connected.map_or(sent, |t| t.max(sent)));
+                }
             }
             TcpResult::NoAnswer => {
                 self.silent_since.get_or_insert(received);
@@ -214,7 +224,22 @@ impl NodeObservations {
         sent: Instant,
         received: Instant,
     ) {
-        self.probed_mut(kind).observe(result, sent, received);
+        self.probed_mut(kind).observe(result, true, sent, received);
+    }
+
+    /// The result of the latest heartbeat of the node's agent, sent at `sent`, in at
+    /// `received`; `heard`: the agent said that, after this probe, it counts itself heard in
+    /// this boot. An answer it does not know was heard (the first of a boot, or an agent too old
+    /// to say) is an answer for detection (the agent runs), but not for the `Agent` proof: an
+    /// agent cut off right after it counts itself never heard, and never fences on isolation.
+    pub fn observe_agent(
+        &mut self,
+        result: TcpResult,
+        heard: bool,
+        sent: Instant,
+        received: Instant,
+    ) {
+        self.agent.observe(result, heard, sent, received);
     }
 
     /// The result of the latest TCP connect to the kubelet.
@@ -383,275 +408,4 @@ impl NodeObservations {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
-    use k8s_openapi::jiff::Timestamp;
-
-    use super::*;
-    use crate::test_builders::{NodeBuild, mk_node};
-
-    fn micro(secs: i64) -> MicroTime {
-        MicroTime(Timestamp::from_second(secs).unwrap())
-    }
-
-    fn s(n: u64) -> Duration {
-        Duration::from_secs(n)
-    }
-
-    #[test]
-    fn ready_status_from_condition() {
-        let cases = [
-            (None, ReadyStatus::Missing),
-            (Some("True"), ReadyStatus::True),
-            (Some("False"), ReadyStatus::False),
-            (Some("Unknown"), ReadyStatus::Unknown),
-            (Some("true"), ReadyStatus::Unknown),
-            (Some(""), ReadyStatus::Unknown),
-        ];
-        for (input, want) in cases {
-            assert_eq!(ReadyStatus::from_condition_status(input), want, "{input:?}");
-        }
-    }
-
-    #[test]
-    fn ready_status_from_node() {
-        let only_pressure = mk_node("n1").without_conditions();
-        let only_pressure = Node {
-            status: only_pressure.status.map(|st| NodeStatus {
-                conditions: Some(vec![NodeCondition {
-                    type_: "MemoryPressure".into(),
-                    status: "True".into(),
-                    ..NodeCondition::default()
-                }]),
-                ..st
-            }),
-            ..only_pressure
-        };
-        let cases = [
-            (mk_node("n1"), ReadyStatus::True),
-            (mk_node("n1").ready(false), ReadyStatus::Unknown),
-            (mk_node("n1").without_conditions(), ReadyStatus::Missing),
-            (only_pressure, ReadyStatus::Missing),
-            (Node::default(), ReadyStatus::Missing),
-        ];
-        for (node, want) in cases {
-            assert_eq!(ReadyStatus::from_node(&node), want, "{:?}", node.status);
-        }
-    }
-
-    #[test]
-    fn new_baselines_the_lease_clock_without_a_sign_of_life() {
-        let t0 = Instant::now();
-        let obs = NodeObservations::new(t0);
-        assert_eq!(obs.lease_baseline(), t0);
-        assert_eq!(obs.last_renewal(), None);
-        assert_eq!(obs.last_seen_alive(), None);
-        assert_eq!(obs.ready(), ReadyStatus::Missing);
-        assert_eq!(obs.tcp(), None);
-        assert!(!obs.in_gap());
-    }
-
-    #[test]
-    fn only_a_changed_renew_time_counts_as_renewal() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        // First sighting: recorded, not counted.
-        assert!(!obs.observe_lease(Some(&micro(100)), t0 + s(1)));
-        assert_eq!(obs.last_renewal(), None);
-        assert_eq!(obs.lease_baseline(), t0);
-        // Re-delivery of the same renewTime (re-list): not a renewal.
-        assert!(!obs.observe_lease(Some(&micro(100)), t0 + s(2)));
-        assert_eq!(obs.last_renewal(), None);
-        // A lease without renewTime says nothing and forgets nothing.
-        assert!(!obs.observe_lease(None, t0 + s(3)));
-        assert!(!obs.observe_lease(Some(&micro(100)), t0 + s(4)));
-        // A new renewTime is a renewal, at podha's instant.
-        assert!(obs.observe_lease(Some(&micro(110)), t0 + s(5)));
-        assert_eq!(obs.last_renewal(), Some(t0 + s(5)));
-        assert_eq!(obs.lease_baseline(), t0 + s(5));
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(5)));
-        // An earlier renewTime (kubelet clock stepped back) is still a change.
-        assert!(obs.observe_lease(Some(&micro(50)), t0 + s(6)));
-        assert_eq!(obs.last_renewal(), Some(t0 + s(6)));
-    }
-
-    #[test]
-    fn out_of_order_instants_never_move_clocks_back() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        obs.lease_renewed(t0 + s(10));
-        obs.lease_renewed(t0 + s(4));
-        assert_eq!(obs.last_renewal(), Some(t0 + s(10)));
-        assert_eq!(obs.lease_baseline(), t0 + s(10));
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(10)));
-        obs.gap(t0 + s(8));
-        assert_eq!(obs.lease_baseline(), t0 + s(10));
-    }
-
-    #[test]
-    fn only_a_change_to_ready_true_is_a_sign_of_life() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        obs.observe_ready(ReadyStatus::True, t0 + s(1));
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)));
-        obs.observe_ready(ReadyStatus::True, t0 + s(2));
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)), "re-delivered True");
-        obs.observe_ready(ReadyStatus::Unknown, t0 + s(3));
-        assert_eq!(obs.ready(), ReadyStatus::Unknown);
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)));
-        obs.observe_ready(ReadyStatus::True, t0 + s(4));
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(4)));
-    }
-
-    #[test]
-    fn gaps_restart_the_lease_clock_at_their_end_but_are_no_sign_of_life() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        obs.lease_renewed(t0 + s(1));
-        let epoch = obs.gap_epoch();
-
-        obs.begin_gap(t0 + s(5));
-        obs.begin_gap(t0 + s(6));
-        assert!(obs.in_gap());
-        assert_eq!(
-            obs.gap_since(),
-            Some(t0 + s(5)),
-            "a gap starts at its first begin"
-        );
-        assert_eq!(
-            obs.lease_baseline(),
-            t0 + s(1),
-            "the clock restarts at the end, not the start"
-        );
-        assert!(obs.gap_epoch() > epoch);
-
-        let epoch = obs.gap_epoch();
-        obs.end_gap(t0 + s(30));
-        assert!(!obs.in_gap());
-        assert!(obs.gap_epoch() > epoch);
-        assert_eq!(obs.lease_baseline(), t0 + s(30));
-        assert_eq!(obs.last_renewal(), Some(t0 + s(1)));
-        assert_eq!(obs.last_seen_alive(), Some(t0 + s(1)));
-
-        // An end without a begin still re-baselines.
-        let epoch = obs.gap_epoch();
-        obs.end_gap(t0 + s(40));
-        assert_eq!(obs.lease_baseline(), t0 + s(40));
-        assert!(obs.gap_epoch() > epoch);
-    }
-
-    #[test]
-    fn a_point_gap_re_baselines_but_does_not_end_an_open_gap() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        obs.gap(t0 + s(10));
-        assert!(!obs.in_gap());
-        assert_eq!(obs.lease_baseline(), t0 + s(10));
-
-        // A watch is re-listing when leadership is gained: the gap stays open until it ends.
-        obs.begin_gap(t0 + s(20));
-        obs.gap(t0 + s(21));
-        assert!(obs.in_gap(), "still waiting for the watch");
-        obs.end_gap(t0 + s(25));
-        assert!(!obs.in_gap());
-        assert_eq!(obs.lease_baseline(), t0 + s(25));
-    }
-
-    /// The settle rule reads when the port last answered (the probe's send time: the host was
-    /// up then or later) and since when it has been silent (the first unanswered probe's
-    /// result: silent by then). A refusal is an answer; silence restarts with each run.
-    #[test]
-    fn tcp_answers_and_silences_carry_their_instants() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        obs.observe_tcp(TcpResult::Connected, t0 + s(1), t0 + s(2));
-        assert_eq!(obs.tcp_answered(), Some(t0 + s(1)));
-        assert_eq!(obs.tcp_silent_since(), None);
-        obs.observe_tcp(TcpResult::NoAnswer, t0 + s(3), t0 + s(4));
-        obs.observe_tcp(TcpResult::NoAnswer, t0 + s(5), t0 + s(6));
-        assert_eq!(
-            obs.tcp_silent_since(),
-            Some(t0 + s(4)),
-            "from the first of the run"
-        );
-        assert_eq!(obs.tcp_answered(), Some(t0 + s(1)));
-        obs.observe_tcp(TcpResult::Refused, t0 + s(7), t0 + s(7));
-        assert_eq!(
-            (obs.tcp_answered(), obs.tcp_silent_since()),
-            (Some(t0 + s(7)), None)
-        );
-        obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
-        obs.forget_probe(ProbeKind::KubeletTcp);
-        assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
-    }
-
-    /// A new boot's agent is heard afresh: the silence that began when the last boot ended is
-    /// not this agent's.
-    #[test]
-    fn a_new_boot_forgets_what_was_heard_of_the_last_boots_agent() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
-        obs.observe_boot_id(Some("boot-1"), t0);
-        obs.observe_probe(ProbeKind::Agent, TcpResult::Connected, t0, t0 + s(1));
-        obs.observe_probe(ProbeKind::Agent, TcpResult::NoAnswer, t0 + s(1), t0 + s(2));
-        // Re-delivered, or not reported: nothing forgotten.
-        obs.observe_boot_id(Some("boot-1"), t0 + s(3));
-        obs.observe_boot_id(None, t0 + s(3));
-        obs.observe_boot_id(Some(""), t0 + s(3));
-        assert_eq!(agent(&obs).silent_since, Some(t0 + s(2)));
-        obs.observe_boot_id(Some("boot-2"), t0 + s(30));
-        let fresh = agent(&obs);
-        assert_eq!((fresh.answered, fresh.silent_since), (None, None));
-        // Still silent in the new boot: a silence, but with no answer before it.
-        obs.observe_probe(
-            ProbeKind::Agent,
-            TcpResult::NoAnswer,
-            t0 + s(31),
-            t0 + s(32),
-        );
-        assert_eq!(
-            (agent(&obs).answered, agent(&obs).silent_since),
-            (None, Some(t0 + s(32)))
-        );
-    }
-
-    /// A leadership term hears the agent afresh: an earlier term's answers and silence are
-    /// forgotten, and a round sent before the term began counts for nothing.
-    #[test]
-    fn a_new_leadership_term_forgets_what_was_heard_of_the_agent() {
-        let t0 = Instant::now();
-        let mut obs = NodeObservations::new(t0);
-        let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
-        obs.observe_probe(ProbeKind::Agent, TcpResult::Connected, t0, t0 + s(1));
-        obs.observe_probe(ProbeKind::Agent, TcpResult::NoAnswer, t0 + s(1), t0 + s(2));
-        obs.restart_agent_hearing(t0 + s(60));
-        let fresh = agent(&obs);
-        assert_eq!(
-            (fresh.result, fresh.answered, fresh.silent_since),
-            (None, None, None)
-        );
-        // Sent before the term began, in late.
-        obs.observe_probe(
-            ProbeKind::Agent,
-            TcpResult::Connected,
-            t0 + s(59),
-            t0 + s(61),
-        );
-        assert_eq!(agent(&obs).answered, None);
-        obs.observe_probe(
-            ProbeKind::Agent,
-            TcpResult::NoAnswer,
-            t0 + s(60),
-            t0 + s(61),
-        );
-        assert_eq!(agent(&obs).silent_since, Some(t0 + s(61)));
-        assert_eq!(
-            obs.tcp(),
-            None,
-            "the kubelet port's prober does not change with it"
-        );
-    }
-}
+mod tests;

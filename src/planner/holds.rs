@@ -45,6 +45,9 @@ pub struct Heartbeat {
     pub tcp_silent_since: Option<Instant>,
     /// When the last heartbeat the node's agent (or its host) answered was sent.
     pub agent_answered: Option<Instant>,
+    /// When the last heartbeat the node's agent itself answered was sent (not its host's
+    /// refusal): the only answers the `Agent` proof counts (see `planner::proof`).
+    pub agent_connected: Option<Instant>,
     /// Since when the node's agent has not answered, if it does not now.
     pub agent_silent_since: Option<Instant>,
     /// When this process first saw podha's taint on the node, if it is on.

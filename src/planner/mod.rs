@@ -70,6 +70,9 @@ pub struct PlanInput<'a> {
     pub heartbeats: &'a Heartbeats,
     /// Policies podha cannot read (`crate::api::ListedPolicy`): their selectors are unknown.
     pub unreadable: &'a [String],
+    /// Since when podha has heard enough agents without a break (`proof::agent_quorum`);
+    /// `None` while it does not.
+    pub agent_quorum_since: Option<Instant>,
     pub now: Instant,
 }
 

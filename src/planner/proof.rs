@@ -9,7 +9,17 @@
 //! agent it heard right before the silence began, in its current leadership term (an agent
 //! it never heard, its port blocked, has nothing to lose and fences nothing), and only while
 //! it hears a strict majority of the other agents it expects (then no majority of peers can
-//! have vouched for the silent one).
+//! have vouched for the silent one). The silence counts only from when podha began hearing
+//! enough agents without a break (see [`agent_quorum`]): while podha heard too few (the agent
+//! port blocked everywhere), an agent cut off meanwhile had its peers vouch for it and stayed
+//! up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
+//! peers again.
+//!
+//! Heard means an answer from the agent itself: an HTTP answer naming the node
+//! ([`Heartbeat::agent_connected`](super::Heartbeat::agent_connected)). A refused connect, an
+//! error status or an answer naming another node says the machine runs (detection counts it),
+//! not that its agent does: an agent stopped for good (its watchdog disarmed) leaves its port
+//! refusing, and a silence after that proves nothing.
 
 use std::time::Duration;
 
@@ -38,13 +48,18 @@ pub struct AgentEvidence<'a> {
     /// How long the agent has not answered podha's heartbeat; `None` while it answers (or was
     /// never asked).
     pub silent_for: Option<Duration>,
-    /// How long before its silence began podha last got an answer from the agent; `None` when
-    /// podha got none in its current leadership term before the silence.
+    /// How long before its silence began podha last got an answer from the agent itself (not
+    /// its host's refusal); `None` when podha got none in its current leadership term before
+    /// the silence.
     pub heard_before_silence: Option<Duration>,
-    /// The other nodes advertising an agent that podha heard within [`AGENT_HEARD_WITHIN`].
+    /// The other nodes advertising an agent whose agent itself answered podha within
+    /// [`AGENT_HEARD_WITHIN`].
     pub others_heard: usize,
     /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP).
     pub others_expected: usize,
+    /// How long podha has heard enough agents without a break (see [`agent_quorum`]); `None`
+    /// while it does not. The silence counts only for this long.
+    pub quorum_for: Option<Duration>,
     /// The fence podha asked the agent for in this incident, if it did.
     pub request: Option<&'a str>,
 }
@@ -67,6 +82,23 @@ impl AgentEvidence<'_> {
             Some(_) => None,
         }
     }
+}
+
+impl AgentEvidence<'_> {
+    /// How much of the silence counts: the part since podha has heard enough agents (see
+    /// [`agent_quorum`]); `None` while the agent answers or podha hears too few.
+    pub fn counted_silence(&self) -> Option<Duration> {
+        self.silent_for.zip(self.quorum_for).map(|(s, q)| s.min(q))
+    }
+}
+
+/// Whether podha hears enough of the `expected` agents (nodes advertising one) to count an
+/// agent's silence: `heard` of them answered within [`AGENT_HEARD_WITHIN`], a strict majority
+/// of the others of any agent it does not hear (`2 * heard > expected - 1`: with two agents,
+/// one of them). Then no agent it does not hear can have a strict majority of its peers
+/// vouching for it.
+pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
+    heard * 2 > expected.saturating_sub(1)
 }
 
 /// Why a silent agent's silence proves no fence.
@@ -127,13 +159,14 @@ pub fn agent_evidence<'a>(
     node: &str,
     view: &View,
     heartbeats: &Heartbeats,
+    quorum_since: Option<Instant>,
     now: Instant,
     request: Option<&'a str>,
 ) -> AgentEvidence<'a> {
     let own = heartbeats.get(node);
     let silent_since = own.and_then(|hb| hb.agent_silent_since);
     let heard_before_silence = own
-        .and_then(|hb| hb.agent_answered)
+        .and_then(|hb| hb.agent_connected)
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
     let others = view
@@ -143,19 +176,41 @@ pub fn agent_evidence<'a>(
     let (mut others_heard, mut others_expected) = (0, 0);
     for (name, _) in others {
         others_expected += 1;
-        let heard = heartbeats
-            .get(name)
-            .and_then(|hb| hb.agent_answered)
-            .is_some_and(|t| now.saturating_duration_since(t) <= AGENT_HEARD_WITHIN);
-        others_heard += usize::from(heard);
+        others_heard += usize::from(heard_now(heartbeats, name, now));
     }
     AgentEvidence {
         silent_for: silent_since.map(|since| now.saturating_duration_since(since)),
         heard_before_silence,
         others_heard,
         others_expected,
+        quorum_for: quorum_since.map(|since| now.saturating_duration_since(since)),
         request,
     }
+}
+
+/// Whether podha hears `node`'s agent now: the agent itself answered within
+/// [`AGENT_HEARD_WITHIN`].
+fn heard_now(heartbeats: &Heartbeats, node: &str, now: Instant) -> bool {
+    heartbeats
+        .get(node)
+        .and_then(|hb| hb.agent_connected)
+        .is_some_and(|t| now.saturating_duration_since(t) <= AGENT_HEARD_WITHIN)
+}
+
+/// Whether podha hears enough agents now ([`agent_quorum`] over the nodes of `view` that
+/// advertise one); the decision loop follows since when it has, without a break.
+pub fn hears_agent_quorum(view: &View, heartbeats: &Heartbeats, now: Instant) -> bool {
+    let (mut heard, mut expected) = (0, 0);
+    for name in view
+        .nodes
+        .iter()
+        .filter(|(_, n)| agent_addr(n).is_some())
+        .map(|(name, _)| name)
+    {
+        expected += 1;
+        heard += usize::from(heard_now(heartbeats, name, now));
+    }
+    expected > 0 && agent_quorum(heard, expected)
 }
 
 /// What proved a node fenced.
@@ -203,7 +258,7 @@ pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Optio
             let isolation = fenced_within(node);
             let silent = agent.silence_doubt().is_none()
                 && matches!(
-                    (agent.silent_for, isolation),
+                    (agent.counted_silence(), isolation),
                     (Some(silent), Some(timeout)) if silent >= timeout + fencing.agent_margin.get()
                 );
             if acknowledged {
@@ -236,301 +291,4 @@ pub const fn requests_fence(proof: FencingProof) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::contract::AGENT_FENCED_WITHIN_ANNOTATION;
-    use crate::test_builders::*;
-
-    #[test]
-    fn the_cloud_shutdown_taint_is_the_proof_and_none_needs_nothing() {
-        let spec: crate::api::PodHAPolicySpec =
-            serde_json::from_value(serde_json::json!({"fencing": {"proof": "CloudShutdownTaint"}}))
-                .unwrap();
-        let running = mk_node("n1");
-        let off = mk_node("n1").taint(CLOUD_SHUTDOWN_TAINT_KEY, "", "NoSchedule");
-        let none = AgentEvidence::default();
-        assert_eq!(proven(&spec.fencing, &running, none), None);
-        assert_eq!(
-            proven(&spec.fencing, &off, none),
-            Some(FenceEvidence::CloudShutdown)
-        );
-        assert_eq!(
-            proven(&Fencing::default(), &running, none),
-            Some(FenceEvidence::NotAsked)
-        );
-        assert!(
-            serde_json::from_value::<crate::api::PodHAPolicySpec>(
-                serde_json::json!({"fencing": {"proof": "Hope"}})
-            )
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_only() {
-        let spec: crate::api::PodHAPolicySpec =
-            serde_json::from_value(serde_json::json!({"fencing": {"proof": "External"}})).unwrap();
-        let acked = mk_node("n1").annotation(FENCE_ACK_ANNOTATION, "p/1");
-        let asked = |request, silent_for| AgentEvidence {
-            silent_for,
-            request,
-            ..heard()
-        };
-        assert_eq!(proven(&spec.fencing, &acked, asked(None, None)), None);
-        assert_eq!(
-            proven(&spec.fencing, &acked, asked(Some("p/2"), None)),
-            None
-        );
-        assert_eq!(
-            proven(&spec.fencing, &acked, asked(Some("p/1"), None)),
-            Some(FenceEvidence::ExternalAcknowledged)
-        );
-        let silent_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "1s");
-        assert_eq!(
-            proven(
-                &spec.fencing,
-                &silent_agent,
-                asked(Some("p/1"), Some(Duration::from_secs(3600)))
-            ),
-            None,
-            "silence proves nothing to an external fence"
-        );
-        assert!(requests_fence(FencingProof::External) && requests_fence(FencingProof::Agent));
-        assert!(!requests_fence(FencingProof::CloudShutdownTaint));
-    }
-
-    /// An agent podha heard right before its silence, while it hears both other agents.
-    fn heard() -> AgentEvidence<'static> {
-        AgentEvidence {
-            heard_before_silence: Some(Duration::from_secs(2)),
-            others_heard: 2,
-            others_expected: 2,
-            ..AgentEvidence::default()
-        }
-    }
-
-    fn agent_spec() -> crate::api::PodHAPolicySpec {
-        serde_json::from_value(serde_json::json!({"fencing": {"proof": "Agent"}})).unwrap()
-    }
-
-    #[test]
-    fn an_agent_proves_the_fence_by_its_acknowledgement_of_this_incidents_request() {
-        let spec = agent_spec();
-        let acked = mk_node("n1").annotation(FENCE_ACK_ANNOTATION, "p/1");
-        let asked = |request| AgentEvidence {
-            silent_for: None,
-            request,
-            ..AgentEvidence::default()
-        };
-        assert_eq!(
-            proven(&spec.fencing, &acked, asked(None)),
-            None,
-            "not asked"
-        );
-        assert_eq!(
-            proven(&spec.fencing, &acked, asked(Some("p/2"))),
-            None,
-            "an older request's acknowledgement proves nothing now"
-        );
-        assert_eq!(
-            proven(&spec.fencing, &acked, asked(Some("p/1"))),
-            Some(FenceEvidence::AgentAcknowledged)
-        );
-    }
-
-    #[test]
-    fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
-        let spec = agent_spec();
-        let with_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
-        let silent = |secs| AgentEvidence {
-            silent_for: Some(Duration::from_secs(secs)),
-            ..heard()
-        };
-        assert_eq!(proven(&spec.fencing, &with_agent, silent(39)), None);
-        assert_eq!(
-            proven(&spec.fencing, &with_agent, silent(40)),
-            Some(FenceEvidence::AgentSilent)
-        );
-        assert_eq!(
-            proven(&spec.fencing, &mk_node("n1"), silent(4000)),
-            None,
-            "a node that never had an agent proves nothing by silence"
-        );
-        let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
-        assert_eq!(proven(&spec.fencing, &garbled, silent(4000)), None);
-    }
-
-    /// Silence is no proof where the agent's own rule may have kept it up: an agent podha
-    /// never heard in this term (a blocked port, a silence from before this term), heard long
-    /// before the silence, or while podha hears no strict majority of the other agents.
-    #[test]
-    fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_heard() {
-        let spec = agent_spec();
-        let node = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
-        let long = Some(Duration::from_secs(4000));
-        let cases = [
-            ("heard, both others heard", heard(), None),
-            (
-                "never heard in this term",
-                AgentEvidence {
-                    heard_before_silence: None,
-                    ..heard()
-                },
-                Some(SilenceDoubt::NeverHeard),
-            ),
-            (
-                "heard within the window",
-                AgentEvidence {
-                    heard_before_silence: Some(AGENT_HEARD_WITHIN),
-                    ..heard()
-                },
-                None,
-            ),
-            (
-                "heard long before",
-                AgentEvidence {
-                    heard_before_silence: Some(AGENT_HEARD_WITHIN + Duration::from_millis(1)),
-                    ..heard()
-                },
-                Some(SilenceDoubt::HeardLongBefore {
-                    gap: AGENT_HEARD_WITHIN + Duration::from_millis(1),
-                }),
-            ),
-            (
-                "1 of 4 others heard (the port blocked)",
-                AgentEvidence {
-                    others_heard: 1,
-                    others_expected: 4,
-                    ..heard()
-                },
-                Some(SilenceDoubt::FewOthersHeard {
-                    heard: 1,
-                    expected: 4,
-                }),
-            ),
-            (
-                "2 of 4: no strict majority",
-                AgentEvidence {
-                    others_heard: 2,
-                    others_expected: 4,
-                    ..heard()
-                },
-                Some(SilenceDoubt::FewOthersHeard {
-                    heard: 2,
-                    expected: 4,
-                }),
-            ),
-            (
-                "3 of 4",
-                AgentEvidence {
-                    others_heard: 3,
-                    others_expected: 4,
-                    ..heard()
-                },
-                None,
-            ),
-            (
-                "two agents, the other heard",
-                AgentEvidence {
-                    others_heard: 1,
-                    others_expected: 1,
-                    ..heard()
-                },
-                None,
-            ),
-            (
-                "no other agent: one without peers stays up",
-                AgentEvidence {
-                    others_heard: 0,
-                    others_expected: 0,
-                    ..heard()
-                },
-                Some(SilenceDoubt::FewOthersHeard {
-                    heard: 0,
-                    expected: 0,
-                }),
-            ),
-        ];
-        for (what, evidence, doubt) in cases {
-            let evidence = AgentEvidence {
-                silent_for: long,
-                ..evidence
-            };
-            assert_eq!(evidence.silence_doubt(), doubt, "{what}");
-            let want = doubt.is_none().then_some(FenceEvidence::AgentSilent);
-            assert_eq!(proven(&spec.fencing, &node, evidence), want, "{what}");
-        }
-        // An answering agent is in no doubt: it is not silent.
-        assert_eq!(AgentEvidence::default().silence_doubt(), None);
-        // The acknowledgement of this incident's request proves the fence whatever the doubt.
-        let acked = node.annotation(FENCE_ACK_ANNOTATION, "p/1");
-        let doubted = AgentEvidence {
-            silent_for: long,
-            request: Some("p/1"),
-            ..AgentEvidence::default()
-        };
-        assert_eq!(doubted.silence_doubt(), Some(SilenceDoubt::NeverHeard));
-        assert_eq!(
-            proven(&spec.fencing, &acked, doubted),
-            Some(FenceEvidence::AgentAcknowledged)
-        );
-    }
-
-    /// The evidence, from podha's heartbeats: the agent's silence and its last answer before
-    /// it, and the other agents podha expects (nodes advertising one) and hears now.
-    #[test]
-    fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
-        use crate::contract::AGENT_PORT_ANNOTATION;
-        use crate::planner::Heartbeat;
-        let now = Instant::now() + Duration::from_secs(100);
-        let secs = Duration::from_secs;
-        let agent = |name: &str| {
-            let mut n = mk_node(name).annotation(AGENT_PORT_ANNOTATION, "9441");
-            n.status.get_or_insert_with(Default::default).addresses =
-                Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-                    type_: "InternalIP".into(),
-                    address: "10.0.0.1".into(),
-                }]);
-            n
-        };
-        let view = crate::view::View::default()
-            .with(agent("n1"))
-            .with(agent("n2"))
-            .with(agent("n3"))
-            .with(agent("n4"))
-            .with(mk_node("plain"));
-        let hb = |answered: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
-            last_renewal: None,
-            silent_since: now,
-            renew_period: secs(10),
-            tcp_answered: None,
-            tcp_silent_since: None,
-            agent_answered: answered,
-            agent_silent_since: silent_since,
-            tainted_since: None,
-        };
-        let heartbeats = crate::planner::Heartbeats::from([
-            (
-                "n1".to_string(),
-                hb(Some(now - secs(62)), Some(now - secs(60))),
-            ),
-            ("n2".to_string(), hb(Some(now - AGENT_HEARD_WITHIN), None)),
-            ("n3".to_string(), hb(Some(now - secs(4)), None)),
-            ("plain".to_string(), hb(Some(now), None)),
-        ]);
-        let evidence = agent_evidence("n1", &view, &heartbeats, now, Some("p/1"));
-        assert_eq!(
-            evidence,
-            AgentEvidence {
-                silent_for: Some(secs(60)),
-                heard_before_silence: Some(secs(2)),
-                others_heard: 1,
-                others_expected: 3,
-                request: Some("p/1"),
-            },
-            "n2 heard, n3 too long ago, n4 never; a node without an agent is not expected"
-        );
-        let never = agent_evidence("n4", &view, &heartbeats, now, None);
-        assert_eq!((never.silent_for, never.heard_before_silence), (None, None));
-    }
-}
+mod tests;

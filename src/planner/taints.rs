@@ -103,6 +103,7 @@ pub(super) fn fence_check(
         &incident.node,
         input.view,
         input.heartbeats,
+        input.agent_quorum_since,
         input.now,
         incident.fence_request.as_deref(),
     );

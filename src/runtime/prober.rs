@@ -7,11 +7,13 @@
 //! `AgentHeartbeat`: an HTTP GET of `/heartbeat` on each node's podha agent (InternalIP, the
 //! port the agent advertises on its Node), every second, by the leader only. Each probe says
 //! how long ago this process last got an answer from that agent (`heardMs`), so an agent whose
-//! answers are lost learns it is not heard (see `crate::contract`). An answer naming the node is
+//! answers are lost learns it is not heard (see `crate::contract`); what it heard of an agent
+//! is forgotten when the agent's node boots again (a new boot ID in the plan), so a new boot's
+//! agent is never told its node's downtime as a silence. An answer naming the node is
 //! `Connected`; a refusal or any other answer is the host up without its agent (`Refused`);
 //! silence is `NoAnswer`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -40,6 +42,9 @@ pub struct Target {
     /// has no evidence.
     pub addr: Option<SocketAddr>,
     pub timeout: Duration,
+    /// The node's boot ID (`status.nodeInfo.bootID`), for the agent's heartbeat: what this
+    /// process heard of an agent is forgotten when its node boots again (see [`run`]).
+    pub boot_id: Option<String>,
 }
 
 /// What to probe and how often; published by the decision loop when it changes.
@@ -79,6 +84,9 @@ pub struct Round {
     pub kind: ProbeKind,
     pub sent: Instant,
     pub results: Vec<(String, Option<TcpResult>)>,
+    /// The nodes whose agent answered this round saying it counts itself heard in this boot:
+    /// only their answers count for the `Agent` proof (see `NodeObservations::observe_agent`).
+    pub heard: BTreeSet<String>,
 }
 
 async fn connect(target: Target) -> (String, Option<TcpResult>) {
@@ -97,17 +105,17 @@ async fn connect(target: Target) -> (String, Option<TcpResult>) {
 
 type Http = HttpClient<HttpConnector, Empty<Bytes>>;
 
-async fn heartbeat(
-    http: &Http,
-    target: Target,
-    heard_ago: Option<Duration>,
-) -> (String, Option<TcpResult>) {
+/// One agent's heartbeat: the node, what the probe found, and whether the agent said it
+/// counts itself heard in this boot.
+type Heartbeat = (String, Option<TcpResult>, bool);
+
+async fn heartbeat(http: &Http, target: Target, heard_ago: Option<Duration>) -> Heartbeat {
     let Some(addr) = target.addr else {
-        return (target.node, None);
+        return (target.node, None, false);
     };
     let path = HeartbeatQuery::new(heard_ago).path_and_query();
     let Ok(uri) = format!("http://{addr}{path}").parse::<hyper::Uri>() else {
-        return (target.node, None);
+        return (target.node, None, false);
     };
     let asked = async {
         let response = http.get(uri).await?;
@@ -115,17 +123,17 @@ async fn heartbeat(
         let body = response.into_body().collect().await?.to_bytes();
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((ok, body))
     };
-    let result = match tokio::time::timeout(target.timeout, asked).await {
+    let (result, heard) = match tokio::time::timeout(target.timeout, asked).await {
         Ok(Ok((true, body))) => match serde_json::from_slice::<HeartbeatAnswer>(&body) {
-            Ok(answer) if answer.node == target.node => TcpResult::Connected,
+            Ok(answer) if answer.node == target.node => (TcpResult::Connected, answer.heard),
             // Something else answers at that address: the host runs, its agent does not.
-            _ => TcpResult::Refused,
+            _ => (TcpResult::Refused, false),
         },
-        Ok(Ok((false, _))) => TcpResult::Refused,
-        Ok(Err(e)) if refused(e.as_ref()) => TcpResult::Refused,
-        Ok(Err(_)) | Err(_) => TcpResult::NoAnswer,
+        Ok(Ok((false, _))) => (TcpResult::Refused, false),
+        Ok(Err(e)) if refused(e.as_ref()) => (TcpResult::Refused, false),
+        Ok(Err(_)) | Err(_) => (TcpResult::NoAnswer, false),
     };
-    (target.node, Some(result))
+    (target.node, Some(result), heard)
 }
 
 /// Whether a connect was refused somewhere down this error's chain.
@@ -142,6 +150,47 @@ fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// When each agent last answered this process, and in which boot of its node: what the next
+/// probe tells it (`heardMs`).
+#[derive(Debug, Default)]
+struct Heard(BTreeMap<String, (Option<String>, Instant)>);
+
+impl Heard {
+    /// The plan's targets now: an agent no longer probed, or whose node booted again since it
+    /// answered, is forgotten. A new boot's agent was never heard, and must not be told it was
+    /// heard as long ago as its node was down: it would count that downtime as a silence and
+    /// survey its peers at once.
+    fn follow(&mut self, targets: &[Target]) {
+        self.0.retain(|node, (boot, _)| {
+            targets
+                .iter()
+                .any(|t| &t.node == node && t.boot_id == *boot)
+        });
+    }
+
+    /// How long before `sent` this process last got an answer from `node`'s agent, if ever.
+    fn ago(&self, node: &str, sent: Instant) -> Option<Duration> {
+        self.0
+            .get(node)
+            .map(|(_, at)| sent.saturating_duration_since(*at))
+    }
+
+    /// The answers of a round probing `targets`, in at `now`. Any answer naming the node is
+    /// one: whether the agent knew it was heard before this one or not, the next probe tells
+    /// it this one was.
+    fn round(&mut self, targets: &[Target], results: &[Heartbeat], now: Instant) {
+        for (node, result, _) in results {
+            if *result != Some(TcpResult::Connected) {
+                continue;
+            }
+            if let Some(t) = targets.iter().find(|t| &t.node == node) {
+                self.0.insert(node.clone(), (t.boot_id.clone(), now));
+            }
+        }
+        self.follow(targets);
+    }
+}
+
 /// Runs the prober of `kind` until the decision loop goes away (its plan sender or result
 /// receiver dropped).
 pub async fn run(
@@ -153,9 +202,10 @@ pub async fn run(
         .pool_max_idle_per_host(1)
         .build_http();
     // When each agent last answered this process: what its next probe tells it.
-    let mut heard: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut heard = Heard::default();
     loop {
         let current = plan.borrow_and_update().clone();
+        heard.follow(&current.targets);
         if current.targets.is_empty() || current.interval.is_zero() {
             if plan.changed().await.is_err() {
                 return;
@@ -174,6 +224,7 @@ pub async fn run(
                 }
                 _ = ticker.tick() => {
                     let sent = Instant::now();
+                    let mut agents_heard = BTreeSet::new();
                     let results_in: Vec<(String, Option<TcpResult>)> = match kind {
                         ProbeKind::KubeletTcp => {
                             futures::stream::iter(current.targets.clone())
@@ -183,27 +234,28 @@ pub async fn run(
                                 .await
                         }
                         ProbeKind::Agent => {
-                            let mut asks = Vec::with_capacity(current.targets.len());
-                            for t in &current.targets {
-                                let ago = heard.get(&t.node).map(|h| sent.saturating_duration_since(*h));
-                                asks.push(heartbeat(&http, t.clone(), ago));
-                            }
-                            futures::stream::iter(asks)
+                            let asks: Vec<_> = current
+                                .targets
+                                .iter()
+                                .map(|t| heartbeat(&http, t.clone(), heard.ago(&t.node, sent)))
+                                .collect();
+                            let results_in: Vec<_> = futures::stream::iter(asks)
                                 .buffer_unordered(CONCURRENCY)
                                 .collect()
-                                .await
+                                .await;
+                            heard.round(&current.targets, &results_in, Instant::now());
+                            results_in
+                                .into_iter()
+                                .map(|(node, result, said_heard)| {
+                                    if said_heard && result == Some(TcpResult::Connected) {
+                                        agents_heard.insert(node.clone());
+                                    }
+                                    (node, result)
+                                })
+                                .collect()
                         }
                     };
-                    if kind == ProbeKind::Agent {
-                        let now = Instant::now();
-                        for (node, result) in &results_in {
-                            if *result == Some(TcpResult::Connected) {
-                                heard.insert(node.clone(), now);
-                            }
-                        }
-                        heard.retain(|node, _| current.targets.iter().any(|t| &t.node == node));
-                    }
-                    let round = Round { kind, sent, results: results_in };
+                    let round = Round { kind, sent, results: results_in, heard: agents_heard };
                     if results.send(round).await.is_err() {
                         return;
                     }
@@ -291,21 +343,25 @@ mod tests {
                     node: "open".into(),
                     addr: Some(open),
                     timeout,
+                    boot_id: None,
                 },
                 Target {
                     node: "closed".into(),
                     addr: Some(closed),
                     timeout,
+                    boot_id: None,
                 },
                 Target {
                     node: "silent".into(),
                     addr: Some(silent),
                     timeout,
+                    boot_id: None,
                 },
                 Target {
                     node: "unknown".into(),
                     addr: None,
                     timeout,
+                    boot_id: None,
                 },
             ],
         });
@@ -354,6 +410,7 @@ mod tests {
             node: node.into(),
             addr: Some(addr),
             timeout: Duration::from_millis(500),
+            boot_id: None,
         };
         let (_plan_tx, plan_rx) = watch::channel(ProbePlan {
             interval: Duration::from_millis(100),
@@ -364,7 +421,12 @@ mod tests {
             ],
         });
         let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
-        let mut results = rx.recv().await.expect("a round").results;
+        let first = rx.recv().await.expect("a round");
+        assert!(
+            first.heard.is_empty(),
+            "the agent does not know its first answer was heard"
+        );
+        let mut results = first.results;
         results.sort();
         assert_eq!(
             results,
@@ -376,11 +438,63 @@ mod tests {
             ]
         );
         let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
-        let _ = rx.recv().await.expect("a second round");
+        let second = rx.recv().await.expect("a second round");
         assert!(
             heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)),
             "the second probe says the first was answered"
         );
+        assert_eq!(
+            second.heard,
+            BTreeSet::from(["n1".to_string()]),
+            "the agent says it is heard"
+        );
+        prober.abort();
+        server.abort();
+    }
+
+    /// A node that booted again has a new agent, never heard: the first probe after its new
+    /// boot ID reaches the plan carries no `heardMs`, not the old boot's answer (which would
+    /// tell the new agent it was heard as long ago as its node was down).
+    #[tokio::test]
+    async fn a_new_boot_of_the_node_is_not_told_the_last_boots_hearing() {
+        use crate::agent::server::{Hearing, router};
+        use std::sync::{Arc, Mutex};
+        let hearing = Arc::new(Mutex::new(Hearing::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let served = router("n1", hearing.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, served).await;
+        });
+        let plan = |boot: &str| ProbePlan {
+            interval: Duration::from_millis(500),
+            targets: vec![Target {
+                node: "n1".into(),
+                addr: Some(addr),
+                timeout: Duration::from_millis(400),
+                boot_id: Some(boot.into()),
+            }],
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let (plan_tx, plan_rx) = watch::channel(plan("boot-1"));
+        let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
+        let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
+        let _ = rx.recv().await.expect("a round");
+        let _ = rx.recv().await.expect("a second round");
+        assert!(heard(&hearing).is_some(), "heard in the first boot");
+        // The node reboots: a new agent, never heard, and the Node reports the new boot.
+        *hearing.lock().expect("lock") = Hearing::default();
+        plan_tx.send(plan("boot-2")).expect("plan");
+        let _ = rx.recv().await.expect("the new boot's first round");
+        assert_eq!(
+            heard(&hearing),
+            None,
+            "the new boot's agent was told the last boot's hearing"
+        );
+        let _ = rx.recv().await.expect("the new boot's second round");
+        assert!(heard(&hearing).is_some(), "heard in the new boot");
         prober.abort();
         server.abort();
     }

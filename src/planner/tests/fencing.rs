@@ -201,6 +201,8 @@ fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
 /// hears it (`heard`).
 fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -> bool) {
     let since = world.now - Duration::from_secs(secs);
+    // podha heard enough agents since before the silence began.
+    world.agent_quorum_since = Some(since - Duration::from_secs(10));
     let others: Vec<String> = world
         .view
         .nodes
@@ -216,6 +218,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: heard(&other).then_some(world.now),
+            agent_connected: heard(&other).then_some(world.now),
             agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
         };
@@ -230,6 +233,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: heard(node).then(|| since - Duration::from_secs(1)),
+            agent_connected: heard(node).then(|| since - Duration::from_secs(1)),
             agent_silent_since: Some(since),
             tainted_since: None,
         },

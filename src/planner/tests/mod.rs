@@ -43,6 +43,7 @@ struct World {
     ledger: Ledger,
     heartbeats: Heartbeats,
     unreadable: Vec<String>,
+    agent_quorum_since: Option<Instant>,
     t0: Instant,
     now: Instant,
 }
@@ -56,6 +57,7 @@ impl World {
             ledger: Ledger::default(),
             heartbeats: Heartbeats::new(),
             unreadable: Vec::new(),
+            agent_quorum_since: None,
             t0: Instant::now(),
             now: Instant::now(),
         }
@@ -92,6 +94,7 @@ impl World {
             tcp_answered: None,
             tcp_silent_since: None,
             agent_answered: None,
+            agent_connected: None,
             agent_silent_since: None,
             tainted_since: Some(self.t0),
         };
@@ -128,6 +131,7 @@ impl World {
             ledger: &self.ledger,
             heartbeats: &self.heartbeats,
             unreadable: &self.unreadable,
+            agent_quorum_since: self.agent_quorum_since,
             now: self.now,
         })
     }

@@ -297,6 +297,7 @@ fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
         tcp_answered: None,
         tcp_silent_since: None,
         agent_answered: None,
+        agent_connected: None,
         agent_silent_since: None,
         tainted_since: None,
     };
@@ -361,6 +362,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         tcp_answered: None,
         tcp_silent_since: None,
         agent_answered: None,
+        agent_connected: None,
         agent_silent_since: None,
         tainted_since: None,
     };
@@ -414,6 +416,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         tcp_answered: Some(t0 + s(answered)),
         tcp_silent_since: port_silent.map(|p| t0 + s(p)),
         agent_answered: None,
+        agent_connected: None,
         agent_silent_since: None,
         tainted_since: None,
     };

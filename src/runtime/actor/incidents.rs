@@ -18,6 +18,7 @@ impl Actor {
     /// node judged dead.
     pub(super) async fn judge_nodes(&mut self, now: Instant) {
         let judgements = self.judge.advance(&self.state, now);
+        self.judge.follow_agent_quorum(&self.state, now);
         let (kubelet, agent) = judge::probe_plans(&self.state, self.leading);
         judge::publish(&self.out.probe_plans.kubelet, kubelet);
         judge::publish(&self.out.probe_plans.agent, agent);

@@ -17,7 +17,7 @@ use crate::health::{
     DetectionConfig, HealthTracker, NodeHealth, NodeObservations, ProbeKind, ReadyStatus,
     Transition,
 };
-use crate::planner::{HealthBook, Heartbeat, Heartbeats};
+use crate::planner::{HealthBook, Heartbeat, Heartbeats, proof};
 
 /// A policy's tracker of a node changed state.
 pub(super) struct Judgement {
@@ -30,6 +30,9 @@ pub(super) struct Judgement {
 #[derive(Default)]
 pub(super) struct Judge {
     trackers: BTreeMap<(String, String), HealthTracker>,
+    /// Since when podha has heard enough agents without a break (`proof::agent_quorum`), as
+    /// seen at each turn of the loop.
+    agent_quorum_since: Option<Instant>,
 }
 
 impl Judge {
@@ -66,6 +69,19 @@ impl Judge {
         }
         self.trackers.retain(|key, _| watched.contains(key));
         judgements
+    }
+
+    /// Whether podha hears enough agents at `now`: since when it has without a break is kept,
+    /// and forgotten the moment it does not (an agent cut off meanwhile may have had its peers
+    /// vouch for it, and counts its silence only from when podha hears enough again).
+    pub fn follow_agent_quorum(&mut self, state: &ClusterState, now: Instant) {
+        let heard = proof::hears_agent_quorum(&state.view, &heartbeats(state), now);
+        self.agent_quorum_since = heard.then(|| self.agent_quorum_since.unwrap_or(now));
+    }
+
+    /// Since when podha has heard enough agents without a break; `None` while it does not.
+    pub fn agent_quorum_since(&self) -> Option<Instant> {
+        self.agent_quorum_since
     }
 
     /// Node health per policy, as the planner reads it.
@@ -124,6 +140,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
                     node: node_name.clone(),
                     addr: kubelet_addr(node),
                     timeout: cfg.tcp_timeout,
+                    boot_id: None,
                 });
         }
     }
@@ -152,6 +169,12 @@ fn agent_targets(state: &ClusterState, timeout: Duration) -> Vec<Target> {
                 node: name.clone(),
                 addr: Some(addr),
                 timeout,
+                boot_id: node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.boot_id.clone())
+                    .filter(|b| !b.is_empty()),
             })
         })
         .collect()
@@ -181,6 +204,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 tcp_answered: obs.tcp_answered(),
                 tcp_silent_since: obs.tcp_silent_since(),
                 agent_answered: obs.probed(ProbeKind::Agent).answered,
+                agent_connected: obs.probed(ProbeKind::Agent).connected,
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
             };

@@ -21,6 +21,7 @@ use super::prober::{self, PlanSenders};
 use super::state::{Change, ClusterState};
 use super::writer::{Lanes, ResultReceiver};
 use crate::api::PodHAPolicy;
+use crate::health::ProbeKind;
 use crate::incident::Ledger;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -148,9 +149,13 @@ impl Actor {
         let received = Instant::now();
         for (node, result) in round.results {
             if let Some(obs) = self.state.observations.get_mut(&node) {
-                match result {
-                    Some(result) => obs.observe_probe(round.kind, result, round.sent, received),
-                    None => obs.forget_probe(round.kind),
+                match (result, round.kind) {
+                    (Some(result), ProbeKind::Agent) => {
+                        let heard = round.heard.contains(&node);
+                        obs.observe_agent(result, heard, round.sent, received);
+                    }
+                    (Some(result), kind) => obs.observe_probe(kind, result, round.sent, received),
+                    (None, kind) => obs.forget_probe(kind),
                 }
             }
         }
@@ -226,6 +231,7 @@ impl Actor {
             ledger: &self.ledger,
             heartbeats: &heartbeats,
             unreadable: &unreadable,
+            agent_quorum_since: self.judge.agent_quorum_since(),
             now,
         });
         let holds = plan.intents.iter().filter_map(|i| match i {

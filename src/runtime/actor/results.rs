@@ -229,7 +229,9 @@ impl Actor {
             .get(node)
             .and_then(|i| i.fence_request.as_deref());
         let heartbeats = judge::heartbeats(&self.state);
-        let agent = proof::agent_evidence(node, &self.state.view, &heartbeats, now, request);
+        let quorum = self.judge.agent_quorum_since();
+        let agent =
+            proof::agent_evidence(node, &self.state.view, &heartbeats, quorum, now, request);
         proof::proven(&spec.fencing, node_obj, agent)
     }
 

@@ -21,21 +21,43 @@ fn agent_node(node: Node) -> Node {
 
 /// One round of agent probes sent now: `silent` nodes do not answer, the others do.
 fn agent_round(h: &mut Harness, silent: &[&str]) {
-    let results = ["node-1", "node-2", "node-3"]
+    agent_round_with(h, |n| {
+        if silent.contains(&n) {
+            TcpResult::NoAnswer
+        } else {
+            TcpResult::Connected
+        }
+    });
+}
+
+/// One round of agent probes sent now, each node's result from `result`; every agent that
+/// answers says it counts itself heard.
+fn agent_round_with(h: &mut Harness, result: impl Fn(&str) -> TcpResult) {
+    agent_round_heard(h, result, |_| true);
+}
+
+/// One round of agent probes sent now, each node's result from `result`, and whether its
+/// agent, if it answers, says it counts itself heard from `heard`.
+fn agent_round_heard(
+    h: &mut Harness,
+    result: impl Fn(&str) -> TcpResult,
+    heard: impl Fn(&str) -> bool,
+) {
+    let nodes = ["node-1", "node-2", "node-3"];
+    let results = nodes
         .into_iter()
-        .map(|n| {
-            let result = if silent.contains(&n) {
-                TcpResult::NoAnswer
-            } else {
-                TcpResult::Connected
-            };
-            (n.to_string(), Some(result))
-        })
+        .map(|n| (n.to_string(), Some(result(n))))
+        .collect();
+    let heard = nodes
+        .into_iter()
+        .filter(|n| result(n) == TcpResult::Connected && heard(n))
+        .map(str::to_string)
         .collect();
     h.actor.observe_round(crate::runtime::prober::Round {
         kind: ProbeKind::Agent,
         sent: Instant::now(),
         results,
+        heard,
     });
 }
 
@@ -115,4 +137,124 @@ async fn a_silence_this_term_heard_begin_proves_the_fence() {
     run_with_rounds(&mut h, 4, &["node-1"]).await;
     assert!(acts(&mut h.writes).contains(&"taint/node-1".to_string()));
     assert_eq!(held(&h.metrics, "AgentSilenceUnproven"), 0.0);
+}
+
+/// node-1's agent stopped (its watchdog disarmed) and its replacement never started: the port
+/// refuses for a while, then the node is cut off. A refusal is the host, not the agent: the
+/// silence after it is not an agent's silence after an answer, and proves nothing.
+#[tokio::test(start_paused = true)]
+async fn a_silence_after_refusals_proves_no_fence() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    let refused = |n: &str| {
+        if n == "node-1" {
+            TcpResult::Refused
+        } else {
+            TcpResult::Connected
+        }
+    };
+    for _ in 0..5 {
+        agent_round_with(&mut h, refused);
+        h.run_for(1).await;
+    }
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 40, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "a silence after refusals proved the fence: {sent:?}"
+    );
+    assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
+}
+
+/// The heartbeat prober learns each node's boot from its plan, so that it forgets what it
+/// heard of an agent whose node booted again.
+#[tokio::test(start_paused = true)]
+async fn the_agent_probe_plan_names_each_nodes_boot() {
+    let mut booted = agent_node(mk_node("node-1"));
+    booted.status.get_or_insert_with(Default::default).node_info =
+        Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+            boot_id: "boot-1".into(),
+            ..Default::default()
+        });
+    let mut h = harness_with(
+        vec![booted.into(), agent_node(mk_node("node-2")).into()],
+        Some(quick_spec()),
+    );
+    h.run_for(1).await;
+    let plan = h._plans[1].borrow().clone();
+    let boots: Vec<_> = plan
+        .targets
+        .iter()
+        .map(|t| (t.node.as_str(), t.boot_id.as_deref()))
+        .collect();
+    assert_eq!(boots, [("node-1", Some("boot-1")), ("node-2", None)]);
+}
+
+/// The agent port blocked everywhere for a while: podha hears no agent, and an agent cut off
+/// meanwhile has its peers vouch for it and stays up. node-1's silence began in that window;
+/// once podha hears the others again its agent only starts deciding to fence, so its silence
+/// counts from then, not from when it began.
+#[tokio::test(start_paused = true)]
+async fn a_silence_counts_only_since_podha_hears_enough_agents_again() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    run_with_rounds(&mut h, 3, &[]).await;
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 30, &["node-1", "node-2", "node-3"]).await;
+    // The others are heard again; node-1 has been silent 30 s, past its 8 s and the 10 s
+    // margin, but its agent only now sees that podha hears its peers.
+    run_with_rounds(&mut h, 15, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "a silence that began while podha heard too few agents proved the fence: {sent:?}"
+    );
+    run_with_rounds(&mut h, 5, &["node-1"]).await;
+    assert!(acts(&mut h.writes).contains(&"taint/node-1".to_string()));
+}
+
+/// node-1's agent answers, but does not know it was heard (its first answer of the boot,
+/// cut off before the next probe could tell it): it counts itself never heard and does not
+/// fence on isolation, so its silence after that answer proves nothing.
+#[tokio::test(start_paused = true)]
+async fn a_silence_after_answers_the_agent_does_not_know_were_heard_proves_no_fence() {
+    let mut objects = dead_node_with_pods("node-1");
+    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects.push(agent_node(mk_node("node-2")).into());
+    objects.push(agent_node(mk_node("node-3")).into());
+    let mut spec = quick_spec();
+    spec.fencing = Fencing {
+        proof: FencingProof::Agent,
+        ..Fencing::default()
+    };
+    let mut h = harness_with(objects, Some(spec));
+    for _ in 0..3 {
+        agent_round_heard(&mut h, |_| TcpResult::Connected, |n| n != "node-1");
+        h.run_for(1).await;
+    }
+    assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+    run_with_rounds(&mut h, 40, &["node-1"]).await;
+    let sent = acts(&mut h.writes);
+    assert!(
+        !sent.iter().any(|k| k.starts_with("taint/")),
+        "a silence after answers the agent did not know were heard proved the fence: {sent:?}"
+    );
+    assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
 }

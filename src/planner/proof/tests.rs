@@ -1,0 +1,378 @@
+//! The `Agent`, `External` and `CloudShutdownTaint` proofs, and what podha knows of an agent.
+
+use super::*;
+use crate::contract::AGENT_FENCED_WITHIN_ANNOTATION;
+use crate::test_builders::*;
+
+#[test]
+fn the_cloud_shutdown_taint_is_the_proof_and_none_needs_nothing() {
+    let spec: crate::api::PodHAPolicySpec =
+        serde_json::from_value(serde_json::json!({"fencing": {"proof": "CloudShutdownTaint"}}))
+            .unwrap();
+    let running = mk_node("n1");
+    let off = mk_node("n1").taint(CLOUD_SHUTDOWN_TAINT_KEY, "", "NoSchedule");
+    let none = AgentEvidence::default();
+    assert_eq!(proven(&spec.fencing, &running, none), None);
+    assert_eq!(
+        proven(&spec.fencing, &off, none),
+        Some(FenceEvidence::CloudShutdown)
+    );
+    assert_eq!(
+        proven(&Fencing::default(), &running, none),
+        Some(FenceEvidence::NotAsked)
+    );
+    assert!(
+        serde_json::from_value::<crate::api::PodHAPolicySpec>(
+            serde_json::json!({"fencing": {"proof": "Hope"}})
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_only() {
+    let spec: crate::api::PodHAPolicySpec =
+        serde_json::from_value(serde_json::json!({"fencing": {"proof": "External"}})).unwrap();
+    let acked = mk_node("n1").annotation(FENCE_ACK_ANNOTATION, "p/1");
+    let asked = |request, silent_for| AgentEvidence {
+        silent_for,
+        request,
+        ..heard()
+    };
+    assert_eq!(proven(&spec.fencing, &acked, asked(None, None)), None);
+    assert_eq!(
+        proven(&spec.fencing, &acked, asked(Some("p/2"), None)),
+        None
+    );
+    assert_eq!(
+        proven(&spec.fencing, &acked, asked(Some("p/1"), None)),
+        Some(FenceEvidence::ExternalAcknowledged)
+    );
+    let silent_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "1s");
+    assert_eq!(
+        proven(
+            &spec.fencing,
+            &silent_agent,
+            asked(Some("p/1"), Some(Duration::from_secs(3600)))
+        ),
+        None,
+        "silence proves nothing to an external fence"
+    );
+    assert!(requests_fence(FencingProof::External) && requests_fence(FencingProof::Agent));
+    assert!(!requests_fence(FencingProof::CloudShutdownTaint));
+}
+
+/// An agent podha heard right before its silence, while it hears both other agents.
+fn heard() -> AgentEvidence<'static> {
+    AgentEvidence {
+        heard_before_silence: Some(Duration::from_secs(2)),
+        others_heard: 2,
+        others_expected: 2,
+        quorum_for: Some(Duration::from_secs(86_400)),
+        ..AgentEvidence::default()
+    }
+}
+
+fn agent_spec() -> crate::api::PodHAPolicySpec {
+    serde_json::from_value(serde_json::json!({"fencing": {"proof": "Agent"}})).unwrap()
+}
+
+#[test]
+fn an_agent_proves_the_fence_by_its_acknowledgement_of_this_incidents_request() {
+    let spec = agent_spec();
+    let acked = mk_node("n1").annotation(FENCE_ACK_ANNOTATION, "p/1");
+    let asked = |request| AgentEvidence {
+        silent_for: None,
+        request,
+        ..AgentEvidence::default()
+    };
+    assert_eq!(
+        proven(&spec.fencing, &acked, asked(None)),
+        None,
+        "not asked"
+    );
+    assert_eq!(
+        proven(&spec.fencing, &acked, asked(Some("p/2"))),
+        None,
+        "an older request's acknowledgement proves nothing now"
+    );
+    assert_eq!(
+        proven(&spec.fencing, &acked, asked(Some("p/1"))),
+        Some(FenceEvidence::AgentAcknowledged)
+    );
+}
+
+#[test]
+fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
+    let spec = agent_spec();
+    let with_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    let silent = |secs| AgentEvidence {
+        silent_for: Some(Duration::from_secs(secs)),
+        ..heard()
+    };
+    assert_eq!(proven(&spec.fencing, &with_agent, silent(39)), None);
+    assert_eq!(
+        proven(&spec.fencing, &with_agent, silent(40)),
+        Some(FenceEvidence::AgentSilent)
+    );
+    assert_eq!(
+        proven(&spec.fencing, &mk_node("n1"), silent(4000)),
+        None,
+        "a node that never had an agent proves nothing by silence"
+    );
+    let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
+    assert_eq!(proven(&spec.fencing, &garbled, silent(4000)), None);
+}
+
+/// The silence counts only since podha has heard enough agents without a break: an agent
+/// cut off while podha heard too few had its peers vouch for it, and starts deciding to
+/// fence only once podha hears enough of them again.
+#[test]
+fn silence_counts_only_since_podha_hears_enough_agents() {
+    let spec = agent_spec();
+    let node = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    let secs = Duration::from_secs;
+    let silent = |quorum_for| AgentEvidence {
+        silent_for: Some(secs(4000)),
+        quorum_for,
+        ..heard()
+    };
+    assert_eq!(silent(Some(secs(39))).counted_silence(), Some(secs(39)));
+    assert_eq!(proven(&spec.fencing, &node, silent(Some(secs(39)))), None);
+    assert_eq!(
+        proven(&spec.fencing, &node, silent(Some(secs(40)))),
+        Some(FenceEvidence::AgentSilent)
+    );
+    assert_eq!(proven(&spec.fencing, &node, silent(None)), None);
+    let answering = AgentEvidence {
+        silent_for: None,
+        ..heard()
+    };
+    assert_eq!(answering.counted_silence(), None);
+    // Enough: a strict majority of the others of any agent podha does not hear.
+    let cases = [
+        (0, 0, false),
+        (0, 1, false),
+        (1, 1, true),
+        (1, 2, true),
+        (1, 3, false),
+        (2, 3, true),
+        (1, 4, false),
+        (2, 4, true),
+        (2, 5, false),
+        (3, 5, true),
+    ];
+    for (heard, expected, want) in cases {
+        assert_eq!(agent_quorum(heard, expected), want, "{heard} of {expected}");
+    }
+}
+
+/// Silence is no proof where the agent's own rule may have kept it up: an agent podha
+/// never heard in this term (a blocked port, a silence from before this term), heard long
+/// before the silence, or while podha hears no strict majority of the other agents.
+#[test]
+fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_heard() {
+    let spec = agent_spec();
+    let node = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    let long = Some(Duration::from_secs(4000));
+    let cases = [
+        ("heard, both others heard", heard(), None),
+        (
+            "never heard in this term",
+            AgentEvidence {
+                heard_before_silence: None,
+                ..heard()
+            },
+            Some(SilenceDoubt::NeverHeard),
+        ),
+        (
+            "heard within the window",
+            AgentEvidence {
+                heard_before_silence: Some(AGENT_HEARD_WITHIN),
+                ..heard()
+            },
+            None,
+        ),
+        (
+            "heard long before",
+            AgentEvidence {
+                heard_before_silence: Some(AGENT_HEARD_WITHIN + Duration::from_millis(1)),
+                ..heard()
+            },
+            Some(SilenceDoubt::HeardLongBefore {
+                gap: AGENT_HEARD_WITHIN + Duration::from_millis(1),
+            }),
+        ),
+        (
+            "1 of 4 others heard (the port blocked)",
+            AgentEvidence {
+                others_heard: 1,
+                others_expected: 4,
+                ..heard()
+            },
+            Some(SilenceDoubt::FewOthersHeard {
+                heard: 1,
+                expected: 4,
+            }),
+        ),
+        (
+            "2 of 4: no strict majority",
+            AgentEvidence {
+                others_heard: 2,
+                others_expected: 4,
+                ..heard()
+            },
+            Some(SilenceDoubt::FewOthersHeard {
+                heard: 2,
+                expected: 4,
+            }),
+        ),
+        (
+            "3 of 4",
+            AgentEvidence {
+                others_heard: 3,
+                others_expected: 4,
+                ..heard()
+            },
+            None,
+        ),
+        (
+            "two agents, the other heard",
+            AgentEvidence {
+                others_heard: 1,
+                others_expected: 1,
+                ..heard()
+            },
+            None,
+        ),
+        (
+            "no other agent: one without peers stays up",
+            AgentEvidence {
+                others_heard: 0,
+                others_expected: 0,
+                ..heard()
+            },
+            Some(SilenceDoubt::FewOthersHeard {
+                heard: 0,
+                expected: 0,
+            }),
+        ),
+    ];
+    for (what, evidence, doubt) in cases {
+        let evidence = AgentEvidence {
+            silent_for: long,
+            ..evidence
+        };
+        assert_eq!(evidence.silence_doubt(), doubt, "{what}");
+        let want = doubt.is_none().then_some(FenceEvidence::AgentSilent);
+        assert_eq!(proven(&spec.fencing, &node, evidence), want, "{what}");
+    }
+    // An answering agent is in no doubt: it is not silent.
+    assert_eq!(AgentEvidence::default().silence_doubt(), None);
+    // The acknowledgement of this incident's request proves the fence whatever the doubt.
+    let acked = node.annotation(FENCE_ACK_ANNOTATION, "p/1");
+    let doubted = AgentEvidence {
+        silent_for: long,
+        request: Some("p/1"),
+        ..AgentEvidence::default()
+    };
+    assert_eq!(doubted.silence_doubt(), Some(SilenceDoubt::NeverHeard));
+    assert_eq!(
+        proven(&spec.fencing, &acked, doubted),
+        Some(FenceEvidence::AgentAcknowledged)
+    );
+}
+
+/// The evidence, from podha's heartbeats: the agent's silence and its last answer before
+/// it, and the other agents podha expects (nodes advertising one) and hears now.
+#[test]
+fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
+    use crate::contract::AGENT_PORT_ANNOTATION;
+    use crate::planner::Heartbeat;
+    let now = Instant::now() + Duration::from_secs(100);
+    let secs = Duration::from_secs;
+    let agent = |name: &str| {
+        let mut n = mk_node(name).annotation(AGENT_PORT_ANNOTATION, "9441");
+        n.status.get_or_insert_with(Default::default).addresses =
+            Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+                type_: "InternalIP".into(),
+                address: "10.0.0.1".into(),
+            }]);
+        n
+    };
+    let view = crate::view::View::default()
+        .with(agent("n1"))
+        .with(agent("n2"))
+        .with(agent("n3"))
+        .with(agent("n4"))
+        .with(agent("n6"))
+        .with(mk_node("plain"));
+    let hb = |answered: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
+        last_renewal: None,
+        silent_since: now,
+        renew_period: secs(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: answered,
+        agent_connected: answered,
+        agent_silent_since: silent_since,
+        tainted_since: None,
+    };
+    // The host refused (the agent not running): an answer, not the agent's.
+    let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {
+        agent_connected: None,
+        ..hb(Some(at), silent_since)
+    };
+    let heartbeats = crate::planner::Heartbeats::from([
+        (
+            "n1".to_string(),
+            hb(Some(now - secs(62)), Some(now - secs(60))),
+        ),
+        ("n2".to_string(), hb(Some(now - AGENT_HEARD_WITHIN), None)),
+        ("n3".to_string(), hb(Some(now - secs(4)), None)),
+        ("plain".to_string(), hb(Some(now), None)),
+        (
+            "n5".to_string(),
+            refused(now - secs(62), Some(now - secs(60))),
+        ),
+        ("n6".to_string(), refused(now, None)),
+    ]);
+    let quorum = Some(now - secs(30));
+    let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, Some("p/1"));
+    assert_eq!(
+        evidence,
+        AgentEvidence {
+            silent_for: Some(secs(60)),
+            heard_before_silence: Some(secs(2)),
+            others_heard: 1,
+            others_expected: 4,
+            quorum_for: Some(secs(30)),
+            request: Some("p/1"),
+        },
+        "n2 heard, n3 too long ago, n4 never, n6 only refused; a node without an agent is \
+         not expected"
+    );
+    let never = agent_evidence("n4", &view, &heartbeats, quorum, now, None);
+    assert_eq!((never.silent_for, never.heard_before_silence), (None, None));
+    let refused_before = agent_evidence("n5", &view, &heartbeats, quorum, now, None);
+    assert_eq!(
+        (
+            refused_before.silent_for,
+            refused_before.heard_before_silence
+        ),
+        (Some(secs(60)), None),
+        "a refusal right before the silence is no answer from the agent"
+    );
+    // Of the five agents, n2 heard: not enough; n3 heard too: two of the other four of an
+    // agent podha does not hear, still no strict majority; n4 too: enough.
+    assert!(!hears_agent_quorum(&view, &heartbeats, now));
+    let mut more = heartbeats.clone();
+    more.insert("n3".to_string(), hb(Some(now), None));
+    assert!(!hears_agent_quorum(&view, &more, now));
+    more.insert("n4".to_string(), hb(Some(now), None));
+    assert!(hears_agent_quorum(&view, &more, now));
+    assert!(
+        !hears_agent_quorum(&View::default(), &more, now),
+        "no agent"
+    );
+}
