@@ -31,6 +31,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use super::PeerListError;
+use super::boot::{RecordBoot, boot_line};
 use super::isolation::{PeerCount, Survey};
 use super::server::PeerAnswer;
 use crate::contract::agent_addr;
@@ -267,36 +268,57 @@ impl Peers {
 }
 
 /// The peer list saved beside the hearing file, for the next agent of this boot: an agent
-/// restarted while the API server is down (a crash, its container restarted) then still knows
-/// its peers, and their vouching keeps its healthy node up through a control-plane outage. The
-/// file lives where the hearing file does (memory a reboot empties); one address per line. A
-/// file that cannot be read whole is no list (unknown, as before any read).
+/// restarted while the API server is down (a crash, its container restarted, its pod replaced)
+/// then still knows its peers, and their vouching keeps its healthy node up through a
+/// control-plane outage. The file lives where the hearing file does and, like it, names the boot
+/// it was saved in (`boot=<ID>`, then one address per line; see [`super::boot`]). A list saved
+/// in another boot is no list, and so is one that names no boot (saved before lists named one,
+/// or by an agent that could not read its boot ID), one the agent cannot place (it cannot read
+/// its own boot ID), or one that cannot be read whole: unknown, as before any read.
 pub struct SavedList {
     path: PathBuf,
+    /// The boot the agent runs in (`None`: unknown).
+    boot: Option<String>,
 }
 
 impl SavedList {
-    pub fn new(path: PathBuf) -> Self {
-        Self { path }
+    pub fn new(path: PathBuf, boot: Option<&str>) -> Self {
+        Self {
+            path,
+            boot: boot.map(str::to_string),
+        }
     }
 
     fn load(&self) -> Option<Vec<SocketAddr>> {
+        let file = self.path.display();
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => {
-                warn!(file = %self.path.display(), error = %e, "cannot read the saved peer list");
+                warn!(%file, error = %e, "cannot read the saved peer list");
                 return None;
             }
         };
-        let list: Result<Vec<SocketAddr>, _> = text.lines().map(str::parse).collect();
+        let mut lines = text.lines();
+        match RecordBoot::of(lines.next(), self.boot.as_deref()) {
+            RecordBoot::This => {}
+            RecordBoot::Other => {
+                info!(%file, "the saved peer list is of another boot; ignored");
+                return None;
+            }
+            RecordBoot::CannotTell => {
+                warn!(%file, "cannot tell whether the saved peer list is of this boot; ignored");
+                return None;
+            }
+        }
+        let list: Result<Vec<SocketAddr>, _> = lines.map(str::parse).collect();
         match list {
             Ok(list) => {
-                info!(file = %self.path.display(), peers = list.len(), "going on with the peer list the last agent of this boot read");
+                info!(%file, peers = list.len(), "going on with the peer list the last agent of this boot read");
                 Some(list)
             }
             Err(e) => {
-                warn!(file = %self.path.display(), error = %e, "the saved peer list is garbled; ignored");
+                warn!(%file, error = %e, "the saved peer list is garbled; ignored");
                 None
             }
         }
@@ -305,7 +327,9 @@ impl SavedList {
     /// Written whole, then renamed over the old file. A failure is logged; the list in memory
     /// stands.
     fn save(&self, list: &[SocketAddr]) {
-        let text: String = list.iter().map(|a| format!("{a}\n")).collect();
+        let mut text = boot_line(self.boot.as_deref());
+        text.push('\n');
+        text.extend(list.iter().map(|a| format!("{a}\n")));
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".new");
         if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path))
@@ -457,7 +481,7 @@ mod tests {
         let times = SurveyTimes::new(Duration::from_secs(5));
         let dir = std::env::temp_dir().join(format!("podha-peers-warm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let saved = SavedList::new(dir.join("heard.peers"));
+        let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let peers = Peers::discovered(client, "n1", times, saved);
         assert_eq!(peers.list(), None, "not read yet: unknown");
         let survey = peers.survey(Duration::from_secs(30)).await;
@@ -484,16 +508,43 @@ mod tests {
         );
         // The next agent of this boot (a crash, the API server down): the saved list.
         let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
-        let saved = SavedList::new(dir.join("heard.peers"));
+        let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let next = Peers::discovered(down, "n1", times, saved);
         let mut resumed = next.list().expect("the saved list");
         resumed.sort();
         assert_eq!(resumed, found);
         // A garbled file is no list.
-        std::fs::write(dir.join("heard.peers"), "10.0.0.2:9441\nnonsense\n").expect("write");
-        let garbled = SavedList::new(dir.join("heard.peers"));
+        std::fs::write(
+            dir.join("heard.peers"),
+            "boot=b1\n10.0.0.2:9441\nnonsense\n",
+        )
+        .expect("write");
+        let garbled = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
         assert_eq!(Peers::discovered(down, "n1", times, garbled).list(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_saved_list_counts_only_in_the_boot_it_was_saved_in() {
+        let dir = std::env::temp_dir().join(format!("podha-peers-boot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard.peers");
+        SavedList::new(path.clone(), Some("b1")).save(&[addr(2), addr(3)]);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text, "boot=b1\n10.0.0.2:9441\n10.0.0.3:9441\n");
+        let load = |boot: Option<&str>| SavedList::new(path.clone(), boot).load();
+        assert_eq!(load(Some("b1")), Some(vec![addr(2), addr(3)]), "this boot");
+        assert_eq!(load(Some("b2")), None, "another boot: no list");
+        assert_eq!(load(None), None, "the agent's own boot unknown: no list");
+        // Saved before lists named their boot, or by an agent without a boot ID.
+        std::fs::write(&path, "10.0.0.2:9441\n").expect("write");
+        assert_eq!(load(Some("b1")), None, "addresses only");
+        SavedList::new(path.clone(), None).save(&[addr(2)]);
+        assert_eq!(load(Some("b1")), None, "an empty boot");
+        // Known empty is a list too.
+        SavedList::new(path.clone(), Some("b1")).save(&[]);
+        assert_eq!(load(Some("b1")), Some(Vec::new()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
