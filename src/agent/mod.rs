@@ -16,6 +16,7 @@ mod error;
 mod fence;
 mod hearing_file;
 pub mod isolation;
+mod peer_list;
 mod peers;
 mod requests;
 pub mod server;
@@ -34,7 +35,8 @@ use check::{check_loop, resume};
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
 pub use fence::{FenceCause, FenceMethod, Fencer};
 use hearing_file::HearingFile;
-use peers::{Peers, SavedList, SurveyTimes};
+use peer_list::SavedList;
+use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
 use watchdog::Watchdog;
 

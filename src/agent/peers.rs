@@ -2,10 +2,10 @@
 //!
 //! Peers come from a fixed list (`--peers`), or from the Node list: every other node that
 //! advertises an agent (a node without one could never answer, and would count against the
-//! majority). The agent keeps that list warm while it runs ([`Peers::keep_warm`]): it reads the
-//! Nodes every [`REFRESH`], in pages of [`PAGE`] (a 5,000-node cluster is ten small answers,
-//! not one large one), and keeps the last good list when a read fails, so a cut-off agent
-//! surveys the peers it knew. A survey reads that kept list and never waits for the API server.
+//! majority). The agent keeps that list warm while it runs ([`Peers::keep_warm`], reading it
+//! as [`super::peer_list`] says: in pages, a 5,000-node cluster is ten small answers, not one
+//! large one), and keeps the last good list when a read fails, so a cut-off agent surveys the
+//! peers it knew. A survey reads that kept list and never waits for the API server.
 //! A list never read is unknown ([`PeerCount::Unknown`]), not empty: an agent cut off from
 //! everything since it started cannot tell a cluster of one from its own isolation, and must
 //! not take one for the other (see [`super::isolation`]).
@@ -15,7 +15,6 @@
 //! so a node that is merely unheard for a moment asks a few peers, not the whole cluster.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -26,15 +25,13 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
-use tokio::time::{Instant, MissedTickBehavior};
-use tracing::{debug, info, warn};
+use kube::api::Api;
+use tokio::time::Instant;
+use tracing::debug;
 
-use super::PeerListError;
-use super::boot::{RecordBoot, boot_line};
 use super::isolation::{PeerCount, Survey};
+use super::peer_list::{Kept, SavedList, keep_warm, lock, spread};
 use super::server::PeerAnswer;
-use crate::contract::agent_addr;
 
 /// Peers asked at once.
 const BATCH: usize = 16;
@@ -68,14 +65,6 @@ impl SurveyTimes {
     }
 }
 
-/// How often the peer list is read again from the API server.
-pub const REFRESH: Duration = Duration::from_secs(30);
-/// How many Nodes one page of the peer list holds.
-const PAGE: u32 = 500;
-/// How long one read of the whole peer list may take (all its pages): a read that hangs is
-/// given up and tried again at the next refresh.
-const READ_TIMEOUT: Duration = REFRESH;
-
 pub struct Peers {
     source: Source,
     times: SurveyTimes,
@@ -91,49 +80,6 @@ enum Source {
         /// Where the list is saved for the next agent of this boot (see [`SavedList`]).
         saved: SavedList,
     },
-}
-
-/// The peer list as last read from the API server, and whether reading it fails now.
-#[derive(Debug, Default)]
-struct Kept {
-    /// `None`: never read.
-    list: Option<Vec<SocketAddr>>,
-    /// The last read failed: said once per run of failures, not at every refresh.
-    failing: bool,
-}
-
-impl Kept {
-    /// Takes one read of the list: a good one replaces the list, a failed one keeps it.
-    /// Returns whether the read was worth a log line (the first failure of a run of them, the
-    /// first good read after one, the first read ever).
-    fn took(&mut self, read: Result<Vec<SocketAddr>, PeerListError>) -> bool {
-        match read {
-            Ok(list) => {
-                let note = self.failing || self.list.is_none();
-                if note {
-                    info!(peers = list.len(), "peer list read");
-                }
-                self.list = Some(list);
-                self.failing = false;
-                note
-            }
-            Err(e) => {
-                let note = !self.failing;
-                if note {
-                    match &self.list {
-                        Some(list) => {
-                            warn!(error = %e, kept = list.len(), "cannot read the peer list; keeping the last one")
-                        }
-                        None => {
-                            warn!(error = %e, "cannot read the peer list, never read yet: until it is, this node is fenced if podha stops hearing it for the isolation timeout")
-                        }
-                    }
-                }
-                self.failing = true;
-                note
-            }
-        }
-    }
 }
 
 impl Peers {
@@ -171,8 +117,8 @@ impl Peers {
         }
     }
 
-    /// Reads the peer list now and every [`REFRESH`], for as long as the agent runs (a fixed
-    /// list needs nothing: this waits forever). A failed read keeps the last good list.
+    /// Reads the peer list now and again (see [`keep_warm`]), for as long as the agent runs (a
+    /// fixed list needs nothing: this waits forever). A failed read keeps the last good list.
     pub async fn keep_warm(&self) {
         let Source::Discovered {
             client,
@@ -184,21 +130,7 @@ impl Peers {
             return std::future::pending().await;
         };
         let nodes: Api<Node> = Api::all(client.clone());
-        let mut ticker = tokio::time::interval(REFRESH);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let read = match tokio::time::timeout(READ_TIMEOUT, list_peers(&nodes, node)).await {
-                Ok(read) => read.map_err(PeerListError::from),
-                Err(_) => Err(PeerListError::TimedOut(READ_TIMEOUT)),
-            };
-            let mut kept = lock(kept);
-            let before = kept.list.clone();
-            kept.took(read);
-            if let Some(list) = kept.list.as_ref().filter(|l| Some(*l) != before.as_ref()) {
-                saved.save(list);
-            }
-        }
+        keep_warm(&nodes, node, kept, saved).await
     }
 
     /// Asks the peers, a batch at a time, until the answers decide or every peer was asked
@@ -267,113 +199,9 @@ impl Peers {
     }
 }
 
-/// The peer list saved beside the hearing file, for the next agent of this boot: an agent
-/// restarted while the API server is down (a crash, its container restarted, its pod replaced)
-/// then still knows its peers, and their vouching keeps its healthy node up through a
-/// control-plane outage. The file lives where the hearing file does and, like it, names the boot
-/// it was saved in (`boot=<ID>`, then one address per line; see [`super::boot`]). A list saved
-/// in another boot is no list, and so is one that names no boot (saved before lists named one,
-/// or by an agent that could not read its boot ID), one the agent cannot place (it cannot read
-/// its own boot ID), or one that cannot be read whole: unknown, as before any read.
-pub struct SavedList {
-    path: PathBuf,
-    /// The boot the agent runs in (`None`: unknown).
-    boot: Option<String>,
-}
-
-impl SavedList {
-    pub fn new(path: PathBuf, boot: Option<&str>) -> Self {
-        Self {
-            path,
-            boot: boot.map(str::to_string),
-        }
-    }
-
-    fn load(&self) -> Option<Vec<SocketAddr>> {
-        let file = self.path.display();
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                warn!(%file, error = %e, "cannot read the saved peer list");
-                return None;
-            }
-        };
-        let mut lines = text.lines();
-        match RecordBoot::of(lines.next(), self.boot.as_deref()) {
-            RecordBoot::This => {}
-            RecordBoot::Other => {
-                info!(%file, "the saved peer list is of another boot; ignored");
-                return None;
-            }
-            RecordBoot::CannotTell => {
-                warn!(%file, "cannot tell whether the saved peer list is of this boot; ignored");
-                return None;
-            }
-        }
-        let list: Result<Vec<SocketAddr>, _> = lines.map(str::parse).collect();
-        match list {
-            Ok(list) => {
-                info!(%file, peers = list.len(), "going on with the peer list the last agent of this boot read");
-                Some(list)
-            }
-            Err(e) => {
-                warn!(%file, error = %e, "the saved peer list is garbled; ignored");
-                None
-            }
-        }
-    }
-
-    /// Written whole, then renamed over the old file. A failure is logged; the list in memory
-    /// stands.
-    fn save(&self, list: &[SocketAddr]) {
-        let mut text = boot_line(self.boot.as_deref());
-        text.push('\n');
-        text.extend(list.iter().map(|a| format!("{a}\n")));
-        let mut tmp = self.path.clone().into_os_string();
-        tmp.push(".new");
-        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path))
-        {
-            warn!(file = %self.path.display(), error = %e, "cannot save the peer list for the next agent");
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A number derived from the node's name (FNV-1a), to start each node's survey elsewhere.
-fn spread(node: &str) -> usize {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in node.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash as usize
-}
-
-/// Every other Node's agent, read in pages of [`PAGE`].
-async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
-    let mut params = ListParams::default().limit(PAGE);
-    let mut peers = Vec::new();
-    loop {
-        let page = nodes.list(&params).await?;
-        peers.extend(
-            page.items
-                .iter()
-                .filter(|n| n.metadata.name.as_deref() != Some(me))
-                .filter_map(agent_addr),
-        );
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(peers),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::peer_list::REFRESH;
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -393,32 +221,6 @@ mod tests {
 
     fn addr(last: u8) -> SocketAddr {
         SocketAddr::from(([10, 0, 0, last], 9441))
-    }
-
-    fn failed() -> Result<Vec<SocketAddr>, PeerListError> {
-        Err(PeerListError::TimedOut(READ_TIMEOUT))
-    }
-
-    #[test]
-    fn a_list_never_read_stays_unknown_and_a_failed_read_keeps_the_last_good_one() {
-        let mut kept = Kept::default();
-        assert!(kept.took(failed()), "the first failure is said");
-        assert!(!kept.took(failed()), "the next ones are not");
-        assert_eq!(kept.list, None, "never read: unknown, not empty");
-        assert!(
-            kept.took(Ok(vec![addr(2), addr(3)])),
-            "the first read is said"
-        );
-        assert!(!kept.took(Ok(vec![addr(2)])));
-        assert!(kept.took(failed()));
-        assert!(!kept.took(failed()));
-        assert_eq!(kept.list, Some(vec![addr(2)]), "the last good list is kept");
-        assert!(kept.took(Ok(Vec::new())), "read again after failures: said");
-        assert_eq!(
-            kept.list,
-            Some(Vec::new()),
-            "read, and nobody else: known empty"
-        );
     }
 
     fn node_json(name: &str, ip: &str) -> String {
@@ -522,29 +324,6 @@ mod tests {
         let garbled = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
         assert_eq!(Peers::discovered(down, "n1", times, garbled).list(), None);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_saved_list_counts_only_in_the_boot_it_was_saved_in() {
-        let dir = std::env::temp_dir().join(format!("podha-peers-boot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("heard.peers");
-        SavedList::new(path.clone(), Some("b1")).save(&[addr(2), addr(3)]);
-        let text = std::fs::read_to_string(&path).expect("read");
-        assert_eq!(text, "boot=b1\n10.0.0.2:9441\n10.0.0.3:9441\n");
-        let load = |boot: Option<&str>| SavedList::new(path.clone(), boot).load();
-        assert_eq!(load(Some("b1")), Some(vec![addr(2), addr(3)]), "this boot");
-        assert_eq!(load(Some("b2")), None, "another boot: no list");
-        assert_eq!(load(None), None, "the agent's own boot unknown: no list");
-        // Saved before lists named their boot, or by an agent without a boot ID.
-        std::fs::write(&path, "10.0.0.2:9441\n").expect("write");
-        assert_eq!(load(Some("b1")), None, "addresses only");
-        SavedList::new(path.clone(), None).save(&[addr(2)]);
-        assert_eq!(load(Some("b1")), None, "an empty boot");
-        // Known empty is a list too.
-        SavedList::new(path.clone(), Some("b1")).save(&[]);
-        assert_eq!(load(Some("b1")), Some(Vec::new()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
