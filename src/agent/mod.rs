@@ -76,8 +76,9 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub survey_timeout: Duration,
     /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
-    /// that advertises an agent, from the API server (read every 30 s; until first read, the
-    /// agent does not know its peers, and fences when podha stops hearing it).
+    /// that advertises an agent, from the API server (read every 30 s, every 2 s until first
+    /// read; until then the agent does not know its peers, and fences when podha stops hearing
+    /// it).
     #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
     pub peers: Vec<SocketAddr>,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.

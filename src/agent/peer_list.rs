@@ -10,20 +10,35 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use tokio::time::MissedTickBehavior;
 use tracing::{info, warn};
 
 use super::PeerListError;
 use super::boot::{RecordBoot, boot_line};
 use crate::contract::agent_addr;
 
-/// How often the peer list is read again from the API server.
+/// How often the peer list is read again from the API server once it is known: every 30 s on
+/// average, each agent at a time of its own (from 30 s less half [`REFRESH_JITTER`] to 30 s
+/// plus half), so that agents started together do not read in step.
 pub const REFRESH: Duration = Duration::from_secs(30);
+/// How far the refreshes spread around [`REFRESH`].
+const REFRESH_JITTER: Duration = Duration::from_secs(10);
+/// How soon a list still unknown (never read, since the agent started) is read again: every
+/// 2 s on average, spread as the refreshes are ([`RETRY_JITTER`]). Until the list is known the
+/// agent fences when podha stops hearing it, so after a cold start with the API server down
+/// every agent must learn its peers as soon as the API server answers, not up to 30 s later.
+const RETRY: Duration = Duration::from_secs(2);
+/// How far the retries spread around [`RETRY`].
+const RETRY_JITTER: Duration = Duration::from_secs(1);
 /// How many Nodes one page of the peer list holds.
 const PAGE: u32 = 500;
-/// How long one read of the whole peer list may take (all its pages): a read that hangs is
-/// given up and tried again at the next refresh.
+/// How long one read of the whole peer list may take (all its pages) once the list is known:
+/// a read that hangs is given up and tried again at the next refresh.
 const READ_TIMEOUT: Duration = REFRESH;
+/// How long the first read of a list still unknown may take, so that an API server that hangs
+/// does not hold the next attempt back for [`READ_TIMEOUT`]. Each read of it that runs out
+/// doubles the next one's time, up to [`READ_TIMEOUT`], so that a large cluster's list that
+/// takes longer to read is still read.
+const FIRST_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The peer list as last read from the API server, and whether reading it fails now.
 #[derive(Debug, Default)]
@@ -68,7 +83,8 @@ impl Kept {
     }
 }
 
-/// Reads the peer list now and every [`REFRESH`] into `kept`, for as long as the agent runs. A
+/// Reads the peer list now and again into `kept`, for as long as the agent runs: every
+/// [`RETRY`] while it is unknown, every [`REFRESH`] once known, each spread by [`jittered`]. A
 /// failed read keeps the last good list; a new list is saved in `saved`.
 pub(super) async fn keep_warm(
     nodes: &Api<Node>,
@@ -76,21 +92,48 @@ pub(super) async fn keep_warm(
     kept: &Mutex<Kept>,
     saved: &SavedList,
 ) {
-    let mut ticker = tokio::time::interval(REFRESH);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let read = match tokio::time::timeout(READ_TIMEOUT, list_peers(nodes, node)).await {
-            Ok(read) => read.map_err(PeerListError::from),
-            Err(_) => Err(PeerListError::TimedOut(READ_TIMEOUT)),
+    // Reads of the unknown list that ran out of time in a row.
+    let mut timed_out: u32 = 0;
+    for n in 0_u64.. {
+        let limit = match lock(kept).list {
+            Some(_) => READ_TIMEOUT,
+            None => FIRST_READ_TIMEOUT
+                .saturating_mul(2_u32.saturating_pow(timed_out))
+                .min(READ_TIMEOUT),
         };
-        let mut kept = lock(kept);
-        let before = kept.list.clone();
-        kept.took(read);
-        if let Some(list) = kept.list.as_ref().filter(|l| Some(*l) != before.as_ref()) {
-            saved.save(list);
-        }
+        let read = match tokio::time::timeout(limit, list_peers(nodes, node)).await {
+            Ok(read) => read.map_err(PeerListError::from),
+            Err(_) => Err(PeerListError::TimedOut(limit)),
+        };
+        timed_out = match read {
+            Err(PeerListError::TimedOut(_)) => timed_out.saturating_add(1),
+            _ => 0,
+        };
+        let known = {
+            let mut kept = lock(kept);
+            let before = kept.list.clone();
+            kept.took(read);
+            if let Some(list) = kept.list.as_ref().filter(|l| Some(*l) != before.as_ref()) {
+                saved.save(list);
+            }
+            kept.list.is_some()
+        };
+        let next = if known {
+            jittered(REFRESH, REFRESH_JITTER, node, n)
+        } else {
+            jittered(RETRY, RETRY_JITTER, node, n)
+        };
+        tokio::time::sleep(next).await;
     }
+}
+
+/// `base`, give or take half of `jitter`: how long node `node` waits after its `n`th read. It
+/// differs from node to node and from read to read (a hash of both), so agents that started
+/// together drift apart; no random numbers needed.
+fn jittered(base: Duration, jitter: Duration, node: &str, n: u64) -> Duration {
+    const STEPS: u32 = 1000;
+    let step = (spread(&format!("{node}/{n}")) % STEPS as usize) as u32;
+    base.saturating_sub(jitter / 2) + jitter * step / STEPS
 }
 
 /// The peer list saved beside the hearing file, for the next agent of this boot: an agent
@@ -201,6 +244,28 @@ async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_waits_between_reads_differ_from_node_to_node_and_read_to_read_within_their_bounds() {
+        let waits = |node: &str| -> Vec<Duration> {
+            (0..20)
+                .map(|n| jittered(REFRESH, REFRESH_JITTER, node, n))
+                .collect()
+        };
+        let (a, b) = (waits("node-a"), waits("node-b"));
+        let bounds = Duration::from_secs(25)..=Duration::from_secs(35);
+        assert!(
+            a.iter().chain(&b).all(|w| bounds.contains(w)),
+            "{a:?} {b:?}"
+        );
+        assert_ne!(a, b, "two nodes do not read in step");
+        assert!(
+            a.windows(2).any(|w| w[0] != w[1]),
+            "one node's waits vary: {a:?}"
+        );
+        let retry = jittered(RETRY, RETRY_JITTER, "node-a", 0);
+        assert!(retry >= Duration::from_millis(1500) && retry <= Duration::from_millis(2500));
+    }
 
     fn addr(last: u8) -> SocketAddr {
         SocketAddr::from(([10, 0, 0, last], 9441))

@@ -230,56 +230,81 @@ mod tests {
         )
     }
 
-    /// A fake API server whose Node list comes in two pages (`n1` and `n2`, then `n3` and a
-    /// node without an agent), answering only the first `good` lists and failing the rest.
-    fn paged_api(
-        lists: Arc<AtomicUsize>,
-        queries: Arc<Mutex<Vec<String>>>,
-        good: usize,
-    ) -> kube::Client {
+    /// How the fake API server answers a list of the Nodes (by its number, from 1).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Answer {
+        /// Two pages: `n1` and `n2`, then `n3` and `n4`, a node without an agent.
+        Pages,
+        /// An error (the API server down).
+        Fail,
+        /// Never.
+        Hang,
+    }
+
+    /// What the fake API server was asked: when, and the query.
+    type Asked = Arc<Mutex<Vec<(Instant, String)>>>;
+
+    /// A fake API server that answers the `n`th Node list (counting first pages) as
+    /// `answer(n)` says, and notes each request in `asked`.
+    fn fake_api(asked: Asked, answer: fn(usize) -> Answer) -> kube::Client {
+        let lists = Arc::new(AtomicUsize::new(0));
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let query = req.uri().query().unwrap_or_default().to_string();
-            lock(&queries).push(query.clone());
+            lock(&asked).push((Instant::now(), query.clone()));
             let first_page = !query.contains("continue=");
             let n = if first_page {
                 lists.fetch_add(1, Ordering::SeqCst) + 1
             } else {
                 lists.load(Ordering::SeqCst)
             };
+            let answer = answer(n);
             async move {
-                if n > good {
-                    return http::Response::builder()
-                        .status(500)
-                        .header("content-type", "application/json")
-                        .body(axum::body::Body::from(r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#));
-                }
-                let (items, next) = if first_page {
-                    (
-                        [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")],
-                        r#","continue":"page-2""#,
-                    )
-                } else {
-                    let bare = r#"{"metadata":{"name":"n4"}}"#.to_string();
-                    ([node_json("n3", "10.0.0.3"), bare], "")
+                let (status, body) = match answer {
+                    Answer::Hang => std::future::pending().await,
+                    Answer::Fail => (500, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#.to_string()),
+                    Answer::Pages => (200, node_page(first_page)),
                 };
-                let list = format!(
-                    r#"{{"apiVersion":"v1","kind":"NodeList","metadata":{{"resourceVersion":"5"{next}}},"items":[{}]}}"#,
-                    items.join(",")
-                );
                 http::Response::builder()
-                    .status(200)
+                    .status(status)
                     .header("content-type", "application/json")
-                    .body(axum::body::Body::from(list))
+                    .body(axum::body::Body::from(body))
             }
         });
         kube::Client::new(service, "default")
     }
 
+    /// A page of the Node list: the first (`n1`, `n2`, and a token for the next) or the second.
+    fn node_page(first: bool) -> String {
+        let (items, next) = if first {
+            (
+                [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")],
+                r#","continue":"page-2""#,
+            )
+        } else {
+            let bare = r#"{"metadata":{"name":"n4"}}"#.to_string();
+            ([node_json("n3", "10.0.0.3"), bare], "")
+        };
+        format!(
+            r#"{{"apiVersion":"v1","kind":"NodeList","metadata":{{"resourceVersion":"5"{next}}},"items":[{}]}}"#,
+            items.join(",")
+        )
+    }
+
+    /// How many Node lists (first pages) `asked` holds, and when each was asked.
+    fn lists_at(asked: &Asked) -> Vec<Instant> {
+        lock(asked)
+            .iter()
+            .filter(|(_, q)| !q.contains("continue="))
+            .map(|(at, _)| *at)
+            .collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_peer_list_is_kept_warm_in_pages_and_kept_when_the_api_server_fails() {
-        let lists = Arc::new(AtomicUsize::new(0));
-        let queries = Arc::new(Mutex::new(Vec::new()));
-        let client = paged_api(lists.clone(), queries.clone(), 1);
+        let asked = Asked::default();
+        let client = fake_api(asked.clone(), |n| {
+            if n == 1 { Answer::Pages } else { Answer::Fail }
+        });
         let times = SurveyTimes::new(Duration::from_secs(5));
         let dir = std::env::temp_dir().join(format!("podha-peers-warm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
@@ -288,13 +313,13 @@ mod tests {
         assert_eq!(peers.list(), None, "not read yet: unknown");
         let survey = peers.survey(Duration::from_secs(30)).await;
         assert_eq!(survey.peers, PeerCount::Unknown);
-        // The first read at once, the next ones every 30 s: they fail, the list stays.
+        // The first read at once, the next ones every 30 s or so: they fail, the list stays.
         let warm = tokio::time::timeout(REFRESH * 3 - Duration::from_secs(1), peers.keep_warm());
         assert!(
             warm.await.is_err(),
             "keeps the list warm for as long as it runs"
         );
-        assert_eq!(lists.load(Ordering::SeqCst), 3);
+        assert!(lists_at(&asked).len() >= 3, "{asked:?}");
         let mut found = peers.list().expect("read");
         found.sort();
         assert_eq!(
@@ -302,14 +327,14 @@ mod tests {
             vec![addr(2), addr(3)],
             "every other node with an agent"
         );
-        let queries = lock(&queries).clone();
+        let queries: Vec<String> = lock(&asked).iter().map(|(_, q)| q.clone()).collect();
         assert!(queries[0].contains("limit=500"), "{queries:?}");
         assert!(
             queries[1].contains("limit=500") && queries[1].contains("continue=page-2"),
             "{queries:?}"
         );
         // The next agent of this boot (a crash, the API server down): the saved list.
-        let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
+        let down = fake_api(Asked::default(), |_| Answer::Fail);
         let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let next = Peers::discovered(down, "n1", times, saved);
         let mut resumed = next.list().expect("the saved list");
@@ -322,13 +347,91 @@ mod tests {
         )
         .expect("write");
         let garbled = SavedList::new(dir.join("heard.peers"), Some("b1"));
-        let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
+        let down = fake_api(Asked::default(), |_| Answer::Fail);
         assert_eq!(Peers::discovered(down, "n1", times, garbled).list(), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    fn queries_sink() -> Arc<Mutex<Vec<String>>> {
-        Arc::new(Mutex::new(Vec::new()))
+    /// Agent `node`'s discovered peers, read from `client`, saved nowhere that lasts.
+    fn discovered(client: kube::Client, node: &str) -> Peers {
+        let path = std::env::temp_dir().join(format!(
+            "podha-peers-{node}-{}-{:?}.peers",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let saved = SavedList::new(path, Some("b1"));
+        Peers::discovered(
+            client,
+            node,
+            SurveyTimes::new(Duration::from_secs(5)),
+            saved,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_list_is_read_again_within_seconds_not_at_the_next_refresh() {
+        // A cold start: the API server down for the first three reads, then up.
+        let asked = Asked::default();
+        let api = fake_api(asked.clone(), |n| {
+            if n <= 3 { Answer::Fail } else { Answer::Pages }
+        });
+        let peers = discovered(api, "n1");
+        let start = Instant::now();
+        let warm = tokio::time::timeout(Duration::from_secs(10), peers.keep_warm());
+        assert!(warm.await.is_err());
+        let reads = lists_at(&asked);
+        assert_eq!(
+            reads.len(),
+            4,
+            "read again every 2 s or so while unknown: {reads:?}"
+        );
+        for pair in reads.windows(2) {
+            let wait = pair[1] - pair[0];
+            assert!(wait >= Duration::from_millis(1500) && wait <= Duration::from_millis(2500));
+        }
+        assert!(
+            peers.list().is_some(),
+            "known {:?} after the start",
+            reads[3] - start
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_of_an_unknown_list_that_hangs_is_given_up_within_seconds() {
+        let asked = Asked::default();
+        let api = fake_api(asked.clone(), |n| {
+            if n == 1 { Answer::Hang } else { Answer::Pages }
+        });
+        let peers = discovered(api, "n1");
+        let warm = tokio::time::timeout(Duration::from_secs(10), peers.keep_warm());
+        assert!(warm.await.is_err());
+        assert_eq!(lists_at(&asked).len(), 2, "given up after 5 s, read again");
+        assert!(peers.list().is_some(), "known within 10 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn agents_started_together_refresh_their_lists_at_times_of_their_own() {
+        let (a, b) = (Asked::default(), Asked::default());
+        let pa = discovered(fake_api(a.clone(), |_| Answer::Pages), "node-a");
+        let pb = discovered(fake_api(b.clone(), |_| Answer::Pages), "node-b");
+        let both = async { tokio::join!(pa.keep_warm(), pb.keep_warm()) };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(200), both)
+                .await
+                .is_err()
+        );
+        let (a, b) = (lists_at(&a), lists_at(&b));
+        let waits = |reads: &[Instant]| -> Vec<Duration> {
+            reads.windows(2).map(|w| w[1] - w[0]).collect()
+        };
+        let (wa, wb) = (waits(&a), waits(&b));
+        let bounds = Duration::from_secs(25)..=Duration::from_secs(35);
+        assert!(
+            wa.iter().chain(&wb).all(|w| bounds.contains(w)),
+            "{wa:?} {wb:?}"
+        );
+        assert_ne!(wa[0], wb[0], "not in step: {wa:?} {wb:?}");
     }
 
     #[tokio::test]
