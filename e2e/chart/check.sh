@@ -34,7 +34,7 @@ grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdo
 # The hearing file and the saved peer list outlive the pod (a rollout, an eviction) in a
 # directory of the node's own under the node's /run; never in an emptyDir, which a new pod
 # starts empty (a new agent would count a node podha heard and lost as never heard).
-for want in "path: /run/podha-agent$" "type: DirectoryOrCreate" 'subPathExpr: $(PODHA_AGENT_NODE)'; do
+for want in "^ *path: /run/podha-agent$" "type: DirectoryOrCreate" 'subPathExpr: $(PODHA_AGENT_NODE)'; do
   grep -q -- "$want" "$work/full.yaml" \
     || { echo "check.sh: the agent's DaemonSet does not keep its records on the node ('$want')" >&2; exit 1; }
 done
