@@ -31,6 +31,16 @@ grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdo
   && grep -q -- "--survey-timeout=2s" "$work/full.yaml" \
   && grep -q "type: CharDevice" "$work/full.yaml" && grep -q -- "--hearing-file=/run/podha-agent/heard" "$work/full.yaml" \
   || { echo "check.sh: the agent's DaemonSet does not pass and mount its watchdog" >&2; exit 1; }
+# The hearing file and the saved peer list outlive the pod (a rollout, an eviction) in a
+# directory of the node's own under the node's /run; never in an emptyDir, which a new pod
+# starts empty (a new agent would count a node podha heard and lost as never heard).
+for want in "^ *path: /run/podha-agent$" "type: DirectoryOrCreate" 'subPathExpr: $(PODHA_AGENT_NODE)'; do
+  grep -q -- "$want" "$work/full.yaml" \
+    || { echo "check.sh: the agent's DaemonSet does not keep its records on the node ('$want')" >&2; exit 1; }
+done
+if grep -q "emptyDir" "$work/full.yaml"; then
+  echo "check.sh: the agent's records are in an emptyDir: a new pod would start never heard" >&2; exit 1
+fi
 # A fence that writes to a BMC interface through an extra hostPath, a watchdog that is no
 # device (the sim's real nodes: e2e/sim/src/chart_install.rs).
 cat > "$work/bmc.yaml" <<'VALUES'

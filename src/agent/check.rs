@@ -16,8 +16,8 @@ use super::watchdog::Watchdog;
 use super::{AgentArgs, FenceCause, Fencer};
 
 /// What the agent knows of podha hearing its node when it starts: what the hearing file says
-/// an earlier agent knew in this boot (nothing: never heard since the node booted; unknown:
-/// heard, not for `timeout` already).
+/// an earlier agent knew in this boot (nothing, or a record of another boot: never heard since
+/// the node booted; unknown: heard, not for `timeout` already).
 pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Hearing {
     let now = std::time::SystemTime::now();
     let last_heard = file.last_heard(now);
@@ -26,7 +26,7 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
         (LastHeard::Never, _) => {
             info!(
                 node,
-                "podha has not heard this node since it booted (no record in the hearing file)"
+                "podha has not heard this node since it booted (no record of this boot in the hearing file)"
             );
         }
         (LastHeard::At(_), Some(ago)) => {
@@ -152,7 +152,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("heard");
         let t = Duration::from_secs(30);
-        let file = HearingFile::new(&path);
+        let file = HearingFile::new(&path, Some("b1"));
         // No record: a node podha has not heard since it booted. Nothing to count.
         let silence = |h: Hearing| h.silence(Instant::now());
         assert_eq!(silence(resume(&file, "n1", t)), Silence::NeverHeard);
@@ -161,7 +161,7 @@ mod tests {
         assert_eq!(silence(resume(&file, "n1", t)), Silence::For(t));
         // A record: from there.
         let ten_ago = std::time::SystemTime::now() - Duration::from_secs(10);
-        HearingFile::new(&path).record(ten_ago);
+        HearingFile::new(&path, Some("b1")).record(ten_ago);
         let Silence::For(ago) = silence(resume(&file, "n1", t)) else {
             panic!("heard in this boot")
         };
@@ -169,6 +169,9 @@ mod tests {
             ago >= Duration::from_secs(10) && ago < Duration::from_secs(11),
             "{ago:?}"
         );
+        // A record of an earlier boot (the file outlived the reboot): never heard since.
+        HearingFile::new(&path, Some("b0")).record(ten_ago);
+        assert_eq!(silence(resume(&file, "n1", t)), Silence::NeverHeard);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,23 +1,39 @@
 //! Where the agent keeps when podha last heard it (`--hearing-file`), so that a restarted agent
 //! goes on from there instead of counting its start as heard.
 //!
-//! Without it, an agent that crashed and was restarted (by its supervisor within a second, or
-//! with its container by the kubelet) on a node cut off from podha would start a new isolation
-//! timeout, pet the watchdog its predecessor left armed, and fence the node later than podha's
-//! silence proof assumes. With it, the new agent knows how long podha has not heard the node
-//! and decides as its predecessor would have. The chart keeps the file in an emptyDir in
-//! memory: a container restart keeps it, a reboot (itself a fence) empties it. So the file
-//! also says whether podha heard this node at all since it booted: no file, never.
+//! Without it, an agent that crashed and was restarted (by its supervisor within a second, with
+//! its container by the kubelet, or in a new pod: a DaemonSet rollout, a deleted or evicted
+//! pod) on a node cut off from podha would start a new isolation timeout, pet the watchdog its
+//! predecessor left armed, and fence the node later than podha's silence proof assumes; a new
+//! pod would even count the node as never heard, and never fence it. With it, the new agent
+//! knows how long podha has not heard the node and decides as its predecessor would have. The
+//! chart keeps the file on the node, in a directory of the node's own under /run: a pod
+//! replacement keeps it, a reboot (itself a fence) empties it.
+//!
+//! The record names the boot it was written in (see [`super::boot`]):
+//!
+//! ```text
+//! boot=<boot ID>
+//! heard=<milliseconds since the Unix epoch>
+//! ```
+//!
+//! A record of another boot is no record: podha has not heard this node since it booted, as
+//! after a reboot that emptied the file (where /run is not emptied by a reboot, or several
+//! nodes share a host, the boot tells). So no file, or another boot's, means never heard.
 //!
 //! It fails closed ([`LastHeard::Unknown`]): a file that cannot be read, does not hold a time,
-//! or holds one after now (the clock went back) says podha heard this node in this boot at a
-//! time the agent cannot know. The agent counts that as long ago (not heard for the whole
-//! isolation timeout already), never as now.
+//! holds one after now (the clock went back), or does not say which boot it is of (written
+//! before records named their boot, or the boot ID cannot be read) says podha heard this node
+//! in this boot at a time the agent cannot know. The agent counts that as long ago (not heard
+//! for the whole isolation timeout already), never as now; it never counts it as never heard,
+//! which would keep a node podha has lost from ever fencing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tracing::warn;
+use tracing::{info, warn};
+
+use super::boot::{RecordBoot, boot_line};
 
 /// When podha last heard this node, as the hearing file says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +61,8 @@ impl LastHeard {
 
 pub struct HearingFile {
     path: PathBuf,
+    /// The boot the agent runs in (`None`: unknown), named in every record.
+    boot: Option<String>,
     /// The last time written (milliseconds since the Unix epoch).
     written: Option<u128>,
     /// A write failed: said once, not every second.
@@ -52,42 +70,59 @@ pub struct HearingFile {
 }
 
 impl HearingFile {
-    pub fn new(path: &Path) -> Self {
+    pub fn new(path: &Path, boot: Option<&str>) -> Self {
         Self {
             path: path.to_path_buf(),
+            boot: boot.map(str::to_string),
             written: None,
             warned: false,
         }
     }
 
-    /// When podha last heard this node, read at `now`: [`LastHeard::Never`] without a file;
-    /// [`LastHeard::Unknown`] (said in the log) when the file cannot be read, does not hold a
-    /// time, or holds one after `now`.
+    /// When podha last heard this node, read at `now`: [`LastHeard::Never`] without a file or
+    /// with another boot's; [`LastHeard::Unknown`] (said in the log) when the file cannot be
+    /// read, does not hold a time, holds one after `now`, or cannot be placed in a boot.
     pub fn last_heard(&self, now: SystemTime) -> LastHeard {
         const UNKNOWN: &str = "podha heard this node since it booted, at a time the agent cannot \
                                know: counted as not heard for the whole isolation timeout";
+        let file = self.path.display();
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LastHeard::Never,
             Err(e) => {
-                warn!(file = %self.path.display(), error = %e, "cannot read when podha last heard this node; {UNKNOWN}");
+                warn!(%file, error = %e, "cannot read when podha last heard this node; {UNKNOWN}");
                 return LastHeard::Unknown;
             }
         };
-        let Ok(ms) = text.trim().parse::<u64>() else {
-            warn!(file = %self.path.display(), text, "the hearing file holds no time in milliseconds; {UNKNOWN}");
+        let mut lines = text.lines();
+        let boot = lines.next();
+        let heard = lines.next().and_then(|l| l.trim().strip_prefix("heard="));
+        let Some(ms) = heard.and_then(|ms| ms.parse::<u64>().ok()) else {
+            warn!(%file, text, "the hearing file holds no boot and time in milliseconds; {UNKNOWN}");
             return LastHeard::Unknown;
         };
+        match RecordBoot::of(boot, self.boot.as_deref()) {
+            RecordBoot::This => {}
+            RecordBoot::Other => {
+                info!(%file, "the hearing file is of another boot: the reboot was a fence, and podha has not heard this node since");
+                return LastHeard::Never;
+            }
+            RecordBoot::CannotTell => {
+                warn!(%file, text, "cannot tell whether the hearing file is of this boot; {UNKNOWN}");
+                return LastHeard::Unknown;
+            }
+        }
         let at = UNIX_EPOCH + Duration::from_millis(ms);
         if at > now {
-            warn!(file = %self.path.display(), ms, "the hearing file holds a time after now (the clock went back); {UNKNOWN}");
+            warn!(%file, ms, "the hearing file holds a time after now (the clock went back); {UNKNOWN}");
             return LastHeard::Unknown;
         }
         LastHeard::At(at)
     }
 
-    /// Records that podha heard this node at `at`, unless that is what the file already says.
-    /// Written whole, then renamed over the old file: a crash mid-write leaves the old time.
+    /// Records that podha heard this node at `at` in this boot, unless that is what the file
+    /// already says. Written whole, then renamed over the old file: a crash mid-write leaves the
+    /// old time.
     pub fn record(&mut self, at: SystemTime) {
         let ms = at
             .duration_since(UNIX_EPOCH)
@@ -97,8 +132,8 @@ impl HearingFile {
             return;
         }
         let tmp = self.path.with_extension("new");
-        let result =
-            std::fs::write(&tmp, ms.to_string()).and_then(|()| std::fs::rename(&tmp, &self.path));
+        let text = format!("{}\nheard={ms}\n", boot_line(self.boot.as_deref()));
+        let result = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path));
         match result {
             Ok(()) => {
                 self.written = Some(ms);
@@ -118,6 +153,7 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_secs(30);
+    const BOOT: &str = "3f0c-boot-1";
 
     #[test]
     fn a_restarted_agent_reads_when_its_predecessor_was_last_heard() {
@@ -125,7 +161,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let mut file = HearingFile::new(&path);
+        let mut file = HearingFile::new(&path, Some(BOOT));
         assert_eq!(
             file.last_heard(t0),
             LastHeard::Never,
@@ -134,7 +170,7 @@ mod tests {
         assert_eq!(LastHeard::Never.ago(t0, T), None);
         file.record(t0);
         file.record(t0 + Duration::from_secs(2));
-        let restarted = HearingFile::new(&path);
+        let restarted = HearingFile::new(&path, Some(BOOT));
         let later = t0 + Duration::from_secs(12);
         let last = restarted.last_heard(later);
         assert_eq!(
@@ -152,7 +188,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let mut file = HearingFile::new(&path);
+        let mut file = HearingFile::new(&path, Some(BOOT));
         file.record(t0);
         // The clock went back a minute: the record is in the future.
         let back = t0 - Duration::from_secs(60);
@@ -176,8 +212,41 @@ mod tests {
     }
 
     #[test]
+    fn a_record_counts_only_in_the_boot_it_was_written_in() {
+        let dir = std::env::temp_dir().join(format!("podha-hearing-boot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard");
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let later = t0 + Duration::from_secs(5);
+        HearingFile::new(&path, Some(BOOT)).record(t0);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text, format!("boot={BOOT}\nheard=1800000000000\n"));
+        let read_in = |boot: Option<&str>| HearingFile::new(&path, boot).last_heard(later);
+        // A new pod of the same boot goes on from the record.
+        assert_eq!(read_in(Some(BOOT)), LastHeard::At(t0), "this boot");
+        // After a reboot that left the file (a /run the reboot kept, a host several nodes
+        // share): the reboot was the fence, and podha has not heard this boot's agent.
+        assert_eq!(
+            read_in(Some("3f0c-boot-2")),
+            LastHeard::Never,
+            "another boot"
+        );
+        // The agent cannot read its boot ID: heard at a time it cannot know, never "never".
+        assert_eq!(read_in(None), LastHeard::Unknown, "own boot unknown");
+        // A record that names no boot: written before records named one, or by an agent
+        // without a boot ID.
+        std::fs::write(&path, "1800000000000").expect("write");
+        assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "time only");
+        HearingFile::new(&path, None).record(t0);
+        assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "an empty boot");
+        std::fs::write(&path, format!("boot={BOOT}\nheard=soon\n")).expect("write");
+        assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "garbled time");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_file_that_cannot_be_written_is_no_error() {
-        let mut file = HearingFile::new(Path::new("/nonexistent-dir/podha/heard"));
+        let mut file = HearingFile::new(Path::new("/nonexistent-dir/podha/heard"), Some(BOOT));
         file.record(SystemTime::now());
         file.record(SystemTime::now() + Duration::from_secs(1));
         assert!(file.warned);

@@ -10,11 +10,13 @@
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
 //! - [`fence`]: how the node is fenced, once per cause.
 
+mod boot;
 mod check;
 mod error;
 mod fence;
 mod hearing_file;
 pub mod isolation;
+mod peer_list;
 mod peers;
 mod requests;
 pub mod server;
@@ -26,14 +28,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
 use check::{check_loop, resume};
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
 pub use fence::{FenceCause, FenceMethod, Fencer};
 use hearing_file::HearingFile;
-use peers::{Peers, SavedList, SurveyTimes};
+use peer_list::SavedList;
+use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
 use watchdog::Watchdog;
 
@@ -73,27 +76,32 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub survey_timeout: Duration,
     /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
-    /// that advertises an agent, from the API server (read every 30 s; until first read, the
-    /// agent does not know its peers, and fences when podha stops hearing it).
+    /// that advertises an agent, from the API server (read every 30 s, every 2 s until first
+    /// read; until then the agent does not know its peers, and fences when podha stops hearing
+    /// it).
     #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
     pub peers: Vec<SocketAddr>,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "PODHA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Where this boot's ID is read (what the kubelet reports as `nodeInfo.bootID`). A fence
-    /// request made in an earlier boot is answered without a fence: the reboot was one.
+    /// request made in an earlier boot is answered without a fence: the reboot was one. The
+    /// hearing file and the saved peer list name the boot they were written in, and count only
+    /// in it.
     #[arg(
         long,
         env = "PODHA_AGENT_BOOT_ID_FILE",
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
-    /// Where the agent keeps when podha last heard this node, so that an agent restarted after
-    /// a crash goes on from there (a node cut off from podha is still fenced in time) instead
-    /// of counting its start as heard. Somewhere a container restart keeps and a reboot
-    /// empties (the chart: an emptyDir in memory): no file means podha has not heard this node
-    /// since it booted, and such a node does not fence itself on isolation. Required: without
-    /// it a restarted agent could not tell that case from a node podha heard and lost.
+    /// Where the agent keeps when podha last heard this node (and, beside it as
+    /// `<file>.peers`, its peer list), so that an agent restarted after a crash or in a new pod
+    /// goes on from there (a node cut off from podha is still fenced in time) instead of
+    /// counting its start as heard. Somewhere a pod replacement keeps, of this node alone (the
+    /// chart: /run/podha-agent/<node> on the node). The record names its boot: no file, or one
+    /// of another boot, means podha has not heard this node since it booted, and such a node
+    /// does not fence itself on isolation. Required: without it a restarted agent could not
+    /// tell that case from a node podha heard and lost.
     #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
     pub hearing_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
@@ -139,22 +147,6 @@ impl AgentArgs {
     /// How long a peer survey and its parts may take.
     pub fn survey_times(&self) -> SurveyTimes {
         SurveyTimes::new(self.survey_timeout)
-    }
-}
-
-/// The boot ID the agent runs in, read from `file`; `None` if it cannot be read (then every
-/// request is fenced).
-fn boot_id(file: &std::path::Path) -> Option<String> {
-    match std::fs::read_to_string(file) {
-        Ok(id) if !id.trim().is_empty() => Some(id.trim().to_string()),
-        Ok(_) => {
-            warn!(file = %file.display(), "the boot ID file is empty: every fence request will be carried out");
-            None
-        }
-        Err(e) => {
-            warn!(file = %file.display(), error = %e, "no boot ID: every fence request will be carried out");
-            None
-        }
     }
 }
 
@@ -223,7 +215,8 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             addr: args.listen,
             source,
         })?;
-    let mut hearing_file = HearingFile::new(&args.hearing_file);
+    let boot = boot::boot_id(&args.boot_id_file);
+    let mut hearing_file = HearingFile::new(&args.hearing_file, boot.as_deref());
     let hearing = resume(&hearing_file, &args.node, args.isolation_timeout);
     let hearing: SharedHearing = Arc::new(Mutex::new(hearing));
     let router = server::router(&args.node, hearing.clone());
@@ -236,7 +229,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             client.clone(),
             &args.node,
             survey_times,
-            SavedList::new(saved),
+            SavedList::new(saved, boot.as_deref()),
         )
     } else {
         Peers::fixed(args.peers.clone(), survey_times)
@@ -258,7 +251,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     };
     let result = tokio::select! {
         r = serve => r.map_err(AgentError::Serve),
-        r = requests::follow(client, &args.node, advert, boot_id(&args.boot_id_file), fencer.clone()) => r,
+        r = requests::follow(client, &args.node, advert, boot, fencer.clone()) => r,
         () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => Ok(()),
         () = peers.keep_warm() => Ok(()),
         _ = terminate.recv() => {
@@ -277,19 +270,6 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_boot_id_is_the_files_trimmed_and_none_when_unreadable_or_empty() {
-        let dir = std::env::temp_dir().join(format!("podha-boot-id-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join("boot_id");
-        std::fs::write(&file, "0d1e-42\n").expect("write");
-        assert_eq!(boot_id(&file).as_deref(), Some("0d1e-42"));
-        std::fs::write(&file, " \n").expect("write");
-        assert_eq!(boot_id(&file), None);
-        assert_eq!(boot_id(&dir.join("missing")), None);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     fn agent_args(flags: &[&str]) -> AgentArgs {
         #[derive(clap::Parser)]

@@ -2,10 +2,10 @@
 //!
 //! Peers come from a fixed list (`--peers`), or from the Node list: every other node that
 //! advertises an agent (a node without one could never answer, and would count against the
-//! majority). The agent keeps that list warm while it runs ([`Peers::keep_warm`]): it reads the
-//! Nodes every [`REFRESH`], in pages of [`PAGE`] (a 5,000-node cluster is ten small answers,
-//! not one large one), and keeps the last good list when a read fails, so a cut-off agent
-//! surveys the peers it knew. A survey reads that kept list and never waits for the API server.
+//! majority). The agent keeps that list warm while it runs ([`Peers::keep_warm`], reading it
+//! as [`super::peer_list`] says: in pages, a 5,000-node cluster is ten small answers, not one
+//! large one), and keeps the last good list when a read fails, so a cut-off agent surveys the
+//! peers it knew. A survey reads that kept list and never waits for the API server.
 //! A list never read is unknown ([`PeerCount::Unknown`]), not empty: an agent cut off from
 //! everything since it started cannot tell a cluster of one from its own isolation, and must
 //! not take one for the other (see [`super::isolation`]).
@@ -15,7 +15,6 @@
 //! so a node that is merely unheard for a moment asks a few peers, not the whole cluster.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -26,14 +25,13 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
-use tokio::time::{Instant, MissedTickBehavior};
-use tracing::{debug, info, warn};
+use kube::api::Api;
+use tokio::time::Instant;
+use tracing::debug;
 
-use super::PeerListError;
 use super::isolation::{PeerCount, Survey};
+use super::peer_list::{Kept, SavedList, keep_warm, lock, spread};
 use super::server::PeerAnswer;
-use crate::contract::agent_addr;
 
 /// Peers asked at once.
 const BATCH: usize = 16;
@@ -67,14 +65,6 @@ impl SurveyTimes {
     }
 }
 
-/// How often the peer list is read again from the API server.
-pub const REFRESH: Duration = Duration::from_secs(30);
-/// How many Nodes one page of the peer list holds.
-const PAGE: u32 = 500;
-/// How long one read of the whole peer list may take (all its pages): a read that hangs is
-/// given up and tried again at the next refresh.
-const READ_TIMEOUT: Duration = REFRESH;
-
 pub struct Peers {
     source: Source,
     times: SurveyTimes,
@@ -90,49 +80,6 @@ enum Source {
         /// Where the list is saved for the next agent of this boot (see [`SavedList`]).
         saved: SavedList,
     },
-}
-
-/// The peer list as last read from the API server, and whether reading it fails now.
-#[derive(Debug, Default)]
-struct Kept {
-    /// `None`: never read.
-    list: Option<Vec<SocketAddr>>,
-    /// The last read failed: said once per run of failures, not at every refresh.
-    failing: bool,
-}
-
-impl Kept {
-    /// Takes one read of the list: a good one replaces the list, a failed one keeps it.
-    /// Returns whether the read was worth a log line (the first failure of a run of them, the
-    /// first good read after one, the first read ever).
-    fn took(&mut self, read: Result<Vec<SocketAddr>, PeerListError>) -> bool {
-        match read {
-            Ok(list) => {
-                let note = self.failing || self.list.is_none();
-                if note {
-                    info!(peers = list.len(), "peer list read");
-                }
-                self.list = Some(list);
-                self.failing = false;
-                note
-            }
-            Err(e) => {
-                let note = !self.failing;
-                if note {
-                    match &self.list {
-                        Some(list) => {
-                            warn!(error = %e, kept = list.len(), "cannot read the peer list; keeping the last one")
-                        }
-                        None => {
-                            warn!(error = %e, "cannot read the peer list, never read yet: until it is, this node is fenced if podha stops hearing it for the isolation timeout")
-                        }
-                    }
-                }
-                self.failing = true;
-                note
-            }
-        }
-    }
 }
 
 impl Peers {
@@ -170,8 +117,8 @@ impl Peers {
         }
     }
 
-    /// Reads the peer list now and every [`REFRESH`], for as long as the agent runs (a fixed
-    /// list needs nothing: this waits forever). A failed read keeps the last good list.
+    /// Reads the peer list now and again (see [`keep_warm`]), for as long as the agent runs (a
+    /// fixed list needs nothing: this waits forever). A failed read keeps the last good list.
     pub async fn keep_warm(&self) {
         let Source::Discovered {
             client,
@@ -183,21 +130,7 @@ impl Peers {
             return std::future::pending().await;
         };
         let nodes: Api<Node> = Api::all(client.clone());
-        let mut ticker = tokio::time::interval(REFRESH);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let read = match tokio::time::timeout(READ_TIMEOUT, list_peers(&nodes, node)).await {
-                Ok(read) => read.map_err(PeerListError::from),
-                Err(_) => Err(PeerListError::TimedOut(READ_TIMEOUT)),
-            };
-            let mut kept = lock(kept);
-            let before = kept.list.clone();
-            kept.took(read);
-            if let Some(list) = kept.list.as_ref().filter(|l| Some(*l) != before.as_ref()) {
-                saved.save(list);
-            }
-        }
+        keep_warm(&nodes, node, kept, saved).await
     }
 
     /// Asks the peers, a batch at a time, until the answers decide or every peer was asked
@@ -266,90 +199,9 @@ impl Peers {
     }
 }
 
-/// The peer list saved beside the hearing file, for the next agent of this boot: an agent
-/// restarted while the API server is down (a crash, its container restarted) then still knows
-/// its peers, and their vouching keeps its healthy node up through a control-plane outage. The
-/// file lives where the hearing file does (memory a reboot empties); one address per line. A
-/// file that cannot be read whole is no list (unknown, as before any read).
-pub struct SavedList {
-    path: PathBuf,
-}
-
-impl SavedList {
-    pub fn new(path: PathBuf) -> Self {
-        Self { path }
-    }
-
-    fn load(&self) -> Option<Vec<SocketAddr>> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                warn!(file = %self.path.display(), error = %e, "cannot read the saved peer list");
-                return None;
-            }
-        };
-        let list: Result<Vec<SocketAddr>, _> = text.lines().map(str::parse).collect();
-        match list {
-            Ok(list) => {
-                info!(file = %self.path.display(), peers = list.len(), "going on with the peer list the last agent of this boot read");
-                Some(list)
-            }
-            Err(e) => {
-                warn!(file = %self.path.display(), error = %e, "the saved peer list is garbled; ignored");
-                None
-            }
-        }
-    }
-
-    /// Written whole, then renamed over the old file. A failure is logged; the list in memory
-    /// stands.
-    fn save(&self, list: &[SocketAddr]) {
-        let text: String = list.iter().map(|a| format!("{a}\n")).collect();
-        let mut tmp = self.path.clone().into_os_string();
-        tmp.push(".new");
-        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path))
-        {
-            warn!(file = %self.path.display(), error = %e, "cannot save the peer list for the next agent");
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A number derived from the node's name (FNV-1a), to start each node's survey elsewhere.
-fn spread(node: &str) -> usize {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in node.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash as usize
-}
-
-/// Every other Node's agent, read in pages of [`PAGE`].
-async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
-    let mut params = ListParams::default().limit(PAGE);
-    let mut peers = Vec::new();
-    loop {
-        let page = nodes.list(&params).await?;
-        peers.extend(
-            page.items
-                .iter()
-                .filter(|n| n.metadata.name.as_deref() != Some(me))
-                .filter_map(agent_addr),
-        );
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(peers),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::peer_list::REFRESH;
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -371,32 +223,6 @@ mod tests {
         SocketAddr::from(([10, 0, 0, last], 9441))
     }
 
-    fn failed() -> Result<Vec<SocketAddr>, PeerListError> {
-        Err(PeerListError::TimedOut(READ_TIMEOUT))
-    }
-
-    #[test]
-    fn a_list_never_read_stays_unknown_and_a_failed_read_keeps_the_last_good_one() {
-        let mut kept = Kept::default();
-        assert!(kept.took(failed()), "the first failure is said");
-        assert!(!kept.took(failed()), "the next ones are not");
-        assert_eq!(kept.list, None, "never read: unknown, not empty");
-        assert!(
-            kept.took(Ok(vec![addr(2), addr(3)])),
-            "the first read is said"
-        );
-        assert!(!kept.took(Ok(vec![addr(2)])));
-        assert!(kept.took(failed()));
-        assert!(!kept.took(failed()));
-        assert_eq!(kept.list, Some(vec![addr(2)]), "the last good list is kept");
-        assert!(kept.took(Ok(Vec::new())), "read again after failures: said");
-        assert_eq!(
-            kept.list,
-            Some(Vec::new()),
-            "read, and nobody else: known empty"
-        );
-    }
-
     fn node_json(name: &str, ip: &str) -> String {
         format!(
             r#"{{"metadata":{{"name":"{name}","annotations":{{"podha.io/agent-port":"9441"}}}},
@@ -404,71 +230,108 @@ mod tests {
         )
     }
 
-    /// A fake API server whose Node list comes in two pages (`n1` and `n2`, then `n3` and a
-    /// node without an agent), answering only the first `good` lists and failing the rest.
-    fn paged_api(
-        lists: Arc<AtomicUsize>,
-        queries: Arc<Mutex<Vec<String>>>,
-        good: usize,
-    ) -> kube::Client {
+    /// How the fake API server answers a list of the Nodes (by its number, from 1).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Answer {
+        /// Two pages: `n1` and `n2`, then `n3` and `n4`, a node without an agent.
+        Pages,
+        /// An error (the API server down).
+        Fail,
+        /// Never.
+        Hang,
+        /// One page: `n1` and `n4`, a node without an agent (Nodes registered again, their
+        /// agents' adverts not put back yet).
+        NoAdverts,
+        /// One page: `n1` alone.
+        Alone,
+    }
+
+    /// What the fake API server was asked: when, and the query.
+    type Asked = Arc<Mutex<Vec<(Instant, String)>>>;
+
+    /// A fake API server that answers the `n`th Node list (counting first pages) as
+    /// `answer(n)` says, and notes each request in `asked`.
+    fn fake_api(asked: Asked, answer: fn(usize) -> Answer) -> kube::Client {
+        let lists = Arc::new(AtomicUsize::new(0));
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let query = req.uri().query().unwrap_or_default().to_string();
-            lock(&queries).push(query.clone());
+            lock(&asked).push((Instant::now(), query.clone()));
             let first_page = !query.contains("continue=");
             let n = if first_page {
                 lists.fetch_add(1, Ordering::SeqCst) + 1
             } else {
                 lists.load(Ordering::SeqCst)
             };
+            let answer = answer(n);
             async move {
-                if n > good {
-                    return http::Response::builder()
-                        .status(500)
-                        .header("content-type", "application/json")
-                        .body(axum::body::Body::from(r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#));
-                }
-                let (items, next) = if first_page {
-                    (
-                        [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")],
-                        r#","continue":"page-2""#,
-                    )
-                } else {
-                    let bare = r#"{"metadata":{"name":"n4"}}"#.to_string();
-                    ([node_json("n3", "10.0.0.3"), bare], "")
+                let (status, body) = match answer {
+                    Answer::Hang => std::future::pending().await,
+                    Answer::Fail => (500, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#.to_string()),
+                    Answer::Pages => (200, node_page(first_page)),
+                    Answer::NoAdverts => (200, node_list(&[node_json("n1", "10.0.0.1"), bare()], "")),
+                    Answer::Alone => (200, node_list(&[node_json("n1", "10.0.0.1")], "")),
                 };
-                let list = format!(
-                    r#"{{"apiVersion":"v1","kind":"NodeList","metadata":{{"resourceVersion":"5"{next}}},"items":[{}]}}"#,
-                    items.join(",")
-                );
                 http::Response::builder()
-                    .status(200)
+                    .status(status)
                     .header("content-type", "application/json")
-                    .body(axum::body::Body::from(list))
+                    .body(axum::body::Body::from(body))
             }
         });
         kube::Client::new(service, "default")
     }
 
+    /// A page of the Node list: the first (`n1`, `n2`, and a token for the next) or the second.
+    fn node_page(first: bool) -> String {
+        if first {
+            let items = [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")];
+            node_list(&items, r#","continue":"page-2""#)
+        } else {
+            node_list(&[node_json("n3", "10.0.0.3"), bare()], "")
+        }
+    }
+
+    /// A Node without an agent.
+    fn bare() -> String {
+        r#"{"metadata":{"name":"n4"}}"#.to_string()
+    }
+
+    fn node_list(items: &[String], next: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"NodeList","metadata":{{"resourceVersion":"5"{next}}},"items":[{}]}}"#,
+            items.join(",")
+        )
+    }
+
+    /// How many Node lists (first pages) `asked` holds, and when each was asked.
+    fn lists_at(asked: &Asked) -> Vec<Instant> {
+        lock(asked)
+            .iter()
+            .filter(|(_, q)| !q.contains("continue="))
+            .map(|(at, _)| *at)
+            .collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_peer_list_is_kept_warm_in_pages_and_kept_when_the_api_server_fails() {
-        let lists = Arc::new(AtomicUsize::new(0));
-        let queries = Arc::new(Mutex::new(Vec::new()));
-        let client = paged_api(lists.clone(), queries.clone(), 1);
+        let asked = Asked::default();
+        let client = fake_api(asked.clone(), |n| {
+            if n == 1 { Answer::Pages } else { Answer::Fail }
+        });
         let times = SurveyTimes::new(Duration::from_secs(5));
         let dir = std::env::temp_dir().join(format!("podha-peers-warm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let saved = SavedList::new(dir.join("heard.peers"));
+        let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let peers = Peers::discovered(client, "n1", times, saved);
         assert_eq!(peers.list(), None, "not read yet: unknown");
         let survey = peers.survey(Duration::from_secs(30)).await;
         assert_eq!(survey.peers, PeerCount::Unknown);
-        // The first read at once, the next ones every 30 s: they fail, the list stays.
+        // The first read at once, the next ones every 30 s or so: they fail, the list stays.
         let warm = tokio::time::timeout(REFRESH * 3 - Duration::from_secs(1), peers.keep_warm());
         assert!(
             warm.await.is_err(),
             "keeps the list warm for as long as it runs"
         );
-        assert_eq!(lists.load(Ordering::SeqCst), 3);
+        assert!(lists_at(&asked).len() >= 3, "{asked:?}");
         let mut found = peers.list().expect("read");
         found.sort();
         assert_eq!(
@@ -476,29 +339,141 @@ mod tests {
             vec![addr(2), addr(3)],
             "every other node with an agent"
         );
-        let queries = lock(&queries).clone();
+        let queries: Vec<String> = lock(&asked).iter().map(|(_, q)| q.clone()).collect();
         assert!(queries[0].contains("limit=500"), "{queries:?}");
         assert!(
             queries[1].contains("limit=500") && queries[1].contains("continue=page-2"),
             "{queries:?}"
         );
         // The next agent of this boot (a crash, the API server down): the saved list.
-        let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
-        let saved = SavedList::new(dir.join("heard.peers"));
+        let down = fake_api(Asked::default(), |_| Answer::Fail);
+        let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let next = Peers::discovered(down, "n1", times, saved);
         let mut resumed = next.list().expect("the saved list");
         resumed.sort();
         assert_eq!(resumed, found);
         // A garbled file is no list.
-        std::fs::write(dir.join("heard.peers"), "10.0.0.2:9441\nnonsense\n").expect("write");
-        let garbled = SavedList::new(dir.join("heard.peers"));
-        let down = paged_api(Arc::new(AtomicUsize::new(0)), queries_sink(), 0);
+        std::fs::write(
+            dir.join("heard.peers"),
+            "boot=b1\n10.0.0.2:9441\nnonsense\n",
+        )
+        .expect("write");
+        let garbled = SavedList::new(dir.join("heard.peers"), Some("b1"));
+        let down = fake_api(Asked::default(), |_| Answer::Fail);
         assert_eq!(Peers::discovered(down, "n1", times, garbled).list(), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    fn queries_sink() -> Arc<Mutex<Vec<String>>> {
-        Arc::new(Mutex::new(Vec::new()))
+    /// Agent `node`'s discovered peers, read from `client`, saved nowhere that lasts.
+    fn discovered(client: kube::Client, node: &str) -> Peers {
+        let path = std::env::temp_dir().join(format!(
+            "podha-peers-{node}-{}-{:?}.peers",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let saved = SavedList::new(path, Some("b1"));
+        Peers::discovered(
+            client,
+            node,
+            SurveyTimes::new(Duration::from_secs(5)),
+            saved,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_list_is_read_again_within_seconds_not_at_the_next_refresh() {
+        // A cold start: the API server down for the first three reads, then up.
+        let asked = Asked::default();
+        let api = fake_api(asked.clone(), |n| {
+            if n <= 3 { Answer::Fail } else { Answer::Pages }
+        });
+        let peers = discovered(api, "n1");
+        let start = Instant::now();
+        let warm = tokio::time::timeout(Duration::from_secs(10), peers.keep_warm());
+        assert!(warm.await.is_err());
+        let reads = lists_at(&asked);
+        assert_eq!(
+            reads.len(),
+            4,
+            "read again every 2 s or so while unknown: {reads:?}"
+        );
+        for pair in reads.windows(2) {
+            let wait = pair[1] - pair[0];
+            assert!(wait >= Duration::from_millis(1500) && wait <= Duration::from_millis(2500));
+        }
+        assert!(
+            peers.list().is_some(),
+            "known {:?} after the start",
+            reads[3] - start
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_of_an_unknown_list_that_hangs_is_given_up_within_seconds() {
+        let asked = Asked::default();
+        let api = fake_api(asked.clone(), |n| {
+            if n == 1 { Answer::Hang } else { Answer::Pages }
+        });
+        let peers = discovered(api, "n1");
+        let warm = tokio::time::timeout(Duration::from_secs(10), peers.keep_warm());
+        assert!(warm.await.is_err());
+        assert_eq!(lists_at(&asked).len(), 2, "given up after 5 s, read again");
+        assert!(peers.list().is_some(), "known within 10 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn agents_started_together_refresh_their_lists_at_times_of_their_own() {
+        let (a, b) = (Asked::default(), Asked::default());
+        let pa = discovered(fake_api(a.clone(), |_| Answer::Pages), "node-a");
+        let pb = discovered(fake_api(b.clone(), |_| Answer::Pages), "node-b");
+        let both = async { tokio::join!(pa.keep_warm(), pb.keep_warm()) };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(200), both)
+                .await
+                .is_err()
+        );
+        let (a, b) = (lists_at(&a), lists_at(&b));
+        let waits = |reads: &[Instant]| -> Vec<Duration> {
+            reads.windows(2).map(|w| w[1] - w[0]).collect()
+        };
+        let (wa, wb) = (waits(&a), waits(&b));
+        let bounds = Duration::from_secs(25)..=Duration::from_secs(35);
+        assert!(
+            wa.iter().chain(&wb).all(|w| bounds.contains(w)),
+            "{wa:?} {wb:?}"
+        );
+        assert_ne!(wa[0], wb[0], "not in step: {wa:?} {wb:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_nodes_none_advertising_an_agent_are_no_list_and_only_a_lone_node_is_alone() {
+        use Answer::{Alone, NoAdverts, Pages};
+        let asked = Asked::default();
+        let answers = |n: usize| [NoAdverts, Pages, NoAdverts, Alone][(n - 1).min(3)];
+        let peers = discovered(fake_api(asked.clone(), answers), "n1");
+        // Each call reads once at once, then waits.
+        let read_once = || tokio::time::timeout(Duration::from_millis(100), peers.keep_warm());
+        assert!(read_once().await.is_err());
+        assert_eq!(
+            peers.list(),
+            None,
+            "Nodes, none with an agent yet: unknown, not alone"
+        );
+        assert!(read_once().await.is_err());
+        let mut list = peers.list().expect("read");
+        list.sort();
+        assert_eq!(list, vec![addr(2), addr(3)]);
+        assert!(read_once().await.is_err());
+        let mut kept = peers.list().expect("kept");
+        kept.sort();
+        assert_eq!(
+            kept, list,
+            "the adverts gone for a while: the last list is kept"
+        );
+        assert!(read_once().await.is_err());
+        assert_eq!(peers.list(), Some(Vec::new()), "the only Node: known empty");
+        assert_eq!(lists_at(&asked).len(), 4, "one read a call");
     }
 
     #[tokio::test]

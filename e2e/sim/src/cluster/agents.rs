@@ -40,7 +40,8 @@ pub struct Fence {
 
 impl Cluster {
     /// Starts the podha agent of kwok node `rec`, booted: on a free port of its address, with
-    /// an empty hearing file (a reboot empties it, as the chart's emptyDir in memory).
+    /// an empty hearing file (a reboot empties it, as it empties the node's /run, where the
+    /// chart keeps it).
     pub(in crate::cluster) fn spawn_agent(
         &self,
         st: &mut State,
