@@ -135,11 +135,4 @@ pub enum PeerListError {
     Api(#[from] kube::Error),
     #[error("listing the Nodes took over {}", fmt(.0))]
     TimedOut(Duration),
-    /// Other Nodes, and none advertises an agent: after the Nodes were registered again (their
-    /// adverts not yet put back), not a cluster where this agent is alone.
-    #[error(
-        "{others} other Nodes and none advertises an agent yet (registered again?): no list to \
-         trust"
-    )]
-    NoAdverts { others: usize },
 }

@@ -101,9 +101,10 @@ pub(super) async fn keep_warm(
                 .saturating_mul(2_u32.saturating_pow(timed_out))
                 .min(READ_TIMEOUT),
         };
-        let read = tokio::time::timeout(limit, list_peers(nodes, node))
-            .await
-            .unwrap_or(Err(PeerListError::TimedOut(limit)));
+        let read = match tokio::time::timeout(limit, list_peers(nodes, node)).await {
+            Ok(read) => read.map_err(PeerListError::from),
+            Err(_) => Err(PeerListError::TimedOut(limit)),
+        };
         timed_out = match read {
             Err(PeerListError::TimedOut(_)) => timed_out.saturating_add(1),
             _ => 0,
@@ -221,28 +222,20 @@ pub(super) fn spread(node: &str) -> usize {
     hash as usize
 }
 
-/// Every other Node's agent, read in pages of [`PAGE`]. None while other Nodes are listed is no
-/// list ([`PeerListError::NoAdverts`]): a cluster whose Nodes were all registered again (their
-/// agents' adverts not put back yet) is not one where this agent is alone, and an agent that
-/// took it for one would stay up whenever podha stops hearing it. Known empty only when this is
-/// the only Node.
-async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, PeerListError> {
+/// Every other Node's agent, read in pages of [`PAGE`].
+async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
     let mut params = ListParams::default().limit(PAGE);
     let mut peers = Vec::new();
-    let mut others = 0;
     loop {
         let page = nodes.list(&params).await?;
-        let other_nodes = page
-            .items
-            .iter()
-            .filter(|n| n.metadata.name.as_deref() != Some(me));
-        others += other_nodes.clone().count();
-        peers.extend(other_nodes.filter_map(agent_addr));
+        peers.extend(
+            page.items
+                .iter()
+                .filter(|n| n.metadata.name.as_deref() != Some(me))
+                .filter_map(agent_addr),
+        );
         match page.metadata.continue_.filter(|token| !token.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None if peers.is_empty() && others > 0 => {
-                return Err(PeerListError::NoAdverts { others });
-            }
             None => return Ok(peers),
         }
     }

@@ -239,11 +239,6 @@ mod tests {
         Fail,
         /// Never.
         Hang,
-        /// One page: `n1` and `n4`, a node without an agent (Nodes registered again, their
-        /// agents' adverts not put back yet).
-        NoAdverts,
-        /// One page: `n1` alone.
-        Alone,
     }
 
     /// What the fake API server was asked: when, and the query.
@@ -268,8 +263,6 @@ mod tests {
                     Answer::Hang => std::future::pending().await,
                     Answer::Fail => (500, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#.to_string()),
                     Answer::Pages => (200, node_page(first_page)),
-                    Answer::NoAdverts => (200, node_list(&[node_json("n1", "10.0.0.1"), bare()], "")),
-                    Answer::Alone => (200, node_list(&[node_json("n1", "10.0.0.1")], "")),
                 };
                 http::Response::builder()
                     .status(status)
@@ -282,20 +275,15 @@ mod tests {
 
     /// A page of the Node list: the first (`n1`, `n2`, and a token for the next) or the second.
     fn node_page(first: bool) -> String {
-        if first {
-            let items = [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")];
-            node_list(&items, r#","continue":"page-2""#)
+        let (items, next) = if first {
+            (
+                [node_json("n1", "10.0.0.1"), node_json("n2", "10.0.0.2")],
+                r#","continue":"page-2""#,
+            )
         } else {
-            node_list(&[node_json("n3", "10.0.0.3"), bare()], "")
-        }
-    }
-
-    /// A Node without an agent.
-    fn bare() -> String {
-        r#"{"metadata":{"name":"n4"}}"#.to_string()
-    }
-
-    fn node_list(items: &[String], next: &str) -> String {
+            let bare = r#"{"metadata":{"name":"n4"}}"#.to_string();
+            ([node_json("n3", "10.0.0.3"), bare], "")
+        };
         format!(
             r#"{{"apiVersion":"v1","kind":"NodeList","metadata":{{"resourceVersion":"5"{next}}},"items":[{}]}}"#,
             items.join(",")
@@ -444,36 +432,6 @@ mod tests {
             "{wa:?} {wb:?}"
         );
         assert_ne!(wa[0], wb[0], "not in step: {wa:?} {wb:?}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn other_nodes_none_advertising_an_agent_are_no_list_and_only_a_lone_node_is_alone() {
-        use Answer::{Alone, NoAdverts, Pages};
-        let asked = Asked::default();
-        let answers = |n: usize| [NoAdverts, Pages, NoAdverts, Alone][(n - 1).min(3)];
-        let peers = discovered(fake_api(asked.clone(), answers), "n1");
-        // Each call reads once at once, then waits.
-        let read_once = || tokio::time::timeout(Duration::from_millis(100), peers.keep_warm());
-        assert!(read_once().await.is_err());
-        assert_eq!(
-            peers.list(),
-            None,
-            "Nodes, none with an agent yet: unknown, not alone"
-        );
-        assert!(read_once().await.is_err());
-        let mut list = peers.list().expect("read");
-        list.sort();
-        assert_eq!(list, vec![addr(2), addr(3)]);
-        assert!(read_once().await.is_err());
-        let mut kept = peers.list().expect("kept");
-        kept.sort();
-        assert_eq!(
-            kept, list,
-            "the adverts gone for a while: the last list is kept"
-        );
-        assert!(read_once().await.is_err());
-        assert_eq!(peers.list(), Some(Vec::new()), "the only Node: known empty");
-        assert_eq!(lists_at(&asked).len(), 4, "one read a call");
     }
 
     #[tokio::test]
