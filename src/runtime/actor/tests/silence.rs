@@ -77,12 +77,9 @@ fn held(metrics: &Metrics, reason: &str) -> f64 {
         .sum()
 }
 
-/// A replica heard node-1's agent go silent, lost the lease, and gains it again long after:
-/// the silence began before this term (while another replica held it, and may have heard the
-/// agent),
-/// so it proves nothing, however long it looks; podha holds and says why.
-#[tokio::test(start_paused = true)]
-async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
+/// node-1 dead (its kubelet) with its pods, node-2 and node-3 alive, each with an agent; the
+/// policy asks for the agent's proof.
+fn agent_proof_harness() -> Harness {
     let mut objects = dead_node_with_pods("node-1");
     objects[0] = agent_node(mk_node("node-1").ready(false)).into();
     objects.push(agent_node(mk_node("node-2")).into());
@@ -92,7 +89,16 @@ async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
         proof: FencingProof::Agent,
         ..Fencing::default()
     };
-    let mut h = harness_with(objects, Some(spec));
+    harness_with(objects, Some(spec))
+}
+
+/// A replica heard node-1's agent go silent, lost the lease, and gains it again long after:
+/// the silence began before this term (while another replica held it, and may have heard the
+/// agent),
+/// so it proves nothing, however long it looks; podha holds and says why.
+#[tokio::test(start_paused = true)]
+async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
+    let mut h = agent_proof_harness();
     // The kubelet is dead, the agent still answers: podha asks it for the fence.
     run_with_rounds(&mut h, 3, &[]).await;
     assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
@@ -120,16 +126,7 @@ async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
 /// margin proves the fence.
 #[tokio::test(start_paused = true)]
 async fn a_silence_this_term_heard_begin_proves_the_fence() {
-    let mut objects = dead_node_with_pods("node-1");
-    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
-    objects.push(agent_node(mk_node("node-2")).into());
-    objects.push(agent_node(mk_node("node-3")).into());
-    let mut spec = quick_spec();
-    spec.fencing = Fencing {
-        proof: FencingProof::Agent,
-        ..Fencing::default()
-    };
-    let mut h = harness_with(objects, Some(spec));
+    let mut h = agent_proof_harness();
     run_with_rounds(&mut h, 3, &[]).await;
     assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
     run_with_rounds(&mut h, 16, &["node-1"]).await;
@@ -144,16 +141,7 @@ async fn a_silence_this_term_heard_begin_proves_the_fence() {
 /// silence after it is not an agent's silence after an answer, and proves nothing.
 #[tokio::test(start_paused = true)]
 async fn a_silence_after_refusals_proves_no_fence() {
-    let mut objects = dead_node_with_pods("node-1");
-    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
-    objects.push(agent_node(mk_node("node-2")).into());
-    objects.push(agent_node(mk_node("node-3")).into());
-    let mut spec = quick_spec();
-    spec.fencing = Fencing {
-        proof: FencingProof::Agent,
-        ..Fencing::default()
-    };
-    let mut h = harness_with(objects, Some(spec));
+    let mut h = agent_proof_harness();
     let refused = |n: &str| {
         if n == "node-1" {
             TcpResult::Refused
@@ -205,16 +193,7 @@ async fn the_agent_probe_plan_names_each_nodes_boot() {
 /// counts from then, not from when it began.
 #[tokio::test(start_paused = true)]
 async fn a_silence_counts_only_since_podha_hears_enough_agents_again() {
-    let mut objects = dead_node_with_pods("node-1");
-    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
-    objects.push(agent_node(mk_node("node-2")).into());
-    objects.push(agent_node(mk_node("node-3")).into());
-    let mut spec = quick_spec();
-    spec.fencing = Fencing {
-        proof: FencingProof::Agent,
-        ..Fencing::default()
-    };
-    let mut h = harness_with(objects, Some(spec));
+    let mut h = agent_proof_harness();
     run_with_rounds(&mut h, 3, &[]).await;
     assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
     run_with_rounds(&mut h, 30, &["node-1", "node-2", "node-3"]).await;
@@ -235,16 +214,7 @@ async fn a_silence_counts_only_since_podha_hears_enough_agents_again() {
 /// fence on isolation, so its silence after that answer proves nothing.
 #[tokio::test(start_paused = true)]
 async fn a_silence_after_answers_the_agent_does_not_know_were_heard_proves_no_fence() {
-    let mut objects = dead_node_with_pods("node-1");
-    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
-    objects.push(agent_node(mk_node("node-2")).into());
-    objects.push(agent_node(mk_node("node-3")).into());
-    let mut spec = quick_spec();
-    spec.fencing = Fencing {
-        proof: FencingProof::Agent,
-        ..Fencing::default()
-    };
-    let mut h = harness_with(objects, Some(spec));
+    let mut h = agent_proof_harness();
     for _ in 0..3 {
         agent_round_heard(&mut h, |_| TcpResult::Connected, |n| n != "node-1");
         h.run_for(1).await;
