@@ -36,6 +36,15 @@ pub fn boot_line(boot: Option<&str>) -> String {
     format!("{BOOT_LINE}{}", boot.unwrap_or_default())
 }
 
+/// Writes a record of boot `boot` (its boot line, then `body`) to `path`: whole to
+/// `<path>.new`, then renamed over the old one, so a crash mid-write leaves the old record.
+pub fn write_record(path: &Path, boot: Option<&str>, body: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    std::fs::write(&tmp, format!("{}\n{body}", boot_line(boot)))?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Which boot a record was written in, from its boot line, as the agent of boot `mine` sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordBoot {

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::{info, warn};
 
-use super::boot::{RecordBoot, boot_line};
+use super::boot::{RecordBoot, write_record};
 
 /// When podha last heard this node, as the hearing file says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,10 +131,8 @@ impl HearingFile {
         if self.written == Some(ms) {
             return;
         }
-        let tmp = self.path.with_extension("new");
-        let text = format!("{}\nheard={ms}\n", boot_line(self.boot.as_deref()));
-        let result = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path));
-        match result {
+        let body = format!("heard={ms}\n");
+        match write_record(&self.path, self.boot.as_deref(), &body) {
             Ok(()) => {
                 self.written = Some(ms);
                 self.warned = false;

@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
 use super::PeerListError;
-use super::boot::{RecordBoot, boot_line};
+use super::boot::{RecordBoot, write_record};
 use crate::contract::agent_addr;
 
 /// How often the peer list is read again from the API server once it is known: every 30 s on
@@ -196,13 +196,8 @@ impl SavedList {
     /// Written whole, then renamed over the old file. A failure is logged; the list in memory
     /// stands.
     fn save(&self, list: &[SocketAddr]) {
-        let mut text = boot_line(self.boot.as_deref());
-        text.push('\n');
-        text.extend(list.iter().map(|a| format!("{a}\n")));
-        let mut tmp = self.path.clone().into_os_string();
-        tmp.push(".new");
-        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path))
-        {
+        let body: String = list.iter().map(|a| format!("{a}\n")).collect();
+        if let Err(e) = write_record(&self.path, self.boot.as_deref(), &body) {
             warn!(file = %self.path.display(), error = %e, "cannot save the peer list for the next agent");
         }
     }
