@@ -31,6 +31,16 @@ pub struct UnreadablePolicy {
     pub status: Option<PodHAPolicyStatus>,
 }
 
+impl UnreadablePolicy {
+    /// What podha says of it, on its status and in its event.
+    pub fn note(&self) -> String {
+        format!(
+            "podha cannot read this policy and acts on none of its nodes: {}",
+            self.error
+        )
+    }
+}
+
 impl From<PodHAPolicy> for ListedPolicy {
     fn from(policy: PodHAPolicy) -> Self {
         Self::Valid(Box::new(policy))

@@ -39,11 +39,7 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         .values()
         .filter(|h| matches!(h, NodeHealth::Suspect { .. }))
         .count();
-    let previous = policy
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or(&[]);
+    let previous = conditions_of(policy.status.as_ref());
     let generation = policy.metadata.generation;
 
     let ready = ready_condition(policy, watched);
@@ -86,16 +82,9 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
 /// The status of a policy podha cannot read (see [`crate::api::ListedPolicy`]): not Ready and
 /// Degraded, saying why; it watches no node and acts on none.
 pub fn unreadable_status(policy: &UnreadablePolicy, now: &Time) -> PodHAPolicyStatus {
-    let previous = policy
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or(&[]);
+    let previous = conditions_of(policy.status.as_ref());
     let generation = policy.metadata.generation;
-    let message = format!(
-        "podha cannot read this policy and acts on none of its nodes: {}",
-        policy.error
-    );
+    let message = policy.note();
     let condition = |type_, status| {
         make_condition(
             previous,
@@ -115,6 +104,11 @@ pub fn unreadable_status(policy: &UnreadablePolicy, now: &Time) -> PodHAPolicySt
         ],
         ..PodHAPolicyStatus::default()
     }
+}
+
+/// The conditions of the status last written, to carry their transition times over.
+fn conditions_of(status: Option<&PodHAPolicyStatus>) -> &[Condition] {
+    status.map_or(&[], |s| s.conditions.as_slice())
 }
 
 /// A condition whose `lastTransitionTime` moves only when its status does.

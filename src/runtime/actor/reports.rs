@@ -260,10 +260,7 @@ impl Actor {
                 warning: true,
                 reason: "PolicyUnreadable",
                 action: "Read",
-                note: format!(
-                    "podha cannot read this policy and acts on none of its nodes: {}",
-                    policy.error
-                ),
+                note: policy.note(),
             })
             .await;
         }
