@@ -268,6 +268,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::server::{Hearing, SharedHearing, router};
     use crate::test_builders::mk_node;
     use k8s_openapi::api::core::v1::{DaemonEndpoint, NodeAddress, NodeDaemonEndpoints};
 
@@ -386,13 +387,14 @@ mod tests {
         prober.abort();
     }
 
-    /// The leader's heartbeat reaches a real agent's endpoint: answered, and from the second
-    /// round on it tells the agent it was heard.
-    #[tokio::test]
-    async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
-        use crate::agent::server::{Hearing, router};
-        use std::sync::{Arc, Mutex};
-        let hearing = Arc::new(Mutex::new(Hearing::default()));
+    /// A real agent endpoint for node `n1` on loopback: what it knows of being heard, its
+    /// address, its server task.
+    async fn agent_of_n1() -> (
+        SharedHearing,
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let hearing = SharedHearing::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -401,6 +403,14 @@ mod tests {
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, served).await;
         });
+        (hearing, addr, server)
+    }
+
+    /// The leader's heartbeat reaches a real agent's endpoint: answered, and from the second
+    /// round on it tells the agent it was heard.
+    #[tokio::test]
+    async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
+        let (hearing, addr, server) = agent_of_n1().await;
         let refused = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
             l.local_addr().expect("addr")
@@ -437,7 +447,7 @@ mod tests {
                 ("other".to_string(), Some(TcpResult::Refused)),
             ]
         );
-        let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
+        let heard = |h: &SharedHearing| h.lock().expect("lock").heard_ago(Instant::now());
         let second = rx.recv().await.expect("a second round");
         assert!(
             heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)),
@@ -457,17 +467,7 @@ mod tests {
     /// tell the new agent it was heard as long ago as its node was down).
     #[tokio::test]
     async fn a_new_boot_of_the_node_is_not_told_the_last_boots_hearing() {
-        use crate::agent::server::{Hearing, router};
-        use std::sync::{Arc, Mutex};
-        let hearing = Arc::new(Mutex::new(Hearing::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let served = router("n1", hearing.clone());
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, served).await;
-        });
+        let (hearing, addr, server) = agent_of_n1().await;
         let plan = |boot: &str| ProbePlan {
             interval: Duration::from_millis(500),
             targets: vec![Target {
@@ -480,7 +480,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(4);
         let (plan_tx, plan_rx) = watch::channel(plan("boot-1"));
         let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
-        let heard = |h: &Arc<Mutex<Hearing>>| h.lock().expect("lock").heard_ago(Instant::now());
+        let heard = |h: &SharedHearing| h.lock().expect("lock").heard_ago(Instant::now());
         let _ = rx.recv().await.expect("a round");
         let _ = rx.recv().await.expect("a second round");
         assert!(heard(&hearing).is_some(), "heard in the first boot");
