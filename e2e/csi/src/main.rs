@@ -147,6 +147,9 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// How long `serve` lets the answer to a refused registration go out before it stops.
+const REFUSAL_ANSWERED_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// `podha-csi serve`: the CSI services (and the kubelet registration) until a termination
 /// signal, a refused registration or a server's end.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -195,6 +198,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         signal = termination() => signal,
         Some(error) = refusals.recv() => {
+            // The refusal is told from inside the kubelet's call: let its answer go out before
+            // the servers stop (stopping at once could drop it with the connection).
+            tokio::time::sleep(REFUSAL_ANSWERED_WITHIN).await;
             Err(anyhow::anyhow!("the kubelet refused the registration: {error}"))
         }
     };
