@@ -13,6 +13,13 @@
 //! - [`FENCE_ACK_ANNOTATION`]: written by the agent (or the fence controller) once the node is
 //!   fenced; read by podha's `Agent` and `External` proofs.
 //!
+//! In podha's namespace, the agent's Lease ([`agent_lease_name`], labelled
+//! [`AGENT_LEASE_LABEL`], `holderIdentity` its node): renewed by the agent every
+//! [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`], owned by the agent's Pod and deleted when
+//! the agent stops, so an uninstalled agent's advert is gone. podha counts a node's agent only
+//! while its Lease is there, and its silence only when the Lease was renewed within its
+//! duration before the silence began ([`advertising_node`]).
+//!
 //! Over HTTP, at the node's InternalIP ([`internal_ip`]) and the advertised port:
 //! - `GET` [`HEARTBEAT_PATH`] with a [`HeartbeatQuery`]: sent by podha's leader every
 //!   [`AGENT_PROBE_INTERVAL`]; the agent answers a [`HeartbeatAnswer`] naming its node and
@@ -48,6 +55,34 @@ pub const NODE_ANNOTATIONS: [&str; 4] = [
     FENCE_REQUEST_ANNOTATION,
     FENCE_ACK_ANNOTATION,
 ];
+
+/// Label of every agent Lease (value `"true"`): what podha's watch selects.
+pub const AGENT_LEASE_LABEL: &str = "podha.io/agent-advert";
+/// How long an agent Lease lasts after a renewal (its `leaseDurationSeconds`).
+pub const AGENT_LEASE_DURATION: Duration = Duration::from_secs(40);
+/// How often the agent renews its Lease: four renewals in one duration, so one or two failed
+/// writes do not let it lapse.
+pub const AGENT_LEASE_RENEW: Duration = Duration::from_secs(10);
+const AGENT_LEASE_PREFIX: &str = "podha-agent-";
+
+/// The name of the agent Lease of `node`.
+pub fn agent_lease_name(node: &str) -> String {
+    format!("{AGENT_LEASE_PREFIX}{node}")
+}
+
+/// The node an agent Lease named `lease` is for, by its name alone.
+pub fn agent_lease_node(lease: &str) -> Option<&str> {
+    lease
+        .strip_prefix(AGENT_LEASE_PREFIX)
+        .filter(|n| !n.is_empty())
+}
+
+/// The node whose agent holds a Lease named `lease` for `holder`: only a Lease named after its
+/// holder counts (another name is no agent's advert).
+pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a str> {
+    let holder = holder.filter(|h| !h.is_empty())?;
+    (agent_lease_node(lease) == Some(holder)).then_some(holder)
+}
 
 /// How often podha's leader probes every agent. The agents' own rule (a peer heard within a
 /// quarter of the isolation timeout is heard) needs this far shorter than their timeout, so
@@ -177,6 +212,17 @@ mod tests {
             AGENT_FENCED_WITHIN_ANNOTATION,
             "podha.io/agent-fenced-within"
         );
+    }
+
+    #[test]
+    fn an_agent_lease_counts_only_under_the_name_of_its_holder() {
+        assert_eq!(agent_lease_name("n1"), "podha-agent-n1");
+        assert_eq!(advertising_node("podha-agent-n1", Some("n1")), Some("n1"));
+        assert_eq!(advertising_node("podha-agent-n1", Some("n2")), None);
+        assert_eq!(advertising_node("podha-agent-", Some("")), None);
+        assert_eq!(advertising_node("podha-leader", Some("n1")), None);
+        assert_eq!(advertising_node("podha-agent-n1", None), None);
+        assert_eq!(AGENT_LEASE_LABEL, "podha.io/agent-advert");
     }
 
     #[test]

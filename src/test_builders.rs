@@ -36,7 +36,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{AccessMode, OwnerKind, PodHAPolicySpec};
-use crate::view::{ObjectKey, View};
+use crate::view::{AgentAdvert, ObjectKey, View};
 
 fn meta(namespace: Option<&str>, name: &str) -> ObjectMeta {
     ObjectMeta {
@@ -836,6 +836,35 @@ impl ViewBuild for View {
 
     fn with_all(self, objects: impl IntoIterator<Item = Obj>) -> Self {
         objects.into_iter().fold(self, ViewBuild::with)
+    }
+}
+
+/// A node's agent Lease as podha saw it, renewed at `renewed_seen`, lasting the agents' 40 s.
+pub fn agent_advert(renewed_seen: tokio::time::Instant) -> AgentAdvert {
+    AgentAdvert {
+        renew_time: None,
+        renewed_seen,
+        lasts: crate::contract::AGENT_LEASE_DURATION,
+    }
+}
+
+/// `node`'s agent Lease, as the agent writes it, renewed at unix second `renew_second`.
+pub fn mk_agent_lease(node: &str, renew_second: i64) -> k8s_openapi::api::coordination::v1::Lease {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(crate::contract::agent_lease_name(node)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.into()),
+            lease_duration_seconds: Some(40),
+            renew_time: Some(MicroTime(
+                Timestamp::from_second(renew_second).expect("a valid time"),
+            )),
+            ..LeaseSpec::default()
+        }),
     }
 }
 

@@ -3,9 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+use tokio::time::Instant;
 
 use crate::api::OwnerKind;
 
@@ -49,6 +53,21 @@ pub struct View {
     pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// VolumeAttachments grouped by `spec.nodeName`.
     pub attachments_by_node: BTreeMap<String, Vec<Arc<VolumeAttachment>>>,
+    /// The agent Leases in podha's namespace (see [`crate::contract::agent_lease_name`]), by
+    /// node: a node's agent counts only while its Lease is there.
+    pub agent_adverts: BTreeMap<String, AgentAdvert>,
+}
+
+/// What podha saw of a node's agent Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentAdvert {
+    /// The Lease's `renewTime` as last seen: a renewal is a change of it.
+    pub renew_time: Option<MicroTime>,
+    /// When podha last saw it renewed (or first saw it), on podha's own clock: the agent's
+    /// clock may be off.
+    pub renewed_seen: Instant,
+    /// How long it lasts after a renewal (`leaseDurationSeconds`).
+    pub lasts: Duration,
 }
 
 impl View {
@@ -91,10 +110,11 @@ pub enum Watch {
     Va,
     ReplicaSet,
     Namespace,
+    AgentLease,
 }
 
 impl Watch {
-    pub const ALL: [Watch; 9] = [
+    pub const ALL: [Watch; 10] = [
         Watch::Policy,
         Watch::Node,
         Watch::Lease,
@@ -104,6 +124,7 @@ impl Watch {
         Watch::Va,
         Watch::ReplicaSet,
         Watch::Namespace,
+        Watch::AgentLease,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -117,6 +138,7 @@ impl Watch {
             Self::Va => "volumeattachments",
             Self::ReplicaSet => "replicasets",
             Self::Namespace => "namespaces",
+            Self::AgentLease => "agentleases",
         }
     }
 

@@ -7,9 +7,11 @@
 //!   start.
 //! - [`server`]: the endpoints podha's leader and the peers call.
 //! - [`peers`]: who the peers are and what they answer.
+//! - [`advert`]: what the agent tells podha about itself (on its Node, and its Lease).
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
 //! - [`fence`]: how the node is fenced, once per cause.
 
+mod advert;
 mod boot;
 mod check;
 mod error;
@@ -33,7 +35,7 @@ use tracing::{error, info};
 use crate::contract::AGENT_PROBE_INTERVAL;
 use check::{check_loop, resume};
 pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
-pub use fence::{FenceCause, FenceMethod, Fencer};
+pub use fence::{FenceCause, FenceConfirm, FenceMethod, Fenced, Fencer};
 use hearing_file::HearingFile;
 use peer_list::SavedList;
 use peers::{Peers, SurveyTimes};
@@ -58,6 +60,16 @@ pub struct AgentArgs {
     /// own power-off). No default: a fence is never an accident.
     #[arg(long, env = "PODHA_AGENT_FENCE", value_parser = FenceMethod::parse)]
     pub fence: FenceMethod,
+    /// A shell command that exits 0 once the node is fenced (a BMC's power state, say), run
+    /// every second after a fence podha asked for, for at most `--fence-confirm-within`: only
+    /// then is the request acknowledged (podha moves the node's volumes on it). Without it a
+    /// fence that leaves the agent running (`write:` or `command:`) is not acknowledged, and
+    /// podha proves it by the agent's silence once the node is down.
+    #[arg(long, env = "PODHA_AGENT_FENCE_CONFIRM")]
+    pub fence_confirm: Option<String>,
+    /// How long the `--fence-confirm` check may take to pass.
+    #[arg(long, env = "PODHA_AGENT_FENCE_CONFIRM_WITHIN", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub fence_confirm_within: Duration,
     /// Where podha's probes and the peers' surveys arrive. Peers are asked on the same port.
     #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "0.0.0.0:9441")]
     pub listen: SocketAddr,
@@ -114,6 +126,17 @@ pub struct AgentArgs {
     /// timeout), at most half the isolation timeout.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG_TIMEOUT", value_parser = humantime::parse_duration, requires = "watchdog")]
     pub watchdog_timeout: Option<Duration>,
+    /// The namespace of the agent's Lease: podha's (default: the namespace of the client's
+    /// configuration, in a Pod its own).
+    #[arg(long, env = "PODHA_AGENT_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The agent's Pod (in the chart's DaemonSet: from the downward API), with
+    /// `--pod-uid`: it owns the agent's Lease, which goes with it.
+    #[arg(long, env = "PODHA_AGENT_POD_NAME", requires = "pod_uid")]
+    pub pod_name: Option<String>,
+    /// The UID of the agent's Pod (see `--pod-name`).
+    #[arg(long, env = "PODHA_AGENT_POD_UID", requires = "pod_name")]
+    pub pod_uid: Option<String>,
     /// Set by `podha agent` on the process it runs the agent in: the supervisor's pid (see
     /// `supervisor`). Not for people.
     #[arg(long, hide = true)]
@@ -221,7 +244,11 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let hearing: SharedHearing = Arc::new(Mutex::new(hearing));
     let router = server::router(&args.node, hearing.clone());
     let serve = async move { axum::serve(listener, router).await };
-    let fencer = Arc::new(Fencer::new(args.fence.clone(), &args.node));
+    let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
+        command,
+        within: args.fence_confirm_within,
+    });
+    let fencer = Arc::new(Fencer::new(args.fence.clone(), confirm, &args.node));
     let survey_times = args.survey_times();
     let peers = if args.peers.is_empty() {
         let saved = args.hearing_file.with_extension("peers");
@@ -245,24 +272,41 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         args.watchdog_timeout,
     );
     info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
-    let advert = requests::Advert {
+    let advert = advert::Advert {
         port: args.listen.port(),
         fenced_within,
     };
-    let result = tokio::select! {
-        r = serve => r.map_err(AgentError::Serve),
-        r = requests::follow(client, &args.node, advert, boot, fencer.clone()) => r,
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => Ok(()),
-        () = peers.keep_warm() => Ok(()),
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let owner = args
+        .pod_name
+        .clone()
+        .zip(args.pod_uid.clone())
+        .map(|(name, uid)| advert::OwnerPod { name, uid });
+    let lease = advert::AdvertLease::new(client.clone(), &namespace, &args.node, owner);
+    let (result, terminated) = tokio::select! {
+        r = serve => (r.map_err(AgentError::Serve), false),
+        r = requests::follow(client.clone(), &args.node, advert, boot, fencer.clone()) => (r, false),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
+        () = peers.keep_warm() => (Ok(()), false),
+        () = lease.keep() => (Ok(()), false),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
-            Ok(())
+            (Ok(()), true)
         }
     };
     // Stopped on purpose (or a part of it failed and the agent exits to be restarted): the
     // watchdog would otherwise reset the node. A killed agent never gets here.
     if let Some(watchdog) = watchdog {
         watchdog.disarm();
+    }
+    // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again):
+    // nothing fences this node any more, so podha must not count its silence as a fence. A
+    // part that failed leaves the advert: the supervisor starts the agent again at once.
+    if terminated {
+        advert::withdraw(&kube::Api::all(client), &args.node, &lease).await;
     }
     result
 }

@@ -1,11 +1,12 @@
 //! Fence requests through the API: podha sets [`FENCE_REQUEST_ANNOTATION`] on the Node; the
 //! agent, watching its own Node, fences and then sets [`FENCE_ACK_ANNOTATION`] to the same
-//! value. The acknowledgement is written only after the fence succeeded, so it is a proof; a
-//! request already acknowledged is not fenced again (the agent restarts on a rebooted node and
-//! sees the old request answered).
+//! value. The acknowledgement is written only once the fence is confirmed (its
+//! `--fence-confirm` check passed: see [`super::fence`]), so it is a proof; a fence nothing
+//! confirms is not acknowledged (podha proves it by the agent's silence, if the node went down).
+//! A request already acknowledged is not fenced again (the agent restarts on a rebooted node
+//! and sees the old request answered).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -14,62 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{AgentError, FenceCause, Fencer};
-use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-    FENCE_REQUEST_ANNOTATION, fenced_within_value, requested_boot,
-};
-
-/// What the agent tells podha on its Node: that an agent runs here, on this port, and how long
-/// after podha last heard it its node is fenced at the latest (`fenced_within`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Advert {
-    pub port: u16,
-    pub fenced_within: Duration,
-}
-
-impl Advert {
-    fn annotations(&self) -> [(&'static str, String); 2] {
-        [
-            (AGENT_PORT_ANNOTATION, self.port.to_string()),
-            (
-                AGENT_FENCED_WITHIN_ANNOTATION,
-                fenced_within_value(self.fenced_within),
-            ),
-        ]
-    }
-
-    /// Whether `node` lacks this advert, or carries another: a Node deleted and registered
-    /// again comes back without it, and podha, which probes only nodes that advertise an
-    /// agent, would stop hearing this one (whose node it would then fence).
-    pub fn missing_from(&self, node: &Node) -> bool {
-        let annotations = node.metadata.annotations.as_ref();
-        self.annotations()
-            .iter()
-            .any(|(key, value)| annotations.and_then(|a| a.get(*key)) != Some(value))
-    }
-
-    async fn put_on(&self, nodes: &Api<Node>, name: &str) {
-        let annotations: serde_json::Map<String, serde_json::Value> = self
-            .annotations()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.into()))
-            .collect();
-        let patch = json!({"metadata": {"annotations": annotations}});
-        match nodes
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => info!(
-                node = name,
-                port = self.port,
-                "agent advertised on the node"
-            ),
-            // The watch delivers the Node again (or podha's next write does): tried then.
-            Err(e) => warn!(node = name, error = %e, "cannot advertise the agent on the node yet"),
-        }
-    }
-}
+use super::{AgentError, FenceCause, Fenced, Fencer, advert::Advert};
+use crate::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, requested_boot};
 
 /// Whether the request must be answered with a fence: unless it was made in another boot of
 /// this node (the reboot since was the fence). Unknown boots on either side: fence.
@@ -121,12 +68,9 @@ pub async fn follow(
 
 async fn answer(nodes: &Api<Node>, name: &str, request: &str, boot: Option<&str>, fencer: &Fencer) {
     if needs_fence(request, boot) {
-        info!(node = name, request, "podha asks for a fence");
         let why = format!("podha asked for it (request {request})");
-        if !fencer
-            .fence(FenceCause::Request(request.to_string()), &why)
-            .await
-        {
+        let cause = FenceCause::Request(request.to_string());
+        if fencer.fence(cause, &why).await != Fenced::Confirmed {
             return;
         }
     } else {
@@ -159,28 +103,6 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
         );
         n
-    }
-
-    #[test]
-    fn a_node_without_the_agents_advert_or_with_another_one_is_advertised_again() {
-        let advert = Advert {
-            port: 9441,
-            fenced_within: Duration::from_secs(30),
-        };
-        let carried = node(&[
-            (AGENT_PORT_ANNOTATION, "9441"),
-            (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
-            (FENCE_ACK_ANNOTATION, "r1"),
-        ]);
-        assert!(!advert.missing_from(&carried));
-        // Registered again: no annotations at all.
-        assert!(advert.missing_from(&Node::default()));
-        assert!(advert.missing_from(&node(&[(AGENT_PORT_ANNOTATION, "9441")])));
-        let older = node(&[
-            (AGENT_PORT_ANNOTATION, "9441"),
-            (AGENT_FENCED_WITHIN_ANNOTATION, "46s"),
-        ]);
-        assert!(advert.missing_from(&older), "another agent's timing");
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
 //! peers again.
 //!
+//! The agent must still advertise: its Lease in podha's namespace (see [`crate::contract`]) is
+//! there and was renewed within its duration before the silence began. An agent uninstalled,
+//! moved away or stopped withdraws it (or it goes with its Pod): its silence proves nothing, and
+//! podha no longer expects to hear it.
+//!
 //! Heard means an answer from the agent itself: an HTTP answer naming the node
 //! ([`Heartbeat::agent_connected`](super::Heartbeat::agent_connected)). A refused connect, an
 //! error status or an answer naming another node says the machine runs (detection counts it),
@@ -28,7 +33,9 @@ use tokio::time::Instant;
 
 use super::holds::Heartbeats;
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
-use crate::contract::{AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, fenced_within};
+use crate::contract::{
+    AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, fenced_within,
+};
 use crate::view::View;
 
 /// How recently podha must have got an answer from an agent to count it as heard: before its
@@ -42,6 +49,13 @@ use crate::view::View;
 /// recently as heard (it takes half its own silence) and fences.
 pub const AGENT_HEARD_WITHIN: Duration = AGENT_PROBE_INTERVAL.saturating_mul(3);
 
+/// How many renewals of a node's Lease, seen after its fence acknowledgement in the same boot,
+/// contradict the acknowledgement: a fenced node's kubelet does not write to the API server.
+/// Two, not one: a renewal written before the fence may reach podha after the acknowledgement
+/// (they come on separate watches, and a watch that lists again delivers the latest renewal
+/// late), but the kubelet renews only every 10 s.
+pub const ACK_CONTRADICTED_BY: u32 = 2;
+
 /// What podha knows of a node's agent for the `Agent` proof, computed by [`agent_evidence`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AgentEvidence<'a> {
@@ -52,16 +66,33 @@ pub struct AgentEvidence<'a> {
     /// its host's refusal); `None` when podha got none in its current leadership term before
     /// the silence.
     pub heard_before_silence: Option<Duration>,
+    /// The agent's Lease, while it is there: how long before the silence began podha last saw
+    /// it renewed (zero when renewed since, or while the agent answers), and how long it lasts.
+    pub advert: Option<AdvertAge>,
     /// The other nodes advertising an agent whose agent itself answered podha within
     /// [`AGENT_HEARD_WITHIN`].
     pub others_heard: usize,
-    /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP).
+    /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP, and
+    /// their agent's Lease).
     pub others_expected: usize,
     /// How long podha has heard enough agents without a break (see [`agent_quorum`]); `None`
     /// while it does not. The silence counts only for this long.
     pub quorum_for: Option<Duration>,
     /// The fence podha asked the agent for in this incident, if it did.
     pub request: Option<&'a str>,
+    /// Renewals of the node's Lease podha saw after the fence acknowledgement on the Node, in
+    /// its boot (see [`ACK_CONTRADICTED_BY`]).
+    pub renewals_since_ack: u32,
+}
+
+/// How old a node's agent Lease was when the agent fell silent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdvertAge {
+    /// How long before the silence began podha last saw the Lease renewed (zero when it saw a
+    /// renewal since).
+    pub renewed_before_silence: Duration,
+    /// The Lease's duration.
+    pub lasts: Duration,
 }
 
 impl AgentEvidence<'_> {
@@ -70,6 +101,15 @@ impl AgentEvidence<'_> {
     /// changes.
     pub fn silence_doubt(&self) -> Option<SilenceDoubt> {
         self.silent_for?;
+        match self.advert {
+            None => return Some(SilenceDoubt::NoAdvert),
+            Some(age) if age.renewed_before_silence > age.lasts => {
+                return Some(SilenceDoubt::AdvertLapsed {
+                    gap: age.renewed_before_silence,
+                });
+            }
+            Some(_) => {}
+        }
         match self.heard_before_silence {
             None => Some(SilenceDoubt::NeverHeard),
             Some(gap) if gap > AGENT_HEARD_WITHIN => Some(SilenceDoubt::HeardLongBefore { gap }),
@@ -85,6 +125,17 @@ impl AgentEvidence<'_> {
 }
 
 impl AgentEvidence<'_> {
+    /// The renewals of the node's Lease seen after its fence acknowledgement, when there are
+    /// enough to contradict it ([`ACK_CONTRADICTED_BY`]): the node was not fenced, and neither
+    /// the acknowledgement nor (while the kubelet writes) the agent's silence proves it was.
+    pub const fn ack_contradicted(&self) -> Option<u32> {
+        if self.renewals_since_ack >= ACK_CONTRADICTED_BY {
+            Some(self.renewals_since_ack)
+        } else {
+            None
+        }
+    }
+
     /// How much of the silence counts: the part since podha has heard enough agents (see
     /// [`agent_quorum`]); `None` while the agent answers or podha hears too few.
     pub fn counted_silence(&self) -> Option<Duration> {
@@ -104,6 +155,13 @@ pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
 /// Why a silent agent's silence proves no fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SilenceDoubt {
+    /// The node's agent Lease is not there: the agent withdrew it when it stopped (uninstalled,
+    /// moved away by a nodeSelector), it went with the agent's Pod, or the agent is older than
+    /// the Lease.
+    NoAdvert,
+    /// podha last saw the agent's Lease renewed `gap` before the silence began, longer than
+    /// the Lease lasts: the agent had stopped renewing it (stopped, or hung).
+    AdvertLapsed { gap: Duration },
     /// podha got no answer from the agent in its current leadership term before the silence:
     /// its port may be blocked, or it stopped before this term began.
     NeverHeard,
@@ -118,6 +176,8 @@ impl SilenceDoubt {
     /// The doubt without its figures: what tells two holds of the same node apart.
     pub const fn as_str(self) -> &'static str {
         match self {
+            Self::NoAdvert => "NoAdvert",
+            Self::AdvertLapsed { .. } => "AdvertLapsed",
             Self::NeverHeard => "NeverHeard",
             Self::HeardLongBefore { .. } => "HeardLongBefore",
             Self::FewOthersHeard { .. } => "FewOthersHeard",
@@ -127,6 +187,18 @@ impl SilenceDoubt {
     /// The doubt in words, about the agent of `node`.
     pub fn describe(self, node: &str) -> String {
         match self {
+            Self::NoAdvert => format!(
+                "node {node} has no agent Lease ({}) in podha's namespace: its agent was \
+                 uninstalled, moved away or stopped (or predates the Lease), and nothing says it \
+                 fences the node",
+                agent_lease_name(node)
+            ),
+            Self::AdvertLapsed { gap } => format!(
+                "podha last saw the agent Lease of node {node} renewed {}s before the agent fell \
+                 silent, longer than it lasts: the agent had stopped renewing it, and may not \
+                 fence the node",
+                gap.as_secs()
+            ),
             Self::NeverHeard => format!(
                 "podha never heard the agent of node {node} in this leadership term: an agent \
                  podha never heard (its port blocked, or stopped before this term) may not have \
@@ -169,23 +241,38 @@ pub fn agent_evidence<'a>(
         .and_then(|hb| hb.agent_connected)
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
-    let others = view
-        .nodes
-        .iter()
-        .filter(|(name, n)| name.as_str() != node && agent_addr(n).is_some());
+    let advert = view.agent_adverts.get(node).map(|lease| AdvertAge {
+        renewed_before_silence: silent_since.map_or(Duration::ZERO, |since| {
+            since.saturating_duration_since(lease.renewed_seen)
+        }),
+        lasts: lease.lasts,
+    });
+    let others = advertising(view).filter(|name| *name != node);
     let (mut others_heard, mut others_expected) = (0, 0);
-    for (name, _) in others {
+    for name in others {
         others_expected += 1;
         others_heard += usize::from(heard_now(heartbeats, name, now));
     }
     AgentEvidence {
         silent_for: silent_since.map(|since| now.saturating_duration_since(since)),
         heard_before_silence,
+        advert,
         others_heard,
         others_expected,
         quorum_for: quorum_since.map(|since| now.saturating_duration_since(since)),
         request,
+        renewals_since_ack: own.map_or(0, |hb| hb.renewals_since_ack),
     }
+}
+
+/// The nodes whose agent podha expects to hear: they advertise it on the Node (port, with an
+/// InternalIP) and its Lease is there. A Lease that lapsed still counts (its agent may be cut
+/// off and still running); a withdrawn one does not.
+fn advertising(view: &View) -> impl Iterator<Item = &str> {
+    view.nodes
+        .iter()
+        .filter(|(name, n)| agent_addr(n).is_some() && view.agent_adverts.contains_key(*name))
+        .map(|(name, _)| name.as_str())
 }
 
 /// Whether podha hears `node`'s agent now: the agent itself answered within
@@ -201,12 +288,7 @@ fn heard_now(heartbeats: &Heartbeats, node: &str, now: Instant) -> bool {
 /// advertise one); the decision loop follows since when it has, without a break.
 pub fn hears_agent_quorum(view: &View, heartbeats: &Heartbeats, now: Instant) -> bool {
     let (mut heard, mut expected) = (0, 0);
-    for name in view
-        .nodes
-        .iter()
-        .filter(|(_, n)| agent_addr(n).is_some())
-        .map(|(name, _)| name)
-    {
+    for name in advertising(view) {
         expected += 1;
         heard += usize::from(heard_now(heartbeats, name, now));
     }
@@ -250,11 +332,12 @@ pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Optio
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|taints| taints.iter().any(|t| t.key == CLOUD_SHUTDOWN_TAINT_KEY))
             .then_some(FenceEvidence::CloudShutdown),
-        FencingProof::External => {
-            acknowledged(node, agent.request).then_some(FenceEvidence::ExternalAcknowledged)
-        }
+        FencingProof::External => (acknowledged(node, agent.request)
+            && agent.ack_contradicted().is_none())
+        .then_some(FenceEvidence::ExternalAcknowledged),
         FencingProof::Agent => {
-            let acknowledged = acknowledged(node, agent.request);
+            let acknowledged =
+                acknowledged(node, agent.request) && agent.ack_contradicted().is_none();
             let isolation = fenced_within(node);
             let silent = agent.silence_doubt().is_none()
                 && matches!(

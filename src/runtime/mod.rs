@@ -37,6 +37,7 @@ pub use actuator::{Actuator, Outcome};
 pub use state::{Change, ClusterState, Watch};
 
 use crate::api::{ListedPolicy, PodHAPolicy};
+use crate::contract::AGENT_LEASE_LABEL;
 use crate::health::ProbeKind;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::Metrics;
@@ -125,7 +126,7 @@ pub async fn run(
         probe_plans: plans,
     };
     let actor = actor::Actor::new(leadership, outputs, metrics.clone());
-    let changes = watches(&client);
+    let changes = watches(&client, &opts.leader.namespace);
 
     let result = tokio::select! {
         r = &mut http => flatten(r, "HTTP server", Error::Http),
@@ -214,7 +215,8 @@ async fn wait_for_crd(client: &Client) -> Result<(), Error> {
 /// Pods are watched only once bound to a node; ReplicaSets and Namespaces as metadata only.
 /// A watch that fails lists everything again ([`rewatch`]), so that the end of a gap in podha's
 /// view is known; so does the Lease watch when it stalls ([`rewatch::LEASE_STALL_BOUND`]).
-pub fn watches(client: &Client) -> BoxStream<'static, Change> {
+/// The agents' Leases are in podha's own namespace, `namespace`.
+pub fn watches(client: &Client, namespace: &str) -> BoxStream<'static, Change> {
     let any = || watcher::Config::default().any_semantic();
     let c = client;
     stream::select_all([
@@ -271,6 +273,12 @@ pub fn watches(client: &Client) -> BoxStream<'static, Change> {
             any(),
             Watch::Namespace,
             Change::Namespace,
+        ),
+        watch(
+            Api::<Lease>::namespaced(c.clone(), namespace),
+            any().labels(&format!("{AGENT_LEASE_LABEL}=true")),
+            Watch::AgentLease,
+            Change::AgentLease,
         ),
     ])
     .boxed()

@@ -157,7 +157,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_lease_watch_is_a_gap_until_it_lists_again() {
         let lease_lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut changes = watches(&stalling_api(lease_lists.clone()));
+        let mut changes = watches(&stalling_api(lease_lists.clone()), "podha");
         let mut state = ClusterState::default();
         while !state.synced() {
             let change = changes.next().await.expect("the watches never end");

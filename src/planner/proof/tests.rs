@@ -66,6 +66,10 @@ fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_
 fn heard() -> AgentEvidence<'static> {
     AgentEvidence {
         heard_before_silence: Some(Duration::from_secs(2)),
+        advert: Some(AdvertAge {
+            renewed_before_silence: Duration::from_secs(3),
+            lasts: Duration::from_secs(40),
+        }),
         others_heard: 2,
         others_expected: 2,
         quorum_for: Some(Duration::from_secs(86_400)),
@@ -178,6 +182,38 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
     let cases = [
         ("heard, both others heard", heard(), None),
         (
+            "its agent withdrew its Lease (uninstalled), or it went with the agent's Pod",
+            AgentEvidence {
+                advert: None,
+                ..heard()
+            },
+            Some(SilenceDoubt::NoAdvert),
+        ),
+        (
+            "its Lease renewed just within its duration before the silence",
+            AgentEvidence {
+                advert: Some(AdvertAge {
+                    renewed_before_silence: Duration::from_secs(40),
+                    lasts: Duration::from_secs(40),
+                }),
+                ..heard()
+            },
+            None,
+        ),
+        (
+            "its Lease lapsed before the silence (the agent stopped renewing it)",
+            AgentEvidence {
+                advert: Some(AdvertAge {
+                    renewed_before_silence: Duration::from_secs(41),
+                    lasts: Duration::from_secs(40),
+                }),
+                ..heard()
+            },
+            Some(SilenceDoubt::AdvertLapsed {
+                gap: Duration::from_secs(41),
+            }),
+        ),
+        (
             "never heard in this term",
             AgentEvidence {
                 heard_before_silence: None,
@@ -274,7 +310,8 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
     let doubted = AgentEvidence {
         silent_for: long,
         request: Some("p/1"),
-        ..AgentEvidence::default()
+        heard_before_silence: None,
+        ..heard()
     };
     assert_eq!(doubted.silence_doubt(), Some(SilenceDoubt::NeverHeard));
     assert_eq!(
@@ -300,13 +337,18 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             }]);
         n
     };
-    let view = crate::view::View::default()
+    let mut view = crate::view::View::default()
         .with(agent("n1"))
         .with(agent("n2"))
         .with(agent("n3"))
         .with(agent("n4"))
         .with(agent("n6"))
+        .with(agent("n7"))
         .with(mk_node("plain"));
+    for node in ["n1", "n2", "n3", "n4", "n6"] {
+        view.agent_adverts
+            .insert(node.into(), agent_advert(now - secs(65)));
+    }
     let hb = |answered: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
         last_renewal: None,
         silent_since: now,
@@ -317,6 +359,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         agent_connected: answered,
         agent_silent_since: silent_since,
         tainted_since: None,
+        renewals_since_ack: 0,
     };
     // The host refused (the agent not running): an answer, not the agent's.
     let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {
@@ -344,13 +387,22 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         AgentEvidence {
             silent_for: Some(secs(60)),
             heard_before_silence: Some(secs(2)),
+            advert: Some(AdvertAge {
+                renewed_before_silence: secs(5),
+                lasts: secs(40),
+            }),
             others_heard: 1,
             others_expected: 4,
             quorum_for: Some(secs(30)),
             request: Some("p/1"),
+            renewals_since_ack: 0,
         },
-        "n2 heard, n3 too long ago, n4 never, n6 only refused; a node without an agent is \
-         not expected"
+        "n2 heard, n3 too long ago, n4 never, n6 only refused; a node without an agent, or \
+         whose agent withdrew its Lease (n7), is not expected"
+    );
+    assert_eq!(
+        agent_evidence("n7", &view, &heartbeats, quorum, now, None).advert,
+        None
     );
     let never = agent_evidence("n4", &view, &heartbeats, quorum, now, None);
     assert_eq!((never.silent_for, never.heard_before_silence), (None, None));

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -19,9 +20,37 @@ use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
+use crate::contract::{advertising_node, agent_lease_node};
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
-use crate::view::{ObjectKey, View};
+use crate::view::{AgentAdvert, ObjectKey, View};
+
+/// What podha sees of an agent Lease at `now`, given what it saw before: renewed now when its
+/// renewTime changed (or it is new). `None` for a Lease that is no agent's advert (named after
+/// another node than its holder).
+fn seen_agent_lease(
+    lease: &Lease,
+    before: &BTreeMap<String, AgentAdvert>,
+    now: Instant,
+) -> Option<AgentAdvert> {
+    let spec = lease.spec.as_ref();
+    let name = lease.name_any();
+    let node = advertising_node(&name, spec.and_then(|s| s.holder_identity.as_deref()))?;
+    let renew_time = spec.and_then(|s| s.renew_time.clone());
+    let lasts = spec
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(Duration::ZERO, Duration::from_secs);
+    let renewed_seen = match before.get(node) {
+        Some(earlier) if earlier.renew_time == renew_time => earlier.renewed_seen,
+        _ => now,
+    };
+    Some(AgentAdvert {
+        renew_time,
+        renewed_seen,
+        lasts,
+    })
+}
 
 /// One watch event from any of podha's watches, or the failure of a watch.
 #[derive(Debug)]
@@ -35,6 +64,8 @@ pub enum Change {
     Va(Event<VolumeAttachment>),
     ReplicaSet(Event<PartialObjectMeta<ReplicaSet>>),
     Namespace(Event<PartialObjectMeta<Namespace>>),
+    /// The agents' Leases in podha's namespace.
+    AgentLease(Event<Lease>),
     /// A watch failed; it retries with backoff and re-lists.
     WatchError {
         watch: Watch,
@@ -107,6 +138,7 @@ pub struct ClusterState {
     vas_relist: Relist<VolumeAttachment>,
     rs_relist: Relist<PartialObjectMeta<ReplicaSet>>,
     ns_relist: Relist<PartialObjectMeta<Namespace>>,
+    agent_leases_relist: Relist<Lease>,
     /// Watches that failed and have not re-listed since.
     broken: BTreeMap<Watch, bool>,
 }
@@ -175,6 +207,10 @@ impl ClusterState {
             Change::Namespace(e) => {
                 self.apply_namespace(e);
                 Watch::Namespace
+            }
+            Change::AgentLease(e) => {
+                self.apply_agent_lease(e, now);
+                Watch::AgentLease
             }
             Change::WatchError { watch } => {
                 self.broken.insert(watch, true);
@@ -252,6 +288,10 @@ impl ClusterState {
         obs.observe_podha_taint(tainted, now);
         let boot_id = node.status.as_ref().and_then(|s| s.node_info.as_ref());
         obs.observe_boot_id(boot_id.map(|i| i.boot_id.as_str()), now);
+        let ack = node
+            .annotations()
+            .get(crate::contract::FENCE_ACK_ANNOTATION);
+        obs.observe_fence_ack(ack.map(String::as_str));
     }
 
     fn apply_node(&mut self, event: Event<Node>, now: Instant) {
@@ -308,6 +348,37 @@ impl ClusterState {
                 }
                 self.mark_synced(Watch::Lease);
             }
+        }
+    }
+
+    fn apply_agent_lease(&mut self, event: Event<Lease>, now: Instant) {
+        match self.agent_leases_relist.step(event) {
+            Step::Upsert(l) => {
+                let seen = seen_agent_lease(&l, &self.view.agent_adverts, now);
+                if let Some(node) = agent_lease_node(&l.name_any()) {
+                    match seen {
+                        Some(advert) => self.view.agent_adverts.insert(node.to_string(), advert),
+                        None => self.view.agent_adverts.remove(node),
+                    };
+                }
+            }
+            Step::Remove(l) => {
+                if let Some(node) = agent_lease_node(&l.name_any()) {
+                    self.view.agent_adverts.remove(node);
+                }
+            }
+            Step::Replace(all) => {
+                let adverts = all
+                    .iter()
+                    .filter_map(|l| {
+                        let advert = seen_agent_lease(l, &self.view.agent_adverts, now)?;
+                        Some((agent_lease_node(&l.name_any())?.to_string(), advert))
+                    })
+                    .collect();
+                self.view.agent_adverts = adverts;
+                self.mark_synced(Watch::AgentLease);
+            }
+            Step::Nothing => {}
         }
     }
 

@@ -51,6 +51,8 @@ fn synced(nodes: &[&str], now: Instant) -> ClusterState {
     state.apply(Change::ReplicaSet(Event::InitDone), now);
     state.apply(Change::Namespace(Event::Init), now);
     state.apply(Change::Namespace(Event::InitDone), now);
+    state.apply(Change::AgentLease(Event::Init), now);
+    state.apply(Change::AgentLease(Event::InitDone), now);
     state
 }
 
@@ -316,4 +318,61 @@ fn an_unreadable_policy_is_kept_aside_and_the_others_sync() {
         now,
     );
     assert!(state.unreadable_policies.is_empty());
+}
+
+/// An agent Lease counts while it is there and named after its holder; a renewal is a change of
+/// its renewTime, timed on podha's clock; a withdrawn one is gone.
+#[test]
+fn agent_leases_are_adverts_renewed_on_our_clock_until_withdrawn() {
+    let t0 = Instant::now();
+    let later = |s| t0 + Duration::from_secs(s);
+    let mut state = ClusterState::default();
+    state.apply(Change::AgentLease(Event::Init), t0);
+    state.apply(
+        Change::AgentLease(Event::InitApply(mk_agent_lease("n1", 100))),
+        t0,
+    );
+    let mut foreign = mk_agent_lease("n2", 100);
+    foreign.spec.as_mut().expect("spec").holder_identity = Some("n3".into());
+    state.apply(Change::AgentLease(Event::InitApply(foreign)), t0);
+    state.apply(Change::AgentLease(Event::InitDone), t0);
+    assert_eq!(
+        state.view.agent_adverts.keys().collect::<Vec<_>>(),
+        ["n1"],
+        "a Lease named after another node than its holder is no advert"
+    );
+    assert_eq!(state.view.agent_adverts["n1"].renewed_seen, t0);
+    assert_eq!(
+        state.view.agent_adverts["n1"].lasts,
+        Duration::from_secs(40)
+    );
+
+    // The same renewTime again (a relist, another field changed): no renewal.
+    state.apply(
+        Change::AgentLease(Event::Apply(mk_agent_lease("n1", 100))),
+        later(5),
+    );
+    assert_eq!(state.view.agent_adverts["n1"].renewed_seen, t0);
+    state.apply(
+        Change::AgentLease(Event::Apply(mk_agent_lease("n1", 110))),
+        later(10),
+    );
+    assert_eq!(state.view.agent_adverts["n1"].renewed_seen, later(10));
+    state.apply(Change::AgentLease(Event::Init), later(12));
+    state.apply(
+        Change::AgentLease(Event::InitApply(mk_agent_lease("n1", 110))),
+        later(12),
+    );
+    state.apply(Change::AgentLease(Event::InitDone), later(12));
+    assert_eq!(
+        state.view.agent_adverts["n1"].renewed_seen,
+        later(10),
+        "a relist is no renewal"
+    );
+
+    state.apply(
+        Change::AgentLease(Event::Delete(mk_agent_lease("n1", 110))),
+        later(20),
+    );
+    assert!(state.view.agent_adverts.is_empty(), "withdrawn");
 }

@@ -111,19 +111,37 @@ pub fn kill(name: &str, rec: &ProcRecord) -> Result<()> {
     wait_gone(name, rec)
 }
 
-/// Waits (up to 10 s) for the recorded process, just sent SIGKILL, to be gone.
+/// Waits (up to 10 s) for the recorded process, just sent SIGKILL or SIGTERM, to be gone.
 fn wait_gone(name: &str, rec: &ProcRecord) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while is_alive(rec) {
         if Instant::now() > deadline {
             return Err(Error::Other(format!(
-                "{name} (pid {}) still alive 10 s after SIGKILL",
+                "{name} (pid {}) still alive 10 s after it was signalled to stop",
                 rec.pid
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// SIGTERMs only the recorded process (not its group), as a kubelet stops a container, and
+/// waits (up to 10 s) for it to be gone.
+pub fn terminate(name: &str, rec: &ProcRecord) -> Result<()> {
+    if !is_alive(rec) {
+        return Ok(());
+    }
+    match nix::sys::signal::kill(Pid::from_raw(rec.pid), Signal::SIGTERM) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(e) => {
+            return Err(Error::io(
+                format!("terminate {name} (pid {})", rec.pid),
+                std::io::Error::from(e),
+            ));
+        }
+    }
+    wait_gone(name, rec)
 }
 
 /// SIGKILLs only the recorded process (not its group) and waits (up to 10 s) for it to be gone.

@@ -153,6 +153,15 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
     state.apply(Change::ReplicaSet(Event::InitDone), now);
     state.apply(Change::Namespace(Event::Init), now);
     state.apply(Change::Namespace(Event::InitDone), now);
+    // Every node that advertises an agent has its agent's Lease.
+    state.apply(Change::AgentLease(Event::Init), now);
+    for (name, node) in &view.nodes {
+        if crate::contract::agent_addr(node).is_some() {
+            let lease = mk_agent_lease(name, 100);
+            state.apply(Change::AgentLease(Event::InitApply(lease)), now);
+        }
+    }
+    state.apply(Change::AgentLease(Event::InitDone), now);
     Harness {
         actor,
         writes,

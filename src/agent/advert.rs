@@ -1,0 +1,285 @@
+//! What the agent tells podha about itself, and takes back when it stops:
+//! - the advert on its Node ([`Advert`]: the port podha probes, how soon a silent agent fences
+//!   its node), put back whenever the Node lacks it;
+//! - its Lease in podha's namespace ([`AdvertLease`], see [`crate::contract`]), renewed while
+//!   the agent runs and owned by its Pod, so that an agent uninstalled, moved away by a
+//!   nodeSelector or stopped for good no longer passes for one that fences: podha counts a
+//!   node's silence as a fence only while its agent's Lease is there and was renewed within
+//!   its duration before the silence began.
+//!
+//! On SIGTERM the agent disarms its watchdog and then withdraws both ([`withdraw`]): from then
+//! on nothing fences the node, and podha must not count its silence as a fence.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::contract::{
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW,
+    AGENT_PORT_ANNOTATION, agent_lease_name, fenced_within_value,
+};
+
+/// How long the withdrawal on SIGTERM may take, both writes together: the watchdog is
+/// disarmed before it, and the pod's grace period is far longer.
+const WITHDRAW_WITHIN: Duration = Duration::from_secs(2);
+
+/// The field manager of the agent's server-side applies.
+const FIELD_MANAGER: &str = "podha-agent";
+
+/// What the agent tells podha on its Node: that an agent runs here, on this port, and how long
+/// after podha last heard it its node is fenced at the latest (`fenced_within`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advert {
+    pub port: u16,
+    pub fenced_within: Duration,
+}
+
+impl Advert {
+    fn annotations(&self) -> [(&'static str, String); 2] {
+        [
+            (AGENT_PORT_ANNOTATION, self.port.to_string()),
+            (
+                AGENT_FENCED_WITHIN_ANNOTATION,
+                fenced_within_value(self.fenced_within),
+            ),
+        ]
+    }
+
+    /// Whether `node` lacks this advert, or carries another: a Node deleted and registered
+    /// again comes back without it, and podha, which probes only nodes that advertise an
+    /// agent, would stop hearing this one (whose node it would then fence).
+    pub fn missing_from(&self, node: &Node) -> bool {
+        let annotations = node.metadata.annotations.as_ref();
+        self.annotations()
+            .iter()
+            .any(|(key, value)| annotations.and_then(|a| a.get(*key)) != Some(value))
+    }
+
+    pub(super) async fn put_on(&self, nodes: &Api<Node>, name: &str) {
+        let annotations: serde_json::Map<String, serde_json::Value> = self
+            .annotations()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+        let patch = json!({"metadata": {"annotations": annotations}});
+        match nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => info!(
+                node = name,
+                port = self.port,
+                "agent advertised on the node"
+            ),
+            // The watch delivers the Node again (or podha's next write does): tried then.
+            Err(e) => warn!(node = name, error = %e, "cannot advertise the agent on the node yet"),
+        }
+    }
+}
+
+/// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
+/// the Lease with the Pod, even when the agent was killed before it could.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerPod {
+    pub name: String,
+    pub uid: String,
+}
+
+/// The agent's Lease: renewed every [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`].
+pub struct AdvertLease {
+    leases: Api<Lease>,
+    node: String,
+    owner: Option<OwnerPod>,
+}
+
+impl AdvertLease {
+    pub fn new(client: kube::Client, namespace: &str, node: &str, owner: Option<OwnerPod>) -> Self {
+        Self {
+            leases: Api::namespaced(client, namespace),
+            node: node.to_string(),
+            owner,
+        }
+    }
+
+    /// The Lease as renewed at `now`, for a server-side apply.
+    fn body(&self, now: Timestamp) -> serde_json::Value {
+        let mut metadata = json!({
+            "name": agent_lease_name(&self.node),
+            "labels": {AGENT_LEASE_LABEL: "true"},
+        });
+        if let Some(pod) = &self.owner {
+            // No blockOwnerDeletion: setting it needs a right on the Pod the agent lacks.
+            metadata["ownerReferences"] = json!([{
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "uid": pod.uid,
+            }]);
+        }
+        json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": AGENT_LEASE_DURATION.as_secs(),
+                "renewTime": MicroTime(now),
+            },
+        })
+    }
+
+    /// Renews the Lease every [`AGENT_LEASE_RENEW`] for as long as the agent runs; a failed
+    /// renewal is tried again at the next one (three may fail before the Lease lapses).
+    pub async fn keep(&self) {
+        let name = agent_lease_name(&self.node);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut renewed = false;
+        loop {
+            let body = self.body(Timestamp::now());
+            match self
+                .leases
+                .patch(&name, &params, &Patch::Apply(&body))
+                .await
+            {
+                Ok(_) if !renewed => {
+                    info!(lease = %name, "agent Lease renewed: podha counts this agent");
+                    renewed = true;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(lease = %name, error = %e, "cannot renew the agent Lease");
+                    renewed = false;
+                }
+            }
+            tokio::time::sleep(AGENT_LEASE_RENEW).await;
+        }
+    }
+
+    async fn delete(&self) -> Result<(), kube::Error> {
+        match self
+            .leases
+            .delete(&agent_lease_name(&self.node), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Takes the advert off the Node and deletes the Lease, at most [`WITHDRAW_WITHIN`]: the agent
+/// stops and will fence nothing. What cannot be withdrawn in time (the API server unreachable)
+/// lapses: the Lease after its duration, or with the Pod.
+pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) {
+    let patch = json!({"metadata": {"annotations": {
+        AGENT_PORT_ANNOTATION: null,
+        AGENT_FENCED_WITHIN_ANNOTATION: null,
+    }}});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let both = async { tokio::join!(nodes.patch(node, &params, &patch), lease.delete()) };
+    match tokio::time::timeout(WITHDRAW_WITHIN, both).await {
+        Ok((Ok(_), Ok(()))) => info!(node, "agent advert and Lease withdrawn"),
+        Ok((advert, lease)) => warn!(
+            node,
+            advert = ?advert.err(),
+            lease = ?lease.err(),
+            "cannot withdraw the agent's advert: it lapses with the Lease"
+        ),
+        Err(_) => warn!(
+            node,
+            "withdrawing the agent's advert took over {WITHDRAW_WITHIN:?}: it lapses with the Lease"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::FENCE_ACK_ANNOTATION;
+    use std::collections::BTreeMap;
+
+    fn node(annotations: &[(&str, &str)]) -> Node {
+        let mut n = Node::default();
+        n.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        n
+    }
+
+    #[test]
+    fn a_node_without_the_agents_advert_or_with_another_one_is_advertised_again() {
+        let advert = Advert {
+            port: 9441,
+            fenced_within: Duration::from_secs(30),
+        };
+        let carried = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
+            (FENCE_ACK_ANNOTATION, "r1"),
+        ]);
+        assert!(!advert.missing_from(&carried));
+        // Registered again: no annotations at all.
+        assert!(advert.missing_from(&Node::default()));
+        assert!(advert.missing_from(&node(&[(AGENT_PORT_ANNOTATION, "9441")])));
+        let older = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_FENCED_WITHIN_ANNOTATION, "46s"),
+        ]);
+        assert!(advert.missing_from(&older), "another agent's timing");
+    }
+
+    #[tokio::test]
+    async fn the_lease_names_its_node_lasts_its_duration_and_is_owned_by_the_agents_pod() {
+        let client = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        let owner = OwnerPod {
+            name: "podha-agent-x7".into(),
+            uid: "u-1".into(),
+        };
+        let lease = AdvertLease::new(client.clone(), "podha", "n1", Some(owner));
+        let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
+        let body = lease.body(now);
+        let parsed: Lease = serde_json::from_value(body.clone()).expect("a Lease");
+        let spec = parsed.spec.expect("spec");
+        assert_eq!(parsed.metadata.name.as_deref(), Some("podha-agent-n1"));
+        assert_eq!(
+            parsed
+                .metadata
+                .labels
+                .expect("labels")
+                .get(AGENT_LEASE_LABEL),
+            Some(&"true".to_string())
+        );
+        assert_eq!(spec.holder_identity.as_deref(), Some("n1"));
+        assert_eq!(spec.lease_duration_seconds, Some(40));
+        assert_eq!(spec.renew_time, Some(MicroTime(now)));
+        let owners = parsed.metadata.owner_references.expect("owner");
+        assert_eq!(
+            (
+                owners[0].kind.as_str(),
+                owners[0].name.as_str(),
+                owners[0].uid.as_str()
+            ),
+            ("Pod", "podha-agent-x7", "u-1")
+        );
+        assert_eq!(owners[0].block_owner_deletion, None);
+        // Outside a Pod (a test cluster's processes): no owner, the agent deletes it itself.
+        let unowned = AdvertLease::new(client, "podha", "n1", None).body(now);
+        assert!(
+            unowned["metadata"].get("ownerReferences").is_none(),
+            "{unowned}"
+        );
+    }
+}
