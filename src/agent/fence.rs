@@ -1,6 +1,8 @@
-//! How the agent fences its node (`--fence`), and the one place that carries it out.
+//! How the agent fences its node (`--fence`), how it checks that a fence it was asked for took
+//! (`--fence-confirm`), and the one place that carries both out.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tracing::{error, info, warn};
 
@@ -43,43 +45,114 @@ pub enum FenceCause {
     Request(String),
 }
 
+/// How the agent checks that a fence took before it acknowledges a request: a shell command
+/// that exits 0 once the node is fenced (a BMC's power state, the kubelet's process gone), run
+/// every second until it does, for at most `within`. A fence that returned is not yet one that
+/// took: a power-off may be asynchronous, and an acknowledgement lets podha move the node's
+/// volumes at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceConfirm {
+    pub command: String,
+    pub within: Duration,
+}
+
+/// How far a fence went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fenced {
+    /// The fence itself failed.
+    Failed,
+    /// Carried out, not confirmed: no check, or the check never passed (or an isolation
+    /// fence, which nobody acknowledges).
+    Unconfirmed,
+    /// Carried out, and the confirmation check passed: what an acknowledgement may say.
+    Confirmed,
+}
+
+/// How often the confirmation check runs.
+const CONFIRM_EVERY: Duration = Duration::from_secs(1);
+
 /// Fences the node, once per cause: an isolation episode is fenced once until podha has heard
 /// the node since (a fence that did not take the node down is reported, not repeated in a
 /// loop), and each fence request once. A request is never answered by an earlier fence: if
 /// that one had taken the node down, this agent would not be running to read the request.
 pub struct Fencer {
     method: FenceMethod,
+    confirm: Option<FenceConfirm>,
     node: String,
-    fenced: tokio::sync::Mutex<Vec<FenceCause>>,
+    fenced: tokio::sync::Mutex<Vec<(FenceCause, Fenced)>>,
 }
 
 impl Fencer {
-    pub fn new(method: FenceMethod, node: &str) -> Self {
+    pub fn new(method: FenceMethod, confirm: Option<FenceConfirm>, node: &str) -> Self {
         Self {
             method,
+            confirm,
             node: node.to_string(),
             fenced: tokio::sync::Mutex::new(Vec::new()),
         }
     }
 
-    /// Fences for `cause` unless that was done already; returns whether the node is fenced
-    /// for it.
-    pub async fn fence(&self, cause: FenceCause, why: &str) -> bool {
+    /// Fences for `cause` unless that was done already, and for a request checks that the
+    /// fence took; returns how far it went (what it went to before, for a cause fenced
+    /// already).
+    pub async fn fence(&self, cause: FenceCause, why: &str) -> Fenced {
         let mut fenced = self.fenced.lock().await;
-        if fenced.contains(&cause) {
-            return true;
+        if let Some((_, done)) = fenced.iter().find(|(c, _)| *c == cause) {
+            return *done;
         }
         warn!(node = %self.node, why, "fencing this node");
-        match self.run(why).await {
-            Ok(()) => {
-                info!(node = %self.node, "node fenced");
-                fenced.push(cause);
-                true
+        if let Err(e) = self.run(why).await {
+            error!(node = %self.node, error = %e, "the fence failed");
+            return Fenced::Failed;
+        }
+        info!(node = %self.node, "node fenced");
+        let done = match cause {
+            FenceCause::Request(_) => self.confirmed().await,
+            FenceCause::Isolation => Fenced::Unconfirmed,
+        };
+        fenced.push((cause, done));
+        done
+    }
+
+    /// Whether the fence just carried out took, by the confirmation check.
+    async fn confirmed(&self) -> Fenced {
+        let Some(check) = &self.confirm else {
+            warn!(
+                node = %self.node,
+                "fence carried out, not acknowledged: without --fence-confirm nothing shows it \
+                 took, and an acknowledgement before it took would let podha move volumes the \
+                 node still writes (podha proves the fence by this agent's silence instead)"
+            );
+            return Fenced::Unconfirmed;
+        };
+        let deadline = tokio::time::Instant::now() + check.within;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let run = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&check.command)
+                .env("PODHA_FENCE_NODE", &self.node)
+                .kill_on_drop(true)
+                .status();
+            let last = match tokio::time::timeout(left, run).await {
+                Ok(Ok(status)) if status.success() => {
+                    info!(node = %self.node, "fence confirmed");
+                    return Fenced::Confirmed;
+                }
+                Ok(Ok(status)) => format!("{:?} answered {status}", check.command),
+                Ok(Err(e)) => format!("running {:?}: {e}", check.command),
+                Err(_) => format!("{:?} did not finish", check.command),
+            };
+            if tokio::time::Instant::now() + CONFIRM_EVERY >= deadline {
+                error!(
+                    node = %self.node,
+                    last = %last,
+                    "the fence was not confirmed within {}: not acknowledged",
+                    humantime::format_duration(check.within)
+                );
+                return Fenced::Unconfirmed;
             }
-            Err(e) => {
-                error!(node = %self.node, error = %e, "the fence failed");
-                false
-            }
+            tokio::time::sleep(CONFIRM_EVERY).await;
         }
     }
 
@@ -110,7 +183,7 @@ impl Fencer {
         self.fenced
             .lock()
             .await
-            .retain(|c| *c != FenceCause::Isolation);
+            .retain(|(c, _)| *c != FenceCause::Isolation);
     }
 }
 
@@ -167,17 +240,25 @@ mod tests {
                 path: dir.join("no-such-dir/power"),
                 text: "off".into(),
             },
+            None,
             "node-1",
         );
-        assert!(!missing.fence(FenceCause::Isolation, "cut off").await);
+        assert_eq!(
+            missing.fence(FenceCause::Isolation, "cut off").await,
+            Fenced::Failed
+        );
         let fencer = Fencer::new(
             FenceMethod::Write {
                 path: power.clone(),
                 text: "off".into(),
             },
+            None,
             "node-1",
         );
-        assert!(fencer.fence(FenceCause::Isolation, "cut off").await);
+        assert_eq!(
+            fencer.fence(FenceCause::Isolation, "cut off").await,
+            Fenced::Unconfirmed
+        );
         assert_eq!(std::fs::read_to_string(&power).expect("power"), "off");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -193,28 +274,89 @@ mod tests {
             flag = flag.display(),
             log = log.display()
         );
-        let fencer = Fencer::new(FenceMethod::Command(cmd), "node-1");
+        let fencer = Fencer::new(FenceMethod::Command(cmd), None, "node-1");
         let isolation = || FenceCause::Isolation;
         let request = |r: &str| FenceCause::Request(r.to_string());
+        let fence = |cause, why| {
+            let fencer = &fencer;
+            async move { fencer.fence(cause, why).await != Fenced::Failed }
+        };
         std::fs::write(&flag, "").expect("flag");
-        assert!(
-            !fencer.fence(isolation(), "cut off").await,
-            "the command failed"
-        );
+        assert!(!fence(isolation(), "cut off").await, "the command failed");
         std::fs::remove_file(&flag).expect("flag");
-        assert!(fencer.fence(isolation(), "cut off").await);
-        assert!(fencer.fence(isolation(), "cut off").await, "already fenced");
+        assert!(fence(isolation(), "cut off").await);
+        assert!(fence(isolation(), "cut off").await, "already fenced");
         // A request is answered by a fence of its own, once, never by the isolation's.
-        assert!(fencer.fence(request("p/1/b"), "asked 1").await);
-        assert!(fencer.fence(request("p/1/b"), "asked 1").await);
-        assert!(fencer.fence(request("p/2/b"), "asked 2").await);
+        assert!(fence(request("p/1/b"), "asked 1").await);
+        assert!(fence(request("p/1/b"), "asked 1").await);
+        assert!(fence(request("p/2/b"), "asked 2").await);
         fencer.heard().await;
-        assert!(fencer.fence(isolation(), "again").await);
-        assert!(fencer.fence(request("p/2/b"), "asked 2").await, "done");
+        assert!(fence(isolation(), "again").await);
+        assert!(fence(request("p/2/b"), "asked 2").await, "done");
         let text = std::fs::read_to_string(&log).expect("log");
         assert_eq!(
             text,
             "node-1 cut off\nnode-1 asked 1\nnode-1 asked 2\nnode-1 again\n"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A request's fence is acknowledged only once its check passed: without a check, or with
+    /// one that never passes within its time, it stays unconfirmed; a check that passes after
+    /// a while (an asynchronous power-off) confirms it. The outcome is kept for the request.
+    #[tokio::test]
+    async fn a_requested_fence_is_confirmed_only_by_its_check() {
+        let dir = std::env::temp_dir().join(format!("podha-confirm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let off = dir.join("off");
+        let request = |r: &str| FenceCause::Request(r.to_string());
+        // The fence powers off two seconds later; the check sees it then.
+        let power_off = format!("(sleep 2; touch {}) &", off.display());
+        let check = |within: Duration| FenceConfirm {
+            command: format!(
+                "test -e {} && test \"$PODHA_FENCE_NODE\" = node-1",
+                off.display()
+            ),
+            within,
+        };
+        let unchecked = Fencer::new(FenceMethod::Command("true".into()), None, "node-1");
+        assert_eq!(
+            unchecked.fence(request("p/1/b"), "asked").await,
+            Fenced::Unconfirmed
+        );
+        assert_eq!(
+            unchecked.fence(FenceCause::Isolation, "cut off").await,
+            Fenced::Unconfirmed
+        );
+
+        let impatient = Fencer::new(
+            FenceMethod::Command(power_off.clone()),
+            Some(check(Duration::from_millis(500))),
+            "node-1",
+        );
+        assert_eq!(
+            impatient.fence(request("p/1/b"), "asked").await,
+            Fenced::Unconfirmed
+        );
+        let _ = std::fs::remove_file(&off);
+        let patient = Fencer::new(
+            FenceMethod::Command(power_off),
+            Some(check(Duration::from_secs(10))),
+            "node-1",
+        );
+        assert_eq!(
+            patient.fence(request("p/2/b"), "asked").await,
+            Fenced::Confirmed
+        );
+        assert_eq!(
+            patient.fence(request("p/2/b"), "asked").await,
+            Fenced::Confirmed,
+            "kept for the request"
+        );
+        // An isolation fence is acknowledged to nobody: no check runs.
+        assert_eq!(
+            patient.fence(FenceCause::Isolation, "cut off").await,
+            Fenced::Unconfirmed
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -129,6 +129,16 @@ impl Probed {
     }
 }
 
+/// A fence acknowledgement seen on a Node, and what the node did after it.
+#[derive(Clone, Debug)]
+struct AckSeen {
+    value: String,
+    /// Renewals of the node's Lease podha saw after it.
+    renewals_since: u32,
+    /// The node booted again since (the fence was a reboot, or the node came back).
+    rebooted: bool,
+}
+
 /// Observations of one node. Every instant is on podha's clock (`tokio::time::Instant`), taken
 /// when podha saw something, never derived from a timestamp written by the node.
 #[derive(Clone, Debug)]
@@ -153,6 +163,9 @@ pub struct NodeObservations {
     podha_tainted_since: Option<Instant>,
     /// The node's boot ID (`status.nodeInfo.bootID`) as last seen.
     boot_id: Option<String>,
+    /// The fence acknowledgement on the Node as last seen, with the Lease renewals podha saw
+    /// since in the same boot.
+    fence_ack: Option<AckSeen>,
     gap_since: Option<Instant>,
     /// Bumped whenever a gap begins or ends, so each tracker notices gaps it did not tick
     /// through without the runtime having to reach every tracker.
@@ -174,6 +187,7 @@ impl NodeObservations {
             last_seen_alive: None,
             podha_tainted_since: None,
             boot_id: None,
+            fence_ack: None,
             gap_since: None,
             gap_epoch: 0,
         }
@@ -181,6 +195,9 @@ impl NodeObservations {
 
     /// podha saw the node's Lease renewed at `at`.
     pub fn lease_renewed(&mut self, at: Instant) {
+        if let Some(ack) = &mut self.fence_ack {
+            ack.renewals_since += 1;
+        }
         self.lease_baseline = self.lease_baseline.max(at);
         self.last_renewal = Some(self.last_renewal.map_or(at, |r| r.max(at)));
         self.saw_alive(at);
@@ -291,8 +308,37 @@ impl NodeObservations {
         };
         if self.boot_id.as_deref().is_some_and(|before| before != now) {
             self.restart_agent_hearing(at);
+            // A new boot after the fence: its renewals contradict nothing.
+            if let Some(ack) = &mut self.fence_ack {
+                ack.rebooted = true;
+            }
         }
         self.boot_id = Some(now.to_string());
+    }
+
+    /// The fence acknowledgement on the Node (`podha.io/fence-ack`) as seen now: a new one
+    /// starts counting the Lease renewals seen after it.
+    pub fn observe_fence_ack(&mut self, ack: Option<&str>) {
+        match ack {
+            None => self.fence_ack = None,
+            Some(value) if self.fence_ack.as_ref().is_some_and(|a| a.value == value) => {}
+            Some(value) => {
+                self.fence_ack = Some(AckSeen {
+                    value: value.to_string(),
+                    renewals_since: 0,
+                    rebooted: false,
+                });
+            }
+        }
+    }
+
+    /// How many renewals of the node's Lease podha saw after the fence acknowledgement now on
+    /// the Node, in the boot it was written in (0 without one, or once the node rebooted).
+    pub fn renewals_since_ack(&self) -> u32 {
+        self.fence_ack
+            .as_ref()
+            .filter(|a| !a.rebooted)
+            .map_or(0, |a| a.renewals_since)
     }
 
     /// Whether the Node object carries one of podha's taints, as seen at `at`.

@@ -52,6 +52,9 @@ pub struct Heartbeat {
     pub agent_silent_since: Option<Instant>,
     /// When this process first saw podha's taint on the node, if it is on.
     pub tainted_since: Option<Instant>,
+    /// How many renewals of the node's Lease podha saw after the fence acknowledgement on the
+    /// Node, in the boot it was written in: a node fenced does not renew.
+    pub renewals_since_ack: u32,
 }
 
 impl Heartbeat {

@@ -72,6 +72,10 @@ pub enum HoldReason {
     /// `fencing.proof: Agent`, and the node's agent is silent, but its silence proves no fence
     /// (`why`): only its acknowledgement of this incident's fence request can.
     AgentSilenceUnproven { why: SilenceDoubt },
+    /// The node's fence was acknowledged (`podha.io/fence-ack`), but its kubelet renewed its
+    /// Lease `renewals` times since, in the same boot: the fence did not take. podha takes no
+    /// further action on the node.
+    FenceContradicted { renewals: u32 },
     /// A policy that comes before this one by name cannot be read: it may select the same
     /// nodes and pods, so this one holds every action.
     PolicyUnreadable { unreadable: String },
@@ -86,6 +90,7 @@ impl HoldReason {
             Self::OutOfServiceRefused { .. } => HoldKind::OutOfServiceRefused,
             Self::FencingPending { .. } => HoldKind::FencingPending,
             Self::AgentSilenceUnproven { .. } => HoldKind::AgentSilenceUnproven,
+            Self::FenceContradicted { .. } => HoldKind::FenceContradicted,
             Self::PolicyUnreadable { .. } => HoldKind::PolicyUnreadable,
         }
     }
@@ -104,7 +109,8 @@ impl HoldReason {
             Self::PolicyUnreadable { unreadable } => unreadable.clone(),
             Self::TooManyUnhealthy { .. }
             | Self::Unconfirmed { .. }
-            | Self::FencingPending { .. } => String::new(),
+            | Self::FencingPending { .. }
+            | Self::FenceContradicted { .. } => String::new(),
         }
     }
 
@@ -148,6 +154,13 @@ impl HoldReason {
                  podha's fence request (podha.io/fence-ack) or its silence counts",
                 why.describe(node)
             ),
+            Self::FenceContradicted { renewals } => format!(
+                "node {node} acknowledged its fence (podha.io/fence-ack), but its kubelet \
+                 renewed its Lease {renewals} times since, without a reboot: the fence did not \
+                 take, and the node may still write to its volumes. podha takes no further \
+                 action there; fence the node by hand, check the fence and its confirmation \
+                 (--fence-confirm), and check the pods podha already moved"
+            ),
         }
     }
 
@@ -157,6 +170,7 @@ impl HoldReason {
             Self::OutOfServiceRefused { .. } => Some("OutOfServiceTaintRefused"),
             Self::FencingPending { .. } => Some("FencingPending"),
             Self::AgentSilenceUnproven { .. } => Some("AgentSilenceUnproven"),
+            Self::FenceContradicted { .. } => Some("FenceContradicted"),
             _ => None,
         }
     }
@@ -171,6 +185,7 @@ impl HoldReason {
             Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
             Self::FencingPending { .. } => "FencingPending",
             Self::AgentSilenceUnproven { .. } => "AgentSilenceUnproven",
+            Self::FenceContradicted { .. } => "FenceContradicted",
         }
     }
 }
@@ -266,17 +281,19 @@ pub enum HoldKind {
     OutOfServiceRefused,
     FencingPending,
     AgentSilenceUnproven,
+    FenceContradicted,
     PolicyUnreadable,
 }
 
 impl HoldKind {
-    pub const ALL: [HoldKind; 7] = [
+    pub const ALL: [HoldKind; 8] = [
         HoldKind::TooManyUnhealthy,
         HoldKind::DryRun,
         HoldKind::Unconfirmed,
         HoldKind::OutOfServiceRefused,
         HoldKind::FencingPending,
         HoldKind::AgentSilenceUnproven,
+        HoldKind::FenceContradicted,
         HoldKind::PolicyUnreadable,
     ];
 
@@ -289,6 +306,7 @@ impl HoldKind {
             Self::OutOfServiceRefused => "OutOfServiceTaintRefused",
             Self::FencingPending => "FencingPending",
             Self::AgentSilenceUnproven => "AgentSilenceUnproven",
+            Self::FenceContradicted => "FenceContradicted",
             Self::PolicyUnreadable => "PolicyUnreadable",
         }
     }

@@ -141,6 +141,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         plan_incident(incident, &policies, &held, input, &mut out);
     }
     taints::plan_untaints(&policies, input, &mut out.intents);
+    withdrawals::plan_contradictions(input, &mut out.intents);
     withdrawals::plan_withdrawals(input, &mut out.intents);
     out
 }
@@ -248,6 +249,10 @@ fn plan_incident<'p>(
     // have its replacement scheduled straight back onto the dead node (still Ready for the node
     // lifecycle controller for up to 50 s).
     let check = taints::fence_check(node_obj, node_policy, incident, input);
+    if let Some(hold) = taints::fence_contradicted(node_obj, node_policy, check) {
+        out.intents.push(hold);
+        return;
+    }
     let tainted = taints::tainted_for(incident, node_obj, node_policy, check.proven());
     if !plan_fence(&failed, &np, tainted, check, out) {
         return;

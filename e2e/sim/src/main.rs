@@ -202,6 +202,13 @@ enum NodeCmd {
         #[command(flatten)]
         dir: DirArg,
     },
+    /// What a kwok node's podha agent runs to confirm its fence (`--fence-confirm`): exits 0
+    /// once the node's kwok and node agent are gone (its "power" is off), 1 while either runs.
+    Fenced {
+        name: String,
+        #[command(flatten)]
+        dir: DirArg,
+    },
     /// Restart a killed node; returns once it is Ready.
     Start {
         name: String,
@@ -366,6 +373,12 @@ async fn node(cmd: NodeCmd) -> anyhow::Result<()> {
             let reason = std::env::var("PODHA_FENCE_REASON").unwrap_or_default();
             Cluster::attach(&dir.dir)?.fence_node(&name, &reason)?;
             println!("{name} fenced");
+        }
+        NodeCmd::Fenced { name, dir } => {
+            if !Cluster::attach(&dir.dir)?.node_fenced(&name)? {
+                anyhow::bail!("{name} is not fenced: its kwok or node agent runs");
+            }
+            println!("{name} is fenced");
         }
         NodeCmd::Start { name, dir } => {
             Cluster::attach(&dir.dir)?.start_node(&name).await?;

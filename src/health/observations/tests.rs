@@ -296,3 +296,32 @@ fn a_new_leadership_term_forgets_what_was_heard_of_the_agent() {
         "the kubelet port's prober does not change with it"
     );
 }
+
+/// The renewals seen after a fence acknowledgement are counted for that acknowledgement, in
+/// the boot it was seen in: a new one starts again, a reboot (the fence, or the node back)
+/// stops the count, and no acknowledgement counts none.
+#[test]
+fn renewals_after_a_fence_acknowledgement_count_until_the_node_reboots() {
+    let t0 = Instant::now();
+    let mut obs = NodeObservations::new(t0);
+    obs.observe_boot_id(Some("boot-1"), t0);
+    obs.lease_renewed(t0 + s(1));
+    assert_eq!(obs.renewals_since_ack(), 0, "no acknowledgement yet");
+    obs.observe_fence_ack(Some("p/1/boot-1"));
+    obs.lease_renewed(t0 + s(10));
+    obs.observe_fence_ack(Some("p/1/boot-1"));
+    obs.lease_renewed(t0 + s(20));
+    assert_eq!(
+        obs.renewals_since_ack(),
+        2,
+        "a re-delivered one goes on counting"
+    );
+    obs.observe_fence_ack(Some("p/2/boot-1"));
+    assert_eq!(obs.renewals_since_ack(), 0, "a new acknowledgement");
+    obs.lease_renewed(t0 + s(30));
+    obs.observe_boot_id(Some("boot-2"), t0 + s(40));
+    obs.lease_renewed(t0 + s(50));
+    assert_eq!(obs.renewals_since_ack(), 0, "rebooted since");
+    obs.observe_fence_ack(None);
+    assert_eq!(obs.renewals_since_ack(), 0);
+}

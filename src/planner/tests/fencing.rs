@@ -177,6 +177,8 @@ fn with_agent(mut view: View, node: &str) -> View {
             address: "10.0.0.1".into(),
         }]);
     view.nodes.insert(node.into(), std::sync::Arc::new(n));
+    view.agent_adverts
+        .insert(node.into(), agent_advert(Instant::now()));
     view
 }
 
@@ -221,8 +223,17 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             agent_connected: heard(&other).then_some(world.now),
             agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
+            renewals_since_ack: 0,
         };
         world.heartbeats.insert(other, alive);
+    }
+    // Its agent renewed its Lease right before the silence, the others just now.
+    for (name, advert) in &mut world.view.agent_adverts {
+        advert.renewed_seen = if name == node {
+            since - Duration::from_secs(1)
+        } else {
+            world.now
+        };
     }
     world.heartbeats.insert(
         node.to_string(),
@@ -236,6 +247,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             agent_connected: heard(node).then(|| since - Duration::from_secs(1)),
             agent_silent_since: Some(since),
             tainted_since: None,
+            renewals_since_ack: 0,
         },
     );
 }
@@ -545,4 +557,87 @@ fn a_fence_request_is_withdrawn_once_the_failure_is_over() {
         .insert("node-1".into(), std::sync::Arc::new(unknown));
     let not_ready = World::new(view).policy("p", mk_spec());
     assert!(not_ready.plan().intents.is_empty(), "not Ready");
+}
+
+/// `node` renewed its Lease `renewals` times since the fence acknowledgement on it, in the same
+/// boot (otherwise silent since long before the incident); the other nodes renewed just now.
+fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
+    agent_silent(world, node, 60, |_| true);
+    let silent = world.t0 - Duration::from_secs(60);
+    world.heartbeats.insert(
+        node.to_string(),
+        Heartbeat {
+            last_renewal: None,
+            silent_since: silent,
+            renew_period: Duration::from_secs(10),
+            tcp_answered: None,
+            tcp_silent_since: None,
+            agent_answered: None,
+            agent_connected: None,
+            agent_silent_since: None,
+            tainted_since: None,
+            renewals_since_ack: renewals,
+        },
+    );
+}
+
+/// A node that acknowledged its fence and then renewed its Lease twice in the same boot was not
+/// fenced: the acknowledgement proves nothing, and podha does nothing more there, before the
+/// taint or after it, and says so (also once the incident is over). One renewal contradicts
+/// nothing: one written before the fence may reach podha after the acknowledgement.
+#[test]
+fn an_acknowledged_fence_the_node_contradicts_proves_nothing_and_stops_every_action() {
+    for proof in [FencingProof::Agent, FencingProof::External] {
+        let mut spec = mk_spec();
+        spec.fencing.proof = proof;
+        let mut world = World::new(with_agent(cluster(3), "node-1"))
+            .policy("p", spec.clone())
+            .fail("node-1");
+        world.ledger.record_fence_request("node-1", "p/1");
+        acknowledge(&mut world, "node-1", "p/1");
+        renewed_after_ack(&mut world, "node-1", 1);
+        assert_eq!(
+            intent_names(&world.plan()),
+            ["taint node-1 node.kubernetes.io/out-of-service"],
+            "{proof:?}"
+        );
+        renewed_after_ack(&mut world, "node-1", 2);
+        assert_eq!(
+            intent_names(&world.plan()),
+            ["hold FenceContradicted"],
+            "{proof:?}"
+        );
+
+        // Tainted already, its pod not deleted yet: it stays.
+        let mut tainted = World::new(with_agent(cluster(3), "node-1"))
+            .policy("p", spec)
+            .fail_tainted("node-1");
+        tainted.ledger.record_fence_request("node-1", "p/1");
+        acknowledge(&mut tainted, "node-1", "p/1");
+        renewed_after_ack(&mut tainted, "node-1", 3);
+        assert_eq!(intent_names(&tainted.plan()), ["hold FenceContradicted"]);
+    }
+
+    // No incident any more, the request still on the node: reported, and withdrawn.
+    let mut view = with_agent(cluster(3), "node-1");
+    let requested = (*view.nodes["node-1"])
+        .clone()
+        .annotation(FENCE_REQUEST_ANNOTATION, "p/1/b1")
+        .annotation(FENCE_ACK_ANNOTATION, "p/1/b1");
+    view.nodes.insert("node-1".into(), requested.into());
+    let mut world = World::new(view).policy("p", needs_agent(mk_spec()));
+    renewed_after_ack(&mut world, "node-1", 2);
+    let plan = world.plan();
+    assert!(
+        plan.intents.iter().any(|i| matches!(
+            i,
+            Intent::Hold {
+                policy,
+                node: Some(node),
+                reason: HoldReason::FenceContradicted { renewals: 2 },
+            } if policy == "p" && node == "node-1"
+        )),
+        "{:?}",
+        plan.intents
+    );
 }

@@ -300,6 +300,7 @@ fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
         agent_connected: None,
         agent_silent_since: None,
         tainted_since: None,
+        renewals_since_ack: 0,
     };
     let mut world = World::new(cluster(6)).policy("p", max_unhealthy(oos(), 2));
     // node-1 went silent at t0+0; node-2 and node-3 (cut off with it) renewed last at 3 s
@@ -365,6 +366,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         agent_connected: None,
         agent_silent_since: None,
         tainted_since: None,
+        renewals_since_ack: 0,
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
     world.heartbeats.insert("node-1".into(), hb(0));
@@ -419,6 +421,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         agent_connected: None,
         agent_silent_since: None,
         tainted_since: None,
+        renewals_since_ack: 0,
     };
     let mut tcp = max_unhealthy(oos(), 1);
     tcp.detection.signals = vec![Signal::Lease, Signal::KubeletTCP];

@@ -207,6 +207,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 agent_connected: obs.probed(ProbeKind::Agent).connected,
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
+                renewals_since_ack: obs.renewals_since_ack(),
             };
             (node.clone(), hb)
         })
