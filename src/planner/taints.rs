@@ -83,6 +83,9 @@ pub(super) struct FenceCheck {
     pub proof: Option<FenceEvidence>,
     /// With proof `Agent`, not proven: why the agent's silence proves nothing, if it is silent.
     pub doubt: Option<SilenceDoubt>,
+    /// The node renewed its Lease this many times after its fence acknowledgement, in the
+    /// same boot: the fence did not take (see `proof::ACK_CONTRADICTED_BY`).
+    pub contradicted: Option<u32>,
 }
 
 impl FenceCheck {
@@ -113,7 +116,28 @@ pub(super) fn fence_check(
         (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())
             .flatten();
-    FenceCheck { proof, doubt }
+    let contradicted = requests_fence(fencing.proof)
+        .then(|| agent.ack_contradicted())
+        .flatten();
+    FenceCheck {
+        proof,
+        doubt,
+        contradicted,
+    }
+}
+
+/// The hold of a node whose acknowledged fence its kubelet contradicts: nothing more is done
+/// there, whether or not the taint is on (the pods still there stay with their volumes).
+pub(super) fn fence_contradicted(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    check: FenceCheck,
+) -> Option<Intent> {
+    check.contradicted.map(|renewals| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: node.metadata.name.clone(),
+        reason: HoldReason::FenceContradicted { renewals },
+    })
 }
 
 /// Whether the incident's node carries a taint its pods may be deleted under: the one this
@@ -208,7 +232,7 @@ pub(super) fn plan_upgrade(
     let waiting = view
         .attachments_on(name)
         .iter()
-        .any(|va| !serves_pod_on(va, name, view));
+        .any(|va| protects_moved_volume(va, name, view));
     (node_policy.spec.action == Action::OutOfServiceTaint
         && fenced_by_podha
         && !NodeTaint::OutOfService.on(node)
@@ -223,9 +247,10 @@ pub(super) fn plan_upgrade(
 }
 
 /// Untaint nodes podha tainted once they are back (Ready, its Lease renewed since this process
-/// saw the taint, judged Healthy by every policy that watches them) and no volume of a pod that moved away is still attached there. The taint
-/// protects the moved pods' volumes: a VolumeAttachment that serves a pod bound to the node
-/// (one podha left alone, back with its node) keeps nothing waiting.
+/// saw the taint, judged Healthy by every policy that watches them) and no volume of a pod that
+/// moved away is still attached there. The taint protects the moved pods' volumes: a
+/// VolumeAttachment that serves a pod bound to the node (one podha left alone, back with its
+/// node), or that is no claim's, keeps nothing waiting.
 pub(super) fn plan_untaints(
     policies: &[PolicyRef<'_>],
     input: &PlanInput<'_>,
@@ -248,7 +273,7 @@ pub(super) fn plan_untaints(
                 .view
                 .attachments_on(name)
                 .iter()
-                .any(|va| !serves_pod_on(va, name, input.view))
+                .any(|va| protects_moved_volume(va, name, input.view))
         {
             continue;
         }
@@ -261,25 +286,39 @@ pub(super) fn plan_untaints(
     }
 }
 
-/// Whether the VolumeAttachment `va` on `node` is for a volume a pod bound to `node` mounts.
-/// One podha cannot trace (no PV name, PV or claim unknown) counts as not: the taint stays.
-fn serves_pod_on(va: &VolumeAttachment, node: &str, view: &View) -> bool {
-    let Some(claim) = va
+/// Whether the VolumeAttachment `va` on `node` is for a claim's volume that no pod bound to
+/// `node` mounts: a volume podha may have moved away, which the taint protects until it is
+/// detached. The claim is the PV's `claimRef`, or the claim bound to the PV. An attachment
+/// podha cannot trace to a claim (an inline volume, a PV without a claim or one that is gone)
+/// is no moved pod's (podha moves only pods whose claims it reads): it keeps no taint on a node
+/// that is back, where it would otherwise wait for a detach nothing asks for.
+fn protects_moved_volume(va: &VolumeAttachment, node: &str, view: &View) -> bool {
+    let Some((namespace, claim)) = va
         .spec
         .source
         .persistent_volume_name
         .as_deref()
-        .and_then(|pv| view.pv(pv))
-        .and_then(|pv| pv.spec.as_ref())
-        .and_then(|spec| spec.claim_ref.as_ref())
+        .and_then(|pv| attached_claim(pv, view))
     else {
         return false;
     };
-    view.pods_on(node).iter().any(|pod| {
-        pod.metadata.namespace == claim.namespace
-            && claim
-                .name
-                .as_ref()
-                .is_some_and(|c| claim_names(pod).iter().any(|n| n == c))
+    !view.pods_on(node).iter().any(|pod| {
+        pod.metadata.namespace.as_deref() == Some(namespace)
+            && claim_names(pod).iter().any(|n| n == claim)
+    })
+}
+
+/// The claim (namespace, name) of the PV `pv`: its `claimRef`, or a claim bound to it.
+fn attached_claim<'v>(pv: &str, view: &'v View) -> Option<(&'v str, &'v str)> {
+    let by_ref = view
+        .pv(pv)
+        .and_then(|pv| pv.spec.as_ref())
+        .and_then(|spec| spec.claim_ref.as_ref())
+        .and_then(|c| Some((c.namespace.as_deref()?, c.name.as_deref()?)));
+    by_ref.or_else(|| {
+        view.pvcs.iter().find_map(|(key, pvc)| {
+            let bound = pvc.spec.as_ref()?.volume_name.as_deref() == Some(pv);
+            bound.then_some((key.namespace.as_str(), key.name.as_str()))
+        })
     })
 }

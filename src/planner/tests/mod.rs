@@ -97,6 +97,7 @@ impl World {
             agent_connected: None,
             agent_silent_since: None,
             tainted_since: Some(self.t0),
+            renewals_since_ack: 0,
         };
         self.heartbeats.insert(node.to_string(), hb);
         self
@@ -617,6 +618,43 @@ fn podha_removes_its_taint_once_the_node_is_back_and_empty() {
             node: "node-1".into()
         }]
     );
+}
+
+/// A node back with attachments podha cannot trace to a claim (an inline volume, a PV without a
+/// claim): no pod podha moved uses them, so they keep no taint; a claim's volume whose pod moved
+/// away keeps it until it is detached.
+#[test]
+fn only_attachments_of_moved_claims_keep_the_taint_on_a_node_that_is_back() {
+    let mut inline = mk_va("va-inline", DRIVER, "unused", "node-1");
+    inline.spec.source.persistent_volume_name = None;
+    inline.spec.source.inline_volume_spec = Some(Default::default());
+    let mut view = cluster(3)
+        .with(mk_csi_pv("pv-scratch", DRIVER))
+        .with(inline)
+        .with(mk_va("va-scratch", DRIVER, "pv-scratch", "node-1"))
+        .with(mk_va("va-gone", DRIVER, "pv-deleted", "node-1"))
+        .with(mk_va("va-db", DRIVER, "pv-db", "node-1"));
+    tainted_by_podha(&mut view, "node-1");
+    let untaint = vec![Intent::RemoveTaint {
+        node: "node-1".into(),
+    }];
+    // db-0 came back with its node: every attachment serves it or is no claim's.
+    let world = World::new(view.clone())
+        .policy("p", mk_spec())
+        .back("node-1");
+    assert_eq!(world.plan().intents, untaint);
+    // db-0 moved away: its volume's attachment keeps the taint until it is gone.
+    view.pods_by_node.remove("node-1");
+    let world = World::new(view.clone())
+        .policy("p", mk_spec())
+        .back("node-1");
+    assert!(world.plan().intents.is_empty(), "{:?}", world.plan());
+    view.attachments_by_node
+        .get_mut("node-1")
+        .expect("attachments")
+        .retain(|va| va.metadata.name.as_deref() != Some("va-db"));
+    let world = World::new(view).policy("p", mk_spec()).back("node-1");
+    assert_eq!(world.plan().intents, untaint);
 }
 
 /// The policy that tainted the node was deleted mid-incident: the taint still leaves once the
