@@ -155,6 +155,7 @@ mod tests {
         m.failovers
             .set_failovers_open([policy], [(policy, crate::api::FailoverPhase::Detaching)]);
         m.operating.inc_watch_restarts(Watch::Lease);
+        m.operating.set_agents_unreachable(1);
     }
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -235,6 +236,11 @@ mod tests {
                 "podha_watch_restarts_total",
                 "counter",
                 r#"podha_watch_restarts_total{resource="leases"} 1"#,
+            ),
+            (
+                "podha_agents_unreachable",
+                "gauge",
+                "podha_agents_unreachable 1",
             ),
             (
                 "podha_build_info",

@@ -12,6 +12,7 @@ pub struct Operating {
     leader: IntGauge,
     cache_synced: IntGauge,
     watch_restarts: IntCounterVec,
+    agents_unreachable: IntGauge,
 }
 
 impl Operating {
@@ -43,6 +44,15 @@ impl Operating {
                 &["resource"],
             )?,
         )?;
+        let agents_unreachable = register(
+            registry,
+            IntGauge::new(
+                "podha_agents_unreachable",
+                "Ready nodes advertising a podha agent that the leader has not heard for 30s \
+                 (its port blocked, or the agent not running): fencing.proof Agent cannot \
+                 prove them fenced by silence. 0 on followers.",
+            )?,
+        )?;
         for watch in Watch::ALL {
             watch_restarts.with_label_values(&[watch.as_str()]);
         }
@@ -67,6 +77,7 @@ impl Operating {
             leader,
             cache_synced,
             watch_restarts,
+            agents_unreachable,
         })
     }
 
@@ -76,6 +87,11 @@ impl Operating {
 
     pub fn set_cache_synced(&self, synced: bool) {
         self.cache_synced.set(i64::from(synced));
+    }
+
+    pub fn set_agents_unreachable(&self, count: usize) {
+        self.agents_unreachable
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     pub fn inc_watch_restarts(&self, watch: Watch) {

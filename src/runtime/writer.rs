@@ -119,6 +119,17 @@ impl Lanes {
 }
 
 impl LaneReceivers {
+    /// The events queued in the report lane now (for tests of the decision loop).
+    #[cfg(test)]
+    pub fn queued_events(&mut self) -> Vec<EventNote> {
+        std::iter::from_fn(|| self.reports.try_recv().ok())
+            .filter_map(|r| match r {
+                Report::Event(note) => Some(note),
+                Report::Status { .. } => None,
+            })
+            .collect()
+    }
+
     /// The intents queued in the action lane now (for tests of the decision loop).
     #[cfg(test)]
     pub fn queued_intents(&mut self) -> Vec<Intent> {

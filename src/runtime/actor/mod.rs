@@ -63,6 +63,8 @@ pub struct Actor {
     schedule: Schedule,
     reported: ReportBook,
     leading: bool,
+    /// When this replica last gained leadership (while it leads).
+    leading_since: Option<Instant>,
     leadership: Leadership,
     out: Outputs,
     metrics: Arc<Metrics>,
@@ -78,6 +80,7 @@ impl Actor {
             schedule: Schedule::default(),
             reported: ReportBook::default(),
             leading: false,
+            leading_since: None,
             leadership,
             out,
             metrics,
@@ -136,6 +139,7 @@ impl Actor {
         }
         self.follow_incidents(now, &health).await;
         self.report(&health).await;
+        self.report_unreachable_agents(now).await;
     }
 
     fn observe_change(&mut self, change: Change) {
@@ -181,6 +185,7 @@ impl Actor {
             return;
         }
         self.leading = leading;
+        self.leading_since = leading.then_some(now);
         self.metrics.operating.set_leader(leading);
         if leading {
             // What a follower saw may be stale; re-baseline before judging anything. Agents

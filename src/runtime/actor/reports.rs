@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{Resource, ResourceExt};
@@ -13,8 +14,9 @@ use super::super::status::{PolicyFacts, policy_status, unreadable_status};
 use super::super::writer::{EventNote, Report};
 use super::Actor;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus};
+use crate::contract::agent_addr;
 use crate::eligibility::SkipReason;
-use crate::health::NodeHealth;
+use crate::health::{NodeHealth, ProbeKind, ReadyStatus};
 use crate::incident::{Incident, Phase, PhaseChange};
 use crate::planner::{HealthBook, HoldReason, PodSkip, Skip};
 
@@ -341,6 +343,74 @@ impl Actor {
             .detection
             .set_nodes(count(0), count(1), count(2));
     }
+}
+
+/// How long the leader may not hear the agent of a Ready node that advertises one before it
+/// reports the agent unreachable.
+pub(super) const AGENT_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+
+impl Actor {
+    /// Reports the agents the leader cannot hear on nodes that are up (Ready, advertising an
+    /// agent on the Node): their port blocked (a NetworkPolicy, a firewall) or the agent not
+    /// running. Such a node is not fenced by its agent on isolation (the agent never learned it
+    /// was heard), and `proof: Agent` cannot prove it fenced by silence: the user must know
+    /// before the node fails. Event `AgentUnreachable` once per episode (until the agent is
+    /// heard again) and `podha_agents_unreachable`.
+    pub(super) async fn report_unreachable_agents(&mut self, now: Instant) {
+        let Some(since) = self.leading_since.filter(|_| self.leading) else {
+            self.metrics.operating.set_agents_unreachable(0);
+            return;
+        };
+        let view = &self.state.view;
+        let mut unreachable = Vec::new();
+        for (name, node) in &view.nodes {
+            let Some(obs) = self.state.observations.get(name) else {
+                continue;
+            };
+            if agent_addr(node).is_none() || ReadyStatus::from_node(node) != ReadyStatus::True {
+                continue;
+            }
+            let agent = obs.probed(ProbeKind::Agent);
+            let heard_or_asked = agent
+                .connected
+                .or(agent.from)
+                .map_or(since, |t| t.max(since));
+            let unheard = now.saturating_duration_since(heard_or_asked);
+            if unheard >= AGENT_UNREACHABLE_AFTER {
+                unreachable.push((name.clone(), agent.connected, unheard));
+            }
+        }
+        self.metrics
+            .operating
+            .set_agents_unreachable(unreachable.len());
+        for (node, last_heard, unheard) in unreachable {
+            if !self
+                .reported
+                .first(&node, format!("agent-unreachable/{since:?}/{last_heard:?}"))
+            {
+                continue;
+            }
+            let addr = view_addr(&self.state.view, &node);
+            let note = format!(
+                "podha has not heard the agent of node {node} ({addr}) for {}s though the node \
+                 is Ready: its port may be blocked (a NetworkPolicy, a firewall) or the agent \
+                 not running. It does not fence this node on isolation, and with \
+                 fencing.proof Agent podha cannot prove the node fenced by its silence",
+                unheard.as_secs()
+            );
+            warn!(node, %note, "agent unreachable");
+            let event = self.node_event(&node, true, "AgentUnreachable", "Probe", note);
+            self.event(event).await;
+        }
+    }
+}
+
+/// The agent's address on `node`, for messages.
+fn view_addr(view: &crate::view::View, node: &str) -> String {
+    view.nodes
+        .get(node)
+        .and_then(|n| agent_addr(n))
+        .map_or_else(|| "no address".to_string(), |a| a.to_string())
 }
 
 pub(super) fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {
