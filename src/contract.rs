@@ -65,23 +65,29 @@ pub const AGENT_LEASE_DURATION: Duration = Duration::from_secs(40);
 pub const AGENT_LEASE_RENEW: Duration = Duration::from_secs(10);
 const AGENT_LEASE_PREFIX: &str = "podha-agent-";
 
-/// The name of the agent Lease of `node`.
+/// The longest name of an object (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The name of the agent Lease of `node`: `podha-agent-<node>`, or, for a node name too long
+/// for that, `podha-agent-<FNV-1a hash of the name, 16 hex digits>` (stable across versions:
+/// the agent and podha compute it apart).
 pub fn agent_lease_name(node: &str) -> String {
-    format!("{AGENT_LEASE_PREFIX}{node}")
+    if AGENT_LEASE_PREFIX.len() + node.len() <= MAX_NAME {
+        return format!("{AGENT_LEASE_PREFIX}{node}");
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in node.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{AGENT_LEASE_PREFIX}{hash:016x}")
 }
 
-/// The node an agent Lease named `lease` is for, by its name alone.
-pub fn agent_lease_node(lease: &str) -> Option<&str> {
-    lease
-        .strip_prefix(AGENT_LEASE_PREFIX)
-        .filter(|n| !n.is_empty())
-}
-
-/// The node whose agent holds a Lease named `lease` for `holder`: only a Lease named after its
-/// holder counts (another name is no agent's advert).
+/// The node whose agent holds a Lease named `lease` for `holder` (its `holderIdentity`): only
+/// a Lease named after its holder counts (another name is no agent's advert).
 pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a str> {
     let holder = holder.filter(|h| !h.is_empty())?;
-    (agent_lease_node(lease) == Some(holder)).then_some(holder)
+    (agent_lease_name(holder) == lease).then_some(holder)
 }
 
 /// How often podha's leader probes every agent. The agents' own rule (a peer heard within a
@@ -222,6 +228,18 @@ mod tests {
         assert_eq!(advertising_node("podha-agent-", Some("")), None);
         assert_eq!(advertising_node("podha-leader", Some("n1")), None);
         assert_eq!(advertising_node("podha-agent-n1", None), None);
+        // A node name too long to follow the prefix: a hash of it, at most 253 characters.
+        let long = format!("{}.example", "a".repeat(240));
+        let name = agent_lease_name(&long);
+        assert_eq!(name, agent_lease_name(&long), "stable");
+        assert!(
+            name.len() <= 253 && name.starts_with("podha-agent-"),
+            "{name}"
+        );
+        assert_eq!(name.len(), "podha-agent-".len() + 16);
+        assert_eq!(advertising_node(&name, Some(&long)), Some(long.as_str()));
+        let fits = "b".repeat(241);
+        assert_eq!(agent_lease_name(&fits), format!("podha-agent-{fits}"));
         assert_eq!(AGENT_LEASE_LABEL, "podha.io/agent-advert");
     }
 

@@ -142,6 +142,14 @@ impl Watch {
         }
     }
 
+    /// Watches podha must have listed once before it judges or acts. Not the agents' Leases:
+    /// without them every agent's silence is held (`NoAdvert`), never proven, so a missing
+    /// right to list them (RBAC written by hand, from before they existed) must not stop every
+    /// policy; its failures show in `podha_watch_restarts_total{resource="agentleases"}`.
+    pub const fn gates_sync(self) -> bool {
+        !matches!(self, Self::AgentLease)
+    }
+
     /// Watches whose silence could look like a dead node.
     pub const fn feeds_detection(self) -> bool {
         matches!(self, Self::Node | Self::Lease)

@@ -96,22 +96,29 @@ impl Fencer {
     /// fence took; returns how far it went (what it went to before, for a cause fenced
     /// already).
     pub async fn fence(&self, cause: FenceCause, why: &str) -> Fenced {
+        {
+            let mut fenced = self.fenced.lock().await;
+            if let Some((_, done)) = fenced.iter().find(|(c, _)| *c == cause) {
+                return *done;
+            }
+            warn!(node = %self.node, why, "fencing this node");
+            if let Err(e) = self.run(why).await {
+                error!(node = %self.node, error = %e, "the fence failed");
+                return Fenced::Failed;
+            }
+            info!(node = %self.node, "node fenced");
+            fenced.push((cause.clone(), Fenced::Unconfirmed));
+        }
+        // The check may take a while: the lock is free meanwhile (the check loop asks it
+        // whether podha heard the node, and pets the watchdog, every second).
+        if !matches!(cause, FenceCause::Request(_)) || self.confirmed().await != Fenced::Confirmed {
+            return Fenced::Unconfirmed;
+        }
         let mut fenced = self.fenced.lock().await;
-        if let Some((_, done)) = fenced.iter().find(|(c, _)| *c == cause) {
-            return *done;
+        for (_, done) in fenced.iter_mut().filter(|(c, _)| *c == cause) {
+            *done = Fenced::Confirmed;
         }
-        warn!(node = %self.node, why, "fencing this node");
-        if let Err(e) = self.run(why).await {
-            error!(node = %self.node, error = %e, "the fence failed");
-            return Fenced::Failed;
-        }
-        info!(node = %self.node, "node fenced");
-        let done = match cause {
-            FenceCause::Request(_) => self.confirmed().await,
-            FenceCause::Isolation => Fenced::Unconfirmed,
-        };
-        fenced.push((cause, done));
-        done
+        Fenced::Confirmed
     }
 
     /// Whether the fence just carried out took, by the confirmation check.
@@ -311,7 +318,7 @@ mod tests {
         let off = dir.join("off");
         let request = |r: &str| FenceCause::Request(r.to_string());
         // The fence powers off two seconds later; the check sees it then.
-        let power_off = format!("(sleep 2; touch {}) &", off.display());
+        let power_off = format!("(sleep 2; touch {}) >/dev/null 2>&1 &", off.display());
         let check = |within: Duration| FenceConfirm {
             command: format!(
                 "test -e {} && test \"$PODHA_FENCE_NODE\" = node-1",

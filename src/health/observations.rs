@@ -316,17 +316,21 @@ impl NodeObservations {
         self.boot_id = Some(now.to_string());
     }
 
-    /// The fence acknowledgement on the Node (`podha.io/fence-ack`) as seen now: a new one
-    /// starts counting the Lease renewals seen after it.
+    /// The fence acknowledgement on the Node (`podha.io/fence-ack`) as seen now (after the
+    /// Node's boot ID): a new one starts counting the Lease renewals seen after it, unless it
+    /// answers a request of another boot than the node's current one (the reboot was the
+    /// fence, or it is an old acknowledgement found by a new podha process).
     pub fn observe_fence_ack(&mut self, ack: Option<&str>) {
         match ack {
             None => self.fence_ack = None,
             Some(value) if self.fence_ack.as_ref().is_some_and(|a| a.value == value) => {}
             Some(value) => {
+                let of_another_boot = crate::contract::requested_boot(value)
+                    .is_some_and(|then| self.boot_id.as_deref().is_some_and(|now| now != then));
                 self.fence_ack = Some(AckSeen {
                     value: value.to_string(),
                     renewals_since: 0,
-                    rebooted: false,
+                    rebooted: of_another_boot,
                 });
             }
         }

@@ -17,8 +17,8 @@
 //!
 //! The agent must still advertise: its Lease in podha's namespace (see [`crate::contract`]) is
 //! there and was renewed within its duration before the silence began. An agent uninstalled,
-//! moved away or stopped withdraws it (or it goes with its Pod): its silence proves nothing, and
-//! podha no longer expects to hear it.
+//! moved away or stopped withdraws it with its advert on the Node (or the Lease goes with its
+//! Pod): its silence proves nothing, and podha no longer expects to hear it.
 //!
 //! Heard means an answer from the agent itself: an HTTP answer naming the node
 //! ([`Heartbeat::agent_connected`](super::Heartbeat::agent_connected)). A refused connect, an
@@ -66,14 +66,16 @@ pub struct AgentEvidence<'a> {
     /// its host's refusal); `None` when podha got none in its current leadership term before
     /// the silence.
     pub heard_before_silence: Option<Duration>,
+    /// How long after the agent's silence began podha last saw the node's own (kubelet) Lease
+    /// renewed, if it did: the node ran on without its agent.
+    pub node_renewed_after_silence: Option<Duration>,
     /// The agent's Lease, while it is there: how long before the silence began podha last saw
     /// it renewed (zero when renewed since, or while the agent answers), and how long it lasts.
     pub advert: Option<AdvertAge>,
     /// The other nodes advertising an agent whose agent itself answered podha within
     /// [`AGENT_HEARD_WITHIN`].
     pub others_heard: usize,
-    /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP, and
-    /// their agent's Lease).
+    /// The other nodes advertising an agent (`podha.io/agent-port`, with an InternalIP).
     pub others_expected: usize,
     /// How long podha has heard enough agents without a break (see [`agent_quorum`]); `None`
     /// while it does not. The silence counts only for this long.
@@ -109,6 +111,12 @@ impl AgentEvidence<'_> {
                 });
             }
             Some(_) => {}
+        }
+        if let Some(after) = self
+            .node_renewed_after_silence
+            .filter(|after| *after > AGENT_HEARD_WITHIN)
+        {
+            return Some(SilenceDoubt::NodeLivedOn { after });
         }
         match self.heard_before_silence {
             None => Some(SilenceDoubt::NeverHeard),
@@ -162,6 +170,11 @@ pub enum SilenceDoubt {
     /// podha last saw the agent's Lease renewed `gap` before the silence began, longer than
     /// the Lease lasts: the agent had stopped renewing it (stopped, or hung).
     AdvertLapsed { gap: Duration },
+    /// podha saw the node's own Lease renewed `after` the agent fell silent: the node ran on
+    /// without its agent (stopped, killed, or its withdrawal on SIGTERM failed), and nothing
+    /// fenced it when it failed later. (A node cut off from everything stops both at once; a
+    /// renewal podha saw up to [`AGENT_HEARD_WITHIN`] late counts as before the silence.)
+    NodeLivedOn { after: Duration },
     /// podha got no answer from the agent in its current leadership term before the silence:
     /// its port may be blocked, or it stopped before this term began.
     NeverHeard,
@@ -178,6 +191,7 @@ impl SilenceDoubt {
         match self {
             Self::NoAdvert => "NoAdvert",
             Self::AdvertLapsed { .. } => "AdvertLapsed",
+            Self::NodeLivedOn { .. } => "NodeLivedOn",
             Self::NeverHeard => "NeverHeard",
             Self::HeardLongBefore { .. } => "HeardLongBefore",
             Self::FewOthersHeard { .. } => "FewOthersHeard",
@@ -198,6 +212,11 @@ impl SilenceDoubt {
                  silent, longer than it lasts: the agent had stopped renewing it, and may not \
                  fence the node",
                 gap.as_secs()
+            ),
+            Self::NodeLivedOn { after } => format!(
+                "node {node} renewed its Lease {}s after its agent fell silent: the agent \
+                 stopped while its node ran on, and nothing fenced the node when it failed",
+                after.as_secs()
             ),
             Self::NeverHeard => format!(
                 "podha never heard the agent of node {node} in this leadership term: an agent \
@@ -241,6 +260,10 @@ pub fn agent_evidence<'a>(
         .and_then(|hb| hb.agent_connected)
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
+    let node_renewed_after_silence = own
+        .and_then(|hb| hb.last_renewal)
+        .zip(silent_since)
+        .and_then(|(renewed, since)| renewed.checked_duration_since(since));
     let advert = view.agent_adverts.get(node).map(|lease| AdvertAge {
         renewed_before_silence: silent_since.map_or(Duration::ZERO, |since| {
             since.saturating_duration_since(lease.renewed_seen)
@@ -256,6 +279,7 @@ pub fn agent_evidence<'a>(
     AgentEvidence {
         silent_for: silent_since.map(|since| now.saturating_duration_since(since)),
         heard_before_silence,
+        node_renewed_after_silence,
         advert,
         others_heard,
         others_expected,
@@ -265,13 +289,15 @@ pub fn agent_evidence<'a>(
     }
 }
 
-/// The nodes whose agent podha expects to hear: they advertise it on the Node (port, with an
-/// InternalIP) and its Lease is there. A Lease that lapsed still counts (its agent may be cut
-/// off and still running); a withdrawn one does not.
+/// The nodes whose agent podha expects to hear: those advertising one on the Node (port, with
+/// an InternalIP). The same set the agents take their peers from (`agent::peer_list`): the
+/// majority podha counts must be the one a silent agent's peers vouch in, or a node whose
+/// peers kept it up could pass for fenced. (An agent that stops withdraws this advert with its
+/// Lease; an agent without a Lease still counts here, though its own silence proves nothing.)
 fn advertising(view: &View) -> impl Iterator<Item = &str> {
     view.nodes
         .iter()
-        .filter(|(name, n)| agent_addr(n).is_some() && view.agent_adverts.contains_key(*name))
+        .filter(|(_, n)| agent_addr(n).is_some())
         .map(|(name, _)| name.as_str())
 }
 
@@ -356,7 +382,7 @@ pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Optio
 }
 
 /// Whether `node` carries the acknowledgement of `request` (this incident's fence request).
-fn acknowledged(node: &Node, request: Option<&str>) -> bool {
+pub(super) fn acknowledged(node: &Node, request: Option<&str>) -> bool {
     request.is_some_and(|request| {
         node.metadata
             .annotations

@@ -13,7 +13,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 
-use super::proof::{FenceEvidence, SilenceDoubt, agent_evidence, proven, requests_fence};
+use super::proof::{
+    FenceEvidence, SilenceDoubt, acknowledged, agent_evidence, proven, requests_fence,
+};
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
 };
@@ -116,7 +118,9 @@ pub(super) fn fence_check(
         (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())
             .flatten();
-    let contradicted = requests_fence(fencing.proof)
+    // Only an acknowledgement of this incident's request: an older one proves nothing here,
+    // and what the node did after it says nothing of this fence.
+    let contradicted = (requests_fence(fencing.proof) && acknowledged(node, agent.request))
         .then(|| agent.ack_contradicted())
         .flatten();
     FenceCheck {

@@ -3,7 +3,10 @@
 //! (`podha agent`, fencing through `podha-sim node fence`, which records each fence).
 //!
 //! 1. The kubelet dies and the machine runs on (kwok killed, agent alive): podha asks the
-//!    agent, which fences and acknowledges; then the taint and the failover.
+//!    agent, which fences, confirms the fence (`--fence-confirm`) and acknowledges; then the
+//!    taint and the failover. The node boots again with its agent's port blocked: through
+//!    the next step its agent, never heard, does not fence it, and podha reports it
+//!    unreachable (`AgentUnreachable`).
 //! 2. The machine dies with its agent: podha asks, nobody answers; the taint waits until the
 //!    agent has been silent for its isolation timeout plus the policy's margin. Restarted, the
 //!    node's new agent finds the request of its earlier boot and answers without fencing.
@@ -11,6 +14,9 @@
 //!    and is restarted meanwhile: the new agent goes on from its hearing file and fences the
 //!    node within the isolation timeout of podha's last hearing, as podha's silence proof
 //!    assumes, not an isolation timeout after its own start.
+//!
+//! 4. The fenced node's agent is stopped for good (SIGTERM, as an uninstall stops it): it takes
+//!    its advert off the Node and deletes its Lease, so podha no longer counts it.
 //!
 //! And over the whole suite (a trial after the scenarios that stop the leading replica and cut
 //! podha off the API server): no agent fenced its node but the one podha asked.
@@ -53,6 +59,12 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         let (_, node, _, pv) = policy_and_db(&ctx, &pair, spec).await?;
         let target = other(&pair, &node);
         let boot = boot_id(&ctx, &node).await?;
+        for n in pair {
+            wait_for(&format!("{n}'s agent Lease"), secs_(30), || async {
+                Ok(agent_lease_holder(&ctx, n).await?.filter(|h| h == n))
+            })
+            .await?;
+        }
 
         // 1. Kubelet dead, machine and agent up.
         ctx.cluster.kill_kubelet(&node)?;
@@ -78,6 +90,9 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             format!("{node} fenced by its agent on request {request:?}, then tainted"),
         );
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(90)).await?;
+        // Back, its agent's port blocked from boot (as by a NetworkPolicy).
+        let fences_before_boot = ctx.cluster.fences()?.len();
+        ctx.cluster.cut_agent_off(&node, true)?;
         ctx.cluster.start_node(&node).await?;
         untainted(&ctx, &node).await?;
 
@@ -121,6 +136,24 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         if fences.iter().any(|f| f.node == target) {
             bail!("{target} was fenced after it rebooted: {fences:?}");
         }
+        // Meanwhile (over a minute): the agent podha never heard stayed up, and was reported.
+        if fences.len() != fences_before_boot {
+            bail!("{node}, its agent never heard since it booted, was fenced: {fences:?}");
+        }
+        wait_for(
+            &format!("the AgentUnreachable event of {node}"),
+            secs_(30),
+            || async {
+                let events = action_events(&ctx.client, "default", "AgentUnreachable", &node);
+                Ok((!events.await?.is_empty()).then_some(()))
+            },
+        )
+        .await?;
+        ctx.cluster.cut_agent_off(&node, false)?;
+        log(
+            &ns,
+            format!("{node}'s agent, blocked from boot, fenced nothing and was reported"),
+        );
         log(
             &ns,
             format!("{target} back; the old request answered without a fence, or withdrawn"),
@@ -181,6 +214,24 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             &ns,
             format!("{target} fenced by its restarted agent {after:.1?} after the cut"),
         );
+
+        // 4. Its agent stopped for good (SIGTERM): the advert is withdrawn.
+        ctx.cluster.stop_agent(target)?;
+        wait_for(
+            &format!("{target}'s agent Lease and advert withdrawn"),
+            secs_(10),
+            || async {
+                let lease = agent_lease_holder(&ctx, target).await?;
+                let n = ctx.nodes().get(target).await?;
+                let advert = podha::contract::agent_addr(&n).is_some();
+                Ok((lease.is_none() && !advert).then_some(()))
+            },
+        )
+        .await?;
+        log(
+            &ns,
+            format!("{target}'s agent stopped: its advert withdrawn"),
+        );
         ctx.cluster.start_node(target).await?;
         untainted(&ctx, target).await?;
         Ok(())
@@ -230,6 +281,16 @@ async fn boot_id(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<String> {
         .and_then(|s| s.node_info)
         .map(|i| i.boot_id)
         .unwrap_or_default())
+}
+
+/// The holder of node `node`'s agent Lease in podha's namespace, if there is one.
+async fn agent_lease_holder(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<String>> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(ctx.client.clone(), "default");
+    let lease = leases
+        .get_opt(&podha::contract::agent_lease_name(node))
+        .await?;
+    Ok(lease.and_then(|l| l.spec?.holder_identity))
 }
 
 async fn fence_annotations(

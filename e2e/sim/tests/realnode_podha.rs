@@ -155,7 +155,8 @@ async fn install(
 }
 
 /// The chart's agents: one Running on every real node as the agent's ServiceAccount, each
-/// advertising its port and isolation timeout on its Node.
+/// advertising its port and isolation timeout on its Node, and keeping its Lease in the
+/// release namespace, owned by its pod.
 async fn wait_agents(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     let real = real_nodes();
     let real: Vec<&str> = real.iter().map(String::as_str).collect();
@@ -185,6 +186,38 @@ async fn wait_agents(ctx: &Ctx<'_>) -> anyhow::Result<()> {
                 // With a watchdog the node is fenced by the isolation timeout.
                 let fenced_within = a.get(podha::contract::AGENT_FENCED_WITHIN_ANNOTATION);
                 Ok((port == Some("9441") && fenced_within == Some(&timeout)).then_some(()))
+            },
+        )
+        .await?;
+        let pod = pods
+            .iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node))
+            .with_context(|| format!("no agent pod on {node}"))?;
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(ctx.client.clone(), chart_install::NAMESPACE);
+        let lease_name = podha::contract::agent_lease_name(node);
+        let owned_by_pod = |lease: &k8s_openapi::api::coordination::v1::Lease| {
+            let owners = lease
+                .metadata
+                .owner_references
+                .as_deref()
+                .unwrap_or_default();
+            owners
+                .iter()
+                .any(|o| o.kind == "Pod" && Some(&o.uid) == pod.metadata.uid.as_ref())
+        };
+        wait_for(
+            &format!("{node}'s agent Lease, owned by its pod"),
+            secs(30),
+            || async {
+                let lease = leases.get_opt(&lease_name).await?;
+                Ok(lease
+                    .filter(|l| {
+                        owned_by_pod(l)
+                            && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+                                == Some(*node)
+                    })
+                    .map(|_| ()))
             },
         )
         .await?;

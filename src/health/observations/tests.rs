@@ -309,6 +309,7 @@ fn renewals_after_a_fence_acknowledgement_count_until_the_node_reboots() {
     assert_eq!(obs.renewals_since_ack(), 0, "no acknowledgement yet");
     obs.observe_fence_ack(Some("p/1/boot-1"));
     obs.lease_renewed(t0 + s(10));
+    assert_eq!(obs.renewals_since_ack(), 1);
     obs.observe_fence_ack(Some("p/1/boot-1"));
     obs.lease_renewed(t0 + s(20));
     assert_eq!(
@@ -322,6 +323,12 @@ fn renewals_after_a_fence_acknowledgement_count_until_the_node_reboots() {
     obs.observe_boot_id(Some("boot-2"), t0 + s(40));
     obs.lease_renewed(t0 + s(50));
     assert_eq!(obs.renewals_since_ack(), 0, "rebooted since");
+    // Acknowledged by the new boot's agent (the reboot was the fence), or found so by a new
+    // podha process: nothing it does contradicts it.
+    obs.observe_fence_ack(Some("p/3/boot-1"));
+    obs.lease_renewed(t0 + s(60));
+    obs.lease_renewed(t0 + s(70));
+    assert_eq!(obs.renewals_since_ack(), 0, "a request of the last boot");
     obs.observe_fence_ack(None);
     assert_eq!(obs.renewals_since_ack(), 0);
 }

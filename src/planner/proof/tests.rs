@@ -214,6 +214,24 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
             }),
         ),
         (
+            "the node renewed its Lease 4 s after its agent fell silent (the agent stopped)",
+            AgentEvidence {
+                node_renewed_after_silence: Some(Duration::from_secs(4)),
+                ..heard()
+            },
+            Some(SilenceDoubt::NodeLivedOn {
+                after: Duration::from_secs(4),
+            }),
+        ),
+        (
+            "a renewal seen up to 3 s after the silence began was written before it",
+            AgentEvidence {
+                node_renewed_after_silence: Some(AGENT_HEARD_WITHIN),
+                ..heard()
+            },
+            None,
+        ),
+        (
             "never heard in this term",
             AgentEvidence {
                 heard_before_silence: None,
@@ -387,22 +405,38 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         AgentEvidence {
             silent_for: Some(secs(60)),
             heard_before_silence: Some(secs(2)),
+            node_renewed_after_silence: None,
             advert: Some(AdvertAge {
                 renewed_before_silence: secs(5),
                 lasts: secs(40),
             }),
             others_heard: 1,
-            others_expected: 4,
+            others_expected: 5,
             quorum_for: Some(secs(30)),
             request: Some("p/1"),
             renewals_since_ack: 0,
         },
-        "n2 heard, n3 too long ago, n4 never, n6 only refused; a node without an agent, or \
-         whose agent withdrew its Lease (n7), is not expected"
+        "n2 heard, n3 too long ago, n4 never, n6 only refused, n7 (no Lease: the agents still \
+         count it among their peers) never; a node without an agent is not expected"
     );
     assert_eq!(
         agent_evidence("n7", &view, &heartbeats, quorum, now, None).advert,
         None
+    );
+    // n1's kubelet renewed its Lease 10 s into its agent's silence: the node ran on.
+    let mut lived_on = heartbeats.clone();
+    lived_on.insert(
+        "n1".to_string(),
+        Heartbeat {
+            last_renewal: Some(now - secs(50)),
+            ..hb(Some(now - secs(62)), Some(now - secs(60)))
+        },
+    );
+    let evidence = agent_evidence("n1", &view, &lived_on, quorum, now, None);
+    assert_eq!(evidence.node_renewed_after_silence, Some(secs(10)));
+    assert_eq!(
+        evidence.silence_doubt(),
+        Some(SilenceDoubt::NodeLivedOn { after: secs(10) })
     );
     let never = agent_evidence("n4", &view, &heartbeats, quorum, now, None);
     assert_eq!((never.silent_for, never.heard_before_silence), (None, None));
@@ -415,7 +449,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         (Some(secs(60)), None),
         "a refusal right before the silence is no answer from the agent"
     );
-    // Of the five agents, n2 heard: not enough; n3 heard too: two of the other four of an
+    // Of the six agents, n2 heard: not enough; n3 heard too: two of the other five of an
     // agent podha does not hear, still no strict majority; n4 too: enough.
     assert!(!hears_agent_quorum(&view, &heartbeats, now));
     let mut more = heartbeats.clone();

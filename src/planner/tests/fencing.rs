@@ -618,6 +618,18 @@ fn an_acknowledged_fence_the_node_contradicts_proves_nothing_and_stops_every_act
         assert_eq!(intent_names(&tainted.plan()), ["hold FenceContradicted"]);
     }
 
+    // A new failure of a node whose earlier fence was contradicted: that acknowledgement says
+    // nothing of this incident, which asks for a fence of its own.
+    let mut again = World::new(with_agent(cluster(3), "node-1"))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    acknowledge(&mut again, "node-1", "p/0");
+    renewed_after_ack(&mut again, "node-1", 5);
+    assert_eq!(
+        intent_names(&again.plan()),
+        ["request fence node-1", "hold FencingPending"]
+    );
+
     // No incident any more, the request still on the node: reported, and withdrawn.
     let mut view = with_agent(cluster(3), "node-1");
     let requested = (*view.nodes["node-1"])

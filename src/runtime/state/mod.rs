@@ -20,19 +20,19 @@ use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
-use crate::contract::{advertising_node, agent_lease_node};
+use crate::contract::advertising_node;
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
 use crate::view::{AgentAdvert, ObjectKey, View};
 
-/// What podha sees of an agent Lease at `now`, given what it saw before: renewed now when its
-/// renewTime changed (or it is new). `None` for a Lease that is no agent's advert (named after
-/// another node than its holder).
+/// What podha sees of an agent Lease at `now`, given what it saw before: its node, renewed now
+/// when its renewTime changed (or it is new). `None` for a Lease that is no agent's advert
+/// (named after another node than its holder).
 fn seen_agent_lease(
     lease: &Lease,
     before: &BTreeMap<String, AgentAdvert>,
     now: Instant,
-) -> Option<AgentAdvert> {
+) -> Option<(String, AgentAdvert)> {
     let spec = lease.spec.as_ref();
     let name = lease.name_any();
     let node = advertising_node(&name, spec.and_then(|s| s.holder_identity.as_deref()))?;
@@ -45,11 +45,12 @@ fn seen_agent_lease(
         Some(earlier) if earlier.renew_time == renew_time => earlier.renewed_seen,
         _ => now,
     };
-    Some(AgentAdvert {
+    let advert = AgentAdvert {
         renew_time,
         renewed_seen,
         lasts,
-    })
+    };
+    Some((node.to_string(), advert))
 }
 
 /// One watch event from any of podha's watches, or the failure of a watch.
@@ -127,6 +128,8 @@ pub struct ClusterState {
     pod_nodes: HashMap<ObjectKey, String>,
     /// Node of each VolumeAttachment, likewise.
     va_nodes: HashMap<String, String>,
+    /// Node of each agent Lease (by the Lease's name), likewise for `view.agent_adverts`.
+    agent_lease_nodes: HashMap<String, String>,
     /// Watches that completed a list at least once.
     synced: BTreeMap<Watch, bool>,
     policies_relist: Relist<ListedPolicy>,
@@ -148,6 +151,7 @@ impl ClusterState {
     pub fn synced(&self) -> bool {
         Watch::ALL
             .iter()
+            .filter(|w| w.gates_sync())
             .all(|w| self.synced.get(w).copied().unwrap_or(false))
     }
 
@@ -354,27 +358,36 @@ impl ClusterState {
     fn apply_agent_lease(&mut self, event: Event<Lease>, now: Instant) {
         match self.agent_leases_relist.step(event) {
             Step::Upsert(l) => {
+                let name = l.name_any();
                 let seen = seen_agent_lease(&l, &self.view.agent_adverts, now);
-                if let Some(node) = agent_lease_node(&l.name_any()) {
-                    match seen {
-                        Some(advert) => self.view.agent_adverts.insert(node.to_string(), advert),
-                        None => self.view.agent_adverts.remove(node),
-                    };
+                // No longer the advert it was (its holder changed): that node's is gone.
+                if let Some(old) = self.agent_lease_nodes.get(&name)
+                    && seen.as_ref().map(|(node, _)| node) != Some(old)
+                {
+                    self.view.agent_adverts.remove(old);
+                    self.agent_lease_nodes.remove(&name);
+                }
+                if let Some((node, advert)) = seen {
+                    self.agent_lease_nodes.insert(name, node.clone());
+                    self.view.agent_adverts.insert(node, advert);
                 }
             }
             Step::Remove(l) => {
-                if let Some(node) = agent_lease_node(&l.name_any()) {
-                    self.view.agent_adverts.remove(node);
+                if let Some(node) = self.agent_lease_nodes.remove(&l.name_any()) {
+                    self.view.agent_adverts.remove(&node);
                 }
             }
             Step::Replace(all) => {
-                let adverts = all
-                    .iter()
-                    .filter_map(|l| {
-                        let advert = seen_agent_lease(l, &self.view.agent_adverts, now)?;
-                        Some((agent_lease_node(&l.name_any())?.to_string(), advert))
-                    })
-                    .collect();
+                let mut nodes = HashMap::new();
+                let mut adverts = BTreeMap::new();
+                for l in &all {
+                    if let Some((node, advert)) = seen_agent_lease(l, &self.view.agent_adverts, now)
+                    {
+                        nodes.insert(l.name_any(), node.clone());
+                        adverts.insert(node, advert);
+                    }
+                }
+                self.agent_lease_nodes = nodes;
                 self.view.agent_adverts = adverts;
                 self.mark_synced(Watch::AgentLease);
             }

@@ -74,6 +74,33 @@ fn not_synced_until_every_watch_listed_once() {
     state.apply(Change::Node(Event::InitDone), now);
     assert!(!state.synced());
     assert!(synced(&["n1"], now).synced());
+    // The agents' Leases never listed (no right to): synced all the same, every agent's
+    // silence held for want of its Lease.
+    let mut fresh = ClusterState::default();
+    for change in [
+        Change::Node(Event::Init),
+        Change::Node(Event::InitDone),
+        Change::Lease(Event::Init),
+        Change::Lease(Event::InitDone),
+        Change::Policy(Event::Init),
+        Change::Policy(Event::InitDone),
+        Change::Pod(Event::Init),
+        Change::Pod(Event::InitDone),
+        Change::Pvc(Event::Init),
+        Change::Pvc(Event::InitDone),
+        Change::Pv(Event::Init),
+        Change::Pv(Event::InitDone),
+        Change::Va(Event::Init),
+        Change::Va(Event::InitDone),
+        Change::ReplicaSet(Event::Init),
+        Change::ReplicaSet(Event::InitDone),
+        Change::Namespace(Event::Init),
+        Change::Namespace(Event::InitDone),
+    ] {
+        fresh.apply(change, now);
+    }
+    assert!(fresh.synced());
+    assert!(fresh.view.agent_adverts.is_empty());
 }
 
 #[test]
@@ -375,4 +402,18 @@ fn agent_leases_are_adverts_renewed_on_our_clock_until_withdrawn() {
         later(20),
     );
     assert!(state.view.agent_adverts.is_empty(), "withdrawn");
+
+    // A Lease whose holder is changed to another node is no longer anybody's advert.
+    state.apply(
+        Change::AgentLease(Event::Apply(mk_agent_lease("n1", 120))),
+        later(30),
+    );
+    let mut taken = mk_agent_lease("n1", 130);
+    taken.spec.as_mut().expect("spec").holder_identity = Some("n9".into());
+    state.apply(Change::AgentLease(Event::Apply(taken)), later(40));
+    assert!(
+        state.view.agent_adverts.is_empty(),
+        "{:?}",
+        state.view.agent_adverts
+    );
 }

@@ -14,7 +14,8 @@
 //! fence is `podha-sim node fence`: the node's kwok and sim-csi node agent are SIGKILLed (its
 //! workloads stop: its Lease, status and volumes freeze) while its host, and the agent, run on,
 //! as after a fence that stops a machine's kubelet and containers; each fence is appended to
-//! `fences.log` in the cluster directory, the record the tests read.
+//! `fences.log` in the cluster directory, the record the tests read. It confirms the fence with
+//! `podha-sim node fenced` (those two processes gone) before it acknowledges a request.
 //!
 //! With [`Agents::watchdog_timeout`] a kwok node also has a BMC (`super::bmc`, outside the
 //! node: a kill of the node stops it with the machine, as a real node's) whose watchdog the
@@ -48,8 +49,17 @@ impl Cluster {
         rec: &mut NodeRecord,
         agents: &Agents,
     ) -> Result<()> {
-        let port = free_port(rec.ip)?;
+        // A rebooted node's agent listens where the last one did, as a DaemonSet's pod on the
+        // host network does, unless another process took the port meanwhile.
+        let port = match rec.agent_port {
+            Some(port) if ports::port_is_free(rec.ip, port) => port,
+            _ => free_port(rec.ip)?,
+        };
         rec.agent_port = Some(port);
+        if rec.agent_cut {
+            // The cut outlives the reboot: the new agent is unreachable from its start.
+            blackhole::silence(&self.dir, rec.ip, port)?;
+        }
         if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == rec.name) {
             stored.agent_port = Some(port);
         }
@@ -86,9 +96,24 @@ impl Cluster {
         Ok(())
     }
 
+    /// Stops kwok node `name`'s podha agent for good, as an uninstall does: SIGTERM, and the
+    /// wait for it to exit. The node runs on without an agent until it boots again.
+    pub fn stop_agent(&self, name: &str) -> Result<()> {
+        let mut st = self.lock_reloaded();
+        let old = st
+            .processes
+            .remove(&agent_proc(name))
+            .ok_or_else(|| Error::Other(format!("{name} runs no podha agent")))?;
+        process::terminate(&agent_proc(name), &old)?;
+        st.save(&self.dir)?;
+        info!(node = name, "podha agent stopped");
+        Ok(())
+    }
+
     /// Cuts (`cut`) podha off kwok node `name`'s agent or lets it through again: packets to
     /// the agent's address and port are dropped, so podha's probes and the peers' surveys go
-    /// unanswered, while the node, its agent and the agent's own requests run on.
+    /// unanswered, while the node, its agent and the agent's own requests run on. The cut
+    /// outlives the node's reboots (a blocked port is the network's, not the machine's).
     pub fn cut_agent_off(&self, name: &str, cut: bool) -> Result<()> {
         let rec = self.lock_reloaded().node(name)?.clone();
         let port = rec
@@ -99,6 +124,11 @@ impl Cluster {
         } else {
             blackhole::restore(&self.dir, rec.ip, port)?;
         }
+        let mut st = self.lock_reloaded();
+        if let Some(stored) = st.nodes.iter_mut().find(|n| n.name == name) {
+            stored.agent_cut = cut;
+        }
+        st.save(&self.dir)?;
         info!(node = name, cut, "podha agent cut off");
         Ok(())
     }
@@ -144,7 +174,13 @@ impl Cluster {
                 "--hearing-file={}",
                 self.agent_hearing_file(&rec.name).display()
             ))
-            .arg(format!("--fence={fence}"));
+            .arg(format!("--fence={fence}"))
+            .arg(format!(
+                "--fence-confirm='{}' node fenced '{}' --dir '{}'",
+                st.sim_exe.display(),
+                rec.name,
+                self.dir.display()
+            ));
         if let Some(timeout) = agents.survey_timeout {
             agent.arg(format!(
                 "--survey-timeout={}",
@@ -175,6 +211,18 @@ impl Cluster {
             self.kill_node_processes(name, false)?;
         }
         self.record_fence(name, reason)
+    }
+
+    /// Whether kwok node `name` is fenced: neither its kwok nor its node agent runs (what its
+    /// agent's `--fence-confirm` checks).
+    pub fn node_fenced(&self, name: &str) -> Result<bool> {
+        let st = self.lock_reloaded();
+        st.node(name)?;
+        Ok([kwok_proc(name), csi_node_proc(name)].iter().all(|p| {
+            st.processes
+                .get(p)
+                .is_none_or(|rec| !process::is_alive(rec))
+        }))
     }
 
     /// Appends a fence of node `name` to `fences.log`.

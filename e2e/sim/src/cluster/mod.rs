@@ -186,6 +186,7 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         port,
         real: false,
         agent_port: None,
+        agent_cut: false,
         boot_id: None,
     })
 }

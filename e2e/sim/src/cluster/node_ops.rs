@@ -158,7 +158,7 @@ impl Cluster {
             st.record_boot_id(name, Some(boot_id));
             let mut rec = st.node(name)?.clone();
             blackhole::restore(&self.dir, rec.ip, rec.port)?;
-            if let Some(port) = rec.agent_port {
+            if let Some(port) = rec.agent_port.filter(|_| !rec.agent_cut) {
                 blackhole::restore(&self.dir, rec.ip, port)?;
             }
             // Another process may have taken the node's port while it was down (a second sim

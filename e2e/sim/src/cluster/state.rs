@@ -31,10 +31,14 @@ pub struct NodeRecord {
     /// a kwok one.
     #[serde(default)]
     pub real: bool,
-    /// The podha agent's port on `ip`, when the cluster runs agents (chosen free at each
-    /// start).
+    /// The podha agent's port on `ip`, when the cluster runs agents (chosen free at the first
+    /// start, kept across reboots while free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_port: Option<u16>,
+    /// podha is cut off from the agent's port ([`super::Cluster::cut_agent_off`]): a cut of
+    /// the network, not of the machine, so it outlives the node's reboots.
+    #[serde(default)]
+    pub agent_cut: bool,
     /// The boot ID the sim gave the node's current boot (`status.nodeInfo.bootID`), which its
     /// podha agent is told as its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -233,6 +233,7 @@ fn real_node_record(index: u8, subnet: u8) -> Result<NodeRecord> {
         port: realnode::KUBELET_PORT,
         real: true,
         agent_port: None,
+        agent_cut: false,
         boot_id: None,
     })
 }

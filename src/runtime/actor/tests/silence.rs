@@ -228,3 +228,67 @@ async fn a_silence_after_answers_the_agent_does_not_know_were_heard_proves_no_fe
     );
     assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
 }
+
+/// node-1's agent was uninstalled (it withdrew its Lease) right before the node was cut off:
+/// its silence, however long, proves no fence; and an agent whose Lease lapsed before its
+/// silence began (it had stopped renewing it) proves none either.
+#[tokio::test(start_paused = true)]
+async fn the_silence_of_an_agent_without_a_fresh_lease_proves_no_fence() {
+    for withdrawn in [true, false] {
+        let mut h = agent_proof_harness();
+        if withdrawn {
+            run_with_rounds(&mut h, 3, &[]).await;
+            let lease = mk_agent_lease("node-1", 100);
+            h.actor
+                .state
+                .apply(Change::AgentLease(Event::Delete(lease)), Instant::now());
+        } else {
+            // Answering, but its Lease last renewed when the harness started: lapsed at 40 s.
+            run_with_rounds(&mut h, 45, &[]).await;
+        }
+        assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+        run_with_rounds(&mut h, 40, &["node-1"]).await;
+        let sent = acts(&mut h.writes);
+        assert!(
+            !sent.iter().any(|k| k.starts_with("taint/")),
+            "withdrawn {withdrawn}: {sent:?}"
+        );
+        assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
+    }
+}
+
+/// node-2 is up, but podha never hears its agent (its port blocked from boot): podha asks it
+/// for nothing and says so once, on the node, with `podha_agents_unreachable`; node-3's agent,
+/// heard, is not reported. Heard again, node-2 is no longer counted.
+#[tokio::test(start_paused = true)]
+async fn an_agent_podha_never_hears_on_a_ready_node_is_reported_once() {
+    let mut h = agent_proof_harness();
+    let unreachable = |h: &Harness| {
+        let text = h.metrics.encode().expect("encode");
+        text.lines()
+            .find_map(|l| l.strip_prefix("podha_agents_unreachable "))
+            .map(|v| v.trim().to_string())
+    };
+    let reported = |h: &mut Harness| {
+        h.writes
+            .queued_events()
+            .into_iter()
+            .filter(|e| e.reason == "AgentUnreachable")
+            .map(|e| e.regarding.name.unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    run_with_rounds(&mut h, 25, &["node-2"]).await;
+    assert_eq!(reported(&mut h), Vec::<String>::new(), "not 30 s yet");
+    run_with_rounds(&mut h, 10, &["node-2"]).await;
+    // node-1 (dead, not Ready) is no healthy node's agent.
+    assert_eq!(reported(&mut h), ["node-2"]);
+    assert_eq!(unreachable(&h).as_deref(), Some("1"));
+    run_with_rounds(&mut h, 10, &["node-2"]).await;
+    assert_eq!(reported(&mut h), Vec::<String>::new(), "once");
+    run_with_rounds(&mut h, 3, &[]).await;
+    assert_eq!(unreachable(&h).as_deref(), Some("0"));
+    assert!(
+        !acts(&mut h.writes).iter().any(|k| k.ends_with("node-2")),
+        "nothing asked of node-2"
+    );
+}
