@@ -203,17 +203,12 @@ pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) {
 mod tests {
     use super::*;
     use crate::contract::FENCE_ACK_ANNOTATION;
-    use std::collections::BTreeMap;
+    use crate::test_builders::*;
 
     fn node(annotations: &[(&str, &str)]) -> Node {
-        let mut n = Node::default();
-        n.metadata.annotations = Some(
-            annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-        );
-        n
+        annotations
+            .iter()
+            .fold(mk_node("n1"), |n, (k, v)| n.annotation(k, v))
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //!    node within the isolation timeout of podha's last hearing, as podha's silence proof
 //!    assumes, not an isolation timeout after its own start.
 //!
-//! 4. The fenced node's agent is stopped for good (SIGTERM, as an uninstall stops it): it takes
-//!    its advert off the Node and deletes its Lease, so podha no longer counts it.
+//! 4. A node's agent is stopped for good (SIGTERM, as an uninstall stops it): it takes its
+//!    advert off the Node and deletes its Lease; the node then dies with db on it, and podha
+//!    holds it, unproven, past the time the agent advertised and the margin.
 //!
 //! And over the whole suite (a trial after the scenarios that stop the leading replica and cut
 //! podha off the API server): no agent fenced its node but the one podha asked.
@@ -29,7 +30,7 @@ use serde_json::json;
 
 use super::{
     Failed, Operators, SharedCluster, acted_once, action_events, has_podha_taint, log, other,
-    policy_and_db, scenario, secs_, wait_recovered,
+    policy_and_db, scenario, secs_, times_acted, untouched_for, wait_recovered,
 };
 use podha_sim::testkit::*;
 
@@ -215,25 +216,55 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             format!("{target} fenced by its restarted agent {after:.1?} after the cut"),
         );
 
-        // 4. Its agent stopped for good (SIGTERM): the advert is withdrawn.
-        ctx.cluster.stop_agent(target)?;
+        // 4. The other node's agent stopped for good (SIGTERM, as an uninstall stops it): it
+        // withdraws its Lease and its advert; then that node dies with db on it: held, never
+        // proven (no agent fences it any more), however long its agent is silent.
+        ctx.cluster.start_node(target).await?;
+        untainted(&ctx, target).await?;
+        let fenced_within = advertised_fenced_within(&ctx, &node).await?;
+        ctx.cluster.stop_agent(&node)?;
         wait_for(
-            &format!("{target}'s agent Lease and advert withdrawn"),
+            &format!("{node}'s agent Lease and advert withdrawn"),
             secs_(10),
             || async {
-                let lease = agent_lease_holder(&ctx, target).await?;
-                let n = ctx.nodes().get(target).await?;
+                let lease = agent_lease_holder(&ctx, &node).await?;
+                let n = ctx.nodes().get(&node).await?;
                 let advert = podha::contract::agent_addr(&n).is_some();
                 Ok((lease.is_none() && !advert).then_some(()))
             },
         )
         .await?;
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(ctx.client.clone(), &ns);
+        let db = pods.get("db-0").await?;
+        let uid = db.metadata.uid.clone().unwrap_or_default();
+        if node_of(&db) != Some(node.as_str()) {
+            bail!("db-0 runs on {:?}, not on {node}", node_of(&db));
+        }
+        let held_before = times_acted(&ctx.client, "default", "FencingPending", &node).await?;
+        ctx.cluster.kill_node(&node)?;
         log(
             &ns,
-            format!("{target}'s agent stopped: its advert withdrawn"),
+            format!("{node}'s agent stopped (advert withdrawn), then {node} killed"),
         );
-        ctx.cluster.start_node(target).await?;
-        untainted(&ctx, target).await?;
+        untouched_for(
+            &ctx,
+            &uid,
+            &node,
+            fenced_within + MARGIN + Duration::from_secs(5),
+            " though its agent had been stopped for good",
+        )
+        .await?;
+        let held = times_acted(&ctx.client, "default", "FencingPending", &node).await?;
+        if held <= held_before {
+            bail!("{node} dead and untainted, but no FencingPending event said why");
+        }
+        log(
+            &ns,
+            format!("{node} held past its old agent's fenced-within time and the margin"),
+        );
+        ctx.cluster.start_node(&node).await?;
+        untainted(&ctx, &node).await?;
         Ok(())
     })
 }
