@@ -148,6 +148,10 @@ pub struct NodeObservations {
     lease_baseline: Instant,
     /// The last renewal actually observed; unlike `lease_baseline`, evidence of life.
     last_renewal: Option<Instant>,
+    /// The instant the last observed renewal happened no earlier than: when it was seen, or,
+    /// seen at the end of a gap in podha's view, when the gap began (it may have been written
+    /// any time in it).
+    renewal_not_before: Option<Instant>,
     /// The Lease's `spec.renewTime` as last seen, to tell a renewal from a re-delivery.
     renew_time: Option<MicroTime>,
     /// The Lease's `spec.leaseDurationSeconds` as last seen; the kubelet renews every quarter
@@ -179,6 +183,7 @@ impl NodeObservations {
         Self {
             lease_baseline: now,
             last_renewal: None,
+            renewal_not_before: None,
             renew_time: None,
             lease_duration: None,
             ready: ReadyStatus::Missing,
@@ -198,6 +203,11 @@ impl NodeObservations {
         if let Some(ack) = &mut self.fence_ack {
             ack.renewals_since += 1;
         }
+        let not_before = self.gap_since.unwrap_or(at);
+        self.renewal_not_before = Some(
+            self.renewal_not_before
+                .map_or(not_before, |r| r.max(not_before)),
+        );
         self.lease_baseline = self.lease_baseline.max(at);
         self.last_renewal = Some(self.last_renewal.map_or(at, |r| r.max(at)));
         self.saw_alive(at);
@@ -343,6 +353,12 @@ impl NodeObservations {
             .as_ref()
             .filter(|a| !a.rebooted)
             .map_or(0, |a| a.renewals_since)
+    }
+
+    /// The instant the last renewal podha saw happened no earlier than (see
+    /// `renewal_not_before`): what shows a node ran on after some instant.
+    pub fn renewal_not_before(&self) -> Option<Instant> {
+        self.renewal_not_before
     }
 
     /// Whether the Node object carries one of podha's taints, as seen at `at`.

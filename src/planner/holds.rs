@@ -34,6 +34,9 @@ use crate::health::NodeHealth;
 pub struct Heartbeat {
     /// The last renewal podha saw, if any.
     pub last_renewal: Option<Instant>,
+    /// The instant that last renewal happened no earlier than: when podha saw it, or the start
+    /// of the gap in podha's view after which it was seen.
+    pub renewal_not_before: Option<Instant>,
     /// Since when the Lease has been silent on podha's clock (the last renewal seen, or the
     /// start of watching, or the end of a gap in podha's view).
     pub silent_since: Instant,

@@ -66,9 +66,12 @@ pub struct AgentEvidence<'a> {
     /// its host's refusal); `None` when podha got none in its current leadership term before
     /// the silence.
     pub heard_before_silence: Option<Duration>,
-    /// How long after the agent's silence began podha last saw the node's own (kubelet) Lease
-    /// renewed, if it did: the node ran on without its agent.
+    /// How long after the agent's silence began the node's own (kubelet) Lease was last
+    /// renewed, at the earliest (see `Heartbeat::renewal_not_before`), if it was.
     pub node_renewed_after_silence: Option<Duration>,
+    /// What the agent advertises (`podha.io/agent-fenced-within`): how long after podha last
+    /// heard it the node is fenced at the latest.
+    pub fenced_within: Option<Duration>,
     /// The agent's Lease, while it is there: how long before the silence began podha last saw
     /// it renewed (zero when renewed since, or while the agent answers), and how long it lasts.
     pub advert: Option<AdvertAge>,
@@ -112,9 +115,12 @@ impl AgentEvidence<'_> {
             }
             Some(_) => {}
         }
+        // Renewals before the agent's deadline are a node still running while its agent
+        // fences it (podha cut off from the agent alone); after it, the node was not fenced.
+        let deadline = self.fenced_within.unwrap_or_default() + AGENT_HEARD_WITHIN;
         if let Some(after) = self
             .node_renewed_after_silence
-            .filter(|after| *after > AGENT_HEARD_WITHIN)
+            .filter(|after| *after > deadline)
         {
             return Some(SilenceDoubt::NodeLivedOn { after });
         }
@@ -170,10 +176,11 @@ pub enum SilenceDoubt {
     /// podha last saw the agent's Lease renewed `gap` before the silence began, longer than
     /// the Lease lasts: the agent had stopped renewing it (stopped, or hung).
     AdvertLapsed { gap: Duration },
-    /// podha saw the node's own Lease renewed `after` the agent fell silent: the node ran on
-    /// without its agent (stopped, killed, or its withdrawal on SIGTERM failed), and nothing
-    /// fenced it when it failed later. (A node cut off from everything stops both at once; a
-    /// renewal podha saw up to [`AGENT_HEARD_WITHIN`] late counts as before the silence.)
+    /// The node's own Lease was renewed `after` the agent fell silent, past the time the
+    /// agent advertises (and [`AGENT_HEARD_WITHIN`]): the node ran on without its agent
+    /// (stopped, killed, or its withdrawal on SIGTERM failed), and nothing fenced it when it
+    /// failed later. (A node cut off from everything stops both at once; one cut off from
+    /// podha alone renews until its agent fences it, by that time.)
     NodeLivedOn { after: Duration },
     /// podha got no answer from the agent in its current leadership term before the silence:
     /// its port may be blocked, or it stopped before this term began.
@@ -214,8 +221,9 @@ impl SilenceDoubt {
                 gap.as_secs()
             ),
             Self::NodeLivedOn { after } => format!(
-                "node {node} renewed its Lease {}s after its agent fell silent: the agent \
-                 stopped while its node ran on, and nothing fenced the node when it failed",
+                "node {node} renewed its Lease {}s after its agent fell silent, past the time \
+                 the agent advertises: the agent stopped while its node ran on, and nothing \
+                 fenced the node when it failed",
                 after.as_secs()
             ),
             Self::NeverHeard => format!(
@@ -261,7 +269,7 @@ pub fn agent_evidence<'a>(
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
     let node_renewed_after_silence = own
-        .and_then(|hb| hb.last_renewal)
+        .and_then(|hb| hb.renewal_not_before)
         .zip(silent_since)
         .and_then(|(renewed, since)| renewed.checked_duration_since(since));
     let advert = view.agent_adverts.get(node).map(|lease| AdvertAge {
@@ -280,6 +288,7 @@ pub fn agent_evidence<'a>(
         silent_for: silent_since.map(|since| now.saturating_duration_since(since)),
         heard_before_silence,
         node_renewed_after_silence,
+        fenced_within: view.nodes.get(node).and_then(|n| fenced_within(n)),
         advert,
         others_heard,
         others_expected,

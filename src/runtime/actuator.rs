@@ -254,30 +254,13 @@ impl Actuator {
         policy: &str,
         seen: Option<&Node>,
     ) -> Result<Outcome, ActError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let read;
-        let current = match seen {
-            Some(seen) => seen,
-            None => {
-                self.ensure_leading()?;
-                read = api.get(node).await?;
-                &read
-            }
-        };
-        let boot = current
-            .status
-            .as_ref()
-            .and_then(|s| s.node_info.as_ref())
-            .map_or("", |i| i.boot_id.as_str());
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        let request = fence_request(policy, millis, boot);
-        let patch = json!({"metadata": {"annotations": {FENCE_REQUEST_ANNOTATION: &request}}});
-        self.ensure_leading()?;
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(Outcome::FenceRequested { request })
+        self.patch_node(node, seen, |current| {
+            Some(request_patch(current, policy, millis))
+        })
+        .await
     }
 
     /// Removes podha's taints (out-of-service, fence) and the marker (see [`untaint_patch`]).
@@ -355,6 +338,28 @@ fn taint_patch(node: &Node, policy: &str, kind: NodeTaint) -> serde_json::Value 
 /// stays.
 /// The merge patch that takes podha's fence request off `node` (guarded by its
 /// resourceVersion: a request written meanwhile is not lost unseen); `None` without one.
+/// The merge patch that asks for a fence of `node` in the boot this version of it reports,
+/// guarded by its resourceVersion: the request names the boot it is for, and an agent takes a
+/// request of another boot as answered by the reboot. Built on a stale version (the decision
+/// loop's view lagging behind a reboot), it would name the last boot and the new boot's agent
+/// would acknowledge it without a fence; the precondition makes that a conflict, and the
+/// request is built again on the node as it is.
+fn request_patch(node: &Node, policy: &str, millis: u128) -> (serde_json::Value, Outcome) {
+    let boot = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map_or("", |i| i.boot_id.as_str());
+    let request = fence_request(policy, millis, boot);
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": { FENCE_REQUEST_ANNOTATION: &request },
+        },
+    });
+    (patch, Outcome::FenceRequested { request })
+}
+
 fn withdrawal_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
     let requested = node.annotations().contains_key(FENCE_REQUEST_ANNOTATION);
     requested.then(|| {
@@ -587,5 +592,33 @@ mod tests {
         assert_eq!(annotations.len(), 1, "{patch}");
         assert!(annotations[FENCE_REQUEST_ANNOTATION].is_null());
         assert!(patch.get("spec").is_none());
+    }
+
+    /// The request names the boot of the version it is built on, and is guarded by that
+    /// version: built on a view from before a reboot it conflicts, and is built again on the
+    /// node as it is (naming the new boot).
+    #[test]
+    fn a_fence_request_names_the_boot_of_the_version_it_is_guarded_by() {
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("9".into());
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            node_info: Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id: "boot-2".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let (patch, outcome) = request_patch(&node, "p", 1234);
+        assert_eq!(
+            outcome,
+            Outcome::FenceRequested {
+                request: "p/1234/boot-2".into()
+            }
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], "9");
+        assert_eq!(
+            patch["metadata"]["annotations"][FENCE_REQUEST_ANNOTATION],
+            "p/1234/boot-2"
+        );
     }
 }

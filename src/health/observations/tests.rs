@@ -332,3 +332,21 @@ fn renewals_after_a_fence_acknowledgement_count_until_the_node_reboots() {
     obs.observe_fence_ack(None);
     assert_eq!(obs.renewals_since_ack(), 0);
 }
+
+/// A renewal seen when podha's view of the Leases is whole happened by the time it was seen; one
+/// seen at the end of a gap may have been written any time in it: it happened no earlier than
+/// the gap's start, which is what shows a node ran on after some instant.
+#[test]
+fn a_renewal_seen_after_a_gap_happened_no_earlier_than_the_gap_began() {
+    let t0 = Instant::now();
+    let mut obs = NodeObservations::new(t0);
+    obs.lease_renewed(t0 + s(10));
+    assert_eq!(obs.renewal_not_before(), Some(t0 + s(10)));
+    obs.begin_gap(t0 + s(12));
+    obs.lease_renewed(t0 + s(30));
+    obs.end_gap(t0 + s(30));
+    assert_eq!(obs.last_renewal(), Some(t0 + s(30)));
+    assert_eq!(obs.renewal_not_before(), Some(t0 + s(12)));
+    obs.lease_renewed(t0 + s(40));
+    assert_eq!(obs.renewal_not_before(), Some(t0 + s(40)));
+}

@@ -214,22 +214,35 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
             }),
         ),
         (
-            "the node renewed its Lease 4 s after its agent fell silent (the agent stopped)",
+            "the node renewed its Lease 20 s into the silence, within the agent's 30 s (podha \
+             cut off from the agent alone, which fences by then)",
             AgentEvidence {
-                node_renewed_after_silence: Some(Duration::from_secs(4)),
-                ..heard()
-            },
-            Some(SilenceDoubt::NodeLivedOn {
-                after: Duration::from_secs(4),
-            }),
-        ),
-        (
-            "a renewal seen up to 3 s after the silence began was written before it",
-            AgentEvidence {
-                node_renewed_after_silence: Some(AGENT_HEARD_WITHIN),
+                node_renewed_after_silence: Some(Duration::from_secs(20)),
+                fenced_within: Some(Duration::from_secs(30)),
                 ..heard()
             },
             None,
+        ),
+        (
+            "a renewal seen up to 3 s past the agent's time was written before it",
+            AgentEvidence {
+                node_renewed_after_silence: Some(Duration::from_secs(33)),
+                fenced_within: Some(Duration::from_secs(30)),
+                ..heard()
+            },
+            None,
+        ),
+        (
+            "the node renewed its Lease 34 s into the silence, past the agent's 30 s (the agent \
+             stopped, the node ran on)",
+            AgentEvidence {
+                node_renewed_after_silence: Some(Duration::from_secs(34)),
+                fenced_within: Some(Duration::from_secs(30)),
+                ..heard()
+            },
+            Some(SilenceDoubt::NodeLivedOn {
+                after: Duration::from_secs(34),
+            }),
         ),
         (
             "never heard in this term",
@@ -369,6 +382,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
     }
     let hb = |answered: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
         last_renewal: None,
+        renewal_not_before: None,
         silent_since: now,
         renew_period: secs(10),
         tcp_answered: None,
@@ -406,6 +420,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             silent_for: Some(secs(60)),
             heard_before_silence: Some(secs(2)),
             node_renewed_after_silence: None,
+            fenced_within: None,
             advert: Some(AdvertAge {
                 renewed_before_silence: secs(5),
                 lasts: secs(40),
@@ -423,20 +438,29 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         agent_evidence("n7", &view, &heartbeats, quorum, now, None).advert,
         None
     );
-    // n1's kubelet renewed its Lease 10 s into its agent's silence: the node ran on.
+    // n1's kubelet renewed its Lease 15 s into its agent's silence (seen then, or at the end
+    // of a gap in podha's view that began then): past the 8 s its agent advertises and 3 s.
+    let n1 = (*view.nodes["n1"])
+        .clone()
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "8s");
+    view.nodes.insert("n1".into(), n1.into());
     let mut lived_on = heartbeats.clone();
     lived_on.insert(
         "n1".to_string(),
         Heartbeat {
-            last_renewal: Some(now - secs(50)),
+            last_renewal: Some(now - secs(30)),
+            renewal_not_before: Some(now - secs(45)),
             ..hb(Some(now - secs(62)), Some(now - secs(60)))
         },
     );
     let evidence = agent_evidence("n1", &view, &lived_on, quorum, now, None);
-    assert_eq!(evidence.node_renewed_after_silence, Some(secs(10)));
+    assert_eq!(
+        (evidence.node_renewed_after_silence, evidence.fenced_within),
+        (Some(secs(15)), Some(secs(8)))
+    );
     assert_eq!(
         evidence.silence_doubt(),
-        Some(SilenceDoubt::NodeLivedOn { after: secs(10) })
+        Some(SilenceDoubt::NodeLivedOn { after: secs(15) })
     );
     let never = agent_evidence("n4", &view, &heartbeats, quorum, now, None);
     assert_eq!((never.silent_for, never.heard_before_silence), (None, None));

@@ -215,6 +215,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
     for other in others {
         let alive = Heartbeat {
             last_renewal: Some(world.now),
+            renewal_not_before: Some(world.now),
             silent_since: world.now,
             renew_period: Duration::from_secs(10),
             tcp_answered: None,
@@ -239,6 +240,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
         node.to_string(),
         Heartbeat {
             last_renewal: None,
+            renewal_not_before: None,
             silent_since: since - Duration::from_secs(10),
             renew_period: Duration::from_secs(10),
             tcp_answered: None,
@@ -568,6 +570,7 @@ fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
         node.to_string(),
         Heartbeat {
             last_renewal: None,
+            renewal_not_before: None,
             silent_since: silent,
             renew_period: Duration::from_secs(10),
             tcp_answered: None,

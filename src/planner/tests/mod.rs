@@ -89,6 +89,7 @@ impl World {
     fn back(mut self, node: &str) -> Self {
         let hb = Heartbeat {
             last_renewal: Some(self.t0 + Duration::from_secs(1)),
+            renewal_not_before: Some(self.t0 + Duration::from_secs(1)),
             silent_since: self.t0 + Duration::from_secs(1),
             renew_period: Duration::from_secs(10),
             tcp_answered: None,

@@ -292,6 +292,7 @@ fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
     let renew = s(10);
     let hb = |last: u64| Heartbeat {
         last_renewal: Some(t0 + s(last)),
+        renewal_not_before: Some(t0 + s(last)),
         silent_since: t0 + s(last),
         renew_period: renew,
         tcp_answered: None,
@@ -358,6 +359,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
     let t0 = Instant::now();
     let hb = |last: u64| Heartbeat {
         last_renewal: Some(t0 + s(last)),
+        renewal_not_before: Some(t0 + s(last)),
         silent_since: t0 + s(last),
         renew_period: s(10),
         tcp_answered: None,
@@ -413,6 +415,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
     let t0 = Instant::now();
     let hb = |renewed: u64, answered: u64, port_silent: Option<u64>| Heartbeat {
         last_renewal: Some(t0 + s(renewed)),
+        renewal_not_before: Some(t0 + s(renewed)),
         silent_since: t0 + s(renewed),
         renew_period: s(10),
         tcp_answered: Some(t0 + s(answered)),

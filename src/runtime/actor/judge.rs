@@ -199,6 +199,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
         .map(|(node, obs)| {
             let hb = Heartbeat {
                 last_renewal: obs.last_renewal(),
+                renewal_not_before: obs.renewal_not_before(),
                 silent_since: obs.lease_baseline(),
                 renew_period: obs.renew_period_bound(),
                 tcp_answered: obs.tcp_answered(),
