@@ -145,6 +145,12 @@ pub fn fence_request(policy: &str, unix_ms: u128, boot_id: &str) -> String {
     format!("{policy}/{unix_ms}/{boot_id}")
 }
 
+/// The policy a request was made for: its first `/`-separated part (see [`fence_request`];
+/// a policy's name has no `/`).
+pub fn requested_policy(request: &str) -> &str {
+    request.split('/').next().unwrap_or_default()
+}
+
 /// The boot a request was made in: its last `/`-separated part (see [`fence_request`]);
 /// `None` when it names none.
 pub fn requested_boot(request: &str) -> Option<&str> {
@@ -297,6 +303,7 @@ mod tests {
         assert_eq!(requested_boot("p/1700000000000/b1"), Some("b1"));
         assert_eq!(requested_boot(&fence_request("p", 1, "")), None);
         assert_eq!(requested_boot("p/1700000000000/"), None);
+        assert_eq!(requested_policy(&fence_request("db", 1, "b1")), "db");
     }
 
     #[test]

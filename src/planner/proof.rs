@@ -139,15 +139,10 @@ impl AgentEvidence<'_> {
 }
 
 impl AgentEvidence<'_> {
-    /// The renewals of the node's Lease seen after its fence acknowledgement, when there are
-    /// enough to contradict it ([`ACK_CONTRADICTED_BY`]): the node was not fenced, and neither
-    /// the acknowledgement nor (while the kubelet writes) the agent's silence proves it was.
-    pub const fn ack_contradicted(&self) -> Option<u32> {
-        if self.renewals_since_ack >= ACK_CONTRADICTED_BY {
-            Some(self.renewals_since_ack)
-        } else {
-            None
-        }
+    /// What `node`'s acknowledgement says of this incident's fence request (see
+    /// [`acknowledgement`]).
+    pub fn acknowledgement(&self, node: &Node) -> Acknowledgement {
+        acknowledgement(node, self.request, self.renewals_since_ack)
     }
 
     /// How much of the silence counts: the part since podha has heard enough agents (see
@@ -367,12 +362,10 @@ pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Optio
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|taints| taints.iter().any(|t| t.key == CLOUD_SHUTDOWN_TAINT_KEY))
             .then_some(FenceEvidence::CloudShutdown),
-        FencingProof::External => (acknowledged(node, agent.request)
-            && agent.ack_contradicted().is_none())
-        .then_some(FenceEvidence::ExternalAcknowledged),
+        FencingProof::External => (agent.acknowledgement(node) == Acknowledgement::Given)
+            .then_some(FenceEvidence::ExternalAcknowledged),
         FencingProof::Agent => {
-            let acknowledged =
-                acknowledged(node, agent.request) && agent.ack_contradicted().is_none();
+            let acknowledged = agent.acknowledgement(node) == Acknowledgement::Given;
             let isolation = fenced_within(node);
             let silent = agent.silence_doubt().is_none()
                 && matches!(
@@ -390,16 +383,42 @@ pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Optio
     }
 }
 
-/// Whether `node` carries the acknowledgement of `request` (this incident's fence request).
-pub(super) fn acknowledged(node: &Node, request: Option<&str>) -> bool {
-    request.is_some_and(|request| {
+/// What the acknowledgement on a node says of a fence request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acknowledgement {
+    /// None of that request: none at all, or of another one.
+    Missing,
+    /// The request acknowledged, and nothing the node did since contradicts it: the proof.
+    Given,
+    /// The request acknowledged, but the node's Lease was renewed `renewals` times since, in
+    /// the boot the request names (at least [`ACK_CONTRADICTED_BY`]): the fence did not take,
+    /// and neither the acknowledgement nor (while the kubelet writes) the agent's silence
+    /// proves it did.
+    Contradicted { renewals: u32 },
+}
+
+/// What `node`'s acknowledgement (`podha.io/fence-ack`) says of `request`, given how many
+/// renewals of the node's Lease podha saw after it (see `Heartbeat::renewals_since_ack`).
+pub fn acknowledgement(
+    node: &Node,
+    request: Option<&str>,
+    renewals_since_ack: u32,
+) -> Acknowledgement {
+    let acknowledged = request.is_some_and(|request| {
         node.metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(FENCE_ACK_ANNOTATION))
             .map(String::as_str)
             == Some(request)
-    })
+    });
+    match (acknowledged, renewals_since_ack) {
+        (false, _) => Acknowledgement::Missing,
+        (true, renewals) if renewals >= ACK_CONTRADICTED_BY => {
+            Acknowledgement::Contradicted { renewals }
+        }
+        (true, _) => Acknowledgement::Given,
+    }
 }
 
 /// Whether podha asks for the fence on the Node (`podha.io/fence-request`) and takes an

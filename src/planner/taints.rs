@@ -14,7 +14,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 
 use super::proof::{
-    FenceEvidence, SilenceDoubt, acknowledged, agent_evidence, proven, requests_fence,
+    Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, requests_fence,
 };
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
@@ -120,9 +120,12 @@ pub(super) fn fence_check(
             .flatten();
     // Only an acknowledgement of this incident's request: an older one proves nothing here,
     // and what the node did after it says nothing of this fence.
-    let contradicted = (requests_fence(fencing.proof) && acknowledged(node, agent.request))
-        .then(|| agent.ack_contradicted())
-        .flatten();
+    let contradicted = match agent.acknowledgement(node) {
+        Acknowledgement::Contradicted { renewals } if requests_fence(fencing.proof) => {
+            Some(renewals)
+        }
+        _ => None,
+    };
     FenceCheck {
         proof,
         doubt,

@@ -11,9 +11,9 @@
 
 use kube::ResourceExt;
 
-use super::proof::ACK_CONTRADICTED_BY;
+use super::proof::{Acknowledgement, acknowledgement};
 use super::{HoldReason, Intent, PlanInput, node_usable};
-use crate::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
+use crate::contract::{FENCE_REQUEST_ANNOTATION, requested_policy};
 use crate::health::ReadyStatus;
 
 /// The withdrawals due this round.
@@ -35,22 +35,19 @@ pub(super) fn plan_withdrawals(input: &PlanInput<'_>, out: &mut Vec<Intent>) {
 /// without an open incident (an incident's own plan holds them, see `taints::fence_contradicted`).
 pub(super) fn plan_contradictions(input: &PlanInput<'_>, out: &mut Vec<Intent>) {
     for (name, node) in &input.view.nodes {
-        let annotations = node.annotations();
-        let Some(request) = annotations.get(FENCE_REQUEST_ANNOTATION) else {
+        let Some(request) = node.annotations().get(FENCE_REQUEST_ANNOTATION) else {
             continue;
         };
-        let renewals = input
+        let since_ack = input
             .heartbeats
             .get(name)
             .map_or(0, |hb| hb.renewals_since_ack);
-        if annotations.get(FENCE_ACK_ANNOTATION) == Some(request)
-            && renewals >= ACK_CONTRADICTED_BY
+        if let Acknowledgement::Contradicted { renewals } =
+            acknowledgement(node, Some(request), since_ack)
             && input.ledger.get(name).is_none()
         {
-            // The request names the policy it was made for (`contract::fence_request`).
-            let policy = request.split('/').next().unwrap_or_default();
             out.push(Intent::Hold {
-                policy: policy.to_string(),
+                policy: requested_policy(request).to_string(),
                 node: Some(name.clone()),
                 reason: HoldReason::FenceContradicted { renewals },
             });
