@@ -135,12 +135,7 @@ impl Fencer {
         let deadline = tokio::time::Instant::now() + check.within;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let run = tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(&check.command)
-                .env("PODHA_FENCE_NODE", &self.node)
-                .kill_on_drop(true)
-                .status();
+            let run = self.shell(&check.command).kill_on_drop(true).status();
             let last = match tokio::time::timeout(left, run).await {
                 Ok(Ok(status)) if status.success() => {
                     info!(node = %self.node, "fence confirmed");
@@ -168,10 +163,8 @@ impl Fencer {
             FenceMethod::Write { path, text } => tokio::fs::write(path, text.as_bytes())
                 .await
                 .map_err(|e| format!("writing {text:?} to {}: {e}", path.display())),
-            FenceMethod::Command(cmd) => tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(cmd)
-                .env("PODHA_FENCE_NODE", &self.node)
+            FenceMethod::Command(cmd) => self
+                .shell(cmd)
                 .env("PODHA_FENCE_REASON", why)
                 .status()
                 .await
@@ -183,6 +176,16 @@ impl Fencer {
                         .ok_or_else(|| format!("{cmd:?} failed: {status}"))
                 }),
         }
+    }
+
+    /// `command` run by `sh -c`, told the node in `$PODHA_FENCE_NODE`: a `command:` fence, or
+    /// its confirmation check.
+    fn shell(&self, command: &str) -> tokio::process::Command {
+        let mut sh = tokio::process::Command::new("sh");
+        sh.arg("-c")
+            .arg(command)
+            .env("PODHA_FENCE_NODE", &self.node);
+        sh
     }
 
     /// podha heard the node again: a later isolation is a new episode.
