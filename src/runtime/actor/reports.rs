@@ -364,10 +364,11 @@ impl Actor {
         let view = &self.state.view;
         let mut unreachable = Vec::new();
         for (name, node) in &view.nodes {
-            let Some(obs) = self.state.observations.get(name) else {
+            let (Some(obs), Some(addr)) = (self.state.observations.get(name), agent_addr(node))
+            else {
                 continue;
             };
-            if agent_addr(node).is_none() || ReadyStatus::from_node(node) != ReadyStatus::True {
+            if ReadyStatus::from_node(node) != ReadyStatus::True {
                 continue;
             }
             let agent = obs.probed(ProbeKind::Agent);
@@ -377,20 +378,19 @@ impl Actor {
                 .map_or(since, |t| t.max(since));
             let unheard = now.saturating_duration_since(heard_or_asked);
             if unheard >= AGENT_UNREACHABLE_AFTER {
-                unreachable.push((name.clone(), agent.connected, unheard));
+                unreachable.push((name.clone(), addr, agent.connected, unheard));
             }
         }
         self.metrics
             .operating
             .set_agents_unreachable(unreachable.len());
-        for (node, last_heard, unheard) in unreachable {
+        for (node, addr, last_heard, unheard) in unreachable {
             if !self
                 .reported
                 .first(&node, format!("agent-unreachable/{since:?}/{last_heard:?}"))
             {
                 continue;
             }
-            let addr = view_addr(&self.state.view, &node);
             let note = format!(
                 "podha has not heard the agent of node {node} ({addr}) for {}s though the node \
                  is Ready: its port may be blocked (a NetworkPolicy, a firewall) or the agent \
@@ -403,14 +403,6 @@ impl Actor {
             self.event(event).await;
         }
     }
-}
-
-/// The agent's address on `node`, for messages.
-fn view_addr(view: &crate::view::View, node: &str) -> String {
-    view.nodes
-        .get(node)
-        .and_then(|n| agent_addr(n))
-        .map_or_else(|| "no address".to_string(), |a| a.to_string())
 }
 
 pub(super) fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {
