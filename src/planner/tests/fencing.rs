@@ -562,26 +562,21 @@ fn a_fence_request_is_withdrawn_once_the_failure_is_over() {
 }
 
 /// `node` renewed its Lease `renewals` times since the fence acknowledgement on it, in the same
-/// boot (otherwise silent since long before the incident); the other nodes renewed just now.
+/// boot (otherwise silent since long before the incident, its agent not probed); the other
+/// nodes renewed just now.
 fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
     agent_silent(world, node, 60, |_| true);
-    let silent = world.t0 - Duration::from_secs(60);
-    world.heartbeats.insert(
-        node.to_string(),
-        Heartbeat {
-            last_renewal: None,
-            renewal_not_before: None,
-            silent_since: silent,
-            renew_period: Duration::from_secs(10),
-            tcp_answered: None,
-            tcp_silent_since: None,
-            agent_answered: None,
-            agent_connected: None,
-            agent_silent_since: None,
-            tainted_since: None,
-            renewals_since_ack: renewals,
-        },
-    );
+    let hb = world
+        .heartbeats
+        .get_mut(node)
+        .expect("inserted by agent_silent");
+    *hb = Heartbeat {
+        agent_answered: None,
+        agent_connected: None,
+        agent_silent_since: None,
+        renewals_since_ack: renewals,
+        ..*hb
+    };
 }
 
 /// A node that acknowledged its fence and then renewed its Lease twice in the same boot was not
