@@ -129,31 +129,25 @@ fn wait_gone(name: &str, rec: &ProcRecord) -> Result<()> {
 /// SIGTERMs only the recorded process (not its group), as a kubelet stops a container, and
 /// waits (up to 10 s) for it to be gone.
 pub fn terminate(name: &str, rec: &ProcRecord) -> Result<()> {
-    if !is_alive(rec) {
-        return Ok(());
-    }
-    match nix::sys::signal::kill(Pid::from_raw(rec.pid), Signal::SIGTERM) {
-        Ok(()) | Err(Errno::ESRCH) => {}
-        Err(e) => {
-            return Err(Error::io(
-                format!("terminate {name} (pid {})", rec.pid),
-                std::io::Error::from(e),
-            ));
-        }
-    }
-    wait_gone(name, rec)
+    signal_leader(name, rec, Signal::SIGTERM)
 }
 
 /// SIGKILLs only the recorded process (not its group) and waits (up to 10 s) for it to be gone.
 pub fn kill_leader(name: &str, rec: &ProcRecord) -> Result<()> {
+    signal_leader(name, rec, Signal::SIGKILL)
+}
+
+/// Sends `signal` to the recorded process alone, if it still runs, and waits (up to 10 s) for
+/// it to be gone.
+fn signal_leader(name: &str, rec: &ProcRecord, signal: Signal) -> Result<()> {
     if !is_alive(rec) {
         return Ok(());
     }
-    match nix::sys::signal::kill(Pid::from_raw(rec.pid), Signal::SIGKILL) {
+    match nix::sys::signal::kill(Pid::from_raw(rec.pid), signal) {
         Ok(()) | Err(Errno::ESRCH) => {}
         Err(e) => {
             return Err(Error::io(
-                format!("kill {name} (pid {})", rec.pid),
+                format!("{signal} {name} (pid {})", rec.pid),
                 std::io::Error::from(e),
             ));
         }
