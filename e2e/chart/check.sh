@@ -60,10 +60,33 @@ if grep -q "type: CharDevice" "$work/bmc.out"; then
   echo "check.sh: hostPathType \"\" still checks the watchdog as a CharDevice" >&2; exit 1
 fi
 
+# The admission policies that bind each trusted write to its writer: on by default, with the
+# release's own accounts and the configured acknowledgers; refused, not silently dropped, on a
+# Kubernetes too old to enforce them.
+for want in "name: podha-node-annotations" "name: podha-agent-leases" "system:serviceaccount:default:podha-agent'" \
+            "system:serviceaccount:default:podha'"; do
+  grep -q -- "$want" "$work/default.yaml" \
+    || { echo "check.sh: the default values render no admission policy '$want'" >&2; exit 1; }
+done
+[ "$(grep -c "^kind: ValidatingAdmissionPolicyBinding$" "$work/default.yaml")" = 2 ] \
+  || { echo "check.sh: the default values do not bind both admission policies" >&2; exit 1; }
+"$helm" template podha "$chart" --kube-version "$kube" --set 'rbac.fenceAcknowledgers={system:serviceaccount:fencing:fencer}' \
+  --show-only templates/admission-policies.yaml | grep -q "in \['system:serviceaccount:fencing:fencer'\]" \
+  || { echo "check.sh: rbac.fenceAcknowledgers does not reach the node annotations policy" >&2; exit 1; }
+if "$helm" template podha "$chart" --kube-version 1.31.0 > "$work/old.out" 2>&1 \
+  || ! grep -q "rbac.admissionPolicies needs Kubernetes 1.32" "$work/old.out"; then
+  echo "check.sh: Kubernetes 1.31 must be refused while rbac.admissionPolicies is on:" >&2; cat "$work/old.out" >&2; exit 1
+fi
+"$helm" template podha "$chart" --kube-version 1.31.0 --set rbac.admissionPolicies=false > "$work/old.out"
+if grep -q "ValidatingAdmissionPolicy" "$work/old.out"; then
+  echo "check.sh: rbac.admissionPolicies=false still renders an admission policy" >&2; exit 1
+fi
+
 # The schema refuses wrong types, unknown keys and durations the binary would reject.
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
            prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.fence=write:power=off \
-           agent.isolationTimeout=30 agent.surveyTimeout=soon agent.watchdog.hostPathType=Directory; do
+           agent.isolationTimeout=30 agent.surveyTimeout=soon agent.watchdog.hostPathType=Directory \
+           "rbac.fenceAcknowledgers={it's}"; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi

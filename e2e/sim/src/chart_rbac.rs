@@ -37,22 +37,35 @@ pub fn helm_path() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The chart's RBAC objects for release [`RELEASE`] in `namespace`, as `helm template` renders
-/// them for Kubernetes `kube_version` (checked against the chart's `kubeVersion`), with the
-/// leader Lease named `lease_name`.
+/// The templates holding the agent's identity and permissions, and the admission policies that
+/// bind each write podha trusts to its writer.
+const AGENT_TEMPLATES: [&str; 2] = [
+    "templates/agent-rbac.yaml",
+    "templates/admission-policies.yaml",
+];
+
+/// The chart's `templates` for release [`RELEASE`] in `namespace`, as `helm template` renders
+/// them for Kubernetes `kube_version` (checked against the chart's `kubeVersion`) with the
+/// values `sets` (`key=value`).
 pub fn render(
     helm: &Path,
     chart: &Path,
     kube_version: &str,
     namespace: &str,
-    lease_name: &str,
+    sets: &[String],
+    templates: &[&str],
 ) -> anyhow::Result<String> {
     let mut cmd = Command::new(helm);
-    cmd.args(["template", RELEASE])
-        .arg(chart)
-        .args(["--namespace", namespace, "--kube-version", kube_version])
-        .arg(format!("--set=leaderElection.leaseName={lease_name}"));
-    for t in RBAC_TEMPLATES {
+    cmd.args(["template", RELEASE]).arg(chart).args([
+        "--namespace",
+        namespace,
+        "--kube-version",
+        kube_version,
+    ]);
+    for set in sets {
+        cmd.arg(format!("--set={set}"));
+    }
+    for t in templates {
         cmd.args(["--show-only", t]);
     }
     let out = cmd
@@ -78,12 +91,14 @@ pub fn service_account_config(
     lease_name: &str,
     admin: &kube::Config,
 ) -> anyhow::Result<kube::Config> {
-    let version: serde_json::Value =
-        serde_json::from_str(&kubectl(cluster, &["version", "-o", "json"], None)?)?;
-    let kube_version = version["serverVersion"]["gitVersion"]
-        .as_str()
-        .context("kubectl version printed no serverVersion.gitVersion")?;
-    let manifest = render(helm, chart, kube_version, namespace, lease_name)?;
+    let manifest = render(
+        helm,
+        chart,
+        &kube_version(cluster)?,
+        namespace,
+        &[format!("leaderElection.leaseName={lease_name}")],
+        &RBAC_TEMPLATES,
+    )?;
     for kind in [
         "ServiceAccount",
         "ClusterRole",
@@ -114,6 +129,50 @@ pub fn service_account_config(
         ..kube::config::AuthInfo::default()
     };
     Ok(config)
+}
+
+/// Applies to `cluster` (as admin, with kubectl) the chart's RBAC, the agent's and the admission
+/// policies for `namespace`, rendered with the agent on and the values `sets`.
+pub fn apply_agent_policies(
+    cluster: &Cluster,
+    helm: &Path,
+    chart: &Path,
+    namespace: &str,
+    sets: &[String],
+) -> anyhow::Result<()> {
+    let mut values = vec!["agent.enabled=true".to_string()];
+    values.extend_from_slice(sets);
+    let templates: Vec<&str> = RBAC_TEMPLATES
+        .iter()
+        .chain(&AGENT_TEMPLATES)
+        .copied()
+        .collect();
+    let manifest = render(
+        helm,
+        chart,
+        &kube_version(cluster)?,
+        namespace,
+        &values,
+        &templates,
+    )?;
+    if !manifest
+        .lines()
+        .any(|l| l == "kind: ValidatingAdmissionPolicy")
+    {
+        bail!("the chart rendered no ValidatingAdmissionPolicy:\n{manifest}");
+    }
+    kubectl(cluster, &["apply", "-f", "-"], Some(&manifest))?;
+    Ok(())
+}
+
+/// The API server's version (`v1.34.4`), as helm's `--kube-version` takes it.
+fn kube_version(cluster: &Cluster) -> anyhow::Result<String> {
+    let version: serde_json::Value =
+        serde_json::from_str(&kubectl(cluster, &["version", "-o", "json"], None)?)?;
+    version["serverVersion"]["gitVersion"]
+        .as_str()
+        .map(str::to_string)
+        .context("kubectl version printed no serverVersion.gitVersion")
 }
 
 fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {

@@ -249,10 +249,14 @@ impl Cluster {
 
     /// A new admin client (each call builds its own, so it may be used from any tokio runtime).
     pub async fn client(&self) -> Result<kube::Client> {
+        kube::Client::try_from(self.config().await?).map_err(|e| Error::kube("build client", e))
+    }
+
+    /// The admin's client configuration (to derive other users' from: another token, an
+    /// impersonation).
+    pub async fn config(&self) -> Result<kube::Config> {
         let kubeconfig = Kubeconfig::read_from(self.kubeconfig_path())?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        kube::Client::try_from(config).map_err(|e| Error::kube("build client", e))
+        Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
     }
 
     /// Every node, in index order.
