@@ -95,7 +95,10 @@ pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a 
 /// their shortest isolation timeout is derived from it.
 pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// A node's InternalIP, where its kubelet and its agent listen.
+/// A node's InternalIP, where its kubelet and its agent listen: the first the node lists, of
+/// either family (the primary family's on a dual-stack node, IPv6 on an IPv6-only one). The
+/// agent listens on both families by default and does not advertise itself where this address
+/// does not reach it (`agent::listen`).
 pub fn internal_ip(node: &Node) -> Option<IpAddr> {
     node.status
         .as_ref()?
@@ -214,6 +217,63 @@ pub struct HeartbeatAnswer {
 mod tests {
     use super::*;
     use crate::test_builders::*;
+
+    fn node_at(addresses: &[(&str, &str)], port: Option<&str>) -> Node {
+        let mut node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "status": {"addresses": addresses
+                .iter()
+                .map(|(t, a)| serde_json::json!({"type": t, "address": a}))
+                .collect::<Vec<_>>()}
+        }))
+        .expect("node");
+        if let Some(port) = port {
+            node.metadata.annotations = Some([(AGENT_PORT_ANNOTATION.into(), port.into())].into());
+        }
+        node
+    }
+
+    #[test]
+    fn the_agent_is_dialed_at_the_first_internal_ip_of_either_family() {
+        let v6_only = node_at(
+            &[("Hostname", "n1"), ("InternalIP", "fd00::5")],
+            Some("9441"),
+        );
+        assert_eq!(
+            agent_addr(&v6_only),
+            Some("[fd00::5]:9441".parse().expect("addr"))
+        );
+        let v6_first = node_at(
+            &[("InternalIP", "fd00::5"), ("InternalIP", "10.0.0.5")],
+            Some("9441"),
+        );
+        assert_eq!(internal_ip(&v6_first), Some("fd00::5".parse().expect("ip")));
+        let v4_first = node_at(
+            &[
+                ("ExternalIP", "203.0.113.5"),
+                ("InternalIP", "10.0.0.5"),
+                ("InternalIP", "fd00::5"),
+            ],
+            Some("9441"),
+        );
+        assert_eq!(
+            agent_addr(&v4_first),
+            Some("10.0.0.5:9441".parse().expect("addr"))
+        );
+        assert_eq!(
+            agent_addr(&node_at(&[("InternalIP", "10.0.0.5")], None)),
+            None,
+            "no agent"
+        );
+        assert_eq!(
+            agent_addr(&node_at(&[("ExternalIP", "203.0.113.5")], Some("9441"))),
+            None
+        );
+        assert_eq!(
+            agent_addr(&node_at(&[("InternalIP", "10.0.0.5")], Some("0"))),
+            None
+        );
+    }
 
     #[test]
     fn the_annotations_keep_their_names() {

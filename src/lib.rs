@@ -19,6 +19,7 @@ pub mod http;
 pub mod incident;
 pub mod kubeconfig;
 pub mod leader;
+pub mod listen;
 pub mod metrics;
 pub mod planner;
 pub mod runtime;

@@ -33,8 +33,9 @@ struct RunArgs {
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "PODHA_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "PODHA_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of /metrics, /healthz and /readyz. `[::]` listens on both families (on IPv4
+    /// alone where the host has no IPv6).
+    #[arg(long, env = "PODHA_HTTP_ADDR", default_value = "[::]:8080")]
     http_addr: SocketAddr,
     /// Namespace of the leader-election Lease (default: $POD_NAMESPACE, else "default").
     #[arg(long, env = "PODHA_LEADER_NAMESPACE")]

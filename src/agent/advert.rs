@@ -81,6 +81,29 @@ impl Advert {
             Err(e) => warn!(node = name, error = %e, "cannot advertise the agent on the node yet"),
         }
     }
+
+    /// Takes this agent's advert off `node` (the Node `name` as last seen), if it carries any
+    /// of it: podha stops probing the agent, and its silence stops counting as a fence.
+    pub(super) async fn take_off(&self, nodes: &Api<Node>, name: &str, node: &Node) {
+        let annotations = node.metadata.annotations.as_ref();
+        if !self
+            .annotations()
+            .iter()
+            .any(|(key, _)| annotations.is_some_and(|a| a.contains_key(*key)))
+        {
+            return;
+        }
+        let patch = json!({"metadata": {"annotations": {
+            AGENT_PORT_ANNOTATION: null,
+            AGENT_FENCED_WITHIN_ANNOTATION: null,
+        }}});
+        if let Err(e) = nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(node = name, error = %e, "cannot take the agent's advert off the node");
+        }
+    }
 }
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes

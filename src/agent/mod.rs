@@ -71,7 +71,8 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_FENCE_CONFIRM_WITHIN", value_parser = humantime::parse_duration, default_value = "60s")]
     pub fence_confirm_within: Duration,
     /// Where podha's probes and the peers' surveys arrive. Peers are asked on the same port.
-    #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "0.0.0.0:9441")]
+    /// `[::]` listens on both families (on IPv4 alone where the host has no IPv6).
+    #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "[::]:9441")]
     pub listen: SocketAddr,
     /// How long podha may not hear this node before it fences itself (unless its peers show
     /// podha hears nobody). podha's `AgentSilence` proof waits this long plus a margin.
@@ -232,9 +233,8 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let client = crate::kubeconfig::client(args.kubeconfig.as_deref())
         .await
         .map_err(AgentError::Client)?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| AgentError::Listen {
+    let (listener, listening) =
+        crate::listen::bind(args.listen).map_err(|source| AgentError::Listen {
             addr: args.listen,
             source,
         })?;
@@ -271,7 +271,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         survey_times.limit(),
         args.watchdog_timeout,
     );
-    info!(node = %args.node, listen = %args.listen, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
+    info!(node = %args.node, listen = %listening.addr, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
     let advert = advert::Advert {
         port: args.listen.port(),
         fenced_within,
@@ -288,7 +288,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let lease = advert::AdvertLease::new(client.clone(), &namespace, &args.node, owner);
     let (result, terminated) = tokio::select! {
         r = serve => (r.map_err(AgentError::Serve), false),
-        r = requests::follow(client.clone(), &args.node, advert, boot, fencer.clone()) => (r, false),
+        r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => (r, false),
         () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),

@@ -13,10 +13,13 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{AgentError, FenceCause, Fenced, Fencer, advert::Advert};
-use crate::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, requested_boot};
+use crate::contract::{
+    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, internal_ip, requested_boot,
+};
+use crate::listen::Listening;
 
 /// Whether the request must be answered with a fence: unless it was made in another boot of
 /// this node (the reboot since was the fence). Unknown boots on either side: fence.
@@ -41,6 +44,7 @@ pub async fn follow(
     client: kube::Client,
     name: &str,
     advert: Advert,
+    listening: Listening,
     boot: Option<String>,
     fencer: Arc<Fencer>,
 ) -> Result<(), AgentError> {
@@ -53,8 +57,15 @@ pub async fn follow(
     loop {
         match stream.try_next().await {
             Ok(Some(node)) => {
-                if advert.missing_from(&node) {
-                    advert.put_on(&nodes, name).await;
+                match internal_ip(&node) {
+                    Some(ip) if !listening.serves(ip) => {
+                        // podha and the peers would dial an address this agent does not
+                        // listen on: its silence must not count as a fence.
+                        error!(node = name, %ip, listen = %listening.addr, "podha and the peers dial this node at an address the agent does not listen on: not advertising it");
+                        advert.take_off(&nodes, name, &node).await;
+                    }
+                    _ if advert.missing_from(&node) => advert.put_on(&nodes, name).await,
+                    _ => {}
                 }
                 if let Some(request) = unanswered(&node) {
                     answer(&nodes, name, request, boot.as_deref(), &fencer).await;

@@ -91,7 +91,7 @@ pub async fn run(
     };
 
     let election_progress = leader::Progress::new(&opts.leader);
-    let listener = tokio::net::TcpListener::bind(opts.http_addr).await?;
+    let (listener, _) = crate::listen::bind(opts.http_addr)?;
     info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
     let mut http = tokio::spawn(crate::http::serve(
         listener,
