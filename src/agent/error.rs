@@ -27,8 +27,9 @@ pub enum ArgsError {
         probe_interval: Duration,
     },
     #[error(
-        "--watchdog-timeout {} must be longer than the check interval plus the longest peer \
-         survey ({}): a survey would let the watchdog reset a healthy node",
+        "the watchdog timeout {} (--watchdog-timeout, or the one the device took) must be \
+         longer than the check interval plus the longest peer survey ({}): a survey would let \
+         the watchdog reset a healthy node",
         fmt(.watchdog), fmt(.shortest)
     )]
     WatchdogTooShort {
@@ -36,7 +37,8 @@ pub enum ArgsError {
         shortest: Duration,
     },
     #[error(
-        "--watchdog-timeout {} must be at most half the isolation timeout {}",
+        "the watchdog timeout {} (--watchdog-timeout, or the one the device took) must be at \
+         most half the isolation timeout {}",
         fmt(.watchdog), fmt(.isolation_timeout)
     )]
     WatchdogTooLong {
@@ -53,6 +55,17 @@ pub enum ArgsError {
 /// Why the watchdog device could not be armed.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchdogError {
+    #[error(
+        "the watchdog {} is neither a character device (a watchdog) nor a FIFO or regular \
+         file standing in for one",
+        .path.display()
+    )]
+    NotAWatchdogFile { path: PathBuf },
+    #[error("refusing the watchdog {}: {source}", .path.display())]
+    Refused {
+        path: PathBuf,
+        source: WatchdogRefusal,
+    },
     #[error("opening the watchdog {} took over {after:?}", .path.display())]
     OpenTimedOut { path: PathBuf, after: Duration },
     #[error("opening the watchdog {}: {source}", .path.display())]
@@ -64,6 +77,67 @@ pub enum WatchdogError {
     Open {
         path: PathBuf,
         source: std::io::Error,
+    },
+}
+
+/// Why the agent will not use a watchdog device (see `super::watchdog`): it would not reset
+/// the node when podha counts it reset, or reset it when nothing should.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogRefusal {
+    #[error(
+        "cannot tell whether its driver has nowayout ({source}): the agent uses no watchdog it \
+         might be unable to disarm. Every driver of the kernel's watchdog core has this sysfs \
+         attribute (Linux 4.3 and later): the file may be no watchdog, its driver older than \
+         the core, or /sys not mounted in the agent's container"
+    )]
+    NowayoutUnknown {
+        source: podha_watchdog_device::Error,
+    },
+    #[error(
+        "its driver has nowayout: once armed it never disarms, so every stop of the agent (a \
+         rollout, an uninstall) would reset the node. Load the driver with nowayout=0 \
+         (`modprobe softdog nowayout=0`, or `softdog.nowayout=0` on the kernel command line \
+         for a built-in driver; CONFIG_WATCHDOG_NOWAYOUT=y makes nowayout the default)"
+    )]
+    Nowayout,
+    #[error(
+        "it has no magic close ({identity:?}): any close disarms it, so a crashed or killed \
+         agent would leave the node running while podha counts it reset. Use a watchdog \
+         whose driver has magic close (softdog and most hardware watchdogs do)"
+    )]
+    NoMagicClose { identity: String },
+    #[error(transparent)]
+    Support(podha_watchdog_device::Error),
+    #[error("it did not take a timeout of {asked}s (outside what its driver allows?): {source}")]
+    SetTimeout {
+        asked: u32,
+        source: podha_watchdog_device::Error,
+    },
+    #[error("cannot read its timeout back: {source}")]
+    ReadTimeout {
+        source: podha_watchdog_device::Error,
+    },
+    #[error(
+        "its timeout cannot be set and is {}, not {asked}s (--watchdog-timeout {}, rounded up \
+         to whole seconds): set --watchdog-timeout to the device's, or the device's (its \
+         driver's timeout parameter) to it",
+        fmt(.device), fmt(.requested)
+    )]
+    FixedTimeout {
+        device: Duration,
+        requested: Duration,
+        asked: u32,
+    },
+    #[error(
+        "it took a timeout of {} (--watchdog-timeout {} asked for {}s), which the agent \
+         cannot keep: {source}",
+        fmt(.actual), fmt(.requested), .asked
+    )]
+    DoesNotFit {
+        actual: Duration,
+        requested: Duration,
+        asked: u32,
+        source: ArgsError,
     },
 }
 

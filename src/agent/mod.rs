@@ -34,7 +34,9 @@ use tracing::{error, info};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
 use check::{check_loop, resume};
-pub use error::{AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError};
+pub use error::{
+    AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError, WatchdogRefusal,
+};
 pub use fence::{FenceCause, FenceConfirm, FenceMethod, Fenced, Fencer};
 use hearing_file::HearingFile;
 use peer_list::SavedList;
@@ -118,13 +120,16 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
     pub hearing_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
-    /// hears this node (or hears nobody), disarmed on SIGTERM. Without one, a frozen node is
-    /// not reset: see docs/agent.md.
+    /// hears this node (or hears nobody), disarmed on SIGTERM. A device must have magic close
+    /// and no nowayout. A FIFO or a regular file stands in for one (the sim's). Without one, a
+    /// frozen node is not reset: see docs/agent.md.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG", requires = "watchdog_timeout")]
     pub watchdog: Option<PathBuf>,
-    /// The watchdog device's timeout (set on the device: softdog's soft_margin, the BIOS). More
-    /// than the check interval plus the longest peer survey (8s with the default survey
-    /// timeout), at most half the isolation timeout.
+    /// The watchdog's timeout: set on the device (rounded up to whole seconds) and read back,
+    /// the device's own being what the agent goes by; a device whose timeout cannot be set must
+    /// have this one; a FIFO or a file standing in for a device is taken to have it. More than
+    /// the check interval plus the longest peer survey (7s with the default survey timeout), at
+    /// most half the isolation timeout.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG_TIMEOUT", value_parser = humantime::parse_duration, requires = "watchdog")]
     pub watchdog_timeout: Option<Duration>,
     /// The namespace of the agent's Lease: podha's (default: the namespace of the client's
@@ -158,14 +163,30 @@ impl AgentArgs {
             });
         }
         if let Some(timeout) = self.watchdog_timeout {
-            watchdog::check_timeout(
-                timeout,
-                self.isolation_timeout,
-                self.check_interval,
-                self.survey_times().limit(),
-            )?;
+            self.watchdog_bounds().check(timeout)?;
         }
         Ok(())
+    }
+
+    /// The timings a watchdog timeout must fit.
+    pub fn watchdog_bounds(&self) -> watchdog::Bounds {
+        watchdog::Bounds {
+            isolation_timeout: self.isolation_timeout,
+            check_interval: self.check_interval,
+            survey_limit: self.survey_times().limit(),
+        }
+    }
+
+    /// The watchdog, if there is one, opened (and so armed) with the timeout the agent goes
+    /// by: a device's own, read back, which fits [`Self::watchdog_bounds`] or the agent does
+    /// not start (it never advertises a bound it cannot keep); see [`watchdog`].
+    async fn open_watchdog(&self) -> Result<Option<Watchdog>, WatchdogError> {
+        match (&self.watchdog, self.watchdog_timeout) {
+            (Some(path), Some(timeout)) => Watchdog::open(path, timeout, self.watchdog_bounds())
+                .await
+                .map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// How long a peer survey and its parts may take.
@@ -261,15 +282,13 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     } else {
         Peers::fixed(args.peers.clone(), survey_times)
     };
-    let mut watchdog = match (&args.watchdog, args.watchdog_timeout) {
-        (Some(path), Some(timeout)) => Some(Watchdog::open(path, timeout).await?),
-        _ => None,
-    };
+    // A device's own timeout from here on (it may have rounded what it was asked).
+    let mut watchdog = args.open_watchdog().await?;
     let fenced_within = isolation::fenced_within(
         args.isolation_timeout,
         args.check_interval,
         survey_times.limit(),
-        args.watchdog_timeout,
+        watchdog.as_ref().map(Watchdog::timeout),
     );
     info!(node = %args.node, listen = %listening.addr, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
     let advert = advert::Advert {
