@@ -218,6 +218,28 @@ mod tests {
     use super::*;
     use crate::test_builders::*;
 
+    /// The chart's admission policy on the agent Leases restates this module's rules in CEL:
+    /// their name, and how long they may last.
+    #[test]
+    fn the_chart_binds_agent_leases_by_this_modules_rules() {
+        let policy = include_str!("../charts/podha/templates/admission-policies.yaml");
+        let longest = MAX_NAME - AGENT_LEASE_PREFIX.len();
+        for rule in [
+            format!("size(variables.agentNode) <= {longest}"),
+            format!(
+                "variables.lease.metadata.name == '{AGENT_LEASE_PREFIX}' + variables.agentNode"
+            ),
+            format!("matches('^{AGENT_LEASE_PREFIX}[0-9a-f]{{16}}$')"),
+            format!(
+                "leaseDurationSeconds.orValue(0) <= {}",
+                AGENT_LEASE_DURATION.as_secs()
+            ),
+        ] {
+            assert!(policy.contains(&rule), "the chart's policy lacks {rule}");
+        }
+        assert!(agent_lease_name(&"n".repeat(longest + 1)).len() == AGENT_LEASE_PREFIX.len() + 16);
+    }
+
     fn node_at(addresses: &[(&str, &str)], port: Option<&str>) -> Node {
         let mut node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n1"},

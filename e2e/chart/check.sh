@@ -63,13 +63,17 @@ fi
 # The admission policies that bind each trusted write to its writer: on by default, with the
 # release's own accounts and the configured acknowledgers; refused, not silently dropped, on a
 # Kubernetes too old to enforce them.
-for want in "name: podha-node-annotations" "name: podha-agent-leases" "system:serviceaccount:default:podha-agent'" \
+for want in "name: podha-node-annotations" "name: podha-leases" "name: podha-tokens" "system:serviceaccount:default:podha-agent'" \
             "system:serviceaccount:default:podha'"; do
   grep -q -- "$want" "$work/default.yaml" \
     || { echo "check.sh: the default values render no admission policy '$want'" >&2; exit 1; }
 done
-[ "$(grep -c "^kind: ValidatingAdmissionPolicyBinding$" "$work/default.yaml")" = 2 ] \
-  || { echo "check.sh: the default values do not bind both admission policies" >&2; exit 1; }
+[ "$(grep -c "^kind: ValidatingAdmissionPolicyBinding$" "$work/default.yaml")" = 3 ] \
+  || { echo "check.sh: the default values do not bind the three admission policies" >&2; exit 1; }
+if "$helm" template podha "$chart" --kube-version "$kube" --set serviceAccount.create=false > "$work/sa.out" 2>&1 \
+  || ! grep -q "not the namespace's default" "$work/sa.out"; then
+  echo "check.sh: the admission policies must refuse to trust the namespace's default ServiceAccount:" >&2; cat "$work/sa.out" >&2; exit 1
+fi
 "$helm" template podha "$chart" --kube-version "$kube" --set 'rbac.fenceAcknowledgers={system:serviceaccount:fencing:fencer}' \
   --show-only templates/admission-policies.yaml | grep -q "in \['system:serviceaccount:fencing:fencer'\]" \
   || { echo "check.sh: rbac.fenceAcknowledgers does not reach the node annotations policy" >&2; exit 1; }
@@ -86,7 +90,7 @@ fi
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
            prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.fence=write:power=off \
            agent.isolationTimeout=30 agent.surveyTimeout=soon agent.watchdog.hostPathType=Directory \
-           "rbac.fenceAcknowledgers={it's}"; do
+           "rbac.fenceAcknowledgers={it's}" leaderElection.leaseName=podha-agent-x; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi

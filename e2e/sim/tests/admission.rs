@@ -1,8 +1,9 @@
 //! The chart's admission policies on the sim's real API server: each write podha trusts (the
-//! contract's Node annotations, the agent Leases) is accepted from its writer only. Agents
-//! authenticate as the chart's agent ServiceAccount with tokens bound to a pod on their node
-//! (the API server puts the node in the token's user info), podha as its own ServiceAccount, a
-//! fence controller as a user listed in `rbac.fenceAcknowledgers`, a kubelet by impersonation.
+//! contract's Node annotations, the agent Leases, podha's leader Lease) is accepted from its
+//! writer only. Agents authenticate as the chart's agent ServiceAccount with tokens a kubelet
+//! requested for a pod on its node (the API server puts the pod and its node in the token's
+//! user info), podha as its own ServiceAccount the same way, a fence controller as a user
+//! listed in `rbac.fenceAcknowledgers`, a kubelet and the admin as themselves.
 //!
 //! Needs `make k8s` and `make helm`; without them the test fails with that hint.
 
@@ -29,6 +30,8 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "admission";
 const AGENT_SA: &str = "podha-agent";
 const FENCER_SA: &str = "fencer";
+/// The chart's default `leaderElection.leaseName`.
+const LEADER_LEASE: &str = "podha-leader";
 
 fn main() -> ExitCode {
     let mut args = Arguments::from_args();
@@ -48,16 +51,20 @@ fn main() -> ExitCode {
 
 /// Who writes, as a client of the API server.
 struct Writers {
-    /// The agent of node-1 and of node-2: the agent ServiceAccount, tokens bound to a pod on
-    /// their node.
+    /// The agents of node-1 and node-2, with the pods their tokens are bound to.
     agent_1: kube::Client,
+    agent_1_pod: Pod,
     agent_2: kube::Client,
+    agent_2_pod: Pod,
     /// The agent ServiceAccount with a token bound to no pod: it names no node.
     agent_nowhere: kube::Client,
     podha: kube::Client,
+    /// podha's ServiceAccount with a token bound to no pod.
+    podha_unbound: kube::Client,
     fencer: kube::Client,
     /// node-1's kubelet (`system:node:node-1`, impersonated by the admin).
     kubelet_1: kube::Client,
+    /// `system:masters`, in the chart's default `rbac.annotationCleaners`.
     admin: kube::Client,
 }
 
@@ -73,188 +80,27 @@ fn each_write_from_its_writer(shared: &SharedCluster) -> Result<(), libtest_mimi
             &[format!("rbac.fenceAcknowledgers={{{fencer}}}")],
         )?;
         policies_type_check(&ctx.client).await?;
-        let w = writers(&ctx).await?;
-        // Until the API server loaded the policies, the forged advert goes through (and is
-        // taken back at once).
-        let forged = agent_lease_name("node-2");
+        fence_controller(&ctx.client).await?;
+        // Until the API server loaded the policies, the token goes out (and is thrown away).
+        let sas: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), NAMESPACE);
         wait_for(
-            "the policies to refuse a forged advert",
+            "the policies to refuse an admin an agent's token",
             secs(30),
             || async {
-                match apply_lease(&w.admin, &forged, "node-2").await {
-                    Ok(_) => {
-                        delete_lease(&w.admin, &forged).await?;
-                        Ok(None)
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
-                    Err(e) => Err(e.into()),
+                match token(&sas, AGENT_SA, None).await {
+                    Ok(_) => Ok(None),
+                    Err(e) => match e.downcast_ref::<kube::Error>() {
+                        Some(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
+                        _ => Err(e),
+                    },
                 }
             },
         )
         .await?;
-
-        log(
-            NAMESPACE,
-            "an agent writes its own node's annotations, nothing else",
-        );
-        for key in [
-            AGENT_PORT_ANNOTATION,
-            AGENT_FENCED_WITHIN_ANNOTATION,
-            FENCE_ACK_ANNOTATION,
-        ] {
-            annotate(&w.agent_1, "node-1", key, Some("9000")).await?;
-            annotate(&w.agent_1, "node-1", key, None).await?;
-            refused(
-                annotate(&w.agent_1, "node-2", key, Some("9000")).await,
-                &format!("agent of node-1 writing {key} of node-2"),
-                &format!("may not change {key} of node node-2"),
-            )?;
-            refused(
-                annotate(&w.agent_nowhere, "node-1", key, Some("9000")).await,
-                &format!("an agent token bound to no pod writing {key}"),
-                &format!("may not change {key} of node node-1"),
-            )?;
-        }
-        refused(
-            annotate(
-                &w.agent_1,
-                "node-1",
-                FENCE_REQUEST_ANNOTATION,
-                Some("p/1/b"),
-            )
-            .await,
-            "agent of node-1 requesting its own fence",
-            "may not change podha.io/fence-request",
-        )?;
-        refused(
-            annotate(&w.agent_1, "node-1", "example.com/other", Some("x")).await,
-            "agent of node-1 writing another annotation",
-            "only the agent annotations of its own node",
-        )?;
-        refused(
-            patch_node(
-                &w.agent_1,
-                "node-1",
-                json!({"spec": {"unschedulable": true}}),
-            )
-            .await,
-            "agent of node-1 cordoning it",
-            "only the agent annotations of its own node",
-        )?;
-        refused(
-            patch_node(
-                &w.agent_1,
-                "node-1",
-                json!({"metadata": {"labels": {"x": "y"}}}),
-            )
-            .await,
-            "agent of node-1 labelling it",
-            "only the agent annotations of its own node",
-        )?;
-
-        log(
-            NAMESPACE,
-            "podha requests fences; only agents and acknowledgers acknowledge",
-        );
-        annotate(&w.podha, "node-1", FENCE_REQUEST_ANNOTATION, Some("p/1/b")).await?;
-        for (who, client) in [
-            ("podha", &w.podha),
-            ("an admin", &w.admin),
-            ("node-1's kubelet", &w.kubelet_1),
-        ] {
-            refused(
-                annotate(client, "node-1", FENCE_ACK_ANNOTATION, Some("p/1/b")).await,
-                &format!("{who} forging node-1's acknowledgement"),
-                "may not change podha.io/fence-ack",
-            )?;
-            refused(
-                annotate(client, "node-1", AGENT_PORT_ANNOTATION, Some("1")).await,
-                &format!("{who} pointing node-1's agent port elsewhere"),
-                "may not change podha.io/agent-port",
-            )?;
-        }
-        refused(
-            annotate(&w.admin, "node-1", FENCE_REQUEST_ANNOTATION, None).await,
-            "an admin withdrawing podha's fence request",
-            "may not change podha.io/fence-request",
-        )?;
-        annotate(&w.fencer, "node-1", FENCE_ACK_ANNOTATION, Some("p/1/b")).await?;
-        refused(
-            annotate(
-                &w.fencer,
-                "node-1",
-                AGENT_FENCED_WITHIN_ANNOTATION,
-                Some("0s"),
-            )
-            .await,
-            "the fence controller advertising an agent",
-            "may not change podha.io/agent-fenced-within",
-        )?;
-        annotate(&w.agent_1, "node-1", FENCE_ACK_ANNOTATION, None).await?;
-        annotate(&w.podha, "node-1", FENCE_REQUEST_ANNOTATION, None).await?;
-
-        log(
-            NAMESPACE,
-            "an agent keeps its own node's Lease and no other",
-        );
-        let own = agent_lease_name("node-1");
-        apply_lease(&w.agent_1, &own, "node-1").await?;
-        apply_lease(&w.agent_1, &own, "node-1").await?;
-        refused(
-            apply_lease(&w.agent_1, &own, "node-2").await,
-            "agent of node-1 handing its Lease to node-2",
-            "may write only the agent Lease of its own node",
-        )?;
-        refused(
-            apply_lease(&w.agent_1, &agent_lease_name("node-2"), "node-2").await,
-            "agent of node-1 advertising node-2's agent",
-            "may write only the agent Lease of its own node",
-        )?;
-        refused(
-            apply_lease(&w.admin, &agent_lease_name("node-2"), "node-2").await,
-            "an admin forging node-2's advert",
-            "only the podha agent of its node does",
-        )?;
-        refused(
-            apply_lease(&w.agent_nowhere, &agent_lease_name("node-2"), "node-2").await,
-            "an agent token bound to no pod advertising node-2's agent",
-            "its token names no node",
-        )?;
-        apply_lease(&w.agent_2, &agent_lease_name("node-2"), "node-2").await?;
-        refused(
-            apply_lease(&w.admin, &agent_lease_name("node-2"), "node-2").await,
-            "an admin renewing node-2's advert",
-            "only the podha agent of its node does",
-        )?;
-        let leases: Api<Lease> = Api::namespaced(w.admin.clone(), NAMESPACE);
-        leases
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": RELEASE},
-                    "spec": {"holderIdentity": "podha-a", "leaseDurationSeconds": 15}
-                }))?,
-            )
-            .await
-            .context("create the leader Lease as admin")?;
-        refused(
-            apply_lease(&w.agent_1, RELEASE, "node-1").await,
-            "agent of node-1 taking podha's leader Lease",
-            "may write only the agent Lease of its own node",
-        )?;
-        refused(
-            delete_lease(&w.agent_1, RELEASE).await,
-            "agent of node-1 deleting podha's leader Lease",
-            "may write only the agent Lease of its own node",
-        )?;
-        refused(
-            delete_lease(&w.agent_1, &agent_lease_name("node-2")).await,
-            "agent of node-1 withdrawing node-2's advert",
-            "may write only the agent Lease of its own node",
-        )?;
-        delete_lease(&w.agent_1, &own).await?;
-        delete_lease(&w.admin, &agent_lease_name("node-2")).await?;
-        delete_lease(&w.admin, RELEASE).await?;
+        let w = writers(&ctx).await?;
+        node_annotations(&w).await?;
+        agent_leases(&w).await?;
+        leader_lease(&w).await?;
 
         log(NAMESPACE, "a kubelet's status updates go on");
         let status = json!({"status": {"conditions": [{
@@ -273,11 +119,275 @@ fn each_write_from_its_writer(shared: &SharedCluster) -> Result<(), libtest_mimi
     })
 }
 
+async fn node_annotations(w: &Writers) -> anyhow::Result<()> {
+    log(
+        NAMESPACE,
+        "an agent writes its own node's annotations, nothing else",
+    );
+    for key in [
+        AGENT_PORT_ANNOTATION,
+        AGENT_FENCED_WITHIN_ANNOTATION,
+        FENCE_ACK_ANNOTATION,
+    ] {
+        annotate(&w.agent_1, "node-1", key, Some("9000")).await?;
+        annotate(&w.agent_1, "node-1", key, Some("9001")).await?;
+        annotate(&w.agent_1, "node-1", key, None).await?;
+        refused(
+            annotate(&w.agent_1, "node-2", key, Some("9000")).await,
+            &format!("agent of node-1 writing {key} of node-2"),
+            &format!("may not change {key} of node node-2"),
+        )?;
+        refused(
+            annotate(&w.agent_nowhere, "node-1", key, Some("9000")).await,
+            &format!("an agent token bound to no pod writing {key}"),
+            &format!("may not change {key} of node node-1"),
+        )?;
+    }
+    refused(
+        annotate(
+            &w.agent_1,
+            "node-1",
+            FENCE_REQUEST_ANNOTATION,
+            Some("p/1/b"),
+        )
+        .await,
+        "agent of node-1 requesting its own fence",
+        "may not change podha.io/fence-request",
+    )?;
+    let elsewhere = "only the agent annotations of its own node";
+    annotate(&w.admin, "node-1", "example.com/other", Some("x")).await?;
+    for (what, patch) in [
+        (
+            "writing another annotation",
+            json!({"metadata": {"annotations": {"example.com/other": "y"}}}),
+        ),
+        (
+            "removing another annotation",
+            json!({"metadata": {"annotations": {"example.com/other": null}}}),
+        ),
+        ("cordoning it", json!({"spec": {"unschedulable": true}})),
+        ("labelling it", json!({"metadata": {"labels": {"x": "y"}}})),
+        (
+            "giving it a finalizer",
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        ),
+    ] {
+        refused(
+            patch_node(&w.agent_1, "node-1", patch).await,
+            &format!("agent of node-1 {what}"),
+            elsewhere,
+        )?;
+    }
+    refused(
+        patch_node(
+            &w.agent_1,
+            "node-2",
+            json!({"spec": {"unschedulable": true}}),
+        )
+        .await,
+        "agent of node-1 cordoning node-2",
+        elsewhere,
+    )?;
+
+    log(
+        NAMESPACE,
+        "podha requests fences; only agents and acknowledgers acknowledge",
+    );
+    annotate(&w.podha, "node-1", FENCE_REQUEST_ANNOTATION, Some("p/1/b")).await?;
+    refused(
+        annotate(
+            &w.podha_unbound,
+            "node-2",
+            FENCE_REQUEST_ANNOTATION,
+            Some("p/1/b"),
+        )
+        .await,
+        "podha's ServiceAccount with a token of no pod requesting a fence",
+        "may not change podha.io/fence-request",
+    )?;
+    for (who, client) in [
+        ("podha", &w.podha),
+        ("an admin", &w.admin),
+        ("node-1's kubelet", &w.kubelet_1),
+    ] {
+        refused(
+            annotate(client, "node-1", FENCE_ACK_ANNOTATION, Some("p/1/b")).await,
+            &format!("{who} forging node-1's acknowledgement"),
+            "may not change podha.io/fence-ack",
+        )?;
+        refused(
+            annotate(client, "node-1", AGENT_PORT_ANNOTATION, Some("1")).await,
+            &format!("{who} pointing node-1's agent port elsewhere"),
+            "may not change podha.io/agent-port",
+        )?;
+    }
+    refused(
+        annotate(&w.admin, "node-1", FENCE_REQUEST_ANNOTATION, None).await,
+        "an admin withdrawing podha's fence request",
+        "may not change podha.io/fence-request",
+    )?;
+    annotate(&w.fencer, "node-1", FENCE_ACK_ANNOTATION, Some("p/1/b")).await?;
+    refused(
+        annotate(
+            &w.fencer,
+            "node-1",
+            AGENT_FENCED_WITHIN_ANNOTATION,
+            Some("0s"),
+        )
+        .await,
+        "the fence controller advertising an agent",
+        "may not change podha.io/agent-fenced-within",
+    )?;
+    annotate(&w.podha, "node-1", FENCE_REQUEST_ANNOTATION, None).await?;
+
+    log(
+        NAMESPACE,
+        "what an agent left behind, an admin may remove, not change",
+    );
+    annotate(&w.agent_2, "node-2", AGENT_PORT_ANNOTATION, Some("9441")).await?;
+    refused(
+        annotate(&w.admin, "node-2", AGENT_PORT_ANNOTATION, Some("1")).await,
+        "an admin changing node-2's agent port",
+        "may not change podha.io/agent-port",
+    )?;
+    annotate(&w.admin, "node-2", AGENT_PORT_ANNOTATION, None).await?;
+    annotate(&w.admin, "node-1", FENCE_ACK_ANNOTATION, None).await?;
+    annotate(&w.admin, "node-1", "example.com/other", None).await?;
+    Ok(())
+}
+
+async fn agent_leases(w: &Writers) -> anyhow::Result<()> {
+    log(
+        NAMESPACE,
+        "an agent keeps its own node's Lease and no other",
+    );
+    let (own, other) = (agent_lease_name("node-1"), agent_lease_name("node-2"));
+    let owner = Some(&w.agent_1_pod);
+    apply_lease(&w.agent_1, &own, "node-1", owner, 40).await?;
+    apply_lease(&w.agent_1, &own, "node-1", owner, 40).await?;
+    let only_own = "may write only the agent Lease of its own node";
+    for (what, result) in [
+        (
+            "handing its Lease to node-2",
+            apply_lease(&w.agent_1, &own, "node-2", owner, 40).await,
+        ),
+        (
+            "advertising node-2's agent",
+            apply_lease(&w.agent_1, &other, "node-2", owner, 40).await,
+        ),
+        (
+            "taking node-2's absent Lease for itself",
+            apply_lease(&w.agent_1, &other, "node-1", owner, 40).await,
+        ),
+        (
+            "taking podha's absent leader Lease",
+            apply_lease(&w.agent_1, LEADER_LEASE, "node-1", owner, 40).await,
+        ),
+        (
+            "making its Lease last an hour",
+            apply_lease(&w.agent_1, &own, "node-1", owner, 3600).await,
+        ),
+        (
+            "keeping a Lease no pod owns",
+            apply_lease(&w.agent_1, &own, "node-1", None, 40).await,
+        ),
+        (
+            "keeping a Lease node-2's agent pod owns",
+            apply_lease(&w.agent_1, &own, "node-1", Some(&w.agent_2_pod), 40).await,
+        ),
+    ] {
+        refused(result, &format!("agent of node-1 {what}"), only_own)?;
+    }
+    refused(
+        Api::<Lease>::namespaced(w.agent_1.clone(), NAMESPACE)
+            .patch(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/keep"]}})),
+            )
+            .await,
+        "agent of node-1 keeping its Lease past its deletion",
+        only_own,
+    )?;
+    refused(
+        apply_lease(&w.agent_nowhere, &other, "node-2", None, 40).await,
+        "an agent token bound to no pod advertising node-2's agent",
+        "its token names no node",
+    )?;
+    refused(
+        apply_lease(&w.admin, &other, "node-2", None, 40).await,
+        "an admin forging node-2's advert",
+        "only the podha agent of its node does",
+    )?;
+    apply_lease(&w.agent_2, &other, "node-2", Some(&w.agent_2_pod), 40).await?;
+    refused(
+        apply_lease(&w.admin, &other, "node-2", None, 40).await,
+        "an admin renewing node-2's advert",
+        "only the podha agent of its node does",
+    )?;
+    refused(
+        delete_lease(&w.agent_1, &other).await,
+        "agent of node-1 withdrawing node-2's advert",
+        only_own,
+    )?;
+    delete_lease(&w.agent_1, &own).await?;
+    delete_lease(&w.admin, &other).await?;
+    Ok(())
+}
+
+async fn leader_lease(w: &Writers) -> anyhow::Result<()> {
+    log(NAMESPACE, "only podha writes its leader Lease");
+    let leader = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": LEADER_LEASE},
+        "spec": {"holderIdentity": "podha-a", "leaseDurationSeconds": 15}
+    });
+    let apply = |client: &kube::Client| {
+        let leases = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
+        let leader = leader.clone();
+        async move {
+            leases
+                .patch(
+                    LEADER_LEASE,
+                    &PatchParams::apply("podha").force(),
+                    &Patch::Apply(&leader),
+                )
+                .await
+        }
+    };
+    let only_podha = "only podha does, with a token of its own pod";
+    refused(
+        apply(&w.admin).await,
+        "an admin creating podha's leader Lease",
+        only_podha,
+    )?;
+    apply(&w.podha)
+        .await
+        .context("podha creating its leader Lease")?;
+    refused(
+        apply(&w.admin).await,
+        "an admin taking podha's leader Lease",
+        only_podha,
+    )?;
+    refused(
+        apply(&w.podha_unbound).await,
+        "podha's ServiceAccount with a token of no pod taking the leader Lease",
+        only_podha,
+    )?;
+    refused(
+        delete_lease(&w.agent_1, LEADER_LEASE).await,
+        "agent of node-1 deleting podha's leader Lease",
+        "may write only the agent Lease of its own node",
+    )?;
+    delete_lease(&w.admin, LEADER_LEASE).await?;
+    Ok(())
+}
+
 /// The API server type-checked every expression of the chart's policies without a warning.
 async fn policies_type_check(admin: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
     let api: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
-    for name in ["node-annotations", "agent-leases"] {
+    for name in ["node-annotations", "leases", "tokens"] {
         let name = format!("{RELEASE}-{name}");
         let checked = wait_for(&format!("{name} to be type-checked"), secs(30), || async {
             let policy = api.get(&name).await?;
@@ -296,15 +406,15 @@ async fn policies_type_check(admin: &kube::Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn writers(ctx: &Ctx<'_>) -> anyhow::Result<Writers> {
-    let admin = ctx.client.clone();
-    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
-    sas.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": FENCER_SA}}))?,
-    )
-    .await
-    .context("create the fence controller's ServiceAccount")?;
+/// A fence controller's ServiceAccount, allowed by RBAC to patch Nodes.
+async fn fence_controller(admin: &kube::Client) -> anyhow::Result<()> {
+    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": FENCER_SA}}))?,
+        )
+        .await
+        .context("create the fence controller's ServiceAccount")?;
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "admission-fencer"},
         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
@@ -322,9 +432,18 @@ async fn writers(ctx: &Ctx<'_>) -> anyhow::Result<Writers> {
         .create(&PostParams::default(), &binding)
         .await
         .context("bind the fence controller's ClusterRole")?;
-    let agent_1 = agent_pod(ctx, "node-1").await?;
-    let agent_2 = agent_pod(ctx, "node-2").await?;
+    Ok(())
+}
+
+async fn writers(ctx: &Ctx<'_>) -> anyhow::Result<Writers> {
+    let admin = ctx.client.clone();
     let config = ctx.cluster.config().await?;
+    let kubelet = |node: &str| -> anyhow::Result<kube::Client> {
+        let mut c = config.clone();
+        c.auth_info.impersonate = Some(format!("system:node:{node}"));
+        c.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+        Ok(kube::Client::try_from(c)?)
+    };
     let with_token = |token: String| -> anyhow::Result<kube::Client> {
         let mut c = config.clone();
         c.auth_info = kube::config::AuthInfo {
@@ -333,35 +452,45 @@ async fn writers(ctx: &Ctx<'_>) -> anyhow::Result<Writers> {
         };
         Ok(kube::Client::try_from(c)?)
     };
-    let mut kubelet = config.clone();
-    kubelet.auth_info.impersonate = Some("system:node:node-1".into());
-    kubelet.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+    // Tokens of podha's and the agents' accounts, as the kubelets of their pods request them.
+    let tokens_of = |node: &str| -> anyhow::Result<Api<ServiceAccount>> {
+        Ok(Api::namespaced(kubelet(node)?, NAMESPACE))
+    };
+    let agent_1_pod = pod(ctx, "agent-node-1", "node-1", AGENT_SA).await?;
+    let agent_2_pod = pod(ctx, "agent-node-2", "node-2", AGENT_SA).await?;
+    let podha_pod = pod(ctx, "podha-a", "node-1", RELEASE).await?;
+    let (on_1, on_2) = (tokens_of("node-1")?, tokens_of("node-2")?);
     Ok(Writers {
-        agent_1: with_token(token(&sas, AGENT_SA, Some(&agent_1)).await?)?,
-        agent_2: with_token(token(&sas, AGENT_SA, Some(&agent_2)).await?)?,
-        agent_nowhere: with_token(token(&sas, AGENT_SA, None).await?)?,
-        podha: with_token(token(&sas, RELEASE, None).await?)?,
-        fencer: with_token(token(&sas, FENCER_SA, None).await?)?,
-        kubelet_1: kube::Client::try_from(kubelet)?,
+        agent_1: with_token(token(&on_1, AGENT_SA, Some(&agent_1_pod)).await?)?,
+        agent_2: with_token(token(&on_2, AGENT_SA, Some(&agent_2_pod)).await?)?,
+        agent_nowhere: with_token(token(&on_1, AGENT_SA, None).await?)?,
+        podha: with_token(token(&on_1, RELEASE, Some(&podha_pod)).await?)?,
+        podha_unbound: with_token(token(&on_1, RELEASE, None).await?)?,
+        fencer: with_token(
+            token(&Api::namespaced(admin.clone(), NAMESPACE), FENCER_SA, None).await?,
+        )?,
+        kubelet_1: kubelet("node-1")?,
+        agent_1_pod,
+        agent_2_pod,
         admin,
     })
 }
 
-/// An agent pod on `node` (the chart's agent ServiceAccount): what its tokens are bound to.
-async fn agent_pod(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Pod> {
+/// A pod of ServiceAccount `sa` on `node`: what its tokens are bound to.
+async fn pod(ctx: &Ctx<'_>, name: &str, node: &str, sa: &str) -> anyhow::Result<Pod> {
     ctx.create::<Pod>(json!({
-        "metadata": {"name": format!("agent-{node}")},
+        "metadata": {"name": name},
         "spec": {
             "nodeName": node,
-            "serviceAccountName": AGENT_SA,
-            "containers": [{"name": "agent", "image": "podha:sim"}]
+            "serviceAccountName": sa,
+            "containers": [{"name": "main", "image": "podha:sim"}]
         }
     }))
     .await
 }
 
 /// A token of ServiceAccount `sa`, bound to `pod` when given (the API server then names the
-/// pod's node in the token's user info).
+/// pod and its node in the token's user info), requested through `sas`.
 async fn token(sas: &Api<ServiceAccount>, sa: &str, pod: Option<&Pod>) -> anyhow::Result<String> {
     let bound = pod.map(|p| {
         json!({
@@ -374,8 +503,7 @@ async fn token(sas: &Api<ServiceAccount>, sa: &str, pod: Option<&Pod>) -> anyhow
     }))?;
     let answer = sas
         .create_token_request(sa, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("request a token of {sa}"))?;
+        .await?;
     answer
         .status
         .map(|s| s.token)
@@ -403,12 +531,23 @@ async fn annotate(
     .await
 }
 
-/// Creates or renews agent Lease `name` held by `holder`, as the agent does.
-async fn apply_lease(client: &kube::Client, name: &str, holder: &str) -> kube::Result<Lease> {
+/// Creates or renews agent Lease `name` held by `holder` for `seconds`, owned by `owner`, as
+/// the agent does.
+async fn apply_lease(
+    client: &kube::Client,
+    name: &str,
+    holder: &str,
+    owner: Option<&Pod>,
+    seconds: i32,
+) -> kube::Result<Lease> {
+    let owners: Vec<Value> = owner
+        .map(|p| json!({"apiVersion": "v1", "kind": "Pod", "name": p.metadata.name, "uid": p.metadata.uid}))
+        .into_iter()
+        .collect();
     let body = json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": name, "labels": {AGENT_LEASE_LABEL: "true"}},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 40}
+        "metadata": {"name": name, "labels": {AGENT_LEASE_LABEL: "true"}, "ownerReferences": owners},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds}
     });
     Api::<Lease>::namespaced(client.clone(), NAMESPACE)
         .patch(
