@@ -61,6 +61,11 @@ pub enum WatchdogError {
         .path.display()
     )]
     NotAWatchdogFile { path: PathBuf },
+    #[error(
+        "the watchdog {} is no character device: a FIFO or a regular file only stands in for          one where that is declared (--watchdog-stand-in, a test's BMC); with it a node is          never reset",
+        .path.display()
+    )]
+    StandInNotDeclared { path: PathBuf },
     #[error("refusing the watchdog {}: {source}", .path.display())]
     Refused {
         path: PathBuf,
@@ -86,9 +91,9 @@ pub enum WatchdogError {
 pub enum WatchdogRefusal {
     #[error(
         "cannot tell whether its driver has nowayout ({source}): the agent uses no watchdog it \
-         might be unable to disarm. Every driver of the kernel's watchdog core has this sysfs \
-         attribute (Linux 4.3 and later): the file may be no watchdog, its driver older than \
-         the core, or /sys not mounted in the agent's container"
+         might be unable to disarm. The kernel's watchdog core has this sysfs attribute when \
+         built with CONFIG_WATCHDOG_SYSFS (Linux 4.3 and later); otherwise the file may be no \
+         watchdog, its driver older than the core, or /sys not mounted in the agent's container"
     )]
     NowayoutUnknown {
         source: podha_watchdog_device::Error,
@@ -129,8 +134,8 @@ pub enum WatchdogRefusal {
         asked: u32,
     },
     #[error(
-        "it took a timeout of {} (--watchdog-timeout {} asked for {}s), which the agent \
-         cannot keep: {source}",
+        "it resets the node {} after its last pet at the latest (--watchdog-timeout {} asked \
+         for {}s), which the agent cannot keep: {source}",
         fmt(.actual), fmt(.requested), .asked
     )]
     DoesNotFit {

@@ -121,8 +121,8 @@ pub struct AgentArgs {
     pub hearing_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
     /// hears this node (or hears nobody), disarmed on SIGTERM. A device must have magic close
-    /// and no nowayout. A FIFO or a regular file stands in for one (the sim's). Without one, a
-    /// frozen node is not reset: see docs/agent.md.
+    /// and no nowayout. A FIFO or a regular file only with `--watchdog-stand-in`. Without one,
+    /// a frozen node is not reset: see docs/agent.md.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG", requires = "watchdog_timeout")]
     pub watchdog: Option<PathBuf>,
     /// The watchdog's timeout: set on the device (rounded up to whole seconds) and read back,
@@ -132,6 +132,15 @@ pub struct AgentArgs {
     /// most half the isolation timeout.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG_TIMEOUT", value_parser = humantime::parse_duration, requires = "watchdog")]
     pub watchdog_timeout: Option<Duration>,
+    /// `--watchdog` is a FIFO or a regular file that stands in for a device (a test's BMC,
+    /// which resets its machine when not written to): taken to have `--watchdog-timeout`.
+    #[arg(
+        long,
+        env = "PODHA_AGENT_WATCHDOG_STAND_IN",
+        requires = "watchdog",
+        hide = true
+    )]
+    pub watchdog_stand_in: bool,
     /// The namespace of the agent's Lease: podha's (default: the namespace of the client's
     /// configuration, in a Pod its own).
     #[arg(long, env = "PODHA_AGENT_NAMESPACE")]
@@ -178,13 +187,18 @@ impl AgentArgs {
     }
 
     /// The watchdog, if there is one, opened (and so armed) with the timeout the agent goes
-    /// by: a device's own, read back, which fits [`Self::watchdog_bounds`] or the agent does
-    /// not start (it never advertises a bound it cannot keep); see [`watchdog`].
+    /// by: the latest a device resets the node by what it reads back, which fits
+    /// [`Self::watchdog_bounds`] or the agent does not start; see [`watchdog`].
     async fn open_watchdog(&self) -> Result<Option<Watchdog>, WatchdogError> {
         match (&self.watchdog, self.watchdog_timeout) {
-            (Some(path), Some(timeout)) => Watchdog::open(path, timeout, self.watchdog_bounds())
-                .await
-                .map(Some),
+            (Some(path), Some(timeout)) => Watchdog::open(
+                path,
+                timeout,
+                self.watchdog_bounds(),
+                self.watchdog_stand_in,
+            )
+            .await
+            .map(Some),
             _ => Ok(None),
         }
     }
@@ -292,7 +306,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     );
     info!(node = %args.node, listen = %listening.addr, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
     let advert = advert::Advert {
-        port: args.listen.port(),
+        port: listening.addr.port(),
         fenced_within,
     };
     let namespace = args
@@ -316,9 +330,10 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
             (Ok(()), true)
         }
     };
-    // Stopped on purpose (or a part of it failed and the agent exits to be restarted): the
-    // watchdog would otherwise reset the node. A killed agent never gets here.
-    if let Some(watchdog) = watchdog {
+    // Stopped on purpose: the watchdog would otherwise reset the node. A part that failed
+    // leaves it armed, as a killed agent does: the supervisor starts a worker at once, which
+    // pets it only as the rules say (the node's advert, and podha's proof, stand meanwhile).
+    if terminated && let Some(watchdog) = watchdog {
         watchdog.disarm();
     }
     // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again):

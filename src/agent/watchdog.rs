@@ -64,13 +64,32 @@ pub struct Bounds {
 
 impl Bounds {
     pub fn check(&self, watchdog: Duration) -> Result<(), ArgsError> {
+        self.check_span(watchdog, watchdog)
+    }
+
+    /// Checks a watchdog that resets the node between `earliest` and `latest` after its last
+    /// pet: the earliest must outlast a survey, the latest fit the isolation timeout.
+    pub fn check_span(&self, earliest: Duration, latest: Duration) -> Result<(), ArgsError> {
         check_timeout(
-            watchdog,
+            earliest,
+            self.isolation_timeout,
+            self.check_interval,
+            self.survey_limit,
+        )?;
+        check_timeout(
+            latest,
             self.isolation_timeout,
             self.check_interval,
             self.survey_limit,
         )
     }
+}
+
+/// How many of its timeouts a device may let pass unpetted before the machine resets: some
+/// boards reset only at an iTCO watchdog's second timeout (the kernel's `iTCO_wdt` reports
+/// one), so the agent counts two for it.
+pub fn timeouts_to_reset(identity: &str) -> u32 {
+    if identity == "iTCO_wdt" { 2 } else { 1 }
 }
 
 /// What the file at `--watchdog` is.
@@ -153,8 +172,9 @@ fn refuse_without_magic_close(support: &Support) -> Result<(), WatchdogRefusal> 
 /// The timeout the agent goes by for an open watchdog device (whose driver has no
 /// `nowayout`, see [`refuse_nowayout`]) that says it supports `support`, was asked for
 /// `requested` (if it can set its timeout) and then said its timeout is `read_back` seconds:
-/// that one, unless the device has no magic close, could not set its timeout and has another,
-/// or has one that the agent's `bounds` refuse.
+/// the latest the device resets the machine after its last pet ([`timeouts_to_reset`] of
+/// those), unless the device has no magic close, could not set its timeout and has another,
+/// or resets sooner or later than the agent's `bounds` allow.
 pub fn settle(
     requested: Duration,
     support: &Support,
@@ -163,16 +183,17 @@ pub fn settle(
 ) -> Result<Duration, WatchdogRefusal> {
     refuse_without_magic_close(support)?;
     let asked = whole_seconds(requested);
-    let actual = Duration::from_secs(read_back.into());
+    let earliest = Duration::from_secs(read_back.into());
     if !support.has(device::WDIOF_SETTIMEOUT) && read_back != asked {
         return Err(WatchdogRefusal::FixedTimeout {
-            device: actual,
+            device: earliest,
             requested,
             asked,
         });
     }
+    let actual = earliest * timeouts_to_reset(&support.identity);
     bounds
-        .check(actual)
+        .check_span(earliest, actual)
         .map_err(|source| WatchdogRefusal::DoesNotFit {
             actual,
             requested,
@@ -182,18 +203,33 @@ pub fn settle(
     Ok(actual)
 }
 
+/// Whether the agent sets the timeout of a device that supports `support`, was `running`
+/// before the agent opened it and has a timeout of `current` seconds, when it asks for
+/// `asked`: setting it pets the device (see [`take_timeout`]).
+fn sets_timeout(support: &Support, running: bool, current: u32, asked: u32) -> bool {
+    support.has(device::WDIOF_SETTIMEOUT) && !running && current != asked
+}
+
 /// Asks the open watchdog device `file` what [`settle`] needs, setting its timeout on the way
-/// if it can; returns the timeout and the device's name for itself.
+/// where that is safe; returns the timeout and the device's name for itself.
+///
+/// Setting the timeout (`WDIOC_SETTIMEOUT`) also pets the device. So it is set only when it
+/// differs from the one asked for, and never on a device that was `running` before this open:
+/// that is a crashed worker's, whose countdown must go on (a restarted worker pets it only as
+/// [`super::isolation::pet_watchdog`] says, never by starting).
 fn take_timeout(
     file: &std::fs::File,
     requested: Duration,
     bounds: &Bounds,
+    running: bool,
 ) -> Result<(Duration, Support), WatchdogRefusal> {
     let support = device::support(file).map_err(WatchdogRefusal::Support)?;
     // Refused before anything is set on it.
     refuse_without_magic_close(&support)?;
     let asked = whole_seconds(requested);
-    if support.has(device::WDIOF_SETTIMEOUT) {
+    let current =
+        device::timeout(file).map_err(|source| WatchdogRefusal::ReadTimeout { source })?;
+    if sets_timeout(&support, running, current, asked) {
         device::set_timeout(file, asked)
             .map_err(|source| WatchdogRefusal::SetTimeout { asked, source })?;
     }
@@ -205,13 +241,15 @@ fn take_timeout(
 
 impl Watchdog {
     /// Opens (and so arms) the watchdog at `path`, asking a device for `requested` (the
-    /// module's rules): the agent then goes by the device's timeout, which fits `bounds`.
+    /// module's rules): the agent then goes by the device's timeout, which fits `bounds`. A
+    /// FIFO or a regular file is taken only as a declared `stand_in` for a device.
     pub async fn open(
         path: &Path,
         requested: Duration,
         bounds: Bounds,
+        stand_in: bool,
     ) -> Result<Self, WatchdogError> {
-        Self::open_in(Path::new(SYS), path, requested, bounds).await
+        Self::open_in(Path::new(SYS), path, requested, bounds, stand_in).await
     }
 
     /// [`Watchdog::open`], with sysfs mounted at `sys`.
@@ -220,33 +258,47 @@ impl Watchdog {
         path: &Path,
         requested: Duration,
         bounds: Bounds,
+        stand_in: bool,
     ) -> Result<Self, WatchdogError> {
         let refused = |source| WatchdogError::Refused {
             path: path.to_path_buf(),
             source,
         };
         let number = match kind(path)? {
-            Kind::StandIn => {
+            Kind::StandIn if stand_in => {
                 let file = open_file(path).await?;
-                info!(watchdog = %path.display(), timeout = ?requested, "watchdog armed: not a device, its timeout is the one declared (--watchdog-timeout)");
+                warn!(watchdog = %path.display(), timeout = ?requested, "watchdog armed: a stand-in (--watchdog-stand-in), not a device: its timeout is the one declared (--watchdog-timeout)");
                 return Ok(Self::new(path, file, requested));
+            }
+            Kind::StandIn => {
+                return Err(WatchdogError::StandInNotDeclared {
+                    path: path.to_path_buf(),
+                });
             }
             Kind::Device(number) => number,
         };
         // Before opening: a device that might never disarm is never armed.
         refuse_nowayout(device::nowayout(sys, number)).map_err(refused)?;
+        // Unknown counts as running: nothing is set on it, and it is not disarmed.
+        let running = device::active(sys, number).unwrap_or(true);
         let file = open_file(path).await?;
-        match take_timeout(&file, requested, &bounds) {
+        match take_timeout(&file, requested, &bounds, running) {
             Ok((timeout, support)) => {
                 let asked = whole_seconds(requested);
                 if timeout != Duration::from_secs(asked.into()) {
-                    warn!(watchdog = %path.display(), asked = ?Duration::from_secs(asked.into()), ?timeout, "the watchdog device took another timeout than asked: the agent goes by the device's");
+                    warn!(watchdog = %path.display(), asked = ?Duration::from_secs(asked.into()), ?timeout, "the watchdog resets the node after another time than asked: the agent goes by the device's");
                 }
-                info!(watchdog = %path.display(), device = support.identity, ?timeout, set = support.has(device::WDIOF_SETTIMEOUT), "watchdog armed: its timeout read back from the device");
+                info!(watchdog = %path.display(), device = support.identity, ?timeout, running, "watchdog armed: its timeout read back from the device");
                 Ok(Self::new(path, file, timeout))
             }
             Err(refusal) => {
-                Self::new(path, file, requested).disarm();
+                let dog = Self::new(path, file, requested);
+                if running {
+                    // A crashed worker's countdown goes on: closed without disarming.
+                    drop(dog);
+                } else {
+                    dog.disarm();
+                }
                 Err(refused(refusal))
             }
         }
@@ -395,8 +447,8 @@ mod tests {
                 s(15),
                 16,
                 Err(
-                    "it took a timeout of 16s (--watchdog-timeout 15s asked for 15s), which the \
-                     agent cannot keep: the watchdog timeout 16s",
+                    "it resets the node 16s after its last pet at the latest (--watchdog-timeout \
+                     15s asked for 15s), which the agent cannot keep: the watchdog timeout 16s",
                 ),
             ),
             (
@@ -437,11 +489,7 @@ mod tests {
             ),
         ];
         for (what, options, requested, read_back, expected) in table {
-            let support = Support {
-                options,
-                firmware_version: 0,
-                identity: "dog".into(),
-            };
+            let support = support(options, "dog");
             let got = settle(requested, &support, read_back, &BOUNDS).map_err(|e| e.to_string());
             match (&got, expected) {
                 (Ok(got), Ok(expected)) => assert_eq!(*got, expected, "{what}"),
@@ -449,6 +497,62 @@ mod tests {
                 _ => panic!("{what}: {got:?}, expected {expected:?}"),
             }
         }
+    }
+
+    fn support(options: u32, identity: &str) -> Support {
+        Support {
+            options,
+            firmware_version: 0,
+            identity: identity.into(),
+        }
+    }
+
+    /// Some boards reset only at an iTCO watchdog's second timeout: the agent goes by that,
+    /// and the first must still outlast a survey.
+    #[test]
+    fn an_itco_watchdog_counts_two_timeouts_before_its_reset() {
+        let itco = support(WDIOF_SETTIMEOUT | WDIOF_MAGICCLOSE, "iTCO_wdt");
+        let bounds = Bounds {
+            isolation_timeout: s(40),
+            ..BOUNDS
+        };
+        assert_eq!(
+            settle(s(8), &itco, 8, &bounds).map_err(|e| e.to_string()),
+            Ok(s(16))
+        );
+        let err = settle(s(11), &itco, 11, &bounds).unwrap_err().to_string();
+        assert!(
+            err.contains("resets the node 22s after its last pet"),
+            "{err}"
+        );
+        let err = settle(s(6), &itco, 6, &bounds).unwrap_err().to_string();
+        assert!(err.contains("longer than the check interval"), "{err}");
+        assert_eq!(
+            settle(
+                s(11),
+                &support(WDIOF_SETTIMEOUT | WDIOF_MAGICCLOSE, "softdog"),
+                11,
+                &bounds
+            )
+            .map_err(|e| e.to_string()),
+            Ok(s(11)),
+            "one timeout for other watchdogs"
+        );
+    }
+
+    /// Setting a timeout pets the device: only a device nobody had armed, whose timeout is
+    /// another, is set; a crashed worker's countdown goes on.
+    #[test]
+    fn only_a_device_that_was_not_running_has_its_timeout_set() {
+        let settable = support(WDIOF_SETTIMEOUT | WDIOF_MAGICCLOSE, "dog");
+        let fixed = support(WDIOF_MAGICCLOSE, "dog");
+        assert!(sets_timeout(&settable, false, 60, 10));
+        assert!(!sets_timeout(&settable, false, 10, 10), "already so");
+        assert!(
+            !sets_timeout(&settable, true, 60, 10),
+            "running: a crashed worker's"
+        );
+        assert!(!sets_timeout(&fixed, false, 60, 10));
     }
 
     #[test]
@@ -498,7 +602,7 @@ mod tests {
         let dir = temp_dir("not-a-watchdog");
         let null = Path::new("/dev/null");
         // No sysfs attribute: refused before it is opened.
-        let err = Watchdog::open_in(&dir, null, s(10), BOUNDS)
+        let err = Watchdog::open_in(&dir, null, s(10), BOUNDS, false)
             .await
             .err()
             .expect("refused")
@@ -509,7 +613,7 @@ mod tests {
         );
         // A sysfs that says it has nowayout: refused before it is opened.
         let sys = sysfs_for_dev_null(&dir.join("nowayout"), "1");
-        let err = Watchdog::open_in(&sys, null, s(10), BOUNDS)
+        let err = Watchdog::open_in(&sys, null, s(10), BOUNDS, false)
             .await
             .err()
             .expect("refused")
@@ -517,7 +621,7 @@ mod tests {
         assert!(err.contains("its driver has nowayout"), "{err}");
         // A sysfs that vouches for it: opened, and refused on its first answer.
         let sys = sysfs_for_dev_null(&dir.join("vouched"), "0");
-        let err = Watchdog::open_in(&sys, null, s(10), BOUNDS)
+        let err = Watchdog::open_in(&sys, null, s(10), BOUNDS, false)
             .await
             .err()
             .expect("refused")
@@ -529,7 +633,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A regular file stands in for a device: pets and the disarm are what is written to it,
+    /// A regular file declared a stand-in for a device: pets and the disarm are what is written to it,
     /// and its timeout is the one declared, to the millisecond.
     #[tokio::test]
     async fn pets_are_writes_and_a_disarm_is_a_v() {
@@ -537,7 +641,13 @@ mod tests {
         let device = dir.join("watchdog");
         std::fs::write(&device, "").expect("device");
         let declared = Duration::from_millis(9_500);
-        let mut dog = Watchdog::open(&device, declared, BOUNDS)
+        let err = Watchdog::open(&device, declared, BOUNDS, false)
+            .await
+            .err()
+            .expect("a file not declared a stand-in")
+            .to_string();
+        assert!(err.contains("--watchdog-stand-in"), "{err}");
+        let mut dog = Watchdog::open(&device, declared, BOUNDS, true)
             .await
             .expect("open");
         assert_eq!(dog.timeout(), declared);
@@ -545,7 +655,7 @@ mod tests {
         dog.pet();
         dog.disarm();
         assert_eq!(std::fs::read_to_string(&device).expect("read"), "\n\nV");
-        let err = Watchdog::open(&dir.join("missing"), s(10), BOUNDS)
+        let err = Watchdog::open(&dir.join("missing"), s(10), BOUNDS, true)
             .await
             .err()
             .expect("no such device")

@@ -85,8 +85,13 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{} says {text:?}, neither 0 nor 1", .path.display())]
-    SysfsValue { path: PathBuf, text: String },
+    #[error("{} says {text:?}, neither {no:?} nor {yes:?}", .path.display())]
+    SysfsValue {
+        path: PathBuf,
+        text: String,
+        no: &'static str,
+        yes: &'static str,
+    },
 }
 
 fn called(request: &'static str, result: nix::Result<c_int>) -> Result<(), Error> {
@@ -228,21 +233,41 @@ pub fn sysfs_dir(sys: &Path, device: DeviceNumber) -> PathBuf {
 
 /// Whether the watchdog numbered `device` was built or loaded with `nowayout`: once started, it
 /// never stops, whatever is written to it and however it is closed. Read from its sysfs
-/// attribute (`sys`: where sysfs is mounted), which every driver of the kernel's watchdog core
-/// has since Linux 4.3; an error when there is none (the file is not a watchdog, the driver
-/// predates the watchdog core, sysfs is not mounted). Reading it does not open the device.
+/// attribute (`sys`: where sysfs is mounted), which the kernel's watchdog core has with
+/// `CONFIG_WATCHDOG_SYSFS` (Linux 4.3 and later); an error when there is none (the kernel is
+/// built without it, the file is not a watchdog, the driver predates the watchdog core, sysfs
+/// is not mounted). Reading it does not open the device.
 pub fn nowayout(sys: &Path, device: DeviceNumber) -> Result<bool, Error> {
-    let path = sysfs_dir(sys, device).join("nowayout");
+    sysfs_flag(sys, device, "nowayout", ("0", "1"))
+}
+
+/// Whether the watchdog numbered `device` is running (its sysfs `state`: `active` or
+/// `inactive`, beside `nowayout`): opened by a process that has not disarmed it, a crashed one
+/// included. Reading it does not open the device.
+pub fn active(sys: &Path, device: DeviceNumber) -> Result<bool, Error> {
+    sysfs_flag(sys, device, "state", ("inactive", "active"))
+}
+
+/// The sysfs attribute `name` of the watchdog numbered `device`, which says `no` or `yes`.
+fn sysfs_flag(
+    sys: &Path,
+    device: DeviceNumber,
+    name: &str,
+    (no, yes): (&'static str, &'static str),
+) -> Result<bool, Error> {
+    let path = sysfs_dir(sys, device).join(name);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(source) => return Err(Error::Sysfs { path, source }),
     };
     match text.trim() {
-        "0" => Ok(false),
-        "1" => Ok(true),
+        t if t == no => Ok(false),
+        t if t == yes => Ok(true),
         other => Err(Error::SysfsValue {
             text: other.to_string(),
             path,
+            no,
+            yes,
         }),
     }
 }
@@ -368,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn nowayout_is_read_from_sysfs_and_anything_else_is_an_error() {
+    fn nowayout_and_state_are_read_from_sysfs_and_anything_else_is_an_error() {
         let sys = temp_dir("nowayout");
         let device = DeviceNumber {
             major: 248,
@@ -383,8 +408,28 @@ mod tests {
             match (nowayout(&sys, device), expected) {
                 (Ok(got), Some(expected)) => assert_eq!(got, expected, "{text:?}"),
                 (Err(error), None) => {
-                    assert!(error.to_string().contains("neither 0 nor 1"), "{error}")
+                    assert!(
+                        error.to_string().contains(r#"neither "0" nor "1""#),
+                        "{error}"
+                    )
                 }
+                (got, _) => panic!("{text:?}: {got:?}"),
+            }
+        }
+        for (text, expected) in [
+            ("active\n", Some(true)),
+            ("inactive\n", Some(false)),
+            ("1\n", None),
+        ] {
+            std::fs::write(dir.join("state"), text).expect("write");
+            match (active(&sys, device), expected) {
+                (Ok(got), Some(expected)) => assert_eq!(got, expected, "{text:?}"),
+                (Err(error), None) => assert!(
+                    error
+                        .to_string()
+                        .contains(r#"neither "inactive" nor "active""#),
+                    "{error}"
+                ),
                 (got, _) => panic!("{text:?}: {got:?}"),
             }
         }

@@ -115,13 +115,18 @@ pub fn sim_agent_values(
         }),
         None => serde_json::json!({ "device": "" }),
     };
+    let mut extra_args = vec![format!("--boot-id-file={machine}/boot_id")];
+    if watchdog_timeout.is_some() {
+        // The BMC's watchdog is a FIFO standing in for a device (no test opens a real one).
+        extra_args.push("--watchdog-stand-in".to_string());
+    }
     let mut values = serde_json::json!({ "agent": {
         "enabled": true,
         "fence": format!("write:{machine}/bmc/power=off"),
         "isolationTimeout": humantime::format_duration(isolation_timeout).to_string(),
         "watchdog": watchdog,
         "nodeSelector": { "type": "real" },
-        "extraArgs": [format!("--boot-id-file={machine}/boot_id")],
+        "extraArgs": extra_args,
         "extraVolumes": [{
             "name": "machine",
             "hostPath": { "path": machine, "type": "Directory" },

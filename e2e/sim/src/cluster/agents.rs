@@ -191,6 +191,8 @@ impl Cluster {
             let device = super::bmc::bmc_dir(&self.dir, &rec.name).join("watchdog");
             agent
                 .arg(format!("--watchdog={}", device.display()))
+                // The BMC's watchdog is a FIFO standing in for a device.
+                .arg("--watchdog-stand-in")
                 .arg(format!(
                     "--watchdog-timeout={}",
                     humantime::format_duration(timeout)
