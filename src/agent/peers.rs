@@ -26,7 +26,6 @@ use futures::stream::FuturesUnordered;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -36,6 +35,9 @@ use tracing::debug;
 use super::isolation::{PeerCount, Survey};
 use super::peer_list::{Kept, SavedList, keep_warm, lock, spread};
 use super::server::PeerAnswer;
+use connect::ResetOnClose;
+
+mod connect;
 
 /// Peers asked at once, at most. Time: each silent peer (its node down or cut off) holds a
 /// place for the whole ask (1 s), so the places decide how fast a survey gets past them; with
@@ -83,7 +85,7 @@ pub struct Peers {
     times: SurveyTimes,
     /// Peers asked at once, at most: [`IN_FLIGHT`] (fewer in some tests).
     in_flight: usize,
-    http: HttpClient<HttpConnector, Empty<Bytes>>,
+    http: HttpClient<ResetOnClose, Empty<Bytes>>,
 }
 
 enum Source {
@@ -123,16 +125,19 @@ impl Peers {
         Self::with(source, times)
     }
 
-    /// One client for every survey, keeping no connection once its answer is in: a kept one
-    /// would save a round trip on the next survey (a second later, while podha is down), but
-    /// each agent would then hold one open to half the cluster, and each agent's server one
-    /// from every other agent surveying it: thousands of open files per node at 5,000 nodes,
-    /// against a limit that may be 1,024. Asked afresh, an agent has at most [`IN_FLIGHT`]
-    /// connections out, and few in (each answered at once).
+    /// One client for every survey, keeping no connection once its answer is in (and closing
+    /// it with a reset: see [`connect`]). A kept one would save a round trip on the next
+    /// survey (a second later, while podha is down), but each agent would then hold one open
+    /// to half the cluster, and its server one from each of the agents that survey it: at
+    /// 5,000 nodes over 5,000 open files per agent, against a limit that may be 1,024, and
+    /// some 95 MiB of buffers against the chart's 128Mi (`podha-bench survey` with such a
+    /// pool: its 2,600 connections cost the bench process 95 MiB on both sides, and with
+    /// too few open files its asks failed and the survey fenced). Asked afresh, an agent has
+    /// at most [`IN_FLIGHT`] connections out, and few in (each answered at once).
     fn with(source: Source, times: SurveyTimes) -> Self {
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
-            .build_http();
+            .build(ResetOnClose::new());
         Self {
             source,
             times,
