@@ -247,3 +247,20 @@ pub(super) fn raise_open_files(needed: u64) -> anyhow::Result<u64> {
 pub(super) fn open_files() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
+
+/// Sockets in TIME_WAIT in this network namespace now (`/proc/net/sockstat`, `tw`).
+pub(super) fn time_wait() -> usize {
+    let text = std::fs::read_to_string("/proc/net/sockstat").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("TCP:"))
+        .and_then(|l| {
+            let mut words = l.split_whitespace();
+            while let Some(word) = words.next() {
+                if word == "tw" {
+                    return words.next()?.parse().ok();
+                }
+            }
+            None
+        })
+        .unwrap_or(0)
+}

@@ -14,7 +14,9 @@
 //! open at the peers at once (`open`: also answered ones whose close a peer had not seen yet;
 //! the agent keeps none once answered), and this process's
 //! open files once the survey's connections closed (`files`: the peers' listeners and a few
-//! more: the agent keeps no connection). Then memory: the peer list's size, this process's RSS (which holds the peers too) and
+//! more: the agent keeps no connection), and the sockets in TIME_WAIT in this network
+//! namespace before and after (`time-wait`: the agent's connections close with a reset and
+//! leave none). Then memory: the peer list's size, this process's RSS (which holds the peers too) and
 //! the chart's memory request and limit for the agent. The bench prints figures; it asserts
 //! nothing.
 
@@ -32,7 +34,7 @@ use super::scale::{machine, status_kib};
 
 mod fake;
 
-use fake::{Gauge, answering, open_files, raise_open_files, silent};
+use fake::{Gauge, answering, open_files, raise_open_files, silent, time_wait};
 
 /// The agent's default isolation timeout: the survey's node is unheard for this long.
 const ISOLATION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -95,7 +97,7 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
         machine(),
     );
     println!(
-        "{:<6} {:<7} {:>11} {:>6} {:>8} {:>7} {:>11} {:>9} {:>6}",
+        "{:<6} {:<7} {:>11} {:>6} {:>8} {:>7} {:>11} {:>6} {:>6} {:>10}",
         "trial",
         "verdict",
         "decided in",
@@ -104,7 +106,8 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
         "silent",
         "unanswered",
         "open",
-        "files"
+        "files",
+        "time-wait"
     );
     let mut rss_before = Vec::new();
     let mut rss_after = Vec::new();
@@ -112,6 +115,7 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
         settle(&gauge).await;
         gauge.reset();
         rss_before.push(rss_kib());
+        let tw_before = time_wait();
         let start = Instant::now();
         let survey = agent.survey(ISOLATION_TIMEOUT).await;
         let took = start.elapsed();
@@ -129,7 +133,7 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
             Verdict::Fence(_) => "fence",
         };
         println!(
-            "{trial:<6} {word:<7} {:>9.3} s {:>6} {:>8} {:>7} {:>11} {:>9} {:>6}",
+            "{trial:<6} {word:<7} {:>9.3} s {:>6} {:>8} {:>7} {:>11} {:>6} {:>6} {:>10}",
             took.as_secs_f64(),
             seen.asked,
             survey.answers.len(),
@@ -137,6 +141,7 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
             seen.most_unanswered,
             seen.most_open,
             open_files(),
+            format!("{tw_before} -> {}", time_wait()),
         );
         if let Verdict::Fence(why) = &verdict {
             println!("       why: {why}");
