@@ -58,8 +58,10 @@ NODES ?= kwok
 NODE_STATUS_UPDATE ?=
 SCALE_ARGS ?=
 
+SURVEY_ARGS ?=
+
 .PHONY: bench
-bench: bench-failover bench-scale ## Every benchmark (prints figures; not part of make test)
+bench: bench-failover bench-scale bench-survey ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
 bench-failover: k8s sim-deps csi-sidecars node-deps node-images ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real, NODE_STATUS_UPDATE)
@@ -73,6 +75,11 @@ bench-failover: k8s sim-deps csi-sidecars node-deps node-images ## Failover time
 bench-scale: k8s sim-deps csi-sidecars ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench scale $(SCALE_ARGS)
+
+.PHONY: bench-survey
+bench-survey: ## One agent's peer survey in a leader outage, 5,000 fake peers on 127.0.0.1, no cluster (SURVEY_ARGS, e.g. "--silent-percent 20")
+	$(CARGO) build --release -p podha-sim --bin podha-bench
+	$(CURDIR)/target/release/podha-bench survey $(SURVEY_ARGS)
 
 # Debian packages the sim cluster needs on the host, installed when missing (as root, as in CI).
 # iptables: a killed node's address stops answering (packets dropped), as a dead machine's does.

@@ -19,7 +19,7 @@ mod fence;
 mod hearing_file;
 pub mod isolation;
 mod peer_list;
-mod peers;
+pub mod peers;
 mod requests;
 pub mod server;
 pub mod supervisor;

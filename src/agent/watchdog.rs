@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn a_watchdog_timeout_must_fit_between_a_survey_and_half_the_isolation_timeout() {
         let s = Duration::from_secs;
-        // The default survey takes up to 6 s (5 s of batches, the last one's 1 s).
+        // The default survey takes up to 6 s (5 s of asking, the last asks' 1 s).
         assert!(check_timeout(s(10), s(30), s(1), s(6)).is_ok());
         assert!(check_timeout(s(15), s(30), s(1), s(6)).is_ok());
         let err = check_timeout(s(16), s(30), s(1), s(6))

@@ -2,3 +2,4 @@
 
 pub mod failover;
 pub mod scale;
+pub mod survey;

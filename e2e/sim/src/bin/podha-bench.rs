@@ -1,10 +1,12 @@
-//! `podha-bench`: benchmarks on the sim cluster. They print figures; they assert nothing.
+//! `podha-bench`: benchmarks on the sim cluster (`survey`: without one). They print figures;
+//! they assert nothing.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use podha_sim::bench::failover::FailoverArgs;
 use podha_sim::bench::scale::ScaleArgs;
+use podha_sim::bench::survey::SurveyArgs;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +25,9 @@ enum Cmd {
     Failover(FailoverArgs),
     /// The operator at 1,000+ nodes: memory, CPU, request rate, a 50-node failure.
     Scale(ScaleArgs),
+    /// One agent's peer survey while podha's leader is down, against thousands of fake peers
+    /// on 127.0.0.1 (no cluster): time to decide, asks at once, memory.
+    Survey(SurveyArgs),
 }
 
 #[tokio::main]
@@ -37,6 +42,7 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Cmd::Failover(args) => podha_sim::bench::failover::run(args).await,
         Cmd::Scale(args) => podha_sim::bench::scale::run(args).await,
+        Cmd::Survey(args) => podha_sim::bench::survey::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -45,7 +45,8 @@ mod workloads;
 use failover::{ActionTiming, failover};
 use identity::{PodhaFlow, podha_identity};
 use report::render;
-use rest::{Size, machine, measure_rest};
+use rest::{Size, measure_rest};
+pub(super) use rest::{machine, status_kib};
 use workloads::Workloads;
 
 const BENCH_LABEL: &str = "podha-bench/scale";

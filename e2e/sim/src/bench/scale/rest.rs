@@ -101,7 +101,7 @@ fn cpu_ticks(pid: i32) -> Option<u64> {
 }
 
 /// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`).
-pub(super) fn status_kib(pid: i32, field: &str) -> Option<u64> {
+pub(crate) fn status_kib(pid: i32, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
@@ -124,7 +124,7 @@ fn cluster_ticks(cluster: &Cluster) -> BTreeMap<String, u64> {
     out
 }
 
-pub(super) fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
