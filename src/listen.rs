@@ -1,5 +1,7 @@
 //! Listening on both address families, and whether a socket serves an address: podha's HTTP
-//! server (metrics, probes) and the agent's.
+//! server (metrics, probes) and the agent's. Also the open-file limit both raise
+//! ([`raise_open_file_limit`]): a leader probes every agent, an agent's survey asks hundreds of
+//! peers at once while others ask it.
 //!
 //! podha and the agent's peers dial a node's first InternalIP ([`crate::contract::internal_ip`]), of
 //! whichever family the node lists first: IPv6 on an IPv6-only or IPv6-first node. The agent
@@ -11,11 +13,20 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tracing::warn;
 
 /// How many connections may wait to be accepted.
 const BACKLOG: i32 = 1024;
+
+/// TCP keepalive of accepted connections: a silent peer is probed after 10 s, and its
+/// connection closed after three probes 2 s apart went unanswered.
+const KEEPALIVE: TcpKeepalive = TcpKeepalive::new()
+    .with_time(Duration::from_secs(10))
+    .with_interval(Duration::from_secs(2))
+    .with_retries(3);
 
 /// A listening socket: its address, and whether an IPv6 wildcard also accepts IPv4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +83,9 @@ fn bind_socket(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, Li
         socket.set_only_v6(false)?;
     }
     socket.set_reuse_address(true)?;
+    // Accepted connections inherit it: a peer that vanished (its reset lost, its node
+    // gone) no longer holds a connection, and an open file, for good.
+    socket.set_tcp_keepalive(&KEEPALIVE)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
@@ -80,9 +94,24 @@ fn bind_socket(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, Li
     Ok((listener, Listening { addr, dual_stack }))
 }
 
+/// Raises this process's soft limit of open files to its hard limit (containers often start
+/// at 1,024 of a far higher hard limit), and says what it is.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "open-file limit raised"),
+            Err(e) => warn!(soft, hard, error = %e, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use socket2::SockRef;
 
     fn listening(addr: &str, dual_stack: bool) -> Listening {
         Listening {
@@ -117,6 +146,22 @@ mod tests {
         );
         assert!(!one.serves(ip("10.0.0.6")));
         assert!(listening("[fd00::5]:9441", true).serves(ip("fd00::5")));
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_are_kept_alive() {
+        let (listener, listening) = bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let client = tokio::net::TcpStream::connect(listening.addr)
+            .await
+            .expect("connect");
+        let (accepted, _) = listener.accept().await.expect("accept");
+        let socket = SockRef::from(&accepted);
+        assert!(socket.keepalive().expect("keepalive"));
+        assert_eq!(
+            socket.tcp_keepalive_time().expect("time"),
+            Duration::from_secs(10)
+        );
+        drop(client);
     }
 
     #[tokio::test]

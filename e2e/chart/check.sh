@@ -75,7 +75,8 @@ if "$helm" template podha "$chart" --kube-version "$kube" --set serviceAccount.c
   echo "check.sh: the admission policies must refuse to trust the namespace's default ServiceAccount:" >&2; cat "$work/sa.out" >&2; exit 1
 fi
 "$helm" template podha "$chart" --kube-version "$kube" --set 'rbac.fenceAcknowledgers={system:serviceaccount:fencing:fencer}' \
-  --show-only templates/admission-policies.yaml | grep -q "in \['system:serviceaccount:fencing:fencer'\]" \
+  --show-only templates/admission-policies.yaml > "$work/acks.yaml"
+grep -q "in \['system:serviceaccount:fencing:fencer'\]" "$work/acks.yaml" \
   || { echo "check.sh: rbac.fenceAcknowledgers does not reach the node annotations policy" >&2; exit 1; }
 if "$helm" template podha "$chart" --kube-version 1.31.0 > "$work/old.out" 2>&1 \
   || ! grep -q "rbac.admissionPolicies needs Kubernetes 1.32" "$work/old.out"; then

@@ -263,6 +263,7 @@ pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
 
 async fn run(args: AgentArgs) -> Result<(), AgentError> {
     args.check()?;
+    crate::listen::raise_open_file_limit();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(AgentError::Terminate)?;
     let client = crate::kubeconfig::client(args.kubeconfig.as_deref())

@@ -175,7 +175,8 @@ impl Peers {
     /// (`silence`: how long podha has not heard this node, as [`Survey::heard`] takes it).
     /// With an unknown peer list there is nobody to ask.
     pub async fn survey(&self, silence: Duration) -> Survey {
-        let deadline = Instant::now() + self.times.deadline;
+        let start = Instant::now();
+        let deadline = start + self.times.deadline;
         let Some(peers) = self.list() else {
             return Survey {
                 peers: PeerCount::Unknown,
@@ -188,21 +189,32 @@ impl Peers {
         };
         let mut unasked = peers.iter();
         let mut asking = FuturesUnordered::new();
-        loop {
-            while asking.len() < self.in_flight && Instant::now() < deadline {
-                let Some(addr) = unasked.next() else { break };
-                asking.push(self.ask(*addr));
-            }
-            // Nothing under way: every peer was asked, or the deadline passed.
-            let Some(answer) = asking.next().await else {
-                break;
-            };
-            if let Some(answer) = answer {
-                survey.answers.push(answer);
-                if survey.settled(silence) {
+        let gather = async {
+            loop {
+                while asking.len() < self.in_flight && Instant::now() < deadline {
+                    let Some(addr) = unasked.next() else { break };
+                    asking.push(self.ask(*addr));
+                }
+                // Nothing under way: every peer was asked, or the deadline passed.
+                let Some(answer) = asking.next().await else {
                     break;
+                };
+                if let Some(answer) = answer {
+                    survey.answers.push(answer);
+                    if survey.settled(silence) {
+                        break;
+                    }
                 }
             }
+        };
+        // However late the asks run (a starved agent), the survey ends by its limit, which the
+        // watchdog's timeout and the advertised bound count on: what it has then decides, and
+        // too few answers fence.
+        if tokio::time::timeout_at(start + self.times.limit(), gather)
+            .await
+            .is_err()
+        {
+            debug!("the survey reached its limit");
         }
         survey
     }

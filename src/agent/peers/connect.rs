@@ -9,7 +9,9 @@
 //! (`nf_conntrack_tcp_timeout_time_wait`): over half a million per node, more than such a
 //! table usually holds (at least 131,072 by kube-proxy's default). A full table drops new
 //! connections, the surveys' asks among them, and too few answers fence. Reset, a connection
-//! leaves no TIME_WAIT socket, and its entry goes within 10 s (`..._timeout_close`).
+//! leaves no TIME_WAIT socket, and its entry goes within 10 s (`..._timeout_close`); one given
+//! up before its peer accepted it keeps its SYN_SENT entry (120 s). A lost reset is not sent
+//! again: the peer's TCP keepalive closes what it would hold (`crate::listen`).
 //! Nothing is lost: the agent closes a connection once it has the whole answer, or has given
 //! up on it.
 
