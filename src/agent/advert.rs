@@ -93,17 +93,21 @@ impl Advert {
         {
             return;
         }
-        let patch = json!({"metadata": {"annotations": {
-            AGENT_PORT_ANNOTATION: null,
-            AGENT_FENCED_WITHIN_ANNOTATION: null,
-        }}});
         if let Err(e) = nodes
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(name, &PatchParams::default(), &Patch::Merge(&removal()))
             .await
         {
             warn!(node = name, error = %e, "cannot take the agent's advert off the node");
         }
     }
+}
+
+/// The merge patch that takes an advert off its Node.
+fn removal() -> serde_json::Value {
+    json!({"metadata": {"annotations": {
+        AGENT_PORT_ANNOTATION: null,
+        AGENT_FENCED_WITHIN_ANNOTATION: null,
+    }}})
 }
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
@@ -201,10 +205,7 @@ impl AdvertLease {
 /// stops and will fence nothing. What cannot be withdrawn in time (the API server unreachable)
 /// lapses: the Lease after its duration, or with the Pod.
 pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) {
-    let patch = json!({"metadata": {"annotations": {
-        AGENT_PORT_ANNOTATION: null,
-        AGENT_FENCED_WITHIN_ANNOTATION: null,
-    }}});
+    let patch = removal();
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let both = async { tokio::join!(nodes.patch(node, &params, &patch), lease.delete()) };
     match tokio::time::timeout(WITHDRAW_WITHIN, both).await {

@@ -68,20 +68,25 @@ impl Bounds {
     }
 
     /// Checks a watchdog that resets the node between `earliest` and `latest` after its last
-    /// pet: the earliest must outlast a survey, the latest fit the isolation timeout.
+    /// pet: the latest soon enough that the node is reset before podha's silence proof (half
+    /// the isolation timeout, so that the survey that keeps it petted while podha hears
+    /// nobody starts where a leader's silence is told apart from one node's), the earliest
+    /// late enough that a survey never starves it.
     pub fn check_span(&self, earliest: Duration, latest: Duration) -> Result<(), ArgsError> {
-        check_timeout(
-            earliest,
-            self.isolation_timeout,
-            self.check_interval,
-            self.survey_limit,
-        )?;
-        check_timeout(
-            latest,
-            self.isolation_timeout,
-            self.check_interval,
-            self.survey_limit,
-        )
+        let shortest = self.check_interval + self.survey_limit;
+        if earliest <= shortest {
+            return Err(ArgsError::WatchdogTooShort {
+                watchdog: earliest,
+                shortest,
+            });
+        }
+        if latest > self.isolation_timeout / 2 {
+            return Err(ArgsError::WatchdogTooLong {
+                watchdog: latest,
+                isolation_timeout: self.isolation_timeout,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -346,27 +351,19 @@ impl Watchdog {
     }
 }
 
-/// Checks a watchdog timeout against the agent's other timings: short enough that a node that
-/// stopped petting is reset before podha's silence proof (half the isolation timeout, so that
-/// the survey that keeps it petted while podha hears nobody starts where a leader's silence is
-/// told apart from one node's), long enough that a survey never starves it.
+/// Checks a watchdog timeout against the agent's other timings ([`Bounds::check`]).
 pub fn check_timeout(
     watchdog: Duration,
     isolation_timeout: Duration,
     check_interval: Duration,
     survey_limit: Duration,
 ) -> Result<(), ArgsError> {
-    let shortest = check_interval + survey_limit;
-    if watchdog <= shortest {
-        return Err(ArgsError::WatchdogTooShort { watchdog, shortest });
+    Bounds {
+        isolation_timeout,
+        check_interval,
+        survey_limit,
     }
-    if watchdog > isolation_timeout / 2 {
-        return Err(ArgsError::WatchdogTooLong {
-            watchdog,
-            isolation_timeout,
-        });
-    }
-    Ok(())
+    .check(watchdog)
 }
 
 #[cfg(test)]

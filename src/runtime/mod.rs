@@ -92,8 +92,8 @@ pub async fn run(
 
     let election_progress = leader::Progress::new(&opts.leader);
     crate::listen::raise_open_file_limit();
-    let (listener, _) = crate::listen::bind(opts.http_addr)?;
-    info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    let (listener, listening) = crate::listen::bind(opts.http_addr)?;
+    info!(addr = %listening.addr, "serving /metrics, /healthz, /readyz");
     let mut http = tokio::spawn(crate::http::serve(
         listener,
         metrics.clone(),
