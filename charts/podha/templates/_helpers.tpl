@@ -80,3 +80,25 @@ Name of the agent's objects (DaemonSet, ServiceAccount, ClusterRole).
 {{- define "podha.agentName" -}}
 {{- printf "%s-agent" (include "podha.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+The admission policies' variables naming who writes: a token bound to one of its pods
+(podBound), the agent's account (isAgent), podha's with a pod-bound token (isPodha), and the
+node an agent's token names, '' when none (agentNode).
+*/}}
+{{- define "podha.writerVariables" -}}
+- name: podBound
+  expression: >-
+    has(request.userInfo.extra) && 'authentication.kubernetes.io/pod-uid' in request.userInfo.extra
+    && size(request.userInfo.extra['authentication.kubernetes.io/pod-uid']) == 1
+- name: isAgent
+  expression: "request.userInfo.username == 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "podha.agentName" . }}'"
+- name: isPodha
+  expression: "request.userInfo.username == 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "podha.serviceAccountName" . }}' && variables.podBound"
+- name: agentNode
+  expression: >-
+    variables.podBound && has(request.userInfo.extra)
+    && 'authentication.kubernetes.io/node-name' in request.userInfo.extra
+    && size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1
+    ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
+{{- end }}
