@@ -25,12 +25,20 @@
 //!   [`AGENT_PROBE_INTERVAL`]; the agent answers a [`HeartbeatAnswer`] naming its node and
 //!   saying whether it counts itself heard. The agent's shortest isolation timeout follows
 //!   from that interval.
+//! - `GET` [`PEER_PATH`] with a [`PeerQuery`]: one agent surveying another, which answers a
+//!   [`PeerAnswer`].
+//!
+//! Every one of those words is signed by its speaker's key, published on the speaker's Node
+//! ([`AGENT_KEY_ANNOTATION`]) or on podha's leader Lease ([`LEADER_KEY_ANNOTATION`]): see
+//! [`words`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use serde::{Deserialize, Serialize};
+
+pub mod words;
+pub use words::*;
 
 /// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
 /// the request (see [`fence_request`]).
@@ -49,9 +57,10 @@ pub const AGENT_FENCED_WITHIN_ANNOTATION: &str = "podha.io/agent-fenced-within";
 
 /// Every Node annotation of the contract: podha's cache of Nodes keeps these (and drops the
 /// rest), so one added here reaches the decisions.
-pub const NODE_ANNOTATIONS: [&str; 4] = [
+pub const NODE_ANNOTATIONS: [&str; 5] = [
     AGENT_PORT_ANNOTATION,
     AGENT_FENCED_WITHIN_ANNOTATION,
+    AGENT_KEY_ANNOTATION,
     FENCE_REQUEST_ANNOTATION,
     FENCE_ACK_ANNOTATION,
 ];
@@ -125,6 +134,17 @@ pub fn agent_addr(node: &Node) -> Option<SocketAddr> {
     Some(SocketAddr::new(internal_ip(node)?, port))
 }
 
+/// The key the node's agent publishes ([`AGENT_KEY_ANNOTATION`]); `None` without one, or
+/// with a garbled one.
+pub fn agent_key(node: &Node) -> Option<PublicKey> {
+    PublicKey::parse(
+        node.metadata
+            .annotations
+            .as_ref()?
+            .get(AGENT_KEY_ANNOTATION)?,
+    )
+}
+
 /// The value of [`AGENT_FENCED_WITHIN_ANNOTATION`] the agent writes.
 pub fn fenced_within_value(fenced_within: Duration) -> String {
     humantime::format_duration(fenced_within).to_string()
@@ -161,56 +181,6 @@ pub fn requested_boot(request: &str) -> Option<&str> {
         .rsplit_once('/')
         .map(|(_, boot)| boot)
         .filter(|boot| !boot.is_empty())
-}
-
-/// Where podha's leader probes an agent.
-pub const HEARTBEAT_PATH: &str = "/heartbeat";
-
-/// The query of podha's probe: `heardMs` is how long ago the leader last got an answer from
-/// this agent (absent: never). The agent counts itself heard at `now - heardMs`, so lost
-/// answers do not pass for being heard.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct HeartbeatQuery {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heard_ms: Option<u64>,
-}
-
-impl HeartbeatQuery {
-    pub fn new(heard_ago: Option<Duration>) -> Self {
-        Self {
-            heard_ms: heard_ago.map(|ago| u64::try_from(ago.as_millis()).unwrap_or(u64::MAX)),
-        }
-    }
-
-    /// How long ago the leader last heard the agent, if ever.
-    pub fn heard_ago(&self) -> Option<Duration> {
-        self.heard_ms.map(Duration::from_millis)
-    }
-
-    /// The probe's path and query, e.g. `/heartbeat?heardMs=1000`.
-    pub fn path_and_query(&self) -> String {
-        match self.heard_ms {
-            Some(ms) => format!("{HEARTBEAT_PATH}?heardMs={ms}"),
-            None => HEARTBEAT_PATH.to_string(),
-        }
-    }
-}
-
-/// The agent's answer to podha's probe: the node it runs on, and whether it counts itself
-/// heard. An answer naming another node is no answer from this node's agent.
-#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct HeartbeatAnswer {
-    pub node: String,
-    /// Whether, after this probe, the agent counts itself heard by podha in this boot of its
-    /// node: a probe (this one, or an earlier one of this boot, as its hearing file says)
-    /// told it podha got an answer. Only such an answer counts for podha's `Agent` proof: an
-    /// agent learns it was heard from the probe after its answer, and one cut off before that
-    /// counts itself never heard and does not fence on isolation. Absent (an agent from
-    /// before this field): not heard, so an older agent's silence proves no fence.
-    #[serde(default)]
-    pub heard: bool,
 }
 
 #[cfg(test)]
@@ -329,51 +299,6 @@ mod tests {
         let fits = "b".repeat(241);
         assert_eq!(agent_lease_name(&fits), format!("podha-agent-{fits}"));
         assert_eq!(AGENT_LEASE_LABEL, "podha.io/agent-advert");
-    }
-
-    #[test]
-    fn the_heartbeat_json_keeps_its_field_names() {
-        let answer = HeartbeatAnswer {
-            node: "n1".into(),
-            heard: true,
-        };
-        assert_eq!(
-            serde_json::to_value(&answer).expect("json"),
-            serde_json::json!({"node": "n1", "heard": true})
-        );
-        assert_eq!(
-            serde_json::from_str::<HeartbeatAnswer>(r#"{"node":"n1","heard":true}"#).expect("json"),
-            answer
-        );
-        // An agent from before `heard`: not heard.
-        assert_eq!(
-            serde_json::from_str::<HeartbeatAnswer>(r#"{"node":"n1"}"#).expect("json"),
-            HeartbeatAnswer {
-                node: "n1".into(),
-                heard: false,
-            }
-        );
-        assert_eq!(
-            HeartbeatQuery::new(Some(Duration::from_millis(1500))).path_and_query(),
-            "/heartbeat?heardMs=1500"
-        );
-        assert_eq!(HeartbeatQuery::new(None).path_and_query(), "/heartbeat");
-    }
-
-    #[test]
-    fn the_heartbeat_query_podha_sends_is_the_one_the_agent_reads() {
-        for heard_ago in [
-            None,
-            Some(Duration::ZERO),
-            Some(Duration::from_millis(2345)),
-        ] {
-            let sent = HeartbeatQuery::new(heard_ago);
-            let uri: axum::http::Uri = sent.path_and_query().parse().expect("uri");
-            let axum::extract::Query(read) =
-                axum::extract::Query::<HeartbeatQuery>::try_from_uri(&uri).expect("query");
-            assert_eq!(read, sent);
-            assert_eq!(read.heard_ago(), heard_ago);
-        }
     }
 
     #[test]

@@ -134,6 +134,7 @@ mod tests {
     fn observe_everything(m: &Metrics, policy: &str) {
         m.detection.set_nodes(3, 1, 2);
         m.detection.inc_node_failures(policy);
+        m.detection.inc_agent_answers_unverified(2);
         m.actions.inc_pods_deleted(policy, "StatefulSet");
         m.actions
             .inc_pods_skipped(policy, Skip::Ineligible(SkipReason::NoControllerOwner));
@@ -174,6 +175,11 @@ mod tests {
                 "podha_node_failures_total",
                 "counter",
                 r#"podha_node_failures_total{policy="db"} 1"#,
+            ),
+            (
+                "podha_agent_answers_unverified_total",
+                "counter",
+                "podha_agent_answers_unverified_total 2",
             ),
             (
                 "podha_pods_deleted_total",

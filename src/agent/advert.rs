@@ -21,8 +21,8 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW,
-    AGENT_PORT_ANNOTATION, agent_lease_name, fenced_within_value,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL,
+    AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, PublicKey, agent_lease_name, fenced_within_value,
 };
 
 /// How long the withdrawal on SIGTERM may take, both writes together: the watchdog is
@@ -38,16 +38,19 @@ const FIELD_MANAGER: &str = "podha-agent";
 pub struct Advert {
     pub port: u16,
     pub fenced_within: Duration,
+    /// The key this agent signs its words with (see `crate::contract::words`).
+    pub key: PublicKey,
 }
 
 impl Advert {
-    fn annotations(&self) -> [(&'static str, String); 2] {
+    fn annotations(&self) -> [(&'static str, String); 3] {
         [
             (AGENT_PORT_ANNOTATION, self.port.to_string()),
             (
                 AGENT_FENCED_WITHIN_ANNOTATION,
                 fenced_within_value(self.fenced_within),
             ),
+            (AGENT_KEY_ANNOTATION, self.key.encode()),
         ]
     }
 
@@ -107,6 +110,7 @@ fn removal() -> serde_json::Value {
     json!({"metadata": {"annotations": {
         AGENT_PORT_ANNOTATION: null,
         AGENT_FENCED_WITHIN_ANNOTATION: null,
+        AGENT_KEY_ANNOTATION: null,
     }}})
 }
 
@@ -237,13 +241,16 @@ mod tests {
 
     #[test]
     fn a_node_without_the_agents_advert_or_with_another_one_is_advertised_again() {
+        let key = crate::contract::Identity::generate().expect("key").public();
         let advert = Advert {
             port: 9441,
             fenced_within: Duration::from_secs(30),
+            key,
         };
         let carried = node(&[
             (AGENT_PORT_ANNOTATION, "9441"),
             (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
+            (AGENT_KEY_ANNOTATION, &key.encode()),
             (FENCE_ACK_ANNOTATION, "r1"),
         ]);
         assert!(!advert.missing_from(&carried));
@@ -255,6 +262,12 @@ mod tests {
             (AGENT_FENCED_WITHIN_ANNOTATION, "46s"),
         ]);
         assert!(advert.missing_from(&older), "another agent's timing");
+        let rekeyed = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
+            (AGENT_KEY_ANNOTATION, "another-key"),
+        ]);
+        assert!(advert.missing_from(&rekeyed), "another agent's key");
     }
 
     #[tokio::test]

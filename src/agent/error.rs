@@ -203,6 +203,8 @@ pub enum AgentError {
     Watchdog(#[from] WatchdogError),
     #[error("the agent's server stopped: {0}")]
     Serve(std::io::Error),
+    #[error("no key to sign the agent's words with: {0}")]
+    Key(crate::contract::KeyError),
     #[error("the watch of this node ended")]
     WatchEnded,
 }

@@ -14,10 +14,13 @@
 mod advert;
 mod boot;
 mod check;
+mod counters;
 mod error;
 mod fence;
 mod hearing_file;
+mod identity;
 pub mod isolation;
+pub mod leader_key;
 mod peer_list;
 pub mod peers;
 mod requests;
@@ -33,12 +36,14 @@ use std::time::Duration;
 use tracing::{error, info};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
+use crate::leader::DEFAULT_LEASE_NAME;
 use check::{check_loop, resume};
 pub use error::{
     AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError, WatchdogRefusal,
 };
 pub use fence::{FenceCause, FenceConfirm, FenceMethod, Fenced, Fencer};
 use hearing_file::HearingFile;
+use leader_key::LeaderKey;
 use peer_list::SavedList;
 use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
@@ -90,12 +95,10 @@ pub struct AgentArgs {
     /// "Timing").
     #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub survey_timeout: Duration,
-    /// The peers' agent addresses (host:port, comma-separated); without it, every other Node
-    /// that advertises an agent, from the API server (read every 30 s, every 2 s until first
-    /// read; until then the agent does not know its peers, and fences when podha stops hearing
-    /// it).
-    #[arg(long, env = "PODHA_AGENT_PEERS", value_delimiter = ',')]
-    pub peers: Vec<SocketAddr>,
+    /// podha's leader Lease (in `--namespace`), whose `podha.io/leader-key` annotation is the
+    /// key podha's heartbeats must be signed with (podha's `--leader-lease`).
+    #[arg(long, env = "PODHA_AGENT_LEADER_LEASE", default_value = DEFAULT_LEASE_NAME)]
+    pub leader_lease: String,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "PODHA_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -109,8 +112,8 @@ pub struct AgentArgs {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
-    /// Where the agent keeps when podha last heard this node (and, beside it as
-    /// `<file>.peers`, its peer list), so that an agent restarted after a crash or in a new pod
+    /// Where the agent keeps when podha last heard this node (and, beside it, its peer list as
+    /// `<file>.peers` and this boot's key as `<file>.key`), so that an agent restarted after a crash or in a new pod
     /// goes on from there (a node cut off from podha is still fenced in time) instead of
     /// counting its start as heard. Somewhere a pod replacement keeps, of this node alone (the
     /// chart: /run/podha-agent/<node> on the node). The record names its boot: no file, or one
@@ -278,25 +281,36 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let mut hearing_file = HearingFile::new(&args.hearing_file, boot.as_deref());
     let hearing = resume(&hearing_file, &args.node, args.isolation_timeout);
     let hearing: SharedHearing = Arc::new(Mutex::new(hearing));
-    let router = server::router(&args.node, hearing.clone());
-    let serve = async move { axum::serve(listener, router).await };
+    let identity =
+        identity::load_or_create(&args.hearing_file.with_extension("key"), boot.as_deref())
+            .map(Arc::new)
+            .map_err(AgentError::Key)?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
     let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
         command,
         within: args.fence_confirm_within,
     });
     let fencer = Arc::new(Fencer::new(args.fence.clone(), confirm, &args.node));
     let survey_times = args.survey_times();
-    let peers = if args.peers.is_empty() {
-        let saved = args.hearing_file.with_extension("peers");
-        Peers::discovered(
-            client.clone(),
-            &args.node,
-            survey_times,
-            SavedList::new(saved, boot.as_deref()),
-        )
-    } else {
-        Peers::fixed(args.peers.clone(), survey_times)
-    };
+    let peers = Arc::new(Peers::discovered(
+        client.clone(),
+        &args.node,
+        identity.clone(),
+        survey_times,
+        SavedList::new(args.hearing_file.with_extension("peers"), boot.as_deref()),
+    ));
+    let leader_key = Arc::new(LeaderKey::default());
+    let router = server::router(server::Endpoints {
+        node: args.node.as_str().into(),
+        identity: identity.clone(),
+        hearing: hearing.clone(),
+        leader_key: leader_key.clone(),
+        peers: peers.clone(),
+    });
+    let serve = async move { axum::serve(listener, router).await };
     // A device's own timeout from here on (it may have rounded what it was asked).
     let mut watchdog = args.open_watchdog().await?;
     let fenced_within = isolation::fenced_within(
@@ -309,11 +323,8 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let advert = advert::Advert {
         port: listening.addr.port(),
         fenced_within,
+        key: identity.public(),
     };
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_string());
     let owner = args
         .pod_name
         .clone()
@@ -326,6 +337,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),
+        () = leader_key.keep_read(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
             (Ok(()), true)

@@ -1,8 +1,10 @@
 //! The peer list as the agent reads it from the API server: every other node that advertises
 //! an agent, read in pages of [`PAGE`], kept warm while the agent runs ([`keep_warm`]), the
 //! last good list kept when a read fails, and saved for the next agent of this boot
-//! ([`SavedList`]).
+//! ([`SavedList`]). Each peer comes with the key it publishes on its Node: the key its answers
+//! must verify under, and the one its own questions are answered by.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -14,7 +16,7 @@ use tracing::{info, warn};
 
 use super::PeerListError;
 use super::boot::{RecordBoot, write_record};
-use crate::contract::agent_addr;
+use crate::contract::{PublicKey, agent_addr, agent_key};
 
 /// How often the peer list is read again from the API server once it is known: every 30 s on
 /// average, each agent at a time of its own (from 30 s less half [`REFRESH_JITTER`] to 30 s
@@ -40,27 +42,94 @@ const READ_TIMEOUT: Duration = REFRESH;
 /// takes longer to read is still read.
 const FIRST_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// One peer: another node that advertises an agent, where it listens, and the key its words
+/// are signed with (`None`: it publishes none, or a garbled one: it counts as a peer, and no
+/// word of it is believed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub node: String,
+    pub addr: SocketAddr,
+    pub key: Option<PublicKey>,
+}
+
+impl Peer {
+    /// `node`'s agent, if it advertises one.
+    fn of(node: &Node) -> Option<Self> {
+        Some(Self {
+            node: node.metadata.name.clone()?,
+            addr: agent_addr(node)?,
+            key: agent_key(node),
+        })
+    }
+
+    /// Its line in a saved list: node, address, key (`-` for none).
+    fn line(&self) -> String {
+        let key = self.key.map_or_else(|| "-".to_string(), |k| k.encode());
+        format!("{} {} {key}\n", self.node, self.addr)
+    }
+
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.split_whitespace();
+        let (node, addr, key) = (fields.next()?, fields.next()?, fields.next()?);
+        if fields.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            node: node.to_string(),
+            addr: addr.parse().ok()?,
+            key: match key {
+                "-" => None,
+                key => Some(PublicKey::parse(key)?),
+            },
+        })
+    }
+}
+
 /// The peer list as last read from the API server, and whether reading it fails now.
 #[derive(Debug, Default)]
 pub(super) struct Kept {
     /// `None`: never read.
-    pub(super) list: Option<Vec<SocketAddr>>,
+    pub(super) list: Option<Vec<Peer>>,
+    /// The keys of the list's peers, by node: whose questions this agent answers.
+    keys: HashMap<String, PublicKey>,
     /// The last read failed: said once per run of failures, not at every refresh.
     pub(super) failing: bool,
+}
+
+impl Kept {
+    pub(super) fn new(list: Option<Vec<Peer>>) -> Self {
+        let mut kept = Self::default();
+        kept.set(list);
+        kept
+    }
+
+    fn set(&mut self, list: Option<Vec<Peer>>) {
+        self.keys = list
+            .iter()
+            .flatten()
+            .filter_map(|p| Some((p.node.clone(), p.key?)))
+            .collect();
+        self.list = list;
+    }
+
+    /// The key `node`'s agent signs with, as the list says.
+    pub(super) fn key_of(&self, node: &str) -> Option<PublicKey> {
+        self.keys.get(node).copied()
+    }
 }
 
 impl Kept {
     /// Takes one read of the list: a good one replaces the list, a failed one keeps it.
     /// Returns whether the read was worth a log line (the first failure of a run of them, the
     /// first good read after one, the first read ever).
-    pub(super) fn took(&mut self, read: Result<Vec<SocketAddr>, PeerListError>) -> bool {
+    pub(super) fn took(&mut self, read: Result<Vec<Peer>, PeerListError>) -> bool {
         match read {
             Ok(list) => {
                 let note = self.failing || self.list.is_none();
                 if note {
                     info!(peers = list.len(), "peer list read");
                 }
-                self.list = Some(list);
+                self.set(Some(list));
                 self.failing = false;
                 note
             }
@@ -140,7 +209,8 @@ fn jittered(base: Duration, jitter: Duration, node: &str, n: u64) -> Duration {
 /// restarted while the API server is down (a crash, its container restarted, its pod replaced)
 /// then still knows its peers, and their vouching keeps its healthy node up through a
 /// control-plane outage. The file lives where the hearing file does and, like it, names the boot
-/// it was saved in (`boot=<ID>`, then one address per line; see [`super::boot`]). A list saved
+/// it was saved in (`boot=<ID>`, then one peer per line: node, address, key; see
+/// [`super::boot`]). A list saved
 /// in another boot is no list, and so is one that names no boot (saved before lists named one,
 /// or by an agent that could not read its boot ID), one the agent cannot place (it cannot read
 /// its own boot ID), or one that cannot be read whole: unknown, as before any read.
@@ -158,7 +228,7 @@ impl SavedList {
         }
     }
 
-    pub(super) fn load(&self) -> Option<Vec<SocketAddr>> {
+    pub(super) fn load(&self) -> Option<Vec<Peer>> {
         let file = self.path.display();
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
@@ -180,14 +250,14 @@ impl SavedList {
                 return None;
             }
         }
-        let list: Result<Vec<SocketAddr>, _> = lines.map(str::parse).collect();
+        let list: Option<Vec<Peer>> = lines.map(Peer::parse).collect();
         match list {
-            Ok(list) => {
+            Some(list) => {
                 info!(%file, peers = list.len(), "going on with the peer list the last agent of this boot read");
                 Some(list)
             }
-            Err(e) => {
-                warn!(%file, error = %e, "the saved peer list is garbled; ignored");
+            None => {
+                warn!(%file, "the saved peer list is garbled (or of an agent that kept no keys); ignored");
                 None
             }
         }
@@ -195,8 +265,8 @@ impl SavedList {
 
     /// Written whole, then renamed over the old file. A failure is logged; the list in memory
     /// stands.
-    fn save(&self, list: &[SocketAddr]) {
-        let body: String = list.iter().map(|a| format!("{a}\n")).collect();
+    fn save(&self, list: &[Peer]) {
+        let body: String = list.iter().map(Peer::line).collect();
         if let Err(e) = write_record(&self.path, self.boot.as_deref(), &body) {
             warn!(file = %self.path.display(), error = %e, "cannot save the peer list for the next agent");
         }
@@ -218,7 +288,7 @@ pub(super) fn spread(node: &str) -> usize {
 }
 
 /// Every other Node's agent, read in pages of [`PAGE`].
-async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube::Error> {
+async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<Peer>, kube::Error> {
     let mut params = ListParams::default().limit(PAGE);
     let mut peers = Vec::new();
     loop {
@@ -227,7 +297,7 @@ async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<SocketAddr>, kube
             page.items
                 .iter()
                 .filter(|n| n.metadata.name.as_deref() != Some(me))
-                .filter_map(agent_addr),
+                .filter_map(Peer::of),
         );
         match page.metadata.continue_.filter(|token| !token.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -262,11 +332,17 @@ mod tests {
         assert!(retry >= Duration::from_millis(1500) && retry <= Duration::from_millis(2500));
     }
 
-    fn addr(last: u8) -> SocketAddr {
-        SocketAddr::from(([10, 0, 0, last], 9441))
+    fn addr(last: u8) -> Peer {
+        let key =
+            (last % 2 == 0).then(|| crate::contract::Identity::generate().expect("key").public());
+        Peer {
+            node: format!("n{last}"),
+            addr: SocketAddr::from(([10, 0, 0, last], 9441)),
+            key,
+        }
     }
 
-    fn failed() -> Result<Vec<SocketAddr>, PeerListError> {
+    fn failed() -> Result<Vec<Peer>, PeerListError> {
         Err(PeerListError::TimedOut(READ_TIMEOUT))
     }
 
@@ -280,10 +356,15 @@ mod tests {
             kept.took(Ok(vec![addr(2), addr(3)])),
             "the first read is said"
         );
-        assert!(!kept.took(Ok(vec![addr(2)])));
+        let (two, three) = (addr(2), addr(3));
+        assert!(!kept.took(Ok(vec![two.clone(), three.clone()])));
+        assert_eq!(kept.key_of("n2"), two.key, "a peer's key");
+        assert_eq!(kept.key_of("n3"), None, "a peer that publishes none");
+        assert!(!kept.took(Ok(vec![three.clone()])));
+        assert_eq!(kept.key_of("n2"), None, "no longer a peer");
         assert!(kept.took(failed()));
         assert!(!kept.took(failed()));
-        assert_eq!(kept.list, Some(vec![addr(2)]), "the last good list is kept");
+        assert_eq!(kept.list, Some(vec![three]), "the last good list is kept");
         assert!(kept.took(Ok(Vec::new())), "read again after failures: said");
         assert_eq!(
             kept.list,
@@ -297,17 +378,30 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("podha-peers-boot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("heard.peers");
-        SavedList::new(path.clone(), Some("b1")).save(&[addr(2), addr(3)]);
+        let (two, three) = (addr(2), addr(3));
+        let two_key = two.key.expect("a key").encode();
+        SavedList::new(path.clone(), Some("b1")).save(&[two.clone(), three.clone()]);
         let text = std::fs::read_to_string(&path).expect("read");
-        assert_eq!(text, "boot=b1\n10.0.0.2:9441\n10.0.0.3:9441\n");
+        assert_eq!(
+            text,
+            format!("boot=b1\nn2 10.0.0.2:9441 {two_key}\nn3 10.0.0.3:9441 -\n")
+        );
         let load = |boot: Option<&str>| SavedList::new(path.clone(), boot).load();
-        assert_eq!(load(Some("b1")), Some(vec![addr(2), addr(3)]), "this boot");
+        assert_eq!(
+            load(Some("b1")),
+            Some(vec![two.clone(), three.clone()]),
+            "this boot"
+        );
         assert_eq!(load(Some("b2")), None, "another boot: no list");
         assert_eq!(load(None), None, "the agent's own boot unknown: no list");
         // Saved before lists named their boot, or by an agent without a boot ID.
         std::fs::write(&path, "10.0.0.2:9441\n").expect("write");
         assert_eq!(load(Some("b1")), None, "addresses only");
-        SavedList::new(path.clone(), None).save(&[addr(2)]);
+        std::fs::write(&path, "boot=b1\n10.0.0.2:9441\n").expect("write");
+        assert_eq!(load(Some("b1")), None, "saved before peers had keys");
+        std::fs::write(&path, "boot=b1\nn2 10.0.0.2:9441 garbled\n").expect("write");
+        assert_eq!(load(Some("b1")), None, "a garbled key");
+        SavedList::new(path.clone(), None).save(&[two]);
         assert_eq!(load(Some("b1")), None, "an empty boot");
         // Known empty is a list too.
         SavedList::new(path.clone(), Some("b1")).save(&[]);

@@ -17,8 +17,7 @@
 //! first heard peer; while podha's leader is down a 5,000-node cluster's agents each need 2,501
 //! answers, which came in 0.2 s on loopback with 1 % silent (`podha-bench survey`, docs/agent.md).
 
-use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -32,9 +31,11 @@ use kube::api::Api;
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::counters;
 use super::isolation::{PeerCount, Survey};
+pub use super::peer_list::Peer;
 use super::peer_list::{Kept, SavedList, keep_warm, lock, spread};
-use super::server::PeerAnswer;
+use crate::contract::{Identity, PeerAnswer, PeerQuery, PublicKey};
 use connect::ResetOnClose;
 
 mod connect;
@@ -81,6 +82,9 @@ impl SurveyTimes {
 }
 
 pub struct Peers {
+    /// This agent's node, and the key its questions are signed with.
+    me: String,
+    identity: Arc<Identity>,
     source: Source,
     times: SurveyTimes,
     /// Peers asked at once, at most: [`IN_FLIGHT`] (fewer in some tests).
@@ -89,10 +93,9 @@ pub struct Peers {
 }
 
 enum Source {
-    Fixed(Vec<SocketAddr>),
+    Fixed(Kept),
     Discovered {
         client: kube::Client,
-        node: String,
         kept: Mutex<Kept>,
         /// Where the list is saved for the next agent of this boot (see [`SavedList`]).
         saved: SavedList,
@@ -100,8 +103,9 @@ enum Source {
 }
 
 impl Peers {
-    pub fn fixed(peers: Vec<SocketAddr>, times: SurveyTimes) -> Self {
-        Self::with(Source::Fixed(peers), times)
+    /// `me`'s peers, always these.
+    pub fn fixed(me: &str, identity: Arc<Identity>, peers: Vec<Peer>, times: SurveyTimes) -> Self {
+        Self::with(me, identity, Source::Fixed(Kept::new(Some(peers))), times)
     }
 
     /// Peers from the Node list, unknown until [`Peers::keep_warm`] first reads it, or until
@@ -109,20 +113,16 @@ impl Peers {
     pub fn discovered(
         client: kube::Client,
         node: &str,
+        identity: Arc<Identity>,
         times: SurveyTimes,
         saved: SavedList,
     ) -> Self {
-        let kept = Kept {
-            list: saved.load(),
-            failing: false,
-        };
         let source = Source::Discovered {
             client,
-            node: node.to_string(),
-            kept: Mutex::new(kept),
+            kept: Mutex::new(Kept::new(saved.load())),
             saved,
         };
-        Self::with(source, times)
+        Self::with(node, identity, source, times)
     }
 
     /// One client for every survey, keeping no connection once its answer is in (and closing
@@ -134,11 +134,13 @@ impl Peers {
     /// pool: its 2,600 connections cost the bench process 95 MiB on both sides, and with
     /// too few open files its asks failed and the survey fenced). Asked afresh, an agent has
     /// at most [`IN_FLIGHT`] connections out, and few in (each answered at once).
-    fn with(source: Source, times: SurveyTimes) -> Self {
+    fn with(me: &str, identity: Arc<Identity>, source: Source, times: SurveyTimes) -> Self {
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
             .build(ResetOnClose::new());
         Self {
+            me: me.to_string(),
+            identity,
             source,
             times,
             in_flight: IN_FLIGHT,
@@ -158,7 +160,6 @@ impl Peers {
     pub async fn keep_warm(&self) {
         let Source::Discovered {
             client,
-            node,
             kept,
             saved,
         } = &self.source
@@ -166,7 +167,16 @@ impl Peers {
             return std::future::pending().await;
         };
         let nodes: Api<Node> = Api::all(client.clone());
-        keep_warm(&nodes, node, kept, saved).await
+        keep_warm(&nodes, &self.me, kept, saved).await
+    }
+
+    /// The key `node`'s agent signs with, if it is a peer in the list as kept: whose questions
+    /// this agent answers.
+    pub fn key_of(&self, node: &str) -> Option<PublicKey> {
+        match &self.source {
+            Source::Fixed(kept) => kept.key_of(node),
+            Source::Discovered { kept, .. } => lock(kept).key_of(node),
+        }
     }
 
     /// Asks the peers, [`IN_FLIGHT`] at once at most, in the order [`Peers::list`] gives,
@@ -192,8 +202,8 @@ impl Peers {
         let gather = async {
             loop {
                 while asking.len() < self.in_flight && Instant::now() < deadline {
-                    let Some(addr) = unasked.next() else { break };
-                    asking.push(self.ask(*addr));
+                    let Some(peer) = unasked.next() else { break };
+                    asking.push(self.ask(peer));
                 }
                 // Nothing under way: every peer was asked, or the deadline passed.
                 let Some(answer) = asking.next().await else {
@@ -219,27 +229,48 @@ impl Peers {
         survey
     }
 
-    async fn ask(&self, addr: SocketAddr) -> Option<Option<Duration>> {
-        let uri: hyper::Uri = format!("http://{addr}/peer").parse().ok()?;
+    /// What `peer` answers, if it answers in time with a word its key verifies: for the
+    /// survey, an answer that is not the peer's own is none (it must neither keep this node up
+    /// nor fence it).
+    async fn ask(&self, peer: &Peer) -> Option<Option<Duration>> {
+        let key = peer.key?;
+        let question = PeerQuery::signed(&self.identity, &self.me, &peer.node);
+        let uri: hyper::Uri = format!("http://{}{}", peer.addr, question.path_and_query())
+            .parse()
+            .ok()?;
         let answer = tokio::time::timeout(self.times.ask, async {
             let response = self.http.get(uri).await.map_err(|e| e.to_string())?;
+            let status = response.status();
             let body = response
                 .into_body()
                 .collect()
                 .await
                 .map_err(|e| e.to_string())?
                 .to_bytes();
+            if !status.is_success() {
+                return Err(format!("answered {status}"));
+            }
             serde_json::from_slice::<PeerAnswer>(&body).map_err(|e| e.to_string())
         })
         .await;
         match answer {
-            Ok(Ok(answer)) => Some(answer.heard_ago_ms.map(Duration::from_millis)),
+            Ok(Ok(answer))
+                if answer.node == peer.node
+                    && key.verifies(&answer.word(&question.nonce), &answer.signature) =>
+            {
+                Some(answer.heard_ago())
+            }
+            Ok(Ok(_)) => {
+                counters::unverified_peer_answer();
+                debug!(peer = %peer.node, addr = %peer.addr, "an answer not signed by the peer's key: none");
+                None
+            }
             Ok(Err(e)) => {
-                debug!(%addr, error = %e, "a peer did not answer");
+                debug!(peer = %peer.node, addr = %peer.addr, error = %e, "a peer did not answer");
                 None
             }
             Err(_) => {
-                debug!(%addr, "a peer did not answer in time");
+                debug!(peer = %peer.node, addr = %peer.addr, "a peer did not answer in time");
                 None
             }
         }
@@ -247,10 +278,10 @@ impl Peers {
 
     /// The peers as kept (`None`: the list was never read), in an order that differs per node
     /// (so that surveys spread over the cluster).
-    fn list(&self) -> Option<Vec<SocketAddr>> {
+    fn list(&self) -> Option<Vec<Peer>> {
         let (mut peers, me) = match &self.source {
-            Source::Fixed(peers) => (peers.clone(), 0),
-            Source::Discovered { node, kept, .. } => (lock(kept).list.clone()?, spread(node)),
+            Source::Fixed(kept) => (kept.list.clone()?, 0),
+            Source::Discovered { kept, .. } => (lock(kept).list.clone()?, spread(&self.me)),
         };
         if !peers.is_empty() {
             let shift = me % peers.len();
@@ -284,8 +315,16 @@ mod tests {
         assert_eq!(short.limit(), ms(1500));
     }
 
-    fn addr(last: u8) -> SocketAddr {
-        SocketAddr::from(([10, 0, 0, last], 9441))
+    fn addr(last: u8) -> Peer {
+        Peer {
+            node: format!("n{last}"),
+            addr: std::net::SocketAddr::from(([10, 0, 0, last], 9441)),
+            key: None,
+        }
+    }
+
+    fn me() -> Arc<Identity> {
+        Arc::new(Identity::generate().expect("key"))
     }
 
     fn node_json(name: &str, ip: &str) -> String {
@@ -374,7 +413,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("podha-peers-warm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
-        let peers = Peers::discovered(client, "n1", times, saved);
+        let peers = Peers::discovered(client, "n1", me(), times, saved);
         assert_eq!(peers.list(), None, "not read yet: unknown");
         let survey = peers.survey(Duration::from_secs(30)).await;
         assert_eq!(survey.peers, PeerCount::Unknown);
@@ -386,7 +425,7 @@ mod tests {
         );
         assert!(lists_at(&asked).len() >= 3, "{asked:?}");
         let mut found = peers.list().expect("read");
-        found.sort();
+        found.sort_by(|a, b| a.node.cmp(&b.node));
         assert_eq!(
             found,
             vec![addr(2), addr(3)],
@@ -401,9 +440,9 @@ mod tests {
         // The next agent of this boot (a crash, the API server down): the saved list.
         let down = fake_api(Asked::default(), |_| Answer::Fail);
         let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
-        let next = Peers::discovered(down, "n1", times, saved);
+        let next = Peers::discovered(down, "n1", me(), times, saved);
         let mut resumed = next.list().expect("the saved list");
-        resumed.sort();
+        resumed.sort_by(|a, b| a.node.cmp(&b.node));
         assert_eq!(resumed, found);
         // A garbled file is no list.
         std::fs::write(
@@ -413,7 +452,10 @@ mod tests {
         .expect("write");
         let garbled = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let down = fake_api(Asked::default(), |_| Answer::Fail);
-        assert_eq!(Peers::discovered(down, "n1", times, garbled).list(), None);
+        assert_eq!(
+            Peers::discovered(down, "n1", me(), times, garbled).list(),
+            None
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -429,6 +471,7 @@ mod tests {
         Peers::discovered(
             client,
             node,
+            me(),
             SurveyTimes::new(Duration::from_secs(5)),
             saved,
         )
@@ -501,7 +544,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_fixed_list_is_known() {
-        let peers = Peers::fixed(Vec::new(), SurveyTimes::new(Duration::from_secs(1)));
+        let peers = Peers::fixed(
+            "n1",
+            me(),
+            Vec::new(),
+            SurveyTimes::new(Duration::from_secs(1)),
+        );
         let survey = peers.survey(Duration::from_secs(30)).await;
         assert_eq!(survey.peers, PeerCount::Known(0));
     }

@@ -1,28 +1,40 @@
 //! The agent's HTTP endpoints, and what it knows of being heard.
 //!
-//! - `GET /heartbeat?heardMs=N` — podha's leader probes every agent with this (the request and
-//!   the answer are part of [`crate::contract`]). `heardMs` is how long ago the leader last got
-//!   an answer from this agent (absent: never). The agent counts itself heard at
-//!   `now - heardMs`, so lost answers do not pass for being heard. Its answer says whether,
+//! - `GET /heartbeat` — podha's leader probes every agent with this (the request and the
+//!   answer are part of [`crate::contract`], signed as [`crate::contract::words`] says).
+//!   `heardMs` is how long ago the leader last got an answer from this agent (absent: never).
+//!   The agent counts itself heard `heardMs` before it issued the challenge the probe signs, so
+//!   neither lost answers nor a probe held back pass for being heard. Its answer says whether,
 //!   after this probe, it counts itself heard in this boot: podha counts only such answers as
 //!   hearing it for its silence proof (the first answer of a boot is not, until the next
 //!   probe tells the agent it was heard).
 //! - `GET /peer` — another agent surveying its peers: how long ago podha last heard this one.
+//! - `GET /metrics` — what the agent refused (see [`counters`]).
 //!
-//! Both answer JSON; neither writes to the API server: thousands of nodes probed every second
-//! cost the leader one small request per node per interval and the API server nothing.
+//! A probe not signed by podha's leader, or a question not signed by a peer, gets `401` and
+//! nothing else: a process on a node cut off from podha cannot keep its agent "heard", and
+//! nobody learns anything from an agent it could not prove itself to. Answers are JSON signed
+//! by the agent's key; nothing here writes to the API server: thousands of nodes probed every
+//! second cost the leader one small request per node per interval and the API server nothing.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::counters;
 use super::isolation::Silence;
-use crate::contract::{HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery};
+use super::leader_key::LeaderKey;
+use super::peers::Peers;
+use crate::contract::{
+    HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery, Identity, PEER_PATH, PeerAnswer, PeerQuery,
+    fresh_nonce,
+};
 
 /// What the agent knows of podha hearing it, shared by the endpoints and the check loop.
 #[derive(Debug, Default)]
@@ -82,59 +94,117 @@ impl Hearing {
 
 pub type SharedHearing = Arc<Mutex<Hearing>>;
 
+/// Whom the agent's endpoints answer, and with what: its node, its key, what it knows of being
+/// heard, the keys it trusts (podha's leader's and its peers').
+#[derive(Clone)]
+pub struct Endpoints {
+    pub node: Arc<str>,
+    pub identity: Arc<Identity>,
+    pub hearing: SharedHearing,
+    pub leader_key: Arc<LeaderKey>,
+    pub peers: Arc<Peers>,
+}
+
 #[derive(Clone)]
 struct AppState {
-    node: Arc<str>,
-    hearing: SharedHearing,
+    endpoints: Endpoints,
+    challenge: Arc<Mutex<Challenge>>,
 }
 
-/// The answer to a peer's survey.
-#[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PeerAnswer {
-    pub node: String,
-    /// How long ago podha last heard this agent, in milliseconds; absent: never.
-    pub heard_ago_ms: Option<u64>,
+/// The challenge podha's next heartbeat must sign, and when it was issued: a heartbeat that
+/// signs it was made after that instant, so the hearing it reports happened no later than
+/// `heardMs` before it (whenever the heartbeat arrives). Taken by the first heartbeat that
+/// signs it; a new one goes out with that heartbeat's answer.
+struct Challenge {
+    value: String,
+    issued: Instant,
 }
 
-pub fn router(node: &str, hearing: SharedHearing) -> Router {
+impl Challenge {
+    fn fresh() -> Self {
+        Self {
+            value: fresh_nonce(),
+            issued: Instant::now(),
+        }
+    }
+}
+
+pub fn router(endpoints: Endpoints) -> Router {
     Router::new()
         .route(HEARTBEAT_PATH, get(heartbeat))
-        .route("/peer", get(peer))
+        .route(PEER_PATH, get(peer))
+        .route("/metrics", get(metrics))
         .with_state(AppState {
-            node: node.into(),
-            hearing,
+            endpoints,
+            challenge: Arc::new(Mutex::new(Challenge::fresh())),
         })
 }
 
-pub(super) fn lock(hearing: &SharedHearing) -> std::sync::MutexGuard<'_, Hearing> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding it cannot leave a Hearing half-updated: keep going.
-    hearing.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn heartbeat(
-    State(state): State<AppState>,
-    Query(q): Query<HeartbeatQuery>,
-) -> axum::Json<HeartbeatAnswer> {
+/// podha's leader's probe. Not signed by the leader's key as the agent last read it: `401`,
+/// nothing learnt, and the key read again soon (a new leader's). Signed over the challenge the
+/// agent issued last: the hearing it reports counts (from that challenge's issue), and a new
+/// challenge goes out. Signed over any other (the leader's first probe, or a replay): answered,
+/// with the challenge to sign, and nothing learnt.
+async fn heartbeat(State(state): State<AppState>, Query(q): Query<HeartbeatQuery>) -> Response {
+    let ours = &state.endpoints;
+    let signed = ours
+        .leader_key
+        .current()
+        .is_some_and(|key| key.verifies(&q.word(&ours.node), &q.signature));
+    if !signed {
+        ours.leader_key.read_again();
+        counters::refused(HEARTBEAT_PATH);
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
     let now = Instant::now();
-    let heard = {
-        let mut hearing = lock(&state.hearing);
-        hearing.probed(now, q.heard_ago());
-        hearing.heard_ago(now).is_some()
+    let (heard, challenge) = {
+        let mut challenge = lock(&state.challenge);
+        let mut hearing = lock(&ours.hearing);
+        if !q.challenge.is_empty() && q.challenge == challenge.value {
+            hearing.probed(challenge.issued, q.heard_ago());
+            *challenge = Challenge::fresh();
+        } else {
+            counters::stale_heartbeat();
+        }
+        (hearing.heard_ago(now).is_some(), challenge.value.clone())
     };
-    axum::Json(HeartbeatAnswer {
-        node: state.node.to_string(),
-        heard,
-    })
+    let answer = HeartbeatAnswer::signed(&ours.identity, &ours.node, heard, &q.nonce, &challenge);
+    axum::Json(answer).into_response()
 }
 
-async fn peer(State(state): State<AppState>) -> axum::Json<PeerAnswer> {
-    let ago = lock(&state.hearing).heard_ago(Instant::now());
-    axum::Json(PeerAnswer {
-        node: state.node.to_string(),
-        heard_ago_ms: ago.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-    })
+/// A peer's survey question, answered only if signed by the key the peer list gives the
+/// asker's node.
+async fn peer(State(state): State<AppState>, Query(q): Query<PeerQuery>) -> Response {
+    let ours = &state.endpoints;
+    let signed = ours
+        .peers
+        .key_of(&q.from)
+        .is_some_and(|key| key.verifies(&q.word(&ours.node), &q.signature));
+    if !signed {
+        counters::refused(PEER_PATH);
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let ago = lock(&ours.hearing).heard_ago(Instant::now());
+    axum::Json(PeerAnswer::signed(
+        &ours.identity,
+        &ours.node,
+        ago,
+        &q.nonce,
+    ))
+    .into_response()
 }
+
+async fn metrics() -> String {
+    counters::render()
+}
+
+#[cfg(test)]
+mod words_tests;
 
 #[cfg(test)]
 mod tests {
@@ -166,43 +236,6 @@ mod tests {
         // A late, older probe does not move the time back.
         h.probed(Instant::now(), Some(Duration::from_secs(30)));
         assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(10)));
-    }
-
-    /// The answer says whether the agent counts itself heard in this boot, after the probe:
-    /// not at a never-heard agent's first probe, yes once a probe said podha got an answer,
-    /// and yes at a new leader's first probe (no `heardMs`) to an agent heard before.
-    #[tokio::test(start_paused = true)]
-    async fn the_heartbeat_answer_says_whether_the_agent_counts_itself_heard() {
-        let ask = |hearing: &SharedHearing, heard_ms: Option<u64>| {
-            let state = AppState {
-                node: "n1".into(),
-                hearing: hearing.clone(),
-            };
-            heartbeat(State(state), Query(HeartbeatQuery { heard_ms }))
-        };
-        let hearing: SharedHearing = Arc::default();
-        let first = ask(&hearing, None).await.0;
-        assert_eq!(
-            first,
-            HeartbeatAnswer {
-                node: "n1".into(),
-                heard: false,
-            }
-        );
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(ask(&hearing, Some(1000)).await.0.heard);
-        assert!(
-            ask(&hearing, None).await.0.heard,
-            "a new leader's first probe"
-        );
-        let resumed = Arc::new(Mutex::new(Hearing::resumed(
-            Instant::now(),
-            Some(Duration::from_secs(5)),
-        )));
-        assert!(
-            ask(&resumed, None).await.0.heard,
-            "heard in this boot before"
-        );
     }
 
     #[tokio::test(start_paused = true)]

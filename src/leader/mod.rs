@@ -124,6 +124,8 @@ mod progress;
 mod view;
 
 pub use claim::{Claim, Leadership, channel};
+
+pub mod key;
 pub use errors::LeaderError;
 pub use progress::Progress;
 

@@ -1,7 +1,7 @@
 //! What podha's probes concluded about nodes: how many are in each health state now, and how
 //! often a policy judged a node failed. Updated by the decision loop after each probe round.
 
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::{POLICY, register, remove_policy};
 
@@ -30,6 +30,7 @@ impl NodeState {
 pub struct Detection {
     nodes: IntGaugeVec,
     node_failures: IntCounterVec,
+    agent_answers_unverified: IntCounter,
 }
 
 impl Detection {
@@ -58,9 +59,19 @@ impl Detection {
                 &[POLICY],
             )?,
         )?;
+        let agent_answers_unverified = register(
+            registry,
+            IntCounter::new(
+                "podha_agent_answers_unverified_total",
+                "Heartbeat answers naming their node that the key the node publishes does not \
+                 verify (a key rotated and not yet seen, an agent from before keys, an impostor): \
+                 podha holds for such a node, as for one whose agent it does not hear.",
+            )?,
+        )?;
         let detection = Self {
             nodes,
             node_failures,
+            agent_answers_unverified,
         };
         detection.set_nodes(0, 0, 0);
         Ok(detection)
@@ -77,6 +88,11 @@ impl Detection {
                 .with_label_values(&[state.as_str()])
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
+    }
+
+    pub fn inc_agent_answers_unverified(&self, answers: usize) {
+        self.agent_answers_unverified
+            .inc_by(u64::try_from(answers).unwrap_or(u64::MAX));
     }
 
     pub fn inc_node_failures(&self, policy: &str) {

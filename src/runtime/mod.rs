@@ -37,7 +37,7 @@ pub use actuator::{Actuator, Outcome};
 pub use state::{Change, ClusterState, Watch};
 
 use crate::api::{ListedPolicy, PodHAPolicy};
-use crate::contract::AGENT_LEASE_LABEL;
+use crate::contract::{AGENT_LEASE_LABEL, Identity};
 use crate::health::ProbeKind;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::Metrics;
@@ -64,6 +64,8 @@ pub enum Error {
     Http(#[from] std::io::Error),
     #[error("leader election: {0}")]
     Leader(#[from] leader::LeaderError),
+    #[error("no key to sign heartbeats with: {0}")]
+    Key(crate::contract::KeyError),
     #[error("decision loop: {0}")]
     Actor(#[from] actor::ActorError),
     #[error("the {0} task ended unexpectedly")]
@@ -120,7 +122,15 @@ pub async fn run(
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
-    let (mut prober, plans, rounds_rx) = spawn_probers();
+    // What this replica signs its heartbeats with, published on the leader Lease while it leads.
+    let heartbeat_key = Arc::new(Identity::generate().map_err(Error::Key)?);
+    let key_publisher = tokio::spawn(leader::key::publish(
+        Api::namespaced(client.clone(), &opts.leader.namespace),
+        opts.leader.clone(),
+        heartbeat_key.clone(),
+        leadership.clone(),
+    ));
+    let (mut prober, plans, rounds_rx) = spawn_probers(heartbeat_key);
     let outputs = actor::Outputs {
         ready: ready_tx,
         writes: writes_tx,
@@ -141,12 +151,15 @@ pub async fn run(
     drain(&mut election, &mut http).await;
     writer.abort();
     prober.abort();
+    key_publisher.abort();
     result
 }
 
 /// The kubelet-port and agent probers in one task, the senders of their plans and the
 /// receiver of their rounds.
-fn spawn_probers() -> (
+fn spawn_probers(
+    heartbeat_key: Arc<Identity>,
+) -> (
     JoinHandle<()>,
     prober::PlanSenders,
     mpsc::Receiver<prober::Round>,
@@ -154,8 +167,13 @@ fn spawn_probers() -> (
     let (kubelet, kubelet_plan) = watch::channel(prober::ProbePlan::default());
     let (agent, agent_plan) = watch::channel(prober::ProbePlan::default());
     let (rounds_tx, rounds_rx) = mpsc::channel(16);
-    let kubelet_prober = prober::run(ProbeKind::KubeletTcp, kubelet_plan, rounds_tx.clone());
-    let agent_prober = prober::run(ProbeKind::Agent, agent_plan, rounds_tx);
+    let kubelet_prober = prober::run(
+        ProbeKind::KubeletTcp,
+        kubelet_plan,
+        rounds_tx.clone(),
+        heartbeat_key.clone(),
+    );
+    let agent_prober = prober::run(ProbeKind::Agent, agent_plan, rounds_tx, heartbeat_key);
     let task = tokio::spawn(async move {
         tokio::join!(kubelet_prober, agent_prober);
     });

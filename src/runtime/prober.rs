@@ -5,31 +5,27 @@
 //! answer within the timeout, or the host unreachable: a machine that is off or cut off).
 //!
 //! `AgentHeartbeat`: an HTTP GET of `/heartbeat` on each node's podha agent (InternalIP, the
-//! port the agent advertises on its Node), every second, by the leader only. Each probe says
-//! how long ago this process last got an answer from that agent (`heardMs`), so an agent whose
-//! answers are lost learns it is not heard (see `crate::contract`); what it heard of an agent
-//! is forgotten when the agent's node boots again (a new boot ID in the plan), so a new boot's
-//! agent is never told its node's downtime as a silence. An answer naming the node is
-//! `Connected`; a refusal or any other answer is the host up without its agent (`Refused`);
-//! silence is `NoAnswer`.
+//! port the agent advertises on its Node), every second, by the leader only, signed with the
+//! key the leader publishes (see [`heartbeat`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
 use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-pub use crate::contract::{AGENT_PROBE_INTERVAL, agent_addr};
-use crate::contract::{HeartbeatAnswer, HeartbeatQuery, internal_ip};
+pub use crate::contract::{AGENT_PROBE_INTERVAL, agent_addr, agent_key};
+use crate::contract::{Identity, PublicKey, internal_ip};
 use crate::health::{ProbeKind, TcpResult};
+use heartbeat::{Answer, Heard, Http, heartbeat};
+
+mod heartbeat;
 
 /// Probes in flight at once.
 const CONCURRENCY: usize = 256;
@@ -45,6 +41,8 @@ pub struct Target {
     /// The node's boot ID (`status.nodeInfo.bootID`), for the agent's heartbeat: what this
     /// process heard of an agent is forgotten when its node boots again (see [`run`]).
     pub boot_id: Option<String>,
+    /// The key the node's agent publishes: only answers it verifies are the agent's.
+    pub key: Option<PublicKey>,
 }
 
 /// What to probe and how often; published by the decision loop when it changes.
@@ -87,6 +85,9 @@ pub struct Round {
     /// The nodes whose agent answered this round saying it counts itself heard in this boot:
     /// only their answers count for the `Agent` proof (see `NodeObservations::observe_agent`).
     pub heard: BTreeSet<String>,
+    /// The nodes where something answered that the key their Node publishes does not verify
+    /// (see [`heartbeat`]).
+    pub unverified: BTreeSet<String>,
 }
 
 async fn connect(target: Target) -> (String, Option<TcpResult>) {
@@ -103,105 +104,19 @@ async fn connect(target: Target) -> (String, Option<TcpResult>) {
     (target.node, Some(result))
 }
 
-type Http = HttpClient<HttpConnector, Empty<Bytes>>;
-
-/// One agent's heartbeat: the node, what the probe found, and whether the agent said it
-/// counts itself heard in this boot.
-type Heartbeat = (String, Option<TcpResult>, bool);
-
-async fn heartbeat(http: &Http, target: Target, heard_ago: Option<Duration>) -> Heartbeat {
-    let Some(addr) = target.addr else {
-        return (target.node, None, false);
-    };
-    let path = HeartbeatQuery::new(heard_ago).path_and_query();
-    let Ok(uri) = format!("http://{addr}{path}").parse::<hyper::Uri>() else {
-        return (target.node, None, false);
-    };
-    let asked = async {
-        let response = http.get(uri).await?;
-        let ok = response.status().is_success();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((ok, body))
-    };
-    let (result, heard) = match tokio::time::timeout(target.timeout, asked).await {
-        Ok(Ok((true, body))) => match serde_json::from_slice::<HeartbeatAnswer>(&body) {
-            Ok(answer) if answer.node == target.node => (TcpResult::Connected, answer.heard),
-            // Something else answers at that address: the host runs, its agent does not.
-            _ => (TcpResult::Refused, false),
-        },
-        Ok(Ok((false, _))) => (TcpResult::Refused, false),
-        Ok(Err(e)) if refused(e.as_ref()) => (TcpResult::Refused, false),
-        Ok(Err(_)) | Err(_) => (TcpResult::NoAnswer, false),
-    };
-    (target.node, Some(result), heard)
-}
-
-/// Whether a connect was refused somewhere down this error's chain.
-fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return true;
-        }
-        next = e.source();
-    }
-    false
-}
-
-/// When each agent last answered this process, and in which boot of its node: what the next
-/// probe tells it (`heardMs`).
-#[derive(Debug, Default)]
-struct Heard(BTreeMap<String, (Option<String>, Instant)>);
-
-impl Heard {
-    /// The plan's targets now: an agent no longer probed, or whose node booted again since it
-    /// answered, is forgotten. A new boot's agent was never heard, and must not be told it was
-    /// heard as long ago as its node was down: it would count that downtime as a silence and
-    /// survey its peers at once.
-    fn follow(&mut self, targets: &[Target]) {
-        self.0.retain(|node, (boot, _)| {
-            targets
-                .iter()
-                .any(|t| &t.node == node && t.boot_id == *boot)
-        });
-    }
-
-    /// How long before `sent` this process last got an answer from `node`'s agent, if ever.
-    fn ago(&self, node: &str, sent: Instant) -> Option<Duration> {
-        self.0
-            .get(node)
-            .map(|(_, at)| sent.saturating_duration_since(*at))
-    }
-
-    /// The answers of a round probing `targets`, in at `now`. Any answer naming the node is
-    /// one: whether the agent knew it was heard before this one or not, the next probe tells
-    /// it this one was.
-    fn round(&mut self, targets: &[Target], results: &[Heartbeat], now: Instant) {
-        for (node, result, _) in results {
-            if *result != Some(TcpResult::Connected) {
-                continue;
-            }
-            if let Some(t) = targets.iter().find(|t| &t.node == node) {
-                self.0.insert(node.clone(), (t.boot_id.clone(), now));
-            }
-        }
-        self.follow(targets);
-    }
-}
-
 /// Runs the prober of `kind` until the decision loop goes away (its plan sender or result
 /// receiver dropped).
 pub async fn run(
     kind: ProbeKind,
     mut plan: watch::Receiver<ProbePlan>,
     results: mpsc::Sender<Round>,
+    leader: Arc<Identity>,
 ) {
     let http: Http = HttpClient::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1)
         .build_http();
-    // When each agent last answered this process: what its next probe tells it.
+    // When each agent last answered this process, and its last challenge: what its next probe
+    // tells it, and signs.
     let mut heard = Heard::default();
     loop {
         let current = plan.borrow_and_update().clone();
@@ -225,6 +140,7 @@ pub async fn run(
                 _ = ticker.tick() => {
                     let sent = Instant::now();
                     let mut agents_heard = BTreeSet::new();
+                    let mut unverified = BTreeSet::new();
                     let results_in: Vec<(String, Option<TcpResult>)> = match kind {
                         ProbeKind::KubeletTcp => {
                             futures::stream::iter(current.targets.clone())
@@ -237,7 +153,7 @@ pub async fn run(
                             let asks: Vec<_> = current
                                 .targets
                                 .iter()
-                                .map(|t| heartbeat(&http, t.clone(), heard.ago(&t.node, sent)))
+                                .map(|t| heartbeat(&http, &leader, t.clone(), heard.probe(&t.node, sent)))
                                 .collect();
                             let results_in: Vec<_> = futures::stream::iter(asks)
                                 .buffer_unordered(CONCURRENCY)
@@ -246,16 +162,22 @@ pub async fn run(
                             heard.round(&current.targets, &results_in, Instant::now());
                             results_in
                                 .into_iter()
-                                .map(|(node, result, said_heard)| {
-                                    if said_heard && result == Some(TcpResult::Connected) {
-                                        agents_heard.insert(node.clone());
+                                .map(|hb| {
+                                    match hb.answer {
+                                        Answer::Own { heard: true, .. } => {
+                                            agents_heard.insert(hb.node.clone());
+                                        }
+                                        Answer::Unverified { .. } => {
+                                            unverified.insert(hb.node.clone());
+                                        }
+                                        _ => {}
                                     }
-                                    (node, result)
+                                    (hb.node, hb.answer.result())
                                 })
                                 .collect()
                         }
                     };
-                    let round = Round { kind, sent, results: results_in, heard: agents_heard };
+                    let round = Round { kind, sent, results: results_in, heard: agents_heard, unverified };
                     if results.send(round).await.is_err() {
                         return;
                     }
@@ -268,7 +190,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::server::{Hearing, SharedHearing, router};
     use crate::test_builders::mk_node;
     use k8s_openapi::api::core::v1::{DaemonEndpoint, NodeAddress, NodeDaemonEndpoints};
 
@@ -345,29 +266,34 @@ mod tests {
                     addr: Some(open),
                     timeout,
                     boot_id: None,
+                    key: None,
                 },
                 Target {
                     node: "closed".into(),
                     addr: Some(closed),
                     timeout,
                     boot_id: None,
+                    key: None,
                 },
                 Target {
                     node: "silent".into(),
                     addr: Some(silent),
                     timeout,
                     boot_id: None,
+                    key: None,
                 },
                 Target {
                     node: "unknown".into(),
                     addr: None,
                     timeout,
                     boot_id: None,
+                    key: None,
                 },
             ],
         });
         let spawned = Instant::now();
-        let prober = tokio::spawn(run(ProbeKind::KubeletTcp, plan_rx, tx));
+        let leader = Arc::new(Identity::generate().expect("key"));
+        let prober = tokio::spawn(run(ProbeKind::KubeletTcp, plan_rx, tx, leader));
         let round = rx.recv().await.expect("a round");
         assert!(
             spawned <= round.sent && round.sent <= Instant::now(),
@@ -385,117 +311,5 @@ mod tests {
             ]
         );
         prober.abort();
-    }
-
-    /// A real agent endpoint for node `n1` on loopback: what it knows of being heard, its
-    /// address, its server task.
-    async fn agent_of_n1() -> (
-        SharedHearing,
-        std::net::SocketAddr,
-        tokio::task::JoinHandle<()>,
-    ) {
-        let hearing = SharedHearing::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let served = router("n1", hearing.clone());
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, served).await;
-        });
-        (hearing, addr, server)
-    }
-
-    /// The leader's heartbeat reaches a real agent's endpoint: answered, and from the second
-    /// round on it tells the agent it was heard.
-    #[tokio::test]
-    async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
-        let (hearing, addr, server) = agent_of_n1().await;
-        let refused = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr")
-        };
-        let (tx, mut rx) = mpsc::channel(4);
-        let target = |node: &str, addr| Target {
-            node: node.into(),
-            addr: Some(addr),
-            timeout: Duration::from_millis(500),
-            boot_id: None,
-        };
-        let (_plan_tx, plan_rx) = watch::channel(ProbePlan {
-            interval: Duration::from_millis(100),
-            targets: vec![
-                target("n1", addr),
-                target("n2", refused),
-                target("other", addr),
-            ],
-        });
-        let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
-        let first = rx.recv().await.expect("a round");
-        assert!(
-            first.heard.is_empty(),
-            "the agent does not know its first answer was heard"
-        );
-        let mut results = first.results;
-        results.sort();
-        assert_eq!(
-            results,
-            vec![
-                ("n1".to_string(), Some(TcpResult::Connected)),
-                ("n2".to_string(), Some(TcpResult::Refused)),
-                // Another node's agent answers at that address: the host runs, not its agent.
-                ("other".to_string(), Some(TcpResult::Refused)),
-            ]
-        );
-        let heard = |h: &SharedHearing| h.lock().expect("lock").heard_ago(Instant::now());
-        let second = rx.recv().await.expect("a second round");
-        assert!(
-            heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)),
-            "the second probe says the first was answered"
-        );
-        assert_eq!(
-            second.heard,
-            BTreeSet::from(["n1".to_string()]),
-            "the agent says it is heard"
-        );
-        prober.abort();
-        server.abort();
-    }
-
-    /// A node that booted again has a new agent, never heard: the first probe after its new
-    /// boot ID reaches the plan carries no `heardMs`, not the old boot's answer (which would
-    /// tell the new agent it was heard as long ago as its node was down).
-    #[tokio::test]
-    async fn a_new_boot_of_the_node_is_not_told_the_last_boots_hearing() {
-        let (hearing, addr, server) = agent_of_n1().await;
-        let plan = |boot: &str| ProbePlan {
-            interval: Duration::from_millis(500),
-            targets: vec![Target {
-                node: "n1".into(),
-                addr: Some(addr),
-                timeout: Duration::from_millis(400),
-                boot_id: Some(boot.into()),
-            }],
-        };
-        let (tx, mut rx) = mpsc::channel(4);
-        let (plan_tx, plan_rx) = watch::channel(plan("boot-1"));
-        let prober = tokio::spawn(run(ProbeKind::Agent, plan_rx, tx));
-        let heard = |h: &SharedHearing| h.lock().expect("lock").heard_ago(Instant::now());
-        let _ = rx.recv().await.expect("a round");
-        let _ = rx.recv().await.expect("a second round");
-        assert!(heard(&hearing).is_some(), "heard in the first boot");
-        // The node reboots: a new agent, never heard, and the Node reports the new boot.
-        *hearing.lock().expect("lock") = Hearing::default();
-        plan_tx.send(plan("boot-2")).expect("plan");
-        let _ = rx.recv().await.expect("the new boot's first round");
-        assert_eq!(
-            heard(&hearing),
-            None,
-            "the new boot's agent was told the last boot's hearing"
-        );
-        let _ = rx.recv().await.expect("the new boot's second round");
-        assert!(heard(&hearing).is_some(), "heard in the new boot");
-        prober.abort();
-        server.abort();
     }
 }

@@ -29,13 +29,20 @@ pub fn node(node: &mut Node) {
     // A node keeps its resourceVersion: the taint patch is built on the cached node and
     // guarded by it (one request instead of a read and a write).
     let version = node.metadata.resource_version.take();
-    // And the agent contract's (its endpoint and timeout, the fence request and its
+    // And the agent contract's (its endpoint, timeout and key, the fence request and its
     // acknowledgement): what the `Agent` proof and the heartbeat read. Named one by one so that
     // an annotation added to the contract does not compile until it is kept here too.
-    let [port, fenced_within, request, ack] = NODE_ANNOTATIONS;
+    let [port, fenced_within, key, request, ack] = NODE_ANNOTATIONS;
     trim_meta(
         &mut node.metadata,
-        &[TAINT_MARKER_ANNOTATION, port, fenced_within, request, ack],
+        &[
+            TAINT_MARKER_ANNOTATION,
+            port,
+            fenced_within,
+            key,
+            request,
+            ack,
+        ],
     );
     node.metadata.resource_version = version;
     if let Some(status) = node.status.as_mut() {

@@ -11,8 +11,10 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::super::isolation::{PeerCount, Silence, Verdict, decide};
-use super::super::server::{Hearing, PeerAnswer, router};
-use super::{Peers, SurveyTimes};
+use super::super::leader_key::LeaderKey;
+use super::super::server::{Endpoints, Hearing, router};
+use super::{Peer, Peers, SurveyTimes};
+use crate::contract::{Identity, PeerAnswer, PeerQuery};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -59,39 +61,109 @@ fn addr(listener: &TcpListener) -> SocketAddr {
     listener.local_addr().expect("local address")
 }
 
-/// A peer that answers as an agent does (podha's own `/peer`): podha heard it `heard_ago` ago.
-async fn agent(heard_ago: Duration) -> SocketAddr {
-    let listener = listener().await;
-    let at = addr(&listener);
-    let hearing = Hearing::resumed(Instant::now(), Some(heard_ago));
-    let app = router(&format!("peer-{}", at.port()), Arc::new(hearing.into()));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    at
+fn key() -> Arc<Identity> {
+    Arc::new(Identity::generate().expect("key"))
 }
 
-/// A peer that answers, `after` a while, that podha heard it `heard_ago` ago; each ask counted
-/// in `gauge` from its arrival until just before its answer.
-async fn slow_peer(heard_ago: Duration, after: Duration, gauge: Arc<Gauge>) -> SocketAddr {
+/// The surveying agent (node `me`), and what its peers know of it: its key.
+struct Surveyor {
+    identity: Arc<Identity>,
+    /// The peer list of the fake peers: the surveyor alone.
+    known_by_peers: Arc<Peers>,
+}
+
+impl Surveyor {
+    fn new() -> Self {
+        let identity = key();
+        let me = Peer {
+            node: "me".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 9)),
+            key: Some(identity.public()),
+        };
+        let known_by_peers = Arc::new(Peers::fixed(
+            "peer",
+            identity.clone(),
+            vec![me],
+            SurveyTimes::new(secs(1)),
+        ));
+        Self {
+            identity,
+            known_by_peers,
+        }
+    }
+
+    /// The surveyor's peers.
+    fn peers(&self, peers: Vec<Peer>, times: SurveyTimes) -> Peers {
+        Peers::fixed("me", self.identity.clone(), peers, times)
+    }
+
+    /// A peer that answers as an agent does (podha's own `/peer`): podha heard it `heard_ago`
+    /// ago.
+    async fn agent(&self, heard_ago: Duration) -> Peer {
+        let listener = listener().await;
+        let at = addr(&listener);
+        let node = format!("peer-{}", at.port());
+        let identity = key();
+        let app = router(Endpoints {
+            node: node.as_str().into(),
+            identity: identity.clone(),
+            hearing: Arc::new(Hearing::resumed(Instant::now(), Some(heard_ago)).into()),
+            leader_key: Arc::new(LeaderKey::default()),
+            peers: self.known_by_peers.clone(),
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Peer {
+            node,
+            addr: at,
+            key: Some(identity.public()),
+        }
+    }
+}
+
+/// A peer that answers, `after` a while, that podha heard it `heard_ago` ago, signing with
+/// `signer` (its own key, or another); each ask counted in `gauge` from its arrival until just
+/// before its answer.
+async fn answering_peer(
+    heard_ago: Duration,
+    after: Duration,
+    gauge: Arc<Gauge>,
+    signer: Arc<Identity>,
+) -> Peer {
     let listener = listener().await;
     let at = addr(&listener);
-    let peer = move || {
+    let node = format!("peer-{}", at.port());
+    let name = node.clone();
+    let key = signer.public();
+    let peer = move |axum::extract::Query(q): axum::extract::Query<PeerQuery>| {
         let entered = gauge.enter();
+        let (node, signer) = (name.clone(), signer.clone());
         async move {
             tokio::time::sleep(after).await;
             drop(entered);
-            axum::Json(PeerAnswer {
-                node: "slow".into(),
-                heard_ago_ms: Some(heard_ago.as_millis() as u64),
-            })
+            axum::Json(PeerAnswer::signed(
+                &signer,
+                &node,
+                Some(heard_ago),
+                &q.nonce,
+            ))
         }
     };
     let app = axum::Router::new().route("/peer", axum::routing::get(peer));
     tokio::spawn(async move { axum::serve(listener, app).await });
-    at
+    Peer {
+        node,
+        addr: at,
+        key: Some(key),
+    }
+}
+
+/// A peer that answers, `after` a while, that podha heard it `heard_ago` ago.
+async fn slow_peer(heard_ago: Duration, after: Duration, gauge: Arc<Gauge>) -> Peer {
+    answering_peer(heard_ago, after, gauge, key()).await
 }
 
 /// A peer that takes every connection and never answers, counted in `gauge` while open.
-async fn silent(gauge: Arc<Gauge>) -> SocketAddr {
+async fn silent(gauge: Arc<Gauge>) -> Peer {
     let listener = listener().await;
     let at = addr(&listener);
     tokio::spawn(async move {
@@ -104,12 +176,21 @@ async fn silent(gauge: Arc<Gauge>) -> SocketAddr {
             });
         }
     });
-    at
+    Peer {
+        node: format!("peer-{}", at.port()),
+        addr: at,
+        key: Some(key().public()),
+    }
 }
 
 /// A loopback port nobody listens on (bound, then let go).
-async fn unbound() -> SocketAddr {
-    addr(&listener().await)
+async fn unbound() -> Peer {
+    let at = addr(&listener().await);
+    Peer {
+        node: format!("peer-{}", at.port()),
+        addr: at,
+        key: Some(key().public()),
+    }
 }
 
 fn secs(s: u64) -> Duration {
@@ -121,15 +202,16 @@ async fn a_survey_of_300_peers_with_silent_ones_asked_first_decides_stay_within_
     // podha's leader stopped a minute ago: every peer is as unheard as this node. 1 % of them
     // (3) are silent, and asked first: in batches they cost the first batch its whole ask.
     let gauge = Arc::new(Gauge::default());
+    let me = Surveyor::new();
     let mut peers = Vec::new();
     for _ in 0..3 {
         peers.push(silent(gauge.clone()).await);
     }
     for _ in 0..297 {
-        peers.push(agent(secs(60)).await);
+        peers.push(me.agent(secs(60)).await);
     }
     let times = SurveyTimes::new(secs(5));
-    let surveyor = Peers::fixed(peers, times);
+    let surveyor = me.peers(peers, times);
     let start = Instant::now();
     let survey = surveyor.survey(TIMEOUT).await;
     let took = start.elapsed();
@@ -150,9 +232,10 @@ async fn one_heard_peer_answering_late_decides_fence_when_it_answers() {
     // ones answer at once (too few for a majority of ten), three are silent, two are down.
     let gauge = Arc::new(Gauge::default());
     let late = Duration::from_millis(300);
+    let me = Surveyor::new();
     let mut peers = vec![slow_peer(secs(1), late, gauge.clone()).await];
     for _ in 0..4 {
-        peers.push(agent(secs(60)).await);
+        peers.push(me.agent(secs(60)).await);
     }
     for _ in 0..3 {
         peers.push(silent(gauge.clone()).await);
@@ -161,7 +244,7 @@ async fn one_heard_peer_answering_late_decides_fence_when_it_answers() {
         peers.push(unbound().await);
     }
     let times = SurveyTimes::new(secs(5));
-    let surveyor = Peers::fixed(peers, times);
+    let surveyor = me.peers(peers, times);
     let start = Instant::now();
     let survey = surveyor.survey(TIMEOUT).await;
     let took = start.elapsed();
@@ -187,7 +270,9 @@ async fn no_more_peers_than_the_bound_are_asked_at_once() {
     for _ in 0..120 {
         peers.push(slow_peer(secs(60), Duration::from_millis(50), gauge.clone()).await);
     }
-    let surveyor = Peers::fixed(peers, SurveyTimes::new(secs(5))).at_most(bound);
+    let surveyor = Surveyor::new()
+        .peers(peers, SurveyTimes::new(secs(5)))
+        .at_most(bound);
     let survey = surveyor.survey(TIMEOUT).await;
     assert_eq!(survey.answers.len(), 61, "stops at a majority");
     assert_eq!(
@@ -207,7 +292,7 @@ async fn no_peer_is_asked_after_the_deadline_and_the_survey_ends_by_its_limit() 
         peers.push(silent(gauge.clone()).await);
     }
     let times = SurveyTimes::new(secs(1));
-    let surveyor = Peers::fixed(peers, times).at_most(4);
+    let surveyor = Surveyor::new().peers(peers, times).at_most(4);
     let start = Instant::now();
     let survey = surveyor.survey(TIMEOUT).await;
     let took = start.elapsed();
@@ -223,4 +308,57 @@ async fn no_peer_is_asked_after_the_deadline_and_the_survey_ends_by_its_limit() 
     );
     let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
     assert!(matches!(verdict, Verdict::Fence(_)), "{verdict:?}");
+}
+
+/// During a leader outage (every peer as unheard as this node), answers saying "podha heard
+/// me a second ago" from anyone but the peer itself (a key that is not the one its Node
+/// publishes, or a peer that publishes none) are no answers: they do not make the surveying
+/// agent fence, and the peers' own answers decide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoofed_heard_answer_does_not_make_an_agent_fence() {
+    let gauge = Arc::new(Gauge::default());
+    let me = Surveyor::new();
+    let impostor = key();
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        peers.push(answering_peer(secs(1), Duration::ZERO, gauge.clone(), impostor.clone()).await);
+    }
+    // The impostor's key is not theirs: each peer publishes a key of its own.
+    for peer in &mut peers {
+        peer.key = Some(key().public());
+    }
+    let mut keyless = answering_peer(secs(1), Duration::ZERO, gauge.clone(), impostor).await;
+    keyless.key = None;
+    peers.push(keyless);
+    for _ in 0..6 {
+        peers.push(me.agent(secs(60)).await);
+    }
+    let surveyor = me.peers(peers, SurveyTimes::new(secs(5)));
+    let survey = surveyor.survey(TIMEOUT).await;
+    assert_eq!(survey.peers, PeerCount::Known(10));
+    assert_eq!(survey.answers.len(), 6, "only the peers' own answers count");
+    assert!(
+        survey
+            .answers
+            .iter()
+            .all(|a| a.is_some_and(|ago| ago >= secs(60) && ago < secs(61))),
+        "{survey:?}"
+    );
+    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+    assert!(matches!(verdict, Verdict::Stay(_)), "{verdict:?}");
+    // The spoofed answers were asked for, and given: they were there to be believed.
+    assert_eq!(gauge.asked(), 3, "the peer without a key is not asked");
+}
+
+/// A peer asked by an agent it does not know (its list lags a reboot's new key) answers 401:
+/// no answer, as a peer down.
+#[tokio::test]
+async fn a_peer_that_does_not_know_the_asker_gives_no_answer() {
+    let stranger = Surveyor::new();
+    let peer = Surveyor::new().agent(secs(60)).await;
+    let survey = stranger
+        .peers(vec![peer], SurveyTimes::new(secs(1)))
+        .survey(TIMEOUT)
+        .await;
+    assert!(survey.answers.is_empty(), "{survey:?}");
 }

@@ -9,7 +9,9 @@ use kube::ResourceExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::super::prober::{AGENT_PROBE_INTERVAL, ProbePlan, Target, agent_addr, kubelet_addr};
+use super::super::prober::{
+    AGENT_PROBE_INTERVAL, ProbePlan, Target, agent_addr, agent_key, kubelet_addr,
+};
 use super::super::state::ClusterState;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::eligibility::node_selected;
@@ -141,6 +143,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
                     addr: kubelet_addr(node),
                     timeout: cfg.tcp_timeout,
                     boot_id: None,
+                    key: None,
                 });
         }
     }
@@ -175,6 +178,7 @@ fn agent_targets(state: &ClusterState, timeout: Duration) -> Vec<Target> {
                     .and_then(|s| s.node_info.as_ref())
                     .map(|i| i.boot_id.clone())
                     .filter(|b| !b.is_empty()),
+                key: agent_key(node),
             })
         })
         .collect()

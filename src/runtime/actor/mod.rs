@@ -151,6 +151,9 @@ impl Actor {
 
     fn observe_round(&mut self, round: prober::Round) {
         let received = Instant::now();
+        self.metrics
+            .detection
+            .inc_agent_answers_unverified(round.unverified.len());
         for (node, result) in round.results {
             if let Some(obs) = self.state.observations.get_mut(&node) {
                 match (result, round.kind) {

@@ -58,6 +58,7 @@ fn agent_round_heard(
         sent: Instant::now(),
         results,
         heard,
+        unverified: Default::default(),
     });
 }
 

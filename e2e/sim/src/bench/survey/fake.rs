@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
-use podha::agent::server::{Hearing, router};
+use podha::agent::leader_key::LeaderKey;
+use podha::agent::peers::{Peer, Peers};
+use podha::agent::server::{Endpoints, Hearing, router};
+use podha::contract::Identity;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -184,29 +187,41 @@ impl AsyncWrite for CountedStream {
     }
 }
 
-/// A peer answering `/peer` as an agent does, for a node podha last heard `heard_ago` before
-/// now (podha's leader down since then).
+/// A peer answering `/peer` as an agent does (signing its answers with a key of its own, and
+/// answering the questions `trusted` holds the asker's key of), for a node podha last heard
+/// `heard_ago` before now (podha's leader down since then).
 pub(super) async fn answering(
     heard_ago: Duration,
+    trusted: Arc<Peers>,
     gauge: Arc<Gauge>,
-) -> anyhow::Result<SocketAddr> {
+) -> anyhow::Result<Peer> {
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
+    let node = format!("peer-{}", addr.port());
+    let identity = Arc::new(Identity::generate().context("a peer's key")?);
     let hearing = Hearing::resumed(tokio::time::Instant::now(), Some(heard_ago));
-    let app = router(
-        &format!("peer-{}", addr.port()),
-        Arc::new(Mutex::new(hearing)),
-    );
+    let app = router(Endpoints {
+        node: node.as_str().into(),
+        identity: identity.clone(),
+        hearing: Arc::new(Mutex::new(hearing)),
+        leader_key: Arc::new(LeaderKey::default()),
+        peers: trusted,
+    });
     let counted = Counted { listener, gauge };
     tokio::spawn(async move { axum::serve(counted, app).await });
-    Ok(addr)
+    Ok(Peer {
+        node,
+        addr,
+        key: Some(identity.public()),
+    })
 }
 
 /// A peer that takes every connection and never answers (its agent hung, say); the connection
 /// is held until the agent gives up on it.
-pub(super) async fn silent(gauge: Arc<Gauge>) -> anyhow::Result<SocketAddr> {
+pub(super) async fn silent(gauge: Arc<Gauge>) -> anyhow::Result<Peer> {
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
+    let key = Identity::generate().context("a peer's key")?.public();
     tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
@@ -221,7 +236,11 @@ pub(super) async fn silent(gauge: Arc<Gauge>) -> anyhow::Result<SocketAddr> {
             });
         }
     });
-    Ok(addr)
+    Ok(Peer {
+        node: format!("peer-{}", addr.port()),
+        addr,
+        key: Some(key),
+    })
 }
 
 /// Raises this process's open-file limit to `needed` if it is lower (up to the hard limit);

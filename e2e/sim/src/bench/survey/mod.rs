@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use podha::agent::isolation::{Silence, Verdict, decide};
-use podha::agent::peers::{IN_FLIGHT, Peers, SurveyTimes};
+use podha::agent::peers::{IN_FLIGHT, Peer, Peers, SurveyTimes};
+use podha::contract::Identity;
 use tokio::time::Instant;
 
 use super::scale::{machine, status_kib};
@@ -69,21 +70,33 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
     let limit = raise_open_files(needed)?;
     let rss_start = rss_kib();
     let gauge = Arc::new(Gauge::default());
-    let mut addrs: Vec<SocketAddr> = Vec::with_capacity(args.peers);
+    // The surveying agent: its peers answer its questions alone.
+    let me = "surveyor";
+    let identity = Arc::new(Identity::generate().context("the agent's key")?);
+    let times = SurveyTimes::new(args.deadline);
+    let myself = Peer {
+        node: me.into(),
+        addr: SocketAddr::from(([127, 0, 0, 1], 9)),
+        key: Some(identity.public()),
+    };
+    let trusted = Arc::new(Peers::fixed("peers", identity.clone(), vec![myself], times));
+    let mut peers: Vec<Peer> = Vec::with_capacity(args.peers);
     for i in 0..args.peers {
         // Peer i is silent where the running count of silent peers steps up: evenly spread.
         let is_silent = (i + 1) * silent_count / args.peers > i * silent_count / args.peers;
         let addr = if is_silent {
             silent(gauge.clone()).await
         } else {
-            answering(PEERS_HEARD_AGO, gauge.clone()).await
+            answering(PEERS_HEARD_AGO, trusted.clone(), gauge.clone()).await
         };
-        addrs.push(addr.with_context(|| format!("peer {i} of {}", args.peers))?);
+        peers.push(addr.with_context(|| format!("peer {i} of {}", args.peers))?);
     }
     let rss_peers = rss_kib();
-    let list_bytes = std::mem::size_of::<SocketAddr>() * addrs.len();
-    let times = SurveyTimes::new(args.deadline);
-    let agent = Peers::fixed(addrs, times);
+    let list_bytes: usize = peers
+        .iter()
+        .map(|p| std::mem::size_of::<Peer>() + p.node.len())
+        .sum();
+    let agent = Peers::fixed(me, identity, peers, times);
     println!(
         "podha-bench survey: {} peers on 127.0.0.1 ({silent_count} silent), a leader outage \
          (every peer last heard {}s ago, this node {}s ago); deadline {:?}, asks {:?} each, {} at \

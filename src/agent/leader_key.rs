@@ -1,0 +1,140 @@
+//! The key podha's leader signs its heartbeats with, as the agent last read it from the leader
+//! Lease ([`LEADER_KEY_ANNOTATION`]; only podha may write that Lease).
+//!
+//! Read every [`REREAD`], and at once (at most every [`SOONEST`]) when a heartbeat arrives
+//! that the key the agent has does not verify: a new leader publishes its key as it takes the
+//! Lease, and its first heartbeats reach the agents before they read it. Until then the agent
+//! counts those heartbeats as none; if it cannot read the Lease at all (the API server is down
+//! or out of its reach), it goes on with the last key it read: a leader elected meanwhile is
+//! not heard, and the agent's peers decide as when podha's leader is down.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::peer_list::lock;
+use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey};
+
+/// How often the leader Lease is read when nothing asks for it sooner.
+pub const REREAD: Duration = Duration::from_secs(10);
+/// The shortest time between two reads.
+pub const SOONEST: Duration = Duration::from_secs(1);
+/// How long one read may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+pub struct LeaderKey {
+    key: Mutex<Option<PublicKey>>,
+    wanted: Notify,
+}
+
+impl LeaderKey {
+    /// A leader key known from the start (tests).
+    pub fn known(key: PublicKey) -> Self {
+        Self {
+            key: Mutex::new(Some(key)),
+            wanted: Notify::new(),
+        }
+    }
+
+    /// The key heartbeats must be signed with, if the agent read one.
+    pub fn current(&self) -> Option<PublicKey> {
+        *lock(&self.key)
+    }
+
+    /// A heartbeat the current key does not verify arrived: read the Lease again soon.
+    pub fn read_again(&self) {
+        self.wanted.notify_one();
+    }
+
+    /// Takes what the Lease publishes: a key replaces the one held; a Lease without one (a
+    /// leader that has not written it yet) leaves it.
+    fn took(&self, published: Option<PublicKey>) {
+        let Some(key) = published else { return };
+        let mut held = lock(&self.key);
+        if *held != Some(key) {
+            info!(%key, "podha's leader signs with a new key");
+            *held = Some(key);
+        }
+    }
+
+    /// Reads the Lease `name` for as long as the agent runs.
+    pub async fn keep_read(&self, leases: Api<Lease>, name: &str) {
+        let mut failing = false;
+        loop {
+            let started = Instant::now();
+            match tokio::time::timeout(READ_TIMEOUT, leases.get_opt(name)).await {
+                Ok(Ok(lease)) => {
+                    failing = false;
+                    let published = lease.as_ref().and_then(published_key);
+                    if lease.is_some() && published.is_none() {
+                        debug!(lease = name, "the leader Lease publishes no key yet");
+                    }
+                    self.took(published);
+                }
+                Ok(Err(e)) if !failing => {
+                    failing = true;
+                    warn!(lease = name, error = %e, "cannot read podha's leader key; going on with the last one read");
+                }
+                Err(_) if !failing => {
+                    failing = true;
+                    warn!(
+                        lease = name,
+                        "reading podha's leader key timed out; going on with the last one read"
+                    );
+                }
+                _ => {}
+            }
+            let _ = tokio::time::timeout(REREAD, self.wanted.notified()).await;
+            tokio::time::sleep_until(started + SOONEST).await;
+        }
+    }
+}
+
+/// The key a leader Lease publishes, if it carries a well-formed one.
+pub fn published_key(lease: &Lease) -> Option<PublicKey> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LEADER_KEY_ANNOTATION)
+        .and_then(|text| PublicKey::parse(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Identity;
+
+    #[test]
+    fn a_published_key_replaces_the_one_held_and_a_lease_without_one_leaves_it() {
+        let (first, second) = (
+            Identity::generate().expect("key").public(),
+            Identity::generate().expect("key").public(),
+        );
+        let held = LeaderKey::default();
+        assert_eq!(held.current(), None);
+        held.took(Some(first));
+        held.took(None);
+        assert_eq!(
+            held.current(),
+            Some(first),
+            "not written yet by a new leader"
+        );
+        held.took(Some(second));
+        assert_eq!(held.current(), Some(second));
+        let mut lease = Lease::default();
+        assert_eq!(published_key(&lease), None);
+        lease.metadata.annotations =
+            Some([(LEADER_KEY_ANNOTATION.to_string(), "garbled".to_string())].into());
+        assert_eq!(published_key(&lease), None);
+        lease.metadata.annotations =
+            Some([(LEADER_KEY_ANNOTATION.to_string(), first.encode())].into());
+        assert_eq!(published_key(&lease), Some(first));
+    }
+}

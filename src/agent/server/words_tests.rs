@@ -1,0 +1,235 @@
+//! The endpoints believe only words signed by a key the agent trusts, bound to their moment.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+use super::*;
+use crate::agent::peers::{Peer, SurveyTimes};
+use crate::contract::{PublicKey, Word};
+
+struct Agent {
+    router: Router,
+    hearing: SharedHearing,
+    key: PublicKey,
+}
+
+fn key() -> Identity {
+    Identity::generate().expect("key")
+}
+
+/// The agent of `n1`, trusting `leader`'s heartbeats and `peers`' questions.
+fn agent(leader: &Identity, peers: Vec<(&str, &Identity)>) -> Agent {
+    let identity = Arc::new(key());
+    let peers = peers
+        .into_iter()
+        .enumerate()
+        .map(|(i, (node, id))| Peer {
+            node: node.into(),
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 10_000 + i as u16)),
+            key: Some(id.public()),
+        })
+        .collect();
+    let hearing = SharedHearing::default();
+    let endpoints = Endpoints {
+        node: "n1".into(),
+        identity: identity.clone(),
+        hearing: hearing.clone(),
+        leader_key: Arc::new(LeaderKey::known(leader.public())),
+        peers: Arc::new(Peers::fixed(
+            "n1",
+            identity.clone(),
+            peers,
+            SurveyTimes::new(Duration::from_secs(1)),
+        )),
+    };
+    Agent {
+        router: router(endpoints),
+        hearing,
+        key: identity.public(),
+    }
+}
+
+impl Agent {
+    async fn get(&self, path_and_query: &str) -> (StatusCode, Vec<u8>) {
+        let request = Request::get(path_and_query)
+            .body(Body::empty())
+            .expect("request");
+        let response = self.router.clone().oneshot(request).await.expect("answer");
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, body.to_vec())
+    }
+
+    /// A heartbeat, and the agent's answer if it gave one (checked to be signed by the agent
+    /// over the heartbeat's nonce).
+    async fn heartbeat(&self, query: &HeartbeatQuery) -> Option<HeartbeatAnswer> {
+        let (status, body) = self.get(&query.path_and_query()).await;
+        if status == StatusCode::UNAUTHORIZED {
+            assert!(body.is_empty(), "a refusal says nothing");
+            return None;
+        }
+        assert_eq!(status, StatusCode::OK);
+        let answer: HeartbeatAnswer = serde_json::from_slice(&body).expect("json");
+        assert!(
+            self.key
+                .verifies(&answer.word(&query.nonce), &answer.signature),
+            "the answer is signed by the agent over the probe's nonce"
+        );
+        Some(answer)
+    }
+
+    fn heard_ago(&self) -> Option<Duration> {
+        lock(&self.hearing).heard_ago(Instant::now())
+    }
+}
+
+fn s(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_a_heartbeat_signed_by_the_leader_over_the_agents_challenge_tells_it_is_heard() {
+    let leader = key();
+    let agent = agent(&leader, vec![]);
+    // The leader's first probe: no challenge yet. Answered, with one; nothing learnt.
+    let first = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), "");
+    let answer = agent.heartbeat(&first).await.expect("answered");
+    assert!(!answer.heard);
+    assert_eq!(agent.heard_ago(), None, "a probe without the challenge");
+    // The next probe signs the challenge: heard (counted from the challenge's issue).
+    tokio::time::advance(s(1)).await;
+    let second = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &answer.challenge);
+    let next = agent.heartbeat(&second).await.expect("answered");
+    assert!(next.heard);
+    assert_eq!(agent.heard_ago(), Some(s(1)));
+    assert_ne!(
+        next.challenge, answer.challenge,
+        "a challenge is taken once"
+    );
+    // Replayed later: the challenge is taken, so it tells nothing.
+    tokio::time::advance(s(20)).await;
+    let replayed = agent.heartbeat(&second).await.expect("answered");
+    assert!(replayed.heard, "heard 21 s ago, still in this boot");
+    assert_eq!(agent.heard_ago(), Some(s(21)), "the replay moved nothing");
+    // A probe held back on its way counts from the issue of the challenge it signs (at the
+    // second probe, 20 s before it was made), not from when it arrives, 20 s after that.
+    let held = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &replayed.challenge);
+    tokio::time::advance(s(20)).await;
+    agent.heartbeat(&held).await.expect("answered");
+    assert_eq!(agent.heard_ago(), Some(s(40)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_process_hammering_the_agent_with_forged_heartbeats_does_not_keep_it_heard() {
+    let (leader, forger) = (key(), key());
+    let agent = agent(&leader, vec![]);
+    let first = agent
+        .heartbeat(&HeartbeatQuery::signed(&leader, "n1", None, ""))
+        .await
+        .expect("answered");
+    let heard = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &first.challenge);
+    let challenge = agent.heartbeat(&heard).await.expect("answered").challenge;
+    assert_eq!(agent.heard_ago(), Some(Duration::ZERO));
+    // Cut off from podha: only a local process speaks to the agent, knowing its challenge.
+    let refused_before = counters::refused_count(HEARTBEAT_PATH);
+    let leaders_for_n2 = HeartbeatQuery::signed(&leader, "n2", Some(Duration::ZERO), &challenge);
+    let mut unsigned = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &challenge);
+    unsigned.signature.clear();
+    let mut altered = HeartbeatQuery::signed(&leader, "n1", Some(s(5)), &challenge);
+    altered.heard_ms = Some(0);
+    let forgeries = [
+        "/heartbeat?heardMs=0".to_string(),
+        HeartbeatQuery::signed(&forger, "n1", Some(Duration::ZERO), &challenge).path_and_query(),
+        leaders_for_n2.path_and_query(),
+        unsigned.path_and_query(),
+        altered.path_and_query(),
+    ];
+    for _ in 0..30 {
+        tokio::time::advance(s(1)).await;
+        for forged in &forgeries {
+            let (status, body) = agent.get(forged).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{forged}");
+            assert!(body.is_empty());
+        }
+    }
+    assert_eq!(
+        agent.heard_ago(),
+        Some(s(30)),
+        "unheard for 30 s all the same"
+    );
+    assert_eq!(
+        counters::refused_count(HEARTBEAT_PATH) - refused_before,
+        30 * forgeries.len() as u64,
+        "each refusal counted"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_is_answered_only_when_it_signs_with_its_own_key() {
+    let (leader, n2, n3, stranger) = (key(), key(), key(), key());
+    let agent = agent(&leader, vec![("n2", &n2), ("n3", &n3)]);
+    let asked = PeerQuery::signed(&n2, "n2", "n1");
+    let (status, body) = agent.get(&asked.path_and_query()).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer: PeerAnswer = serde_json::from_slice(&body).expect("json");
+    assert_eq!(answer.node, "n1");
+    assert!(
+        agent
+            .key
+            .verifies(&answer.word(&asked.nonce), &answer.signature)
+    );
+    let mut unsigned = PeerQuery::signed(&n2, "n2", "n1");
+    unsigned.signature.clear();
+    for (why, forged) in [
+        ("unsigned", "/peer".to_string()),
+        ("no signature", unsigned.path_and_query()),
+        (
+            "n3's key for n2",
+            PeerQuery::signed(&n3, "n2", "n1").path_and_query(),
+        ),
+        (
+            "a stranger",
+            PeerQuery::signed(&stranger, "n9", "n1").path_and_query(),
+        ),
+        (
+            "asked of n3",
+            PeerQuery::signed(&n2, "n2", "n3").path_and_query(),
+        ),
+    ] {
+        let (status, body) = agent.get(&forged).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{why}");
+        assert!(body.is_empty(), "{why}");
+    }
+    // The word a peer signs for one question is no answer to another.
+    assert!(!agent.key.verifies(
+        &Word::PeerAnswer {
+            node: "n1",
+            heard_ago_ms: answer.heard_ago_ms,
+            nonce: "another",
+        },
+        &answer.signature
+    ));
+}
+
+#[tokio::test]
+async fn the_refusals_are_served_as_metrics() {
+    let agent = agent(&key(), vec![]);
+    let (status, _) = agent.get("/peer").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = agent.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(body).expect("text");
+    assert!(
+        text.contains("podha_agent_requests_refused_total{path=\"/peer\"}"),
+        "{text}"
+    );
+}

@@ -1,0 +1,386 @@
+//! The words podha's leader and the agents exchange over HTTP, and the keys that sign them.
+//!
+//! Every word is signed with Ed25519 by the one who says it, and counts only if the key that
+//! verifies it is the one published for its speaker on an object only that speaker may write:
+//! - an agent's key on its own Node ([`AGENT_KEY_ANNOTATION`]), which the chart's admission
+//!   policy lets only the agent of that node write (its token is bound to a pod on the node);
+//! - podha's leader's key on the leader Lease ([`LEADER_KEY_ANNOTATION`]), which only podha may
+//!   write.
+//!
+//! No secret is shared: each agent keeps its private key on its node (one per boot), each podha
+//! replica in its memory (one per process). Each word is bound to its moment by a value the
+//! listener chose (a nonce the asker sends and the answer signs, or a challenge the agent
+//! issued and podha's next heartbeat signs), so a word recorded once counts nowhere else: not
+//! later, not at another node, not as another kind of word (each signs its kind first).
+//!
+//! - [`HeartbeatQuery`] (`GET` [`HEARTBEAT_PATH`]): podha's leader to an agent, signing the
+//!   node, `heardMs`, its nonce and the agent's last challenge. The agent counts the hearing
+//!   only from a heartbeat signed by the published leader key over a challenge it issued and
+//!   has not taken yet; anything else unsigned or badly signed gets `401` and nothing else.
+//! - [`HeartbeatAnswer`]: the agent's answer, signing its node, whether it counts itself
+//!   heard, podha's nonce and its next challenge.
+//! - [`PeerQuery`] (`GET` [`PEER_PATH`]): an agent surveying another, signing both nodes and
+//!   its nonce; the asked agent answers only an asker whose key its peer list holds.
+//! - [`PeerAnswer`]: how long ago podha heard the asked agent, signing its node and the nonce.
+
+use std::fmt;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ring::rand::{SecureRandom, SystemRandom};
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use serde::{Deserialize, Serialize};
+
+/// Node annotation the agent writes with its advert: its public key ([`PublicKey::encode`]).
+/// podha verifies the agent's answers, and the peers its words, with it.
+pub const AGENT_KEY_ANNOTATION: &str = "podha.io/agent-key";
+/// Annotation of podha's leader Lease: the public key the holder signs its heartbeats with.
+/// Agents trust heartbeats signed by this key alone.
+pub const LEADER_KEY_ANNOTATION: &str = "podha.io/leader-key";
+
+/// Where podha's leader probes an agent.
+pub const HEARTBEAT_PATH: &str = "/heartbeat";
+/// Where an agent asks a peer.
+pub const PEER_PATH: &str = "/peer";
+
+/// A private key: an agent's or a podha replica's.
+pub struct Identity {
+    pair: Ed25519KeyPair,
+    pkcs8: Vec<u8>,
+}
+
+/// Why a key could not be made or read.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyError(String);
+
+impl Identity {
+    /// A new key from the system's random source.
+    pub fn generate() -> Result<Self, KeyError> {
+        let document = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
+            .map_err(|_| KeyError("the system's random source failed".into()))?;
+        Self::from_pkcs8(document.as_ref())
+    }
+
+    /// A key kept as [`Identity::pkcs8`] wrote it.
+    pub fn from_pkcs8(pkcs8: &[u8]) -> Result<Self, KeyError> {
+        let pair = Ed25519KeyPair::from_pkcs8(pkcs8)
+            .map_err(|e| KeyError(format!("not an Ed25519 key in PKCS#8: {e}")))?;
+        Ok(Self {
+            pair,
+            pkcs8: pkcs8.to_vec(),
+        })
+    }
+
+    /// The private key, to keep (PKCS#8 v2).
+    pub fn pkcs8(&self) -> &[u8] {
+        &self.pkcs8
+    }
+
+    pub fn public(&self) -> PublicKey {
+        let mut key = [0; 32];
+        key.copy_from_slice(self.pair.public_key().as_ref());
+        PublicKey(key)
+    }
+
+    /// The signature of `word`, as its field carries it.
+    pub fn sign(&self, word: &Word<'_>) -> String {
+        URL_SAFE_NO_PAD.encode(self.pair.sign(&word.bytes()).as_ref())
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Identity").field(&self.public()).finish()
+    }
+}
+
+/// A public key, as an annotation publishes it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PublicKey([u8; 32]);
+
+impl PublicKey {
+    /// The key an annotation carries; `None` for anything that is not one.
+    pub fn parse(text: &str) -> Option<Self> {
+        let bytes = URL_SAFE_NO_PAD.decode(text.trim()).ok()?;
+        Some(Self(bytes.try_into().ok()?))
+    }
+
+    /// The annotation's value: the 32 bytes in unpadded base64url.
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(self.0)
+    }
+
+    /// Whether `signature` (as its field carries it) is this key's signature of `word`.
+    pub fn verifies(&self, word: &Word<'_>, signature: &str) -> bool {
+        let Ok(signature) = URL_SAFE_NO_PAD.decode(signature) else {
+            return false;
+        };
+        UnparsedPublicKey::new(&ED25519, self.0)
+            .verify(&word.bytes(), &signature)
+            .is_ok()
+    }
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey({})", self.encode())
+    }
+}
+
+impl fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.encode())
+    }
+}
+
+/// A fresh random value (16 bytes, unpadded base64url): a nonce or a challenge.
+pub fn fresh_nonce() -> String {
+    let mut bytes = [0; 16];
+    // The system's random source does not fail on Linux once booted; if it did, a nonce of
+    // zeros is still unique enough for what it binds (a word to its exchange), never a key.
+    let _ = SystemRandom::new().fill(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// What a signature covers: the kind of word first, then its fields, as one JSON array (no
+/// field can run into the next).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Word<'a> {
+    Heartbeat {
+        node: &'a str,
+        heard_ms: Option<u64>,
+        nonce: &'a str,
+        challenge: &'a str,
+    },
+    HeartbeatAnswer {
+        node: &'a str,
+        heard: bool,
+        nonce: &'a str,
+        challenge: &'a str,
+    },
+    PeerAsk {
+        from: &'a str,
+        to: &'a str,
+        nonce: &'a str,
+    },
+    PeerAnswer {
+        node: &'a str,
+        heard_ago_ms: Option<u64>,
+        nonce: &'a str,
+    },
+}
+
+impl Word<'_> {
+    fn bytes(&self) -> Vec<u8> {
+        let fields = match *self {
+            Word::Heartbeat {
+                node,
+                heard_ms,
+                nonce,
+                challenge,
+            } => serde_json::json!(["podha/v1 heartbeat", node, heard_ms, nonce, challenge]),
+            Word::HeartbeatAnswer {
+                node,
+                heard,
+                nonce,
+                challenge,
+            } => serde_json::json!(["podha/v1 heartbeat-answer", node, heard, nonce, challenge]),
+            Word::PeerAsk { from, to, nonce } => {
+                serde_json::json!(["podha/v1 peer-ask", from, to, nonce])
+            }
+            Word::PeerAnswer {
+                node,
+                heard_ago_ms,
+                nonce,
+            } => serde_json::json!(["podha/v1 peer-answer", node, heard_ago_ms, nonce]),
+        };
+        fields.to_string().into_bytes()
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The query of podha's probe. `heardMs` is how long ago the leader last got an answer from
+/// this agent (absent: never); the agent counts itself heard that long before it issued the
+/// challenge the probe signs (the probe was made after that), so neither lost answers nor a
+/// probe held back on the way pass for being heard.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard_ms: Option<u64>,
+    #[serde(default)]
+    pub nonce: String,
+    /// The challenge of the agent's last answer; empty when podha has none (its first probe).
+    #[serde(default)]
+    pub challenge: String,
+    #[serde(default)]
+    pub signature: String,
+}
+
+impl HeartbeatQuery {
+    /// A probe of `node`'s agent, signed by `leader`.
+    pub fn signed(
+        leader: &Identity,
+        node: &str,
+        heard_ago: Option<Duration>,
+        challenge: &str,
+    ) -> Self {
+        let mut query = Self {
+            heard_ms: heard_ago.map(millis),
+            nonce: fresh_nonce(),
+            challenge: challenge.to_string(),
+            signature: String::new(),
+        };
+        query.signature = leader.sign(&query.word(node));
+        query
+    }
+
+    /// What its signature covers, for the agent of `node`.
+    pub fn word<'a>(&'a self, node: &'a str) -> Word<'a> {
+        Word::Heartbeat {
+            node,
+            heard_ms: self.heard_ms,
+            nonce: &self.nonce,
+            challenge: &self.challenge,
+        }
+    }
+
+    /// How long ago the leader last heard the agent, if ever.
+    pub fn heard_ago(&self) -> Option<Duration> {
+        self.heard_ms.map(Duration::from_millis)
+    }
+
+    /// The probe's path and query.
+    pub fn path_and_query(&self) -> String {
+        let query = serde_urlencoded::to_string(self).unwrap_or_default();
+        format!("{HEARTBEAT_PATH}?{query}")
+    }
+}
+
+/// The agent's answer to podha's probe: the node it runs on, whether it counts itself heard,
+/// and the challenge podha's next probe signs. An answer naming another node, or not signed by
+/// the key the node publishes, is no answer from this node's agent.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAnswer {
+    pub node: String,
+    /// Whether, after this probe, the agent counts itself heard by podha in this boot of its
+    /// node: a probe (this one, or an earlier one of this boot, as its hearing file says)
+    /// told it podha got an answer. Only such an answer counts for podha's `Agent` proof: an
+    /// agent learns it was heard from the probe after its answer, and one cut off before that
+    /// counts itself never heard and does not fence on isolation.
+    #[serde(default)]
+    pub heard: bool,
+    #[serde(default)]
+    pub challenge: String,
+    #[serde(default)]
+    pub signature: String,
+}
+
+impl HeartbeatAnswer {
+    /// The answer of `node`'s agent to the probe with `nonce`, signed by the agent.
+    pub fn signed(agent: &Identity, node: &str, heard: bool, nonce: &str, challenge: &str) -> Self {
+        let mut answer = Self {
+            node: node.to_string(),
+            heard,
+            challenge: challenge.to_string(),
+            signature: String::new(),
+        };
+        answer.signature = agent.sign(&answer.word(nonce));
+        answer
+    }
+
+    /// What its signature covers, for the probe with `nonce`.
+    pub fn word<'a>(&'a self, nonce: &'a str) -> Word<'a> {
+        Word::HeartbeatAnswer {
+            node: &self.node,
+            heard: self.heard,
+            nonce,
+            challenge: &self.challenge,
+        }
+    }
+}
+
+/// An agent's survey question to a peer.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerQuery {
+    /// The asking agent's node.
+    #[serde(default)]
+    pub from: String,
+    #[serde(default)]
+    pub nonce: String,
+    #[serde(default)]
+    pub signature: String,
+}
+
+impl PeerQuery {
+    /// `from`'s agent asking `to`'s.
+    pub fn signed(asker: &Identity, from: &str, to: &str) -> Self {
+        let mut query = Self {
+            from: from.to_string(),
+            nonce: fresh_nonce(),
+            signature: String::new(),
+        };
+        query.signature = asker.sign(&query.word(to));
+        query
+    }
+
+    /// What its signature covers, asked of `to`'s agent.
+    pub fn word<'a>(&'a self, to: &'a str) -> Word<'a> {
+        Word::PeerAsk {
+            from: &self.from,
+            to,
+            nonce: &self.nonce,
+        }
+    }
+
+    pub fn path_and_query(&self) -> String {
+        let query = serde_urlencoded::to_string(self).unwrap_or_default();
+        format!("{PEER_PATH}?{query}")
+    }
+}
+
+/// The answer to a peer's survey question.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAnswer {
+    pub node: String,
+    /// How long ago podha last heard this agent, in milliseconds; absent: never.
+    pub heard_ago_ms: Option<u64>,
+    #[serde(default)]
+    pub signature: String,
+}
+
+impl PeerAnswer {
+    /// `node`'s answer to the question with `nonce`, signed by its agent.
+    pub fn signed(agent: &Identity, node: &str, heard_ago: Option<Duration>, nonce: &str) -> Self {
+        let mut answer = Self {
+            node: node.to_string(),
+            heard_ago_ms: heard_ago.map(millis),
+            signature: String::new(),
+        };
+        answer.signature = agent.sign(&answer.word(nonce));
+        answer
+    }
+
+    pub fn word<'a>(&'a self, nonce: &'a str) -> Word<'a> {
+        Word::PeerAnswer {
+            node: &self.node,
+            heard_ago_ms: self.heard_ago_ms,
+            nonce,
+        }
+    }
+
+    pub fn heard_ago(&self) -> Option<Duration> {
+        self.heard_ago_ms.map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+use super::*;
+
+fn key() -> Identity {
+    Identity::generate().expect("key")
+}
+
+#[test]
+fn a_word_verifies_under_its_speakers_key_alone() {
+    let (agent, other) = (key(), key());
+    let answer = PeerAnswer::signed(&agent, "n1", Some(Duration::from_millis(1500)), "nonce-1");
+    assert!(
+        agent
+            .public()
+            .verifies(&answer.word("nonce-1"), &answer.signature)
+    );
+    assert!(
+        !other
+            .public()
+            .verifies(&answer.word("nonce-1"), &answer.signature),
+        "another node's key"
+    );
+    assert!(
+        !agent
+            .public()
+            .verifies(&answer.word("nonce-2"), &answer.signature),
+        "an answer to another question"
+    );
+    let mut changed = answer.clone();
+    changed.heard_ago_ms = Some(1);
+    assert!(
+        !agent
+            .public()
+            .verifies(&changed.word("nonce-1"), &changed.signature),
+        "a changed field"
+    );
+    let mut moved = answer.clone();
+    moved.node = "n2".into();
+    assert!(
+        !agent
+            .public()
+            .verifies(&moved.word("nonce-1"), &moved.signature)
+    );
+    for garbage in ["", "not base64!", &URL_SAFE_NO_PAD.encode([0u8; 64])] {
+        assert!(!agent.public().verifies(&answer.word("nonce-1"), garbage));
+    }
+}
+
+#[test]
+fn a_signature_covers_its_kind_of_word() {
+    let speaker = key();
+    // The same strings in two kinds of word: a signature of one is none of the other.
+    let ask = Word::PeerAsk {
+        from: "n1",
+        to: "n2",
+        nonce: "x",
+    };
+    let answer = Word::PeerAnswer {
+        node: "n1",
+        heard_ago_ms: None,
+        nonce: "x",
+    };
+    let signature = speaker.sign(&ask);
+    assert!(speaker.public().verifies(&ask, &signature));
+    assert!(!speaker.public().verifies(&answer, &signature));
+    // A field cannot run into the next one.
+    let split = Word::PeerAsk {
+        from: "n1\",\"n2",
+        to: "",
+        nonce: "x",
+    };
+    assert!(!speaker.public().verifies(&split, &signature));
+}
+
+#[test]
+fn a_heartbeat_travels_as_a_query_and_verifies_as_sent() {
+    let leader = key();
+    for heard_ago in [
+        None,
+        Some(Duration::ZERO),
+        Some(Duration::from_millis(2345)),
+    ] {
+        let sent = HeartbeatQuery::signed(&leader, "n1", heard_ago, "challenge-1");
+        let uri: axum::http::Uri = sent.path_and_query().parse().expect("uri");
+        assert_eq!(uri.path(), HEARTBEAT_PATH);
+        let axum::extract::Query(read) =
+            axum::extract::Query::<HeartbeatQuery>::try_from_uri(&uri).expect("query");
+        assert_eq!(read, sent);
+        assert_eq!(read.heard_ago(), heard_ago);
+        assert!(leader.public().verifies(&read.word("n1"), &read.signature));
+        assert!(
+            !leader.public().verifies(&read.word("n2"), &read.signature),
+            "a heartbeat for one node is none for another"
+        );
+    }
+    // A probe without any field reads as unsigned, not as an error.
+    let uri: axum::http::Uri = "/heartbeat?heardMs=0".parse().expect("uri");
+    let axum::extract::Query(bare) =
+        axum::extract::Query::<HeartbeatQuery>::try_from_uri(&uri).expect("query");
+    assert!(bare.signature.is_empty());
+}
+
+#[test]
+fn a_peer_question_travels_as_a_query_and_verifies_as_sent() {
+    let asker = key();
+    let sent = PeerQuery::signed(&asker, "n1", "n2");
+    let uri: axum::http::Uri = sent.path_and_query().parse().expect("uri");
+    let axum::extract::Query(read) =
+        axum::extract::Query::<PeerQuery>::try_from_uri(&uri).expect("query");
+    assert_eq!(read, sent);
+    assert!(asker.public().verifies(&read.word("n2"), &read.signature));
+    assert!(!asker.public().verifies(&read.word("n3"), &read.signature));
+    assert_ne!(
+        PeerQuery::signed(&asker, "n1", "n2").nonce,
+        sent.nonce,
+        "every question has a nonce of its own"
+    );
+}
+
+#[test]
+fn keys_keep_their_form() {
+    let identity = key();
+    let public = identity.public();
+    assert_eq!(PublicKey::parse(&public.encode()), Some(public));
+    assert_eq!(public.encode().len(), 43, "32 bytes, unpadded base64url");
+    assert_eq!(PublicKey::parse(""), None);
+    assert_eq!(PublicKey::parse("too-short"), None);
+    let again = Identity::from_pkcs8(identity.pkcs8()).expect("kept key");
+    assert_eq!(again.public(), public);
+    assert!(Identity::from_pkcs8(b"not a key").is_err());
+    assert_eq!(AGENT_KEY_ANNOTATION, "podha.io/agent-key");
+    assert_eq!(LEADER_KEY_ANNOTATION, "podha.io/leader-key");
+}
+
+#[test]
+fn the_answers_json_keeps_its_field_names() {
+    let answer = HeartbeatAnswer {
+        node: "n1".into(),
+        heard: true,
+        challenge: "c".into(),
+        signature: "s".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&answer).expect("json"),
+        serde_json::json!({"node": "n1", "heard": true, "challenge": "c", "signature": "s"})
+    );
+    let peer = PeerAnswer {
+        node: "n1".into(),
+        heard_ago_ms: Some(5),
+        signature: "s".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&peer).expect("json"),
+        serde_json::json!({"node": "n1", "heardAgoMs": 5, "signature": "s"})
+    );
+}
