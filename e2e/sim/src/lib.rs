@@ -1,6 +1,7 @@
 //! podha-sim: a real Kubernetes control plane on one machine, for podha's tests, demo and
 //! benchmarks. `cluster` starts and stops the processes; `csi` runs the CSI drivers (podha-csi behind the real sidecars, a simulated node side); `relay`
-//! cuts one client off the API server; `image` writes container images as OCI layout tars.
+//! cuts one client off the API server; `image` writes container images as OCI layout tars;
+//! `forge` sends a node's agent heartbeats and peer surveys signed by no one.
 #![forbid(unsafe_code)]
 
 pub mod bench;
@@ -10,6 +11,7 @@ pub mod cluster;
 pub mod csi;
 pub mod demo;
 pub mod failover;
+pub mod forge;
 pub mod image;
 #[cfg(test)]
 mod kind_kit;

@@ -108,6 +108,10 @@ enum Cmd {
         #[command(subcommand)]
         command: ImageCmd,
     },
+    /// Forged heartbeats and peer surveys (unsigned, or signed with random bytes) to one podha
+    /// agent, at most `--rate` a second; prints the answers by HTTP status as one JSON line
+    /// when it stops. Run it in a node's network namespace to play a process on that node.
+    ForgeHeartbeats(podha_sim::forge::ForgeArgs),
     /// Show the cluster's processes and nodes.
     Status {
         #[command(flatten)]
@@ -324,6 +328,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Node { command } => node(command).await?,
         Cmd::Image { command } => image(command)?,
         Cmd::Status { dir } => status(&dir.dir).await?,
+        Cmd::ForgeHeartbeats(args) => {
+            let summary = podha_sim::forge::run(&args).await?;
+            println!("{}", serde_json::to_string(&summary)?);
+        }
         Cmd::CsiPlugin {
             driver,
             socket,

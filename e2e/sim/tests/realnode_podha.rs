@@ -21,6 +21,8 @@
 
 #[path = "realnode_podha/fencing.rs"]
 mod fencing;
+#[path = "realnode_podha/forged_words.rs"]
+mod forged_words;
 
 use std::process::ExitCode;
 use std::sync::Arc;

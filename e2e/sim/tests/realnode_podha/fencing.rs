@@ -12,6 +12,10 @@
 //!   out), its processes and its writer running on. Its agent, hearing neither podha nor a
 //!   peer, cannot show that podha hears nobody: it stops petting and fences (its own decision
 //!   or its watchdog, through the BMC) before podha's silence proof holds and the volume moves.
+//!   Meanwhile a process on that node forges podha's words to its own agent, 50 requests a
+//!   second: heartbeats saying podha just heard it (unsigned, or signed with random bytes) and
+//!   randomly signed peer surveys. The agent answers every one 401 and they keep nothing up:
+//!   the node is still fenced before its volume moves.
 //! - another writer's node is **cut off from the API server**: podha still hears its agent, so
 //!   the node is left alone (no fence, no taint) and its writer keeps writing (Kubernetes
 //!   evicts it meanwhile, but its kubelet hears of that only once the partition heals, and
@@ -29,6 +33,9 @@ const OUTAGE_NS: &str = "outage";
 const POLICY_NAME: &str = "fenced-real-nodes";
 /// How long the two faults last.
 const FAULT: std::time::Duration = std::time::Duration::from_secs(90);
+/// How long the process on the isolated node forges podha's words: the fault but its last
+/// seconds, so it has ended by itself when the fault does.
+const FORGING: std::time::Duration = std::time::Duration::from_secs(85);
 
 /// The policy: the agent's heartbeat beside the Lease, the agent's proof before the taint.
 async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
@@ -164,8 +171,11 @@ pub(super) fn frozen_and_cut_off_nodes(
             ),
         );
 
+        let isolated_agent = forged_words::agent_address(&ctx, isolated).await?;
         ctx.cluster.freeze_node(frozen)?;
         ctx.cluster.isolate_node(isolated, true)?;
+        let forger =
+            forged_words::Forger::start(&ctx, isolated, isolated_agent, replica_nodes[0], FORGING)?;
         ctx.cluster.partition_node(cut, true)?;
         let started = Instant::now();
         let during = async {
@@ -194,9 +204,21 @@ pub(super) fn frozen_and_cut_off_nodes(
             &ctx.ns,
             format!("{FAULT:?} later: {frozen} thawed, {isolated} and {cut} back in touch"),
         );
+        let forged = forger.all_refused(secs(30)).await?;
+        log(
+            &ctx.ns,
+            format!(
+                "a process on {isolated} forged {} heartbeats and surveys to its agent at \
+                 {isolated_agent}: {} answered, all 401; {} got no HTTP answer",
+                forged.sent,
+                forged.answered(),
+                forged.errors
+            ),
+        );
 
         // Each failed node fenced (through its BMC) before its volume moved: the frozen one by
-        // its watchdog, the isolated one by its agent's decision or its watchdog.
+        // its watchdog, the isolated one by its agent's decision or its watchdog, the forged
+        // heartbeats notwithstanding.
         let fences = fences_since(&ctx, fences_before)?;
         let fence = frozen_writer.fenced_first(&ctx, frozen, &frozen_new, &fences)?;
         ensure!(
