@@ -8,6 +8,9 @@
 //! - The agent podha heard, then no longer hears, fences within what it advertises, though it
 //!   never learnt its peers: a peer list it could not read is not "no other node".
 //!
+//! The agents trust the leader key an earlier agent of their boot kept (as one restarted during
+//! the outage would), and the test signs its heartbeats with it.
+//!
 //! Fences are `write:` to a file per agent; nothing here opens a watchdog or reboots.
 
 use std::net::{SocketAddr, TcpListener};
@@ -15,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use podha::contract::HeartbeatQuery;
+use podha::contract::{HeartbeatAnswer, HeartbeatQuery, Identity};
 use podha_sim::failover::http_get;
 
 const ISOLATION_TIMEOUT: Duration = Duration::from_secs(8);
@@ -28,11 +31,16 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(dir: &Path, name: &str, kubeconfig: &Path) -> Agent {
+    fn start(dir: &Path, name: &str, kubeconfig: &Path, leader: &Identity) -> Agent {
         let addr = free_loopback_addr();
         let fence_file = dir.join(format!("{name}.fenced"));
         let boot_id = dir.join(format!("{name}.boot_id"));
         std::fs::write(&boot_id, format!("boot-of-{name}\n")).expect("boot id");
+        std::fs::write(
+            dir.join(format!("{name}.leader-key")),
+            format!("boot=boot-of-{name}\n{}\n", leader.public()),
+        )
+        .expect("leader key");
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
         let child = Command::new(env!("CARGO_BIN_EXE_podha"))
             .arg("agent")
@@ -110,16 +118,26 @@ fn unreachable_kubeconfig(dir: &Path) -> PathBuf {
     path
 }
 
-/// Probes `agent` every second for `for_how_long`, as podha's leader does (each probe says how
-/// long ago the last answer came); returns when the last answered probe was sent.
-fn probe(agent: &Agent, for_how_long: Duration) -> Option<Instant> {
+/// Probes `agent` every second for `for_how_long`, as podha's leader `leader` does (each probe
+/// says how long ago the last answer came, and signs the agent's last challenge); returns when
+/// the last answered probe was sent.
+fn probe(agent: &Agent, leader: &Identity, for_how_long: Duration) -> Option<Instant> {
     let started = Instant::now();
     let mut answered: Option<Instant> = None;
+    let mut challenge = String::new();
     while started.elapsed() < for_how_long {
         let sent = Instant::now();
-        let query = HeartbeatQuery::new(answered.map(|at| sent.duration_since(at)));
-        if http_get(agent.addr, &query.path_and_query()).is_ok() {
+        let query = HeartbeatQuery::signed(
+            leader,
+            &agent.name,
+            answered.map(|at| sent.duration_since(at)),
+            &challenge,
+        );
+        if let Ok(body) = http_get(agent.addr, &query.path_and_query()) {
             answered = Some(sent);
+            if let Ok(answer) = serde_json::from_str::<HeartbeatAnswer>(&body) {
+                challenge = answer.challenge;
+            }
         }
         std::thread::sleep(Duration::from_secs(1).saturating_sub(sent.elapsed()));
     }
@@ -133,13 +151,14 @@ fn without_an_api_server_only_the_agent_podha_heard_and_lost_fences() {
     std::fs::create_dir_all(&dir).expect("dir");
     let kubeconfig = unreachable_kubeconfig(&dir);
     let started = Instant::now();
+    let leader = Identity::generate().expect("key");
     let agents: Vec<Agent> = ["node-1", "node-2", "node-3"]
         .iter()
-        .map(|n| Agent::start(&dir, n, &kubeconfig))
+        .map(|n| Agent::start(&dir, n, &kubeconfig, &leader))
         .collect();
 
     // podha hears node-1 for 4 s, then falls silent; nobody ever probes node-2 or node-3.
-    let last_heard = probe(&agents[0], Duration::from_secs(4))
+    let last_heard = probe(&agents[0], &leader, Duration::from_secs(4))
         .unwrap_or_else(|| panic!("node-1's agent never answered: {}", agents[0].log(&dir)));
     // Fenced within what an agent without a watchdog advertises: the timeout, two checks and
     // surveys (1 s each, and the 1 s survey's half-second asks), the 2 s confirmation.

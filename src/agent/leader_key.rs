@@ -7,7 +7,12 @@
 //! counts those heartbeats as none; if it cannot read the Lease at all (the API server is down
 //! or out of its reach), it goes on with the last key it read: a leader elected meanwhile is
 //! not heard, and the agent's peers decide as when podha's leader is down.
+//!
+//! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
+//! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on
+//! trusting the leader its predecessor trusted, and so stays heard.
 
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,6 +22,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::boot::{RecordBoot, write_record};
 use super::peer_list::lock;
 use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey};
 
@@ -31,6 +37,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct LeaderKey {
     key: Mutex<Option<PublicKey>>,
     wanted: Notify,
+    /// Where the key read last is kept for the next agent of this boot (`None`: nowhere).
+    kept: Option<(PathBuf, Option<String>)>,
 }
 
 impl LeaderKey {
@@ -38,7 +46,21 @@ impl LeaderKey {
     pub fn known(key: PublicKey) -> Self {
         Self {
             key: Mutex::new(Some(key)),
+            ..Self::default()
+        }
+    }
+
+    /// The key an earlier agent of boot `boot` kept at `path`, if any, kept there again when it
+    /// changes.
+    pub fn kept_at(path: PathBuf, boot: Option<&str>) -> Self {
+        let key = load(&path, boot);
+        if let Some(key) = key {
+            info!(file = %path.display(), %key, "going on with the leader key the last agent of this boot read");
+        }
+        Self {
+            key: Mutex::new(key),
             wanted: Notify::new(),
+            kept: Some((path, boot.map(str::to_string))),
         }
     }
 
@@ -60,6 +82,11 @@ impl LeaderKey {
         if *held != Some(key) {
             info!(%key, "podha's leader signs with a new key");
             *held = Some(key);
+            if let Some((path, boot)) = &self.kept
+                && let Err(e) = write_record(path, boot.as_deref(), &format!("{key}\n"))
+            {
+                warn!(file = %path.display(), error = %e, "cannot keep the leader key for the next agent");
+            }
         }
     }
 
@@ -94,6 +121,16 @@ impl LeaderKey {
             tokio::time::sleep_until(started + SOONEST).await;
         }
     }
+}
+
+/// The key kept at `path` in boot `boot`, if the record is of this boot and holds one.
+fn load(path: &Path, boot: Option<&str>) -> Option<PublicKey> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    if RecordBoot::of(lines.next(), boot) != RecordBoot::This {
+        return None;
+    }
+    PublicKey::parse(lines.next()?)
 }
 
 /// The key a leader Lease publishes, if it carries a well-formed one.
@@ -136,5 +173,24 @@ mod tests {
         lease.metadata.annotations =
             Some([(LEADER_KEY_ANNOTATION.to_string(), first.encode())].into());
         assert_eq!(published_key(&lease), Some(first));
+    }
+
+    #[test]
+    fn the_key_read_last_is_kept_for_the_next_agent_of_the_boot() {
+        let dir = std::env::temp_dir().join(format!("podha-leader-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard.leader-key");
+        let key = Identity::generate().expect("key").public();
+        LeaderKey::kept_at(path.clone(), Some("b1")).took(Some(key));
+        assert_eq!(
+            LeaderKey::kept_at(path.clone(), Some("b1")).current(),
+            Some(key)
+        );
+        assert_eq!(
+            LeaderKey::kept_at(path.clone(), Some("b2")).current(),
+            None,
+            "another boot"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

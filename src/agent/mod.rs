@@ -113,7 +113,8 @@ pub struct AgentArgs {
     )]
     pub boot_id_file: PathBuf,
     /// Where the agent keeps when podha last heard this node (and, beside it, its peer list as
-    /// `<file>.peers` and this boot's key as `<file>.key`), so that an agent restarted after a crash or in a new pod
+    /// `<file>.peers`, this boot's key as `<file>.key` and podha's leader's as
+    /// `<file>.leader-key`), so that an agent restarted after a crash or in a new pod
     /// goes on from there (a node cut off from podha is still fenced in time) instead of
     /// counting its start as heard. Somewhere a pod replacement keeps, of this node alone (the
     /// chart: /run/podha-agent/<node> on the node). The record names its boot: no file, or one
@@ -264,6 +265,37 @@ pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
     }
 }
 
+/// What the agent's endpoints answer with and whom they believe: this boot's key (see
+/// [`identity`]), the peers it keeps warm with their keys, and podha's leader's key.
+fn endpoints(
+    args: &AgentArgs,
+    client: &kube::Client,
+    boot: Option<&str>,
+    hearing: SharedHearing,
+) -> Result<server::Endpoints, AgentError> {
+    let identity = identity::load_or_create(&args.hearing_file.with_extension("key"), boot)
+        .map(Arc::new)
+        .map_err(AgentError::Key)?;
+    let peers = Arc::new(Peers::discovered(
+        client.clone(),
+        &args.node,
+        identity.clone(),
+        args.survey_times(),
+        SavedList::new(args.hearing_file.with_extension("peers"), boot),
+    ));
+    let leader_key = Arc::new(LeaderKey::kept_at(
+        args.hearing_file.with_extension("leader-key"),
+        boot,
+    ));
+    Ok(server::Endpoints {
+        node: args.node.as_str().into(),
+        identity,
+        hearing,
+        leader_key,
+        peers,
+    })
+}
+
 async fn run(args: AgentArgs) -> Result<(), AgentError> {
     args.check()?;
     crate::listen::raise_open_file_limit();
@@ -281,10 +313,12 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let mut hearing_file = HearingFile::new(&args.hearing_file, boot.as_deref());
     let hearing = resume(&hearing_file, &args.node, args.isolation_timeout);
     let hearing: SharedHearing = Arc::new(Mutex::new(hearing));
-    let identity =
-        identity::load_or_create(&args.hearing_file.with_extension("key"), boot.as_deref())
-            .map(Arc::new)
-            .map_err(AgentError::Key)?;
+    let endpoints = endpoints(&args, &client, boot.as_deref(), hearing.clone())?;
+    let (identity, peers, leader_key) = (
+        endpoints.identity.clone(),
+        endpoints.peers.clone(),
+        endpoints.leader_key.clone(),
+    );
     let namespace = args
         .namespace
         .clone()
@@ -295,21 +329,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     });
     let fencer = Arc::new(Fencer::new(args.fence.clone(), confirm, &args.node));
     let survey_times = args.survey_times();
-    let peers = Arc::new(Peers::discovered(
-        client.clone(),
-        &args.node,
-        identity.clone(),
-        survey_times,
-        SavedList::new(args.hearing_file.with_extension("peers"), boot.as_deref()),
-    ));
-    let leader_key = Arc::new(LeaderKey::default());
-    let router = server::router(server::Endpoints {
-        node: args.node.as_str().into(),
-        identity: identity.clone(),
-        hearing: hearing.clone(),
-        leader_key: leader_key.clone(),
-        peers: peers.clone(),
-    });
+    let router = server::router(endpoints);
     let serve = async move { axum::serve(listener, router).await };
     // A device's own timeout from here on (it may have rounded what it was asked).
     let mut watchdog = args.open_watchdog().await?;

@@ -333,8 +333,9 @@ mod tests {
     }
 
     fn addr(last: u8) -> Peer {
-        let key =
-            (last % 2 == 0).then(|| crate::contract::Identity::generate().expect("key").public());
+        let key = last
+            .is_multiple_of(2)
+            .then(|| crate::contract::Identity::generate().expect("key").public());
         Peer {
             node: format!("n{last}"),
             addr: SocketAddr::from(([10, 0, 0, last], 9441)),

@@ -134,7 +134,8 @@ impl Cluster {
     }
 
     /// Where kwok node `name`'s agent keeps when podha last heard it.
-    fn agent_hearing_file(&self, name: &str) -> PathBuf {
+    /// Where node `name`'s agent keeps when podha last heard it (`--hearing-file`).
+    pub fn agent_hearing_file(&self, name: &str) -> PathBuf {
         self.dir.join("nodes").join(name).join("agent-heard")
     }
 
