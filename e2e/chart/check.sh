@@ -30,7 +30,8 @@ done
 grep -q -- "--watchdog=/dev/watchdog" "$work/full.yaml" && grep -q -- "--watchdog-timeout=15s" "$work/full.yaml" \
   && grep -q -- "--survey-timeout=2s" "$work/full.yaml" \
   && grep -q "type: CharDevice" "$work/full.yaml" && grep -q -- "--hearing-file=/run/podha-agent/heard" "$work/full.yaml" \
-  || { echo "check.sh: the agent's DaemonSet does not pass and mount its watchdog" >&2; exit 1; }
+  && grep -q -- "--leader-lease=podha-lead$" "$work/full.yaml" \
+  || { echo "check.sh: the agent's DaemonSet does not pass its watchdog, its hearing file or the leader Lease it reads podha's key from" >&2; exit 1; }
 # The hearing file and the saved peer list outlive the pod (a rollout, an eviction) in a
 # directory of the node's own under the node's /run; never in an emptyDir, which a new pod
 # starts empty (a new agent would count a node podha heard and lost as never heard).

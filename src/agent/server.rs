@@ -3,8 +3,9 @@
 //! - `GET /heartbeat` — podha's leader probes every agent with this (the request and the
 //!   answer are part of [`crate::contract`], signed as [`crate::contract::words`] says).
 //!   `heardMs` is how long ago the leader last got an answer from this agent (absent: never).
-//!   The agent counts itself heard `heardMs` before it issued the challenge the probe signs, so
-//!   neither lost answers nor a probe held back pass for being heard. Its answer says whether,
+//!   The agent counts itself heard when it issued the challenge the probe signs (podha got the
+//!   answer carrying it), or `heardMs` before the probe arrived if that is earlier, so neither
+//!   lost answers nor a probe held back pass for being heard. Its answer says whether,
 //!   after this probe, it counts itself heard in this boot: podha counts only such answers as
 //!   hearing it for its silence proof (the first answer of a boot is not, until the next
 //!   probe tells the agent it was heard).
@@ -112,9 +113,10 @@ struct AppState {
 }
 
 /// The challenge podha's next heartbeat must sign, and when it was issued: a heartbeat that
-/// signs it was made after that instant, so the hearing it reports happened no later than
-/// `heardMs` before it (whenever the heartbeat arrives). Taken by the first heartbeat that
-/// signs it; a new one goes out with that heartbeat's answer.
+/// signs it comes from a leader that got the answer carrying it, so podha heard the agent no
+/// later than that instant (nor than `heardMs` before the heartbeat arrived), however long the
+/// heartbeat took on its way. Taken by the first heartbeat that signs it; a new one goes out
+/// with that heartbeat's answer.
 struct Challenge {
     value: String,
     issued: Instant,
@@ -166,7 +168,11 @@ async fn heartbeat(State(state): State<AppState>, Query(q): Query<HeartbeatQuery
         let mut challenge = lock(&state.challenge);
         let mut hearing = lock(&ours.hearing);
         if !q.challenge.is_empty() && q.challenge == challenge.value {
-            hearing.probed(challenge.issued, q.heard_ago());
+            // Heard when podha got the answer carrying this challenge: no later than its
+            // issue, nor than `heardMs` before now.
+            let since_issue = now.saturating_duration_since(challenge.issued);
+            let heard_ago = q.heard_ago().map(|ago| ago.saturating_sub(since_issue));
+            hearing.probed(challenge.issued, heard_ago);
             *challenge = Challenge::fresh();
         } else {
             counters::stale_heartbeat();

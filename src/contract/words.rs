@@ -205,9 +205,9 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// The query of podha's probe. `heardMs` is how long ago the leader last got an answer from
-/// this agent (absent: never); the agent counts itself heard that long before it issued the
-/// challenge the probe signs (the probe was made after that), so neither lost answers nor a
-/// probe held back on the way pass for being heard.
+/// this agent (absent: never), the answer whose challenge the probe signs; the agent counts
+/// itself heard when it issued that challenge, or `heardMs` before the probe arrived if that
+/// is earlier, so neither lost answers nor a probe held back on the way pass for being heard.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatQuery {

@@ -20,8 +20,8 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use libtest_mimic::Arguments;
 use podha::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_LEASE_LABEL, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-    FENCE_REQUEST_ANNOTATION, agent_lease_name,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_LABEL, AGENT_PORT_ANNOTATION,
+    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, agent_lease_name,
 };
 use podha_sim::chart_rbac::{self, RELEASE};
 use podha_sim::testkit::*;
@@ -127,6 +127,7 @@ async fn node_annotations(w: &Writers) -> anyhow::Result<()> {
     for key in [
         AGENT_PORT_ANNOTATION,
         AGENT_FENCED_WITHIN_ANNOTATION,
+        AGENT_KEY_ANNOTATION,
         FENCE_ACK_ANNOTATION,
     ] {
         annotate(&w.agent_1, "node-1", key, Some("9000")).await?;
@@ -219,6 +220,11 @@ async fn node_annotations(w: &Writers) -> anyhow::Result<()> {
             annotate(client, "node-1", AGENT_PORT_ANNOTATION, Some("1")).await,
             &format!("{who} pointing node-1's agent port elsewhere"),
             "may not change podha.io/agent-port",
+        )?;
+        refused(
+            annotate(client, "node-1", AGENT_KEY_ANNOTATION, Some("k")).await,
+            &format!("{who} putting its own key on node-1"),
+            "may not change podha.io/agent-key",
         )?;
     }
     refused(
