@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use super::hearing_file::{HearingFile, LastHeard};
 use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
+use super::leader_key::LeaderKey;
 use super::peers::Peers;
 use super::server::{self, Hearing, SharedHearing};
 use super::watchdog::Watchdog;
@@ -48,6 +49,7 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
 pub(super) async fn check_loop(
     args: &AgentArgs,
     hearing: SharedHearing,
+    leader_key: &LeaderKey,
     peers: &Peers,
     fencer: &Fencer,
     mut watchdog: Option<&mut Watchdog>,
@@ -63,7 +65,7 @@ pub(super) async fn check_loop(
         ticker.tick().await;
         let (silence, heard_ago) = {
             let h = server::lock(&hearing);
-            (h.silence(Instant::now()), h.heard_ago(Instant::now()))
+            (counted(&h, leader_key), h.heard_ago(Instant::now()))
         };
         if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
             hearing_file.record(at);
@@ -78,7 +80,7 @@ pub(super) async fn check_loop(
         // The survey took a while: heard meanwhile?
         let silence = match &survey {
             Some(survey) => {
-                let silence = server::lock(&hearing).silence(Instant::now());
+                let silence = counted(&server::lock(&hearing), leader_key);
                 pet(watchdog.as_deref_mut(), silence, timeout, Some(survey));
                 silence
             }
@@ -99,6 +101,16 @@ pub(super) async fn check_loop(
             }
             Verdict::Stay(why) => said.stay(&args.node, silence, &why),
         }
+    }
+}
+
+/// The silence the rules go by: as heard, or never heard while podha's leader signs nothing (see
+/// [`LeaderKey::signs_nothing`]: such a leader verifies no answer and proves no silence).
+fn counted(hearing: &Hearing, leader_key: &LeaderKey) -> Silence {
+    if leader_key.signs_nothing() {
+        Silence::NeverHeard
+    } else {
+        hearing.silence(Instant::now())
     }
 }
 

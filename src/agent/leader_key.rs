@@ -1,12 +1,18 @@
-//! The key podha's leader signs its heartbeats with, as the agent last read it from the leader
+//! The key podha's leader signs its heartbeats with, as the agent last saw it on the leader
 //! Lease ([`LEADER_KEY_ANNOTATION`]; only podha may write that Lease).
 //!
-//! Read every [`REREAD`], and at once (at most every [`SOONEST`]) when a heartbeat arrives
-//! that the key the agent has does not verify: a new leader publishes its key as it takes the
-//! Lease, and its first heartbeats reach the agents before they read it. Until then the agent
-//! counts those heartbeats as none; if it cannot read the Lease at all (the API server is down
-//! or out of its reach), it goes on with the last key it read: a leader elected meanwhile is
-//! not heard, and the agent's peers decide as when podha's leader is down.
+//! The agent watches that one Lease: a new leader publishes its key as it takes the Lease, and
+//! the agents see it within a round trip. A heartbeat that does not verify causes no read (a
+//! process hammering the agent must not make it hammer the API server). Until the new key
+//! arrives the agent counts the new leader's heartbeats as none; if it cannot watch the Lease
+//! at all (the API server is down or out of its reach), it goes on with the last key it saw: a
+//! leader elected meanwhile is not heard, and the agent's peers decide as when podha's leader
+//! is down.
+//!
+//! A Lease held by a leader that publishes no key is a podha from before signed heartbeats
+//! (an upgrade under way): it cannot verify the agents' answers either, so it proves no
+//! silence, and the agent counts itself as never heard meanwhile ([`LeaderKey::signs_nothing`]),
+//! rather than fence a healthy node because its old leader does not sign.
 //!
 //! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
 //! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on
@@ -14,29 +20,23 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use tokio::sync::Notify;
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use kube::runtime::{WatchStreamExt, watcher};
+use tracing::{info, warn};
 
 use super::boot::{RecordBoot, write_record};
 use super::peer_list::lock;
 use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey};
 
-/// How often the leader Lease is read when nothing asks for it sooner.
-pub const REREAD: Duration = Duration::from_secs(10);
-/// The shortest time between two reads.
-pub const SOONEST: Duration = Duration::from_secs(1);
-/// How long one read may take.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
-
 #[derive(Debug, Default)]
 pub struct LeaderKey {
     key: Mutex<Option<PublicKey>>,
-    wanted: Notify,
+    /// The Lease, as last seen, is held by a leader that publishes no key.
+    signs_nothing: AtomicBool,
     /// Where the key read last is kept for the next agent of this boot (`None`: nowhere).
     kept: Option<(PathBuf, Option<String>)>,
 }
@@ -59,8 +59,8 @@ impl LeaderKey {
         }
         Self {
             key: Mutex::new(key),
-            wanted: Notify::new(),
             kept: Some((path, boot.map(str::to_string))),
+            ..Self::default()
         }
     }
 
@@ -69,13 +69,37 @@ impl LeaderKey {
         *lock(&self.key)
     }
 
-    /// A heartbeat the current key does not verify arrived: read the Lease again soon.
-    pub fn read_again(&self) {
-        self.wanted.notify_one();
+    /// Whether the Lease, as last seen, is held by a leader that publishes no key (see the
+    /// module's rule).
+    pub fn signs_nothing(&self) -> bool {
+        self.signs_nothing.load(Ordering::Relaxed)
     }
 
-    /// Takes what the Lease publishes: a key replaces the one held; a Lease without one (a
-    /// leader that has not written it yet) leaves it.
+    /// Takes the Lease as seen (`None`: there is none): its key replaces the one held; a Lease
+    /// without one leaves it (a new leader that has not written it yet, or one that never
+    /// will).
+    fn saw(&self, lease: Option<&Lease>) {
+        let published = lease.and_then(published_key);
+        let held = lease.is_some_and(|l| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_some_and(|h| !h.is_empty())
+        });
+        let unsigned = held && published.is_none();
+        if self.signs_nothing.swap(unsigned, Ordering::Relaxed) != unsigned {
+            if unsigned {
+                warn!(
+                    "podha's leader publishes no heartbeat key (a podha from before signed heartbeats?): this agent counts itself never heard until one does"
+                );
+            } else {
+                info!("podha's leader publishes its heartbeat key again");
+            }
+        }
+        self.took(published);
+    }
+
+    /// A key replaces the one held; none leaves it.
     fn took(&self, published: Option<PublicKey>) {
         let Some(key) = published else { return };
         let mut held = lock(&self.key);
@@ -90,35 +114,26 @@ impl LeaderKey {
         }
     }
 
-    /// Reads the Lease `name` for as long as the agent runs.
-    pub async fn keep_read(&self, leases: Api<Lease>, name: &str) {
+    /// Watches the Lease `name` for as long as the agent runs; a watch that fails is tried
+    /// again with backoff, the last key kept meanwhile.
+    pub async fn keep_watching(&self, leases: Api<Lease>, name: &str) {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = std::pin::pin!(watcher(leases, config).default_backoff());
         let mut failing = false;
-        loop {
-            let started = Instant::now();
-            match tokio::time::timeout(READ_TIMEOUT, leases.get_opt(name)).await {
-                Ok(Ok(lease)) => {
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
                     failing = false;
-                    let published = lease.as_ref().and_then(published_key);
-                    if lease.is_some() && published.is_none() {
-                        debug!(lease = name, "the leader Lease publishes no key yet");
-                    }
-                    self.took(published);
+                    self.saw(Some(&lease));
                 }
-                Ok(Err(e)) if !failing => {
+                Ok(watcher::Event::Delete(_)) => self.saw(None),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => failing = false,
+                Err(e) if !failing => {
                     failing = true;
-                    warn!(lease = name, error = %e, "cannot read podha's leader key; going on with the last one read");
+                    warn!(lease = name, error = %e, "cannot watch podha's leader Lease; going on with the last key seen");
                 }
-                Err(_) if !failing => {
-                    failing = true;
-                    warn!(
-                        lease = name,
-                        "reading podha's leader key timed out; going on with the last one read"
-                    );
-                }
-                _ => {}
+                Err(_) => {}
             }
-            let _ = tokio::time::timeout(REREAD, self.wanted.notified()).await;
-            tokio::time::sleep_until(started + SOONEST).await;
         }
     }
 }
@@ -147,6 +162,32 @@ pub fn published_key(lease: &Lease) -> Option<PublicKey> {
 mod tests {
     use super::*;
     use crate::contract::Identity;
+
+    #[test]
+    fn a_lease_held_by_a_leader_that_publishes_no_key_signs_nothing() {
+        let key = Identity::generate().expect("key").public();
+        let held = LeaderKey::default();
+        let lease = |holder: Option<&str>, key: Option<PublicKey>| Lease {
+            metadata: kube::api::ObjectMeta {
+                annotations: key.map(|k| [(LEADER_KEY_ANNOTATION.to_string(), k.encode())].into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                ..Default::default()
+            }),
+        };
+        held.saw(Some(&lease(Some("podha-old"), None)));
+        assert!(held.signs_nothing(), "an old podha leads");
+        held.saw(Some(&lease(Some("podha-new"), Some(key))));
+        assert!(!held.signs_nothing());
+        assert_eq!(held.current(), Some(key));
+        held.saw(Some(&lease(None, None)));
+        assert!(!held.signs_nothing(), "nobody leads: nothing to tell");
+        held.saw(None);
+        assert!(!held.signs_nothing(), "no Lease");
+        assert_eq!(held.current(), Some(key), "the last key is kept");
+    }
 
     #[test]
     fn a_published_key_replaces_the_one_held_and_a_lease_without_one_leaves_it() {

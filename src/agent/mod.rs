@@ -95,6 +95,12 @@ pub struct AgentArgs {
     /// "Timing").
     #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub survey_timeout: Duration,
+    /// Where the agent keeps the key it signs its words with (made at first start, mode 0600):
+    /// somewhere that outlives reboots (the chart: /var/lib/podha-agent/<node>), so that its
+    /// peers, which learn keys when they read the peer list, rarely hold an old one. Default:
+    /// `<hearing file>.key`.
+    #[arg(long, env = "PODHA_AGENT_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
     /// podha's leader Lease (in `--namespace`), whose `podha.io/leader-key` annotation is the
     /// key podha's heartbeats must be signed with (podha's `--leader-lease`).
     #[arg(long, env = "PODHA_AGENT_LEADER_LEASE", default_value = DEFAULT_LEASE_NAME)]
@@ -113,8 +119,7 @@ pub struct AgentArgs {
     )]
     pub boot_id_file: PathBuf,
     /// Where the agent keeps when podha last heard this node (and, beside it, its peer list as
-    /// `<file>.peers`, this boot's key as `<file>.key` and podha's leader's as
-    /// `<file>.leader-key`), so that an agent restarted after a crash or in a new pod
+    /// `<file>.peers` and podha's leader's key as `<file>.leader-key`), so that an agent restarted after a crash or in a new pod
     /// goes on from there (a node cut off from podha is still fenced in time) instead of
     /// counting its start as heard. Somewhere a pod replacement keeps, of this node alone (the
     /// chart: /run/podha-agent/<node> on the node). The record names its boot: no file, or one
@@ -265,7 +270,7 @@ pub async fn cli(args: AgentArgs) -> std::process::ExitCode {
     }
 }
 
-/// What the agent's endpoints answer with and whom they believe: this boot's key (see
+/// What the agent's endpoints answer with and whom they believe: its key (see
 /// [`identity`]), the peers it keeps warm with their keys, and podha's leader's key.
 fn endpoints(
     args: &AgentArgs,
@@ -273,7 +278,11 @@ fn endpoints(
     boot: Option<&str>,
     hearing: SharedHearing,
 ) -> Result<server::Endpoints, AgentError> {
-    let identity = identity::load_or_create(&args.hearing_file.with_extension("key"), boot)
+    let key_file = args
+        .key_file
+        .clone()
+        .unwrap_or_else(|| args.hearing_file.with_extension("key"));
+    let identity = identity::load_or_create(&key_file)
         .map(Arc::new)
         .map_err(AgentError::Key)?;
     let peers = Arc::new(Peers::discovered(
@@ -354,10 +363,10 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (result, terminated) = tokio::select! {
         r = serve => (r.map_err(AgentError::Serve), false),
         r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => (r, false),
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
+        () = check_loop(&args, hearing, &leader_key, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),
-        () = leader_key.keep_read(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
+        () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
             (Ok(()), true)

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::PeerListError;
@@ -31,6 +32,9 @@ const REFRESH_JITTER: Duration = Duration::from_secs(10);
 const RETRY: Duration = Duration::from_secs(2);
 /// How far the retries spread around [`RETRY`].
 const RETRY_JITTER: Duration = Duration::from_secs(1);
+/// The shortest time between two reads when a survey found the list behind (see
+/// [`keep_warm`]).
+const STALE_REREAD: Duration = Duration::from_secs(5);
 /// How many Nodes one page of the peer list holds.
 const PAGE: u32 = 500;
 /// How long one read of the whole peer list may take (all its pages) once the list is known:
@@ -153,13 +157,16 @@ impl Kept {
 }
 
 /// Reads the peer list now and again into `kept`, for as long as the agent runs: every
-/// [`RETRY`] while it is unknown, every [`REFRESH`] once known, each spread by [`jittered`]. A
-/// failed read keeps the last good list; a new list is saved in `saved`.
+/// [`RETRY`] while it is unknown, every [`REFRESH`] once known, each spread by [`jittered`],
+/// and sooner (at most every [`STALE_REREAD`]) when `behind` says a survey found the list
+/// behind its peers (a listed key that does not verify a peer's answer). A failed read keeps
+/// the last good list; a new list is saved in `saved`.
 pub(super) async fn keep_warm(
     nodes: &Api<Node>,
     node: &str,
     kept: &Mutex<Kept>,
     saved: &SavedList,
+    behind: &Notify,
 ) {
     // Reads of the unknown list that ran out of time in a row.
     let mut timed_out: u32 = 0;
@@ -192,7 +199,8 @@ pub(super) async fn keep_warm(
         } else {
             jittered(RETRY, RETRY_JITTER, node, n)
         };
-        tokio::time::sleep(next).await;
+        tokio::time::sleep(STALE_REREAD.min(next)).await;
+        let _ = tokio::time::timeout(next.saturating_sub(STALE_REREAD), behind.notified()).await;
     }
 }
 

@@ -28,6 +28,7 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -85,6 +86,9 @@ pub struct Peers {
     /// This agent's node, and the key its questions are signed with.
     me: String,
     identity: Arc<Identity>,
+    /// A survey met an answer its peer's key as listed does not verify (the peer's key changed):
+    /// read the list again soon (see [`keep_warm`]).
+    behind: Notify,
     source: Source,
     times: SurveyTimes,
     /// Peers asked at once, at most: [`IN_FLIGHT`] (fewer in some tests).
@@ -141,6 +145,7 @@ impl Peers {
         Self {
             me: me.to_string(),
             identity,
+            behind: Notify::new(),
             source,
             times,
             in_flight: IN_FLIGHT,
@@ -167,7 +172,7 @@ impl Peers {
             return std::future::pending().await;
         };
         let nodes: Api<Node> = Api::all(client.clone());
-        keep_warm(&nodes, &self.me, kept, saved).await
+        keep_warm(&nodes, &self.me, kept, saved, &self.behind).await
     }
 
     /// The key `node`'s agent signs with, if it is a peer in the list as kept: whose questions
@@ -262,6 +267,7 @@ impl Peers {
             }
             Ok(Ok(_)) => {
                 counters::unverified_peer_answer();
+                self.behind.notify_one();
                 debug!(peer = %peer.node, addr = %peer.addr, "an answer not signed by the peer's key: none");
                 None
             }
@@ -540,6 +546,30 @@ mod tests {
             "{wa:?} {wb:?}"
         );
         assert_ne!(wa[0], wb[0], "not in step: {wa:?} {wb:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_a_survey_found_behind_is_read_again_within_seconds() {
+        let asked = Asked::default();
+        let peers = discovered(fake_api(asked.clone(), |_| Answer::Pages), "n1");
+        let found_behind = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            peers.behind.notify_one();
+            std::future::pending::<()>().await
+        };
+        let both = async { tokio::join!(peers.keep_warm(), found_behind) };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(12), both)
+                .await
+                .is_err()
+        );
+        let reads = lists_at(&asked);
+        assert_eq!(reads.len(), 2, "at once, then again soon: {reads:?}");
+        let wait = reads[1] - reads[0];
+        assert!(
+            wait >= Duration::from_secs(5) && wait < Duration::from_secs(6),
+            "{wait:?}, not the 30 s refresh"
+        );
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -33,8 +33,8 @@ use super::isolation::Silence;
 use super::leader_key::LeaderKey;
 use super::peers::Peers;
 use crate::contract::{
-    HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery, Identity, PEER_PATH, PeerAnswer, PeerQuery,
-    fresh_nonce,
+    AGENT_PROBE_INTERVAL, HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery, Identity, PEER_PATH,
+    PeerAnswer, PeerQuery, fresh_nonce,
 };
 
 /// What the agent knows of podha hearing it, shared by the endpoints and the check loop.
@@ -95,6 +95,11 @@ impl Hearing {
 
 pub type SharedHearing = Arc<Mutex<Hearing>>;
 
+/// How old a challenge a stale heartbeat of the leader may find before it is renewed: two probe
+/// intervals, so the leader's own accepted probes (every interval) keep it young and replays do
+/// not evict it.
+pub const CHALLENGE_RENEWED_AFTER: Duration = AGENT_PROBE_INTERVAL.saturating_mul(2);
+
 /// Whom the agent's endpoints answer, and with what: its node, its key, what it knows of being
 /// heard, the keys it trusts (podha's leader's and its peers').
 #[derive(Clone)]
@@ -147,22 +152,24 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// podha's leader's probe. Not signed by the leader's key as the agent last read it: `401`,
-/// nothing learnt, and the key read again soon (a new leader's). Signed over the challenge the
-/// agent issued last: the hearing it reports counts (from that challenge's issue), and a new
-/// challenge goes out. Signed over any other (the leader's first probe, or a replay): answered,
-/// with the challenge to sign, and nothing learnt.
-async fn heartbeat(State(state): State<AppState>, Query(q): Query<HeartbeatQuery>) -> Response {
+/// podha's leader's probe. Not signed by the leader's key as the agent last saw it: `401` and
+/// nothing learnt. Signed over the challenge the agent issued last: the hearing it reports
+/// counts (from that challenge's issue), and a new challenge goes out. Signed over any other
+/// (a new leader's first probe, or a replay): answered, with the challenge to sign, and nothing
+/// learnt; a challenge older than [`CHALLENGE_RENEWED_AFTER`] is renewed first, so that a new
+/// leader's hearing counts from its own first probe, not from a challenge issued before it led.
+async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let ours = &state.endpoints;
-    let signed = ours
-        .leader_key
-        .current()
-        .is_some_and(|key| key.verifies(&q.word(&ours.node), &q.signature));
-    if !signed {
-        ours.leader_key.read_again();
+    let q: Option<HeartbeatQuery> = parse(query);
+    let signed = q.as_ref().is_some_and(|q| {
+        ours.leader_key
+            .current()
+            .is_some_and(|key| key.verifies(&q.word(&ours.node), &q.signature))
+    });
+    let Some(q) = q.filter(|_| signed) else {
         counters::refused(HEARTBEAT_PATH);
         return StatusCode::UNAUTHORIZED.into_response();
-    }
+    };
     let now = Instant::now();
     let (heard, challenge) = {
         let mut challenge = lock(&state.challenge);
@@ -176,6 +183,9 @@ async fn heartbeat(State(state): State<AppState>, Query(q): Query<HeartbeatQuery
             *challenge = Challenge::fresh();
         } else {
             counters::stale_heartbeat();
+            if now.saturating_duration_since(challenge.issued) > CHALLENGE_RENEWED_AFTER {
+                *challenge = Challenge::fresh();
+            }
         }
         (hearing.heard_ago(now).is_some(), challenge.value.clone())
     };
@@ -185,16 +195,18 @@ async fn heartbeat(State(state): State<AppState>, Query(q): Query<HeartbeatQuery
 
 /// A peer's survey question, answered only if signed by the key the peer list gives the
 /// asker's node.
-async fn peer(State(state): State<AppState>, Query(q): Query<PeerQuery>) -> Response {
+async fn peer(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let ours = &state.endpoints;
-    let signed = ours
-        .peers
-        .key_of(&q.from)
-        .is_some_and(|key| key.verifies(&q.word(&ours.node), &q.signature));
-    if !signed {
+    let q: Option<PeerQuery> = parse(query);
+    let signed = q.as_ref().is_some_and(|q| {
+        ours.peers
+            .key_of(&q.from)
+            .is_some_and(|key| key.verifies(&q.word(&ours.node), &q.signature))
+    });
+    let Some(q) = q.filter(|_| signed) else {
         counters::refused(PEER_PATH);
         return StatusCode::UNAUTHORIZED.into_response();
-    }
+    };
     let ago = lock(&ours.hearing).heard_ago(Instant::now());
     axum::Json(PeerAnswer::signed(
         &ours.identity,
@@ -203,6 +215,12 @@ async fn peer(State(state): State<AppState>, Query(q): Query<PeerQuery>) -> Resp
         &q.nonce,
     ))
     .into_response()
+}
+
+/// A query as its word's fields, if it reads as one (anything else is refused like an unsigned
+/// word: `401`, counted, nothing said of why).
+fn parse<T: serde::de::DeserializeOwned>(query: Option<String>) -> Option<T> {
+    serde_urlencoded::from_str(query.as_deref().unwrap_or_default()).ok()
 }
 
 async fn metrics() -> String {

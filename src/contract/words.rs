@@ -24,6 +24,7 @@
 //! - [`PeerAnswer`]: how long ago podha heard the asked agent, signing its node and the nonce.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -135,12 +136,22 @@ impl fmt::Display for PublicKey {
     }
 }
 
-/// A fresh random value (16 bytes, unpadded base64url): a nonce or a challenge.
+/// A fresh value (16 bytes, unpadded base64url): a nonce or a challenge. What they need is
+/// never to repeat (a word recorded for one must count for no other): random bytes, or, should
+/// the system's random source fail, this process's ID, a count of values made and the time,
+/// which do not repeat either.
 pub fn fresh_nonce() -> String {
+    static MADE: AtomicU64 = AtomicU64::new(0);
     let mut bytes = [0; 16];
-    // The system's random source does not fail on Linux once booted; if it did, a nonce of
-    // zeros is still unique enough for what it binds (a word to its exchange), never a key.
-    let _ = SystemRandom::new().fill(&mut bytes);
+    if SystemRandom::new().fill(&mut bytes).is_err() {
+        let made = MADE.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        bytes[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        bytes[4..12].copy_from_slice(&made.to_le_bytes());
+        bytes[12..].copy_from_slice(&nanos.to_le_bytes());
+    }
     URL_SAFE_NO_PAD.encode(bytes)
 }
 

@@ -22,8 +22,12 @@ use crate::contract::{Identity, LEADER_KEY_ANNOTATION};
 
 /// How often a leader checks that its key is on the Lease.
 pub const RECHECK: Duration = Duration::from_secs(10);
-/// How often a replica that does not lead looks whether it does.
-const FOLLOWER_LOOK: Duration = Duration::from_millis(500);
+/// How often a replica that does not lead looks whether it does, and how soon a failed write
+/// is tried again: until the key is there, no agent believes this leader.
+const SOON: Duration = Duration::from_millis(500);
+/// How long a read or a write of the Lease may take (a connection that hangs must not hold the
+/// key back for the whole term).
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Publishes `key` on `cfg`'s Lease whenever this replica leads, for as long as it runs.
 pub async fn publish(
@@ -38,10 +42,14 @@ pub async fn publish(
     loop {
         if !leadership.may_write(Instant::now()) {
             published = false;
-            tokio::time::sleep(FOLLOWER_LOOK).await;
+            tokio::time::sleep(SOON).await;
             continue;
         }
-        match put(&leases, &cfg, &value, &leadership).await {
+        let put = tokio::time::timeout(CALL_TIMEOUT, put(&leases, &cfg, &value, &leadership))
+            .await
+            .unwrap_or_else(|_| Err(Failed::TimedOut));
+        let wait = if put.is_ok() { RECHECK } else { SOON };
+        match put {
             Ok(Put::There) => {}
             Ok(Put::Written) if !published => {
                 info!(key = %value, lease = %cfg.lease_name, "heartbeat key published on the leader Lease");
@@ -54,8 +62,8 @@ pub async fn publish(
                 warn!(error = %e, "cannot publish the heartbeat key on the leader Lease; agents will not trust this leader's heartbeats until it is")
             }
         }
-        published = true;
-        tokio::time::sleep(RECHECK).await;
+        published = published || wait == RECHECK;
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -65,12 +73,20 @@ enum Put {
     NotHolder,
 }
 
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("no answer from the API server within {CALL_TIMEOUT:?}")]
+    TimedOut,
+}
+
 async fn put(
     leases: &Api<Lease>,
     cfg: &LeaderConfig,
     value: &str,
     leadership: &Leadership,
-) -> Result<Put, kube::Error> {
+) -> Result<Put, Failed> {
     let lease = leases.get(&cfg.lease_name).await?;
     let holder = lease
         .spec

@@ -115,17 +115,27 @@ async fn only_a_heartbeat_signed_by_the_leader_over_the_agents_challenge_tells_i
         next.challenge, answer.challenge,
         "a challenge is taken once"
     );
-    // Replayed later: the challenge is taken, so it tells nothing.
+    // Replayed later: the challenge is taken, so it tells nothing (and the challenge, 20 s
+    // old, is renewed for the next leader-signed probe).
     tokio::time::advance(s(20)).await;
     let replayed = agent.heartbeat(&second).await.expect("answered");
     assert!(replayed.heard, "heard 21 s ago, still in this boot");
     assert_eq!(agent.heard_ago(), Some(s(21)), "the replay moved nothing");
-    // A probe held back on its way counts from the issue of the challenge it signs (at the
-    // second probe, 20 s before it was made), not from when it arrives, 20 s after that.
+    assert_ne!(
+        replayed.challenge, next.challenge,
+        "an old challenge renewed"
+    );
+    // A probe held back on its way counts from the issue of the challenge it signs, not from
+    // when it arrives, 20 s after that.
     let held = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &replayed.challenge);
     tokio::time::advance(s(20)).await;
     agent.heartbeat(&held).await.expect("answered");
-    assert_eq!(agent.heard_ago(), Some(s(40)));
+    assert_eq!(agent.heard_ago(), Some(s(20)));
+    // A young challenge is not renewed by a stale probe (replays cannot evict it).
+    let young = agent.heartbeat(&second).await.expect("answered").challenge;
+    tokio::time::advance(s(1)).await;
+    let again = agent.heartbeat(&second).await.expect("answered").challenge;
+    assert_eq!(young, again);
 }
 
 #[tokio::test(start_paused = true)]
@@ -148,6 +158,8 @@ async fn a_process_hammering_the_agent_with_forged_heartbeats_does_not_keep_it_h
     altered.heard_ms = Some(0);
     let forgeries = [
         "/heartbeat?heardMs=0".to_string(),
+        "/heartbeat?heardMs=soon".to_string(),
+        "/heartbeat".to_string(),
         HeartbeatQuery::signed(&forger, "n1", Some(Duration::ZERO), &challenge).path_and_query(),
         leaders_for_n2.path_and_query(),
         unsigned.path_and_query(),
