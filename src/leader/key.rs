@@ -1,7 +1,12 @@
-//! The key this replica signs its heartbeats with, published on the leader Lease while it
+//! The key podha's leader signs its heartbeats with, published on the leader Lease while it
 //! leads ([`LEADER_KEY_ANNOTATION`]): the agents trust heartbeats signed by that key alone.
 //!
-//! One key per process, in memory: a replica that takes the Lease publishes its own. The write
+//! One key for all of podha's replicas ([`shared`]), kept in a Secret of the release namespace
+//! ([`secret_name`]) that the first replica creates: a new leader signs with the key the agents
+//! already hold, so a leader change, even one that comes as the API server returns from an
+//! outage, never waits for every agent to read a new key (an agent that had not yet would count
+//! itself unheard while its peers are heard, and fence). To change the key, delete the Secret
+//! and restart the replicas. The agents' keys are theirs alone; this one is podha's. The write
 //! is a merge patch of the annotation guarded by the Lease's `resourceVersion`, made only after
 //! reading the Lease with this replica as its holder, so a replica that lost the Lease meanwhile
 //! cannot put its key back over the new leader's (the write conflicts). While it leads, the
@@ -11,14 +16,96 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{LeaderConfig, Leadership};
-use crate::contract::{Identity, LEADER_KEY_ANNOTATION};
+use crate::contract::{Identity, KeyError, LEADER_KEY_ANNOTATION};
+
+/// The key in the Secret's data.
+const SECRET_KEY: &str = "pkcs8";
+
+/// The Secret that holds the replicas' key: `<leader Lease>-heartbeat-key`, beside the Lease.
+pub fn secret_name(cfg: &LeaderConfig) -> String {
+    format!("{}-heartbeat-key", cfg.lease_name)
+}
+
+/// Why the replicas' key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedKeyError {
+    #[error("reading or creating Secret {name}: {source}")]
+    Api {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "Secret {name} holds no Ed25519 key in `{SECRET_KEY}` ({why}); delete it to make a new one"
+    )]
+    Garbled { name: String, why: String },
+    #[error(transparent)]
+    Generate(#[from] KeyError),
+}
+
+/// The replicas' key, from the Secret `cfg` names, or a new one this replica creates it with
+/// (another replica creating it at the same time: its key is read).
+pub async fn shared(secrets: &Api<Secret>, cfg: &LeaderConfig) -> Result<Identity, SharedKeyError> {
+    let name = secret_name(cfg);
+    let api = |source| SharedKeyError::Api {
+        name: name.clone(),
+        source,
+    };
+    for _ in 0..3 {
+        if let Some(secret) = secrets.get_opt(&name).await.map_err(api)? {
+            let pkcs8 = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(SECRET_KEY))
+                .ok_or_else(|| SharedKeyError::Garbled {
+                    name: name.clone(),
+                    why: "missing".into(),
+                })?;
+            return Identity::from_pkcs8(&pkcs8.0).map_err(|e| SharedKeyError::Garbled {
+                name: name.clone(),
+                why: e.to_string(),
+            });
+        }
+        let identity = Identity::generate()?;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                [(
+                    SECRET_KEY.to_string(),
+                    ByteString(identity.pkcs8().to_vec()),
+                )]
+                .into(),
+            ),
+            type_: Some("Opaque".into()),
+            ..Secret::default()
+        };
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                info!(secret = %name, key = %identity.public(), "heartbeat key made for podha's replicas");
+                return Ok(identity);
+            }
+            // Another replica made it first: read it.
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(api(e)),
+        }
+    }
+    Err(SharedKeyError::Garbled {
+        name,
+        why: "created and gone again".into(),
+    })
+}
 
 /// How often a leader checks that its key is on the Lease.
 pub const RECHECK: Duration = Duration::from_secs(10);
@@ -118,4 +205,65 @@ async fn put(
         )
         .await?;
     Ok(Put::Written)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// A fake API server holding at most the one Secret, created by POST and read by GET.
+    fn secrets(held: Arc<Mutex<Option<String>>>) -> Api<Secret> {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let held = held.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect_bytes().await.expect("body");
+                let (status, answer) = if parts.method == http::Method::POST {
+                    let text = String::from_utf8(body.to_vec()).expect("utf-8");
+                    *held.lock().expect("lock") = Some(text.clone());
+                    (201, text)
+                } else {
+                    match held.lock().expect("lock").clone() {
+                        Some(text) => (200, text),
+                        None => (404, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string()),
+                    }
+                };
+                http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(answer))
+            }
+        });
+        Api::namespaced(kube::Client::new(service, "podha"), "podha")
+    }
+
+    #[tokio::test]
+    async fn the_replicas_share_one_key_the_first_one_makes() {
+        let cfg = LeaderConfig::new("podha", "replica-a");
+        assert_eq!(secret_name(&cfg), "podha-leader-heartbeat-key");
+        let held = Arc::new(Mutex::new(None));
+        let first = shared(&secrets(held.clone()), &cfg).await.expect("made");
+        assert!(held.lock().expect("lock").is_some(), "kept in the Secret");
+        let second = shared(
+            &secrets(held.clone()),
+            &LeaderConfig::new("podha", "replica-b"),
+        )
+        .await
+        .expect("read");
+        assert_eq!(
+            second.public(),
+            first.public(),
+            "the second replica signs alike"
+        );
+        *held.lock().expect("lock") = Some(
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"podha-leader-heartbeat-key"},"data":{"pkcs8":"bm90IGEga2V5"}}"#.into(),
+        );
+        let garbled = shared(&secrets(held), &cfg).await;
+        assert!(
+            matches!(garbled, Err(SharedKeyError::Garbled { .. })),
+            "a garbled Secret is not overwritten: {garbled:?}"
+        );
+    }
 }

@@ -65,7 +65,7 @@ pub enum Error {
     #[error("leader election: {0}")]
     Leader(#[from] leader::LeaderError),
     #[error("no key to sign heartbeats with: {0}")]
-    Key(crate::contract::KeyError),
+    Key(#[from] leader::key::SharedKeyError),
     #[error("decision loop: {0}")]
     Actor(#[from] actor::ActorError),
     #[error("the {0} task ended unexpectedly")]
@@ -122,8 +122,14 @@ pub async fn run(
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
-    // What this replica signs its heartbeats with, published on the leader Lease while it leads.
-    let heartbeat_key = Arc::new(Identity::generate().map_err(Error::Key)?);
+    // What the replicas sign their heartbeats with, published on the leader Lease by the leader.
+    let heartbeat_key = Arc::new(
+        leader::key::shared(
+            &Api::namespaced(client.clone(), &opts.leader.namespace),
+            &opts.leader,
+        )
+        .await?,
+    );
     let key_publisher = tokio::spawn(leader::key::publish(
         Api::namespaced(client.clone(), &opts.leader.namespace),
         opts.leader.clone(),
