@@ -64,13 +64,13 @@ fi
 # The admission policies that bind each trusted write to its writer: on by default, with the
 # release's own accounts and the configured acknowledgers; refused, not silently dropped, on a
 # Kubernetes too old to enforce them.
-for want in "name: podha-node-annotations" "name: podha-leases" "name: podha-tokens" "system:serviceaccount:default:podha-agent'" \
+for want in "name: podha-node-annotations" "name: podha-leases" "name: podha-tokens" "name: podha-heartbeat-key" "system:serviceaccount:default:podha-agent'" \
             "system:serviceaccount:default:podha'"; do
   grep -q -- "$want" "$work/default.yaml" \
     || { echo "check.sh: the default values render no admission policy '$want'" >&2; exit 1; }
 done
-[ "$(grep -c "^kind: ValidatingAdmissionPolicyBinding$" "$work/default.yaml")" = 3 ] \
-  || { echo "check.sh: the default values do not bind the three admission policies" >&2; exit 1; }
+[ "$(grep -c "^kind: ValidatingAdmissionPolicyBinding$" "$work/default.yaml")" = 4 ] \
+  || { echo "check.sh: the default values do not bind the four admission policies" >&2; exit 1; }
 if "$helm" template podha "$chart" --kube-version "$kube" --set serviceAccount.create=false > "$work/sa.out" 2>&1 \
   || ! grep -q "not the namespace's default" "$work/sa.out"; then
   echo "check.sh: the admission policies must refuse to trust the namespace's default ServiceAccount:" >&2; cat "$work/sa.out" >&2; exit 1

@@ -10,7 +10,6 @@ use tracing::{info, warn};
 
 use super::hearing_file::{HearingFile, LastHeard};
 use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
-use super::leader_key::LeaderKey;
 use super::peers::Peers;
 use super::server::{self, Hearing, SharedHearing};
 use super::watchdog::Watchdog;
@@ -49,7 +48,6 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
 pub(super) async fn check_loop(
     args: &AgentArgs,
     hearing: SharedHearing,
-    leader_key: &LeaderKey,
     peers: &Peers,
     fencer: &Fencer,
     mut watchdog: Option<&mut Watchdog>,
@@ -65,7 +63,7 @@ pub(super) async fn check_loop(
         ticker.tick().await;
         let (silence, heard_ago) = {
             let h = server::lock(&hearing);
-            (counted(&h, leader_key), h.heard_ago(Instant::now()))
+            (h.silence(Instant::now()), h.heard_ago(Instant::now()))
         };
         if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
             hearing_file.record(at);
@@ -80,7 +78,7 @@ pub(super) async fn check_loop(
         // The survey took a while: heard meanwhile?
         let silence = match &survey {
             Some(survey) => {
-                let silence = counted(&server::lock(&hearing), leader_key);
+                let silence = server::lock(&hearing).silence(Instant::now());
                 pet(watchdog.as_deref_mut(), silence, timeout, Some(survey));
                 silence
             }
@@ -101,16 +99,6 @@ pub(super) async fn check_loop(
             }
             Verdict::Stay(why) => said.stay(&args.node, silence, &why),
         }
-    }
-}
-
-/// The silence the rules go by: as heard, or never heard while podha's leader signs nothing (see
-/// [`LeaderKey::signs_nothing`]: such a leader verifies no answer and proves no silence).
-fn counted(hearing: &Hearing, leader_key: &LeaderKey) -> Silence {
-    if leader_key.signs_nothing() {
-        Silence::NeverHeard
-    } else {
-        hearing.silence(Instant::now())
     }
 }
 

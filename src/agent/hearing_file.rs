@@ -15,7 +15,15 @@
 //! ```text
 //! boot=<boot ID>
 //! heard=<milliseconds since the Unix epoch>
+//! words=signed
 //! ```
+//!
+//! The last line says the record was written by an agent that counts only signed heartbeats
+//! (see `crate::contract::words`). A record without it is of an agent from before them: what
+//! podha heard then, a podha of that time heard, which proves nothing of this agent (it cannot
+//! verify that podha's heartbeats, nor that podha its answers), so it counts as never heard. An
+//! upgrade therefore starts every new agent never heard, and none fences while the old podha
+//! still leads (the new agents refuse its unsigned heartbeats: it holds, and so do they).
 //!
 //! A record of another boot is no record: podha has not heard this node since it booted, as
 //! after a reboot that emptied the file (where /run is not emptied by a reboot, or several
@@ -34,6 +42,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{info, warn};
 
 use super::boot::{RecordBoot, write_record};
+
+/// The last line of a record written by an agent that counts only signed heartbeats.
+const SIGNED_LINE: &str = "words=signed";
 
 /// When podha last heard this node, as the hearing file says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +113,10 @@ impl HearingFile {
             return LastHeard::Unknown;
         };
         match RecordBoot::of(boot, self.boot.as_deref()) {
+            RecordBoot::This if lines.next().map(str::trim) != Some(SIGNED_LINE) => {
+                info!(%file, "the hearing file is of an agent from before signed heartbeats: podha's hearing then counts as never heard");
+                return LastHeard::Never;
+            }
             RecordBoot::This => {}
             RecordBoot::Other => {
                 info!(%file, "the hearing file is of another boot: the reboot was a fence, and podha has not heard this node since");
@@ -131,7 +146,7 @@ impl HearingFile {
         if self.written == Some(ms) {
             return;
         }
-        let body = format!("heard={ms}\n");
+        let body = format!("heard={ms}\n{SIGNED_LINE}\n");
         match write_record(&self.path, self.boot.as_deref(), &body) {
             Ok(()) => {
                 self.written = Some(ms);
@@ -218,7 +233,10 @@ mod tests {
         let later = t0 + Duration::from_secs(5);
         HearingFile::new(&path, Some(BOOT)).record(t0);
         let text = std::fs::read_to_string(&path).expect("read");
-        assert_eq!(text, format!("boot={BOOT}\nheard=1800000000000\n"));
+        assert_eq!(
+            text,
+            format!("boot={BOOT}\nheard=1800000000000\nwords=signed\n")
+        );
         let read_in = |boot: Option<&str>| HearingFile::new(&path, boot).last_heard(later);
         // A new pod of the same boot goes on from the record.
         assert_eq!(read_in(Some(BOOT)), LastHeard::At(t0), "this boot");
@@ -239,6 +257,10 @@ mod tests {
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "an empty boot");
         std::fs::write(&path, format!("boot={BOOT}\nheard=soon\n")).expect("write");
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "garbled time");
+        // Written by an agent from before signed heartbeats (an upgrade): what its podha heard
+        // proves nothing of this agent.
+        std::fs::write(&path, format!("boot={BOOT}\nheard=1800000000000\n")).expect("write");
+        assert_eq!(read_in(Some(BOOT)), LastHeard::Never, "unsigned era");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -47,7 +47,13 @@ fn keep(path: &Path, identity: &Identity) -> std::io::Result<()> {
     let record = format!("{}\n", STANDARD.encode(identity.pkcs8()));
     file.write_all(record.as_bytes())?;
     file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    // The rename itself on disk: a fence (a reset) right after the first start must not lose
+    // the key the Node already advertises.
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 fn load(path: &Path) -> Option<Identity> {

@@ -9,10 +9,10 @@
 //! leader elected meanwhile is not heard, and the agent's peers decide as when podha's leader
 //! is down.
 //!
-//! A Lease held by a leader that publishes no key is a podha from before signed heartbeats
-//! (an upgrade under way): it cannot verify the agents' answers either, so it proves no
-//! silence, and the agent counts itself as never heard meanwhile ([`LeaderKey::signs_nothing`]),
-//! rather than fence a healthy node because its old leader does not sign.
+//! A Lease without a key is held by a podha from before signed heartbeats (an upgrade under
+//! way), or one about to write it: the agent refuses that leader's heartbeats, and the leader
+//! proves no silence of an agent it cannot hear. A new agent starts never heard from an old
+//! agent's hearing record (see `super::hearing_file`), so it does not fence meanwhile.
 //!
 //! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
 //! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on
@@ -20,7 +20,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -35,8 +34,6 @@ use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey};
 #[derive(Debug, Default)]
 pub struct LeaderKey {
     key: Mutex<Option<PublicKey>>,
-    /// The Lease, as last seen, is held by a leader that publishes no key.
-    signs_nothing: AtomicBool,
     /// Where the key read last is kept for the next agent of this boot (`None`: nowhere).
     kept: Option<(PathBuf, Option<String>)>,
 }
@@ -60,7 +57,6 @@ impl LeaderKey {
         Self {
             key: Mutex::new(key),
             kept: Some((path, boot.map(str::to_string))),
-            ..Self::default()
         }
     }
 
@@ -69,34 +65,10 @@ impl LeaderKey {
         *lock(&self.key)
     }
 
-    /// Whether the Lease, as last seen, is held by a leader that publishes no key (see the
-    /// module's rule).
-    pub fn signs_nothing(&self) -> bool {
-        self.signs_nothing.load(Ordering::Relaxed)
-    }
-
     /// Takes the Lease as seen (`None`: there is none): its key replaces the one held; a Lease
-    /// without one leaves it (a new leader that has not written it yet, or one that never
-    /// will).
+    /// without one leaves it.
     fn saw(&self, lease: Option<&Lease>) {
-        let published = lease.and_then(published_key);
-        let held = lease.is_some_and(|l| {
-            l.spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                .is_some_and(|h| !h.is_empty())
-        });
-        let unsigned = held && published.is_none();
-        if self.signs_nothing.swap(unsigned, Ordering::Relaxed) != unsigned {
-            if unsigned {
-                warn!(
-                    "podha's leader publishes no heartbeat key (a podha from before signed heartbeats?): this agent counts itself never heard until one does"
-                );
-            } else {
-                info!("podha's leader publishes its heartbeat key again");
-            }
-        }
-        self.took(published);
+        self.took(lease.and_then(published_key));
     }
 
     /// A key replaces the one held; none leaves it.
@@ -162,32 +134,6 @@ pub fn published_key(lease: &Lease) -> Option<PublicKey> {
 mod tests {
     use super::*;
     use crate::contract::Identity;
-
-    #[test]
-    fn a_lease_held_by_a_leader_that_publishes_no_key_signs_nothing() {
-        let key = Identity::generate().expect("key").public();
-        let held = LeaderKey::default();
-        let lease = |holder: Option<&str>, key: Option<PublicKey>| Lease {
-            metadata: kube::api::ObjectMeta {
-                annotations: key.map(|k| [(LEADER_KEY_ANNOTATION.to_string(), k.encode())].into()),
-                ..Default::default()
-            },
-            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                holder_identity: holder.map(str::to_string),
-                ..Default::default()
-            }),
-        };
-        held.saw(Some(&lease(Some("podha-old"), None)));
-        assert!(held.signs_nothing(), "an old podha leads");
-        held.saw(Some(&lease(Some("podha-new"), Some(key))));
-        assert!(!held.signs_nothing());
-        assert_eq!(held.current(), Some(key));
-        held.saw(Some(&lease(None, None)));
-        assert!(!held.signs_nothing(), "nobody leads: nothing to tell");
-        held.saw(None);
-        assert!(!held.signs_nothing(), "no Lease");
-        assert_eq!(held.current(), Some(key), "the last key is kept");
-    }
 
     #[test]
     fn a_published_key_replaces_the_one_held_and_a_lease_without_one_leaves_it() {

@@ -363,7 +363,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (result, terminated) = tokio::select! {
         r = serve => (r.map_err(AgentError::Serve), false),
         r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => (r, false),
-        () = check_loop(&args, hearing, &leader_key, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),

@@ -4,7 +4,7 @@
 //! ([`SavedList`]). Each peer comes with the key it publishes on its Node: the key its answers
 //! must verify under, and the one its own questions are answered by.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -96,6 +96,9 @@ pub(super) struct Kept {
     pub(super) list: Option<Vec<Peer>>,
     /// The keys of the list's peers, by node: whose questions this agent answers.
     keys: HashMap<String, PublicKey>,
+    /// The peers whose answers a survey found unverified since the list was read: each asks
+    /// for one early read, not one per survey.
+    found_behind: HashSet<String>,
     /// The last read failed: said once per run of failures, not at every refresh.
     pub(super) failing: bool,
 }
@@ -114,6 +117,13 @@ impl Kept {
             .filter_map(|p| Some((p.node.clone(), p.key?)))
             .collect();
         self.list = list;
+        self.found_behind.clear();
+    }
+
+    /// A survey found `node`'s answer unverified: whether that asks for an early read (the
+    /// first time since the list was read).
+    pub(super) fn found_behind(&mut self, node: &str) -> bool {
+        self.found_behind.insert(node.to_string())
     }
 
     /// The key `node`'s agent signs with, as the list says.

@@ -267,7 +267,11 @@ impl Peers {
             }
             Ok(Ok(_)) => {
                 counters::unverified_peer_answer();
-                self.behind.notify_one();
+                if let Source::Discovered { kept, .. } = &self.source
+                    && lock(kept).found_behind(&peer.node)
+                {
+                    self.behind.notify_one();
+                }
                 debug!(peer = %peer.node, addr = %peer.addr, "an answer not signed by the peer's key: none");
                 None
             }

@@ -18,6 +18,7 @@
 //! by the agent's key; nothing here writes to the API server: thousands of nodes probed every
 //! second cost the leader one small request per node per interval and the API server nothing.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -114,14 +115,13 @@ pub struct Endpoints {
 #[derive(Clone)]
 struct AppState {
     endpoints: Endpoints,
-    challenge: Arc<Mutex<Challenge>>,
+    challenges: Arc<Mutex<Challenges>>,
 }
 
-/// The challenge podha's next heartbeat must sign, and when it was issued: a heartbeat that
+/// A challenge podha's next heartbeat must sign, and when it was issued: a heartbeat that
 /// signs it comes from a leader that got the answer carrying it, so podha heard the agent no
 /// later than that instant (nor than `heardMs` before the heartbeat arrived), however long the
-/// heartbeat took on its way. Taken by the first heartbeat that signs it; a new one goes out
-/// with that heartbeat's answer.
+/// heartbeat took on its way.
 struct Challenge {
     value: String,
     issued: Instant,
@@ -136,6 +136,56 @@ impl Challenge {
     }
 }
 
+/// The challenges out, newest last, at most [`OUTSTANDING`]: each answer carries the newest. A
+/// heartbeat that signs one takes it and every older one, and a new one goes out; a stale
+/// leader-signed heartbeat adds one if the newest is older than [`CHALLENGE_RENEWED_AFTER`], so
+/// a replay can push one out only every two probe intervals, and the leader's own is taken
+/// before three go by.
+struct Challenges(VecDeque<Challenge>);
+
+/// How many challenges may be out at once.
+const OUTSTANDING: usize = 3;
+
+impl Challenges {
+    fn new() -> Self {
+        Self(VecDeque::from([Challenge::fresh()]))
+    }
+
+    fn newest(&self) -> &str {
+        self.0.back().map_or("", |c| c.value.as_str())
+    }
+
+    fn push_fresh(&mut self) {
+        self.0.push_back(Challenge::fresh());
+        while self.0.len() > OUTSTANDING {
+            self.0.pop_front();
+        }
+    }
+
+    /// Takes `value` (and every older one) if it is out: when it was issued.
+    fn take(&mut self, value: &str) -> Option<Instant> {
+        if value.is_empty() {
+            return None;
+        }
+        let at = self.0.iter().position(|c| c.value == value)?;
+        let issued = self.0[at].issued;
+        self.0.drain(..=at);
+        self.push_fresh();
+        Some(issued)
+    }
+
+    /// A leader-signed heartbeat over no challenge out: a new one, if the newest is old.
+    fn renew_if_old(&mut self, now: Instant) {
+        let old = self
+            .0
+            .back()
+            .is_none_or(|c| now.saturating_duration_since(c.issued) > CHALLENGE_RENEWED_AFTER);
+        if old {
+            self.push_fresh();
+        }
+    }
+}
+
 pub fn router(endpoints: Endpoints) -> Router {
     Router::new()
         .route(HEARTBEAT_PATH, get(heartbeat))
@@ -143,7 +193,7 @@ pub fn router(endpoints: Endpoints) -> Router {
         .route("/metrics", get(metrics))
         .with_state(AppState {
             endpoints,
-            challenge: Arc::new(Mutex::new(Challenge::fresh())),
+            challenges: Arc::new(Mutex::new(Challenges::new())),
         })
 }
 
@@ -153,11 +203,11 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// podha's leader's probe. Not signed by the leader's key as the agent last saw it: `401` and
-/// nothing learnt. Signed over the challenge the agent issued last: the hearing it reports
-/// counts (from that challenge's issue), and a new challenge goes out. Signed over any other
-/// (a new leader's first probe, or a replay): answered, with the challenge to sign, and nothing
-/// learnt; a challenge older than [`CHALLENGE_RENEWED_AFTER`] is renewed first, so that a new
-/// leader's hearing counts from its own first probe, not from a challenge issued before it led.
+/// nothing learnt. Signed over a challenge the agent has out: the hearing it reports counts
+/// (from that challenge's issue), and a new challenge goes out. Signed over any other (a new
+/// leader's first probe, or a replay): answered, with the newest challenge, and nothing learnt
+/// (see [`Challenges`] for when that is a new one, so that a new leader's hearing counts from
+/// its own first probe, not from a challenge issued before it led).
 async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let ours = &state.endpoints;
     let q: Option<HeartbeatQuery> = parse(query);
@@ -172,22 +222,25 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
     };
     let now = Instant::now();
     let (heard, challenge) = {
-        let mut challenge = lock(&state.challenge);
+        let mut challenges = lock(&state.challenges);
         let mut hearing = lock(&ours.hearing);
-        if !q.challenge.is_empty() && q.challenge == challenge.value {
-            // Heard when podha got the answer carrying this challenge: no later than its
-            // issue, nor than `heardMs` before now.
-            let since_issue = now.saturating_duration_since(challenge.issued);
-            let heard_ago = q.heard_ago().map(|ago| ago.saturating_sub(since_issue));
-            hearing.probed(challenge.issued, heard_ago);
-            *challenge = Challenge::fresh();
-        } else {
-            counters::stale_heartbeat();
-            if now.saturating_duration_since(challenge.issued) > CHALLENGE_RENEWED_AFTER {
-                *challenge = Challenge::fresh();
+        match challenges.take(&q.challenge) {
+            Some(issued) => {
+                // Heard when podha got the answer carrying this challenge: no later than its
+                // issue, nor than `heardMs` before now.
+                let since_issue = now.saturating_duration_since(issued);
+                let heard_ago = q.heard_ago().map(|ago| ago.saturating_sub(since_issue));
+                hearing.probed(issued, heard_ago);
+            }
+            None => {
+                counters::stale_heartbeat();
+                challenges.renew_if_old(now);
             }
         }
-        (hearing.heard_ago(now).is_some(), challenge.value.clone())
+        (
+            hearing.heard_ago(now).is_some(),
+            challenges.newest().to_string(),
+        )
     };
     let answer = HeartbeatAnswer::signed(&ours.identity, &ours.node, heard, &q.nonce, &challenge);
     axum::Json(answer).into_response()

@@ -107,8 +107,9 @@ pub async fn shared(secrets: &Api<Secret>, cfg: &LeaderConfig) -> Result<Identit
     })
 }
 
-/// How often a leader checks that its key is on the Lease.
-pub const RECHECK: Duration = Duration::from_secs(10);
+/// How often a leader checks that its key is on the Lease (one read of one small object): a
+/// Lease deleted and made again carries no key until it does.
+pub const RECHECK: Duration = Duration::from_secs(2);
 /// How often a replica that does not lead looks whether it does, and how soon a failed write
 /// is tried again: until the key is there, no agent believes this leader.
 const SOON: Duration = Duration::from_millis(500);

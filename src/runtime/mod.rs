@@ -66,11 +66,16 @@ pub enum Error {
     Leader(#[from] leader::LeaderError),
     #[error("no key to sign heartbeats with: {0}")]
     Key(#[from] leader::key::SharedKeyError),
+    #[error("no key to sign heartbeats with: the API server did not answer within {0:?}")]
+    KeyTimedOut(Duration),
     #[error("decision loop: {0}")]
     Actor(#[from] actor::ActorError),
     #[error("the {0} task ended unexpectedly")]
     TaskEnded(&'static str),
 }
+
+/// How long getting the replicas' heartbeat key may take at start.
+const KEY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs the operator until `shutdown` resolves or a task fails.
 pub async fn run(
@@ -103,6 +108,14 @@ pub async fn run(
         election_progress.clone(),
         stopped(),
     ));
+    // What the replicas sign their heartbeats with (published on the leader Lease by the
+    // leader): had before this replica competes, so that a leader always has it.
+    let secrets = Api::namespaced(client.clone(), &opts.leader.namespace);
+    let heartbeat_key =
+        tokio::time::timeout(KEY_TIMEOUT, leader::key::shared(&secrets, &opts.leader))
+            .await
+            .map_err(|_| Error::KeyTimedOut(KEY_TIMEOUT))??;
+    let heartbeat_key = Arc::new(heartbeat_key);
     let mut election = tokio::spawn(leader::run(
         client.clone(),
         opts.leader.clone(),
@@ -122,21 +135,13 @@ pub async fn run(
         opts.leader.step_down_margin(),
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
-    // What the replicas sign their heartbeats with, published on the leader Lease by the leader.
-    let heartbeat_key = Arc::new(
-        leader::key::shared(
-            &Api::namespaced(client.clone(), &opts.leader.namespace),
-            &opts.leader,
-        )
-        .await?,
-    );
     let key_publisher = tokio::spawn(leader::key::publish(
         Api::namespaced(client.clone(), &opts.leader.namespace),
         opts.leader.clone(),
         heartbeat_key.clone(),
         leadership.clone(),
     ));
-    let (mut prober, plans, rounds_rx) = spawn_probers(heartbeat_key);
+    let (mut prober, plans, rounds_rx) = spawn_probers(heartbeat_key, leadership.clone());
     let outputs = actor::Outputs {
         ready: ready_tx,
         writes: writes_tx,
@@ -165,6 +170,7 @@ pub async fn run(
 /// receiver of their rounds.
 fn spawn_probers(
     heartbeat_key: Arc<Identity>,
+    leadership: leader::Leadership,
 ) -> (
     JoinHandle<()>,
     prober::PlanSenders,
@@ -178,8 +184,15 @@ fn spawn_probers(
         kubelet_plan,
         rounds_tx.clone(),
         heartbeat_key.clone(),
+        leadership.clone(),
     );
-    let agent_prober = prober::run(ProbeKind::Agent, agent_plan, rounds_tx, heartbeat_key);
+    let agent_prober = prober::run(
+        ProbeKind::Agent,
+        agent_plan,
+        rounds_tx,
+        heartbeat_key,
+        leadership,
+    );
     let task = tokio::spawn(async move {
         tokio::join!(kubelet_prober, agent_prober);
     });

@@ -23,6 +23,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 pub use crate::contract::{AGENT_PROBE_INTERVAL, agent_addr, agent_key};
 use crate::contract::{Identity, PublicKey, internal_ip};
 use crate::health::{ProbeKind, TcpResult};
+use crate::leader::Leadership;
 use heartbeat::{Answer, Heard, Http, heartbeat};
 
 mod heartbeat;
@@ -111,6 +112,7 @@ pub async fn run(
     mut plan: watch::Receiver<ProbePlan>,
     results: mpsc::Sender<Round>,
     leader: Arc<Identity>,
+    leadership: Leadership,
 ) {
     let http: Http = HttpClient::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1)
@@ -153,7 +155,7 @@ pub async fn run(
                             let asks: Vec<_> = current
                                 .targets
                                 .iter()
-                                .map(|t| heartbeat(&http, &leader, t.clone(), heard.probe(&t.node, sent)))
+                                .map(|t| heartbeat(&http, &leader, &leadership, t.clone(), heard.probe(&t.node, sent)))
                                 .collect();
                             let results_in: Vec<_> = futures::stream::iter(asks)
                                 .buffer_unordered(CONCURRENCY)
@@ -293,7 +295,8 @@ mod tests {
         });
         let spawned = Instant::now();
         let leader = Arc::new(Identity::generate().expect("key"));
-        let prober = tokio::spawn(run(ProbeKind::KubeletTcp, plan_rx, tx, leader));
+        let (_claim, follower) = crate::leader::channel();
+        let prober = tokio::spawn(run(ProbeKind::KubeletTcp, plan_rx, tx, leader, follower));
         let round = rx.recv().await.expect("a round");
         assert!(
             spawned <= round.sent && round.sent <= Instant::now(),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -101,6 +101,7 @@ fn each_write_from_its_writer(shared: &SharedCluster) -> Result<(), libtest_mimi
         node_annotations(&w).await?;
         agent_leases(&w).await?;
         leader_lease(&w).await?;
+        heartbeat_key(&w).await?;
 
         log(NAMESPACE, "a kubelet's status updates go on");
         let status = json!({"status": {"conditions": [{
@@ -389,11 +390,56 @@ async fn leader_lease(w: &Writers) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn heartbeat_key(w: &Writers) -> anyhow::Result<()> {
+    log(
+        NAMESPACE,
+        "only podha makes its heartbeat key; nobody changes it",
+    );
+    let name = format!("{LEADER_LEASE}-heartbeat-key");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "data": {"pkcs8": "a2V5"},
+    }))?;
+    let secrets = |client: &kube::Client| Api::<Secret>::namespaced(client.clone(), NAMESPACE);
+    let only_podha = "only podha makes its heartbeat key";
+    refused(
+        secrets(&w.admin)
+            .create(&PostParams::default(), &secret)
+            .await,
+        "an admin making podha's heartbeat key",
+        only_podha,
+    )?;
+    refused(
+        secrets(&w.podha_unbound)
+            .create(&PostParams::default(), &secret)
+            .await,
+        "podha's ServiceAccount with a token of no pod making the key",
+        only_podha,
+    )?;
+    secrets(&w.podha)
+        .create(&PostParams::default(), &secret)
+        .await
+        .context("podha making its heartbeat key")?;
+    let replaced = json!({"data": {"pkcs8": "b3RoZXI="}});
+    refused(
+        secrets(&w.admin)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&replaced))
+            .await,
+        "an admin replacing podha's heartbeat key",
+        only_podha,
+    )?;
+    secrets(&w.admin)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .context("an admin deleting the key (to change it)")?;
+    Ok(())
+}
+
 /// The API server type-checked every expression of the chart's policies without a warning.
 async fn policies_type_check(admin: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
     let api: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
-    for name in ["node-annotations", "leases", "tokens"] {
+    for name in ["node-annotations", "leases", "tokens", "heartbeat-key"] {
         let name = format!("{RELEASE}-{name}");
         let checked = wait_for(&format!("{name} to be type-checked"), secs(30), || async {
             let policy = api.get(&name).await?;

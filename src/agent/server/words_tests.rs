@@ -245,3 +245,25 @@ async fn the_refusals_are_served_as_metrics() {
         "{text}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn replays_cannot_push_the_leaders_challenge_out_between_two_probes() {
+    let leader = key();
+    let agent = agent(&leader, vec![]);
+    let first = HeartbeatQuery::signed(&leader, "n1", None, "");
+    let challenge = agent.heartbeat(&first).await.expect("answered").challenge;
+    // A recorded heartbeat replayed every 3 s (each renews the newest challenge) while the
+    // leader's next probe is late.
+    for _ in 0..2 {
+        tokio::time::advance(s(3)).await;
+        agent.heartbeat(&first).await.expect("answered");
+    }
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let late = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &challenge);
+    agent.heartbeat(&late).await.expect("answered");
+    assert_eq!(
+        agent.heard_ago(),
+        Some(Duration::from_millis(6500)),
+        "the leader's challenge was still out"
+    );
+}

@@ -4,8 +4,8 @@
 //! so an agent whose answers are lost learns it is not heard (see `crate::contract`); what it
 //! heard of an agent is forgotten when the agent's node boots again (a new boot ID in the
 //! plan), so a new boot's agent is never told its node's downtime as a silence. Each probe is
-//! signed with this replica's key (published on the leader Lease) over the challenge of the
-//! agent's last answer, and each answer must be signed by the key the agent's Node publishes
+//! signed with the replicas' key (published on the leader Lease; see `crate::leader::key`) over
+//! the challenge of the agent's last answer, and only while this replica leads, and each answer must be signed by the key the agent's Node publishes
 //! over the probe's nonce (see `crate::contract::words`).
 //!
 //! - An answer naming the node and signed by its key is the agent's own (`Connected`).
@@ -32,6 +32,7 @@ use tracing::debug;
 use super::Target;
 use crate::contract::{HeartbeatAnswer, HeartbeatQuery, Identity};
 use crate::health::TcpResult;
+use crate::leader::Leadership;
 
 pub(super) type Http = HttpClient<HttpConnector, Empty<Bytes>>;
 
@@ -83,15 +84,21 @@ pub(super) struct Probe {
     pub(super) challenge: String,
 }
 
+/// The heartbeat of `target`, sent only while this replica leads: a replica that lost the Lease
+/// signs nothing more (its key is the replicas' key, which the agents trust), even in a round
+/// it began as leader.
 pub(super) async fn heartbeat(
     http: &Http,
     leader: &Identity,
+    leadership: &Leadership,
     target: Target,
     probe: Probe,
 ) -> Heartbeat {
     let answer = match target.addr {
-        None => Answer::Nothing,
-        Some(addr) => ask(http, leader, &target, addr, probe).await,
+        Some(addr) if leadership.may_write(Instant::now()) => {
+            ask(http, leader, &target, addr, probe).await
+        }
+        _ => Answer::Nothing,
     };
     Heartbeat {
         node: target.node,

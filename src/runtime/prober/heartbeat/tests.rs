@@ -12,6 +12,17 @@ use crate::agent::server::{Endpoints, Hearing, SharedHearing, router};
 use crate::contract::PublicKey;
 use crate::health::ProbeKind;
 
+/// A replica that leads for as long as any test runs.
+fn leading() -> crate::leader::Leadership {
+    let (claim, leadership) = crate::leader::channel();
+    claim
+        .send(Some(crate::leader::Claim::for_tests()))
+        .expect("claim");
+    // The sender goes; the claim stays published.
+    std::mem::forget(claim);
+    leadership
+}
+
 fn key() -> Identity {
     Identity::generate().expect("key")
 }
@@ -70,7 +81,7 @@ fn start_prober(
     plan: watch::Receiver<ProbePlan>,
 ) -> (mpsc::Receiver<Round>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(4);
-    let task = tokio::spawn(run(ProbeKind::Agent, plan, tx, Arc::new(leader)));
+    let task = tokio::spawn(run(ProbeKind::Agent, plan, tx, Arc::new(leader), leading()));
     (rx, task)
 }
 
@@ -200,6 +211,34 @@ async fn a_new_boot_of_the_node_is_not_told_the_last_boots_hearing() {
     );
     let _ = rx.recv().await.expect("the new boot's second round");
     assert!(heard(&hearing).is_some(), "heard in the new boot");
+    prober.abort();
+    server.abort();
+}
+
+/// A replica that does not lead (lost the Lease mid-round, say) sends no heartbeat: its key is
+/// the replicas' key, which the agents trust, so it must sign nothing.
+#[tokio::test]
+async fn a_replica_that_does_not_lead_sends_no_heartbeat() {
+    let leader = key();
+    let (hearing, agent_key, addr, server) = agent_of_n1(leader.public()).await;
+    let (_plan_tx, plan_rx) = watch::channel(ProbePlan {
+        interval: Duration::from_millis(100),
+        targets: vec![target("n1", addr, Some(agent_key))],
+    });
+    let (tx, mut rx) = mpsc::channel(4);
+    let (_no_claim, follower) = crate::leader::channel();
+    let prober = tokio::spawn(run(
+        ProbeKind::Agent,
+        plan_rx,
+        tx,
+        Arc::new(leader),
+        follower,
+    ));
+    for _ in 0..3 {
+        let round = rx.recv().await.expect("a round");
+        assert_eq!(round.results, vec![("n1".into(), None)], "nothing sent");
+    }
+    assert_eq!(heard(&hearing), None);
     prober.abort();
     server.abort();
 }
