@@ -162,10 +162,10 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
     }
     let (request, limit) = chart_memory(&args.values);
     println!(
-        "peer list: {} addresses x {} B = {} KiB (kept once; each survey asks from one copy of \
-         it)",
+        "peer list: {} peers (node name, address, key: {} B each and the name's bytes) = {} KiB \
+         (kept once; each survey asks from one copy of it)",
         args.peers,
-        std::mem::size_of::<SocketAddr>(),
+        std::mem::size_of::<Peer>(),
         list_bytes / 1024,
     );
     println!(
