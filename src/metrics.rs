@@ -95,7 +95,7 @@ impl Metrics {
 }
 
 /// Registers `collector` in `registry` and hands it back, for the group that updates it.
-fn register<C: Collector + Clone + 'static>(
+pub(crate) fn register<C: Collector + Clone + 'static>(
     registry: &Registry,
     collector: C,
 ) -> Result<C, prometheus::Error> {

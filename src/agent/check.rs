@@ -10,8 +10,9 @@ use tracing::{info, warn};
 
 use super::hearing_file::{HearingFile, LastHeard};
 use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
+use super::peer_list::lock;
 use super::peers::Peers;
-use super::server::{self, Hearing, SharedHearing};
+use super::server::{Hearing, SharedHearing};
 use super::watchdog::Watchdog;
 use super::{AgentArgs, FenceCause, Fencer};
 
@@ -62,7 +63,7 @@ pub(super) async fn check_loop(
     loop {
         ticker.tick().await;
         let (silence, heard_ago) = {
-            let h = server::lock(&hearing);
+            let h = lock(&hearing);
             (h.silence(Instant::now()), h.heard_ago(Instant::now()))
         };
         if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
@@ -78,7 +79,7 @@ pub(super) async fn check_loop(
         // The survey took a while: heard meanwhile?
         let silence = match &survey {
             Some(survey) => {
-                let silence = server::lock(&hearing).silence(Instant::now());
+                let silence = lock(&hearing).silence(Instant::now());
                 pet(watchdog.as_deref_mut(), silence, timeout, Some(survey));
                 silence
             }

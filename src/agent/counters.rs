@@ -14,6 +14,8 @@ use std::sync::LazyLock;
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
+use crate::metrics::register;
+
 struct Counters {
     registry: Registry,
     refused: IntCounterVec,
@@ -21,40 +23,45 @@ struct Counters {
     unverified: IntCounter,
 }
 
-static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
-    let registry = Registry::new();
-    let refused = IntCounterVec::new(
-        Opts::new(
-            "podha_agent_requests_refused_total",
-            "Requests to the agent not signed by a key it trusts, answered 401.",
-        ),
-        &["path"],
-    )
-    .expect("a valid metric");
-    let stale = IntCounter::new(
-        "podha_agent_heartbeats_stale_total",
-        "Heartbeats of podha's leader over a challenge the agent did not issue or already took.",
-    )
-    .expect("a valid metric");
-    let unverified = IntCounter::new(
-        "podha_agent_peer_answers_unverified_total",
-        "Peer answers not signed by the peer's key, counted as no answer.",
-    )
-    .expect("a valid metric");
-    for metric in [
-        Box::new(refused.clone()) as Box<dyn prometheus::core::Collector>,
-        Box::new(stale.clone()),
-        Box::new(unverified.clone()),
-    ] {
-        registry.register(metric).expect("registered once");
+static COUNTERS: LazyLock<Counters> =
+    LazyLock::new(|| Counters::new().expect("the agent's metrics are valid and registered once"));
+
+impl Counters {
+    fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let refused = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "podha_agent_requests_refused_total",
+                    "Requests to the agent not signed by a key it trusts, answered 401.",
+                ),
+                &["path"],
+            )?,
+        )?;
+        let stale = register(
+            &registry,
+            IntCounter::new(
+                "podha_agent_heartbeats_stale_total",
+                "Heartbeats of podha's leader over a challenge the agent did not issue or already \
+                 took.",
+            )?,
+        )?;
+        let unverified = register(
+            &registry,
+            IntCounter::new(
+                "podha_agent_peer_answers_unverified_total",
+                "Peer answers not signed by the peer's key, counted as no answer.",
+            )?,
+        )?;
+        Ok(Self {
+            registry,
+            refused,
+            stale,
+            unverified,
+        })
     }
-    Counters {
-        registry,
-        refused,
-        stale,
-        unverified,
-    }
-});
+}
 
 pub fn refused(path: &str) {
     COUNTERS.refused.with_label_values(&[path]).inc();

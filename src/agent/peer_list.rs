@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -92,8 +92,9 @@ impl Peer {
 /// The peer list as last read from the API server, and whether reading it fails now.
 #[derive(Debug, Default)]
 pub(super) struct Kept {
-    /// `None`: never read.
-    pub(super) list: Option<Vec<Peer>>,
+    /// `None`: never read. Shared, so that a survey (every second while podha's leader is
+    /// down) takes it without copying thousands of peers.
+    pub(super) list: Option<Arc<Vec<Peer>>>,
     /// The keys of the list's peers, by node: whose questions this agent answers.
     keys: HashMap<String, PublicKey>,
     /// The peers whose answers a survey found unverified since the list was read: each asks
@@ -116,7 +117,7 @@ impl Kept {
             .flatten()
             .filter_map(|p| Some((p.node.clone(), p.key?)))
             .collect();
-        self.list = list;
+        self.list = list.map(Arc::new);
         self.found_behind.clear();
     }
 
@@ -130,9 +131,7 @@ impl Kept {
     pub(super) fn key_of(&self, node: &str) -> Option<PublicKey> {
         self.keys.get(node).copied()
     }
-}
 
-impl Kept {
     /// Takes one read of the list: a good one replaces the list, a failed one keeps it.
     /// Returns whether the read was worth a log line (the first failure of a run of them, the
     /// first good read after one, the first read ever).
@@ -291,6 +290,9 @@ impl SavedList {
     }
 }
 
+/// The value behind `m`, even after a panic while it was held: every value the agent keeps behind
+/// a lock (a hearing, a peer list, a key, the challenges) is changed in steps that each leave it
+/// whole, so the agent goes on from it.
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -383,11 +385,15 @@ mod tests {
         assert_eq!(kept.key_of("n2"), None, "no longer a peer");
         assert!(kept.took(failed()));
         assert!(!kept.took(failed()));
-        assert_eq!(kept.list, Some(vec![three]), "the last good list is kept");
+        assert_eq!(
+            kept.list.as_deref(),
+            Some(&vec![three]),
+            "the last good list is kept"
+        );
         assert!(kept.took(Ok(Vec::new())), "read again after failures: said");
         assert_eq!(
-            kept.list,
-            Some(Vec::new()),
+            kept.list.as_deref(),
+            Some(&Vec::new()),
             "read, and nobody else: known empty"
         );
     }

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use super::counters;
 use super::isolation::Silence;
 use super::leader_key::LeaderKey;
+use super::peer_list::lock;
 use super::peers::Peers;
 use crate::contract::{
     AGENT_PROBE_INTERVAL, HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery, Identity, PEER_PATH,
@@ -195,11 +196,6 @@ pub fn router(endpoints: Endpoints) -> Router {
             endpoints,
             challenges: Arc::new(Mutex::new(Challenges::new())),
         })
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding it cannot leave a Hearing half-updated: keep going.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// podha's leader's probe. Not signed by the leader's key as the agent last saw it: `401` and

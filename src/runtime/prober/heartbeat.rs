@@ -207,13 +207,11 @@ impl Heard {
             if !hb.answer.counts_as_heard() {
                 continue;
             }
-            let last = self.0.entry(hb.node.clone()).or_default();
-            if last.boot != target.boot_id {
-                *last = Last {
-                    boot: target.boot_id.clone(),
-                    ..Last::default()
-                };
-            }
+            // An entry of another boot is gone already: `follow` ran on these targets.
+            let last = self.0.entry(hb.node.clone()).or_insert_with(|| Last {
+                boot: target.boot_id.clone(),
+                ..Last::default()
+            });
             last.answered = Some(now);
             if let Answer::Own { challenge, .. } | Answer::Unverified { challenge } = &hb.answer {
                 last.challenge = challenge.clone();
