@@ -681,9 +681,10 @@ impl RsBuild for ReplicaSet {
 }
 
 /// A policy spec with every CRD default (owners StatefulSet and Deployment, RWO and RWOP,
-/// any driver, requireTarget).
+/// any driver, requireTarget) but the fencing proof, which is `None`: the tests of detection,
+/// eligibility and actions need no agent; those of the proofs choose theirs.
 pub(crate) fn mk_spec() -> PodHAPolicySpec {
-    match serde_json::from_value(serde_json::json!({})) {
+    match serde_json::from_value(serde_json::json!({"fencing": {"proof": "None"}})) {
         Ok(spec) => spec,
         Err(error) => panic!("an empty PodHAPolicySpec must deserialize with defaults: {error}"),
     }

@@ -136,6 +136,8 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
             "namespaceSelector": namespaces(&["chaos-pass", "chaos-deploy", "chaos-decoy"]),
             "detection": fast_detection(),
             "action": "OutOfServiceTaint",
+            // kwok nodes run no agent: the taint on the judgement alone, chosen explicitly.
+            "fencing": { "proof": "None" },
             // Three faults within the default 10 min unhealthyWindow: each must be acted on.
             "safety": { "maxUnhealthy": 3 },
         }),
@@ -147,6 +149,7 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
         json!({
             "namespaceSelector": namespaces(&["chaos-driver"]),
             "volumes": { "drivers": ["other.csi.example.com"] },
+            "fencing": { "proof": "None" },
         }),
     )
     .await?;

@@ -422,7 +422,8 @@ fn log(ns: &str, msg: impl AsRef<str>) {
 }
 
 /// A policy for one scenario: its nodes and namespace only, fast detection (Lease and kubelet
-/// TCP, 1s probes, 3 failures, a lease grace just above the 10s renew interval).
+/// TCP, 1s probes, 3 failures, a lease grace just above the 10s renew interval), no fencing
+/// proof.
 fn policy(name: &str, ns: &str, nodes: &[&str], extra: serde_json::Value) -> serde_json::Value {
     let mut spec = json!({
         "nodeSelector": { "matchExpressions": [
@@ -437,6 +438,9 @@ fn policy(name: &str, ns: &str, nodes: &[&str], extra: serde_json::Value) -> ser
             "leaseGracePeriod": "12s",
             "tcpTimeout": "500ms",
         },
+        // kwok nodes run no agent but in the agent scenarios (which set the proof): the taint
+        // on the judgement alone, chosen explicitly.
+        "fencing": { "proof": "None" },
     });
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
         for (k, v) in extra {
@@ -751,6 +755,7 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             || spec["action"] != "OutOfServiceTaint"
             || spec["safety"]["maxUnhealthy"] != "30%"
             || spec["detachTimeout"] != "6m30s"
+            || spec["fencing"]["proof"] != "Agent"
         {
             bail!("defaults not applied by the API server: {spec}");
         }

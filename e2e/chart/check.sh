@@ -18,12 +18,23 @@ trap 'rm -rf "$work"' EXIT
 "$helm" lint --strict "$chart" -f "$here/values-full.yaml"
 "$helm" template podha "$chart" --kube-version "$kube" > "$work/default.yaml"
 "$helm" template podha "$chart" --kube-version "$kube" -f "$here/values-full.yaml" > "$work/full.yaml"
-for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy DaemonSet; do
+for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy; do
   grep -q "^kind: $kind$" "$work/full.yaml" || { echo "check.sh: non-default values render no $kind" >&2; exit 1; }
   if [ "$kind" != PodHAPolicy ] && grep -q "^kind: $kind$" "$work/default.yaml"; then
     echo "check.sh: default values render a $kind, which must be off by default" >&2; exit 1
   fi
 done
+# The agent is on by default (the policies' default proof is the agent's), with the node's
+# watchdog as the privileged container sees it: no hostPath for the device, which would keep
+# the pod off a node without one (CharDevice) or create a directory in its place.
+grep -q "^kind: DaemonSet$" "$work/default.yaml" && grep -q -- "--watchdog=/dev/watchdog" "$work/default.yaml" \
+  || { echo "check.sh: default values install no agent with the node's watchdog" >&2; exit 1; }
+if grep -q "name: watchdog$" "$work/default.yaml"; then
+  echo "check.sh: default values mount the watchdog from the host" >&2; exit 1
+fi
+if "$helm" template podha "$chart" --kube-version "$kube" --set agent.enabled=false | grep -q "^kind: DaemonSet$"; then
+  echo "check.sh: agent.enabled=false still renders the agent" >&2; exit 1
+fi
 
 # The agent's DaemonSet passes the watchdog only when a device is given, and checks that it is
 # one.
@@ -48,7 +59,7 @@ cat > "$work/bmc.yaml" <<'VALUES'
 agent:
   enabled: true
   fence: write:/run/bmc/power=off
-  watchdog: { device: /run/bmc/watchdog, timeout: 10s, hostPathType: "" }
+  watchdog: { device: /run/bmc/watchdog, timeout: 10s, mountFromHost: true, hostPathType: "" }
   extraVolumes: [{ name: bmc, hostPath: { path: /run/bmc, type: Directory } }]
   extraVolumeMounts: [{ name: bmc, mountPath: /run/bmc }]
 VALUES

@@ -20,21 +20,26 @@ pub const CLOUD_SHUTDOWN_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/shu
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Fencing {
-    /// `None` (the default): no proof; the node is taken for shut down once judged dead. Safe
-    /// where a node that stops heartbeating is off (power loss, kernel panic), or where the
-    /// storage refuses a detached node's writes; a frozen or cut-off node may otherwise write
-    /// beside the replacement. `CloudShutdownTaint`: the cloud provider reported the instance
-    /// shut down (the taint `node.cloudprovider.kubernetes.io/shutdown`, which the cloud node
-    /// lifecycle controller adds while the instance is off and removes when it runs again).
-    /// `Agent`: the node's podha agent (docs/agent.md) fenced it: it acknowledged the fence
-    /// podha asked for on the Node, or it has not answered podha's heartbeat for as long as it
-    /// advertises on the Node (`podha.io/agent-fenced-within`: its isolation timeout with a
-    /// watchdog, longer without) plus `agentMargin`, by which time an agent cut off from podha
-    /// has fenced its node itself. The silence counts only for an agent podha heard right
-    /// before it (within 3 s) in its current leadership term, and only while podha hears a
-    /// strict majority of the other agents (an agent whose peers say podha hears nobody stays
-    /// up); otherwise podha holds the node (event `AgentSilenceUnproven`) until the agent
-    /// acknowledges the request. A node without an agent never has this proof.
+    /// `Agent` (the default): the node's podha agent (docs/agent.md) fenced it: it
+    /// acknowledged the fence podha asked for on the Node, or it has not answered podha's
+    /// heartbeat for as long as it advertises on the Node (`podha.io/agent-fenced-within`, its
+    /// isolation timeout, advertised only by an agent that pets a watchdog) plus
+    /// `agentMargin`, by which time an agent cut off from podha has fenced its node itself.
+    /// The silence counts only for an agent podha heard right before it (within 3 s) in its
+    /// current leadership term, and only while podha hears a strict majority of the other
+    /// agents (an agent whose peers say podha hears nobody stays up); otherwise podha holds
+    /// the node (event `AgentSilenceUnproven`) until the agent acknowledges the request. A
+    /// node without an agent, or whose agent has no usable watchdog
+    /// (`podha.io/agent-watchdog: none: ...`), has no silence proof: the policy shows it
+    /// (condition `Degraded`, reason `AgentsMissing`).
+    /// `None`: no proof; the node is taken for shut down once judged dead, and the taint
+    /// follows the judgement alone (condition `Ready`, reason `WatchingWithoutProof`). Choose
+    /// it only where a node that stops heartbeating is off (power loss, kernel panic), or
+    /// where the storage refuses a detached node's writes; a frozen or cut-off node may
+    /// otherwise write beside the replacement.
+    /// `CloudShutdownTaint`: the cloud provider reported the instance shut down (the taint
+    /// `node.cloudprovider.kubernetes.io/shutdown`, which the cloud node lifecycle controller
+    /// adds while the instance is off and removes when it runs again).
     /// `External`: a fence controller of the user's fenced it: podha asks on the Node
     /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
     /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an
@@ -66,9 +71,9 @@ fn default_agent_margin() -> HumanDuration {
 /// The proof the out-of-service taint needs.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
 pub enum FencingProof {
-    #[default]
     None,
     CloudShutdownTaint,
+    #[default]
     Agent,
     External,
 }

@@ -99,9 +99,15 @@ pub mod condition {
     pub const DEGRADED: &str = "Degraded";
 
     pub const REASON_WATCHING: &str = "Watching";
+    /// Ready, with `fencing.proof: None` and the taint: it follows the judgement alone.
+    pub const REASON_WATCHING_WITHOUT_PROOF: &str = "WatchingWithoutProof";
     pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
     pub const REASON_TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthyNodes";
     pub const REASON_DETACH_TIMEOUT: &str = "DetachTimeout";
     pub const REASON_POLICY_UNREADABLE: &str = "PolicyUnreadable";
+    /// Dead nodes held until their fence is proven.
+    pub const REASON_FENCING_PENDING: &str = "FencingPending";
+    /// Watched nodes without an agent whose silence proves their fence (`proof: Agent`).
+    pub const REASON_AGENTS_MISSING: &str = "AgentsMissing";
     pub const REASON_AS_EXPECTED: &str = "AsExpected";
 }

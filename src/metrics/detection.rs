@@ -31,6 +31,7 @@ pub struct Detection {
     nodes: IntGaugeVec,
     node_failures: IntCounterVec,
     agent_answers_unverified: IntCounter,
+    nodes_unprotected: IntGaugeVec,
 }
 
 impl Detection {
@@ -68,10 +69,24 @@ impl Detection {
                  podha holds for such a node, as for one whose agent it does not hear.",
             )?,
         )?;
+        let nodes_unprotected = register(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "podha_policy_nodes_unprotected",
+                    "Healthy nodes watched by a policy with fencing.proof Agent that have had no \
+                     agent whose silence proves their fence (no agent, no usable watchdog, its \
+                     Lease lapsed) for 30s: judged dead, they are held until their agent \
+                     acknowledges a fence request. Set by the leader only.",
+                ),
+                &[POLICY],
+            )?,
+        )?;
         let detection = Self {
             nodes,
             node_failures,
             agent_answers_unverified,
+            nodes_unprotected,
         };
         detection.set_nodes(0, 0, 0);
         Ok(detection)
@@ -99,6 +114,17 @@ impl Detection {
         self.node_failures.with_label_values(&[policy]).inc();
     }
 
+    pub fn set_nodes_unprotected(&self, policy: &str, count: usize) {
+        self.nodes_unprotected
+            .with_label_values(&[policy])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// A follower reports no unprotected nodes: only the leader's count is current.
+    pub fn clear_nodes_unprotected(&self) {
+        self.nodes_unprotected.reset();
+    }
+
     /// Exports `policy`'s failure counter at 0 until it counts.
     pub(super) fn touch_policy(&self, policy: &str) {
         self.node_failures.with_label_values(&[policy]);
@@ -106,5 +132,6 @@ impl Detection {
 
     pub(super) fn forget_policy(&self, policy: &str) {
         remove_policy(&self.node_failures, policy);
+        remove_policy(&self.nodes_unprotected, policy);
     }
 }

@@ -164,6 +164,17 @@ impl HoldReason {
         }
     }
 
+    /// Whether the hold waits for the proof that the node is fenced (nothing is done on the
+    /// node until it is there).
+    pub const fn awaits_proof(&self) -> bool {
+        matches!(
+            self,
+            Self::FencingPending { .. }
+                | Self::AgentSilenceUnproven { .. }
+                | Self::FenceContradicted { .. }
+        )
+    }
+
     /// The reason of the hold's event on its node, for the holds a node's owner must see.
     pub const fn node_event_reason(&self) -> Option<&'static str> {
         match self {

@@ -4,6 +4,7 @@
 
 mod actor;
 mod actuator;
+mod agent_coverage;
 mod events;
 mod prober;
 mod rewatch;

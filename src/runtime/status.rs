@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
+use super::agent_coverage::{AgentGap, describe_unprotected};
 use crate::api::{
-    FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, UnreadablePolicy,
-    condition,
+    Action, FailoverPhase, FencingProof, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
+    UnreadablePolicy, condition,
 };
 use crate::eligibility::invalid_selectors;
 use crate::health::{DetectionConfig, NodeHealth};
@@ -28,6 +29,9 @@ pub struct PolicyFacts<'a> {
     pub now: Time,
     /// The policy-wide hold of the last planning round, if any (the planner decides holds).
     pub held: Option<&'a HoldReason>,
+    /// The watched nodes without an agent whose silence proves their fence, when the policy
+    /// relies on it (see `super::agent_coverage`).
+    pub unprotected: &'a [(String, AgentGap)],
 }
 
 pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
@@ -138,7 +142,7 @@ fn make_condition(
 }
 
 /// `Ready`: whether the policy's spec is valid, so its nodes are watched: (status, reason,
-/// message).
+/// message). A policy that taints without a proof says so in its reason.
 fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str, String) {
     match (
         DetectionConfig::try_from(&policy.spec.detection),
@@ -150,6 +154,15 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
             condition::REASON_INVALID_SPEC,
             format!("invalid label selector, which selects nothing: {problems}"),
         ),
+        (Ok(_), None) if taints_without_proof(policy) => (
+            true,
+            condition::REASON_WATCHING_WITHOUT_PROOF,
+            format!(
+                "watching {watched} nodes; fencing.proof None: the out-of-service taint follows \
+                 the judgement alone, so a node that is frozen or cut off but running may write \
+                 beside its replacement unless the storage fences it on detach"
+            ),
+        ),
         (Ok(_), None) => (
             true,
             condition::REASON_WATCHING,
@@ -158,7 +171,15 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
     }
 }
 
-/// `Degraded`: every action held, a detach past its timeout, or an invalid spec.
+/// Whether `policy` puts the out-of-service taint on a node judged dead without any proof
+/// that it is off.
+pub fn taints_without_proof(policy: &PodHAPolicy) -> bool {
+    policy.spec.fencing.proof == FencingProof::None
+        && policy.spec.action == Action::OutOfServiceTaint
+}
+
+/// `Degraded`: every action held, a detach past its timeout, dead nodes held for want of
+/// their fence's proof, an invalid spec, or watched nodes whose agent could not prove it.
 fn degraded_condition(
     facts: &PolicyFacts<'_>,
     ready: &(bool, &'static str, String),
@@ -167,6 +188,12 @@ fn degraded_condition(
         .open
         .iter()
         .filter(|f| f.phase() == FailoverPhase::DetachTimedOut)
+        .map(|f| f.node.as_str())
+        .collect();
+    let awaiting_proof: Vec<&str> = facts
+        .open
+        .iter()
+        .filter(|f| f.awaits_proof())
         .map(|f| f.node.as_str())
         .collect();
     if let Some(HoldReason::TooManyUnhealthy {
@@ -194,8 +221,25 @@ fn degraded_condition(
                 timed_out.join(", ")
             ),
         )
+    } else if !awaiting_proof.is_empty() {
+        (
+            true,
+            condition::REASON_FENCING_PENDING,
+            format!(
+                "dead nodes held until their fence is proven (fencing.proof {}; see their \
+                 events): {}",
+                facts.policy.spec.fencing.proof.as_str(),
+                awaiting_proof.join(", ")
+            ),
+        )
     } else if !ready.0 {
         (true, condition::REASON_INVALID_SPEC, ready.2.clone())
+    } else if !facts.unprotected.is_empty() {
+        (
+            true,
+            condition::REASON_AGENTS_MISSING,
+            describe_unprotected(facts.unprotected, facts.health.len()),
+        )
     } else {
         (false, condition::REASON_AS_EXPECTED, String::new())
     }
@@ -220,6 +264,7 @@ mod tests {
             wall,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             held: None,
+            unprotected: &[],
         }
     }
 
@@ -261,6 +306,75 @@ mod tests {
         policy.status = Some(status.clone());
         let later = Time(k8s_openapi::jiff::Timestamp::from_second(2_000).expect("t1"));
         assert_eq!(unreadable_status(&policy, &later), status);
+    }
+
+    #[test]
+    fn a_policy_that_taints_without_proof_says_so_in_its_ready_reason() {
+        let health = BTreeMap::from([("a".to_string(), NodeHealth::Healthy)]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let reason = |proof, action| {
+            let mut spec = mk_spec();
+            spec.fencing.proof = proof;
+            spec.action = action;
+            let policy = PodHAPolicy::new("p", spec);
+            let status = policy_status(&facts_for(&policy, &health, &[], &wall));
+            let ready = condition(&status, condition::READY);
+            assert_eq!(ready.status, "True");
+            (ready.reason.clone(), ready.message.clone())
+        };
+        let (unproven, message) = reason(FencingProof::None, Action::OutOfServiceTaint);
+        assert_eq!(unproven, condition::REASON_WATCHING_WITHOUT_PROOF);
+        assert!(message.contains("follows the judgement alone"), "{message}");
+        for (proof, action) in [
+            (FencingProof::Agent, Action::OutOfServiceTaint),
+            (FencingProof::None, Action::DeletePods),
+        ] {
+            assert_eq!(reason(proof, action).0, condition::REASON_WATCHING);
+        }
+    }
+
+    #[test]
+    fn nodes_without_a_proving_agent_and_nodes_held_for_proof_degrade_the_policy() {
+        use crate::runtime::agent_coverage::AgentGap;
+        let mut spec = mk_spec();
+        spec.fencing.proof = FencingProof::Agent;
+        let policy = PodHAPolicy::new("p", spec);
+        let health = BTreeMap::from([
+            ("a".to_string(), NodeHealth::Healthy),
+            ("b".to_string(), NodeHealth::Healthy),
+        ]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let unprotected = [("b".to_string(), AgentGap::WithoutWatchdog)];
+        let status = policy_status(&PolicyFacts {
+            unprotected: &unprotected,
+            ..facts_for(&policy, &health, &[], &wall)
+        });
+        let degraded = condition(&status, condition::DEGRADED);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", condition::REASON_AGENTS_MISSING)
+        );
+        assert!(
+            degraded
+                .message
+                .starts_with("1 of 2 watched nodes have no agent whose silence proves their fence")
+                && degraded
+                    .message
+                    .contains("b (agent without a usable watchdog)"),
+            "{}",
+            degraded.message
+        );
+        // A dead node held for its proof comes first.
+        let mut held = Incident::new("a", "p", None, Instant::now());
+        held.record_hold("fencing.proof Agent is not on node a", true);
+        let open = [&held];
+        let status = policy_status(&PolicyFacts {
+            unprotected: &unprotected,
+            ..facts_for(&policy, &health, &open, &wall)
+        });
+        let degraded = condition(&status, condition::DEGRADED);
+        assert_eq!(degraded.reason, condition::REASON_FENCING_PENDING);
+        assert!(degraded.message.ends_with(": a"), "{}", degraded.message);
     }
 
     #[test]

@@ -130,6 +130,12 @@ impl LaneReceivers {
             .collect()
     }
 
+    /// Every report queued in the report lane now (for tests of the decision loop).
+    #[cfg(test)]
+    pub fn queued_reports(&mut self) -> Vec<Report> {
+        std::iter::from_fn(|| self.reports.try_recv().ok()).collect()
+    }
+
     /// The intents queued in the action lane now (for tests of the decision loop).
     #[cfg(test)]
     pub fn queued_intents(&mut self) -> Vec<Intent> {

@@ -63,16 +63,50 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The agent the sim installs with the chart. Never the chart's default: its fence reboots
+/// the machine through /proc/sysrq-trigger and its watchdog is the machine's own, and the
+/// sim's nodes share this machine's kernel. So the chart is installed here only with the agent
+/// off or with [`sim_agent_values`], which fence through each node's BMC stand-in.
+pub enum SimAgent {
+    Off,
+    OnBmc(serde_json::Value),
+}
+
+impl SimAgent {
+    /// The chart values it sets.
+    fn values(&self) -> serde_json::Value {
+        match self {
+            Self::Off => serde_json::json!({ "agent": { "enabled": false } }),
+            Self::OnBmc(values) => values.clone(),
+        }
+    }
+}
+
 /// Loads podha's image into every real node and `helm install`s the chart into [`NAMESPACE`]
-/// with the replicas on real nodes, the `values` document (as a `-f` file, when given) and
-/// `set` values (`key=value`, as `--set` takes them).
+/// with the replicas on real nodes, the `agent` (as a `-f` values file) and `set` values
+/// (`key=value`, as `--set` takes them).
 pub fn install(
     cluster: &Cluster,
     helm: &Path,
-    values: Option<&serde_json::Value>,
+    agent: &SimAgent,
     set: &[&str],
 ) -> anyhow::Result<()> {
     cluster.load_image(&image_tar()?)?;
+    let values = agent.values();
+    let agent_values = &values["agent"];
+    anyhow::ensure!(
+        agent_values["enabled"] == false
+            || (agent_values["fence"]
+                .as_str()
+                .is_some_and(|f| f.starts_with("write:"))
+                && agent_values["watchdog"]["device"]
+                    .as_str()
+                    .is_some_and(|d| !d.starts_with("/dev/"))),
+        "the sim installs the agent only with a BMC stand-in's fence and watchdog: {values}"
+    );
+    let file = cluster.dir().join("podha-values.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&values)?)
+        .with_context(|| format!("write {}", file.display()))?;
     let mut cmd = Command::new(helm);
     cmd.arg("install")
         .arg(RELEASE)
@@ -80,13 +114,9 @@ pub fn install(
         .args(["-n", NAMESPACE, "--create-namespace"])
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig_path())
-        .args(["--set", "nodeSelector.type=real"]);
-    if let Some(values) = values {
-        let file = cluster.dir().join("podha-values.json");
-        std::fs::write(&file, serde_json::to_vec_pretty(values)?)
-            .with_context(|| format!("write {}", file.display()))?;
-        cmd.arg("-f").arg(file);
-    }
+        .args(["--set", "nodeSelector.type=real"])
+        .arg("-f")
+        .arg(file);
     for value in set {
         cmd.args(["--set", value]);
     }
@@ -104,13 +134,14 @@ pub fn sim_agent_values(
     isolation_timeout: Duration,
     watchdog_timeout: Option<Duration>,
     survey_timeout: Option<Duration>,
-) -> serde_json::Value {
+) -> SimAgent {
     let machine = crate::cluster::realnode::MACHINE_DIR;
     let watchdog = match watchdog_timeout {
         Some(timeout) => serde_json::json!({
             "device": format!("{machine}/bmc/watchdog"),
             "timeout": humantime::format_duration(timeout).to_string(),
-            // A FIFO, not a character device.
+            // A FIFO, not a character device, mounted from the machine's directory.
+            "mountFromHost": true,
             "hostPathType": "",
         }),
         None => serde_json::json!({ "device": "" }),
@@ -136,7 +167,7 @@ pub fn sim_agent_values(
     if let Some(timeout) = survey_timeout {
         values["agent"]["surveyTimeout"] = humantime::format_duration(timeout).to_string().into();
     }
-    values
+    SimAgent::OnBmc(values)
 }
 
 /// The chart's live pods.

@@ -3,10 +3,14 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::bench::failover::{
+    AGENT_ISOLATION_TIMEOUT, AGENT_SURVEY_TIMEOUT, AGENT_WATCHDOG_TIMEOUT,
+};
 use crate::cluster::{Cluster, ClusterOptions, Profile};
 
 /// The demo policy: Lease and kubelet TCP must both say dead, probed every second, three
-/// failures, a lease grace just above the kubelet's 10 s renew interval; out-of-service taint.
+/// failures, a lease grace just above the kubelet's 10 s renew interval; out-of-service taint
+/// after the default proof, the node's agent's (`fencing.proof: Agent`).
 fn demo_policy() -> serde_json::Value {
     serde_json::json!({
         "detection": {
@@ -18,6 +22,14 @@ fn demo_policy() -> serde_json::Value {
         },
         "action": "OutOfServiceTaint",
     })
+}
+
+/// The demo policy on kwok nodes, which run no agent: the taint without a proof, chosen
+/// explicitly (kwok nodes have no containers that could write on).
+fn demo_policy_kwok() -> serde_json::Value {
+    let mut policy = demo_policy();
+    policy["fencing"] = serde_json::json!({ "proof": "None" });
+    policy
 }
 
 /// `podha-sim demo`: a cluster (real nodes when root, else kwok), podha, a node killed and the
@@ -41,6 +53,7 @@ pub async fn run(
         );
         opts.nodes = 0;
         opts.real_nodes = 3;
+        opts.real_node_watchdog = Some(AGENT_WATCHDOG_TIMEOUT);
     } else {
         println!("== podha demo on kwok nodes (profile {profile}), podha, a node killed");
         if !kwok {
@@ -110,11 +123,23 @@ async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
     println!("$ kubectl get nodes -o wide");
     kubectl(cluster, &["get", "nodes", "-o", "wide"])?;
     let helm = crate::chart_rbac::helm_path()?;
-    chart_install::install(cluster, &helm, None, &[])?;
+    let agent = chart_install::sim_agent_values(
+        AGENT_ISOLATION_TIMEOUT,
+        Some(AGENT_WATCHDOG_TIMEOUT),
+        Some(AGENT_SURVEY_TIMEOUT),
+    );
+    chart_install::install(cluster, &helm, &agent, &[])?;
     println!(
-        "$ helm install podha charts/podha -n podha-system --create-namespace (image loaded into the nodes)"
+        "$ helm install podha charts/podha -n podha-system --create-namespace -f agent.yaml \
+         (image loaded into the nodes; the agent fences through each node's BMC and pets its \
+         watchdog, isolationTimeout {}, watchdog {})",
+        humantime::format_duration(AGENT_ISOLATION_TIMEOUT),
+        humantime::format_duration(AGENT_WATCHDOG_TIMEOUT),
     );
     let pods = chart_install::wait_replicas(&client, 2, Duration::from_secs(180)).await?;
+    let node_names: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
+    let names: Vec<&str> = node_names.iter().map(String::as_str).collect();
+    chart_install::wait_agents(&client, &names, Duration::from_secs(120)).await?;
     let leader = chart_install::wait_leader(&client, &pods, Duration::from_secs(60)).await?;
     println!("$ kubectl -n podha-system get pods -o wide   (leader: {leader})");
     kubectl(
@@ -188,8 +213,8 @@ async fn demo_kwok(cluster: &Cluster, operator: &Path, crd: &Path) -> anyhow::Re
     use crate::failover::{Operator, apply_policy, install_crd, subject_statefulset};
     let client = cluster.client().await?;
     install_crd(&client, crd).await?;
-    apply_policy(&client, "demo", demo_policy()).await?;
-    println!("policy demo: {}", demo_policy());
+    apply_policy(&client, "demo", demo_policy_kwok()).await?;
+    println!("policy demo: {}", demo_policy_kwok());
     let mut podha = Operator::start(operator, cluster)?;
     podha.wait_ready(Duration::from_secs(60)).await?;
     println!(

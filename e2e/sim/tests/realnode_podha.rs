@@ -13,8 +13,12 @@
 //! - a Deployment's writer node is killed: the replacement runs on the other node with its
 //!   volume attached there, the write log shows no split-brain write and no lost acknowledged
 //!   write; the node boots again and podha takes its taint off;
+//! - the policy asks for the default proof, the agent's: the Deployment's node is fenced by
+//!   its agent's silence before its volume moves;
 //! - the node running the leading replica and a StatefulSet's writer is killed: the other
-//!   replica takes the Lease and completes the failover, with the same write-log checks.
+//!   replica takes the Lease and, never having heard that node's agent, holds it (the policy
+//!   `Degraded`, reason `FencingPending`, nothing moved) until a person sets
+//!   `fencing.proof: None`; then it completes the failover, with the same write-log checks.
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
@@ -151,7 +155,7 @@ async fn install(
     chart_install::install(
         ctx.cluster,
         helm,
-        Some(&agent),
+        &agent,
         &["nodeSelector.podha-test/replicas=yes"],
     )
 }
@@ -305,6 +309,64 @@ async fn wait_policy_ready(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {
     .await
 }
 
+/// The policy holds dead `node`: `Degraded=True`, reason `FencingPending`, naming it; its pod
+/// `old` not deleted and the node not tainted meanwhile.
+async fn held_for_proof(ctx: &Ctx<'_>, node: &str, old: &Pod) -> anyhow::Result<()> {
+    let policies = &policies(ctx);
+    let message = wait_for(
+        &format!("PodHAPolicy {POLICY}'s status Degraded=True FencingPending for {node}"),
+        secs(90),
+        || async move {
+            let p = policies.get(POLICY).await?;
+            let conditions = p.data["status"]["conditions"].as_array().cloned();
+            Ok(conditions.unwrap_or_default().iter().find_map(|c| {
+                let message = c["message"].as_str()?;
+                (c["type"] == "Degraded"
+                    && c["status"] == "True"
+                    && c["reason"] == "FencingPending"
+                    && message.contains(node))
+                .then(|| message.to_string())
+            }))
+        },
+    )
+    .await?;
+    let pod = ctx.pods().get(name_of(old)).await.context("the held pod")?;
+    ensure!(
+        pod.metadata.uid == old.metadata.uid && pod.metadata.deletion_timestamp.is_none(),
+        "{} was deleted while its node was held",
+        name_of(old)
+    );
+    let tainted = ctx
+        .nodes()
+        .get(node)
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == OUT_OF_SERVICE);
+    ensure!(!tainted, "{node} was tainted while held");
+    log(&ctx.ns, format!("policy Degraded: {message}"));
+    Ok(())
+}
+
+/// Sets the policy's `fencing.proof` (`None`: back to the default).
+async fn set_proof(ctx: &Ctx<'_>, proof: Option<&str>) -> anyhow::Result<()> {
+    let fencing = match proof {
+        Some(proof) => json!({ "proof": proof }),
+        None => serde_json::Value::Null,
+    };
+    policies(ctx)
+        .patch(
+            POLICY,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "fencing": fencing } })),
+        )
+        .await
+        .with_context(|| format!("set fencing.proof {proof:?} on {POLICY}"))?;
+    Ok(())
+}
+
 /// Waits until pod `uid` has `n` acknowledged writes.
 async fn wait_writes(ctx: &Ctx<'_>, pod: &Pod, n: usize) -> anyhow::Result<()> {
     let uid = pod.metadata.uid.clone().context("pod uid")?;
@@ -317,10 +379,31 @@ async fn wait_writes(ctx: &Ctx<'_>, pod: &Pod, n: usize) -> anyhow::Result<()> {
     .await
 }
 
+/// What a failover waits for after the kill, besides podha.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// The policy's own (the default, the agent's).
+    Policy,
+    /// A person's word: the node dies with the leading replica, so the new leader never heard
+    /// its agent and holds it (docs/agent.md, "Residual risks"); the policy says so
+    /// (`Degraded`, reason `FencingPending`), nothing moves, and the person who checked the
+    /// node is off sets `fencing.proof: None` (put back to the default after the failover).
+    PersonAfterHold,
+}
+
 /// Kills the node of `app`'s writer and follows the failover: a replacement Running and Ready
 /// on another node of `nodes`, its volume attached there and no longer on the dead node, `WRITES`
 /// acknowledged writes from it; then checks the volume's write log. Returns the dead node.
 async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Result<String> {
+    kill_and_follow_with(ctx, app, nodes, Proof::Policy).await
+}
+
+async fn kill_and_follow_with(
+    ctx: &Ctx<'_>,
+    app: &str,
+    nodes: &[&str],
+    proof: Proof,
+) -> anyhow::Result<String> {
     let old = ctx.wait_app_running(app, secs(120)).await?;
     let dead = node_of(&old).context("writer not bound")?.to_string();
     wait_writes(ctx, &old, WRITES).await?;
@@ -348,6 +431,14 @@ async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Re
         format!("{dead}, running {}, killed", name_of(&old)),
     );
     let old_uid = old.metadata.uid.clone();
+    if proof == Proof::PersonAfterHold {
+        held_for_proof(ctx, &dead, &old).await?;
+        set_proof(ctx, Some("None")).await?;
+        log(
+            &ctx.ns,
+            format!("{dead} held for its proof; fencing.proof None set by hand"),
+        );
+    }
     let replacement = wait_for(
         &format!("a replacement of {} Running on another node", name_of(&old)),
         secs(120),
@@ -368,6 +459,9 @@ async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Re
         "the replacement runs on {node}, not on another of {nodes:?}"
     );
     ctx.wait_attached(&pv, &node, secs(30)).await?;
+    if proof == Proof::PersonAfterHold {
+        set_proof(ctx, None).await?;
+    }
     let on_dead = ctx
         .vas_of(&pv)
         .await?
@@ -493,7 +587,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         }
         let follower = name_of(follower_pod).to_string();
         let killed = Instant::now();
-        kill_and_follow(&ctx, "db", &db_nodes).await?;
+        kill_and_follow_with(&ctx, "db", &db_nodes, Proof::PersonAfterHold).await?;
         ensure!(
             chart_install::lease_holder(&ctx.client).await?.as_deref() == Some(follower.as_str()),
             "{follower} should lead after {leader}'s node died"

@@ -17,10 +17,17 @@ fn the_cloud_shutdown_taint_is_the_proof_and_none_needs_nothing() {
         proven(&spec.fencing, &off, none),
         Some(FenceEvidence::CloudShutdown)
     );
+    let unproven = Fencing {
+        proof: FencingProof::None,
+        ..Fencing::default()
+    };
     assert_eq!(
-        proven(&Fencing::default(), &running, none),
+        proven(&unproven, &running, none),
         Some(FenceEvidence::NotAsked)
     );
+    // The default asks for the agent's proof: a node without an agent never has it.
+    assert_eq!(Fencing::default().proof, FencingProof::Agent);
+    assert_eq!(proven(&Fencing::default(), &running, none), None);
     assert!(
         serde_json::from_value::<crate::api::PodHAPolicySpec>(
             serde_json::json!({"fencing": {"proof": "Hope"}})

@@ -8,6 +8,7 @@
 //! `results.rs`, `reports.rs`). Owning everything in one task keeps decisions sequential and
 //! lock-free.
 
+use super::agent_coverage::AgentCoverage;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +63,8 @@ pub struct Actor {
     ledger: Ledger,
     schedule: Schedule,
     reported: ReportBook,
+    /// Since when each node has lacked an agent that could prove its fence.
+    coverage: AgentCoverage,
     leading: bool,
     /// When this replica last gained leadership (while it leads).
     leading_since: Option<Instant>,
@@ -79,6 +82,7 @@ impl Actor {
             ledger: Ledger::default(),
             schedule: Schedule::default(),
             reported: ReportBook::default(),
+            coverage: AgentCoverage::default(),
             leading: false,
             leading_since: None,
             leadership,

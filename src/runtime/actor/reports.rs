@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::super::agent_coverage::AgentGap;
 use super::super::status::{PolicyFacts, policy_status, unreadable_status};
 use super::super::writer::{EventNote, Report};
 use super::Actor;
-use crate::api::{PodHAPolicy, PodHAPolicyStatus};
+use crate::api::{PodHAPolicy, PodHAPolicyStatus, condition};
 use crate::contract::agent_addr;
 use crate::eligibility::SkipReason;
 use crate::health::{NodeHealth, ProbeKind, ReadyStatus};
@@ -111,8 +113,12 @@ impl Actor {
         }
         if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
             for incident in self.ledger.iter_mut().filter(|i| i.policy == policy) {
-                incident.record_hold(note.clone());
+                incident.record_hold(note.clone(), false);
             }
+        } else if reason.awaits_proof()
+            && let Some(incident) = node.and_then(|n| self.ledger.get_mut(n))
+        {
+            incident.record_hold(note.clone(), true);
         }
         if let Some(p) = self.state.policies.get(policy) {
             self.event(EventNote {
@@ -148,9 +154,10 @@ impl Actor {
         if skip.reason == Skip::Ineligible(SkipReason::NoPersistentVolumeClaim) {
             return;
         }
+        // Every pod skipped but a replacement is left on a dead node, most of them stuck there.
         self.event(EventNote {
             regarding: pod_reference(&skip.pod, &skip.uid),
-            warning: false,
+            warning: skip.reason != Skip::Replacement,
             reason: "FailoverSkipped",
             action: "Skip",
             note,
@@ -208,15 +215,76 @@ impl Actor {
 
     pub(super) async fn write_statuses(&mut self, health: &HealthBook) {
         if !self.leading {
+            self.metrics.detection.clear_nodes_unprotected();
             return;
         }
+        let now = Instant::now();
+        self.coverage.observe(&self.state.view, now);
         let policies: Vec<Arc<PodHAPolicy>> = self.state.policies.values().cloned().collect();
         for policy in policies {
             let name = policy.name_any();
-            let status = self.policy_status(&policy, health.get(&name));
-            self.write_status(name, status).await;
+            let watched = health.get(&name);
+            let unprotected = watched.map_or_else(Vec::new, |nodes| {
+                self.coverage.unprotected(&policy, nodes, now)
+            });
+            self.metrics
+                .detection
+                .set_nodes_unprotected(&name, unprotected.len());
+            let status = self.policy_status(&policy, watched, &unprotected);
+            let before = self
+                .reported
+                .last_status
+                .get(&name)
+                .or(policy.status.as_ref())
+                .cloned();
+            if self.write_status(name, status.clone()).await {
+                self.announce_condition_changes(&policy, before.as_ref(), &status)
+                    .await;
+            }
         }
         self.write_unreadable_statuses().await;
+    }
+
+    /// The events of a policy's conditions, once when a condition takes the reason (compared
+    /// with the status written last, or stored when this replica took the lead, so that a new
+    /// leader does not say it again): a Warning when watched nodes lack an agent that could
+    /// prove their fence, a Normal event when the taint follows the judgement alone.
+    async fn announce_condition_changes(
+        &self,
+        policy: &PodHAPolicy,
+        before: Option<&PodHAPolicyStatus>,
+        after: &PodHAPolicyStatus,
+    ) {
+        let announced = [
+            (
+                condition::DEGRADED,
+                condition::REASON_AGENTS_MISSING,
+                true,
+                "AgentsMissing",
+            ),
+            (
+                condition::READY,
+                condition::REASON_WATCHING_WITHOUT_PROOF,
+                false,
+                "FencingProofNone",
+            ),
+        ];
+        for (type_, reason, warning, event_reason) in announced {
+            let Some(now) = reason_of(Some(after), type_).filter(|c| c.reason == reason) else {
+                continue;
+            };
+            if reason_of(before, type_).is_some_and(|c| c.reason == reason) {
+                continue;
+            }
+            self.event(EventNote {
+                regarding: policy.object_ref(&()),
+                warning,
+                reason: event_reason,
+                action: "Watch",
+                note: now.message.clone(),
+            })
+            .await;
+        }
     }
 
     /// Writes `status` on the policy `name` unless it is what was written last; returns
@@ -273,6 +341,7 @@ impl Actor {
         &self,
         policy: &PodHAPolicy,
         health: Option<&BTreeMap<String, NodeHealth>>,
+        unprotected: &[(String, AgentGap)],
     ) -> PodHAPolicyStatus {
         let name = policy.name_any();
         let empty = BTreeMap::new();
@@ -286,6 +355,7 @@ impl Actor {
             wall: &|i| wall.time(i),
             held: self.reported.policy_holds.get(&name),
             now: wall.time(Instant::now()),
+            unprotected,
         })
     }
 
@@ -403,6 +473,11 @@ impl Actor {
             self.event(event).await;
         }
     }
+}
+
+/// The condition `type_` of `status`, if it has one.
+fn reason_of<'s>(status: Option<&'s PodHAPolicyStatus>, type_: &str) -> Option<&'s Condition> {
+    status?.conditions.iter().find(|c| c.type_ == type_)
 }
 
 pub(super) fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {

@@ -134,7 +134,8 @@ pub enum Mode {
     None,
     /// podha configured like IOMesh Pod HA: Node Ready only, 3 probes × 30 s, delete pods.
     IomeshLike,
-    /// podha with its defaults.
+    /// podha with its defaults, the agent's proof among them (`fencing.proof: Agent`, a 10 s
+    /// margin), with agents on the nodes as in `agent` (kwok nodes only).
     Default,
     /// Lease and kubelet TCP, 1 s probes, 3 failures, an 11 s lease grace, out-of-service taint.
     Fast,
@@ -164,6 +165,11 @@ impl Mode {
         }
     }
 
+    /// Whether the mode's policy asks for the agent's proof, so that its nodes need agents.
+    pub fn needs_agents(self) -> bool {
+        matches!(self, Mode::Default | Mode::Agent)
+    }
+
     /// The policy spec (without selectors), or none for the `none` mode.
     fn spec(self) -> Option<serde_json::Value> {
         match self {
@@ -171,6 +177,7 @@ impl Mode {
             Mode::IomeshLike => Some(json!({
                 "detection": { "signals": ["NodeReady"], "interval": "30s", "failureThreshold": 3 },
                 "action": "DeletePods",
+                "fencing": {"proof": "None"},
             })),
             Mode::Default => Some(json!({})),
             Mode::Fast => Some(json!({
@@ -183,6 +190,8 @@ impl Mode {
                     "tcpTimeout": "500ms",
                 },
                 "action": "OutOfServiceTaint",
+                // The taint on the judgement alone: the detection's time, beside `agent`.
+                "fencing": {"proof": "None"},
             })),
             Mode::Agent => Some(json!({
                 "detection": {
@@ -445,11 +454,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     if kinds.is_empty() {
         bail!("--nodes needs kwok, real or both");
     }
-    if modes.contains(&Mode::Agent) && kinds.contains(&Nodes::Real) {
+    if let Some(mode) = modes.iter().find(|m| m.needs_agents())
+        && kinds.contains(&Nodes::Real)
+    {
         bail!(
-            "the agent mode runs on kwok nodes only: on real nodes the agent is the chart's \
-             DaemonSet, and the benchmark runs podha as a process without the chart \
-             (docs/agent.md); use --nodes kwok for it"
+            "the {} mode needs agents and runs on kwok nodes only: on real nodes the agent is \
+             the chart's DaemonSet, and the benchmark runs podha as a process without the chart \
+             (docs/agent.md); use --nodes kwok for it",
+            mode.name()
         );
     }
     let groups = groups(&modes, &kinds);
@@ -520,7 +532,7 @@ fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
     opts.node_status_update_frequency = args.node_status_update_frequency;
     if groups
         .iter()
-        .any(|g| g.mode == Mode::Agent && g.kind == Nodes::Kwok)
+        .any(|g| g.mode.needs_agents() && g.kind == Nodes::Kwok)
     {
         opts.agents = Some(crate::cluster::Agents {
             exe: args.operator.clone(),

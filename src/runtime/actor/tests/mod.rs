@@ -551,5 +551,6 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
     assert_eq!(sent, ["delete/uid-ns-cache-0", "taint/node-1"]);
 }
 
+mod coverage;
 mod resumed;
 mod silence;

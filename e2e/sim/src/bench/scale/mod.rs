@@ -327,7 +327,11 @@ async fn start_podha(
     apply_policy(
         client,
         POLICY,
-        json!({ "safety": { "maxUnhealthy": MAX_UNHEALTHY } }),
+        // kwok nodes run no agent: the taint on the judgement alone, chosen explicitly.
+        json!({
+            "safety": { "maxUnhealthy": MAX_UNHEALTHY },
+            "fencing": { "proof": "None" },
+        }),
     )
     .await?;
     say(format!(

@@ -1,0 +1,105 @@
+//! What a policy says of its own protection: nodes without an agent that could prove their
+//! fence under `fencing.proof: Agent`, and the taint on the judgement alone under `None`.
+
+use super::*;
+use crate::api::FencingProof;
+use crate::api::condition;
+use crate::runtime::writer::{EventNote, Report};
+
+/// The events and the last status the loop reported for policy `p` since the last call.
+fn reported(h: &mut Harness) -> (Vec<EventNote>, Option<crate::api::PodHAPolicyStatus>) {
+    let mut events = Vec::new();
+    let mut status = None;
+    for report in h.writes.queued_reports() {
+        match report {
+            Report::Event(note) => events.push(note),
+            Report::Status { policy, status: s } if policy == "p" => status = Some(s),
+            Report::Status { .. } => {}
+        }
+    }
+    (events, status)
+}
+
+fn reason_of(status: &crate::api::PodHAPolicyStatus, type_: &str) -> (String, String) {
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .expect("condition");
+    (c.reason.clone(), c.message.clone())
+}
+
+fn unprotected_gauge(metrics: &Metrics) -> Option<String> {
+    let text = metrics.encode().expect("encode");
+    text.lines()
+        .find_map(|l| l.strip_prefix("podha_policy_nodes_unprotected{policy=\"p\"} "))
+        .map(str::to_string)
+}
+
+#[tokio::test(start_paused = true)]
+async fn nodes_without_an_agent_degrade_an_agent_policy_once_they_last() {
+    let mut spec = quick_spec();
+    spec.fencing.proof = FencingProof::Agent;
+    let objects = vec![mk_node("node-1").into(), mk_node("node-2").into()];
+    let mut h = harness_with(objects, Some(spec));
+    h.run_for(5).await;
+    let (events, status) = reported(&mut h);
+    let status = status.expect("a status");
+    assert_eq!(
+        reason_of(&status, condition::DEGRADED).0,
+        condition::REASON_AS_EXPECTED,
+        "an agent's pod replaced comes back within seconds"
+    );
+    assert!(events.iter().all(|e| e.reason != "AgentsMissing"));
+    h.run_for(30).await;
+    let (events, status) = reported(&mut h);
+    let (reason, message) = reason_of(&status.expect("a new status"), condition::DEGRADED);
+    assert_eq!(reason, condition::REASON_AGENTS_MISSING);
+    assert!(
+        message.starts_with("2 of 2 watched nodes") && message.contains("node-1 (no agent)"),
+        "{message}"
+    );
+    let warned: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason == "AgentsMissing")
+        .collect();
+    assert_eq!(warned.len(), 1, "{events:?}");
+    assert!(warned[0].warning);
+    assert_eq!(unprotected_gauge(&h.metrics).as_deref(), Some("2"));
+    // Said once: the status does not change, and nothing is said again.
+    h.run_for(10).await;
+    let (events, _) = reported(&mut h);
+    assert!(events.iter().all(|e| e.reason != "AgentsMissing"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_that_taints_without_proof_says_so_once() {
+    let objects = vec![mk_node("node-1").into(), mk_node("node-2").into()];
+    let mut h = harness(objects);
+    h.run_for(3).await;
+    let (events, status) = reported(&mut h);
+    let status = status.expect("a status");
+    let (reason, _) = reason_of(&status, condition::READY);
+    assert_eq!(reason, condition::REASON_WATCHING_WITHOUT_PROOF);
+    let said: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason == "FencingProofNone")
+        .collect();
+    assert_eq!(said.len(), 1, "{events:?}");
+    assert!(!said[0].warning && said[0].note.contains("follows the judgement alone"));
+    // A new leader reads the status written before (as the watch delivers it) and does not
+    // say it again.
+    let mut written = PodHAPolicy::new("p", quick_spec());
+    written.status = Some(status);
+    h.actor
+        .state
+        .apply(Change::Policy(Event::Apply(written.into())), Instant::now());
+    h.actor.reported.forget_statuses();
+    h.run_for(3).await;
+    let (events, _) = reported(&mut h);
+    assert!(
+        events.iter().all(|e| e.reason != "FencingProofNone"),
+        "{events:?}"
+    );
+    assert_eq!(unprotected_gauge(&h.metrics).as_deref(), Some("0"));
+}

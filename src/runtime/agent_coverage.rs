@@ -1,0 +1,145 @@
+//! Which nodes of a policy that asks for the agent's proof (`fencing.proof: Agent`) have no
+//! agent whose silence could prove their fence: no agent advertised on the Node, an agent
+//! without a usable watchdog (it advertises no `podha.io/agent-fenced-within`), or an agent
+//! Lease that is gone or lapsed. Such a node, judged dead, is held until its agent
+//! acknowledges a fence request, which a node that is off never does: the policy says so
+//! before that happens (condition `Degraded`, reason `AgentsMissing`, a Warning event and
+//! `podha_policy_nodes_unprotected`).
+//!
+//! A node counts only once it has lacked its agent for [`MISSING_AFTER`]: an agent's pod
+//! replaced (a rollout, an eviction) withdraws its advert and a new one puts it back within
+//! seconds. Nodes the policy judges suspect or failed are left out: their agents are expected
+//! to fall silent, and the incident says what holds them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use tokio::time::Instant;
+
+use crate::api::{Action, FencingProof, PodHAPolicy};
+use crate::contract::{agent_addr, fenced_within};
+use crate::health::NodeHealth;
+use crate::view::View;
+
+/// How long a node must lack its agent before the policy reports it.
+pub const MISSING_AFTER: Duration = Duration::from_secs(30);
+
+/// How many nodes a policy's condition names (the count says how many more).
+const NAMED: usize = 5;
+
+/// What a node lacks for the agent's proof.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentGap {
+    /// No agent advertises itself on the Node (`podha.io/agent-port`, with an InternalIP).
+    Absent,
+    /// The agent advertises no `podha.io/agent-fenced-within`: it has no usable watchdog
+    /// (`podha.io/agent-watchdog` on the Node says why).
+    WithoutWatchdog,
+    /// The agent's Lease in podha's namespace is gone, or was not renewed within its duration.
+    LeaseStale,
+}
+
+impl AgentGap {
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::Absent => "no agent",
+            Self::WithoutWatchdog => "agent without a usable watchdog",
+            Self::LeaseStale => "agent Lease missing or not renewed",
+        }
+    }
+}
+
+/// What `node`'s agent lacks for the agent's proof now, if anything.
+pub fn agent_gap(name: &str, node: &Node, view: &View, now: Instant) -> Option<AgentGap> {
+    if agent_addr(node).is_none() {
+        return Some(AgentGap::Absent);
+    }
+    if fenced_within(node).is_none() {
+        return Some(AgentGap::WithoutWatchdog);
+    }
+    let fresh = view
+        .agent_adverts
+        .get(name)
+        .is_some_and(|lease| now.saturating_duration_since(lease.renewed_seen) <= lease.lasts);
+    (!fresh).then_some(AgentGap::LeaseStale)
+}
+
+/// Whether `policy` relies on the agent's proof: it asks for it and acts with the taint
+/// (`DeletePods` needs no proof).
+pub fn relies_on_agents(policy: &PodHAPolicy) -> bool {
+    policy.spec.fencing.proof == FencingProof::Agent
+        && policy.spec.action == Action::OutOfServiceTaint
+}
+
+/// Since when each node has lacked its agent, to report only lasting gaps.
+#[derive(Default)]
+pub struct AgentCoverage {
+    missing_since: BTreeMap<String, (AgentGap, Instant)>,
+}
+
+impl AgentCoverage {
+    /// Notes every node's gap now; a node whose gap closed (or changed) starts over.
+    pub fn observe(&mut self, view: &View, now: Instant) {
+        let mut seen = BTreeMap::new();
+        for (name, node) in &view.nodes {
+            if let Some(gap) = agent_gap(name, node, view, now) {
+                let since = match self.missing_since.get(name) {
+                    Some((previous, since)) if *previous == gap => *since,
+                    _ => now,
+                };
+                seen.insert(name.clone(), (gap, since));
+            }
+        }
+        self.missing_since = seen;
+    }
+
+    /// The nodes `policy` watches (`health`) that have lacked their agent for
+    /// [`MISSING_AFTER`], and what they lack; empty for a policy that does not rely on agents.
+    pub fn unprotected(
+        &self,
+        policy: &PodHAPolicy,
+        health: &BTreeMap<String, NodeHealth>,
+        now: Instant,
+    ) -> Vec<(String, AgentGap)> {
+        if !relies_on_agents(policy) {
+            return Vec::new();
+        }
+        health
+            .iter()
+            .filter(|(_, h)| matches!(h, NodeHealth::Healthy))
+            .filter_map(|(name, _)| {
+                let (gap, since) = self.missing_since.get(name)?;
+                (now.saturating_duration_since(*since) >= MISSING_AFTER)
+                    .then(|| (name.clone(), *gap))
+            })
+            .collect()
+    }
+}
+
+/// The `Degraded` message for `unprotected` of `watched` nodes: the count, the first few
+/// named with what they lack.
+pub fn describe_unprotected(unprotected: &[(String, AgentGap)], watched: usize) -> String {
+    let named: Vec<String> = unprotected
+        .iter()
+        .take(NAMED)
+        .map(|(node, gap)| format!("{node} ({})", gap.describe()))
+        .collect();
+    let more = unprotected.len().saturating_sub(NAMED);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} of {watched} watched nodes have no agent whose silence proves their fence \
+         (fencing.proof Agent): {}{more}. Judged dead, such a node is held until its agent \
+         acknowledges a fence request; install the agent (chart value agent.enabled) and a \
+         watchdog on these nodes (docs/agent.md), or choose another proof",
+        unprotected.len(),
+        named.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests;

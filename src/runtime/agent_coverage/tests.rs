@@ -1,0 +1,118 @@
+use super::*;
+use crate::api::{Fencing, PodHAPolicySpec};
+use crate::contract::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION};
+use crate::test_builders::*;
+
+/// `name` with an agent advertised on it: its port, and what it fences within when
+/// `watchdog` (an agent without a usable watchdog advertises no time).
+fn with_agent(name: &str, watchdog: bool) -> Node {
+    let mut node = mk_node(name).annotation(AGENT_PORT_ANNOTATION, "9441");
+    if watchdog {
+        node = node.annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    }
+    node.status.get_or_insert_with(Default::default).addresses =
+        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }]);
+    node
+}
+
+fn policy(proof: FencingProof, action: Action) -> PodHAPolicy {
+    PodHAPolicy::new(
+        "p",
+        PodHAPolicySpec {
+            fencing: Fencing {
+                proof,
+                ..Fencing::default()
+            },
+            action,
+            ..mk_spec()
+        },
+    )
+}
+
+fn healthy(nodes: &[&str]) -> BTreeMap<String, NodeHealth> {
+    nodes
+        .iter()
+        .map(|n| (n.to_string(), NodeHealth::Healthy))
+        .collect()
+}
+
+#[test]
+fn a_node_lacks_an_agent_a_watchdog_or_a_fresh_lease() {
+    let t0 = Instant::now();
+    let mut view = view_with([
+        mk_node("bare").into(),
+        with_agent("no-watchdog", false).into(),
+        with_agent("no-lease", true).into(),
+        with_agent("lapsed", true).into(),
+        with_agent("covered", true).into(),
+    ]);
+    view.agent_adverts.insert("lapsed".into(), agent_advert(t0));
+    let later = t0 + crate::contract::AGENT_LEASE_DURATION + Duration::from_secs(1);
+    view.agent_adverts
+        .insert("covered".into(), agent_advert(later));
+    let gap = |name: &str| agent_gap(name, &view.nodes[name], &view, later);
+    assert_eq!(gap("bare"), Some(AgentGap::Absent));
+    assert_eq!(gap("no-watchdog"), Some(AgentGap::WithoutWatchdog));
+    assert_eq!(gap("no-lease"), Some(AgentGap::LeaseStale));
+    assert_eq!(gap("lapsed"), Some(AgentGap::LeaseStale));
+    assert_eq!(gap("covered"), None);
+}
+
+#[test]
+fn only_a_lasting_gap_on_a_healthy_node_of_an_agent_policy_is_reported() {
+    let t0 = Instant::now();
+    let mut view = view_with([
+        mk_node("bare").into(),
+        mk_node("failing").into(),
+        with_agent("covered", true).into(),
+    ]);
+    view.agent_adverts
+        .insert("covered".into(), agent_advert(t0 + MISSING_AFTER));
+    let mut coverage = AgentCoverage::default();
+    coverage.observe(&view, t0);
+    let mut health = healthy(&["bare", "covered"]);
+    health.insert("failing".into(), NodeHealth::Failed { since: t0 });
+    let agent = policy(FencingProof::Agent, Action::OutOfServiceTaint);
+    // Not yet lasting: an agent's pod replaced comes back within seconds.
+    let soon = t0 + MISSING_AFTER - Duration::from_secs(1);
+    coverage.observe(&view, soon);
+    assert!(coverage.unprotected(&agent, &health, soon).is_empty());
+    let then = t0 + MISSING_AFTER;
+    coverage.observe(&view, then);
+    assert_eq!(
+        coverage.unprotected(&agent, &health, then),
+        vec![("bare".to_string(), AgentGap::Absent)]
+    );
+    // A policy that does not rely on agents reports nothing.
+    for other in [
+        policy(FencingProof::None, Action::OutOfServiceTaint),
+        policy(FencingProof::External, Action::OutOfServiceTaint),
+        policy(FencingProof::Agent, Action::DeletePods),
+    ] {
+        assert!(coverage.unprotected(&other, &health, then).is_empty());
+    }
+    // A gap that changes (or closes) starts over.
+    view.nodes.insert(
+        "bare".into(),
+        std::sync::Arc::new(with_agent("bare", false)),
+    );
+    coverage.observe(&view, then);
+    assert!(coverage.unprotected(&agent, &health, then).is_empty());
+}
+
+#[test]
+fn the_message_counts_every_node_and_names_the_first_few() {
+    let unprotected: Vec<(String, AgentGap)> = (1..=7)
+        .map(|i| (format!("node-{i}"), AgentGap::WithoutWatchdog))
+        .collect();
+    let message = describe_unprotected(&unprotected, 10);
+    assert!(message.starts_with("7 of 10 watched nodes"), "{message}");
+    assert!(
+        message.contains("node-5 (agent without a usable watchdog) and 2 more"),
+        "{message}"
+    );
+    assert!(!message.contains("node-6"), "{message}");
+}
