@@ -6,7 +6,11 @@
 //! On the Node (annotations, see [`NODE_ANNOTATIONS`]):
 //! - [`AGENT_PORT_ANNOTATION`] and [`AGENT_FENCED_WITHIN_ANNOTATION`]: written by the agent when
 //!   it starts; read by podha's prober (where to probe, [`agent_addr`]) and by the `Agent`
-//!   proof (how long a silent agent takes to fence, [`fenced_within`]).
+//!   proof (how long a silent agent takes to fence, [`fenced_within`]). Only an agent that pets
+//!   a watchdog writes the second: without one its silence proves nothing.
+//! - [`AGENT_WATCHDOG_ANNOTATION`]: written by the agent with them: the watchdog it pets, or
+//!   why it pets none ([`watchdog_value`], [`no_watchdog_value`]); for people, podha decides
+//!   nothing by it.
 //! - [`FENCE_REQUEST_ANNOTATION`]: written by podha's leader ([`fence_request`]); read by the
 //!   agent (or the user's fence controller), which learns from it the boot it is for
 //!   ([`requested_boot`]).
@@ -49,17 +53,23 @@ pub const FENCE_ACK_ANNOTATION: &str = "podha.io/fence-ack";
 /// Node annotation the agent sets when it starts: the port podha's leader probes it on (at
 /// the node's InternalIP). podha probes only nodes that carry it.
 pub const AGENT_PORT_ANNOTATION: &str = "podha.io/agent-port";
-/// Node annotation the agent sets when it starts: how long after podha last heard it the node
-/// is fenced at the latest, if podha does not hear it again (the isolation timeout with a
-/// watchdog, more without one; see `agent::isolation::fenced_within`), as a humantime duration.
-/// podha's `Agent` proof adds its margin.
+/// Node annotation the agent sets when it starts, only while it pets a watchdog: how long after
+/// podha last heard it the node is fenced at the latest, if podha does not hear it again (its
+/// isolation timeout; see `agent::isolation::fenced_within`), as a humantime duration. podha's
+/// `Agent` proof adds its margin; without this annotation an agent's silence proves nothing.
 pub const AGENT_FENCED_WITHIN_ANNOTATION: &str = "podha.io/agent-fenced-within";
+/// Node annotation the agent sets when it starts: the timeout of the watchdog it pets, as a
+/// humantime duration ([`watchdog_value`]), or `none: <why>` when it pets none
+/// ([`no_watchdog_value`]): what tells an operator why a node has no
+/// [`AGENT_FENCED_WITHIN_ANNOTATION`], and so no proof by its agent's silence.
+pub const AGENT_WATCHDOG_ANNOTATION: &str = "podha.io/agent-watchdog";
 
 /// Every Node annotation of the contract: podha's cache of Nodes keeps these (and drops the
 /// rest), so one added here reaches the decisions.
-pub const NODE_ANNOTATIONS: [&str; 5] = [
+pub const NODE_ANNOTATIONS: [&str; 6] = [
     AGENT_PORT_ANNOTATION,
     AGENT_FENCED_WITHIN_ANNOTATION,
+    AGENT_WATCHDOG_ANNOTATION,
     AGENT_KEY_ANNOTATION,
     FENCE_REQUEST_ANNOTATION,
     FENCE_ACK_ANNOTATION,
@@ -147,11 +157,43 @@ pub fn agent_key(node: &Node) -> Option<PublicKey> {
 
 /// The value of [`AGENT_FENCED_WITHIN_ANNOTATION`] the agent writes.
 pub fn fenced_within_value(fenced_within: Duration) -> String {
-    humantime::format_duration(fenced_within).to_string()
+    duration_value(fenced_within)
+}
+
+/// A duration as the agent's annotations say it (humantime: `10s`, `1m 16s`).
+fn duration_value(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+/// The value of [`AGENT_WATCHDOG_ANNOTATION`] of an agent that pets a watchdog whose timeout
+/// (the one the agent goes by) is `timeout`.
+pub fn watchdog_value(timeout: Duration) -> String {
+    duration_value(timeout)
+}
+
+/// What [`AGENT_WATCHDOG_ANNOTATION`] starts with for an agent that pets no watchdog.
+const NO_WATCHDOG_PREFIX: &str = "none: ";
+/// How many characters of why an agent pets no watchdog its annotation keeps: the gist of an
+/// error (the agent's log has all of it), short enough to read in `kubectl describe node`.
+const NO_WATCHDOG_REASON_MAX: usize = 200;
+
+/// The value of [`AGENT_WATCHDOG_ANNOTATION`] of an agent that pets no watchdog, for `why`:
+/// on one line, at most [`NO_WATCHDOG_REASON_MAX`] characters of it (the last an ellipsis when
+/// cut).
+pub fn no_watchdog_value(why: &str) -> String {
+    let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
+    let reason = if why.chars().count() > NO_WATCHDOG_REASON_MAX {
+        let mut cut: String = why.chars().take(NO_WATCHDOG_REASON_MAX - 1).collect();
+        cut.push('…');
+        cut
+    } else {
+        why
+    };
+    format!("{NO_WATCHDOG_PREFIX}{reason}")
 }
 
 /// What the node's agent advertises in [`AGENT_FENCED_WITHIN_ANNOTATION`]; `None` without an
-/// agent or when the value is not a duration.
+/// agent, without a watchdog, or when the value is not a duration.
 pub fn fenced_within(node: &Node) -> Option<Duration> {
     let value = node
         .metadata
@@ -208,6 +250,32 @@ mod tests {
             assert!(policy.contains(&rule), "the chart's policy lacks {rule}");
         }
         assert!(agent_lease_name(&"n".repeat(longest + 1)).len() == AGENT_LEASE_PREFIX.len() + 16);
+    }
+
+    /// The chart's node-annotations policy guards every Node annotation of the contract, and
+    /// lets an agent write all but the fence request.
+    #[test]
+    fn the_charts_policy_guards_every_node_annotation_of_the_contract() {
+        let policy = include_str!("../charts/podha/templates/admission-policies.yaml");
+        let flat = policy.split_whitespace().collect::<Vec<_>>().join(" ");
+        let list = |keys: &[&str]| {
+            let quoted: Vec<String> = keys.iter().map(|k| format!("'{k}'")).collect();
+            format!("[{}]", quoted.join(", "))
+        };
+        let agent_keys: Vec<&str> = NODE_ANNOTATIONS
+            .into_iter()
+            .filter(|k| *k != FENCE_REQUEST_ANNOTATION)
+            .collect();
+        let agent_writes = format!("name: agentKeys expression: \"{}\"", list(&agent_keys));
+        assert!(
+            flat.contains(&agent_writes),
+            "the chart's policy lacks {agent_writes}"
+        );
+        let guarded = format!("{}.filter(k,", list(&NODE_ANNOTATIONS));
+        assert!(
+            flat.contains(&guarded),
+            "the chart's policy lacks {guarded}"
+        );
     }
 
     fn node_at(addresses: &[(&str, &str)], port: Option<&str>) -> Node {
@@ -276,6 +344,25 @@ mod tests {
             AGENT_FENCED_WITHIN_ANNOTATION,
             "podha.io/agent-fenced-within"
         );
+        assert_eq!(AGENT_WATCHDOG_ANNOTATION, "podha.io/agent-watchdog");
+    }
+
+    #[test]
+    fn an_agent_names_its_watchdogs_timeout_or_why_it_has_none_on_one_short_line() {
+        assert_eq!(watchdog_value(Duration::from_secs(10)), "10s");
+        assert_eq!(watchdog_value(Duration::from_millis(9_500)), "9s 500ms");
+        assert_eq!(no_watchdog_value("not configured"), "none: not configured");
+        assert_eq!(
+            no_watchdog_value("refusing the watchdog /dev/watchdog:\n  its driver\thas nowayout"),
+            "none: refusing the watchdog /dev/watchdog: its driver has nowayout"
+        );
+        let long = "é".repeat(NO_WATCHDOG_REASON_MAX + 1);
+        let value = no_watchdog_value(&long);
+        let reason = value.strip_prefix(NO_WATCHDOG_PREFIX).expect("prefix");
+        assert_eq!(reason.chars().count(), NO_WATCHDOG_REASON_MAX);
+        assert!(reason.ends_with("é…"), "{reason}");
+        let fits = "é".repeat(NO_WATCHDOG_REASON_MAX);
+        assert_eq!(no_watchdog_value(&fits), format!("none: {fits}"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What the agent tells podha about itself, and takes back when it stops:
 //! - the advert on its Node ([`Advert`]: the port podha probes, how soon a silent agent fences
-//!   its node), put back whenever the Node lacks it;
+//!   its node, which only an agent with a watchdog says, and its watchdog or why it has none),
+//!   put back whenever the Node lacks it or carries more;
 //! - its Lease in podha's namespace ([`AdvertLease`], see [`crate::contract`]), renewed while
 //!   the agent runs and owned by its Pod, so that an agent uninstalled, moved away by a
 //!   nodeSelector or stopped for good no longer passes for one that fences: podha counts a
@@ -22,7 +23,8 @@ use tracing::{info, warn};
 
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL,
-    AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, PublicKey, agent_lease_name, fenced_within_value,
+    AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION, PublicKey,
+    agent_lease_name, fenced_within_value,
 };
 
 /// How long the withdrawal on SIGTERM may take, both writes together: the watchdog is
@@ -32,52 +34,77 @@ const WITHDRAW_WITHIN: Duration = Duration::from_secs(2);
 /// The field manager of the agent's server-side applies.
 const FIELD_MANAGER: &str = "podha-agent";
 
-/// What the agent tells podha on its Node: that an agent runs here, on this port, and how long
-/// after podha last heard it its node is fenced at the latest (`fenced_within`).
+/// Every annotation an advert may put on its Node: what [`removal`] takes off.
+const ANNOTATIONS: [&str; 4] = [
+    AGENT_PORT_ANNOTATION,
+    AGENT_FENCED_WITHIN_ANNOTATION,
+    AGENT_WATCHDOG_ANNOTATION,
+    AGENT_KEY_ANNOTATION,
+];
+
+/// What the agent tells podha on its Node: that an agent runs here, on this port, how long
+/// after podha last heard it its node is fenced at the latest (`fenced_within`: only with a
+/// watchdog), and the watchdog it pets or why it pets none.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Advert {
     pub port: u16,
-    pub fenced_within: Duration,
+    /// `None` without a watchdog: the Node must then carry none, or podha would count the
+    /// agent's silence as a fence (a frozen node without a watchdog never fences itself).
+    pub fenced_within: Option<Duration>,
+    /// The value of `podha.io/agent-watchdog` (see [`super::watchdog::advertised`]).
+    pub watchdog: String,
     /// The key this agent signs its words with (see `crate::contract::words`).
     pub key: PublicKey,
 }
 
 impl Advert {
-    fn annotations(&self) -> [(&'static str, String); 3] {
+    /// Each annotation of the advert ([`ANNOTATIONS`], in that order) with the value it must
+    /// have on the Node; `None`: it must not be there.
+    fn annotations(&self) -> [(&'static str, Option<String>); 4] {
         [
-            (AGENT_PORT_ANNOTATION, self.port.to_string()),
+            (AGENT_PORT_ANNOTATION, Some(self.port.to_string())),
             (
                 AGENT_FENCED_WITHIN_ANNOTATION,
-                fenced_within_value(self.fenced_within),
+                self.fenced_within.map(fenced_within_value),
             ),
-            (AGENT_KEY_ANNOTATION, self.key.encode()),
+            (AGENT_WATCHDOG_ANNOTATION, Some(self.watchdog.clone())),
+            (AGENT_KEY_ANNOTATION, Some(self.key.encode())),
         ]
     }
 
     /// Whether `node` lacks this advert, or carries another: a Node deleted and registered
     /// again comes back without it, and podha, which probes only nodes that advertise an
-    /// agent, would stop hearing this one (whose node it would then fence).
+    /// agent, would stop hearing this one (whose node it would then fence). Another is also
+    /// an annotation this advert has not, as a `fenced_within` a worker with a watchdog left
+    /// before this one started without.
     pub fn missing_from(&self, node: &Node) -> bool {
         let annotations = node.metadata.annotations.as_ref();
         self.annotations()
             .iter()
-            .any(|(key, value)| annotations.and_then(|a| a.get(*key)) != Some(value))
+            .any(|(key, value)| annotations.and_then(|a| a.get(*key)) != value.as_ref())
     }
 
-    pub(super) async fn put_on(&self, nodes: &Api<Node>, name: &str) {
+    /// The merge patch that puts this advert on its Node: each annotation set, or removed
+    /// (`null`) where the advert has none.
+    fn patch(&self) -> serde_json::Value {
         let annotations: serde_json::Map<String, serde_json::Value> = self
             .annotations()
             .into_iter()
-            .map(|(k, v)| (k.to_string(), v.into()))
+            .map(|(k, v)| (k.to_string(), v.map_or(serde_json::Value::Null, Into::into)))
             .collect();
-        let patch = json!({"metadata": {"annotations": annotations}});
+        json!({"metadata": {"annotations": annotations}})
+    }
+
+    pub(super) async fn put_on(&self, nodes: &Api<Node>, name: &str) {
         match nodes
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(name, &PatchParams::default(), &Patch::Merge(&self.patch()))
             .await
         {
             Ok(_) => info!(
                 node = name,
                 port = self.port,
+                fenced_within = ?self.fenced_within,
+                watchdog = self.watchdog,
                 "agent advertised on the node"
             ),
             // The watch delivers the Node again (or podha's next write does): tried then.
@@ -88,12 +115,7 @@ impl Advert {
     /// Takes this agent's advert off `node` (the Node `name` as last seen), if it carries any
     /// of it: podha stops probing the agent, and its silence stops counting as a fence.
     pub(super) async fn take_off(&self, nodes: &Api<Node>, name: &str, node: &Node) {
-        let annotations = node.metadata.annotations.as_ref();
-        if !self
-            .annotations()
-            .iter()
-            .any(|(key, _)| annotations.is_some_and(|a| a.contains_key(*key)))
-        {
+        if !carries_any(node) {
             return;
         }
         if let Err(e) = nodes
@@ -105,13 +127,21 @@ impl Advert {
     }
 }
 
+/// Whether `node` carries any annotation of an advert.
+fn carries_any(node: &Node) -> bool {
+    let annotations = node.metadata.annotations.as_ref();
+    ANNOTATIONS
+        .iter()
+        .any(|key| annotations.is_some_and(|a| a.contains_key(*key)))
+}
+
 /// The merge patch that takes an advert off its Node.
 fn removal() -> serde_json::Value {
-    json!({"metadata": {"annotations": {
-        AGENT_PORT_ANNOTATION: null,
-        AGENT_FENCED_WITHIN_ANNOTATION: null,
-        AGENT_KEY_ANNOTATION: null,
-    }}})
+    let annotations: serde_json::Map<String, serde_json::Value> = ANNOTATIONS
+        .iter()
+        .map(|key| (key.to_string(), serde_json::Value::Null))
+        .collect();
+    json!({"metadata": {"annotations": annotations}})
 }
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
@@ -239,18 +269,24 @@ mod tests {
             .fold(mk_node("n1"), |n, (k, v)| n.annotation(k, v))
     }
 
+    fn advert(fenced_within: Option<Duration>, watchdog: &str) -> Advert {
+        Advert {
+            port: 9441,
+            fenced_within,
+            watchdog: watchdog.into(),
+            key: crate::contract::Identity::generate().expect("key").public(),
+        }
+    }
+
     #[test]
     fn a_node_without_the_agents_advert_or_with_another_one_is_advertised_again() {
-        let key = crate::contract::Identity::generate().expect("key").public();
-        let advert = Advert {
-            port: 9441,
-            fenced_within: Duration::from_secs(30),
-            key,
-        };
+        let advert = advert(Some(Duration::from_secs(30)), "10s");
+        let key = advert.key.encode();
         let carried = node(&[
             (AGENT_PORT_ANNOTATION, "9441"),
             (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
-            (AGENT_KEY_ANNOTATION, &key.encode()),
+            (AGENT_WATCHDOG_ANNOTATION, "10s"),
+            (AGENT_KEY_ANNOTATION, &key),
             (FENCE_ACK_ANNOTATION, "r1"),
         ]);
         assert!(!advert.missing_from(&carried));
@@ -260,14 +296,99 @@ mod tests {
         let older = node(&[
             (AGENT_PORT_ANNOTATION, "9441"),
             (AGENT_FENCED_WITHIN_ANNOTATION, "46s"),
+            (AGENT_WATCHDOG_ANNOTATION, "10s"),
+            (AGENT_KEY_ANNOTATION, &key),
         ]);
         assert!(advert.missing_from(&older), "another agent's timing");
         let rekeyed = node(&[
             (AGENT_PORT_ANNOTATION, "9441"),
             (AGENT_FENCED_WITHIN_ANNOTATION, "30s"),
+            (AGENT_WATCHDOG_ANNOTATION, "10s"),
             (AGENT_KEY_ANNOTATION, "another-key"),
         ]);
         assert!(advert.missing_from(&rekeyed), "another agent's key");
+        let unwatched = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_WATCHDOG_ANNOTATION, "none: not configured"),
+            (AGENT_KEY_ANNOTATION, &key),
+        ]);
+        assert!(advert.missing_from(&unwatched), "no fenced-within");
+    }
+
+    /// An agent without a watchdog: the Node must carry no fenced-within, and one left there
+    /// (by a worker that had a watchdog) is taken off.
+    #[test]
+    fn an_agent_without_a_watchdog_advertises_no_fenced_within_and_takes_an_old_one_off() {
+        let advert = advert(
+            None,
+            "none: there is no watchdog /dev/watchdog on this node",
+        );
+        let key = advert.key.encode();
+        let unwatched = [
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (
+                AGENT_WATCHDOG_ANNOTATION,
+                "none: there is no watchdog /dev/watchdog on this node",
+            ),
+            (AGENT_KEY_ANNOTATION, key.as_str()),
+        ];
+        assert!(!advert.missing_from(&node(&unwatched)));
+        let left_behind =
+            node(&[&unwatched[..], &[(AGENT_FENCED_WITHIN_ANNOTATION, "30s")]].concat());
+        assert!(
+            advert.missing_from(&left_behind),
+            "a fenced-within it does not advertise"
+        );
+        let watched = node(&[
+            (AGENT_PORT_ANNOTATION, "9441"),
+            (AGENT_WATCHDOG_ANNOTATION, "10s"),
+            (AGENT_KEY_ANNOTATION, &key),
+        ]);
+        assert!(advert.missing_from(&watched), "another watchdog word");
+        assert_eq!(
+            advert.patch(),
+            json!({"metadata": {"annotations": {
+                AGENT_PORT_ANNOTATION: "9441",
+                AGENT_FENCED_WITHIN_ANNOTATION: null,
+                AGENT_WATCHDOG_ANNOTATION: "none: there is no watchdog /dev/watchdog on this node",
+                AGENT_KEY_ANNOTATION: key,
+            }}})
+        );
+    }
+
+    #[test]
+    fn an_agent_with_a_watchdog_advertises_its_timeout_and_how_soon_its_node_is_fenced() {
+        let advert = advert(Some(Duration::from_secs(30)), "10s");
+        assert_eq!(
+            advert.patch(),
+            json!({"metadata": {"annotations": {
+                AGENT_PORT_ANNOTATION: "9441",
+                AGENT_FENCED_WITHIN_ANNOTATION: "30s",
+                AGENT_WATCHDOG_ANNOTATION: "10s",
+                AGENT_KEY_ANNOTATION: advert.key.encode(),
+            }}})
+        );
+    }
+
+    #[test]
+    fn the_withdrawal_takes_off_every_annotation_an_advert_writes() {
+        let written = advert(Some(Duration::from_secs(30)), "10s").patch();
+        let removed = removal();
+        let keys = |patch: &serde_json::Value| {
+            patch["metadata"]["annotations"]
+                .as_object()
+                .map(|a| a.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(keys(&written), keys(&removed));
+        assert!(
+            removed["metadata"]["annotations"]
+                .as_object()
+                .is_some_and(|a| a.values().all(serde_json::Value::is_null)),
+            "{removed}"
+        );
+        assert!(carries_any(&node(&[(AGENT_WATCHDOG_ANNOTATION, "10s")])));
+        assert!(!carries_any(&node(&[(FENCE_ACK_ANNOTATION, "r1")])));
     }
 
     #[tokio::test]

@@ -1,4 +1,5 @@
-//! What the agent counts of the words it would not believe, served at `/metrics` on its port:
+//! What the agent counts of the words it would not believe, and whether it pets a watchdog,
+//! served at `/metrics` on its port:
 //! - `podha_agent_requests_refused_total{path}`: requests to `/heartbeat` or `/peer` that
 //!   were not signed by a key this agent trusts (podha's leader's, or a peer's as its peer list
 //!   says), answered `401` and nothing else;
@@ -6,13 +7,16 @@
 //!   the agent did not issue or already took (a replay, or the first probe of a leader): they
 //!   tell the agent nothing of being heard;
 //! - `podha_agent_peer_answers_unverified_total`: survey answers not signed by the peer's key,
-//!   counted as no answer.
+//!   counted as no answer;
+//! - `podha_agent_watchdog_armed`: 1 while the agent pets a watchdog, 0 when it runs without
+//!   one (none configured, or none usable: its node is then not agent-protected, see
+//!   `super::watchdog::run_without`).
 //!
 //! One set per process (the agent is one process per node).
 
 use std::sync::LazyLock;
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 use crate::metrics::register;
 
@@ -21,6 +25,7 @@ struct Counters {
     refused: IntCounterVec,
     stale: IntCounter,
     unverified: IntCounter,
+    watchdog_armed: IntGauge,
 }
 
 static COUNTERS: LazyLock<Counters> =
@@ -54,11 +59,20 @@ impl Counters {
                 "Peer answers not signed by the peer's key, counted as no answer.",
             )?,
         )?;
+        let watchdog_armed = register(
+            &registry,
+            IntGauge::new(
+                "podha_agent_watchdog_armed",
+                "1 while the agent pets a watchdog; 0 without one, when its silence proves no \
+                 fence of its node.",
+            )?,
+        )?;
         Ok(Self {
             registry,
             refused,
             stale,
             unverified,
+            watchdog_armed,
         })
     }
 }
@@ -80,9 +94,27 @@ pub fn unverified_peer_answer() {
     COUNTERS.unverified.inc();
 }
 
+/// Whether the agent pets a watchdog (set once it opened it, or knows it has none).
+pub fn watchdog_armed(armed: bool) {
+    COUNTERS.watchdog_armed.set(i64::from(armed));
+}
+
 /// The counters in Prometheus' text format.
 pub fn render() -> String {
     TextEncoder::new()
         .encode_to_string(&COUNTERS.registry.gather())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_gauge_says_whether_the_agent_pets_one() {
+        watchdog_armed(false);
+        assert!(render().contains("\npodha_agent_watchdog_armed 0\n"));
+        watchdog_armed(true);
+        assert!(render().contains("\npodha_agent_watchdog_armed 1\n"));
+    }
 }

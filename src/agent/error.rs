@@ -55,6 +55,13 @@ pub enum ArgsError {
 /// Why the watchdog device could not be armed.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchdogError {
+    #[error("there is no watchdog {} on this node (no such file)", .path.display())]
+    Missing { path: PathBuf },
+    #[error("cannot look at the watchdog {}: {source}", .path.display())]
+    Inspect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(
         "the watchdog {} is neither a character device (a watchdog) nor a FIFO or regular \
          file standing in for one",
@@ -62,7 +69,9 @@ pub enum WatchdogError {
     )]
     NotAWatchdogFile { path: PathBuf },
     #[error(
-        "the watchdog {} is no character device: a FIFO or a regular file only stands in for          one where that is declared (--watchdog-stand-in, a test's BMC); with it a node is          never reset",
+        "the watchdog {} is no character device: a FIFO or a regular file only stands in for \
+         one where that is declared (--watchdog-stand-in, a test's BMC); with it a node is \
+         never reset",
         .path.display()
     )]
     StandInNotDeclared { path: PathBuf },

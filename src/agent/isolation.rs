@@ -250,20 +250,12 @@ fn round_secs(d: Duration) -> Duration {
 /// - With a watchdog (timeout at most half of `timeout`), the isolation timeout: the agent
 ///   stops petting once a watchdog that stopped then would fire within it ([`pet_watchdog`]),
 ///   so the node is reset by then, whatever the agent decides or whether it runs at all.
-/// - Without one, the agent's own decision: the first check past the isolation timeout (at
-///   most `check_interval` later) surveys its peers (at most `survey_limit`); the `Fence`
-///   verdict must then hold for [`CONFIRM`], which the first verdict of a later survey shows,
-///   one check interval and one survey after the last verdict that was too early.
-pub fn fenced_within(
-    timeout: Duration,
-    check_interval: Duration,
-    survey_limit: Duration,
-    watchdog: Option<Duration>,
-) -> Duration {
-    match watchdog {
-        Some(_) => timeout,
-        None => timeout + 2 * (check_interval + survey_limit) + CONFIRM,
-    }
+/// - Without one, `None`: the agent still fences its node on isolation by its own decision
+///   ([`decide`]), as a last resort, but a frozen or hung agent decides nothing, and its node
+///   would thaw into a cluster that moved its volumes. So it advertises nothing, and its
+///   silence proves no fence.
+pub fn fenced_within(timeout: Duration, watchdog: Option<Duration>) -> Option<Duration> {
+    watchdog.map(|_| timeout)
 }
 
 #[cfg(test)]
@@ -276,16 +268,10 @@ mod tests {
     }
 
     #[test]
-    fn a_watchdog_fences_by_the_isolation_timeout_the_agent_alone_by_its_slowest_decision() {
-        let (timeout, check, survey) = (secs(30), secs(1), secs(6));
-        assert_eq!(
-            fenced_within(timeout, check, survey, Some(secs(10))),
-            secs(30)
-        );
-        // 30 s, a check 1 s later, a survey of 6 s: the first Fence verdict by 37 s. The
-        // verdict that shows it held 2 s comes at most a check and a survey (7 s) after the
-        // last one that came too early (before 39 s): by 46 s.
-        assert_eq!(fenced_within(timeout, check, survey, None), secs(46));
+    fn only_an_agent_with_a_watchdog_says_when_its_node_is_fenced() {
+        assert_eq!(fenced_within(secs(30), Some(secs(10))), Some(secs(30)));
+        assert_eq!(fenced_within(secs(30), Some(secs(15))), Some(secs(30)));
+        assert_eq!(fenced_within(secs(30), None), None);
     }
 
     const T: Duration = Duration::from_secs(30);

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::contract::AGENT_PROBE_INTERVAL;
 use crate::leader::DEFAULT_LEASE_NAME;
@@ -47,7 +47,7 @@ use leader_key::LeaderKey;
 use peer_list::SavedList;
 use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
-use watchdog::Watchdog;
+use watchdog::{Unwatched, Watchdog};
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
 /// to count as heard, in a survey that starts when half the timeout has passed, as with the
@@ -131,7 +131,9 @@ pub struct AgentArgs {
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
     /// hears this node (or hears nobody), disarmed on SIGTERM. A device must have magic close
     /// and no nowayout. A FIFO or a regular file only with `--watchdog-stand-in`. Without one,
-    /// a frozen node is not reset: see docs/agent.md.
+    /// or where there is none or it cannot be used (the agent then runs without and says why
+    /// on the Node), a frozen node is not reset, and its agent's silence proves nothing: see
+    /// docs/agent.md.
     #[arg(long, env = "PODHA_AGENT_WATCHDOG", requires = "watchdog_timeout")]
     pub watchdog: Option<PathBuf>,
     /// The watchdog's timeout: set on the device (rounded up to whole seconds) and read back,
@@ -195,20 +197,18 @@ impl AgentArgs {
         }
     }
 
-    /// The watchdog, if there is one, opened (and so armed) with the timeout the agent goes
-    /// by: the latest a device resets the node by what it reads back, which fits
-    /// [`Self::watchdog_bounds`] or the agent does not start; see [`watchdog`].
-    async fn open_watchdog(&self) -> Result<Option<Watchdog>, WatchdogError> {
-        match (&self.watchdog, self.watchdog_timeout) {
-            (Some(path), Some(timeout)) => Watchdog::open(
-                path,
-                timeout,
-                self.watchdog_bounds(),
-                self.watchdog_stand_in,
-            )
-            .await
-            .map(Some),
-            _ => Ok(None),
+    /// The watchdog the agent pets, opened (and so armed) with the timeout it goes by: the
+    /// latest a device resets the node by what it reads back, which fits
+    /// [`Self::watchdog_bounds`] (see [`watchdog`]). Or why it pets none: none configured, or
+    /// none usable on this node ([`watchdog::run_without`]). An error stops the agent.
+    async fn open_watchdog(&self) -> Result<Result<Watchdog, Unwatched>, WatchdogError> {
+        let (Some(path), Some(timeout)) = (&self.watchdog, self.watchdog_timeout) else {
+            return Ok(Err(Unwatched::NotConfigured));
+        };
+        let stand_in = self.watchdog_stand_in;
+        match Watchdog::open(path, timeout, self.watchdog_bounds(), stand_in).await {
+            Ok(watchdog) => Ok(Ok(watchdog)),
+            Err(error) => watchdog::run_without(error, stand_in).map(Err),
         }
     }
 
@@ -305,6 +305,25 @@ fn endpoints(
     })
 }
 
+/// Logs why the agent on `node` pets no watchdog, if it pets none: its node is then not
+/// agent-protected. A watchdog configured but unusable is a warning (the operator meant one).
+fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
+    match watchdog {
+        Ok(_) => {}
+        Err(Unwatched::NotConfigured) => info!(
+            node,
+            "no watchdog (--watchdog): this node is not agent-protected: a silence of its agent \
+             proves no fence, podha's Agent proof needs an acknowledged fence request for it"
+        ),
+        Err(Unwatched::Unusable(error)) => warn!(
+            node,
+            error = %error,
+            "running without a watchdog: this node is not agent-protected: a silence of its agent \
+             proves no fence, podha's Agent proof needs an acknowledged fence request for it"
+        ),
+    }
+}
+
 async fn run(args: AgentArgs) -> Result<(), AgentError> {
     args.check()?;
     crate::listen::raise_open_file_limit();
@@ -337,21 +356,19 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         within: args.fence_confirm_within,
     });
     let fencer = Arc::new(Fencer::new(args.fence.clone(), confirm, &args.node));
-    let survey_times = args.survey_times();
     let router = server::router(endpoints);
     let serve = async move { axum::serve(listener, router).await };
     // A device's own timeout from here on (it may have rounded what it was asked).
     let mut watchdog = args.open_watchdog().await?;
-    let fenced_within = isolation::fenced_within(
-        args.isolation_timeout,
-        args.check_interval,
-        survey_times.limit(),
-        watchdog.as_ref().map(Watchdog::timeout),
-    );
-    info!(node = %args.node, listen = %listening.addr, timeout = ?args.isolation_timeout, ?fenced_within, "podha agent started");
+    say_unwatched(&args.node, &watchdog);
+    counters::watchdog_armed(watchdog.is_ok());
+    let watchdog_timeout = watchdog.as_ref().ok().map(Watchdog::timeout);
+    let fenced_within = isolation::fenced_within(args.isolation_timeout, watchdog_timeout);
+    info!(node = %args.node, listen = %listening.addr, timeout = ?args.isolation_timeout, ?watchdog_timeout, ?fenced_within, "podha agent started");
     let advert = advert::Advert {
         port: listening.addr.port(),
         fenced_within,
+        watchdog: watchdog::advertised(&watchdog),
         key: identity.public(),
     };
     let owner = args
@@ -363,7 +380,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (result, terminated) = tokio::select! {
         r = serve => (r.map_err(AgentError::Serve), false),
         r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => (r, false),
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut(), &mut hearing_file) => (Ok(()), false),
+        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Ok(()), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
@@ -375,7 +392,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // Stopped on purpose: the watchdog would otherwise reset the node. A part that failed
     // leaves it armed, as a killed agent does: the supervisor starts a worker at once, which
     // pets it only as the rules say (the node's advert, and podha's proof, stand meanwhile).
-    if terminated && let Some(watchdog) = watchdog {
+    if terminated && let Ok(watchdog) = watchdog {
         watchdog.disarm();
     }
     // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again):

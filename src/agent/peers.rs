@@ -54,11 +54,9 @@ mod connect;
 pub const IN_FLIGHT: usize = 256;
 /// How long a survey and its parts may take, from its deadline (`--survey-timeout`, 5 s by
 /// default): what the survey has by then decides (few answers fence). The longest a survey
-/// takes ([`SurveyTimes::limit`]) bounds the watchdog timeout from below and, without a
-/// watchdog, is part of what the agent advertises for podha's `Agent` proof
-/// (`isolation::fenced_within`). A short deadline suits a small cluster on a fast network: a
-/// survey that runs out before the answers decide fences a node podha may merely not hear
-/// while its leader changes.
+/// takes ([`SurveyTimes::limit`]) bounds the watchdog timeout from below. A short deadline
+/// suits a small cluster on a fast network: a survey that runs out before the answers decide
+/// fences a node podha may merely not hear while its leader changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SurveyTimes {
     /// After this, no new peer is asked.

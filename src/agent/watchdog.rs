@@ -23,10 +23,18 @@
 //!     must already have that timeout. The timeout read back is the one the agent goes by;
 //!     one that [`check_timeout`] refuses is refused ([`settle`]).
 //!
-//!   A device refused once open is disarmed and closed: the agent stops without arming it.
+//!   A device refused once open is disarmed and closed, unless it was running before (a
+//!   crashed worker's countdown goes on).
 //! - **A FIFO or a regular file** stands in for a device (the sim's BMC watchdog is a FIFO, as
 //!   no test may open a real one): it has no ioctls, and its timeout is `--watchdog-timeout`,
 //!   as declared.
+//!
+//! A node with no usable watchdog says so and is not agent-protected ([`run_without`]): when
+//! `--watchdog` names nothing on this node, or a device the agent refuses or cannot open, the
+//! agent runs without one ([`Unwatched`]) and advertises no `fenced_within`, so podha's
+//! `Agent` proof counts no silence of it (a frozen node without a watchdog never fences itself,
+//! and would thaw into a cluster that moved its volumes). A stand-in, or a file that can be no
+//! watchdog, stops the agent instead: that is a mistake in its options, not a node without one.
 
 use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
@@ -37,6 +45,7 @@ use podha_watchdog_device::{self as device, DeviceNumber, Support};
 use tracing::{error, info, warn};
 
 use super::{ArgsError, WatchdogError, WatchdogRefusal};
+use crate::contract::{no_watchdog_value, watchdog_value};
 
 /// How long opening the device may take (a FIFO standing in for one opens once its reader is
 /// there).
@@ -108,9 +117,14 @@ enum Kind {
 
 /// What the file at `path` is (without opening it).
 fn kind(path: &Path) -> Result<Kind, WatchdogError> {
-    let meta = std::fs::metadata(path).map_err(|source| WatchdogError::Open {
-        path: path.to_path_buf(),
-        source,
+    let meta = std::fs::metadata(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => WatchdogError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => WatchdogError::Inspect {
+            path: path.to_path_buf(),
+            source,
+        },
     })?;
     let file_type = meta.file_type();
     if file_type.is_char_device() {
@@ -300,6 +314,7 @@ impl Watchdog {
                 let dog = Self::new(path, file, requested);
                 if running {
                     // A crashed worker's countdown goes on: closed without disarming.
+                    warn!(watchdog = %path.display(), error = %refusal, "the refused watchdog was running before the agent opened it: closed armed, it resets the node unless something pets it");
                     drop(dog);
                 } else {
                     dog.disarm();
@@ -348,6 +363,61 @@ impl Watchdog {
                 error!(watchdog = %self.path.display(), error = %e, "cannot disarm the watchdog")
             }
         }
+    }
+}
+
+/// Why the agent pets no watchdog: its node is not agent-protected (it advertises no
+/// `fenced_within`, and podha's `Agent` proof needs an acknowledged fence request for it).
+#[derive(Debug, thiserror::Error)]
+pub enum Unwatched {
+    /// No `--watchdog`.
+    #[error("not configured")]
+    NotConfigured,
+    /// `--watchdog` names nothing on this node, or a device the agent refused or could not
+    /// open (see [`run_without`]).
+    #[error(transparent)]
+    Unusable(WatchdogError),
+}
+
+/// What the agent says of its watchdog on its Node (`podha.io/agent-watchdog`): the timeout
+/// it goes by, or why it pets none.
+pub fn advertised(watchdog: &Result<Watchdog, Unwatched>) -> String {
+    match watchdog {
+        Ok(watchdog) => watchdog_value(watchdog.timeout()),
+        Err(why) => no_watchdog_value(&why.to_string()),
+    }
+}
+
+/// Whether the agent runs on without a watchdog after failing to open the one at `--watchdog`
+/// (declared a `stand_in` or not) with `error`: `Ok` with the reason where the node has no
+/// usable watchdog device, `Err` (the agent stops) where its options are wrong.
+///
+/// - Nothing at the path, a character device the agent refuses (nowayout, no magic close, a
+///   timeout that does not fit: disarmed by [`Watchdog::open`] unless it was running), or one
+///   it cannot open (`EACCES`, `EBUSY`: another program holds it): a node without a usable
+///   watchdog, which a chart that sets `--watchdog /dev/watchdog` on every node meets on many.
+///   Runs on, not agent-protected.
+/// - A declared stand-in that fails (a test's BMC): that test's node would be taken for
+///   protected by a watchdog nobody pets. Stops.
+/// - A file that can be no watchdog (a FIFO or a regular file not declared a stand-in, a
+///   directory, a socket), a path that cannot be looked at: a mistake in `--watchdog`, which a
+///   node without a watchdog does not make; running on would hide it on every node.
+///   Stops.
+/// - An open that did not return in time, or whose task failed: it may still complete and arm
+///   the device with nobody petting it; the supervisor's next worker tries again. Stops.
+pub fn run_without(error: WatchdogError, stand_in: bool) -> Result<Unwatched, WatchdogError> {
+    if stand_in {
+        return Err(error);
+    }
+    match error {
+        WatchdogError::Missing { .. }
+        | WatchdogError::Refused { .. }
+        | WatchdogError::Open { .. } => Ok(Unwatched::Unusable(error)),
+        WatchdogError::Inspect { .. }
+        | WatchdogError::NotAWatchdogFile { .. }
+        | WatchdogError::StandInNotDeclared { .. }
+        | WatchdogError::OpenTimedOut { .. }
+        | WatchdogError::OpenTask { .. } => Err(error),
     }
 }
 

@@ -23,8 +23,9 @@ pub struct Fencing {
     /// `Agent` (the default): the node's podha agent (docs/agent.md) fenced it: it
     /// acknowledged the fence podha asked for on the Node, or it has not answered podha's
     /// heartbeat for as long as it advertises on the Node (`podha.io/agent-fenced-within`, its
-    /// isolation timeout, advertised only by an agent that pets a watchdog) plus
-    /// `agentMargin`, by which time an agent cut off from podha has fenced its node itself.
+    /// isolation timeout) plus `agentMargin`, by which time its watchdog has reset a node cut
+    /// off from podha or frozen. Only an agent that pets a watchdog advertises that: a frozen
+    /// node without one never fences itself.
     /// The silence counts only for an agent podha heard right before it (within 3 s) in its
     /// current leadership term, and only while podha hears a strict majority of the other
     /// agents (an agent whose peers say podha hears nobody stays up); otherwise podha holds
@@ -47,9 +48,9 @@ pub struct Fencing {
     #[serde(default)]
     pub proof: FencingProof,
     /// With proof `Agent`: how much longer than the time the agent advertises
-    /// (`podha.io/agent-fenced-within`, which includes the agent's own checks and peer
-    /// surveys) podha waits on a silent agent. It covers the fence itself (a reboot, a BMC's
-    /// power-off) and the delay of podha's heartbeat probes. At most 1h.
+    /// (`podha.io/agent-fenced-within`) podha waits on a silent agent. It covers the fence
+    /// itself (a reboot, a BMC's power-off) and the delay of podha's heartbeat probes. At most
+    /// 1h.
     #[serde(default = "default_agent_margin")]
     #[x_kube(validation = Rule::new("duration(self) <= duration('1h')").message("fencing.agentMargin must be at most 1h"))]
     pub agent_margin: HumanDuration,

@@ -29,16 +29,18 @@ pub fn node(node: &mut Node) {
     // A node keeps its resourceVersion: the taint patch is built on the cached node and
     // guarded by it (one request instead of a read and a write).
     let version = node.metadata.resource_version.take();
-    // And the agent contract's (its endpoint, timeout and key, the fence request and its
-    // acknowledgement): what the `Agent` proof and the heartbeat read. Named one by one so that
-    // an annotation added to the contract does not compile until it is kept here too.
-    let [port, fenced_within, key, request, ack] = NODE_ANNOTATIONS;
+    // And the agent contract's (its endpoint, timeout, watchdog and key, the fence request and
+    // its acknowledgement): what the `Agent` proof and the heartbeat read, and what tells why a
+    // node's agent proves nothing by its silence. Named one by one so that an annotation added
+    // to the contract does not compile until it is kept here too.
+    let [port, fenced_within, watchdog, key, request, ack] = NODE_ANNOTATIONS;
     trim_meta(
         &mut node.metadata,
         &[
             TAINT_MARKER_ANNOTATION,
             port,
             fenced_within,
+            watchdog,
             key,
             request,
             ack,
@@ -179,8 +181,8 @@ pub fn volume_attachment(va: &mut VolumeAttachment) {
 mod tests {
     use super::*;
     use crate::contract::{
-        AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-        FENCE_REQUEST_ANNOTATION,
+        AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
+        FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION,
     };
     use crate::test_builders::*;
     use k8s_openapi::api::core::v1::EnvVar;
@@ -241,6 +243,7 @@ mod tests {
             .annotation(TAINT_MARKER_ANNOTATION, "p")
             .annotation(AGENT_PORT_ANNOTATION, "9441")
             .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
+            .annotation(AGENT_WATCHDOG_ANNOTATION, "10s")
             .annotation(FENCE_REQUEST_ANNOTATION, "p/1/b")
             .annotation(FENCE_ACK_ANNOTATION, "p/1/b")
             .annotation("other", "x");
@@ -256,7 +259,7 @@ mod tests {
             n.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.len() == 5 && !a.contains_key("other"))
+                .is_some_and(|a| a.len() == 6 && !a.contains_key("other"))
         );
         let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
         assert_eq!(info.map(|i| i.boot_id.as_str()), Some("b"));

@@ -21,7 +21,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use libtest_mimic::Arguments;
 use podha::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_LABEL, AGENT_PORT_ANNOTATION,
-    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, agent_lease_name,
+    AGENT_WATCHDOG_ANNOTATION, FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, agent_lease_name,
 };
 use podha_sim::chart_rbac::{self, RELEASE};
 use podha_sim::testkit::*;
@@ -128,6 +128,7 @@ async fn node_annotations(w: &Writers) -> anyhow::Result<()> {
     for key in [
         AGENT_PORT_ANNOTATION,
         AGENT_FENCED_WITHIN_ANNOTATION,
+        AGENT_WATCHDOG_ANNOTATION,
         AGENT_KEY_ANNOTATION,
         FENCE_ACK_ANNOTATION,
     ] {

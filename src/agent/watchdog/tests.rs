@@ -219,7 +219,7 @@ fn a_character_device_is_asked_and_a_fifo_or_a_file_stands_in_for_one() {
     let err = kind(&dir).unwrap_err().to_string();
     assert!(err.contains("is neither a character device"), "{err}");
     let err = kind(&dir.join("missing")).unwrap_err().to_string();
-    assert!(err.contains("cannot open the watchdog"), "{err}");
+    assert!(err.contains("there is no watchdog"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -286,6 +286,148 @@ async fn pets_are_writes_and_a_disarm_is_a_v() {
         .err()
         .expect("no such device")
         .to_string();
-    assert!(err.contains("cannot open the watchdog"), "{err}");
+    assert!(err.contains("there is no watchdog"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every way opening the watchdog can fail, as `--watchdog` a stand-in or not.
+async fn every_open_error(path: &Path) -> Vec<(&'static str, WatchdogError)> {
+    let path = || path.to_path_buf();
+    let task = tokio::spawn(std::future::pending::<()>());
+    task.abort();
+    let cancelled = task.await.expect_err("aborted");
+    vec![
+        ("missing", WatchdogError::Missing { path: path() }),
+        (
+            "refused",
+            WatchdogError::Refused {
+                path: path(),
+                source: WatchdogRefusal::Nowayout,
+            },
+        ),
+        (
+            "not opened: EACCES",
+            WatchdogError::Open {
+                path: path(),
+                source: std::io::ErrorKind::PermissionDenied.into(),
+            },
+        ),
+        (
+            "not opened: EBUSY",
+            WatchdogError::Open {
+                path: path(),
+                source: std::io::ErrorKind::ResourceBusy.into(),
+            },
+        ),
+        (
+            "not looked at",
+            WatchdogError::Inspect {
+                path: path(),
+                source: std::io::ErrorKind::NotADirectory.into(),
+            },
+        ),
+        (
+            "a directory",
+            WatchdogError::NotAWatchdogFile { path: path() },
+        ),
+        (
+            "a file not declared a stand-in",
+            WatchdogError::StandInNotDeclared { path: path() },
+        ),
+        (
+            "an open that hangs",
+            WatchdogError::OpenTimedOut {
+                path: path(),
+                after: OPEN_TIMEOUT,
+            },
+        ),
+        (
+            "an open whose task failed",
+            WatchdogError::OpenTask {
+                path: path(),
+                source: cancelled,
+            },
+        ),
+    ]
+}
+
+/// A node without a usable watchdog device runs on, not agent-protected; a mistake in the
+/// options, or a stand-in that fails, stops the agent.
+#[tokio::test]
+async fn only_a_missing_refused_or_unopenable_device_lets_the_agent_run_without_a_watchdog() {
+    let runs_without = [
+        "missing",
+        "refused",
+        "not opened: EACCES",
+        "not opened: EBUSY",
+    ];
+    for (what, error) in every_open_error(Path::new("/dev/watchdog")).await {
+        let text = error.to_string();
+        match run_without(error, false) {
+            Ok(Unwatched::Unusable(kept)) => {
+                assert!(runs_without.contains(&what), "{what}: runs without");
+                assert_eq!(kept.to_string(), text, "{what}: the reason kept whole");
+            }
+            Ok(Unwatched::NotConfigured) => panic!("{what}: not configured?"),
+            Err(stops) => {
+                assert!(!runs_without.contains(&what), "{what}: stops");
+                assert_eq!(stops.to_string(), text, "{what}");
+            }
+        }
+    }
+    for (what, error) in every_open_error(Path::new("/run/bmc/watchdog")).await {
+        assert!(
+            run_without(error, true).is_err(),
+            "a stand-in {what}: stops"
+        );
+    }
+}
+
+/// `--watchdog /dev/watchdog` on a node without one: nothing is opened, and the agent runs on
+/// saying so.
+#[tokio::test]
+async fn a_watchdog_path_that_is_not_there_is_a_node_without_a_watchdog() {
+    let dir = temp_dir("absent");
+    let absent = dir.join("watchdog");
+    let error = Watchdog::open(&absent, s(10), BOUNDS, false)
+        .await
+        .err()
+        .expect("nothing there");
+    let unwatched = run_without(error, false).expect("runs without");
+    assert_eq!(
+        unwatched.to_string(),
+        format!(
+            "there is no watchdog {} on this node (no such file)",
+            absent.display()
+        )
+    );
+    assert_eq!(
+        advertised(&Err(unwatched)),
+        format!(
+            "none: there is no watchdog {} on this node (no such file)",
+            absent.display()
+        )
+    );
+    assert_eq!(
+        advertised(&Err(Unwatched::NotConfigured)),
+        "none: not configured"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stand-in declared: what the agent advertises is its declared timeout.
+#[tokio::test]
+async fn an_armed_watchdog_is_advertised_by_its_timeout() {
+    let dir = temp_dir("advertised");
+    let device = dir.join("watchdog");
+    std::fs::write(&device, "").expect("device");
+    let dog = Watchdog::open(&device, s(10), BOUNDS, true)
+        .await
+        .expect("open");
+    let armed = Ok(dog);
+    assert_eq!(advertised(&armed), "10s");
+    if let Ok(dog) = armed {
+        dog.disarm();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
