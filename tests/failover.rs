@@ -58,8 +58,12 @@ fn main() -> ExitCode {
     // Every scenario mostly waits; run them all at once.
     args.test_threads.get_or_insert(8);
     let shared = Arc::new(
-        SharedCluster::new(env!("CARGO_TARGET_TMPDIR"), "podha-failover", NODES, None)
-            .with_agents(env!("CARGO_BIN_EXE_podha"), agent::ISOLATION_TIMEOUT),
+        SharedCluster::new(env!("CARGO_TARGET_TMPDIR"), "podha-failover", NODES, None).with_agents(
+            env!("CARGO_BIN_EXE_podha"),
+            agent::ISOLATION_TIMEOUT,
+            agent::WATCHDOG_TIMEOUT,
+            agent::SURVEY_TIMEOUT,
+        ),
     );
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;

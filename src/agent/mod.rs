@@ -82,7 +82,8 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "[::]:9441")]
     pub listen: SocketAddr,
     /// How long podha may not hear this node before it fences itself (unless its peers show
-    /// podha hears nobody). podha's `AgentSilence` proof waits this long plus a margin.
+    /// podha hears nobody). podha's `Agent` proof (by the agent's silence) waits this long plus
+    /// `fencing.agentMargin`, for an agent that pets a watchdog.
     #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub isolation_timeout: Duration,
     /// How often the agent checks whether it is heard.

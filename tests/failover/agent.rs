@@ -37,6 +37,11 @@ use podha_sim::testkit::*;
 /// The agents' isolation timeout in this suite: longer than podha takes to judge a node dead
 /// on its Lease (12 s grace, 3 probes), so the silence proof is what the taint waits for.
 pub const ISOLATION_TIMEOUT: Duration = Duration::from_secs(15);
+/// The watchdog of each node's BMC, which its agent pets: more than a check (1 s) and the
+/// longest survey (2.5 s), at most half the isolation timeout.
+pub const WATCHDOG_TIMEOUT: Duration = Duration::from_secs(5);
+/// The agents' peer surveys: a small cluster on loopback.
+pub const SURVEY_TIMEOUT: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_secs(2);
 /// The scenario's nodes: the only ones whose agents fence (the second one's on its own, 3.).
 const PAIR: [&str; 2] = ["node-23", "node-24"];
@@ -202,13 +207,19 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         let after = Duration::from_millis(
             u64::try_from(fence.at_ms.saturating_sub(cut_ms)).unwrap_or(u64::MAX),
         );
-        // Heard until the cut; the fence verdict holds 2 s and the check runs every second.
+        // Heard until the cut, at most two probe intervals before it. The watchdog fires by
+        // the isolation timeout after that hearing: the agent stops petting it a check (1 s)
+        // before it would fire later. Without it, the agent's own fence verdict holds 2 s
+        // after a check and a survey. A restarted agent that forgot when podha last heard
+        // its node would have pet the watchdog on and fenced nothing.
+        let earliest = ISOLATION_TIMEOUT - Duration::from_secs(3);
         let latest = ISOLATION_TIMEOUT + Duration::from_secs(7);
-        if fence.reason.contains("asked") || after < ISOLATION_TIMEOUT || after > latest {
+        if fence.reason.contains("asked") || after < earliest || after > latest {
             bail!(
                 "{target} fenced {after:.1?} after podha was cut off from its agent ({fence:?}): \
-                 expected its own fence between the isolation timeout ({ISOLATION_TIMEOUT:?}) \
-                 and {latest:?}, however late the agent was restarted"
+                 expected its own fence (or its watchdog's) between {earliest:?} and \
+                 {latest:?} (isolation timeout {ISOLATION_TIMEOUT:?}), however late the agent \
+                 was restarted"
             );
         }
         log(
@@ -367,7 +378,7 @@ async fn said_proof(ctx: &Ctx<'_>, node: &str, proof: &str) -> anyhow::Result<()
 }
 
 /// How long after podha last heard it node `node`'s agent says its node is fenced at the
-/// latest (its annotation): without a watchdog, more than its isolation timeout.
+/// latest (its annotation): with a watchdog, its isolation timeout.
 async fn advertised_fenced_within(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Duration> {
     let n = ctx.nodes().get(node).await?;
     let value = n
@@ -377,10 +388,10 @@ async fn advertised_fenced_within(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<D
         .and_then(|a| a.get(podha::contract::AGENT_FENCED_WITHIN_ANNOTATION))
         .with_context(|| format!("{node}'s agent advertised no fenced-within time"))?;
     let fenced_within = humantime::parse_duration(value)?;
-    if fenced_within <= ISOLATION_TIMEOUT {
+    if fenced_within != ISOLATION_TIMEOUT {
         bail!(
-            "{node}'s agent has no watchdog but advertised {value}: fenced within its isolation \
-             timeout ({ISOLATION_TIMEOUT:?}) it cannot be"
+            "{node}'s agent pets a watchdog but advertised {value}, not its isolation timeout \
+             ({ISOLATION_TIMEOUT:?})"
         );
     }
     Ok(fenced_within)

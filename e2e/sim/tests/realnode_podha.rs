@@ -385,7 +385,7 @@ enum Proof {
     /// The policy's own (the default, the agent's).
     Policy,
     /// A person's word: the node dies with the leading replica, so the new leader never heard
-    /// its agent and holds it (docs/agent.md, "Residual risks"); the policy says so
+    /// its agent and holds it (docs/agent.md, "What is not there yet"); the policy says so
     /// (`Degraded`, reason `FencingPending`), nothing moves, and the person who checked the
     /// node is off sets `fencing.proof: None` (put back to the default after the failover).
     PersonAfterHold,

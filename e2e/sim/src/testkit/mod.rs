@@ -66,14 +66,22 @@ impl SharedCluster {
         self
     }
 
-    /// Runs a podha agent beside every kwok node: `exe` is the podha executable, cut off
-    /// agents fence after `isolation_timeout`.
-    pub fn with_agents(mut self, exe: impl Into<PathBuf>, isolation_timeout: Duration) -> Self {
+    /// Runs a podha agent beside every kwok node, petting the watchdog of the node's BMC (an
+    /// agent without one proves no fence by its silence): `exe` is the podha executable, cut
+    /// off agents fence after `isolation_timeout`, their watchdogs fire `watchdog_timeout`
+    /// after their last pet, and their peer surveys take at most `survey_timeout`.
+    pub fn with_agents(
+        mut self,
+        exe: impl Into<PathBuf>,
+        isolation_timeout: Duration,
+        watchdog_timeout: Duration,
+        survey_timeout: Duration,
+    ) -> Self {
         self.agents = Some(crate::cluster::Agents {
             exe: exe.into(),
             isolation_timeout,
-            survey_timeout: None,
-            watchdog_timeout: None,
+            survey_timeout: Some(survey_timeout),
+            watchdog_timeout: Some(watchdog_timeout),
         });
         self
     }
