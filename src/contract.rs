@@ -9,8 +9,8 @@
 //!   proof (how long a silent agent takes to fence, [`fenced_within`]). Only an agent that pets
 //!   a watchdog writes the second: without one its silence proves nothing.
 //! - [`AGENT_WATCHDOG_ANNOTATION`]: written by the agent with them: the watchdog it pets, or
-//!   why it pets none ([`watchdog_value`], [`no_watchdog_value`]); for people, podha decides
-//!   nothing by it.
+//!   why it pets none ([`watchdog_value`], [`no_watchdog_value`]); podha counts the agent's
+//!   fenced-within time only beside a watchdog named there ([`fenced_within`]).
 //! - [`FENCE_REQUEST_ANNOTATION`]: written by podha's leader ([`fence_request`]); read by the
 //!   agent (or the user's fence controller), which learns from it the boot it is for
 //!   ([`requested_boot`]).
@@ -193,14 +193,15 @@ pub fn no_watchdog_value(why: &str) -> String {
 }
 
 /// What the node's agent advertises in [`AGENT_FENCED_WITHIN_ANNOTATION`]; `None` without an
-/// agent, without a watchdog, or when the value is not a duration.
+/// agent, when the value is not a duration, or unless [`AGENT_WATCHDOG_ANNOTATION`] names the
+/// watchdog the agent pets (a duration): a time left on the Node by an agent from before that
+/// annotation, or beside an agent that says it pets none (its advert not yet replaced), proves
+/// nothing.
 pub fn fenced_within(node: &Node) -> Option<Duration> {
-    let value = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(AGENT_FENCED_WITHIN_ANNOTATION)?;
-    humantime::parse_duration(value).ok()
+    let annotations = node.metadata.annotations.as_ref()?;
+    let watchdog = annotations.get(AGENT_WATCHDOG_ANNOTATION)?;
+    humantime::parse_duration(watchdog).ok()?;
+    humantime::parse_duration(annotations.get(AGENT_FENCED_WITHIN_ANNOTATION)?).ok()
 }
 
 /// The value of [`FENCE_REQUEST_ANNOTATION`] podha writes: `<policy>/<unix ms>/<bootID>`,
@@ -408,9 +409,23 @@ mod tests {
                 &fenced_within_value(Duration::from_secs(38)),
             )
             .annotation(AGENT_PORT_ANNOTATION, "9441");
-        assert_eq!(fenced_within(&with_agent), Some(Duration::from_secs(38)));
+        // The time counts only beside the watchdog the agent pets: an advert left by an agent
+        // from before the watchdog annotation, or beside one that says none, proves nothing.
+        assert_eq!(fenced_within(&with_agent), None);
+        let unwatched = with_agent.clone().annotation(
+            AGENT_WATCHDOG_ANNOTATION,
+            &no_watchdog_value("not configured"),
+        );
+        assert_eq!(fenced_within(&unwatched), None);
+        let watched = with_agent.annotation(
+            AGENT_WATCHDOG_ANNOTATION,
+            &watchdog_value(Duration::from_secs(10)),
+        );
+        assert_eq!(fenced_within(&watched), Some(Duration::from_secs(38)));
         assert_eq!(fenced_within(&mk_node("n1")), None);
-        let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
+        let garbled = mk_node("n1")
+            .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon")
+            .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
         assert_eq!(fenced_within(&garbled), None);
         assert_eq!(agent_addr(&mk_node("n1")), None, "no agent");
     }

@@ -45,7 +45,11 @@ kubectl apply -f "$here/podha-csi/"
 kubectl -n podha-csi rollout status deployment/podha-csi-controller --timeout=120s
 kubectl -n podha-csi rollout status daemonset/podha-csi-node --timeout=120s
 
-"$helm" install podha "$repo/charts/podha" -n podha-system --create-namespace --wait --timeout 180s
+# kind's nodes are containers on this machine's kernel: the chart's agent would reboot the
+# machine (sysrq-reboot) or arm its watchdog. It detects a shared kernel and refuses both, but
+# this kit does not rely on that: no agent, and the policy chooses proof None.
+"$helm" install podha "$repo/charts/podha" -n podha-system --create-namespace --wait --timeout 180s \
+  --set agent.enabled=false
 kubectl apply -f "$here/policy.yaml"
 kubectl create namespace chaos --dry-run=client -o yaml | kubectl apply -f -
 kubectl apply -f "$here/writer.yaml"

@@ -31,6 +31,11 @@ use crate::contract::{
 /// disarmed before it, and the pod's grace period is far longer.
 const WITHDRAW_WITHIN: Duration = Duration::from_secs(2);
 
+/// How soon an advert the Node refused (the API server unreachable, an admission policy of an
+/// older release) is tried again: a Node that took none shows the last agent's, which may name
+/// a watchdog this agent does not pet.
+pub const ADVERT_RETRY: Duration = Duration::from_secs(5);
+
 /// The field manager of the agent's server-side applies.
 const FIELD_MANAGER: &str = "podha-agent";
 
@@ -95,20 +100,27 @@ impl Advert {
         json!({"metadata": {"annotations": annotations}})
     }
 
-    pub(super) async fn put_on(&self, nodes: &Api<Node>, name: &str) {
+    /// Returns whether the Node took it; the caller tries again after [`ADVERT_RETRY`] until it
+    /// does: an older agent's advert (another watchdog, or none) stands meanwhile.
+    pub(super) async fn put_on(&self, nodes: &Api<Node>, name: &str) -> bool {
         match nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&self.patch()))
             .await
         {
-            Ok(_) => info!(
-                node = name,
-                port = self.port,
-                fenced_within = ?self.fenced_within,
-                watchdog = self.watchdog,
-                "agent advertised on the node"
-            ),
-            // The watch delivers the Node again (or podha's next write does): tried then.
-            Err(e) => warn!(node = name, error = %e, "cannot advertise the agent on the node yet"),
+            Ok(_) => {
+                info!(
+                    node = name,
+                    port = self.port,
+                    fenced_within = ?self.fenced_within,
+                    watchdog = self.watchdog,
+                    "agent advertised on the node"
+                );
+                true
+            }
+            Err(e) => {
+                warn!(node = name, error = %e, retry = ?ADVERT_RETRY, "cannot advertise the agent on the node yet");
+                false
+            }
         }
     }
 

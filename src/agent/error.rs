@@ -80,6 +80,16 @@ pub enum WatchdogError {
         path: PathBuf,
         source: WatchdogRefusal,
     },
+    #[error(
+        "refusing the watchdog {}, which was running before this agent opened it (a crashed \
+         agent's countdown): closed armed, it resets the node unless the next agent can pet it: \
+         {source}",
+        .path.display()
+    )]
+    RefusedRunning {
+        path: PathBuf,
+        source: WatchdogRefusal,
+    },
     #[error("opening the watchdog {} took over {after:?}", .path.display())]
     OpenTimedOut { path: PathBuf, after: Duration },
     #[error("opening the watchdog {}: {source}", .path.display())]

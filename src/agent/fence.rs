@@ -15,13 +15,16 @@ pub enum FenceMethod {
     Write { path: PathBuf, text: String },
     /// A shell command.
     Command(String),
+    /// No fence: the configured one would reboot a kernel other nodes share (the reason, see
+    /// `super::shared_kernel`); every fence fails and says why.
+    Refused(String),
 }
 
 impl FenceMethod {
     pub fn parse(s: &str) -> Result<Self, ArgsError> {
         let method = match s.split_once(':') {
             _ if s == "sysrq-reboot" => Some(Self::Write {
-                path: "/proc/sysrq-trigger".into(),
+                path: SYSRQ_TRIGGER.into(),
                 text: "b".into(),
             }),
             Some(("write", what)) => what.split_once('=').and_then(|(path, text)| {
@@ -35,7 +38,16 @@ impl FenceMethod {
         };
         method.ok_or_else(|| ArgsError::NoFenceMethod(s.to_string()))
     }
+
+    /// Whether the fence reboots the kernel the agent runs on (`sysrq-reboot`, or a `write:`
+    /// to `/proc/sysrq-trigger`).
+    pub fn reboots_kernel(&self) -> bool {
+        matches!(self, Self::Write { path, .. } if path == std::path::Path::new(SYSRQ_TRIGGER))
+    }
 }
+
+/// The kernel's magic SysRq trigger: `b` reboots at once.
+const SYSRQ_TRIGGER: &str = "/proc/sysrq-trigger";
 
 /// What a fence answers: podha's silence (an isolation episode, until podha hears the node
 /// again) or one of podha's fence requests.
@@ -175,6 +187,7 @@ impl Fencer {
                         .then_some(())
                         .ok_or_else(|| format!("{cmd:?} failed: {status}"))
                 }),
+            FenceMethod::Refused(reason) => Err(format!("no fence carried out: {reason}")),
         }
     }
 
@@ -238,6 +251,30 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn only_sysrq_reboots_the_kernel() {
+        let reboots = |s: &str| FenceMethod::parse(s).expect(s).reboots_kernel();
+        assert!(reboots("sysrq-reboot"));
+        assert!(reboots("write:/proc/sysrq-trigger=b"));
+        assert!(!reboots("write:/run/bmc/power=off"));
+        assert!(!reboots("command:ipmitool power off"));
+    }
+
+    #[tokio::test]
+    async fn a_refused_fence_fails_and_says_why() {
+        let fencer = Fencer::new(
+            FenceMethod::Refused("node a shares its kernel with node b".into()),
+            None,
+            "a",
+        );
+        assert_eq!(
+            fencer.fence(FenceCause::Isolation, "test").await,
+            Fenced::Failed
+        );
+        let err = fencer.run("test").await.expect_err("refused");
+        assert!(err.contains("shares its kernel with node b"), "{err}");
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ mod peer_list;
 pub mod peers;
 mod requests;
 pub mod server;
+pub mod shared_kernel;
 pub mod supervisor;
 pub mod watchdog;
 
@@ -47,6 +48,7 @@ use leader_key::LeaderKey;
 use peer_list::SavedList;
 use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
+use shared_kernel::SharedKernel;
 use watchdog::{Unwatched, Watchdog};
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
@@ -84,7 +86,7 @@ pub struct AgentArgs {
     /// How long podha may not hear this node before it fences itself (unless its peers show
     /// podha hears nobody). podha's `Agent` proof (by the agent's silence) waits this long plus
     /// `fencing.agentMargin`, for an agent that pets a watchdog.
-    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "40s")]
     pub isolation_timeout: Duration,
     /// How often the agent checks whether it is heard.
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
@@ -202,11 +204,19 @@ impl AgentArgs {
     /// latest a device resets the node by what it reads back, which fits
     /// [`Self::watchdog_bounds`] (see [`watchdog`]). Or why it pets none: none configured, or
     /// none usable on this node ([`watchdog::run_without`]). An error stops the agent.
-    async fn open_watchdog(&self) -> Result<Result<Watchdog, Unwatched>, WatchdogError> {
+    async fn open_watchdog(
+        &self,
+        shared: Option<&SharedKernel>,
+    ) -> Result<Result<Watchdog, Unwatched>, WatchdogError> {
         let (Some(path), Some(timeout)) = (&self.watchdog, self.watchdog_timeout) else {
             return Ok(Err(Unwatched::NotConfigured));
         };
         let stand_in = self.watchdog_stand_in;
+        // A device on a kernel other nodes share is the host's (see `shared_kernel`); a
+        // declared stand-in is the node's own (the sim's BMC).
+        if let Some(shared) = shared.filter(|_| !stand_in) {
+            return Ok(Err(Unwatched::SharesKernel(shared.clone())));
+        }
         match Watchdog::open(path, timeout, self.watchdog_bounds(), stand_in).await {
             Ok(watchdog) => Ok(Ok(watchdog)),
             Err(error) => watchdog::run_without(error, stand_in).map(Err),
@@ -316,6 +326,13 @@ fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
             "no watchdog (--watchdog): this node is not agent-protected: a silence of its agent \
              proves no fence, podha's Agent proof needs an acknowledged fence request for it"
         ),
+        Err(Unwatched::SharesKernel(shared)) => warn!(
+            node,
+            %shared,
+            "no watchdog device on a kernel other nodes share: this node is not agent-protected: \
+             a silence of its agent proves no fence, podha's Agent proof needs an acknowledged \
+             fence request for it"
+        ),
         Err(Unwatched::Unusable(error)) => warn!(
             node,
             error = %error,
@@ -356,11 +373,16 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         command,
         within: args.fence_confirm_within,
     });
-    let fencer = Arc::new(Fencer::new(args.fence.clone(), confirm, &args.node));
+    let shared = shared_kernel::check(&kube::Api::all(client.clone()), &args.node).await;
+    let fence = match &shared {
+        Some(shared) if args.fence.reboots_kernel() => FenceMethod::Refused(shared.to_string()),
+        _ => args.fence.clone(),
+    };
+    let fencer = Arc::new(Fencer::new(fence, confirm, &args.node));
     let router = server::router(endpoints);
     let serve = async move { axum::serve(listener, router).await };
     // A device's own timeout from here on (it may have rounded what it was asked).
-    let mut watchdog = args.open_watchdog().await?;
+    let mut watchdog = args.open_watchdog(shared.as_ref()).await?;
     say_unwatched(&args.node, &watchdog);
     counters::watchdog_armed(watchdog.is_ok());
     let watchdog_timeout = watchdog.as_ref().ok().map(Watchdog::timeout);
@@ -425,6 +447,29 @@ mod tests {
         <Cli as clap::Parser>::try_parse_from(argv)
             .expect("flags")
             .agent
+    }
+
+    #[tokio::test]
+    async fn a_kernel_other_nodes_share_gets_no_watchdog_device_but_a_stand_in_is_kept() {
+        let shared = SharedKernel {
+            me: "n1".into(),
+            with: "n2".into(),
+            boot_id: "b".into(),
+        };
+        // Not even looked at: the path does not exist, and the answer is the shared kernel.
+        let missing =
+            std::env::temp_dir().join(format!("podha-no-watchdog-{}", std::process::id()));
+        let device = format!("--watchdog={}", missing.display());
+        let args = agent_args(&[&device, "--watchdog-timeout=10s"]);
+        let opened = args.open_watchdog(Some(&shared)).await;
+        assert!(
+            matches!(&opened, Ok(Err(Unwatched::SharesKernel(s))) if *s == shared),
+            "expected no watchdog on a shared kernel"
+        );
+        // A declared stand-in (the sim's BMC) is the node's own: opened as configured (here
+        // it does not exist, which stops the agent).
+        let args = agent_args(&[&device, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
+        assert!(args.open_watchdog(Some(&shared)).await.is_err());
     }
 
     #[test]

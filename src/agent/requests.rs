@@ -15,7 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use super::{AgentError, FenceCause, Fenced, Fencer, advert::Advert};
+use super::advert::{ADVERT_RETRY, Advert};
+use super::{AgentError, FenceCause, Fenced, Fencer};
 use crate::contract::{
     FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, internal_ip, requested_boot,
 };
@@ -54,18 +55,36 @@ pub async fn follow(
         .backoff(crate::backoff::node_watch())
         .applied_objects()
         .boxed();
+    // The last advert the Node refused, tried again every `ADVERT_RETRY` until it takes one
+    // (the watch may deliver nothing new for minutes).
+    let mut refused = false;
     loop {
-        match stream.try_next().await {
+        let next = if refused {
+            tokio::select! {
+                next = stream.try_next() => Some(next),
+                () = tokio::time::sleep(ADVERT_RETRY) => None,
+            }
+        } else {
+            Some(stream.try_next().await)
+        };
+        let Some(next) = next else {
+            refused = !advert.put_on(&nodes, name).await;
+            continue;
+        };
+        match next {
             Ok(Some(node)) => {
                 match internal_ip(&node) {
                     Some(ip) if !listening.serves(ip) => {
                         // podha and the peers would dial an address this agent does not
                         // listen on: its silence must not count as a fence.
                         error!(node = name, %ip, listen = %listening.addr, "podha and the peers dial this node at an address the agent does not listen on: not advertising it");
+                        refused = false;
                         advert.take_off(&nodes, name, &node).await;
                     }
-                    _ if advert.missing_from(&node) => advert.put_on(&nodes, name).await,
-                    _ => {}
+                    _ if advert.missing_from(&node) => {
+                        refused = !advert.put_on(&nodes, name).await;
+                    }
+                    _ => refused = false,
                 }
                 if let Some(request) = unanswered(&node) {
                     answer(&nodes, name, request, boot.as_deref(), &fencer).await;

@@ -313,13 +313,17 @@ impl Watchdog {
             Err(refusal) => {
                 let dog = Self::new(path, file, requested);
                 if running {
-                    // A crashed worker's countdown goes on: closed without disarming.
-                    warn!(watchdog = %path.display(), error = %refusal, "the refused watchdog was running before the agent opened it: closed armed, it resets the node unless something pets it");
+                    // A crashed worker's countdown goes on: closed without disarming. The
+                    // agent stops (see `run_without`), and the next one tries again in time.
                     drop(dog);
+                    Err(WatchdogError::RefusedRunning {
+                        path: path.to_path_buf(),
+                        source: refusal,
+                    })
                 } else {
                     dog.disarm();
+                    Err(refused(refusal))
                 }
-                Err(refused(refusal))
             }
         }
     }
@@ -377,6 +381,9 @@ pub enum Unwatched {
     /// open (see [`run_without`]).
     #[error(transparent)]
     Unusable(WatchdogError),
+    /// The node shares its kernel with another node: a device there is the host's.
+    #[error(transparent)]
+    SharesKernel(super::shared_kernel::SharedKernel),
 }
 
 /// What the agent says of its watchdog on its Node (`podha.io/agent-watchdog`): the timeout
@@ -393,8 +400,7 @@ pub fn advertised(watchdog: &Result<Watchdog, Unwatched>) -> String {
 /// usable watchdog device, `Err` (the agent stops) where its options are wrong.
 ///
 /// - Nothing at the path, a character device the agent refuses (nowayout, no magic close, a
-///   timeout that does not fit: disarmed by [`Watchdog::open`] unless it was running), or one
-///   it cannot open (`EACCES`, `EBUSY`: another program holds it): a node without a usable
+///   timeout that does not fit: disarmed by [`Watchdog::open`]), or one it cannot open (`EACCES`, `EBUSY`: another program holds it): a node without a usable
 ///   watchdog, which a chart that sets `--watchdog /dev/watchdog` on every node meets on many.
 ///   Runs on, not agent-protected.
 /// - A declared stand-in that fails (a test's BMC): that test's node would be taken for
@@ -405,6 +411,9 @@ pub fn advertised(watchdog: &Result<Watchdog, Unwatched>) -> String {
 ///   Stops.
 /// - An open that did not return in time, or whose task failed: it may still complete and arm
 ///   the device with nobody petting it; the supervisor's next worker tries again. Stops.
+/// - A device refused that was running before (a crashed worker's countdown, closed armed):
+///   running on would leave it to reset the node for sure; the next worker may take it (a
+///   refusal that passes, an ioctl that failed once) and pet it in time. Stops.
 pub fn run_without(error: WatchdogError, stand_in: bool) -> Result<Unwatched, WatchdogError> {
     if stand_in {
         return Err(error);
@@ -417,7 +426,8 @@ pub fn run_without(error: WatchdogError, stand_in: bool) -> Result<Unwatched, Wa
         | WatchdogError::NotAWatchdogFile { .. }
         | WatchdogError::StandInNotDeclared { .. }
         | WatchdogError::OpenTimedOut { .. }
-        | WatchdogError::OpenTask { .. } => Err(error),
+        | WatchdogError::OpenTask { .. }
+        | WatchdogError::RefusedRunning { .. } => Err(error),
     }
 }
 

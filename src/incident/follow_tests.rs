@@ -757,7 +757,7 @@ fn phases_follow_the_recorded_steps() {
     let t0 = Instant::now();
     let mut f = Incident::new("n1", "db", None, t0);
     assert_eq!(f.phase(), FailoverPhase::Acting);
-    f.record_hold("TooManyUnhealthyNodes: 3 of 4 nodes failed", false);
+    f.record_hold("TooManyUnhealthyNodes: 3 of 4 nodes failed");
     assert_eq!(f.phase(), FailoverPhase::Held);
     assert_eq!(
         f.to_record(|_| Time(Timestamp::UNIX_EPOCH))
@@ -771,7 +771,7 @@ fn phases_follow_the_recorded_steps() {
         FailoverPhase::Detaching,
         "an action lifts the hold"
     );
-    f.record_hold("DryRun", false);
+    f.record_hold("DryRun");
     assert_eq!(
         f.phase(),
         FailoverPhase::Detaching,

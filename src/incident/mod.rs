@@ -79,8 +79,8 @@ pub struct Incident {
     pub still_attached: Vec<String>,
     /// Why actions are held, while no action was taken.
     pub held: Option<String>,
-    /// Whether that hold waits for the proof that the node is fenced.
-    pub held_for_proof: bool,
+    /// Whether this round's plan holds the node until its fence is proven (set every round).
+    pub awaiting_proof: bool,
     /// When the node was seen healthy again, if before recovery.
     pub node_returned_at: Option<Instant>,
 }
@@ -110,7 +110,7 @@ impl Incident {
             timed_out_at: None,
             still_attached: Vec::new(),
             held: None,
-            held_for_proof: false,
+            awaiting_proof: false,
             node_returned_at: None,
         }
     }
@@ -168,7 +168,6 @@ impl Incident {
         if self.acted_at.is_none() {
             self.acted_at = Some(now);
             self.held = None;
-            self.held_for_proof = false;
         }
     }
 
@@ -186,22 +185,20 @@ impl Incident {
         }
         self.acted_at = Some(now);
         self.held = None;
-        self.held_for_proof = false;
         Some(PhaseChange::Acted { at: now })
     }
 
-    /// Notes that actions are held (safety limit, dry run, a fence not proven yet: `for_proof`);
-    /// shown until an action is taken.
-    pub fn record_hold(&mut self, reason: impl Into<String>, for_proof: bool) {
+    /// Notes that actions are held (safety limit, dry run, a fence not proven yet); shown until
+    /// an action is taken.
+    pub fn record_hold(&mut self, reason: impl Into<String>) {
         if self.acted_at.is_none() {
             self.held = Some(reason.into());
-            self.held_for_proof = for_proof;
         }
     }
 
     /// Whether the failover waits, with nothing done, for the proof that its node is fenced.
     pub fn awaits_proof(&self) -> bool {
-        self.acted_at.is_none() && self.held_for_proof
+        self.acted_at.is_none() && self.awaiting_proof
     }
 
     /// Notes that the node is healthy again. Tracking goes on: a late detach or recovery is

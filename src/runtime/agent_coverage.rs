@@ -72,15 +72,20 @@ pub fn relies_on_agents(policy: &PodHAPolicy) -> bool {
         && policy.spec.action == Action::OutOfServiceTaint
 }
 
-/// Since when each node has lacked its agent, to report only lasting gaps.
+/// Since when each node has lacked its agent, to report only lasting gaps. Every replica
+/// keeps it, so that one that takes the lead knows already.
 #[derive(Default)]
 pub struct AgentCoverage {
     missing_since: BTreeMap<String, (AgentGap, Instant)>,
+    /// The first observation: until [`MISSING_AFTER`] has passed since, no gap can have
+    /// lasted, and none is known not to have (a process that just started).
+    first: Option<Instant>,
 }
 
 impl AgentCoverage {
     /// Notes every node's gap now; a node whose gap closed (or changed) starts over.
     pub fn observe(&mut self, view: &View, now: Instant) {
+        self.first.get_or_insert(now);
         let mut seen = BTreeMap::new();
         for (name, node) in &view.nodes {
             if let Some(gap) = agent_gap(name, node, view, now) {
@@ -95,17 +100,22 @@ impl AgentCoverage {
     }
 
     /// The nodes `policy` watches (`health`) that have lacked their agent for
-    /// [`MISSING_AFTER`], and what they lack; empty for a policy that does not rely on agents.
+    /// [`MISSING_AFTER`], and what they lack; empty for a policy that does not rely on agents;
+    /// `None` while this process has not observed for that long (it cannot tell yet).
     pub fn unprotected(
         &self,
         policy: &PodHAPolicy,
         health: &BTreeMap<String, NodeHealth>,
         now: Instant,
-    ) -> Vec<(String, AgentGap)> {
+    ) -> Option<Vec<(String, AgentGap)>> {
         if !relies_on_agents(policy) {
-            return Vec::new();
+            return Some(Vec::new());
         }
-        health
+        let observed = self.first.map(|first| now.saturating_duration_since(first));
+        if observed.is_none_or(|observed| observed < MISSING_AFTER) {
+            return None;
+        }
+        let unprotected = health
             .iter()
             .filter(|(_, h)| matches!(h, NodeHealth::Healthy))
             .filter_map(|(name, _)| {
@@ -113,7 +123,8 @@ impl AgentCoverage {
                 (now.saturating_duration_since(*since) >= MISSING_AFTER)
                     .then(|| (name.clone(), *gap))
             })
-            .collect()
+            .collect();
+        Some(unprotected)
     }
 }
 

@@ -30,8 +30,9 @@ pub struct PolicyFacts<'a> {
     /// The policy-wide hold of the last planning round, if any (the planner decides holds).
     pub held: Option<&'a HoldReason>,
     /// The watched nodes without an agent whose silence proves their fence, when the policy
-    /// relies on it (see `super::agent_coverage`).
-    pub unprotected: &'a [(String, AgentGap)],
+    /// relies on it (see `super::agent_coverage`); `None` while this process cannot tell yet
+    /// (then the condition says what it said before).
+    pub unprotected: Option<&'a [(String, AgentGap)]>,
 }
 
 pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
@@ -171,6 +172,19 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
     }
 }
 
+/// The `AgentsMissing` condition the policy's status carries, if it does: what a process that
+/// cannot tell yet says on.
+fn agents_missing_before(facts: &PolicyFacts<'_>) -> Option<(bool, &'static str, String)> {
+    conditions_of(facts.policy.status.as_ref())
+        .iter()
+        .find(|c| {
+            c.type_ == condition::DEGRADED
+                && c.status == "True"
+                && c.reason == condition::REASON_AGENTS_MISSING
+        })
+        .map(|c| (true, condition::REASON_AGENTS_MISSING, c.message.clone()))
+}
+
 /// Whether `policy` puts the out-of-service taint on a node judged dead without any proof
 /// that it is off.
 pub fn taints_without_proof(policy: &PodHAPolicy) -> bool {
@@ -234,12 +248,19 @@ fn degraded_condition(
         )
     } else if !ready.0 {
         (true, condition::REASON_INVALID_SPEC, ready.2.clone())
-    } else if !facts.unprotected.is_empty() {
+    } else if let Some(unprotected) = facts.unprotected.filter(|u| !u.is_empty()) {
         (
             true,
             condition::REASON_AGENTS_MISSING,
-            describe_unprotected(facts.unprotected, facts.health.len()),
+            describe_unprotected(unprotected, facts.health.len()),
         )
+    } else if let Some(before) = facts
+        .unprotected
+        .is_none()
+        .then(|| agents_missing_before(facts))
+        .flatten()
+    {
+        before
     } else {
         (false, condition::REASON_AS_EXPECTED, String::new())
     }
@@ -264,7 +285,7 @@ mod tests {
             wall,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             held: None,
-            unprotected: &[],
+            unprotected: Some(&[]),
         }
     }
 
@@ -346,7 +367,7 @@ mod tests {
         let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
         let unprotected = [("b".to_string(), AgentGap::WithoutWatchdog)];
         let status = policy_status(&PolicyFacts {
-            unprotected: &unprotected,
+            unprotected: Some(&unprotected),
             ..facts_for(&policy, &health, &[], &wall)
         });
         let degraded = condition(&status, condition::DEGRADED);
@@ -366,10 +387,11 @@ mod tests {
         );
         // A dead node held for its proof comes first.
         let mut held = Incident::new("a", "p", None, Instant::now());
-        held.record_hold("fencing.proof Agent is not on node a", true);
+        held.record_hold("fencing.proof Agent is not on node a");
+        held.awaiting_proof = true;
         let open = [&held];
         let status = policy_status(&PolicyFacts {
-            unprotected: &unprotected,
+            unprotected: Some(&unprotected),
             ..facts_for(&policy, &health, &open, &wall)
         });
         let degraded = condition(&status, condition::DEGRADED);

@@ -93,16 +93,11 @@ pub fn install(
 ) -> anyhow::Result<()> {
     cluster.load_image(&image_tar()?)?;
     let values = agent.values();
-    let agent_values = &values["agent"];
     anyhow::ensure!(
-        agent_values["enabled"] == false
-            || (agent_values["fence"]
-                .as_str()
-                .is_some_and(|f| f.starts_with("write:"))
-                && agent_values["watchdog"]["device"]
-                    .as_str()
-                    .is_some_and(|d| !d.starts_with("/dev/"))),
-        "the sim installs the agent only with a BMC stand-in's fence and watchdog: {values}"
+        agent_on_this_machine_is_safe(&values["agent"])
+            && !set.iter().any(|s| s.starts_with("agent.")),
+        "the sim installs the agent only with its BMC stand-ins' fence and watchdog (and no \
+         agent value set beside them): {values}, {set:?}"
     );
     let file = cluster.dir().join("podha-values.json");
     std::fs::write(&file, serde_json::to_vec_pretty(&values)?)
@@ -122,6 +117,32 @@ pub fn install(
     }
     run(&mut cmd)?;
     Ok(())
+}
+
+/// Whether the chart's `agent` values keep the agent off this machine's own kernel: off, or
+/// fencing by a write under the nodes' machine directory and petting a stand-in there (or
+/// none), with nothing else that names a device or the kernel.
+fn agent_on_this_machine_is_safe(agent: &serde_json::Value) -> bool {
+    if agent["enabled"] == false {
+        return true;
+    }
+    let machine = format!("{}/", crate::cluster::realnode::MACHINE_DIR);
+    let under_machine = |v: &serde_json::Value| v.as_str().is_some_and(|p| p.starts_with(&machine));
+    let fence = agent["fence"]
+        .as_str()
+        .and_then(|f| f.strip_prefix("write:"))
+        .is_some_and(|f| f.starts_with(&machine));
+    let device = &agent["watchdog"]["device"];
+    let extra: Vec<&str> = agent["extraArgs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    let watchdog =
+        device == "" || (under_machine(device) && extra.contains(&"--watchdog-stand-in"));
+    let nothing_else = extra
+        .iter()
+        .all(|a| !a.contains("/dev/") && !a.contains("/proc/") && !a.starts_with("--watchdog="));
+    fence && watchdog && nothing_else
 }
 
 /// The chart's values for `podha agent` on the sim's real nodes, as a user would write them for
@@ -386,4 +407,51 @@ pub fn pod_metrics(cluster: &Cluster, pod: &Pod) -> anyhow::Result<String> {
         .arg(format!("--net=/run/netns/{netns}"))
         .args(["curl", "-sS", "--max-time", "5"])
         .arg(format!("http://{ip}:8080/metrics")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_bmc_stand_ins_pass_for_an_agent_on_this_machine() {
+        for watchdog in [None, Some(Duration::from_secs(4))] {
+            let SimAgent::OnBmc(values) = sim_agent_values(Duration::from_secs(8), watchdog, None)
+            else {
+                panic!("on");
+            };
+            assert!(agent_on_this_machine_is_safe(&values["agent"]), "{values}");
+        }
+        assert!(agent_on_this_machine_is_safe(
+            &SimAgent::Off.values()["agent"]
+        ));
+        let SimAgent::OnBmc(base) =
+            sim_agent_values(Duration::from_secs(8), Some(Duration::from_secs(4)), None)
+        else {
+            panic!("on");
+        };
+        let mut chart_default = base.clone();
+        chart_default["agent"]["fence"] = "sysrq-reboot".into();
+        let mut sysrq_by_write = base.clone();
+        sysrq_by_write["agent"]["fence"] = "write:/proc/sysrq-trigger=b".into();
+        let mut host_watchdog = base.clone();
+        host_watchdog["agent"]["watchdog"]["device"] = "/dev/watchdog".into();
+        let mut extra_watchdog = base.clone();
+        extra_watchdog["agent"]["watchdog"]["device"] = "".into();
+        extra_watchdog["agent"]["extraArgs"] = serde_json::json!(["--watchdog=/dev/watchdog"]);
+        let mut undeclared = base;
+        undeclared["agent"]["extraArgs"] = serde_json::json!([]);
+        for unsafe_values in [
+            chart_default,
+            sysrq_by_write,
+            host_watchdog,
+            extra_watchdog,
+            undeclared,
+        ] {
+            assert!(
+                !agent_on_this_machine_is_safe(&unsafe_values["agent"]),
+                "{unsafe_values}"
+            );
+        }
+    }
 }

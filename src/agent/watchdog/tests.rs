@@ -306,6 +306,13 @@ async fn every_open_error(path: &Path) -> Vec<(&'static str, WatchdogError)> {
             },
         ),
         (
+            "refused, armed by a crashed agent",
+            WatchdogError::RefusedRunning {
+                path: path(),
+                source: WatchdogRefusal::Nowayout,
+            },
+        ),
+        (
             "not opened: EACCES",
             WatchdogError::Open {
                 path: path(),
@@ -368,7 +375,7 @@ async fn only_a_missing_refused_or_unopenable_device_lets_the_agent_run_without_
                 assert!(runs_without.contains(&what), "{what}: runs without");
                 assert_eq!(kept.to_string(), text, "{what}: the reason kept whole");
             }
-            Ok(Unwatched::NotConfigured) => panic!("{what}: not configured?"),
+            Ok(other) => panic!("{what}: {other}?"),
             Err(stops) => {
                 assert!(!runs_without.contains(&what), "{what}: stops");
                 assert_eq!(stops.to_string(), text, "{what}");

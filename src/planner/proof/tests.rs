@@ -1,7 +1,7 @@
 //! The `Agent`, `External` and `CloudShutdownTaint` proofs, and what podha knows of an agent.
 
 use super::*;
-use crate::contract::AGENT_FENCED_WITHIN_ANNOTATION;
+use crate::contract::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_WATCHDOG_ANNOTATION};
 use crate::test_builders::*;
 
 #[test]
@@ -55,7 +55,9 @@ fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_
         proven(&spec.fencing, &acked, asked(Some("p/1"), None)),
         Some(FenceEvidence::ExternalAcknowledged)
     );
-    let silent_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "1s");
+    let silent_agent = mk_node("n1")
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "1s")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     assert_eq!(
         proven(
             &spec.fencing,
@@ -116,7 +118,9 @@ fn an_agent_proves_the_fence_by_its_acknowledgement_of_this_incidents_request() 
 #[test]
 fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
     let spec = agent_spec();
-    let with_agent = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    let with_agent = mk_node("n1")
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     let silent = |secs| AgentEvidence {
         silent_for: Some(Duration::from_secs(secs)),
         ..heard()
@@ -131,7 +135,9 @@ fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
         None,
         "a node that never had an agent proves nothing by silence"
     );
-    let garbled = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon");
+    let garbled = mk_node("n1")
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     assert_eq!(proven(&spec.fencing, &garbled, silent(4000)), None);
 }
 
@@ -141,7 +147,9 @@ fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
 #[test]
 fn silence_counts_only_since_podha_hears_enough_agents() {
     let spec = agent_spec();
-    let node = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    let node = mk_node("n1")
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     let secs = Duration::from_secs;
     let silent = |quorum_for| AgentEvidence {
         silent_for: Some(secs(4000)),
@@ -184,7 +192,9 @@ fn silence_counts_only_since_podha_hears_enough_agents() {
 #[test]
 fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_heard() {
     let spec = agent_spec();
-    let node = mk_node("n1").annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+    let node = mk_node("n1")
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     let long = Some(Duration::from_secs(4000));
     let cases = [
         ("heard, both others heard", heard(), None),
@@ -449,7 +459,8 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
     // of a gap in podha's view that began then): past the 8 s its agent advertises and 3 s.
     let n1 = (*view.nodes["n1"])
         .clone()
-        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "8s");
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "8s")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     view.nodes.insert("n1".into(), n1.into());
     let mut lived_on = heartbeats.clone();
     lived_on.insert(

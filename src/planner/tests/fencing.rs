@@ -3,8 +3,8 @@
 use super::*;
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, FENCE_ACK_ANNOTATION,
-    FENCE_REQUEST_ANNOTATION,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
+    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION,
 };
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
@@ -170,7 +170,8 @@ fn with_agent(mut view: View, node: &str) -> View {
     let mut n = (*view.nodes[node])
         .clone()
         .annotation(AGENT_PORT_ANNOTATION, "9441")
-        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
+        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     n.status.get_or_insert_with(Default::default).addresses =
         Some(vec![k8s_openapi::api::core::v1::NodeAddress {
             type_: "InternalIP".into(),

@@ -9,7 +9,7 @@
 //! lock-free.
 
 use super::agent_coverage::AgentCoverage;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -256,6 +256,21 @@ impl Actor {
         });
         self.reported
             .set_policy_holds(holds.collect::<BTreeMap<_, _>>());
+        let awaiting_proof: BTreeSet<&str> = plan
+            .intents
+            .iter()
+            .filter_map(|i| match i {
+                Intent::Hold {
+                    node: Some(node),
+                    reason,
+                    ..
+                } if reason.awaits_proof() => Some(node.as_str()),
+                _ => None,
+            })
+            .collect();
+        for incident in self.ledger.iter_mut() {
+            incident.awaiting_proof = awaiting_proof.contains(incident.node.as_str());
+        }
         plan
     }
 

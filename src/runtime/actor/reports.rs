@@ -101,6 +101,13 @@ impl Actor {
             Some(node) => node.to_string(),
             None => format!("policy:{policy}"),
         };
+        // The incident says why it waits every round, not only when the hold is first said: a
+        // policy-wide hold may have spoken over it meanwhile.
+        if reason.awaits_proof()
+            && let Some(incident) = node.and_then(|n| self.ledger.get_mut(n))
+        {
+            incident.record_hold(reason.note(node));
+        }
         if !self.reported.first(&scope, key) {
             return;
         }
@@ -113,12 +120,8 @@ impl Actor {
         }
         if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
             for incident in self.ledger.iter_mut().filter(|i| i.policy == policy) {
-                incident.record_hold(note.clone(), false);
+                incident.record_hold(note.clone());
             }
-        } else if reason.awaits_proof()
-            && let Some(incident) = node.and_then(|n| self.ledger.get_mut(n))
-        {
-            incident.record_hold(note.clone(), true);
         }
         if let Some(p) = self.state.policies.get(policy) {
             self.event(EventNote {
@@ -214,23 +217,27 @@ impl Actor {
     }
 
     pub(super) async fn write_statuses(&mut self, health: &HealthBook) {
+        // Every replica follows the agents' coverage: one that takes the lead knows already.
+        let now = Instant::now();
+        self.coverage.observe(&self.state.view, now);
         if !self.leading {
             self.metrics.detection.clear_nodes_unprotected();
             return;
         }
-        let now = Instant::now();
-        self.coverage.observe(&self.state.view, now);
         let policies: Vec<Arc<PodHAPolicy>> = self.state.policies.values().cloned().collect();
         for policy in policies {
             let name = policy.name_any();
             let watched = health.get(&name);
-            let unprotected = watched.map_or_else(Vec::new, |nodes| {
-                self.coverage.unprotected(&policy, nodes, now)
-            });
-            self.metrics
-                .detection
-                .set_nodes_unprotected(&name, unprotected.len());
-            let status = self.policy_status(&policy, watched, &unprotected);
+            let unprotected = match watched {
+                Some(nodes) => self.coverage.unprotected(&policy, nodes, now),
+                None => Some(Vec::new()),
+            };
+            if let Some(unprotected) = &unprotected {
+                self.metrics
+                    .detection
+                    .set_nodes_unprotected(&name, unprotected.len());
+            }
+            let status = self.policy_status(&policy, watched, unprotected.as_deref());
             let before = self
                 .reported
                 .last_status
@@ -341,7 +348,7 @@ impl Actor {
         &self,
         policy: &PodHAPolicy,
         health: Option<&BTreeMap<String, NodeHealth>>,
-        unprotected: &[(String, AgentGap)],
+        unprotected: Option<&[(String, AgentGap)]>,
     ) -> PodHAPolicyStatus {
         let name = policy.name_any();
         let empty = BTreeMap::new();

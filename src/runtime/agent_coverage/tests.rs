@@ -1,6 +1,8 @@
 use super::*;
 use crate::api::{Fencing, PodHAPolicySpec};
-use crate::contract::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION};
+use crate::contract::{
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
+};
 use crate::test_builders::*;
 
 /// `name` with an agent advertised on it: its port, and what it fences within when
@@ -8,7 +10,9 @@ use crate::test_builders::*;
 fn with_agent(name: &str, watchdog: bool) -> Node {
     let mut node = mk_node(name).annotation(AGENT_PORT_ANNOTATION, "9441");
     if watchdog {
-        node = node.annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s");
+        node = node
+            .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
+            .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
     }
     node.status.get_or_insert_with(Default::default).addresses =
         Some(vec![k8s_openapi::api::core::v1::NodeAddress {
@@ -76,15 +80,16 @@ fn only_a_lasting_gap_on_a_healthy_node_of_an_agent_policy_is_reported() {
     let mut health = healthy(&["bare", "covered"]);
     health.insert("failing".into(), NodeHealth::Failed { since: t0 });
     let agent = policy(FencingProof::Agent, Action::OutOfServiceTaint);
-    // Not yet lasting: an agent's pod replaced comes back within seconds.
+    // Not yet lasting: an agent's pod replaced comes back within seconds; and this process
+    // has not watched long enough to tell.
     let soon = t0 + MISSING_AFTER - Duration::from_secs(1);
     coverage.observe(&view, soon);
-    assert!(coverage.unprotected(&agent, &health, soon).is_empty());
+    assert_eq!(coverage.unprotected(&agent, &health, soon), None);
     let then = t0 + MISSING_AFTER;
     coverage.observe(&view, then);
     assert_eq!(
         coverage.unprotected(&agent, &health, then),
-        vec![("bare".to_string(), AgentGap::Absent)]
+        Some(vec![("bare".to_string(), AgentGap::Absent)])
     );
     // A policy that does not rely on agents reports nothing.
     for other in [
@@ -92,7 +97,10 @@ fn only_a_lasting_gap_on_a_healthy_node_of_an_agent_policy_is_reported() {
         policy(FencingProof::External, Action::OutOfServiceTaint),
         policy(FencingProof::Agent, Action::DeletePods),
     ] {
-        assert!(coverage.unprotected(&other, &health, then).is_empty());
+        assert_eq!(
+            coverage.unprotected(&other, &health, then),
+            Some(Vec::new())
+        );
     }
     // A gap that changes (or closes) starts over.
     view.nodes.insert(
@@ -100,7 +108,10 @@ fn only_a_lasting_gap_on_a_healthy_node_of_an_agent_policy_is_reported() {
         std::sync::Arc::new(with_agent("bare", false)),
     );
     coverage.observe(&view, then);
-    assert!(coverage.unprotected(&agent, &health, then).is_empty());
+    assert_eq!(
+        coverage.unprotected(&agent, &health, then),
+        Some(Vec::new())
+    );
 }
 
 #[test]

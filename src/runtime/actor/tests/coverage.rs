@@ -72,6 +72,75 @@ async fn nodes_without_an_agent_degrade_an_agent_policy_once_they_last() {
     assert!(events.iter().all(|e| e.reason != "AgentsMissing"));
 }
 
+/// A replica that starts (or takes the lead) while the status says `AgentsMissing` says so on,
+/// without a second Warning: a restarted process cannot tell for 30 s, a follower that took
+/// the lead watched the agents all along.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_keeps_saying_agents_missing_without_saying_it_again() {
+    let mut spec = quick_spec();
+    spec.fencing.proof = FencingProof::Agent;
+    let objects = vec![mk_node("node-1").into(), mk_node("node-2").into()];
+    let mut h = harness_with(objects.clone(), Some(spec.clone()));
+    h.run_for(35).await;
+    let (events, status) = reported(&mut h);
+    let status = status.expect("a status");
+    assert_eq!(
+        reason_of(&status, condition::DEGRADED).0,
+        condition::REASON_AGENTS_MISSING
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.reason == "AgentsMissing")
+            .count(),
+        1
+    );
+
+    // The watch delivers the status written.
+    let mut stored = PodHAPolicy::new("p", spec);
+    stored.status = Some(status);
+    h.actor.state.apply(
+        Change::Policy(Event::Apply(stored.clone().into())),
+        Instant::now(),
+    );
+
+    // Another process, which reads that status, takes the lead.
+    let mut next = harness_with(objects, None);
+    next.actor
+        .state
+        .apply(Change::Policy(Event::Apply(stored.into())), Instant::now());
+    for secs in [3, 40] {
+        next.run_for(secs).await;
+        let (events, status) = reported(&mut next);
+        if let Some(status) = status {
+            assert_eq!(
+                reason_of(&status, condition::DEGRADED).0,
+                condition::REASON_AGENTS_MISSING,
+                "after {secs}s"
+            );
+        }
+        assert!(
+            events.iter().all(|e| e.reason != "AgentsMissing"),
+            "after {secs}s: {events:?}"
+        );
+    }
+    assert_eq!(unprotected_gauge(&next.metrics).as_deref(), Some("2"));
+
+    // The leader steps down and takes the lead again: it watched the agents meanwhile.
+    h.leader.send(None).expect("leader channel");
+    h.run_for(2).await;
+    h.leader
+        .send(Some(crate::leader::Claim::for_tests()))
+        .expect("leader channel");
+    h.run_for(2).await;
+    let (events, _) = reported(&mut h);
+    assert!(
+        events.iter().all(|e| e.reason != "AgentsMissing"),
+        "{events:?}"
+    );
+    assert_eq!(unprotected_gauge(&h.metrics).as_deref(), Some("2"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_policy_that_taints_without_proof_says_so_once() {
     let objects = vec![mk_node("node-1").into(), mk_node("node-2").into()];
@@ -102,4 +171,32 @@ async fn a_policy_that_taints_without_proof_says_so_once() {
         "{events:?}"
     );
     assert_eq!(unprotected_gauge(&h.metrics).as_deref(), Some("0"));
+}
+
+/// A dead node held for its proof degrades its policy while it waits, and only then.
+#[tokio::test(start_paused = true)]
+async fn a_node_held_for_its_proof_degrades_its_policy_until_it_is_acted_on() {
+    let mut spec = quick_spec();
+    spec.fencing.proof = FencingProof::CloudShutdownTaint;
+    let mut objects = dead_node_with_pods("node-1");
+    objects.push(mk_node("node-2").into());
+    objects.push(mk_node("node-3").into());
+    let mut h = harness_with(objects, Some(spec.clone()));
+    h.run_for(3).await;
+    assert!(acts(&mut h.writes).is_empty(), "held: nothing sent");
+    let (_, status) = reported(&mut h);
+    let (reason, message) = reason_of(&status.expect("a status"), condition::DEGRADED);
+    assert_eq!(reason, condition::REASON_FENCING_PENDING);
+    assert!(message.ends_with(": node-1"), "{message}");
+    // The proof comes: acted on, no longer degraded.
+    spec.fencing.proof = FencingProof::None;
+    h.apply_policy(spec);
+    h.run_for(2).await;
+    assert!(!acts(&mut h.writes).is_empty(), "acted once proven");
+    let (_, status) = reported(&mut h);
+    let status = status.expect("a new status");
+    assert_ne!(
+        reason_of(&status, condition::DEGRADED).0,
+        condition::REASON_FENCING_PENDING
+    );
 }
