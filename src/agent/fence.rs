@@ -40,9 +40,10 @@ impl FenceMethod {
     }
 
     /// Whether the fence reboots the kernel the agent runs on (`sysrq-reboot`, or a `write:`
-    /// to `/proc/sysrq-trigger`).
+    /// to a `sysrq-trigger`, wherever its `/proc` is). A `command:` fence is the site's own
+    /// and not looked into.
     pub fn reboots_kernel(&self) -> bool {
-        matches!(self, Self::Write { path, .. } if path == std::path::Path::new(SYSRQ_TRIGGER))
+        matches!(self, Self::Write { path, .. } if path.file_name() == Some("sysrq-trigger".as_ref()))
     }
 }
 
@@ -116,6 +117,10 @@ impl Fencer {
             warn!(node = %self.node, why, "fencing this node");
             if let Err(e) = self.run(why).await {
                 error!(node = %self.node, error = %e, "the fence failed");
+                // A refused fence is refused again: said once per cause, not every second.
+                if matches!(self.method, FenceMethod::Refused(_)) {
+                    fenced.push((cause, Fenced::Failed));
+                }
                 return Fenced::Failed;
             }
             info!(node = %self.node, "node fenced");
@@ -258,6 +263,7 @@ mod tests {
         let reboots = |s: &str| FenceMethod::parse(s).expect(s).reboots_kernel();
         assert!(reboots("sysrq-reboot"));
         assert!(reboots("write:/proc/sysrq-trigger=b"));
+        assert!(reboots("write:/host/proc/sysrq-trigger=b"));
         assert!(!reboots("write:/run/bmc/power=off"));
         assert!(!reboots("command:ipmitool power off"));
     }
@@ -269,9 +275,16 @@ mod tests {
             None,
             "a",
         );
+        for _ in 0..2 {
+            assert_eq!(
+                fencer.fence(FenceCause::Isolation, "test").await,
+                Fenced::Failed
+            );
+        }
         assert_eq!(
-            fencer.fence(FenceCause::Isolation, "test").await,
-            Fenced::Failed
+            fencer.fenced.lock().await.len(),
+            1,
+            "refused once per cause"
         );
         let err = fencer.run("test").await.expect_err("refused");
         assert!(err.contains("shares its kernel with node b"), "{err}");

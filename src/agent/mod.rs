@@ -48,7 +48,7 @@ use leader_key::LeaderKey;
 use peer_list::SavedList;
 use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
-use shared_kernel::SharedKernel;
+use shared_kernel::{Kernel, SavedVerdict};
 use watchdog::{Unwatched, Watchdog};
 
 /// The shortest isolation timeout: a quarter of it (how recently a peer must have been heard
@@ -206,16 +206,18 @@ impl AgentArgs {
     /// none usable on this node ([`watchdog::run_without`]). An error stops the agent.
     async fn open_watchdog(
         &self,
-        shared: Option<&SharedKernel>,
+        kernel: &Kernel,
     ) -> Result<Result<Watchdog, Unwatched>, WatchdogError> {
         let (Some(path), Some(timeout)) = (&self.watchdog, self.watchdog_timeout) else {
             return Ok(Err(Unwatched::NotConfigured));
         };
         let stand_in = self.watchdog_stand_in;
-        // A device on a kernel other nodes share is the host's (see `shared_kernel`); a
-        // declared stand-in is the node's own (the sim's BMC).
-        if let Some(shared) = shared.filter(|_| !stand_in) {
-            return Ok(Err(Unwatched::SharesKernel(shared.clone())));
+        // A device on a kernel that may not be the node's own may be the host's (see
+        // `shared_kernel`); a declared stand-in that is no device is the node's (the sim's BMC).
+        if let Err(doubt) = kernel
+            && !(stand_in && watchdog::is_stand_in_file(path))
+        {
+            return Ok(Err(Unwatched::NotItsKernel(doubt.clone())));
         }
         match Watchdog::open(path, timeout, self.watchdog_bounds(), stand_in).await {
             Ok(watchdog) => Ok(Ok(watchdog)),
@@ -326,12 +328,12 @@ fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
             "no watchdog (--watchdog): this node is not agent-protected: a silence of its agent \
              proves no fence, podha's Agent proof needs an acknowledged fence request for it"
         ),
-        Err(Unwatched::SharesKernel(shared)) => warn!(
+        Err(Unwatched::NotItsKernel(doubt)) => warn!(
             node,
-            %shared,
-            "no watchdog device on a kernel other nodes share: this node is not agent-protected: \
-             a silence of its agent proves no fence, podha's Agent proof needs an acknowledged \
-             fence request for it"
+            %doubt,
+            "no watchdog device on a kernel that may not be this node's own: this node is not \
+             agent-protected: a silence of its agent proves no fence, podha's Agent proof needs \
+             an acknowledged fence request for it"
         ),
         Err(Unwatched::Unusable(error)) => warn!(
             node,
@@ -340,6 +342,20 @@ fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
              proves no fence, podha's Agent proof needs an acknowledged fence request for it"
         ),
     }
+}
+
+/// The agent's fencer: `--fence`, unless it reboots a kernel that may not be the node's own
+/// (then every fence is refused and says why), with `--fence-confirm`.
+fn fencer(args: &AgentArgs, kernel: &Kernel) -> Fencer {
+    let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
+        command,
+        within: args.fence_confirm_within,
+    });
+    let fence = match kernel {
+        Err(doubt) if args.fence.reboots_kernel() => FenceMethod::Refused(doubt.to_string()),
+        _ => args.fence.clone(),
+    };
+    Fencer::new(fence, confirm, &args.node)
 }
 
 async fn run(args: AgentArgs) -> Result<(), AgentError> {
@@ -369,20 +385,14 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
-    let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
-        command,
-        within: args.fence_confirm_within,
-    });
-    let shared = shared_kernel::check(&kube::Api::all(client.clone()), &args.node).await;
-    let fence = match &shared {
-        Some(shared) if args.fence.reboots_kernel() => FenceMethod::Refused(shared.to_string()),
-        _ => args.fence.clone(),
-    };
-    let fencer = Arc::new(Fencer::new(fence, confirm, &args.node));
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let verdict = SavedVerdict::new(args.hearing_file.with_extension("kernel"), boot.as_deref());
+    let kernel = shared_kernel::at_start(&nodes, &args.node, &verdict).await;
+    let fencer = Arc::new(fencer(&args, &kernel));
     let router = server::router(endpoints);
     let serve = async move { axum::serve(listener, router).await };
     // A device's own timeout from here on (it may have rounded what it was asked).
-    let mut watchdog = args.open_watchdog(shared.as_ref()).await?;
+    let mut watchdog = args.open_watchdog(&kernel).await?;
     say_unwatched(&args.node, &watchdog);
     counters::watchdog_armed(watchdog.is_ok());
     let watchdog_timeout = watchdog.as_ref().ok().map(Watchdog::timeout);
@@ -407,6 +417,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
+        changed = shared_kernel::until_changed(&nodes, &args.node, &kernel, &verdict) => (Err(AgentError::KernelVerdictChanged(changed.err())), false),
         _ = terminate.recv() => {
             info!(node = %args.node, "SIGTERM: stopping");
             (Ok(()), true)
@@ -415,7 +426,12 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // Stopped on purpose: the watchdog would otherwise reset the node. A part that failed
     // leaves it armed, as a killed agent does: the supervisor starts a worker at once, which
     // pets it only as the rules say (the node's advert, and podha's proof, stand meanwhile).
-    if terminated && let Ok(watchdog) = watchdog {
+    // The kernel's verdict changed: a watchdog device may be the host's (the next agent goes by
+    // the new verdict).
+    let kernel_changed = matches!(result, Err(AgentError::KernelVerdictChanged(_)));
+    if (terminated || kernel_changed)
+        && let Ok(watchdog) = watchdog
+    {
         watchdog.disarm();
     }
     // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again):
@@ -451,25 +467,37 @@ mod tests {
 
     #[tokio::test]
     async fn a_kernel_other_nodes_share_gets_no_watchdog_device_but_a_stand_in_is_kept() {
-        let shared = SharedKernel {
+        let shared: Kernel = Err(shared_kernel::KernelDoubt::Shared {
             me: "n1".into(),
             with: "n2".into(),
             boot_id: "b".into(),
-        };
+        });
         // Not even looked at: the path does not exist, and the answer is the shared kernel.
         let missing =
             std::env::temp_dir().join(format!("podha-no-watchdog-{}", std::process::id()));
         let device = format!("--watchdog={}", missing.display());
         let args = agent_args(&[&device, "--watchdog-timeout=10s"]);
-        let opened = args.open_watchdog(Some(&shared)).await;
+        let opened = args.open_watchdog(&shared).await;
         assert!(
-            matches!(&opened, Ok(Err(Unwatched::SharesKernel(s))) if *s == shared),
+            matches!(&opened, Ok(Err(Unwatched::NotItsKernel(d))) if Err(d.clone()) == shared),
             "expected no watchdog on a shared kernel"
         );
-        // A declared stand-in (the sim's BMC) is the node's own: opened as configured (here
-        // it does not exist, which stops the agent).
+        // Declared a stand-in, a path that is no FIFO or file is still not trusted.
         let args = agent_args(&[&device, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
-        assert!(args.open_watchdog(Some(&shared)).await.is_err());
+        let opened = args.open_watchdog(&shared).await;
+        assert!(matches!(&opened, Ok(Err(Unwatched::NotItsKernel(_)))));
+        // A declared stand-in that is a FIFO or a file (the sim's BMC) is the node's own:
+        // opened as configured (a file: armed as a stand-in).
+        let file = std::env::temp_dir().join(format!("podha-stand-in-{}", std::process::id()));
+        std::fs::write(&file, b"").expect("file");
+        let stand_in = format!("--watchdog={}", file.display());
+        let args = agent_args(&[&stand_in, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
+        let opened = args.open_watchdog(&shared).await;
+        assert!(matches!(&opened, Ok(Ok(_))));
+        if let Ok(Ok(watchdog)) = opened {
+            watchdog.disarm();
+        }
+        let _ = std::fs::remove_file(&file);
     }
 
     #[test]

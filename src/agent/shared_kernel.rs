@@ -1,45 +1,71 @@
-//! Nodes that share one kernel: containers that pose as machines (kind, k3d, minikube's docker
-//! driver) run every node on their host's kernel. There, a reboot through
+//! Whether the node's kernel is its own. Containers that pose as machines (kind, k3d,
+//! minikube's docker driver) run every node on their host's kernel: there a reboot through
 //! `/proc/sysrq-trigger` takes down every node and the machine that hosts them, and
-//! `/dev/watchdog` is the host's: a watchdog the agent stops petting resets the host. So an
-//! agent whose node shares its kernel with another node uses neither: it runs without a
-//! watchdog (its node is not agent-protected, `podha.io/agent-watchdog` says why) and refuses a
-//! fence that reboots the kernel; a fence of the node's own (`write:` to a BMC's interface, a
-//! `command:`) and a declared stand-in for a watchdog (the sim's BMC) are kept.
+//! `/dev/watchdog` is the host's, which a killed agent leaves armed to reset the host. So the
+//! agent uses neither unless it knows the kernel is its node's own: it then runs without a
+//! watchdog device (its node is not agent-protected, `podha.io/agent-watchdog` says why) and
+//! refuses a fence that reboots the kernel; a fence of the node's own (`write:` to a BMC's
+//! interface, a `command:`) and a stand-in for a watchdog that is no device (the sim's BMC) are
+//! kept.
 //!
-//! The kubelet reports its kernel's boot ID in its Node's `status.nodeInfo.bootID`: two Nodes
-//! with the same one run on one kernel. The agent reads every Node once when it starts, before
-//! it opens the watchdog. Nodes that register after it started are not seen until the agent
-//! starts again; a cluster of containers registers its nodes before the chart's agents run.
+//! The kubelet reports its kernel's boot ID in its Node's `status.nodeInfo.bootID`. The kernel
+//! is the node's own when other nodes report boot IDs and none reports the node's; another
+//! node that reports it shares the kernel; anything else (the Nodes cannot be read, the node
+//! reports none, no other node does: a cluster of one, kind's default, cannot be told from
+//! containers) leaves it unknown, which counts as not its own.
+//!
+//! The verdict is kept for the boot beside the hearing file, so that an agent restarted in the
+//! same boot (perhaps with a watchdog its predecessor left armed) goes by it at once, without
+//! waiting for the API server. While the agent runs it reads the Nodes again every
+//! [`RECHECK`]; a verdict that changes (nodes registered since, or one sharing the kernel) is
+//! kept and the agent stops, disarming a watchdog it had, so that the next agent starts by it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
-/// How long the read of every Node may take at start: an API server that does not answer
-/// leaves the question open (the agent starts as configured), as it did before this check.
+/// How long one read of every Node may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How often the agent reads the Nodes again while it runs.
+pub const RECHECK: Duration = Duration::from_secs(30);
 
 /// How many Nodes one page holds.
 const PAGE: u32 = 500;
 
-/// Another node on this node's kernel.
+/// Why the agent does not take its node's kernel for its own.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "node {me} shares its kernel with node {with} (both report boot ID {boot_id}: containers \
-     posing as machines, as kind's): a reboot or a watchdog reset would take down every node \
-     on it and the machine that hosts them"
-)]
-pub struct SharedKernel {
-    pub me: String,
-    pub with: String,
-    pub boot_id: String,
+pub enum KernelDoubt {
+    #[error(
+        "node {me} shares its kernel with node {with} (both report boot ID {boot_id}: \
+         containers posing as machines, as kind's): a reboot or a watchdog reset would take \
+         down every node on it and the machine that hosts them"
+    )]
+    Shared {
+        me: String,
+        with: String,
+        boot_id: String,
+    },
+    #[error(
+        "node {me} cannot tell whether its kernel is its own ({why}): on containers posing as \
+         machines, as kind's, a reboot or a watchdog reset would take down the machine that \
+         hosts them; the agent reads the Nodes again every 30s"
+    )]
+    Unknown { me: String, why: String },
 }
 
-/// The first other node of `nodes` whose kubelet reports the boot ID `me`'s reports.
-pub fn sharing(me: &str, nodes: &[Node]) -> Option<SharedKernel> {
+/// The verdict: `Ok` when the kernel is the node's own.
+pub type Kernel = Result<(), KernelDoubt>;
+
+/// The verdict for node `me` from every Node.
+pub fn judge(me: &str, nodes: &[Node]) -> Kernel {
+    let unknown = |why: String| KernelDoubt::Unknown {
+        me: me.to_string(),
+        why,
+    };
     let boot_id = |node: &Node| {
         node.status
             .as_ref()?
@@ -49,43 +75,142 @@ pub fn sharing(me: &str, nodes: &[Node]) -> Option<SharedKernel> {
             .filter(|id| !id.is_empty())
     };
     let name = |node: &Node| node.metadata.name.clone().unwrap_or_default();
-    let mine = nodes.iter().find(|n| name(n) == me).and_then(boot_id)?;
-    let other = nodes
+    let mine = nodes
         .iter()
-        .find(|n| name(n) != me && boot_id(n).as_deref() == Some(mine.as_str()))?;
-    Some(SharedKernel {
-        me: me.to_string(),
-        with: name(other),
-        boot_id: mine,
-    })
+        .find(|n| name(n) == me)
+        .and_then(boot_id)
+        .ok_or_else(|| unknown("its Node reports no boot ID".into()))?;
+    let others: Vec<(String, String)> = nodes
+        .iter()
+        .filter(|n| name(n) != me)
+        .filter_map(|n| Some((name(n), boot_id(n)?)))
+        .collect();
+    if let Some((with, _)) = others.iter().find(|(_, id)| *id == mine) {
+        return Err(KernelDoubt::Shared {
+            me: me.to_string(),
+            with: with.clone(),
+            boot_id: mine,
+        });
+    }
+    if others.is_empty() {
+        return Err(unknown("no other node reports a boot ID".into()));
+    }
+    Ok(())
 }
 
-/// Whether node `me` shares its kernel with another node, as far as the API server tells
-/// within [`READ_TIMEOUT`].
-pub async fn check(nodes: &Api<Node>, me: &str) -> Option<SharedKernel> {
-    let listed = match tokio::time::timeout(READ_TIMEOUT, list(nodes)).await {
-        Ok(Ok(listed)) => listed,
-        Ok(Err(e)) => {
-            warn!(node = me, error = %e, "cannot read the Nodes to tell whether this node shares its kernel with another; starting as configured");
-            return None;
+/// The verdict kept for a boot: `own`, or `shared <node> <boot ID>`, after the boot's ID on the
+/// first line. An unknown verdict is not kept: the next agent asks again.
+pub struct SavedVerdict {
+    path: PathBuf,
+    boot: Option<String>,
+}
+
+impl SavedVerdict {
+    pub fn new(path: PathBuf, boot: Option<&str>) -> Self {
+        Self {
+            path,
+            boot: boot.map(str::to_string),
         }
-        Err(_) => {
-            warn!(node = me, timeout = ?READ_TIMEOUT, "the Nodes were not read in time to tell whether this node shares its kernel with another; starting as configured");
-            return None;
-        }
-    };
-    let shared = sharing(me, &listed);
-    match &shared {
-        Some(shared) => {
-            warn!(node = me, with = %shared.with, "{shared}: no kernel reboot, no watchdog device")
-        }
-        None => info!(
-            node = me,
-            nodes = listed.len(),
-            "no other node reports this node's boot ID"
-        ),
     }
-    shared
+
+    /// The verdict kept for this boot, if any (none for an unknown boot).
+    pub fn load(&self, me: &str) -> Option<Kernel> {
+        let boot = self.boot.as_deref()?;
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let mut lines = text.lines();
+        if lines.next()? != boot {
+            return None;
+        }
+        let verdict: Vec<&str> = lines.next()?.split(' ').collect();
+        match verdict.as_slice() {
+            ["own"] => Some(Ok(())),
+            ["shared", with, boot_id] => Some(Err(KernelDoubt::Shared {
+                me: me.to_string(),
+                with: (*with).to_string(),
+                boot_id: (*boot_id).to_string(),
+            })),
+            _ => None,
+        }
+    }
+
+    fn save(&self, kernel: &Kernel) {
+        let (Some(boot), Some(line)) = (self.boot.as_deref(), line_of(kernel)) else {
+            return;
+        };
+        let written = std::fs::write(&self.path, format!("{boot}\n{line}\n"));
+        if let Err(e) = written {
+            warn!(file = %self.path.display(), error = %e, "cannot keep the kernel's verdict for the next agent of this boot");
+        }
+    }
+}
+
+fn line_of(kernel: &Kernel) -> Option<String> {
+    match kernel {
+        Ok(()) => Some("own".into()),
+        Err(KernelDoubt::Shared { with, boot_id, .. }) => Some(format!("shared {with} {boot_id}")),
+        Err(KernelDoubt::Unknown { .. }) => None,
+    }
+}
+
+/// The verdict the agent starts by: the one kept for this boot, else one read of every Node.
+pub async fn at_start(nodes: &Api<Node>, me: &str, saved: &SavedVerdict) -> Kernel {
+    if let Some(kernel) = saved.load(me) {
+        info!(
+            node = me,
+            own = kernel.is_ok(),
+            "the kernel's verdict kept for this boot"
+        );
+        return kernel;
+    }
+    let kernel = read(nodes, me).await;
+    saved.save(&kernel);
+    say(me, &kernel);
+    kernel
+}
+
+/// Reads the Nodes again every [`RECHECK`]; returns the first verdict, known, that differs
+/// from `start` (kept for the next agent). A read that fails, or tells nothing, changes
+/// nothing.
+pub async fn until_changed(
+    nodes: &Api<Node>,
+    me: &str,
+    start: &Kernel,
+    saved: &SavedVerdict,
+) -> Kernel {
+    loop {
+        tokio::time::sleep(RECHECK).await;
+        let kernel = read(nodes, me).await;
+        let known = !matches!(kernel, Err(KernelDoubt::Unknown { .. }));
+        if known && line_of(&kernel) != line_of(start) {
+            saved.save(&kernel);
+            say(me, &kernel);
+            return kernel;
+        }
+    }
+}
+
+fn say(me: &str, kernel: &Kernel) {
+    match kernel {
+        Ok(()) => info!(
+            node = me,
+            "other nodes report other boot IDs: this node's kernel is its own"
+        ),
+        Err(doubt) => warn!(node = me, "{doubt}: no kernel reboot, no watchdog device"),
+    }
+}
+
+async fn read(nodes: &Api<Node>, me: &str) -> Kernel {
+    match tokio::time::timeout(READ_TIMEOUT, list(nodes)).await {
+        Ok(Ok(listed)) => judge(me, &listed),
+        Ok(Err(e)) => Err(KernelDoubt::Unknown {
+            me: me.to_string(),
+            why: format!("the Nodes cannot be read: {e}"),
+        }),
+        Err(_) => Err(KernelDoubt::Unknown {
+            me: me.to_string(),
+            why: format!("the Nodes were not read within {READ_TIMEOUT:?}"),
+        }),
+    }
 }
 
 async fn list(nodes: &Api<Node>) -> Result<Vec<Node>, kube::Error> {
@@ -124,23 +249,63 @@ mod tests {
     }
 
     #[test]
-    fn nodes_reporting_one_boot_id_share_a_kernel_others_and_unknown_ones_do_not() {
+    fn a_kernel_is_the_nodes_own_only_when_others_report_other_boot_ids() {
         let kind = [node("a", "b-1"), node("b", "b-2"), node("c", "b-1")];
-        let shared = sharing("a", &kind).expect("a and c share");
-        assert_eq!(
-            (shared.with.as_str(), shared.boot_id.as_str()),
-            ("c", "b-1")
-        );
+        let Err(shared @ KernelDoubt::Shared { .. }) = judge("a", &kind) else {
+            panic!("a and c share a kernel");
+        };
         assert!(
             shared
                 .to_string()
                 .contains("node a shares its kernel with node c")
         );
-        assert_eq!(sharing("b", &kind), None);
-        // An empty boot ID (a kubelet that reports none) tells nothing.
-        let unknown = [node("a", ""), node("b", "")];
-        assert_eq!(sharing("a", &unknown), None);
-        // A node the list does not hold (not registered yet) tells nothing either.
-        assert_eq!(sharing("z", &kind), None);
+        assert_eq!(judge("b", &kind), Ok(()));
+        // What tells nothing is no proof of an own kernel: a cluster of one (kind's default),
+        // boot IDs nobody reports, a node not registered yet.
+        for (me, nodes) in [
+            ("a", vec![node("a", "b-1")]),
+            ("a", vec![node("a", ""), node("b", "")]),
+            ("a", vec![node("a", "b-1"), node("b", "")]),
+            ("z", kind.to_vec()),
+        ] {
+            assert!(
+                matches!(judge(me, &nodes), Err(KernelDoubt::Unknown { .. })),
+                "{me} of {:?}",
+                nodes
+                    .iter()
+                    .map(|n| n.metadata.name.clone())
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn a_known_verdict_is_kept_for_its_boot_only() {
+        let dir = std::env::temp_dir().join(format!("podha-kernel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard.kernel");
+        let saved = SavedVerdict::new(path.clone(), Some("boot-1"));
+        let shared = Err(KernelDoubt::Shared {
+            me: "a".into(),
+            with: "c".into(),
+            boot_id: "b-1".into(),
+        });
+        for kernel in [Ok(()), shared] {
+            saved.save(&kernel);
+            assert_eq!(saved.load("a"), Some(kernel));
+        }
+        // Another boot's, an unknown boot's, and an unknown verdict count as none.
+        assert_eq!(
+            SavedVerdict::new(path.clone(), Some("boot-2")).load("a"),
+            None
+        );
+        assert_eq!(SavedVerdict::new(path.clone(), None).load("a"), None);
+        let _ = std::fs::remove_file(&path);
+        saved.save(&Err(KernelDoubt::Unknown {
+            me: "a".into(),
+            why: "test".into(),
+        }));
+        assert_eq!(saved.load("a"), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -381,9 +381,9 @@ pub enum Unwatched {
     /// open (see [`run_without`]).
     #[error(transparent)]
     Unusable(WatchdogError),
-    /// The node shares its kernel with another node: a device there is the host's.
+    /// The node's kernel may not be its own: a device there may be the host's.
     #[error(transparent)]
-    SharesKernel(super::shared_kernel::SharedKernel),
+    NotItsKernel(super::shared_kernel::KernelDoubt),
 }
 
 /// What the agent says of its watchdog on its Node (`podha.io/agent-watchdog`): the timeout
@@ -393,6 +393,12 @@ pub fn advertised(watchdog: &Result<Watchdog, Unwatched>) -> String {
         Ok(watchdog) => watchdog_value(watchdog.timeout()),
         Err(why) => no_watchdog_value(&why.to_string()),
     }
+}
+
+/// Whether the file at `path` is one that stands in for a watchdog device (a FIFO or a regular
+/// file), not a device.
+pub fn is_stand_in_file(path: &Path) -> bool {
+    matches!(kind(path), Ok(Kind::StandIn))
 }
 
 /// Whether the agent runs on without a watchdog after failing to open the one at `--watchdog`

@@ -256,20 +256,21 @@ impl Actor {
         });
         self.reported
             .set_policy_holds(holds.collect::<BTreeMap<_, _>>());
-        let awaiting_proof: BTreeSet<&str> = plan
+        let awaiting_proof: BTreeSet<(&str, &str)> = plan
             .intents
             .iter()
             .filter_map(|i| match i {
                 Intent::Hold {
+                    policy,
                     node: Some(node),
                     reason,
-                    ..
-                } if reason.awaits_proof() => Some(node.as_str()),
+                } if reason.awaits_proof() => Some((policy.as_str(), node.as_str())),
                 _ => None,
             })
             .collect();
         for incident in self.ledger.iter_mut() {
-            incident.awaiting_proof = awaiting_proof.contains(incident.node.as_str());
+            incident.awaiting_proof =
+                awaiting_proof.contains(&(incident.policy.as_str(), incident.node.as_str()));
         }
         plan
     }
