@@ -158,9 +158,32 @@ pub(crate) trait NodeBuild {
     fn max_pods(self, pods: u32) -> Self;
     /// Removes `status.allocatable` altogether.
     fn no_allocatable(self) -> Self;
+    /// Runs a podha agent at 10.0.0.1:9441 (the node's InternalIP and the port on the Node),
+    /// petting a 4 s watchdog and fenced within `fenced_within` (`None`: an agent without a
+    /// usable watchdog, which advertises no time).
+    fn agent(self, fenced_within: Option<&str>) -> Self;
 }
 
 impl NodeBuild for Node {
+    fn agent(self, fenced_within: Option<&str>) -> Self {
+        use crate::contract::{
+            AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
+        };
+        let mut node = self.annotation(AGENT_PORT_ANNOTATION, "9441");
+        if let Some(within) = fenced_within {
+            node = node
+                .annotation(AGENT_FENCED_WITHIN_ANNOTATION, within)
+                .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
+        }
+        node.status
+            .get_or_insert_with(NodeStatus::default)
+            .addresses = Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }]);
+        node
+    }
+
     fn taint(mut self, key: &str, value: &str, effect: &str) -> Self {
         let spec = self.spec.get_or_insert_with(NodeSpec::default);
         spec.taints.get_or_insert_with(Vec::new).push(Taint {

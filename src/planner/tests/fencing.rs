@@ -2,10 +2,7 @@
 
 use super::*;
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
-use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
-    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION,
-};
+use crate::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec.fencing = Fencing {
@@ -167,16 +164,7 @@ fn acknowledge(world: &mut World, node: &str, request: &str) {
 
 /// `node` runs a podha agent: an InternalIP and the agent's advertised port and timeout.
 fn with_agent(mut view: View, node: &str) -> View {
-    let mut n = (*view.nodes[node])
-        .clone()
-        .annotation(AGENT_PORT_ANNOTATION, "9441")
-        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
-        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
-    n.status.get_or_insert_with(Default::default).addresses =
-        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-            type_: "InternalIP".into(),
-            address: "10.0.0.1".into(),
-        }]);
+    let n = (*view.nodes[node]).clone().agent(Some("30s"));
     view.nodes.insert(node.into(), std::sync::Arc::new(n));
     view.agent_adverts
         .insert(node.into(), agent_advert(Instant::now()));

@@ -1,25 +1,11 @@
 use super::*;
 use crate::api::{Fencing, PodHAPolicySpec};
-use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
-};
 use crate::test_builders::*;
 
-/// `name` with an agent advertised on it: its port, and what it fences within when
-/// `watchdog` (an agent without a usable watchdog advertises no time).
+/// `name` with an agent advertised on it, with a watchdog when `watchdog` (an agent without a
+/// usable one advertises no fenced-within time).
 fn with_agent(name: &str, watchdog: bool) -> Node {
-    let mut node = mk_node(name).annotation(AGENT_PORT_ANNOTATION, "9441");
-    if watchdog {
-        node = node
-            .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "30s")
-            .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
-    }
-    node.status.get_or_insert_with(Default::default).addresses =
-        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-            type_: "InternalIP".into(),
-            address: "10.0.0.1".into(),
-        }]);
-    node
+    mk_node(name).agent(watchdog.then_some("30s"))
 }
 
 fn policy(proof: FencingProof, action: Action) -> PodHAPolicy {

@@ -3,23 +3,11 @@
 
 use super::*;
 use crate::api::{Fencing, FencingProof};
-use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,
-};
 use crate::health::{ProbeKind, TcpResult};
 
 /// `node` runs a podha agent that fences within 8 s of podha's last hearing.
 fn agent_node(node: Node) -> Node {
-    let mut n = node
-        .annotation(AGENT_PORT_ANNOTATION, "9441")
-        .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "8s")
-        .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
-    n.status.get_or_insert_with(Default::default).addresses =
-        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-            type_: "InternalIP".into(),
-            address: "10.0.0.1".into(),
-        }]);
-    n
+    node.agent(Some("8s"))
 }
 
 /// One round of agent probes sent now: `silent` nodes do not answer, the others do.
