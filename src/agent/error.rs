@@ -208,9 +208,9 @@ pub enum SupervisorError {
 pub enum AgentError {
     #[error(transparent)]
     Args(#[from] ArgsError),
-    /// What the agent knows of its node's kernel changed (see `super::shared_kernel`): the next
-    /// agent starts by it (`None`: the kernel is the node's own).
-    #[error("the kernel's verdict changed ({}): starting again by it", .0.as_ref().map_or_else(|| "the node's own".to_string(), ToString::to_string))]
+    /// The agent learned whether its node's kernel is its own (see `super::shared_kernel`): the
+    /// next agent starts by it (`None`: the kernel is the node's own).
+    #[error("the kernel's verdict is known ({}): starting again by it", .0.as_ref().map_or_else(|| "the node's own".to_string(), ToString::to_string))]
     KernelVerdictChanged(Option<super::shared_kernel::KernelDoubt>),
     #[error("cannot handle SIGTERM: {0}")]
     Terminate(std::io::Error),

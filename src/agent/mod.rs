@@ -426,8 +426,8 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // Stopped on purpose: the watchdog would otherwise reset the node. A part that failed
     // leaves it armed, as a killed agent does: the supervisor starts a worker at once, which
     // pets it only as the rules say (the node's advert, and podha's proof, stand meanwhile).
-    // The kernel's verdict changed: a watchdog device may be the host's (the next agent goes by
-    // the new verdict).
+    // The kernel's verdict became known: the next agent starts by it, and this one, which had
+    // no device (at most a stand-in), leaves nothing armed.
     let kernel_changed = matches!(result, Err(AgentError::KernelVerdictChanged(_)));
     if (terminated || kernel_changed)
         && let Ok(watchdog) = watchdog

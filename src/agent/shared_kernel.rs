@@ -16,9 +16,9 @@
 //!
 //! The verdict is kept for the boot beside the hearing file, so that an agent restarted in the
 //! same boot (perhaps with a watchdog its predecessor left armed) goes by it at once, without
-//! waiting for the API server. While the agent runs it reads the Nodes again every
-//! [`RECHECK`]; a verdict that changes (nodes registered since, or one sharing the kernel) is
-//! kept and the agent stops, disarming a watchdog it had, so that the next agent starts by it.
+//! waiting for the API server. While it is unknown (the first node of a cluster being set up,
+//! the API server unreachable), the agent reads the Nodes again every [`RECHECK`]; once it is
+//! known, the verdict is kept and the agent stops, so that the next agent starts by it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -168,15 +168,19 @@ pub async fn at_start(nodes: &Api<Node>, me: &str, saved: &SavedVerdict) -> Kern
     kernel
 }
 
-/// Reads the Nodes again every [`RECHECK`]; returns the first verdict, known, that differs
-/// from `start` (kept for the next agent). A read that fails, or tells nothing, changes
-/// nothing.
+/// While the verdict is unknown, reads the Nodes again every [`RECHECK`]; returns the first
+/// known verdict (kept for the next agent). A read that fails, or tells nothing, changes
+/// nothing. A known verdict is not read again: boot IDs do not change while a node runs, and
+/// every agent reading every Node would cost the API server as much as the peer lists do.
 pub async fn until_changed(
     nodes: &Api<Node>,
     me: &str,
     start: &Kernel,
     saved: &SavedVerdict,
 ) -> Kernel {
+    if !matches!(start, Err(KernelDoubt::Unknown { .. })) {
+        return std::future::pending().await;
+    }
     loop {
         tokio::time::sleep(RECHECK).await;
         let kernel = read(nodes, me).await;
