@@ -309,19 +309,31 @@ pub(super) fn spread(node: &str) -> usize {
 
 /// Every other Node's agent, read in pages of [`PAGE`].
 async fn list_peers(nodes: &Api<Node>, me: &str) -> Result<Vec<Peer>, kube::Error> {
-    let mut params = ListParams::default().limit(PAGE);
     let mut peers = Vec::new();
-    loop {
-        let page = nodes.list(&params).await?;
+    each_page(nodes, |page| {
         peers.extend(
-            page.items
-                .iter()
+            page.iter()
                 .filter(|n| n.metadata.name.as_deref() != Some(me))
                 .filter_map(Peer::of),
         );
+    })
+    .await?;
+    Ok(peers)
+}
+
+/// Reads every Node in pages of [`PAGE`], handing each page to `take` (so that a large
+/// cluster's Nodes need not all be held at once).
+pub(super) async fn each_page(
+    nodes: &Api<Node>,
+    mut take: impl FnMut(Vec<Node>),
+) -> Result<(), kube::Error> {
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = nodes.list(&params).await?;
+        take(page.items);
         match page.metadata.continue_.filter(|token| !token.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok(peers),
+            None => return Ok(()),
         }
     }
 }

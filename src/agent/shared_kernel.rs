@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use tracing::{info, warn};
 
 /// How long one read of every Node may take.
@@ -32,9 +32,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How often the agent reads the Nodes again while it runs.
 pub const RECHECK: Duration = Duration::from_secs(30);
-
-/// How many Nodes one page holds.
-const PAGE: u32 = 500;
 
 /// Why the agent does not take its node's kernel for its own.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -218,16 +215,9 @@ async fn read(nodes: &Api<Node>, me: &str) -> Kernel {
 }
 
 async fn list(nodes: &Api<Node>) -> Result<Vec<Node>, kube::Error> {
-    let mut params = ListParams::default().limit(PAGE);
     let mut all = Vec::new();
-    loop {
-        let page = nodes.list(&params).await?;
-        all.extend(page.items);
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(all),
-        }
-    }
+    super::peer_list::each_page(nodes, |page| all.extend(page)).await?;
+    Ok(all)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
-use super::fencing::Fencing;
+use super::fencing::{Fencing, FencingProof};
 use super::status::PodHAPolicyStatus;
 
 /// A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and which
@@ -387,6 +387,12 @@ fn default_require_target() -> bool {
 }
 
 impl PodHAPolicySpec {
+    /// The proof the out-of-service taint waits for, when this policy acts by the taint;
+    /// `None` for `DeletePods`, which needs no proof.
+    pub fn taint_proof(&self) -> Option<FencingProof> {
+        (self.action == Action::OutOfServiceTaint).then_some(self.fencing.proof)
+    }
+
     /// The largest number of unhealthy nodes, out of `watched`, at which this policy still acts.
     /// Percentages round down (like the node lifecycle controller's thresholds), but never
     /// below one node: a policy always tolerates a single dead node.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
 
-use crate::api::{Action, FencingProof, PodHAPolicy};
+use crate::api::{FencingProof, PodHAPolicy};
 use crate::contract::{agent_addr, fenced_within};
 use crate::health::NodeHealth;
 use crate::view::View;
@@ -65,13 +65,6 @@ pub fn agent_gap(name: &str, node: &Node, view: &View, now: Instant) -> Option<A
     (!fresh).then_some(AgentGap::LeaseStale)
 }
 
-/// Whether `policy` relies on the agent's proof: it asks for it and acts with the taint
-/// (`DeletePods` needs no proof).
-pub fn relies_on_agents(policy: &PodHAPolicy) -> bool {
-    policy.spec.fencing.proof == FencingProof::Agent
-        && policy.spec.action == Action::OutOfServiceTaint
-}
-
 /// Since when each node has lacked its agent, to report only lasting gaps. Every replica
 /// keeps it, so that one that takes the lead knows already.
 #[derive(Default)]
@@ -108,7 +101,8 @@ impl AgentCoverage {
         health: &BTreeMap<String, NodeHealth>,
         now: Instant,
     ) -> Option<Vec<(String, AgentGap)>> {
-        if !relies_on_agents(policy) {
+        // Only a policy whose taint waits for the agent's proof relies on agents.
+        if policy.spec.taint_proof() != Some(FencingProof::Agent) {
             return Some(Vec::new());
         }
         let observed = self.first.map(|first| now.saturating_duration_since(first));

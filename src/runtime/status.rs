@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::agent_coverage::{AgentGap, describe_unprotected};
 use crate::api::{
-    Action, FailoverPhase, FencingProof, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
+    FailoverPhase, FencingProof, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
     UnreadablePolicy, condition,
 };
 use crate::eligibility::invalid_selectors;
@@ -155,7 +155,7 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
             condition::REASON_INVALID_SPEC,
             format!("invalid label selector, which selects nothing: {problems}"),
         ),
-        (Ok(_), None) if taints_without_proof(policy) => (
+        (Ok(_), None) if policy.spec.taint_proof() == Some(FencingProof::None) => (
             true,
             condition::REASON_WATCHING_WITHOUT_PROOF,
             format!(
@@ -175,21 +175,17 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
 /// The `AgentsMissing` condition the policy's status carries, if it does: what a process that
 /// cannot tell yet says on.
 fn agents_missing_before(facts: &PolicyFacts<'_>) -> Option<(bool, &'static str, String)> {
-    conditions_of(facts.policy.status.as_ref())
-        .iter()
-        .find(|c| {
-            c.type_ == condition::DEGRADED
-                && c.status == "True"
-                && c.reason == condition::REASON_AGENTS_MISSING
-        })
+    condition_of(facts.policy.status.as_ref(), condition::DEGRADED)
+        .filter(|c| c.status == "True" && c.reason == condition::REASON_AGENTS_MISSING)
         .map(|c| (true, condition::REASON_AGENTS_MISSING, c.message.clone()))
 }
 
-/// Whether `policy` puts the out-of-service taint on a node judged dead without any proof
-/// that it is off.
-pub fn taints_without_proof(policy: &PodHAPolicy) -> bool {
-    policy.spec.fencing.proof == FencingProof::None
-        && policy.spec.action == Action::OutOfServiceTaint
+/// The condition `type_` of `status`, if it has one.
+pub fn condition_of<'s>(
+    status: Option<&'s PodHAPolicyStatus>,
+    type_: &str,
+) -> Option<&'s Condition> {
+    conditions_of(status).iter().find(|c| c.type_ == type_)
 }
 
 /// `Degraded`: every action held, a detach past its timeout, dead nodes held for want of
@@ -269,6 +265,7 @@ fn degraded_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Action;
     use crate::test_builders::mk_spec;
 
     fn facts_for<'a>(

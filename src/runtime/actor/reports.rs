@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::super::agent_coverage::AgentGap;
-use super::super::status::{PolicyFacts, policy_status, unreadable_status};
+use super::super::status::{PolicyFacts, condition_of, policy_status, unreadable_status};
 use super::super::writer::{EventNote, Report};
 use super::Actor;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus, condition};
@@ -242,56 +241,15 @@ impl Actor {
                 .reported
                 .last_status
                 .get(&name)
-                .or(policy.status.as_ref())
-                .cloned();
-            if self.write_status(name, status.clone()).await {
-                self.announce_condition_changes(&policy, before.as_ref(), &status)
-                    .await;
+                .or(policy.status.as_ref());
+            let events = condition_events(&policy, before, &status);
+            if self.write_status(name, status).await {
+                for event in events {
+                    self.event(event).await;
+                }
             }
         }
         self.write_unreadable_statuses().await;
-    }
-
-    /// The events of a policy's conditions, once when a condition takes the reason (compared
-    /// with the status written last, or stored when this replica took the lead, so that a new
-    /// leader does not say it again): a Warning when watched nodes lack an agent that could
-    /// prove their fence, a Normal event when the taint follows the judgement alone.
-    async fn announce_condition_changes(
-        &self,
-        policy: &PodHAPolicy,
-        before: Option<&PodHAPolicyStatus>,
-        after: &PodHAPolicyStatus,
-    ) {
-        let announced = [
-            (
-                condition::DEGRADED,
-                condition::REASON_AGENTS_MISSING,
-                true,
-                "AgentsMissing",
-            ),
-            (
-                condition::READY,
-                condition::REASON_WATCHING_WITHOUT_PROOF,
-                false,
-                "FencingProofNone",
-            ),
-        ];
-        for (type_, reason, warning, event_reason) in announced {
-            let Some(now) = reason_of(Some(after), type_).filter(|c| c.reason == reason) else {
-                continue;
-            };
-            if reason_of(before, type_).is_some_and(|c| c.reason == reason) {
-                continue;
-            }
-            self.event(EventNote {
-                regarding: policy.object_ref(&()),
-                warning,
-                reason: event_reason,
-                action: "Watch",
-                note: now.message.clone(),
-            })
-            .await;
-        }
     }
 
     /// Writes `status` on the policy `name` unless it is what was written last; returns
@@ -482,9 +440,43 @@ impl Actor {
     }
 }
 
-/// The condition `type_` of `status`, if it has one.
-fn reason_of<'s>(status: Option<&'s PodHAPolicyStatus>, type_: &str) -> Option<&'s Condition> {
-    status?.conditions.iter().find(|c| c.type_ == type_)
+/// The events of a policy's conditions, once when a condition takes the reason (compared
+/// with the status written last, or stored when this replica took the lead, so that a new
+/// leader does not say it again): a Warning when watched nodes lack an agent that could prove
+/// their fence, a Normal event when the taint follows the judgement alone.
+fn condition_events(
+    policy: &PodHAPolicy,
+    before: Option<&PodHAPolicyStatus>,
+    after: &PodHAPolicyStatus,
+) -> Vec<EventNote> {
+    let announced = [
+        (
+            condition::DEGRADED,
+            condition::REASON_AGENTS_MISSING,
+            true,
+            "AgentsMissing",
+        ),
+        (
+            condition::READY,
+            condition::REASON_WATCHING_WITHOUT_PROOF,
+            false,
+            "FencingProofNone",
+        ),
+    ];
+    announced
+        .into_iter()
+        .filter_map(|(type_, reason, warning, event_reason)| {
+            let now = condition_of(Some(after), type_).filter(|c| c.reason == reason)?;
+            let said = condition_of(before, type_).is_some_and(|c| c.reason == reason);
+            (!said).then(|| EventNote {
+                regarding: policy.object_ref(&()),
+                warning,
+                reason: event_reason,
+                action: "Watch",
+                note: now.message.clone(),
+            })
+        })
+        .collect()
 }
 
 pub(super) fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectReference {

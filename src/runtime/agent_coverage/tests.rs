@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::{Fencing, PodHAPolicySpec};
+use crate::api::{Action, Fencing, PodHAPolicySpec};
 use crate::test_builders::*;
 
 /// `name` with an agent advertised on it, with a watchdog when `watchdog` (an agent without a
