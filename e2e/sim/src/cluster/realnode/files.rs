@@ -130,10 +130,14 @@ pub fn kubelet_config(
         "resolvConf": "/etc/resolv.conf",
         "serializeImagePulls": false,
         // A shared test machine's disk and memory are not the node's: never evict or collect.
+        // Absolute floors, not percentages: 1% of a large host disk is gigabytes, and a disk
+        // that full is the machine's business, not a reason for a sim node's disk pressure.
         "evictionHard": {
             "memory.available": "1Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
+            "nodefs.available": "1Mi",
+            "imagefs.available": "1Mi",
+            "nodefs.inodesFree": "1",
+            "imagefs.inodesFree": "1",
         },
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
