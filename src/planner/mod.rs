@@ -316,8 +316,10 @@ fn plan_fence(
     ) {
         // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
         // volumes need not wait out the attach/detach controller's 6 minutes any longer.
-        out.intents
-            .push(dry_run_guard(policy, node, upgrade, rehearsal));
+        out.intents.push(match upgrade {
+            hold @ Intent::Hold { .. } => hold,
+            taint => dry_run_guard(policy, node, taint, rehearsal),
+        });
     }
     true
 }

@@ -225,7 +225,8 @@ pub(super) fn plan_taint(
 /// A node podha fenced (action `DeletePods` at the time) whose policy now says
 /// `OutOfServiceTaint`: while a volume of a pod that moved away is still attached there, the
 /// out-of-service taint lets it go at once. Refused, like the first taint, while a pod that
-/// must stay is on the node.
+/// must stay is on the node, and held while the policy's proof is missing: both as holds, so
+/// the decision not to taint is reported the round it is made.
 pub(super) fn plan_upgrade(
     node: &Node,
     node_policy: PolicyRef<'_>,
@@ -240,17 +241,33 @@ pub(super) fn plan_upgrade(
         .attachments_on(name)
         .iter()
         .any(|va| protects_moved_volume(va, name, view));
-    (node_policy.spec.action == Action::OutOfServiceTaint
+    let wanted = node_policy.spec.action == Action::OutOfServiceTaint
         && fenced_by_podha
         && !NodeTaint::OutOfService.on(node)
-        && protected.is_none()
-        && proven
-        && waiting)
-        .then(|| Intent::TaintNode {
+        && waiting;
+    if !wanted {
+        return None;
+    }
+    let hold = |reason| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: Some(name.to_string()),
+        reason,
+    };
+    // Not done is said, not kept quiet: the refusal or the missing proof, as for a first taint.
+    Some(match protected {
+        Some(p) => hold(HoldReason::OutOfServiceRefused {
+            pod: p.pod.clone(),
+            why: p.why,
+        }),
+        None if !proven => hold(HoldReason::FencingPending {
+            proof: node_policy.spec.fencing.proof,
+        }),
+        None => Intent::TaintNode {
             node: name.to_string(),
             policy: node_policy.name.to_string(),
             taint: NodeTaint::OutOfService,
-        })
+        },
+    })
 }
 
 /// Untaint nodes podha tainted once they are back (Ready, its Lease renewed since this process

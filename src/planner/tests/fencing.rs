@@ -133,6 +133,46 @@ fn a_fenced_node_is_upgraded_to_the_out_of_service_taint_only_with_the_proof() {
         "{:?}",
         without.intents
     );
+    // Waiting for the proof is said the round it is decided, not kept quiet.
+    assert_eq!(
+        pending(&without),
+        [(Some("node-1".to_string()), FencingProof::CloudShutdownTaint)]
+    );
+    // A pod that must stay on the node refuses the upgrade, and says so.
+    let bare = mk_pod("ns", "bare").on("node-1").claim("data-bare");
+    let refused = World::new(
+        shut_down(view.clone(), "node-1")
+            .with(va.clone())
+            .with(bare),
+    )
+    .policy("p", needs_cloud_shutdown(mk_spec()))
+    .fail("node-1")
+    .plan();
+    let refusals: Vec<_> = refused
+        .intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::Hold {
+                node: Some(node),
+                reason: HoldReason::OutOfServiceRefused { pod, why },
+                ..
+            } => Some((node.as_str(), pod.name.as_str(), *why)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        refusals,
+        [("node-1", "bare", "NoControllerOwner")],
+        "{:?}",
+        refused.intents
+    );
+    assert!(
+        !intent_names(&refused)
+            .iter()
+            .any(|i| i.contains("out-of-service")),
+        "{:?}",
+        refused.intents
+    );
     let with = World::new(shut_down(view, "node-1").with(va))
         .policy("p", needs_cloud_shutdown(mk_spec()))
         .fail("node-1")
