@@ -7,6 +7,7 @@
 //! - `volumes.rs`: claims → PersistentVolumes → CSI driver and access mode.
 //! - `target.rs`: could a healthy node run the pod (scheduling predicates), using
 //!   `node_affinity.rs` and `resources.rs` (which reads quantities with `quantity.rs`).
+//! - `tolerations.rs`: a pod that tolerates podha's fence would come straight back.
 //! - `selectors.rs`: the policy's node, namespace and pod selectors.
 //!
 //! Everything here is pure: it reads a [`View`] and decides.
@@ -17,6 +18,7 @@ mod quantity;
 mod resources;
 mod selectors;
 mod target;
+mod tolerations;
 mod volumes;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -24,10 +26,15 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
+pub(crate) use owners::check_owner;
 pub use owners::{controller_ref, opted_out};
 pub(crate) use selectors::selects;
 pub use selectors::{invalid_selectors, node_selected, pod_selected};
 pub use target::find_target;
+pub(crate) use target::find_target_with;
+pub(crate) use tolerations::check_tolerations;
+pub use tolerations::tolerated_fence;
+pub(crate) use volumes::check_volumes;
 pub use volumes::claim_names;
 
 /// Why a pod on a failed node is left alone. The label is a `podha_pods_skipped_total` reason.
@@ -50,6 +57,9 @@ pub enum SkipReason {
     DriverNotSelected,
     /// A claim is bound to a volume whose access modes the policy does not list.
     AccessModeNotSelected,
+    /// The pod tolerates the taint podha fences its node with: its replacement could be
+    /// scheduled straight back onto the dead node.
+    ToleratesFence,
     /// The pod is Ready and not terminating: it looks alive, whatever the node says.
     PodReady,
     /// No healthy, schedulable node could run the pod (`safety.requireTarget`).
@@ -68,6 +78,7 @@ impl SkipReason {
             Self::VolumeNotCsi => "VolumeNotCsi",
             Self::DriverNotSelected => "DriverNotSelected",
             Self::AccessModeNotSelected => "AccessModeNotSelected",
+            Self::ToleratesFence => "ToleratesFence",
             Self::PodReady => "PodReady",
             Self::NoTargetNode => "NoTargetNode",
         }
@@ -95,7 +106,8 @@ pub struct Eligible {
 ///    NotReady pod, or a terminating one even if still marked Ready, passes;
 /// 3. `NoPersistentVolumeClaim`, then per claim `ClaimNotBound`, `VolumeNotCsi`,
 ///    `DriverNotSelected`, `AccessModeNotSelected` (see `volumes.rs`);
-/// 4. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`).
+/// 4. `ToleratesFence` (see `tolerations.rs`);
+/// 5. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`).
 pub fn check_pod(
     spec: &PodHAPolicySpec,
     pod: &Pod,
@@ -131,6 +143,7 @@ fn check_volumes_and_target(
     node_usable: &dyn Fn(&Node) -> bool,
 ) -> Result<(), SkipReason> {
     let pvs = volumes::check_volumes(spec, pod, view)?;
+    tolerations::check_tolerations(spec, pod)?;
     if spec.safety.require_target
         && target::find_target_with(pod, &pvs, view, node_usable).is_none()
     {

@@ -9,9 +9,10 @@
 //! node, which is what Kubernetes does anyway. Inter-pod (anti-)affinity, topology spread,
 //! ports, CSI attach limits and preemption are not modelled.
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Taint};
 use kube::ResourceExt;
 
+use super::tolerations::tolerated;
 use super::{node_affinity, resources, volumes};
 use crate::health::ReadyStatus;
 use crate::view::View;
@@ -147,31 +148,6 @@ pub(crate) fn unfit(
         return Some(Unfit::Resources);
     }
     None
-}
-
-fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| tolerates(t, taint))
-}
-
-/// `Toleration.ToleratesTaint` from `k8s.io/api/core/v1`: an empty effect matches every effect,
-/// an empty key (valid only with `Exists`) every key; `Exists` ignores the value.
-fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect = toleration.effect.as_deref().unwrap_or_default();
-    if !effect.is_empty() && effect != taint.effect {
-        return false;
-    }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match toleration.operator.as_deref().unwrap_or_default() {
-        "" | "Equal" => {
-            toleration.value.as_deref().unwrap_or_default()
-                == taint.value.as_deref().unwrap_or_default()
-        }
-        "Exists" => true,
-        _ => false,
-    }
 }
 
 #[cfg(test)]

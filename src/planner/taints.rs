@@ -45,7 +45,11 @@ pub(super) fn unselected_protection(pod: &Pod) -> Option<&'static str> {
 /// `reason`, if it would.
 pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static str> {
     match reason {
-        SkipReason::NoPersistentVolumeClaim | SkipReason::PodReady => None,
+        // A pod that tolerates the out-of-service taint is neither evicted by it nor detached
+        // (it stays in the attach/detach controller's desired state).
+        SkipReason::NoPersistentVolumeClaim | SkipReason::PodReady | SkipReason::ToleratesFence => {
+            None
+        }
         SkipReason::OwnerKindNotSelected if claim_names(pod).is_empty() => None,
         other => Some(other.as_str()),
     }
