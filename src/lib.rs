@@ -14,6 +14,7 @@ pub mod chaos;
 pub mod contract;
 pub mod deadline;
 pub mod eligibility;
+pub mod explain;
 pub mod health;
 pub mod http;
 pub mod incident;

@@ -23,6 +23,9 @@ enum Command {
     Run(RunArgs),
     /// Fault a workload's node N times and check that podha fails it over (see docs/install.md).
     Chaos(podha::chaos::ChaosArgs),
+    /// Why podha would, or would not, fail a pod over: a pod, a node or a policy, read live
+    /// (see docs/troubleshooting.md). Exit code 0 protected, 1 not, 2 no answer.
+    Explain(podha::explain::ExplainArgs),
     /// Run the node agent: heartbeats for podha, fencing of its own node (see docs/agent.md).
     Agent(podha::agent::AgentArgs),
 }
@@ -178,6 +181,9 @@ fn main() -> ExitCode {
             }
         },
         Command::Chaos(args) => block_on(tokio::runtime::Runtime::new(), podha::chaos::cli(args)),
+        Command::Explain(args) => {
+            block_on(tokio::runtime::Runtime::new(), podha::explain::cli(args))
+        }
         Command::Agent(args) => {
             if let Err(e) = init_tracing(false, None) {
                 eprintln!("podha: {e}");

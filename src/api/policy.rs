@@ -317,6 +317,17 @@ pub enum Signal {
     AgentHeartbeat,
 }
 
+impl Signal {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Lease => "Lease",
+            Self::NodeReady => "NodeReady",
+            Self::KubeletTCP => "KubeletTCP",
+            Self::AgentHeartbeat => "AgentHeartbeat",
+        }
+    }
+}
+
 /// What to do on a dead node.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
 pub enum Action {

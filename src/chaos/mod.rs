@@ -47,11 +47,9 @@ pub enum Error {
         "the PodHAPolicy CRD is not installed: install podha first (helm chart, or `podha crd | kubectl apply -f -`)"
     )]
     NoCrd,
-    #[error("podha would not move {pod}: {reason}")]
-    NotMovable {
-        pod: String,
-        reason: preflight::Refusal,
-    },
+    /// `reason`: the first rule `podha explain` fails the pod on.
+    #[error("podha would not move {pod}: {reason} (`podha explain pod {pod}` says more)")]
+    NotMovable { pod: String, reason: String },
     #[error(
         "{workload} has no pod Running and Ready with all its volumes attached after {}s",
         waited.as_secs()
@@ -77,6 +75,15 @@ fn stderr_suffix(stderr: &str) -> String {
         String::new()
     } else {
         format!(": {stderr}")
+    }
+}
+
+impl From<crate::explain::ReadError> for Error {
+    fn from(e: crate::explain::ReadError) -> Self {
+        match e {
+            crate::explain::ReadError::NoCrd => Error::NoCrd,
+            other => Error::Usage(other.to_string()),
+        }
     }
 }
 

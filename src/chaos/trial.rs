@@ -10,10 +10,11 @@ use kube::{Api, Client, ResourceExt};
 
 use super::faults::{self, Fault, Vars};
 use super::invariants::{Restore, TrialRecord};
-use super::preflight::{Bystander, Snapshot, bystanders, judge, window_note};
+use super::preflight::{Bystander, bystanders, window_note};
 use super::timeline::{Subject, follow, node_ready, wait_settled};
 use super::{ChaosArgs, Error};
 use crate::api::{FENCE_TAINT_KEY, OUT_OF_SERVICE_TAINT_KEY, TAINT_MARKER_ANNOTATION};
+use crate::explain::{Snapshot, explain_pod};
 
 /// The workload under test.
 pub struct Workload {
@@ -142,7 +143,7 @@ async fn judge_subject(
         })?;
     let pod_key = format!("{}/{}", subject.namespace, subject.pod);
 
-    let snapshot = Snapshot::read(client).await?;
+    let snapshot = Snapshot::read(client, None).await?;
     let policies = snapshot.policy_refs();
     let pod = snapshot
         .view
@@ -153,10 +154,14 @@ async fn judge_subject(
             workload: workload.to_string(),
             waited: args.settle_timeout,
         })?;
-    let policy = judge(&policies, pod, &snapshot.view).map_err(|reason| Error::NotMovable {
-        pod: pod_key.clone(),
-        reason,
-    })?;
+    let explained = explain_pod(&snapshot.cluster(), pod);
+    if let Some(refusal) = explained.first_failure() {
+        return Err(Error::NotMovable {
+            pod: pod_key,
+            reason: refusal.detail.clone(),
+        });
+    }
+    let policy = explained.policy.unwrap_or_default();
     if k == 1
         && let Some(note) = window_note(&policies, &snapshot.view, &subject.node, args.trials)
     {

@@ -34,8 +34,8 @@ pub use target::find_target;
 pub(crate) use target::find_target_with;
 pub(crate) use tolerations::check_tolerations;
 pub use tolerations::tolerated_fence;
-pub(crate) use volumes::check_volumes;
 pub use volumes::claim_names;
+pub(crate) use volumes::{bound_volume, check_volumes};
 
 /// Why a pod on a failed node is left alone. The label is a `podha_pods_skipped_total` reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -67,6 +67,37 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
+    /// What the reason means for the pod, for a reader.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::NoControllerOwner => "no controller owner: nothing would recreate it",
+            Self::OwnerKindNotSelected => {
+                "its controller's kind is not in the policy's owners (opt the pod in with \
+                 podha.io/failover: \"true\")"
+            }
+            Self::OptedOut => "podha.io/failover is set to something other than \"true\"",
+            Self::NoPersistentVolumeClaim => {
+                "it mounts no PersistentVolumeClaim: Kubernetes replaces it by itself"
+            }
+            Self::ClaimNotBound => "a claim is missing or not bound to a PersistentVolume",
+            Self::VolumeNotCsi => "a claim is bound to a volume that is not a CSI volume",
+            Self::DriverNotSelected => {
+                "a volume's CSI driver is not in the policy's volumes.drivers"
+            }
+            Self::AccessModeNotSelected => {
+                "a volume's access modes are not in the policy's volumes.accessModes"
+            }
+            Self::ToleratesFence => {
+                "it tolerates the taint podha fences its node with: its replacement could land \
+                 back on the dead node"
+            }
+            Self::PodReady => "it is Ready and not terminating: it looks alive",
+            Self::NoTargetNode => {
+                "no healthy, schedulable node could run it (safety.requireTarget)"
+            }
+        }
+    }
+
     /// CamelCase label for metrics and events.
     pub const fn as_str(self) -> &'static str {
         match self {

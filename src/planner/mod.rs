@@ -42,6 +42,7 @@ use tokio::time::Instant;
 pub use holds::{Heartbeat, Heartbeats};
 pub use intent::{HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
+pub use taints::must_stay;
 
 use crate::api::{Action, PodHAPolicySpec};
 use crate::eligibility::{self, SkipReason};
@@ -493,7 +494,7 @@ fn dry_run_guard(policy: PolicyRef<'_>, node: &str, intent: Intent, dry_run: boo
 }
 
 /// A pod that has finished holds no volume and needs no replacement.
-fn is_terminal(pod: &Pod) -> bool {
+pub fn is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded") | Some("Failed")

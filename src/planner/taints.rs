@@ -25,6 +25,26 @@ use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
 use crate::health::ReadyStatus;
 use crate::view::View;
 
+/// Why the out-of-service taint on `node` would have to spare `pod` if the node died now, if
+/// it would: the rules the planner applies to every pod of a dead node (below), without what
+/// depends on the incident itself (which policies judged the node dead, holds, replacements).
+pub fn must_stay(
+    policies: &[PolicyRef<'_>],
+    node_policy: PolicyRef<'_>,
+    pod: &Pod,
+    node: &Node,
+    view: &View,
+    usable: &dyn Fn(&Node) -> bool,
+) -> Option<&'static str> {
+    let Some(owner) = super::pod_owner(policies, pod, node, view) else {
+        return unselected_protection(pod);
+    };
+    match crate::eligibility::check_movable(owner.spec, pod, view, usable) {
+        Err(reason) => skip_protection(reason, pod),
+        Ok(_) => super::other_policy_protection(node_policy, owner),
+    }
+}
+
 /// Why the out-of-service taint would wrongly remove a pod no policy selects, if it would.
 pub(super) fn unselected_protection(pod: &Pod) -> Option<&'static str> {
     if controller_ref(pod).is_none() {

@@ -4,7 +4,7 @@
 
 mod actor;
 mod actuator;
-mod agent_coverage;
+pub mod agent_coverage;
 mod events;
 mod prober;
 mod rewatch;

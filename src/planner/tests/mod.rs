@@ -987,3 +987,35 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
 
 mod fencing;
 mod safety;
+
+#[test]
+fn a_pod_tolerating_the_fence_is_left_alone_and_does_not_refuse_the_taint() {
+    use k8s_openapi::api::core::v1::Toleration;
+    let every = Toleration {
+        operator: Some("Exists".into()),
+        ..Toleration::default()
+    };
+    let view = cluster(2)
+        .with(
+            mk_pod("ns", "any-0")
+                .on("node-1")
+                .owned_by_sts("any")
+                .claim("data-any-0")
+                .toleration(every),
+        )
+        .with(mk_pvc("ns", "data-any-0").bound_to("pv-any"))
+        .with(mk_csi_pv("pv-any", DRIVER));
+    let plan = World::new(view)
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert_eq!(
+        skip_reasons(&plan),
+        vec![("ns/any-0".to_string(), "ToleratesFence")]
+    );
+    // It is not evicted by the out-of-service taint, nor detached: the taint may go on.
+    assert_eq!(
+        intent_names(&plan),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}

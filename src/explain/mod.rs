@@ -1,0 +1,302 @@
+//! `podha explain`: why podha would, or would not, fail a pod over, before the fact and after.
+//! It reads the live cluster the way the operator does ([`snapshot`]) and answers with the
+//! operator's own rules: every rule a pod passes or fails ([`pod`]), a node's agent, proof and
+//! pods ([`node`]), a policy's state, coverage and past failovers ([`policy`]). Printed as a
+//! table ([`render`]) or JSON.
+//!
+//! Exit codes: 0 when the pod (or node) asked about is protected, 1 when it is not, 2 when
+//! the question could not be answered (no such object, the cluster unreachable).
+
+pub mod node;
+pub mod pod;
+pub mod policy;
+mod render;
+pub mod snapshot;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::api::PodHAPolicyStatus;
+use crate::planner::PolicyRef;
+use crate::view::View;
+pub use node::{NodeExplanation, explain_node};
+pub use pod::{PodExplanation, explain_pod};
+pub use policy::{PolicyExplanation, explain_policy};
+pub use snapshot::{LeaderLease, ReadError, Snapshot};
+
+/// `podha explain`'s options.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ExplainArgs {
+    #[command(subcommand)]
+    pub subject: Subject,
+    /// Kubeconfig file; without it, $KUBECONFIG / ~/.kube/config or in-cluster config.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The namespace podha runs in (default: the one holding its leader Lease).
+    #[arg(long, global = true)]
+    pub podha_namespace: Option<String>,
+    /// `table` or `json`.
+    #[arg(long, short = 'o', global = true, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum Subject {
+    /// Would podha fail this pod over if its node died now? NAMESPACE/NAME.
+    Pod { pod: String },
+    /// A node: its policy, agent and fencing proof, and every pod on it.
+    Node { node: String },
+    /// A policy: its state, how many pods it protects, its recent failovers and events.
+    Policy { policy: String },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Why a question could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("cannot reach the API server at {url}: {source}")]
+    Unreachable { url: String, source: kube::Error },
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+}
+
+/// How a rule came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The rule lets podha fail the pod over.
+    Pass,
+    /// The rule keeps the pod where it is.
+    Fail,
+    /// Worth knowing, decides nothing (what the taint will be, timing).
+    Note,
+}
+
+/// One rule and its result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub rule: &'static str,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+impl Check {
+    pub fn pass(rule: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Pass, detail)
+    }
+    pub fn fail(rule: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Fail, detail)
+    }
+    pub fn note(rule: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Note, detail)
+    }
+    fn new(rule: &'static str, outcome: Outcome, detail: impl Into<String>) -> Self {
+        Self {
+            rule,
+            outcome,
+            detail: detail.into(),
+        }
+    }
+    pub fn failed(&self) -> bool {
+        self.outcome == Outcome::Fail
+    }
+}
+
+/// Rules in the order they were checked.
+#[derive(Default)]
+pub(crate) struct Checks(pub Vec<Check>);
+
+impl Checks {
+    fn push(&mut self, check: Check) {
+        self.0.push(check);
+    }
+    fn pass(&mut self, rule: &'static str, detail: impl Into<String>) {
+        self.push(Check::pass(rule, detail));
+    }
+    fn fail(&mut self, rule: &'static str, detail: impl Into<String>) {
+        self.push(Check::fail(rule, detail));
+    }
+    fn note(&mut self, rule: &'static str, detail: impl Into<String>) {
+        self.push(Check::note(rule, detail));
+    }
+}
+
+/// What every explanation reads: the policies in name order, their statuses, the decision
+/// view, podha's leader Lease.
+pub struct Cluster<'a> {
+    pub policies: Vec<PolicyRef<'a>>,
+    pub statuses: &'a BTreeMap<String, PodHAPolicyStatus>,
+    pub view: &'a View,
+    pub leader: Option<&'a LeaderLease>,
+    pub now: Instant,
+}
+
+impl Snapshot {
+    pub fn cluster(&self) -> Cluster<'_> {
+        Cluster {
+            policies: self.policy_refs(),
+            statuses: &self.statuses,
+            view: &self.view,
+            leader: self.leader.as_ref(),
+            now: self.now,
+        }
+    }
+}
+
+/// A duration as people read it: whole seconds from 10 s on, tenths below.
+fn human(d: Duration) -> String {
+    if d >= Duration::from_secs(10) {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// A client from `kubeconfig` and `context` (or the usual places), checked by asking for the
+/// server version.
+pub async fn connect(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> Result<Client, Error> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let bad = |e: &dyn std::fmt::Display| Error::Kubeconfig(e.to_string());
+    let config = match (kubeconfig, context) {
+        (Some(path), _) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| bad(&format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| bad(&e))?
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| bad(&e))?,
+        (None, None) => kube::Config::infer().await.map_err(|e| bad(&e))?,
+    };
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| bad(&e))?;
+    client
+        .apiserver_version()
+        .await
+        .map_err(|source| Error::Unreachable { url, source })?;
+    Ok(client)
+}
+
+/// What one question produced: the text or JSON to print, and whether the subject is
+/// protected.
+pub struct Answer {
+    pub text: String,
+    pub protected: bool,
+}
+
+/// Answers one question against the cluster.
+pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error> {
+    let snapshot = Snapshot::read(client, args.podha_namespace.as_deref()).await?;
+    let cluster = snapshot.cluster();
+    match &args.subject {
+        Subject::Pod { pod } => {
+            let (namespace, name) = pod
+                .split_once('/')
+                .ok_or_else(|| Error::Usage(format!("pod {pod:?}: give it as NAMESPACE/NAME")))?;
+            let found = Api::<Pod>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map_err(|source| Error::Kube {
+                    what: format!("reading pod {pod}"),
+                    source,
+                })?
+                .ok_or_else(|| Error::NotFound(format!("pod {pod}")))?;
+            let explanation = explain_pod(&cluster, &found);
+            Ok(Answer {
+                protected: explanation.protected,
+                text: match args.output {
+                    Output::Table => render::pod(&explanation),
+                    Output::Json => to_json(&explanation),
+                },
+            })
+        }
+        Subject::Node { node } => {
+            let explanation = explain_node(&cluster, node)
+                .ok_or_else(|| Error::NotFound(format!("node {node}")))?;
+            Ok(Answer {
+                protected: explanation.protected,
+                text: match args.output {
+                    Output::Table => render::node(&explanation),
+                    Output::Json => to_json(&explanation),
+                },
+            })
+        }
+        Subject::Policy { policy } => {
+            let events = policy::read_events(client, policy).await?;
+            let explanation = explain_policy(&cluster, policy, events)
+                .ok_or_else(|| Error::NotFound(format!("PodHAPolicy {policy}")))?;
+            Ok(Answer {
+                protected: true,
+                text: match args.output {
+                    Output::Table => render::policy(&explanation),
+                    Output::Json => to_json(&explanation),
+                },
+            })
+        }
+    }
+}
+
+/// Any explanation as pretty JSON.
+fn to_json<T: Serialize>(value: &T) -> String {
+    // Plain data (strings, numbers, lists): serialising it cannot fail.
+    serde_json::to_string_pretty(value).unwrap_or_default() + "\n"
+}
+
+/// `podha explain`: prints the answer; exit code 0 protected, 1 not, 2 no answer.
+pub async fn cli(args: ExplainArgs) -> ExitCode {
+    let client = match connect(args.kubeconfig.as_deref(), args.context.as_deref()).await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("podha explain: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match answer(&args, &client).await {
+        Ok(answer) => {
+            print!("{}", answer.text);
+            if answer.protected {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("podha explain: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

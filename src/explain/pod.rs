@@ -1,0 +1,539 @@
+//! Would podha fail this pod over if its node died now? Every rule with its result, each
+//! answered by the operator's own code: the planner's policy ownership and taint rules, the
+//! eligibility checks, the agent coverage, the policy's status.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use serde::Serialize;
+
+use super::{Check, Checks, Cluster, human};
+use crate::api::{Action, FencingProof, NodeTaint, condition};
+use crate::contract::{AGENT_WATCHDOG_ANNOTATION, fenced_within};
+use crate::eligibility::{
+    SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
+    node_selected, selects, tolerated_fence,
+};
+use crate::health::ReadyStatus;
+use crate::leader::DEFAULT_LEASE_NAME;
+use crate::planner::{PolicyRef, is_terminal, must_stay, node_owner, pod_owner};
+use crate::runtime::agent_coverage::agent_gap;
+use crate::view::View;
+
+/// The answer about one pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodExplanation {
+    /// `namespace/name`.
+    pub pod: String,
+    pub node: Option<String>,
+    /// The policy that selects the pod, if one does.
+    pub policy: Option<String>,
+    /// Whether podha would fail the pod over if its node died now: no rule fails.
+    pub protected: bool,
+    pub checks: Vec<Check>,
+}
+
+impl PodExplanation {
+    /// The first rule that keeps the pod where it is, if any.
+    pub fn first_failure(&self) -> Option<&Check> {
+        self.checks.iter().find(|c| c.failed())
+    }
+}
+
+/// Every rule about `pod`, in the order podha applies them.
+pub fn explain_pod(cluster: &Cluster<'_>, pod: &Pod) -> PodExplanation {
+    let mut checks = Checks::default();
+    let (policy, node) = pod_checks(cluster, pod, &mut checks);
+    let checks = checks.0;
+    PodExplanation {
+        pod: format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
+        node,
+        policy,
+        protected: !checks.iter().any(Check::failed),
+        checks,
+    }
+}
+
+fn pod_checks(
+    cluster: &Cluster<'_>,
+    pod: &Pod,
+    checks: &mut Checks,
+) -> (Option<String>, Option<String>) {
+    checks.push(operator_check(cluster));
+    let view = cluster.view;
+    let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        checks.fail(
+            "node",
+            "the pod is not scheduled on a node: there is nothing to move yet",
+        );
+        return (None, None);
+    };
+    let Some(node) = view.nodes.get(&node_name) else {
+        checks.fail("node", format!("node {node_name} does not exist"));
+        return (None, Some(node_name));
+    };
+    if is_terminal(pod) {
+        checks.fail(
+            "node",
+            format!("on {node_name}, but the pod has finished: it holds no volume"),
+        );
+        return (None, Some(node_name));
+    }
+    checks.pass("node", format!("on {node_name} ({})", ready_text(node)));
+    let policies = &cluster.policies;
+    let Some(owner) = pod_owner(policies, pod, node, view) else {
+        checks.fail("policy", unselected(policies, pod, node, view));
+        return (None, Some(node_name));
+    };
+    checks.pass(
+        "policy",
+        format!(
+            "{} selects it (the first policy by name whose node, namespace and pod selectors \
+             all select it)",
+            owner.name
+        ),
+    );
+    // The pod's policy selects the node, so some policy governs it.
+    let node_policy = node_owner(policies, node).unwrap_or(owner);
+    if node_policy.name == owner.name {
+        checks.pass(
+            "node policy",
+            format!(
+                "{} also governs {node_name}: action {}",
+                owner.name,
+                node_policy.spec.action.as_str()
+            ),
+        );
+    } else {
+        checks.note(
+            "node policy",
+            format!(
+                "{} governs {node_name} (the first policy by name that selects it): its \
+                 detection judges the node, its safety limits and dryRun decide there, its \
+                 action ({}) picks the taint",
+                node_policy.name,
+                node_policy.spec.action.as_str()
+            ),
+        );
+    }
+    state_checks(cluster, node_policy, owner, &node_name, checks);
+    eligibility_checks(owner, pod, node, view, checks);
+    checks.push(taint_check(cluster, node_policy, node));
+    proof_checks(cluster, node_policy, &node_name, node, checks);
+    checks.note(
+        "timing",
+        format!(
+            "after {node_name} is judged dead ({}), podha waits until every other watched node \
+             has shown life since (the settle wait){}: these depend on the death itself and are \
+             not predicted",
+            detection_text(node_policy),
+            match node_policy.spec.taint_proof() {
+                Some(FencingProof::Agent) => ", and for the agent's fence",
+                Some(FencingProof::None) | None => "",
+                Some(_) => ", and for the fencing proof",
+            }
+        ),
+    );
+    (Some(owner.name.to_string()), Some(node_name))
+}
+
+/// Does a podha replica lead now?
+pub(super) fn operator_check(cluster: &Cluster<'_>) -> Check {
+    match cluster.leader {
+        None => Check::fail(
+            "podha",
+            format!(
+                "no Lease {DEFAULT_LEASE_NAME} in any namespace: podha is not running, nothing \
+                 acts (or name its namespace with --podha-namespace)"
+            ),
+        ),
+        Some(lease) if lease.held() => Check::pass(
+            "podha",
+            format!(
+                "{} leads (Lease {}/{DEFAULT_LEASE_NAME} renewed {} ago)",
+                lease.holder.as_deref().unwrap_or_default(),
+                lease.namespace,
+                human(lease.renewed_ago.unwrap_or_default())
+            ),
+        ),
+        Some(lease) => Check::fail(
+            "podha",
+            format!(
+                "no replica leads: Lease {}/{DEFAULT_LEASE_NAME} {} (it lasts {}): nothing acts",
+                lease.namespace,
+                match (&lease.holder, lease.renewed_ago) {
+                    (Some(h), Some(ago)) if !h.is_empty() =>
+                        format!("last renewed by {h} {} ago", human(ago)),
+                    _ => "is held by no one".to_string(),
+                },
+                human(lease.lasts)
+            ),
+        ),
+    }
+}
+
+/// The policies' own state: dry run, too many unhealthy nodes.
+fn state_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    owner: PolicyRef<'_>,
+    node: &str,
+    checks: &mut Checks,
+) {
+    if node_policy.spec.dry_run {
+        checks.fail(
+            "state",
+            format!(
+                "{}: dryRun is on (it governs {node}): podha only says what it would do",
+                node_policy.name
+            ),
+        );
+        return;
+    }
+    if owner.spec.dry_run {
+        checks.fail(
+            "state",
+            format!(
+                "{}: dryRun is on: podha only says what it would do",
+                owner.name
+            ),
+        );
+        return;
+    }
+    let status = cluster.statuses.get(node_policy.name);
+    let degraded = status.and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == condition::DEGRADED && c.status == "True")
+    });
+    if let Some(c) = degraded.filter(|c| c.reason == condition::REASON_TOO_MANY_UNHEALTHY) {
+        checks.fail(
+            "state",
+            format!(
+                "{} holds every action: {} ({})",
+                node_policy.name, c.reason, c.message
+            ),
+        );
+        return;
+    }
+    let counts = status.map_or_else(
+        || "no status yet".to_string(),
+        |s| {
+            format!(
+                "{} failed and {} suspect of {} watched nodes, at most {} unhealthy within {}",
+                s.failed_nodes,
+                s.suspect_nodes,
+                s.watched_nodes,
+                node_policy
+                    .spec
+                    .max_unhealthy_nodes(usize::try_from(s.watched_nodes).unwrap_or_default()),
+                node_policy.spec.safety.unhealthy_window
+            )
+        },
+    );
+    checks.pass("state", format!("{} acts: {counts}", node_policy.name));
+}
+
+/// The eligibility rules, each on its own, with the pod's policy.
+fn eligibility_checks(
+    owner: PolicyRef<'_>,
+    pod: &Pod,
+    node: &Node,
+    view: &View,
+    checks: &mut Checks,
+) {
+    let spec = owner.spec;
+    let ineligible = |reason: SkipReason| {
+        format!(
+            "policy {}: {}: {}",
+            owner.name,
+            reason.as_str(),
+            reason.describe()
+        )
+    };
+    match check_owner(spec, pod, view) {
+        Ok(kind) => {
+            let name = controller_ref(pod).map_or("", |r| r.name.as_str());
+            checks.pass("owner", format!("{kind} {name}"));
+        }
+        Err(reason) => checks.fail("owner", ineligible(reason)),
+    }
+    let claims = claims_text(pod, view);
+    let pvs = match check_volumes(spec, pod, view) {
+        Ok(pvs) => {
+            checks.pass("volumes", claims);
+            pvs
+        }
+        Err(reason) => {
+            let known = if claims.is_empty() {
+                String::new()
+            } else {
+                format!(" ({claims})")
+            };
+            checks.fail("volumes", format!("{}{known}", ineligible(reason)));
+            Vec::new()
+        }
+    };
+    match check_tolerations(spec, pod) {
+        Ok(()) => checks.pass(
+            "tolerations",
+            format!(
+                "tolerates no taint podha fences with under {} ({})",
+                spec.action.as_str(),
+                fence_keys(spec.action)
+            ),
+        ),
+        Err(reason) => checks.fail(
+            "tolerations",
+            format!(
+                "{} (it tolerates {})",
+                ineligible(reason),
+                tolerated_fence(spec.action, pod).map_or("", NodeTaint::key)
+            ),
+        ),
+    }
+    let node_name = node.name_any();
+    let usable =
+        |n: &Node| n.name_any() != node_name && ReadyStatus::from_node(n) == ReadyStatus::True;
+    match (
+        find_target_with(pod, &pvs, view, &usable),
+        spec.safety.require_target,
+    ) {
+        (Some(target), _) => checks.pass(
+            "target",
+            format!(
+                "{} could run it now (taints, affinity, resources, volume topology)",
+                target.name_any()
+            ),
+        ),
+        (None, true) => checks.fail("target", ineligible(SkipReason::NoTargetNode)),
+        (None, false) => checks.note(
+            "target",
+            "no Ready, schedulable node could run it now; safety.requireTarget is off: podha \
+             moves it and its replacement waits Pending",
+        ),
+    }
+}
+
+/// Which taint `node` would get if it died now, and what that means for the volumes.
+pub(super) fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
+    let node_name = node.name_any();
+    if node_policy.spec.action == Action::DeletePods {
+        return Check::pass(
+            "taint",
+            format!(
+                "{} (action DeletePods): the pod is deleted; its volume detaches after the \
+                 attach/detach controller's 6-minute wait",
+                NodeTaint::Fence.key()
+            ),
+        );
+    }
+    let usable =
+        |n: &Node| n.name_any() != node_name && ReadyStatus::from_node(n) == ReadyStatus::True;
+    let staying = cluster.view.pods_on(&node_name).iter().find_map(|pod| {
+        let why = must_stay(
+            &cluster.policies,
+            node_policy,
+            pod,
+            node,
+            cluster.view,
+            &usable,
+        )?;
+        Some((pod.namespace().unwrap_or_default(), pod.name_any(), why))
+    });
+    match staying {
+        None => Check::pass(
+            "taint",
+            format!(
+                "{}: volumes detach as soon as their pods are deleted",
+                NodeTaint::OutOfService.key()
+            ),
+        ),
+        Some((ns, name, why)) => Check::note(
+            "taint",
+            format!(
+                "{} would be refused while {ns}/{name} must stay on {node_name} ({why}): podha \
+                 fences the node with {} instead, deletes the pod, and its volume detaches after \
+                 the attach/detach controller's 6-minute wait",
+                NodeTaint::OutOfService.key(),
+                NodeTaint::Fence.key()
+            ),
+        ),
+    }
+}
+
+/// The proof the taint waits for, and whether the node's agent can give it.
+pub(super) fn proof_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    node_name: &str,
+    node: &Node,
+    checks: &mut Checks,
+) {
+    let Some(proof) = node_policy.spec.taint_proof() else {
+        checks.pass(
+            "proof",
+            "action DeletePods needs none: podha's fence only keeps the scheduler off the node",
+        );
+        return;
+    };
+    match proof {
+        FencingProof::None => checks.pass(
+            "proof",
+            "fencing.proof None: the taint follows the judgement alone (a frozen or cut-off \
+             node may write on beside the replacement)",
+        ),
+        FencingProof::Agent => {
+            let within = fenced_within(node);
+            match agent_gap(node_name, node, cluster.view, cluster.now) {
+                None => {
+                    let lease = cluster.view.agent_adverts.get(node_name);
+                    let ago = lease.map(|l| cluster.now.saturating_duration_since(l.renewed_seen));
+                    checks.pass(
+                        "agent",
+                        format!(
+                            "the agent on {node_name} pets a watchdog ({}) and renewed its Lease \
+                             {} ago",
+                            node.annotations()
+                                .get(AGENT_WATCHDOG_ANNOTATION)
+                                .map_or("", String::as_str),
+                            human(ago.unwrap_or_default())
+                        ),
+                    );
+                    checks.pass(
+                        "proof",
+                        format!(
+                            "Agent: a silence of {} plus agentMargin {} proves the fence",
+                            human(within.unwrap_or_default()),
+                            node_policy.spec.fencing.agent_margin
+                        ),
+                    );
+                }
+                Some(gap) => {
+                    let why = node
+                        .annotations()
+                        .get(AGENT_WATCHDOG_ANNOTATION)
+                        .filter(|_| within.is_none())
+                        .map_or_else(String::new, |w| {
+                            format!(" ({AGENT_WATCHDOG_ANNOTATION}: {w})")
+                        });
+                    checks.fail("agent", format!("{}{why}", gap.describe()));
+                    checks.fail(
+                        "proof",
+                        format!(
+                            "Agent: {node_name} has no agent whose silence proves its fence: \
+                             judged dead, it is held until its agent acknowledges a fence request \
+                             (install the agent and a watchdog, docs/agent.md, or choose another \
+                             fencing.proof in {})",
+                            node_policy.name
+                        ),
+                    );
+                }
+            }
+        }
+        FencingProof::CloudShutdownTaint => checks.note(
+            "proof",
+            "CloudShutdownTaint: held until the cloud provider taints the node \
+             node.cloudprovider.kubernetes.io/shutdown (the instance is off)",
+        ),
+        FencingProof::External => checks.note(
+            "proof",
+            "External: held until your fence controller acknowledges podha.io/fence-request on \
+             the node (podha.io/fence-ack)",
+        ),
+    }
+}
+
+/// Why no policy selects the pod: each policy's first selector that refuses it.
+fn unselected(policies: &[PolicyRef<'_>], pod: &Pod, node: &Node, view: &View) -> String {
+    let namespace = pod.namespace().unwrap_or_default();
+    let node_name = node.name_any();
+    if policies.is_empty() {
+        return "no PodHAPolicy exists: podha moves nothing".to_string();
+    }
+    let no_labels = BTreeMap::new();
+    let ns_labels = view.namespace_labels.get(&namespace).unwrap_or(&no_labels);
+    let refusals: Vec<(&str, String)> = policies
+        .iter()
+        .map(|p| {
+            if !node_selected(p.spec, node) {
+                ("node", format!("policy {}: nodeSelector", p.name))
+            } else if !selects(&p.spec.namespace_selector, ns_labels) {
+                ("namespace", format!("policy {}: namespaceSelector", p.name))
+            } else {
+                ("pod", format!("policy {}: podSelector", p.name))
+            }
+        })
+        .collect();
+    let subject = match refusals[0].0 {
+        kind if refusals.iter().all(|(k, _)| *k == kind) => match kind {
+            "node" => format!("node {node_name}"),
+            "namespace" => format!("namespace {namespace}"),
+            _ => format!("pod {namespace}/{}", pod.name_any()),
+        },
+        _ => format!("pod {namespace}/{} on node {node_name}", pod.name_any()),
+    };
+    let list: Vec<String> = refusals
+        .into_iter()
+        .map(|(_, r)| format!("{r} does not select it"))
+        .collect();
+    format!("no PodHAPolicy selects {subject} ({})", list.join("; "))
+}
+
+/// Each claim the pod mounts, with its volume, driver and access modes as far as they are
+/// known.
+fn claims_text(pod: &Pod, view: &View) -> String {
+    let namespace = pod.namespace().unwrap_or_default();
+    crate::eligibility::claim_names(pod)
+        .iter()
+        .map(
+            |claim| match crate::eligibility::bound_volume(view, &namespace, claim) {
+                None => format!("{claim}: not bound"),
+                Some(pv) => {
+                    let spec = pv.spec.as_ref();
+                    let driver = spec
+                        .and_then(|s| s.csi.as_ref())
+                        .map_or("not CSI", |c| c.driver.as_str());
+                    let modes = spec
+                        .and_then(|s| s.access_modes.as_ref())
+                        .map_or_else(String::new, |m| m.join(","));
+                    format!("{claim} → {} ({driver}, {modes})", pv.name_any())
+                }
+            },
+        )
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn fence_keys(action: Action) -> String {
+    match action {
+        Action::DeletePods => NodeTaint::Fence.key().to_string(),
+        Action::OutOfServiceTaint => format!(
+            "{}, {}",
+            NodeTaint::OutOfService.key(),
+            NodeTaint::Fence.key()
+        ),
+    }
+}
+
+fn ready_text(node: &Node) -> &'static str {
+    match ReadyStatus::from_node(node) {
+        ReadyStatus::True => "Ready",
+        ReadyStatus::False => "NotReady",
+        ReadyStatus::Unknown => "Ready Unknown",
+        ReadyStatus::Missing => "no Ready condition",
+    }
+}
+
+pub(super) fn detection_text(policy: PolicyRef<'_>) -> String {
+    let d = &policy.spec.detection;
+    let signals: Vec<&str> = d.signals.iter().map(|s| s.as_str()).collect();
+    format!(
+        "{} failed probes {} apart, signals {}",
+        d.failure_threshold,
+        d.interval,
+        signals.join(", ")
+    )
+}

@@ -1,0 +1,306 @@
+//! The cluster read once, the way the operator reads it: every list fed through the operator's
+//! own [`ClusterState`], so the view is exactly what podha would decide on. `podha explain` and
+//! `podha chaos` both start from it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::ListParams;
+use kube::runtime::watcher::Event;
+use kube::{Api, Client, ResourceExt};
+use tokio::time::Instant;
+
+use crate::api::{PodHAPolicy, PodHAPolicySpec, PodHAPolicyStatus};
+use crate::contract::AGENT_LEASE_LABEL;
+use crate::leader::DEFAULT_LEASE_NAME;
+use crate::planner::PolicyRef;
+use crate::runtime::{Change, ClusterState};
+use crate::view::View;
+
+/// Why the cluster could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(
+        "the PodHAPolicy CRD is not installed: install podha first (helm chart, or `podha crd | kubectl apply -f -`)"
+    )]
+    NoCrd,
+    #[error(
+        "podha's leader Lease {DEFAULT_LEASE_NAME} is in several namespaces ({}): say which with --podha-namespace",
+        .0.join(", ")
+    )]
+    SeveralInstalls(Vec<String>),
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+}
+
+fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReadError {
+    let what = what.into();
+    move |source| ReadError::Kube { what, source }
+}
+
+/// The leader-election Lease of podha's replicas, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderLease {
+    pub namespace: String,
+    pub holder: Option<String>,
+    /// How long ago it was renewed, by this machine's clock (`None`: never renewed).
+    pub renewed_ago: Option<Duration>,
+    /// How long it lasts after a renewal.
+    pub lasts: Duration,
+}
+
+impl LeaderLease {
+    /// A replica holds it and renewed it within its duration: podha runs and leads.
+    pub fn held(&self) -> bool {
+        self.holder.as_deref().is_some_and(|h| !h.is_empty())
+            && self.renewed_ago.is_some_and(|ago| ago <= self.lasts)
+    }
+}
+
+/// The policies by name and the decision view, read once.
+pub struct Snapshot {
+    pub policies: BTreeMap<String, PodHAPolicySpec>,
+    pub statuses: BTreeMap<String, PodHAPolicyStatus>,
+    pub view: View,
+    /// podha's leader Lease; `None` when no namespace holds one (podha is not running).
+    pub leader: Option<LeaderLease>,
+    /// When the lists were read, on the clock the view's instants use.
+    pub now: Instant,
+}
+
+impl Snapshot {
+    /// Lists what the operator watches and feeds it through the operator's own state. The agent
+    /// Leases are read in podha's namespace: `podha_namespace`, else the one that holds podha's
+    /// leader Lease.
+    pub async fn read(client: &Client, podha_namespace: Option<&str>) -> Result<Self, ReadError> {
+        let lp = ListParams::default();
+        let policies = match Api::<PodHAPolicy>::all(client.clone()).list(&lp).await {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Err(ReadError::NoCrd),
+            Err(e) => return Err(kube_error("listing PodHAPolicies")(e)),
+        };
+        let leader = read_leader(client, podha_namespace).await?;
+        let agent_namespace = podha_namespace
+            .map(str::to_string)
+            .or_else(|| leader.as_ref().map(|l| l.namespace.clone()));
+        let agent_leases = match &agent_namespace {
+            Some(ns) => {
+                Api::<Lease>::namespaced(client.clone(), ns)
+                    .list(&ListParams::default().labels(&format!("{AGENT_LEASE_LABEL}=true")))
+                    .await
+                    .map_err(kube_error(format!("listing the agent Leases in {ns}")))?
+                    .items
+            }
+            None => Vec::new(),
+        };
+        let nodes = list_all::<Node>(client, "nodes").await?;
+        let pods = list_all::<Pod>(client, "pods").await?;
+        let pvcs = list_all::<PersistentVolumeClaim>(client, "persistentvolumeclaims").await?;
+        let pvs = list_all::<PersistentVolume>(client, "persistentvolumes").await?;
+        let vas = list_all::<VolumeAttachment>(client, "volumeattachments").await?;
+        let replica_sets = Api::<ReplicaSet>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map_err(kube_error("listing replicasets"))?;
+        let namespaces = Api::<Namespace>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map_err(kube_error("listing namespaces"))?;
+
+        let now = Instant::now();
+        let mut state = ClusterState::default();
+        fn listed<K>(items: Vec<K>, wrap: fn(Event<K>) -> Change) -> Vec<Change> {
+            let mut out = vec![wrap(Event::Init)];
+            out.extend(items.into_iter().map(|k| wrap(Event::InitApply(k))));
+            out.push(wrap(Event::InitDone));
+            out
+        }
+        let changes = [
+            listed(nodes, Change::Node),
+            listed(pods, Change::Pod),
+            listed(pvcs, Change::Pvc),
+            listed(pvs, Change::Pv),
+            listed(vas, Change::Va),
+            listed(replica_sets.items, Change::ReplicaSet),
+            listed(namespaces.items, Change::Namespace),
+            listed(agent_leases, Change::AgentLease),
+        ];
+        for change in changes.into_iter().flatten() {
+            state.apply(change, now);
+        }
+        let mut view = state.view;
+        age_adverts(&mut view, now, SystemTime::now());
+        let statuses = policies
+            .iter()
+            .map(|p| (p.name_any(), p.status.clone().unwrap_or_default()))
+            .collect();
+        Ok(Snapshot {
+            policies: policies
+                .into_iter()
+                .map(|p| (p.name_any(), p.spec))
+                .collect(),
+            statuses,
+            view,
+            leader,
+            now,
+        })
+    }
+
+    /// The policies sorted by name, as the planner takes them.
+    pub fn policy_refs(&self) -> Vec<PolicyRef<'_>> {
+        self.policies
+            .iter()
+            .map(|(name, spec)| PolicyRef { name, spec })
+            .collect()
+    }
+}
+
+/// The operator counts an agent Lease fresh for its duration after it saw it renewed; a single
+/// read sees every Lease "now". Each advert is dated back by its `renewTime`'s age on this
+/// machine's clock instead, so a Lease its agent stopped renewing reads as stale.
+fn age_adverts(view: &mut View, now: Instant, wall: SystemTime) {
+    for advert in view.agent_adverts.values_mut() {
+        let age = advert
+            .renew_time
+            .as_ref()
+            .map_or(Duration::MAX, |renew| age_of(renew, wall));
+        // Never renewed, or longer ago than this clock can go back: stale.
+        advert.renewed_seen = now
+            .checked_sub(age)
+            .or_else(|| now.checked_sub(advert.lasts + Duration::from_secs(1)))
+            .unwrap_or(now);
+    }
+}
+
+/// How long before `wall` the time was (zero for a time ahead of this clock).
+fn age_of(time: &MicroTime, wall: SystemTime) -> Duration {
+    wall.duration_since(SystemTime::from(time.0))
+        .unwrap_or_default()
+}
+
+async fn read_leader(
+    client: &Client,
+    podha_namespace: Option<&str>,
+) -> Result<Option<LeaderLease>, ReadError> {
+    let leases = match podha_namespace {
+        Some(ns) => Api::<Lease>::namespaced(client.clone(), ns)
+            .get_opt(DEFAULT_LEASE_NAME)
+            .await
+            .map_err(kube_error(format!(
+                "reading Lease {ns}/{DEFAULT_LEASE_NAME}"
+            )))?
+            .into_iter()
+            .collect(),
+        None => {
+            Api::<Lease>::all(client.clone())
+                .list(&ListParams::default().fields(&format!("metadata.name={DEFAULT_LEASE_NAME}")))
+                .await
+                .map_err(kube_error(format!(
+                    "listing Leases named {DEFAULT_LEASE_NAME}"
+                )))?
+                .items
+        }
+    };
+    if leases.len() > 1 {
+        return Err(ReadError::SeveralInstalls(
+            leases
+                .iter()
+                .map(|l| l.namespace().unwrap_or_default())
+                .collect(),
+        ));
+    }
+    let wall = SystemTime::now();
+    Ok(leases.into_iter().next().map(|lease| {
+        let spec = lease.spec.unwrap_or_default();
+        LeaderLease {
+            namespace: lease.metadata.namespace.unwrap_or_default(),
+            holder: spec.holder_identity,
+            renewed_ago: spec.renew_time.as_ref().map(|t| age_of(t, wall)),
+            lasts: Duration::from_secs(
+                spec.lease_duration_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .unwrap_or_default(),
+            ),
+        }
+    }))
+}
+
+/// Every object of kind `K` in the cluster; `kind` names it in the error.
+async fn list_all<K>(client: &Client, kind: &str) -> Result<Vec<K>, ReadError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(kube_error(format!("listing {kind}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::AgentAdvert;
+
+    fn micro(wall: SystemTime) -> MicroTime {
+        MicroTime(k8s_openapi::jiff::Timestamp::try_from(wall).expect("in range"))
+    }
+
+    #[test]
+    fn an_advert_is_dated_back_by_its_renewals_age() {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let now = Instant::now() + Duration::from_secs(3600);
+        let fresh = micro(wall - Duration::from_secs(5));
+        let stale = micro(wall - Duration::from_secs(300));
+        let mut view = View::default();
+        for (node, renew) in [("fresh", &fresh), ("stale", &stale)] {
+            view.agent_adverts.insert(
+                node.into(),
+                AgentAdvert {
+                    renew_time: Some(renew.clone()),
+                    renewed_seen: now,
+                    lasts: Duration::from_secs(40),
+                },
+            );
+        }
+        view.agent_adverts.insert(
+            "never".into(),
+            AgentAdvert {
+                renew_time: None,
+                renewed_seen: now,
+                lasts: Duration::from_secs(40),
+            },
+        );
+        age_adverts(&mut view, now, wall);
+        assert_eq!(
+            now - view.agent_adverts["fresh"].renewed_seen,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            now - view.agent_adverts["stale"].renewed_seen,
+            Duration::from_secs(300)
+        );
+        assert!(now - view.agent_adverts["never"].renewed_seen > Duration::from_secs(40));
+    }
+
+    #[test]
+    fn the_leader_lease_counts_only_while_held_and_renewed() {
+        let lease = |holder: Option<&str>, ago: Option<u64>| LeaderLease {
+            namespace: "podha-system".into(),
+            holder: holder.map(str::to_string),
+            renewed_ago: ago.map(Duration::from_secs),
+            lasts: Duration::from_secs(15),
+        };
+        assert!(lease(Some("podha-0"), Some(3)).held());
+        assert!(!lease(Some("podha-0"), Some(60)).held());
+        assert!(!lease(None, Some(3)).held());
+        assert!(!lease(Some(""), Some(3)).held());
+        assert!(!lease(Some("podha-0"), None).held());
+    }
+}

@@ -1,0 +1,511 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use tokio::time::Instant;
+
+use super::*;
+use crate::api::{Action, FencingProof, PodHAPolicySpec, condition};
+use crate::test_builders::*;
+
+const DRIVER: &str = "rwo.sim.podha.io";
+
+/// Two Ready nodes; on n1, the StatefulSet pod `shop/db-0` with one RWO claim of `DRIVER`.
+fn view() -> View {
+    view_with([
+        mk_node("n1").ready(true).into(),
+        mk_node("n2").ready(true).into(),
+    ])
+    .with(stateful("db-0", "pv-db"))
+    .with(mk_pvc("shop", "data-db-0").bound_to("pv-db"))
+    .with(mk_csi_pv("pv-db", DRIVER))
+}
+
+fn stateful(name: &str, _pv: &str) -> Pod {
+    mk_pod("shop", name)
+        .on("n1")
+        .owned_by_sts(name.trim_end_matches("-0"))
+        .claim(&format!("data-{name}"))
+}
+
+/// `pod` with its own claim and volume of `driver`.
+fn with_volume(view: View, pod: Pod, driver: &str) -> View {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    view.with(pod)
+        .with(mk_pvc("shop", &format!("data-{name}")).bound_to(&format!("pv-{name}")))
+        .with(mk_csi_pv(&format!("pv-{name}"), driver))
+}
+
+fn leading() -> LeaderLease {
+    LeaderLease {
+        namespace: "podha-system".into(),
+        holder: Some("podha-0".into()),
+        renewed_ago: Some(Duration::from_secs(2)),
+        lasts: Duration::from_secs(15),
+    }
+}
+
+struct Fixture {
+    specs: Vec<(String, PodHAPolicySpec)>,
+    statuses: BTreeMap<String, PodHAPolicyStatus>,
+    view: View,
+    leader: Option<LeaderLease>,
+    now: Instant,
+}
+
+impl Fixture {
+    fn new(view: View) -> Self {
+        Self {
+            specs: vec![("p".into(), mk_spec())],
+            statuses: BTreeMap::new(),
+            view,
+            leader: Some(leading()),
+            now: Instant::now(),
+        }
+    }
+
+    fn spec(mut self, spec: PodHAPolicySpec) -> Self {
+        self.specs = vec![("p".into(), spec)];
+        self
+    }
+
+    fn cluster(&self) -> Cluster<'_> {
+        Cluster {
+            policies: self
+                .specs
+                .iter()
+                .map(|(name, spec)| PolicyRef { name, spec })
+                .collect(),
+            statuses: &self.statuses,
+            view: &self.view,
+            leader: self.leader.as_ref(),
+            now: self.now,
+        }
+    }
+
+    fn pod(&self, name: &str) -> PodExplanation {
+        let pod = self
+            .view
+            .pods_by_node
+            .values()
+            .flatten()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .expect("pod in view");
+        explain_pod(&self.cluster(), pod)
+    }
+}
+
+fn outcome_of(e: &PodExplanation, rule: &str) -> Outcome {
+    e.checks
+        .iter()
+        .find(|c| c.rule == rule)
+        .unwrap_or_else(|| panic!("no rule {rule}: {:?}", e.checks))
+        .outcome
+}
+
+fn failure(e: &PodExplanation) -> (&'static str, &str) {
+    let c = e.first_failure().expect("a rule fails");
+    (c.rule, c.detail.as_str())
+}
+
+#[test]
+fn a_protected_pod_passes_every_rule_and_names_the_timing_it_cannot_predict() {
+    let f = Fixture::new(view());
+    let e = f.pod("db-0");
+    assert!(e.protected, "{:?}", e.checks);
+    assert_eq!(e.policy.as_deref(), Some("p"));
+    assert_eq!(e.node.as_deref(), Some("n1"));
+    let rules: Vec<&str> = e.checks.iter().map(|c| c.rule).collect();
+    assert_eq!(
+        rules,
+        [
+            "podha",
+            "node",
+            "policy",
+            "node policy",
+            "state",
+            "owner",
+            "volumes",
+            "tolerations",
+            "target",
+            "taint",
+            "proof",
+            "timing"
+        ]
+    );
+    let by_rule = |rule| &e.checks.iter().find(|c| c.rule == rule).unwrap().detail;
+    assert!(by_rule("volumes").contains("data-db-0 → pv-db (rwo.sim.podha.io, ReadWriteOnce)"));
+    assert!(by_rule("target").starts_with("n2 could run it"));
+    assert!(by_rule("taint").starts_with("node.kubernetes.io/out-of-service:"));
+    assert!(by_rule("proof").starts_with("fencing.proof None"));
+    assert_eq!(outcome_of(&e, "timing"), Outcome::Note);
+    assert!(by_rule("timing").contains("not predicted"));
+}
+
+#[test]
+fn a_pod_of_another_driver_fails_on_its_volume() {
+    let view = with_volume(view(), stateful("other-0", ""), "other.csi.example.com");
+    let f = Fixture::new(view).spec(mk_spec().drivers(&[DRIVER]));
+    let e = f.pod("other-0");
+    assert!(!e.protected);
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "volumes");
+    assert!(
+        detail.starts_with("policy p: DriverNotSelected")
+            && detail.contains("pv-other-0 (other.csi.example.com"),
+        "{detail}"
+    );
+    // Every other rule is still answered.
+    assert_eq!(outcome_of(&e, "owner"), Outcome::Pass);
+    assert_eq!(outcome_of(&e, "target"), Outcome::Pass);
+}
+
+#[test]
+fn an_opted_out_pod_fails_on_its_owner_rule() {
+    let pod = stateful("cache-0", "").annotation("podha.io/failover", "false");
+    let f = Fixture::new(with_volume(view(), pod, DRIVER));
+    let e = f.pod("cache-0");
+    assert_eq!(failure(&e).0, "owner");
+    assert!(
+        failure(&e).1.starts_with("policy p: OptedOut"),
+        "{:?}",
+        failure(&e)
+    );
+}
+
+#[test]
+fn a_pod_tolerating_the_fence_fails_on_its_tolerations() {
+    let pod = stateful("any-0", "").toleration(Toleration {
+        operator: Some("Exists".into()),
+        ..Toleration::default()
+    });
+    let f = Fixture::new(with_volume(view(), pod, DRIVER));
+    let e = f.pod("any-0");
+    assert_eq!(failure(&e).0, "tolerations");
+    assert!(
+        failure(&e).1.contains("ToleratesFence")
+            && failure(&e)
+                .1
+                .ends_with("(it tolerates node.kubernetes.io/out-of-service)"),
+        "{:?}",
+        failure(&e)
+    );
+}
+
+#[test]
+fn under_the_agent_proof_the_nodes_agent_decides() {
+    let spec = {
+        let mut s = mk_spec();
+        s.fencing.proof = FencingProof::Agent;
+        s
+    };
+    // No agent on n1.
+    let f = Fixture::new(view()).spec(spec.clone());
+    let e = f.pod("db-0");
+    assert_eq!(failure(&e), ("agent", "no agent"));
+    assert_eq!(outcome_of(&e, "proof"), Outcome::Fail);
+
+    // An agent without a watchdog says why on the Node.
+    let mut view_without = view();
+    let n1 = mk_node("n1").ready(true).agent(None).annotation(
+        crate::contract::AGENT_WATCHDOG_ANNOTATION,
+        "none: no /dev/watchdog",
+    );
+    view_without.nodes.insert("n1".into(), n1.into());
+    let f = Fixture::new(view_without).spec(spec.clone());
+    let e = f.pod("db-0");
+    assert_eq!(
+        failure(&e),
+        (
+            "agent",
+            "agent without a usable watchdog (podha.io/agent-watchdog: none: no /dev/watchdog)"
+        )
+    );
+
+    // An agent with a watchdog and a fresh Lease gives the proof.
+    let mut view_with = view();
+    view_with.nodes.insert(
+        "n1".into(),
+        mk_node("n1").ready(true).agent(Some("8s")).into(),
+    );
+    let mut f = Fixture::new(view_with).spec(spec);
+    f.view
+        .agent_adverts
+        .insert("n1".into(), agent_advert(f.now - Duration::from_secs(3)));
+    let e = f.pod("db-0");
+    assert!(e.protected, "{:?}", e.checks);
+    let proof = e.checks.iter().find(|c| c.rule == "proof").unwrap();
+    assert_eq!(
+        proof.detail,
+        "Agent: a silence of 8.0s plus agentMargin 10s proves the fence"
+    );
+
+    // The same agent whose Lease ran out proves nothing.
+    f.view
+        .agent_adverts
+        .insert("n1".into(), agent_advert(f.now - Duration::from_secs(120)));
+    assert_eq!(
+        failure(&f.pod("db-0")),
+        ("agent", "agent Lease missing or not renewed")
+    );
+}
+
+#[test]
+fn an_unselected_pod_names_each_policys_refusing_selector() {
+    let mut f = Fixture::new(view());
+    f.specs = Vec::new();
+    assert_eq!(
+        failure(&f.pod("db-0")),
+        ("policy", "no PodHAPolicy exists: podha moves nothing")
+    );
+    let elsewhere = mk_spec().namespace_selector(LabelSelector {
+        match_labels: Some(BTreeMap::from([("team".to_string(), "x".to_string())])),
+        ..LabelSelector::default()
+    });
+    let f = Fixture::new(view()).spec(elsewhere);
+    assert_eq!(
+        failure(&f.pod("db-0")),
+        (
+            "policy",
+            "no PodHAPolicy selects namespace shop (policy p: namespaceSelector does not select it)"
+        )
+    );
+}
+
+#[test]
+fn the_policys_state_dry_run_or_too_many_unhealthy_nodes_fails_it() {
+    let mut dry = mk_spec();
+    dry.dry_run = true;
+    let f = Fixture::new(view()).spec(dry);
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "state");
+    assert!(
+        detail.starts_with("p: dryRun is on (it governs n1)"),
+        "{detail}"
+    );
+
+    let mut f = Fixture::new(view());
+    f.statuses.insert(
+        "p".into(),
+        PodHAPolicyStatus {
+            conditions: vec![Condition {
+                type_: condition::DEGRADED.into(),
+                status: "True".into(),
+                reason: condition::REASON_TOO_MANY_UNHEALTHY.into(),
+                message: "3 of 5 nodes unhealthy".into(),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..PodHAPolicyStatus::default()
+        },
+    );
+    assert_eq!(
+        failure(&f.pod("db-0")),
+        (
+            "state",
+            "p holds every action: TooManyUnhealthyNodes (3 of 5 nodes unhealthy)"
+        )
+    );
+}
+
+#[test]
+fn without_a_leading_podha_nothing_is_protected() {
+    let mut f = Fixture::new(view());
+    f.leader = None;
+    assert_eq!(failure(&f.pod("db-0")).0, "podha");
+    f.leader = Some(LeaderLease {
+        renewed_ago: Some(Duration::from_secs(300)),
+        ..leading()
+    });
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "podha");
+    assert!(
+        detail.contains("last renewed by podha-0 5m ago"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn a_pod_that_must_stay_turns_the_taint_into_podhas_fence_without_failing_the_others() {
+    let bare = mk_pod("shop", "bare").on("n1").claim("data-bare");
+    let view = view()
+        .with(bare)
+        .with(mk_pvc("shop", "data-bare").bound_to("pv-bare"))
+        .with(mk_csi_pv("pv-bare", DRIVER));
+    let f = Fixture::new(view);
+    let e = f.pod("db-0");
+    assert!(e.protected, "{:?}", e.checks);
+    let taint = e.checks.iter().find(|c| c.rule == "taint").unwrap();
+    assert_eq!(taint.outcome, Outcome::Note);
+    assert!(
+        taint
+            .detail
+            .starts_with("node.kubernetes.io/out-of-service would be refused while shop/bare must stay on n1 (NoControllerOwner)"),
+        "{}",
+        taint.detail
+    );
+    assert_eq!(failure(&f.pod("bare")).0, "owner");
+}
+
+#[test]
+fn an_unscheduled_or_finished_pod_has_nothing_to_move() {
+    let mut pending = mk_pod("shop", "later-0").owned_by_sts("later");
+    pending.spec.get_or_insert_default().node_name = None;
+    let f = Fixture::new(view());
+    let e = explain_pod(&f.cluster(), &pending);
+    assert_eq!(failure(&e).0, "node");
+    let done = stateful("job-0", "").phase("Succeeded");
+    let f = Fixture::new(with_volume(view(), done, DRIVER));
+    assert!(failure(&f.pod("job-0")).1.contains("has finished"));
+}
+
+#[test]
+fn a_node_lists_its_pods_with_volumes_and_their_verdicts() {
+    let view = with_volume(
+        view(),
+        stateful("cache-0", "").annotation("podha.io/failover", "false"),
+        DRIVER,
+    )
+    .with(mk_pod("shop", "web-1").on("n1").owned_by_rs("web-abc"));
+    let f = Fixture::new(view);
+    let e = explain_node(&f.cluster(), "n1").expect("node exists");
+    assert!(e.protected, "{:?}", e.checks);
+    assert_eq!(e.policy.as_deref(), Some("p"));
+    let pods: Vec<(&str, bool, Option<&str>)> = e
+        .pods
+        .iter()
+        .map(|p| {
+            (
+                p.pod.as_str(),
+                p.protected,
+                p.because.as_ref().map(|c| c.rule),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pods,
+        [
+            ("shop/cache-0", false, Some("owner")),
+            ("shop/db-0", true, None)
+        ]
+    );
+    assert!(explain_node(&f.cluster(), "n9").is_none());
+
+    let mut elsewhere = mk_spec();
+    elsewhere.node_selector = LabelSelector {
+        match_labels: Some(BTreeMap::from([("zone".to_string(), "x".to_string())])),
+        ..LabelSelector::default()
+    };
+    let f = Fixture::new(self::view()).spec(elsewhere);
+    let e = explain_node(&f.cluster(), "n1").unwrap();
+    assert!(!e.protected);
+    assert!(
+        e.checks
+            .iter()
+            .any(|c| c.rule == "node policy" && c.failed())
+    );
+}
+
+#[test]
+fn a_policy_counts_the_pods_it_protects_and_shows_its_failovers() {
+    let view = with_volume(
+        with_volume(
+            view(),
+            stateful("cache-0", "").annotation("podha.io/failover", "false"),
+            DRIVER,
+        ),
+        stateful("other-0", ""),
+        "other.csi.example.com",
+    )
+    .with(mk_pod("shop", "web-1").on("n1").owned_by_rs("web-abc"));
+    let mut f = Fixture::new(view).spec(mk_spec().drivers(&[DRIVER]));
+    let detected = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let later = |s: i64| Time(detected + k8s_openapi::jiff::SignedDuration::from_secs(s));
+    f.statuses.insert(
+        "p".into(),
+        PodHAPolicyStatus {
+            watched_nodes: 2,
+            recent_failovers: vec![crate::api::FailoverRecord {
+                node: "n3".into(),
+                phase: crate::api::FailoverPhase::Recovered,
+                last_seen_alive: Some(later(-8)),
+                detected_at: Time(detected),
+                acted_at: Some(later(1)),
+                detached_at: Some(later(4)),
+                recovered_at: Some(later(12)),
+                pods: vec!["shop/db-0".into()],
+                message: None,
+            }],
+            ..PodHAPolicyStatus::default()
+        },
+    );
+    let e = explain_policy(&f.cluster(), "p", Vec::new()).expect("policy exists");
+    assert_eq!((e.coverage.protected, e.coverage.unprotected), (1, 2));
+    assert_eq!(
+        e.coverage.reasons,
+        [("owner".to_string(), 1), ("volumes".to_string(), 1)]
+    );
+    let failover = &e.failovers[0];
+    assert_eq!(
+        (
+            failover.last_seen_alive_before.as_deref(),
+            failover.acted_after.as_deref(),
+            failover.detached_after.as_deref(),
+            failover.recovered_after.as_deref()
+        ),
+        (Some("8.0s"), Some("1.0s"), Some("4.0s"), Some("12s"))
+    );
+    let text = render::policy(&e);
+    assert!(text.contains("1 protected, 2 not"), "{text}");
+    assert!(text.contains("the API server keeps them 1h"), "{text}");
+    assert!(explain_policy(&f.cluster(), "nope", Vec::new()).is_none());
+}
+
+#[test]
+fn the_pod_table_leads_with_the_verdict() {
+    let f = Fixture::new(view());
+    let text = render::pod(&f.pod("db-0"));
+    assert!(
+        text.starts_with("pod shop/db-0: protected: podha would fail it over if n1 died now"),
+        "{text}"
+    );
+    let mut f = Fixture::new(view());
+    f.leader = None;
+    let text = render::pod(&f.pod("db-0"));
+    assert!(
+        text.starts_with("pod shop/db-0: NOT protected: podha"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\npodha        NO    no Lease podha-leader"),
+        "{text}"
+    );
+    // JSON for scripts: the same checks.
+    let json: serde_json::Value = serde_json::from_str(&to_json(&f.pod("db-0"))).unwrap();
+    assert_eq!(json["protected"], false);
+    assert_eq!(json["checks"][0]["rule"], "podha");
+    assert_eq!(json["checks"][0]["outcome"], "fail");
+}
+
+#[test]
+fn delete_pods_needs_no_proof_and_fences_for_the_scheduler_only() {
+    let mut spec = mk_spec();
+    spec.action = Action::DeletePods;
+    spec.fencing.proof = FencingProof::Agent;
+    let f = Fixture::new(view()).spec(spec);
+    let e = f.pod("db-0");
+    assert!(e.protected, "{:?}", e.checks);
+    let detail = |rule| {
+        e.checks
+            .iter()
+            .find(|c| c.rule == rule)
+            .unwrap()
+            .detail
+            .clone()
+    };
+    assert!(detail("taint").starts_with("podha.io/fenced (action DeletePods)"));
+    assert!(detail("proof").starts_with("action DeletePods needs none"));
+}
