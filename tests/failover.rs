@@ -529,6 +529,59 @@ fn other<'n>(pair: &[&'n str; 2], node: &str) -> &'n str {
     if pair[0] == node { pair[1] } else { pair[0] }
 }
 
+/// `podha explain pod NS/POD -o json`, run as a user runs it (the operators' Leases are in
+/// `default`): whether it says the pod is protected (exit code 0 or 1, checked against the
+/// answer) and the first rule that fails it, with its detail.
+fn explain_pod(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<(bool, Option<(String, String)>)> {
+    let subject = format!("{}/{pod}", ctx.ns);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_podha"))
+        .args([
+            "explain",
+            "pod",
+            &subject,
+            "-o",
+            "json",
+            "--podha-namespace",
+            "default",
+        ])
+        .arg("--kubeconfig")
+        .arg(ctx.cluster.kubeconfig_path())
+        .output()?;
+    let code = out.status.code();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("podha explain pod {subject} ({code:?}): {stderr}"))?;
+    let protected = answer["protected"].as_bool() == Some(true);
+    if code != Some(if protected { 0 } else { 1 }) {
+        bail!("podha explain pod {subject} exited {code:?} with protected={protected}: {stderr}");
+    }
+    let failure = answer["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["outcome"] == "fail")
+        .map(|c| {
+            let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (text("rule"), text("detail"))
+        });
+    Ok((protected, failure))
+}
+
+/// `podha explain` says `pod` is not protected, first because of `rule`, with `word` in the
+/// detail.
+fn explained_unprotected(ctx: &Ctx<'_>, pod: &str, rule: &str, word: &str) -> anyhow::Result<()> {
+    match explain_pod(ctx, pod)? {
+        (false, Some((r, detail))) if r == rule && detail.contains(word) => {
+            log(
+                &ctx.ns,
+                format!("podha explain: {pod} not protected: {r}: {detail}"),
+            );
+            Ok(())
+        }
+        other => bail!("podha explain pod {pod}: want rule {rule} ({word}), got {other:?}"),
+    }
+}
+
 async fn gone(ctx: &Ctx<'_>, name: &str, uid: &str) -> anyhow::Result<bool> {
     Ok(ctx
         .pods()

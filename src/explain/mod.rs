@@ -42,8 +42,9 @@ pub struct ExplainArgs {
     /// The kubeconfig context to use (default: its current context).
     #[arg(long, global = true)]
     pub context: Option<String>,
-    /// The namespace podha runs in (default: the one holding its leader Lease).
-    #[arg(long, global = true)]
+    /// The namespace podha runs in (default: $POD_NAMESPACE, as in podha's own pod, else the
+    /// namespace holding its leader Lease).
+    #[arg(long, global = true, env = "POD_NAMESPACE")]
     pub podha_namespace: Option<String>,
     /// `table` or `json`.
     #[arg(long, short = 'o', global = true, default_value = "table")]
@@ -253,7 +254,10 @@ pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error
             })
         }
         Subject::Policy { policy } => {
-            let events = policy::read_events(client, policy).await?;
+            // Not every reader may list events (podha's own ServiceAccount only writes them).
+            let events = policy::read_events(client, policy)
+                .await
+                .map_err(|e| e.to_string());
             let explanation = explain_policy(&cluster, policy, events)
                 .ok_or_else(|| Error::NotFound(format!("PodHAPolicy {policy}")))?;
             Ok(Answer {

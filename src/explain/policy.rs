@@ -33,6 +33,8 @@ pub struct PolicyExplanation {
     pub coverage: Coverage,
     pub failovers: Vec<FailoverLine>,
     pub events: Vec<EventLine>,
+    /// Why the events could not be read, if they could not.
+    pub events_unread: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -84,11 +86,12 @@ pub struct EventLine {
 /// How many example pods the coverage names.
 const EXAMPLES: usize = 5;
 
-/// `None` when the policy does not exist. `events` are the policy's events as read.
+/// `None` when the policy does not exist. `events` are the policy's events as read, or why
+/// they could not be.
 pub fn explain_policy(
     cluster: &Cluster<'_>,
     name: &str,
-    events: Vec<EventLine>,
+    events: Result<Vec<EventLine>, String>,
 ) -> Option<PolicyExplanation> {
     let policy = *cluster.policies.iter().find(|p| p.name == name)?;
     let spec = policy.spec;
@@ -137,7 +140,8 @@ pub fn explain_policy(
         suspect_nodes: status.suspect_nodes,
         coverage: coverage(cluster, name),
         failovers: status.recent_failovers.iter().map(failover_line).collect(),
-        events,
+        events_unread: events.as_ref().err().cloned(),
+        events: events.unwrap_or_default(),
     })
 }
 

@@ -193,7 +193,9 @@ fn events(e: &PolicyExplanation) -> String {
         "\nevents (the API server keeps them {EVENT_TTL_DEFAULT} unless its --event-ttl says \
          otherwise; the status keeps the last 10 failovers):"
     );
-    if e.events.is_empty() {
+    if let Some(why) = &e.events_unread {
+        let _ = writeln!(out, "  cannot be read: {why}");
+    } else if e.events.is_empty() {
         out.push_str("  none\n");
     } else {
         let rows: Vec<Vec<String>> = e

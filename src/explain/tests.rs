@@ -442,7 +442,7 @@ fn a_policy_counts_the_pods_it_protects_and_shows_its_failovers() {
             ..PodHAPolicyStatus::default()
         },
     );
-    let e = explain_policy(&f.cluster(), "p", Vec::new()).expect("policy exists");
+    let e = explain_policy(&f.cluster(), "p", Ok(Vec::new())).expect("policy exists");
     assert_eq!((e.coverage.protected, e.coverage.unprotected), (1, 2));
     assert_eq!(
         e.coverage.reasons,
@@ -461,7 +461,9 @@ fn a_policy_counts_the_pods_it_protects_and_shows_its_failovers() {
     let text = render::policy(&e);
     assert!(text.contains("1 protected, 2 not"), "{text}");
     assert!(text.contains("the API server keeps them 1h"), "{text}");
-    assert!(explain_policy(&f.cluster(), "nope", Vec::new()).is_none());
+    assert!(explain_policy(&f.cluster(), "nope", Ok(Vec::new())).is_none());
+    let forbidden = explain_policy(&f.cluster(), "p", Err("events is forbidden".into())).unwrap();
+    assert!(render::policy(&forbidden).contains("  cannot be read: events is forbidden"));
 }
 
 #[test]

@@ -29,8 +29,9 @@ use podha::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use serde_json::json;
 
 use super::{
-    Failed, Operators, SharedCluster, acted_once, action_events, has_podha_taint, log, other,
-    policy_and_db, scenario, secs_, times_acted, untouched_for, wait_recovered,
+    Failed, Operators, SharedCluster, acted_once, action_events, explain_pod,
+    explained_unprotected, has_podha_taint, log, other, policy_and_db, scenario, secs_,
+    times_acted, untouched_for, wait_recovered,
 };
 use podha_sim::testkit::*;
 
@@ -70,6 +71,11 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
                 Ok(agent_lease_holder(&ctx, n).await?.filter(|h| h == n))
             })
             .await?;
+        }
+        // Its agent heard, petting a watchdog: `podha explain` counts db-0 protected.
+        match explain_pod(&ctx, "db-0")? {
+            (true, None) => {}
+            other => bail!("podha explain: db-0 should be protected by its agent, got {other:?}"),
         }
 
         // 1. Kubelet dead, machine and agent up.
@@ -245,6 +251,9 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             },
         )
         .await?;
+        // Without an agent, nothing can prove the node fenced: `podha explain` says so before
+        // the death, which then holds it.
+        explained_unprotected(&ctx, "db-0", "agent", "no agent")?;
         let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
             kube::Api::namespaced(ctx.client.clone(), &ns);
         let db = pods.get("db-0").await?;

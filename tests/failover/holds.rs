@@ -4,8 +4,9 @@
 use super::*;
 
 /// On one dead node: a bare pod with a claim, a pod of a driver the policy does not select, a
-/// pod opted out by annotation and a pod that can only run on the dead node. None is deleted,
-/// and each reason shows in the metrics.
+/// pod opted out by annotation, a pod that can only run on the dead node and a pod tolerating
+/// every taint. `podha explain` says so of each before the death; none is deleted, and each
+/// reason shows in the metrics.
 pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
     let dead = "node-7";
     scenario(shared, ops, "untouched", |ctx, _, replicas| async move {
@@ -44,6 +45,10 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
         // Only the dead node fits.
         ctx.create::<StatefulSet>(statefulset("pinned", &pinned))
             .await?;
+        // Tolerates every taint: its replacement could be scheduled back onto the dead node.
+        let mut tolerant = statefulset("tolerant", &pinned);
+        tolerant["spec"]["template"]["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+        ctx.create::<StatefulSet>(tolerant).await?;
         // One pod podha may move (it may run on either node, and prefers the one that dies):
         // its failover would taint the node out-of-service, which would remove the others.
         let mut mover = statefulset("mover", &["node-7", "node-8"]);
@@ -61,6 +66,7 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             ("otherdrv", "otherdrv-0"),
             ("optout", "optout-0"),
             ("pinned", "pinned-0"),
+            ("tolerant", "tolerant-0"),
             ("mover", "mover-0"),
         ] {
             let p = wait_for(&format!("{pod} running on {dead}"), secs_(120), || async {
@@ -78,6 +84,21 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             Some(((_, uid), kept)) => (uid.clone(), kept.to_vec()),
             None => bail!("no pods"),
         };
+        // Asked before the death, `podha explain` says which will move and why the others
+        // will not; the death then confirms each verdict.
+        for (pod, rule, word) in [
+            ("bare", "owner", "NoControllerOwner"),
+            ("otherdrv-0", "volumes", "DriverNotSelected"),
+            ("optout-0", "owner", "OptedOut"),
+            ("pinned-0", "target", "NoTargetNode"),
+            ("tolerant-0", "tolerations", "ToleratesFence"),
+        ] {
+            explained_unprotected(&ctx, pod, rule, word)?;
+        }
+        match explain_pod(&ctx, "mover-0")? {
+            (true, None) => {}
+            other => bail!("podha explain: mover-0 should be protected, got {other:?}"),
+        }
         ctx.cluster.kill_node(dead)?;
         let leader = ops_leader(replicas).await?;
         wait_for("every skip reason in the metrics", secs_(90), || async {
@@ -87,6 +108,7 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
                 "DriverNotSelected",
                 "OptedOut",
                 "NoTargetNode",
+                "ToleratesFence",
             ]
             .iter()
             .all(|reason| {

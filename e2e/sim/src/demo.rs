@@ -1,6 +1,8 @@
 //! `podha-sim demo`: podha fails a workload over on a sim cluster, and the timeline is printed.
 
 use std::path::Path;
+
+use anyhow::Context as _;
 use std::time::Duration;
 
 use crate::bench::failover::{
@@ -69,7 +71,7 @@ pub async fn run(
         cluster.kubeconfig_path().display()
     );
     let result = if real {
-        demo_real(&cluster).await
+        demo_real(&cluster, operator).await
     } else {
         demo_kwok(&cluster, operator, crd).await
     };
@@ -89,17 +91,49 @@ pub async fn run(
 /// Runs the failover of StatefulSet `sts` in namespace `demo` and prints its timeline.
 async fn measure_and_show(
     cluster: &Cluster,
+    operator: &Path,
     client: &kube::Client,
     sts: serde_json::Value,
 ) -> anyhow::Result<podha::chaos::timeline::Timeline> {
-    let timeline =
-        crate::failover::measure(cluster, client, "demo", sts, Duration::from_secs(600), None)
-            .await?;
+    let timeline = crate::failover::measure(
+        cluster,
+        client,
+        "demo",
+        sts,
+        Duration::from_secs(600),
+        None,
+        &|subject| explain(cluster, operator, subject),
+    )
+    .await?;
     println!(
         "\nfailover timeline (from the kill, as seen through the API):\n{}",
         podha::chaos::timeline::render(&timeline)
     );
     Ok(timeline)
+}
+
+/// `podha explain pod` about the pod about to lose its node, printed as a user sees it; the
+/// demo stops if podha says it would not fail the pod over.
+fn explain(
+    cluster: &Cluster,
+    operator: &Path,
+    subject: &podha::chaos::timeline::Subject,
+) -> anyhow::Result<()> {
+    let pod = format!("{}/{}", subject.namespace, subject.pod);
+    println!("$ podha explain pod {pod}");
+    let out = std::process::Command::new(operator)
+        .args(["explain", "pod", &pod, "--kubeconfig"])
+        .arg(cluster.kubeconfig_path())
+        .output()
+        .with_context(|| format!("running {} explain", operator.display()))?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    anyhow::ensure!(
+        out.status.success(),
+        "podha explain: {pod} is not protected ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// kubectl of the cluster, its output printed.
@@ -116,7 +150,7 @@ fn kubectl(cluster: &Cluster, args: &[&str]) -> anyhow::Result<()> {
 
 /// podha helm-installed on three real nodes, a writer StatefulSet, its node killed; the
 /// timeline, the write log's verdict and podha's own phase metrics.
-async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
+async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
     use crate::chart_install;
     use crate::failover::{apply_policy, subject_statefulset};
     let client = cluster.client().await?;
@@ -172,7 +206,7 @@ async fn demo_real(cluster: &Cluster) -> anyhow::Result<bool> {
     println!(
         "starting StatefulSet demo/db: `podha-csi write` on a sim-rwo volume, 10 writes a second"
     );
-    let timeline = measure_and_show(cluster, &client, sts).await?;
+    let timeline = measure_and_show(cluster, operator, &client, sts).await?;
     let db = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "demo")
         .get("db-0")
         .await?;
@@ -223,7 +257,7 @@ async fn demo_kwok(cluster: &Cluster, operator: &Path, crd: &Path) -> anyhow::Re
     );
     let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
     let sts = subject_statefulset("db", &nodes, false)?;
-    let timeline = measure_and_show(cluster, &client, sts).await?;
+    let timeline = measure_and_show(cluster, operator, &client, sts).await?;
     // Give podha a tick to record the last phase.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let phases = podha.phase_means("demo")?;

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use podha::chaos::timeline::{Timeline, follow, wait_settled};
+use podha::chaos::timeline::{Subject, Timeline, follow, wait_settled};
 
 use crate::testkit::{create_namespace, statefulset};
 
@@ -281,6 +281,7 @@ pub async fn measure(
     statefulset: serde_json::Value,
     timeout: Duration,
     after_renewal: Option<Duration>,
+    before_kill: &dyn Fn(&Subject) -> anyhow::Result<()>,
 ) -> anyhow::Result<Timeline> {
     create_namespace(client, ns).await?;
     let app = statefulset["metadata"]["name"]
@@ -299,6 +300,7 @@ pub async fn measure(
         wait_lease_renewal(client, &subject.node).await?;
         tokio::time::sleep(delay).await;
     }
+    before_kill(&subject)?;
     cluster.kill_node(&subject.node)?;
     let killed = Instant::now();
     let fault = format!("node {} killed (SIGKILL)", subject.node);

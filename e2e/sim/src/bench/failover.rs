@@ -408,6 +408,7 @@ async fn run_group(
             subject,
             timeout,
             Some(kill_phase(k, args.trials)),
+            &|_| Ok(()),
         )
         .await
         {
