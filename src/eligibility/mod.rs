@@ -33,7 +33,7 @@ pub use selectors::{invalid_selectors, node_selected, pod_selected};
 pub use target::find_target;
 pub(crate) use target::find_target_with;
 pub(crate) use tolerations::check_tolerations;
-pub use tolerations::tolerated_fence;
+pub use tolerations::{spared_by_out_of_service, tolerated_fence};
 pub use volumes::claim_names;
 pub(crate) use volumes::{bound_volume, check_volumes};
 
@@ -137,8 +137,8 @@ pub struct Eligible {
 ///    NotReady pod, or a terminating one even if still marked Ready, passes;
 /// 3. `NoPersistentVolumeClaim`, then per claim `ClaimNotBound`, `VolumeNotCsi`,
 ///    `DriverNotSelected`, `AccessModeNotSelected` (see `volumes.rs`);
-/// 4. `ToleratesFence` (see `tolerations.rs`);
-/// 5. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`).
+/// 4. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`);
+/// 5. `ToleratesFence` (see `tolerations.rs`).
 pub fn check_pod(
     spec: &PodHAPolicySpec,
     pod: &Pod,
@@ -174,13 +174,12 @@ fn check_volumes_and_target(
     node_usable: &dyn Fn(&Node) -> bool,
 ) -> Result<(), SkipReason> {
     let pvs = volumes::check_volumes(spec, pod, view)?;
-    tolerations::check_tolerations(spec, pod)?;
     if spec.safety.require_target
         && target::find_target_with(pod, &pvs, view, node_usable).is_none()
     {
         return Err(SkipReason::NoTargetNode);
     }
-    Ok(())
+    tolerations::check_tolerations(spec, pod)
 }
 
 /// Ready and not terminating: the pod looks alive, whatever its node says.

@@ -1,44 +1,59 @@
 //! Whether a pod tolerates the taint podha fences a dead node with. Such a pod's replacement
 //! (a StatefulSet's keeps its name, and its tolerations) may be scheduled straight back onto the
 //! dead node, where it waits for a kubelet that is gone: deleting it moves nothing. Under
-//! `OutOfServiceTaint` either taint counts, since podha falls back to its own fence when the
-//! out-of-service taint is refused.
+//! `DeletePods` that taint is podha's scheduling fence (`NoSchedule`); under
+//! `OutOfServiceTaint` it is the out-of-service taint (`NoExecute`, which also keeps from the
+//! node every replacement that does not tolerate it). When the out-of-service taint is refused
+//! (a pod that must stay) podha's fence is used instead, and a pod tolerating only that fence
+//! may then come back: that case is not told apart here.
 
 use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
 
 use super::SkipReason;
 use crate::api::{Action, NodeTaint, PodHAPolicySpec};
 
-/// The taints podha may put on a dead node under `action`.
-fn fence_taints(action: Action) -> &'static [NodeTaint] {
-    match action {
-        Action::DeletePods => &[NodeTaint::Fence],
-        Action::OutOfServiceTaint => &[NodeTaint::OutOfService, NodeTaint::Fence],
+/// The taint podha fences a dead node with under `action`.
+fn fence_taint(action: Action) -> NodeTaint {
+    NodeTaint::for_action(action)
+}
+
+fn as_taint(taint: NodeTaint) -> Taint {
+    Taint {
+        key: taint.key().to_string(),
+        value: Some(taint.value().to_string()),
+        effect: taint.effect().to_string(),
+        time_added: None,
     }
 }
 
-/// `ToleratesFence` when the pod tolerates a taint podha may fence its node with: the first
-/// such taint's key, for the reader.
+fn tolerations(pod: &Pod) -> &[Toleration] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default()
+}
+
+/// `ToleratesFence` when the pod tolerates the taint podha fences its node with.
 pub(crate) fn check_tolerations(spec: &PodHAPolicySpec, pod: &Pod) -> Result<(), SkipReason> {
     tolerated_fence(spec.action, pod).map_or(Ok(()), |_| Err(SkipReason::ToleratesFence))
 }
 
-/// The first taint podha may fence the pod's node with under `action` that the pod tolerates.
+/// The taint podha fences the pod's node with under `action`, if the pod tolerates it.
 pub fn tolerated_fence(action: Action, pod: &Pod) -> Option<NodeTaint> {
-    let tolerations = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_deref())
-        .unwrap_or_default();
-    fence_taints(action).iter().copied().find(|taint| {
-        let taint = Taint {
-            key: taint.key().to_string(),
-            value: Some(taint.value().to_string()),
-            effect: taint.effect().to_string(),
-            time_added: None,
-        };
-        tolerated(tolerations, &taint)
-    })
+    let taint = fence_taint(action);
+    tolerated(tolerations(pod), &as_taint(taint)).then_some(taint)
+}
+
+/// Whether the out-of-service taint leaves the pod alone: it tolerates it for good (no
+/// `tolerationSeconds`, after which taint eviction would delete it) and is not terminating
+/// (pod GC force-deletes terminating pods on an out-of-service node). Only then is its volume
+/// not detached under it either: it stays in the attach/detach controller's desired state.
+pub fn spared_by_out_of_service(pod: &Pod) -> bool {
+    let taint = as_taint(NodeTaint::OutOfService);
+    pod.metadata.deletion_timestamp.is_none()
+        && tolerations(pod)
+            .iter()
+            .any(|t| tolerates(t, &taint) && t.toleration_seconds.is_none())
 }
 
 pub(super) fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
@@ -79,7 +94,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_tolerating_every_taint_defeats_either_fence() {
+    fn a_pod_tolerating_the_actions_taint_defeats_it() {
         let all = tolerating(Toleration {
             operator: Some("Exists".into()),
             ..Toleration::default()
@@ -96,22 +111,27 @@ mod tests {
             check_tolerations(&mk_spec(), &all),
             Err(SkipReason::ToleratesFence)
         );
+        assert!(spared_by_out_of_service(&all));
     }
 
     #[test]
     fn only_a_toleration_matching_key_and_effect_counts() {
-        let out_of_service = tolerating(Toleration {
-            key: Some(NodeTaint::OutOfService.key().into()),
+        // Tolerating NoSchedule taints does not bring a replacement past the out-of-service
+        // taint (NoExecute), only past podha's own fence.
+        let no_schedule = tolerating(Toleration {
             operator: Some("Exists".into()),
-            effect: Some("NoExecute".into()),
+            effect: Some("NoSchedule".into()),
             ..Toleration::default()
         });
         assert_eq!(
-            tolerated_fence(Action::OutOfServiceTaint, &out_of_service),
-            Some(NodeTaint::OutOfService)
+            tolerated_fence(Action::OutOfServiceTaint, &no_schedule),
+            None
         );
-        // podha's own fence is all DeletePods puts on.
-        assert_eq!(tolerated_fence(Action::DeletePods, &out_of_service), None);
+        assert_eq!(
+            tolerated_fence(Action::DeletePods, &no_schedule),
+            Some(NodeTaint::Fence)
+        );
+        assert!(!spared_by_out_of_service(&no_schedule));
         // The node lifecycle controller's taints are tolerated by every pod for 300 s: no fence.
         let unreachable = tolerating(Toleration {
             key: Some("node.kubernetes.io/unreachable".into()),
@@ -125,12 +145,31 @@ mod tests {
             None
         );
         assert_eq!(check_tolerations(&mk_spec(), &unreachable), Ok(()));
-        let wrong_effect = tolerating(Toleration {
-            key: Some(NodeTaint::Fence.key().into()),
-            operator: Some("Exists".into()),
-            effect: Some("NoExecute".into()),
-            ..Toleration::default()
-        });
-        assert_eq!(tolerated_fence(Action::DeletePods, &wrong_effect), None);
+    }
+
+    #[test]
+    fn a_toleration_for_a_while_or_a_terminating_pod_is_not_spared_by_the_taint() {
+        let out_of_service = |seconds| {
+            tolerating(Toleration {
+                key: Some(NodeTaint::OutOfService.key().into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoExecute".into()),
+                toleration_seconds: seconds,
+                ..Toleration::default()
+            })
+        };
+        assert!(spared_by_out_of_service(&out_of_service(None)));
+        // Still a fence it passes (scheduling ignores tolerationSeconds), but evicted later.
+        assert_eq!(
+            tolerated_fence(Action::OutOfServiceTaint, &out_of_service(Some(60))),
+            Some(NodeTaint::OutOfService)
+        );
+        assert!(!spared_by_out_of_service(&out_of_service(Some(60))));
+        let mut terminating = out_of_service(None);
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!spared_by_out_of_service(&terminating));
     }
 }

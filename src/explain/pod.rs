@@ -280,9 +280,9 @@ fn eligibility_checks(
         Ok(()) => checks.pass(
             "tolerations",
             format!(
-                "tolerates no taint podha fences with under {} ({})",
-                spec.action.as_str(),
-                fence_keys(spec.action)
+                "does not tolerate {}, the taint podha fences with under {}",
+                NodeTaint::for_action(spec.action).key(),
+                spec.action.as_str()
             ),
         ),
         Err(reason) => checks.fail(
@@ -505,17 +505,6 @@ fn claims_text(pod: &Pod, view: &View) -> String {
         )
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-fn fence_keys(action: Action) -> String {
-    match action {
-        Action::DeletePods => NodeTaint::Fence.key().to_string(),
-        Action::OutOfServiceTaint => format!(
-            "{}, {}",
-            NodeTaint::OutOfService.key(),
-            NodeTaint::Fence.key()
-        ),
-    }
 }
 
 fn ready_text(node: &Node) -> &'static str {

@@ -21,7 +21,9 @@ use super::{
 };
 use crate::api::{Action, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::contract::agent_addr;
-use crate::eligibility::{SkipReason, claim_names, controller_ref, opted_out};
+use crate::eligibility::{
+    SkipReason, claim_names, controller_ref, opted_out, spared_by_out_of_service,
+};
 use crate::health::ReadyStatus;
 use crate::view::View;
 
@@ -65,11 +67,10 @@ pub(super) fn unselected_protection(pod: &Pod) -> Option<&'static str> {
 /// `reason`, if it would.
 pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static str> {
     match reason {
-        // A pod that tolerates the out-of-service taint is neither evicted by it nor detached
-        // (it stays in the attach/detach controller's desired state).
-        SkipReason::NoPersistentVolumeClaim | SkipReason::PodReady | SkipReason::ToleratesFence => {
-            None
-        }
+        SkipReason::NoPersistentVolumeClaim | SkipReason::PodReady => None,
+        // A pod the out-of-service taint leaves alone (tolerated for good, not terminating) is
+        // neither evicted nor detached; any other that podha leaves alone must be spared.
+        SkipReason::ToleratesFence if spared_by_out_of_service(pod) => None,
         SkipReason::OwnerKindNotSelected if claim_names(pod).is_empty() => None,
         other => Some(other.as_str()),
     }

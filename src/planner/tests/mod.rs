@@ -1019,3 +1019,78 @@ fn a_pod_tolerating_the_fence_is_left_alone_and_does_not_refuse_the_taint() {
         ["taint node-1 node.kubernetes.io/out-of-service"]
     );
 }
+
+#[test]
+fn a_pod_no_node_could_take_still_refuses_the_taint_whatever_it_tolerates() {
+    use k8s_openapi::api::core::v1::Toleration;
+    // Only node-1 fits; it tolerates NoSchedule taints, not the out-of-service one (NoExecute),
+    // which would evict it with no node to go to.
+    let no_schedule = Toleration {
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Toleration::default()
+    };
+    let view = cluster(2)
+        .with(
+            mk_pod("ns", "pinned-0")
+                .on("node-1")
+                .owned_by_sts("pinned")
+                .claim("data-pinned-0")
+                .node_selector("kubernetes.io/hostname", "node-1")
+                .toleration(no_schedule),
+        )
+        .with(mk_pvc("ns", "data-pinned-0").bound_to("pv-pinned"))
+        .with(mk_csi_pv("pv-pinned", DRIVER));
+    let plan = World::new(view)
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert_eq!(
+        skip_reasons(&plan),
+        vec![("ns/pinned-0".to_string(), "NoTargetNode")]
+    );
+    assert!(
+        !intent_names(&plan)
+            .iter()
+            .any(|i| i.contains("out-of-service")),
+        "{:?}",
+        plan.intents
+    );
+}
+
+#[test]
+fn a_pod_tolerating_the_taint_for_a_while_refuses_it() {
+    use k8s_openapi::api::core::v1::Toleration;
+    let for_a_minute = Toleration {
+        key: Some(NodeTaint::OutOfService.key().into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoExecute".into()),
+        toleration_seconds: Some(60),
+        ..Toleration::default()
+    };
+    let view = cluster(2)
+        .with(
+            mk_pod("ns", "slow-0")
+                .on("node-1")
+                .owned_by_sts("slow")
+                .claim("data-slow-0")
+                .toleration(for_a_minute),
+        )
+        .with(mk_pvc("ns", "data-slow-0").bound_to("pv-slow"))
+        .with(mk_csi_pv("pv-slow", DRIVER));
+    let plan = World::new(view)
+        .policy("p", mk_spec())
+        .fail("node-1")
+        .plan();
+    assert_eq!(
+        skip_reasons(&plan),
+        vec![("ns/slow-0".to_string(), "ToleratesFence")]
+    );
+    assert!(
+        !intent_names(&plan)
+            .iter()
+            .any(|i| i.contains("out-of-service")),
+        "{:?}",
+        plan.intents
+    );
+}
