@@ -327,7 +327,9 @@ async fn a_spoofed_heard_answer_does_not_make_an_agent_fence() {
     for peer in &mut peers {
         peer.key = Some(key().public());
     }
-    let mut keyless = answering_peer(secs(1), Duration::ZERO, gauge.clone(), impostor).await;
+    let keyless_gauge = Arc::new(Gauge::default());
+    let mut keyless =
+        answering_peer(secs(1), Duration::ZERO, keyless_gauge.clone(), impostor).await;
     keyless.key = None;
     peers.push(keyless);
     for _ in 0..6 {
@@ -346,8 +348,14 @@ async fn a_spoofed_heard_answer_does_not_make_an_agent_fence() {
     );
     let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
     assert!(matches!(verdict, Verdict::Stay(_)), "{verdict:?}");
-    // The spoofed answers were asked for, and given: they were there to be believed.
-    assert_eq!(gauge.asked(), 3, "the peer without a key is not asked");
+    // The peer without a key is not asked; the spoofed answers were asked for, and given:
+    // they were there to be believed (the survey may end, decided, before the last is asked).
+    assert_eq!(
+        keyless_gauge.asked(),
+        0,
+        "the peer without a key is not asked"
+    );
+    assert!((1..=3).contains(&gauge.asked()), "{}", gauge.asked());
 }
 
 /// A peer asked by an agent it does not know (its list lags a reboot's new key) answers 401:
