@@ -20,6 +20,20 @@ pub use status::{
 /// Pod annotation that opts a pod out of (`"false"`) or into (`"true"`) failover.
 pub const FAILOVER_ANNOTATION: &str = "podha.io/failover";
 
+/// Node annotation that pauses podha on one node for maintenance: while it is there (any
+/// value but `"false"`: a typo pauses, the safe reading), podha takes no new action on the node
+/// if it dies. Cordoning is not maintenance and pauses nothing.
+pub const PAUSE_ANNOTATION: &str = "podha.io/paused";
+
+/// Whether `node` carries [`PAUSE_ANNOTATION`] with a value other than `"false"`.
+pub fn node_paused(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PAUSE_ANNOTATION))
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("false"))
+}
+
 /// Node annotation podha sets together with its taint, naming the policy that added it. podha
 /// removes only a taint that carries this marker.
 pub const TAINT_MARKER_ANNOTATION: &str = "podha.io/out-of-service-taint";

@@ -31,6 +31,7 @@ use super::status::PodHAPolicyStatus;
            with their volumes. Its status reports the watched and failed nodes, the recent \
            failovers, and the Ready and Degraded conditions.",
     printcolumn(name = "Action", type_ = "string", json_path = ".spec.action"),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
     printcolumn(
         name = "Dry-Run",
         type_ = "boolean",
@@ -139,6 +140,15 @@ pub struct PodHAPolicySpec {
     /// Decide and report (events, metrics, status) but delete and taint nothing.
     #[serde(default)]
     pub dry_run: bool,
+
+    /// Pause for maintenance: podha keeps watching and judging the policy's nodes (status,
+    /// metrics) but takes no new action on a dead one and reports no would-be action (one
+    /// `ActionsPaused` event per dead node says why). A failover already acting when the pause
+    /// starts finishes what it started, and its taint stays until the node is back. One node
+    /// is paused with the Node annotation `podha.io/paused: "true"`; cordoning pauses nothing
+    /// (a cordoned node's pods still need protection).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// A controller kind whose pods podha may delete.

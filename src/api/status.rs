@@ -35,6 +35,11 @@ pub struct PodHAPolicyStatus {
     #[serde(default)]
     pub suspect_nodes: i32,
 
+    /// Selected nodes on which podha takes no new action: all of them while `spec.paused`,
+    /// else those annotated `podha.io/paused`.
+    #[serde(default)]
+    pub paused_nodes: i32,
+
     /// When the most recent failover started (the node was judged Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover_time: Option<Time>,
@@ -101,6 +106,8 @@ pub mod condition {
     pub const REASON_WATCHING: &str = "Watching";
     /// Ready, with `fencing.proof: None` and the taint: it follows the judgement alone.
     pub const REASON_WATCHING_WITHOUT_PROOF: &str = "WatchingWithoutProof";
+    /// Ready, with `spec.paused`: watching and judging, no new action.
+    pub const REASON_PAUSED: &str = "Paused";
     pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
     pub const REASON_TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthyNodes";
     pub const REASON_DETACH_TIMEOUT: &str = "DetachTimeout";

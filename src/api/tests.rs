@@ -221,6 +221,7 @@ fn crd_has_validations_printer_columns_and_status() {
         columns,
         [
             "Action",
+            "Paused",
             "Dry-Run",
             "Watched",
             "Failed",

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::{Check, Checks, Cluster, human};
-use crate::api::{Action, FencingProof, NodeTaint, condition};
+use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition, node_paused};
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, fenced_within};
 use crate::eligibility::{
     SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
@@ -182,6 +182,10 @@ fn state_checks(
     node: &str,
     checks: &mut Checks,
 ) {
+    if let Some(why) = pause(node_policy, owner, node, cluster) {
+        checks.fail("state", why);
+        return;
+    }
     if node_policy.spec.dry_run {
         checks.fail(
             "state",
@@ -234,6 +238,35 @@ fn state_checks(
         },
     );
     checks.pass("state", format!("{} acts: {counts}", node_policy.name));
+}
+
+/// Why podha would take no new action on `node` if it died now: its policy, the pod's, or the
+/// node itself paused.
+fn pause(
+    node_policy: PolicyRef<'_>,
+    owner: PolicyRef<'_>,
+    node: &str,
+    cluster: &Cluster<'_>,
+) -> Option<String> {
+    let annotated = cluster.view.nodes.get(node).is_some_and(|n| node_paused(n));
+    if annotated {
+        Some(format!(
+            "{node} is paused for maintenance ({PAUSE_ANNOTATION}): podha takes no new action \
+             there until the annotation goes"
+        ))
+    } else if node_policy.spec.paused {
+        Some(format!(
+            "{} is paused (spec.paused, it governs {node}): podha judges but takes no new action",
+            node_policy.name
+        ))
+    } else if owner.spec.paused {
+        Some(format!(
+            "{} is paused (spec.paused): podha judges but takes no new action",
+            owner.name
+        ))
+    } else {
+        None
+    }
 }
 
 /// The eligibility rules, each on its own, with the pod's policy.

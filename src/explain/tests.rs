@@ -511,3 +511,31 @@ fn delete_pods_needs_no_proof_and_fences_for_the_scheduler_only() {
     assert!(detail("taint").starts_with("podha.io/fenced (action DeletePods)"));
     assert!(detail("proof").starts_with("action DeletePods needs none"));
 }
+
+#[test]
+fn a_paused_policy_or_node_protects_nothing_until_the_pause_ends() {
+    let mut spec = mk_spec();
+    spec.paused = true;
+    let f = Fixture::new(view()).spec(spec);
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "state");
+    assert!(
+        detail.starts_with("p is paused (spec.paused, it governs n1)"),
+        "{detail}"
+    );
+
+    let mut annotated = view();
+    let n1 = mk_node("n1")
+        .ready(true)
+        .annotation(crate::api::PAUSE_ANNOTATION, "true");
+    annotated.nodes.insert("n1".into(), n1.into());
+    let f = Fixture::new(annotated);
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "state");
+    assert!(
+        detail.starts_with("n1 is paused for maintenance (podha.io/paused)"),
+        "{detail}"
+    );
+}

@@ -86,6 +86,12 @@ pub struct Incident {
 }
 
 impl Incident {
+    /// podha acted on the node already (marked, deleted or tainted): a failover under way,
+    /// which a pause or the settle wait does not stop half-way.
+    pub fn acted(&self) -> bool {
+        self.tainted || !self.deleted.is_empty() || !self.marked_not_ready.is_empty()
+    }
+
     /// An incident with nothing done yet and no pod recorded on the node.
     pub fn new(
         node: impl Into<String>,

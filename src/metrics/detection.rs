@@ -32,6 +32,7 @@ pub struct Detection {
     node_failures: IntCounterVec,
     agent_answers_unverified: IntCounter,
     nodes_unprotected: IntGaugeVec,
+    paused_nodes: IntGaugeVec,
 }
 
 impl Detection {
@@ -82,11 +83,24 @@ impl Detection {
                 &[POLICY],
             )?,
         )?;
+        let paused_nodes = register(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "podha_policy_paused_nodes",
+                    "Nodes watched by a policy on which podha takes no new action: all of them \
+                     while the policy is paused (spec.paused), else those annotated \
+                     podha.io/paused. Set by the leader only.",
+                ),
+                &[POLICY],
+            )?,
+        )?;
         let detection = Self {
             nodes,
             node_failures,
             agent_answers_unverified,
             nodes_unprotected,
+            paused_nodes,
         };
         detection.set_nodes(0, 0, 0);
         Ok(detection)
@@ -120,9 +134,16 @@ impl Detection {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// A follower reports no unprotected nodes: only the leader's count is current.
+    pub fn set_paused_nodes(&self, policy: &str, count: usize) {
+        self.paused_nodes
+            .with_label_values(&[policy])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// A follower reports no unprotected or paused nodes: only the leader's counts are current.
     pub fn clear_nodes_unprotected(&self) {
         self.nodes_unprotected.reset();
+        self.paused_nodes.reset();
     }
 
     /// Exports `policy`'s failure counter at 0 until it counts.

@@ -171,8 +171,7 @@ pub(super) enum Settle {
 }
 
 pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInput<'_>) -> Settle {
-    let acted =
-        incident.tainted || !incident.deleted.is_empty() || !incident.marked_not_ready.is_empty();
+    let acted = incident.acted();
     let (Some(nodes), Some(dead)) = (
         input.health.get(policy.name),
         input.heartbeats.get(&incident.node),

@@ -79,6 +79,13 @@ pub enum HoldReason {
     /// A policy that comes before this one by name cannot be read: it may select the same
     /// nodes and pods, so this one holds every action.
     PolicyUnreadable { unreadable: String },
+    /// podha fenced the node (action `DeletePods` then) and the policy now wants the
+    /// out-of-service taint, which waits for `fencing.proof`: the moved pods' volumes detach
+    /// after the attach/detach controller's 6-minute wait until it comes.
+    UpgradeAwaitsProof { proof: FencingProof },
+    /// The policy (`spec.paused`) or the node (annotation `podha.io/paused`, `by_node`) is
+    /// paused for maintenance: no new action on the node.
+    Paused { by_node: bool },
 }
 
 impl HoldReason {
@@ -92,6 +99,8 @@ impl HoldReason {
             Self::AgentSilenceUnproven { .. } => HoldKind::AgentSilenceUnproven,
             Self::FenceContradicted { .. } => HoldKind::FenceContradicted,
             Self::PolicyUnreadable { .. } => HoldKind::PolicyUnreadable,
+            Self::Paused { .. } => HoldKind::Paused,
+            Self::UpgradeAwaitsProof { .. } => HoldKind::UpgradeAwaitsProof,
         }
     }
 
@@ -110,7 +119,9 @@ impl HoldReason {
             Self::TooManyUnhealthy { .. }
             | Self::Unconfirmed { .. }
             | Self::FencingPending { .. }
-            | Self::FenceContradicted { .. } => String::new(),
+            | Self::FenceContradicted { .. }
+            | Self::Paused { .. }
+            | Self::UpgradeAwaitsProof { .. } => String::new(),
         }
     }
 
@@ -154,6 +165,21 @@ impl HoldReason {
                  podha's fence request (podha.io/fence-ack) or its silence counts",
                 why.describe(node)
             ),
+            Self::UpgradeAwaitsProof { proof } => format!(
+                "node {node} keeps podha's scheduling fence: the out-of-service taint that would \
+                 detach the moved pods' volumes at once waits for fencing.proof {}; until it \
+                 comes they detach after the attach/detach controller's 6-minute wait",
+                proof.as_str()
+            ),
+            Self::Paused { by_node } => format!(
+                "node {node} is judged dead, but {}: podha takes no new action there until the \
+                 pause ends (a failover already acting finishes what it started)",
+                if *by_node {
+                    "the node is paused for maintenance (annotation podha.io/paused)"
+                } else {
+                    "its policy is paused (spec.paused)"
+                }
+            ),
             Self::FenceContradicted { renewals } => format!(
                 "node {node} acknowledged its fence (podha.io/fence-ack), but its kubelet \
                  renewed its Lease {renewals} times since, without a reboot: the fence did not \
@@ -182,6 +208,8 @@ impl HoldReason {
             Self::FencingPending { .. } => Some("FencingPending"),
             Self::AgentSilenceUnproven { .. } => Some("AgentSilenceUnproven"),
             Self::FenceContradicted { .. } => Some("FenceContradicted"),
+            Self::Paused { .. } => Some("ActionsPaused"),
+            Self::UpgradeAwaitsProof { .. } => Some("FencingPending"),
             _ => None,
         }
     }
@@ -197,6 +225,8 @@ impl HoldReason {
             Self::FencingPending { .. } => "FencingPending",
             Self::AgentSilenceUnproven { .. } => "AgentSilenceUnproven",
             Self::FenceContradicted { .. } => "FenceContradicted",
+            Self::Paused { .. } => "ActionsPaused",
+            Self::UpgradeAwaitsProof { .. } => "FencingPending",
         }
     }
 }
@@ -294,10 +324,12 @@ pub enum HoldKind {
     AgentSilenceUnproven,
     FenceContradicted,
     PolicyUnreadable,
+    Paused,
+    UpgradeAwaitsProof,
 }
 
 impl HoldKind {
-    pub const ALL: [HoldKind; 8] = [
+    pub const ALL: [HoldKind; 10] = [
         HoldKind::TooManyUnhealthy,
         HoldKind::DryRun,
         HoldKind::Unconfirmed,
@@ -306,6 +338,8 @@ impl HoldKind {
         HoldKind::AgentSilenceUnproven,
         HoldKind::FenceContradicted,
         HoldKind::PolicyUnreadable,
+        HoldKind::Paused,
+        HoldKind::UpgradeAwaitsProof,
     ];
 
     /// Label value for `podha_actions_held_total{reason}`.
@@ -319,6 +353,8 @@ impl HoldKind {
             Self::AgentSilenceUnproven => "AgentSilenceUnproven",
             Self::FenceContradicted => "FenceContradicted",
             Self::PolicyUnreadable => "PolicyUnreadable",
+            Self::Paused => "Paused",
+            Self::UpgradeAwaitsProof => "UpgradeAwaitsProof",
         }
     }
 }

@@ -14,6 +14,9 @@
 //!   scheduling fence and per-pod deletes, while any pod podha must not move is on the node.
 //! - **Hold when unsure** (see `holds.rs`): too many unhealthy nodes, or a newly failed node
 //!   while others have not been heard from since, or a dry run.
+//! - **Pause** (`spec.paused`, or the Node annotation `podha.io/paused`): no new action on a
+//!   dead node and no would-be action reported, only the hold; a failover podha acted on
+//!   already finishes what it started (no half-done failover), and untaints go on.
 //! - **One action per incident.** A pod is deleted only if it was on the node when the incident
 //!   opened (later pods are replacements) and was not deleted already; a node is tainted once.
 //! - **Stale readiness.** A pod still Ready on a dead node shows what the dead kubelet last
@@ -102,6 +105,8 @@ pub enum Skip {
     Replacement,
     /// Its policy, or its node's, holds every action (see the policy's hold).
     Held,
+    /// Its policy is paused (`spec.paused`).
+    Paused,
 }
 
 impl Skip {
@@ -111,6 +116,7 @@ impl Skip {
             Self::Ineligible(reason) => reason.as_str(),
             Self::Replacement => "Replacement",
             Self::Held => "Held",
+            Self::Paused => "Paused",
         }
     }
 }
@@ -227,6 +233,10 @@ fn plan_incident<'p>(
     if !judged_failed(input.health, node_policy.name, node) {
         return;
     }
+    if let Some(hold) = paused(node_policy, node_obj, incident) {
+        out.intents.push(hold);
+        return;
+    }
     let failed = FailedNode {
         incident,
         node: node_obj,
@@ -273,6 +283,17 @@ fn plan_incident<'p>(
         out.intents
             .push(dry_run_guard(owner, node, intent, dry_run));
     }
+}
+
+/// The hold of a node whose policy or own annotation pauses podha, unless podha acted there
+/// already: a failover under way finishes what it started.
+fn paused(node_policy: PolicyRef<'_>, node: &Node, incident: &Incident) -> Option<Intent> {
+    let by_node = crate::api::node_paused(node);
+    ((by_node || node_policy.spec.paused) && !incident.acted()).then(|| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: Some(incident.node.clone()),
+        reason: HoldReason::Paused { by_node },
+    })
 }
 
 /// The fence before anything moves: the taint, or, while the policy's fencing proof is not on
@@ -406,6 +427,13 @@ fn judge_pod<'p>(
         return PodVerdict {
             skip: skip(Skip::Held),
             ..PodVerdict::protect("PolicyHeld")
+        };
+    }
+    // The pod's own policy paused: it stays, and the taint must spare it.
+    if owner.spec.paused && !failed.incident.acted() {
+        return PodVerdict {
+            skip: skip(Skip::Paused),
+            ..PodVerdict::protect("PolicyPaused")
         };
     }
     if !failed.incident.pods_at_failure.contains(uid) {

@@ -284,7 +284,7 @@ pub(super) fn plan_upgrade(
             pod: p.pod.clone(),
             why: p.why,
         }),
-        None if !proven => hold(HoldReason::FencingPending {
+        None if !proven => hold(HoldReason::UpgradeAwaitsProof {
             proof: node_policy.spec.fencing.proof,
         }),
         None => Intent::TaintNode {

@@ -33,6 +33,8 @@ pub struct PolicyFacts<'a> {
     /// relies on it (see `super::agent_coverage`); `None` while this process cannot tell yet
     /// (then the condition says what it said before).
     pub unprotected: Option<&'a [(String, AgentGap)]>,
+    /// How many watched nodes podha takes no new action on (the policy or the node paused).
+    pub paused_nodes: usize,
 }
 
 pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
@@ -79,6 +81,7 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         watched_nodes: i32::try_from(watched).unwrap_or(i32::MAX),
         failed_nodes: i32::try_from(failed).unwrap_or(i32::MAX),
         suspect_nodes: i32::try_from(suspect).unwrap_or(i32::MAX),
+        paused_nodes: i32::try_from(facts.paused_nodes).unwrap_or(i32::MAX),
         last_failover_time: failovers.first().map(|f| (facts.wall)(f.detected_at)),
         recent_failovers: failovers.iter().map(|f| f.to_record(facts.wall)).collect(),
     }
@@ -154,6 +157,14 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
             false,
             condition::REASON_INVALID_SPEC,
             format!("invalid label selector, which selects nothing: {problems}"),
+        ),
+        (Ok(_), None) if policy.spec.paused => (
+            true,
+            condition::REASON_PAUSED,
+            format!(
+                "paused (spec.paused): watching and judging {watched} nodes, no new action on a \
+                 dead one"
+            ),
         ),
         (Ok(_), None) if policy.spec.taint_proof() == Some(FencingProof::None) => (
             true,
@@ -283,6 +294,7 @@ mod tests {
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             held: None,
             unprotected: Some(&[]),
+            paused_nodes: 0,
         }
     }
 
@@ -349,6 +361,25 @@ mod tests {
         ] {
             assert_eq!(reason(proof, action).0, condition::REASON_WATCHING);
         }
+    }
+
+    #[test]
+    fn a_paused_policy_says_so_and_counts_its_paused_nodes() {
+        let health = BTreeMap::from([("a".to_string(), NodeHealth::Healthy)]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let mut spec = mk_spec();
+        spec.paused = true;
+        let policy = PodHAPolicy::new("p", spec);
+        let mut facts = facts_for(&policy, &health, &[], &wall);
+        facts.paused_nodes = 1;
+        let status = policy_status(&facts);
+        let ready = condition(&status, condition::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", condition::REASON_PAUSED)
+        );
+        assert!(ready.message.contains("no new action"), "{}", ready.message);
+        assert_eq!(status.paused_nodes, 1);
     }
 
     #[test]

@@ -986,6 +986,7 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
 }
 
 mod fencing;
+mod pause;
 mod safety;
 
 #[test]

@@ -312,6 +312,8 @@ impl Actor {
         let empty = BTreeMap::new();
         let (open, done) = self.ledger.of_policy(&name);
         let wall = self.wall;
+        let paused_nodes = paused_nodes(policy, health.unwrap_or(&empty), &self.state.view);
+        self.metrics.detection.set_paused_nodes(&name, paused_nodes);
         policy_status(&PolicyFacts {
             policy,
             health: health.unwrap_or(&empty),
@@ -321,6 +323,7 @@ impl Actor {
             held: self.reported.policy_holds.get(&name),
             now: wall.time(Instant::now()),
             unprotected,
+            paused_nodes,
         })
     }
 
@@ -488,4 +491,24 @@ pub(super) fn pod_reference(pod: &crate::view::ObjectKey, uid: &str) -> ObjectRe
         uid: Some(uid.to_string()),
         ..ObjectReference::default()
     }
+}
+
+/// How many of the nodes `policy` watches podha takes no new action on: all of them while the
+/// policy is paused, else those annotated `podha.io/paused`.
+fn paused_nodes(
+    policy: &PodHAPolicy,
+    health: &BTreeMap<String, NodeHealth>,
+    view: &crate::view::View,
+) -> usize {
+    if policy.spec.paused {
+        return health.len();
+    }
+    health
+        .keys()
+        .filter(|name| {
+            view.nodes
+                .get(*name)
+                .is_some_and(|n| crate::api::node_paused(n))
+        })
+        .count()
 }
