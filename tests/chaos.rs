@@ -61,6 +61,8 @@ fn args(ns: &str, fault: &str, out_dir: &Path, sim_dir: &Path, podha_sim: &Path)
         settle_timeout: Duration::from_secs(120),
         out: out_dir.join(format!("{ns}.json")),
         svg: None,
+        podha_namespace: None,
+        leader_lease: podha::leader::DEFAULT_LEASE_NAME.to_string(),
     }
 }
 

@@ -158,6 +158,12 @@ pub struct ChaosArgs {
     /// Where the SVG picture goes (default: next to --out, with .svg).
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// The namespace podha runs in (default: the one holding its leader Lease).
+    #[arg(long)]
+    pub podha_namespace: Option<String>,
+    /// The name of podha's leader Lease (the chart's leaderElection.leaseName).
+    #[arg(long, default_value = crate::leader::DEFAULT_LEASE_NAME)]
+    pub leader_lease: String,
 }
 
 impl ChaosArgs {

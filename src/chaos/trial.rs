@@ -143,7 +143,8 @@ async fn judge_subject(
         })?;
     let pod_key = format!("{}/{}", subject.namespace, subject.pod);
 
-    let snapshot = Snapshot::read(client, None).await?;
+    let snapshot =
+        Snapshot::read(client, args.podha_namespace.as_deref(), &args.leader_lease).await?;
     let policies = snapshot.policy_refs();
     let pod = snapshot
         .view

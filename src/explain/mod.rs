@@ -7,6 +7,7 @@
 //! Exit codes: 0 when the pod (or node) asked about is protected, 1 when it is not, 2 when
 //! the question could not be answered (no such object, the cluster unreachable).
 
+mod fence;
 pub mod node;
 pub mod pod;
 pub mod policy;
@@ -46,6 +47,10 @@ pub struct ExplainArgs {
     /// namespace holding its leader Lease).
     #[arg(long, global = true, env = "POD_NAMESPACE")]
     pub podha_namespace: Option<String>,
+    /// The name of podha's leader Lease (the chart's leaderElection.leaseName; in podha's own
+    /// pod, $PODHA_LEADER_LEASE).
+    #[arg(long, global = true, env = "PODHA_LEADER_LEASE", default_value = crate::leader::DEFAULT_LEASE_NAME)]
+    pub leader_lease: String,
     /// `table` or `json`.
     #[arg(long, short = 'o', global = true, default_value = "table")]
     pub output: Output,
@@ -149,20 +154,26 @@ impl Checks {
 /// view, podha's leader Lease.
 pub struct Cluster<'a> {
     pub policies: Vec<PolicyRef<'a>>,
+    /// Policies that cannot be read, with why.
+    pub unreadable: &'a BTreeMap<String, String>,
     pub statuses: &'a BTreeMap<String, PodHAPolicyStatus>,
     pub view: &'a View,
     pub leader: Option<&'a LeaderLease>,
     pub now: Instant,
+    /// The taint each node would get, once worked out (every pod on a node shares it).
+    pub taints: std::cell::RefCell<BTreeMap<String, Check>>,
 }
 
 impl Snapshot {
     pub fn cluster(&self) -> Cluster<'_> {
         Cluster {
             policies: self.policy_refs(),
+            unreadable: &self.unreadable,
             statuses: &self.statuses,
             view: &self.view,
             leader: self.leader.as_ref(),
             now: self.now,
+            taints: Default::default(),
         }
     }
 }
@@ -218,7 +229,8 @@ pub struct Answer {
 
 /// Answers one question against the cluster.
 pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error> {
-    let snapshot = Snapshot::read(client, args.podha_namespace.as_deref()).await?;
+    let snapshot =
+        Snapshot::read(client, args.podha_namespace.as_deref(), &args.leader_lease).await?;
     let cluster = snapshot.cluster();
     match &args.subject {
         Subject::Pod { pod } => {
@@ -288,7 +300,8 @@ pub async fn cli(args: ExplainArgs) -> ExitCode {
     };
     match answer(&args, &client).await {
         Ok(answer) => {
-            print!("{}", answer.text);
+            // A closed pipe (`| head`) is the reader's choice, not an error.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), answer.text.as_bytes());
             if answer.protected {
                 ExitCode::SUCCESS
             } else {

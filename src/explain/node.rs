@@ -4,7 +4,8 @@
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::pod::{detection_text, operator_check, proof_checks, taint_check};
+use super::fence::proof_checks;
+use super::pod::{detection_text, operator_check, state_checks, taint_check};
 use super::{Check, Checks, Cluster, explain_pod};
 use crate::eligibility::claim_names;
 use crate::planner::node_owner;
@@ -54,12 +55,7 @@ pub fn explain_node(cluster: &Cluster<'_>, name: &str) -> Option<NodeExplanation
                     if p.spec.dry_run { ", dryRun on" } else { "" }
                 ),
             );
-            if p.spec.dry_run {
-                checks.fail(
-                    "state",
-                    format!("{}: dryRun is on: podha only says what it would do", p.name),
-                );
-            }
+            state_checks(cluster, p, p, name, &mut checks);
             checks.push(taint_check(cluster, p, node));
             proof_checks(cluster, p, name, node, &mut checks);
         }

@@ -5,20 +5,19 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use serde::Serialize;
 
+use super::fence::proof_checks;
 use super::{Check, Checks, Cluster, human};
 use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition, node_paused};
-use crate::contract::{AGENT_WATCHDOG_ANNOTATION, fenced_within};
 use crate::eligibility::{
     SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
     node_selected, selects, tolerated_fence,
 };
 use crate::health::ReadyStatus;
-use crate::leader::DEFAULT_LEASE_NAME;
 use crate::planner::{PolicyRef, is_terminal, must_stay, node_owner, pod_owner};
-use crate::runtime::agent_coverage::agent_gap;
 use crate::view::View;
 
 /// The answer about one pod.
@@ -144,25 +143,25 @@ pub(super) fn operator_check(cluster: &Cluster<'_>) -> Check {
     match cluster.leader {
         None => Check::fail(
             "podha",
-            format!(
-                "no Lease {DEFAULT_LEASE_NAME} in any namespace: podha is not running, nothing \
-                 acts (or name its namespace with --podha-namespace)"
-            ),
+            "no podha leader Lease found: podha is not running and nothing acts (or name its \
+             Lease with --leader-lease and its namespace with --podha-namespace)",
         ),
         Some(lease) if lease.held() => Check::pass(
             "podha",
             format!(
-                "{} leads (Lease {}/{DEFAULT_LEASE_NAME} renewed {} ago)",
+                "{} leads (Lease {}/{} renewed {} ago)",
                 lease.holder.as_deref().unwrap_or_default(),
                 lease.namespace,
+                lease.name,
                 human(lease.renewed_ago.unwrap_or_default())
             ),
         ),
         Some(lease) => Check::fail(
             "podha",
             format!(
-                "no replica leads: Lease {}/{DEFAULT_LEASE_NAME} {} (it lasts {}): nothing acts",
+                "no replica leads: Lease {}/{} {} (it lasts {}): nothing acts",
                 lease.namespace,
+                lease.name,
                 match (&lease.holder, lease.renewed_ago) {
                     (Some(h), Some(ago)) if !h.is_empty() =>
                         format!("last renewed by {h} {} ago", human(ago)),
@@ -174,8 +173,9 @@ pub(super) fn operator_check(cluster: &Cluster<'_>) -> Check {
     }
 }
 
-/// The policies' own state: dry run, too many unhealthy nodes.
-fn state_checks(
+/// The policies' own state: paused, dry run, a policy before them unreadable, too many
+/// unhealthy nodes.
+pub(super) fn state_checks(
     cluster: &Cluster<'_>,
     node_policy: PolicyRef<'_>,
     owner: PolicyRef<'_>,
@@ -206,22 +206,38 @@ fn state_checks(
         );
         return;
     }
-    let status = cluster.statuses.get(node_policy.name);
-    let degraded = status.and_then(|s| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == condition::DEGRADED && c.status == "True")
-    });
-    if let Some(c) = degraded.filter(|c| c.reason == condition::REASON_TOO_MANY_UNHEALTHY) {
+    // As the planner: a policy after an unreadable one by name holds every action.
+    if let Some((unreadable, why)) = cluster
+        .unreadable
+        .iter()
+        .find(|(name, _)| name.as_str() < node_policy.name.max(owner.name))
+    {
         checks.fail(
             "state",
             format!(
-                "{} holds every action: {} ({})",
-                node_policy.name, c.reason, c.message
+                "policy {unreadable} cannot be read ({why}) and comes first by name: podha \
+                 holds every action of the policies after it"
             ),
         );
         return;
     }
+    for policy in [node_policy, owner] {
+        if let Some(c) = cluster
+            .statuses
+            .get(policy.name)
+            .and_then(too_many_unhealthy)
+        {
+            checks.fail(
+                "state",
+                format!(
+                    "{} holds every action: {} ({})",
+                    policy.name, c.reason, c.message
+                ),
+            );
+            return;
+        }
+    }
+    let status = cluster.statuses.get(node_policy.name);
     let counts = status.map_or_else(
         || "no status yet".to_string(),
         |s| {
@@ -267,6 +283,15 @@ fn pause(
     } else {
         None
     }
+}
+
+/// The policy's `Degraded` condition when it holds for too many unhealthy nodes.
+fn too_many_unhealthy(status: &crate::api::PodHAPolicyStatus) -> Option<&Condition> {
+    status.conditions.iter().find(|c| {
+        c.type_ == condition::DEGRADED
+            && c.status == "True"
+            && c.reason == condition::REASON_TOO_MANY_UNHEALTHY
+    })
 }
 
 /// The eligibility rules, each on its own, with the pod's policy.
@@ -350,8 +375,19 @@ fn eligibility_checks(
     }
 }
 
-/// Which taint `node` would get if it died now, and what that means for the volumes.
+/// Which taint `node` would get if it died now, and what that means for the volumes: worked out
+/// once per node.
 pub(super) fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
+    let node_name = node.name_any();
+    if let Some(known) = cluster.taints.borrow().get(&node_name) {
+        return known.clone();
+    }
+    let check = node_taint(cluster, node_policy, node);
+    cluster.taints.borrow_mut().insert(node_name, check.clone());
+    check
+}
+
+fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
     let node_name = node.name_any();
     if node_policy.spec.action == Action::DeletePods {
         return Check::pass(
@@ -365,17 +401,23 @@ pub(super) fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, nod
     }
     let usable =
         |n: &Node| n.name_any() != node_name && ReadyStatus::from_node(n) == ReadyStatus::True;
-    let staying = cluster.view.pods_on(&node_name).iter().find_map(|pod| {
-        let why = must_stay(
-            &cluster.policies,
-            node_policy,
-            pod,
-            node,
-            cluster.view,
-            &usable,
-        )?;
-        Some((pod.namespace().unwrap_or_default(), pod.name_any(), why))
-    });
+    // The pods the planner would judge: not those that have finished.
+    let staying = cluster
+        .view
+        .pods_on(&node_name)
+        .iter()
+        .filter(|p| !is_terminal(p))
+        .find_map(|pod| {
+            let why = must_stay(
+                &cluster.policies,
+                node_policy,
+                pod,
+                node,
+                cluster.view,
+                &usable,
+            )?;
+            Some((pod.namespace().unwrap_or_default(), pod.name_any(), why))
+        });
     match staying {
         None => Check::pass(
             "taint",
@@ -393,88 +435,6 @@ pub(super) fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, nod
                 NodeTaint::OutOfService.key(),
                 NodeTaint::Fence.key()
             ),
-        ),
-    }
-}
-
-/// The proof the taint waits for, and whether the node's agent can give it.
-pub(super) fn proof_checks(
-    cluster: &Cluster<'_>,
-    node_policy: PolicyRef<'_>,
-    node_name: &str,
-    node: &Node,
-    checks: &mut Checks,
-) {
-    let Some(proof) = node_policy.spec.taint_proof() else {
-        checks.pass(
-            "proof",
-            "action DeletePods needs none: podha's fence only keeps the scheduler off the node",
-        );
-        return;
-    };
-    match proof {
-        FencingProof::None => checks.pass(
-            "proof",
-            "fencing.proof None: the taint follows the judgement alone (a frozen or cut-off \
-             node may write on beside the replacement)",
-        ),
-        FencingProof::Agent => {
-            let within = fenced_within(node);
-            match agent_gap(node_name, node, cluster.view, cluster.now) {
-                None => {
-                    let lease = cluster.view.agent_adverts.get(node_name);
-                    let ago = lease.map(|l| cluster.now.saturating_duration_since(l.renewed_seen));
-                    checks.pass(
-                        "agent",
-                        format!(
-                            "the agent on {node_name} pets a watchdog ({}) and renewed its Lease \
-                             {} ago",
-                            node.annotations()
-                                .get(AGENT_WATCHDOG_ANNOTATION)
-                                .map_or("", String::as_str),
-                            human(ago.unwrap_or_default())
-                        ),
-                    );
-                    checks.pass(
-                        "proof",
-                        format!(
-                            "Agent: a silence of {} plus agentMargin {} proves the fence",
-                            human(within.unwrap_or_default()),
-                            node_policy.spec.fencing.agent_margin
-                        ),
-                    );
-                }
-                Some(gap) => {
-                    let why = node
-                        .annotations()
-                        .get(AGENT_WATCHDOG_ANNOTATION)
-                        .filter(|_| within.is_none())
-                        .map_or_else(String::new, |w| {
-                            format!(" ({AGENT_WATCHDOG_ANNOTATION}: {w})")
-                        });
-                    checks.fail("agent", format!("{}{why}", gap.describe()));
-                    checks.fail(
-                        "proof",
-                        format!(
-                            "Agent: {node_name} has no agent whose silence proves its fence: \
-                             judged dead, it is held until its agent acknowledges a fence request \
-                             (install the agent and a watchdog, docs/agent.md, or choose another \
-                             fencing.proof in {})",
-                            node_policy.name
-                        ),
-                    );
-                }
-            }
-        }
-        FencingProof::CloudShutdownTaint => checks.note(
-            "proof",
-            "CloudShutdownTaint: held until the cloud provider taints the node \
-             node.cloudprovider.kubernetes.io/shutdown (the instance is off)",
-        ),
-        FencingProof::External => checks.note(
-            "proof",
-            "External: held until your fence controller acknowledges podha.io/fence-request on \
-             the node (podha.io/fence-ack)",
         ),
     }
 }

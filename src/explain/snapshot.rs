@@ -15,9 +15,8 @@ use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use tokio::time::Instant;
 
-use crate::api::{PodHAPolicy, PodHAPolicySpec, PodHAPolicyStatus};
+use crate::api::{ListedPolicy, PodHAPolicySpec, PodHAPolicyStatus};
 use crate::contract::AGENT_LEASE_LABEL;
-use crate::leader::DEFAULT_LEASE_NAME;
 use crate::planner::PolicyRef;
 use crate::runtime::{Change, ClusterState};
 use crate::view::View;
@@ -30,7 +29,7 @@ pub enum ReadError {
     )]
     NoCrd,
     #[error(
-        "podha's leader Lease {DEFAULT_LEASE_NAME} is in several namespaces ({}): say which with --podha-namespace",
+        "podha's leader Lease is in several namespaces ({}): say which with --podha-namespace",
         .0.join(", ")
     )]
     SeveralInstalls(Vec<String>),
@@ -47,6 +46,7 @@ fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReadError 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderLease {
     pub namespace: String,
+    pub name: String,
     pub holder: Option<String>,
     /// How long ago it was renewed, by this machine's clock (`None`: never renewed).
     pub renewed_ago: Option<Duration>,
@@ -55,6 +55,22 @@ pub struct LeaderLease {
 }
 
 impl LeaderLease {
+    /// The Lease as read, its renewal dated on the cluster's clock `wall`.
+    fn read_at(lease: Lease, wall: SystemTime) -> Self {
+        let spec = lease.spec.unwrap_or_default();
+        LeaderLease {
+            namespace: lease.metadata.namespace.unwrap_or_default(),
+            name: lease.metadata.name.unwrap_or_default(),
+            holder: spec.holder_identity,
+            renewed_ago: spec.renew_time.as_ref().map(|t| age_of(t, wall)),
+            lasts: Duration::from_secs(
+                spec.lease_duration_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
     /// A replica holds it and renewed it within its duration: podha runs and leads.
     pub fn held(&self) -> bool {
         self.holder.as_deref().is_some_and(|h| !h.is_empty())
@@ -65,6 +81,9 @@ impl LeaderLease {
 /// The policies by name and the decision view, read once.
 pub struct Snapshot {
     pub policies: BTreeMap<String, PodHAPolicySpec>,
+    /// Policies that cannot be read, by name, with why: every policy after the first of them
+    /// by name holds (as the operator does).
+    pub unreadable: BTreeMap<String, String>,
     pub statuses: BTreeMap<String, PodHAPolicyStatus>,
     pub view: View,
     /// podha's leader Lease; `None` when no namespace holds one (podha is not running).
@@ -76,18 +95,27 @@ pub struct Snapshot {
 impl Snapshot {
     /// Lists what the operator watches and feeds it through the operator's own state. The agent
     /// Leases are read in podha's namespace: `podha_namespace`, else the one that holds podha's
-    /// leader Lease.
-    pub async fn read(client: &Client, podha_namespace: Option<&str>) -> Result<Self, ReadError> {
+    /// leader Lease (`leader_lease`).
+    pub async fn read(
+        client: &Client,
+        podha_namespace: Option<&str>,
+        leader_lease: &str,
+    ) -> Result<Self, ReadError> {
         let lp = ListParams::default();
-        let policies = match Api::<PodHAPolicy>::all(client.clone()).list(&lp).await {
+        let listed_policies = match Api::<ListedPolicy>::all(client.clone()).list(&lp).await {
             Ok(list) => list.items,
             Err(kube::Error::Api(s)) if s.code == 404 => return Err(ReadError::NoCrd),
             Err(e) => return Err(kube_error("listing PodHAPolicies")(e)),
         };
-        let leader = read_leader(client, podha_namespace).await?;
+        let leader = read_leader(client, podha_namespace, leader_lease).await?;
+        let node_leases = Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+            .list(&lp)
+            .await
+            .map_err(kube_error("listing the node Leases in kube-node-lease"))?
+            .items;
         let agent_namespace = podha_namespace
             .map(str::to_string)
-            .or_else(|| leader.as_ref().map(|l| l.namespace.clone()));
+            .or_else(|| leader.as_ref().and_then(|l| l.namespace()));
         let agent_leases = match &agent_namespace {
             Some(ns) => {
                 Api::<Lease>::namespaced(client.clone(), ns)
@@ -134,16 +162,13 @@ impl Snapshot {
             state.apply(change, now);
         }
         let mut view = state.view;
-        age_adverts(&mut view, now, SystemTime::now());
-        let statuses = policies
-            .iter()
-            .map(|p| (p.name_any(), p.status.clone().unwrap_or_default()))
-            .collect();
+        let wall = cluster_now(&node_leases, SystemTime::now());
+        age_adverts(&mut view, now, wall);
+        let leader = leader.map(|l| LeaderLease::read_at(l, wall));
+        let (policies, statuses, unreadable) = split_policies(listed_policies);
         Ok(Snapshot {
-            policies: policies
-                .into_iter()
-                .map(|p| (p.name_any(), p.spec))
-                .collect(),
+            policies,
+            unreadable,
             statuses,
             view,
             leader,
@@ -158,6 +183,32 @@ impl Snapshot {
             .map(|(name, spec)| PolicyRef { name, spec })
             .collect()
     }
+}
+
+/// The policies read whole, by name, with their statuses; and those that cannot be read, with
+/// why.
+type Policies = (
+    BTreeMap<String, PodHAPolicySpec>,
+    BTreeMap<String, PodHAPolicyStatus>,
+    BTreeMap<String, String>,
+);
+
+fn split_policies(listed: Vec<ListedPolicy>) -> Policies {
+    let (mut policies, mut statuses, mut unreadable) =
+        (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    for policy in listed {
+        match policy {
+            ListedPolicy::Valid(p) => {
+                statuses.insert(p.name_any(), p.status.clone().unwrap_or_default());
+                policies.insert(p.name_any(), p.spec);
+            }
+            ListedPolicy::Unreadable(u) => {
+                let name = u.metadata.name.clone().unwrap_or_default();
+                unreadable.insert(name, u.error.clone());
+            }
+        }
+    }
+    (policies, statuses, unreadable)
 }
 
 /// The operator counts an agent Lease fresh for its duration after it saw it renewed; a single
@@ -177,6 +228,17 @@ fn age_adverts(view: &mut View, now: Instant, wall: SystemTime) {
     }
 }
 
+/// The cluster's clock as well as this machine can tell: its own, or the newest node Lease
+/// renewal when that is later (this clock is behind the cluster's). A clock ahead makes every
+/// Lease look older: a false alarm, never a stopped leader or agent taken for alive.
+fn cluster_now(node_leases: &[Lease], local: SystemTime) -> SystemTime {
+    node_leases
+        .iter()
+        .filter_map(|l| l.spec.as_ref()?.renew_time.as_ref())
+        .map(|t| SystemTime::from(t.0))
+        .fold(local, SystemTime::max)
+}
+
 /// How long before `wall` the time was (zero for a time ahead of this clock).
 fn age_of(time: &MicroTime, wall: SystemTime) -> Duration {
     wall.duration_since(SystemTime::from(time.0))
@@ -186,23 +248,20 @@ fn age_of(time: &MicroTime, wall: SystemTime) -> Duration {
 async fn read_leader(
     client: &Client,
     podha_namespace: Option<&str>,
-) -> Result<Option<LeaderLease>, ReadError> {
-    let leases = match podha_namespace {
+    name: &str,
+) -> Result<Option<Lease>, ReadError> {
+    let leases: Vec<Lease> = match podha_namespace {
         Some(ns) => Api::<Lease>::namespaced(client.clone(), ns)
-            .get_opt(DEFAULT_LEASE_NAME)
+            .get_opt(name)
             .await
-            .map_err(kube_error(format!(
-                "reading Lease {ns}/{DEFAULT_LEASE_NAME}"
-            )))?
+            .map_err(kube_error(format!("reading Lease {ns}/{name}")))?
             .into_iter()
             .collect(),
         None => {
             Api::<Lease>::all(client.clone())
-                .list(&ListParams::default().fields(&format!("metadata.name={DEFAULT_LEASE_NAME}")))
+                .list(&ListParams::default().fields(&format!("metadata.name={name}")))
                 .await
-                .map_err(kube_error(format!(
-                    "listing Leases named {DEFAULT_LEASE_NAME}"
-                )))?
+                .map_err(kube_error(format!("listing Leases named {name}")))?
                 .items
         }
     };
@@ -214,20 +273,7 @@ async fn read_leader(
                 .collect(),
         ));
     }
-    let wall = SystemTime::now();
-    Ok(leases.into_iter().next().map(|lease| {
-        let spec = lease.spec.unwrap_or_default();
-        LeaderLease {
-            namespace: lease.metadata.namespace.unwrap_or_default(),
-            holder: spec.holder_identity,
-            renewed_ago: spec.renew_time.as_ref().map(|t| age_of(t, wall)),
-            lasts: Duration::from_secs(
-                spec.lease_duration_seconds
-                    .and_then(|s| u64::try_from(s).ok())
-                    .unwrap_or_default(),
-            ),
-        }
-    }))
+    Ok(leases.into_iter().next())
 }
 
 /// Every object of kind `K` in the cluster; `kind` names it in the error.
@@ -290,9 +336,36 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_behind_the_clusters_reads_the_newest_node_lease_instead() {
+        let local = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let lease = |at: SystemTime| Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                renew_time: Some(micro(at)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let ahead = local + Duration::from_secs(300);
+        assert_eq!(
+            cluster_now(
+                &[lease(local - Duration::from_secs(5)), lease(ahead)],
+                local
+            ),
+            ahead
+        );
+        // A clock ahead is kept: Leases look older (a false alarm, never a false "alive").
+        assert_eq!(
+            cluster_now(&[lease(local - Duration::from_secs(300))], local),
+            local
+        );
+        assert_eq!(cluster_now(&[], local), local);
+    }
+
+    #[test]
     fn the_leader_lease_counts_only_while_held_and_renewed() {
         let lease = |holder: Option<&str>, ago: Option<u64>| LeaderLease {
             namespace: "podha-system".into(),
+            name: "podha-leader".into(),
             holder: holder.map(str::to_string),
             renewed_ago: ago.map(Duration::from_secs),
             lasts: Duration::from_secs(15),

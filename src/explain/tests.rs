@@ -40,6 +40,7 @@ fn with_volume(view: View, pod: Pod, driver: &str) -> View {
 fn leading() -> LeaderLease {
     LeaderLease {
         namespace: "podha-system".into(),
+        name: "podha-leader".into(),
         holder: Some("podha-0".into()),
         renewed_ago: Some(Duration::from_secs(2)),
         lasts: Duration::from_secs(15),
@@ -49,6 +50,7 @@ fn leading() -> LeaderLease {
 struct Fixture {
     specs: Vec<(String, PodHAPolicySpec)>,
     statuses: BTreeMap<String, PodHAPolicyStatus>,
+    unreadable: BTreeMap<String, String>,
     view: View,
     leader: Option<LeaderLease>,
     now: Instant,
@@ -59,6 +61,7 @@ impl Fixture {
         Self {
             specs: vec![("p".into(), mk_spec())],
             statuses: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
             view,
             leader: Some(leading()),
             now: Instant::now(),
@@ -77,10 +80,12 @@ impl Fixture {
                 .iter()
                 .map(|(name, spec)| PolicyRef { name, spec })
                 .collect(),
+            unreadable: &self.unreadable,
             statuses: &self.statuses,
             view: &self.view,
             leader: self.leader.as_ref(),
             now: self.now,
+            taints: Default::default(),
         }
     }
 
@@ -223,7 +228,7 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
         )
     );
 
-    // An agent with a watchdog and a fresh Lease gives the proof.
+    // An agent with a watchdog and a fresh Lease.
     let mut view_with = view();
     view_with.nodes.insert(
         "n1".into(),
@@ -233,6 +238,19 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
     f.view
         .agent_adverts
         .insert("n1".into(), agent_advert(f.now - Duration::from_secs(3)));
+    // Alone, its silence proves nothing: podha must hear a strict majority of the others.
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "proof");
+    assert!(detail.contains("0 of 0 other nodes"), "{detail}");
+    // With n2's agent heard too, it gives the proof.
+    f.view.nodes.insert(
+        "n2".into(),
+        mk_node("n2").ready(true).agent(Some("8s")).into(),
+    );
+    f.view
+        .agent_adverts
+        .insert("n2".into(), agent_advert(f.now - Duration::from_secs(1)));
     let e = f.pod("db-0");
     assert!(e.protected, "{:?}", e.checks);
     let proof = e.checks.iter().find(|c| c.rule == "proof").unwrap();
@@ -482,7 +500,7 @@ fn the_pod_table_leads_with_the_verdict() {
         "{text}"
     );
     assert!(
-        text.contains("\npodha        NO    no Lease podha-leader"),
+        text.contains("\npodha        NO    no podha leader Lease found"),
         "{text}"
     );
     // JSON for scripts: the same checks.
@@ -538,4 +556,30 @@ fn a_paused_policy_or_node_protects_nothing_until_the_pause_ends() {
         detail.starts_with("n1 is paused for maintenance (podha.io/paused)"),
         "{detail}"
     );
+}
+
+#[test]
+fn an_unreadable_policy_first_by_name_holds_the_rest_and_a_bare_metal_node_gets_no_cloud_proof() {
+    let mut f = Fixture::new(view());
+    f.unreadable
+        .insert("a-broken".into(), "spec.detection.interval: invalid".into());
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "state");
+    assert!(
+        detail.starts_with("policy a-broken cannot be read"),
+        "{detail}"
+    );
+    // After the readable ones by name, it holds nothing.
+    let mut f = Fixture::new(view());
+    f.unreadable.insert("z-broken".into(), "x".into());
+    assert!(f.pod("db-0").protected);
+
+    let mut spec = mk_spec();
+    spec.fencing.proof = FencingProof::CloudShutdownTaint;
+    let f = Fixture::new(view()).spec(spec);
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "proof");
+    assert!(detail.contains("has no spec.providerID"), "{detail}");
 }

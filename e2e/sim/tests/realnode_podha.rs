@@ -642,6 +642,8 @@ async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
         settle_timeout: secs(120),
         out: out.clone(),
         svg: None,
+        podha_namespace: None,
+        leader_lease: podha::leader::DEFAULT_LEASE_NAME.to_string(),
     };
     let mut progress = |line: &str| log(WRITERS, format!("chaos: {line}"));
     let outcome = podha::chaos::execute(&args, &mut progress).await;

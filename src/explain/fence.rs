@@ -1,0 +1,155 @@
+//! The proof the out-of-service taint waits for, and whether it can be given: the node's
+//! agent (its advert, watchdog and Lease, and the other agents podha must hear for a silence
+//! to count, as `planner::proof` rules), the cloud provider's shutdown taint, a fence
+//! controller.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use super::{Checks, Cluster, human};
+use crate::api::FencingProof;
+use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
+use crate::planner::PolicyRef;
+use crate::runtime::agent_coverage::agent_gap;
+
+/// The proof the taint waits for, and whether the node's agent can give it.
+pub(super) fn proof_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    node_name: &str,
+    node: &Node,
+    checks: &mut Checks,
+) {
+    let Some(proof) = node_policy.spec.taint_proof() else {
+        checks.pass(
+            "proof",
+            "action DeletePods needs none: podha's fence only keeps the scheduler off the node",
+        );
+        return;
+    };
+    match proof {
+        FencingProof::None => checks.pass(
+            "proof",
+            "fencing.proof None: the taint follows the judgement alone (a frozen or cut-off \
+             node may write on beside the replacement)",
+        ),
+        FencingProof::Agent => agent_checks(cluster, node_policy, node_name, node, checks),
+        FencingProof::CloudShutdownTaint if !cloud_managed(node) => checks.fail(
+            "proof",
+            format!(
+                "CloudShutdownTaint: {node_name} has no spec.providerID, so no cloud provider \
+                 will ever taint it shut down: judged dead, it is held for good"
+            ),
+        ),
+        FencingProof::CloudShutdownTaint => checks.note(
+            "proof",
+            "CloudShutdownTaint: held until the cloud provider taints the node \
+             node.cloudprovider.kubernetes.io/shutdown (the instance is off)",
+        ),
+        FencingProof::External => checks.note(
+            "proof",
+            "External: held until a fence controller acknowledges podha.io/fence-request on \
+             the node (podha.io/fence-ack); protected only if one runs for this node",
+        ),
+    }
+}
+
+/// How many other nodes advertise an agent, and how many of those have one with a watchdog
+/// and a fresh Lease (what podha can hear, as far as a reader of the API can tell).
+fn other_agents(cluster: &Cluster<'_>, node_name: &str) -> (usize, usize) {
+    let others: Vec<(&String, &std::sync::Arc<Node>)> = cluster
+        .view
+        .nodes
+        .iter()
+        .filter(|(name, n)| name.as_str() != node_name && agent_addr(n).is_some())
+        .collect();
+    let fresh = others
+        .iter()
+        .filter(|(name, n)| agent_gap(name, n, cluster.view, cluster.now).is_none())
+        .count();
+    (fresh, others.len())
+}
+
+/// The planner's quorum rule (`planner::proof`): the other agents podha hears must be a strict
+/// majority of those advertised.
+fn quorum(cluster: &Cluster<'_>, node_name: &str) -> bool {
+    let (fresh, others) = other_agents(cluster, node_name);
+    fresh * 2 > others
+}
+
+/// A cloud provider manages the node (it has a `spec.providerID`).
+fn cloud_managed(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .is_some_and(|id| !id.is_empty())
+}
+
+/// The node's agent under the `Agent` proof: is there one whose silence proves its fence?
+fn agent_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    node_name: &str,
+    node: &Node,
+    checks: &mut Checks,
+) {
+    let within = fenced_within(node);
+    match agent_gap(node_name, node, cluster.view, cluster.now) {
+        None if !quorum(cluster, node_name) => {
+            let (fresh, others) = other_agents(cluster, node_name);
+            checks.pass("agent", format!("the agent on {node_name} pets a watchdog"));
+            checks.fail(
+                "proof",
+                format!(
+                    "Agent: a silent agent's silence counts only while podha hears a \
+                         strict majority of the other agents, and {fresh} of {others} other \
+                         nodes have an agent with a watchdog and a fresh Lease: judged dead, \
+                         {node_name} is held until its agent acknowledges a fence request"
+                ),
+            );
+        }
+        None => {
+            let lease = cluster.view.agent_adverts.get(node_name);
+            let ago = lease.map(|l| cluster.now.saturating_duration_since(l.renewed_seen));
+            checks.pass(
+                "agent",
+                format!(
+                    "the agent on {node_name} pets a watchdog ({}) and renewed its Lease \
+                         {} ago",
+                    node.annotations()
+                        .get(AGENT_WATCHDOG_ANNOTATION)
+                        .map_or("", String::as_str),
+                    human(ago.unwrap_or_default())
+                ),
+            );
+            checks.pass(
+                "proof",
+                format!(
+                    "Agent: a silence of {} plus agentMargin {} proves the fence",
+                    human(within.unwrap_or_default()),
+                    node_policy.spec.fencing.agent_margin
+                ),
+            );
+        }
+        Some(gap) => {
+            let why = node
+                .annotations()
+                .get(AGENT_WATCHDOG_ANNOTATION)
+                .filter(|_| within.is_none())
+                .map_or_else(String::new, |w| {
+                    format!(" ({AGENT_WATCHDOG_ANNOTATION}: {w})")
+                });
+            checks.fail("agent", format!("{}{why}", gap.describe()));
+            checks.fail(
+                "proof",
+                format!(
+                    "Agent: {node_name} has no agent whose silence proves its fence: \
+                         judged dead, it is held until its agent acknowledges a fence request \
+                         (install the agent and a watchdog, docs/agent.md, or choose another \
+                         fencing.proof in {})",
+                    node_policy.name
+                ),
+            );
+        }
+    }
+}
