@@ -1,10 +1,11 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 24 nodes, each with a podha agent, serves every scenario; each scenario has its own namespace, its own
+//! One cluster of 26 nodes, each with a podha agent, serves every scenario; each scenario has its own namespace, its own
 //! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
-//! nodes and that namespace, so the scenarios run in parallel. At most 8 of 22 nodes are dead at
-//! once, below the node lifecycle controller's 55 % "partial disruption" threshold.
+//! nodes and that namespace, so the scenarios run in parallel. At most 14 of 26 nodes can be dead
+//! at once (one per scenario, two in one), below the node lifecycle controller's 55 % "partial
+//! disruption" threshold.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
 //! only the leader writes. They authenticate as the chart's ServiceAccount, bound to the chart's
@@ -42,6 +43,8 @@ mod fencing;
 mod holds;
 #[path = "failover/moves.rs"]
 mod moves;
+#[path = "failover/pause.rs"]
+mod pause;
 #[path = "failover/policy_edits.rs"]
 mod policy_edits;
 #[path = "failover/prometheus.rs"]
@@ -49,7 +52,7 @@ mod prometheus;
 #[path = "failover/replicas.rs"]
 mod replicas;
 
-const NODES: usize = 24;
+const NODES: usize = 26;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -67,7 +70,7 @@ fn main() -> ExitCode {
     );
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 12] = [
+    let scenarios: [(&str, Scenario); 13] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -115,6 +118,10 @@ fn main() -> ExitCode {
         (
             "the_agent_fences_before_the_out_of_service_taint",
             agent::fences_before_the_taint,
+        ),
+        (
+            "a_paused_policy_and_a_paused_node_act_only_once_unpaused",
+            pause::paused_policy_and_node,
         ),
     ];
     let trials = scenarios
