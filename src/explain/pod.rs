@@ -334,24 +334,6 @@ fn eligibility_checks(
             Vec::new()
         }
     };
-    match check_tolerations(spec, pod) {
-        Ok(()) => checks.pass(
-            "tolerations",
-            format!(
-                "does not tolerate {}, the taint podha fences with under {}",
-                NodeTaint::for_action(spec.action).key(),
-                spec.action.as_str()
-            ),
-        ),
-        Err(reason) => checks.fail(
-            "tolerations",
-            format!(
-                "{} (it tolerates {})",
-                ineligible(reason),
-                tolerated_fence(spec.action, pod).map_or("", NodeTaint::key)
-            ),
-        ),
-    }
     let node_name = node.name_any();
     let usable =
         |n: &Node| n.name_any() != node_name && ReadyStatus::from_node(n) == ReadyStatus::True;
@@ -371,6 +353,25 @@ fn eligibility_checks(
             "target",
             "no Ready, schedulable node could run it now; safety.requireTarget is off: podha \
              moves it and its replacement waits Pending",
+        ),
+    }
+    // After the target, in the planner's order (`eligibility::check_movable`).
+    match check_tolerations(spec, pod) {
+        Ok(()) => checks.pass(
+            "tolerations",
+            format!(
+                "does not tolerate {}, the taint podha fences with under {}",
+                NodeTaint::for_action(spec.action).key(),
+                spec.action.as_str()
+            ),
+        ),
+        Err(reason) => checks.fail(
+            "tolerations",
+            format!(
+                "{} (it tolerates {})",
+                ineligible(reason),
+                tolerated_fence(spec.action, pod).map_or("", NodeTaint::key)
+            ),
         ),
     }
 }

@@ -132,8 +132,8 @@ fn a_protected_pod_passes_every_rule_and_names_the_timing_it_cannot_predict() {
             "state",
             "owner",
             "volumes",
-            "tolerations",
             "target",
+            "tolerations",
             "taint",
             "proof",
             "timing"

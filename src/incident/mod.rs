@@ -86,10 +86,15 @@ pub struct Incident {
 }
 
 impl Incident {
-    /// podha acted on the node already (marked, deleted or tainted): a failover under way,
-    /// which a pause or the settle wait does not stop half-way.
+    /// podha acted on the node already (marked, deleted or tainted, asked for its fence, or
+    /// found its own taint there when it took the incident over): a failover under way, which
+    /// a pause or the settle wait does not stop half-way.
     pub fn acted(&self) -> bool {
-        self.tainted || !self.deleted.is_empty() || !self.marked_not_ready.is_empty()
+        self.tainted
+            || !self.deleted.is_empty()
+            || !self.marked_not_ready.is_empty()
+            || self.fence_request.is_some()
+            || self.acted_at.is_some()
     }
 
     /// An incident with nothing done yet and no pod recorded on the node.

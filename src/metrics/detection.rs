@@ -154,5 +154,6 @@ impl Detection {
     pub(super) fn forget_policy(&self, policy: &str) {
         remove_policy(&self.node_failures, policy);
         remove_policy(&self.nodes_unprotected, policy);
+        remove_policy(&self.paused_nodes, policy);
     }
 }

@@ -429,8 +429,13 @@ fn judge_pod<'p>(
             ..PodVerdict::protect("PolicyHeld")
         };
     }
-    // The pod's own policy paused: it stays, and the taint must spare it.
-    if owner.spec.paused && !failed.incident.acted() {
+    // The pod's own policy paused (the node's policy decided for the node already, see
+    // `paused`): it stays, and the taint must spare it, unless podha began moving it (marked it
+    // NotReady).
+    if owner.spec.paused
+        && owner.name != failed.policy.name
+        && !failed.incident.marked_not_ready.contains_key(uid)
+    {
         return PodVerdict {
             skip: skip(Skip::Paused),
             ..PodVerdict::protect("PolicyPaused")

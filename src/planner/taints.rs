@@ -43,6 +43,8 @@ pub fn must_stay(
     };
     match crate::eligibility::check_movable(owner.spec, pod, view, usable) {
         Err(reason) => skip_protection(reason, pod),
+        // As `judge_pod`: a pod of a paused policy stays.
+        Ok(_) if owner.spec.paused => Some("PolicyPaused"),
         Ok(_) => super::other_policy_protection(node_policy, owner),
     }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::ObjectMeta;
 
-use crate::api::{FAILOVER_ANNOTATION, TAINT_MARKER_ANNOTATION};
+use crate::api::{FAILOVER_ANNOTATION, PAUSE_ANNOTATION, TAINT_MARKER_ANNOTATION};
 use crate::contract::NODE_ANNOTATIONS;
 
 /// Drops metadata podha never reads; keeps only the named annotations.
@@ -29,7 +29,7 @@ pub fn node(node: &mut Node) {
     // A node keeps its resourceVersion: the taint patch is built on the cached node and
     // guarded by it (one request instead of a read and a write).
     let version = node.metadata.resource_version.take();
-    // And the agent contract's (its endpoint, timeout, watchdog and key, the fence request and
+    // podha's marker and pause, and the agent contract's (its endpoint, timeout, watchdog and key, the fence request and
     // its acknowledgement): what the `Agent` proof and the heartbeat read, and what tells why a
     // node's agent proves nothing by its silence. Named one by one so that an annotation added
     // to the contract does not compile until it is kept here too.
@@ -38,6 +38,7 @@ pub fn node(node: &mut Node) {
         &mut node.metadata,
         &[
             TAINT_MARKER_ANNOTATION,
+            PAUSE_ANNOTATION,
             port,
             fenced_within,
             watchdog,
@@ -246,6 +247,7 @@ mod tests {
             .annotation(AGENT_WATCHDOG_ANNOTATION, "10s")
             .annotation(FENCE_REQUEST_ANNOTATION, "p/1/b")
             .annotation(FENCE_ACK_ANNOTATION, "p/1/b")
+            .annotation(crate::api::PAUSE_ANNOTATION, "true")
             .annotation("other", "x");
         n.metadata.resource_version = Some("7".into());
         n.status.get_or_insert_with(Default::default).node_info = Some(NodeSystemInfo {
@@ -259,7 +261,7 @@ mod tests {
             n.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.len() == 6 && !a.contains_key("other"))
+                .is_some_and(|a| a.len() == 7 && !a.contains_key("other"))
         );
         let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
         assert_eq!(info.map(|i| i.boot_id.as_str()), Some("b"));

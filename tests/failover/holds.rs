@@ -46,8 +46,15 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
         ctx.create::<StatefulSet>(statefulset("pinned", &pinned))
             .await?;
         // Tolerates every taint: its replacement could be scheduled back onto the dead node.
-        let mut tolerant = statefulset("tolerant", &pinned);
+        // It could run on node-8 (so the target check passes) and prefers the node that dies.
+        let mut tolerant = statefulset("tolerant", &["node-7", "node-8"]);
         tolerant["spec"]["template"]["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+        tolerant["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{
+            "weight": 100,
+            "preference": {"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [dead]}
+            ]}
+        }]);
         ctx.create::<StatefulSet>(tolerant).await?;
         // One pod podha may move (it may run on either node, and prefers the one that dies):
         // its failover would taint the node out-of-service, which would remove the others.

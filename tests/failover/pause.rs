@@ -2,7 +2,6 @@
 //! it dead and says it holds, and acts once the pause is lifted; then a node paused by its
 //! annotation dies, and the same. `podha explain` says so before each death.
 
-use anyhow::bail;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -10,8 +9,8 @@ use podha::api::{PAUSE_ANNOTATION, PodHAPolicy};
 use serde_json::json;
 
 use super::{
-    Failed, Operators, SharedCluster, acted_once, explained_unprotected, has_podha_taint, log,
-    other, policy_and_db, policy_status, scenario, secs_, untouched_for, wait_recovered,
+    Failed, Operators, SharedCluster, explained_unprotected, has_podha_taint, log, other,
+    policy_and_db, policy_status, scenario, secs_, times_acted, untouched_for, wait_recovered,
 };
 use podha_sim::testkit::*;
 
@@ -21,7 +20,12 @@ pub fn paused_policy_and_node(shared: &SharedCluster, ops: &Operators) -> Result
     let pair = PAIR;
     scenario(shared, ops, "pause", |ctx, _, _| async move {
         let ns = ctx.ns.clone();
-        let spec = json!({"action": "OutOfServiceTaint", "paused": true});
+        // Its two nodes die one after the other: the second is no sign of a partition.
+        let spec = json!({
+            "action": "OutOfServiceTaint",
+            "paused": true,
+            "safety": {"unhealthyWindow": "0s"},
+        });
         let (_, node, uid, pv) = policy_and_db(&ctx, &pair, spec).await?;
         let target = other(&pair, &node);
         explained_unprotected(&ctx, "db-0", "state", "is paused (spec.paused")?;
@@ -37,7 +41,7 @@ pub fn paused_policy_and_node(shared: &SharedCluster, ops: &Operators) -> Result
             },
         )
         .await?;
-        acted_once(&ctx.client, "default", "ActionsPaused", &node).await?;
+        said(&ctx, "ActionsPaused", &node).await?;
         untouched_for(&ctx, &uid, &node, secs_(8), " while its policy was paused").await?;
         log(
             &ns,
@@ -64,7 +68,9 @@ pub fn paused_policy_and_node(shared: &SharedCluster, ops: &Operators) -> Result
         let annotate = |value: serde_json::Value| {
             let nodes = nodes.clone();
             async move {
-                let patch = json!({"metadata": {"annotations": {PAUSE_ANNOTATION: value}}});
+                let annotations =
+                    serde_json::Map::from_iter([(PAUSE_ANNOTATION.to_string(), value)]);
+                let patch = json!({"metadata": {"annotations": annotations}});
                 nodes
                     .patch(target, &PatchParams::default(), &Patch::Merge(patch))
                     .await
@@ -75,11 +81,17 @@ pub fn paused_policy_and_node(shared: &SharedCluster, ops: &Operators) -> Result
         let db = ctx.pods().get("db-0").await?;
         let uid = db.metadata.uid.clone().unwrap_or_default();
         ctx.cluster.kill_node(target)?;
-        acted_once(&ctx.client, "default", "ActionsPaused", target).await?;
+        said(&ctx, "ActionsPaused", target).await?;
         untouched_for(&ctx, &uid, target, secs_(8), " while the node was paused").await?;
-        if policy_status(&ctx.client, &ns).await?.paused_nodes != 1 {
-            bail!("the policy's status does not count {target} as paused");
-        }
+        wait_for(
+            "the policy's status to count one paused node",
+            secs_(30),
+            || async {
+                let status = policy_status(&ctx.client, &ns).await?;
+                Ok((status.paused_nodes == 1).then_some(()))
+            },
+        )
+        .await?;
         annotate(serde_json::Value::Null).await?;
         wait_recovered(&ctx, "db", &pv, &node, target, secs_(90)).await?;
         log(&ns, format!("annotation removed: recovered on {node}"));
@@ -92,4 +104,17 @@ pub fn paused_policy_and_node(shared: &SharedCluster, ops: &Operators) -> Result
         .await?;
         Ok(())
     })
+}
+
+/// podha's `reason` event about `node` arrives (a replica that took the lead since may say it
+/// again: at least once).
+async fn said(ctx: &Ctx<'_>, reason: &str, node: &str) -> anyhow::Result<()> {
+    wait_for(
+        &format!("podha's {reason} event about {node}"),
+        secs_(30),
+        || async {
+            Ok((times_acted(&ctx.client, "default", reason, node).await? > 0).then_some(()))
+        },
+    )
+    .await
 }

@@ -117,11 +117,15 @@ fn a_pod_whose_own_policy_is_paused_stays_and_spares_it_the_taint() {
         .label("app", "db");
     view.pods_by_node
         .insert("node-1".into(), vec![std::sync::Arc::new(db)]);
-    let plan = World::new(view)
-        .policy("a", mk_spec().pod_selector(app("web")))
-        .policy("b", paused(mk_spec().pod_selector(app("db"))))
-        .fail("node-1")
-        .plan();
+    let world = || {
+        World::new(view.clone())
+            .policy("a", mk_spec().pod_selector(app("web")))
+            .policy("b", paused(mk_spec().pod_selector(app("db"))))
+    };
+    let plan = world().fail("node-1").plan();
+    assert_eq!(skip_reasons(&plan), vec![("ns/db-0".to_string(), "Paused")]);
+    // Nor once the node's policy acted there (its fence on): the pod was never begun on.
+    let plan = world().fail_tainted("node-1").plan();
     assert_eq!(skip_reasons(&plan), vec![("ns/db-0".to_string(), "Paused")]);
     assert!(
         !intent_names(&plan)

@@ -102,7 +102,7 @@ impl Actor {
         };
         // The incident says why it waits every round, not only when the hold is first said: a
         // policy-wide hold may have spoken over it meanwhile.
-        if reason.awaits_proof()
+        if (reason.awaits_proof() || matches!(reason, HoldReason::Paused { .. }))
             && let Some(incident) = node.and_then(|n| self.ledger.get_mut(n))
         {
             incident.record_hold(reason.note(node));
