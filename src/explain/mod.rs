@@ -266,7 +266,8 @@ pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error
             })
         }
         Subject::Policy { policy } => {
-            // Not every reader may list events (podha's own ServiceAccount only writes them).
+            // Not every reader may list events (podha's own ServiceAccount only writes them):
+            // the answer says so instead of failing.
             let events = policy::read_events(client, policy)
                 .await
                 .map_err(|e| e.to_string());
