@@ -18,6 +18,8 @@ pub enum Error {
     },
     #[error("no Kubernetes configuration: {0}")]
     Infer(#[source] kube::config::InferConfigError),
+    #[error("cannot use the kubeconfig's context: {0}")]
+    Context(#[source] kube::config::KubeconfigError),
     #[error("cannot build a client: {0}")]
     Client(#[source] kube::Error),
 }
@@ -25,20 +27,58 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
+    kube::Client::try_from(config(kubeconfig, None).await?).map_err(Error::Client)
+}
+
+/// The configuration from `kubeconfig` (or the usual places), in `context` (default: the
+/// kubeconfig's current context).
+async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    match (kubeconfig, context) {
+        (Some(path), _) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Read {
                 path: path.to_owned(),
                 source,
             })?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|source| Error::Invalid {
                     path: path.to_owned(),
                     source,
-                })?
+                })
         }
-        None => kube::Config::infer().await.map_err(Error::Infer)?,
-    };
-    kube::Client::try_from(config).map_err(Error::Client)
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(Error::Context),
+        (None, None) => kube::Config::infer().await.map_err(Error::Infer),
+    }
+}
+
+/// Why a command-line tool could not reach the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Config(#[from] Error),
+    #[error("cannot reach the API server at {url}: {source}")]
+    Unreachable { url: String, source: kube::Error },
+}
+
+/// A client for a command run by hand (`podha chaos`, `podha explain`): from `kubeconfig` and
+/// `context` as [`client`] finds them, checked by asking for the server version, so that a
+/// wrong cluster fails at once and says where it looked.
+pub async fn reachable(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<kube::Client, ConnectError> {
+    let config = config(kubeconfig, context).await?;
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(Error::Client)?;
+    client
+        .apiserver_version()
+        .await
+        .map_err(|source| ConnectError::Unreachable { url, source })?;
+    Ok(client)
 }

@@ -15,7 +15,7 @@ pub mod report;
 pub mod timeline;
 mod trial;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -33,10 +33,8 @@ use trial::{Workload, restore_node, run_trial};
 pub enum Error {
     #[error("{0}")]
     Usage(String),
-    #[error("kubeconfig {path}: {reason}")]
-    Kubeconfig { path: String, reason: String },
-    #[error("cannot reach the API server at {url}: {source}")]
-    Unreachable { url: String, source: kube::Error },
+    #[error(transparent)]
+    Connect(#[from] crate::kubeconfig::ConnectError),
     #[error("{kind} {namespace}/{name} does not exist")]
     WorkloadNotFound {
         kind: &'static str,
@@ -181,36 +179,6 @@ pub struct Outcome {
     pub error: Option<Error>,
 }
 
-/// A client from `kubeconfig` (or the usual places), checked by asking for the server version.
-pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, Error> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let bad = |reason: String| Error::Kubeconfig {
-                path: path.display().to_string(),
-                reason,
-            };
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| bad(e.to_string()))?
-        }
-        None => kube::Config::infer().await.map_err(|e| Error::Kubeconfig {
-            path: "(none given)".into(),
-            reason: e.to_string(),
-        })?,
-    };
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config).map_err(|e| Error::Kubeconfig {
-        path: kubeconfig.map_or("(inferred)".into(), |p| p.display().to_string()),
-        reason: e.to_string(),
-    })?;
-    client
-        .apiserver_version()
-        .await
-        .map_err(|source| Error::Unreachable { url, source })?;
-    Ok(client)
-}
-
 async fn workload(client: &Client, args: &ChaosArgs) -> Result<Workload, Error> {
     let ns = args.namespace.clone();
     let (kind, name, selector) = match (&args.statefulset, &args.deployment) {
@@ -271,7 +239,7 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
         if args.trials == 0 {
             return Err(Error::Usage("--trials must be at least 1".into()));
         }
-        let client = connect(args.kubeconfig.as_deref()).await?;
+        let client = crate::kubeconfig::reachable(args.kubeconfig.as_deref(), None).await?;
         let workload = workload(&client, args).await?;
         run.workload = workload.to_string();
         for k in 1..=args.trials {

@@ -77,10 +77,6 @@ pub enum Output {
 pub enum Error {
     #[error("{0}")]
     Usage(String),
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
-    #[error("cannot reach the API server at {url}: {source}")]
-    Unreachable { url: String, source: kube::Error },
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error("{0} not found")]
@@ -187,39 +183,6 @@ fn human(d: Duration) -> String {
     }
 }
 
-/// A client from `kubeconfig` and `context` (or the usual places), checked by asking for the
-/// server version.
-pub async fn connect(
-    kubeconfig: Option<&std::path::Path>,
-    context: Option<&str>,
-) -> Result<Client, Error> {
-    let options = kube::config::KubeConfigOptions {
-        context: context.map(str::to_string),
-        ..Default::default()
-    };
-    let bad = |e: &dyn std::fmt::Display| Error::Kubeconfig(e.to_string());
-    let config = match (kubeconfig, context) {
-        (Some(path), _) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| bad(&format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .map_err(|e| bad(&e))?
-        }
-        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| bad(&e))?,
-        (None, None) => kube::Config::infer().await.map_err(|e| bad(&e))?,
-    };
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config).map_err(|e| bad(&e))?;
-    client
-        .apiserver_version()
-        .await
-        .map_err(|source| Error::Unreachable { url, source })?;
-    Ok(client)
-}
-
 /// What one question produced: the text or JSON to print, and whether the subject is
 /// protected.
 pub struct Answer {
@@ -292,13 +255,16 @@ fn to_json<T: Serialize>(value: &T) -> String {
 
 /// `podha explain`: prints the answer; exit code 0 protected, 1 not, 2 no answer.
 pub async fn cli(args: ExplainArgs) -> ExitCode {
-    let client = match connect(args.kubeconfig.as_deref(), args.context.as_deref()).await {
-        Ok(client) => client,
-        Err(e) => {
-            eprintln!("podha explain: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let client =
+        match crate::kubeconfig::reachable(args.kubeconfig.as_deref(), args.context.as_deref())
+            .await
+        {
+            Ok(client) => client,
+            Err(e) => {
+                eprintln!("podha explain: {e}");
+                return ExitCode::from(2);
+            }
+        };
     match answer(&args, &client).await {
         Ok(answer) => {
             // A closed pipe (`| head`) is the reader's choice, not an error.
