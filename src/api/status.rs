@@ -49,6 +49,19 @@ pub struct PodHAPolicyStatus {
     pub recent_failovers: Vec<FailoverRecord>,
 }
 
+impl PodHAPolicyStatus {
+    /// The condition `type_`, if the status has one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// `Degraded=True` with `reason`, if that is what the status says.
+    pub fn degraded_because(&self, reason: &str) -> Option<&Condition> {
+        self.condition(condition::DEGRADED)
+            .filter(|c| c.status == "True" && c.reason == reason)
+    }
+}
+
 /// One node failure handled by a policy, with the time of each phase.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use serde::Serialize;
 
@@ -225,7 +224,7 @@ pub(super) fn state_checks(
         if let Some(c) = cluster
             .statuses
             .get(policy.name)
-            .and_then(too_many_unhealthy)
+            .and_then(|s| s.degraded_because(condition::REASON_TOO_MANY_UNHEALTHY))
         {
             checks.fail(
                 "state",
@@ -283,15 +282,6 @@ fn pause(
     } else {
         None
     }
-}
-
-/// The policy's `Degraded` condition when it holds for too many unhealthy nodes.
-fn too_many_unhealthy(status: &crate::api::PodHAPolicyStatus) -> Option<&Condition> {
-    status.conditions.iter().find(|c| {
-        c.type_ == condition::DEGRADED
-            && c.status == "True"
-            && c.reason == condition::REASON_TOO_MANY_UNHEALTHY
-    })
 }
 
 /// The eligibility rules, each on its own, with the pod's policy.

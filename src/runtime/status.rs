@@ -186,8 +186,11 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
 /// The `AgentsMissing` condition the policy's status carries, if it does: what a process that
 /// cannot tell yet says on.
 fn agents_missing_before(facts: &PolicyFacts<'_>) -> Option<(bool, &'static str, String)> {
-    condition_of(facts.policy.status.as_ref(), condition::DEGRADED)
-        .filter(|c| c.status == "True" && c.reason == condition::REASON_AGENTS_MISSING)
+    facts
+        .policy
+        .status
+        .as_ref()?
+        .degraded_because(condition::REASON_AGENTS_MISSING)
         .map(|c| (true, condition::REASON_AGENTS_MISSING, c.message.clone()))
 }
 
@@ -196,7 +199,7 @@ pub fn condition_of<'s>(
     status: Option<&'s PodHAPolicyStatus>,
     type_: &str,
 ) -> Option<&'s Condition> {
-    conditions_of(status).iter().find(|c| c.type_ == type_)
+    status?.condition(type_)
 }
 
 /// `Degraded`: every action held, a detach past its timeout, dead nodes held for want of
