@@ -10,6 +10,7 @@ use super::{Checks, Cluster, human};
 use crate::api::FencingProof;
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
 use crate::planner::PolicyRef;
+use crate::planner::proof::silence_counts_among;
 use crate::runtime::agent_coverage::agent_gap;
 
 /// The proof the taint waits for, and whether the node's agent can give it.
@@ -70,13 +71,6 @@ fn other_agents(cluster: &Cluster<'_>, node_name: &str) -> (usize, usize) {
     (fresh, others.len())
 }
 
-/// The planner's quorum rule (`planner::proof`): the other agents podha hears must be a strict
-/// majority of those advertised.
-fn quorum(cluster: &Cluster<'_>, node_name: &str) -> bool {
-    let (fresh, others) = other_agents(cluster, node_name);
-    fresh * 2 > others
-}
-
 /// A cloud provider manages the node (it has a `spec.providerID`).
 fn cloud_managed(node: &Node) -> bool {
     node.spec
@@ -94,17 +88,17 @@ fn agent_checks(
     checks: &mut Checks,
 ) {
     let within = fenced_within(node);
+    let (fresh, others) = other_agents(cluster, node_name);
     match agent_gap(node_name, node, cluster.view, cluster.now) {
-        None if !quorum(cluster, node_name) => {
-            let (fresh, others) = other_agents(cluster, node_name);
+        None if !silence_counts_among(fresh, others) => {
             checks.pass("agent", format!("the agent on {node_name} pets a watchdog"));
             checks.fail(
                 "proof",
                 format!(
-                    "Agent: a silent agent's silence counts only while podha hears a \
-                         strict majority of the other agents, and {fresh} of {others} other \
-                         nodes have an agent with a watchdog and a fresh Lease: judged dead, \
-                         {node_name} is held until its agent acknowledges a fence request"
+                    "Agent: a silent agent's silence counts only while podha hears a strict \
+                     majority of the other agents, and {fresh} of {others} other nodes have an \
+                     agent with a watchdog and a fresh Lease: judged dead, {node_name} is held \
+                     until its agent acknowledges a fence request"
                 ),
             );
         }
@@ -114,8 +108,7 @@ fn agent_checks(
             checks.pass(
                 "agent",
                 format!(
-                    "the agent on {node_name} pets a watchdog ({}) and renewed its Lease \
-                         {} ago",
+                    "the agent on {node_name} pets a watchdog ({}) and renewed its Lease {} ago",
                     node.annotations()
                         .get(AGENT_WATCHDOG_ANNOTATION)
                         .map_or("", String::as_str),
@@ -143,10 +136,9 @@ fn agent_checks(
             checks.fail(
                 "proof",
                 format!(
-                    "Agent: {node_name} has no agent whose silence proves its fence: \
-                         judged dead, it is held until its agent acknowledges a fence request \
-                         (install the agent and a watchdog, docs/agent.md, or choose another \
-                         fencing.proof in {})",
+                    "Agent: {node_name} has no agent whose silence proves its fence: judged \
+                     dead, it is held until its agent acknowledges a fence request (install the \
+                     agent and a watchdog, docs/agent.md, or choose another fencing.proof in {})",
                     node_policy.name
                 ),
             );

@@ -127,7 +127,7 @@ impl AgentEvidence<'_> {
         match self.heard_before_silence {
             None => Some(SilenceDoubt::NeverHeard),
             Some(gap) if gap > AGENT_HEARD_WITHIN => Some(SilenceDoubt::HeardLongBefore { gap }),
-            Some(_) if self.others_heard * 2 <= self.others_expected => {
+            Some(_) if !silence_counts_among(self.others_heard, self.others_expected) => {
                 Some(SilenceDoubt::FewOthersHeard {
                     heard: self.others_heard,
                     expected: self.others_expected,
@@ -159,6 +159,12 @@ impl AgentEvidence<'_> {
 /// vouching for it.
 pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
     heard * 2 > expected.saturating_sub(1)
+}
+
+/// Whether a silent agent's silence may count when `heard` of the `expected` other agents
+/// (nodes advertising one) are heard: a strict majority of them.
+pub const fn silence_counts_among(heard: usize, expected: usize) -> bool {
+    heard * 2 > expected
 }
 
 /// Why a silent agent's silence proves no fence.
