@@ -3,12 +3,12 @@
 //! `explain::Snapshot` reads the way the operator builds its own; whether podha would move the
 //! pod at all is `podha explain`'s answer (`explain::explain_pod`).
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::timeline::node_ready;
 use crate::eligibility::{check_movable, claim_names, controller_ref, opted_out};
+use crate::explain::pod::ready_elsewhere;
 use crate::planner::{PolicyRef, node_owner, pod_owner};
 use crate::view::View;
 
@@ -60,7 +60,7 @@ pub fn bystanders(
     let Some(node_obj) = view.nodes.get(node) else {
         return Vec::new();
     };
-    let usable = |n: &Node| n.name_any() != node && node_ready(n);
+    let usable = ready_elsewhere(node);
     view.pods_on(node)
         .iter()
         .filter(|pod| !exclude(pod) && pod.metadata.deletion_timestamp.is_none())

@@ -325,8 +325,7 @@ fn eligibility_checks(
         }
     };
     let node_name = node.name_any();
-    let usable =
-        |n: &Node| n.name_any() != node_name && ReadyStatus::from_node(n) == ReadyStatus::True;
+    let usable = ready_elsewhere(&node_name);
     match (
         find_target_with(pod, &pvs, view, &usable),
         spec.safety.require_target,
@@ -390,8 +389,7 @@ fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) ->
             ),
         );
     }
-    let usable =
-        |n: &Node| n.name_any() != node_name && ReadyStatus::from_node(n) == ReadyStatus::True;
+    let usable = ready_elsewhere(&node_name);
     // The pods the planner would judge: not those that have finished.
     let staying = cluster
         .view
@@ -489,6 +487,14 @@ fn claims_text(pod: &Pod, view: &View) -> String {
         )
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The nodes that could take a pod of `dead`, as a reader of the API tells: Ready, and not
+/// `dead` itself (the planner also asks that no policy suspects them, which only podha knows).
+pub fn ready_elsewhere(dead: &str) -> impl Fn(&Node) -> bool + '_ {
+    move |n: &Node| {
+        n.metadata.name.as_deref() != Some(dead) && ReadyStatus::from_node(n) == ReadyStatus::True
+    }
 }
 
 fn ready_text(node: &Node) -> &'static str {
