@@ -1,6 +1,8 @@
 //! What podha must not do: pods that must stay, a node back in time, too many unhealthy
 //! nodes, its own view cut off from the API server, a dry run.
 
+use kube::api::{Patch, PatchParams};
+
 use super::*;
 
 /// On one dead node: a bare pod with a claim, a pod of a driver the policy does not select, a
@@ -22,6 +24,19 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
         )
         .await?;
         let pinned = [dead];
+        // node-8 cordoned while the pods start, so that those that may also run there (the
+        // mover, the tolerant one) start on the node that dies; uncordoned before the death, so
+        // that they have somewhere to go.
+        let cordon = |on: bool| {
+            let nodes = ctx.nodes();
+            async move {
+                let patch = json!({"spec": {"unschedulable": on}});
+                nodes
+                    .patch("node-8", &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+            }
+        };
+        cordon(true).await?;
         // A bare pod: no controller would recreate it.
         ctx.create::<PersistentVolumeClaim>(pvc("bare-data", podha_sim::csi::RWO_STORAGE_CLASS))
             .await?;
@@ -45,10 +60,15 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
         // Only the dead node fits.
         ctx.create::<StatefulSet>(statefulset("pinned", &pinned))
             .await?;
-        // Tolerates every taint: its replacement could be scheduled back onto the dead node.
-        // It could run on node-8 (so the target check passes) and prefers the node that dies.
+        // Tolerates the out-of-service taint: its replacement could be scheduled back onto the
+        // dead node. It could run on node-8 (so the target check passes) and prefers the node
+        // that dies (not the cordoned node-8, whose taint it does not tolerate).
         let mut tolerant = statefulset("tolerant", &["node-7", "node-8"]);
-        tolerant["spec"]["template"]["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+        tolerant["spec"]["template"]["spec"]["tolerations"] = json!([{
+            "key": podha::api::OUT_OF_SERVICE_TAINT_KEY,
+            "operator": "Exists",
+            "effect": "NoExecute",
+        }]);
         tolerant["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{
             "weight": 100,
             "preference": {"matchExpressions": [
@@ -87,6 +107,7 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             .with_context(|| format!("app {app}"))?;
             uids.push((pod, p.metadata.uid.clone().unwrap_or_default()));
         }
+        cordon(false).await?;
         let (mover_uid, kept) = match uids.split_last() {
             Some(((_, uid), kept)) => (uid.clone(), kept.to_vec()),
             None => bail!("no pods"),
