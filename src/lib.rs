@@ -23,6 +23,7 @@ pub mod leader;
 pub mod listen;
 pub mod metrics;
 pub mod planner;
+pub mod protection;
 pub mod runtime;
 #[cfg(test)]
 pub(crate) mod test_builders;

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::eligibility::{check_movable, claim_names, controller_ref, opted_out};
-use crate::explain::pod::ready_elsewhere;
+use crate::protection::ready_elsewhere;
 use crate::planner::{PolicyRef, node_owner, pod_owner};
 use crate::view::View;
 

@@ -1,36 +1,30 @@
 //! `podha explain`: why podha would, or would not, fail a pod over, before the fact and after.
 //! It reads the live cluster the way the operator does ([`snapshot`]) and answers with the
-//! operator's own rules: every rule a pod passes or fails ([`pod`]), a node's agent, proof and
-//! pods ([`node`]), a policy's state, coverage and past failovers ([`policy`]). Printed as a
-//! table ([`render`]) or JSON.
+//! operator's own rules (`crate::protection`): every rule a pod passes or fails, a node's agent,
+//! proof and pods ([`node`]), a policy's state, coverage and past failovers ([`policy`]).
+//! Printed as a table ([`render`]) or JSON.
 //!
 //! Exit codes: 0 when the pod (or node) asked about is protected, 1 when it is not, 2 when
 //! the question could not be answered (no such object, the cluster unreachable).
 
-mod fence;
 pub mod node;
-pub mod pod;
 pub mod policy;
 mod render;
 pub mod snapshot;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use serde::Serialize;
-use tokio::time::Instant;
 
-use crate::api::PodHAPolicyStatus;
-use crate::planner::PolicyRef;
-use crate::view::View;
+pub use crate::protection::{
+    Check, Checks, Cluster, LeaderLease, Operator, Outcome, PodExplanation, explain_pod, human,
+};
 pub use node::{NodeExplanation, explain_node};
-pub use pod::{PodExplanation, explain_pod};
 pub use policy::{PolicyExplanation, explain_policy};
-pub use snapshot::{LeaderLease, ReadError, Snapshot};
+pub use snapshot::{ReadError, Snapshot};
 
 /// `podha explain`'s options.
 #[derive(clap::Args, Clone, Debug)]
@@ -85,101 +79,16 @@ pub enum Error {
     Kube { what: String, source: kube::Error },
 }
 
-/// How a rule came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    /// The rule lets podha fail the pod over.
-    Pass,
-    /// The rule keeps the pod where it is.
-    Fail,
-    /// Worth knowing, decides nothing (what the taint will be, timing).
-    Note,
-}
-
-/// One rule and its result.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Check {
-    pub rule: &'static str,
-    pub outcome: Outcome,
-    pub detail: String,
-}
-
-impl Check {
-    pub fn pass(rule: &'static str, detail: impl Into<String>) -> Self {
-        Self::new(rule, Outcome::Pass, detail)
-    }
-    pub fn fail(rule: &'static str, detail: impl Into<String>) -> Self {
-        Self::new(rule, Outcome::Fail, detail)
-    }
-    pub fn note(rule: &'static str, detail: impl Into<String>) -> Self {
-        Self::new(rule, Outcome::Note, detail)
-    }
-    fn new(rule: &'static str, outcome: Outcome, detail: impl Into<String>) -> Self {
-        Self {
-            rule,
-            outcome,
-            detail: detail.into(),
-        }
-    }
-    pub fn failed(&self) -> bool {
-        self.outcome == Outcome::Fail
-    }
-}
-
-/// Rules in the order they were checked.
-#[derive(Default)]
-pub(crate) struct Checks(pub Vec<Check>);
-
-impl Checks {
-    fn push(&mut self, check: Check) {
-        self.0.push(check);
-    }
-    fn pass(&mut self, rule: &'static str, detail: impl Into<String>) {
-        self.push(Check::pass(rule, detail));
-    }
-    fn fail(&mut self, rule: &'static str, detail: impl Into<String>) {
-        self.push(Check::fail(rule, detail));
-    }
-    fn note(&mut self, rule: &'static str, detail: impl Into<String>) {
-        self.push(Check::note(rule, detail));
-    }
-}
-
-/// What every explanation reads: the policies in name order, their statuses, the decision
-/// view, podha's leader Lease.
-pub struct Cluster<'a> {
-    pub policies: Vec<PolicyRef<'a>>,
-    /// Policies that cannot be read, with why.
-    pub unreadable: &'a BTreeMap<String, String>,
-    pub statuses: &'a BTreeMap<String, PodHAPolicyStatus>,
-    pub view: &'a View,
-    pub leader: Option<&'a LeaderLease>,
-    pub now: Instant,
-    /// The taint each node would get, once worked out (every pod on a node shares it).
-    pub taints: std::cell::RefCell<BTreeMap<String, Check>>,
-}
-
 impl Snapshot {
     pub fn cluster(&self) -> Cluster<'_> {
-        Cluster {
-            policies: self.policy_refs(),
-            unreadable: &self.unreadable,
-            statuses: &self.statuses,
-            view: &self.view,
-            leader: self.leader.as_ref(),
-            now: self.now,
-            taints: Default::default(),
-        }
-    }
-}
-
-/// A duration as people read it: whole seconds from 10 s on, tenths below.
-fn human(d: Duration) -> String {
-    if d >= Duration::from_secs(10) {
-        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
+        Cluster::new(
+            self.policy_refs(),
+            &self.unreadable,
+            &self.statuses,
+            &self.view,
+            Operator::Lease(self.leader.as_ref()),
+            self.now,
+        )
     }
 }
 

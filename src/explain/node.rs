@@ -4,9 +4,9 @@
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::fence::proof_checks;
-use super::pod::{detection_text, operator_check, state_checks, taint_check};
 use super::{Check, Checks, Cluster, explain_pod};
+use crate::protection::pod::{detection_text, operator_check, state_checks, taint_check};
+use crate::protection::{Unprotected, proof_checks};
 use crate::eligibility::claim_names;
 use crate::planner::node_owner;
 
@@ -42,6 +42,7 @@ pub fn explain_node(cluster: &Cluster<'_>, name: &str) -> Option<NodeExplanation
     match policy {
         None => checks.fail(
             "node policy",
+            Unprotected::NotSelected,
             format!("no PodHAPolicy's nodeSelector selects {name}: podha does not watch it"),
         ),
         Some(p) => {

@@ -2,8 +2,6 @@
 //! now (and why not the others), its recent failovers from its status, and its events while
 //! the API server keeps them.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -11,10 +9,9 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use serde::Serialize;
 
-use super::pod::detection_text;
-use super::{Cluster, Error, explain_pod, human};
-use crate::eligibility::claim_names;
-use crate::planner::pod_owner;
+use super::{Cluster, Error, human};
+use crate::protection::pod::detection_text;
+use crate::protection::{Coverage, coverage};
 
 /// How long the API server keeps events unless told otherwise (kube-apiserver `--event-ttl`).
 pub const EVENT_TTL_DEFAULT: &str = "1h";
@@ -46,18 +43,6 @@ pub struct ConditionLine {
     pub message: String,
 }
 
-/// The pods with volumes this policy selects, by verdict.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Coverage {
-    pub protected: usize,
-    pub unprotected: usize,
-    /// How many unprotected pods each first failing rule keeps, most first.
-    pub reasons: Vec<(String, usize)>,
-    /// A few unprotected pods, each with its first failing rule.
-    pub examples: Vec<(String, String)>,
-}
-
 /// One failover from the policy's status, with each phase's time since the detection.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -82,9 +67,6 @@ pub struct EventLine {
     pub count: i32,
     pub message: String,
 }
-
-/// How many example pods the coverage names.
-const EXAMPLES: usize = 5;
 
 /// `None` when the policy does not exist. `events` are the policy's events as read, or why
 /// they could not be.
@@ -138,45 +120,11 @@ pub fn explain_policy(
         watched_nodes: status.watched_nodes,
         failed_nodes: status.failed_nodes,
         suspect_nodes: status.suspect_nodes,
-        coverage: coverage(cluster, name),
+        coverage: coverage(cluster).remove(name).unwrap_or_default(),
         failovers: status.recent_failovers.iter().map(failover_line).collect(),
         events_unread: events.as_ref().err().cloned(),
         events: events.unwrap_or_default(),
     })
-}
-
-/// Every pod with a volume whose policy is `name`, explained.
-fn coverage(cluster: &Cluster<'_>, name: &str) -> Coverage {
-    let mut out = Coverage::default();
-    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-    for (node_name, pods) in &cluster.view.pods_by_node {
-        let Some(node) = cluster.view.nodes.get(node_name) else {
-            continue;
-        };
-        for pod in pods {
-            if claim_names(pod).is_empty()
-                || pod_owner(&cluster.policies, pod, node, cluster.view)
-                    .is_none_or(|p| p.name != name)
-            {
-                continue;
-            }
-            let e = explain_pod(cluster, pod);
-            match e.first_failure() {
-                None => out.protected += 1,
-                Some(check) => {
-                    out.unprotected += 1;
-                    *reasons.entry(check.rule.to_string()).or_default() += 1;
-                    if out.examples.len() < EXAMPLES {
-                        out.examples.push((e.pod.clone(), check.detail.clone()));
-                    }
-                }
-            }
-        }
-    }
-    let mut reasons: Vec<(String, usize)> = reasons.into_iter().collect();
-    reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    out.reasons = reasons;
-    out
 }
 
 fn failover_line(r: &crate::api::FailoverRecord) -> FailoverLine {

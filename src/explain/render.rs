@@ -134,8 +134,8 @@ pub fn policy(e: &PolicyExplanation) -> String {
         "\npods with volumes it selects: {} protected, {} not",
         c.protected, c.unprotected
     );
-    for (rule, count) in &c.reasons {
-        let _ = writeln!(out, "  {count} held back by rule {rule}");
+    for (reason, count) in &c.reasons {
+        let _ = writeln!(out, "  {count} not protected: {}", reason.as_str());
     }
     for (pod, why) in &c.examples {
         let _ = writeln!(out, "  e.g. {pod}: {why}");

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::api::{ListedPolicy, PodHAPolicySpec, PodHAPolicyStatus};
 use crate::contract::AGENT_LEASE_LABEL;
 use crate::planner::PolicyRef;
+use crate::protection::LeaderLease;
 use crate::runtime::{Change, ClusterState};
 use crate::view::View;
 
@@ -42,39 +43,19 @@ fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReadError 
     move |source| ReadError::Kube { what, source }
 }
 
-/// The leader-election Lease of podha's replicas, as read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaderLease {
-    pub namespace: String,
-    pub name: String,
-    pub holder: Option<String>,
-    /// How long ago it was renewed, by this machine's clock (`None`: never renewed).
-    pub renewed_ago: Option<Duration>,
-    /// How long it lasts after a renewal.
-    pub lasts: Duration,
-}
-
-impl LeaderLease {
-    /// The Lease as read, its renewal dated on the cluster's clock `wall`.
-    fn read_at(lease: Lease, wall: SystemTime) -> Self {
-        let spec = lease.spec.unwrap_or_default();
-        LeaderLease {
-            namespace: lease.metadata.namespace.unwrap_or_default(),
-            name: lease.metadata.name.unwrap_or_default(),
-            holder: spec.holder_identity,
-            renewed_ago: spec.renew_time.as_ref().map(|t| age_of(t, wall)),
-            lasts: Duration::from_secs(
-                spec.lease_duration_seconds
-                    .and_then(|s| u64::try_from(s).ok())
-                    .unwrap_or_default(),
-            ),
-        }
-    }
-
-    /// A replica holds it and renewed it within its duration: podha runs and leads.
-    pub fn held(&self) -> bool {
-        self.holder.as_deref().is_some_and(|h| !h.is_empty())
-            && self.renewed_ago.is_some_and(|ago| ago <= self.lasts)
+/// podha's leader Lease as read, its renewal dated on the cluster's clock `wall`.
+fn leader_lease_at(lease: Lease, wall: SystemTime) -> LeaderLease {
+    let spec = lease.spec.unwrap_or_default();
+    LeaderLease {
+        namespace: lease.metadata.namespace.unwrap_or_default(),
+        name: lease.metadata.name.unwrap_or_default(),
+        holder: spec.holder_identity,
+        renewed_ago: spec.renew_time.as_ref().map(|t| age_of(t, wall)),
+        lasts: Duration::from_secs(
+            spec.lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or_default(),
+        ),
     }
 }
 
@@ -164,7 +145,7 @@ impl Snapshot {
         let mut view = state.view;
         let wall = cluster_now(&node_leases, SystemTime::now());
         age_adverts(&mut view, now, wall);
-        let leader = leader.map(|l| LeaderLease::read_at(l, wall));
+        let leader = leader.map(|l| leader_lease_at(l, wall));
         let (policies, statuses, unreadable) = split_policies(listed_policies);
         Ok(Snapshot {
             policies,

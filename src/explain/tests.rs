@@ -6,8 +6,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use tokio::time::Instant;
 
 use super::*;
+use crate::planner::PolicyRef;
+use crate::view::View;
+use crate::api::PodHAPolicyStatus;
 use crate::api::{Action, FencingProof, PodHAPolicySpec, condition};
 use crate::test_builders::*;
+use crate::eligibility::SkipReason;
 
 const DRIVER: &str = "rwo.sim.podha.io";
 
@@ -74,19 +78,17 @@ impl Fixture {
     }
 
     fn cluster(&self) -> Cluster<'_> {
-        Cluster {
-            policies: self
-                .specs
+        Cluster::new(
+            self.specs
                 .iter()
                 .map(|(name, spec)| PolicyRef { name, spec })
                 .collect(),
-            unreadable: &self.unreadable,
-            statuses: &self.statuses,
-            view: &self.view,
-            leader: self.leader.as_ref(),
-            now: self.now,
-            taints: Default::default(),
-        }
+            &self.unreadable,
+            &self.statuses,
+            &self.view,
+            Operator::Lease(self.leader.as_ref()),
+            self.now,
+        )
     }
 
     fn pod(&self, name: &str) -> PodExplanation {
@@ -464,7 +466,16 @@ fn a_policy_counts_the_pods_it_protects_and_shows_its_failovers() {
     assert_eq!((e.coverage.protected, e.coverage.unprotected), (1, 2));
     assert_eq!(
         e.coverage.reasons,
-        [("owner".to_string(), 1), ("volumes".to_string(), 1)]
+        [
+            (
+                crate::protection::Unprotected::Ineligible(SkipReason::DriverNotSelected),
+                1
+            ),
+            (
+                crate::protection::Unprotected::Ineligible(SkipReason::OptedOut),
+                1
+            ),
+        ]
     );
     let failover = &e.failovers[0];
     assert_eq!(

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
-use super::agent_coverage::{AgentGap, describe_unprotected};
+use super::agent_coverage::describe_unprotected;
+use crate::protection::AgentGap;
 use crate::api::{
     FailoverPhase, FencingProof, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
     UnreadablePolicy, condition,
@@ -387,7 +388,7 @@ mod tests {
 
     #[test]
     fn nodes_without_a_proving_agent_and_nodes_held_for_proof_degrade_the_policy() {
-        use crate::runtime::agent_coverage::AgentGap;
+        use crate::protection::AgentGap;
         let mut spec = mk_spec();
         spec.fencing.proof = FencingProof::Agent;
         let policy = PodHAPolicy::new("p", spec);

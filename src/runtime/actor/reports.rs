@@ -10,7 +10,7 @@ use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::super::agent_coverage::AgentGap;
+use crate::protection::AgentGap;
 use super::super::status::{PolicyFacts, condition_of, policy_status, unreadable_status};
 use super::super::writer::{EventNote, Report};
 use super::Actor;

@@ -1,4 +1,5 @@
 use super::*;
+use k8s_openapi::api::core::v1::Node;
 use crate::api::{Action, Fencing, PodHAPolicySpec};
 use crate::test_builders::*;
 

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::fence::proof_checks;
-use super::{Check, Checks, Cluster, human};
+use super::{Check, Checks, Cluster, Operator, Unprotected, human};
 use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition, node_paused};
 use crate::eligibility::{
     SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
@@ -38,6 +38,13 @@ impl PodExplanation {
     pub fn first_failure(&self) -> Option<&Check> {
         self.checks.iter().find(|c| c.failed())
     }
+
+    /// Why the pod is not protected: the first failing rule, with its label.
+    pub fn why_not(&self) -> Option<(Unprotected, &Check)> {
+        self.checks
+            .iter()
+            .find_map(|c| c.reason.filter(|_| c.failed()).map(|r| (r, c)))
+    }
 }
 
 /// Every rule about `pod`, in the order podha applies them.
@@ -64,17 +71,23 @@ fn pod_checks(
     let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
         checks.fail(
             "node",
+            Unprotected::NotOnNode,
             "the pod is not scheduled on a node: there is nothing to move yet",
         );
         return (None, None);
     };
     let Some(node) = view.nodes.get(&node_name) else {
-        checks.fail("node", format!("node {node_name} does not exist"));
+        checks.fail(
+            "node",
+            Unprotected::NotOnNode,
+            format!("node {node_name} does not exist"),
+        );
         return (None, Some(node_name));
     };
     if is_terminal(pod) {
         checks.fail(
             "node",
+            Unprotected::NotOnNode,
             format!("on {node_name}, but the pod has finished: it holds no volume"),
         );
         return (None, Some(node_name));
@@ -82,7 +95,11 @@ fn pod_checks(
     checks.pass("node", format!("on {node_name} ({})", ready_text(node)));
     let policies = &cluster.policies;
     let Some(owner) = pod_owner(policies, pod, node, view) else {
-        checks.fail("policy", unselected(policies, pod, node, view));
+        checks.fail(
+            "policy",
+            Unprotected::NotSelected,
+            unselected(policies, pod, node, view),
+        );
         return (None, Some(node_name));
     };
     checks.pass(
@@ -138,10 +155,15 @@ fn pod_checks(
 }
 
 /// Does a podha replica lead now?
-pub(super) fn operator_check(cluster: &Cluster<'_>) -> Check {
-    match cluster.leader {
+pub fn operator_check(cluster: &Cluster<'_>) -> Check {
+    let lease = match cluster.operator {
+        Operator::Leading => return Check::pass("podha", "this replica leads"),
+        Operator::Lease(lease) => lease,
+    };
+    match lease {
         None => Check::fail(
             "podha",
+            Unprotected::NoLeader,
             "no podha leader Lease found: podha is not running and nothing acts (or name its \
              Lease with --leader-lease and its namespace with --podha-namespace)",
         ),
@@ -157,6 +179,7 @@ pub(super) fn operator_check(cluster: &Cluster<'_>) -> Check {
         ),
         Some(lease) => Check::fail(
             "podha",
+            Unprotected::NoLeader,
             format!(
                 "no replica leads: Lease {}/{} {} (it lasts {}): nothing acts",
                 lease.namespace,
@@ -174,7 +197,7 @@ pub(super) fn operator_check(cluster: &Cluster<'_>) -> Check {
 
 /// The policies' own state: paused, dry run, a policy before them unreadable, too many
 /// unhealthy nodes.
-pub(super) fn state_checks(
+pub fn state_checks(
     cluster: &Cluster<'_>,
     node_policy: PolicyRef<'_>,
     owner: PolicyRef<'_>,
@@ -182,12 +205,13 @@ pub(super) fn state_checks(
     checks: &mut Checks,
 ) {
     if let Some(why) = pause(node_policy, owner, node, cluster) {
-        checks.fail("state", why);
+        checks.fail("state", Unprotected::Paused, why);
         return;
     }
     if node_policy.spec.dry_run {
         checks.fail(
             "state",
+            Unprotected::DryRun,
             format!(
                 "{}: dryRun is on (it governs {node}): podha only says what it would do",
                 node_policy.name
@@ -198,6 +222,7 @@ pub(super) fn state_checks(
     if owner.spec.dry_run {
         checks.fail(
             "state",
+            Unprotected::DryRun,
             format!(
                 "{}: dryRun is on: podha only says what it would do",
                 owner.name
@@ -213,6 +238,7 @@ pub(super) fn state_checks(
     {
         checks.fail(
             "state",
+            Unprotected::PolicyUnreadable,
             format!(
                 "policy {unreadable} cannot be read ({why}) and comes first by name: podha \
                  holds every action of the policies after it"
@@ -228,6 +254,7 @@ pub(super) fn state_checks(
         {
             checks.fail(
                 "state",
+                Unprotected::TooManyUnhealthy,
                 format!(
                     "{} holds every action: {} ({})",
                     policy.name, c.reason, c.message
@@ -306,7 +333,7 @@ fn eligibility_checks(
             let name = controller_ref(pod).map_or("", |r| r.name.as_str());
             checks.pass("owner", format!("{kind} {name}"));
         }
-        Err(reason) => checks.fail("owner", ineligible(reason)),
+        Err(reason) => checks.fail("owner", Unprotected::Ineligible(reason), ineligible(reason)),
     }
     let claims = claims_text(pod, view);
     let pvs = match check_volumes(spec, pod, view) {
@@ -320,7 +347,11 @@ fn eligibility_checks(
             } else {
                 format!(" ({claims})")
             };
-            checks.fail("volumes", format!("{}{known}", ineligible(reason)));
+            checks.fail(
+                "volumes",
+                Unprotected::Ineligible(reason),
+                format!("{}{known}", ineligible(reason)),
+            );
             Vec::new()
         }
     };
@@ -337,7 +368,11 @@ fn eligibility_checks(
                 target.name_any()
             ),
         ),
-        (None, true) => checks.fail("target", ineligible(SkipReason::NoTargetNode)),
+        (None, true) => checks.fail(
+            "target",
+            Unprotected::Ineligible(SkipReason::NoTargetNode),
+            ineligible(SkipReason::NoTargetNode),
+        ),
         (None, false) => checks.note(
             "target",
             "no Ready, schedulable node could run it now; safety.requireTarget is off: podha \
@@ -356,6 +391,7 @@ fn eligibility_checks(
         ),
         Err(reason) => checks.fail(
             "tolerations",
+            Unprotected::Ineligible(reason),
             format!(
                 "{} (it tolerates {})",
                 ineligible(reason),
@@ -367,14 +403,8 @@ fn eligibility_checks(
 
 /// Which taint `node` would get if it died now, and what that means for the volumes: worked out
 /// once per node.
-pub(super) fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
-    let node_name = node.name_any();
-    if let Some(known) = cluster.taints.borrow().get(&node_name) {
-        return known.clone();
-    }
-    let check = node_taint(cluster, node_policy, node);
-    cluster.taints.borrow_mut().insert(node_name, check.clone());
-    check
+pub fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
+    cluster.taint_of(&node.name_any(), || node_taint(cluster, node_policy, node))
 }
 
 fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
@@ -506,7 +536,7 @@ fn ready_text(node: &Node) -> &'static str {
     }
 }
 
-pub(super) fn detection_text(policy: PolicyRef<'_>) -> String {
+pub fn detection_text(policy: PolicyRef<'_>) -> String {
     let d = &policy.spec.detection;
     let signals: Vec<&str> = d.signals.iter().map(|s| s.as_str()).collect();
     format!(

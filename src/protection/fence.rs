@@ -6,15 +6,30 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Checks, Cluster, human};
+use super::{Checks, Cluster, Unprotected, agent_gap, human};
 use crate::api::FencingProof;
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
 use crate::planner::PolicyRef;
 use crate::planner::proof::silence_counts_among;
-use crate::runtime::agent_coverage::agent_gap;
 
-/// The proof the taint waits for, and whether the node's agent can give it.
-pub(super) fn proof_checks(
+/// The proof the taint waits for, and whether the node's agent can give it: worked out once per
+/// node (every pod there shares it, and counting the other agents reads every node).
+pub fn proof_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    node_name: &str,
+    node: &Node,
+    checks: &mut Checks,
+) {
+    let proof = cluster.proof_of(node_name, || {
+        let mut proof = Checks::default();
+        node_proof(cluster, node_policy, node_name, node, &mut proof);
+        proof.0
+    });
+    checks.0.extend(proof);
+}
+
+fn node_proof(
     cluster: &Cluster<'_>,
     node_policy: PolicyRef<'_>,
     node_name: &str,
@@ -37,6 +52,7 @@ pub(super) fn proof_checks(
         FencingProof::Agent => agent_checks(cluster, node_policy, node_name, node, checks),
         FencingProof::CloudShutdownTaint if !cloud_managed(node) => checks.fail(
             "proof",
+            Unprotected::NoCloudProvider,
             format!(
                 "CloudShutdownTaint: {node_name} has no spec.providerID, so no cloud provider \
                  will ever taint it shut down: judged dead, it is held for good"
@@ -94,6 +110,7 @@ fn agent_checks(
             checks.pass("agent", format!("the agent on {node_name} pets a watchdog"));
             checks.fail(
                 "proof",
+                Unprotected::TooFewAgentsHeard,
                 format!(
                     "Agent: a silent agent's silence counts only while podha hears a strict \
                      majority of the other agents, and {fresh} of {others} other nodes have an \
@@ -132,9 +149,14 @@ fn agent_checks(
                 .map_or_else(String::new, |w| {
                     format!(" ({AGENT_WATCHDOG_ANNOTATION}: {w})")
                 });
-            checks.fail("agent", format!("{}{why}", gap.describe()));
+            checks.fail(
+                "agent",
+                Unprotected::NoProvingAgent,
+                format!("{}{why}", gap.describe()),
+            );
             checks.fail(
                 "proof",
+                Unprotected::NoProvingAgent,
                 format!(
                     "Agent: {node_name} has no agent whose silence proves its fence: judged \
                      dead, it is held until its agent acknowledges a fence request (install the \

@@ -1,0 +1,262 @@
+//! Would podha fail a pod over if its node died now? Every rule with its result, each answered
+//! by the operator's own code: the planner's policy ownership and taint rules, the eligibility
+//! checks, the agent's proof, the policy's state ([`pod`], [`fence`]). A pod that fails no rule
+//! is *protected*.
+//!
+//! Two readers share it: `podha explain` (every rule, in words, for one pod, node or policy)
+//! and the operator, which counts each policy's protected and unprotected pods by the first
+//! rule that fails ([`coverage`]) for the policy's status and `podha_pods`.
+
+mod agent;
+mod coverage;
+mod fence;
+pub mod pod;
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+use tokio::time::Instant;
+
+use crate::api::PodHAPolicyStatus;
+use crate::eligibility::SkipReason;
+use crate::planner::PolicyRef;
+use crate::view::View;
+pub use agent::{AgentGap, agent_gap};
+pub use coverage::{Coverage, coverage};
+pub(crate) use fence::proof_checks;
+pub use pod::{PodExplanation, explain_pod, ready_elsewhere};
+
+/// How a rule came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The rule lets podha fail the pod over.
+    Pass,
+    /// The rule keeps the pod where it is.
+    Fail,
+    /// Worth knowing, decides nothing (what the taint will be, timing).
+    Note,
+}
+
+/// Why a pod is not protected: the rule that keeps it where it is, as a bounded label
+/// (`podha_pods{reason}`, a policy's `status.unprotectedReasons`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unprotected {
+    /// No podha replica leads: nothing acts.
+    NoLeader,
+    /// The pod is not on a node that exists, or it has finished: nothing to move.
+    NotOnNode,
+    /// No policy selects the pod (or the node).
+    NotSelected,
+    /// Its policy, or its node (`podha.io/paused`), is paused.
+    Paused,
+    /// Its policy only says what it would do.
+    DryRun,
+    /// A policy before it by name cannot be read: podha holds every action after it.
+    PolicyUnreadable,
+    /// Its policy holds every action: too many unhealthy nodes (`safety.maxUnhealthy`).
+    TooManyUnhealthy,
+    /// An eligibility rule refuses the pod.
+    Ineligible(SkipReason),
+    /// `fencing.proof: Agent` and the node has no agent whose silence proves its fence.
+    NoProvingAgent,
+    /// `fencing.proof: Agent` and too few other agents are heard for a silence to count.
+    TooFewAgentsHeard,
+    /// `fencing.proof: CloudShutdownTaint` on a node no cloud provider manages.
+    NoCloudProvider,
+}
+
+impl Unprotected {
+    /// CamelCase label; an eligibility refusal keeps its `podha_pods_skipped_total` reason.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NoLeader => "NoLeader",
+            Self::NotOnNode => "NotOnNode",
+            Self::NotSelected => "NotSelected",
+            Self::Paused => "Paused",
+            Self::DryRun => "DryRun",
+            Self::PolicyUnreadable => "PolicyUnreadable",
+            Self::TooManyUnhealthy => "TooManyUnhealthyNodes",
+            Self::Ineligible(reason) => reason.as_str(),
+            Self::NoProvingAgent => "NoProvingAgent",
+            Self::TooFewAgentsHeard => "TooFewAgentsHeard",
+            Self::NoCloudProvider => "NoCloudProvider",
+        }
+    }
+}
+
+impl Serialize for Unprotected {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// One rule and its result; a failed rule says why as a label too.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub rule: &'static str,
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Unprotected>,
+    pub detail: String,
+}
+
+impl Check {
+    pub fn pass(rule: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Pass, None, detail)
+    }
+    pub fn fail(rule: &'static str, reason: Unprotected, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Fail, Some(reason), detail)
+    }
+    pub fn note(rule: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Note, None, detail)
+    }
+    fn new(
+        rule: &'static str,
+        outcome: Outcome,
+        reason: Option<Unprotected>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            rule,
+            outcome,
+            reason,
+            detail: detail.into(),
+        }
+    }
+    pub fn failed(&self) -> bool {
+        self.outcome == Outcome::Fail
+    }
+}
+
+/// Rules in the order they were checked.
+#[derive(Default)]
+pub struct Checks(pub Vec<Check>);
+
+impl Checks {
+    pub fn push(&mut self, check: Check) {
+        self.0.push(check);
+    }
+    pub fn pass(&mut self, rule: &'static str, detail: impl Into<String>) {
+        self.push(Check::pass(rule, detail));
+    }
+    pub fn fail(&mut self, rule: &'static str, reason: Unprotected, detail: impl Into<String>) {
+        self.push(Check::fail(rule, reason, detail));
+    }
+    pub fn note(&mut self, rule: &'static str, detail: impl Into<String>) {
+        self.push(Check::note(rule, detail));
+    }
+}
+
+/// The leader-election Lease of podha's replicas, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderLease {
+    pub namespace: String,
+    pub name: String,
+    pub holder: Option<String>,
+    /// How long ago it was renewed, by this machine's clock (`None`: never renewed).
+    pub renewed_ago: Option<Duration>,
+    /// How long it lasts after a renewal.
+    pub lasts: Duration,
+}
+
+impl LeaderLease {
+    /// A replica holds it and renewed it within its duration: podha runs and leads.
+    pub fn held(&self) -> bool {
+        self.holder.as_deref().is_some_and(|h| !h.is_empty())
+            && self.renewed_ago.is_some_and(|ago| ago <= self.lasts)
+    }
+}
+
+/// What the asker knows of podha's own leadership.
+#[derive(Clone, Copy, Debug)]
+pub enum Operator<'a> {
+    /// A reader of the API: podha's leader Lease as read (`None`: there is none).
+    Lease(Option<&'a LeaderLease>),
+    /// The operator itself, while it leads (only the leader counts coverage).
+    Leading,
+}
+
+/// What every answer reads: the policies in name order, their statuses, the decision view,
+/// podha's leadership.
+pub struct Cluster<'a> {
+    pub policies: Vec<PolicyRef<'a>>,
+    /// Policies that cannot be read, with why.
+    pub unreadable: &'a BTreeMap<String, String>,
+    pub statuses: &'a BTreeMap<String, PodHAPolicyStatus>,
+    pub view: &'a View,
+    pub operator: Operator<'a>,
+    pub now: Instant,
+    /// What each node's pods share, once worked out: the taint the node would get, and the
+    /// proof its fence would need.
+    memo: RefCell<BTreeMap<String, NodeMemo>>,
+}
+
+/// The checks every pod of one node shares.
+#[derive(Clone, Default)]
+struct NodeMemo {
+    taint: Option<Check>,
+    proof: Option<Vec<Check>>,
+}
+
+impl<'a> Cluster<'a> {
+    pub fn new(
+        policies: Vec<PolicyRef<'a>>,
+        unreadable: &'a BTreeMap<String, String>,
+        statuses: &'a BTreeMap<String, PodHAPolicyStatus>,
+        view: &'a View,
+        operator: Operator<'a>,
+        now: Instant,
+    ) -> Self {
+        Self {
+            policies,
+            unreadable,
+            statuses,
+            view,
+            operator,
+            now,
+            memo: RefCell::default(),
+        }
+    }
+
+    /// `node`'s taint check, worked out by `work` the first time.
+    fn taint_of(&self, node: &str, work: impl FnOnce() -> Check) -> Check {
+        if let Some(known) = self.memo.borrow().get(node).and_then(|m| m.taint.clone()) {
+            return known;
+        }
+        let check = work();
+        self.memo
+            .borrow_mut()
+            .entry(node.to_string())
+            .or_default()
+            .taint = Some(check.clone());
+        check
+    }
+
+    /// `node`'s proof checks, worked out by `work` the first time.
+    fn proof_of(&self, node: &str, work: impl FnOnce() -> Vec<Check>) -> Vec<Check> {
+        if let Some(known) = self.memo.borrow().get(node).and_then(|m| m.proof.clone()) {
+            return known;
+        }
+        let checks = work();
+        self.memo
+            .borrow_mut()
+            .entry(node.to_string())
+            .or_default()
+            .proof = Some(checks.clone());
+        checks
+    }
+}
+
+/// A duration as people read it: whole seconds from 10 s on, tenths below.
+pub fn human(d: Duration) -> String {
+    if d >= Duration::from_secs(10) {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
