@@ -1,6 +1,7 @@
 //! podha's Prometheus metrics. Each family belongs to the part of podha that updates it, and
 //! that part's group registers it: [`Detection`] (node health as probed), [`Actions`] (what the
-//! decision loop did to pods and nodes, or withheld), [`Writes`] (the writer's requests to the
+//! decision loop did to pods and nodes, or withheld), [`Protection`] (the pods podha would fail
+//! over now, and why not the others), [`Writes`] (the writer's requests to the
 //! API server), [`Failovers`] (phase timings, detach timeouts, failovers open now) and
 //! [`Operating`] (leadership, caches, watches, build, process). All of them live in one registry
 //! owned by [`Metrics`], not a global one, so tests and several operator instances in one
@@ -14,12 +15,14 @@ mod actions;
 mod detection;
 mod failovers;
 mod operating;
+mod protection;
 mod writes;
 
 pub use actions::{ActionKind, Actions, TaintOperation};
 pub use detection::{Detection, NodeState};
 pub use failovers::{Failovers, OpenState};
 pub use operating::Operating;
+pub use protection::Protection;
 pub use writes::{ApiOperation, Writes};
 
 use std::collections::HashMap;
@@ -54,6 +57,7 @@ pub struct Metrics {
     pub writes: Writes,
     pub failovers: Failovers,
     pub operating: Operating,
+    pub protection: Protection,
 }
 
 impl Metrics {
@@ -65,6 +69,7 @@ impl Metrics {
             writes: Writes::register(&registry)?,
             failovers: Failovers::register(&registry)?,
             operating: Operating::register(&registry)?,
+            protection: Protection::register(&registry)?,
             registry,
         })
     }
@@ -86,6 +91,7 @@ impl Metrics {
         self.detection.forget_policy(policy);
         self.actions.forget_policy(policy);
         self.failovers.forget_policy(policy);
+        self.protection.forget_policy(policy);
     }
 
     /// All metrics in the Prometheus text exposition format ([`prometheus::TEXT_FORMAT`]).

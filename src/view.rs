@@ -150,6 +150,12 @@ impl Watch {
         !matches!(self, Self::AgentLease)
     }
 
+    /// Watches whose changes may change which pods podha would fail over (node Leases feed
+    /// the health judgement, VolumeAttachments the failovers under way: neither is read).
+    pub const fn feeds_coverage(self) -> bool {
+        !matches!(self, Self::Lease | Self::Va)
+    }
+
     /// Watches whose silence could look like a dead node.
     pub const fn feeds_detection(self) -> bool {
         matches!(self, Self::Node | Self::Lease)

@@ -14,7 +14,8 @@ pub use policy::{
     VolumeRules, default_detach_timeout,
 };
 pub use status::{
-    FailoverPhase, FailoverRecord, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT, condition,
+    FailoverPhase, FailoverRecord, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
+    UNPROTECTED_REASONS_KEPT, UnprotectedReason, condition,
 };
 
 /// Pod annotation that opts a pod out of (`"false"`) or into (`"true"`) failover.

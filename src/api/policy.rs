@@ -28,8 +28,9 @@ use super::status::PodHAPolicyStatus;
     doc = "A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and \
            which stateful pods it may move off a dead node: by force-deleting them, or by \
            tainting the node node.kubernetes.io/out-of-service, so that they run again elsewhere \
-           with their volumes. Its status reports the watched and failed nodes, the recent \
-           failovers, and the Ready and Degraded conditions.",
+           with their volumes. Its status reports the watched and failed nodes, how many of its \
+           pods it would fail over now and why not the others, the recent failovers, and the \
+           Ready and Degraded conditions.",
     printcolumn(name = "Action", type_ = "string", json_path = ".spec.action"),
     printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
     printcolumn(
@@ -44,6 +45,16 @@ use super::status::PodHAPolicyStatus;
         json_path = ".status.watchedNodes"
     ),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failedNodes"),
+    printcolumn(
+        name = "Protected",
+        type_ = "integer",
+        json_path = ".status.protectedPods"
+    ),
+    printcolumn(
+        name = "Unprotected",
+        type_ = "integer",
+        json_path = ".status.unprotectedPods"
+    ),
     printcolumn(
         name = "Ready",
         type_ = "string",

@@ -40,6 +40,23 @@ pub struct PodHAPolicyStatus {
     #[serde(default)]
     pub paused_nodes: i32,
 
+    /// Pods this policy selects that mount a PersistentVolumeClaim and that podha would fail
+    /// over if their node died now: every rule `podha explain pod` lists passes. Pods without a
+    /// claim are not counted (Kubernetes replaces them by itself). Recomputed on changes, at
+    /// most every few seconds.
+    #[serde(default)]
+    pub protected_pods: i32,
+
+    /// Pods this policy selects that mount a PersistentVolumeClaim and that podha would leave
+    /// where they are if their node died now.
+    #[serde(default)]
+    pub unprotected_pods: i32,
+
+    /// Why the unprotected pods are not protected: the first rule each fails, most pods first
+    /// (at most 5 reasons; `podha explain policy` lists them all, with examples).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unprotected_reasons: Vec<UnprotectedReason>,
+
     /// When the most recent failover started (the node was judged Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover_time: Option<Time>,
@@ -61,6 +78,22 @@ impl PodHAPolicyStatus {
             .filter(|c| c.status == "True" && c.reason == reason)
     }
 }
+
+/// How many of a policy's pods one rule keeps from being failed over.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnprotectedReason {
+    /// The first rule the pods fail, in CamelCase: an eligibility reason (`OptedOut`,
+    /// `DriverNotSelected`, `NoTargetNode`, `ToleratesFence`, ...), the policy's state
+    /// (`Paused`, `DryRun`, `TooManyUnhealthyNodes`, `PolicyUnreadable`) or the fence's proof
+    /// (`NoProvingAgent`, `TooFewAgentsHeard`, `NoCloudProvider`).
+    pub reason: String,
+    /// How many pods it keeps.
+    pub pods: i32,
+}
+
+/// How many reasons a policy's status lists.
+pub const UNPROTECTED_REASONS_KEPT: usize = 5;
 
 /// One node failure handled by a policy, with the time of each phase.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

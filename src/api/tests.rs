@@ -225,6 +225,8 @@ fn crd_has_validations_printer_columns_and_status() {
             "Dry-Run",
             "Watched",
             "Failed",
+            "Protected",
+            "Unprotected",
             "Ready",
             "Degraded",
             "Last-Failover",

@@ -8,8 +8,8 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::eligibility::{check_movable, claim_names, controller_ref, opted_out};
-use crate::protection::ready_elsewhere;
 use crate::planner::{PolicyRef, node_owner, pod_owner};
+use crate::protection::ready_elsewhere;
 use crate::view::View;
 
 /// Faults one after another count against the node policy's `safety.maxUnhealthy` for

@@ -5,10 +5,10 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::{Check, Checks, Cluster, explain_pod};
-use crate::protection::pod::{detection_text, operator_check, state_checks, taint_check};
-use crate::protection::{Unprotected, proof_checks};
 use crate::eligibility::claim_names;
 use crate::planner::node_owner;
+use crate::protection::pod::{detection_text, operator_check, state_checks, taint_check};
+use crate::protection::{Unprotected, proof_checks};
 
 /// The answer about one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

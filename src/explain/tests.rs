@@ -6,12 +6,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use tokio::time::Instant;
 
 use super::*;
-use crate::planner::PolicyRef;
-use crate::view::View;
 use crate::api::PodHAPolicyStatus;
 use crate::api::{Action, FencingProof, PodHAPolicySpec, condition};
-use crate::test_builders::*;
 use crate::eligibility::SkipReason;
+use crate::planner::PolicyRef;
+use crate::test_builders::*;
+use crate::view::View;
 
 const DRIVER: &str = "rwo.sim.podha.io";
 

@@ -68,30 +68,13 @@ fn pod_checks(
 ) -> (Option<String>, Option<String>) {
     checks.push(operator_check(cluster));
     let view = cluster.view;
-    let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-        checks.fail(
-            "node",
-            Unprotected::NotOnNode,
-            "the pod is not scheduled on a node: there is nothing to move yet",
-        );
-        return (None, None);
+    let (node_name, node) = match scheduled_on(pod, view) {
+        Ok(found) => found,
+        Err((node_name, why)) => {
+            checks.fail("node", Unprotected::NotOnNode, why);
+            return (None, node_name);
+        }
     };
-    let Some(node) = view.nodes.get(&node_name) else {
-        checks.fail(
-            "node",
-            Unprotected::NotOnNode,
-            format!("node {node_name} does not exist"),
-        );
-        return (None, Some(node_name));
-    };
-    if is_terminal(pod) {
-        checks.fail(
-            "node",
-            Unprotected::NotOnNode,
-            format!("on {node_name}, but the pod has finished: it holds no volume"),
-        );
-        return (None, Some(node_name));
-    }
     checks.pass("node", format!("on {node_name} ({})", ready_text(node)));
     let policies = &cluster.policies;
     let Some(owner) = pod_owner(policies, pod, node, view) else {
@@ -152,6 +135,28 @@ fn pod_checks(
         ),
     );
     (Some(owner.name.to_string()), Some(node_name))
+}
+
+/// The node the pod runs on; else the node it names, if any, and why there is nothing to move.
+fn scheduled_on<'v>(
+    pod: &Pod,
+    view: &'v View,
+) -> Result<(String, &'v Node), (Option<String>, String)> {
+    let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Err((
+            None,
+            "the pod is not scheduled on a node: there is nothing to move yet".to_string(),
+        ));
+    };
+    let Some(node) = view.nodes.get(&node_name) else {
+        let why = format!("node {node_name} does not exist");
+        return Err((Some(node_name), why));
+    };
+    if is_terminal(pod) {
+        let why = format!("on {node_name}, but the pod has finished: it holds no volume");
+        return Err((Some(node_name), why));
+    }
+    Ok((node_name, node.as_ref()))
 }
 
 /// Does a podha replica lead now?

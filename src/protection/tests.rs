@@ -1,0 +1,139 @@
+//! Coverage: each policy counts the pods with a volume it selects, by the first rule each
+//! fails, with the rules' own labels. (Each rule in words: `crate::explain`'s tests.)
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use tokio::time::Instant;
+
+use super::*;
+use crate::api::PodHAPolicySpec;
+use crate::eligibility::SkipReason;
+use crate::test_builders::*;
+
+const DRIVER: &str = "rwo.sim.podha.io";
+
+fn with_volume(view: View, pod: Pod, driver: &str) -> View {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    view.with(pod)
+        .with(mk_pvc("shop", &format!("data-{name}")).bound_to(&format!("pv-{name}")))
+        .with(mk_csi_pv(&format!("pv-{name}"), driver))
+}
+
+fn sts(name: &str, node: &str) -> Pod {
+    mk_pod("shop", name)
+        .on(node)
+        .owned_by_sts(name)
+        .claim(&format!("data-{name}"))
+}
+
+fn selecting(app: &str) -> PodHAPolicySpec {
+    mk_spec().drivers(&[DRIVER]).pod_selector(LabelSelector {
+        match_labels: Some([("app".to_string(), app.to_string())].into()),
+        ..LabelSelector::default()
+    })
+}
+
+#[test]
+fn each_policy_counts_its_pods_with_volumes_by_their_first_failing_rule() {
+    let mut view = view_with([
+        mk_node("n1").ready(true).into(),
+        mk_node("n2").ready(true).into(),
+    ]);
+    for (name, app, driver, opted_out) in [
+        ("db-a", "db", DRIVER, false),
+        ("db-b", "db", DRIVER, false),
+        ("db-c", "db", DRIVER, true),
+        ("db-d", "db", "other.csi.example.com", false),
+        ("db-e", "db", "other.csi.example.com", false),
+        ("mq-a", "mq", DRIVER, false),
+    ] {
+        let mut pod = sts(name, "n1").label("app", app);
+        if opted_out {
+            pod = pod.annotation("podha.io/failover", "false");
+        }
+        view = with_volume(view, pod, driver);
+    }
+    // No claim: not counted anywhere. Unselected: counted nowhere.
+    view = view
+        .with(
+            mk_pod("shop", "web")
+                .on("n1")
+                .owned_by_sts("web")
+                .label("app", "db"),
+        )
+        .with(sts("other", "n1").label("app", "other"));
+    let mut mq = selecting("mq");
+    mq.dry_run = true;
+    let specs = [("a-db", selecting("db")), ("b-mq", mq)];
+    let none = BTreeMap::new();
+    let statuses = BTreeMap::new();
+    let cluster = Cluster::new(
+        specs
+            .iter()
+            .map(|(name, spec)| PolicyRef { name, spec })
+            .collect(),
+        &none,
+        &statuses,
+        &view,
+        Operator::Leading,
+        Instant::now(),
+    );
+    let by_policy = coverage(&cluster);
+    let db = &by_policy["a-db"];
+    assert_eq!((db.protected, db.unprotected), (2, 3));
+    assert_eq!(
+        db.reasons,
+        [
+            (Unprotected::Ineligible(SkipReason::DriverNotSelected), 2),
+            (Unprotected::Ineligible(SkipReason::OptedOut), 1),
+        ],
+        "most pods first"
+    );
+    assert_eq!(db.examples.len(), 3);
+    let mq = &by_policy["b-mq"];
+    assert_eq!((mq.protected, mq.unprotected), (0, 1));
+    assert_eq!(mq.reasons, [(Unprotected::DryRun, 1)]);
+    assert_eq!(Unprotected::DryRun.as_str(), "DryRun");
+    assert_eq!(
+        Unprotected::Ineligible(SkipReason::OptedOut).as_str(),
+        "OptedOut",
+        "an eligibility refusal keeps its skip reason's label"
+    );
+}
+
+#[test]
+fn a_failed_rule_carries_its_label_and_the_operator_itself_passes_the_podha_rule() {
+    let view = with_volume(
+        view_with([mk_node("n1").ready(true).into()]),
+        sts("db-0", "n1"),
+        DRIVER,
+    );
+    let spec = mk_spec().drivers(&[DRIVER]);
+    let none = BTreeMap::new();
+    let statuses = BTreeMap::new();
+    let cluster = Cluster::new(
+        vec![PolicyRef {
+            name: "p",
+            spec: &spec,
+        }],
+        &none,
+        &statuses,
+        &view,
+        Operator::Leading,
+        Instant::now(),
+    );
+    let pod = view.pods_on("n1")[0].clone();
+    let e = explain_pod(&cluster, &pod);
+    assert_eq!(e.checks[0].outcome, Outcome::Pass, "{:?}", e.checks[0]);
+    // The only node is its own: no target.
+    let (reason, check) = e.why_not().expect("not protected");
+    assert_eq!(reason, Unprotected::Ineligible(SkipReason::NoTargetNode));
+    assert_eq!(check.rule, "target");
+    assert!(
+        e.checks.iter().all(|c| c.failed() == c.reason.is_some()),
+        "{:?}",
+        e.checks
+    );
+}

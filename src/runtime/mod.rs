@@ -6,6 +6,7 @@ mod actor;
 mod actuator;
 pub mod agent_coverage;
 mod events;
+mod pod_coverage;
 mod prober;
 mod rewatch;
 mod state;

@@ -7,15 +7,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
 use super::agent_coverage::describe_unprotected;
-use crate::protection::AgentGap;
 use crate::api::{
     FailoverPhase, FencingProof, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
-    UnreadablePolicy, condition,
+    UNPROTECTED_REASONS_KEPT, UnprotectedReason, UnreadablePolicy, condition,
 };
 use crate::eligibility::invalid_selectors;
 use crate::health::{DetectionConfig, NodeHealth};
 use crate::incident::Incident;
 use crate::planner::HoldReason;
+use crate::protection::AgentGap;
+use crate::protection::Coverage;
 
 /// What a policy's status is made of.
 pub struct PolicyFacts<'a> {
@@ -36,6 +37,9 @@ pub struct PolicyFacts<'a> {
     pub unprotected: Option<&'a [(String, AgentGap)]>,
     /// How many watched nodes podha takes no new action on (the policy or the node paused).
     pub paused_nodes: usize,
+    /// How many of its pods podha would fail over now; `None` until worked out (then the
+    /// status says what it said before).
+    pub coverage: Option<&'a Coverage>,
 }
 
 pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
@@ -56,6 +60,17 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
     let mut failovers: Vec<&Incident> = facts.open.iter().chain(facts.finished).copied().collect();
     failovers.sort_by_key(|f| std::cmp::Reverse(f.detected_at));
     failovers.truncate(RECENT_FAILOVERS_KEPT);
+
+    let (protected_pods, unprotected_pods, unprotected_reasons) = match facts.coverage {
+        Some(c) => (count(c.protected), count(c.unprotected), top_reasons(c)),
+        None => policy.status.as_ref().map_or_else(Default::default, |s| {
+            (
+                s.protected_pods,
+                s.unprotected_pods,
+                s.unprotected_reasons.clone(),
+            )
+        }),
+    };
 
     PodHAPolicyStatus {
         observed_generation: generation,
@@ -79,13 +94,33 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
                 &facts.now,
             ),
         ],
-        watched_nodes: i32::try_from(watched).unwrap_or(i32::MAX),
-        failed_nodes: i32::try_from(failed).unwrap_or(i32::MAX),
-        suspect_nodes: i32::try_from(suspect).unwrap_or(i32::MAX),
-        paused_nodes: i32::try_from(facts.paused_nodes).unwrap_or(i32::MAX),
+        watched_nodes: count(watched),
+        failed_nodes: count(failed),
+        suspect_nodes: count(suspect),
+        paused_nodes: count(facts.paused_nodes),
+        protected_pods,
+        unprotected_pods,
+        unprotected_reasons,
         last_failover_time: failovers.first().map(|f| (facts.wall)(f.detected_at)),
         recent_failovers: failovers.iter().map(|f| f.to_record(facts.wall)).collect(),
     }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The reasons that keep the most unprotected pods, most first.
+fn top_reasons(coverage: &Coverage) -> Vec<UnprotectedReason> {
+    coverage
+        .reasons
+        .iter()
+        .take(UNPROTECTED_REASONS_KEPT)
+        .map(|(reason, pods)| UnprotectedReason {
+            reason: reason.as_str().to_string(),
+            pods: count(*pods),
+        })
+        .collect()
 }
 
 /// The status of a policy podha cannot read (see [`crate::api::ListedPolicy`]): not Ready and
@@ -299,6 +334,7 @@ mod tests {
             held: None,
             unprotected: Some(&[]),
             paused_nodes: 0,
+            coverage: None,
         }
     }
 
@@ -573,6 +609,57 @@ mod tests {
             FailoverPhase::DetachTimedOut
         );
         assert!(status.last_failover_time.is_some());
+    }
+
+    #[test]
+    fn coverage_counts_the_top_reasons_and_is_kept_until_worked_out() {
+        use crate::eligibility::SkipReason;
+        use crate::protection::Unprotected;
+        let mut policy = PodHAPolicy::new("p", mk_spec());
+        let health = BTreeMap::from([("a".to_string(), NodeHealth::Healthy)]);
+        let wall = |_| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let reasons: Vec<(Unprotected, usize)> = [
+            SkipReason::OptedOut,
+            SkipReason::NoTargetNode,
+            SkipReason::ToleratesFence,
+            SkipReason::DriverNotSelected,
+            SkipReason::ClaimNotBound,
+            SkipReason::VolumeNotCsi,
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| (Unprotected::Ineligible(r), 6 - i))
+        .collect();
+        let coverage = Coverage {
+            protected: 40,
+            unprotected: 21,
+            reasons,
+            examples: Vec::new(),
+        };
+        let status = policy_status(&PolicyFacts {
+            coverage: Some(&coverage),
+            ..facts_for(&policy, &health, &[], &wall)
+        });
+        assert_eq!((status.protected_pods, status.unprotected_pods), (40, 21));
+        let listed: Vec<(&str, i32)> = status
+            .unprotected_reasons
+            .iter()
+            .map(|r| (r.reason.as_str(), r.pods))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("OptedOut", 6),
+                ("NoTargetNode", 5),
+                ("ToleratesFence", 4),
+                ("DriverNotSelected", 3),
+                ("ClaimNotBound", 2)
+            ]
+        );
+        // A leader that has not worked it out yet says what the status said.
+        policy.status = Some(status.clone());
+        let kept = policy_status(&facts_for(&policy, &health, &[], &wall));
+        assert_eq!(kept, status);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! lock-free.
 
 use super::agent_coverage::AgentCoverage;
+use super::pod_coverage::PodCoverage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ use judge::Judge;
 use reports::ReportBook;
 
 mod clock;
+mod coverage;
 mod dispatch;
 mod incidents;
 mod judge;
@@ -65,6 +67,8 @@ pub struct Actor {
     reported: ReportBook,
     /// Since when each node has lacked an agent that could prove its fence.
     coverage: AgentCoverage,
+    /// How many of each policy's pods podha would fail over now (while leading).
+    pod_coverage: PodCoverage,
     leading: bool,
     /// When this replica last gained leadership (while it leads).
     leading_since: Option<Instant>,
@@ -83,6 +87,7 @@ impl Actor {
             schedule: Schedule::default(),
             reported: ReportBook::default(),
             coverage: AgentCoverage::default(),
+            pod_coverage: PodCoverage::default(),
             leading: false,
             leading_since: None,
             leadership,
@@ -150,7 +155,9 @@ impl Actor {
         if let Change::WatchError { watch } = &change {
             self.metrics.operating.inc_watch_restarts(*watch);
         }
-        self.state.apply(change, Instant::now());
+        if self.state.apply(change, Instant::now()).feeds_coverage() {
+            self.pod_coverage.changed();
+        }
     }
 
     fn observe_round(&mut self, round: prober::Round) {
@@ -202,6 +209,7 @@ impl Actor {
                 obs.restart_agent_hearing(now);
             }
             self.reported.forget_statuses();
+            self.pod_coverage.forget();
             info!("became leader");
         } else {
             info!("lost leadership; holding every write");

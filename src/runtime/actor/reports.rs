@@ -10,7 +10,6 @@ use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::protection::AgentGap;
 use super::super::status::{PolicyFacts, condition_of, policy_status, unreadable_status};
 use super::super::writer::{EventNote, Report};
 use super::Actor;
@@ -20,6 +19,7 @@ use crate::eligibility::SkipReason;
 use crate::health::{NodeHealth, ProbeKind, ReadyStatus};
 use crate::incident::{Incident, Phase, PhaseChange};
 use crate::planner::{HealthBook, HoldReason, PodSkip, Skip};
+use crate::protection::AgentGap;
 
 /// What was reported already, so each skip, hold and dropped intent is counted once, and each
 /// status written only when it changed.
@@ -221,8 +221,10 @@ impl Actor {
         self.coverage.observe(&self.state.view, now);
         if !self.leading {
             self.metrics.detection.clear_nodes_unprotected();
+            self.metrics.protection.clear();
             return;
         }
+        self.work_out_coverage(now);
         let policies: Vec<Arc<PodHAPolicy>> = self.state.policies.values().cloned().collect();
         for policy in policies {
             let name = policy.name_any();
@@ -324,6 +326,7 @@ impl Actor {
             now: wall.time(Instant::now()),
             unprotected,
             paused_nodes,
+            coverage: self.pod_coverage.of(&name),
         })
     }
 

@@ -1,7 +1,7 @@
 use super::*;
-use k8s_openapi::api::core::v1::Node;
 use crate::api::{Action, Fencing, PodHAPolicySpec};
 use crate::test_builders::*;
+use k8s_openapi::api::core::v1::Node;
 
 /// `name` with an agent advertised on it, with a watchdog when `watchdog` (an agent without a
 /// usable one advertises no fenced-within time).

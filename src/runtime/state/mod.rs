@@ -172,8 +172,8 @@ impl ClusterState {
         }
     }
 
-    /// Applies one change observed at `now`.
-    pub fn apply(&mut self, change: Change, now: Instant) {
+    /// Applies one change observed at `now`; returns the watch it came from.
+    pub fn apply(&mut self, change: Change, now: Instant) -> Watch {
         let gap_before = self.detection_gap();
         let watch = match change {
             Change::Policy(e) => {
@@ -231,6 +231,7 @@ impl ClusterState {
                 }
             }
         }
+        watch
     }
 
     fn mark_synced(&mut self, watch: Watch) {

@@ -200,3 +200,85 @@ async fn a_node_held_for_its_proof_degrades_its_policy_until_it_is_acted_on() {
         condition::REASON_FENCING_PENDING
     );
 }
+
+fn pods_gauge(metrics: &Metrics) -> Vec<String> {
+    let text = metrics.encode().expect("encode");
+    text.lines()
+        .filter(|l| l.starts_with("podha_pods{"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A healthy node with a pod podha would move (a target elsewhere) and one opted out: the
+/// status and `podha_pods` count them; a change shows within a few seconds, not at once.
+#[tokio::test(start_paused = true)]
+async fn the_status_counts_protected_pods_and_why_not_the_others_at_most_every_few_seconds() {
+    let pod = |name: &str| {
+        mk_pod("ns", name)
+            .on("node-1")
+            .owned_by_sts(name)
+            .claim(&format!("data-{name}"))
+    };
+    let mut objects: Vec<Obj> = vec![mk_node("node-1").into(), mk_node("node-2").into()];
+    for name in ["db", "cache"] {
+        objects.push(
+            mk_pvc("ns", &format!("data-{name}"))
+                .bound_to(&format!("pv-{name}"))
+                .into(),
+        );
+        objects.push(mk_csi_pv(&format!("pv-{name}"), DRIVER).into());
+    }
+    objects.push(pod("db").into());
+    objects.push(pod("cache").annotation("podha.io/failover", "false").into());
+    // Without a claim: not counted.
+    objects.push(mk_pod("ns", "web").on("node-1").owned_by_sts("web").into());
+    let mut h = harness(objects);
+    h.run_for(1).await;
+    let (_, status) = reported(&mut h);
+    let status = status.expect("a status");
+    assert_eq!((status.protected_pods, status.unprotected_pods), (1, 1));
+    assert_eq!(
+        status.unprotected_reasons,
+        [crate::api::UnprotectedReason {
+            reason: "OptedOut".into(),
+            pods: 1
+        }]
+    );
+    assert_eq!(
+        pods_gauge(&h.metrics),
+        [
+            "podha_pods{policy=\"p\",protected=\"false\",reason=\"OptedOut\"} 1",
+            "podha_pods{policy=\"p\",protected=\"true\",reason=\"\"} 1",
+        ]
+    );
+
+    // The watch delivers the status written (its conditions' times carry over).
+    let mut written = PodHAPolicy::new("p", quick_spec());
+    written.status = Some(status);
+    h.actor
+        .observe_change(Change::Policy(Event::Apply(written.into())));
+    h.run_for(1).await;
+    assert!(reported(&mut h).1.is_none(), "written once");
+
+    // The pod is opted in: a change, counted at the next working-out, at most every 5 s.
+    h.actor
+        .observe_change(Change::Pod(Event::Apply(pod("cache"))));
+    h.run_for(1).await;
+    let (_, status) = reported(&mut h);
+    assert!(status.is_none(), "not yet: {status:?}");
+    h.run_for(3).await;
+    let (_, status) = reported(&mut h);
+    let status = status.expect("the new counts");
+    assert_eq!((status.protected_pods, status.unprotected_pods), (2, 0));
+    assert!(status.unprotected_reasons.is_empty());
+    assert_eq!(
+        pods_gauge(&h.metrics),
+        ["podha_pods{policy=\"p\",protected=\"true\",reason=\"\"} 2"],
+        "the reason that keeps no pod is gone"
+    );
+
+    // A follower reports none: only the leader's counts are current.
+    h.leader.send(None).expect("leader channel");
+    h.run_for(1).await;
+    assert!(pods_gauge(&h.metrics).is_empty());
+}

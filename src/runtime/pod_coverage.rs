@@ -1,0 +1,91 @@
+//! How many of each policy's pods podha would fail over now, and why not the others
+//! ([`crate::protection::coverage`], the rules `podha explain` answers with), kept by the
+//! leader for the policies' statuses and `podha_pods`.
+//!
+//! Working it out reads every pod with a volume, so it is not done every round: again once
+//! something it reads has changed, at most every [`EVERY`], and at least every [`AT_LEAST`]
+//! (an agent's Lease lapses without any change to watch). It reads only the watch caches: no
+//! API request beyond the status patch that carries it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::protection::Coverage;
+
+/// The shortest time between two workings-out: a busy cluster changes every moment.
+pub const EVERY: Duration = Duration::from_secs(5);
+
+/// The longest time between two workings-out: rules that depend on time (an agent's Lease
+/// renewed too long ago) change without a watch event.
+pub const AT_LEAST: Duration = Duration::from_secs(30);
+
+/// The last coverage worked out, and whether it is due again.
+#[derive(Default)]
+pub struct PodCoverage {
+    changed: bool,
+    worked_out: Option<Instant>,
+    by_policy: BTreeMap<String, Coverage>,
+}
+
+impl PodCoverage {
+    /// Something coverage reads has changed.
+    pub fn changed(&mut self) {
+        self.changed = true;
+    }
+
+    /// Whether to work it out again at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        match self.worked_out {
+            None => true,
+            Some(at) => {
+                let since = now.saturating_duration_since(at);
+                since >= AT_LEAST || (self.changed && since >= EVERY)
+            }
+        }
+    }
+
+    /// The coverage worked out at `now`.
+    pub fn set(&mut self, by_policy: BTreeMap<String, Coverage>, now: Instant) {
+        self.by_policy = by_policy;
+        self.worked_out = Some(now);
+        self.changed = false;
+    }
+
+    /// `policy`'s coverage, once worked out (`None` before: the status keeps what it said).
+    pub fn of(&self, policy: &str) -> Option<&Coverage> {
+        self.by_policy.get(policy)
+    }
+
+    /// Forgets it all: a replica that leads again works it out at once.
+    pub fn forget(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn worked_out_at_once_then_on_change_at_most_every_few_seconds_and_at_least_twice_a_minute()
+     {
+        let t0 = Instant::now();
+        let mut coverage = PodCoverage::default();
+        assert!(coverage.due(t0), "never worked out");
+        coverage.set(BTreeMap::new(), t0);
+        assert!(!coverage.due(t0 + Duration::from_secs(1)));
+        coverage.changed();
+        assert!(!coverage.due(t0 + EVERY - Duration::from_millis(1)));
+        assert!(coverage.due(t0 + EVERY));
+        coverage.set(BTreeMap::new(), t0 + EVERY);
+        assert!(!coverage.due(t0 + EVERY + AT_LEAST - Duration::from_millis(1)));
+        assert!(
+            coverage.due(t0 + EVERY + AT_LEAST),
+            "no change, but time passed"
+        );
+        coverage.forget();
+        assert!(coverage.due(t0 + EVERY), "forgotten: due at once");
+    }
+}
