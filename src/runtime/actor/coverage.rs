@@ -48,8 +48,10 @@ impl Actor {
         );
         let started = std::time::Instant::now();
         let by_policy = coverage(&cluster);
+        let took = started.elapsed();
+        self.metrics.protection.observe_work(took);
         debug!(
-            took_ms = started.elapsed().as_millis(),
+            took_ms = took.as_millis(),
             "worked out which pods podha would fail over"
         );
         for (policy, counts) in &by_policy {

@@ -197,6 +197,17 @@ struct RestSample {
     window: Duration,
     cluster_cpu_percent: BTreeMap<String, f64>,
     built_in: Duration,
+    coverage: CoverageSample,
+}
+
+/// podha's coverage at rest: the pods it counts (`podha_pods`) at the end of the window, and
+/// its workings-out during it (`podha_coverage_duration_seconds`).
+#[derive(Debug, Clone, Default)]
+struct CoverageSample {
+    protected: Option<f64>,
+    unprotected: Option<f64>,
+    worked_out: f64,
+    mean_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -53,9 +53,35 @@ pub(super) fn render(r: &Report) -> String {
             w.window.as_secs_f64()
         ));
     }
+    out.push_str(&render_coverage(r));
     if let Some(f) = &r.failover {
         out.push_str(&render_failover(f));
     }
+    out
+}
+
+/// What podha counts at rest, and what working it out costs.
+fn render_coverage(r: &Report) -> String {
+    let mut out = String::from(
+        "\nstep   protected  unprotected  worked out in window  mean time to work out\n",
+    );
+    let count = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    for s in &r.rest {
+        let c = &s.coverage;
+        out.push_str(&format!(
+            "{:<6} {:>9}  {:>11}  {:>20.0}  {:>21}\n",
+            s.step,
+            count(c.protected),
+            count(c.unprotected),
+            c.worked_out,
+            c.mean_seconds
+                .map_or("-".to_string(), |m| format!("{:.1} ms", m * 1000.0)),
+        ));
+    }
+    out.push_str(
+        "(podha_pods{protected} at the end of the window: pods with a volume; \
+         podha_coverage_duration_seconds over it)\n",
+    );
     out
 }
 
@@ -171,6 +197,10 @@ impl Report {
                     "window_seconds": s.window.as_secs_f64(),
                     "sim_cpu_percent_of_core": s.cluster_cpu_percent,
                     "build_seconds": s.built_in.as_secs_f64(),
+                    "protected_pods": s.coverage.protected,
+                    "unprotected_pods": s.coverage.unprotected,
+                    "coverage_worked_out_in_window": s.coverage.worked_out,
+                    "coverage_mean_seconds": s.coverage.mean_seconds,
                 })
             })
             .collect();

@@ -9,7 +9,7 @@ use anyhow::anyhow;
 use kube::Client;
 
 use super::identity::podha_requests;
-use super::{RestSample, ScaleArgs, say};
+use super::{CoverageSample, RestSample, ScaleArgs, say};
 use crate::cluster::Cluster;
 use crate::failover::Operator;
 
@@ -42,6 +42,7 @@ pub(super) async fn measure_rest(
     tokio::time::sleep(args.settle).await;
     let pid = podha.pid();
     let hz = clock_ticks();
+    let work0 = coverage_work(podha);
     let (cpu0, req0, cl0, t0) = (
         cpu_ticks(pid).ok_or_else(|| anyhow!("podha is gone"))?,
         podha_requests(client).await?,
@@ -49,6 +50,7 @@ pub(super) async fn measure_rest(
         Instant::now(),
     );
     tokio::time::sleep(args.window).await;
+    let work1 = coverage_work(podha);
     let (cpu1, req1, cl1, window) = (
         cpu_ticks(pid).ok_or_else(|| anyhow!("podha is gone"))?,
         podha_requests(client).await?,
@@ -79,7 +81,22 @@ pub(super) async fn measure_rest(
         window,
         cluster_cpu_percent,
         built_in,
+        coverage: CoverageSample {
+            protected: podha.metric("podha_pods", &["protected=\"true\""]),
+            unprotected: podha.metric("podha_pods", &["protected=\"false\""]),
+            worked_out: work1.1 - work0.1,
+            mean_seconds: (work1.1 > work0.1).then(|| (work1.0 - work0.0) / (work1.1 - work0.1)),
+        },
     })
+}
+
+/// podha's time spent working out its coverage, and how many times, so far.
+fn coverage_work(podha: &Operator) -> (f64, f64) {
+    let name = "podha_coverage_duration_seconds";
+    (
+        podha.metric(&format!("{name}_sum"), &[]).unwrap_or(0.0),
+        podha.metric(&format!("{name}_count"), &[]).unwrap_or(0.0),
+    )
 }
 
 fn clock_ticks() -> f64 {
