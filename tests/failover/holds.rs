@@ -127,6 +127,35 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             (true, None) => {}
             other => bail!("podha explain: mover-0 should be protected, got {other:?}"),
         }
+        // The policy's status counts the same verdicts, by the same rules.
+        let want = [
+            "DriverNotSelected",
+            "NoControllerOwner",
+            "NoTargetNode",
+            "OptedOut",
+            "ToleratesFence",
+        ];
+        wait_for("the status counts 1 pod protected, 5 not", secs_(60), || async {
+            let status = policy_status(&ctx.client, &ns).await?;
+            let reasons: Vec<(&str, i32)> = status
+                .unprotected_reasons
+                .iter()
+                .map(|r| (r.reason.as_str(), r.pods))
+                .collect();
+            let counted = (status.protected_pods, status.unprotected_pods) == (1, 5)
+                && reasons == want.map(|r| (r, 1));
+            if !counted {
+                log(
+                    &ns,
+                    format!(
+                        "status: {} protected, {} not: {reasons:?}",
+                        status.protected_pods, status.unprotected_pods
+                    ),
+                );
+            }
+            Ok(counted.then_some(()))
+        })
+        .await?;
         ctx.cluster.kill_node(dead)?;
         let leader = ops_leader(replicas).await?;
         wait_for("every skip reason in the metrics", secs_(90), || async {
