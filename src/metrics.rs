@@ -141,6 +141,19 @@ mod tests {
         m.detection.set_nodes(3, 1, 2);
         m.detection.inc_node_failures(policy);
         m.detection.inc_agent_answers_unverified(2);
+        m.protection.set_pods(&std::collections::BTreeMap::from([(
+            policy.to_string(),
+            crate::protection::Coverage {
+                protected: 1,
+                unprotected: 2,
+                reasons: vec![(
+                    crate::protection::Unprotected::Ineligible(SkipReason::OptedOut),
+                    2,
+                )],
+                examples: Vec::new(),
+            },
+        )]));
+        m.protection.observe_work(Duration::from_millis(20));
         m.actions.inc_pods_deleted(policy, "StatefulSet");
         m.actions
             .inc_pods_skipped(policy, Skip::Ineligible(SkipReason::NoControllerOwner));
@@ -229,6 +242,16 @@ mod tests {
                 r#"podha_api_errors_total{operation="delete_pod"} 1"#,
             ),
             ("podha_cache_synced", "gauge", "podha_cache_synced 1"),
+            (
+                "podha_pods",
+                "gauge",
+                r#"podha_pods{policy="db",protected="false",reason="OptedOut"} 2"#,
+            ),
+            (
+                "podha_coverage_duration_seconds",
+                "histogram",
+                r#"podha_coverage_duration_seconds_bucket{le="0.025"} 1"#,
+            ),
             (
                 "podha_action_request_duration_seconds",
                 "histogram",

@@ -1,7 +1,7 @@
 //! How many of each policy's pods podha would fail over now (`podha_pods`), from the coverage
 //! the decision loop works out (`crate::protection::coverage`). Set by the leader only.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, IntGaugeVec, Opts, Registry};
@@ -55,17 +55,15 @@ impl Protection {
         self.work.observe(took.as_secs_f64());
     }
 
-    /// `policy`'s counts now; a reason that keeps no pod any more is dropped.
-    pub fn set_pods(&self, policy: &str, coverage: &Coverage) {
-        let set = |protected: &str, reason: &str, pods: usize| {
-            self.pods
-                .with_label_values(&[policy, protected, reason])
-                .set(i64::try_from(pods).unwrap_or(i64::MAX));
-        };
-        set("true", "", coverage.protected);
-        let reasons: BTreeSet<&str> = coverage.reasons.iter().map(|(r, _)| r.as_str()).collect();
-        for (reason, pods) in &coverage.reasons {
-            set("false", reason.as_str(), *pods);
+    /// Every policy's counts now; the series of a policy gone (or unreadable) and of a reason
+    /// that keeps no pod any more are dropped.
+    pub fn set_pods(&self, by_policy: &BTreeMap<String, Coverage>) {
+        let mut current: BTreeSet<(&str, &str, &str)> = BTreeSet::new();
+        for (policy, coverage) in by_policy {
+            current.insert((policy, "true", ""));
+            for (reason, _) in &coverage.reasons {
+                current.insert((policy, "false", reason.as_str()));
+            }
         }
         for family in self.pods.collect() {
             for metric in family.get_metric() {
@@ -74,13 +72,22 @@ impl Protection {
                     .iter()
                     .map(|pair| (pair.name(), pair.value()))
                     .collect();
-                let stale = labels.get(POLICY) == Some(&policy)
-                    && labels.get(PROTECTED) == Some(&"false")
-                    && labels.get(REASON).is_none_or(|r| !reasons.contains(r));
-                if stale {
+                let label = |name| labels.get(name).copied().unwrap_or_default();
+                if !current.contains(&(label(POLICY), label(PROTECTED), label(REASON))) {
                     // Just collected: only a concurrent removal could have taken it first.
                     let _ = self.pods.remove(&labels);
                 }
+            }
+        }
+        let set = |policy: &str, protected: &str, reason: &str, pods: usize| {
+            self.pods
+                .with_label_values(&[policy, protected, reason])
+                .set(i64::try_from(pods).unwrap_or(i64::MAX));
+        };
+        for (policy, coverage) in by_policy {
+            set(policy, "true", "", coverage.protected);
+            for (reason, pods) in &coverage.reasons {
+                set(policy, "false", reason.as_str(), *pods);
             }
         }
     }
@@ -92,5 +99,48 @@ impl Protection {
 
     pub(super) fn forget_policy(&self, policy: &str) {
         remove_policy(&self.pods, policy);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eligibility::SkipReason;
+    use crate::protection::Unprotected;
+
+    fn series(p: &Protection) -> Vec<String> {
+        let registry = Registry::new();
+        registry
+            .register(Box::new(p.pods.clone()))
+            .expect("register");
+        prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .expect("encode")
+            .lines()
+            .filter(|l| l.starts_with("podha_pods{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_policy_gone_and_a_reason_that_keeps_no_pod_lose_their_series() {
+        let p = Protection::register(&Registry::new()).expect("register");
+        let opted_out = Unprotected::Ineligible(SkipReason::OptedOut);
+        let coverage = |protected, reasons: Vec<(Unprotected, usize)>| Coverage {
+            protected,
+            unprotected: reasons.iter().map(|(_, n)| n).sum(),
+            reasons,
+            examples: Vec::new(),
+        };
+        p.set_pods(&BTreeMap::from([
+            ("a".to_string(), coverage(3, vec![(opted_out, 2)])),
+            ("b".to_string(), coverage(0, vec![(Unprotected::DryRun, 4)])),
+        ]));
+        assert_eq!(series(&p).len(), 4, "{:?}", series(&p));
+        p.set_pods(&BTreeMap::from([("a".to_string(), coverage(5, vec![]))]));
+        assert_eq!(
+            series(&p),
+            ["podha_pods{policy=\"a\",protected=\"true\",reason=\"\"} 5"]
+        );
     }
 }

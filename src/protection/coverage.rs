@@ -1,7 +1,7 @@
 //! How many of the pods each policy selects podha would fail over now, and why not the others:
 //! every pod that mounts a claim, judged by [`explain_pod`] and counted under its first failing
 //! rule. A pod without a claim is not counted: it loses nothing when its node dies, and
-//! Kubernetes replaces it by itself.
+//! Kubernetes replaces it by itself; nor is a pod that has finished (it holds no volume).
 
 use std::collections::BTreeMap;
 
@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{Cluster, Unprotected, explain_pod};
 use crate::eligibility::claim_names;
-use crate::planner::pod_owner;
+use crate::planner::{is_terminal, pod_owner};
 
 /// How many example pods a coverage names.
 const EXAMPLES: usize = 5;
@@ -40,7 +40,7 @@ pub fn coverage(cluster: &Cluster<'_>) -> BTreeMap<String, Coverage> {
             continue;
         };
         for pod in pods {
-            if claim_names(pod).is_empty() {
+            if claim_names(pod).is_empty() || is_terminal(pod) {
                 continue;
             }
             let Some(owner) = pod_owner(&cluster.policies, pod, node, cluster.view) else {

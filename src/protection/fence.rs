@@ -72,19 +72,28 @@ fn node_proof(
 }
 
 /// How many other nodes advertise an agent, and how many of those have one with a watchdog
-/// and a fresh Lease (what podha can hear, as far as a reader of the API can tell).
-fn other_agents(cluster: &Cluster<'_>, node_name: &str) -> (usize, usize) {
-    let others: Vec<(&String, &std::sync::Arc<Node>)> = cluster
-        .view
-        .nodes
-        .iter()
-        .filter(|(name, n)| name.as_str() != node_name && agent_addr(n).is_some())
-        .collect();
-    let fresh = others
-        .iter()
-        .filter(|(name, n)| agent_gap(name, n, cluster.view, cluster.now).is_none())
-        .count();
-    (fresh, others.len())
+/// and a fresh Lease (what podha can hear, as far as a reader of the API can tell). The whole
+/// cluster's counts are taken once; each node takes its own agent out of them.
+fn other_agents(cluster: &Cluster<'_>, node_name: &str, node: &Node) -> (usize, usize) {
+    let (advertised, fresh) = *cluster.agents.get_or_init(|| {
+        let advertised: Vec<(&String, &std::sync::Arc<Node>)> = cluster
+            .view
+            .nodes
+            .iter()
+            .filter(|(_, n)| agent_addr(n).is_some())
+            .collect();
+        let fresh = advertised
+            .iter()
+            .filter(|(name, n)| agent_gap(name, n, cluster.view, cluster.now).is_none())
+            .count();
+        (advertised.len(), fresh)
+    });
+    let own_advertised = usize::from(agent_addr(node).is_some());
+    let own_fresh = usize::from(agent_gap(node_name, node, cluster.view, cluster.now).is_none());
+    (
+        fresh.saturating_sub(own_fresh),
+        advertised.saturating_sub(own_advertised),
+    )
 }
 
 /// A cloud provider manages the node (it has a `spec.providerID`).
@@ -104,7 +113,7 @@ fn agent_checks(
     checks: &mut Checks,
 ) {
     let within = fenced_within(node);
-    let (fresh, others) = other_agents(cluster, node_name);
+    let (fresh, others) = other_agents(cluster, node_name, node);
     match agent_gap(node_name, node, cluster.view, cluster.now) {
         None if !silence_counts_among(fresh, others) => {
             checks.pass("agent", format!("the agent on {node_name} pets a watchdog"));

@@ -14,7 +14,7 @@ pub mod pod;
 #[cfg(test)]
 mod tests;
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -194,6 +194,8 @@ pub struct Cluster<'a> {
     /// What each node's pods share, once worked out: the taint the node would get, and the
     /// proof its fence would need.
     memo: RefCell<BTreeMap<String, NodeMemo>>,
+    /// Nodes that advertise an agent, and those of them with a watchdog and a fresh Lease.
+    agents: OnceCell<(usize, usize)>,
 }
 
 /// The checks every pod of one node shares.
@@ -220,6 +222,7 @@ impl<'a> Cluster<'a> {
             operator,
             now,
             memo: RefCell::default(),
+            agents: OnceCell::new(),
         }
     }
 

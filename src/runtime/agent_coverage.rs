@@ -54,6 +54,12 @@ impl AgentCoverage {
         self.missing_since = seen;
     }
 
+    /// How long this process has watched the agents (every replica does, leading or not).
+    pub fn watched_for(&self, now: Instant) -> Duration {
+        self.first
+            .map_or(Duration::ZERO, |first| now.saturating_duration_since(first))
+    }
+
     /// The nodes `policy` watches (`health`) that have lacked their agent for
     /// [`MISSING_AFTER`], and what they lack; empty for a policy that does not rely on agents;
     /// `None` while this process has not observed for that long (it cannot tell yet).

@@ -2,10 +2,11 @@
 //! ([`crate::protection::coverage`], the rules `podha explain` answers with), kept by the
 //! leader for the policies' statuses and `podha_pods`.
 //!
-//! Working it out reads every pod with a volume, so it is not done every round: again once
-//! something it reads has changed, at most every [`EVERY`], and at least every [`AT_LEAST`]
-//! (an agent's Lease lapses without any change to watch). It reads only the watch caches: no
-//! API request beyond the status patch that carries it.
+//! Working it out reads every pod with a volume (and, for a pod with no target, every node), so
+//! it runs off the decision loop, on a copy of the view, one at a time: again once something it
+//! reads has changed, at most every [`EVERY`], and at least every [`AT_LEAST`] (an agent's
+//! Lease lapses without any change to watch). It reads only the watch caches: no API request
+//! beyond the status patch that carries it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::protection::Coverage;
 
-/// The shortest time between two workings-out: a busy cluster changes every moment.
+/// The shortest time between the starts of two workings-out: a busy cluster changes every
+/// moment.
 pub const EVERY: Duration = Duration::from_secs(5);
 
 /// The longest time between two workings-out: rules that depend on time (an agent's Lease
@@ -25,7 +27,8 @@ pub const AT_LEAST: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub struct PodCoverage {
     changed: bool,
-    worked_out: Option<Instant>,
+    /// When the last working-out started (from the view of that moment).
+    started: Option<Instant>,
     by_policy: BTreeMap<String, Coverage>,
 }
 
@@ -35,9 +38,9 @@ impl PodCoverage {
         self.changed = true;
     }
 
-    /// Whether to work it out again at `now`.
+    /// Whether to start working it out again at `now`.
     pub fn due(&self, now: Instant) -> bool {
-        match self.worked_out {
+        match self.started {
             None => true,
             Some(at) => {
                 let since = now.saturating_duration_since(at);
@@ -46,11 +49,16 @@ impl PodCoverage {
         }
     }
 
-    /// The coverage worked out at `now`.
-    pub fn set(&mut self, by_policy: BTreeMap<String, Coverage>, now: Instant) {
-        self.by_policy = by_policy;
-        self.worked_out = Some(now);
+    /// A working-out starts at `now`, from what is known now: a change after this counts for
+    /// the next one.
+    pub fn start(&mut self, now: Instant) {
+        self.started = Some(now);
         self.changed = false;
+    }
+
+    /// The coverage a working-out came to.
+    pub fn set(&mut self, by_policy: BTreeMap<String, Coverage>) {
+        self.by_policy = by_policy;
     }
 
     /// `policy`'s coverage, once worked out (`None` before: the status keeps what it said).
@@ -69,20 +77,24 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn worked_out_at_once_then_on_change_at_most_every_few_seconds_and_at_least_twice_a_minute()
-     {
+    async fn due_at_once_then_on_change_at_most_every_few_seconds_and_at_least_twice_a_minute() {
         let t0 = Instant::now();
         let mut coverage = PodCoverage::default();
         assert!(coverage.due(t0), "never worked out");
-        coverage.set(BTreeMap::new(), t0);
+        coverage.start(t0);
         assert!(!coverage.due(t0 + Duration::from_secs(1)));
         coverage.changed();
         assert!(!coverage.due(t0 + EVERY - Duration::from_millis(1)));
         assert!(coverage.due(t0 + EVERY));
-        coverage.set(BTreeMap::new(), t0 + EVERY);
-        assert!(!coverage.due(t0 + EVERY + AT_LEAST - Duration::from_millis(1)));
+        coverage.start(t0 + EVERY);
+        // A change while it runs counts for the next one.
+        coverage.changed();
+        coverage.set(BTreeMap::new());
+        assert!(coverage.due(t0 + EVERY * 2));
+        coverage.start(t0 + EVERY * 2);
+        assert!(!coverage.due(t0 + EVERY * 2 + AT_LEAST - Duration::from_millis(1)));
         assert!(
-            coverage.due(t0 + EVERY + AT_LEAST),
+            coverage.due(t0 + EVERY * 2 + AT_LEAST),
             "no change, but time passed"
         );
         coverage.forget();

@@ -135,26 +135,30 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             "OptedOut",
             "ToleratesFence",
         ];
-        wait_for("the status counts 1 pod protected, 5 not", secs_(60), || async {
-            let status = policy_status(&ctx.client, &ns).await?;
-            let reasons: Vec<(&str, i32)> = status
-                .unprotected_reasons
-                .iter()
-                .map(|r| (r.reason.as_str(), r.pods))
-                .collect();
-            let counted = (status.protected_pods, status.unprotected_pods) == (1, 5)
-                && reasons == want.map(|r| (r, 1));
-            if !counted {
-                log(
-                    &ns,
-                    format!(
-                        "status: {} protected, {} not: {reasons:?}",
-                        status.protected_pods, status.unprotected_pods
-                    ),
-                );
-            }
-            Ok(counted.then_some(()))
-        })
+        wait_for(
+            "the status counts 1 pod protected, 5 not",
+            secs_(60),
+            || async {
+                let status = policy_status(&ctx.client, &ns).await?;
+                let reasons: Vec<(&str, i32)> = status
+                    .unprotected_reasons
+                    .iter()
+                    .map(|r| (r.reason.as_str(), r.pods))
+                    .collect();
+                let counted = (status.protected_pods, status.unprotected_pods) == (1, 5)
+                    && reasons == want.map(|r| (r, 1));
+                if !counted {
+                    log(
+                        &ns,
+                        format!(
+                            "status: {} protected, {} not: {reasons:?}",
+                            status.protected_pods, status.unprotected_pods
+                        ),
+                    );
+                }
+                Ok(counted.then_some(()))
+            },
+        )
         .await?;
         ctx.cluster.kill_node(dead)?;
         let leader = ops_leader(replicas).await?;

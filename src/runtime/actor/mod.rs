@@ -69,6 +69,8 @@ pub struct Actor {
     coverage: AgentCoverage,
     /// How many of each policy's pods podha would fail over now (while leading).
     pod_coverage: PodCoverage,
+    /// The working-out of `pod_coverage` under way, if one is.
+    coverage_job: Option<coverage::CoverageJob>,
     leading: bool,
     /// When this replica last gained leadership (while it leads).
     leading_since: Option<Instant>,
@@ -88,6 +90,7 @@ impl Actor {
             reported: ReportBook::default(),
             coverage: AgentCoverage::default(),
             pod_coverage: PodCoverage::default(),
+            coverage_job: None,
             leading: false,
             leading_since: None,
             leadership,
@@ -212,6 +215,7 @@ impl Actor {
             self.pod_coverage.forget();
             info!("became leader");
         } else {
+            self.metrics.protection.clear();
             info!("lost leadership; holding every write");
         }
     }

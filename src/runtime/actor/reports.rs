@@ -219,12 +219,12 @@ impl Actor {
         // Every replica follows the agents' coverage: one that takes the lead knows already.
         let now = Instant::now();
         self.coverage.observe(&self.state.view, now);
+        self.work_out_coverage(now);
         if !self.leading {
             self.metrics.detection.clear_nodes_unprotected();
             self.metrics.protection.clear();
             return;
         }
-        self.work_out_coverage(now);
         let policies: Vec<Arc<PodHAPolicy>> = self.state.policies.values().cloned().collect();
         for policy in policies {
             let name = policy.name_any();

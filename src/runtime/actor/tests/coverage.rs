@@ -209,8 +209,9 @@ fn pods_gauge(metrics: &Metrics) -> Vec<String> {
         .collect()
 }
 
-/// A healthy node with a pod podha would move (a target elsewhere) and one opted out: the
-/// status and `podha_pods` count them; a change shows within a few seconds, not at once.
+/// A healthy node with a pod podha would move (a target elsewhere), one opted out and one
+/// finished: the status and `podha_pods` count the first two; a change shows within a few
+/// seconds, not at once.
 #[tokio::test(start_paused = true)]
 async fn the_status_counts_protected_pods_and_why_not_the_others_at_most_every_few_seconds() {
     let pod = |name: &str| {
@@ -230,10 +231,17 @@ async fn the_status_counts_protected_pods_and_why_not_the_others_at_most_every_f
     }
     objects.push(pod("db").into());
     objects.push(pod("cache").annotation("podha.io/failover", "false").into());
-    // Without a claim: not counted.
+    // Without a claim, or finished: not counted.
     objects.push(mk_pod("ns", "web").on("node-1").owned_by_sts("web").into());
+    objects.push(pod("backup").phase("Succeeded").into());
     let mut h = harness(objects);
-    h.run_for(1).await;
+    // Not before a Lease's duration: an agent Lease first seen counts as renewed then.
+    h.run_for(39).await;
+    let (_, status) = reported(&mut h);
+    let status = status.expect("a status");
+    assert_eq!((status.protected_pods, status.unprotected_pods), (0, 0));
+    assert!(pods_gauge(&h.metrics).is_empty());
+    h.run_for(2).await;
     let (_, status) = reported(&mut h);
     let status = status.expect("a status");
     assert_eq!((status.protected_pods, status.unprotected_pods), (1, 1));

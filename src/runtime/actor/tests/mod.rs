@@ -204,6 +204,7 @@ impl Harness {
         for _ in 0..(secs * 1000 / TICK.as_millis() as u64) {
             tokio::time::advance(TICK).await;
             self.actor.tick(Instant::now()).await;
+            self.actor.finish_coverage_job();
         }
     }
 
