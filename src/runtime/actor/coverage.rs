@@ -2,14 +2,14 @@
 //! the rules `podha explain` answers with (`crate::protection`), when due
 //! (`super::super::pod_coverage`), for the statuses and `podha_pods`. The working-out runs on
 //! a blocking thread, on a copy of what the loop knows, so that a large cluster never holds
-//! up a round; the loop takes its result in a later round.
+//! up a round; the loop takes its result in a later round, from a channel (a poll of the
+//! thread's handle inside the loop's busy task may be refused by tokio's cooperative budget).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-use tokio::task::JoinHandle;
+use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -20,10 +20,16 @@ use crate::planner::PolicyRef;
 use crate::protection::{Cluster, Coverage, Operator, coverage};
 use crate::view::View;
 
+/// What a working-out comes to, and how long it took.
+type WorkedOut = (BTreeMap<String, Coverage>, Duration);
+
 /// A working-out under way.
 pub(super) struct CoverageJob {
-    handle: JoinHandle<(BTreeMap<String, Coverage>, Duration)>,
-    /// Whether this process led when it started: a result is used only by the same term.
+    /// Its answer, sent once; closed without one if the thread panicked.
+    result: oneshot::Receiver<WorkedOut>,
+    /// An answer taken from `result` before the loop's turn (tests).
+    ready: Option<WorkedOut>,
+    /// When this process's lead began when it started: a result is used only by the same term.
     term: Option<Instant>,
 }
 
@@ -52,13 +58,17 @@ impl Actor {
         }
         let inputs = self.coverage_inputs(now);
         self.pod_coverage.start(now);
-        let handle = tokio::task::spawn_blocking(move || {
+        let (tx, result) = oneshot::channel();
+        // Its end is followed through `result`, not its handle.
+        drop(tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
             let by_policy = inputs.work_out();
-            (by_policy, started.elapsed())
-        });
+            // The loop may have moved on (a new term): then nobody waits for it.
+            let _ = tx.send((by_policy, started.elapsed()));
+        }));
         self.coverage_job = Some(CoverageJob {
-            handle,
+            result,
+            ready: None,
             term: self.leading_since,
         });
     }
@@ -66,11 +76,17 @@ impl Actor {
     /// Waits, on this thread, until the working-out under way (if any) has finished, so that
     /// the next round takes its result: tests tick in paused time, faster than a thread runs.
     #[cfg(test)]
-    pub(super) fn finish_coverage_job(&self) {
-        while let Some(job) = &self.coverage_job
-            && !job.handle.is_finished()
+    pub(super) fn finish_coverage_job(&mut self) {
+        if let Some(job) = self.coverage_job.as_mut()
+            && job.ready.is_none()
         {
-            std::thread::sleep(Duration::from_millis(1));
+            job.ready = loop {
+                match job.result.try_recv() {
+                    Ok(done) => break Some(done),
+                    Err(TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(1)),
+                    Err(TryRecvError::Closed) => break None,
+                }
+            };
         }
     }
 
@@ -78,24 +94,32 @@ impl Actor {
         let Some(job) = self.coverage_job.as_mut() else {
             return;
         };
-        let Some(done) = (&mut job.handle).now_or_never() else {
-            return;
+        let answer = match job.ready.take() {
+            Some(done) => Ok(done),
+            None => job.result.try_recv(),
+        };
+        let done = match answer {
+            Ok(done) => done,
+            Err(TryRecvError::Empty) => return,
+            Err(TryRecvError::Closed) => {
+                warn!("working out which pods podha would fail over ended without an answer");
+                self.coverage_job = None;
+                return;
+            }
         };
         let same_term = self.leading && job.term == self.leading_since;
         self.coverage_job = None;
-        match done {
-            Ok((by_policy, took)) if same_term => {
-                self.metrics.protection.observe_work(took);
-                debug!(
-                    took_ms = took.as_millis(),
-                    "worked out which pods podha would fail over"
-                );
-                self.metrics.protection.set_pods(&by_policy);
-                self.pod_coverage.set(by_policy);
-            }
-            Ok(_) => {}
-            Err(error) => warn!(%error, "working out which pods podha would fail over failed"),
+        if !same_term {
+            return;
         }
+        let (by_policy, took) = done;
+        self.metrics.protection.observe_work(took);
+        debug!(
+            took_ms = took.as_millis(),
+            "worked out which pods podha would fail over"
+        );
+        self.metrics.protection.set_pods(&by_policy);
+        self.pod_coverage.set(by_policy);
     }
 
     fn coverage_inputs(&self, now: Instant) -> Inputs {

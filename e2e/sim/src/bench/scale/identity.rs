@@ -89,17 +89,12 @@ pub(super) fn create_ok<T>(r: Result<T, kube::Error>) -> anyhow::Result<()> {
     }
 }
 
-/// Requests of podha dispatched by the API server so far (all verbs, watches counted when
-/// they start).
-pub(super) async fn podha_requests(client: &Client) -> anyhow::Result<f64> {
-    Ok(PodhaFlow::read(client).await?.dispatched)
-}
-
 /// What the API server's Priority and Fairness filter counted for podha's FlowSchema so far.
 /// Control-plane components of the sim authenticate as `system:masters` (the `exempt` level),
 /// so podha's flow is the only one APF queues here.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct PodhaFlow {
+    /// Requests of podha dispatched (all verbs, watches counted when they start).
     pub(super) dispatched: f64,
     /// Requests that waited in an APF queue and then ran, and their total wait.
     pub(super) waited: f64,
@@ -107,6 +102,8 @@ pub(super) struct PodhaFlow {
     /// Non-watch requests executed, and their total execution time.
     pub(super) executed: f64,
     pub(super) execution_seconds: f64,
+    /// Writes of PodHAPolicy statuses (by anyone: only podha writes them).
+    pub(super) status_writes: f64,
 }
 
 impl PodhaFlow {
@@ -123,6 +120,12 @@ impl PodhaFlow {
             wait_seconds: sum(&format!("{WAIT}_sum"), "execute=\"true\""),
             executed: sum(&format!("{EXEC}_count"), "type=\"regular\""),
             execution_seconds: sum(&format!("{EXEC}_sum"), "type=\"regular\""),
+            status_writes: metric_in(
+                &text,
+                "apiserver_request_total",
+                &["resource=\"podhapolicies\"", "subresource=\"status\""],
+            )
+            .unwrap_or(0.0),
         })
     }
 
@@ -134,6 +137,7 @@ impl PodhaFlow {
             wait_seconds: self.wait_seconds - earlier.wait_seconds,
             executed: self.executed - earlier.executed,
             execution_seconds: self.execution_seconds - earlier.execution_seconds,
+            status_writes: self.status_writes - earlier.status_writes,
         }
     }
 

@@ -208,6 +208,8 @@ struct CoverageSample {
     unprotected: Option<f64>,
     worked_out: f64,
     mean_seconds: Option<f64>,
+    /// PodHAPolicy status writes in the window (the API server's count).
+    status_writes: f64,
 }
 
 #[derive(Debug, Clone, Default)]

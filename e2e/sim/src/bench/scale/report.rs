@@ -63,24 +63,26 @@ pub(super) fn render(r: &Report) -> String {
 /// What podha counts at rest, and what working it out costs.
 fn render_coverage(r: &Report) -> String {
     let mut out = String::from(
-        "\nstep   protected  unprotected  worked out in window  mean time to work out\n",
+        "\nstep   protected  unprotected  worked out in window  mean time to work out  status writes\n",
     );
     let count = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     for s in &r.rest {
         let c = &s.coverage;
         out.push_str(&format!(
-            "{:<6} {:>9}  {:>11}  {:>20.0}  {:>21}\n",
+            "{:<6} {:>9}  {:>11}  {:>20.0}  {:>21}  {:>13.0}\n",
             s.step,
             count(c.protected),
             count(c.unprotected),
             c.worked_out,
             c.mean_seconds
                 .map_or("-".to_string(), |m| format!("{:.1} ms", m * 1000.0)),
+            c.status_writes,
         ));
     }
     out.push_str(
         "(podha_pods{protected} at the end of the window: pods with a volume; \
-         podha_coverage_duration_seconds over it)\n",
+         podha_coverage_duration_seconds over it; PodHAPolicy status writes the API server \
+         counted over it)\n",
     );
     out
 }
@@ -201,6 +203,7 @@ impl Report {
                     "unprotected_pods": s.coverage.unprotected,
                     "coverage_worked_out_in_window": s.coverage.worked_out,
                     "coverage_mean_seconds": s.coverage.mean_seconds,
+                    "status_writes": s.coverage.status_writes,
                 })
             })
             .collect();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 use kube::Client;
 
-use super::identity::podha_requests;
+use super::identity::PodhaFlow;
 use super::{CoverageSample, RestSample, ScaleArgs, say};
 use crate::cluster::Cluster;
 use crate::failover::Operator;
@@ -43,21 +43,22 @@ pub(super) async fn measure_rest(
     let pid = podha.pid();
     let hz = clock_ticks();
     let work0 = coverage_work(podha);
-    let (cpu0, req0, cl0, t0) = (
+    let (cpu0, flow0, cl0, t0) = (
         cpu_ticks(pid).ok_or_else(|| anyhow!("podha is gone"))?,
-        podha_requests(client).await?,
+        PodhaFlow::read(client).await?,
         cluster_ticks(cluster),
         Instant::now(),
     );
     tokio::time::sleep(args.window).await;
     let work1 = coverage_work(podha);
-    let (cpu1, req1, cl1, window) = (
+    let (cpu1, flow1, cl1, window) = (
         cpu_ticks(pid).ok_or_else(|| anyhow!("podha is gone"))?,
-        podha_requests(client).await?,
+        PodhaFlow::read(client).await?,
         cluster_ticks(cluster),
         t0.elapsed(),
     );
     let secs = window.as_secs_f64();
+    let flow = flow1.since(flow0);
     let cluster_cpu_percent = cl1
         .iter()
         .map(|(k, v)| {
@@ -76,8 +77,8 @@ pub(super) async fn measure_rest(
         rss_kib: status_kib(pid, "VmRSS").unwrap_or(0),
         hwm_kib: status_kib(pid, "VmHWM").unwrap_or(0),
         cpu_percent: (cpu1 - cpu0) as f64 / hz / secs * 100.0,
-        requests: req1 - req0,
-        requests_per_s: (req1 - req0) / secs,
+        requests: flow.dispatched,
+        requests_per_s: flow.dispatched / secs,
         window,
         cluster_cpu_percent,
         built_in,
@@ -85,6 +86,7 @@ pub(super) async fn measure_rest(
             protected: podha.metric("podha_pods", &["protected=\"true\""]),
             unprotected: podha.metric("podha_pods", &["protected=\"false\""]),
             worked_out: work1.1 - work0.1,
+            status_writes: flow.status_writes,
             mean_seconds: (work1.1 > work0.1).then(|| (work1.0 - work0.0) / (work1.1 - work0.1)),
         },
     })
