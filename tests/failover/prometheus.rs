@@ -13,8 +13,8 @@ use anyhow::{Context as _, anyhow, bail};
 use serde_json::{Value, json};
 
 use super::{
-    Failed, Operators, SharedCluster, free_port, gone, log, other, policy_and_db, scenario, secs_,
-    wait_recovered,
+    Failed, Operators, SharedCluster, free_port, gone, log, metric, ops_leader, other,
+    policy_and_db, scenario, scrape, secs_, wait_recovered,
 };
 use podha_sim::testkit::*;
 
@@ -223,6 +223,18 @@ pub fn prometheus_scrapes_a_failover(
         let (_, node, uid, pv) =
             policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
         let target = other(&pair, &node);
+        // Before the death, the leader counts db-0 among the policy's protected pods.
+        let leader = ops_leader(replicas).await?;
+        wait_for(
+            "db-0 counted protected in podha_pods",
+            secs_(60),
+            || async {
+                let text = scrape(leader)?;
+                let protected = [("policy", ns.as_str()), ("protected", "true")];
+                Ok((metric(&text, "podha_pods", &protected) == Some(1.0)).then_some(()))
+            },
+        )
+        .await?;
         ctx.cluster.kill_node(&node)?;
         wait_for("db-0 force-deleted", secs_(90), || async {
             Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))

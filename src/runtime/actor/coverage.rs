@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::Actor;
-use crate::api::{PodHAPolicy, PodHAPolicyStatus};
+use crate::api::{FencingProof, PodHAPolicy, PodHAPolicyStatus};
 use crate::contract::AGENT_LEASE_DURATION;
 use crate::planner::PolicyRef;
 use crate::protection::{Cluster, Coverage, Operator, coverage};
@@ -44,14 +44,15 @@ struct Inputs {
 
 impl Actor {
     /// Takes the result of a finished working-out, and starts one if it is due. Every
-    /// replica reaps; only the leader starts, and only once a Lease's duration has passed since
-    /// it began watching the agents (a Lease first seen counts as renewed then, so an agent
-    /// that stopped before this process started shows only after that).
+    /// replica reaps; only the leader starts; and while a policy relies on the agents' proof,
+    /// only once a Lease's duration has passed since this process began watching the agents (a
+    /// Lease first seen counts as renewed then, so an agent that stopped before this process
+    /// started shows only after that).
     pub(super) fn work_out_coverage(&mut self, now: Instant) {
         self.reap_coverage();
         if !self.leading
             || self.coverage_job.is_some()
-            || self.coverage.watched_for(now) < AGENT_LEASE_DURATION
+            || (self.coverage.watched_for(now) < AGENT_LEASE_DURATION && self.relies_on_agents())
             || !self.pod_coverage.due(now)
         {
             return;
@@ -120,6 +121,13 @@ impl Actor {
         );
         self.metrics.protection.set_pods(&by_policy);
         self.pod_coverage.set(by_policy);
+    }
+
+    fn relies_on_agents(&self) -> bool {
+        self.state
+            .policies
+            .values()
+            .any(|p| p.spec.taint_proof() == Some(FencingProof::Agent))
     }
 
     fn coverage_inputs(&self, now: Instant) -> Inputs {

@@ -235,13 +235,7 @@ async fn the_status_counts_protected_pods_and_why_not_the_others_at_most_every_f
     objects.push(mk_pod("ns", "web").on("node-1").owned_by_sts("web").into());
     objects.push(pod("backup").phase("Succeeded").into());
     let mut h = harness(objects);
-    // Not before a Lease's duration: an agent Lease first seen counts as renewed then.
-    h.run_for(39).await;
-    let (_, status) = reported(&mut h);
-    let status = status.expect("a status");
-    assert_eq!((status.protected_pods, status.unprotected_pods), (0, 0));
-    assert!(pods_gauge(&h.metrics).is_empty());
-    h.run_for(2).await;
+    h.run_for(1).await;
     let (_, status) = reported(&mut h);
     let status = status.expect("a status");
     assert_eq!((status.protected_pods, status.unprotected_pods), (1, 1));
@@ -289,4 +283,35 @@ async fn the_status_counts_protected_pods_and_why_not_the_others_at_most_every_f
     h.leader.send(None).expect("leader channel");
     h.run_for(1).await;
     assert!(pods_gauge(&h.metrics).is_empty());
+}
+
+/// Under the agent's proof the leader counts only once it has watched the agents' Leases for a
+/// Lease's duration: a Lease first seen counts as renewed then, so an agent that stopped
+/// before the process started would look alive until that.
+#[tokio::test(start_paused = true)]
+async fn under_the_agents_proof_pods_are_counted_once_a_lease_duration_has_passed() {
+    let mut spec = quick_spec();
+    spec.fencing.proof = FencingProof::Agent;
+    let objects: Vec<Obj> = vec![
+        mk_node("node-1").into(),
+        mk_node("node-2").into(),
+        mk_pvc("ns", "data-db").bound_to("pv-db").into(),
+        mk_csi_pv("pv-db", DRIVER).into(),
+        mk_pod("ns", "db-0")
+            .on("node-1")
+            .owned_by_sts("db")
+            .claim("data-db")
+            .into(),
+    ];
+    let mut h = harness_with(objects, Some(spec));
+    h.run_for(39).await;
+    let (_, status) = reported(&mut h);
+    let status = status.expect("a status");
+    assert_eq!((status.protected_pods, status.unprotected_pods), (0, 0));
+    assert!(pods_gauge(&h.metrics).is_empty());
+    h.run_for(2).await;
+    let (_, status) = reported(&mut h);
+    let status = status.expect("the counts");
+    assert_eq!((status.protected_pods, status.unprotected_pods), (0, 1));
+    assert_eq!(status.unprotected_reasons[0].reason, "NoProvingAgent");
 }
