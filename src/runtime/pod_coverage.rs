@@ -5,8 +5,9 @@
 //! Working it out reads every pod with a volume (and, for a pod with no target, every node), so
 //! it runs off the decision loop, on a copy of the view, one at a time: again once something it
 //! reads has changed, at most every [`EVERY`], and at least every [`AT_LEAST`] (an agent's
-//! Lease lapses without any change to watch). It reads only the watch caches: no API request
-//! beyond the status patch that carries it.
+//! Lease lapses without any change to watch); never sooner than twice the time the last one
+//! took, so at most half a core on a cluster where it is slow. It reads only the watch caches:
+//! no API request beyond the status patch that carries it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub struct PodCoverage {
     changed: bool,
     /// When the last working-out started (from the view of that moment).
     started: Option<Instant>,
+    /// How long the last one took: the next starts no sooner than twice that after it, so
+    /// that working it out never takes more than half a core, however large the cluster.
+    took: Duration,
     by_policy: BTreeMap<String, Coverage>,
 }
 
@@ -44,7 +48,8 @@ impl PodCoverage {
             None => true,
             Some(at) => {
                 let since = now.saturating_duration_since(at);
-                since >= AT_LEAST || (self.changed && since >= EVERY)
+                let spaced = since >= self.took * 2;
+                spaced && (since >= AT_LEAST || (self.changed && since >= EVERY))
             }
         }
     }
@@ -56,9 +61,10 @@ impl PodCoverage {
         self.changed = false;
     }
 
-    /// The coverage a working-out came to.
-    pub fn set(&mut self, by_policy: BTreeMap<String, Coverage>) {
+    /// The coverage a working-out came to, and how long it took.
+    pub fn set(&mut self, by_policy: BTreeMap<String, Coverage>, took: Duration) {
         self.by_policy = by_policy;
+        self.took = took;
     }
 
     /// `policy`'s coverage, once worked out (`None` before: the status keeps what it said).
@@ -89,7 +95,7 @@ mod tests {
         coverage.start(t0 + EVERY);
         // A change while it runs counts for the next one.
         coverage.changed();
-        coverage.set(BTreeMap::new());
+        coverage.set(BTreeMap::new(), Duration::from_millis(50));
         assert!(coverage.due(t0 + EVERY * 2));
         coverage.start(t0 + EVERY * 2);
         assert!(!coverage.due(t0 + EVERY * 2 + AT_LEAST - Duration::from_millis(1)));

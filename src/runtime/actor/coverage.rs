@@ -120,7 +120,7 @@ impl Actor {
             "worked out which pods podha would fail over"
         );
         self.metrics.protection.set_pods(&by_policy);
-        self.pod_coverage.set(by_policy);
+        self.pod_coverage.set(by_policy, took);
     }
 
     fn relies_on_agents(&self) -> bool {
