@@ -112,6 +112,14 @@ pub(crate) fn register<C: Collector + Clone + 'static>(
 /// Removes the series of `vec` whose `policy` label equals `policy`, whatever its other labels:
 /// the other values (reasons, owner kinds, phases) are only known from what was recorded.
 fn remove_policy<T: MetricVecBuilder>(vec: &MetricVec<T>, policy: &str) {
+    remove_series(vec, |labels| labels.get(POLICY) == Some(&policy));
+}
+
+/// Removes every series of `vec` whose labels `stale` picks.
+fn remove_series<T: MetricVecBuilder>(
+    vec: &MetricVec<T>,
+    stale: impl Fn(&HashMap<&str, &str>) -> bool,
+) {
     for family in vec.collect() {
         for metric in family.get_metric() {
             let labels: HashMap<&str, &str> = metric
@@ -119,9 +127,9 @@ fn remove_policy<T: MetricVecBuilder>(vec: &MetricVec<T>, policy: &str) {
                 .iter()
                 .map(|pair| (pair.name(), pair.value()))
                 .collect();
-            if labels.get(POLICY) == Some(&policy) {
+            if stale(&labels) {
                 // Not-found cannot happen for a series just collected, short of a concurrent
-                // forget of the same policy; either way it is already gone.
+                // removal of the same series; either way it is already gone.
                 let _ = vec.remove(&labels);
             }
         }

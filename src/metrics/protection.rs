@@ -1,12 +1,11 @@
 //! How many of each policy's pods podha would fail over now (`podha_pods`), from the coverage
 //! the decision loop works out (`crate::protection::coverage`). Set by the leader only.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, IntGaugeVec, Opts, Registry};
 
-use super::{POLICY, register, remove_policy};
+use super::{POLICY, register, remove_policy, remove_series};
 use crate::protection::Coverage;
 
 const PROTECTED: &str = "protected";
@@ -65,20 +64,10 @@ impl Protection {
                 current.insert((policy, "false", reason.as_str()));
             }
         }
-        for family in self.pods.collect() {
-            for metric in family.get_metric() {
-                let labels: HashMap<&str, &str> = metric
-                    .get_label()
-                    .iter()
-                    .map(|pair| (pair.name(), pair.value()))
-                    .collect();
-                let label = |name| labels.get(name).copied().unwrap_or_default();
-                if !current.contains(&(label(POLICY), label(PROTECTED), label(REASON))) {
-                    // Just collected: only a concurrent removal could have taken it first.
-                    let _ = self.pods.remove(&labels);
-                }
-            }
-        }
+        remove_series(&self.pods, |labels| {
+            let label = |name| labels.get(name).copied().unwrap_or_default();
+            !current.contains(&(label(POLICY), label(PROTECTED), label(REASON)))
+        });
         let set = |policy: &str, protected: &str, reason: &str, pods: usize| {
             self.pods
                 .with_label_values(&[policy, protected, reason])
