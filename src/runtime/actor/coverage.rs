@@ -113,7 +113,9 @@ impl Actor {
         if !same_term {
             return;
         }
-        let (by_policy, took) = done;
+        let (mut by_policy, took) = done;
+        // A policy deleted while it ran has had its series removed already.
+        by_policy.retain(|policy, _| self.state.policies.contains_key(policy));
         self.metrics.protection.observe_work(took);
         debug!(
             took_ms = took.as_millis(),
