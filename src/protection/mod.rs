@@ -193,16 +193,10 @@ pub struct Cluster<'a> {
     pub now: Instant,
     /// What each node's pods share, once worked out: the taint the node would get, and the
     /// proof its fence would need.
-    memo: RefCell<BTreeMap<String, NodeMemo>>,
+    taints: RefCell<BTreeMap<String, Check>>,
+    proofs: RefCell<BTreeMap<String, Vec<Check>>>,
     /// Nodes that advertise an agent, and those of them with a watchdog and a fresh Lease.
     agents: OnceCell<(usize, usize)>,
-}
-
-/// The checks every pod of one node shares.
-#[derive(Clone, Default)]
-struct NodeMemo {
-    taint: Option<Check>,
-    proof: Option<Vec<Check>>,
 }
 
 impl<'a> Cluster<'a> {
@@ -221,38 +215,35 @@ impl<'a> Cluster<'a> {
             view,
             operator,
             now,
-            memo: RefCell::default(),
+            taints: RefCell::default(),
+            proofs: RefCell::default(),
             agents: OnceCell::new(),
         }
     }
 
     /// `node`'s taint check, worked out by `work` the first time.
     fn taint_of(&self, node: &str, work: impl FnOnce() -> Check) -> Check {
-        if let Some(known) = self.memo.borrow().get(node).and_then(|m| m.taint.clone()) {
-            return known;
-        }
-        let check = work();
-        self.memo
-            .borrow_mut()
-            .entry(node.to_string())
-            .or_default()
-            .taint = Some(check.clone());
-        check
+        remembered(&self.taints, node, work)
     }
 
     /// `node`'s proof checks, worked out by `work` the first time.
     fn proof_of(&self, node: &str, work: impl FnOnce() -> Vec<Check>) -> Vec<Check> {
-        if let Some(known) = self.memo.borrow().get(node).and_then(|m| m.proof.clone()) {
-            return known;
-        }
-        let checks = work();
-        self.memo
-            .borrow_mut()
-            .entry(node.to_string())
-            .or_default()
-            .proof = Some(checks.clone());
-        checks
+        remembered(&self.proofs, node, work)
     }
+}
+
+/// What `memo` holds for `node`, worked out by `work` (and kept) the first time.
+fn remembered<T: Clone>(
+    memo: &RefCell<BTreeMap<String, T>>,
+    node: &str,
+    work: impl FnOnce() -> T,
+) -> T {
+    if let Some(known) = memo.borrow().get(node) {
+        return known.clone();
+    }
+    let value = work();
+    memo.borrow_mut().insert(node.to_string(), value.clone());
+    value
 }
 
 /// A duration as people read it: whole seconds from 10 s on, tenths below.
