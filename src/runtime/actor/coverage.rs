@@ -37,7 +37,6 @@ pub(super) struct CoverageJob {
 struct Inputs {
     policies: Vec<(String, Arc<PodHAPolicy>)>,
     unreadable: BTreeMap<String, String>,
-    statuses: BTreeMap<String, PodHAPolicyStatus>,
     view: View,
     now: Instant,
 }
@@ -145,12 +144,6 @@ impl Actor {
                 .iter()
                 .map(|(name, p)| (name.clone(), p.error.clone()))
                 .collect(),
-            // The statuses as the cache holds them: what this leader, or the one before, wrote.
-            statuses: state
-                .policies
-                .iter()
-                .filter_map(|(name, p)| Some((name.clone(), p.status.clone()?)))
-                .collect(),
             view: state.view.clone(),
             now,
         }
@@ -167,10 +160,16 @@ impl Inputs {
                 spec: &p.spec,
             })
             .collect();
+        // The statuses as the cache holds them: what this leader, or the one before, wrote.
+        let statuses: BTreeMap<String, PodHAPolicyStatus> = self
+            .policies
+            .iter()
+            .filter_map(|(name, p)| Some((name.clone(), p.status.clone()?)))
+            .collect();
         let cluster = Cluster::new(
             policies,
             &self.unreadable,
-            &self.statuses,
+            &statuses,
             &self.view,
             Operator::Leading,
             self.now,
