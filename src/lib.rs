@@ -24,6 +24,7 @@ pub mod listen;
 pub mod metrics;
 pub mod planner;
 pub mod protection;
+pub mod redfish;
 pub mod runtime;
 #[cfg(test)]
 pub(crate) mod test_builders;

@@ -65,6 +65,16 @@ pub fn default_bin_dir() -> PathBuf {
     cache_dir().join(cache_key()).join("bin")
 }
 
+/// `$PODHA_SUSHY_EMULATOR`, else the `sushy-emulator` of the venv `make sushy-tools` fills.
+pub fn sushy_emulator() -> PathBuf {
+    if let Some(path) = std::env::var_os("PODHA_SUSHY_EMULATOR").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    cache_dir()
+        .join(format!("sushy-tools-{}", pinned("SUSHY_TOOLS_VERSION")))
+        .join("bin/sushy-emulator")
+}
+
 /// Fails with [`Error::MissingBinaries`] unless every binary is an executable file in `dir`.
 pub fn check(dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;

@@ -65,6 +65,7 @@ mod pki;
 pub(crate) mod ports;
 pub mod process;
 pub mod realnode;
+pub mod redfish;
 mod state;
 mod up;
 

@@ -134,6 +134,8 @@ impl ClusterOptions {
 pub enum Error {
     #[error("sim cluster binaries not found in {} (missing: {}): run `make k8s`", dir.display(), missing.join(", "))]
     MissingBinaries { dir: PathBuf, missing: Vec<String> },
+    #[error("the sushy-tools Redfish emulator was not found at {}: run `make sushy-tools` or set PODHA_SUSHY_EMULATOR", .0.display())]
+    MissingSushyEmulator(PathBuf),
     #[error("CSI sidecars not found in {} (missing: {}): run `make csi-sidecars`", dir.display(), missing.join(", "))]
     MissingCsiSidecars { dir: PathBuf, missing: Vec<String> },
     #[error(
@@ -202,6 +204,7 @@ impl Error {
         match self {
             Error::MissingBinaries { .. } => "missing_binaries",
             Error::MissingCsiSidecars { .. } => "missing_csi_sidecars",
+            Error::MissingSushyEmulator(_) => "missing_sushy_emulator",
             Error::SimExeNotFound(_) => "sim_exe_not_found",
             Error::DirInUse { .. } => "dir_in_use",
             Error::NoCluster(_) => "no_cluster",

@@ -1,0 +1,252 @@
+//! A real Redfish service for BMC tests: OpenStack's `sushy-tools` emulator (`make
+//! sushy-tools`), over HTTPS with a certificate of its own CA and HTTP basic auth, with its fake
+//! systems driver: systems from its configuration, their power state kept in its state
+//! directory.
+//!
+//! The fake driver's behaviour, which tests must allow for: a reset is answered `204` at once
+//! and applied 0–11 s later, and only when something reads the system after that time (its
+//! `PowerState` changes on a read); a `ForceRestart` sets `Off` at once, then `On` later.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use super::process::{self, ProcRecord};
+use super::{Error, Result};
+
+/// One system of the fake driver.
+#[derive(Clone, Debug)]
+pub struct FakeSystem {
+    pub name: String,
+    pub uuid: String,
+    pub powered_on: bool,
+}
+
+impl FakeSystem {
+    pub fn new(name: &str, powered_on: bool) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            uuid: super::pki::random_uuid()?,
+            powered_on,
+        })
+    }
+}
+
+/// What an emulator serves, and to whom.
+#[derive(Clone, Debug)]
+pub struct EmulatorConfig {
+    pub systems: Vec<FakeSystem>,
+    pub username: String,
+    pub password: String,
+    /// Refuse `ForceOff` and `GracefulShutdown` (`400`), as a BMC whose account may not power
+    /// off does.
+    pub power_off_disabled: bool,
+}
+
+/// A running emulator; killed on drop.
+pub struct Emulator {
+    record: ProcRecord,
+    port: u16,
+    ca_pem: String,
+    log: PathBuf,
+}
+
+/// How long the emulator may take to listen (a Python start).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Emulator {
+    /// Starts an emulator in `dir` (emptied first).
+    pub fn start(dir: &Path, config: &EmulatorConfig) -> Result<Self> {
+        let exe = super::bins::sushy_emulator();
+        if !exe.is_file() {
+            return Err(Error::MissingSushyEmulator(exe));
+        }
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("empty {}", dir.display()), e)),
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+
+        let ca_pem = write_certificates(dir)?;
+        write_file(
+            &dir.join("htpasswd"),
+            &format!("{}:{}\n", config.username, bcrypt(&exe, &config.password)?),
+        )?;
+        let port = super::ports::free_port(Ipv4Addr::LOCALHOST)
+            .map_err(|e| Error::io("find a free port", e))?;
+        let config_file = dir.join("emulator.conf");
+        write_file(&config_file, &configuration(dir, port, config))?;
+
+        let log = dir.join("emulator.log");
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--config").arg(&config_file);
+        let record = process::spawn("sushy-emulator", cmd, &log)?;
+        let emulator = Self {
+            record,
+            port,
+            ca_pem,
+            log,
+        };
+        emulator.wait_listening()?;
+        Ok(emulator)
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The CA that signs the emulator's serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The emulator's log (each request it served, and its errors).
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    fn wait_listening(&self) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            if !process::is_alive(&self.record) {
+                return Err(Error::ProcessExited {
+                    name: "sushy-emulator".to_string(),
+                    log: self.log.clone(),
+                    tail: process::log_tail(&self.log, 20),
+                });
+            }
+            if std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
+                return Ok(());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: format!("sushy-emulator to listen on port {}", self.port),
+                    secs: START_TIMEOUT.as_secs(),
+                    logs: self.log.clone(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        if let Err(error) = process::kill("sushy-emulator", &self.record) {
+            tracing::warn!(%error, "stopping sushy-emulator");
+        }
+    }
+}
+
+/// The emulator's configuration file (Python, read by Flask's `from_pyfile`).
+fn configuration(dir: &Path, port: u16, config: &EmulatorConfig) -> String {
+    let systems: Vec<_> = config
+        .systems
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "uuid": s.uuid,
+                "name": s.name,
+                "power_state": if s.powered_on { "On" } else { "Off" },
+                "nics": [],
+            })
+        })
+        .collect();
+    let path = |name: &str| serde_json::Value::from(dir.join(name).display().to_string());
+    format!(
+        "import json\n\
+         SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\n\
+         SUSHY_EMULATOR_LISTEN_PORT = {port}\n\
+         SUSHY_EMULATOR_SSL_CERT = {cert}\n\
+         SUSHY_EMULATOR_SSL_KEY = {key}\n\
+         SUSHY_EMULATOR_AUTH_FILE = {auth}\n\
+         SUSHY_EMULATOR_STATE_DIR = {state}\n\
+         SUSHY_EMULATOR_FAKE_DRIVER = True\n\
+         SUSHY_EMULATOR_FAKE_SYSTEMS = json.loads({systems})\n\
+         SUSHY_EMULATOR_DISABLE_POWER_OFF = {power_off_disabled}\n",
+        cert = path("tls.crt"),
+        key = path("tls.key"),
+        auth = path("htpasswd"),
+        state = path("state"),
+        systems = serde_json::Value::from(serde_json::Value::from(systems).to_string()),
+        power_off_disabled = if config.power_off_disabled {
+            "True"
+        } else {
+            "False"
+        },
+    )
+}
+
+/// A CA and a serving certificate for 127.0.0.1 and localhost; returns the CA's PEM.
+fn write_certificates(dir: &Path) -> Result<String> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name
+        .push(DnType::CommonName, "podha-sim-bmc-ca");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, &ca_key);
+
+    let key = KeyPair::generate()?;
+    let mut serving =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
+    serving.distinguished_name.push(DnType::CommonName, "bmc");
+    serving.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = serving.signed_by(&key, &issuer)?;
+
+    write_file(&dir.join("ca.crt"), &ca_cert.pem())?;
+    write_file(&dir.join("tls.crt"), &cert.pem())?;
+    write_file(&dir.join("tls.key"), &key.serialize_pem())?;
+    Ok(ca_cert.pem())
+}
+
+/// `password`'s bcrypt digest, the one form the emulator's auth file takes, made by the
+/// emulator's own Python (its venv holds `bcrypt`).
+fn bcrypt(exe: &Path, password: &str) -> Result<String> {
+    let python = exe.with_file_name("python3");
+    let output = Command::new(&python)
+        .args([
+            "-c",
+            "import bcrypt, sys; print(bcrypt.hashpw(sys.stdin.buffer.read(), bcrypt.gensalt(4)).decode())",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child
+                .stdin
+                .take()
+                .map(|mut stdin| stdin.write_all(password.as_bytes()))
+                .transpose()?;
+            child.wait_with_output()
+        })
+        .map_err(|e| Error::io(format!("run {}", python.display()), e))?;
+    if !output.status.success() {
+        return Err(Error::Other(format!(
+            "hashing a password with {}: {}",
+            python.display(),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+fn write_file(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).map_err(|e| Error::io(format!("write {}", path.display()), e))
+}
