@@ -148,7 +148,7 @@ image: ## podha's image without Docker: static release binary in an OCI tar, tar
 		--binary $(CURDIR)/target/$(STATIC_TARGET)/release/podha --out $(PODHA_IMAGE_TAR)
 
 .PHONY: real-node-test
-real-node-test: k8s sim-deps csi-sidecars node-deps node-images helm image ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
+real-node-test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
 	$(CARGO) test -p podha-sim --test realnode --test realnode_podha
 
 .PHONY: build

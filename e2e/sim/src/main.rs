@@ -59,6 +59,10 @@ enum Cmd {
         /// this cycle.
         #[arg(long, value_parser = humantime::parse_duration)]
         node_status_update_frequency: Option<Duration>,
+        /// Power every node through Redfish: a sushy-tools emulator with a system per node,
+        /// which each node's BMC follows (`make sushy-tools`).
+        #[arg(long)]
+        redfish_bmcs: bool,
     },
     /// The main job on the embedded default: a sim cluster, podha, a StatefulSet with an RWO
     /// volume, a node killed, and the failover timeline. Everything is torn down at the end.
@@ -92,8 +96,9 @@ enum Cmd {
         #[command(subcommand)]
         command: NodeCmd,
     },
-    /// A node's BMC (started by the sim with every real node, and with kwok nodes whose agents
-    /// have a watchdog): its watchdog and power control, until it powers the node off.
+    /// A node's BMC (started by the sim with every real node, with kwok nodes whose agents have
+    /// a watchdog, and with every node whose power comes through Redfish): its watchdog and
+    /// power control, until it powers the node off (with Redfish: until it boots it again).
     Bmc {
         /// The node.
         name: String,
@@ -284,6 +289,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             bin_dir,
             apiserver_port,
             node_status_update_frequency,
+            redfish_bmcs,
         } => {
             let opts = ClusterOptions {
                 nodes,
@@ -294,6 +300,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 bin_dir,
                 apiserver_port,
                 node_status_update_frequency,
+                redfish_bmcs,
                 ..ClusterOptions::new(dir.dir)
             };
             up(opts).await?;

@@ -10,9 +10,13 @@
 //!   containers;
 //! - partition: the node's packets to the API server are dropped: the node goes `Unknown`
 //!   while its kubelet and containers run (and its kubelet port answers); healed, it is Ready
-//!   again with the same containers.
+//!   again with the same containers;
+//! - power off through the BMC: the node frozen, its Redfish system (the cluster's sushy-tools
+//!   emulator) sent `ForceOff`: once the system reports `Off`, the node's BMC kills every
+//!   process of it; `On` boots it with a new boot ID.
 //!
-//! Needs root, `make k8s csi-sidecars node-deps node-images` (`make real-node-test` does it);
+//! Needs root, `make k8s csi-sidecars node-deps node-images sushy-tools` (`make real-node-test`
+//! does it);
 //! without them the tests fail and say which target to run.
 
 use std::collections::BTreeSet;
@@ -25,7 +29,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use libtest_mimic::Arguments;
+use podha::redfish::{Bmc, PowerState, ResetType};
 use podha_sim::cluster::PAUSE_IMAGE;
+use podha_sim::cluster::bmc::REDFISH_OFF_REASON;
 use podha_sim::cluster::process::{ProcRecord, is_alive};
 use podha_sim::testkit::*;
 use serde_json::json;
@@ -45,9 +51,10 @@ fn main() -> ExitCode {
             KWOK_NODES,
             Some(env!("CARGO_BIN_EXE_podha-sim").into()),
         )
-        .with_real_nodes(1),
+        .with_real_nodes(1)
+        .with_redfish_bmcs(),
     );
-    let scenarios: [Scenario; 3] = [
+    let scenarios: [Scenario; 4] = [
         (
             "a_killed_real_node_loses_every_process_and_reboots",
             kill_and_reboot,
@@ -59,6 +66,10 @@ fn main() -> ExitCode {
         (
             "a_partitioned_real_node_goes_unknown_while_its_containers_run",
             partition_and_heal,
+        ),
+        (
+            "a_frozen_real_node_is_powered_off_through_its_bmc_and_on_again",
+            power_off_and_on,
         ),
     ];
     run_trials(&args, &shared, scenarios.into())
@@ -398,5 +409,75 @@ fn partition_and_heal(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         );
         log(&ns, "healed: Ready, same container");
         remove_app(&ctx, "cut-off").await
+    })
+}
+
+fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
+    run_scenario(shared, "realnode-bmc", |ctx| async move {
+        let ns = ctx.ns.clone();
+        ctx.create::<Deployment>(pause_deployment("powered", true))
+            .await?;
+        let (_, container) = wait_started_on_real_node(&ctx, "powered", None).await?;
+        let (node, before) = check_real_node(&ctx).await?;
+        let old_boot = boot_id(&node);
+        let access = ctx
+            .cluster
+            .redfish()
+            .ok_or_else(|| anyhow::anyhow!("the cluster's nodes have no Redfish BMCs"))?;
+        let bmc = Bmc::new(access.endpoint(REAL_NODE)?)?;
+        anyhow::ensure!(bmc.power_state().await? == PowerState::On);
+
+        ctx.cluster.freeze_node(REAL_NODE)?;
+        let fences_before = ctx.cluster.fences()?.len();
+        bmc.reset(ResetType::ForceOff).await?;
+        // The emulator applies the reset 0-11 s after it, when the BMC next reads the system.
+        let powered_off = wait_for(
+            "the frozen node powered off by its BMC",
+            secs(30),
+            || async {
+                let fenced = ctx
+                    .cluster
+                    .fences()?
+                    .into_iter()
+                    .skip(fences_before)
+                    .find(|f| f.node == REAL_NODE && f.reason == REDFISH_OFF_REASON);
+                Ok(fenced.filter(|_| before.iter().all(|(_, r)| !is_alive(r))))
+            },
+        )
+        .await;
+        if powered_off.is_err() {
+            // Leave no frozen node to the next run's reader of the logs.
+            ctx.cluster.thaw_node(REAL_NODE)?;
+        }
+        powered_off?;
+        anyhow::ensure!(
+            ctx.cluster.node_pids(REAL_NODE)?.is_empty(),
+            "the powered-off node's cgroup still holds processes"
+        );
+        anyhow::ensure!(bmc.power_state().await? == PowerState::Off);
+        log(
+            &ns,
+            "powered off through Redfish: every process of the frozen node gone",
+        );
+
+        bmc.reset(ResetType::On).await?;
+        wait_for(
+            "the node booted again with a new boot ID",
+            secs(120),
+            || async {
+                let node = ctx.nodes().get(REAL_NODE).await?;
+                let booted =
+                    boot_id(&node) != old_boot && ready_status(&node).as_deref() == Some("True");
+                Ok(booted.then_some(()))
+            },
+        )
+        .await?;
+        let (_, after) = wait_started_on_real_node(&ctx, "powered", Some(&container)).await?;
+        log(
+            &ns,
+            format!("powered on through Redfish: booted, the pod runs {after}"),
+        );
+        check_real_node(&ctx).await?;
+        remove_app(&ctx, "powered").await
     })
 }

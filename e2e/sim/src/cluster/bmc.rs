@@ -9,12 +9,19 @@
 //!   node off. The node's podha agent pets it (`--watchdog`).
 //! - **Its power control.** `off` written to `DIR/nodes/<node>/bmc/power` powers the node off
 //!   (the agent's fence: what a site's fence command does through IPMI or redfish).
+//! - **Its Redfish system**, when the cluster's BMCs are powered through Redfish
+//!   ([`super::redfish`]): the node is the system named after it on the cluster's emulator. The
+//!   BMC reads the system's `PowerState` every [`REDFISH_READ_EVERY`] (a read is what makes the
+//!   emulator apply a pending reset) and powers the node off when it reads `Off` after having
+//!   read `On` (a machine that boots while its system still says `Off` asks for `On` first);
+//!   when it powers the node off for another reason it asks the system for `ForceOff`, so the
+//!   system's state follows the machine. Once the node is off it keeps reading, and boots the
+//!   node again (`podha-sim node start`) when the system says `On`.
 //!
 //! Powering off is [`Cluster::fence_node`] for a real node: every process of the node
 //! SIGKILLed, its link down, the fence appended to `fences.log`; a kwok node is powered off as
 //! [`Cluster::kill_node`] kills it (its agent too, its addresses silent), and the fence
-//! recorded. The BMC then exits; the node's next boot starts a
-//! new one.
+//! recorded. The BMC then exits (without Redfish); the node's next boot starts a new one.
 
 use std::io::{ErrorKind, Read as _};
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -34,6 +41,62 @@ pub fn bmc_dir(cluster_dir: &Path, node: &str) -> PathBuf {
 
 /// How often the BMC looks at its FIFOs.
 const TICK: Duration = Duration::from_millis(100);
+
+/// How often the BMC reads its Redfish system's power state.
+pub const REDFISH_READ_EVERY: Duration = Duration::from_millis(500);
+
+/// Why a BMC powers its node off when its Redfish system says so.
+pub const REDFISH_OFF_REASON: &str = "its BMC reports PowerState Off (Redfish)";
+
+/// The BMC's Redfish system, as the BMC follows it.
+struct RedfishPower {
+    system: podha::redfish::Bmc,
+    /// The system said `On` since the BMC started: an `Off` now is a power-off.
+    seen_on: bool,
+    /// The BMC asked for `On` (the machine runs while its system says otherwise).
+    asked_on: bool,
+    next_read: Instant,
+}
+
+impl RedfishPower {
+    /// Reads the power state when due; whether the system now says the machine is off.
+    async fn says_off(&mut self, node: &str, now: Instant) -> bool {
+        if now < self.next_read {
+            return false;
+        }
+        self.next_read = now + REDFISH_READ_EVERY;
+        match self.system.power_state().await {
+            Ok(podha::redfish::PowerState::On) => {
+                self.seen_on = true;
+                false
+            }
+            Ok(state) if state.is_off() && self.seen_on => true,
+            Ok(state) => {
+                if !self.seen_on && !self.asked_on {
+                    self.asked_on = true;
+                    if let Err(error) = self.system.reset(podha::redfish::ResetType::On).await {
+                        warn!(node, %error, %state, "asking the Redfish system for On");
+                    }
+                }
+                false
+            }
+            Err(error) => {
+                warn!(node, %error, "reading the Redfish system's power state");
+                false
+            }
+        }
+    }
+
+    /// Waits until the system says `On` again.
+    async fn wait_on(&mut self) {
+        loop {
+            tokio::time::sleep(REDFISH_READ_EVERY).await;
+            if let Ok(podha::redfish::PowerState::On) = self.system.power_state().await {
+                return;
+            }
+        }
+    }
+}
 
 /// The watchdog's state, fed what its FIFO delivers.
 #[derive(Debug, Default)]
@@ -142,10 +205,21 @@ impl Cluster {
         let mut watchdog_fifo = open_fifo(&dir.join("watchdog"))?;
         let mut power_fifo = open_fifo(&dir.join("power"))?;
         let mut watchdog = Watchdog::default();
-        info!(node = name, ?watchdog_timeout, "BMC up");
+        let mut redfish = self.redfish_power(name)?;
+        info!(
+            node = name,
+            ?watchdog_timeout,
+            redfish = redfish.is_some(),
+            "BMC up"
+        );
         let reason = loop {
             tokio::time::sleep(TICK).await;
             let now = Instant::now();
+            if let Some(power) = redfish.as_mut()
+                && power.says_off(name, now).await
+            {
+                break REDFISH_OFF_REASON.to_string();
+            }
             match read_fifo(&mut watchdog_fifo)? {
                 Got::Bytes(bytes) => watchdog.wrote(&bytes, now),
                 Got::Closed => watchdog.closed(),
@@ -179,7 +253,50 @@ impl Cluster {
             self.kill_node_processes(name, true)?;
             self.record_fence(name, &reason)?;
         }
+        if let Some(mut power) = redfish {
+            if reason != REDFISH_OFF_REASON
+                && let Err(error) = power
+                    .system
+                    .reset(podha::redfish::ResetType::ForceOff)
+                    .await
+            {
+                warn!(node = name, %error, "telling the Redfish system the machine is off");
+            }
+            power.wait_on().await;
+            info!(node = name, "the Redfish system says On: booting the node");
+            self.power_on(name)?;
+            return Ok(format!(
+                "{reason}; booting again: its Redfish system says On"
+            ));
+        }
         Ok(reason)
+    }
+
+    /// The node's Redfish system, when the cluster's BMCs are powered through Redfish.
+    fn redfish_power(&self, name: &str) -> Result<Option<RedfishPower>> {
+        let Some(access) = self.lock_reloaded().redfish.clone() else {
+            return Ok(None);
+        };
+        let mut endpoint = access.endpoint(name)?;
+        endpoint.timeout = Duration::from_secs(2);
+        let system = podha::redfish::Bmc::new(endpoint).map_err(|e| Error::Other(e.to_string()))?;
+        Ok(Some(RedfishPower {
+            system,
+            seen_on: false,
+            asked_on: false,
+            next_read: Instant::now(),
+        }))
+    }
+
+    /// Boots node `name` as `podha-sim node start` does, in a process of its own: the boot
+    /// starts the node's next BMC, which stops this one.
+    fn power_on(&self, name: &str) -> Result<()> {
+        let exe = self.lock_reloaded().sim_exe.clone();
+        let mut cmd = Command::new(exe);
+        cmd.args(["node", "start", name])
+            .arg(format!("--dir={}", self.dir.display()));
+        let log = self.log_path(&format!("power-on-{name}"));
+        process::spawn(&format!("power-on-{name}"), cmd, &log).map(|_| ())
     }
 }
 

@@ -210,6 +210,12 @@ impl Cluster {
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--node={}", rec.name));
         self.spawn(st, &csi_node_proc(&rec.name), agent)?;
+        let agent_watchdog = st.agents.as_ref().and_then(|a| a.watchdog_timeout);
+        if st.redfish.is_some() && agent_watchdog.is_none() {
+            // Every machine has a BMC when they are powered through Redfish; one whose agent
+            // pets a watchdog gets it with the agent.
+            self.spawn_bmc(st, &rec.name, None)?;
+        }
         if let Some(agents) = st.agents.clone() {
             self.spawn_agent(st, &mut rec.clone(), &agents)?;
         }

@@ -105,6 +105,9 @@ pub struct ClusterOptions {
     /// It sets how soon a kubelet reports a new pod's volume in `status.volumesInUse`, which it
     /// waits for before it mounts the volume (see `realnode::files::kubelet_config`).
     pub node_status_update_frequency: Option<Duration>,
+    /// Every node's BMC gets its power from a Redfish service (see `redfish`): one sushy-tools
+    /// emulator with a system per node, which the BMC reads (`make sushy-tools`).
+    pub redfish_bmcs: bool,
 }
 
 impl ClusterOptions {
@@ -125,6 +128,7 @@ impl ClusterOptions {
             agents: None,
             real_node_watchdog: None,
             node_status_update_frequency: None,
+            redfish_bmcs: false,
         }
     }
 }

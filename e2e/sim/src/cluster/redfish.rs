@@ -49,9 +49,9 @@ pub struct EmulatorConfig {
     pub power_off_disabled: bool,
 }
 
-/// A running emulator; killed on drop.
+/// A running emulator; killed on drop unless [`Emulator::detach`]ed.
 pub struct Emulator {
-    record: ProcRecord,
+    record: Option<ProcRecord>,
     port: u16,
     ca_pem: String,
     log: PathBuf,
@@ -90,7 +90,7 @@ impl Emulator {
         cmd.arg("--config").arg(&config_file);
         let record = process::spawn("sushy-emulator", cmd, &log)?;
         let emulator = Self {
-            record,
+            record: Some(record),
             port,
             ca_pem,
             log,
@@ -114,10 +114,15 @@ impl Emulator {
         &self.log
     }
 
+    /// The emulator's process, left running (a cluster's, killed by `down`).
+    pub fn detach(mut self) -> Option<ProcRecord> {
+        self.record.take()
+    }
+
     fn wait_listening(&self) -> Result<()> {
         let started = Instant::now();
         loop {
-            if !process::is_alive(&self.record) {
+            if !self.record.as_ref().is_some_and(process::is_alive) {
                 return Err(Error::ProcessExited {
                     name: "sushy-emulator".to_string(),
                     log: self.log.clone(),
@@ -141,9 +146,77 @@ impl Emulator {
 
 impl Drop for Emulator {
     fn drop(&mut self) {
-        if let Err(error) = process::kill("sushy-emulator", &self.record) {
+        if let Some(record) = self.record.take()
+            && let Err(error) = process::kill("sushy-emulator", &record)
+        {
             tracing::warn!(%error, "stopping sushy-emulator");
         }
+    }
+}
+
+/// The process name of a cluster's Redfish service.
+const REDFISH_PROC: &str = "redfish";
+
+/// How a cluster's BMCs, and its tests, reach its Redfish service; each node is the system
+/// named after it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RedfishAccess {
+    pub address: String,
+    pub username: String,
+    pub password: String,
+    pub ca_file: PathBuf,
+}
+
+impl RedfishAccess {
+    /// The endpoint of `node`'s system.
+    pub fn endpoint(&self, node: &str) -> Result<podha::redfish::Endpoint> {
+        let pem = std::fs::read(&self.ca_file)
+            .map_err(|e| Error::io(format!("read {}", self.ca_file.display()), e))?;
+        let redfish = |e: podha::redfish::Error| Error::Other(e.to_string());
+        podha::redfish::Endpoint::new(
+            &self.address,
+            Some(node.to_string()),
+            self.username.clone(),
+            self.password.clone(),
+            podha::redfish::Trust::from_ca_pem(&pem).map_err(redfish)?,
+        )
+        .map_err(redfish)
+    }
+}
+
+impl super::Cluster {
+    /// Starts the cluster's Redfish service, a system per node, each powered on.
+    pub(in crate::cluster) fn start_redfish(&self) -> Result<()> {
+        let mut st = self.lock();
+        let systems = st
+            .nodes
+            .iter()
+            .map(|n| FakeSystem::new(&n.name, true))
+            .collect::<Result<Vec<_>>>()?;
+        let config = EmulatorConfig {
+            systems,
+            username: "podha".to_string(),
+            password: super::pki::random_uuid()?,
+            power_off_disabled: false,
+        };
+        let dir = self.dir.join("redfish");
+        let emulator = Emulator::start(&dir, &config)?;
+        let access = RedfishAccess {
+            address: emulator.address(),
+            username: config.username,
+            password: config.password,
+            ca_file: dir.join("ca.crt"),
+        };
+        if let Some(record) = emulator.detach() {
+            st.processes.insert(REDFISH_PROC.to_string(), record);
+        }
+        st.redfish = Some(access);
+        st.save(&self.dir)
+    }
+
+    /// How to reach the cluster's Redfish service, if its BMCs use one.
+    pub fn redfish(&self) -> Option<RedfishAccess> {
+        self.lock_reloaded().redfish.clone()
     }
 }
 

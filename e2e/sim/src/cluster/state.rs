@@ -111,6 +111,9 @@ pub struct State {
     /// Set when the cluster runs podha agents on its kwok nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agents: Option<Agents>,
+    /// Set when the nodes' BMCs get their power from the cluster's Redfish service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redfish: Option<super::redfish::RedfishAccess>,
     /// Running (or last started) processes by name; removed when killed on purpose.
     pub processes: BTreeMap<String, ProcRecord>,
 }

@@ -59,6 +59,7 @@ impl Cluster {
             nodes,
             real_nodes,
             agents: opts.agents.clone(),
+            redfish: None,
             processes: Default::default(),
         };
         state.save(&dir)?;
@@ -68,6 +69,10 @@ impl Cluster {
             state: Mutex::new(state),
             down_on_drop: true,
         };
+        if opts.redfish_bmcs {
+            // Before the nodes boot: each node's BMC reads its system from the start.
+            cluster.start_redfish()?;
+        }
         cluster.boot().await?;
         Ok(cluster)
     }

@@ -33,6 +33,7 @@ pub struct SharedCluster {
     sim_exe: Option<PathBuf>,
     agents: Option<crate::cluster::Agents>,
     real_node_watchdog: Option<Duration>,
+    redfish_bmcs: bool,
     cell: OnceLock<Result<Cluster, String>>,
 }
 
@@ -56,6 +57,7 @@ impl SharedCluster {
             sim_exe,
             agents: None,
             real_node_watchdog: None,
+            redfish_bmcs: false,
             cell: OnceLock::new(),
         }
     }
@@ -93,6 +95,13 @@ impl SharedCluster {
         self
     }
 
+    /// Powers every node through Redfish: the cluster's sushy-tools emulator has a system per
+    /// node, which the node's BMC follows (`crate::cluster::bmc`).
+    pub fn with_redfish_bmcs(mut self) -> Self {
+        self.redfish_bmcs = true;
+        self
+    }
+
     /// The cluster, started on the first call (other callers wait for it).
     pub fn get(&self) -> Result<&Cluster, String> {
         self.cell
@@ -108,6 +117,7 @@ impl SharedCluster {
                 opts.sim_exe = self.sim_exe.clone();
                 opts.agents = self.agents.clone();
                 opts.real_node_watchdog = self.real_node_watchdog;
+                opts.redfish_bmcs = self.redfish_bmcs;
                 eprintln!(
                     "starting a sim cluster with {} kwok and {} real nodes in {} (if this run is \
                      interrupted: podha-sim down --dir {})",
