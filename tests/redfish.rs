@@ -60,17 +60,15 @@ async fn wait_for(bmc: &Bmc, wanted: &PowerState) -> PowerState {
 
 #[tokio::test]
 async fn a_force_off_is_confirmed_only_by_the_state_the_bmc_reports() {
-    let emulator = emulator("force-off", &[("node-a", true)], false);
-    let only_system = bmc(endpoint(&emulator, None));
-    assert_eq!(only_system.power_state().await.unwrap(), PowerState::On);
+    let emulator = emulator("force-off", &[("node-a", true), ("node-b", true)], false);
     let node_a = bmc(endpoint(&emulator, Some("node-a")));
+    let node_b = bmc(endpoint(&emulator, Some("node-b")));
+    assert_eq!(node_a.power_state().await.unwrap(), PowerState::On);
     node_a
         .reset(ResetType::ForceOff)
         .await
         .expect("the reset taken");
     assert_eq!(wait_for(&node_a, &PowerState::Off).await, PowerState::Off);
-    // Read through the collection's path to it (no id): the same state.
-    assert_eq!(only_system.power_state().await.unwrap(), PowerState::Off);
 
     // A second ForceOff of a machine that is off is taken and changes nothing.
     node_a
@@ -84,6 +82,19 @@ async fn a_force_off_is_confirmed_only_by_the_state_the_bmc_reports() {
         .await
         .expect("the power-on taken");
     assert_eq!(wait_for(&node_a, &PowerState::On).await, PowerState::On);
+
+    // Every reset went to node-a's own action, none to node-b, which stayed on.
+    let uuid_of_a = &emulator.system("node-a").uuid;
+    let posts: Vec<String> = emulator
+        .requests()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.starts_with("POST"))
+        .collect();
+    assert_eq!(posts.len(), 3, "{posts:?}");
+    let own = format!("POST /redfish/v1/Systems/{uuid_of_a}/Actions/ComputerSystem.Reset");
+    assert!(posts.iter().all(|p| *p == own), "{posts:?}");
+    assert_eq!(node_b.power_state().await.unwrap(), PowerState::On);
 }
 
 #[tokio::test]
@@ -134,8 +145,13 @@ async fn wrong_credentials_are_refused_and_nothing_is_reset() {
             other => panic!("wrong password: {other:?}"),
         }
     }
+    let sent: Vec<String> = emulator.requests().unwrap();
+    assert!(!sent.is_empty(), "the emulator logged no request");
+    assert!(
+        sent.iter().all(|r| !r.starts_with("POST")),
+        "a reset was sent with wrong credentials: {sent:?}"
+    );
     let right = bmc(endpoint(&emulator, Some("node-a")));
-    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(right.power_state().await.unwrap(), PowerState::On);
 }
 

@@ -27,11 +27,19 @@ pub struct Bmc {
     endpoint: Endpoint,
     http: HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     authorization: HeaderValue,
+    /// The system's path once found: the configured one, or the BMC's only system as first
+    /// listed. Pinned, so a reset and the reads that confirm it are of one system even if
+    /// the BMC lists its systems differently later.
+    system_path: tokio::sync::OnceCell<String>,
 }
 
 /// The parts of a `ComputerSystem` podha reads.
 #[derive(Deserialize)]
 struct System {
+    #[serde(rename = "@odata.id", default)]
+    odata_id: Option<String>,
+    #[serde(rename = "@odata.type", default)]
+    odata_type: Option<String>,
     #[serde(rename = "Id", default)]
     id: Option<String>,
     #[serde(rename = "PowerState", default)]
@@ -109,6 +117,7 @@ impl Bmc {
             endpoint,
             http,
             authorization,
+            system_path: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -118,43 +127,87 @@ impl Bmc {
 
     /// The system's power state, as the BMC reports it now.
     pub async fn power_state(&self) -> Result<PowerState> {
-        let (_, system) = self.system().await?;
-        Ok(PowerState::parse(system.power_state.as_deref()))
+        self.within_timeout(async {
+            let (_, system) = self.system().await?;
+            Ok(PowerState::parse(system.power_state.as_deref()))
+        })
+        .await
     }
 
     /// Asks for `reset` through the action the system advertises. `Ok` is the request taken,
     /// not the reset done: read [`Bmc::power_state`] until it says so.
     pub async fn reset(&self, reset: ResetType) -> Result<()> {
-        let (path, system) = self.system().await?;
-        let name = system.id.unwrap_or(path);
-        let action = system.actions.reset.ok_or_else(|| Error::ResetNotAllowed {
-            system: name.clone(),
-            reset: reset.as_str(),
-            allowed: "no ComputerSystem.Reset action".to_string(),
-        })?;
-        if !action.allowed.is_empty() && !action.allowed.iter().any(|a| a == reset.as_str()) {
-            return Err(Error::ResetNotAllowed {
-                system: name,
+        self.within_timeout(async {
+            let (path, system) = self.system().await?;
+            let name = system.id.unwrap_or_else(|| path.clone());
+            let not_allowed = |allowed: String| Error::ResetNotAllowed {
+                system: name.clone(),
                 reset: reset.as_str(),
-                allowed: action.allowed.join(", "),
-            });
-        }
-        let body = serde_json::json!({ "ResetType": reset.as_str() }).to_string();
-        let (status, answer) = self.send(Method::POST, &action.target, Some(body)).await?;
-        self.check(status, &answer, None)
+                allowed,
+            };
+            let action = system
+                .actions
+                .reset
+                .ok_or_else(|| not_allowed("no ComputerSystem.Reset action".to_string()))?;
+            if !action.allowed.is_empty() && !action.allowed.iter().any(|a| a == reset.as_str()) {
+                return Err(not_allowed(action.allowed.join(", ")));
+            }
+            // The action must be the system's own: a target elsewhere (another system, another
+            // host) is not where this system's reset goes.
+            let target = self.on_this_bmc(&action.target)?;
+            if !target.starts_with(&format!("{path}/")) {
+                return Err(self.mismatch(format!(
+                    "the reset action of {path} points outside it: {target}"
+                )));
+            }
+            let body = serde_json::json!({ "ResetType": reset.as_str() }).to_string();
+            let (status, answer) = self.send(Method::POST, &target, Some(body)).await?;
+            if status == StatusCode::NOT_FOUND {
+                return Err(not_allowed(format!("no action at {target} (HTTP 404)")));
+            }
+            self.check(status, &answer, None)
+        })
+        .await
+    }
+
+    /// Runs one call of the client within the endpoint's timeout, however many requests it
+    /// takes.
+    async fn within_timeout<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.endpoint.timeout, call)
+            .await
+            .map_err(|_| {
+                self.unreachable(format!(
+                    "no answer within {}",
+                    humantime::format_duration(self.endpoint.timeout)
+                ))
+            })?
     }
 
     /// The system's canonical path and resource: the configured one (following the BMC's
     /// redirects), or the BMC's only one.
     async fn system(&self) -> Result<(String, System)> {
-        let path = match &self.endpoint.system {
-            Some(id) => format!("{SYSTEMS}/{id}"),
-            None => self.only_system().await?,
-        };
-        let (path, body) = self.get(&path, self.endpoint.system.as_deref()).await?;
-        let system = serde_json::from_slice(&body)
+        let path = self
+            .system_path
+            .get_or_try_init(|| async {
+                match &self.endpoint.system {
+                    Some(id) => Ok(format!("{SYSTEMS}/{id}")),
+                    None => self.only_system().await,
+                }
+            })
+            .await?;
+        let (path, body) = self.get(path, self.endpoint.system.as_deref()).await?;
+        let system: System = serde_json::from_slice(&body)
             .map_err(|e| self.bad_answer(format!("{path}: not a ComputerSystem ({e})")))?;
+        self.check_is(&path, &system)?;
         Ok((path, system))
+    }
+
+    /// The answer is the system asked for (see [`not_the_system`]).
+    fn check_is(&self, path: &str, system: &System) -> Result<()> {
+        match not_the_system(path, system) {
+            Some(detail) => Err(self.mismatch(detail)),
+            None => Ok(()),
+        }
     }
 
     async fn only_system(&self) -> Result<String> {
@@ -162,7 +215,13 @@ impl Bmc {
         let collection: Collection = serde_json::from_slice(&body)
             .map_err(|e| self.bad_answer(format!("{SYSTEMS}: not a collection ({e})")))?;
         match <[Member; 1]>::try_from(collection.members) {
-            Ok([only]) => Ok(only.id),
+            Ok([only]) => {
+                let path = self.on_this_bmc(&only.id)?;
+                if !path.starts_with(&format!("{SYSTEMS}/")) {
+                    return Err(self.mismatch(format!("{SYSTEMS} lists {path}, not a system")));
+                }
+                Ok(path)
+            }
             Err(members) => Err(Error::AmbiguousSystem {
                 address: self.endpoint.authority(),
                 count: members.len(),
@@ -170,43 +229,30 @@ impl Bmc {
         }
     }
 
-    /// `GET path`, following same-origin redirects; the final path and the body. A `404`
+    /// `GET path`, following redirects on this BMC; the final path and the body. A `404`
     /// is [`Error::UnknownSystem`] when `system` names what was asked for.
     async fn get(&self, path: &str, system: Option<&str>) -> Result<(String, Bytes)> {
         let mut path = path.to_string();
         for _ in 0..=MAX_REDIRECTS {
-            let (status, body) = self.send(Method::GET, &path, None).await?;
+            let (status, answer) = self.send(Method::GET, &path, None).await?;
             if status.is_redirection() {
-                path = self.redirect_target(&body)?;
+                let location = answer.location.as_deref().ok_or_else(|| {
+                    self.bad_answer(format!("a redirect from {path} without Location"))
+                })?;
+                path = self.on_this_bmc(location)?;
                 continue;
             }
-            self.check(status, &body, system)?;
-            return Ok((path, body.body));
+            self.check(status, &answer, system)?;
+            return Ok((path, answer.body));
         }
-        Err(self.bad_answer(format!("more than {MAX_REDIRECTS} redirects from {path}")))
+        Err(self.mismatch(format!("more than {MAX_REDIRECTS} redirects from {path}")))
     }
 
-    /// Where a redirect points, as a path on this BMC (never another host: the credentials
-    /// go with every request).
-    fn redirect_target(&self, answer: &Answer) -> Result<String> {
-        let location = answer
-            .location
-            .as_deref()
-            .ok_or_else(|| self.bad_answer("a redirect without Location".to_string()))?;
-        let uri: Uri = location
-            .parse()
-            .map_err(|_| self.bad_answer(format!("redirect to {location:?}")))?;
-        if uri.authority().is_some()
-            && (uri.authority() != self.endpoint.address.authority()
-                || uri.scheme() != self.endpoint.address.scheme())
-        {
-            return Err(self.bad_answer(format!("redirect to another host: {location}")));
-        }
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        if !path.starts_with('/') {
-            return Err(self.bad_answer(format!("redirect to {location:?}")));
-        }
-        Ok(path.to_string())
+    /// `reference` (a path, or a URL the BMC gave) as a path on this BMC; anything that
+    /// would reach another host is refused: the credentials go with every request.
+    fn on_this_bmc(&self, reference: &str) -> Result<String> {
+        same_origin(&self.endpoint.address, reference)
+            .ok_or_else(|| self.mismatch(format!("{reference:?} is not on this BMC")))
     }
 
     /// Maps an error status to its [`Error`].
@@ -230,14 +276,20 @@ impl Bmc {
         }
     }
 
-    /// One request, within the endpoint's timeout; the status and what came back.
+    /// One request to `path` (a path on this BMC, see [`same_origin`]); the status and what
+    /// came back. Bounded by the call's timeout ([`Bmc::within_timeout`]).
     async fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<String>,
     ) -> Result<(StatusCode, Answer)> {
-        let uri = self.uri(path)?;
+        let uri = Uri::builder()
+            .scheme(self.endpoint.address.scheme_str().unwrap_or("https"))
+            .authority(self.endpoint.authority())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| self.mismatch(format!("path {path:?}: {e}")))?;
         let mut request = Request::builder()
             .method(method)
             .uri(uri)
@@ -250,44 +302,23 @@ impl Bmc {
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| Error::Settings(format!("request for {path}: {e}")))?;
-        let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| self.transport_error(&e))?;
-            let status = response.status();
-            let location = response
-                .headers()
-                .get(LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let body = Limited::new(response.into_body(), MAX_BODY)
-                .collect()
-                .await
-                .map_err(|e| self.unreachable(format!("reading the answer: {e}")))?
-                .to_bytes();
-            Ok((status, Answer { body, location }))
-        };
-        tokio::time::timeout(self.endpoint.timeout, exchange)
+        let response = self
+            .http
+            .request(request)
             .await
-            .map_err(|_| {
-                self.unreachable(format!(
-                    "no answer within {}",
-                    humantime::format_duration(self.endpoint.timeout)
-                ))
-            })?
-    }
-
-    fn uri(&self, path: &str) -> Result<Uri> {
-        let base = &self.endpoint.address;
-        format!(
-            "{}://{}{path}",
-            base.scheme_str().unwrap_or("https"),
-            self.endpoint.authority()
-        )
-        .parse()
-        .map_err(|e| self.bad_answer(format!("path {path:?}: {e}")))
+            .map_err(|e| self.transport_error(&e))?;
+        let status = response.status();
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| self.bad_answer(format!("reading the answer from {path}: {e}")))?
+            .to_bytes();
+        Ok((status, Answer { body, location }))
     }
 
     /// A failed exchange: the TLS handshake's own error when that is what failed.
@@ -321,6 +352,54 @@ impl Bmc {
             detail,
         }
     }
+
+    fn mismatch(&self, detail: String) -> Error {
+        Error::Mismatch {
+            address: self.endpoint.authority(),
+            detail,
+        }
+    }
+}
+
+/// Why `system`, read at `path`, is not the system asked for, if it is not: a `ComputerSystem`
+/// whose `@odata.id` is the path it was read at (a BMC may answer a wrong path with another
+/// resource).
+fn not_the_system(path: &str, system: &System) -> Option<String> {
+    if let Some(kind) = &system.odata_type
+        && !kind.starts_with("#ComputerSystem.")
+    {
+        return Some(format!("{path} is a {kind}, not a ComputerSystem"));
+    }
+    let id = system
+        .odata_id
+        .as_deref()
+        .map(|id| id.trim_end_matches('/'));
+    (id != Some(path.trim_end_matches('/'))).then(|| {
+        format!(
+            "{path} answered as {}",
+            id.unwrap_or("a resource without @odata.id")
+        )
+    })
+}
+
+/// `reference` as a path (with its query) on the BMC at `base`: an absolute path (`/...`,
+/// not `//host/...`), or an absolute URL with `base`'s scheme and authority. `None` for
+/// anything else: another host, a relative reference, userinfo.
+pub(super) fn same_origin(base: &Uri, reference: &str) -> Option<String> {
+    let uri: Uri = reference.parse().ok()?;
+    let path = uri.path_and_query()?.as_str();
+    if !path.starts_with('/') || path.starts_with("//") {
+        return None;
+    }
+    let here = match (uri.scheme(), uri.authority()) {
+        (None, None) => reference.starts_with('/'),
+        (Some(scheme), Some(authority)) => {
+            Some(scheme) == base.scheme()
+                && Some(authority.as_str()) == base.authority().map(|a| a.as_str())
+        }
+        _ => false,
+    };
+    here.then(|| path.to_string())
 }
 
 /// The TLS error `error` is or wraps: the connector wraps it in I/O errors, whose `source`
@@ -353,5 +432,73 @@ fn error_message(body: &[u8]) -> String {
         "no message".to_string()
     } else {
         text.chars().take(200).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_on_the_same_bmc_are_followed() {
+        let base: Uri = "https://10.0.0.9:8443".parse().unwrap();
+        for (reference, expected) in [
+            ("/redfish/v1/Systems/1", Some("/redfish/v1/Systems/1")),
+            (
+                "/redfish/v1/Systems/1?x=1",
+                Some("/redfish/v1/Systems/1?x=1"),
+            ),
+            (
+                "https://10.0.0.9:8443/redfish/v1/Systems/1",
+                Some("/redfish/v1/Systems/1"),
+            ),
+            ("https://10.0.0.10:8443/redfish/v1/Systems/1", None),
+            ("https://10.0.0.9/redfish/v1/Systems/1", None),
+            ("http://10.0.0.9:8443/redfish/v1/Systems/1", None),
+            ("//evil.example/redfish/v1", None),
+            ("@evil.example/redfish/v1", None),
+            (".evil.net/x", None),
+            ("https://10.0.0.9:8443@evil.example/redfish/v1", None),
+            ("redfish/v1/Systems/1", None),
+            ("", None),
+        ] {
+            assert_eq!(
+                same_origin(&base, reference).as_deref(),
+                expected,
+                "{reference:?}"
+            );
+        }
+    }
+
+    fn system(id: Option<&str>, kind: Option<&str>) -> System {
+        System {
+            odata_id: id.map(str::to_string),
+            odata_type: kind.map(str::to_string),
+            id: None,
+            power_state: Some("Off".to_string()),
+            actions: Actions::default(),
+        }
+    }
+
+    #[test]
+    fn an_answer_counts_only_as_the_system_read() {
+        let path = "/redfish/v1/Systems/1";
+        let kind = Some("#ComputerSystem.v1_10_0.ComputerSystem");
+        assert_eq!(not_the_system(path, &system(Some(path), kind)), None);
+        assert_eq!(
+            not_the_system(path, &system(Some("/redfish/v1/Systems/1/"), None)),
+            None
+        );
+        for (id, kind) in [
+            (Some("/redfish/v1/Systems/2"), kind),
+            (None, kind),
+            (Some(path), Some("#Chassis.v1_0_0.Chassis")),
+            (Some(path), Some("#Outlet.v1_0_0.Outlet")),
+        ] {
+            assert!(
+                not_the_system(path, &system(id, kind)).is_some(),
+                "{id:?} {kind:?} taken for the system"
+            );
+        }
     }
 }

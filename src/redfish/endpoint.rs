@@ -5,7 +5,7 @@
 //! | `address` | `https://<host>[:<port>]`, the BMC's Redfish service (required) |
 //! | `username`, `password` | the BMC account's credentials, sent as HTTP basic auth (required) |
 //! | `systemId` | the system that runs this node (`/redfish/v1/Systems/<systemId>`); without it the BMC must have exactly one |
-//! | `ca.crt` | PEM certificates that sign the BMC's serving certificate |
+//! | `ca.crt` | PEM certificates that sign the BMC's serving certificate (a CA's; a BMC's own self-signed certificate works only as an X.509 v3 certificate naming the BMC's address in its subjectAltName) |
 //! | `insecureSkipVerify` | `"true"` to accept any certificate (a man in the middle could then answer for the BMC); only without `ca.crt` |
 //!
 //! One of `ca.crt` and `insecureSkipVerify` is required: podha's image holds no system roots,
@@ -85,6 +85,9 @@ impl Endpoint {
         password: String,
         trust: Trust,
     ) -> Result<Self> {
+        if let Some(system) = &system {
+            check_system_id(system)?;
+        }
         Ok(Self {
             address: parse_address(address)?,
             system,
@@ -115,9 +118,6 @@ impl Endpoint {
         let username = required("username")?;
         let password = required("password")?;
         let system = text("systemId")?.filter(|s| !s.is_empty());
-        if let Some(system) = &system {
-            check_system_id(system)?;
-        }
         let insecure = match text("insecureSkipVerify")?.as_deref() {
             None | Some("" | "false") => false,
             Some("true") => true,
@@ -176,11 +176,12 @@ fn parse_address(address: &str) -> Result<Uri> {
     Ok(uri)
 }
 
-/// A system identity is one path segment.
+/// A system identity is one path segment, not `.` or `..`.
 fn check_system_id(system: &str) -> Result<()> {
-    if system
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+    if !matches!(system, "." | "..")
+        && system
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
     {
         Ok(())
     } else {

@@ -116,9 +116,14 @@ pub enum Error {
         status: u16,
         message: String,
     },
-    /// An answer that is not the Redfish resource asked for.
-    #[error("BMC {address} answered something unexpected: {detail}")]
+    /// An answer that could not be read (malformed, too large, cut short).
+    #[error("BMC {address} answered something unreadable: {detail}")]
     BadAnswer { address: String, detail: String },
+    /// An answer that is not what was asked for, or that points elsewhere: another resource
+    /// than the system, a redirect or action on another host or outside the system. podha
+    /// neither trusts nor follows it.
+    #[error("BMC {address}: {detail}")]
+    Mismatch { address: String, detail: String },
 }
 
 impl Error {
@@ -134,6 +139,7 @@ impl Error {
             Self::ResetNotAllowed { .. } => "reset_not_allowed",
             Self::Refused { .. } => "refused",
             Self::BadAnswer { .. } => "bad_answer",
+            Self::Mismatch { .. } => "mismatch",
         }
     }
 
@@ -142,7 +148,8 @@ impl Error {
     pub const fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable { .. } | Self::BadAnswer { .. } => true,
-            Self::Refused { status, .. } => *status >= 500 || *status == 429,
+            // 409: an operation in progress (a BMC busy with another reset); 429: too many.
+            Self::Refused { status, .. } => *status >= 500 || matches!(*status, 409 | 429),
             _ => false,
         }
     }

@@ -124,10 +124,22 @@ fn only_a_bare_https_address_is_taken() {
 
 #[test]
 fn a_system_id_is_one_path_segment() {
-    for bad in ["../Managers/1", "1/Actions", "a b", "1?x"] {
+    for bad in ["../Managers/1", "1/Actions", "a b", "1?x", ".", ".."] {
         let message = settings_error(&with(&[("systemId", bad)]));
         assert!(message.contains("systemId"), "{bad}: {message}");
     }
+}
+
+#[test]
+fn an_endpoint_made_in_code_is_checked_as_one_from_a_secret() {
+    let made = Endpoint::new(
+        "https://10.0.0.9",
+        Some("..".to_string()),
+        "podha".to_string(),
+        "pw".to_string(),
+        Trust::InsecureSkipVerify,
+    );
+    assert!(matches!(made, Err(Error::Settings(m)) if m.contains("systemId")));
 }
 
 #[test]

@@ -454,7 +454,13 @@ fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed>
             ctx.cluster.node_pids(REAL_NODE)?.is_empty(),
             "the powered-off node's cgroup still holds processes"
         );
+        // Off stays off: nothing boots the node while its system says so.
+        tokio::time::sleep(secs(3)).await;
         anyhow::ensure!(bmc.power_state().await? == PowerState::Off);
+        anyhow::ensure!(
+            ctx.cluster.node_pids(REAL_NODE)?.is_empty(),
+            "the node runs again while its system says Off"
+        );
         log(
             &ns,
             "powered off through Redfish: every process of the frozen node gone",

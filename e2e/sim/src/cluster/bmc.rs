@@ -12,11 +12,12 @@
 //! - **Its Redfish system**, when the cluster's BMCs are powered through Redfish
 //!   ([`super::redfish`]): the node is the system named after it on the cluster's emulator. The
 //!   BMC reads the system's `PowerState` every [`REDFISH_READ_EVERY`] (a read is what makes the
-//!   emulator apply a pending reset) and powers the node off when it reads `Off` after having
-//!   read `On` (a machine that boots while its system still says `Off` asks for `On` first);
-//!   when it powers the node off for another reason it asks the system for `ForceOff`, so the
-//!   system's state follows the machine. Once the node is off it keeps reading, and boots the
-//!   node again (`podha-sim node start`) when the system says `On`.
+//!   emulator apply a pending reset), in a task of its own, and powers the node off when it
+//!   reads `Off` after having read `On` (a node boots only while its system says `On`, see
+//!   `Cluster::start_node`); when it powers the node off for another reason it asks the system
+//!   for `ForceOff` until the system says `Off`, so the system's state follows the machine.
+//!   Once the node is off it keeps reading, and boots the node again (`podha-sim node start`)
+//!   when the system says `On`.
 //!
 //! Powering off is [`Cluster::fence_node`] for a real node: every process of the node
 //! SIGKILLed, its link down, the fence appended to `fences.log`; a kwok node is powered off as
@@ -48,53 +49,67 @@ pub const REDFISH_READ_EVERY: Duration = Duration::from_millis(500);
 /// Why a BMC powers its node off when its Redfish system says so.
 pub const REDFISH_OFF_REASON: &str = "its BMC reports PowerState Off (Redfish)";
 
-/// The BMC's Redfish system, as the BMC follows it.
-struct RedfishPower {
-    system: podha::redfish::Bmc,
-    /// The system said `On` since the BMC started: an `Off` now is a power-off.
-    seen_on: bool,
-    /// The BMC asked for `On` (the machine runs while its system says otherwise).
-    asked_on: bool,
-    next_read: Instant,
+/// The BMC's Redfish system, followed in a task of its own so that a slow read never holds up
+/// the watchdog: `off` turns true once the system reads `Off` after having read `On`.
+struct RedfishFeed {
+    task: tokio::task::JoinHandle<()>,
+    off: tokio::sync::watch::Receiver<bool>,
 }
 
-impl RedfishPower {
-    /// Reads the power state when due; whether the system now says the machine is off.
-    async fn says_off(&mut self, node: &str, now: Instant) -> bool {
-        if now < self.next_read {
-            return false;
-        }
-        self.next_read = now + REDFISH_READ_EVERY;
-        match self.system.power_state().await {
-            Ok(podha::redfish::PowerState::On) => {
-                self.seen_on = true;
-                false
-            }
-            Ok(state) if state.is_off() && self.seen_on => true,
-            Ok(state) => {
-                if !self.seen_on && !self.asked_on {
-                    self.asked_on = true;
-                    if let Err(error) = self.system.reset(podha::redfish::ResetType::On).await {
-                        warn!(node, %error, %state, "asking the Redfish system for On");
+impl RedfishFeed {
+    fn follow(system: std::sync::Arc<podha::redfish::Bmc>, node: String) -> Self {
+        let (said_off, off) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut seen_on = false;
+            loop {
+                match system.power_state().await {
+                    Ok(podha::redfish::PowerState::On) => seen_on = true,
+                    Ok(state) if state.is_off() && seen_on => {
+                        let _ = said_off.send(true);
+                        return;
                     }
+                    Ok(_) => {}
+                    Err(error) => warn!(node, %error, "reading the Redfish system's power state"),
                 }
-                false
+                tokio::time::sleep(REDFISH_READ_EVERY).await;
             }
-            Err(error) => {
-                warn!(node, %error, "reading the Redfish system's power state");
-                false
-            }
-        }
+        });
+        Self { task, off }
     }
 
-    /// Waits until the system says `On` again.
-    async fn wait_on(&mut self) {
-        loop {
-            tokio::time::sleep(REDFISH_READ_EVERY).await;
-            if let Ok(podha::redfish::PowerState::On) = self.system.power_state().await {
-                return;
+    fn says_off(&self) -> bool {
+        *self.off.borrow()
+    }
+}
+
+impl Drop for RedfishFeed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How long after a `ForceOff` the BMC asks again while its system has not read `Off` (the
+/// emulator applies one within 11 s; asking sooner would put the change off).
+const FORCE_OFF_AGAIN_AFTER: Duration = Duration::from_secs(15);
+
+/// After the BMC powered its node off: makes the system say `Off` (it may have said so
+/// already, `seen_off`), then waits until it says `On`.
+async fn follow_until_on(system: &podha::redfish::Bmc, node: &str, mut seen_off: bool) {
+    let mut asked_off: Option<Instant> = None;
+    loop {
+        match system.power_state().await {
+            Ok(state) if state.is_off() => seen_off = true,
+            Ok(podha::redfish::PowerState::On) if seen_off => return,
+            Ok(_) => {}
+            Err(error) => warn!(node, %error, "reading the Redfish system's power state"),
+        }
+        if !seen_off && asked_off.is_none_or(|at| at.elapsed() > FORCE_OFF_AGAIN_AFTER) {
+            match system.reset(podha::redfish::ResetType::ForceOff).await {
+                Ok(()) => asked_off = Some(Instant::now()),
+                Err(error) => warn!(node, %error, "telling the Redfish system the machine is off"),
             }
         }
+        tokio::time::sleep(REDFISH_READ_EVERY).await;
     }
 }
 
@@ -205,19 +220,20 @@ impl Cluster {
         let mut watchdog_fifo = open_fifo(&dir.join("watchdog"))?;
         let mut power_fifo = open_fifo(&dir.join("power"))?;
         let mut watchdog = Watchdog::default();
-        let mut redfish = self.redfish_power(name)?;
+        let system = self.redfish_system(name)?;
+        let feed = system
+            .clone()
+            .map(|system| RedfishFeed::follow(system, name.to_string()));
         info!(
             node = name,
             ?watchdog_timeout,
-            redfish = redfish.is_some(),
+            redfish = system.is_some(),
             "BMC up"
         );
         let reason = loop {
             tokio::time::sleep(TICK).await;
             let now = Instant::now();
-            if let Some(power) = redfish.as_mut()
-                && power.says_off(name, now).await
-            {
+            if feed.as_ref().is_some_and(RedfishFeed::says_off) {
                 break REDFISH_OFF_REASON.to_string();
             }
             match read_fifo(&mut watchdog_fifo)? {
@@ -253,16 +269,9 @@ impl Cluster {
             self.kill_node_processes(name, true)?;
             self.record_fence(name, &reason)?;
         }
-        if let Some(mut power) = redfish {
-            if reason != REDFISH_OFF_REASON
-                && let Err(error) = power
-                    .system
-                    .reset(podha::redfish::ResetType::ForceOff)
-                    .await
-            {
-                warn!(node = name, %error, "telling the Redfish system the machine is off");
-            }
-            power.wait_on().await;
+        drop(feed);
+        if let Some(system) = system {
+            follow_until_on(&system, name, reason == REDFISH_OFF_REASON).await;
             info!(node = name, "the Redfish system says On: booting the node");
             self.power_on(name)?;
             return Ok(format!(
@@ -273,19 +282,14 @@ impl Cluster {
     }
 
     /// The node's Redfish system, when the cluster's BMCs are powered through Redfish.
-    fn redfish_power(&self, name: &str) -> Result<Option<RedfishPower>> {
+    fn redfish_system(&self, name: &str) -> Result<Option<std::sync::Arc<podha::redfish::Bmc>>> {
         let Some(access) = self.lock_reloaded().redfish.clone() else {
             return Ok(None);
         };
         let mut endpoint = access.endpoint(name)?;
-        endpoint.timeout = Duration::from_secs(2);
+        endpoint.timeout = Duration::from_secs(5);
         let system = podha::redfish::Bmc::new(endpoint).map_err(|e| Error::Other(e.to_string()))?;
-        Ok(Some(RedfishPower {
-            system,
-            seen_on: false,
-            asked_on: false,
-            next_read: Instant::now(),
-        }))
+        Ok(Some(std::sync::Arc::new(system)))
     }
 
     /// Boots node `name` as `podha-sim node start` does, in a process of its own: the boot
@@ -295,8 +299,7 @@ impl Cluster {
         let mut cmd = Command::new(exe);
         cmd.args(["node", "start", name])
             .arg(format!("--dir={}", self.dir.display()));
-        let log = self.log_path(&format!("power-on-{name}"));
-        process::spawn(&format!("power-on-{name}"), cmd, &log).map(|_| ())
+        self.spawn(&mut self.lock_reloaded(), &format!("power-on-{name}"), cmd)
     }
 }
 

@@ -114,7 +114,11 @@ impl Cluster {
     ///
     /// A real node reboots: whatever still runs of it is killed, then it boots with a new boot
     /// ID (which its kubelet reports); returns once it is Ready with that boot ID.
+    ///
+    /// Under Redfish power the node's system is made to say `On` first.
     pub async fn start_node(&self, name: &str) -> Result<()> {
+        self.node(name)?;
+        self.power_system_on(name).await?;
         if self.node(name)?.real {
             return self.reboot_real_node(name).await;
         }

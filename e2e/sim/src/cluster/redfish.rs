@@ -52,10 +52,14 @@ pub struct EmulatorConfig {
 /// A running emulator; killed on drop unless [`Emulator::detach`]ed.
 pub struct Emulator {
     record: Option<ProcRecord>,
+    systems: Vec<FakeSystem>,
     port: u16,
     ca_pem: String,
     log: PathBuf,
 }
+
+/// How long a node's system may take to say `On` when asked (the emulator: 11 s at most).
+const POWER_ON_TIMEOUT: Duration = Duration::from_secs(40);
 
 /// How long the emulator may take to listen (a Python start).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -91,6 +95,7 @@ impl Emulator {
         let record = process::spawn("sushy-emulator", cmd, &log)?;
         let emulator = Self {
             record: Some(record),
+            systems: config.systems.clone(),
             port,
             ca_pem,
             log,
@@ -104,6 +109,17 @@ impl Emulator {
         format!("https://127.0.0.1:{}", self.port)
     }
 
+    /// The system named `name`.
+    ///
+    /// # Panics
+    /// When the emulator has no such system (a test's mistake).
+    pub fn system(&self, name: &str) -> &FakeSystem {
+        self.systems
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("the emulator has no system {name}"))
+    }
+
     /// The CA that signs the emulator's serving certificate.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
@@ -112,6 +128,22 @@ impl Emulator {
     /// The emulator's log (each request it served, and its errors).
     pub fn log(&self) -> &Path {
         &self.log
+    }
+
+    /// Every request the emulator served so far, as `METHOD path`, oldest first (from its
+    /// log's request lines).
+    pub fn requests(&self) -> Result<Vec<String>> {
+        let log = std::fs::read_to_string(&self.log)
+            .map_err(|e| Error::io(format!("read {}", self.log.display()), e))?;
+        Ok(log
+            .lines()
+            .filter_map(|line| {
+                let quoted = line.split('"').nth(1)?;
+                let plain = strip_colours(quoted);
+                let mut words = plain.split_whitespace();
+                Some(format!("{} {}", words.next()?, words.next()?))
+            })
+            .collect())
     }
 
     /// The emulator's process, left running (a cluster's, killed by `down`).
@@ -214,10 +246,62 @@ impl super::Cluster {
         st.save(&self.dir)
     }
 
+    /// Under Redfish power, makes node `name`'s system say `On` before the node boots: a
+    /// machine runs only while powered, and its BMC powers it off at the next `Off` it reads.
+    /// Asks for `On` (again after 15 s, by when the emulator has applied it) until a read says
+    /// so.
+    pub(in crate::cluster) async fn power_system_on(&self, name: &str) -> Result<()> {
+        let Some(access) = self.redfish() else {
+            return Ok(());
+        };
+        let redfish =
+            |e: podha::redfish::Error| Error::Other(format!("{name}'s Redfish system: {e}"));
+        let system = podha::redfish::Bmc::new(access.endpoint(name)?).map_err(redfish)?;
+        let started = Instant::now();
+        let mut asked: Option<Instant> = None;
+        loop {
+            if let Ok(podha::redfish::PowerState::On) = system.power_state().await {
+                return Ok(());
+            }
+            if asked.is_none_or(|at| at.elapsed() > Duration::from_secs(15))
+                && system.reset(podha::redfish::ResetType::On).await.is_ok()
+            {
+                asked = Some(Instant::now());
+            }
+            if started.elapsed() > POWER_ON_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: format!("{name}'s Redfish system to say On"),
+                    secs: POWER_ON_TIMEOUT.as_secs(),
+                    logs: self.dir.join("redfish"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// How to reach the cluster's Redfish service, if its BMCs use one.
     pub fn redfish(&self) -> Option<RedfishAccess> {
         self.lock_reloaded().redfish.clone()
     }
+}
+
+/// `text` without the ANSI colour sequences the emulator's web server writes around some
+/// request lines.
+fn strip_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The emulator's configuration file (Python, read by Flask's `from_pyfile`).
