@@ -198,16 +198,10 @@ impl Bmc {
         let (path, body) = self.get(path, self.endpoint.system.as_deref()).await?;
         let system: System = serde_json::from_slice(&body)
             .map_err(|e| self.bad_answer(format!("{path}: not a ComputerSystem ({e})")))?;
-        self.check_is(&path, &system)?;
-        Ok((path, system))
-    }
-
-    /// The answer is the system asked for (see [`not_the_system`]).
-    fn check_is(&self, path: &str, system: &System) -> Result<()> {
-        match not_the_system(path, system) {
-            Some(detail) => Err(self.mismatch(detail)),
-            None => Ok(()),
+        if let Some(detail) = not_the_system(&path, &system) {
+            return Err(self.mismatch(detail));
         }
+        Ok((path, system))
     }
 
     async fn only_system(&self) -> Result<String> {
@@ -258,17 +252,17 @@ impl Bmc {
     /// Maps an error status to its [`Error`].
     fn check(&self, status: StatusCode, answer: &Answer, system: Option<&str>) -> Result<()> {
         let address = self.endpoint.authority();
-        match status.as_u16() {
-            200..=299 => Ok(()),
-            401 | 403 => Err(Error::Unauthorized {
+        match (status.as_u16(), system) {
+            (200..=299, _) => Ok(()),
+            (code @ (401 | 403), _) => Err(Error::Unauthorized {
                 address,
-                status: status.as_u16(),
+                status: code,
             }),
-            404 if system.is_some() => Err(Error::UnknownSystem {
+            (404, Some(system)) => Err(Error::UnknownSystem {
                 address,
-                system: system.unwrap_or_default().to_string(),
+                system: system.to_string(),
             }),
-            code => Err(Error::Refused {
+            (code, _) => Err(Error::Refused {
                 address,
                 status: code,
                 message: error_message(&answer.body),

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use libtest_mimic::Arguments;
-use podha::redfish::{Bmc, PowerState, ResetType};
+use podha::redfish::{PowerState, ResetType};
 use podha_sim::cluster::PAUSE_IMAGE;
 use podha_sim::cluster::bmc::REDFISH_OFF_REASON;
 use podha_sim::cluster::process::{ProcRecord, is_alive};
@@ -424,7 +424,7 @@ fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed>
             .cluster
             .redfish()
             .ok_or_else(|| anyhow::anyhow!("the cluster's nodes have no Redfish BMCs"))?;
-        let bmc = Bmc::new(access.endpoint(REAL_NODE)?)?;
+        let bmc = access.system(REAL_NODE)?;
         anyhow::ensure!(bmc.power_state().await? == PowerState::On);
 
         ctx.cluster.freeze_node(REAL_NODE)?;

@@ -11,11 +11,12 @@
 //!   (the agent's fence: what a site's fence command does through IPMI or redfish).
 //! - **Its Redfish system**, when the cluster's BMCs are powered through Redfish
 //!   ([`super::redfish`]): the node is the system named after it on the cluster's emulator. The
-//!   BMC reads the system's `PowerState` every [`REDFISH_READ_EVERY`] (a read is what makes the
-//!   emulator apply a pending reset), in a task of its own, and powers the node off when it
-//!   reads `Off` after having read `On` (a node boots only while its system says `On`, see
-//!   `Cluster::start_node`); when it powers the node off for another reason it asks the system
-//!   for `ForceOff` until the system says `Off`, so the system's state follows the machine.
+//!   BMC reads the system's `PowerState` every [`super::redfish::READ_EVERY`] (a read is what
+//!   makes the emulator apply a pending reset), in a task of its own, and powers the node off
+//!   when it reads `Off` after having read `On` (a node boots only while its system says `On`,
+//!   see `Cluster::start_node`); when it powers the node off for another reason it asks the
+//!   system for `ForceOff` until the system says `Off`, so the system's state follows the
+//!   machine.
 //!   Once the node is off it keeps reading, and boots the node again (`podha-sim node start`)
 //!   when the system says `On`.
 //!
@@ -43,9 +44,6 @@ pub fn bmc_dir(cluster_dir: &Path, node: &str) -> PathBuf {
 /// How often the BMC looks at its FIFOs.
 const TICK: Duration = Duration::from_millis(100);
 
-/// How often the BMC reads its Redfish system's power state.
-pub const REDFISH_READ_EVERY: Duration = Duration::from_millis(500);
-
 /// Why a BMC powers its node off when its Redfish system says so.
 pub const REDFISH_OFF_REASON: &str = "its BMC reports PowerState Off (Redfish)";
 
@@ -71,7 +69,7 @@ impl RedfishFeed {
                     Ok(_) => {}
                     Err(error) => warn!(node, %error, "reading the Redfish system's power state"),
                 }
-                tokio::time::sleep(REDFISH_READ_EVERY).await;
+                tokio::time::sleep(super::redfish::READ_EVERY).await;
             }
         });
         Self { task, off }
@@ -88,28 +86,19 @@ impl Drop for RedfishFeed {
     }
 }
 
-/// How long after a `ForceOff` the BMC asks again while its system has not read `Off` (the
-/// emulator applies one within 11 s; asking sooner would put the change off).
-const FORCE_OFF_AGAIN_AFTER: Duration = Duration::from_secs(15);
-
-/// After the BMC powered its node off: makes the system say `Off` (it may have said so
-/// already, `seen_off`), then waits until it says `On`.
-async fn follow_until_on(system: &podha::redfish::Bmc, node: &str, mut seen_off: bool) {
-    let mut asked_off: Option<Instant> = None;
+/// After the BMC powered its node off: makes the system say `Off` (unless it did already,
+/// `seen_off`), then waits until it says `On`.
+async fn follow_until_on(system: &podha::redfish::Bmc, node: &str, seen_off: bool) {
+    if !seen_off {
+        super::redfish::bring_to(system, node, podha::redfish::ResetType::ForceOff).await;
+    }
     loop {
+        tokio::time::sleep(super::redfish::READ_EVERY).await;
         match system.power_state().await {
-            Ok(state) if state.is_off() => seen_off = true,
-            Ok(podha::redfish::PowerState::On) if seen_off => return,
+            Ok(podha::redfish::PowerState::On) => return,
             Ok(_) => {}
             Err(error) => warn!(node, %error, "reading the Redfish system's power state"),
         }
-        if !seen_off && asked_off.is_none_or(|at| at.elapsed() > FORCE_OFF_AGAIN_AFTER) {
-            match system.reset(podha::redfish::ResetType::ForceOff).await {
-                Ok(()) => asked_off = Some(Instant::now()),
-                Err(error) => warn!(node, %error, "telling the Redfish system the machine is off"),
-            }
-        }
-        tokio::time::sleep(REDFISH_READ_EVERY).await;
     }
 }
 
@@ -283,13 +272,10 @@ impl Cluster {
 
     /// The node's Redfish system, when the cluster's BMCs are powered through Redfish.
     fn redfish_system(&self, name: &str) -> Result<Option<std::sync::Arc<podha::redfish::Bmc>>> {
-        let Some(access) = self.lock_reloaded().redfish.clone() else {
-            return Ok(None);
-        };
-        let mut endpoint = access.endpoint(name)?;
-        endpoint.timeout = Duration::from_secs(5);
-        let system = podha::redfish::Bmc::new(endpoint).map_err(|e| Error::Other(e.to_string()))?;
-        Ok(Some(std::sync::Arc::new(system)))
+        let access = self.lock_reloaded().redfish.clone();
+        access
+            .map(|access| access.system(name).map(std::sync::Arc::new))
+            .transpose()
     }
 
     /// Boots node `name` as `podha-sim node start` does, in a process of its own: the boot

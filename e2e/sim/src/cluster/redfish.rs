@@ -17,6 +17,8 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+use podha::redfish::{Bmc, PowerState, ResetType};
+
 use super::process::{self, ProcRecord};
 use super::{Error, Result};
 
@@ -125,11 +127,6 @@ impl Emulator {
         &self.ca_pem
     }
 
-    /// The emulator's log (each request it served, and its errors).
-    pub fn log(&self) -> &Path {
-        &self.log
-    }
-
     /// Every request the emulator served so far, as `METHOD path`, oldest first (from its
     /// log's request lines).
     pub fn requests(&self) -> Result<Vec<String>> {
@@ -200,6 +197,14 @@ pub struct RedfishAccess {
 }
 
 impl RedfishAccess {
+    /// A client of `node`'s system, each call bounded by [`SYSTEM_CALL_TIMEOUT`].
+    pub fn system(&self, node: &str) -> Result<podha::redfish::Bmc> {
+        let mut endpoint = self.endpoint(node)?;
+        endpoint.timeout = SYSTEM_CALL_TIMEOUT;
+        podha::redfish::Bmc::new(endpoint)
+            .map_err(|e| Error::Other(format!("{node}'s Redfish system: {e}")))
+    }
+
     /// The endpoint of `node`'s system.
     pub fn endpoint(&self, node: &str) -> Result<podha::redfish::Endpoint> {
         let pem = std::fs::read(&self.ca_file)
@@ -248,40 +253,59 @@ impl super::Cluster {
 
     /// Under Redfish power, makes node `name`'s system say `On` before the node boots: a
     /// machine runs only while powered, and its BMC powers it off at the next `Off` it reads.
-    /// Asks for `On` (again after 15 s, by when the emulator has applied it) until a read says
-    /// so.
     pub(in crate::cluster) async fn power_system_on(&self, name: &str) -> Result<()> {
         let Some(access) = self.redfish() else {
             return Ok(());
         };
-        let redfish =
-            |e: podha::redfish::Error| Error::Other(format!("{name}'s Redfish system: {e}"));
-        let system = podha::redfish::Bmc::new(access.endpoint(name)?).map_err(redfish)?;
-        let started = Instant::now();
-        let mut asked: Option<Instant> = None;
-        loop {
-            if let Ok(podha::redfish::PowerState::On) = system.power_state().await {
-                return Ok(());
-            }
-            if asked.is_none_or(|at| at.elapsed() > Duration::from_secs(15))
-                && system.reset(podha::redfish::ResetType::On).await.is_ok()
-            {
-                asked = Some(Instant::now());
-            }
-            if started.elapsed() > POWER_ON_TIMEOUT {
-                return Err(Error::Timeout {
-                    what: format!("{name}'s Redfish system to say On"),
-                    secs: POWER_ON_TIMEOUT.as_secs(),
-                    logs: self.dir.join("redfish"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let system = access.system(name)?;
+        tokio::time::timeout(POWER_ON_TIMEOUT, bring_to(&system, name, ResetType::On))
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("{name}'s Redfish system to say On"),
+                secs: POWER_ON_TIMEOUT.as_secs(),
+                logs: self.dir.join("redfish"),
+            })
     }
 
     /// How to reach the cluster's Redfish service, if its BMCs use one.
     pub fn redfish(&self) -> Option<RedfishAccess> {
         self.lock_reloaded().redfish.clone()
+    }
+}
+
+/// The longest one call to a node's system may take: the emulator runs on this host.
+const SYSTEM_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a system is read while waiting for it to change.
+pub const READ_EVERY: Duration = Duration::from_millis(500);
+
+/// How long after a reset the same reset is asked for again while the system does not read
+/// as it should (the emulator applies one within 11 s; asking sooner would put the change off).
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(15);
+
+/// Asks `system` for `reset` (again after [`ASK_AGAIN_AFTER`]) until a read says it took:
+/// `Off` for `ForceOff`, `On` for `On`.
+pub(in crate::cluster) async fn bring_to(system: &Bmc, node: &str, reset: ResetType) {
+    let took = |state: &PowerState| match reset {
+        ResetType::ForceOff => state.is_off(),
+        ResetType::On => *state == PowerState::On,
+    };
+    let mut asked: Option<Instant> = None;
+    loop {
+        match system.power_state().await {
+            Ok(state) if took(&state) => return,
+            Ok(_) => {}
+            Err(error) => tracing::warn!(node, %error, "reading the Redfish system's power state"),
+        }
+        if asked.is_none_or(|at| at.elapsed() > ASK_AGAIN_AFTER) {
+            match system.reset(reset).await {
+                Ok(()) => asked = Some(Instant::now()),
+                Err(error) => {
+                    tracing::warn!(node, %error, reset = reset.as_str(), "asking the Redfish system")
+                }
+            }
+        }
+        tokio::time::sleep(READ_EVERY).await;
     }
 }
 
