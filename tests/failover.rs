@@ -291,6 +291,7 @@ impl Operators {
                 &chart,
                 "default",
                 podha::leader::DEFAULT_LEASE_NAME,
+                &[],
                 &config,
             )?;
             let relay = Relay::start(cluster.apiserver_addr()).await?;
@@ -778,6 +779,23 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             (
                 json!({"fencing": {"agentMargin": "99999999999999999999h"}}),
                 "agentMargin",
+            ),
+            (
+                json!({"fencing": {"proof": "BMC"}}),
+                "fencing.proof BMC needs fencing.bmc",
+            ),
+            (
+                json!({"fencing": {"proof": "BMC", "bmc": {
+                    "secretName": "bmc-{node}", "secretNameLabel": "example.com/bmc"}}}),
+                "exactly one of secretName and secretNameLabel",
+            ),
+            (
+                json!({"fencing": {"proof": "BMC", "bmc": {"secretName": "BMC_{node}"}}}),
+                "fencing.bmc.secretName must be a Secret name",
+            ),
+            (
+                json!({"fencing": {"proof": "BMC", "bmc": {"secretNameLabel": "a b"}}}),
+                "fencing.bmc.secretNameLabel must be a label key",
             ),
         ];
         for (i, (spec, expected)) in cases.into_iter().enumerate() {

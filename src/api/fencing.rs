@@ -11,6 +11,9 @@ use super::HumanDuration;
 /// provider reports shut down.
 pub const CLOUD_SHUTDOWN_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
+/// The label binding a BMC's Secret to its node (see [`BmcFencing`]).
+pub const BMC_NODE_LABEL: &str = "podha.io/bmc-node";
+
 /// What proves a dead node fenced before the out-of-service taint. The taint tells Kubernetes
 /// the node is shut down: its volumes are detached at once and attached elsewhere. A node that
 /// is only frozen or cut off from the control plane still runs its containers, and unless the
@@ -19,6 +22,9 @@ pub const CLOUD_SHUTDOWN_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/shu
 /// there; `DeletePods` needs none (its fence only keeps the scheduler off the node).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.proof != 'BMC' || has(self.bmc)").message("fencing.proof BMC needs fencing.bmc: where podha finds each node's BMC"),
+)]
 pub struct Fencing {
     /// `Agent` (the default): the node's podha agent (docs/agent.md) fenced it: it
     /// acknowledged the fence podha asked for on the Node, or it has not answered podha's
@@ -45,8 +51,19 @@ pub struct Fencing {
     /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
     /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an
     /// acknowledgement of this incident's request counts; silence proves nothing.
+    /// `BMC`: the node's BMC says it is off. podha asks the BMC (Redfish, `fencing.bmc`) to
+    /// force the machine off (`ComputerSystem.Reset`, `ForceOff`) and takes for the proof
+    /// only a read of the system's `PowerState` that says `Off`, made after the BMC accepted
+    /// that request: a BMC applies a reset seconds after it answers. No agent or watchdog is
+    /// needed on the node, and nothing waits out an isolation timeout. A BMC that cannot be
+    /// reached, refuses podha's credentials, does not know the system or never reports `Off`
+    /// holds the node (a Warning event says which); the machine stays off until someone (or
+    /// `fencing.bmc.powerCycle`) powers it on.
     #[serde(default)]
     pub proof: FencingProof,
+    /// With proof `BMC`: where podha finds each node's BMC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<BmcFencing>,
     /// With proof `Agent`: how much longer than the time the agent advertises
     /// (`podha.io/agent-fenced-within`) podha waits on a silent agent. It covers the fence
     /// itself (a reboot, a BMC's power-off) and the delay of podha's heartbeat probes. At most
@@ -60,6 +77,7 @@ impl Default for Fencing {
     fn default() -> Self {
         Self {
             proof: FencingProof::default(),
+            bmc: None,
             agent_margin: default_agent_margin(),
         }
     }
@@ -77,6 +95,8 @@ pub enum FencingProof {
     #[default]
     Agent,
     External,
+    #[serde(rename = "BMC")]
+    Bmc,
 }
 
 impl FencingProof {
@@ -86,6 +106,43 @@ impl FencingProof {
             Self::CloudShutdownTaint => "CloudShutdownTaint",
             Self::Agent => "Agent",
             Self::External => "External",
+            Self::Bmc => "BMC",
+        }
+    }
+}
+
+/// `fencing.bmc`: the Secret holding a node's BMC, in podha's own namespace (podha reads no
+/// other namespace's Secrets). Exactly one of `secretName` and `secretNameLabel` says which.
+/// The Secret's keys: `address` (`https://host[:port]`), `username`, `password`, optionally
+/// `systemId` (the Redfish system; without it the BMC must serve exactly one), and the trust
+/// in the BMC's certificate: `ca.crt` (PEM) or, explicitly, `insecureSkipVerify: "true"`.
+/// The Secret must carry the label `podha.io/bmc-node` naming the node: a name template or a
+/// node label that points one node at another's Secret (a typo, or a node that set its own
+/// label) makes podha refuse it, not power off the wrong machine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.secretName) != has(self.secretNameLabel)").message("fencing.bmc needs exactly one of secretName and secretNameLabel"),
+)]
+pub struct BmcFencing {
+    /// The Secret's name, `{node}` standing for the node's name: `bmc-{node}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() <= 253 && self.replace('{node}', 'n').matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("fencing.bmc.secretName must be a Secret name, with {node} for the node's name"))]
+    pub secret_name: Option<String>,
+    /// A label on each Node whose value is the name of its Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$')").message("fencing.bmc.secretNameLabel must be a label key"))]
+    pub secret_name_label: Option<String>,
+}
+
+impl BmcFencing {
+    /// The name of `node`'s Secret: the template filled in, or the value of the node's label;
+    /// `None` when the node has no such label.
+    pub fn secret_for(&self, node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+        match (&self.secret_name, &self.secret_name_label) {
+            (Some(template), _) => Some(template.replace("{node}", node.metadata.name.as_deref()?)),
+            (None, Some(label)) => node.metadata.labels.as_ref()?.get(label).cloned(),
+            (None, None) => None,
         }
     }
 }

@@ -86,7 +86,7 @@ pub struct UnprotectedReason {
     /// The first rule the pods fail, in CamelCase: an eligibility reason (`OptedOut`,
     /// `DriverNotSelected`, `NoTargetNode`, `ToleratesFence`, ...), the policy's state
     /// (`Paused`, `DryRun`, `TooManyUnhealthyNodes`, `PolicyUnreadable`) or the fence's proof
-    /// (`NoProvingAgent`, `TooFewAgentsHeard`, `NoCloudProvider`).
+    /// (`NoProvingAgent`, `TooFewAgentsHeard`, `NoCloudProvider`, `NoBMC`).
     pub reason: String,
     /// How many pods it keeps.
     pub pods: i32,

@@ -138,6 +138,20 @@ impl Ledger {
         }
     }
 
+    /// Records that `node`'s BMC accepted podha's `ForceOff`.
+    pub fn record_power_off_accepted(&mut self, node: &str, now: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_power_off_accepted(now);
+        }
+    }
+
+    /// Records that `node`'s BMC says the machine is off, after accepting the `ForceOff`.
+    pub fn record_powered_off(&mut self, node: &str, now: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_powered_off(now);
+        }
+    }
+
     /// Records that podha tainted `node`.
     pub fn record_tainted(&mut self, node: &str) {
         if let Some(incident) = self.incidents.get_mut(node) {

@@ -35,9 +35,19 @@ use tokio::time::Instant;
 
 pub use ledger::{Ledger, RECENT_KEPT_FOR};
 pub use moved::{MovedPod, OwnerRef, Replacement};
+
 pub use phase::{Phase, PhaseChange};
 
 use crate::view::View;
+
+/// A node powered off through its BMC in an incident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PowerOff {
+    /// When the BMC accepted podha's `ForceOff`.
+    pub accepted_at: Instant,
+    /// When a read of the system's `PowerState` after that said `Off`.
+    pub confirmed_at: Option<Instant>,
+}
 
 /// One node death, from judgement to recovery.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +74,9 @@ pub struct Incident {
     /// The fence podha asked of the node's agent in this incident (the request's value on the
     /// Node), once the request is written.
     pub fence_request: Option<String>,
+    /// The node's power through its BMC (proof `BMC`), once the BMC accepted podha's
+    /// `ForceOff`.
+    pub power_off: Option<PowerOff>,
     /// Pods podha deleted, as they were, in the order it deleted them.
     pub moved: Vec<MovedPod>,
 
@@ -94,6 +107,7 @@ impl Incident {
             || !self.deleted.is_empty()
             || !self.marked_not_ready.is_empty()
             || self.fence_request.is_some()
+            || self.power_off.is_some()
             || self.acted_at.is_some()
     }
 
@@ -114,6 +128,7 @@ impl Incident {
             marked_not_ready: BTreeMap::new(),
             tainted: false,
             fence_request: None,
+            power_off: None,
             moved: Vec::new(),
             acted_at: None,
             detached_at: None,
@@ -164,6 +179,29 @@ impl Incident {
     /// Records that podha asked the node's agent for a fence, with this request value.
     pub fn record_fence_request(&mut self, request: &str) {
         self.fence_request = Some(request.to_string());
+    }
+
+    /// Records that the node's BMC accepted podha's `ForceOff`. The first acceptance counts:
+    /// a read says the machine is off only if it comes after one.
+    pub fn record_power_off_accepted(&mut self, now: Instant) {
+        self.power_off.get_or_insert(PowerOff {
+            accepted_at: now,
+            confirmed_at: None,
+        });
+    }
+
+    /// Records that the node's BMC, read after it accepted the `ForceOff`, says the machine is
+    /// off: the proof `BMC`.
+    pub fn record_powered_off(&mut self, now: Instant) {
+        if let Some(power_off) = &mut self.power_off {
+            power_off.confirmed_at.get_or_insert(now);
+        }
+    }
+
+    /// Whether the node's BMC said the machine is off after accepting this incident's
+    /// `ForceOff`.
+    pub fn powered_off(&self) -> bool {
+        self.power_off.is_some_and(|p| p.confirmed_at.is_some())
     }
 
     /// Records that podha tainted the node.

@@ -19,16 +19,20 @@ pub enum ActionKind {
     UntaintNode,
     RequestFence,
     WithdrawFenceRequest,
+    PowerOff,
+    ConfirmPowerOff,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 6] = [
+    pub const ALL: [ActionKind; 8] = [
         ActionKind::MarkPodNotReady,
         ActionKind::DeletePod,
         ActionKind::TaintNode,
         ActionKind::UntaintNode,
         ActionKind::RequestFence,
         ActionKind::WithdrawFenceRequest,
+        ActionKind::PowerOff,
+        ActionKind::ConfirmPowerOff,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -39,6 +43,8 @@ impl ActionKind {
             ActionKind::UntaintNode => "untaint_node",
             ActionKind::RequestFence => "request_fence",
             ActionKind::WithdrawFenceRequest => "withdraw_fence_request",
+            ActionKind::PowerOff => "power_off",
+            ActionKind::ConfirmPowerOff => "confirm_power_off",
         }
     }
 }

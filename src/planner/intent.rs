@@ -38,6 +38,20 @@ pub enum Intent {
     /// Ask the node's podha agent to fence the node (policy proof `Agent`): an annotation on
     /// the Node the agent answers with its acknowledgement.
     RequestFence { node: String, policy: String },
+    /// Ask the node's BMC to force the machine off (`ComputerSystem.Reset` `ForceOff`, proof
+    /// `BMC`), through the Secret `secret` in podha's namespace.
+    PowerOff {
+        node: String,
+        policy: String,
+        secret: String,
+    },
+    /// Read the node's `PowerState` from its BMC, after it accepted the `ForceOff`: the proof
+    /// once it says `Off`.
+    ConfirmPowerOff {
+        node: String,
+        policy: String,
+        secret: String,
+    },
     /// Take podha's fence request off a node whose failure is over (no open incident, judged
     /// Healthy): an agent that never saw it must not carry it out later.
     WithdrawFenceRequest { node: String },
@@ -239,6 +253,8 @@ impl Intent {
             | Self::ForceDeletePod { node, .. }
             | Self::TaintNode { node, .. }
             | Self::RequestFence { node, .. }
+            | Self::PowerOff { node, .. }
+            | Self::ConfirmPowerOff { node, .. }
             | Self::RemoveTaint { node }
             | Self::WithdrawFenceRequest { node } => Some(node),
             Self::Hold { node, .. } => node.as_deref(),
@@ -253,6 +269,8 @@ impl Intent {
             | Self::MarkPodNotReady { policy, .. }
             | Self::TaintNode { policy, .. }
             | Self::RequestFence { policy, .. }
+            | Self::PowerOff { policy, .. }
+            | Self::ConfirmPowerOff { policy, .. }
             | Self::Hold { policy, .. } => Some(policy),
             Self::RemoveTaint { .. } | Self::WithdrawFenceRequest { .. } => None,
         }
@@ -267,6 +285,8 @@ impl Intent {
             Self::TaintNode { node, .. } => taint_key(node),
             Self::RemoveTaint { node } => format!("untaint/{node}"),
             Self::RequestFence { node, .. } => format!("fence/{node}"),
+            Self::PowerOff { node, .. } => format!("power-off/{node}"),
+            Self::ConfirmPowerOff { node, .. } => format!("powered-off/{node}"),
             Self::WithdrawFenceRequest { node } => format!("unfence/{node}"),
             Self::Hold {
                 policy,
@@ -298,6 +318,12 @@ impl Intent {
             Self::RequestFence { node, .. } => {
                 format!("ask for a fence of node {node} (podha.io/fence-request)")
             }
+            Self::PowerOff { node, secret, .. } => {
+                format!("power node {node} off through its BMC (Secret {secret})")
+            }
+            Self::ConfirmPowerOff { node, secret, .. } => {
+                format!("read the power state of node {node} from its BMC (Secret {secret})")
+            }
             Self::WithdrawFenceRequest { node } => {
                 format!("withdraw the fence request of node {node} (podha.io/fence-request)")
             }
@@ -306,9 +332,16 @@ impl Intent {
     }
 
     /// Whether the result of this action can let the planner go on with the node at once: a
-    /// pod is deleted once its node's taint is on and its mark has landed.
+    /// pod is deleted once its node's taint is on and its mark has landed, the taint follows a
+    /// BMC's `Off`, and the first read of the power state follows its `ForceOff`.
     pub const fn unblocks_deletes(&self) -> bool {
-        matches!(self, Self::TaintNode { .. } | Self::MarkPodNotReady { .. })
+        matches!(
+            self,
+            Self::TaintNode { .. }
+                | Self::MarkPodNotReady { .. }
+                | Self::PowerOff { .. }
+                | Self::ConfirmPowerOff { .. }
+        )
     }
 }
 

@@ -1,7 +1,8 @@
 //! Whether a dead node is proven fenced, as its policy's `spec.fencing` asks, before podha
 //! puts the out-of-service taint on it: what proves it (the cloud's shutdown taint, an
 //! acknowledgement of this incident's fence request, an agent's silence past what it
-//! advertises) and what podha knows of the node's agent for it.
+//! advertises, the node's BMC saying it is off after this incident's `ForceOff`) and what
+//! podha knows of the node's agent for it.
 //!
 //! An agent's silence proves its fence only where the agent's own rule would have fenced it:
 //! the agent fences when podha stops hearing it while podha hears others, and stays when a
@@ -344,6 +345,8 @@ pub enum FenceEvidence {
     AgentSilent,
     /// The user's fence controller acknowledged podha's fence request.
     ExternalAcknowledged,
+    /// The node's BMC said the machine is off, read after it accepted podha's `ForceOff`.
+    BmcPoweredOff,
 }
 
 impl FenceEvidence {
@@ -354,13 +357,22 @@ impl FenceEvidence {
             Self::AgentAcknowledged => "AgentAcknowledged",
             Self::AgentSilent => "AgentSilent",
             Self::ExternalAcknowledged => "ExternalAcknowledged",
+            Self::BmcPoweredOff => "BMCPoweredOff",
         }
     }
 }
 
-/// The proof `fencing` asks for, if `node` has it (always, with `None`).
-pub fn proven(fencing: &Fencing, node: &Node, agent: AgentEvidence<'_>) -> Option<FenceEvidence> {
+/// The proof `fencing` asks for, if `node` has it (always, with `None`); `powered_off`: the
+/// node's BMC said the machine is off after accepting this incident's `ForceOff` (see
+/// `Incident::powered_off`).
+pub fn proven(
+    fencing: &Fencing,
+    node: &Node,
+    agent: AgentEvidence<'_>,
+    powered_off: bool,
+) -> Option<FenceEvidence> {
     match fencing.proof {
+        FencingProof::Bmc => powered_off.then_some(FenceEvidence::BmcPoweredOff),
         FencingProof::None => Some(FenceEvidence::NotAsked),
         FencingProof::CloudShutdownTaint => node
             .spec

@@ -140,7 +140,7 @@ pub(super) fn fence_check(
         incident.fence_request.as_deref(),
     );
     let fencing = &node_policy.spec.fencing;
-    let proof = proven(fencing, node, agent);
+    let proof = proven(fencing, node, agent, incident.powered_off());
     let doubt =
         (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())
@@ -194,15 +194,18 @@ fn proof_pending(node_policy: PolicyRef<'_>, proven: bool) -> bool {
     NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven
 }
 
-/// The fence to ask for on the Node while the proof is missing: once per incident; for the
+/// The fence to ask for while the proof is missing: on the Node once per incident, for the
 /// `Agent` proof only of a node that runs an agent, for `External` of any (the user's fence
-/// controller answers).
+/// controller answers); for `BMC`, of the node's BMC (see [`power_off`]).
 pub(super) fn fence_request(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
 ) -> Option<Intent> {
     let proof = node_policy.spec.fencing.proof;
+    if proof == FencingProof::Bmc {
+        return power_off(node, node_policy, incident);
+    }
     (requests_fence(proof)
         && incident.fence_request.is_none()
         && (proof == FencingProof::External || agent_addr(node).is_some()))
@@ -210,6 +213,28 @@ pub(super) fn fence_request(
         node: incident.node.clone(),
         policy: node_policy.name.to_string(),
     })
+}
+
+/// With proof `BMC`: the `ForceOff`, until the node's BMC accepts one in this incident, then
+/// the reads of its power state, until one says `Off` (each sent again by the action's
+/// backoff). Nothing for a node whose Secret has no name (`fencing.bmc.secretNameLabel`
+/// missing on the Node): the hold says the proof is missing.
+fn power_off(node: &Node, node_policy: PolicyRef<'_>, incident: &Incident) -> Option<Intent> {
+    let secret = node_policy.spec.fencing.bmc.as_ref()?.secret_for(node)?;
+    let (node, policy) = (incident.node.clone(), node_policy.name.to_string());
+    match incident.power_off {
+        None => Some(Intent::PowerOff {
+            node,
+            policy,
+            secret,
+        }),
+        Some(p) if p.confirmed_at.is_none() => Some(Intent::ConfirmPowerOff {
+            node,
+            policy,
+            secret,
+        }),
+        Some(_) => None,
+    }
 }
 
 /// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service

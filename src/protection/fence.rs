@@ -1,13 +1,13 @@
 //! The proof the out-of-service taint waits for, and whether it can be given: the node's
 //! agent (its advert, watchdog and Lease, and the other agents podha must hear for a silence
 //! to count, as `planner::proof` rules), the cloud provider's shutdown taint, a fence
-//! controller.
+//! controller, the node's BMC.
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::{Checks, Cluster, Unprotected, agent_gap, human};
-use crate::api::FencingProof;
+use crate::api::{BMC_NODE_LABEL, FencingProof};
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
 use crate::planner::PolicyRef;
 use crate::planner::proof::silence_counts_among;
@@ -68,6 +68,37 @@ fn node_proof(
             "External: held until a fence controller acknowledges podha.io/fence-request on \
              the node (podha.io/fence-ack); protected only if one runs for this node",
         ),
+        FencingProof::Bmc => match node_policy
+            .spec
+            .fencing
+            .bmc
+            .as_ref()
+            .and_then(|bmc| bmc.secret_for(node))
+        {
+            Some(secret) => checks.note(
+                "proof",
+                format!(
+                    "BMC: podha powers {node_name} off through its BMC (Secret {secret} in \
+                     podha's namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it \
+                     until the BMC says the machine is off"
+                ),
+            ),
+            None => checks.fail(
+                "proof",
+                Unprotected::NoBmc,
+                format!(
+                    "BMC: {node_name} has no label {}, which names its BMC's Secret: judged \
+                     dead, it is held for good",
+                    node_policy
+                        .spec
+                        .fencing
+                        .bmc
+                        .as_ref()
+                        .and_then(|b| b.secret_name_label.as_deref())
+                        .unwrap_or("(fencing.bmc is missing)")
+                ),
+            ),
+        },
     }
 }
 

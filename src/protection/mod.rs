@@ -68,6 +68,9 @@ pub enum Unprotected {
     TooFewAgentsHeard,
     /// `fencing.proof: CloudShutdownTaint` on a node no cloud provider manages.
     NoCloudProvider,
+    /// `fencing.proof: BMC` on a node whose Secret has no name (`fencing.bmc.secretNameLabel`
+    /// is not on the Node).
+    NoBmc,
 }
 
 impl Unprotected {
@@ -85,6 +88,7 @@ impl Unprotected {
             Self::NoProvingAgent => "NoProvingAgent",
             Self::TooFewAgentsHeard => "TooFewAgentsHeard",
             Self::NoCloudProvider => "NoCloudProvider",
+            Self::NoBmc => "NoBMC",
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The only code that changes the cluster on podha's behalf: force-deleting pods and adding or
-//! removing the out-of-service taint. Every write is idempotent and re-checks the live object,
+//! The only code that changes the cluster on podha's behalf: force-deleting pods, adding or
+//! removing the out-of-service taint, and powering a node off through its BMC (`power`). Every write is idempotent and re-checks the live object,
 //! so a retry, a restart or a second replica never does harm. Leadership is checked right
 //! before every request, not once per action: an action may take several requests (a taint
 //! retried on conflict reads and writes again), and leadership may be lost between them.
@@ -16,6 +16,8 @@ use crate::leader::Leadership;
 use crate::planner::Intent;
 use crate::view::ObjectKey;
 
+use super::power::{Power, PowerError, PowerOutcome};
+
 /// What a write found and did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -31,6 +33,8 @@ pub enum Outcome {
     Changed,
     /// The fence request is on the Node, with this value (the one the agent acknowledges).
     FenceRequested { request: String },
+    /// What the node's BMC did or said.
+    Power(PowerOutcome),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +49,8 @@ pub enum ActError {
     NotAnAction,
     #[error("not the leader any more")]
     NotLeader,
+    #[error(transparent)]
+    Power(#[from] PowerError),
 }
 
 /// What to do with an action that failed, by what failed.
@@ -68,7 +74,14 @@ impl ActError {
             Self::TimedOut(_) => "timeout",
             Self::NotAnAction => "not_an_action",
             Self::NotLeader => "not_leader",
+            Self::Power(_) => "bmc",
         }
+    }
+
+    /// A read of a BMC that does not say `Off` yet: the normal wait for a reset to apply, not
+    /// a failure of the request.
+    pub const fn not_off_yet(&self) -> bool {
+        matches!(self, Self::Power(PowerError::NotOff { .. }))
     }
 
     /// Whether sending the same action again may succeed.
@@ -76,6 +89,8 @@ impl ActError {
         match self {
             Self::Api(error) => api_retry(error),
             Self::Conflict(_) | Self::TimedOut(_) | Self::NotLeader => RetryPolicy::Retry,
+            Self::Power(error) if error.is_transient() => RetryPolicy::Retry,
+            Self::Power(_) => RetryPolicy::GiveUp,
             // A hold sent as an action is a bug of podha's; sending it again repeats it.
             Self::NotAnAction => RetryPolicy::GiveUp,
         }
@@ -106,12 +121,18 @@ const CONFLICT_RETRIES: usize = 5;
 pub struct Actuator {
     client: Client,
     leadership: Leadership,
+    power: Power,
 }
 
 impl Actuator {
-    /// An actuator that sends a request only while `leadership` lets it write.
-    pub fn new(client: Client, leadership: Leadership) -> Self {
-        Self { client, leadership }
+    /// An actuator that sends a request only while `leadership` lets it write, and reads BMC
+    /// Secrets in `namespace` (podha's own) only.
+    pub fn new(client: Client, leadership: Leadership, namespace: &str) -> Self {
+        Self {
+            power: Power::new(client.clone(), namespace),
+            client,
+            leadership,
+        }
     }
 
     /// Called right before every request: a replica that lost leadership, or whose claim ran
@@ -149,6 +170,17 @@ impl Actuator {
             Intent::RequestFence { node, policy } => self.request_fence(node, policy, seen).await,
             Intent::WithdrawFenceRequest { node } => {
                 self.patch_node(node, seen, withdrawal_patch).await
+            }
+            Intent::PowerOff { node, secret, .. } => {
+                self.ensure_leading()?;
+                let leading = || self.leadership.may_write(Instant::now());
+                match self.power.power_off(node, secret, leading).await? {
+                    Some(outcome) => Ok(Outcome::Power(outcome)),
+                    None => Err(ActError::NotLeader),
+                }
+            }
+            Intent::ConfirmPowerOff { node, secret, .. } => {
+                Ok(Outcome::Power(self.power.read(node, secret).await?))
             }
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
@@ -457,7 +489,7 @@ mod tests {
         let (claim, leadership) = crate::leader::channel();
         let expires = Instant::now() + std::time::Duration::from_secs(1);
         claim.send_replace(Some(crate::leader::Claim::until(expires)));
-        let actuator = Actuator::new(Client::new(service, "default"), leadership);
+        let actuator = Actuator::new(Client::new(service, "default"), leadership, "default");
         tokio::time::sleep_until(expires).await;
 
         let pod = ObjectKey::new("ns", "db-0");

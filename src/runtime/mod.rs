@@ -7,6 +7,7 @@ mod actuator;
 pub mod agent_coverage;
 mod events;
 mod pod_coverage;
+mod power;
 mod prober;
 mod rewatch;
 mod state;
@@ -135,6 +136,7 @@ pub async fn run(
         metrics.clone(),
         leadership.clone(),
         opts.leader.step_down_margin(),
+        &opts.leader.namespace,
     );
     let mut writer = tokio::spawn(writer.run(writes_rx, results_tx));
     let key_publisher = tokio::spawn(leader::key::publish(

@@ -182,16 +182,18 @@ pub struct Writer {
 
 impl Writer {
     /// A writer that acts while `leadership` lets it write; `step_down_margin` is the leader's
-    /// ([`crate::leader::LeaderConfig::step_down_margin`]).
+    /// ([`crate::leader::LeaderConfig::step_down_margin`]); `namespace` is podha's own, the one
+    /// BMC Secrets are read from.
     pub fn new(
         client: Client,
         reporter: Reporter,
         metrics: Arc<Metrics>,
         leadership: Leadership,
         step_down_margin: Duration,
+        namespace: &str,
     ) -> Self {
         Self {
-            actuator: Actuator::new(client.clone(), leadership.clone()),
+            actuator: Actuator::new(client.clone(), leadership.clone(), namespace),
             events: EventPublisher::new(client.clone(), reporter),
             client,
             metrics,
@@ -311,6 +313,10 @@ impl Writer {
                 debug!(?intent, "leadership lost during the action; dropped");
                 Err(ActError::NotLeader)
             }
+            Err(e) if e.not_off_yet() => {
+                debug!(?intent, error = %e, "the BMC does not say Off yet; will read again");
+                Err(e)
+            }
             Err(e) => {
                 self.metrics
                     .writes
@@ -372,6 +378,8 @@ pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
         Intent::RemoveTaint { .. } => Some(ActionKind::UntaintNode),
         Intent::RequestFence { .. } => Some(ActionKind::RequestFence),
         Intent::WithdrawFenceRequest { .. } => Some(ActionKind::WithdrawFenceRequest),
+        Intent::PowerOff { .. } => Some(ActionKind::PowerOff),
+        Intent::ConfirmPowerOff { .. } => Some(ActionKind::ConfirmPowerOff),
         Intent::Hold { .. } => None,
     }
 }
@@ -436,7 +444,7 @@ mod tests {
             instance: None,
         };
         let metrics = Arc::new(Metrics::new().expect("metrics"));
-        Writer::new(client, reporter, metrics, leadership, margin())
+        Writer::new(client, reporter, metrics, leadership, margin(), "default")
     }
 
     #[tokio::test]

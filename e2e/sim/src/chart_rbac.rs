@@ -82,21 +82,24 @@ pub fn render(
 
 /// Applies the chart's RBAC for `namespace` to `cluster` (as admin, with kubectl) and returns
 /// `admin` changed to authenticate as the chart's ServiceAccount instead, with a token from
-/// the TokenRequest API.
+/// the TokenRequest API. `values` are more `--set`s for the chart (`rbac.bmcSecrets=true`).
 pub fn service_account_config(
     cluster: &Cluster,
     helm: &Path,
     chart: &Path,
     namespace: &str,
     lease_name: &str,
+    values: &[&str],
     admin: &kube::Config,
 ) -> anyhow::Result<kube::Config> {
+    let mut set = vec![format!("leaderElection.leaseName={lease_name}")];
+    set.extend(values.iter().map(|v| v.to_string()));
     let manifest = render(
         helm,
         chart,
         &kube_version(cluster)?,
         namespace,
-        &[format!("leaderElection.leaseName={lease_name}")],
+        &set,
         &RBAC_TEMPLATES,
     )?;
     for kind in [

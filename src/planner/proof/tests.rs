@@ -12,9 +12,9 @@ fn the_cloud_shutdown_taint_is_the_proof_and_none_needs_nothing() {
     let running = mk_node("n1");
     let off = mk_node("n1").taint(CLOUD_SHUTDOWN_TAINT_KEY, "", "NoSchedule");
     let none = AgentEvidence::default();
-    assert_eq!(proven(&spec.fencing, &running, none), None);
+    assert_eq!(proven(&spec.fencing, &running, none, false), None);
     assert_eq!(
-        proven(&spec.fencing, &off, none),
+        proven(&spec.fencing, &off, none, false),
         Some(FenceEvidence::CloudShutdown)
     );
     let unproven = Fencing {
@@ -22,12 +22,12 @@ fn the_cloud_shutdown_taint_is_the_proof_and_none_needs_nothing() {
         ..Fencing::default()
     };
     assert_eq!(
-        proven(&unproven, &running, none),
+        proven(&unproven, &running, none, false),
         Some(FenceEvidence::NotAsked)
     );
     // The default asks for the agent's proof: a node without an agent never has it.
     assert_eq!(Fencing::default().proof, FencingProof::Agent);
-    assert_eq!(proven(&Fencing::default(), &running, none), None);
+    assert_eq!(proven(&Fencing::default(), &running, none, false), None);
     assert!(
         serde_json::from_value::<crate::api::PodHAPolicySpec>(
             serde_json::json!({"fencing": {"proof": "Hope"}})
@@ -46,13 +46,16 @@ fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_
         request,
         ..heard()
     };
-    assert_eq!(proven(&spec.fencing, &acked, asked(None, None)), None);
     assert_eq!(
-        proven(&spec.fencing, &acked, asked(Some("p/2"), None)),
+        proven(&spec.fencing, &acked, asked(None, None), false),
         None
     );
     assert_eq!(
-        proven(&spec.fencing, &acked, asked(Some("p/1"), None)),
+        proven(&spec.fencing, &acked, asked(Some("p/2"), None), false),
+        None
+    );
+    assert_eq!(
+        proven(&spec.fencing, &acked, asked(Some("p/1"), None), false),
         Some(FenceEvidence::ExternalAcknowledged)
     );
     let silent_agent = mk_node("n1")
@@ -62,7 +65,8 @@ fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_
         proven(
             &spec.fencing,
             &silent_agent,
-            asked(Some("p/1"), Some(Duration::from_secs(3600)))
+            asked(Some("p/1"), Some(Duration::from_secs(3600))),
+            false
         ),
         None,
         "silence proves nothing to an external fence"
@@ -100,17 +104,17 @@ fn an_agent_proves_the_fence_by_its_acknowledgement_of_this_incidents_request() 
         ..AgentEvidence::default()
     };
     assert_eq!(
-        proven(&spec.fencing, &acked, asked(None)),
+        proven(&spec.fencing, &acked, asked(None), false),
         None,
         "not asked"
     );
     assert_eq!(
-        proven(&spec.fencing, &acked, asked(Some("p/2"))),
+        proven(&spec.fencing, &acked, asked(Some("p/2")), false),
         None,
         "an older request's acknowledgement proves nothing now"
     );
     assert_eq!(
-        proven(&spec.fencing, &acked, asked(Some("p/1"))),
+        proven(&spec.fencing, &acked, asked(Some("p/1")), false),
         Some(FenceEvidence::AgentAcknowledged)
     );
 }
@@ -125,20 +129,20 @@ fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
         silent_for: Some(Duration::from_secs(secs)),
         ..heard()
     };
-    assert_eq!(proven(&spec.fencing, &with_agent, silent(39)), None);
+    assert_eq!(proven(&spec.fencing, &with_agent, silent(39), false), None);
     assert_eq!(
-        proven(&spec.fencing, &with_agent, silent(40)),
+        proven(&spec.fencing, &with_agent, silent(40), false),
         Some(FenceEvidence::AgentSilent)
     );
     assert_eq!(
-        proven(&spec.fencing, &mk_node("n1"), silent(4000)),
+        proven(&spec.fencing, &mk_node("n1"), silent(4000), false),
         None,
         "a node that never had an agent proves nothing by silence"
     );
     let garbled = mk_node("n1")
         .annotation(AGENT_FENCED_WITHIN_ANNOTATION, "soon")
         .annotation(AGENT_WATCHDOG_ANNOTATION, "4s");
-    assert_eq!(proven(&spec.fencing, &garbled, silent(4000)), None);
+    assert_eq!(proven(&spec.fencing, &garbled, silent(4000), false), None);
 }
 
 /// The silence counts only since podha has heard enough agents without a break: an agent
@@ -157,12 +161,15 @@ fn silence_counts_only_since_podha_hears_enough_agents() {
         ..heard()
     };
     assert_eq!(silent(Some(secs(39))).counted_silence(), Some(secs(39)));
-    assert_eq!(proven(&spec.fencing, &node, silent(Some(secs(39)))), None);
     assert_eq!(
-        proven(&spec.fencing, &node, silent(Some(secs(40)))),
+        proven(&spec.fencing, &node, silent(Some(secs(39))), false),
+        None
+    );
+    assert_eq!(
+        proven(&spec.fencing, &node, silent(Some(secs(40))), false),
         Some(FenceEvidence::AgentSilent)
     );
-    assert_eq!(proven(&spec.fencing, &node, silent(None)), None);
+    assert_eq!(proven(&spec.fencing, &node, silent(None), false), None);
     let answering = AgentEvidence {
         silent_for: None,
         ..heard()
@@ -349,7 +356,11 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
         };
         assert_eq!(evidence.silence_doubt(), doubt, "{what}");
         let want = doubt.is_none().then_some(FenceEvidence::AgentSilent);
-        assert_eq!(proven(&spec.fencing, &node, evidence), want, "{what}");
+        assert_eq!(
+            proven(&spec.fencing, &node, evidence, false),
+            want,
+            "{what}"
+        );
     }
     // An answering agent is in no doubt: it is not silent.
     assert_eq!(AgentEvidence::default().silence_doubt(), None);
@@ -363,7 +374,7 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
     };
     assert_eq!(doubted.silence_doubt(), Some(SilenceDoubt::NeverHeard));
     assert_eq!(
-        proven(&spec.fencing, &acked, doubted),
+        proven(&spec.fencing, &acked, doubted, false),
         Some(FenceEvidence::AgentAcknowledged)
     );
 }

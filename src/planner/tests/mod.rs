@@ -822,6 +822,8 @@ fn intent_names(plan: &Plan) -> Vec<String> {
             Intent::RemoveTaint { node } => format!("untaint {node}"),
             Intent::RequestFence { node, .. } => format!("request fence {node}"),
             Intent::WithdrawFenceRequest { node } => format!("withdraw fence request {node}"),
+            Intent::PowerOff { node, .. } => format!("power off {node}"),
+            Intent::ConfirmPowerOff { node, .. } => format!("read power of {node}"),
             Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
         })
         .collect()
@@ -985,6 +987,7 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
     );
 }
 
+mod bmc;
 mod fencing;
 mod pause;
 mod safety;

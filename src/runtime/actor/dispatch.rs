@@ -173,7 +173,12 @@ impl Actor {
         }
         match result.result {
             Ok(outcome) => self.record_outcome(&result.intent, outcome, sent, now),
-            Err(error) => warn!(%key, %error, ?retry_in, "action failed"),
+            Err(error) => {
+                if !error.not_off_yet() {
+                    warn!(%key, %error, ?retry_in, "action failed");
+                }
+                self.report_power_failure(&result.intent, &error, now);
+            }
         }
     }
 }

@@ -1,22 +1,29 @@
 //! What a write that succeeded did: recorded in its incident (so it is never done twice),
 //! counted, and told in an event.
 
+use std::time::Duration;
+
 use kube::ResourceExt;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::super::actuator::Outcome;
+use super::super::actuator::{ActError, Outcome};
+use super::super::power::PowerOutcome;
 use super::super::writer::EventNote;
 use super::Actor;
 use super::dispatch::Sent;
 use super::judge;
 use super::reports::pod_reference;
 use crate::api::{FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
-use crate::incident::Phase;
+use crate::incident::{Incident, Phase};
 use crate::metrics::TaintOperation;
 use crate::planner::Intent;
 use crate::planner::proof::{self, FenceEvidence};
 use crate::view::ObjectKey;
+
+/// How long a BMC may take to apply a `ForceOff` it accepted before podha warns that it does
+/// not say `Off` (real BMCs take seconds; the node stays held either way).
+pub const POWER_OFF_EXPECTED_WITHIN: Duration = Duration::from_secs(30);
 
 impl Actor {
     pub(super) fn record_outcome(
@@ -58,6 +65,25 @@ impl Actor {
             Intent::RequestFence { node, policy } => {
                 if let Outcome::FenceRequested { request } = &outcome {
                     self.record_fence_request(node, policy, request);
+                }
+            }
+            Intent::PowerOff {
+                node,
+                policy,
+                secret,
+            } => match outcome {
+                Outcome::Power(PowerOutcome::OffRequested) => {
+                    self.record_power_off_requested(node, policy, secret, now);
+                }
+                Outcome::Power(PowerOutcome::Off) => {
+                    self.ledger.record_power_off_accepted(node, now);
+                    self.record_powered_off(node, now);
+                }
+                _ => {}
+            },
+            Intent::ConfirmPowerOff { node, .. } => {
+                if outcome == Outcome::Power(PowerOutcome::Off) {
+                    self.record_powered_off(node, now);
                 }
             }
             Intent::WithdrawFenceRequest { node } => {
@@ -219,20 +245,89 @@ impl Actor {
         self.queue_event(ev);
     }
 
+    fn record_power_off_requested(&mut self, node: &str, policy: &str, secret: &str, now: Instant) {
+        self.ledger.record_power_off_accepted(node, now);
+        info!(node, secret, "the BMC accepted ForceOff");
+        let note = format!(
+            "asked the node's BMC (Secret {secret}) to force the machine off (policy {policy}); \
+             the out-of-service taint waits until the BMC says PowerState Off"
+        );
+        let ev = self.node_event(node, true, "PowerOffRequested", "Fence", note);
+        self.queue_event(ev);
+    }
+
+    fn record_powered_off(&mut self, node: &str, now: Instant) {
+        self.ledger.record_powered_off(node, now);
+        let after = self
+            .ledger
+            .get(node)
+            .and_then(|i| i.power_off)
+            .map_or(0.0, |p| {
+                now.saturating_duration_since(p.accepted_at).as_secs_f64()
+            });
+        info!(node, after, "the BMC says the machine is off");
+        let note = if after > 0.0 {
+            format!(
+                "the node's BMC says PowerState Off, {after:.1}s after it accepted podha's \
+                 ForceOff: the node is fenced"
+            )
+        } else {
+            "the node's BMC says PowerState Off: the machine is off, the node is fenced".into()
+        };
+        let ev = self.node_event(node, false, "PoweredOff", "Fence", note);
+        self.queue_event(ev);
+    }
+
+    /// A power action that failed, told in a Warning event on the node once per cause while
+    /// its incident lasts (the action is sent again by its backoff). A read that does not say
+    /// `Off` yet is the normal wait for a reset to apply: told only once the BMC has taken
+    /// longer than [`POWER_OFF_EXPECTED_WITHIN`] since accepting the `ForceOff`.
+    pub(super) fn report_power_failure(&mut self, intent: &Intent, error: &ActError, now: Instant) {
+        let (Intent::PowerOff { node, .. } | Intent::ConfirmPowerOff { node, .. }) = intent else {
+            return;
+        };
+        let ActError::Power(failure) = error else {
+            return;
+        };
+        let reason = if error.not_off_yet() {
+            let accepted = self
+                .ledger
+                .get(node)
+                .and_then(|i| i.power_off)
+                .map(|p| p.accepted_at);
+            if accepted
+                .is_none_or(|at| now.saturating_duration_since(at) < POWER_OFF_EXPECTED_WITHIN)
+            {
+                return;
+            }
+            "PowerOffUnconfirmed"
+        } else {
+            "PowerOffFailed"
+        };
+        if !self
+            .reported
+            .first(node, format!("power/{}", failure.as_str()))
+        {
+            return;
+        }
+        let note = format!("{failure}; the node stays held: nothing is tainted or deleted there");
+        let ev = self.node_event(node, true, reason, "Fence", note);
+        self.queue_event(ev);
+    }
+
     /// What proves `node` fenced for `policy` now, as the planner judged it (from the same
     /// evidence, `proof::agent_evidence`).
     fn fence_evidence(&self, node: &str, policy: &str, now: Instant) -> Option<FenceEvidence> {
         let spec = &self.state.policies.get(policy)?.spec;
         let node_obj = self.state.view.nodes.get(node)?;
-        let request = self
-            .ledger
-            .get(node)
-            .and_then(|i| i.fence_request.as_deref());
+        let incident = self.ledger.get(node);
+        let request = incident.and_then(|i| i.fence_request.as_deref());
+        let powered_off = incident.is_some_and(Incident::powered_off);
         let heartbeats = judge::heartbeats(&self.state);
         let quorum = self.judge.agent_quorum_since();
         let agent =
             proof::agent_evidence(node, &self.state.view, &heartbeats, quorum, now, request);
-        proof::proven(&spec.fencing, node_obj, agent)
+        proof::proven(&spec.fencing, node_obj, agent, powered_off)
     }
 
     /// The policy named by podha's taint marker on `node` ("" without one).

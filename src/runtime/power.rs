@@ -1,0 +1,199 @@
+//! The actuator's hand on a node's BMC (proof `BMC`): find the node's Secret in podha's
+//! namespace, check it is bound to the node, and ask the BMC to force the machine off or say
+//! whether it is off. One request per action: the decision loop sends an action again by its
+//! backoff (`crate::backoff::action_retry`), so nothing here retries or waits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client, ResourceExt};
+
+use crate::api::BMC_NODE_LABEL;
+use crate::redfish::{self, Bmc, Endpoint, PowerState, ResetType};
+
+/// Why a power action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PowerError {
+    #[error("reading Secret {secret} in podha's namespace failed: {error}")]
+    SecretUnread { secret: String, error: kube::Error },
+    #[error("Secret {secret} is not in podha's namespace {namespace}")]
+    SecretMissing { secret: String, namespace: String },
+    #[error(
+        "Secret {secret} is not bound to node {node}: it must carry the label {BMC_NODE_LABEL}={node} \
+         (it has {found:?})"
+    )]
+    SecretUnbound {
+        secret: String,
+        node: String,
+        found: Option<String>,
+    },
+    #[error("the BMC of node {node} (Secret {secret}): {error}")]
+    Bmc {
+        node: String,
+        secret: String,
+        error: redfish::Error,
+    },
+    #[error("the BMC of node {node} reports PowerState {state}, not Off yet")]
+    NotOff { node: String, state: PowerState },
+}
+
+impl PowerError {
+    /// A bounded label: the redfish error's own, or the Secret's trouble.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::SecretUnread { .. } => "secret_unread",
+            Self::SecretMissing { .. } => "secret_missing",
+            Self::SecretUnbound { .. } => "secret_unbound",
+            Self::Bmc { error, .. } => error.as_str(),
+            Self::NotOff { .. } => "not_off",
+        }
+    }
+
+    /// Whether the same action may succeed soon: a read not `Off` yet, a BMC or API server that
+    /// may answer next time. A Secret missing, unbound or unreadable as settings, credentials
+    /// refused, a system unknown: only a person can fix those (the action is still tried again,
+    /// slowly, in case one did).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::NotOff { .. } => true,
+            Self::SecretUnread { error, .. } => !matches!(
+                error,
+                kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 429
+            ),
+            Self::Bmc { error, .. } => error.is_transient(),
+            Self::SecretMissing { .. } | Self::SecretUnbound { .. } => false,
+        }
+    }
+}
+
+/// What a power action found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PowerOutcome {
+    /// The BMC accepted the `ForceOff`.
+    OffRequested,
+    /// The BMC says the machine is off.
+    Off,
+}
+
+/// The BMCs podha talks to, one client per node, built from the node's Secret and kept while
+/// the Secret stays the same (the client pins the system it found, so the reads that confirm
+/// a `ForceOff` are of the system that took it).
+#[derive(Clone)]
+pub struct Power {
+    secrets: Api<Secret>,
+    namespace: String,
+    clients: Arc<Mutex<HashMap<String, BuiltClient>>>,
+}
+
+/// A node's BMC client and the version of the Secret (`uid/resourceVersion`) it was built from.
+type BuiltClient = (String, Arc<Bmc>);
+
+impl Power {
+    /// Reads BMC Secrets in `namespace` (podha's own) only.
+    pub fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            secrets: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            clients: Arc::default(),
+        }
+    }
+
+    /// Asks `node`'s BMC to force the machine off, unless it says the machine is off already
+    /// (a BMC may refuse a `ForceOff` of a machine that is off, as after another replica's);
+    /// `leading` is asked right before the reset goes out (`None` when it says no).
+    pub async fn power_off(
+        &self,
+        node: &str,
+        secret: &str,
+        leading: impl Fn() -> bool,
+    ) -> Result<Option<PowerOutcome>, PowerError> {
+        let bmc = self.bmc(node, secret).await?;
+        let state = bmc
+            .power_state()
+            .await
+            .map_err(|error| bmc_error(node, secret, error))?;
+        if state.is_off() {
+            return Ok(Some(PowerOutcome::Off));
+        }
+        if !leading() {
+            return Ok(None);
+        }
+        bmc.reset(ResetType::ForceOff)
+            .await
+            .map_err(|error| bmc_error(node, secret, error))?;
+        Ok(Some(PowerOutcome::OffRequested))
+    }
+
+    /// Reads `node`'s power state: `Off`, or [`PowerError::NotOff`].
+    pub async fn read(&self, node: &str, secret: &str) -> Result<PowerOutcome, PowerError> {
+        let bmc = self.bmc(node, secret).await?;
+        match bmc.power_state().await {
+            Ok(state) if state.is_off() => Ok(PowerOutcome::Off),
+            Ok(state) => Err(PowerError::NotOff {
+                node: node.to_string(),
+                state,
+            }),
+            Err(error) => Err(bmc_error(node, secret, error)),
+        }
+    }
+
+    /// The client of `node`'s BMC, from its Secret as it is now.
+    async fn bmc(&self, node: &str, secret: &str) -> Result<Arc<Bmc>, PowerError> {
+        let object = match self.secrets.get_opt(secret).await {
+            Ok(Some(object)) => object,
+            Ok(None) => {
+                return Err(PowerError::SecretMissing {
+                    secret: secret.to_string(),
+                    namespace: self.namespace.clone(),
+                });
+            }
+            Err(error) => {
+                return Err(PowerError::SecretUnread {
+                    secret: secret.to_string(),
+                    error,
+                });
+            }
+        };
+        let bound = object.labels().get(BMC_NODE_LABEL);
+        if bound.map(String::as_str) != Some(node) {
+            return Err(PowerError::SecretUnbound {
+                secret: secret.to_string(),
+                node: node.to_string(),
+                found: bound.cloned(),
+            });
+        }
+        // The same Secret object in the same version: the client built from it still holds.
+        let version = format!(
+            "{}/{}",
+            object.uid().unwrap_or_default(),
+            object.resource_version().unwrap_or_default()
+        );
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((built_from, bmc)) = clients.get(node)
+            && *built_from == version
+        {
+            return Ok(bmc.clone());
+        }
+        let data: std::collections::BTreeMap<String, Vec<u8>> = object
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect();
+        let bmc = Endpoint::from_secret_data(&data)
+            .and_then(Bmc::new)
+            .map(Arc::new)
+            .map_err(|error| bmc_error(node, secret, error))?;
+        clients.insert(node.to_string(), (version, bmc.clone()));
+        Ok(bmc)
+    }
+}
+
+fn bmc_error(node: &str, secret: &str, error: redfish::Error) -> PowerError {
+    PowerError::Bmc {
+        node: node.to_string(),
+        secret: secret.to_string(),
+        error,
+    }
+}
