@@ -51,10 +51,11 @@ pub struct Fencing {
     /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
     /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an
     /// acknowledgement of this incident's request counts; silence proves nothing.
-    /// `BMC`: the node's BMC says it is off. podha asks the BMC (Redfish, `fencing.bmc`) to
-    /// force the machine off (`ComputerSystem.Reset`, `ForceOff`) and takes for the proof
-    /// only a read of the system's `PowerState` that says `Off`, made after the BMC accepted
-    /// that request: a BMC applies a reset seconds after it answers. No agent or watchdog is
+    /// `BMC`: the node's BMC says it is off (docs/bmc.md). podha asks the BMC (Redfish,
+    /// `fencing.bmc`) to force the machine off (`ComputerSystem.Reset`, `ForceOff`) and takes
+    /// for the proof only a read of the system's `PowerState` that says `Off` (a BMC applies a
+    /// reset seconds after it answers), of a system whose UUID is the node's, and no Lease
+    /// renewal of the node after it. No agent or watchdog is
     /// needed on the node, and nothing waits out an isolation timeout. A BMC that cannot be
     /// reached, refuses podha's credentials, does not know the system or never reports `Off`
     /// holds the node (a Warning event says which); the machine stays off until someone (or
@@ -133,6 +134,24 @@ pub struct BmcFencing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$')").message("fencing.bmc.secretNameLabel must be a label key"))]
     pub secret_name_label: Option<String>,
+    /// Power the machine on again once its failover is done (the moved pods' volumes detached
+    /// from it and their replacements running): `ForceOff`, `Off` read, the failover, then
+    /// `On`. The node boots with its pods gone, and podha takes its taint off once it is back.
+    /// Off (the default): the machine stays off until someone powers it on.
+    #[serde(default)]
+    pub power_cycle: bool,
+    /// Power a machine off or count it off only if the system its BMC reports has the node's
+    /// UUID (`UUID` of the Redfish ComputerSystem, `status.nodeInfo.systemUUID` of the Node:
+    /// both the machine's SMBIOS UUID): a Secret holding the address of another machine is
+    /// refused rather than used. Set `false` only for machines whose BMC reports the UUID
+    /// differently from the kubelet (a byte order of its own); the Secret's label is then
+    /// the only binding.
+    #[serde(rename = "matchSystemUUID", default = "default_match_system_uuid")]
+    pub match_system_uuid: bool,
+}
+
+fn default_match_system_uuid() -> bool {
+    true
 }
 
 impl BmcFencing {
@@ -144,5 +163,18 @@ impl BmcFencing {
             (None, Some(label)) => node.metadata.labels.as_ref()?.get(label).cloned(),
             (None, None) => None,
         }
+    }
+
+    /// The UUID `node`'s BMC must report for its system, when the policy matches it (the
+    /// node's `status.nodeInfo.systemUUID`; empty when the node reports none, which no system
+    /// matches).
+    pub fn expected_uuid(&self, node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+        self.match_system_uuid.then(|| {
+            node.status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.system_uuid.clone())
+                .unwrap_or_default()
+        })
     }
 }

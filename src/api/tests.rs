@@ -66,6 +66,11 @@ fn good_specs_pass_every_cel_rule() {
         json!({"action": "OutOfServiceTaint", "dryRun": true, "detachTimeout": "1m"}),
         json!({"volumes": {"drivers": ["rwo.sim.podha.io"], "accessModes": ["ReadWriteOnce"]}}),
         json!({"owners": []}),
+        json!({"fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}"}}}),
+        json!({"fencing": {"proof": "BMC", "bmc": {"secretName": "rack1.{node}.bmc",
+                                                   "powerCycle": true}}}),
+        json!({"fencing": {"proof": "BMC", "bmc": {"secretNameLabel": "example.com/bmc",
+                                                   "matchSystemUUID": false}}}),
     ] {
         assert_eq!(
             cel_errors(spec.clone()),
@@ -149,6 +154,31 @@ fn each_bad_spec_is_rejected_with_its_own_message() {
         (
             json!({"detachTimeout": "500ms"}),
             "detachTimeout must be at least 1s",
+        ),
+        (
+            json!({"fencing": {"proof": "BMC"}}),
+            "fencing.proof BMC needs fencing.bmc",
+        ),
+        (
+            json!({"fencing": {"proof": "BMC", "bmc": {}}}),
+            "exactly one of secretName and secretNameLabel",
+        ),
+        (
+            json!({"fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}",
+                                                       "secretNameLabel": "example.com/bmc"}}}),
+            "exactly one of secretName and secretNameLabel",
+        ),
+        (
+            json!({"fencing": {"proof": "BMC", "bmc": {"secretName": "BMC_{node}"}}}),
+            "fencing.bmc.secretName must be a Secret name",
+        ),
+        (
+            json!({"fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}-"}}}),
+            "fencing.bmc.secretName must be a Secret name",
+        ),
+        (
+            json!({"fencing": {"proof": "BMC", "bmc": {"secretNameLabel": "a b"}}}),
+            "fencing.bmc.secretNameLabel must be a label key",
         ),
     ];
     for (spec, expected) in cases {

@@ -152,6 +152,13 @@ impl Ledger {
         }
     }
 
+    /// Records that `node`'s BMC accepted podha's `On` after the failover.
+    pub fn record_power_on(&mut self, node: &str, now: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_power_on(now);
+        }
+    }
+
     /// Records that podha tainted `node`.
     pub fn record_tainted(&mut self, node: &str) {
         if let Some(incident) = self.incidents.get_mut(node) {

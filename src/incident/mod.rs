@@ -47,6 +47,9 @@ pub struct PowerOff {
     pub accepted_at: Instant,
     /// When a read of the system's `PowerState` after that said `Off`.
     pub confirmed_at: Option<Instant>,
+    /// With `fencing.bmc.powerCycle`: when the BMC accepted podha's `On` after the failover
+    /// (or said the machine was on already).
+    pub on_requested_at: Option<Instant>,
 }
 
 /// One node death, from judgement to recovery.
@@ -75,7 +78,7 @@ pub struct Incident {
     /// Node), once the request is written.
     pub fence_request: Option<String>,
     /// The node's power through its BMC (proof `BMC`), once the BMC accepted podha's
-    /// `ForceOff`.
+    /// `ForceOff` (or said the machine was off already).
     pub power_off: Option<PowerOff>,
     /// Pods podha deleted, as they were, in the order it deleted them.
     pub moved: Vec<MovedPod>,
@@ -187,6 +190,7 @@ impl Incident {
         self.power_off.get_or_insert(PowerOff {
             accepted_at: now,
             confirmed_at: None,
+            on_requested_at: None,
         });
     }
 
@@ -195,6 +199,13 @@ impl Incident {
     pub fn record_powered_off(&mut self, now: Instant) {
         if let Some(power_off) = &mut self.power_off {
             power_off.confirmed_at.get_or_insert(now);
+        }
+    }
+
+    /// Records that the node's BMC accepted podha's `On` after the failover.
+    pub fn record_power_on(&mut self, now: Instant) {
+        if let Some(power_off) = &mut self.power_off {
+            power_off.on_requested_at.get_or_insert(now);
         }
     }
 

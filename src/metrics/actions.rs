@@ -21,10 +21,11 @@ pub enum ActionKind {
     WithdrawFenceRequest,
     PowerOff,
     ConfirmPowerOff,
+    PowerOn,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 8] = [
+    pub const ALL: [ActionKind; 9] = [
         ActionKind::MarkPodNotReady,
         ActionKind::DeletePod,
         ActionKind::TaintNode,
@@ -33,6 +34,7 @@ impl ActionKind {
         ActionKind::WithdrawFenceRequest,
         ActionKind::PowerOff,
         ActionKind::ConfirmPowerOff,
+        ActionKind::PowerOn,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -45,6 +47,7 @@ impl ActionKind {
             ActionKind::WithdrawFenceRequest => "withdraw_fence_request",
             ActionKind::PowerOff => "power_off",
             ActionKind::ConfirmPowerOff => "confirm_power_off",
+            ActionKind::PowerOn => "power_on",
         }
     }
 }

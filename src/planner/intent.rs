@@ -44,6 +44,8 @@ pub enum Intent {
         node: String,
         policy: String,
         secret: String,
+        /// The UUID the system must report (`fencing.bmc.matchSystemUUID`).
+        system_uuid: Option<String>,
     },
     /// Read the node's `PowerState` from its BMC, after it accepted the `ForceOff`: the proof
     /// once it says `Off`.
@@ -51,6 +53,17 @@ pub enum Intent {
         node: String,
         policy: String,
         secret: String,
+        /// The UUID the system must report (`fencing.bmc.matchSystemUUID`).
+        system_uuid: Option<String>,
+    },
+    /// Power the machine on again through its BMC once its failover is done
+    /// (`fencing.bmc.powerCycle`).
+    PowerOn {
+        node: String,
+        policy: String,
+        secret: String,
+        /// The UUID the system must report (`fencing.bmc.matchSystemUUID`).
+        system_uuid: Option<String>,
     },
     /// Take podha's fence request off a node whose failure is over (no open incident, judged
     /// Healthy): an agent that never saw it must not carry it out later.
@@ -255,6 +268,7 @@ impl Intent {
             | Self::RequestFence { node, .. }
             | Self::PowerOff { node, .. }
             | Self::ConfirmPowerOff { node, .. }
+            | Self::PowerOn { node, .. }
             | Self::RemoveTaint { node }
             | Self::WithdrawFenceRequest { node } => Some(node),
             Self::Hold { node, .. } => node.as_deref(),
@@ -271,6 +285,7 @@ impl Intent {
             | Self::RequestFence { policy, .. }
             | Self::PowerOff { policy, .. }
             | Self::ConfirmPowerOff { policy, .. }
+            | Self::PowerOn { policy, .. }
             | Self::Hold { policy, .. } => Some(policy),
             Self::RemoveTaint { .. } | Self::WithdrawFenceRequest { .. } => None,
         }
@@ -287,6 +302,7 @@ impl Intent {
             Self::RequestFence { node, .. } => format!("fence/{node}"),
             Self::PowerOff { node, .. } => format!("power-off/{node}"),
             Self::ConfirmPowerOff { node, .. } => format!("powered-off/{node}"),
+            Self::PowerOn { node, .. } => format!("power-on/{node}"),
             Self::WithdrawFenceRequest { node } => format!("unfence/{node}"),
             Self::Hold {
                 policy,
@@ -324,11 +340,22 @@ impl Intent {
             Self::ConfirmPowerOff { node, secret, .. } => {
                 format!("read the power state of node {node} from its BMC (Secret {secret})")
             }
+            Self::PowerOn { node, secret, .. } => {
+                format!("power node {node} on again through its BMC (Secret {secret})")
+            }
             Self::WithdrawFenceRequest { node } => {
                 format!("withdraw the fence request of node {node} (podha.io/fence-request)")
             }
             Self::Hold { .. } => "hold".to_string(),
         }
+    }
+
+    /// An action on a node's BMC.
+    pub const fn is_power(&self) -> bool {
+        matches!(
+            self,
+            Self::PowerOff { .. } | Self::ConfirmPowerOff { .. } | Self::PowerOn { .. }
+        )
     }
 
     /// Whether the result of this action can let the planner go on with the node at once: a

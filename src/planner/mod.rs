@@ -255,6 +255,10 @@ fn plan_incident<'p>(
     if failed.held() {
         return;
     }
+    if let Some(on) = taints::power_on(node_obj, node_policy, incident) {
+        out.intents
+            .push(dry_run_guard(node_policy, node, on, failed.rehearsal()));
+    }
     // Marks go out with the taint: they move nothing. Deletes only once the node carries a
     // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
     // have its replacement scheduled straight back onto the dead node (still Ready for the node
@@ -314,8 +318,19 @@ fn plan_fence(
         && let Some(hold) = taints::fencing_pending(node_obj, policy, check)
     {
         // A node that could still be running keeps its pods and volumes until the proof comes;
-        // its agent, if it runs one and the policy takes its word, is asked to fence it.
-        if let Some(ask) = taints::fence_request(node_obj, policy, failed.incident) {
+        // its agent, if it runs one and the policy takes its word, is asked to fence it, or its
+        // BMC to power it off. Only for a pod that would move for real: a pod whose policy only
+        // rehearses (`dryRun`) asks nothing of the machine (a rehearsing node policy says what
+        // it would ask).
+        let moving_for_real = rehearsal
+            || np
+                .marks
+                .iter()
+                .chain(&np.deletes)
+                .any(|(owner, _)| !owner.spec.dry_run);
+        if moving_for_real
+            && let Some(ask) = taints::fence_request(node_obj, policy, failed.incident)
+        {
             out.intents
                 .push(dry_run_guard(policy, node, ask, rehearsal));
         }

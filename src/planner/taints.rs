@@ -140,7 +140,17 @@ pub(super) fn fence_check(
         incident.fence_request.as_deref(),
     );
     let fencing = &node_policy.spec.fencing;
-    let proof = proven(fencing, node, agent, incident.powered_off());
+    // A kubelet that renewed its Lease after the BMC said Off runs again (someone powered the
+    // machine on): that Off proves nothing any more.
+    let renewed = input
+        .heartbeats
+        .get(&incident.node)
+        .and_then(|hb| hb.renewal_not_before);
+    let powered_off = incident
+        .power_off
+        .and_then(|p| p.confirmed_at)
+        .is_some_and(|off| renewed.is_none_or(|renewed| renewed <= off));
+    let proof = proven(fencing, node, agent, powered_off);
     let doubt =
         (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())
@@ -220,21 +230,49 @@ pub(super) fn fence_request(
 /// backoff). Nothing for a node whose Secret has no name (`fencing.bmc.secretNameLabel`
 /// missing on the Node): the hold says the proof is missing.
 fn power_off(node: &Node, node_policy: PolicyRef<'_>, incident: &Incident) -> Option<Intent> {
-    let secret = node_policy.spec.fencing.bmc.as_ref()?.secret_for(node)?;
+    let bmc = node_policy.spec.fencing.bmc.as_ref()?;
+    let secret = bmc.secret_for(node)?;
+    let system_uuid = bmc.expected_uuid(node);
     let (node, policy) = (incident.node.clone(), node_policy.name.to_string());
     match incident.power_off {
         None => Some(Intent::PowerOff {
             node,
             policy,
             secret,
+            system_uuid,
         }),
         Some(p) if p.confirmed_at.is_none() => Some(Intent::ConfirmPowerOff {
             node,
             policy,
             secret,
+            system_uuid,
         }),
         Some(_) => None,
     }
+}
+
+/// With `fencing.bmc.powerCycle`: the `On`, once per incident, after the BMC said `Off` and
+/// the failover is done (the moved pods' volumes detached from the node and their
+/// replacements running).
+pub(super) fn power_on(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    incident: &Incident,
+) -> Option<Intent> {
+    let fencing = &node_policy.spec.fencing;
+    let bmc = fencing.bmc.as_ref().filter(|b| b.power_cycle)?;
+    let power_off = incident.power_off?;
+    let due = fencing.proof == FencingProof::Bmc
+        && incident.recovered_at.is_some()
+        && power_off.confirmed_at.is_some()
+        && power_off.on_requested_at.is_none();
+    let secret = bmc.secret_for(node).filter(|_| due)?;
+    Some(Intent::PowerOn {
+        node: incident.node.clone(),
+        policy: node_policy.name.to_string(),
+        secret,
+        system_uuid: bmc.expected_uuid(node),
+    })
 }
 
 /// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service

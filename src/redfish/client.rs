@@ -13,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
-use super::{Endpoint, Error, PowerState, ResetType, Result, tls};
+use super::{Endpoint, Error, PowerState, ResetType, Result, SystemReading, tls};
 
 /// The Systems collection, the root of every path podha reads.
 const SYSTEMS: &str = "/redfish/v1/Systems";
@@ -44,6 +44,8 @@ struct System {
     id: Option<String>,
     #[serde(rename = "PowerState", default)]
     power_state: Option<String>,
+    #[serde(rename = "UUID", default)]
+    uuid: Option<String>,
     #[serde(rename = "Actions", default)]
     actions: Actions,
 }
@@ -127,9 +129,17 @@ impl Bmc {
 
     /// The system's power state, as the BMC reports it now.
     pub async fn power_state(&self) -> Result<PowerState> {
+        Ok(self.read().await?.power)
+    }
+
+    /// The system's power state and identity, as the BMC reports them now.
+    pub async fn read(&self) -> Result<SystemReading> {
         self.within_timeout(async {
             let (_, system) = self.system().await?;
-            Ok(PowerState::parse(system.power_state.as_deref()))
+            Ok(SystemReading {
+                power: PowerState::parse(system.power_state.as_deref()),
+                uuid: system.uuid,
+            })
         })
         .await
     }
@@ -137,6 +147,12 @@ impl Bmc {
     /// Asks for `reset` through the action the system advertises. `Ok` is the request taken,
     /// not the reset done: read [`Bmc::power_state`] until it says so.
     pub async fn reset(&self, reset: ResetType) -> Result<()> {
+        self.reset_if(reset, || true).await.map(|_| ())
+    }
+
+    /// [`Bmc::reset`], asking `proceed` right before the request goes out (after the reads
+    /// that find the action): `Ok(false)`, nothing sent, when it says no.
+    pub async fn reset_if(&self, reset: ResetType, proceed: impl Fn() -> bool) -> Result<bool> {
         self.within_timeout(async {
             let (path, system) = self.system().await?;
             let name = system.id.unwrap_or_else(|| path.clone());
@@ -161,11 +177,14 @@ impl Bmc {
                 )));
             }
             let body = serde_json::json!({ "ResetType": reset.as_str() }).to_string();
+            if !proceed() {
+                return Ok(false);
+            }
             let (status, answer) = self.send(Method::POST, &target, Some(body)).await?;
             if status == StatusCode::NOT_FOUND {
                 return Err(not_allowed(format!("no action at {target} (HTTP 404)")));
             }
-            self.check(status, &answer, None)
+            self.check(status, &answer, None).map(|()| true)
         })
         .await
     }
@@ -470,6 +489,7 @@ mod tests {
             odata_type: kind.map(str::to_string),
             id: None,
             power_state: Some("Off".to_string()),
+            uuid: None,
             actions: Actions::default(),
         }
     }

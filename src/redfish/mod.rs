@@ -17,6 +17,22 @@ pub mod endpoint;
 mod tls;
 
 pub use client::Bmc;
+
+/// What a read of the system says: its power state, and the UUID it reports (`UUID`, the
+/// machine's SMBIOS UUID on real hardware).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemReading {
+    pub power: PowerState,
+    pub uuid: Option<String>,
+}
+
+/// `uuid` in one form for comparing: hex digits only, lowercase.
+pub fn canonical_uuid(uuid: &str) -> String {
+    uuid.chars()
+        .filter(char::is_ascii_hexdigit)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
 pub use endpoint::{Endpoint, Trust};
 
 /// A system's `PowerState` as its BMC reports it.

@@ -16,7 +16,7 @@ use crate::leader::Leadership;
 use crate::planner::Intent;
 use crate::view::ObjectKey;
 
-use super::power::{Power, PowerError, PowerOutcome};
+use super::power::{Power, PowerError, PowerOutcome, Target};
 
 /// What a write found and did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub enum ActError {
     Api(#[from] kube::Error),
     #[error("node {0} changed under us too many times")]
     Conflict(String),
-    #[error("no answer from the API server within {0:?}")]
+    #[error("no answer within {0:?}")]
     TimedOut(std::time::Duration),
     #[error("a hold is not an action")]
     NotAnAction,
@@ -171,16 +171,42 @@ impl Actuator {
             Intent::WithdrawFenceRequest { node } => {
                 self.patch_node(node, seen, withdrawal_patch).await
             }
-            Intent::PowerOff { node, secret, .. } => {
+            Intent::PowerOff {
+                node,
+                secret,
+                system_uuid,
+                ..
+            } => {
                 self.ensure_leading()?;
+                let target = power_target(node, secret, system_uuid);
                 let leading = || self.leadership.may_write(Instant::now());
-                match self.power.power_off(node, secret, leading).await? {
+                match self.power.power_off(&target, leading).await? {
                     Some(outcome) => Ok(Outcome::Power(outcome)),
                     None => Err(ActError::NotLeader),
                 }
             }
-            Intent::ConfirmPowerOff { node, secret, .. } => {
-                Ok(Outcome::Power(self.power.read(node, secret).await?))
+            Intent::ConfirmPowerOff {
+                node,
+                secret,
+                system_uuid,
+                ..
+            } => {
+                let target = power_target(node, secret, system_uuid);
+                Ok(Outcome::Power(self.power.read(&target).await?))
+            }
+            Intent::PowerOn {
+                node,
+                secret,
+                system_uuid,
+                ..
+            } => {
+                self.ensure_leading()?;
+                let target = power_target(node, secret, system_uuid);
+                let leading = || self.leadership.may_write(Instant::now());
+                match self.power.power_on(&target, leading).await? {
+                    Some(outcome) => Ok(Outcome::Power(outcome)),
+                    None => Err(ActError::NotLeader),
+                }
             }
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }
@@ -370,6 +396,15 @@ fn taint_patch(node: &Node, policy: &str, kind: NodeTaint) -> serde_json::Value 
 /// stays.
 /// The merge patch that takes podha's fence request off `node` (guarded by its
 /// resourceVersion: a request written meanwhile is not lost unseen); `None` without one.
+/// The BMC a power intent names.
+fn power_target<'a>(node: &'a str, secret: &'a str, system_uuid: &'a Option<String>) -> Target<'a> {
+    Target {
+        node,
+        secret,
+        system_uuid: system_uuid.as_deref(),
+    }
+}
+
 /// The merge patch that asks for a fence of `node` in the boot this version of it reports,
 /// guarded by its resourceVersion: the request names the boot it is for, and an agent takes a
 /// request of another boot as answered by the reboot. Built on a stale version (the decision

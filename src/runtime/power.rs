@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::BMC_NODE_LABEL;
-use crate::redfish::{self, Bmc, Endpoint, PowerState, ResetType};
+use crate::redfish::{self, Bmc, Endpoint, PowerState, ResetType, canonical_uuid};
 
 /// Why a power action failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,17 @@ pub enum PowerError {
     },
     #[error("the BMC of node {node} reports PowerState {state}, not Off yet")]
     NotOff { node: String, state: PowerState },
+    #[error(
+        "Secret {secret} leads to a system with UUID {found:?}, not node {node}'s \
+         (status.nodeInfo.systemUUID {expected:?}): the address is another machine's, or the \
+         BMC reports the UUID in another form (fencing.bmc.matchSystemUUID)"
+    )]
+    NotTheNode {
+        node: String,
+        secret: String,
+        expected: String,
+        found: Option<String>,
+    },
 }
 
 impl PowerError {
@@ -47,6 +58,7 @@ impl PowerError {
             Self::SecretUnbound { .. } => "secret_unbound",
             Self::Bmc { error, .. } => error.as_str(),
             Self::NotOff { .. } => "not_off",
+            Self::NotTheNode { .. } => "not_the_node",
         }
     }
 
@@ -62,7 +74,9 @@ impl PowerError {
                 kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 429
             ),
             Self::Bmc { error, .. } => error.is_transient(),
-            Self::SecretMissing { .. } | Self::SecretUnbound { .. } => false,
+            Self::SecretMissing { .. } | Self::SecretUnbound { .. } | Self::NotTheNode { .. } => {
+                false
+            }
         }
     }
 }
@@ -74,6 +88,8 @@ pub enum PowerOutcome {
     OffRequested,
     /// The BMC says the machine is off.
     Off,
+    /// The BMC accepted the `On`, or says the machine is not off (someone powered it on).
+    OnRequested,
 }
 
 /// The BMCs podha talks to, one client per node, built from the node's Secret and kept while
@@ -101,45 +117,79 @@ impl Power {
 
     /// Asks `node`'s BMC to force the machine off, unless it says the machine is off already
     /// (a BMC may refuse a `ForceOff` of a machine that is off, as after another replica's);
-    /// `leading` is asked right before the reset goes out (`None` when it says no).
+    /// `leading` is asked right before the reset goes out (`None`, nothing sent, when it says
+    /// no). The system must be the node's (see [`PowerError::NotTheNode`]).
     pub async fn power_off(
         &self,
-        node: &str,
-        secret: &str,
+        target: &Target<'_>,
         leading: impl Fn() -> bool,
     ) -> Result<Option<PowerOutcome>, PowerError> {
-        let bmc = self.bmc(node, secret).await?;
-        let state = bmc
-            .power_state()
-            .await
-            .map_err(|error| bmc_error(node, secret, error))?;
-        if state.is_off() {
+        let bmc = self.bmc(target).await?;
+        if self.identified_read(target, &bmc).await?.is_off() {
             return Ok(Some(PowerOutcome::Off));
         }
-        if !leading() {
-            return Ok(None);
-        }
-        bmc.reset(ResetType::ForceOff)
+        let sent = bmc
+            .reset_if(ResetType::ForceOff, leading)
             .await
-            .map_err(|error| bmc_error(node, secret, error))?;
-        Ok(Some(PowerOutcome::OffRequested))
+            .map_err(|error| bmc_error(target, error))?;
+        Ok(sent.then_some(PowerOutcome::OffRequested))
+    }
+
+    /// Asks `node`'s BMC to power the machine on, unless it says the machine is not off (someone
+    /// powered it on already); `leading` as for [`Self::power_off`].
+    pub async fn power_on(
+        &self,
+        target: &Target<'_>,
+        leading: impl Fn() -> bool,
+    ) -> Result<Option<PowerOutcome>, PowerError> {
+        let bmc = self.bmc(target).await?;
+        if !self.identified_read(target, &bmc).await?.is_off() {
+            return Ok(Some(PowerOutcome::OnRequested));
+        }
+        let sent = bmc
+            .reset_if(ResetType::On, leading)
+            .await
+            .map_err(|error| bmc_error(target, error))?;
+        Ok(sent.then_some(PowerOutcome::OnRequested))
     }
 
     /// Reads `node`'s power state: `Off`, or [`PowerError::NotOff`].
-    pub async fn read(&self, node: &str, secret: &str) -> Result<PowerOutcome, PowerError> {
-        let bmc = self.bmc(node, secret).await?;
-        match bmc.power_state().await {
-            Ok(state) if state.is_off() => Ok(PowerOutcome::Off),
-            Ok(state) => Err(PowerError::NotOff {
-                node: node.to_string(),
+    pub async fn read(&self, target: &Target<'_>) -> Result<PowerOutcome, PowerError> {
+        let bmc = self.bmc(target).await?;
+        match self.identified_read(target, &bmc).await? {
+            state if state.is_off() => Ok(PowerOutcome::Off),
+            state => Err(PowerError::NotOff {
+                node: target.node.to_string(),
                 state,
             }),
-            Err(error) => Err(bmc_error(node, secret, error)),
         }
     }
 
+    /// The system's power state, once it is shown to be the node's machine.
+    async fn identified_read(
+        &self,
+        target: &Target<'_>,
+        bmc: &Bmc,
+    ) -> Result<PowerState, PowerError> {
+        let reading = bmc.read().await.map_err(|error| bmc_error(target, error))?;
+        if let Some(expected) = target.system_uuid {
+            let found = reading.uuid.as_deref().map(canonical_uuid);
+            let known = canonical_uuid(expected);
+            if known.len() != 32 || found.as_deref() != Some(known.as_str()) {
+                return Err(PowerError::NotTheNode {
+                    node: target.node.to_string(),
+                    secret: target.secret.to_string(),
+                    expected: expected.to_string(),
+                    found: reading.uuid,
+                });
+            }
+        }
+        Ok(reading.power)
+    }
+
     /// The client of `node`'s BMC, from its Secret as it is now.
-    async fn bmc(&self, node: &str, secret: &str) -> Result<Arc<Bmc>, PowerError> {
+    async fn bmc(&self, target: &Target<'_>) -> Result<Arc<Bmc>, PowerError> {
+        let (node, secret) = (target.node, target.secret);
         let object = match self.secrets.get_opt(secret).await {
             Ok(Some(object)) => object,
             Ok(None) => {
@@ -184,16 +234,25 @@ impl Power {
         let bmc = Endpoint::from_secret_data(&data)
             .and_then(Bmc::new)
             .map(Arc::new)
-            .map_err(|error| bmc_error(node, secret, error))?;
+            .map_err(|error| bmc_error(target, error))?;
         clients.insert(node.to_string(), (version, bmc.clone()));
         Ok(bmc)
     }
 }
 
-fn bmc_error(node: &str, secret: &str, error: redfish::Error) -> PowerError {
+fn bmc_error(target: &Target<'_>, error: redfish::Error) -> PowerError {
     PowerError::Bmc {
-        node: node.to_string(),
-        secret: secret.to_string(),
+        node: target.node.to_string(),
+        secret: target.secret.to_string(),
         error,
     }
+}
+
+/// A node's BMC, as a power intent names it.
+pub struct Target<'a> {
+    pub node: &'a str,
+    /// The Secret in podha's namespace.
+    pub secret: &'a str,
+    /// The UUID its system must report, when the policy matches it.
+    pub system_uuid: Option<&'a str>,
 }

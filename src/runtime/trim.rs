@@ -50,9 +50,11 @@ pub fn node(node: &mut Node) {
     node.metadata.resource_version = version;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
-        // The boot ID alone: a fence request names the boot it is for.
+        // The boot ID (a fence request names the boot it is for) and the machine's UUID (the
+        // one its BMC must report, `fencing.bmc.matchSystemUUID`).
         status.node_info = status.node_info.take().map(|info| NodeSystemInfo {
             boot_id: info.boot_id,
+            system_uuid: info.system_uuid,
             ..NodeSystemInfo::default()
         });
         status.volumes_attached = None;
@@ -252,6 +254,7 @@ mod tests {
         n.metadata.resource_version = Some("7".into());
         n.status.get_or_insert_with(Default::default).node_info = Some(NodeSystemInfo {
             boot_id: "b".into(),
+            system_uuid: "u".into(),
             kernel_version: "6.1".into(),
             ..NodeSystemInfo::default()
         });
@@ -265,6 +268,7 @@ mod tests {
         );
         let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
         assert_eq!(info.map(|i| i.boot_id.as_str()), Some("b"));
+        assert_eq!(info.map(|i| i.system_uuid.as_str()), Some("u"));
         assert_eq!(info.map(|i| i.kernel_version.as_str()), Some(""));
         assert!(n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some());
         let conditions = n

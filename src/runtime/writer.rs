@@ -42,6 +42,11 @@ const MAX_ACTS_IN_FLIGHT: usize = 32;
 pub fn action_deadline(step_down_margin: Duration) -> Duration {
     step_down_margin * 4 / 5
 }
+/// How long an action on a node's BMC may take: a BMC answers in seconds, and a power action
+/// takes a few requests (the Secret, the system, the reset). Longer than [`action_deadline`]:
+/// what keeps a replica that lost leadership from resetting a machine is the claim asked right
+/// before the reset goes out (`redfish::Bmc::reset_if`), on a connection already open.
+pub const POWER_ACTION_DEADLINE: Duration = Duration::from_secs(25);
 /// Events and status patches in flight at once (when no action is).
 const MAX_REPORTS_IN_FLIGHT: usize = 4;
 /// Room in each lane's channel.
@@ -297,7 +302,11 @@ impl Writer {
             return Err(ActError::NotAnAction);
         };
         let started = tokio::time::Instant::now();
-        let deadline = self.action_deadline;
+        let deadline = if intent.is_power() {
+            POWER_ACTION_DEADLINE
+        } else {
+            self.action_deadline
+        };
         let result = tokio::time::timeout(deadline, self.actuator.execute(intent, seen))
             .await
             .unwrap_or(Err(ActError::TimedOut(deadline)));
@@ -380,6 +389,7 @@ pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
         Intent::WithdrawFenceRequest { .. } => Some(ActionKind::WithdrawFenceRequest),
         Intent::PowerOff { .. } => Some(ActionKind::PowerOff),
         Intent::ConfirmPowerOff { .. } => Some(ActionKind::ConfirmPowerOff),
+        Intent::PowerOn { .. } => Some(ActionKind::PowerOn),
         Intent::Hold { .. } => None,
     }
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::api::{BmcFencing, Fencing, FencingProof};
+use crate::planner::Heartbeat;
 
 fn needs_bmc(mut spec: PodHAPolicySpec, bmc: BmcFencing) -> PodHAPolicySpec {
     spec.fencing = Fencing {
@@ -17,6 +18,8 @@ fn by_template() -> BmcFencing {
     BmcFencing {
         secret_name: Some("bmc-{node}".into()),
         secret_name_label: None,
+        power_cycle: false,
+        match_system_uuid: true,
     }
 }
 
@@ -79,6 +82,8 @@ fn a_node_without_the_label_naming_its_secret_is_held_and_never_powered_off() {
     let bmc = BmcFencing {
         secret_name: None,
         secret_name_label: Some("example.com/bmc-secret".into()),
+        power_cycle: false,
+        match_system_uuid: true,
     };
     let unlabelled = World::new(cluster(3))
         .policy("p", needs_bmc(mk_spec(), bmc.clone()))
@@ -172,4 +177,108 @@ fn a_node_judged_healthy_again_is_not_powered_off() {
             .iter()
             .any(|i| matches!(i, Intent::PowerOff { .. })),
     );
+}
+
+#[test]
+fn with_power_cycle_the_machine_is_powered_on_once_the_failover_is_done() {
+    let cycle = BmcFencing {
+        power_cycle: true,
+        ..by_template()
+    };
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), cycle))
+        .fail_tainted("node-1");
+    world.ledger.record_power_off_accepted("node-1", world.now);
+    world.ledger.record_powered_off("node-1", world.now);
+    let powers_on = |world: &World| {
+        world
+            .plan()
+            .intents
+            .iter()
+            .filter(|i| matches!(i, Intent::PowerOn { secret, .. } if secret == "bmc-node-1"))
+            .count()
+    };
+    assert_eq!(powers_on(&world), 0, "not before the failover is done");
+    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    assert_eq!(powers_on(&world), 1);
+    world.ledger.record_power_on("node-1", world.now);
+    assert_eq!(powers_on(&world), 0, "once per incident");
+}
+
+#[test]
+fn without_power_cycle_the_machine_stays_off() {
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), by_template()))
+        .fail_tainted("node-1");
+    world.ledger.record_power_off_accepted("node-1", world.now);
+    world.ledger.record_powered_off("node-1", world.now);
+    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    assert!(
+        !world
+            .plan()
+            .intents
+            .iter()
+            .any(|i| matches!(i, Intent::PowerOn { .. }))
+    );
+}
+
+#[test]
+fn a_lease_renewed_after_the_bmc_said_off_takes_the_proof_back() {
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), by_template()))
+        .fail("node-1");
+    let off_at = world.now - Duration::from_secs(5);
+    world.ledger.record_power_off_accepted("node-1", off_at);
+    world.ledger.record_powered_off("node-1", off_at);
+    let renewed = |at: Instant| Heartbeat {
+        last_renewal: Some(at),
+        renewal_not_before: Some(at),
+        silent_since: at,
+        renew_period: Duration::from_secs(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: None,
+        agent_connected: None,
+        agent_silent_since: None,
+        tainted_since: None,
+        renewals_since_ack: 0,
+    };
+    world
+        .heartbeats
+        .insert("node-1".into(), renewed(off_at - Duration::from_secs(20)));
+    assert_eq!(
+        bmc_intents(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"],
+        "a renewal from before the Off says nothing"
+    );
+    // Someone powered the machine on again: its kubelet renews.
+    world.heartbeats.insert("node-1".into(), renewed(world.now));
+    assert_eq!(bmc_intents(&world.plan()), ["hold FencingPending"]);
+}
+
+#[test]
+fn pods_whose_policy_only_rehearses_power_no_machine_off() {
+    let view = cluster(3).with(mk_namespace("ns").label("team", "a"));
+    // "a-bmc" owns the node and selects no pod; "b-team" owns the pods and only rehearses.
+    let world = World::new(view)
+        .policy(
+            "a-bmc",
+            needs_bmc(mk_spec(), by_template()).namespace_selector(ns_selector("team", "nobody")),
+        )
+        .policy(
+            "b-team",
+            dry_run(mk_spec()).namespace_selector(ns_selector("team", "a")),
+        )
+        .fail("node-1");
+    let plan = world.plan();
+    let powers_off = |i: &Intent| match i {
+        Intent::Hold {
+            reason: HoldReason::DryRun { would },
+            ..
+        } => matches!(**would, Intent::PowerOff { .. }),
+        other => matches!(other, Intent::PowerOff { .. }),
+    };
+    assert!(!plan.intents.iter().any(powers_off), "{:?}", plan.intents);
+    // The node is held for its proof: its pods would move, were their policy not rehearsing.
+    assert_eq!(bmc_intents(&plan), ["hold FencingPending"]);
 }

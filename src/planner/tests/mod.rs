@@ -824,6 +824,7 @@ fn intent_names(plan: &Plan) -> Vec<String> {
             Intent::WithdrawFenceRequest { node } => format!("withdraw fence request {node}"),
             Intent::PowerOff { node, .. } => format!("power off {node}"),
             Intent::ConfirmPowerOff { node, .. } => format!("read power of {node}"),
+            Intent::PowerOn { node, .. } => format!("power on {node}"),
             Intent::Hold { reason, .. } => format!("hold {}", reason.as_str()),
         })
         .collect()

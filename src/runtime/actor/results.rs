@@ -71,6 +71,7 @@ impl Actor {
                 node,
                 policy,
                 secret,
+                ..
             } => match outcome {
                 Outcome::Power(PowerOutcome::OffRequested) => {
                     self.record_power_off_requested(node, policy, secret, now);
@@ -84,6 +85,19 @@ impl Actor {
             Intent::ConfirmPowerOff { node, .. } => {
                 if outcome == Outcome::Power(PowerOutcome::Off) {
                     self.record_powered_off(node, now);
+                }
+            }
+            Intent::PowerOn { node, secret, .. } => {
+                if outcome == Outcome::Power(PowerOutcome::OnRequested) {
+                    self.ledger.record_power_on(node, now);
+                    info!(node, secret, "the BMC accepted On");
+                    let note = format!(
+                        "the failover is done: asked the node's BMC (Secret {secret}) to power \
+                         the machine on (fencing.bmc.powerCycle); podha takes its taint off once \
+                         the node is back"
+                    );
+                    let ev = self.node_event(node, false, "PowerOnRequested", "Fence", note);
+                    self.queue_event(ev);
                 }
             }
             Intent::WithdrawFenceRequest { node } => {
@@ -283,11 +297,16 @@ impl Actor {
     /// `Off` yet is the normal wait for a reset to apply: told only once the BMC has taken
     /// longer than [`POWER_OFF_EXPECTED_WITHIN`] since accepting the `ForceOff`.
     pub(super) fn report_power_failure(&mut self, intent: &Intent, error: &ActError, now: Instant) {
-        let (Intent::PowerOff { node, .. } | Intent::ConfirmPowerOff { node, .. }) = intent else {
+        let (Intent::PowerOff { node, .. }
+        | Intent::ConfirmPowerOff { node, .. }
+        | Intent::PowerOn { node, .. }) = intent
+        else {
             return;
         };
-        let ActError::Power(failure) = error else {
-            return;
+        let cause = match error {
+            ActError::Power(failure) => failure.as_str(),
+            ActError::TimedOut(_) => "timeout",
+            _ => return,
         };
         let reason = if error.not_off_yet() {
             let accepted = self
@@ -301,16 +320,15 @@ impl Actor {
                 return;
             }
             "PowerOffUnconfirmed"
+        } else if matches!(intent, Intent::PowerOn { .. }) {
+            "PowerOnFailed"
         } else {
             "PowerOffFailed"
         };
-        if !self
-            .reported
-            .first(node, format!("power/{}", failure.as_str()))
-        {
+        if !self.reported.first(node, format!("{reason}/{cause}")) {
             return;
         }
-        let note = format!("{failure}; the node stays held: nothing is tainted or deleted there");
+        let note = format!("{error}; the node stays held: nothing is tainted or deleted there");
         let ev = self.node_event(node, true, reason, "Fence", note);
         self.queue_event(ev);
     }

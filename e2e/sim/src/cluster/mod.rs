@@ -189,6 +189,7 @@ fn node_record(index: u8) -> Result<NodeRecord> {
         agent_port: None,
         agent_cut: false,
         boot_id: None,
+        system_uuid: None,
     })
 }
 
@@ -440,6 +441,13 @@ async fn create_node(client: &kube::Client, rec: &NodeRecord) -> Result<String> 
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(Error::kube(format!("create node {}", rec.name), e)),
+    }
+    if let Some(uuid) = &rec.system_uuid {
+        let patch = serde_json::json!({ "status": { "nodeInfo": { "systemUUID": uuid } } });
+        nodes
+            .patch_status(&rec.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::kube(format!("set systemUUID of {}", rec.name), e))?;
     }
     set_boot_id(client, &rec.name).await
 }

@@ -11,15 +11,18 @@ impl Cluster {
     ///
     /// A real node: every process in its cgroup tree (containerd, shims, containers, kubelet)
     /// is SIGKILLed and its veth goes down.
+    ///
+    /// Its BMC goes with it, unless the cluster's BMCs are powered through Redfish: then the
+    /// BMC runs on (as on standby power), its system still says `On`, and a `ForceOff` then
+    /// `On` through Redfish boots the node again.
     pub fn kill_node(&self, name: &str) -> Result<()> {
         let rec = self.node(name)?;
         if rec.real {
             realnode::kill(&self.real_node(name, "killed")?)?;
-            // The whole machine is off: its BMC (watchdog) with it.
-            self.stop_bmc(&mut self.lock_reloaded(), name)?;
         } else {
             self.silence_kwok_node(name)?;
-            // Its BMC, if its agent has a watchdog, is off with it.
+        }
+        if self.redfish().is_none() {
             self.stop_bmc(&mut self.lock_reloaded(), name)?;
         }
         self.kill_node_processes(name, true)?;

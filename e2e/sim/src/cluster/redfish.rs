@@ -230,6 +230,9 @@ impl super::Cluster {
             .iter()
             .map(|n| FakeSystem::new(&n.name, true))
             .collect::<Result<Vec<_>>>()?;
+        for (node, system) in st.nodes.iter_mut().zip(&systems) {
+            node.system_uuid = Some(system.uuid.clone());
+        }
         let config = EmulatorConfig {
             systems,
             username: "podha".to_string(),

@@ -43,6 +43,11 @@ pub struct NodeRecord {
     /// podha agent is told as its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// Under Redfish power, the UUID of the node's system, which a kwok node reports as its
+    /// `status.nodeInfo.systemUUID` (a machine's SMBIOS UUID, the same its BMC reports). A
+    /// real node's kubelet reports the host's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_uuid: Option<String>,
 }
 
 /// The podha agents the cluster runs beside its kwok nodes (see [`super::agents`]; a real
