@@ -25,7 +25,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use podha::chaos::timeline::wait_settled;
 use podha::leader::LeaderConfig;
 use podha::redfish::PowerState;
@@ -283,18 +283,7 @@ async fn node_events(
     node: &str,
     reason: &str,
 ) -> anyhow::Result<Vec<Event>> {
-    let api: Api<Event> = Api::namespaced(client.clone(), "default");
-    Ok(api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.reporting_controller.as_deref() == Some("podha")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
-        })
-        .collect())
+    podha_sim::testkit::podha_events(client, "default", reason, node).await
 }
 
 /// Waits for podha's Warning `PowerOffFailed` about `node` whose note names `cause`.

@@ -853,18 +853,7 @@ async fn action_events(
     reason: &str,
     name: &str,
 ) -> anyhow::Result<Vec<K8sEvent>> {
-    let api: Api<K8sEvent> = Api::namespaced(client.clone(), ns);
-    Ok(api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.reporting_controller.as_deref() == Some("podha")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect())
+    podha_sim::testkit::podha_events(client, ns, reason, name).await
 }
 
 /// How many times podha did this (its Events, counting repeats in a series).

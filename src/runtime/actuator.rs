@@ -14,6 +14,7 @@ use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::contract::{FENCE_REQUEST_ANNOTATION, fence_request};
 use crate::leader::Leadership;
 use crate::planner::Intent;
+use crate::redfish::ResetType;
 use crate::view::ObjectKey;
 
 use super::power::{Power, PowerError, PowerOutcome, Target};
@@ -176,14 +177,22 @@ impl Actuator {
                 secret,
                 system_uuid,
                 ..
+            }
+            | Intent::PowerOn {
+                node,
+                secret,
+                system_uuid,
+                ..
             } => {
                 self.ensure_leading()?;
                 let target = power_target(node, secret, system_uuid);
+                let reset = match intent {
+                    Intent::PowerOn { .. } => ResetType::On,
+                    _ => ResetType::ForceOff,
+                };
                 let leading = || self.leadership.may_write(Instant::now());
-                match self.power.power_off(&target, leading).await? {
-                    Some(outcome) => Ok(Outcome::Power(outcome)),
-                    None => Err(ActError::NotLeader),
-                }
+                let outcome = self.power.reset(&target, reset, leading).await?;
+                outcome.map(Outcome::Power).ok_or(ActError::NotLeader)
             }
             Intent::ConfirmPowerOff {
                 node,
@@ -193,20 +202,6 @@ impl Actuator {
             } => {
                 let target = power_target(node, secret, system_uuid);
                 Ok(Outcome::Power(self.power.read(&target).await?))
-            }
-            Intent::PowerOn {
-                node,
-                secret,
-                system_uuid,
-                ..
-            } => {
-                self.ensure_leading()?;
-                let target = power_target(node, secret, system_uuid);
-                let leading = || self.leadership.may_write(Instant::now());
-                match self.power.power_on(&target, leading).await? {
-                    Some(outcome) => Ok(Outcome::Power(outcome)),
-                    None => Err(ActError::NotLeader),
-                }
             }
             Intent::Hold { .. } => Err(ActError::NotAnAction),
         }

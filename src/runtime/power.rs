@@ -115,42 +115,34 @@ impl Power {
         }
     }
 
-    /// Asks `node`'s BMC to force the machine off, unless it says the machine is off already
-    /// (a BMC may refuse a `ForceOff` of a machine that is off, as after another replica's);
-    /// `leading` is asked right before the reset goes out (`None`, nothing sent, when it says
-    /// no). The system must be the node's (see [`PowerError::NotTheNode`]).
-    pub async fn power_off(
+    /// Asks `node`'s BMC for `reset` (`ForceOff`, or `On`), unless the system is in that
+    /// state already (a BMC may refuse a `ForceOff` of a machine that is off, as after another
+    /// replica's; and someone may have powered it on); `leading` is asked right before the
+    /// reset goes out (`None`, nothing sent, when it says no). The system must be the node's
+    /// (see [`PowerError::NotTheNode`]).
+    pub async fn reset(
         &self,
         target: &Target<'_>,
+        reset: ResetType,
         leading: impl Fn() -> bool,
     ) -> Result<Option<PowerOutcome>, PowerError> {
         let bmc = self.bmc(target).await?;
-        if self.identified_read(target, &bmc).await?.is_off() {
-            return Ok(Some(PowerOutcome::Off));
+        let off = self.identified_read(target, &bmc).await?.is_off();
+        let (done, asked) = match reset {
+            ResetType::ForceOff => (off.then_some(PowerOutcome::Off), PowerOutcome::OffRequested),
+            ResetType::On => (
+                (!off).then_some(PowerOutcome::OnRequested),
+                PowerOutcome::OnRequested,
+            ),
+        };
+        if done.is_some() {
+            return Ok(done);
         }
         let sent = bmc
-            .reset_if(ResetType::ForceOff, leading)
+            .reset_if(reset, leading)
             .await
             .map_err(|error| bmc_error(target, error))?;
-        Ok(sent.then_some(PowerOutcome::OffRequested))
-    }
-
-    /// Asks `node`'s BMC to power the machine on, unless it says the machine is not off (someone
-    /// powered it on already); `leading` as for [`Self::power_off`].
-    pub async fn power_on(
-        &self,
-        target: &Target<'_>,
-        leading: impl Fn() -> bool,
-    ) -> Result<Option<PowerOutcome>, PowerError> {
-        let bmc = self.bmc(target).await?;
-        if !self.identified_read(target, &bmc).await?.is_off() {
-            return Ok(Some(PowerOutcome::OnRequested));
-        }
-        let sent = bmc
-            .reset_if(ResetType::On, leading)
-            .await
-            .map_err(|error| bmc_error(target, error))?;
-        Ok(sent.then_some(PowerOutcome::OnRequested))
+        Ok(sent.then_some(asked))
     }
 
     /// Reads `node`'s power state: `Off`, or [`PowerError::NotOff`].

@@ -568,6 +568,28 @@ pub async fn events_for(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<Vec<Event>> 
         .collect())
 }
 
+/// podha's Events (`events.k8s.io/v1`, reporting controller `podha`) in namespace `ns` with
+/// reason `reason` about the object named `regarding`.
+pub async fn podha_events(
+    client: &kube::Client,
+    ns: &str,
+    reason: &str,
+    regarding: &str,
+) -> anyhow::Result<Vec<k8s_openapi::api::events::v1::Event>> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.reporting_controller.as_deref() == Some("podha")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding)
+        })
+        .collect())
+}
+
 /// Summary of the scenario's pods (for progress output).
 pub fn summary(pods: &[Pod]) -> BTreeMap<String, String> {
     pods.iter()
