@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -226,11 +226,27 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
         || async { Ok((!has_taint(&admin, &dead).await?).then_some(())) },
     )
     .await?;
+    // On only once the failover was done: after the replacement was Ready.
+    let powered_on = node_events(&admin, &dead, "PowerOnRequested").await?;
+    let asked_at = powered_on
+        .first()
+        .and_then(|e| e.event_time.as_ref())
+        .map(|t| t.0)
+        .with_context(|| format!("no PowerOnRequested event about {dead}"))?;
+    let replacement: Pod = Api::namespaced(admin.clone(), APP_NS).get("db-0").await?;
+    let ready_at = replacement
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| {
+            c.into_iter()
+                .find(|c| c.type_ == "Ready" && c.status == "True")
+        })
+        .and_then(|c| c.last_transition_time)
+        .map(|t| t.0)
+        .context("the replacement db-0 is not Ready")?;
     ensure!(
-        !node_events(&admin, &dead, "PowerOnRequested")
-            .await?
-            .is_empty(),
-        "no PowerOnRequested event about {dead}"
+        ready_at <= asked_at,
+        "{dead} was powered on at {asked_at}, before its pod's replacement was Ready at {ready_at}"
     );
     ensure!(system.power_state().await? == PowerState::On);
     log(format!("{dead} powered on by podha, booted and untainted"));

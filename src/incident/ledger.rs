@@ -138,10 +138,11 @@ impl Ledger {
         }
     }
 
-    /// Records that `node`'s BMC accepted podha's `ForceOff`.
-    pub fn record_power_off_accepted(&mut self, node: &str, now: Instant) {
+    /// Records that `node`'s BMC accepted podha's `ForceOff` (`by_podha`), or said the machine
+    /// was off already.
+    pub fn record_power_off(&mut self, node: &str, now: Instant, by_podha: bool) {
         if let Some(incident) = self.incidents.get_mut(node) {
-            incident.record_power_off_accepted(now);
+            incident.record_power_off(now, by_podha);
         }
     }
 

@@ -43,8 +43,11 @@ use crate::view::View;
 /// A node powered off through its BMC in an incident.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PowerOff {
-    /// When the BMC accepted podha's `ForceOff`.
+    /// When the BMC accepted podha's `ForceOff`, or said the machine was off already.
     pub accepted_at: Instant,
+    /// podha's `ForceOff` powered the machine off (not found off: someone else switched it
+    /// off, and only they may switch it on again).
+    pub by_podha: bool,
     /// When a read of the system's `PowerState` after that said `Off`.
     pub confirmed_at: Option<Instant>,
     /// With `fencing.bmc.powerCycle`: when the BMC accepted podha's `On` after the failover
@@ -184,11 +187,13 @@ impl Incident {
         self.fence_request = Some(request.to_string());
     }
 
-    /// Records that the node's BMC accepted podha's `ForceOff`. The first acceptance counts:
-    /// a read says the machine is off only if it comes after one.
-    pub fn record_power_off_accepted(&mut self, now: Instant) {
+    /// Records that the node's BMC accepted podha's `ForceOff` (`by_podha`), or said the
+    /// machine was off already. The first counts: a read says the machine is off only if it
+    /// comes after one.
+    pub fn record_power_off(&mut self, now: Instant, by_podha: bool) {
         self.power_off.get_or_insert(PowerOff {
             accepted_at: now,
+            by_podha,
             confirmed_at: None,
             on_requested_at: None,
         });

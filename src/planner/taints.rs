@@ -251,8 +251,8 @@ fn power_off(node: &Node, node_policy: PolicyRef<'_>, incident: &Incident) -> Op
     }
 }
 
-/// With `fencing.bmc.powerCycle`: the `On`, once per incident, after the BMC said `Off` and
-/// the failover is done (the moved pods' volumes detached from the node and their
+/// With `fencing.bmc.powerCycle`: the `On`, once per incident, of a machine podha powered off,
+/// after the BMC said `Off` and the failover is done (the moved pods' volumes detached from the node and their
 /// replacements running).
 pub(super) fn power_on(
     node: &Node,
@@ -262,7 +262,10 @@ pub(super) fn power_on(
     let fencing = &node_policy.spec.fencing;
     let bmc = fencing.bmc.as_ref().filter(|b| b.power_cycle)?;
     let power_off = incident.power_off?;
+    // Only a machine podha switched off: one found off was switched off by someone else (a
+    // repair, a thermal trip), who alone may switch it on.
     let due = fencing.proof == FencingProof::Bmc
+        && power_off.by_podha
         && incident.recovered_at.is_some()
         && power_off.confirmed_at.is_some()
         && power_off.on_requested_at.is_none();

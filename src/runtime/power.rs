@@ -36,6 +36,8 @@ pub enum PowerError {
     },
     #[error("the BMC of node {node} reports PowerState {state}, not Off yet")]
     NotOff { node: String, state: PowerState },
+    #[error("the BMC of node {node} reports PowerState {state}, neither On nor Off: read again")]
+    Unsettled { node: String, state: PowerState },
     #[error(
         "Secret {secret} leads to a system with UUID {found:?}, not node {node}'s \
          (status.nodeInfo.systemUUID {expected:?}): the address is another machine's, or the \
@@ -47,6 +49,12 @@ pub enum PowerError {
         expected: String,
         found: Option<String>,
     },
+    #[error(
+        "node {node} reports systemUUID {uuid}, a placeholder many boards share: it cannot bind \
+         the node to its BMC (set fencing.bmc.matchSystemUUID: false to rely on the Secret's \
+         label alone)"
+    )]
+    PlaceholderUuid { node: String, uuid: String },
 }
 
 impl PowerError {
@@ -58,7 +66,9 @@ impl PowerError {
             Self::SecretUnbound { .. } => "secret_unbound",
             Self::Bmc { error, .. } => error.as_str(),
             Self::NotOff { .. } => "not_off",
+            Self::Unsettled { .. } => "unsettled",
             Self::NotTheNode { .. } => "not_the_node",
+            Self::PlaceholderUuid { .. } => "placeholder_uuid",
         }
     }
 
@@ -68,15 +78,16 @@ impl PowerError {
     /// slowly, in case one did).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::NotOff { .. } => true,
+            Self::NotOff { .. } | Self::Unsettled { .. } => true,
             Self::SecretUnread { error, .. } => !matches!(
                 error,
                 kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 429
             ),
             Self::Bmc { error, .. } => error.is_transient(),
-            Self::SecretMissing { .. } | Self::SecretUnbound { .. } | Self::NotTheNode { .. } => {
-                false
-            }
+            Self::SecretMissing { .. }
+            | Self::SecretUnbound { .. }
+            | Self::NotTheNode { .. }
+            | Self::PlaceholderUuid { .. } => false,
         }
     }
 }
@@ -88,7 +99,8 @@ pub enum PowerOutcome {
     OffRequested,
     /// The BMC says the machine is off.
     Off,
-    /// The BMC accepted the `On`, or says the machine is not off (someone powered it on).
+    /// The BMC accepted the `On`, or says the machine is on or powering on (someone powered it
+    /// on).
     OnRequested,
 }
 
@@ -127,17 +139,22 @@ impl Power {
         leading: impl Fn() -> bool,
     ) -> Result<Option<PowerOutcome>, PowerError> {
         let bmc = self.bmc(target).await?;
-        let off = self.identified_read(target, &bmc).await?.is_off();
-        let (done, asked) = match reset {
-            ResetType::ForceOff => (off.then_some(PowerOutcome::Off), PowerOutcome::OffRequested),
-            ResetType::On => (
-                (!off).then_some(PowerOutcome::OnRequested),
-                PowerOutcome::OnRequested,
-            ),
+        let state = self.identified_read(target, &bmc).await?;
+        let asked = match (reset, &state) {
+            (ResetType::ForceOff, PowerState::Off) => return Ok(Some(PowerOutcome::Off)),
+            (ResetType::ForceOff, _) => PowerOutcome::OffRequested,
+            (ResetType::On, PowerState::On | PowerState::PoweringOn) => {
+                return Ok(Some(PowerOutcome::OnRequested));
+            }
+            (ResetType::On, PowerState::Off) => PowerOutcome::OnRequested,
+            // A BMC between states (or rebooting, its state unknown): read again.
+            (ResetType::On, _) => {
+                return Err(PowerError::Unsettled {
+                    node: target.node.to_string(),
+                    state,
+                });
+            }
         };
-        if done.is_some() {
-            return Ok(done);
-        }
         let sent = bmc
             .reset_if(reset, leading)
             .await
@@ -167,6 +184,12 @@ impl Power {
         if let Some(expected) = target.system_uuid {
             let found = reading.uuid.as_deref().map(canonical_uuid);
             let known = canonical_uuid(expected);
+            if PLACEHOLDER_UUIDS.contains(&known.as_str()) {
+                return Err(PowerError::PlaceholderUuid {
+                    node: target.node.to_string(),
+                    uuid: expected.to_string(),
+                });
+            }
             if known.len() != 32 || found.as_deref() != Some(known.as_str()) {
                 return Err(PowerError::NotTheNode {
                     node: target.node.to_string(),
@@ -240,6 +263,13 @@ fn bmc_error(target: &Target<'_>, error: redfish::Error) -> PowerError {
     }
 }
 
+/// System UUIDs that firmware puts on many boards alike: matching one binds nothing.
+const PLACEHOLDER_UUIDS: [&str; 3] = [
+    "00000000000000000000000000000000",
+    "ffffffffffffffffffffffffffffffff",
+    "03000200040005000006000700080009",
+];
+
 /// A node's BMC, as a power intent names it.
 pub struct Target<'a> {
     pub node: &'a str,
@@ -247,4 +277,69 @@ pub struct Target<'a> {
     pub secret: &'a str,
     /// The UUID its system must report, when the policy matches it.
     pub system_uuid: Option<&'a str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_compare_by_their_hex_digits_and_placeholders_are_known() {
+        assert_eq!(
+            canonical_uuid("4C4C4544-0035-5910-8052-B4C04F4B4E32"),
+            canonical_uuid("4c4c45440035591080 52b4c04f4b4e32")
+        );
+        assert_ne!(
+            canonical_uuid("4c4c4544-0035-5910-8052-b4c04f4b4e32"),
+            canonical_uuid("4c4c4544-0035-5910-8052-b4c04f4b4e33")
+        );
+        assert_eq!(canonical_uuid(""), "");
+        assert!(
+            PLACEHOLDER_UUIDS
+                .contains(&canonical_uuid("03000200-0400-0500-0006-000700080009").as_str())
+        );
+    }
+
+    #[test]
+    fn only_a_state_still_changing_or_a_bmc_that_may_answer_is_retried_soon() {
+        let node = || "n1".to_string();
+        let secret = || "bmc-n1".to_string();
+        assert!(
+            PowerError::NotOff {
+                node: node(),
+                state: PowerState::On
+            }
+            .is_transient()
+        );
+        assert!(
+            PowerError::Unsettled {
+                node: node(),
+                state: PowerState::Other("null".into())
+            }
+            .is_transient()
+        );
+        for lasting in [
+            PowerError::SecretMissing {
+                secret: secret(),
+                namespace: "podha-system".into(),
+            },
+            PowerError::SecretUnbound {
+                secret: secret(),
+                node: node(),
+                found: Some("n2".into()),
+            },
+            PowerError::NotTheNode {
+                node: node(),
+                secret: secret(),
+                expected: "a".into(),
+                found: Some("b".into()),
+            },
+            PowerError::PlaceholderUuid {
+                node: node(),
+                uuid: "00000000-0000-0000-0000-000000000000".into(),
+            },
+        ] {
+            assert!(!lasting.is_transient(), "{lasting}");
+        }
+    }
 }

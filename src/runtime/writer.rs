@@ -45,7 +45,9 @@ pub fn action_deadline(step_down_margin: Duration) -> Duration {
 /// How long an action on a node's BMC may take: a BMC answers in seconds, and a power action
 /// takes a few requests (the Secret, the system, the reset). Longer than [`action_deadline`]:
 /// what keeps a replica that lost leadership from resetting a machine is the claim asked right
-/// before the reset goes out (`redfish::Bmc::reset_if`), on a connection already open.
+/// before the reset goes out (`redfish::Bmc::reset_if`); the request itself may still take up
+/// to the BMC call's timeout to be sent (a new connection), and then says what the new leader
+/// would say of the same dead node.
 pub const POWER_ACTION_DEADLINE: Duration = Duration::from_secs(25);
 /// Events and status patches in flight at once (when no action is).
 const MAX_REPORTS_IN_FLIGHT: usize = 4;
@@ -228,7 +230,10 @@ impl Writer {
         let busy = Arc::new(busy);
         let mut tasks = JoinSet::new();
         while let Some(act) = lane.recv().await {
-            busy.send_modify(|n| *n += 1);
+            // An action on a BMC asks the API server for one Secret: the reports need not wait
+            // for it (a BMC that does not answer holds it for seconds).
+            let counted = usize::from(!act.intent.is_power());
+            busy.send_modify(|n| *n += counted);
             while tasks.len() >= MAX_ACTS_IN_FLIGHT {
                 tasks.join_next().await;
             }
@@ -237,7 +242,7 @@ impl Writer {
             let busy = busy.clone();
             tasks.spawn(async move {
                 this.perform_act(act, &results).await;
-                busy.send_modify(|n| *n -= 1);
+                busy.send_modify(|n| *n -= counted);
             });
             // Reap finished tasks so the set does not grow while the loop is busy.
             while tasks.try_join_next().is_some() {}

@@ -50,7 +50,7 @@ fn the_bmc_is_asked_once_read_until_off_and_only_then_the_taint_goes_on() {
         ["power off node-1 by bmc-node-1", "hold FencingPending"],
         "nothing tainted or deleted before the proof"
     );
-    world.ledger.record_power_off_accepted("node-1", world.now);
+    world.ledger.record_power_off("node-1", world.now, true);
     assert_eq!(
         bmc_intents(&world.plan()),
         ["read power of node-1 by bmc-node-1", "hold FencingPending"],
@@ -188,7 +188,7 @@ fn with_power_cycle_the_machine_is_powered_on_once_the_failover_is_done() {
     let mut world = World::new(cluster(3))
         .policy("p", needs_bmc(mk_spec(), cycle))
         .fail_tainted("node-1");
-    world.ledger.record_power_off_accepted("node-1", world.now);
+    world.ledger.record_power_off("node-1", world.now, true);
     world.ledger.record_powered_off("node-1", world.now);
     let powers_on = |world: &World| {
         world
@@ -210,7 +210,7 @@ fn without_power_cycle_the_machine_stays_off() {
     let mut world = World::new(cluster(3))
         .policy("p", needs_bmc(mk_spec(), by_template()))
         .fail_tainted("node-1");
-    world.ledger.record_power_off_accepted("node-1", world.now);
+    world.ledger.record_power_off("node-1", world.now, true);
     world.ledger.record_powered_off("node-1", world.now);
     world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
     assert!(
@@ -228,7 +228,7 @@ fn a_lease_renewed_after_the_bmc_said_off_takes_the_proof_back() {
         .policy("p", needs_bmc(mk_spec(), by_template()))
         .fail("node-1");
     let off_at = world.now - Duration::from_secs(5);
-    world.ledger.record_power_off_accepted("node-1", off_at);
+    world.ledger.record_power_off("node-1", off_at, true);
     world.ledger.record_powered_off("node-1", off_at);
     let renewed = |at: Instant| Heartbeat {
         last_renewal: Some(at),
@@ -281,4 +281,26 @@ fn pods_whose_policy_only_rehearses_power_no_machine_off() {
     assert!(!plan.intents.iter().any(powers_off), "{:?}", plan.intents);
     // The node is held for its proof: its pods would move, were their policy not rehearsing.
     assert_eq!(bmc_intents(&plan), ["hold FencingPending"]);
+}
+
+#[test]
+fn a_machine_found_off_is_never_powered_on_by_podha() {
+    let cycle = BmcFencing {
+        power_cycle: true,
+        ..by_template()
+    };
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), cycle))
+        .fail_tainted("node-1");
+    // The first read said Off: someone else switched the machine off.
+    world.ledger.record_power_off("node-1", world.now, false);
+    world.ledger.record_powered_off("node-1", world.now);
+    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    assert!(
+        !world
+            .plan()
+            .intents
+            .iter()
+            .any(|i| matches!(i, Intent::PowerOn { .. }))
+    );
 }

@@ -77,7 +77,7 @@ impl Actor {
                     self.record_power_off_requested(node, policy, secret, now);
                 }
                 Outcome::Power(PowerOutcome::Off) => {
-                    self.ledger.record_power_off_accepted(node, now);
+                    self.ledger.record_power_off(node, now, false);
                     self.record_powered_off(node, now);
                 }
                 _ => {}
@@ -260,7 +260,7 @@ impl Actor {
     }
 
     fn record_power_off_requested(&mut self, node: &str, policy: &str, secret: &str, now: Instant) {
-        self.ledger.record_power_off_accepted(node, now);
+        self.ledger.record_power_off(node, now, true);
         info!(node, secret, "the BMC accepted ForceOff");
         let note = format!(
             "asked the node's BMC (Secret {secret}) to force the machine off (policy {policy}); \
@@ -328,7 +328,11 @@ impl Actor {
         if !self.reported.first(node, format!("{reason}/{cause}")) {
             return;
         }
-        let note = format!("{error}; the node stays held: nothing is tainted or deleted there");
+        let note = if matches!(intent, Intent::PowerOn { .. }) {
+            format!("{error}; the machine stays off until the BMC powers it on")
+        } else {
+            format!("{error}; the node stays held: nothing is tainted or deleted there")
+        };
         let ev = self.node_event(node, true, reason, "Fence", note);
         self.queue_event(ev);
     }
