@@ -40,6 +40,35 @@ fn bmc_intents(plan: &Plan) -> Vec<String> {
         .collect()
 }
 
+/// `node-1` dead and tainted, its machine off: powered off by podha (`by_podha`) or found off.
+fn off_and_tainted(power_cycle: bool, by_podha: bool) -> World {
+    let bmc = BmcFencing {
+        power_cycle,
+        ..by_template()
+    };
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), bmc))
+        .fail_tainted("node-1");
+    world.ledger.record_power_off("node-1", world.now, by_podha);
+    world.ledger.record_powered_off("node-1", world.now);
+    world
+}
+
+/// `node-1`'s failover is done.
+fn recovered(world: &mut World) {
+    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+}
+
+/// How many `On`s this round asks of `node-1`'s BMC.
+fn powers_on(world: &World) -> usize {
+    world
+        .plan()
+        .intents
+        .iter()
+        .filter(|i| matches!(i, Intent::PowerOn { secret, .. } if secret == "bmc-node-1"))
+        .count()
+}
+
 #[test]
 fn the_bmc_is_asked_once_read_until_off_and_only_then_the_taint_goes_on() {
     let mut world = World::new(cluster(3))
@@ -181,25 +210,9 @@ fn a_node_judged_healthy_again_is_not_powered_off() {
 
 #[test]
 fn with_power_cycle_the_machine_is_powered_on_once_the_failover_is_done() {
-    let cycle = BmcFencing {
-        power_cycle: true,
-        ..by_template()
-    };
-    let mut world = World::new(cluster(3))
-        .policy("p", needs_bmc(mk_spec(), cycle))
-        .fail_tainted("node-1");
-    world.ledger.record_power_off("node-1", world.now, true);
-    world.ledger.record_powered_off("node-1", world.now);
-    let powers_on = |world: &World| {
-        world
-            .plan()
-            .intents
-            .iter()
-            .filter(|i| matches!(i, Intent::PowerOn { secret, .. } if secret == "bmc-node-1"))
-            .count()
-    };
+    let mut world = off_and_tainted(true, true);
     assert_eq!(powers_on(&world), 0, "not before the failover is done");
-    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    recovered(&mut world);
     assert_eq!(powers_on(&world), 1);
     world.ledger.record_power_on("node-1", world.now);
     assert_eq!(powers_on(&world), 0, "once per incident");
@@ -207,19 +220,9 @@ fn with_power_cycle_the_machine_is_powered_on_once_the_failover_is_done() {
 
 #[test]
 fn without_power_cycle_the_machine_stays_off() {
-    let mut world = World::new(cluster(3))
-        .policy("p", needs_bmc(mk_spec(), by_template()))
-        .fail_tainted("node-1");
-    world.ledger.record_power_off("node-1", world.now, true);
-    world.ledger.record_powered_off("node-1", world.now);
-    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
-    assert!(
-        !world
-            .plan()
-            .intents
-            .iter()
-            .any(|i| matches!(i, Intent::PowerOn { .. }))
-    );
+    let mut world = off_and_tainted(false, true);
+    recovered(&mut world);
+    assert_eq!(powers_on(&world), 0);
 }
 
 #[test]
@@ -285,22 +288,8 @@ fn pods_whose_policy_only_rehearses_power_no_machine_off() {
 
 #[test]
 fn a_machine_found_off_is_never_powered_on_by_podha() {
-    let cycle = BmcFencing {
-        power_cycle: true,
-        ..by_template()
-    };
-    let mut world = World::new(cluster(3))
-        .policy("p", needs_bmc(mk_spec(), cycle))
-        .fail_tainted("node-1");
     // The first read said Off: someone else switched the machine off.
-    world.ledger.record_power_off("node-1", world.now, false);
-    world.ledger.record_powered_off("node-1", world.now);
-    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
-    assert!(
-        !world
-            .plan()
-            .intents
-            .iter()
-            .any(|i| matches!(i, Intent::PowerOn { .. }))
-    );
+    let mut world = off_and_tainted(true, false);
+    recovered(&mut world);
+    assert_eq!(powers_on(&world), 0);
 }
