@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::api::{BmcFencing, Fencing, FencingProof};
-use crate::planner::Heartbeat;
 
 fn needs_bmc(mut spec: PodHAPolicySpec, bmc: BmcFencing) -> PodHAPolicySpec {
     spec.fencing = Fencing {
@@ -233,29 +232,19 @@ fn a_lease_renewed_after_the_bmc_said_off_takes_the_proof_back() {
     let off_at = world.now - Duration::from_secs(5);
     world.ledger.record_power_off("node-1", off_at, true);
     world.ledger.record_powered_off("node-1", off_at);
-    let renewed = |at: Instant| Heartbeat {
-        last_renewal: Some(at),
-        renewal_not_before: Some(at),
-        silent_since: at,
-        renew_period: Duration::from_secs(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: None,
-        agent_connected: None,
-        agent_silent_since: None,
-        tainted_since: None,
-        renewals_since_ack: 0,
-    };
-    world
-        .heartbeats
-        .insert("node-1".into(), renewed(off_at - Duration::from_secs(20)));
+    world.heartbeats.insert(
+        "node-1".into(),
+        renewed_at(off_at - Duration::from_secs(20)),
+    );
     assert_eq!(
         bmc_intents(&world.plan()),
         ["taint node-1 node.kubernetes.io/out-of-service"],
         "a renewal from before the Off says nothing"
     );
     // Someone powered the machine on again: its kubelet renews.
-    world.heartbeats.insert("node-1".into(), renewed(world.now));
+    world
+        .heartbeats
+        .insert("node-1".into(), renewed_at(world.now));
     assert_eq!(bmc_intents(&world.plan()), ["hold FencingPending"]);
 }
 

@@ -88,17 +88,8 @@ impl World {
     /// `node` renewed its Lease after this process saw podha's taint on it: it is back.
     fn back(mut self, node: &str) -> Self {
         let hb = Heartbeat {
-            last_renewal: Some(self.t0 + Duration::from_secs(1)),
-            renewal_not_before: Some(self.t0 + Duration::from_secs(1)),
-            silent_since: self.t0 + Duration::from_secs(1),
-            renew_period: Duration::from_secs(10),
-            tcp_answered: None,
-            tcp_silent_since: None,
-            agent_answered: None,
-            agent_connected: None,
-            agent_silent_since: None,
             tainted_since: Some(self.t0),
-            renewals_since_ack: 0,
+            ..renewed_at(self.t0 + Duration::from_secs(1))
         };
         self.heartbeats.insert(node.to_string(), hb);
         self
@@ -801,6 +792,24 @@ fn ledger_snapshots_the_pods_on_the_node() {
     );
     assert!(ledger.close("node-1", Instant::now()).is_some());
     assert!(ledger.get("node-1").is_none());
+}
+
+/// The heartbeat of a node whose kubelet last renewed its Lease `at` (every 10 s), with no
+/// other signal heard.
+fn renewed_at(at: Instant) -> Heartbeat {
+    Heartbeat {
+        last_renewal: Some(at),
+        renewal_not_before: Some(at),
+        silent_since: at,
+        renew_period: Duration::from_secs(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: None,
+        agent_connected: None,
+        agent_silent_since: None,
+        tainted_since: None,
+        renewals_since_ack: 0,
+    }
 }
 
 fn intent_names(plan: &Plan) -> Vec<String> {

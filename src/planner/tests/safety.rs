@@ -289,20 +289,7 @@ fn nodes_failing_one_by_one_count_together_within_the_window() {
 #[test]
 fn a_partition_is_held_even_when_the_first_node_judged_dead_has_pods() {
     let t0 = Instant::now();
-    let renew = s(10);
-    let hb = |last: u64| Heartbeat {
-        last_renewal: Some(t0 + s(last)),
-        renewal_not_before: Some(t0 + s(last)),
-        silent_since: t0 + s(last),
-        renew_period: renew,
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: None,
-        agent_connected: None,
-        agent_silent_since: None,
-        tainted_since: None,
-        renewals_since_ack: 0,
-    };
+    let hb = |last: u64| renewed_at(t0 + s(last));
     let mut world = World::new(cluster(6)).policy("p", max_unhealthy(oos(), 2));
     // node-1 went silent at t0+0; node-2 and node-3 (cut off with it) renewed last at 3 s
     // and 8 s; node-4..6 are fine and renew every 10 s.

@@ -272,21 +272,17 @@ impl Actor {
 
     fn record_powered_off(&mut self, node: &str, now: Instant) {
         self.ledger.record_powered_off(node, now);
-        let after = self
-            .ledger
-            .get(node)
-            .and_then(|i| i.power_off)
-            .map_or(0.0, |p| {
+        let power_off = self.ledger.get(node).and_then(|i| i.power_off);
+        info!(node, ?power_off, "the BMC says the machine is off");
+        let note = match power_off {
+            Some(p) if p.by_podha => format!(
+                "the node's BMC says PowerState Off, {:.1}s after it accepted podha's ForceOff: \
+                 the node is fenced",
                 now.saturating_duration_since(p.accepted_at).as_secs_f64()
-            });
-        info!(node, after, "the BMC says the machine is off");
-        let note = if after > 0.0 {
-            format!(
-                "the node's BMC says PowerState Off, {after:.1}s after it accepted podha's \
-                 ForceOff: the node is fenced"
-            )
-        } else {
-            "the node's BMC says PowerState Off: the machine is off, the node is fenced".into()
+            ),
+            _ => {
+                "the node's BMC says PowerState Off: the machine is off, the node is fenced".into()
+            }
         };
         let ev = self.node_event(node, false, "PoweredOff", "Fence", note);
         self.queue_event(ev);
