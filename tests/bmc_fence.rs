@@ -1,106 +1,124 @@
 //! `fencing.proof: BMC` on the sim cluster, every node powered through Redfish (one system per
-//! node on the `sushy-tools` emulator, which the node's BMC follows), podha running as the
-//! chart's ServiceAccount with `rbac.bmcSecrets` (its only way to the BMC Secrets):
+//! node on the `sushy-tools` emulator, which the node's BMC follows), podha running in this
+//! process as the chart's ServiceAccount with `rbac.bmcSecrets` (its only way to the BMC
+//! Secrets). Three kwok nodes and two real ones (kubelet and containerd, the machine's SMBIOS
+//! UUID reported as its `systemUUID`):
 //!
-//! - a StatefulSet's node is killed; its BMC Secret first points at a port where nothing
-//!   listens, then at another node's system (whose UUID is not the node's `systemUUID`), then
-//!   holds a wrong password: podha holds the node each time (nothing tainted) with a Warning
-//!   `PowerOffFailed` naming the cause (unreachable, not the node's system, the BMC's 401), and
-//!   the other node's machine stays on;
-//! - the Secret is mended: podha, without a restart, has the BMC force the machine off and
-//!   taints the node only once the system says `Off` (read by the test the moment the taint
-//!   shows), the pod moves and runs with its volume on the other node;
-//! - no other system was powered off;
-//! - with `powerCycle`, podha powers the machine on once the failover is done: the node boots,
-//!   and podha takes its taint off.
+//! - a killed kwok node whose BMC is first unreachable, then another node's, then refuses
+//!   podha's password, is held with a Warning naming each cause; mended, it is powered off and
+//!   only then tainted, and powered on again after the failover (`killed_kwok_node`);
+//! - a frozen real node is powered off through its BMC before its writer's volume moves, the
+//!   write log clean on storage that does not fence; powered on again, it boots and podha takes
+//!   its taint off (`frozen_real_node`).
 //!
-//! Needs the control-plane binaries (`make k8s`), `make sushy-tools`, `make helm` and the
+//! Needs root, `make k8s csi-sidecars node-deps node-images helm sushy-tools` and the
 //! `podha-sim` executable (`cargo build -p podha-sim`); without them the test fails saying so.
 
+#[path = "bmc_fence/frozen_real_node.rs"]
+mod frozen_real_node;
+#[path = "bmc_fence/killed_kwok_node.rs"]
+mod killed_kwok_node;
+
 use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use podha::chaos::timeline::wait_settled;
+use libtest_mimic::Arguments;
 use podha::leader::LeaderConfig;
 use podha::redfish::PowerState;
 use podha_sim::cluster::Cluster;
 use podha_sim::cluster::redfish::RedfishAccess;
 use podha_sim::failover::{apply_policy, http_get, install_crd};
-use podha_sim::testkit::{SharedCluster, create_namespace, statefulset, wait_for};
+use podha_sim::testkit::{
+    Ctx, Scenario, SharedCluster, create_namespace, log, run_scenario, run_trials, secs, wait_for,
+};
 use serde_json::json;
 use tokio::sync::watch;
 
 /// podha's namespace: its Lease and the BMC Secrets.
 const PODHA_NS: &str = "podha-system";
-const APP_NS: &str = "bmc-fenced";
-const PAIR: [&str; 2] = ["node-1", "node-2"];
 const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+const KWOK_NODES: usize = 3;
+/// The real nodes, after the kwok ones.
+const REAL_NODES: [&str; 2] = ["node-4", "node-5"];
 
-fn secs(s: u64) -> Duration {
-    Duration::from_secs(s)
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    // One podha at a time leads, and each scenario starts its own.
+    args.test_threads = Some(1);
+    let shared = Arc::new(
+        SharedCluster::new(
+            env!("CARGO_TARGET_TMPDIR"),
+            "podha-bmc-fence",
+            KWOK_NODES,
+            None,
+        )
+        .with_real_nodes(REAL_NODES.len())
+        .with_redfish_bmcs(),
+    );
+    let scenarios: [Scenario; 2] = [
+        (
+            "a_dead_node_is_powered_off_through_its_bmc_before_podha_taints_it",
+            killed_kwok_node::held_then_powered_off,
+        ),
+        (
+            "a_frozen_real_node_is_powered_off_through_its_bmc_before_its_volume_moves",
+            frozen_real_node::powered_off_before_its_volume_moves,
+        ),
+    ];
+    run_trials(&args, &shared, scenarios.into())
 }
 
-fn log(msg: impl AsRef<str>) {
-    eprintln!("[bmc-fence] {}", msg.as_ref());
-}
-
-#[test]
-fn a_dead_node_is_powered_off_through_its_bmc_before_podha_taints_it() {
-    let shared = SharedCluster::new(env!("CARGO_TARGET_TMPDIR"), "podha-bmc-fence", 3, None)
-        .with_redfish_bmcs();
-    let result = (|| -> anyhow::Result<()> {
-        let cluster = shared.get().map_err(anyhow::Error::msg)?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        rt.block_on(scenario(cluster))
-    })();
-    shared.teardown(result.is_err());
-    if let Err(e) = result {
-        panic!("{e:#}");
-    }
-}
-
-async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
-    let admin = cluster.client().await?;
-    let access = cluster
+/// What a scenario starts from: the CRD, podha's namespace, podha leading in it, and a Secret
+/// for each of `nodes`, bound to it, leading to its system.
+async fn start_podha(
+    ctx: &Ctx<'_>,
+    nodes: &[&str],
+) -> anyhow::Result<(RedfishAccess, Api<Secret>, Podha)> {
+    let access = ctx
+        .cluster
         .redfish()
         .context("the cluster's nodes have no Redfish BMCs")?;
     install_crd(
-        &admin,
+        &ctx.client,
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/podha.io_podhapolicies.yaml"),
     )
     .await?;
-    create_namespace(&admin, PODHA_NS).await?;
-    create_namespace(&admin, APP_NS).await?;
-    let podha = Podha::start(cluster).await?;
-
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), PODHA_NS);
-    for node in PAIR {
-        secrets
-            .create(&PostParams::default(), &bmc_secret(&access, node, node)?)
-            .await?;
+    create_namespace(&ctx.client, PODHA_NS).await?;
+    let podha = Podha::start(ctx.cluster).await?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), PODHA_NS);
+    for node in nodes {
+        replace_secret(&secrets, bmc_secret(&access, node, node)?).await?;
     }
+    Ok((access, secrets, podha))
+}
+
+/// The policy of a scenario's nodes and namespace: the BMC's proof (powering the machine on
+/// again after the failover), Lease and `signals`.
+async fn apply_bmc_policy(
+    client: &kube::Client,
+    name: &str,
+    node_selector: serde_json::Value,
+    namespace: &str,
+    signals: &[&str],
+) -> anyhow::Result<()> {
     apply_policy(
-        &admin,
-        "bare-metal",
+        client,
+        name,
         json!({
-            "nodeSelector": { "matchExpressions": [
-                { "key": "kubernetes.io/hostname", "operator": "In", "values": PAIR }
-            ]},
-            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": APP_NS } },
+            "nodeSelector": node_selector,
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
             "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
             "detection": {
                 "interval": "1s",
                 "failureThreshold": 3,
-                "signals": ["Lease", "KubeletTCP"],
+                "signals": signals,
                 "leaseGracePeriod": "12s",
                 "tcpTimeout": "500ms",
             },
@@ -110,86 +128,28 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
             },
         }),
     )
-    .await?;
-    let sts: StatefulSet = serde_json::from_value(statefulset("db", &PAIR))?;
-    Api::<StatefulSet>::namespaced(admin.clone(), APP_NS)
-        .create(&PostParams::default(), &sts)
-        .await?;
-    let subject = wait_settled(&admin, APP_NS, "app=db", secs(180))
-        .await?
-        .context("db-0 did not run with its volume attached within 180s")?;
-    let dead = subject.node.clone();
-    let refuge = PAIR.into_iter().find(|n| *n != dead).unwrap_or("node-2");
-    log(format!("db-0 runs on {dead}"));
+    .await
+}
 
-    // A BMC nobody answers at: held, with the cause.
-    let mut unreachable = bmc_secret(&access, &dead, &dead)?;
-    set_key(&mut unreachable, "address", "https://127.0.0.1:1");
-    replace_secret(&secrets, unreachable).await?;
-    cluster.kill_node(&dead)?;
-    let killed = Instant::now();
-    warned(&admin, &dead, "unreachable", secs(60)).await?;
-    untainted_for(&admin, &dead, secs(3)).await?;
-    log(format!(
-        "{dead} held {:.1?} after its death: BMC unreachable",
-        killed.elapsed()
-    ));
+/// podha's events about `node` with `reason`, oldest first.
+async fn node_events(
+    client: &kube::Client,
+    node: &str,
+    reason: &str,
+) -> anyhow::Result<Vec<Event>> {
+    podha_sim::testkit::podha_events(client, "default", reason, node).await
+}
 
-    // Another machine's BMC (node-3's system) in the dead node's Secret: its UUID is not the
-    // node's, so podha refuses it, and node-3 is not powered off.
-    let mut elsewhere = bmc_secret(&access, &dead, &dead)?;
-    set_key(&mut elsewhere, "systemId", "node-3");
-    replace_secret(&secrets, elsewhere).await?;
-    warned(&admin, &dead, "not node", secs(60)).await?;
-    untainted_for(&admin, &dead, secs(3)).await?;
-    ensure!(
-        access.system("node-3")?.power_state().await? == PowerState::On,
-        "node-3's system was powered off through {dead}'s Secret"
-    );
-    log(format!("{dead} held: its Secret leads to node-3's system"));
-
-    // A BMC that refuses podha's credentials (401): held, with the cause.
-    let mut refused = bmc_secret(&access, &dead, &dead)?;
-    set_key(&mut refused, "password", "not-the-password");
-    replace_secret(&secrets, refused).await?;
-    warned(&admin, &dead, "HTTP 401", secs(60)).await?;
-    untainted_for(&admin, &dead, secs(3)).await?;
-    ensure!(
-        access.system(&dead)?.power_state().await? == PowerState::On,
-        "{dead}'s system was powered off though podha could not log in"
-    );
-    log(format!("{dead} held: BMC answers 401"));
-
-    // Mended: podha powers the machine off, and only then taints the node.
-    replace_secret(&secrets, bmc_secret(&access, &dead, &dead)?).await?;
-    let mended = Instant::now();
-    let system = access.system(&dead)?;
-    let state_at_taint = wait_for(
-        &format!("podha's out-of-service taint on {dead}"),
-        secs(90),
-        || async {
-            if !has_taint(&admin, &dead).await? {
-                return Ok(None);
-            }
-            Ok(Some(system.power_state().await?))
-        },
-    )
-    .await?;
-    ensure!(
-        state_at_taint == PowerState::Off,
-        "{dead} was tainted while its system said {state_at_taint}"
-    );
-    log(format!(
-        "{dead} powered off and tainted {:.1?} after its Secret was mended",
-        mended.elapsed()
-    ));
+/// The events podha must have told about a node it powered off, and the taint's event naming
+/// the proof.
+async fn told_power_off(client: &kube::Client, node: &str) -> anyhow::Result<()> {
     for reason in ["PowerOffRequested", "PoweredOff", "OutOfServiceTaintAdded"] {
         ensure!(
-            !node_events(&admin, &dead, reason).await?.is_empty(),
-            "no {reason} event about {dead}"
+            !node_events(client, node, reason).await?.is_empty(),
+            "no {reason} event about {node}"
         );
     }
-    let taint_note = node_events(&admin, &dead, "OutOfServiceTaintAdded").await?[0]
+    let taint_note = node_events(client, node, "OutOfServiceTaintAdded").await?[0]
         .note
         .clone()
         .unwrap_or_default();
@@ -197,60 +157,74 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
         taint_note.contains("BMCPoweredOff"),
         "the taint's event does not name the proof: {taint_note}"
     );
+    Ok(())
+}
+
+/// Waits until podha taints `node` out of service and returns what its system said the moment
+/// the taint showed.
+async fn state_at_taint(
+    client: &kube::Client,
+    access: &RedfishAccess,
+    node: &str,
+    timeout: Duration,
+) -> anyhow::Result<PowerState> {
+    let system = access.system(node)?;
     wait_for(
-        &format!("db-0 running on {refuge} with its volume"),
-        secs(120),
+        &format!("podha's out-of-service taint on {node}"),
+        timeout,
         || async {
-            Ok(wait_settled(&admin, APP_NS, "app=db", secs(1))
-                .await?
-                .filter(|s| s.node == refuge && s.uid != subject.uid))
+            if !has_taint(client, node).await? {
+                return Ok(None);
+            }
+            Ok(Some(system.power_state().await?))
         },
     )
-    .await?;
-    log(format!("db-0 recovered on {refuge}"));
-    for node in ["node-1", "node-2", "node-3"]
-        .into_iter()
-        .filter(|n| *n != dead)
-    {
-        ensure!(
-            access.system(node)?.power_state().await? == PowerState::On,
-            "{node}'s system was powered off"
-        );
-    }
+    .await
+}
 
-    // powerCycle: podha powers the machine on again; the node boots and podha takes its taint
-    // off.
-    wait_for(
-        &format!("podha to take its taint off {dead}"),
-        secs(120),
-        || async { Ok((!has_taint(&admin, &dead).await?).then_some(())) },
-    )
-    .await?;
-    // On only once the failover was done: after the replacement was Ready.
-    let powered_on = node_events(&admin, &dead, "PowerOnRequested").await?;
-    let asked_at = powered_on
+/// Every system but `off`'s says `On`.
+async fn others_on(access: &RedfishAccess, off: &str) -> anyhow::Result<()> {
+    let kwok = (1..=KWOK_NODES).map(|i| format!("node-{i}"));
+    for node in kwok.chain(REAL_NODES.map(String::from)) {
+        if node != off {
+            ensure!(
+                access.system(&node)?.power_state().await? == PowerState::On,
+                "{node}'s system was powered off"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// When podha asked `node`'s BMC to power it on (its `PowerOnRequested` event), which must be
+/// after `ready_at`, when the failover was done.
+async fn powered_on_after(
+    client: &kube::Client,
+    node: &str,
+    ready_at: k8s_openapi::jiff::Timestamp,
+) -> anyhow::Result<()> {
+    let asked_at = node_events(client, node, "PowerOnRequested")
+        .await?
         .first()
         .and_then(|e| e.event_time.as_ref())
         .map(|t| t.0)
-        .with_context(|| format!("no PowerOnRequested event about {dead}"))?;
-    let replacement: Pod = Api::namespaced(admin.clone(), APP_NS).get("db-0").await?;
-    let ready_at = replacement
-        .status
-        .and_then(|s| s.conditions)
-        .and_then(|c| {
-            c.into_iter()
-                .find(|c| c.type_ == "Ready" && c.status == "True")
-        })
-        .and_then(|c| c.last_transition_time)
-        .map(|t| t.0)
-        .context("the replacement db-0 is not Ready")?;
+        .with_context(|| format!("no PowerOnRequested event about {node}"))?;
     ensure!(
         ready_at <= asked_at,
-        "{dead} was powered on at {asked_at}, before its pod's replacement was Ready at {ready_at}"
+        "{node} was powered on at {asked_at}, before its pod's replacement was Ready at {ready_at}"
     );
-    ensure!(system.power_state().await? == PowerState::On);
-    log(format!("{dead} powered on by podha, booted and untainted"));
-    podha.stop().await
+    Ok(())
+}
+
+/// When `pod` last turned Ready.
+fn ready_since(pod: &Pod) -> anyhow::Result<k8s_openapi::jiff::Timestamp> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .with_context(|| format!("{:?} is not Ready", pod.metadata.name))
 }
 
 /// `node`'s BMC Secret, bound (label `podha.io/bmc-node`) to `bound_to`.
@@ -292,14 +266,6 @@ async fn replace_secret(secrets: &Api<Secret>, secret: Secret) -> anyhow::Result
         .await
         .with_context(|| format!("apply Secret {name}"))?;
     Ok(())
-}
-
-async fn node_events(
-    client: &kube::Client,
-    node: &str,
-    reason: &str,
-) -> anyhow::Result<Vec<Event>> {
-    podha_sim::testkit::podha_events(client, "default", reason, node).await
 }
 
 /// Waits for podha's Warning `PowerOffFailed` about `node` whose note names `cause`.
@@ -372,8 +338,12 @@ impl Podha {
             &admin,
         )?;
         let http = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        // Appended to: each scenario starts a podha, and the first one's log stays.
         let log = cluster.logs_dir().join("podha.log");
-        let file = std::fs::File::create(&log)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new("info,podha=debug"))
             .with_writer(std::sync::Mutex::new(file))

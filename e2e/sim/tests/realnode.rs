@@ -11,8 +11,8 @@
 //! - partition: the node's packets to the API server are dropped: the node goes `Unknown`
 //!   while its kubelet and containers run (and its kubelet port answers); healed, it is Ready
 //!   again with the same containers;
-//! - power off through the BMC: the node frozen, its Redfish system (the cluster's sushy-tools
-//!   emulator) sent `ForceOff`: once the system reports `Off`, the node's BMC kills every
+//! - power off through the BMC: the node reports its BMC's system's UUID as its `systemUUID`;
+//!   frozen, its Redfish system (the cluster's sushy-tools emulator) sent `ForceOff`: once the system reports `Off`, the node's BMC kills every
 //!   process of it; `On` boots it with a new boot ID.
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images sushy-tools` (`make real-node-test`
@@ -425,7 +425,22 @@ fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed>
             .redfish()
             .ok_or_else(|| anyhow::anyhow!("the cluster's nodes have no Redfish BMCs"))?;
         let bmc = access.system(REAL_NODE)?;
-        anyhow::ensure!(bmc.power_state().await? == PowerState::On);
+        let reading = bmc.read().await?;
+        anyhow::ensure!(reading.power == PowerState::On);
+        // The machine's identity: the UUID its kubelet reports is its BMC's system's.
+        let reported = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.system_uuid.clone())
+            .unwrap_or_default();
+        let system_uuid = reading.uuid.clone().unwrap_or_default();
+        anyhow::ensure!(
+            !system_uuid.is_empty()
+                && podha::redfish::canonical_uuid(&reported)
+                    == podha::redfish::canonical_uuid(&system_uuid),
+            "{REAL_NODE} reports systemUUID {reported:?}, its BMC's system says UUID {system_uuid:?}"
+        );
 
         ctx.cluster.freeze_node(REAL_NODE)?;
         let fences_before = ctx.cluster.fences()?.len();

@@ -31,12 +31,22 @@ pub struct FakeSystem {
 }
 
 impl FakeSystem {
+    /// A system with a UUID of its own.
     pub fn new(name: &str, powered_on: bool) -> Result<Self> {
-        Ok(Self {
-            name: name.to_string(),
-            uuid: super::pki::random_uuid()?,
+        Ok(Self::with_uuid(
+            name,
+            &super::pki::random_uuid()?,
             powered_on,
-        })
+        ))
+    }
+
+    /// The system of a machine whose SMBIOS UUID is `uuid`.
+    pub fn with_uuid(name: &str, uuid: &str, powered_on: bool) -> Self {
+        Self {
+            name: name.to_string(),
+            uuid: uuid.to_string(),
+            powered_on,
+        }
     }
 }
 
@@ -222,13 +232,17 @@ impl RedfishAccess {
 }
 
 impl super::Cluster {
-    /// Starts the cluster's Redfish service, a system per node, each powered on.
+    /// Starts the cluster's Redfish service, a system per node, each powered on: a real node's
+    /// system has the machine's UUID (`realnode::prepare`), a kwok node's a new one.
     pub(in crate::cluster) fn start_redfish(&self) -> Result<()> {
         let mut st = self.lock();
         let systems = st
             .nodes
             .iter()
-            .map(|n| FakeSystem::new(&n.name, true))
+            .map(|n| match &n.system_uuid {
+                Some(uuid) => Ok(FakeSystem::with_uuid(&n.name, uuid, true)),
+                None => FakeSystem::new(&n.name, true),
+            })
             .collect::<Result<Vec<_>>>()?;
         for (node, system) in st.nodes.iter_mut().zip(&systems) {
             node.system_uuid = Some(system.uuid.clone());

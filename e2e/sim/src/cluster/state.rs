@@ -43,9 +43,9 @@ pub struct NodeRecord {
     /// podha agent is told as its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
-    /// Under Redfish power, the UUID of the node's system, which a kwok node reports as its
-    /// `status.nodeInfo.systemUUID` (a machine's SMBIOS UUID, the same its BMC reports). A
-    /// real node's kubelet reports the host's own.
+    /// The machine's SMBIOS UUID, the one its BMC reports for its system and the node as its
+    /// `status.nodeInfo.systemUUID`: every real node has one (`realnode::prepare` shows it to
+    /// its kubelet); a kwok node has one under Redfish power (the sim writes it on the Node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_uuid: Option<String>,
 }

@@ -240,7 +240,7 @@ fn real_node_record(index: u8, subnet: u8) -> Result<NodeRecord> {
         agent_port: None,
         agent_cut: false,
         boot_id: None,
-        system_uuid: None,
+        system_uuid: Some(super::pki::random_uuid()?),
     })
 }
 

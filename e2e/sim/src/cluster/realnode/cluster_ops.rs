@@ -43,7 +43,10 @@ impl Cluster {
         let mut boots = Vec::new();
         for rec in recs {
             let node = self.real_node_of(rec);
-            realnode::prepare(&node, &real, port)?;
+            let uuid = rec.system_uuid.as_deref().ok_or_else(|| {
+                Error::Other(format!("real node {} has no system UUID", rec.name))
+            })?;
+            realnode::prepare(&node, &real, port, uuid)?;
             boots.push((rec.name.clone(), self.boot_real_node(&mut st, rec)?));
         }
         Ok(boots)

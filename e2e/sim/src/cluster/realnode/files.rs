@@ -240,6 +240,13 @@ if [ "${{1:-}}" != inside ]; then
   exec unshare --mount --propagation private -- nsenter --net=/run/netns/{netns} -- /bin/sh -eu "$0" inside
 fi
 mount --bind {d}/boot_id /proc/sys/kernel/random/boot_id
+# The machine's identity (see write_identity): its own machine ID, and its own SMBIOS UUID where
+# the host has one. The kubelet reports the UUID as status.nodeInfo.systemUUID, and on a host
+# without DMI the machine ID in its place.
+mount --bind {d}/machine-id /etc/machine-id
+if [ -e /sys/class/dmi/id/product_uuid ]; then
+  mount --bind {d}/product_uuid /sys/class/dmi/id/product_uuid
+fi
 {sysctls}
 rm -rf {d}/containerd/state
 mkdir -p {d}/containerd/state/run {d}/kubelet {d}/pod-logs {d}/container-logs {d}/cni-cache
@@ -304,6 +311,28 @@ done
 
 /// Writes every file above, the node-private sysctl copies (starting from the host's values)
 /// and the CNI directories.
+/// The machine's identity, which `boot.sh` shows its kubelet in place of the host's: its SMBIOS
+/// UUID `system_uuid` as DMI shows it (`product_uuid`), and its machine ID (`machine-id`, the
+/// same 128 bits as 32 hex digits). The kubelet (cadvisor) reads the DMI file for
+/// `status.nodeInfo.systemUUID` and, on a host without DMI (a VM without SMBIOS), falls back to
+/// `/etc/machine-id`: either way the node reports its BMC's system UUID.
+pub fn write_identity(node: &RealNode, system_uuid: &str) -> Result<()> {
+    let hex: String = system_uuid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if hex.len() != 32 {
+        return Err(Error::Other(format!(
+            "{}'s system UUID {system_uuid:?} is not 128 bits",
+            node.name
+        )));
+    }
+    let dir = node.dir();
+    write(&dir.join("product_uuid"), &format!("{system_uuid}\n"))?;
+    write(&dir.join("machine-id"), &format!("{hex}\n"))
+}
+
 pub fn write_all(
     node: &RealNode,
     ca_cert: &Path,

@@ -4,7 +4,10 @@
 //! - a network namespace and address on the cluster's bridge (`net`),
 //! - a cgroup tree holding every process it runs, containers included (`cgroup`),
 //! - a mount namespace of its own, where `/proc/sys/kernel/random/boot_id` is a file of the
-//!   node (a new one per boot, which the kubelet reports as `status.nodeInfo.bootID`) and the
+//!   node (a new one per boot, which the kubelet reports as `status.nodeInfo.bootID`), the
+//!   machine has an identity of its own (its SMBIOS UUID, which its kubelet reports as
+//!   `status.nodeInfo.systemUUID` and its BMC's Redfish system as its `UUID`: `files::
+//!   write_identity`), and the
 //!   host-wide sysctls the kubelet sets are node-private copies (`files::KUBELET_SYSCTLS`),
 //!   and [`MACHINE_DIR`] shows what the machine has outside its operating system (its BMC),
 //! - its files under `DIR/nodes/<node>/`: containerd root and state, the CNI network, the
@@ -232,9 +235,14 @@ pub fn create_host_network(dir: &Path, subnet: u8, apiserver_port: u16) -> Resul
     )
 }
 
-/// Everything a node needs before its first boot: files, client certificate, network
-/// namespace, cgroups.
-pub fn prepare(node: &RealNode, real: &super::state::RealNodes, apiserver_port: u16) -> Result<()> {
+/// Everything a node needs before its first boot: files, its machine's identity (SMBIOS UUID
+/// `system_uuid`), client certificate, network namespace, cgroups.
+pub fn prepare(
+    node: &RealNode,
+    real: &super::state::RealNodes,
+    apiserver_port: u16,
+    system_uuid: &str,
+) -> Result<()> {
     let subnet = real.subnet;
     let pki = super::pki::Pki::paths(&node.cluster_dir);
     files::write_all(
@@ -243,6 +251,7 @@ pub fn prepare(node: &RealNode, real: &super::state::RealNodes, apiserver_port: 
         (net::host_ip(subnet), apiserver_port),
         real,
     )?;
+    files::write_identity(node, system_uuid)?;
     super::pki::issue_client_cert(
         &node.cluster_dir,
         &format!("system:node:{}", node.name),
