@@ -121,10 +121,10 @@ impl Endpoint {
         let insecure = match text("insecureSkipVerify")?.as_deref() {
             None | Some("" | "false") => false,
             Some("true") => true,
-            Some(other) => {
-                return Err(Error::Settings(format!(
-                    "key insecureSkipVerify must be \"true\" or \"false\", not {other:?}"
-                )));
+            Some(_) => {
+                return Err(Error::Settings(
+                    "key insecureSkipVerify must be \"true\" or \"false\"".to_string(),
+                ));
             }
         };
         let trust = match (data.get("ca.crt"), insecure) {
@@ -155,7 +155,8 @@ impl Endpoint {
 }
 
 fn parse_address(address: &str) -> Result<Uri> {
-    let bad = |why: &str| Error::Settings(format!("address {address:?}: {why}"));
+    // The value is never echoed: a password pasted into it would reach events and logs.
+    let bad = |why: &str| Error::Settings(format!("key address: {why}"));
     let uri: Uri = address
         .parse()
         .map_err(|e| bad(&format!("not a URL ({e})")))?;
@@ -185,9 +186,9 @@ fn check_system_id(system: &str) -> Result<()> {
     {
         Ok(())
     } else {
-        Err(Error::Settings(format!(
-            "systemId {system:?}: only letters, digits and - . _ ~ (one path segment)"
-        )))
+        Err(Error::Settings(
+            "key systemId: only letters, digits and - . _ ~ (one path segment)".to_string(),
+        ))
     }
 }
 

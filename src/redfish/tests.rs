@@ -116,6 +116,18 @@ fn only_a_bare_https_address_is_taken() {
         let message = settings_error(&with(&[("address", address)]));
         assert!(message.contains(why), "{address}: {message}");
     }
+    // A refused value is never echoed (the message reaches events and logs): not a password
+    // in the address, nor one pasted into another key.
+    for (key, value) in [
+        ("address", "https://root:s3cret@10.0.0.9"),
+        ("address", "s3cret"),
+        ("insecureSkipVerify", "s3cret"),
+        ("systemId", "s3cret/x"),
+    ] {
+        let message = settings_error(&with(&[(key, value)]));
+        assert!(!message.contains("s3cret"), "{key}: {message}");
+        assert!(message.contains(key), "{key}: {message}");
+    }
     let trailing = Endpoint::from_secret_data(&data(&with(&[("address", "https://bmc.example/")])));
     assert_eq!(trailing.unwrap().authority(), "bmc.example");
     let ipv6 = Endpoint::from_secret_data(&data(&with(&[("address", "https://[fd00::9]:443")])));
