@@ -263,8 +263,11 @@ pub(super) fn power_on(
     let bmc = fencing.bmc.as_ref().filter(|b| b.power_cycle)?;
     let power_off = incident.power_off?;
     // Only a machine podha switched off: one found off was switched off by someone else (a
-    // repair, a thermal trip), who alone may switch it on.
-    let due = fencing.proof == FencingProof::Bmc
+    // repair, a thermal trip), who alone may switch it on. Not while the policy or the node is
+    // paused: someone is working on the machine (it is switched on once the pause ends).
+    let paused = node_policy.spec.paused || crate::api::node_paused(node);
+    let due = !paused
+        && fencing.proof == FencingProof::Bmc
         && power_off.by_podha
         && incident.recovered_at.is_some()
         && power_off.confirmed_at.is_some()

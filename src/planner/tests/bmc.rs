@@ -218,6 +218,26 @@ fn with_power_cycle_the_machine_is_powered_on_once_the_failover_is_done() {
 }
 
 #[test]
+fn a_pause_keeps_the_machine_off_until_it_ends() {
+    let mut world = off_and_tainted(true, true);
+    recovered(&mut world);
+    // Someone works on the machine: they paused the node.
+    let paused = (*world.view.nodes["node-1"])
+        .clone()
+        .annotation(crate::api::PAUSE_ANNOTATION, "true");
+    world.view.nodes.insert("node-1".into(), paused.into());
+    assert_eq!(powers_on(&world), 0, "paused node");
+    let unpaused = (*world.view.nodes["node-1"])
+        .clone()
+        .annotation(crate::api::PAUSE_ANNOTATION, "false");
+    world.view.nodes.insert("node-1".into(), unpaused.into());
+    world.specs[0].1.paused = true;
+    assert_eq!(powers_on(&world), 0, "paused policy");
+    world.specs[0].1.paused = false;
+    assert_eq!(powers_on(&world), 1, "once the pause ends");
+}
+
+#[test]
 fn without_power_cycle_the_machine_stays_off() {
     let mut world = off_and_tainted(false, true);
     recovered(&mut world);
