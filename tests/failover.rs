@@ -1,9 +1,9 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 26 nodes, each with a podha agent, serves every scenario; each scenario has its own namespace, its own
+//! One cluster of 28 nodes, each with a podha agent, serves every scenario; each scenario has its own namespace, its own
 //! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
-//! nodes and that namespace, so the scenarios run in parallel. At most 14 of 26 nodes can be dead
+//! nodes and that namespace, so the scenarios run in parallel. At most 15 of 28 nodes can be dead
 //! at once (one per scenario, two in one), below the node lifecycle controller's 55 % "partial
 //! disruption" threshold.
 //!
@@ -39,6 +39,8 @@ use tokio::sync::watch;
 mod agent;
 #[path = "failover/fencing.rs"]
 mod fencing;
+#[path = "failover/heartbeats.rs"]
+mod heartbeats;
 #[path = "failover/holds.rs"]
 mod holds;
 #[path = "failover/moves.rs"]
@@ -52,7 +54,7 @@ mod prometheus;
 #[path = "failover/replicas.rs"]
 mod replicas;
 
-const NODES: usize = 26;
+const NODES: usize = 28;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -70,7 +72,7 @@ fn main() -> ExitCode {
     );
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 13] = [
+    let scenarios: [(&str, Scenario); 14] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
@@ -122,6 +124,10 @@ fn main() -> ExitCode {
         (
             "a_paused_policy_and_a_paused_node_act_only_once_unpaused",
             pause::paused_policy_and_node,
+        ),
+        (
+            "judged_on_heartbeats_alone_a_node_moves_only_once_its_agent_acknowledged_the_fence",
+            heartbeats::acknowledged_fence_follows_a_heartbeat_judgement,
         ),
     ];
     let trials = scenarios
@@ -739,7 +745,12 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             ),
             (
                 json!({"detection": {"signals": ["KubeletTCP"]}}),
-                "KubeletTCP and AgentHeartbeat cannot be the only signals",
+                "need action OutOfServiceTaint and a confirmed fencing proof",
+            ),
+            (
+                json!({"detection": {"signals": ["AgentHeartbeat"]}, "action": "DeletePods",
+                       "fencing": {"proof": "AgentAcknowledged"}}),
+                "need action OutOfServiceTaint and a confirmed fencing proof",
             ),
             (
                 json!({"detection": {"signals": ["Lease", "Lease"]}}),

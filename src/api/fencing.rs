@@ -39,6 +39,11 @@ pub struct Fencing {
     /// node without an agent, or whose agent has no usable watchdog
     /// (`podha.io/agent-watchdog: none: ...`), has no silence proof: the policy shows it
     /// (condition `Degraded`, reason `AgentsMissing`).
+    /// `AgentAcknowledged`: only the first half of `Agent`: the node's agent acknowledged the
+    /// fence podha asked for (it fences, its `--fence-confirm` check passes, then it says so).
+    /// Its silence proves nothing, so a node that dies with its agent (power loss) is held
+    /// until someone fences it: choose it where the agent's fence leaves the agent running (a
+    /// storage or network fence), or where its silence must not count.
     /// `None`: no proof; the node is taken for shut down once judged dead, and the taint
     /// follows the judgement alone (condition `Ready`, reason `WatchingWithoutProof`). Choose
     /// it only where a node that stops heartbeating is off (power loss, kernel panic), or
@@ -60,6 +65,10 @@ pub struct Fencing {
     /// reached, refuses podha's credentials, does not know the system or never reports `Off`
     /// holds the node (a Warning event says which); the machine stays off until someone (or
     /// `fencing.bmc.powerCycle`) powers it on.
+    /// `AgentAcknowledged`, `External`, `BMC` and `CloudShutdownTaint` are **confirmed**: each
+    /// is something the fence or the machine's owner reported, never inferred from silence,
+    /// and none holds for a node that still runs. Only they may follow a judgement without a
+    /// kubelet heartbeat (`detection.signals` without `Lease` and `NodeReady`).
     #[serde(default)]
     pub proof: FencingProof,
     /// With proof `BMC`: where podha finds each node's BMC.
@@ -95,6 +104,7 @@ pub enum FencingProof {
     CloudShutdownTaint,
     #[default]
     Agent,
+    AgentAcknowledged,
     External,
     #[serde(rename = "BMC")]
     Bmc,
@@ -106,9 +116,20 @@ impl FencingProof {
             Self::None => "None",
             Self::CloudShutdownTaint => "CloudShutdownTaint",
             Self::Agent => "Agent",
+            Self::AgentAcknowledged => "AgentAcknowledged",
             Self::External => "External",
             Self::Bmc => "BMC",
         }
+    }
+
+    /// Whether the proof is something reported (by the fence, its controller, the BMC, the
+    /// cloud provider), never inferred from silence: it cannot hold for a node that still
+    /// runs, so a wrong judgement of death costs a fence, never data.
+    pub const fn is_confirmed(self) -> bool {
+        matches!(
+            self,
+            Self::AgentAcknowledged | Self::External | Self::Bmc | Self::CloudShutdownTaint
+        )
     }
 }
 

@@ -78,6 +78,9 @@ use super::status::PodHAPolicyStatus;
 )]
 // Client-side CEL evaluation (`PodHAPolicy::validate_cel`) is only needed by the unit tests.
 #[cfg_attr(test, kube(cel))]
+#[x_kube(
+    validation = Rule::new(KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF).message("KubeletTCP and AgentHeartbeat as the only signals need action OutOfServiceTaint and a confirmed fencing proof (AgentAcknowledged, BMC, External or CloudShutdownTaint): a probe that gets no answer does not tell a dead node from a network problem, so only a fence that is reported done, never one inferred from silence, may follow it; otherwise combine them with Lease or NodeReady"),
+)]
 #[serde(rename_all = "camelCase")]
 pub struct PodHAPolicySpec {
     /// Nodes this policy watches. Empty selects every node.
@@ -242,6 +245,12 @@ impl AccessMode {
     }
 }
 
+/// The rule that judging a node dead without its kubelet's heartbeat (signals without `Lease`
+/// and `NodeReady`) needs the out-of-service taint behind a confirmed proof
+/// ([`FencingProof::is_confirmed`]). Defaults are applied before it runs; the `has` checks keep
+/// it sound on an object read without them.
+const KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF: &str = "!has(self.detection) || !has(self.detection.signals) || self.detection.signals.size() == 0 || self.detection.signals.exists(s, s == 'Lease' || s == 'NodeReady') || ((!has(self.action) || self.action == 'OutOfServiceTaint') && has(self.fencing) && has(self.fencing.proof) && self.fencing.proof in ['AgentAcknowledged', 'BMC', 'External', 'CloudShutdownTaint'])";
+
 /// How a node is judged dead. Every `interval` podha evaluates each enabled signal; the probe
 /// fails only when all of them say the node is dead. After `failureThreshold` consecutive
 /// failed probes the node is Failed; one passing probe makes it Healthy again. A gap in
@@ -251,7 +260,6 @@ impl AccessMode {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("duration(self.tcpTimeout) < duration(self.interval)").message("detection.tcpTimeout must be shorter than detection.interval"),
-    validation = Rule::new("self.signals.size() == 0 || self.signals.exists(s, s == 'Lease' || s == 'NodeReady')").message("KubeletTCP and AgentHeartbeat cannot be the only signals: a probe that gets no answer does not tell a dead node from a network problem; combine them with Lease or NodeReady"),
 )]
 pub struct Detection {
     /// Time between two probes of a node. A probe also runs as soon as the evidence turns (the
@@ -278,6 +286,14 @@ pub struct Detection {
     /// `AgentHeartbeat`: the node's podha agent does not answer the leader's heartbeat
     /// (asked every second, `tcpTimeout` to answer); like KubeletTCP a refusal counts as alive.
     /// Nodes without an agent give it no evidence either way.
+    /// Which faults each sees: a machine that is off or crashed fails all four; a frozen
+    /// machine fails `Lease`, `NodeReady` and `AgentHeartbeat`, while its kernel still accepts
+    /// the `KubeletTCP` connect (alive); a kubelet that died on a running machine fails `Lease`
+    /// and `NodeReady` only; a network fault between podha and the node alone fails
+    /// `KubeletTCP` and `AgentHeartbeat` while the kubelet still renews its Lease. Without
+    /// `Lease` or `NodeReady` (faster: no wait for the kubelet's 10 s renewal) that last fault
+    /// is judged a death, so such signals need action `OutOfServiceTaint` and a confirmed
+    /// `fencing.proof`: the healthy node is fenced (a reboot), nothing it writes is lost.
     #[serde(default = "default_signals")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("detection.signals must name at least one signal"))]
@@ -294,6 +310,17 @@ pub struct Detection {
     #[serde(default = "default_tcp_timeout")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("detection.tcpTimeout must be at least 10ms"))]
     pub tcp_timeout: HumanDuration,
+}
+
+impl Detection {
+    /// Whether the judgement waits for the kubelet's own heartbeat (`Lease` or `NodeReady`,
+    /// both fed by the node's Lease), which a fault between podha and the node alone does not
+    /// stop.
+    pub fn watches_kubelet_heartbeat(&self) -> bool {
+        self.signals
+            .iter()
+            .any(|s| matches!(s, Signal::Lease | Signal::NodeReady))
+    }
 }
 
 impl Default for Detection {

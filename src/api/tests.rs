@@ -71,6 +71,16 @@ fn good_specs_pass_every_cel_rule() {
                                                    "powerCycle": true}}}),
         json!({"fencing": {"proof": "BMC", "bmc": {"secretNameLabel": "example.com/bmc",
                                                    "matchSystemUUID": false}}}),
+        // Signals without the kubelet's heartbeat, each behind a confirmed proof.
+        json!({"detection": {"signals": ["AgentHeartbeat"]},
+               "fencing": {"proof": "AgentAcknowledged"}}),
+        json!({"detection": {"signals": ["AgentHeartbeat", "KubeletTCP"]},
+               "fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}"}}}),
+        json!({"detection": {"signals": ["KubeletTCP"]}, "action": "OutOfServiceTaint",
+               "fencing": {"proof": "External"}}),
+        json!({"detection": {"signals": ["KubeletTCP"]},
+               "fencing": {"proof": "CloudShutdownTaint"}}),
+        json!({"detection": {"signals": ["KubeletTCP", "Lease"]}, "action": "DeletePods"}),
     ] {
         assert_eq!(
             cel_errors(spec.clone()),
@@ -99,13 +109,25 @@ fn each_bad_spec_is_rejected_with_its_own_message() {
             json!({"detection": {"signals": []}}),
             "must name at least one signal",
         ),
+        // Without the kubelet's heartbeat, only behind a confirmed proof of the taint: not
+        // the default proof (the agent's silence counts), no proof, or no taint at all.
         (
             json!({"detection": {"signals": ["KubeletTCP"]}}),
-            "KubeletTCP and AgentHeartbeat cannot be the only signals",
+            "need action OutOfServiceTaint and a confirmed fencing proof",
         ),
         (
-            json!({"detection": {"signals": ["KubeletTCP", "AgentHeartbeat"]}}),
-            "KubeletTCP and AgentHeartbeat cannot be the only signals",
+            json!({"detection": {"signals": ["KubeletTCP", "AgentHeartbeat"]},
+                   "fencing": {"proof": "Agent"}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
+        ),
+        (
+            json!({"detection": {"signals": ["AgentHeartbeat"]}, "fencing": {"proof": "None"}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
+        ),
+        (
+            json!({"detection": {"signals": ["AgentHeartbeat"]}, "action": "DeletePods",
+                   "fencing": {"proof": "AgentAcknowledged"}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
         ),
         (
             json!({"detection": {"interval": "2s", "tcpTimeout": "2s"}}),

@@ -64,7 +64,9 @@ impl Heartbeat {
     /// The instant by which this node was certainly silent: it missed a renewal one renew
     /// interval after its last one; with a probe the policy listens to, that probe stopped
     /// being answered, when that came later than its last renewal (an older silence of a probe
-    /// says nothing about when the Lease stopped).
+    /// says nothing about when the Lease stopped). A policy that does not listen to the
+    /// kubelet's heartbeat judged the node on its probes alone: their silence began it,
+    /// whatever the Lease did.
     fn certainly_silent_by(&self, probes: Probes) -> Instant {
         let missed_renewal = self.silent_since + self.renew_period;
         [
@@ -72,7 +74,9 @@ impl Heartbeat {
             (probes.agent, self.agent_silent_since),
         ]
         .into_iter()
-        .filter_map(|(listened, since)| since.filter(|s| listened && *s >= self.silent_since))
+        .filter_map(|(listened, since)| {
+            since.filter(|s| listened && (!probes.lease || *s >= self.silent_since))
+        })
         .fold(missed_renewal, Instant::min)
     }
 
@@ -92,19 +96,22 @@ impl Heartbeat {
     }
 }
 
-/// The probes a policy listens to besides the Lease.
+/// The probes a policy listens to besides the Lease, and whether it listens to the Lease (or
+/// to `NodeReady`, which follows it).
 #[derive(Clone, Copy, Debug)]
 struct Probes {
+    lease: bool,
     tcp: bool,
     agent: bool,
 }
 
 impl Probes {
     fn of(policy: PolicyRef<'_>) -> Self {
-        let signals = &policy.spec.detection.signals;
+        let detection = &policy.spec.detection;
         Self {
-            tcp: signals.contains(&Signal::KubeletTCP),
-            agent: signals.contains(&Signal::AgentHeartbeat),
+            lease: detection.watches_kubelet_heartbeat(),
+            tcp: detection.signals.contains(&Signal::KubeletTCP),
+            agent: detection.signals.contains(&Signal::AgentHeartbeat),
         }
     }
 }

@@ -350,6 +350,13 @@ pub enum FenceEvidence {
 }
 
 impl FenceEvidence {
+    /// Whether the fence was reported done (by the agent, a fence controller, the BMC, the
+    /// cloud provider), not inferred from silence or not asked for: the only evidence that
+    /// may follow a judgement without the kubelet's heartbeat.
+    pub const fn is_confirmed(self) -> bool {
+        !matches!(self, Self::NotAsked | Self::AgentSilent)
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::NotAsked => "NotAsked",
@@ -382,6 +389,8 @@ pub fn proven(
             .then_some(FenceEvidence::CloudShutdown),
         FencingProof::External => (agent.acknowledgement(node) == Acknowledgement::Given)
             .then_some(FenceEvidence::ExternalAcknowledged),
+        FencingProof::AgentAcknowledged => (agent.acknowledgement(node) == Acknowledgement::Given)
+            .then_some(FenceEvidence::AgentAcknowledged),
         FencingProof::Agent => {
             let acknowledged = agent.acknowledgement(node) == Acknowledgement::Given;
             let isolation = fenced_within(node);
@@ -442,7 +451,10 @@ pub fn acknowledgement(
 /// Whether podha asks for the fence on the Node (`podha.io/fence-request`) and takes an
 /// acknowledgement of it as the proof.
 pub const fn requests_fence(proof: FencingProof) -> bool {
-    matches!(proof, FencingProof::Agent | FencingProof::External)
+    matches!(
+        proof,
+        FencingProof::Agent | FencingProof::AgentAcknowledged | FencingProof::External
+    )
 }
 
 #[cfg(test)]

@@ -50,6 +50,23 @@ fn node_proof(
              node may write on beside the replacement)",
         ),
         FencingProof::Agent => agent_checks(cluster, node_policy, node_name, node, checks),
+        FencingProof::AgentAcknowledged if agent_addr(node).is_none() => checks.fail(
+            "proof",
+            Unprotected::NoProvingAgent,
+            format!(
+                "AgentAcknowledged: {node_name} advertises no agent to ask for a fence: judged \
+                 dead, it is held for good"
+            ),
+        ),
+        FencingProof::AgentAcknowledged => checks.note(
+            "proof",
+            format!(
+                "AgentAcknowledged: held until the agent on {node_name} acknowledges podha's \
+                 fence request (podha.io/fence-ack, once its fence is confirmed); its silence \
+                 proves nothing, so a machine that dies with its agent is held until someone \
+                 fences it"
+            ),
+        ),
         FencingProof::CloudShutdownTaint if !cloud_managed(node) => checks.fail(
             "proof",
             Unprotected::NoCloudProvider,
@@ -68,37 +85,42 @@ fn node_proof(
             "External: held until a fence controller acknowledges podha.io/fence-request on \
              the node (podha.io/fence-ack); protected only if one runs for this node",
         ),
-        FencingProof::Bmc => match node_policy
-            .spec
-            .fencing
-            .bmc
-            .as_ref()
-            .and_then(|bmc| bmc.secret_for(node))
-        {
-            Some(secret) => checks.note(
-                "proof",
-                format!(
-                    "BMC: podha powers {node_name} off through its BMC (Secret {secret} in \
-                     podha's namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it \
-                     until the BMC says the machine is off"
-                ),
+        FencingProof::Bmc => bmc_checks(node_policy, node_name, node, checks),
+    }
+}
+
+/// The node's BMC under the `BMC` proof: is there a Secret to find it by?
+fn bmc_checks(node_policy: PolicyRef<'_>, node_name: &str, node: &Node, checks: &mut Checks) {
+    match node_policy
+        .spec
+        .fencing
+        .bmc
+        .as_ref()
+        .and_then(|bmc| bmc.secret_for(node))
+    {
+        Some(secret) => checks.note(
+            "proof",
+            format!(
+                "BMC: podha powers {node_name} off through its BMC (Secret {secret} in \
+                 podha's namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it \
+                 until the BMC says the machine is off"
             ),
-            None => checks.fail(
-                "proof",
-                Unprotected::NoBmc,
-                format!(
-                    "BMC: {node_name} has no label {}, which names its BMC's Secret: judged \
-                     dead, it is held for good",
-                    node_policy
-                        .spec
-                        .fencing
-                        .bmc
-                        .as_ref()
-                        .and_then(|b| b.secret_name_label.as_deref())
-                        .unwrap_or("(fencing.bmc is missing)")
-                ),
+        ),
+        None => checks.fail(
+            "proof",
+            Unprotected::NoBmc,
+            format!(
+                "BMC: {node_name} has no label {}, which names its BMC's Secret: judged \
+                 dead, it is held for good",
+                node_policy
+                    .spec
+                    .fencing
+                    .bmc
+                    .as_ref()
+                    .and_then(|b| b.secret_name_label.as_deref())
+                    .unwrap_or("(fencing.bmc is missing)")
             ),
-        },
+        ),
     }
 }
 

@@ -137,3 +137,48 @@ fn a_failed_rule_carries_its_label_and_the_operator_itself_passes_the_podha_rule
         e.checks
     );
 }
+
+#[test]
+fn the_acknowledgement_proof_needs_an_agent_to_ask_not_one_whose_silence_counts() {
+    use crate::api::FencingProof;
+    let verdict = |with_agent: bool| {
+        let mut n1 = mk_node("n1").ready(true);
+        if with_agent {
+            // An agent without a watchdog: its silence would prove nothing under `Agent`.
+            n1 = n1.agent(None);
+        }
+        let view = with_volume(
+            view_with([n1.into(), mk_node("n2").ready(true).into()]),
+            sts("db-0", "n1"),
+            DRIVER,
+        );
+        let mut spec = mk_spec().drivers(&[DRIVER]);
+        spec.fencing.proof = FencingProof::AgentAcknowledged;
+        let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
+        let cluster = Cluster::new(
+            vec![PolicyRef {
+                name: "p",
+                spec: &spec,
+            }],
+            &none,
+            &statuses,
+            &view,
+            Operator::Leading,
+            Instant::now(),
+        );
+        let pod = view.pods_on("n1")[0].clone();
+        explain_pod(&cluster, &pod)
+            .why_not()
+            .map(|(reason, check)| (reason, check.rule))
+    };
+    assert_eq!(
+        verdict(false),
+        Some((Unprotected::NoProvingAgent, "proof")),
+        "nobody to ask for the fence"
+    );
+    assert_eq!(
+        verdict(true),
+        None,
+        "its agent is asked, and may acknowledge"
+    );
+}

@@ -20,7 +20,8 @@
 //!    holds it, unproven, past the time the agent advertised and the margin.
 //!
 //! And over the whole suite (a trial after the scenarios that stop the leading replica and cut
-//! podha off the API server): no agent fenced its node but the one podha asked.
+//! podha off the API server): no agent fenced its node but those podha asked and those podha
+//! was cut off from.
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use serde_json::json;
 
 use super::{
     Failed, Operators, SharedCluster, acted_once, action_events, explain_pod,
-    explained_unprotected, has_podha_taint, log, other, policy_and_db, scenario, secs_,
+    explained_unprotected, has_podha_taint, heartbeats, log, other, policy_and_db, scenario, secs_,
     times_acted, untouched_for, wait_recovered,
 };
 use podha_sim::testkit::*;
@@ -290,23 +291,41 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
 }
 
 /// Over the whole suite, after the scenarios that stop the leader and cut podha off: the only
-/// fences are the one podha asked for and the one of the agent podha was cut off from.
+/// fences are the ones podha asked for (here and in `heartbeats`) and those of the agents podha
+/// was cut off from.
 pub fn no_agent_fenced_a_node_podha_hears(
     shared: &SharedCluster,
     _ops: &Operators,
 ) -> Result<(), Failed> {
     let cluster = shared.get()?;
     let fences = cluster.fences().map_err(|e| e.to_string())?;
+    // The agents podha was cut off from may have fenced their nodes on their own; nobody
+    // else's did.
+    let cut_off = |node: &str| PAIR.contains(&node) || heartbeats::PAIR.contains(&node);
     let unasked: Vec<_> = fences
         .iter()
-        .filter(|f| !f.reason.contains("asked") && !PAIR.contains(&f.node.as_str()))
+        .filter(|f| !f.reason.contains("asked") && !cut_off(&f.node))
         .collect();
     if !unasked.is_empty() {
         return Err(format!("agents fenced their nodes on their own: {unasked:?}").into());
     }
-    if fences.len() != 2 {
+    let here: Vec<_> = fences
+        .iter()
+        .filter(|f| PAIR.contains(&f.node.as_str()))
+        .collect();
+    if here.len() != 2 {
         return Err(format!(
-            "expected the one fence podha asked for and the cut-off agent's, got {fences:?}"
+            "expected the one fence podha asked for and the cut-off agent's, got {here:?}"
+        )
+        .into());
+    }
+    let asked: Vec<_> = fences
+        .iter()
+        .filter(|f| heartbeats::PAIR.contains(&f.node.as_str()) && f.reason.contains("asked"))
+        .collect();
+    if asked.len() != 1 {
+        return Err(format!(
+            "expected the one fence podha asked of the node judged on heartbeats, got {asked:?}"
         )
         .into());
     }
@@ -315,7 +334,7 @@ pub fn no_agent_fenced_a_node_podha_hears(
 
 /// How long ago podha last heard `node` in its current boot, as its agent's hearing file says
 /// (written every second; the agent answers only signed questions).
-async fn heard_ago(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<Duration>> {
+pub(super) async fn heard_ago(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<Duration>> {
     let boot = boot_id(ctx, node).await?;
     let Ok(text) = std::fs::read_to_string(ctx.cluster.agent_hearing_file(node)) else {
         return Ok(None);
@@ -344,7 +363,10 @@ async fn boot_id(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<String> {
 }
 
 /// The holder of node `node`'s agent Lease in podha's namespace, if there is one.
-async fn agent_lease_holder(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<String>> {
+pub(super) async fn agent_lease_holder(
+    ctx: &Ctx<'_>,
+    node: &str,
+) -> anyhow::Result<Option<String>> {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(ctx.client.clone(), "default");
     let lease = leases
@@ -353,7 +375,7 @@ async fn agent_lease_holder(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<
     Ok(lease.and_then(|l| l.spec?.holder_identity))
 }
 
-async fn fence_annotations(
+pub(super) async fn fence_annotations(
     ctx: &Ctx<'_>,
     node: &str,
 ) -> anyhow::Result<(Option<String>, Option<String>)> {
@@ -365,7 +387,7 @@ async fn fence_annotations(
     ))
 }
 
-async fn untainted(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<()> {
+pub(super) async fn untainted(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<()> {
     wait_for(&format!("podha's taint off {node}"), secs_(60), || async {
         Ok((!has_podha_taint(ctx, node).await?).then_some(()))
     })
@@ -373,7 +395,7 @@ async fn untainted(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<()> {
 }
 
 /// The taint's event names the proof it rested on.
-async fn said_proof(ctx: &Ctx<'_>, node: &str, proof: &str) -> anyhow::Result<()> {
+pub(super) async fn said_proof(ctx: &Ctx<'_>, node: &str, proof: &str) -> anyhow::Result<()> {
     let what = format!("the OutOfServiceTaintAdded event of {node} naming {proof}");
     let wanted = format!("fencing proof: {proof}");
     wait_for(&what, secs_(30), || async {

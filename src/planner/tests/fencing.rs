@@ -197,7 +197,7 @@ fn a_fenced_node_is_upgraded_to_the_out_of_service_taint_only_with_the_proof() {
     );
 }
 
-fn needs_agent(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
+pub(super) fn needs_agent(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec.fencing = Fencing {
         proof: FencingProof::Agent,
         ..Fencing::default()
@@ -206,7 +206,7 @@ fn needs_agent(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
 }
 
 /// Whoever fences `node` acknowledges `request` on it.
-fn acknowledge(world: &mut World, node: &str, request: &str) {
+pub(super) fn acknowledge(world: &mut World, node: &str, request: &str) {
     let acked = (*world.view.nodes[node])
         .clone()
         .annotation(FENCE_ACK_ANNOTATION, request);
@@ -214,7 +214,7 @@ fn acknowledge(world: &mut World, node: &str, request: &str) {
 }
 
 /// `node` runs a podha agent: an InternalIP and the agent's advertised port and timeout.
-fn with_agent(mut view: View, node: &str) -> View {
+pub(super) fn with_agent(mut view: View, node: &str) -> View {
     let n = (*view.nodes[node]).clone().agent(Some("30s"));
     view.nodes.insert(node.into(), std::sync::Arc::new(n));
     view.agent_adverts
@@ -223,7 +223,7 @@ fn with_agent(mut view: View, node: &str) -> View {
 }
 
 /// Every node of `view` runs a podha agent.
-fn with_agents(mut view: View) -> View {
+pub(super) fn with_agents(mut view: View) -> View {
     let names: Vec<String> = view.nodes.keys().cloned().collect();
     for name in names {
         view = with_agent(view, &name);
@@ -234,7 +234,7 @@ fn with_agents(mut view: View) -> View {
 /// `node`'s agent has not answered for `secs`, and podha heard it right before; every other
 /// node renewed its Lease just now (so the settle rule lets the policy act), and its agent, if
 /// it runs one, answered just now.
-fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
+pub(super) fn agent_silent_for(world: &mut World, node: &str, secs: u64) {
     agent_silent(world, node, secs, |_| true);
 }
 

@@ -998,6 +998,7 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
 }
 
 mod bmc;
+mod confirmed_proofs;
 mod fencing;
 mod pause;
 mod safety;

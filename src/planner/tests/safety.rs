@@ -452,6 +452,65 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
     assert!(world(tcp, beats).plan().intents.is_empty());
 }
 
+/// A policy that judges on probes alone (no Lease, no NodeReady) was told of the death by the
+/// probe's silence, while the dead node's kubelet may still have renewed after it (a fault
+/// between podha and the node alone): the cutoff is that silence, not a renew interval after
+/// the last renewal, and the others are heard from by their next answers.
+#[test]
+fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
+    let t0 = Instant::now();
+    let hb = |renewed: u64, answered: u64, silent: Option<u64>| Heartbeat {
+        last_renewal: Some(t0 + s(renewed)),
+        renewal_not_before: Some(t0 + s(renewed)),
+        silent_since: t0 + s(renewed),
+        renew_period: s(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: Some(t0 + s(answered)),
+        agent_connected: Some(t0 + s(answered)),
+        agent_silent_since: silent.map(|p| t0 + s(p)),
+        tainted_since: None,
+        renewals_since_ack: 0,
+    };
+    let mut spec = max_unhealthy(oos(), 1);
+    spec.detection.signals = vec![Signal::AgentHeartbeat];
+    spec.fencing.proof = crate::api::FencingProof::None;
+    let world = |spec: PodHAPolicySpec, beats: [Heartbeat; 3]| {
+        let mut w = World::new(cluster(3)).policy("p", spec);
+        for (i, hb) in beats.into_iter().enumerate() {
+            w.heartbeats.insert(format!("node-{}", i + 1), hb);
+        }
+        w.now = t0 + s(6);
+        w.fail("node-1")
+    };
+    // node-1's agent silent from 1, its kubelet renewing at 5; the others answered at 2.
+    let dead = hb(5, 0, Some(1));
+    let mut confirmed = spec.clone();
+    confirmed.fencing.proof = crate::api::FencingProof::AgentAcknowledged;
+    let plan = world(confirmed, [dead, hb(0, 2, None), hb(0, 2, None)]).plan();
+    assert_eq!(
+        intent_names(&plan),
+        ["hold FencingPending"],
+        "settled at once: held only for the proof (no agent here to ask)"
+    );
+    // With the Lease listened to, the same evidence waits for renewals after 15.
+    let mut with_lease = spec.clone();
+    with_lease.detection.signals = vec![Signal::Lease, Signal::AgentHeartbeat];
+    assert!(
+        world(with_lease, [dead, hb(0, 2, None), hb(0, 2, None)])
+            .plan()
+            .intents
+            .is_empty()
+    );
+    // A node heard only before the silence: waits.
+    assert!(
+        world(spec, [dead, hb(0, 2, None), hb(0, 0, None)])
+            .plan()
+            .intents
+            .is_empty()
+    );
+}
+
 // ---- a policy edited mid-incident -------------------------------------------------------------
 
 /// A node failed over with `DeletePods` (fenced, db-0 deleted, its replacement waiting for the
