@@ -454,6 +454,12 @@ impl NodeObservations {
         self.last_renewal
     }
 
+    /// The Lease's `spec.renewTime` as last seen: for equality only, never ordered against
+    /// podha's clock (a kubelet's clock may be off).
+    pub fn renew_time(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.renew_time.as_ref().map(|t| t.0)
+    }
+
     pub fn ready(&self) -> ReadyStatus {
         self.ready
     }

@@ -58,6 +58,9 @@ pub struct Heartbeat {
     /// How many renewals of the node's Lease podha saw after the fence acknowledgement on the
     /// Node, in the boot it was written in: a node fenced does not renew.
     pub renewals_since_ack: u32,
+    /// The Lease's `renewTime` as podha last saw it: a machine whose Lease says otherwise
+    /// right before its `ForceOff` renewed since (see `Intent::PowerOff`).
+    pub renew_time: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl Heartbeat {

@@ -46,6 +46,10 @@ pub enum Intent {
         secret: String,
         /// The UUID the system must report (`fencing.bmc.matchSystemUUID`).
         system_uuid: Option<String>,
+        /// The node's Lease `renewTime` as podha saw it when it planned this: read again right
+        /// before the `ForceOff`, a Lease that says otherwise (the kubelet renewed since, the
+        /// node is back) stops it.
+        lease_seen: Option<k8s_openapi::jiff::Timestamp>,
     },
     /// Read the node's `PowerState` from its BMC, after it accepted the `ForceOff`: the proof
     /// once it says `Off`.

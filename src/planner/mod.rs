@@ -329,7 +329,8 @@ fn plan_fence(
                 .chain(&np.deletes)
                 .any(|(owner, _)| !owner.spec.dry_run);
         if moving_for_real
-            && let Some(ask) = taints::fence_request(node_obj, policy, failed.incident)
+            && let Some(ask) =
+                taints::fence_request(node_obj, policy, failed.incident, failed.input)
         {
             out.intents
                 .push(dry_run_guard(policy, node, ask, rehearsal));

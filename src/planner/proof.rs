@@ -410,6 +410,30 @@ pub fn proven(
     }
 }
 
+/// The system UUID `node` reports (`status.nodeInfo.systemUUID`), in the form UUIDs are
+/// compared in ([`crate::redfish::canonical_uuid`]); empty when it reports none.
+pub fn system_uuid_of(node: &Node) -> String {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| crate::redfish::canonical_uuid(&i.system_uuid))
+        .unwrap_or_default()
+}
+
+/// Another node of `view` that reports the same system UUID as node `name`, if any. Such a
+/// UUID binds neither node to its BMC (firmware that gives many boards one UUID, a cloned VM):
+/// a Secret with the other machine's address would pass the check.
+pub fn system_uuid_shared_with<'v>(view: &'v View, name: &str, node: &Node) -> Option<&'v str> {
+    let uuid = system_uuid_of(node);
+    if uuid.is_empty() {
+        return None;
+    }
+    view.nodes
+        .iter()
+        .find(|(other, n)| other.as_str() != name && system_uuid_of(n) == uuid)
+        .map(|(other, _)| other.as_str())
+}
+
 /// What the acknowledgement on a node says of a fence request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acknowledgement {

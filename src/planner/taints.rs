@@ -15,6 +15,7 @@ use kube::ResourceExt;
 
 use super::proof::{
     Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, requests_fence,
+    system_uuid_shared_with,
 };
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
@@ -217,10 +218,11 @@ pub(super) fn fence_request(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
+    input: &PlanInput<'_>,
 ) -> Option<Intent> {
     let proof = node_policy.spec.fencing.proof;
     if proof == FencingProof::Bmc {
-        return power_off(node, node_policy, incident);
+        return power_off(node, node_policy, incident, input);
     }
     (requests_fence(proof)
         && incident.fence_request.is_none()
@@ -234,14 +236,26 @@ pub(super) fn fence_request(
 /// With proof `BMC`: the `ForceOff`, until the node's BMC accepts one in this incident, then
 /// the reads of its power state, until one says `Off` (each sent again by the action's
 /// backoff). Nothing for a node whose Secret has no name (`fencing.bmc.secretNameLabel`
-/// missing on the Node): the hold says the proof is missing.
-fn power_off(node: &Node, node_policy: PolicyRef<'_>, incident: &Incident) -> Option<Intent> {
+/// missing on the Node), nor, under `matchSystemUUID`, for one whose system UUID another node
+/// reports too (it binds neither to its BMC): the hold says the proof is missing, and `podha
+/// explain` why.
+fn power_off(
+    node: &Node,
+    node_policy: PolicyRef<'_>,
+    incident: &Incident,
+    input: &PlanInput<'_>,
+) -> Option<Intent> {
     let bmc = node_policy.spec.fencing.bmc.as_ref()?;
     let secret = bmc.secret_for(node)?;
     let system_uuid = bmc.expected_uuid(node);
+    if system_uuid.is_some() && system_uuid_shared_with(input.view, &incident.node, node).is_some()
+    {
+        return None;
+    }
     let (node, policy) = (incident.node.clone(), node_policy.name.to_string());
     match incident.power_off {
         None => Some(Intent::PowerOff {
+            lease_seen: input.heartbeats.get(&node).and_then(|hb| hb.renew_time),
             node,
             policy,
             secret,

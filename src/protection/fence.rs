@@ -10,7 +10,7 @@ use super::{Checks, Cluster, Unprotected, agent_gap, human};
 use crate::api::{BMC_NODE_LABEL, FencingProof};
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
 use crate::planner::PolicyRef;
-use crate::planner::proof::silence_counts_among;
+use crate::planner::proof::{silence_counts_among, system_uuid_of};
 
 /// The proof the taint waits for, and whether the node's agent can give it: worked out once per
 /// node (every pod there shares it, and counting the other agents reads every node).
@@ -85,43 +85,76 @@ fn node_proof(
             "External: held until a fence controller acknowledges podha.io/fence-request on \
              the node (podha.io/fence-ack); protected only if one runs for this node",
         ),
-        FencingProof::Bmc => bmc_checks(node_policy, node_name, node, checks),
+        FencingProof::Bmc => bmc_checks(cluster, node_policy, node_name, node, checks),
     }
 }
 
-/// The node's BMC under the `BMC` proof: is there a Secret to find it by?
-fn bmc_checks(node_policy: PolicyRef<'_>, node_name: &str, node: &Node, checks: &mut Checks) {
-    match node_policy
-        .spec
-        .fencing
-        .bmc
-        .as_ref()
-        .and_then(|bmc| bmc.secret_for(node))
-    {
-        Some(secret) => checks.note(
+/// The node's BMC under the `BMC` proof: is there a Secret to find it by, and (under
+/// `matchSystemUUID`) a system UUID that is the node's alone?
+fn bmc_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    node_name: &str,
+    node: &Node,
+    checks: &mut Checks,
+) {
+    let Some(bmc) = node_policy.spec.fencing.bmc.as_ref() else {
+        checks.fail(
             "proof",
-            format!(
-                "BMC: podha powers {node_name} off through its BMC (Secret {secret} in \
-                 podha's namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it \
-                 until the BMC says the machine is off"
-            ),
-        ),
-        None => checks.fail(
+            Unprotected::NoBmc,
+            "BMC: fencing.bmc is missing: judged dead, the node is held for good",
+        );
+        return;
+    };
+    let Some(secret) = bmc.secret_for(node) else {
+        checks.fail(
             "proof",
             Unprotected::NoBmc,
             format!(
                 "BMC: {node_name} has no label {}, which names its BMC's Secret: judged \
                  dead, it is held for good",
-                node_policy
-                    .spec
-                    .fencing
-                    .bmc
-                    .as_ref()
-                    .and_then(|b| b.secret_name_label.as_deref())
-                    .unwrap_or("(fencing.bmc is missing)")
+                bmc.secret_name_label.as_deref().unwrap_or("(none)")
             ),
-        ),
+        );
+        return;
+    };
+    let uuid = system_uuid_of(node);
+    if bmc.match_system_uuid && !uuid.is_empty() && shared_by(cluster, &uuid) > 1 {
+        checks.fail(
+            "proof",
+            Unprotected::NoBmc,
+            format!(
+                "BMC: {node_name}'s systemUUID is reported by {} nodes: it does not tell their \
+                 machines apart, so podha powers none of them off (judged dead, {node_name} is \
+                 held); fix the firmware's UUIDs",
+                shared_by(cluster, &uuid)
+            ),
+        );
+        return;
     }
+    checks.note(
+        "proof",
+        format!(
+            "BMC: podha powers {node_name} off through its BMC (Secret {secret} in podha's \
+             namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it until the BMC says \
+             the machine is off"
+        ),
+    );
+}
+
+/// How many nodes report system UUID `uuid` (canonical): counted once for the whole cluster.
+fn shared_by(cluster: &Cluster<'_>, uuid: &str) -> usize {
+    let counts = cluster.system_uuids.get_or_init(|| {
+        let mut counts = std::collections::BTreeMap::new();
+        for node in cluster.view.nodes.values() {
+            let uuid = system_uuid_of(node);
+            if !uuid.is_empty() {
+                *counts.entry(uuid).or_insert(0) += 1;
+            }
+        }
+        counts
+    });
+    counts.get(uuid).copied().unwrap_or(0)
 }
 
 /// How many other nodes advertise an agent, and how many of those have one with a watchdog

@@ -201,6 +201,8 @@ pub struct Cluster<'a> {
     proofs: RefCell<BTreeMap<String, Vec<Check>>>,
     /// Nodes that advertise an agent, and those of them with a watchdog and a fresh Lease.
     agents: OnceCell<(usize, usize)>,
+    /// How many nodes report each system UUID (compared as `redfish::canonical_uuid`).
+    system_uuids: OnceCell<BTreeMap<String, usize>>,
 }
 
 impl<'a> Cluster<'a> {
@@ -222,6 +224,7 @@ impl<'a> Cluster<'a> {
             taints: RefCell::default(),
             proofs: RefCell::default(),
             agents: OnceCell::new(),
+            system_uuids: OnceCell::new(),
         }
     }
 

@@ -182,3 +182,56 @@ fn the_acknowledgement_proof_needs_an_agent_to_ask_not_one_whose_silence_counts(
         "its agent is asked, and may acknowledge"
     );
 }
+
+#[test]
+fn a_system_uuid_two_nodes_report_leaves_their_pods_unprotected_under_the_bmc_proof() {
+    use crate::api::{BmcFencing, FencingProof};
+    let node = |name: &str, uuid: &str| {
+        let mut n = mk_node(name).ready(true);
+        n.status
+            .get_or_insert_default()
+            .node_info
+            .get_or_insert_default()
+            .system_uuid = uuid.to_string();
+        n
+    };
+    let verdict = |n2_uuid: &str| {
+        let view = with_volume(
+            view_with([
+                node("n1", "4c4c4544-0035-5910-8052-b4c04f4b4e32").into(),
+                node("n2", n2_uuid).into(),
+            ]),
+            sts("db-0", "n1"),
+            DRIVER,
+        );
+        let mut spec = mk_spec().drivers(&[DRIVER]);
+        spec.fencing.proof = FencingProof::Bmc;
+        spec.fencing.bmc = Some(BmcFencing {
+            secret_name: Some("bmc-{node}".into()),
+            secret_name_label: None,
+            power_cycle: false,
+            match_system_uuid: true,
+        });
+        let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
+        let cluster = Cluster::new(
+            vec![PolicyRef {
+                name: "p",
+                spec: &spec,
+            }],
+            &none,
+            &statuses,
+            &view,
+            Operator::Leading,
+            Instant::now(),
+        );
+        let pod = view.pods_on("n1")[0].clone();
+        explain_pod(&cluster, &pod)
+            .why_not()
+            .map(|(reason, check)| (reason, check.rule, check.detail.clone()))
+    };
+    assert_eq!(verdict("4c4c4544-0035-5910-8052-b4c04f4b4e33"), None);
+    let (reason, rule, detail) =
+        verdict("4C4C4544-0035-5910-8052-B4C04F4B4E32").expect("unprotected");
+    assert_eq!((reason, rule), (Unprotected::NoBmc, "proof"));
+    assert!(detail.contains("reported by 2 nodes"), "{detail}");
+}

@@ -185,7 +185,10 @@ impl Actuator {
                 ..
             } => {
                 self.ensure_leading()?;
-                let target = power_target(node, secret, system_uuid);
+                let mut target = power_target(node, secret, system_uuid);
+                if let Intent::PowerOff { lease_seen, .. } = intent {
+                    target.lease_seen = *lease_seen;
+                }
                 let reset = match intent {
                     Intent::PowerOn { .. } => ResetType::On,
                     _ => ResetType::ForceOff,
@@ -397,6 +400,7 @@ fn power_target<'a>(node: &'a str, secret: &'a str, system_uuid: &'a Option<Stri
         node,
         secret,
         system_uuid: system_uuid.as_deref(),
+        lease_seen: None,
     }
 }
 

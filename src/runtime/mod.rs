@@ -80,6 +80,9 @@ pub enum Error {
 /// How long getting the replicas' heartbeat key may take at start.
 const KEY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where the kubelets keep their Leases (the node heartbeats podha watches).
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
 /// Runs the operator until `shutdown` resolves or a task fails.
 pub async fn run(
     client: Client,
@@ -275,7 +278,7 @@ pub fn watches(client: &Client, namespace: &str) -> BoxStream<'static, Change> {
             Change::Node,
         ),
         watch(
-            Api::<Lease>::namespaced(c.clone(), "kube-node-lease"),
+            Api::<Lease>::namespaced(c.clone(), NODE_LEASE_NAMESPACE),
             any(),
             Watch::Lease,
             Change::Lease,

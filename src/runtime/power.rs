@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
 
@@ -55,6 +56,13 @@ pub enum PowerError {
          label alone)"
     )]
     PlaceholderUuid { node: String, uuid: String },
+    #[error(
+        "node {node} renewed its Lease since podha planned its power-off: it may be back, so \
+         it was not powered off (the next round decides again)"
+    )]
+    LeaseRenewed { node: String },
+    #[error("reading node {node}'s Lease before its power-off failed: {error}")]
+    LeaseUnread { node: String, error: kube::Error },
 }
 
 impl PowerError {
@@ -69,6 +77,8 @@ impl PowerError {
             Self::Unsettled { .. } => "unsettled",
             Self::NotTheNode { .. } => "not_the_node",
             Self::PlaceholderUuid { .. } => "placeholder_uuid",
+            Self::LeaseRenewed { .. } => "lease_renewed",
+            Self::LeaseUnread { .. } => "lease_unread",
         }
     }
 
@@ -78,7 +88,10 @@ impl PowerError {
     /// slowly, in case one did).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::NotOff { .. } | Self::Unsettled { .. } => true,
+            Self::NotOff { .. }
+            | Self::Unsettled { .. }
+            | Self::LeaseRenewed { .. }
+            | Self::LeaseUnread { .. } => true,
             Self::SecretUnread { error, .. } => !matches!(
                 error,
                 kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 429
@@ -110,6 +123,8 @@ pub enum PowerOutcome {
 #[derive(Clone)]
 pub struct Power {
     secrets: Api<Secret>,
+    /// The kubelets' Leases, read right before a `ForceOff`.
+    node_leases: Api<Lease>,
     namespace: String,
     clients: Arc<Mutex<HashMap<String, BuiltClient>>>,
 }
@@ -121,6 +136,7 @@ impl Power {
     /// Reads BMC Secrets in `namespace` (podha's own) only.
     pub fn new(client: Client, namespace: &str) -> Self {
         Self {
+            node_leases: Api::namespaced(client.clone(), super::NODE_LEASE_NAMESPACE),
             secrets: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             clients: Arc::default(),
@@ -131,7 +147,8 @@ impl Power {
     /// state already (a BMC may refuse a `ForceOff` of a machine that is off, as after another
     /// replica's; and someone may have powered it on); `leading` is asked right before the
     /// reset goes out (`None`, nothing sent, when it says no). The system must be the node's
-    /// (see [`PowerError::NotTheNode`]).
+    /// (see [`PowerError::NotTheNode`]), and before a `ForceOff` the node's Lease must not
+    /// have been renewed since podha planned it ([`PowerError::LeaseRenewed`]).
     pub async fn reset(
         &self,
         target: &Target<'_>,
@@ -155,11 +172,37 @@ impl Power {
                 });
             }
         };
+        if reset == ResetType::ForceOff {
+            self.lease_unchanged(target).await?;
+        }
         let sent = bmc
             .reset_if(reset, leading)
             .await
             .map_err(|error| bmc_error(target, error))?;
         Ok(sent.then_some(asked))
+    }
+
+    /// Whether `target`'s Lease still says what podha saw when it planned the power-off (no
+    /// Lease at all is nothing renewed); read right before the `ForceOff`, so that a machine
+    /// whose kubelet renewed while the action waited or read its BMC is not powered off.
+    async fn lease_unchanged(&self, target: &Target<'_>) -> Result<(), PowerError> {
+        let node = target.node.to_string();
+        let lease = self
+            .node_leases
+            .get_opt(target.node)
+            .await
+            .map_err(|error| PowerError::LeaseUnread {
+                node: node.clone(),
+                error,
+            })?;
+        let now = lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.renew_time)
+            .map(|t| t.0);
+        if now.is_some() && now != target.lease_seen {
+            return Err(PowerError::LeaseRenewed { node });
+        }
+        Ok(())
     }
 
     /// Reads `node`'s power state: `Off`, or [`PowerError::NotOff`].
@@ -263,11 +306,15 @@ fn bmc_error(target: &Target<'_>, error: redfish::Error) -> PowerError {
     }
 }
 
-/// System UUIDs that firmware puts on many boards alike: matching one binds nothing.
-const PLACEHOLDER_UUIDS: [&str; 3] = [
+/// System UUIDs that firmware puts on many boards alike (the last two the same SMBIOS
+/// default, read with and without its first fields' bytes swapped): matching one binds
+/// nothing. Any other UUID two nodes report is refused too (`planner::proof::
+/// system_uuid_shared_with`).
+const PLACEHOLDER_UUIDS: [&str; 4] = [
     "00000000000000000000000000000000",
     "ffffffffffffffffffffffffffffffff",
     "03000200040005000006000700080009",
+    "00020003000400050006000700080009",
 ];
 
 /// A node's BMC, as a power intent names it.
@@ -277,6 +324,9 @@ pub struct Target<'a> {
     pub secret: &'a str,
     /// The UUID its system must report, when the policy matches it.
     pub system_uuid: Option<&'a str>,
+    /// For a `ForceOff`: the node's Lease `renewTime` as podha saw it when it planned the
+    /// action (see [`Power::reset`]).
+    pub lease_seen: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 #[cfg(test)]
@@ -297,6 +347,72 @@ mod tests {
         assert!(
             PLACEHOLDER_UUIDS
                 .contains(&canonical_uuid("03000200-0400-0500-0006-000700080009").as_str())
+        );
+    }
+
+    /// A fake API server that answers every request with the node Lease `renew_time` (`None`:
+    /// 404).
+    fn lease_server(renew_time: Option<&'static str>) -> Power {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            assert_eq!(
+                req.uri().path(),
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"
+            );
+            let (status, body) = match renew_time {
+                Some(t) => (
+                    200,
+                    serde_json::json!({
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": "n1", "namespace": "kube-node-lease"},
+                        "spec": {"holderIdentity": "n1", "renewTime": t},
+                    }),
+                ),
+                None => (
+                    404,
+                    serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "message": "not found",
+                    }),
+                ),
+            };
+            let response = http::Response::builder()
+                .status(status)
+                .body(kube::client::Body::from(body.to_string().into_bytes()))
+                .expect("response");
+            async move { Ok::<_, std::convert::Infallible>(response) }
+        });
+        Power::new(Client::new(service, "default"), "podha-system")
+    }
+
+    #[tokio::test]
+    async fn a_lease_renewed_since_the_plan_stops_the_power_off() {
+        let seen: k8s_openapi::jiff::Timestamp =
+            "2026-11-27T05:00:00.000000Z".parse().expect("time");
+        let target = |lease_seen| Target {
+            node: "n1",
+            secret: "bmc-n1",
+            system_uuid: None,
+            lease_seen,
+        };
+        let same = lease_server(Some("2026-11-27T05:00:00.000000Z"));
+        assert!(same.lease_unchanged(&target(Some(seen))).await.is_ok());
+        let renewed = lease_server(Some("2026-11-27T05:00:10.000000Z"));
+        assert!(matches!(
+            renewed.lease_unchanged(&target(Some(seen))).await,
+            Err(PowerError::LeaseRenewed { .. })
+        ));
+        // podha never saw a renewTime, the Lease has one: it cannot tell, so no power-off.
+        assert!(matches!(
+            same.lease_unchanged(&target(None)).await,
+            Err(PowerError::LeaseRenewed { .. })
+        ));
+        // No Lease at all: nothing renewed.
+        assert!(
+            lease_server(None)
+                .lease_unchanged(&target(Some(seen)))
+                .await
+                .is_ok()
         );
     }
 

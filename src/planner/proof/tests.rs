@@ -420,6 +420,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         agent_silent_since: silent_since,
         tainted_since: None,
         renewals_since_ack: 0,
+        renew_time: None,
     };
     // The host refused (the agent not running): an answer, not the agent's.
     let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {

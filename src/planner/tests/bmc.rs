@@ -302,3 +302,65 @@ fn a_machine_found_off_is_never_powered_on_by_podha() {
     recovered(&mut world);
     assert_eq!(powers_on(&world), 0);
 }
+
+/// `node` reports system UUID `uuid`.
+fn with_system_uuid(world: &mut World, node: &str, uuid: &str) {
+    let mut n = (*world.view.nodes[node]).clone();
+    n.status
+        .get_or_insert_default()
+        .node_info
+        .get_or_insert_default()
+        .system_uuid = uuid.to_string();
+    world.view.nodes.insert(node.into(), n.into());
+}
+
+#[test]
+fn a_system_uuid_two_nodes_report_powers_neither_off() {
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), by_template()))
+        .fail("node-1");
+    with_system_uuid(&mut world, "node-1", "4C4C4544-0035-5910-8052-B4C04F4B4E32");
+    with_system_uuid(&mut world, "node-2", "4c4c4544-0035-5910-8052-b4c04f4b4e33");
+    assert_eq!(
+        bmc_intents(&world.plan()),
+        ["power off node-1 by bmc-node-1", "hold FencingPending"]
+    );
+    // node-3's firmware reports node-1's UUID (in another form): it binds neither.
+    with_system_uuid(&mut world, "node-3", "4c4c45440035591080 52b4c04f4b4e32");
+    assert_eq!(bmc_intents(&world.plan()), ["hold FencingPending"]);
+    // Without matching UUIDs, the Secret's label alone binds the node.
+    let mut unmatched = by_template();
+    unmatched.match_system_uuid = false;
+    world.specs[0].1 = needs_bmc(mk_spec(), unmatched);
+    assert_eq!(
+        bmc_intents(&world.plan()),
+        ["power off node-1 by bmc-node-1", "hold FencingPending"]
+    );
+}
+
+#[test]
+fn the_power_off_carries_the_lease_as_podha_saw_it() {
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), by_template()))
+        .fail("node-1");
+    let seen: k8s_openapi::jiff::Timestamp = "2026-11-27T05:00:00Z".parse().expect("time");
+    // node-1 last renewed at t0; the others were heard from since it missed a renewal: the
+    // settle rule lets the policy act.
+    world.now = world.t0 + Duration::from_secs(20);
+    for other in ["node-2", "node-3"] {
+        world.heartbeats.insert(other.into(), renewed_at(world.now));
+    }
+    world.heartbeats.insert(
+        "node-1".into(),
+        Heartbeat {
+            renew_time: Some(seen),
+            ..renewed_at(world.t0)
+        },
+    );
+    let plan = world.plan();
+    let lease_seen = plan.intents.iter().find_map(|i| match i {
+        Intent::PowerOff { lease_seen, .. } => Some(*lease_seen),
+        _ => None,
+    });
+    assert_eq!(lease_seen, Some(Some(seen)));
+}

@@ -265,6 +265,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
             renewals_since_ack: 0,
+            renew_time: None,
         };
         world.heartbeats.insert(other, alive);
     }
@@ -290,6 +291,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             agent_silent_since: Some(since),
             tainted_since: None,
             renewals_since_ack: 0,
+            renew_time: None,
         },
     );
 }
@@ -615,6 +617,7 @@ fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
         agent_connected: None,
         agent_silent_since: None,
         renewals_since_ack: renewals,
+        renew_time: None,
         ..*hb
     };
 }

@@ -809,6 +809,7 @@ fn renewed_at(at: Instant) -> Heartbeat {
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,
+        renew_time: None,
     }
 }
 

@@ -356,6 +356,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,
+        renew_time: None,
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
     world.heartbeats.insert("node-1".into(), hb(0));
@@ -412,6 +413,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,
+        renew_time: None,
     };
     let mut tcp = max_unhealthy(oos(), 1);
     tcp.detection.signals = vec![Signal::Lease, Signal::KubeletTCP];
@@ -471,6 +473,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
         agent_silent_since: silent.map(|p| t0 + s(p)),
         tainted_since: None,
         renewals_since_ack: 0,
+        renew_time: None,
     };
     let mut spec = max_unhealthy(oos(), 1);
     spec.detection.signals = vec![Signal::AgentHeartbeat];
