@@ -93,7 +93,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         {
             bail!("{node}: fence request {request:?}, acknowledgement {ack:?}, boot {boot}");
         }
-        let fences = ctx.cluster.fences()?;
+        let fences = pair_fences(&ctx)?;
         if fences.len() != 1 || fences[0].node != node || !fences[0].reason.contains("asked") {
             bail!("expected the one fence podha asked of {node}, fences.log has {fences:?}");
         }
@@ -104,7 +104,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         );
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(90)).await?;
         // Back, its agent's port blocked from boot (as by a NetworkPolicy).
-        let fences_before_boot = ctx.cluster.fences()?.len();
+        let fences_before_boot = pair_fences(&ctx)?.len();
         ctx.cluster.cut_agent_off(&node, true)?;
         ctx.cluster.start_node(&node).await?;
         untainted(&ctx, &node).await?;
@@ -145,7 +145,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         )
         .await?;
         untainted(&ctx, target).await?;
-        let fences = ctx.cluster.fences()?;
+        let fences = pair_fences(&ctx)?;
         if fences.iter().any(|f| f.node == target) {
             bail!("{target} was fenced after it rebooted: {fences:?}");
         }
@@ -201,7 +201,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             &format!("{target}'s agent to fence it"),
             secs_(60),
             || async {
-                let fences = ctx.cluster.fences()?;
+                let fences = pair_fences(&ctx)?;
                 Ok(fences.into_iter().find(|f| f.node == target))
             },
         )
@@ -330,6 +330,16 @@ pub fn no_agent_fenced_a_node_podha_hears(
         .into());
     }
     Ok(())
+}
+
+/// The fences of this scenario's nodes (other scenarios fence theirs meanwhile).
+fn pair_fences(ctx: &Ctx<'_>) -> anyhow::Result<Vec<podha_sim::cluster::agents::Fence>> {
+    Ok(ctx
+        .cluster
+        .fences()?
+        .into_iter()
+        .filter(|f| PAIR.contains(&f.node.as_str()))
+        .collect())
 }
 
 /// How long ago podha last heard `node` in its current boot, as its agent's hearing file says
