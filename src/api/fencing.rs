@@ -42,8 +42,10 @@ pub struct Fencing {
     /// `AgentAcknowledged`: only the first half of `Agent`: the node's agent acknowledged the
     /// fence podha asked for (it fences, its `--fence-confirm` check passes, then it says so).
     /// Its silence proves nothing, so a node that dies with its agent (power loss) is held
-    /// until someone fences it: choose it where the agent's fence leaves the agent running (a
-    /// storage or network fence), or where its silence must not count.
+    /// until someone fences it: choose it where the agent's fence leaves the agent running to
+    /// say so (the kubelet and the workloads stopped, the storage cut), or where its silence
+    /// must not count. The kubelet must stop with the fence: a Lease it renews after the
+    /// acknowledgement contradicts it (`FenceContradicted`, the node held).
     /// `None`: no proof; the node is taken for shut down once judged dead, and the taint
     /// follows the judgement alone (condition `Ready`, reason `WatchingWithoutProof`). Choose
     /// it only where a node that stops heartbeating is off (power loss, kernel panic), or
@@ -81,6 +83,18 @@ pub struct Fencing {
     #[serde(default = "default_agent_margin")]
     #[x_kube(validation = Rule::new("duration(self) <= duration('1h')").message("fencing.agentMargin must be at most 1h"))]
     pub agent_margin: HumanDuration,
+}
+
+impl Fencing {
+    /// Whether the policy's proof is confirmed ([`FencingProof::is_confirmed`]), the BMC's
+    /// only when its system must be the node's (`matchSystemUUID`): with the Secret's label as
+    /// the only binding, a Secret holding another machine's address gives an `Off` of that
+    /// machine.
+    pub fn is_confirmed(&self) -> bool {
+        self.proof.is_confirmed()
+            && (self.proof != FencingProof::Bmc
+                || self.bmc.as_ref().is_none_or(|b| b.match_system_uuid))
+    }
 }
 
 impl Default for Fencing {
@@ -124,7 +138,8 @@ impl FencingProof {
 
     /// Whether the proof is something reported (by the fence, its controller, the BMC, the
     /// cloud provider), never inferred from silence: it cannot hold for a node that still
-    /// runs, so a wrong judgement of death costs a fence, never data.
+    /// runs, so a wrong judgement of death costs a fence, never data. (The BMC's only of the
+    /// node's own machine: see [`Fencing::is_confirmed`].)
     pub const fn is_confirmed(self) -> bool {
         matches!(
             self,

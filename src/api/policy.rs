@@ -79,7 +79,7 @@ use super::status::PodHAPolicyStatus;
 // Client-side CEL evaluation (`PodHAPolicy::validate_cel`) is only needed by the unit tests.
 #[cfg_attr(test, kube(cel))]
 #[x_kube(
-    validation = Rule::new(KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF).message("KubeletTCP and AgentHeartbeat as the only signals need action OutOfServiceTaint and a confirmed fencing proof (AgentAcknowledged, BMC, External or CloudShutdownTaint): a probe that gets no answer does not tell a dead node from a network problem, so only a fence that is reported done, never one inferred from silence, may follow it; otherwise combine them with Lease or NodeReady"),
+    validation = Rule::new(KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF).message("KubeletTCP and AgentHeartbeat as the only signals need action OutOfServiceTaint and a confirmed fencing proof (AgentAcknowledged, BMC with matchSystemUUID, External or CloudShutdownTaint): a probe that gets no answer does not tell a dead node from a network problem, so only a fence that is reported done, never one inferred from silence, may follow it; otherwise combine them with Lease or NodeReady"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PodHAPolicySpec {
@@ -249,7 +249,11 @@ impl AccessMode {
 /// and `NodeReady`) needs the out-of-service taint behind a confirmed proof
 /// ([`FencingProof::is_confirmed`]). Defaults are applied before it runs; the `has` checks keep
 /// it sound on an object read without them.
-const KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF: &str = "!has(self.detection) || !has(self.detection.signals) || self.detection.signals.size() == 0 || self.detection.signals.exists(s, s == 'Lease' || s == 'NodeReady') || ((!has(self.action) || self.action == 'OutOfServiceTaint') && has(self.fencing) && has(self.fencing.proof) && self.fencing.proof in ['AgentAcknowledged', 'BMC', 'External', 'CloudShutdownTaint'])";
+///
+/// The BMC's `Off` is confirmed only of the node's own machine: such a policy must match the
+/// system's UUID (`fencing.bmc.matchSystemUUID`), or a Secret holding another machine's
+/// address would have podha taint a node that runs on.
+const KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF: &str = "!has(self.detection) || !has(self.detection.signals) || self.detection.signals.size() == 0 || self.detection.signals.exists(s, s == 'Lease' || s == 'NodeReady') || ((!has(self.action) || self.action == 'OutOfServiceTaint') && has(self.fencing) && has(self.fencing.proof) && self.fencing.proof in ['AgentAcknowledged', 'BMC', 'External', 'CloudShutdownTaint'] && (self.fencing.proof != 'BMC' || !has(self.fencing.bmc) || !has(self.fencing.bmc.matchSystemUUID) || self.fencing.bmc.matchSystemUUID))";
 
 /// How a node is judged dead. Every `interval` podha evaluates each enabled signal; the probe
 /// fails only when all of them say the node is dead. After `failureThreshold` consecutive

@@ -130,6 +130,12 @@ fn each_bad_spec_is_rejected_with_its_own_message() {
             "need action OutOfServiceTaint and a confirmed fencing proof",
         ),
         (
+            json!({"detection": {"signals": ["KubeletTCP"]},
+                   "fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}",
+                                                       "matchSystemUUID": false}}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
+        ),
+        (
             json!({"detection": {"interval": "2s", "tcpTimeout": "2s"}}),
             "tcpTimeout must be shorter than detection.interval",
         ),

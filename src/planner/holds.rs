@@ -68,19 +68,22 @@ impl Heartbeat {
     /// interval after its last one; with a probe the policy listens to, that probe stopped
     /// being answered, when that came later than its last renewal (an older silence of a probe
     /// says nothing about when the Lease stopped). A policy that does not listen to the
-    /// kubelet's heartbeat judged the node on its probes alone: their silence began it,
-    /// whatever the Lease did.
+    /// kubelet's heartbeat judged the node on its probes alone, every one of them silent: the
+    /// node was silent once the last of them fell silent, whatever the Lease did.
     fn certainly_silent_by(&self, probes: Probes) -> Instant {
         let missed_renewal = self.silent_since + self.renew_period;
-        [
+        let silences = [
             (probes.tcp, self.tcp_silent_since),
             (probes.agent, self.agent_silent_since),
         ]
         .into_iter()
-        .filter_map(|(listened, since)| {
-            since.filter(|s| listened && (!probes.lease || *s >= self.silent_since))
-        })
-        .fold(missed_renewal, Instant::min)
+        .filter_map(|(listened, since)| since.filter(|_| listened));
+        if !probes.lease {
+            return silences.max().unwrap_or(missed_renewal);
+        }
+        silences
+            .filter(|s| *s >= self.silent_since)
+            .fold(missed_renewal, Instant::min)
     }
 
     /// Whether the node renewed its Lease after this process saw podha's taint on it: the
@@ -91,9 +94,14 @@ impl Heartbeat {
         matches!((self.last_renewal, self.tainted_since), (Some(r), Some(t)) if r > t)
     }
 
-    /// Whether this node showed life after `at`.
+    /// Whether this node showed life after `at`, over a path the policy judges by: a policy
+    /// that does not listen to the Lease judged on podha's own probes, and a fault of podha's
+    /// own path to the nodes (a NetworkPolicy, a firewall) silences those while every kubelet
+    /// renews on: only a probe's answer says that path works. A node that answers none of the
+    /// policy's probes (no agent under `AgentHeartbeat` alone) is never heard from, and the
+    /// policy holds rather than act on a death it cannot tell from its own cut.
     fn alive_after(&self, at: Instant, probes: Probes) -> bool {
-        self.last_renewal.is_some_and(|r| r > at)
+        (probes.lease && self.last_renewal.is_some_and(|r| r > at))
             || (probes.tcp && self.tcp_answered.is_some_and(|t| t >= at))
             || (probes.agent && self.agent_answered.is_some_and(|t| t >= at))
     }

@@ -237,6 +237,10 @@ fn plan_incident<'p>(
         out.intents.push(hold);
         return;
     }
+    if let Some(hold) = unconfirmed_judgement(node_policy, incident) {
+        out.intents.push(hold);
+        return;
+    }
     let failed = FailedNode {
         incident,
         node: node_obj,
@@ -297,6 +301,24 @@ fn paused(node_policy: PolicyRef<'_>, node: &Node, incident: &Incident) -> Optio
         policy: node_policy.name.to_string(),
         node: Some(incident.node.clone()),
         reason: HoldReason::Paused { by_node },
+    })
+}
+
+/// The hold of a node judged dead without the kubelet's heartbeat (signals without Lease and
+/// NodeReady) by a policy that does not put the out-of-service taint behind a confirmed proof:
+/// a fault between podha and the node alone looks the same, and nothing may move on it. The
+/// CRD refuses such a policy; this keeps one admitted by a CRD without that rule from acting
+/// (a `DeletePods` policy would delete the pods of a node that runs on).
+fn unconfirmed_judgement(node_policy: PolicyRef<'_>, incident: &Incident) -> Option<Intent> {
+    let spec = node_policy.spec;
+    let guarded = spec.detection.watches_kubelet_heartbeat()
+        || (spec.action == Action::OutOfServiceTaint && spec.fencing.is_confirmed());
+    (!guarded).then(|| Intent::Hold {
+        policy: node_policy.name.to_string(),
+        node: Some(incident.node.clone()),
+        reason: HoldReason::FencingPending {
+            proof: spec.fencing.proof,
+        },
     })
 }
 

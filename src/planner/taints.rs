@@ -151,13 +151,9 @@ pub(super) fn fence_check(
         .power_off
         .and_then(|p| p.confirmed_at)
         .is_some_and(|off| renewed.is_none_or(|renewed| renewed <= off));
-    // A judgement that did not wait for the kubelet's heartbeat (signals without Lease and
-    // NodeReady: a fault between podha and the node alone looks the same) moves nothing on
-    // silence or on no proof at all, whatever the policy says (the CRD refuses such a policy;
-    // this keeps one admitted by a CRD without that rule from acting).
-    let proof = proven(fencing, node, agent, powered_off).filter(|evidence| {
-        evidence.is_confirmed() || node_policy.spec.detection.watches_kubelet_heartbeat()
-    });
+    // A judgement without the kubelet's heartbeat gets here only behind a confirmed proof
+    // (`unconfirmed_judgement` holds the others), which only confirmed evidence gives.
+    let proof = proven(fencing, node, agent, powered_off);
     let doubt =
         (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())

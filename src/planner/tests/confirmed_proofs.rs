@@ -66,31 +66,43 @@ fn judged_on_heartbeats_alone_a_node_moves_on_its_agents_acknowledgement() {
     );
 }
 
-/// The CRD refuses both policies; one admitted by a CRD without that rule still moves nothing
-/// on a fence inferred from silence, or on none at all.
+/// The CRD refuses these policies; one admitted by a CRD without that rule asks nothing of the
+/// node and moves nothing: not on the agent's silence, not on its acknowledgement, not without
+/// a proof, not by deleting pods, not on an `Off` of a machine only a label binds.
 #[test]
-fn judged_on_heartbeats_alone_silence_or_no_proof_moves_nothing() {
+fn judged_on_heartbeats_alone_a_policy_without_a_confirmed_proof_moves_nothing() {
     let mut world = World::new(with_agents(cluster(3)))
         .policy("p", heartbeat_only(needs_agent(mk_spec())))
         .fail("node-1");
     world.ledger.record_fence_request("node-1", "p/1");
     agent_silent_for(&mut world, "node-1", 3600);
     assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
-    // Its acknowledgement is confirmed: that one counts.
     acknowledge(&mut world, "node-1", "p/1");
-    assert_eq!(
-        intent_names(&world.plan()),
-        ["taint node-1 node.kubernetes.io/out-of-service"]
-    );
+    assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
 
-    let mut spec = heartbeat_only(mk_spec());
-    spec.fencing.proof = FencingProof::None;
-    let plan = World::new(cluster(3))
-        .policy("p", spec)
-        .fail("node-1")
-        .plan();
-    assert_eq!(intent_names(&plan), ["hold FencingPending"]);
-    assert!(deletes(&plan).is_empty());
+    let mut none = heartbeat_only(mk_spec());
+    none.fencing.proof = FencingProof::None;
+    let mut deleting = heartbeat_only(acknowledged_only(mk_spec()));
+    deleting.action = crate::api::Action::DeletePods;
+    let mut label_bound = heartbeat_only(mk_spec());
+    label_bound.fencing = Fencing {
+        proof: FencingProof::Bmc,
+        bmc: Some(crate::api::BmcFencing {
+            secret_name: Some("bmc-{node}".into()),
+            secret_name_label: None,
+            power_cycle: false,
+            match_system_uuid: false,
+        }),
+        ..Fencing::default()
+    };
+    for spec in [none, deleting, label_bound] {
+        let plan = World::new(cluster(3))
+            .policy("p", spec)
+            .fail("node-1")
+            .plan();
+        assert_eq!(intent_names(&plan), ["hold FencingPending"]);
+        assert!(deletes(&plan).is_empty());
+    }
 }
 
 #[test]

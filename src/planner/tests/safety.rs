@@ -477,7 +477,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     };
     let mut spec = max_unhealthy(oos(), 1);
     spec.detection.signals = vec![Signal::AgentHeartbeat];
-    spec.fencing.proof = crate::api::FencingProof::None;
+    spec.fencing.proof = crate::api::FencingProof::AgentAcknowledged;
     let world = |spec: PodHAPolicySpec, beats: [Heartbeat; 3]| {
         let mut w = World::new(cluster(3)).policy("p", spec);
         for (i, hb) in beats.into_iter().enumerate() {
@@ -488,9 +488,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     };
     // node-1's agent silent from 1, its kubelet renewing at 5; the others answered at 2.
     let dead = hb(5, 0, Some(1));
-    let mut confirmed = spec.clone();
-    confirmed.fencing.proof = crate::api::FencingProof::AgentAcknowledged;
-    let plan = world(confirmed, [dead, hb(0, 2, None), hb(0, 2, None)]).plan();
+    let plan = world(spec.clone(), [dead, hb(0, 2, None), hb(0, 2, None)]).plan();
     assert_eq!(
         intent_names(&plan),
         ["hold FencingPending"],
@@ -507,7 +505,27 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     );
     // A node heard only before the silence: waits.
     assert!(
-        world(spec, [dead, hb(0, 2, None), hb(0, 0, None)])
+        world(spec.clone(), [dead, hb(0, 2, None), hb(0, 0, None)])
+            .plan()
+            .intents
+            .is_empty()
+    );
+    // Its kubelet renewing since says nothing of podha's own path to it (a NetworkPolicy
+    // cutting podha off every agent leaves every Lease renewing): waits.
+    assert!(
+        world(spec.clone(), [dead, hb(0, 2, None), hb(5, 0, None)])
+            .plan()
+            .intents
+            .is_empty()
+    );
+    // Judged on both probes: dead once the later of them fell silent (the port silent for long
+    // at 0, the agent from 3): an answer at 2 comes before that.
+    let mut both = spec.clone();
+    both.detection.signals = vec![Signal::KubeletTCP, Signal::AgentHeartbeat];
+    let mut two_silences = hb(5, 0, Some(3));
+    two_silences.tcp_silent_since = Some(t0);
+    assert!(
+        world(both, [two_silences, hb(0, 2, None), hb(0, 2, None)])
             .plan()
             .intents
             .is_empty()
