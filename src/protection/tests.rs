@@ -138,6 +138,28 @@ fn a_failed_rule_carries_its_label_and_the_operator_itself_passes_the_podha_rule
     );
 }
 
+/// Why the first pod on `node` is not protected under the one policy `spec`, if it is not: the
+/// reason, the rule and what the rule says.
+fn why_not(
+    view: &View,
+    spec: &PodHAPolicySpec,
+    node: &str,
+) -> Option<(Unprotected, &'static str, String)> {
+    let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
+    let cluster = Cluster::new(
+        vec![PolicyRef { name: "p", spec }],
+        &none,
+        &statuses,
+        view,
+        Operator::Leading,
+        Instant::now(),
+    );
+    let pod = view.pods_on(node)[0].clone();
+    explain_pod(&cluster, &pod)
+        .why_not()
+        .map(|(reason, check)| (reason, check.rule, check.detail.clone()))
+}
+
 #[test]
 fn the_acknowledgement_proof_needs_an_agent_to_ask_not_one_whose_silence_counts() {
     use crate::api::FencingProof;
@@ -154,22 +176,7 @@ fn the_acknowledgement_proof_needs_an_agent_to_ask_not_one_whose_silence_counts(
         );
         let mut spec = mk_spec().drivers(&[DRIVER]);
         spec.fencing.proof = FencingProof::AgentAcknowledged;
-        let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
-        let cluster = Cluster::new(
-            vec![PolicyRef {
-                name: "p",
-                spec: &spec,
-            }],
-            &none,
-            &statuses,
-            &view,
-            Operator::Leading,
-            Instant::now(),
-        );
-        let pod = view.pods_on("n1")[0].clone();
-        explain_pod(&cluster, &pod)
-            .why_not()
-            .map(|(reason, check)| (reason, check.rule))
+        why_not(&view, &spec, "n1").map(|(reason, rule, _)| (reason, rule))
     };
     assert_eq!(
         verdict(false),
@@ -212,22 +219,7 @@ fn a_system_uuid_two_nodes_report_leaves_their_pods_unprotected_under_the_bmc_pr
             power_cycle: false,
             match_system_uuid: true,
         });
-        let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
-        let cluster = Cluster::new(
-            vec![PolicyRef {
-                name: "p",
-                spec: &spec,
-            }],
-            &none,
-            &statuses,
-            &view,
-            Operator::Leading,
-            Instant::now(),
-        );
-        let pod = view.pods_on("n1")[0].clone();
-        explain_pod(&cluster, &pod)
-            .why_not()
-            .map(|(reason, check)| (reason, check.rule, check.detail.clone()))
+        why_not(&view, &spec, "n1")
     };
     assert_eq!(verdict("4c4c4544-0035-5910-8052-b4c04f4b4e33"), None);
     let (reason, rule, detail) =

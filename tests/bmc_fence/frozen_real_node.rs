@@ -117,7 +117,7 @@ pub(super) fn powered_off_before_its_volume_moves(
             "replacement Running on {refuge} {:.1?} after {frozen} froze",
             frozen_at.elapsed()
         ));
-        wait_writes(&ctx, &replacement, WRITES).await?;
+        ctx.wait_writes(&replacement, WRITES).await?;
 
         // The write log: the machine was off before the replacement first wrote, and the
         // volume is whole.
@@ -187,39 +187,15 @@ async fn start_writer(ctx: &Ctx<'_>, on: &str, refuge: &str) -> anyhow::Result<(
     let claim = "writer-data";
     ctx.create::<PersistentVolumeClaim>(pvc(claim, podha_sim::csi::UNFENCED_STORAGE_CLASS))
         .await?;
-    cordon(ctx, refuge, true).await?;
+    ctx.cordon(refuge, true).await?;
     ctx.create::<Deployment>(workload::writer_deployment("writer", &[on, refuge], claim)?)
         .await?;
     let pod = ctx.wait_app_running("writer", secs(120)).await;
-    cordon(ctx, refuge, false).await?;
+    ctx.cordon(refuge, false).await?;
     let pod = pod?;
     ensure!(node_of(&pod) == Some(on), "the writer does not run on {on}");
-    wait_writes(ctx, &pod, WRITES).await?;
+    ctx.wait_writes(&pod, WRITES).await?;
     let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
     say(format!("writer running on {on}, writing"));
     Ok((pod, handle))
-}
-
-async fn cordon(ctx: &Ctx<'_>, node: &str, cordoned: bool) -> anyhow::Result<()> {
-    let patch = json!({ "spec": { "unschedulable": cordoned } });
-    ctx.nodes()
-        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("cordon {node}: {cordoned}"))?;
-    Ok(())
-}
-
-/// Waits until `pod` has `n` acknowledged writes.
-async fn wait_writes(ctx: &Ctx<'_>, pod: &Pod, n: usize) -> anyhow::Result<()> {
-    let uid = uid(pod)?;
-    let dir = ctx.cluster.dir().to_path_buf();
-    wait_for(
-        &format!("{:?} to have {n} acknowledged writes", pod.metadata.name),
-        secs(60),
-        || {
-            let done = workload::acknowledged(&dir, &uid).map(|k| k >= n);
-            async move { Ok(done?.then_some(())) }
-        },
-    )
-    .await
 }

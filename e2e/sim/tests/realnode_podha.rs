@@ -127,15 +127,6 @@ async fn label_node(ctx: &Ctx<'_>, node: &str, key: &str, value: &str) -> anyhow
     Ok(())
 }
 
-async fn set_unschedulable(ctx: &Ctx<'_>, node: &str, cordoned: bool) -> anyhow::Result<()> {
-    let patch = json!({ "spec": { "unschedulable": cordoned } });
-    ctx.nodes()
-        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("cordon {node}: {cordoned}"))?;
-    Ok(())
-}
-
 /// docs/install.md §2, with the image the nodes already have (chart default
 /// podha:<appVersion>, pullPolicy IfNotPresent), the replicas kept to `replica_nodes`, and
 /// docs/agent.md's agent on every real node; waits until an agent runs on each.
@@ -367,18 +358,6 @@ async fn set_proof(ctx: &Ctx<'_>, proof: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until pod `uid` has `n` acknowledged writes.
-async fn wait_writes(ctx: &Ctx<'_>, pod: &Pod, n: usize) -> anyhow::Result<()> {
-    let uid = pod.metadata.uid.clone().context("pod uid")?;
-    let dir = ctx.cluster.dir().to_path_buf();
-    let what = format!("{} to have {n} acknowledged writes", name_of(pod));
-    wait_for(&what, secs(60), || {
-        let done = workload::acknowledged(&dir, &uid).map(|k| k >= n);
-        async move { Ok(done?.then_some(())) }
-    })
-    .await
-}
-
 /// What a failover waits for after the kill, besides podha.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Proof {
@@ -406,7 +385,7 @@ async fn kill_and_follow_with(
 ) -> anyhow::Result<String> {
     let old = ctx.wait_app_running(app, secs(120)).await?;
     let dead = node_of(&old).context("writer not bound")?.to_string();
-    wait_writes(ctx, &old, WRITES).await?;
+    ctx.wait_writes(&old, WRITES).await?;
     let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &old).await?;
     let pv = ctx
         .pvs()
@@ -472,7 +451,7 @@ async fn kill_and_follow_with(
         on_dead == 0,
         "{pv} still has a VolumeAttachment on the dead {dead}"
     );
-    wait_writes(ctx, &replacement, WRITES).await?;
+    ctx.wait_writes(&replacement, WRITES).await?;
     let report = workload::check(ctx.cluster.dir(), &handle)?;
     ensure!(
         report.split_brain_writes.is_empty() && report.lost_acknowledged_writes.is_empty(),
@@ -569,7 +548,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         let mut db_nodes = vec![leader_node.as_str()];
         db_nodes.extend_from_slice(app_nodes);
         for node in app_nodes {
-            set_unschedulable(&ctx, node, true).await?;
+            ctx.cordon(node, true).await?;
         }
         ctx.create::<StatefulSet>(workload::writer_statefulset(
             "db",
@@ -583,7 +562,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             "db-0 is not on the leader's node"
         );
         for node in app_nodes {
-            set_unschedulable(&ctx, node, false).await?;
+            ctx.cordon(node, false).await?;
         }
         let follower = name_of(follower_pod).to_string();
         let killed = Instant::now();

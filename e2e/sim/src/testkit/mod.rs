@@ -341,6 +341,28 @@ impl Ctx<'_> {
         .await
     }
 
+    /// Marks `node` unschedulable (`cordoned`) or schedulable again.
+    pub async fn cordon(&self, node: &str, cordoned: bool) -> anyhow::Result<()> {
+        let patch = json!({ "spec": { "unschedulable": cordoned } });
+        self.nodes()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("cordon {node}: {cordoned}"))?;
+        Ok(())
+    }
+
+    /// Waits (60 s) until writer `pod` (`crate::csi::workload`) has `n` acknowledged writes.
+    pub async fn wait_writes(&self, pod: &Pod, n: usize) -> anyhow::Result<()> {
+        let uid = pod.metadata.uid.clone().context("pod uid")?;
+        let dir = self.cluster.dir().to_path_buf();
+        let what = format!("{} to have {n} acknowledged writes", name_of(pod));
+        wait_for(&what, secs(60), || {
+            let done = crate::csi::workload::acknowledged(&dir, &uid).map(|k| k >= n);
+            async move { Ok(done?.then_some(())) }
+        })
+        .await
+    }
+
     /// Adds a taint to a node (read-modify-write with the resourceVersion, retried on conflict).
     pub async fn add_taint(&self, node: &str, taint: Taint) -> anyhow::Result<()> {
         self.edit_taints(node, |taints| {

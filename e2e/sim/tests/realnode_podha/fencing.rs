@@ -121,17 +121,17 @@ async fn start_writer(
         .await?;
     let others: Vec<&str> = nodes.iter().copied().filter(|n| *n != on).collect();
     for node in &others {
-        set_unschedulable(ctx, node, true).await?;
+        ctx.cordon(node, true).await?;
     }
     ctx.create::<Deployment>(workload::writer_deployment(app, nodes, &claim)?)
         .await?;
     let pod = ctx.wait_app_running(app, secs(120)).await;
     for node in &others {
-        set_unschedulable(ctx, node, false).await?;
+        ctx.cordon(node, false).await?;
     }
     let pod = pod?;
     ensure!(node_of(&pod) == Some(on), "{app} does not run on {on}");
-    wait_writes(ctx, &pod, WRITES).await?;
+    ctx.wait_writes(&pod, WRITES).await?;
     let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
     Ok((pod, handle))
 }
@@ -322,7 +322,7 @@ impl<'a> Moved<'a> {
                 started.elapsed()
             ),
         );
-        wait_writes(ctx, &replacement, WRITES).await?;
+        ctx.wait_writes(&replacement, WRITES).await?;
         Ok(replacement)
     }
 
@@ -420,7 +420,7 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
         ctx.create::<Deployment>(workload::writer_deployment("steady", &[on], claim)?)
             .await?;
         let pod = ctx.wait_app_running("steady", secs(120)).await?;
-        wait_writes(&ctx, &pod, WRITES).await?;
+        ctx.wait_writes(&pod, WRITES).await?;
         let handle = podha_sim::csi::writer::volume_handle(&ctx.client, &ctx.ns, &pod).await?;
         let acks = workload::acknowledged(ctx.cluster.dir(), &uid(&pod)?)?;
 
