@@ -23,6 +23,7 @@
 //!   with the same view change nothing. A pod recorded after recovery is listed, not tracked.
 
 mod follow;
+
 #[cfg(test)]
 mod follow_tests;
 mod ledger;
@@ -70,6 +71,9 @@ pub struct Incident {
     /// UIDs of the pods bound to the node when the incident opened. Only these may be deleted:
     /// a pod bound to the node later is a replacement that the dead kubelet never ran.
     pub pods_at_failure: BTreeSet<String>,
+    /// The node's boot (`status.nodeInfo.bootID`) when the incident opened, if it reported one:
+    /// a node that reports another has rebooted since (see `rebooted`).
+    pub boot_at_failure: Option<String>,
     /// UIDs of the pods podha force-deleted.
     pub deleted: BTreeSet<String>,
     /// The pods podha marked NotReady, by UID: the resourceVersion the mark produced, or
@@ -130,6 +134,7 @@ impl Incident {
             last_seen_alive,
             detected_at,
             pods_at_failure: BTreeSet::new(),
+            boot_at_failure: None,
             deleted: BTreeSet::new(),
             marked_not_ready: BTreeMap::new(),
             tainted: false,
@@ -161,7 +166,15 @@ impl Incident {
             .iter()
             .filter_map(|p| p.metadata.uid.clone())
             .collect();
+        incident.boot_at_failure = view.nodes.get(node).and_then(|n| boot_id(n));
         incident
+    }
+
+    /// Whether `node` (this incident's) reports another boot than the one judged dead: the
+    /// machine rebooted since, which ended that boot's processes. Asking the new boot for a
+    /// fence, or its BMC for a power-off, would reset a machine that is coming back.
+    pub fn rebooted(&self, node: &k8s_openapi::api::core::v1::Node) -> bool {
+        matches!((&self.boot_at_failure, boot_id(node)), (Some(then), Some(now)) if *then != now)
     }
 
     /// Records that the pod `uid` was deleted.
@@ -273,4 +286,13 @@ impl Incident {
             self.node_returned_at = Some(now);
         }
     }
+}
+
+/// The boot a Node reports (`status.nodeInfo.bootID`), if any.
+fn boot_id(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.clone())
+        .filter(|b| !b.is_empty())
 }

@@ -350,7 +350,10 @@ fn plan_fence(
                 .iter()
                 .chain(&np.deletes)
                 .any(|(owner, _)| !owner.spec.dry_run);
+        // A node that rebooted since it was judged dead is coming back: its new boot is asked
+        // for nothing (the reboot ended the boot podha judged) and waits to be heard again.
         if moving_for_real
+            && !failed.incident.rebooted(node_obj)
             && let Some(ask) =
                 taints::fence_request(node_obj, policy, failed.incident, failed.input)
         {

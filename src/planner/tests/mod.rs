@@ -1002,5 +1002,6 @@ mod bmc;
 mod confirmed_proofs;
 mod fencing;
 mod pause;
+mod reboots;
 mod safety;
 mod tolerations;
