@@ -162,9 +162,29 @@ pub(crate) trait NodeBuild {
     /// petting a 4 s watchdog and fenced within `fenced_within` (`None`: an agent without a
     /// usable watchdog, which advertises no time).
     fn agent(self, fenced_within: Option<&str>) -> Self;
+    /// Reports boot `boot_id` (`status.nodeInfo.bootID`).
+    fn boot(self, boot_id: &str) -> Self;
+    /// Reports system UUID `uuid` (`status.nodeInfo.systemUUID`).
+    fn system_uuid(self, uuid: &str) -> Self;
 }
 
 impl NodeBuild for Node {
+    fn boot(mut self, boot_id: &str) -> Self {
+        node_status(&mut self)
+            .node_info
+            .get_or_insert_default()
+            .boot_id = boot_id.to_string();
+        self
+    }
+
+    fn system_uuid(mut self, uuid: &str) -> Self {
+        node_status(&mut self)
+            .node_info
+            .get_or_insert_default()
+            .system_uuid = uuid.to_string();
+        self
+    }
+
     fn agent(self, fenced_within: Option<&str>) -> Self {
         use crate::contract::{
             AGENT_FENCED_WITHIN_ANNOTATION, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION,

@@ -193,15 +193,7 @@ fn the_acknowledgement_proof_needs_an_agent_to_ask_not_one_whose_silence_counts(
 #[test]
 fn a_system_uuid_two_nodes_report_leaves_their_pods_unprotected_under_the_bmc_proof() {
     use crate::api::{BmcFencing, FencingProof};
-    let node = |name: &str, uuid: &str| {
-        let mut n = mk_node(name).ready(true);
-        n.status
-            .get_or_insert_default()
-            .node_info
-            .get_or_insert_default()
-            .system_uuid = uuid.to_string();
-        n
-    };
+    let node = |name: &str, uuid: &str| mk_node(name).ready(true).system_uuid(uuid);
     let verdict = |n2_uuid: &str| {
         let view = with_volume(
             view_with([

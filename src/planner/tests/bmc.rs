@@ -305,12 +305,7 @@ fn a_machine_found_off_is_never_powered_on_by_podha() {
 
 /// `node` reports system UUID `uuid`.
 fn with_system_uuid(world: &mut World, node: &str, uuid: &str) {
-    let mut n = (*world.view.nodes[node]).clone();
-    n.status
-        .get_or_insert_default()
-        .node_info
-        .get_or_insert_default()
-        .system_uuid = uuid.to_string();
+    let n = (*world.view.nodes[node]).clone().system_uuid(uuid);
     world.view.nodes.insert(node.into(), n.into());
 }
 

@@ -6,12 +6,7 @@ use super::*;
 
 /// `node` reports boot `boot`.
 fn booted(world: &mut World, node: &str, boot: &str) {
-    let mut n = (*world.view.nodes[node]).clone();
-    n.status
-        .get_or_insert_default()
-        .node_info
-        .get_or_insert_default()
-        .boot_id = boot.to_string();
+    let n = (*world.view.nodes[node]).clone().boot(boot);
     world.view.nodes.insert(node.into(), n.into());
 }
 
