@@ -23,7 +23,9 @@ pub const BMC_NODE_LABEL: &str = "podha.io/bmc-node";
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("self.proof != 'BMC' || has(self.bmc)").message("fencing.proof BMC needs fencing.bmc: where podha finds each node's BMC"),
+    validation = Rule::new(ASKS_BMC_HAS_BMC).message("fencing.proof BMC needs fencing.bmc: where podha finds each node's BMC"),
+    validation = Rule::new("(self.proof == 'AnyOf') == has(self.anyOf)").message("fencing.proof AnyOf goes with fencing.anyOf, and fencing.anyOf with proof AnyOf"),
+    validation = Rule::new("(self.proof == 'AllOf') == has(self.allOf)").message("fencing.proof AllOf goes with fencing.allOf, and fencing.allOf with proof AllOf"),
 )]
 pub struct Fencing {
     /// `Agent` (the default): the node's podha agent (docs/agent.md) fenced it: it
@@ -71,8 +73,35 @@ pub struct Fencing {
     /// is something the fence or the machine's owner reported, never inferred from silence,
     /// and none holds for a node that still runs. Only they may follow a judgement without a
     /// kubelet heartbeat (`detection.signals` without `Lease` and `NodeReady`).
+    /// `AnyOf` and `AllOf`: the proofs listed in `anyOf` or `allOf`, combined (see there).
     #[serde(default)]
     pub proof: FencingProof,
+    /// With proof `AnyOf`: the first of these proofs to come proves the fence, e.g.
+    /// `[AgentAcknowledged, BMC]`: the agent's acknowledgement or the BMC's `Off`, whichever
+    /// comes first. podha asks for every one of them at once (the fence request on the Node,
+    /// the BMC's `ForceOff`). Confirmed (see `proof`) only if every one listed is. Two or three
+    /// of `CloudShutdownTaint`, `Agent`, `AgentAcknowledged`, `External` and `BMC`, at most
+    /// one of the three answered by the same acknowledgement (`Agent`, `AgentAcknowledged`,
+    /// `External`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 3))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[x_kube(
+        validation = Rule::new(LISTS_PROVING_PROOFS).message("fencing.anyOf lists proofs that prove something: not None, AnyOf or AllOf"),
+        validation = Rule::new(ONE_ACKNOWLEDGED_PROOF).message("fencing.anyOf takes at most one of Agent, AgentAcknowledged and External: one acknowledgement (podha.io/fence-ack) answers them all"),
+    )]
+    pub any_of: Option<Vec<FencingProof>>,
+    /// With proof `AllOf`: every one of these proofs must be there, e.g. `[Agent, BMC]`.
+    /// podha asks for every one of them at once. Confirmed if one listed is. The same proofs
+    /// as `anyOf` may be listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 3))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[x_kube(
+        validation = Rule::new(LISTS_PROVING_PROOFS).message("fencing.allOf lists proofs that prove something: not None, AnyOf or AllOf"),
+        validation = Rule::new(ONE_ACKNOWLEDGED_PROOF).message("fencing.allOf takes at most one of Agent, AgentAcknowledged and External: one acknowledgement (podha.io/fence-ack) answers them all"),
+    )]
+    pub all_of: Option<Vec<FencingProof>>,
     /// With proof `BMC`: where podha finds each node's BMC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmc: Option<BmcFencing>,
@@ -85,15 +114,43 @@ pub struct Fencing {
     pub agent_margin: HumanDuration,
 }
 
+/// The rule that a policy asking for the BMC's proof (alone or in a list) says where the BMCs
+/// are.
+const ASKS_BMC_HAS_BMC: &str = "has(self.bmc) || !(self.proof == 'BMC' || (has(self.anyOf) && 'BMC' in self.anyOf) || (has(self.allOf) && 'BMC' in self.allOf))";
+/// The rule that a list of proofs holds only proofs that prove something.
+const LISTS_PROVING_PROOFS: &str = "self.all(p, !(p in ['None', 'AnyOf', 'AllOf']))";
+/// The rule that a list of proofs holds at most one answered by the fence acknowledgement.
+const ONE_ACKNOWLEDGED_PROOF: &str =
+    "self.filter(p, p in ['Agent', 'AgentAcknowledged', 'External']).size() <= 1";
+
 impl Fencing {
-    /// Whether the policy's proof is confirmed ([`FencingProof::is_confirmed`]), the BMC's
-    /// only when its system must be the node's (`matchSystemUUID`): with the Secret's label as
-    /// the only binding, a Secret holding another machine's address gives an `Off` of that
-    /// machine.
+    /// The proofs the policy asks for: `proof`, or the members of `anyOf`/`allOf`.
+    pub fn proofs(&self) -> Proofs {
+        match self.proof {
+            FencingProof::AnyOf => {
+                Proofs::listed(self.any_of.as_deref().unwrap_or_default(), false)
+            }
+            FencingProof::AllOf => Proofs::listed(self.all_of.as_deref().unwrap_or_default(), true),
+            one => Proofs::from(one),
+        }
+    }
+
+    /// Whether the policy's proof is confirmed ([`FencingProof::is_confirmed`]): each member
+    /// of `anyOf`, at least one of `allOf`. The BMC's only when its system must be the node's
+    /// (`matchSystemUUID`): with the Secret's label as the only binding, a Secret holding
+    /// another machine's address gives an `Off` of that machine.
     pub fn is_confirmed(&self) -> bool {
-        self.proof.is_confirmed()
-            && (self.proof != FencingProof::Bmc
-                || self.bmc.as_ref().is_none_or(|b| b.match_system_uuid))
+        let confirmed = |p: FencingProof| {
+            p.is_confirmed()
+                && (p != FencingProof::Bmc || self.bmc.as_ref().is_none_or(|b| b.match_system_uuid))
+        };
+        let proofs = self.proofs();
+        let mut members = proofs.members();
+        if proofs.needs_all() {
+            members.any(confirmed)
+        } else {
+            proofs.count() > 0 && members.all(confirmed)
+        }
     }
 }
 
@@ -101,6 +158,8 @@ impl Default for Fencing {
     fn default() -> Self {
         Self {
             proof: FencingProof::default(),
+            any_of: None,
+            all_of: None,
             bmc: None,
             agent_margin: default_agent_margin(),
         }
@@ -122,6 +181,8 @@ pub enum FencingProof {
     External,
     #[serde(rename = "BMC")]
     Bmc,
+    AnyOf,
+    AllOf,
 }
 
 impl FencingProof {
@@ -133,6 +194,8 @@ impl FencingProof {
             Self::AgentAcknowledged => "AgentAcknowledged",
             Self::External => "External",
             Self::Bmc => "BMC",
+            Self::AnyOf => "AnyOf",
+            Self::AllOf => "AllOf",
         }
     }
 
@@ -145,6 +208,142 @@ impl FencingProof {
             self,
             Self::AgentAcknowledged | Self::External | Self::Bmc | Self::CloudShutdownTaint
         )
+    }
+}
+
+/// The proofs a policy asks for, as one value: a single proof, or the members of `anyOf`
+/// (any one proves the fence) or `allOf` (every one must). Members are the proofs that prove
+/// something: a list holding `None`, `AnyOf` or `AllOf` (which the CRD refuses) counts without
+/// them, and an empty list is never proven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Proofs {
+    /// One bit per member, by [`FencingProof::MEMBERS`] order.
+    set: u8,
+    combine: Combine,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Combine {
+    /// `fencing.proof: None`: nothing to prove.
+    NoProof,
+    /// Any member proves the fence (a single proof is a list of one).
+    Any,
+    /// Every member must be there.
+    All,
+}
+
+impl FencingProof {
+    /// The proofs a list may hold, in the order [`Proofs`] names them.
+    pub const MEMBERS: [FencingProof; 5] = [
+        Self::Agent,
+        Self::AgentAcknowledged,
+        Self::External,
+        Self::Bmc,
+        Self::CloudShutdownTaint,
+    ];
+}
+
+impl From<FencingProof> for Proofs {
+    /// The single proof `proof` (`None` included); `AnyOf` or `AllOf` without their list is
+    /// the empty list, never proven.
+    fn from(proof: FencingProof) -> Self {
+        match proof {
+            FencingProof::None => Self {
+                set: 0,
+                combine: Combine::NoProof,
+            },
+            FencingProof::AnyOf => Self::listed(&[], false),
+            FencingProof::AllOf => Self::listed(&[], true),
+            one => Self::listed(&[one], false),
+        }
+    }
+}
+
+impl Proofs {
+    fn listed(proofs: &[FencingProof], all: bool) -> Self {
+        let set = FencingProof::MEMBERS
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| proofs.contains(p))
+            .fold(0u8, |set, (i, _)| set | 1 << i);
+        let combine = if all { Combine::All } else { Combine::Any };
+        Self { set, combine }
+    }
+
+    /// The proofs asked for, none for `None`.
+    pub fn members(self) -> impl Iterator<Item = FencingProof> {
+        FencingProof::MEMBERS
+            .into_iter()
+            .enumerate()
+            .filter(move |(i, _)| self.set & 1 << i != 0)
+            .map(|(_, p)| p)
+    }
+
+    pub fn count(self) -> usize {
+        self.set.count_ones() as usize
+    }
+
+    /// No proof at all (`fencing.proof: None`): the taint follows the judgement.
+    pub fn is_none(self) -> bool {
+        self.combine == Combine::NoProof
+    }
+
+    /// Whether every member must be there (`allOf`), rather than any one.
+    pub fn needs_all(self) -> bool {
+        self.combine == Combine::All && self.count() > 1
+    }
+
+    /// Whether `proof` is one of those asked for.
+    pub fn asks(self, proof: FencingProof) -> bool {
+        self.members().any(|p| p == proof)
+    }
+
+    /// Whether `proof` must be there for the fence to be proven: the single proof, or a
+    /// member of `allOf`.
+    pub fn requires(self, proof: FencingProof) -> bool {
+        self.asks(proof) && (self.count() == 1 || self.needs_all())
+    }
+
+    /// The single proof asked for (`None` for no proof), if it is a single one.
+    pub fn single(self) -> Option<FencingProof> {
+        match (self.combine, self.count()) {
+            (Combine::NoProof, _) => Some(FencingProof::None),
+            (_, 1) => self.members().next(),
+            _ => None,
+        }
+    }
+
+    /// Whether podha asks for the fence on the Node (`podha.io/fence-request`) and takes an
+    /// acknowledgement of it as a proof.
+    pub fn requests_fence(self) -> bool {
+        self.members().any(|p| {
+            matches!(
+                p,
+                FencingProof::Agent | FencingProof::AgentAcknowledged | FencingProof::External
+            )
+        })
+    }
+
+    /// As the policy says it: `Agent`, `AnyOf [AgentAcknowledged, BMC]`.
+    pub fn describe(self) -> String {
+        match self.single() {
+            Some(one) => one.as_str().to_string(),
+            None => {
+                let members: Vec<&str> = self.members().map(FencingProof::as_str).collect();
+                let kind = if self.combine == Combine::All {
+                    "AllOf"
+                } else {
+                    "AnyOf"
+                };
+                format!("{kind} [{}]", members.join(", "))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Proofs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
     }
 }
 

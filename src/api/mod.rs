@@ -7,7 +7,9 @@ mod policy;
 mod status;
 
 pub use duration::{DURATION_PATTERN, HumanDuration, ParseDurationError};
-pub use fencing::{BMC_NODE_LABEL, BmcFencing, CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
+pub use fencing::{
+    BMC_NODE_LABEL, BmcFencing, CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof, Proofs,
+};
 pub use listed::{ListedPolicy, UnreadablePolicy};
 pub use policy::{
     AccessMode, Action, Detection, OwnerKind, PodHAPolicy, PodHAPolicySpec, Safety, Signal,

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
-use super::fencing::{Fencing, FencingProof};
+use super::fencing::{Fencing, Proofs};
 use super::status::PodHAPolicyStatus;
 
 /// A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and which
@@ -79,7 +79,7 @@ use super::status::PodHAPolicyStatus;
 // Client-side CEL evaluation (`PodHAPolicy::validate_cel`) is only needed by the unit tests.
 #[cfg_attr(test, kube(cel))]
 #[x_kube(
-    validation = Rule::new(KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF).message("KubeletTCP and AgentHeartbeat as the only signals need action OutOfServiceTaint and a confirmed fencing proof (AgentAcknowledged, BMC with matchSystemUUID, External or CloudShutdownTaint): a probe that gets no answer does not tell a dead node from a network problem, so only a fence that is reported done, never one inferred from silence, may follow it; otherwise combine them with Lease or NodeReady"),
+    validation = Rule::new(KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF).message("KubeletTCP and AgentHeartbeat as the only signals need action OutOfServiceTaint and a confirmed fencing proof (AgentAcknowledged, BMC with matchSystemUUID, External or CloudShutdownTaint; AnyOf of only those, AllOf with one of them): a probe that gets no answer does not tell a dead node from a network problem, so only a fence that is reported done, never one inferred from silence, may follow it; otherwise combine them with Lease or NodeReady"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PodHAPolicySpec {
@@ -247,13 +247,20 @@ impl AccessMode {
 
 /// The rule that judging a node dead without its kubelet's heartbeat (signals without `Lease`
 /// and `NodeReady`) needs the out-of-service taint behind a confirmed proof
-/// ([`FencingProof::is_confirmed`]). Defaults are applied before it runs; the `has` checks keep
+/// ([`Fencing::is_confirmed`], which this mirrors). Defaults are applied before it runs; the `has` checks keep
 /// it sound on an object read without them.
 ///
 /// The BMC's `Off` is confirmed only of the node's own machine: such a policy must match the
 /// system's UUID (`fencing.bmc.matchSystemUUID`), or a Secret holding another machine's
 /// address would have podha taint a node that runs on.
-const KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF: &str = "!has(self.detection) || !has(self.detection.signals) || self.detection.signals.size() == 0 || self.detection.signals.exists(s, s == 'Lease' || s == 'NodeReady') || ((!has(self.action) || self.action == 'OutOfServiceTaint') && has(self.fencing) && has(self.fencing.proof) && self.fencing.proof in ['AgentAcknowledged', 'BMC', 'External', 'CloudShutdownTaint'] && (self.fencing.proof != 'BMC' || !has(self.fencing.bmc) || !has(self.fencing.bmc.matchSystemUUID) || self.fencing.bmc.matchSystemUUID))";
+const KUBELET_HEARTBEAT_OR_CONFIRMED_PROOF: &str = concat!(
+    "!has(self.detection) || !has(self.detection.signals) || self.detection.signals.size() == 0 || self.detection.signals.exists(s, s == 'Lease' || s == 'NodeReady') || ",
+    "((!has(self.action) || self.action == 'OutOfServiceTaint') && has(self.fencing) && has(self.fencing.proof) && ",
+    "[!has(self.fencing.bmc) || !has(self.fencing.bmc.matchSystemUUID) || self.fencing.bmc.matchSystemUUID].all(uuidBound, ",
+    "(self.fencing.proof in ['AgentAcknowledged', 'External', 'CloudShutdownTaint'] || (self.fencing.proof == 'BMC' && uuidBound)) || ",
+    "(self.fencing.proof == 'AnyOf' && has(self.fencing.anyOf) && self.fencing.anyOf.size() > 0 && self.fencing.anyOf.all(p, p in ['AgentAcknowledged', 'External', 'CloudShutdownTaint'] || (p == 'BMC' && uuidBound))) || ",
+    "(self.fencing.proof == 'AllOf' && has(self.fencing.allOf) && self.fencing.allOf.exists(p, p in ['AgentAcknowledged', 'External', 'CloudShutdownTaint'] || (p == 'BMC' && uuidBound)))))"
+);
 
 /// How a node is judged dead. Every `interval` podha evaluates each enabled signal; the probe
 /// fails only when all of them say the node is dead. After `failureThreshold` consecutive
@@ -452,8 +459,8 @@ fn default_require_target() -> bool {
 impl PodHAPolicySpec {
     /// The proof the out-of-service taint waits for, when this policy acts by the taint;
     /// `None` for `DeletePods`, which needs no proof.
-    pub fn taint_proof(&self) -> Option<FencingProof> {
-        (self.action == Action::OutOfServiceTaint).then_some(self.fencing.proof)
+    pub fn taint_proof(&self) -> Option<Proofs> {
+        (self.action == Action::OutOfServiceTaint).then(|| self.fencing.proofs())
     }
 
     /// The largest number of unhealthy nodes, out of `watched`, at which this policy still acts.

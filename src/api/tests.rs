@@ -81,6 +81,17 @@ fn good_specs_pass_every_cel_rule() {
         json!({"detection": {"signals": ["KubeletTCP"]},
                "fencing": {"proof": "CloudShutdownTaint"}}),
         json!({"detection": {"signals": ["KubeletTCP", "Lease"]}, "action": "DeletePods"}),
+        // Combined proofs; without the kubelet's heartbeat, anyOf of confirmed proofs only,
+        // allOf with at least one.
+        json!({"fencing": {"proof": "AnyOf", "anyOf": ["Agent", "BMC"],
+                           "bmc": {"secretName": "bmc-{node}"}}}),
+        json!({"fencing": {"proof": "AllOf", "allOf": ["Agent", "CloudShutdownTaint"]}}),
+        json!({"detection": {"signals": ["AgentHeartbeat"]},
+               "fencing": {"proof": "AnyOf", "anyOf": ["AgentAcknowledged", "BMC"],
+                           "bmc": {"secretName": "bmc-{node}"}}}),
+        json!({"detection": {"signals": ["AgentHeartbeat", "KubeletTCP"]},
+               "fencing": {"proof": "AllOf", "allOf": ["Agent", "BMC"],
+                           "bmc": {"secretName": "bmc-{node}"}}}),
     ] {
         assert_eq!(
             cel_errors(spec.clone()),
@@ -207,6 +218,50 @@ fn each_bad_spec_is_rejected_with_its_own_message() {
         (
             json!({"fencing": {"proof": "BMC", "bmc": {"secretNameLabel": "a b"}}}),
             "fencing.bmc.secretNameLabel must be a label key",
+        ),
+        (
+            json!({"fencing": {"proof": "AnyOf"}}),
+            "fencing.proof AnyOf goes with fencing.anyOf",
+        ),
+        (
+            json!({"fencing": {"proof": "Agent", "allOf": ["Agent", "CloudShutdownTaint"]}}),
+            "fencing.proof AllOf goes with fencing.allOf",
+        ),
+        (
+            json!({"fencing": {"proof": "AnyOf", "anyOf": ["Agent", "None"]}}),
+            "fencing.anyOf lists proofs that prove something",
+        ),
+        (
+            json!({"fencing": {"proof": "AllOf", "allOf": ["Agent", "AnyOf"]}}),
+            "fencing.allOf lists proofs that prove something",
+        ),
+        (
+            json!({"fencing": {"proof": "AnyOf", "anyOf": ["AgentAcknowledged", "External"]}}),
+            "at most one of Agent, AgentAcknowledged and External",
+        ),
+        (
+            json!({"fencing": {"proof": "AnyOf", "anyOf": ["AgentAcknowledged", "BMC"]}}),
+            "fencing.proof BMC needs fencing.bmc",
+        ),
+        // Without the kubelet's heartbeat: an anyOf whose silence-proven member could prove
+        // the fence alone, an allOf of nothing confirmed, a BMC that binds no machine.
+        (
+            json!({"detection": {"signals": ["AgentHeartbeat"]},
+                   "fencing": {"proof": "AnyOf", "anyOf": ["Agent", "BMC"],
+                               "bmc": {"secretName": "bmc-{node}"}}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
+        ),
+        (
+            json!({"detection": {"signals": ["KubeletTCP"]},
+                   "fencing": {"proof": "AnyOf", "anyOf": ["AgentAcknowledged", "BMC"],
+                               "bmc": {"secretName": "bmc-{node}", "matchSystemUUID": false}}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
+        ),
+        (
+            json!({"detection": {"signals": ["KubeletTCP"]},
+                   "fencing": {"proof": "AllOf", "allOf": ["Agent", "BMC"],
+                               "bmc": {"secretName": "bmc-{node}", "matchSystemUUID": false}}}),
+            "need action OutOfServiceTaint and a confirmed fencing proof",
         ),
     ];
     for (spec, expected) in cases {
@@ -335,4 +390,59 @@ fn max_unhealthy_counts_and_percentages() {
     assert_eq!(with(json!("30%")).max_unhealthy_nodes(3), 1);
     assert_eq!(with(json!("100%")).max_unhealthy_nodes(7), 7);
     assert_eq!(with(json!("4")).max_unhealthy_nodes(100), 4);
+}
+
+#[test]
+fn combined_proofs_name_their_members_and_are_confirmed_as_their_combination_is() {
+    let fencing = |spec: Value| policy(json!({"fencing": spec})).spec.fencing;
+    let bmc = json!({"secretName": "bmc-{node}"});
+    let unbound = json!({"secretName": "bmc-{node}", "matchSystemUUID": false});
+    let cases = [
+        (json!({}), "Agent", false),
+        (json!({"proof": "None"}), "None", false),
+        (json!({"proof": "External"}), "External", true),
+        (json!({"proof": "BMC", "bmc": bmc}), "BMC", true),
+        (json!({"proof": "BMC", "bmc": unbound}), "BMC", false),
+        // Listed in the order podha names them, whatever the order written.
+        (
+            json!({"proof": "AnyOf", "anyOf": ["BMC", "AgentAcknowledged"], "bmc": bmc}),
+            "AnyOf [AgentAcknowledged, BMC]",
+            true,
+        ),
+        (
+            json!({"proof": "AnyOf", "anyOf": ["Agent", "BMC"], "bmc": bmc}),
+            "AnyOf [Agent, BMC]",
+            false,
+        ),
+        (
+            json!({"proof": "AnyOf", "anyOf": ["External", "BMC"], "bmc": unbound}),
+            "AnyOf [External, BMC]",
+            false,
+        ),
+        (
+            json!({"proof": "AllOf", "allOf": ["Agent", "BMC"], "bmc": bmc}),
+            "AllOf [Agent, BMC]",
+            true,
+        ),
+        (
+            json!({"proof": "AllOf", "allOf": ["Agent", "BMC"], "bmc": unbound}),
+            "AllOf [Agent, BMC]",
+            false,
+        ),
+        // Without its list: nothing listed, never confirmed (and never proven).
+        (json!({"proof": "AllOf"}), "AllOf []", false),
+        (json!({"proof": "AnyOf"}), "AnyOf []", false),
+    ];
+    for (spec, named, confirmed) in cases {
+        let f = fencing(spec.clone());
+        assert_eq!(f.proofs().describe(), named, "{spec}");
+        assert_eq!(f.is_confirmed(), confirmed, "{spec}");
+    }
+    let any = fencing(json!({"proof": "AnyOf", "anyOf": ["Agent", "BMC"], "bmc": bmc}));
+    let all = fencing(json!({"proof": "AllOf", "allOf": ["Agent", "BMC"], "bmc": bmc}));
+    assert!(any.proofs().asks(FencingProof::Agent) && !any.proofs().requires(FencingProof::Agent));
+    assert!(all.proofs().requires(FencingProof::Agent) && all.proofs().requires(FencingProof::Bmc));
+    assert!(fencing(json!({})).proofs().requires(FencingProof::Agent));
+    assert!(fencing(json!({"proof": "None"})).proofs().is_none());
+    assert!(!fencing(json!({"proof": "AllOf"})).proofs().is_none());
 }

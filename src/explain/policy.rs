@@ -83,8 +83,7 @@ pub fn explain_policy(
         (
             "fencing.proof".to_string(),
             spec.taint_proof()
-                .map_or("(not used by DeletePods)", |p| p.as_str())
-                .to_string(),
+                .map_or("(not used by DeletePods)".to_string(), |p| p.describe()),
         ),
         ("detection".to_string(), detection_text(policy)),
         (

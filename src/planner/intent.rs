@@ -2,7 +2,7 @@
 //! podha gives it: its key among the actions in flight, its node, its words in an event.
 
 use super::proof::SilenceDoubt;
-use crate::api::{FencingProof, NodeTaint};
+use crate::api::{NodeTaint, Proofs};
 use crate::view::ObjectKey;
 
 /// Something the actuator should do.
@@ -99,7 +99,7 @@ pub enum HoldReason {
     /// scheduling fence instead and only the eligible pods are deleted.
     OutOfServiceRefused { pod: ObjectKey, why: &'static str },
     /// The policy's `fencing.proof` is not on the node yet: nothing is tainted or deleted there.
-    FencingPending { proof: FencingProof },
+    FencingPending { proof: Proofs },
     /// `fencing.proof: Agent`, and the node's agent is silent, but its silence proves no fence
     /// (`why`): only its acknowledgement of this incident's fence request can.
     AgentSilenceUnproven { why: SilenceDoubt },
@@ -113,7 +113,7 @@ pub enum HoldReason {
     /// podha fenced the node (action `DeletePods` then) and the policy now wants the
     /// out-of-service taint, which waits for `fencing.proof`: the moved pods' volumes detach
     /// after the attach/detach controller's 6-minute wait until it comes.
-    UpgradeAwaitsProof { proof: FencingProof },
+    UpgradeAwaitsProof { proof: Proofs },
     /// The policy (`spec.paused`) or the node (annotation `podha.io/paused`, `by_node`) is
     /// paused for maintenance: no new action on the node.
     Paused { by_node: bool },
@@ -180,10 +180,9 @@ impl HoldReason {
                  6-minute wait"
             ),
             Self::FencingPending { proof } => format!(
-                "node {node} is judged dead, but fencing.proof {} is not on it: nothing is \
+                "node {node} is judged dead, but fencing.proof {proof} is not on it: nothing is \
                  tainted or deleted there until it is (a node that could still run keeps its \
-                 volumes)",
-                proof.as_str()
+                 volumes)"
             ),
             Self::PolicyUnreadable { unreadable } => format!(
                 "holding every action: policy {unreadable} cannot be read (see its status) and \
@@ -198,9 +197,8 @@ impl HoldReason {
             ),
             Self::UpgradeAwaitsProof { proof } => format!(
                 "node {node} keeps podha's scheduling fence: the out-of-service taint that would \
-                 detach the moved pods' volumes at once waits for fencing.proof {}; until it \
-                 comes they detach after the attach/detach controller's 6-minute wait",
-                proof.as_str()
+                 detach the moved pods' volumes at once waits for fencing.proof {proof}; until it \
+                 comes they detach after the attach/detach controller's 6-minute wait"
             ),
             Self::Paused { by_node } => format!(
                 "node {node} is judged dead, but {}: podha takes no new action there until the \

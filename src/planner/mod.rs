@@ -317,7 +317,7 @@ fn unconfirmed_judgement(node_policy: PolicyRef<'_>, incident: &Incident) -> Opt
         policy: node_policy.name.to_string(),
         node: Some(incident.node.clone()),
         reason: HoldReason::FencingPending {
-            proof: spec.fencing.proof,
+            proof: spec.fencing.proofs(),
         },
     })
 }
@@ -352,13 +352,12 @@ fn plan_fence(
                 .any(|(owner, _)| !owner.spec.dry_run);
         // A node that rebooted since it was judged dead is coming back: its new boot is asked
         // for nothing (the reboot ended the boot podha judged) and waits to be heard again.
-        if moving_for_real
-            && !failed.incident.rebooted(node_obj)
-            && let Some(ask) =
-                taints::fence_request(node_obj, policy, failed.incident, failed.input)
-        {
-            out.intents
-                .push(dry_run_guard(policy, node, ask, rehearsal));
+        if moving_for_real && !failed.incident.rebooted(node_obj) {
+            let asks = taints::fence_requests(node_obj, policy, failed.incident, failed.input);
+            out.intents.extend(
+                asks.into_iter()
+                    .map(|ask| dry_run_guard(policy, node, ask, rehearsal)),
+            );
         }
         out.intents.push(hold);
         return false;

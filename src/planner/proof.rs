@@ -369,30 +369,51 @@ impl FenceEvidence {
     }
 }
 
-/// The proof `fencing` asks for, if `node` has it (always, with `None`); `powered_off`: the
-/// node's BMC said the machine is off after accepting this incident's `ForceOff` (see
-/// `Incident::powered_off`).
+/// The proof `fencing` asks for, if `node` has it (always, with `None`): with `anyOf` the
+/// first member there (in [`FencingProof::MEMBERS`] order), with `allOf` the last, once every
+/// one is; `powered_off`: the node's BMC said the machine is off after accepting this
+/// incident's `ForceOff` (see `Incident::powered_off`).
 pub fn proven(
     fencing: &Fencing,
     node: &Node,
     agent: AgentEvidence<'_>,
     powered_off: bool,
 ) -> Option<FenceEvidence> {
-    match fencing.proof {
+    let proofs = fencing.proofs();
+    if proofs.is_none() {
+        return Some(FenceEvidence::NotAsked);
+    }
+    let mut each = proofs
+        .members()
+        .map(|p| member_proven(p, fencing, node, agent, powered_off));
+    if proofs.needs_all() {
+        // An empty list proves nothing: `try_fold` starts from no evidence.
+        each.try_fold(None, |_, e| e.map(Some)).flatten()
+    } else {
+        each.flatten().next()
+    }
+}
+
+/// Whether one proof asked for is there.
+fn member_proven(
+    proof: FencingProof,
+    fencing: &Fencing,
+    node: &Node,
+    agent: AgentEvidence<'_>,
+    powered_off: bool,
+) -> Option<FenceEvidence> {
+    let acknowledged = agent.acknowledgement(node) == Acknowledgement::Given;
+    match proof {
         FencingProof::Bmc => powered_off.then_some(FenceEvidence::BmcPoweredOff),
-        FencingProof::None => Some(FenceEvidence::NotAsked),
         FencingProof::CloudShutdownTaint => node
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|taints| taints.iter().any(|t| t.key == CLOUD_SHUTDOWN_TAINT_KEY))
             .then_some(FenceEvidence::CloudShutdown),
-        FencingProof::External => (agent.acknowledgement(node) == Acknowledgement::Given)
-            .then_some(FenceEvidence::ExternalAcknowledged),
-        FencingProof::AgentAcknowledged => (agent.acknowledgement(node) == Acknowledgement::Given)
-            .then_some(FenceEvidence::AgentAcknowledged),
+        FencingProof::External => acknowledged.then_some(FenceEvidence::ExternalAcknowledged),
+        FencingProof::AgentAcknowledged => acknowledged.then_some(FenceEvidence::AgentAcknowledged),
         FencingProof::Agent => {
-            let acknowledged = agent.acknowledgement(node) == Acknowledgement::Given;
             let isolation = fenced_within(node);
             let silent = agent.silence_doubt().is_none()
                 && matches!(
@@ -407,6 +428,8 @@ pub fn proven(
                 None
             }
         }
+        // Not members (see `Proofs`): they prove nothing.
+        FencingProof::None | FencingProof::AnyOf | FencingProof::AllOf => None,
     }
 }
 
@@ -470,15 +493,6 @@ pub fn acknowledgement(
         }
         (true, _) => Acknowledgement::Given,
     }
-}
-
-/// Whether podha asks for the fence on the Node (`podha.io/fence-request`) and takes an
-/// acknowledgement of it as the proof.
-pub const fn requests_fence(proof: FencingProof) -> bool {
-    matches!(
-        proof,
-        FencingProof::Agent | FencingProof::AgentAcknowledged | FencingProof::External
-    )
 }
 
 #[cfg(test)]

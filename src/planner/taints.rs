@@ -14,8 +14,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 
 use super::proof::{
-    Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, requests_fence,
-    system_uuid_shared_with,
+    Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, system_uuid_shared_with,
 };
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
@@ -96,7 +95,7 @@ pub(super) fn fencing_pending(
     let reason = match check.doubt {
         Some(why) => HoldReason::AgentSilenceUnproven { why },
         None => HoldReason::FencingPending {
-            proof: fencing.proof,
+            proof: fencing.proofs(),
         },
     };
     proof_pending(node_policy, check.proven()).then(|| Intent::Hold {
@@ -111,7 +110,8 @@ pub(super) fn fencing_pending(
 pub(super) struct FenceCheck {
     /// What proves the node fenced, if anything does yet.
     pub proof: Option<FenceEvidence>,
-    /// With proof `Agent`, not proven: why the agent's silence proves nothing, if it is silent.
+    /// With proof `Agent` (alone, or in `allOf`), not proven: why the agent's silence proves
+    /// nothing, if it is silent.
     pub doubt: Option<SilenceDoubt>,
     /// The node renewed its Lease this many times after its fence acknowledgement, in the
     /// same boot: the fence did not take (see `proof::ACK_CONTRADICTED_BY`).
@@ -154,16 +154,17 @@ pub(super) fn fence_check(
     // A judgement without the kubelet's heartbeat gets here only behind a confirmed proof
     // (`unconfirmed_judgement` holds the others), which only confirmed evidence gives.
     let proof = proven(fencing, node, agent, powered_off);
+    let proofs = fencing.proofs();
+    // The agent's doubt is the reason for the hold only where its proof is required: under
+    // `anyOf` another proof may still come.
     let doubt =
-        (fencing.proof == FencingProof::Agent && proof.is_none() && agent_addr(node).is_some())
+        (proofs.requires(FencingProof::Agent) && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())
             .flatten();
     // Only an acknowledgement of this incident's request: an older one proves nothing here,
     // and what the node did after it says nothing of this fence.
     let contradicted = match agent.acknowledgement(node) {
-        Acknowledgement::Contradicted { renewals } if requests_fence(fencing.proof) => {
-            Some(renewals)
-        }
+        Acknowledgement::Contradicted { renewals } if proofs.requests_fence() => Some(renewals),
         _ => None,
     };
     FenceCheck {
@@ -207,26 +208,31 @@ fn proof_pending(node_policy: PolicyRef<'_>, proven: bool) -> bool {
     NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven
 }
 
-/// The fence to ask for while the proof is missing: on the Node once per incident, for the
-/// `Agent` proof only of a node that runs an agent, for `External` of any (the user's fence
-/// controller answers); for `BMC`, of the node's BMC (see [`power_off`]).
-pub(super) fn fence_request(
+/// The fences to ask for while the proof is missing, one per proof asked for (under `anyOf`
+/// and `allOf` all at once): on the Node once per incident, for the `Agent` proofs only of a
+/// node that runs an agent, for `External` of any (the user's fence controller answers); for
+/// `BMC`, of the node's BMC (see [`power_off`]).
+pub(super) fn fence_requests(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
     input: &PlanInput<'_>,
-) -> Option<Intent> {
-    let proof = node_policy.spec.fencing.proof;
-    if proof == FencingProof::Bmc {
-        return power_off(node, node_policy, incident, input);
+) -> Vec<Intent> {
+    let proofs = node_policy.spec.fencing.proofs();
+    let mut asks = Vec::new();
+    if proofs.asks(FencingProof::Bmc) {
+        asks.extend(power_off(node, node_policy, incident, input));
     }
-    (requests_fence(proof)
+    if proofs.requests_fence()
         && incident.fence_request.is_none()
-        && (proof == FencingProof::External || agent_addr(node).is_some()))
-    .then(|| Intent::RequestFence {
-        node: incident.node.clone(),
-        policy: node_policy.name.to_string(),
-    })
+        && (proofs.asks(FencingProof::External) || agent_addr(node).is_some())
+    {
+        asks.push(Intent::RequestFence {
+            node: incident.node.clone(),
+            policy: node_policy.name.to_string(),
+        });
+    }
+    asks
 }
 
 /// With proof `BMC`: the `ForceOff`, until the node's BMC accepts one in this incident, then
@@ -268,8 +274,9 @@ fn power_off(
 }
 
 /// With `fencing.bmc.powerCycle`: the `On`, once per incident, of a machine podha powered off,
-/// after the BMC said `Off` and the failover is done (the moved pods' volumes detached from the node and their
-/// replacements running).
+/// after the BMC said `Off` and the failover is done (the moved pods' volumes detached from the
+/// node and their replacements running). Under `anyOf`, another proof may have let the taint on
+/// before the BMC said `Off`: its power is read until it does, then the `On` follows.
 pub(super) fn power_on(
     node: &Node,
     node_policy: PolicyRef<'_>,
@@ -283,17 +290,29 @@ pub(super) fn power_on(
     // paused: someone is working on the machine (it is switched on once the pause ends).
     let paused = node_policy.spec.paused || crate::api::node_paused(node);
     let due = !paused
-        && fencing.proof == FencingProof::Bmc
+        && fencing.proofs().asks(FencingProof::Bmc)
         && power_off.by_podha
         && incident.recovered_at.is_some()
-        && power_off.confirmed_at.is_some()
         && power_off.on_requested_at.is_none();
     let secret = bmc.secret_for(node).filter(|_| due)?;
-    Some(Intent::PowerOn {
-        node: incident.node.clone(),
-        policy: node_policy.name.to_string(),
-        secret,
-        system_uuid: bmc.expected_uuid(node),
+    let (node_name, policy, system_uuid) = (
+        incident.node.clone(),
+        node_policy.name.to_string(),
+        bmc.expected_uuid(node),
+    );
+    Some(match power_off.confirmed_at {
+        None => Intent::ConfirmPowerOff {
+            node: node_name,
+            policy,
+            secret,
+            system_uuid,
+        },
+        Some(_) => Intent::PowerOn {
+            node: node_name,
+            policy,
+            secret,
+            system_uuid,
+        },
     })
 }
 
@@ -372,7 +391,7 @@ pub(super) fn plan_upgrade(
             why: p.why,
         }),
         None if !proven => hold(HoldReason::UpgradeAwaitsProof {
-            proof: node_policy.spec.fencing.proof,
+            proof: node_policy.spec.fencing.proofs(),
         }),
         None => Intent::TaintNode {
             node: name.to_string(),

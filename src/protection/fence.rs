@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Checks, Cluster, Unprotected, agent_gap, human};
+use super::{Check, Checks, Cluster, Outcome, Unprotected, agent_gap, human};
 use crate::api::{BMC_NODE_LABEL, FencingProof};
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
 use crate::planner::PolicyRef;
@@ -36,13 +36,74 @@ fn node_proof(
     node: &Node,
     checks: &mut Checks,
 ) {
-    let Some(proof) = node_policy.spec.taint_proof() else {
+    let Some(proofs) = node_policy.spec.taint_proof() else {
         checks.pass(
             "proof",
             "action DeletePods needs none: podha's fence only keeps the scheduler off the node",
         );
         return;
     };
+    if let Some(proof) = proofs.single() {
+        return member_checks(proof, cluster, node_policy, node_name, node, checks);
+    }
+    // A combination: each member's checks, under a note that says how they combine.
+    let members: Vec<Checks> = proofs
+        .members()
+        .map(|proof| {
+            let mut member = Checks::default();
+            member_checks(proof, cluster, node_policy, node_name, node, &mut member);
+            member
+        })
+        .collect();
+    let failed = |m: &Checks| m.0.iter().any(Check::failed);
+    if proofs.needs_all() {
+        checks.note(
+            "proof",
+            format!("{proofs}: the taint waits for every one of these proofs"),
+        );
+        members.into_iter().for_each(|m| checks.0.extend(m.0));
+    } else if members.iter().all(failed) || members.is_empty() {
+        checks.note("proof", format!("{proofs}: none of these proofs can come"));
+        if members.is_empty() {
+            checks.fail(
+                "proof",
+                Unprotected::NoProof,
+                format!(
+                    "{proofs} lists no proof that counts: judged dead, the node is held for good"
+                ),
+            );
+        }
+        members.into_iter().for_each(|m| checks.0.extend(m.0));
+    } else {
+        checks.note(
+            "proof",
+            format!("{proofs}: the first of these proofs to come lets the taint on"),
+        );
+        // A member that cannot come leaves the others: said, not failed.
+        for check in members.into_iter().flat_map(|m| m.0) {
+            checks.push(match check.outcome {
+                Outcome::Fail => Check::note(
+                    check.rule,
+                    format!(
+                        "{} (another proof of {proofs} can still come)",
+                        check.detail
+                    ),
+                ),
+                _ => check,
+            });
+        }
+    }
+}
+
+/// The checks of one proof.
+fn member_checks(
+    proof: FencingProof,
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    node_name: &str,
+    node: &Node,
+    checks: &mut Checks,
+) {
     match proof {
         FencingProof::None => checks.pass(
             "proof",
@@ -86,6 +147,8 @@ fn node_proof(
              the node (podha.io/fence-ack); protected only if one runs for this node",
         ),
         FencingProof::Bmc => bmc_checks(cluster, node_policy, node_name, node, checks),
+        // Never a member (see `Proofs`).
+        FencingProof::AnyOf | FencingProof::AllOf => {}
     }
 }
 

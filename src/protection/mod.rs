@@ -71,6 +71,9 @@ pub enum Unprotected {
     /// `fencing.proof: BMC` on a node whose Secret has no name (`fencing.bmc.secretNameLabel`
     /// is not on the Node).
     NoBmc,
+    /// `fencing.proof: AnyOf` or `AllOf` without a proof listed (a CRD without its rules let
+    /// it in).
+    NoProof,
 }
 
 impl Unprotected {
@@ -89,6 +92,7 @@ impl Unprotected {
             Self::TooFewAgentsHeard => "TooFewAgentsHeard",
             Self::NoCloudProvider => "NoCloudProvider",
             Self::NoBmc => "NoBMC",
+            Self::NoProof => "NoProof",
         }
     }
 }

@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use super::fence::proof_checks;
 use super::{Check, Checks, Cluster, Operator, Unprotected, human};
-use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition, node_paused};
+use crate::api::{
+    Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, Proofs, condition, node_paused,
+};
 use crate::eligibility::{
     SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
     node_selected, selects, tolerated_fence,
@@ -127,9 +129,9 @@ fn pod_checks(
              has shown life since (the settle wait){}: these depend on the death itself and are \
              not predicted",
             detection_text(node_policy),
-            match node_policy.spec.taint_proof() {
-                Some(FencingProof::Agent) => ", and for the agent's fence",
-                Some(FencingProof::None) | None => "",
+            match node_policy.spec.taint_proof().map(Proofs::single) {
+                Some(Some(FencingProof::Agent)) => ", and for the agent's fence",
+                Some(Some(FencingProof::None)) | None => "",
                 Some(_) => ", and for the fencing proof",
             }
         ),

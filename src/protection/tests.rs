@@ -219,3 +219,53 @@ fn a_system_uuid_two_nodes_report_leaves_their_pods_unprotected_under_the_bmc_pr
     assert_eq!((reason, rule), (Unprotected::NoBmc, "proof"));
     assert!(detail.contains("reported by 2 nodes"), "{detail}");
 }
+
+#[test]
+fn under_any_of_a_proof_that_cannot_come_leaves_the_others_and_all_of_needs_each() {
+    use crate::api::{BmcFencing, FencingProof};
+    // n1 runs no agent and has no cloud provider; its BMC is found by a Secret template.
+    let view = with_volume(
+        view_with([
+            mk_node("n1")
+                .ready(true)
+                .system_uuid("4c4c4544-0035-5910-8052-b4c04f4b4e32")
+                .into(),
+            mk_node("n2").ready(true).into(),
+        ]),
+        sts("db-0", "n1"),
+        DRIVER,
+    );
+    let verdict = |all: bool, proofs: &[FencingProof]| {
+        let mut spec = mk_spec().drivers(&[DRIVER]);
+        if all {
+            spec.fencing.proof = FencingProof::AllOf;
+            spec.fencing.all_of = Some(proofs.to_vec());
+        } else {
+            spec.fencing.proof = FencingProof::AnyOf;
+            spec.fencing.any_of = Some(proofs.to_vec());
+        }
+        spec.fencing.bmc = Some(BmcFencing {
+            secret_name: Some("bmc-{node}".into()),
+            secret_name_label: None,
+            power_cycle: false,
+            match_system_uuid: true,
+        });
+        why_not(&view, &spec, "n1").map(|(reason, rule, _)| (reason, rule))
+    };
+    let (ack, bmc, cloud) = (
+        FencingProof::AgentAcknowledged,
+        FencingProof::Bmc,
+        FencingProof::CloudShutdownTaint,
+    );
+    assert_eq!(verdict(false, &[ack, bmc]), None, "the BMC can prove it");
+    assert_eq!(
+        verdict(false, &[ack, cloud]),
+        Some((Unprotected::NoProvingAgent, "proof")),
+        "neither can come"
+    );
+    assert_eq!(
+        verdict(true, &[ack, bmc]),
+        Some((Unprotected::NoProvingAgent, "proof")),
+        "the agent's acknowledgement is needed too"
+    );
+}

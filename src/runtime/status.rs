@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::agent_coverage::describe_unprotected;
 use crate::api::{
-    FailoverPhase, FencingProof, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
+    FailoverPhase, PodHAPolicy, PodHAPolicyStatus, Proofs, RECENT_FAILOVERS_KEPT,
     UNPROTECTED_REASONS_KEPT, UnprotectedReason, UnreadablePolicy, condition,
 };
 use crate::eligibility::invalid_selectors;
@@ -202,7 +202,7 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
                  dead one"
             ),
         ),
-        (Ok(_), None) if policy.spec.taint_proof() == Some(FencingProof::None) => (
+        (Ok(_), None) if policy.spec.taint_proof().is_some_and(Proofs::is_none) => (
             true,
             condition::REASON_WATCHING_WITHOUT_PROOF,
             format!(
@@ -288,7 +288,7 @@ fn degraded_condition(
             format!(
                 "dead nodes held until their fence is proven (fencing.proof {}; see their \
                  events): {}",
-                facts.policy.spec.fencing.proof.as_str(),
+                facts.policy.spec.fencing.proofs(),
                 awaiting_proof.join(", ")
             ),
         )
@@ -315,7 +315,7 @@ fn degraded_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Action;
+    use crate::api::{Action, FencingProof};
     use crate::test_builders::mk_spec;
 
     fn facts_for<'a>(

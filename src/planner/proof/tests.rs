@@ -1,6 +1,7 @@
 //! The `Agent`, `External` and `CloudShutdownTaint` proofs, and what podha knows of an agent.
 
 use super::*;
+use crate::api::Proofs;
 use crate::contract::{AGENT_FENCED_WITHIN_ANNOTATION, AGENT_WATCHDOG_ANNOTATION};
 use crate::test_builders::*;
 
@@ -71,8 +72,9 @@ fn an_external_fence_is_proven_by_the_acknowledgement_of_this_incidents_request_
         None,
         "silence proves nothing to an external fence"
     );
-    assert!(requests_fence(FencingProof::External) && requests_fence(FencingProof::Agent));
-    assert!(!requests_fence(FencingProof::CloudShutdownTaint));
+    let requests = |p: FencingProof| Proofs::from(p).requests_fence();
+    assert!(requests(FencingProof::External) && requests(FencingProof::Agent));
+    assert!(!requests(FencingProof::CloudShutdownTaint) && !requests(FencingProof::Bmc));
 }
 
 /// An agent podha heard right before its silence, while it hears both other agents.

@@ -1,7 +1,7 @@
 //! `fencing.proof`: the out-of-service taint only on a node proven fenced.
 
 use super::*;
-use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
+use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof, Proofs};
 use crate::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 
 fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
@@ -20,7 +20,7 @@ fn shut_down(mut view: View, node: &str) -> View {
     view
 }
 
-fn pending(plan: &Plan) -> Vec<(Option<String>, FencingProof)> {
+fn pending(plan: &Plan) -> Vec<(Option<String>, Proofs)> {
     plan.intents
         .iter()
         .filter_map(|i| match i {
@@ -42,12 +42,15 @@ fn without_the_proof_a_dead_node_is_held_with_nothing_tainted_marked_or_deleted(
         .plan();
     assert_eq!(
         pending(&plan),
-        [(Some("node-1".to_string()), FencingProof::CloudShutdownTaint)]
+        [(
+            Some("node-1".to_string()),
+            FencingProof::CloudShutdownTaint.into()
+        )]
     );
     assert_eq!(plan.intents.len(), 1, "only the hold: {:?}", plan.intents);
     assert_eq!(
         HoldReason::FencingPending {
-            proof: FencingProof::None
+            proof: FencingProof::None.into()
         }
         .as_str(),
         "FencingPending"
@@ -140,11 +143,9 @@ fn a_fenced_node_is_upgraded_to_the_out_of_service_taint_only_with_the_proof() {
         without.intents.iter().any(|i| matches!(
             i,
             Intent::Hold {
-                reason: HoldReason::UpgradeAwaitsProof {
-                    proof: FencingProof::CloudShutdownTaint
-                },
+                reason: HoldReason::UpgradeAwaitsProof { proof },
                 ..
-            }
+            } if *proof == FencingProof::CloudShutdownTaint.into()
         )),
         "{:?}",
         without.intents
@@ -497,7 +498,10 @@ fn a_refused_taint_still_waits_for_the_proof_before_any_pod_is_deleted() {
     let plan = world.plan();
     assert_eq!(
         pending(&plan),
-        vec![(Some("node-1".into()), FencingProof::CloudShutdownTaint)]
+        vec![(
+            Some("node-1".into()),
+            FencingProof::CloudShutdownTaint.into()
+        )]
     );
     assert_eq!(
         intent_names(&plan),

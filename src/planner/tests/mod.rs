@@ -999,6 +999,7 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
 }
 
 mod bmc;
+mod combined_proofs;
 mod confirmed_proofs;
 mod fencing;
 mod pause;

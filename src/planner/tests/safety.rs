@@ -604,7 +604,7 @@ fn every_hold_reason_is_a_known_metric_label() {
             why: "x",
         },
         HoldReason::FencingPending {
-            proof: crate::api::FencingProof::Agent,
+            proof: crate::api::FencingProof::Agent.into(),
         },
         HoldReason::AgentSilenceUnproven {
             why: crate::planner::proof::SilenceDoubt::NeverHeard,

@@ -125,10 +125,11 @@ impl Actor {
     }
 
     fn relies_on_agents(&self) -> bool {
-        self.state
-            .policies
-            .values()
-            .any(|p| p.spec.taint_proof() == Some(FencingProof::Agent))
+        self.state.policies.values().any(|p| {
+            p.spec
+                .taint_proof()
+                .is_some_and(|proofs| proofs.requires(FencingProof::Agent))
+        })
     }
 
     fn coverage_inputs(&self, now: Instant) -> Inputs {

@@ -243,8 +243,7 @@ impl Actor {
             .state
             .policies
             .get(policy)
-            .map(|p| p.spec.fencing.proof)
-            == Some(FencingProof::Agent);
+            .is_some_and(|p| p.spec.fencing.proofs().asks(FencingProof::Agent));
         let note = format!(
             "asked for a fence of the node (podha.io/fence-request {request}, policy {policy}); \
              the out-of-service taint waits for the fence's acknowledgement \
