@@ -107,7 +107,16 @@ async fn apply_bmc_policy(
     node_selector: serde_json::Value,
     namespace: &str,
     signals: &[&str],
+    any_of: Option<&[&str]>,
 ) -> anyhow::Result<()> {
+    let mut fencing = json!({ "bmc": { "secretName": "bmc-{node}", "powerCycle": true } });
+    match any_of {
+        Some(proofs) => {
+            fencing["proof"] = json!("AnyOf");
+            fencing["anyOf"] = json!(proofs);
+        }
+        None => fencing["proof"] = json!("BMC"),
+    }
     apply_policy(
         client,
         name,
@@ -122,10 +131,7 @@ async fn apply_bmc_policy(
                 "leaseGracePeriod": "12s",
                 "tcpTimeout": "500ms",
             },
-            "fencing": {
-                "proof": "BMC",
-                "bmc": { "secretName": "bmc-{node}", "powerCycle": true },
-            },
+            "fencing": fencing,
         }),
     )
     .await

@@ -1,11 +1,12 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 28 nodes, each with a podha agent, serves every scenario; each scenario has its own namespace, its own
-//! pair of nodes (pods pinned with node affinity) and its own PodHAPolicy selecting only those
-//! nodes and that namespace, so the scenarios run in parallel. At most 15 of 28 nodes can be dead
-//! at once (one per scenario, two in one), below the node lifecycle controller's 55 % "partial
-//! disruption" threshold.
+//! One cluster of 30 nodes, each with a podha agent, serves every scenario; each scenario has
+//! its own namespace, its own pair of nodes (pods pinned with node affinity) and its own
+//! PodHAPolicy selecting only those nodes and that namespace, so the scenarios run in parallel.
+//! At most 15 of 30 nodes can be dead at once (one per scenario, two in one), below the node
+//! lifecycle controller's 55 % "partial disruption" threshold. The last pair is watched, healthy,
+//! through the scenarios that disturb podha's leader and the API server.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
 //! only the leader writes. They authenticate as the chart's ServiceAccount, bound to the chart's
@@ -37,6 +38,8 @@ use tokio::sync::watch;
 
 #[path = "failover/agent.rs"]
 mod agent;
+#[path = "failover/faults_without_heartbeat.rs"]
+mod faults_without_heartbeat;
 #[path = "failover/fencing.rs"]
 mod fencing;
 #[path = "failover/heartbeats.rs"]
@@ -54,7 +57,7 @@ mod prometheus;
 #[path = "failover/replicas.rs"]
 mod replicas;
 
-const NODES: usize = 28;
+const NODES: usize = 30;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 
@@ -140,7 +143,11 @@ fn main() -> ExitCode {
     let mut failed = libtest_mimic::run(&args, trials).has_failed();
     // These disturb every scenario's leader, or read what the others did, so they run after
     // the others, one at a time.
-    let last: [(&str, Scenario); 4] = [
+    let last: [(&str, Scenario); 6] = [
+        (
+            "judged_on_probes_alone_a_healthy_pair_is_watched_through_the_faults_that_follow",
+            faults_without_heartbeat::watch_a_healthy_pair,
+        ),
         ("two_replicas_only_the_leader_writes", replicas::one_leader),
         (
             "api_server_blip_is_no_node_death_and_leaves_podha_watching",
@@ -149,6 +156,10 @@ fn main() -> ExitCode {
         (
             "leader_change_mid_failover_repeats_no_action",
             replicas::leader_change,
+        ),
+        (
+            "judged_on_probes_alone_no_healthy_node_is_touched_through_leader_and_api_server_faults",
+            faults_without_heartbeat::nothing_done_to_the_healthy_pair,
         ),
         (
             "no_agent_fenced_a_node_podha_hears",

@@ -53,6 +53,7 @@ pub(super) fn powered_off_before_its_volume_moves(
             json!({ "matchLabels": { "type": "real" } }),
             NS,
             &["Lease"],
+            None,
         )
         .await?;
         let (writer, volume) = start_writer(&ctx, frozen, refuge).await?;

@@ -1,12 +1,14 @@
-//! A StatefulSet's kwok node is killed; its BMC Secret first points at a port where nothing
-//! listens, then at another node's system (whose UUID is not the node's `systemUUID`), then
-//! holds a wrong password: podha holds the node each time (nothing tainted) with a Warning
-//! `PowerOffFailed` naming the cause (unreachable, not the node's system, the BMC's 401), and
-//! the other node's machine stays on. The Secret is mended: podha, without a restart, has the
-//! BMC force the machine off and taints the node only once the system says `Off` (read the
-//! moment the taint shows); the pod moves and runs with its volume on the other node; no other
-//! system was powered off. With `powerCycle`, podha powers the machine on once the failover is
-//! done: the node boots, and podha takes its taint off.
+//! A StatefulSet's kwok node is killed. Its policy judges nodes on the kubelet port alone and
+//! takes the first of two confirmed proofs: a fence controller's acknowledgement (none runs)
+//! or the BMC's `Off`. Its BMC Secret first points at a port where nothing listens, then at
+//! another node's system (whose UUID is not the node's `systemUUID`), then holds a wrong
+//! password: podha holds the node each time (nothing tainted) with a Warning `PowerOffFailed`
+//! naming the cause (unreachable, not the node's system, the BMC's 401), and the other node's
+//! machine stays on. The Secret is mended: podha, without a restart, has the BMC force the
+//! machine off and taints the node only once the system says `Off` (read the moment the taint
+//! shows); both proofs were asked for; the pod moves and runs with its volume on the other
+//! node; no other system was powered off. With `powerCycle`, podha powers the machine on once
+//! the failover is done: the node boots, and podha takes its taint off.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use podha::chaos::timeline::wait_settled;
@@ -34,7 +36,11 @@ pub(super) fn held_then_powered_off(shared: &SharedCluster) -> Result<(), libtes
                 { "key": "kubernetes.io/hostname", "operator": "In", "values": PAIR }
             ]}),
             APP_NS,
-            &["Lease", "KubeletTCP"],
+            // Judged on the kubelet port alone (a killed node's address answers nothing), so
+            // only a confirmed proof may follow: a fence controller's acknowledgement or the
+            // BMC's Off, whichever comes first. No controller runs: the BMC proves it.
+            &["KubeletTCP"],
+            Some(&["External", "BMC"]),
         )
         .await?;
         let sts: StatefulSet = serde_json::from_value(statefulset("db", &PAIR))?;
@@ -101,6 +107,13 @@ pub(super) fn held_then_powered_off(shared: &SharedCluster) -> Result<(), libtes
             mended.elapsed()
         ));
         told_power_off(&admin, &dead).await?;
+        // Both proofs were asked for: the fence controller on the Node too.
+        let node = Api::<Node>::all(admin.clone()).get(&dead).await?;
+        ensure!(
+            kube::ResourceExt::annotations(&node)
+                .contains_key(podha::contract::FENCE_REQUEST_ANNOTATION),
+            "{dead} carries no fence request: anyOf asked only the BMC"
+        );
         wait_for(
             &format!("db-0 running on {refuge} with its volume"),
             secs(120),
