@@ -10,6 +10,10 @@
 //! | [`quick_restarts`] | given | 2 | given | no | after the given count | when a worker settled |
 //! | [`action_retry`] | 500 ms | 2 | 30 s | no | never | on success |
 //!
+//! One wait is no backoff: an action answered whose effect has not shown yet (a BMC that does
+//! not say `Off` yet) is sent again every [`POLL_INTERVAL`], [`POLLS_AT_INTERVAL`] times in a
+//! row, then every [`ACTION_RETRY_MAX`].
+//!
 //! Every backoff here is a [`Backoff`]: an iterator of delays that [`Backoff::reset`] starts
 //! over, which is also what kube-runtime's `WatchStreamExt::backoff` takes.
 
@@ -62,6 +66,17 @@ pub fn node_watch() -> ResetTimerBackoff<Exponential> {
 pub fn quick_restarts(first: Duration, longest: Duration, times: usize) -> Exponential {
     doubling(first, longest).with_max_times(times).into()
 }
+
+/// Between two sends of an action that was answered but whose effect has not shown yet: the
+/// read of a BMC's power state after a `ForceOff` it accepted (it applies it seconds later).
+/// One read a second per node being powered off; the moment the BMC says `Off` is seen within
+/// it.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How many answers in a row without the effect are asked again every [`POLL_INTERVAL`] (a
+/// minute's worth: a BMC applies a reset within seconds); later ones every
+/// [`ACTION_RETRY_MAX`].
+pub const POLLS_AT_INTERVAL: u32 = 60;
 
 /// The longest wait of [`action_retry`].
 pub const ACTION_RETRY_MAX: Duration = Duration::from_secs(30);

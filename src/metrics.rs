@@ -371,7 +371,15 @@ mod tests {
         let names: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
         assert_eq!(
             names,
-            ["detect", "act", "detach", "recover", "total", "fence"]
+            [
+                "detect",
+                "act",
+                "detach",
+                "recover",
+                "total",
+                "fence",
+                "power_off"
+            ]
         );
         assert_eq!(TaintOperation::Add.as_str(), "add");
         assert_eq!(TaintOperation::Remove.as_str(), "remove");

@@ -19,7 +19,6 @@ mod frozen_real_node;
 #[path = "bmc_fence/killed_kwok_node.rs"]
 mod killed_kwok_node;
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -235,26 +234,7 @@ fn ready_since(pod: &Pod) -> anyhow::Result<k8s_openapi::jiff::Timestamp> {
 
 /// `node`'s BMC Secret, bound (label `podha.io/bmc-node`) to `bound_to`.
 fn bmc_secret(access: &RedfishAccess, node: &str, bound_to: &str) -> anyhow::Result<Secret> {
-    let ca = std::fs::read_to_string(&access.ca_file)
-        .with_context(|| format!("read {}", access.ca_file.display()))?;
-    let data: BTreeMap<String, String> = [
-        ("address", access.address.clone()),
-        ("username", access.username.clone()),
-        ("password", access.password.clone()),
-        ("systemId", node.to_string()),
-        ("ca.crt", ca),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    Ok(serde_json::from_value(json!({
-        "metadata": {
-            "name": format!("bmc-{node}"),
-            "namespace": PODHA_NS,
-            "labels": { podha::api::BMC_NODE_LABEL: bound_to },
-        },
-        "stringData": data,
-    }))?)
+    Ok(access.secret(node, bound_to, PODHA_NS)?)
 }
 
 fn set_key(secret: &mut Secret, key: &str, value: &str) {

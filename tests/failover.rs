@@ -1,12 +1,13 @@
 //! podha on the sim cluster's real control plane (profile `fast`): a dead node's stateful pods
 //! come back on a healthy node, and what must not be touched is not.
 //!
-//! One cluster of 30 nodes, each with a podha agent, serves every scenario; each scenario has
+//! One cluster of 28 nodes, each with a podha agent, serves every scenario; each scenario has
 //! its own namespace, its own pair of nodes (pods pinned with node affinity) and its own
 //! PodHAPolicy selecting only those nodes and that namespace, so the scenarios run in parallel.
-//! At most 15 of 30 nodes can be dead at once (one per scenario, two in one), below the node
-//! lifecycle controller's 55 % "partial disruption" threshold. The last pair is watched, healthy,
-//! through the scenarios that disturb podha's leader and the API server.
+//! At most 15 of 28 nodes can be dead at once (one per scenario, two in one), below the node
+//! lifecycle controller's 55 % "partial disruption" threshold. A pair freed by a finished
+//! scenario is watched, healthy, through the scenarios that disturb podha's leader and cut podha
+//! off from the API server.
 //!
 //! Two operator replicas run in this process against the cluster (leader election on a Lease):
 //! only the leader writes. They authenticate as the chart's ServiceAccount, bound to the chart's
@@ -57,7 +58,7 @@ mod prometheus;
 #[path = "failover/replicas.rs"]
 mod replicas;
 
-const NODES: usize = 30;
+const NODES: usize = 28;
 /// The attach/detach controller's force-detach wait (maxWaitForUnmountDuration), plus margin.
 const STOCK_DETACH_WAIT: Duration = Duration::from_secs(8 * 60);
 

@@ -324,6 +324,17 @@ impl Proofs {
         })
     }
 
+    /// Whether a proof no fence acknowledgement answers may prove the fence alone (`anyOf`
+    /// with `BMC` or `CloudShutdownTaint`): an acknowledgement the node contradicts then only
+    /// fails to count, and the other proof may still come.
+    pub fn may_prove_without_acknowledgement(self) -> bool {
+        !self.needs_all()
+            && self.count() > 1
+            && self
+                .members()
+                .any(|p| matches!(p, FencingProof::Bmc | FencingProof::CloudShutdownTaint))
+    }
+
     /// As the policy says it: `Agent`, `AnyOf [AgentAcknowledged, BMC]`.
     pub fn describe(self) -> String {
         match self.single() {

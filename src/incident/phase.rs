@@ -26,16 +26,20 @@ pub enum Phase {
     /// With a `fencing.proof`: node judged failed until the proof was there and the
     /// out-of-service taint went on (part of `act`).
     Fence,
+    /// With the BMC's proof: the BMC accepting podha's `ForceOff` until it said `Off` (the
+    /// BMC's own delay in applying the reset, part of `fence`).
+    PowerOff,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
         Phase::Detect,
         Phase::Act,
         Phase::Detach,
         Phase::Recover,
         Phase::Total,
         Phase::Fence,
+        Phase::PowerOff,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +50,7 @@ impl Phase {
             Phase::Recover => "recover",
             Phase::Total => "total",
             Phase::Fence => "fence",
+            Phase::PowerOff => "power_off",
         }
     }
 }

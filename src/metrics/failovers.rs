@@ -73,7 +73,8 @@ impl Failovers {
                      act (until pods deleted or node tainted), detach (until the old volume \
                      attachment was gone), recover (until the replacement ran with its volume \
                      attached) and total; with a fencing proof also fence (judged failed until \
-                     the proof was there).",
+                     the proof was there), and with the BMC's power_off (the BMC accepting \
+                     podha's ForceOff until it said Off).",
                 )
                 .buckets(PHASE_BUCKETS.to_vec()),
                 &[POLICY, "phase"],

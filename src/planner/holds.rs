@@ -189,16 +189,22 @@ pub(super) enum Settle {
 }
 
 pub(super) fn settle(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInput<'_>) -> Settle {
-    let acted = incident.acted();
+    if incident.acted() {
+        return Settle::Go;
+    }
+    settled(policy, incident, input)
+}
+
+/// Whether the settle rule lets a first action on `incident`'s node go now, whatever podha did
+/// there already: what a request of another kind, asked for the first time in a failover under
+/// way (a `ForceOff` beside an agent's fence request), must pass too.
+pub(super) fn settled(policy: PolicyRef<'_>, incident: &Incident, input: &PlanInput<'_>) -> Settle {
     let (Some(nodes), Some(dead)) = (
         input.health.get(policy.name),
         input.heartbeats.get(&incident.node),
     ) else {
         return Settle::Go;
     };
-    if acted {
-        return Settle::Go;
-    }
     // Anyone cut off together with the dead node has been silent since then too.
     let probes = Probes::of(policy);
     let cutoff = dead.certainly_silent_by(probes);

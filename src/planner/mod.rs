@@ -259,7 +259,7 @@ fn plan_incident<'p>(
     if failed.held() {
         return;
     }
-    if let Some(on) = taints::power_on(node_obj, node_policy, incident) {
+    if let Some(on) = taints::power_on(node_obj, node_policy, incident, input) {
         out.intents
             .push(dry_run_guard(node_policy, node, on, failed.rehearsal()));
     }
@@ -353,7 +353,22 @@ fn plan_fence(
         // A node that rebooted since it was judged dead is coming back: its new boot is asked
         // for nothing (the reboot ended the boot podha judged) and waits to be heard again.
         if moving_for_real && !failed.incident.rebooted(node_obj) {
-            let asks = taints::fence_requests(node_obj, policy, failed.incident, failed.input);
+            // A request not yet accepted is a new action: not while a pause or the settle
+            // wait would hold a first one (under `anyOf`, another request's acceptance already
+            // counts as acting).
+            let paused = policy.spec.paused || crate::api::node_paused(node_obj);
+            let may_ask_anew = !paused
+                && matches!(
+                    holds::settled(policy, failed.incident, failed.input),
+                    holds::Settle::Go
+                );
+            let asks = taints::fence_requests(
+                node_obj,
+                policy,
+                failed.incident,
+                failed.input,
+                may_ask_anew,
+            );
             out.intents.extend(
                 asks.into_iter()
                     .map(|ask| dry_run_guard(policy, node, ask, rehearsal)),

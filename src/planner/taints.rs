@@ -162,9 +162,15 @@ pub(super) fn fence_check(
             .then(|| agent.silence_doubt())
             .flatten();
     // Only an acknowledgement of this incident's request: an older one proves nothing here,
-    // and what the node did after it says nothing of this fence.
+    // and what the node did after it says nothing of this fence. Under `anyOf` with a proof no
+    // acknowledgement answers (the BMC's), the contradicted acknowledgement only fails to
+    // count: that proof may still come.
     let contradicted = match agent.acknowledgement(node) {
-        Acknowledgement::Contradicted { renewals } if proofs.requests_fence() => Some(renewals),
+        Acknowledgement::Contradicted { renewals }
+            if proofs.requests_fence() && !proofs.may_prove_without_acknowledgement() =>
+        {
+            Some(renewals)
+        }
         _ => None,
     };
     FenceCheck {
@@ -211,19 +217,22 @@ fn proof_pending(node_policy: PolicyRef<'_>, proven: bool) -> bool {
 /// The fences to ask for while the proof is missing, one per proof asked for (under `anyOf`
 /// and `allOf` all at once): on the Node once per incident, for the `Agent` proofs only of a
 /// node that runs an agent, for `External` of any (the user's fence controller answers); for
-/// `BMC`, of the node's BMC (see [`power_off`]).
+/// `BMC`, of the node's BMC (see [`power_off`]). A request not yet accepted is asked only if
+/// `may_ask_anew` (no pause, the settle rule passed); the reads of a `ForceOff` accepted go on.
 pub(super) fn fence_requests(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
     input: &PlanInput<'_>,
+    may_ask_anew: bool,
 ) -> Vec<Intent> {
     let proofs = node_policy.spec.fencing.proofs();
     let mut asks = Vec::new();
-    if proofs.asks(FencingProof::Bmc) {
+    if proofs.asks(FencingProof::Bmc) && (may_ask_anew || incident.power_off.is_some()) {
         asks.extend(power_off(node, node_policy, incident, input));
     }
     if proofs.requests_fence()
+        && may_ask_anew
         && incident.fence_request.is_none()
         && (proofs.asks(FencingProof::External) || agent_addr(node).is_some())
     {
@@ -276,11 +285,14 @@ fn power_off(
 /// With `fencing.bmc.powerCycle`: the `On`, once per incident, of a machine podha powered off,
 /// after the BMC said `Off` and the failover is done (the moved pods' volumes detached from the
 /// node and their replacements running). Under `anyOf`, another proof may have let the taint on
-/// before the BMC said `Off`: its power is read until it does, then the `On` follows.
+/// before the BMC said `Off`: its power is read from then on until it does, so that the `Off`
+/// is seen soon after the `ForceOff`. Neither for a machine that ran since the `ForceOff` (a
+/// new boot, a Lease renewal after it): someone powered it on, and decides what follows.
 pub(super) fn power_on(
     node: &Node,
     node_policy: PolicyRef<'_>,
     incident: &Incident,
+    input: &PlanInput<'_>,
 ) -> Option<Intent> {
     let fencing = &node_policy.spec.fencing;
     let bmc = fencing.bmc.as_ref().filter(|b| b.power_cycle)?;
@@ -289,31 +301,39 @@ pub(super) fn power_on(
     // repair, a thermal trip), who alone may switch it on. Not while the policy or the node is
     // paused: someone is working on the machine (it is switched on once the pause ends).
     let paused = node_policy.spec.paused || crate::api::node_paused(node);
-    let due = !paused
+    let ran_since = incident.rebooted(node)
+        || input
+            .heartbeats
+            .get(&incident.node)
+            .and_then(|hb| hb.renewal_not_before)
+            .is_some_and(|renewed| renewed > power_off.accepted_at);
+    let ours = !paused
+        && !ran_since
         && fencing.proofs().asks(FencingProof::Bmc)
         && power_off.by_podha
-        && incident.recovered_at.is_some()
         && power_off.on_requested_at.is_none();
-    let secret = bmc.secret_for(node).filter(|_| due)?;
+    let secret = bmc.secret_for(node).filter(|_| ours)?;
     let (node_name, policy, system_uuid) = (
         incident.node.clone(),
         node_policy.name.to_string(),
         bmc.expected_uuid(node),
     );
-    Some(match power_off.confirmed_at {
-        None => Intent::ConfirmPowerOff {
+    match power_off.confirmed_at {
+        // Before the taint the proof's own reads go out (`power_off`).
+        None if incident.tainted => Some(Intent::ConfirmPowerOff {
             node: node_name,
             policy,
             secret,
             system_uuid,
-        },
-        Some(_) => Intent::PowerOn {
+        }),
+        Some(_) if incident.recovered_at.is_some() => Some(Intent::PowerOn {
             node: node_name,
             policy,
             secret,
             system_uuid,
-        },
-    })
+        }),
+        _ => None,
+    }
 }
 
 /// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service

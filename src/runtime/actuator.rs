@@ -63,6 +63,10 @@ pub enum RetryPolicy {
     /// The request itself is refused (RBAC, an invalid object, a request podha cannot build):
     /// the same request fails the same way until someone changes the cluster or podha.
     GiveUp,
+    /// The request was answered, and what it waits for has not happened yet (a BMC that does
+    /// not say `Off` yet): asked again at a steady [`crate::backoff::POLL_INTERVAL`] (for a
+    /// while), so that the moment it happens is seen within that, not after a doubled delay.
+    Poll,
 }
 
 impl ActError {
@@ -90,6 +94,7 @@ impl ActError {
         match self {
             Self::Api(error) => api_retry(error),
             Self::Conflict(_) | Self::TimedOut(_) | Self::NotLeader => RetryPolicy::Retry,
+            Self::Power(PowerError::NotOff { .. }) => RetryPolicy::Poll,
             Self::Power(error) if error.is_transient() => RetryPolicy::Retry,
             Self::Power(_) => RetryPolicy::GiveUp,
             // A hold sent as an action is a bug of podha's; sending it again repeats it.

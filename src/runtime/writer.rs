@@ -337,7 +337,7 @@ impl Writer {
                     .inc_api_errors(ApiOperation::Action(kind));
                 let cause = e.metric_label();
                 match e.retry() {
-                    RetryPolicy::Retry => {
+                    RetryPolicy::Retry | RetryPolicy::Poll => {
                         warn!(?intent, error = %e, cause, "action failed; will retry");
                     }
                     // RBAC or an invalid request: only a change to the cluster or to podha helps.

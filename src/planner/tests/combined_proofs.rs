@@ -2,7 +2,7 @@
 //! first to come (`anyOf`) or the last (`allOf`) letting the taint on, and a judgement without
 //! the kubelet's heartbeat only behind a combination that is confirmed.
 
-use super::fencing::{acknowledge, agent_silent_for, with_agents};
+use super::fencing::{acknowledge, agent_silent_for, renewed_after_ack, with_agents};
 use super::*;
 use crate::api::{BmcFencing, Fencing, FencingProof, Signal};
 
@@ -191,10 +191,41 @@ fn a_combination_without_its_list_is_never_proven() {
 }
 
 /// Under `anyOf` with `powerCycle`, the agent's acknowledgement let the taint on before the BMC
-/// said `Off`: once the failover is done, podha reads the machine's power until it says `Off`,
-/// then powers it on, once.
+/// said `Off`: podha reads the machine's power from the taint on until it says `Off`, and
+/// powers it on once the failover is done, once.
 #[test]
 fn a_machine_powered_off_beside_another_proof_is_read_then_powered_on() {
+    let mut world = tainted_beside_the_ack();
+    assert_eq!(power(&world), ["read power of node-1"]);
+    world.ledger.record_powered_off("node-1", world.now);
+    assert_eq!(
+        power(&world),
+        Vec::<String>::new(),
+        "not before the failover is done"
+    );
+    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    assert_eq!(power(&world), ["power on node-1"]);
+    world.ledger.record_power_on("node-1", world.now);
+    assert_eq!(power(&world), Vec::<String>::new(), "once per incident");
+}
+
+/// A machine that ran after podha's `ForceOff` (its kubelet renewed; someone powered it on) is
+/// neither read nor powered on: whoever switched it on decides what follows.
+#[test]
+fn a_machine_that_ran_since_the_power_off_is_left_to_whoever_switched_it_on() {
+    let mut world = tainted_beside_the_ack();
+    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    world
+        .heartbeats
+        .insert("node-1".into(), renewed_at(world.now));
+    assert_eq!(power(&world), Vec::<String>::new());
+    world.ledger.record_powered_off("node-1", world.now);
+    assert_eq!(power(&world), Vec::<String>::new());
+}
+
+/// `node-1` dead and tainted under `anyOf [AgentAcknowledged, BMC]` with `powerCycle`, its
+/// BMC having accepted podha's `ForceOff` a second ago, nothing read yet.
+fn tainted_beside_the_ack() -> World {
     let mut spec = ack_or_bmc(mk_spec());
     if let Some(bmc) = spec.fencing.bmc.as_mut() {
         bmc.power_cycle = true;
@@ -202,22 +233,57 @@ fn a_machine_powered_off_beside_another_proof_is_read_then_powered_on() {
     let mut world = World::new(with_agents(cluster(3)))
         .policy("p", spec)
         .fail_tainted("node-1");
-    world.ledger.record_power_off("node-1", world.now, true);
-    let power = |world: &World| -> Vec<String> {
-        intent_names(&world.plan())
-            .into_iter()
-            .filter(|i| i.contains("power"))
-            .collect()
-    };
+    let accepted = world.now - Duration::from_secs(1);
+    world.ledger.record_power_off("node-1", accepted, true);
+    world
+}
+
+/// The power intents of a round.
+fn power(world: &World) -> Vec<String> {
+    intent_names(&world.plan())
+        .into_iter()
+        .filter(|i| i.contains("power"))
+        .collect()
+}
+
+/// Under `anyOf` with a proof no acknowledgement answers, an acknowledgement the node
+/// contradicts only fails to count: the BMC may still prove the fence.
+#[test]
+fn under_any_of_a_contradicted_acknowledgement_leaves_the_bmc_to_prove_the_fence() {
+    let mut world = asked(ack_or_bmc(mk_spec()));
+    acknowledge(&mut world, "node-1", "p/1");
+    renewed_after_ack(&mut world, "node-1", 2);
     assert_eq!(
-        power(&world),
-        Vec::<String>::new(),
-        "not before the failover is done"
+        intent_names(&world.plan()),
+        ["read power of node-1", "hold FencingPending"]
     );
-    world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
-    assert_eq!(power(&world), ["read power of node-1"]);
     world.ledger.record_powered_off("node-1", world.now);
-    assert_eq!(power(&world), ["power on node-1"]);
-    world.ledger.record_power_on("node-1", world.now);
-    assert_eq!(power(&world), Vec::<String>::new(), "once per incident");
+    assert_eq!(intent_names(&world.plan()), [TAINT]);
+}
+
+/// A request not yet accepted is a new action: under `anyOf`, the agent's fence request
+/// written, a `ForceOff` that failed is not sent again while the node is paused (someone works
+/// on the machine), and goes once the pause ends.
+#[test]
+fn no_first_power_off_while_paused_though_another_request_went_out() {
+    let mut world = World::new(with_agents(cluster(3)))
+        .policy("p", ack_or_bmc(mk_spec()))
+        .fail("node-1");
+    world.ledger.record_fence_request("node-1", "p/1");
+    let pause = |world: &mut World, on: &str| {
+        let node = (*world.view.nodes["node-1"])
+            .clone()
+            .annotation(crate::api::PAUSE_ANNOTATION, on);
+        world.view.nodes.insert("node-1".into(), node.into());
+    };
+    pause(&mut world, "true");
+    assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
+    world.specs[0].1.paused = true;
+    pause(&mut world, "false");
+    assert_eq!(intent_names(&world.plan()), ["hold FencingPending"]);
+    world.specs[0].1.paused = false;
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["power off node-1", "hold FencingPending"]
+    );
 }

@@ -610,7 +610,7 @@ fn a_fence_request_is_withdrawn_once_the_failure_is_over() {
 /// `node` renewed its Lease `renewals` times since the fence acknowledgement on it, in the same
 /// boot (otherwise silent since long before the incident, its agent not probed); the other
 /// nodes renewed just now.
-fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
+pub(super) fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
     agent_silent(world, node, 60, |_| true);
     let hb = world
         .heartbeats

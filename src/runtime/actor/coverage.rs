@@ -128,7 +128,7 @@ impl Actor {
         self.state.policies.values().any(|p| {
             p.spec
                 .taint_proof()
-                .is_some_and(|proofs| proofs.requires(FencingProof::Agent))
+                .is_some_and(|proofs| proofs.asks(FencingProof::Agent))
         })
     }
 

@@ -11,7 +11,9 @@ use tracing::warn;
 use super::super::actuator::RetryPolicy;
 use super::super::writer::{ActResult, count_dropped, intent_kind};
 use super::Actor;
-use crate::backoff::{ACTION_RETRY_MAX, Exponential, action_retry};
+use crate::backoff::{
+    ACTION_RETRY_MAX, Exponential, POLL_INTERVAL, POLLS_AT_INTERVAL, action_retry,
+};
 use crate::incident::MovedPod;
 use crate::planner::Intent;
 
@@ -29,6 +31,8 @@ struct Entry {
     sent: Option<Sent>,
     /// After a failure: when the action may be sent again, and the delays of the next ones.
     retry: Option<(Instant, Exponential)>,
+    /// How many answers in a row said the effect has not shown yet.
+    polls: u32,
 }
 
 /// Actions in flight or waiting for a retry, one per intent key: an action is sent once at a
@@ -74,12 +78,22 @@ impl Schedule {
             }
             Answer::Failed(policy) => policy,
         };
+        entry.polls = match policy {
+            RetryPolicy::Poll => entry.polls.saturating_add(1),
+            _ => 0,
+        };
+        let polls = entry.polls;
         let (due, delays) = entry.retry.get_or_insert_with(|| (now, action_retry()));
-        // The builder sets no limit on the number of delays: there is always a next one.
-        let next = delays.next().unwrap_or(ACTION_RETRY_MAX);
         let delay = match policy {
-            RetryPolicy::Retry => next,
-            RetryPolicy::GiveUp => ACTION_RETRY_MAX,
+            // The builder sets no limit on the number of delays: there is always a next one.
+            RetryPolicy::Retry => delays.next().unwrap_or(ACTION_RETRY_MAX),
+            RetryPolicy::GiveUp => {
+                delays.next();
+                ACTION_RETRY_MAX
+            }
+            // Answered: the backoff of failures does not advance.
+            RetryPolicy::Poll if polls <= POLLS_AT_INTERVAL => POLL_INTERVAL,
+            RetryPolicy::Poll => ACTION_RETRY_MAX,
         };
         *due = now + delay;
         Some((sent, Some(delay)))
@@ -253,6 +267,46 @@ mod tests {
             Some(Duration::from_millis(500)),
             "a success starts over"
         );
+    }
+
+    #[test]
+    fn a_read_whose_effect_has_not_shown_is_sent_again_every_second_without_backing_off() {
+        let mut now = Instant::now();
+        let mut schedule = Schedule::default();
+        for _ in 0..POLLS_AT_INTERVAL {
+            schedule.send("confirm-power-off/n1".into(), sent());
+            let (_, retry) = schedule
+                .answer(
+                    "confirm-power-off/n1",
+                    Answer::Failed(RetryPolicy::Poll),
+                    now,
+                )
+                .expect("in flight");
+            assert_eq!(retry, Some(POLL_INTERVAL));
+            assert!(!schedule.is_due("confirm-power-off/n1", now + POLL_INTERVAL / 2));
+            now += POLL_INTERVAL;
+            assert!(schedule.is_due("confirm-power-off/n1", now));
+        }
+        // An effect that has not shown for so long is asked after the longest delay.
+        schedule.send("confirm-power-off/n1".into(), sent());
+        let (_, retry) = schedule
+            .answer(
+                "confirm-power-off/n1",
+                Answer::Failed(RetryPolicy::Poll),
+                now,
+            )
+            .expect("in flight");
+        assert_eq!(retry, Some(ACTION_RETRY_MAX));
+        // A failure after the polls starts the backoff from its first delay.
+        schedule.send("confirm-power-off/n1".into(), sent());
+        let (_, retry) = schedule
+            .answer(
+                "confirm-power-off/n1",
+                Answer::Failed(RetryPolicy::Retry),
+                now,
+            )
+            .expect("in flight");
+        assert_eq!(retry, Some(Duration::from_millis(500)));
     }
 
     #[test]

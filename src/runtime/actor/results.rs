@@ -14,7 +14,7 @@ use super::Actor;
 use super::dispatch::Sent;
 use super::judge;
 use super::reports::pod_reference;
-use crate::api::{FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::api::{FencingProof, NodeTaint, Proofs, TAINT_MARKER_ANNOTATION};
 use crate::incident::{Incident, Phase};
 use crate::metrics::TaintOperation;
 use crate::planner::Intent;
@@ -219,8 +219,16 @@ impl Actor {
                 .failovers
                 .observe_phase(&incident.policy, Phase::Fence, fence);
         }
-        let proof = evidence.map_or(String::new(), |e| {
-            format!("; fencing proof: {}", e.as_str())
+        // Under allOf every listed proof is there: the list says more than its last one.
+        let all_of = self
+            .state
+            .policies
+            .get(policy)
+            .map(|p| p.spec.fencing.proofs())
+            .filter(|p| p.needs_all());
+        let proof = evidence.map_or(String::new(), |e| match all_of {
+            Some(proofs) => format!("; fencing proof: {proofs}"),
+            None => format!("; fencing proof: {}", e.as_str()),
         });
         let note = format!(
             "tainted {}={}:{} (policy {policy}{proof})",
@@ -239,20 +247,20 @@ impl Actor {
     fn record_fence_request(&mut self, node: &str, policy: &str, request: &str) {
         self.ledger.record_fence_request(node, request);
         info!(node, request, "fence requested on the node");
-        let agent_proof = self
-            .state
-            .policies
-            .get(policy)
-            .is_some_and(|p| p.spec.fencing.proofs().asks(FencingProof::Agent));
+        let proofs = self.proofs_of(policy);
+        let waits_for = match proofs.and_then(Proofs::single) {
+            Some(FencingProof::Agent) => {
+                "the fence's acknowledgement (podha.io/fence-ack) or the agent's silence".into()
+            }
+            Some(_) => "the fence's acknowledgement (podha.io/fence-ack)".into(),
+            None => format!(
+                "fencing.proof {}",
+                proofs.map(|p| p.describe()).unwrap_or_default()
+            ),
+        };
         let note = format!(
             "asked for a fence of the node (podha.io/fence-request {request}, policy {policy}); \
-             the out-of-service taint waits for the fence's acknowledgement \
-             (podha.io/fence-ack){}",
-            if agent_proof {
-                " or the agent's silence"
-            } else {
-                ""
-            }
+             the out-of-service taint waits for {waits_for}"
         );
         let ev = self.node_event(node, true, "FenceRequested", "Fence", note);
         self.queue_event(ev);
@@ -261,18 +269,36 @@ impl Actor {
     fn record_power_off_requested(&mut self, node: &str, policy: &str, secret: &str, now: Instant) {
         self.ledger.record_power_off(node, now, true);
         info!(node, secret, "the BMC accepted ForceOff");
+        let waits_for = match self.proofs_of(policy) {
+            Some(proofs) if proofs.single().is_none() => format!("fencing.proof {proofs}"),
+            _ => "the BMC to say PowerState Off".to_string(),
+        };
         let note = format!(
             "asked the node's BMC (Secret {secret}) to force the machine off (policy {policy}); \
-             the out-of-service taint waits until the BMC says PowerState Off"
+             the out-of-service taint waits for {waits_for}"
         );
         let ev = self.node_event(node, true, "PowerOffRequested", "Fence", note);
         self.queue_event(ev);
     }
 
     fn record_powered_off(&mut self, node: &str, now: Instant) {
+        let first = self
+            .ledger
+            .get(node)
+            .and_then(|i| i.power_off)
+            .is_some_and(|p| p.confirmed_at.is_none());
         self.ledger.record_powered_off(node, now);
         let power_off = self.ledger.get(node).and_then(|i| i.power_off);
         info!(node, ?power_off, "the BMC says the machine is off");
+        if let Some(p) = power_off.filter(|p| p.by_podha && first)
+            && let Some(incident) = self.ledger.get(node)
+        {
+            self.metrics.failovers.observe_phase(
+                &incident.policy,
+                Phase::PowerOff,
+                now.saturating_duration_since(p.accepted_at),
+            );
+        }
         let note = match power_off {
             Some(p) if p.by_podha => format!(
                 "the node's BMC says PowerState Off, {:.1}s after it accepted podha's ForceOff: \
@@ -323,13 +349,29 @@ impl Actor {
         if !self.reported.first(node, format!("{reason}/{cause}")) {
             return;
         }
+        let tainted = self.ledger.get(node).is_some_and(|i| i.tainted);
         let note = if matches!(intent, Intent::PowerOn { .. }) {
             format!("{error}; the machine stays off until the BMC powers it on")
+        } else if tainted {
+            // Another proof of an anyOf let the taint on; podha reads on for powerCycle.
+            format!(
+                "{error}; another fencing proof let the taint on: podha reads the machine's \
+                 power until it says Off, and powers it on after the failover \
+                 (fencing.bmc.powerCycle)"
+            )
         } else {
             format!("{error}; the node stays held: nothing is tainted or deleted there")
         };
         let ev = self.node_event(node, true, reason, "Fence", note);
         self.queue_event(ev);
+    }
+
+    /// The proofs `policy` asks for, while it is known.
+    fn proofs_of(&self, policy: &str) -> Option<Proofs> {
+        self.state
+            .policies
+            .get(policy)
+            .map(|p| p.spec.fencing.proofs())
     }
 
     /// What proves `node` fenced for `policy` now, as the planner judged it (from the same

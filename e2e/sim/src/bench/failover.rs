@@ -26,7 +26,7 @@ use crate::failover::{Operator, apply_policy, install_crd, measure, subject_stat
 
 #[derive(clap::Args, Debug)]
 pub struct FailoverArgs {
-    /// Modes to run: none, iomesh-like, default, fast (comma-separated).
+    /// Modes to run: none, iomesh-like, default, fast, agent, bmc (comma-separated).
     #[arg(
         long,
         value_delimiter = ',',
@@ -144,6 +144,12 @@ pub enum Mode {
     /// with the shortest timings the agent accepts: an 8 s isolation timeout, a 4 s watchdog
     /// in each node's BMC, 1 s peer surveys). The price of safety, beside `fast`.
     Agent,
+    /// Judged on probes alone (kubelet TCP, 1 s, 3 failures: no wait for the Lease) and proven
+    /// by the node's BMC (`fencing.proof: BMC`): the out-of-service taint once its Redfish
+    /// system says `Off` after podha's `ForceOff`. The sim's BMCs are the sushy-tools
+    /// emulator, which applies a reset 0–11 s after it answers: each trial reports that delay
+    /// (podha's `power_off` phase) beside the failover.
+    Bmc,
 }
 
 /// The agents' isolation timeout in the `agent` mode: the shortest the agent accepts.
@@ -162,7 +168,14 @@ impl Mode {
             Mode::Default => "default",
             Mode::Fast => "fast",
             Mode::Agent => "agent",
+            Mode::Bmc => "bmc",
         }
+    }
+
+    /// Whether the mode's policy asks for the BMC's proof, so that its nodes need Redfish
+    /// BMCs and Secrets.
+    pub fn needs_bmcs(self) -> bool {
+        self == Mode::Bmc
     }
 
     /// Whether the mode's policy asks for the agent's proof, so that its nodes need agents.
@@ -204,6 +217,16 @@ impl Mode {
                 "action": "OutOfServiceTaint",
                 "fencing": {"proof": "Agent", "agentMargin": "2s"},
             })),
+            Mode::Bmc => Some(json!({
+                "detection": {
+                    "signals": ["KubeletTCP"],
+                    "interval": "1s",
+                    "failureThreshold": 3,
+                    "tcpTimeout": "500ms",
+                },
+                "action": "OutOfServiceTaint",
+                "fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}"}},
+            })),
         }
     }
 }
@@ -221,6 +244,9 @@ pub struct Trial {
     pub act_s: Option<f64>,
     pub detach_s: Option<f64>,
     pub recover_s: Option<f64>,
+    /// With the BMC's proof: the BMC's own delay, from accepting podha's `ForceOff` to saying
+    /// `Off` (podha's `power_off` phase).
+    pub bmc_apply_s: Option<f64>,
     pub steps: Vec<(String, f64)>,
 }
 
@@ -238,6 +264,7 @@ impl Trial {
             act_s: secs(t.phase(Phase::Act)),
             detach_s: secs(t.phase(Phase::Detach)),
             recover_s: secs(t.phase(Phase::Recover)),
+            bmc_apply_s: None,
             steps: t
                 .steps
                 .iter()
@@ -261,6 +288,10 @@ pub struct Summary {
     pub act_median_s: Option<f64>,
     pub detach_median_s: Option<f64>,
     pub recover_median_s: Option<f64>,
+    /// With the BMC's proof: the median of the BMC's own delay, and of each trial's failover
+    /// without it.
+    pub bmc_apply_median_s: Option<f64>,
+    pub without_bmc_apply_median_s: Option<f64>,
     /// iomesh-like median / this mode's median, on the same kind of node.
     pub speedup_vs_iomesh_like: Option<f64>,
     pub not_recovered_within_s: Option<f64>,
@@ -311,6 +342,10 @@ pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
                 act_median_s: phase(|t| t.act_s),
                 detach_median_s: phase(|t| t.detach_s),
                 recover_median_s: phase(|t| t.recover_s),
+                bmc_apply_median_s: phase(|t| t.bmc_apply_s),
+                without_bmc_apply_median_s: phase(|t| {
+                    t.recovered_s.zip(t.bmc_apply_s).map(|(r, b)| r - b)
+                }),
                 speedup_vs_iomesh_like: None,
                 not_recovered_within_s: (!all_recovered)
                     .then(|| {
@@ -338,8 +373,8 @@ pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
 pub fn render(summaries: &[Summary]) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
-        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | vs iomesh-like |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | BMC apply | median without it | vs iomesh-like |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         let median = match (s.median_s, s.not_recovered_within_s) {
@@ -351,7 +386,7 @@ pub fn render(summaries: &[Summary]) -> String {
             .speedup_vs_iomesh_like
             .map_or("-".to_string(), |r| format!("{r:.1}x"));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s.mode.name(),
             s.nodes.name(),
             s.trials,
@@ -363,6 +398,8 @@ pub fn render(summaries: &[Summary]) -> String {
             f(s.act_median_s),
             f(s.detach_median_s),
             f(s.recover_median_s),
+            f(s.bmc_apply_median_s),
+            f(s.without_bmc_apply_median_s),
             ratio
         ));
     }
@@ -385,6 +422,7 @@ fn kill_phase(k: usize, n: usize) -> Duration {
 async fn run_group(
     cluster: &Cluster,
     client: &kube::Client,
+    podha: &Operator,
     group: &Group,
     args: &FailoverArgs,
 ) -> (Vec<Trial>, Option<anyhow::Error>) {
@@ -401,6 +439,7 @@ async fn run_group(
             Ok(s) => s,
             Err(e) => return (trials, Some(e)),
         };
+        let power_off_before = power_off_phase(podha, group);
         let t = match measure(
             cluster,
             client,
@@ -415,7 +454,10 @@ async fn run_group(
             Ok(t) => t,
             Err(e) => return (trials, Some(e.context(ns))),
         };
-        let trial = Trial::from_timeline(group, k, &t);
+        let mut trial = Trial::from_timeline(group, k, &t);
+        if group.mode.needs_bmcs() {
+            trial.bmc_apply_s = bmc_apply(power_off_before, power_off_phase(podha, group));
+        }
         eprintln!(
             "[{ns}] {} after {:.1?}",
             trial
@@ -485,11 +527,12 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
                 apply_policy(&client, &group.name(), spec).await?;
             }
         }
+        bmc_secrets(&cluster, &client, &groups).await?;
         let mut podha = Operator::start(&args.operator, &cluster)?;
         podha.wait_ready(Duration::from_secs(60)).await?;
         let runs = groups
             .iter()
-            .map(|group| run_group(&cluster, &client, group, &args));
+            .map(|group| run_group(&cluster, &client, &podha, group, &args));
         let mut trials = Vec::new();
         let mut errors = Vec::new();
         for (measured, error) in futures::future::join_all(runs).await {
@@ -531,6 +574,7 @@ fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
     opts.nodes = count(Nodes::Kwok);
     opts.real_nodes = count(Nodes::Real);
     opts.node_status_update_frequency = args.node_status_update_frequency;
+    opts.redfish_bmcs = groups.iter().any(|g| g.mode.needs_bmcs());
     if groups
         .iter()
         .any(|g| g.mode.needs_agents() && g.kind == Nodes::Kwok)
@@ -543,6 +587,57 @@ fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
         });
     }
     opts
+}
+
+/// The namespace podha runs in as the benchmark starts it (its Lease, the BMC Secrets).
+const PODHA_NAMESPACE: &str = "default";
+
+/// A BMC Secret for each node of a group whose mode asks for the BMC's proof, leading to its
+/// system on the cluster's Redfish service.
+async fn bmc_secrets(
+    cluster: &Cluster,
+    client: &kube::Client,
+    groups: &[Group],
+) -> anyhow::Result<()> {
+    let nodes: Vec<&String> = groups
+        .iter()
+        .filter(|g| g.mode.needs_bmcs())
+        .flat_map(|g| &g.nodes)
+        .collect();
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let access = cluster
+        .redfish()
+        .context("the cluster was started without Redfish BMCs")?;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), PODHA_NAMESPACE);
+    for node in nodes {
+        let secret = access.secret(node, node, PODHA_NAMESPACE)?;
+        secrets
+            .create(&Default::default(), &secret)
+            .await
+            .with_context(|| format!("creating the BMC Secret of {node}"))?;
+    }
+    Ok(())
+}
+
+/// The sum and count of podha's `power_off` phase for the group's policy: the BMCs' delays so
+/// far.
+fn power_off_phase(podha: &Operator, group: &Group) -> (f64, f64) {
+    let policy = format!("policy=\"{}\"", group.name());
+    let filters = [policy.as_str(), "phase=\"power_off\""];
+    let of = |name: &str| podha.metric(name, &filters);
+    (
+        of("podha_failover_phase_duration_seconds_sum").unwrap_or(0.0),
+        of("podha_failover_phase_duration_seconds_count").unwrap_or(0.0),
+    )
+}
+
+/// A trial's BMC delay: what the `power_off` phase gained during it, when it gained exactly one
+/// sample (a `ForceOff` podha sent and saw applied).
+fn bmc_apply((sum0, count0): (f64, f64), (sum1, count1): (f64, f64)) -> Option<f64> {
+    (count1 - count0 == 1.0).then_some(sum1 - sum0)
 }
 
 /// The policy of a group's mode (none for `none`), limited to the group's nodes and its trials'
@@ -597,8 +692,33 @@ mod tests {
             act_s: Some(0.1),
             detach_s: None,
             recover_s: None,
+            bmc_apply_s: None,
             steps: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_bmc_mode_reports_the_bmcs_delay_and_the_failover_without_it() {
+        let with = |recovered: f64, apply: f64| Trial {
+            bmc_apply_s: Some(apply),
+            ..trial(Mode::Bmc, Some(recovered))
+        };
+        let trials = vec![with(12.0, 7.0), with(9.0, 2.0), with(16.0, 10.5)];
+        let s = summarize(&trials, &[(Mode::Bmc, Nodes::Kwok)]);
+        assert_eq!(s[0].median_s, Some(12.0));
+        assert_eq!(s[0].bmc_apply_median_s, Some(7.0));
+        assert_eq!(s[0].without_bmc_apply_median_s, Some(5.5));
+        assert!(
+            render(&s).contains(
+                "| bmc | kwok | 3 | 3 | 9.0 | 12.0 | 16.0 | 6.0 | 0.1 | - | - | 7.0 | 5.5 |"
+            ),
+            "{}",
+            render(&s)
+        );
+        // A trial's delay: what the power_off phase gained, when it gained one sample.
+        assert_eq!(bmc_apply((3.5, 1.0), (10.0, 2.0)), Some(6.5));
+        assert_eq!(bmc_apply((3.5, 1.0), (3.5, 1.0)), None);
+        assert_eq!(bmc_apply((3.5, 1.0), (12.0, 3.0)), None);
     }
 
     #[test]

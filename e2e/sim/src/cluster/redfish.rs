@@ -215,6 +215,37 @@ impl RedfishAccess {
             .map_err(|e| Error::Other(format!("{node}'s Redfish system: {e}")))
     }
 
+    /// The Secret podha finds `node`'s BMC by under `fencing.bmc.secretName: bmc-{node}`, in
+    /// podha's `namespace`: this service's address, credentials and CA, `node`'s system,
+    /// labelled as the BMC of node `bound_to` (`node` itself, but for a test of a Secret that
+    /// leads elsewhere).
+    pub fn secret(
+        &self,
+        node: &str,
+        bound_to: &str,
+        namespace: &str,
+    ) -> Result<k8s_openapi::api::core::v1::Secret> {
+        let ca = std::fs::read_to_string(&self.ca_file)
+            .map_err(|e| Error::io(format!("read {}", self.ca_file.display()), e))?;
+        let data: std::collections::BTreeMap<&str, &str> = [
+            ("address", self.address.as_str()),
+            ("username", self.username.as_str()),
+            ("password", self.password.as_str()),
+            ("systemId", node),
+            ("ca.crt", ca.as_str()),
+        ]
+        .into();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": format!("bmc-{node}"),
+                "namespace": namespace,
+                "labels": { podha::api::BMC_NODE_LABEL: bound_to },
+            },
+            "stringData": data,
+        }))
+        .map_err(|e| Error::Other(format!("the BMC Secret of {node}: {e}")))
+    }
+
     /// The endpoint of `node`'s system.
     pub fn endpoint(&self, node: &str) -> Result<podha::redfish::Endpoint> {
         let pem = std::fs::read(&self.ca_file)
