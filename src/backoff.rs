@@ -11,8 +11,8 @@
 //! | [`action_retry`] | 500 ms | 2 | 30 s | no | never | on success |
 //!
 //! One wait is no backoff: an action answered whose effect has not shown yet (a BMC that does
-//! not say `Off` yet) is sent again every [`POLL_INTERVAL`], [`POLLS_AT_INTERVAL`] times in a
-//! row, then every [`ACTION_RETRY_MAX`].
+//! not say `Off` yet) is sent again every [`POLL_INTERVAL`], [`POLLS_AT_INTERVAL`] times, then
+//! every [`ACTION_RETRY_MAX`].
 //!
 //! Every backoff here is a [`Backoff`]: an iterator of delays that [`Backoff::reset`] starts
 //! over, which is also what kube-runtime's `WatchStreamExt::backoff` takes.
@@ -73,10 +73,10 @@ pub fn quick_restarts(first: Duration, longest: Duration, times: usize) -> Expon
 /// it.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How many answers in a row without the effect are asked again every [`POLL_INTERVAL`] (a
-/// minute's worth: a BMC applies a reset within seconds); later ones every
+/// How many answers without the effect are asked again every [`POLL_INTERVAL`] (20 s: a BMC
+/// applies a reset within seconds, and each read also reads its Secret); later ones every
 /// [`ACTION_RETRY_MAX`].
-pub const POLLS_AT_INTERVAL: u32 = 60;
+pub const POLLS_AT_INTERVAL: u32 = 20;
 
 /// The longest wait of [`action_retry`].
 pub const ACTION_RETRY_MAX: Duration = Duration::from_secs(30);

@@ -269,6 +269,8 @@ fn plan_incident<'p>(
     // lifecycle controller for up to 50 s).
     let check = taints::fence_check(node_obj, node_policy, incident, input);
     if let Some(hold) = taints::fence_contradicted(node_obj, node_policy, check) {
+        // Under `anyOf`, the BMC may still prove what the acknowledgement did not.
+        ask_for_fences(&failed, &np, out);
         out.intents.push(hold);
         return;
     }
@@ -322,6 +324,45 @@ fn unconfirmed_judgement(node_policy: PolicyRef<'_>, incident: &Incident) -> Opt
     })
 }
 
+/// The fences the node's policy asks for while its proof is missing: its agent, if it runs one
+/// and the policy takes its word, is asked to fence it, or its BMC to power it off. Only for a
+/// pod that would move for real: a pod whose policy only rehearses (`dryRun`) asks nothing of
+/// the machine (a rehearsing node policy says what it would ask).
+fn ask_for_fences(failed: &FailedNode<'_, '_>, np: &NodePlan<'_>, out: &mut Plan) {
+    let (node, node_obj, policy) = (failed.name(), failed.node, failed.policy);
+    let rehearsal = failed.rehearsal();
+    let moving_for_real = rehearsal
+        || np
+            .marks
+            .iter()
+            .chain(&np.deletes)
+            .any(|(owner, _)| !owner.spec.dry_run);
+    // A node that rebooted since it was judged dead is coming back: its new boot is asked for
+    // nothing (the reboot ended the boot podha judged) and waits to be heard again.
+    if !moving_for_real || failed.incident.rebooted(node_obj) {
+        return;
+    }
+    // A request not yet accepted is a new action: not while a pause or the settle wait would
+    // hold a first one (under `anyOf`, another request's acceptance already counts as acting).
+    let paused = policy.spec.paused || crate::api::node_paused(node_obj);
+    let may_ask_anew = !paused
+        && matches!(
+            holds::settled(policy, failed.incident, failed.input),
+            holds::Settle::Go
+        );
+    let asks = taints::fence_requests(
+        node_obj,
+        policy,
+        failed.incident,
+        failed.input,
+        may_ask_anew,
+    );
+    out.intents.extend(
+        asks.into_iter()
+            .map(|ask| dry_run_guard(policy, node, ask, rehearsal)),
+    );
+}
+
 /// The fence before anything moves: the taint, or, while the policy's fencing proof is not on
 /// the node, a hold (and a fence request to its agent). Returns whether the pods may be planned
 /// this round.
@@ -339,41 +380,8 @@ fn plan_fence(
         && !tainted
         && let Some(hold) = taints::fencing_pending(node_obj, policy, check)
     {
-        // A node that could still be running keeps its pods and volumes until the proof comes;
-        // its agent, if it runs one and the policy takes its word, is asked to fence it, or its
-        // BMC to power it off. Only for a pod that would move for real: a pod whose policy only
-        // rehearses (`dryRun`) asks nothing of the machine (a rehearsing node policy says what
-        // it would ask).
-        let moving_for_real = rehearsal
-            || np
-                .marks
-                .iter()
-                .chain(&np.deletes)
-                .any(|(owner, _)| !owner.spec.dry_run);
-        // A node that rebooted since it was judged dead is coming back: its new boot is asked
-        // for nothing (the reboot ended the boot podha judged) and waits to be heard again.
-        if moving_for_real && !failed.incident.rebooted(node_obj) {
-            // A request not yet accepted is a new action: not while a pause or the settle
-            // wait would hold a first one (under `anyOf`, another request's acceptance already
-            // counts as acting).
-            let paused = policy.spec.paused || crate::api::node_paused(node_obj);
-            let may_ask_anew = !paused
-                && matches!(
-                    holds::settled(policy, failed.incident, failed.input),
-                    holds::Settle::Go
-                );
-            let asks = taints::fence_requests(
-                node_obj,
-                policy,
-                failed.incident,
-                failed.input,
-                may_ask_anew,
-            );
-            out.intents.extend(
-                asks.into_iter()
-                    .map(|ask| dry_run_guard(policy, node, ask, rehearsal)),
-            );
-        }
+        // A node that could still be running keeps its pods and volumes until the proof comes.
+        ask_for_fences(failed, np, out);
         out.intents.push(hold);
         return false;
     }

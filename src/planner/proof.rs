@@ -394,6 +394,25 @@ pub fn proven(
     }
 }
 
+/// The proof `fencing` asks for, counting only the members the node has no part in (the BMC's
+/// `Off`, the cloud provider's shutdown taint), under an `anyOf` that lists one: what may still
+/// prove a node whose acknowledgement it contradicted (its own word and its agent's silence no
+/// longer count). `None` for any other policy.
+pub fn proven_without_the_node(
+    fencing: &Fencing,
+    node: &Node,
+    powered_off: bool,
+) -> Option<FenceEvidence> {
+    let proofs = fencing.proofs();
+    if !proofs.may_prove_without_acknowledgement() {
+        return None;
+    }
+    proofs
+        .members()
+        .filter(|p| matches!(p, FencingProof::Bmc | FencingProof::CloudShutdownTaint))
+        .find_map(|p| member_proven(p, fencing, node, AgentEvidence::default(), powered_off))
+}
+
 /// Whether one proof asked for is there.
 fn member_proven(
     proof: FencingProof,

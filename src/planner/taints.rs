@@ -14,7 +14,8 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 
 use super::proof::{
-    Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, system_uuid_shared_with,
+    Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, proven_without_the_node,
+    system_uuid_shared_with,
 };
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
@@ -151,28 +152,27 @@ pub(super) fn fence_check(
         .power_off
         .and_then(|p| p.confirmed_at)
         .is_some_and(|off| renewed.is_none_or(|renewed| renewed <= off));
-    // A judgement without the kubelet's heartbeat gets here only behind a confirmed proof
-    // (`unconfirmed_judgement` holds the others), which only confirmed evidence gives.
-    let proof = proven(fencing, node, agent, powered_off);
     let proofs = fencing.proofs();
+    // Only an acknowledgement of this incident's request: an older one proves nothing here,
+    // and what the node did after it says nothing of this fence.
+    let contradicted = match agent.acknowledgement(node) {
+        Acknowledgement::Contradicted { renewals } if proofs.requests_fence() => Some(renewals),
+        _ => None,
+    };
+    // A judgement without the kubelet's heartbeat gets here only behind a confirmed proof
+    // (`unconfirmed_judgement` holds the others), which only confirmed evidence gives. After a
+    // contradicted acknowledgement neither it nor the agent's silence counts: only a proof the
+    // node has no part in, under `anyOf`.
+    let proof = match contradicted {
+        None => proven(fencing, node, agent, powered_off),
+        Some(_) => proven_without_the_node(fencing, node, powered_off),
+    };
     // The agent's doubt is the reason for the hold only where its proof is required: under
     // `anyOf` another proof may still come.
     let doubt =
         (proofs.requires(FencingProof::Agent) && proof.is_none() && agent_addr(node).is_some())
             .then(|| agent.silence_doubt())
             .flatten();
-    // Only an acknowledgement of this incident's request: an older one proves nothing here,
-    // and what the node did after it says nothing of this fence. Under `anyOf` with a proof no
-    // acknowledgement answers (the BMC's), the contradicted acknowledgement only fails to
-    // count: that proof may still come.
-    let contradicted = match agent.acknowledgement(node) {
-        Acknowledgement::Contradicted { renewals }
-            if proofs.requests_fence() && !proofs.may_prove_without_acknowledgement() =>
-        {
-            Some(renewals)
-        }
-        _ => None,
-    };
     FenceCheck {
         proof,
         doubt,
@@ -181,13 +181,16 @@ pub(super) fn fence_check(
 }
 
 /// The hold of a node whose acknowledged fence its kubelet contradicts: nothing more is done
-/// there, whether or not the taint is on (the pods still there stay with their volumes).
+/// there, whether or not the taint is on (the pods still there stay with their volumes), until
+/// a proof the node has no part in comes (under `anyOf`: the BMC's `Off`, which podha still
+/// asks for).
 pub(super) fn fence_contradicted(
     node: &Node,
     node_policy: PolicyRef<'_>,
     check: FenceCheck,
 ) -> Option<Intent> {
-    check.contradicted.map(|renewals| Intent::Hold {
+    let unproven = check.contradicted.filter(|_| check.proof.is_none());
+    unproven.map(|renewals| Intent::Hold {
         policy: node_policy.name.to_string(),
         node: node.metadata.name.clone(),
         reason: HoldReason::FenceContradicted { renewals },
@@ -286,8 +289,9 @@ fn power_off(
 /// after the BMC said `Off` and the failover is done (the moved pods' volumes detached from the
 /// node and their replacements running). Under `anyOf`, another proof may have let the taint on
 /// before the BMC said `Off`: its power is read from then on until it does, so that the `Off`
-/// is seen soon after the `ForceOff`. Neither for a machine that ran since the `ForceOff` (a
-/// new boot, a Lease renewal after it): someone powered it on, and decides what follows.
+/// is seen soon after the `ForceOff`. Nothing for a machine that booted again since it was
+/// judged dead, and no `On` for one whose kubelet renewed its Lease after the BMC said `Off`:
+/// someone powered it on, and decides what follows.
 pub(super) fn power_on(
     node: &Node,
     node_policy: PolicyRef<'_>,
@@ -301,14 +305,15 @@ pub(super) fn power_on(
     // repair, a thermal trip), who alone may switch it on. Not while the policy or the node is
     // paused: someone is working on the machine (it is switched on once the pause ends).
     let paused = node_policy.spec.paused || crate::api::node_paused(node);
-    let ran_since = incident.rebooted(node)
-        || input
+    let renewed_after = |at| {
+        input
             .heartbeats
             .get(&incident.node)
             .and_then(|hb| hb.renewal_not_before)
-            .is_some_and(|renewed| renewed > power_off.accepted_at);
+            .is_some_and(|renewed| renewed > at)
+    };
     let ours = !paused
-        && !ran_since
+        && !incident.rebooted(node)
         && fencing.proofs().asks(FencingProof::Bmc)
         && power_off.by_podha
         && power_off.on_requested_at.is_none();
@@ -326,12 +331,14 @@ pub(super) fn power_on(
             secret,
             system_uuid,
         }),
-        Some(_) if incident.recovered_at.is_some() => Some(Intent::PowerOn {
-            node: node_name,
-            policy,
-            secret,
-            system_uuid,
-        }),
+        Some(off) if incident.recovered_at.is_some() && !renewed_after(off) => {
+            Some(Intent::PowerOn {
+                node: node_name,
+                policy,
+                secret,
+                system_uuid,
+            })
+        }
         _ => None,
     }
 }

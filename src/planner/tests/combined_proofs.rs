@@ -209,18 +209,34 @@ fn a_machine_powered_off_beside_another_proof_is_read_then_powered_on() {
     assert_eq!(power(&world), Vec::<String>::new(), "once per incident");
 }
 
-/// A machine that ran after podha's `ForceOff` (its kubelet renewed; someone powered it on) is
-/// neither read nor powered on: whoever switched it on decides what follows.
+/// A machine whose kubelet renewed its Lease after the BMC said `Off` was switched on by
+/// someone, who decides what follows: no `On` from podha. Nor anything for one that booted
+/// again since it was judged dead.
 #[test]
 fn a_machine_that_ran_since_the_power_off_is_left_to_whoever_switched_it_on() {
     let mut world = tainted_beside_the_ack();
+    let off_at = world.now - Duration::from_secs(1);
+    world.ledger.record_powered_off("node-1", off_at);
     world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
+    // A renewal written before the Off, seen late, says nothing.
+    world
+        .heartbeats
+        .insert("node-1".into(), renewed_at(off_at - Duration::from_secs(2)));
+    assert_eq!(power(&world), ["power on node-1"]);
     world
         .heartbeats
         .insert("node-1".into(), renewed_at(world.now));
     assert_eq!(power(&world), Vec::<String>::new());
-    world.ledger.record_powered_off("node-1", world.now);
-    assert_eq!(power(&world), Vec::<String>::new());
+
+    let mut rebooted = tainted_beside_the_ack();
+    rebooted
+        .ledger
+        .get_mut("node-1")
+        .expect("open")
+        .boot_at_failure = Some("boot-1".into());
+    let node = (*rebooted.view.nodes["node-1"]).clone().boot("boot-2");
+    rebooted.view.nodes.insert("node-1".into(), node.into());
+    assert_eq!(power(&rebooted), Vec::<String>::new(), "no read either");
 }
 
 /// `node-1` dead and tainted under `anyOf [AgentAcknowledged, BMC]` with `powerCycle`, its
@@ -246,8 +262,9 @@ fn power(world: &World) -> Vec<String> {
         .collect()
 }
 
-/// Under `anyOf` with a proof no acknowledgement answers, an acknowledgement the node
-/// contradicts only fails to count: the BMC may still prove the fence.
+/// Under `anyOf` with a proof the node has no part in, an acknowledgement the node
+/// contradicts holds the node as under a single proof, and its agent's silence no longer
+/// counts either; but the BMC is still asked and read, and its `Off` proves the fence.
 #[test]
 fn under_any_of_a_contradicted_acknowledgement_leaves_the_bmc_to_prove_the_fence() {
     let mut world = asked(ack_or_bmc(mk_spec()));
@@ -255,10 +272,36 @@ fn under_any_of_a_contradicted_acknowledgement_leaves_the_bmc_to_prove_the_fence
     renewed_after_ack(&mut world, "node-1", 2);
     assert_eq!(
         intent_names(&world.plan()),
-        ["read power of node-1", "hold FencingPending"]
+        ["read power of node-1", "hold FenceContradicted"]
     );
     world.ledger.record_powered_off("node-1", world.now);
     assert_eq!(intent_names(&world.plan()), [TAINT]);
+
+    // The ForceOff not accepted yet is sent (again).
+    let mut unasked = World::new(with_agents(cluster(3)))
+        .policy("p", ack_or_bmc(mk_spec()))
+        .fail("node-1");
+    unasked.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut unasked, "node-1", "p/1");
+    renewed_after_ack(&mut unasked, "node-1", 2);
+    assert_eq!(
+        intent_names(&unasked.plan()),
+        ["power off node-1", "hold FenceContradicted"]
+    );
+
+    // The agent's silence after a contradicted acknowledgement proves nothing.
+    let silence_or_bmc = combined(mk_spec(), false, &[FencingProof::Agent, FencingProof::Bmc]);
+    let mut silent = asked(silence_or_bmc);
+    acknowledge(&mut silent, "node-1", "p/1");
+    renewed_after_ack(&mut silent, "node-1", 2);
+    agent_silent_for(&mut silent, "node-1", 3600);
+    if let Some(hb) = silent.heartbeats.get_mut("node-1") {
+        hb.renewals_since_ack = 2;
+    }
+    assert_eq!(
+        intent_names(&silent.plan()),
+        ["read power of node-1", "hold FenceContradicted"]
+    );
 }
 
 /// A request not yet accepted is a new action: under `anyOf`, the agent's fence request

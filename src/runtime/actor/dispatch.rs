@@ -31,9 +31,15 @@ struct Entry {
     sent: Option<Sent>,
     /// After a failure: when the action may be sent again, and the delays of the next ones.
     retry: Option<(Instant, Exponential)>,
-    /// How many answers in a row said the effect has not shown yet.
+    /// How many answers said the effect has not shown yet, since the action last succeeded
+    /// (or since a pause longer than [`POLLS_FORGOTTEN_AFTER`]), and when the last did.
     polls: u32,
+    last_poll: Option<Instant>,
 }
+
+/// A gap between two polls after which the count starts over: a new wait (the next incident
+/// of the node), not the same one going on at the longest delay.
+const POLLS_FORGOTTEN_AFTER: Duration = ACTION_RETRY_MAX.saturating_mul(2);
 
 /// Actions in flight or waiting for a retry, one per intent key: an action is sent once at a
 /// time, and a failed one not before its backoff allows (kube-runtime's scheduler does the same
@@ -78,10 +84,17 @@ impl Schedule {
             }
             Answer::Failed(policy) => policy,
         };
-        entry.polls = match policy {
-            RetryPolicy::Poll => entry.polls.saturating_add(1),
-            _ => 0,
-        };
+        if policy == RetryPolicy::Poll {
+            let forgotten = entry
+                .last_poll
+                .is_some_and(|last| now.saturating_duration_since(last) > POLLS_FORGOTTEN_AFTER);
+            entry.polls = if forgotten {
+                1
+            } else {
+                entry.polls.saturating_add(1)
+            };
+            entry.last_poll = Some(now);
+        }
         let polls = entry.polls;
         let (due, delays) = entry.retry.get_or_insert_with(|| (now, action_retry()));
         let delay = match policy {
@@ -297,7 +310,9 @@ mod tests {
             )
             .expect("in flight");
         assert_eq!(retry, Some(ACTION_RETRY_MAX));
-        // A failure after the polls starts the backoff from its first delay.
+        // A failure meanwhile starts the backoff from its first delay, and the polls go on
+        // from where they were: a BMC that times out now and then is no reason to read it
+        // every second for good.
         schedule.send("confirm-power-off/n1".into(), sent());
         let (_, retry) = schedule
             .answer(
@@ -307,6 +322,26 @@ mod tests {
             )
             .expect("in flight");
         assert_eq!(retry, Some(Duration::from_millis(500)));
+        schedule.send("confirm-power-off/n1".into(), sent());
+        let (_, retry) = schedule
+            .answer(
+                "confirm-power-off/n1",
+                Answer::Failed(RetryPolicy::Poll),
+                now,
+            )
+            .expect("in flight");
+        assert_eq!(retry, Some(ACTION_RETRY_MAX));
+        // A new wait, long after: polled every second again.
+        let later = now + POLLS_FORGOTTEN_AFTER + POLL_INTERVAL;
+        schedule.send("confirm-power-off/n1".into(), sent());
+        let (_, retry) = schedule
+            .answer(
+                "confirm-power-off/n1",
+                Answer::Failed(RetryPolicy::Poll),
+                later,
+            )
+            .expect("in flight");
+        assert_eq!(retry, Some(POLL_INTERVAL));
     }
 
     #[test]

@@ -352,13 +352,15 @@ impl Actor {
         let tainted = self.ledger.get(node).is_some_and(|i| i.tainted);
         let note = if matches!(intent, Intent::PowerOn { .. }) {
             format!("{error}; the machine stays off until the BMC powers it on")
-        } else if tainted {
+        } else if tainted && matches!(intent, Intent::ConfirmPowerOff { .. }) {
             // Another proof of an anyOf let the taint on; podha reads on for powerCycle.
             format!(
                 "{error}; another fencing proof let the taint on: podha reads the machine's \
-                 power until it says Off, and powers it on after the failover \
+                 power until it says Off, then powers it on after the failover \
                  (fencing.bmc.powerCycle)"
             )
+        } else if tainted {
+            format!("{error}; another fencing proof let the taint on")
         } else {
             format!("{error}; the node stays held: nothing is tainted or deleted there")
         };

@@ -148,7 +148,8 @@ pub enum Mode {
     /// by the node's BMC (`fencing.proof: BMC`): the out-of-service taint once its Redfish
     /// system says `Off` after podha's `ForceOff`. The sim's BMCs are the sushy-tools
     /// emulator, which applies a reset 0–11 s after it answers: each trial reports that delay
-    /// (podha's `power_off` phase) beside the failover.
+    /// (podha's `power_off` phase) beside the failover. With `powerCycle`: podha powers the
+    /// machine on after the failover, and the next trial waits for it.
     Bmc,
 }
 
@@ -225,7 +226,8 @@ impl Mode {
                     "tcpTimeout": "500ms",
                 },
                 "action": "OutOfServiceTaint",
-                "fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}"}},
+                // podha powers the machine on after the failover: the next trial needs it.
+                "fencing": {"proof": "BMC", "bmc": {"secretName": "bmc-{node}", "powerCycle": true}},
             })),
         }
     }
@@ -469,12 +471,18 @@ async fn run_group(
         );
         trials.push(trial);
         if k < args.trials {
-            // The next trial needs the group whole again.
-            if let Err(e) = cluster.start_node(&t.node).await {
-                return (
-                    trials,
-                    Some(anyhow::Error::from(e).context(format!("restarting {}", t.node))),
-                );
+            // The next trial needs the group whole again: podha powers a BMC-fenced machine
+            // on itself (powerCycle), and takes its taint off once it is back.
+            let whole = if group.mode.needs_bmcs() {
+                back_from_power_cycle(client, &t.node).await
+            } else {
+                cluster
+                    .start_node(&t.node)
+                    .await
+                    .map_err(anyhow::Error::from)
+            };
+            if let Err(e) = whole {
+                return (trials, Some(e.context(format!("restarting {}", t.node))));
             }
             let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
                 kube::Api::all(client.clone());
@@ -632,6 +640,38 @@ fn power_off_phase(podha: &Operator, group: &Group) -> (f64, f64) {
         of("podha_failover_phase_duration_seconds_sum").unwrap_or(0.0),
         of("podha_failover_phase_duration_seconds_count").unwrap_or(0.0),
     )
+}
+
+/// Waits until podha powered `node` on again after its failover (`powerCycle`) and took its
+/// taint off: the node Ready, untainted.
+async fn back_from_power_cycle(client: &kube::Client, node: &str) -> anyhow::Result<()> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let n = nodes.get(node).await?;
+        let ready = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let tainted = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t.key == podha::api::OUT_OF_SERVICE_TAINT_KEY)
+            });
+        if ready && !tainted {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{node} not back (Ready, untainted) 240 s after its failover: podha powers it on after the failover (powerCycle)"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// A trial's BMC delay: what the `power_off` phase gained during it, when it gained exactly one
