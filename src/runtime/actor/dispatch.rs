@@ -286,62 +286,34 @@ mod tests {
     fn a_read_whose_effect_has_not_shown_is_sent_again_every_second_without_backing_off() {
         let mut now = Instant::now();
         let mut schedule = Schedule::default();
-        for _ in 0..POLLS_AT_INTERVAL {
+        let mut answer = |policy, at| {
             schedule.send("confirm-power-off/n1".into(), sent());
             let (_, retry) = schedule
-                .answer(
-                    "confirm-power-off/n1",
-                    Answer::Failed(RetryPolicy::Poll),
-                    now,
-                )
+                .answer("confirm-power-off/n1", Answer::Failed(policy), at)
                 .expect("in flight");
-            assert_eq!(retry, Some(POLL_INTERVAL));
-            assert!(!schedule.is_due("confirm-power-off/n1", now + POLL_INTERVAL / 2));
+            let due_early = schedule.is_due("confirm-power-off/n1", at + POLL_INTERVAL / 2);
+            (retry, due_early)
+        };
+        for _ in 0..POLLS_AT_INTERVAL {
+            assert_eq!(
+                answer(RetryPolicy::Poll, now),
+                (Some(POLL_INTERVAL), false)
+            );
             now += POLL_INTERVAL;
-            assert!(schedule.is_due("confirm-power-off/n1", now));
         }
         // An effect that has not shown for so long is asked after the longest delay.
-        schedule.send("confirm-power-off/n1".into(), sent());
-        let (_, retry) = schedule
-            .answer(
-                "confirm-power-off/n1",
-                Answer::Failed(RetryPolicy::Poll),
-                now,
-            )
-            .expect("in flight");
-        assert_eq!(retry, Some(ACTION_RETRY_MAX));
+        assert_eq!(answer(RetryPolicy::Poll, now).0, Some(ACTION_RETRY_MAX));
         // A failure meanwhile starts the backoff from its first delay, and the polls go on
         // from where they were: a BMC that times out now and then is no reason to read it
         // every second for good.
-        schedule.send("confirm-power-off/n1".into(), sent());
-        let (_, retry) = schedule
-            .answer(
-                "confirm-power-off/n1",
-                Answer::Failed(RetryPolicy::Retry),
-                now,
-            )
-            .expect("in flight");
-        assert_eq!(retry, Some(Duration::from_millis(500)));
-        schedule.send("confirm-power-off/n1".into(), sent());
-        let (_, retry) = schedule
-            .answer(
-                "confirm-power-off/n1",
-                Answer::Failed(RetryPolicy::Poll),
-                now,
-            )
-            .expect("in flight");
-        assert_eq!(retry, Some(ACTION_RETRY_MAX));
+        assert_eq!(
+            answer(RetryPolicy::Retry, now).0,
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(answer(RetryPolicy::Poll, now).0, Some(ACTION_RETRY_MAX));
         // A new wait, long after: polled every second again.
         let later = now + POLLS_FORGOTTEN_AFTER + POLL_INTERVAL;
-        schedule.send("confirm-power-off/n1".into(), sent());
-        let (_, retry) = schedule
-            .answer(
-                "confirm-power-off/n1",
-                Answer::Failed(RetryPolicy::Poll),
-                later,
-            )
-            .expect("in flight");
-        assert_eq!(retry, Some(POLL_INTERVAL));
+        assert_eq!(answer(RetryPolicy::Poll, later).0, Some(POLL_INTERVAL));
     }
 
     #[test]
