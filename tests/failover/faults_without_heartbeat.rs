@@ -4,7 +4,7 @@
 //! cut off from the API server for 20 s, a leader stopped mid-failover. None of them is a fault
 //! of the nodes: podha must ask no fence of them, judge neither dead, and taint nothing. (The
 //! same policy does fence a node podha is cut off from: `heartbeats`.) The pair is the
-//! dry-run scenario's, free once the scenarios that run in parallel are over.
+//! policy-edit scenario's, free once the scenarios that run in parallel are over.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -20,14 +20,15 @@ use super::{
 };
 use podha_sim::testkit::*;
 
-/// The healthy pair: the dry-run scenario's, which is over by then.
-pub const PAIR: [&str; 2] = ["node-11", "node-12"];
+/// The healthy pair: the policy-edit scenario's, which is over by then (and started its node
+/// again).
+pub const PAIR: [&str; 2] = ["node-19", "node-20"];
 const NS: &str = "probes-only";
 /// What podha told or did to a node: the events it judges, fences or taints by.
 const ACTS: [&str; 3] = ["NodeFailed", "FenceRequested", "OutOfServiceTaintAdded"];
 
-/// What podha had told and done to the pair when the watch began (the dry-run scenario killed
-/// one of them before): only what comes after counts.
+/// What podha had told and done to the pair when the watch began (the policy-edit scenario
+/// killed one of them before): only what comes after counts.
 static BEFORE: Mutex<Option<Record>> = Mutex::new(None);
 
 /// Per node of the pair: how often podha told each of [`ACTS`], its writes to the Node, the
@@ -71,6 +72,9 @@ pub fn watch_a_healthy_pair(shared: &SharedCluster, ops: &Operators) -> Result<(
             // Nothing held by a count of unhealthy nodes: a misjudgement would show.
             "safety": {"maxUnhealthy": "100%", "unhealthyWindow": "0s"},
         });
+        for node in PAIR {
+            ctx.wait_ready(node, secs_(60)).await?;
+        }
         create_policy(&ctx.client, policy(NS, NS, &PAIR, spec)).await?;
         ctx.create::<k8s_openapi::api::apps::v1::StatefulSet>(statefulset("db", &PAIR))
             .await?;

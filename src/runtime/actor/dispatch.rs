@@ -295,10 +295,7 @@ mod tests {
             (retry, due_early)
         };
         for _ in 0..POLLS_AT_INTERVAL {
-            assert_eq!(
-                answer(RetryPolicy::Poll, now),
-                (Some(POLL_INTERVAL), false)
-            );
+            assert_eq!(answer(RetryPolicy::Poll, now), (Some(POLL_INTERVAL), false));
             now += POLL_INTERVAL;
         }
         // An effect that has not shown for so long is asked after the longest delay.
