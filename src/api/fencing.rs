@@ -233,6 +233,13 @@ enum Combine {
 }
 
 impl FencingProof {
+    /// Whether the fence acknowledgement on the Node (`podha.io/fence-ack`) answers this proof:
+    /// podha asks for it with a fence request. The other members (`BMC`, `CloudShutdownTaint`)
+    /// are proofs the node itself has no part in.
+    pub const fn answered_by_acknowledgement(self) -> bool {
+        matches!(self, Self::Agent | Self::AgentAcknowledged | Self::External)
+    }
+
     /// The proofs a list may hold, in the order [`Proofs`] names them.
     pub const MEMBERS: [FencingProof; 5] = [
         Self::Agent,
@@ -316,12 +323,8 @@ impl Proofs {
     /// Whether podha asks for the fence on the Node (`podha.io/fence-request`) and takes an
     /// acknowledgement of it as a proof.
     pub fn requests_fence(self) -> bool {
-        self.members().any(|p| {
-            matches!(
-                p,
-                FencingProof::Agent | FencingProof::AgentAcknowledged | FencingProof::External
-            )
-        })
+        self.members()
+            .any(FencingProof::answered_by_acknowledgement)
     }
 
     /// Whether a proof no fence acknowledgement answers may prove the fence alone (`anyOf`
@@ -330,9 +333,7 @@ impl Proofs {
     pub fn may_prove_without_acknowledgement(self) -> bool {
         !self.needs_all()
             && self.count() > 1
-            && self
-                .members()
-                .any(|p| matches!(p, FencingProof::Bmc | FencingProof::CloudShutdownTaint))
+            && self.members().any(|p| !p.answered_by_acknowledgement())
     }
 
     /// As the policy says it: `Agent`, `AnyOf [AgentAcknowledged, BMC]`.

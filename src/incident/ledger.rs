@@ -146,11 +146,12 @@ impl Ledger {
         }
     }
 
-    /// Records that `node`'s BMC says the machine is off, after accepting the `ForceOff`.
-    pub fn record_powered_off(&mut self, node: &str, now: Instant) {
-        if let Some(incident) = self.incidents.get_mut(node) {
-            incident.record_powered_off(now);
-        }
+    /// Records that `node`'s BMC says the machine is off, after accepting the `ForceOff`;
+    /// whether this is the first such read of its incident.
+    pub fn record_powered_off(&mut self, node: &str, now: Instant) -> bool {
+        self.incidents
+            .get_mut(node)
+            .is_some_and(|incident| incident.record_powered_off(now))
     }
 
     /// Records that `node`'s BMC accepted podha's `On` after the failover.

@@ -213,11 +213,10 @@ impl Incident {
     }
 
     /// Records that the node's BMC, read after it accepted the `ForceOff`, says the machine is
-    /// off: the proof `BMC`.
-    pub fn record_powered_off(&mut self, now: Instant) {
-        if let Some(power_off) = &mut self.power_off {
-            power_off.confirmed_at.get_or_insert(now);
-        }
+    /// off: the proof `BMC`. Returns whether this is the first such read of the incident.
+    pub fn record_powered_off(&mut self, now: Instant) -> bool {
+        let unconfirmed = self.power_off.as_mut().filter(|p| p.confirmed_at.is_none());
+        unconfirmed.map(|p| p.confirmed_at = Some(now)).is_some()
     }
 
     /// Records that the node's BMC accepted podha's `On` after the failover.

@@ -409,7 +409,7 @@ pub fn proven_without_the_node(
     }
     proofs
         .members()
-        .filter(|p| matches!(p, FencingProof::Bmc | FencingProof::CloudShutdownTaint))
+        .filter(|p| !p.answered_by_acknowledgement())
         .find_map(|p| member_proven(p, fencing, node, AgentEvidence::default(), powered_off))
 }
 

@@ -142,16 +142,7 @@ pub(super) fn fence_check(
         incident.fence_request.as_deref(),
     );
     let fencing = &node_policy.spec.fencing;
-    // A kubelet that renewed its Lease after the BMC said Off runs again (someone powered the
-    // machine on): that Off proves nothing any more.
-    let renewed = input
-        .heartbeats
-        .get(&incident.node)
-        .and_then(|hb| hb.renewal_not_before);
-    let powered_off = incident
-        .power_off
-        .and_then(|p| p.confirmed_at)
-        .is_some_and(|off| renewed.is_none_or(|renewed| renewed <= off));
+    let powered_off = still_off(incident, input);
     let proofs = fencing.proofs();
     // Only an acknowledgement of this incident's request: an older one proves nothing here,
     // and what the node did after it says nothing of this fence.
@@ -178,6 +169,20 @@ pub(super) fn fence_check(
         doubt,
         contradicted,
     }
+}
+
+/// Whether the node's BMC said the machine is off after accepting this incident's `ForceOff`,
+/// and its kubelet has not renewed its Lease since: one that did runs again (someone powered
+/// the machine on), and that `Off` says nothing any more.
+fn still_off(incident: &Incident, input: &PlanInput<'_>) -> bool {
+    let renewed = input
+        .heartbeats
+        .get(&incident.node)
+        .and_then(|hb| hb.renewal_not_before);
+    incident
+        .power_off
+        .and_then(|p| p.confirmed_at)
+        .is_some_and(|off| renewed.is_none_or(|renewed| renewed <= off))
 }
 
 /// The hold of a node whose acknowledged fence its kubelet contradicts: nothing more is done
@@ -305,13 +310,6 @@ pub(super) fn power_on(
     // repair, a thermal trip), who alone may switch it on. Not while the policy or the node is
     // paused: someone is working on the machine (it is switched on once the pause ends).
     let paused = node_policy.spec.paused || crate::api::node_paused(node);
-    let renewed_after = |at| {
-        input
-            .heartbeats
-            .get(&incident.node)
-            .and_then(|hb| hb.renewal_not_before)
-            .is_some_and(|renewed| renewed > at)
-    };
     let ours = !paused
         && !incident.rebooted(node)
         && fencing.proofs().asks(FencingProof::Bmc)
@@ -331,7 +329,7 @@ pub(super) fn power_on(
             secret,
             system_uuid,
         }),
-        Some(off) if incident.recovered_at.is_some() && !renewed_after(off) => {
+        Some(_) if incident.recovered_at.is_some() && still_off(incident, input) => {
             Some(Intent::PowerOn {
                 node: node_name,
                 policy,

@@ -220,12 +220,7 @@ impl Actor {
                 .observe_phase(&incident.policy, Phase::Fence, fence);
         }
         // Under allOf every listed proof is there: the list says more than its last one.
-        let all_of = self
-            .state
-            .policies
-            .get(policy)
-            .map(|p| p.spec.fencing.proofs())
-            .filter(|p| p.needs_all());
+        let all_of = self.proofs_of(policy).filter(|p| p.needs_all());
         let proof = evidence.map_or(String::new(), |e| match all_of {
             Some(proofs) => format!("; fencing proof: {proofs}"),
             None => format!("; fencing proof: {}", e.as_str()),
@@ -282,12 +277,7 @@ impl Actor {
     }
 
     fn record_powered_off(&mut self, node: &str, now: Instant) {
-        let first = self
-            .ledger
-            .get(node)
-            .and_then(|i| i.power_off)
-            .is_some_and(|p| p.confirmed_at.is_none());
-        self.ledger.record_powered_off(node, now);
+        let first = self.ledger.record_powered_off(node, now);
         let power_off = self.ledger.get(node).and_then(|i| i.power_off);
         info!(node, ?power_off, "the BMC says the machine is off");
         if let Some(p) = power_off.filter(|p| p.by_podha && first)
