@@ -175,17 +175,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         // 3. podha cut off from a running agent, which is restarted meanwhile. First podha
         // hears the agent the reboot started (its first probe told it when podha last heard
         // the node: before the kill).
-        wait_for(
-            &format!("podha to hear {target}'s new agent"),
-            secs_(30),
-            || async {
-                Ok(heard_ago(&ctx, target)
-                    .await?
-                    .filter(|ago| *ago < Duration::from_secs(4))
-                    .map(|_| ()))
-            },
-        )
-        .await?;
+        heard_within(&ctx, target, Duration::from_secs(4), secs_(30)).await?;
         let cut = std::time::SystemTime::now();
         ctx.cluster.cut_agent_off(target, true)?;
         tokio::time::sleep(ISOLATION_TIMEOUT * 2 / 3).await;
@@ -340,6 +330,27 @@ fn pair_fences(ctx: &Ctx<'_>) -> anyhow::Result<Vec<podha_sim::cluster::agents::
         .into_iter()
         .filter(|f| PAIR.contains(&f.node.as_str()))
         .collect())
+}
+
+/// Waits up to `timeout` until podha hears `node`'s agent: its hearing file says podha heard
+/// it less than `within` ago.
+pub(super) async fn heard_within(
+    ctx: &Ctx<'_>,
+    node: &str,
+    within: Duration,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait_for(
+        &format!("podha to hear {node}'s agent"),
+        timeout,
+        || async {
+            Ok(heard_ago(ctx, node)
+                .await?
+                .filter(|ago| *ago < within)
+                .map(|_| ()))
+        },
+    )
+    .await
 }
 
 /// How long ago podha last heard `node` in its current boot, as its agent's hearing file says

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use serde_json::json;
 
-use super::agent::heard_ago;
+use super::agent::heard_within;
 use super::{
     Failed, Operators, SharedCluster, create_policy, delete_policy, has_podha_taint, log, metric,
     ops_leader, podha_requests, policy, scrape, secs_,
@@ -134,18 +134,9 @@ pub fn nothing_done_to_the_healthy_pair(
 /// Waits until podha hears the agents of both nodes of the pair (answered within 3 s).
 async fn heard_both(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     for node in PAIR {
-        wait_for(
-            &format!("podha to hear {node}'s agent"),
-            secs_(60),
-            || async {
-                Ok(heard_ago(ctx, node)
-                    .await?
-                    .filter(|ago| *ago < Duration::from_secs(3))
-                    .map(|_| ()))
-            },
-        )
-        .await
-        .with_context(|| format!("{node}'s agent unheard"))?;
+        heard_within(ctx, node, Duration::from_secs(3), secs_(60))
+            .await
+            .with_context(|| format!("{node}'s agent unheard"))?;
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 
-use super::agent::{agent_lease_holder, fence_annotations, heard_ago, said_proof, untainted};
+use super::agent::{agent_lease_holder, fence_annotations, heard_within, said_proof, untainted};
 use super::{
     Failed, Operators, SharedCluster, acted_once, has_podha_taint, log, other, policy_and_db,
     scenario, secs_, wait_recovered,
@@ -46,13 +46,7 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
                 Ok(agent_lease_holder(&ctx, n).await?.filter(|h| h == n))
             })
             .await?;
-            wait_for(&format!("podha to hear {n}'s agent"), secs_(30), || async {
-                Ok(heard_ago(&ctx, n)
-                    .await?
-                    .filter(|ago| *ago < Duration::from_secs(3))
-                    .map(|_| ()))
-            })
-            .await?;
+            heard_within(&ctx, n, Duration::from_secs(3), secs_(30)).await?;
         }
 
         ctx.cluster.cut_agent_off(&node, true)?;

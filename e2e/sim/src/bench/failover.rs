@@ -645,33 +645,19 @@ fn power_off_phase(podha: &Operator, group: &Group) -> (f64, f64) {
 /// Waits until podha powered `node` on again after its failover (`powerCycle`) and took its
 /// taint off: the node Ready, untainted.
 async fn back_from_power_cycle(client: &kube::Client, node: &str) -> anyhow::Result<()> {
+    use podha::api::NodeTaint;
+    use podha::health::ReadyStatus;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
+    let what = format!(
+        "{node} back after its failover (Ready, untainted): podha powers it on (powerCycle)"
+    );
+    crate::testkit::wait_for(&what, Duration::from_secs(240), || async {
         let n = nodes.get(node).await?;
-        let ready = n
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let tainted = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| {
-                t.iter()
-                    .any(|t| t.key == podha::api::OUT_OF_SERVICE_TAINT_KEY)
-            });
-        if ready && !tainted {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{node} not back (Ready, untainted) 240 s after its failover: podha powers it on after the failover (powerCycle)"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        let back =
+            ReadyStatus::from_node(&n) == ReadyStatus::True && !NodeTaint::OutOfService.on(&n);
+        Ok(back.then_some(()))
+    })
+    .await
 }
 
 /// A trial's BMC delay: what the `power_off` phase gained during it, when it gained exactly one
