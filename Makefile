@@ -67,7 +67,7 @@ SURVEY_ARGS ?=
 bench: bench-failover bench-scale bench-survey ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
-bench-failover: k8s sim-deps csi-sidecars node-deps node-images sushy-tools ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real, NODE_STATUS_UPDATE; MODES=bmc for the BMC proof)
+bench-failover: k8s sim-deps csi-sidecars node-deps node-images sushy-tools helm image ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real, NODE_STATUS_UPDATE; MODES=bmc for the BMC proof; agent modes on real nodes install podha by its chart)
 	$(CARGO) build --release --bins -p podha -p podha-sim
 	$(CURDIR)/target/release/podha-bench failover --modes $(MODES) --trials $(TRIALS) --nodes $(NODES) \
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \

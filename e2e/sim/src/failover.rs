@@ -30,6 +30,9 @@ pub struct Operator {
     pub log: PathBuf,
 }
 
+/// The namespace podha competes for leadership in when [`Operator::start`] runs it.
+pub const PROCESS_NAMESPACE: &str = "default";
+
 impl Operator {
     /// Starts `exe run` against the cluster as its admin; logs go to `DIR/logs/podha.log`.
     pub fn start(exe: &Path, cluster: &Cluster) -> anyhow::Result<Operator> {
@@ -37,7 +40,7 @@ impl Operator {
             exe,
             cluster,
             &cluster.kubeconfig_path(),
-            "default",
+            PROCESS_NAMESPACE,
             "podha-demo",
             &[],
         )

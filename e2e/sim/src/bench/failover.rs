@@ -22,7 +22,8 @@ use serde_json::json;
 use crate::cluster::{Cluster, ClusterOptions, Profile};
 use podha::chaos::timeline::{Phase, Timeline};
 
-use crate::failover::{Operator, apply_policy, install_crd, measure, subject_statefulset};
+use super::operator::{self, PodhaUnderTest};
+use crate::failover::{apply_policy, measure, subject_statefulset};
 
 #[derive(clap::Args, Debug)]
 pub struct FailoverArgs {
@@ -89,10 +90,10 @@ impl Nodes {
 
 /// One mode on one kind of node: a group of three nodes and a policy selecting only them.
 #[derive(Clone, Debug)]
-struct Group {
-    mode: Mode,
-    kind: Nodes,
-    nodes: Vec<String>,
+pub struct Group {
+    pub mode: Mode,
+    pub kind: Nodes,
+    pub nodes: Vec<String>,
 }
 
 impl Group {
@@ -107,7 +108,7 @@ impl Group {
 
 /// The groups of a run: every mode on every kind, kwok nodes numbered first (as the sim names
 /// them), three nodes each.
-fn groups(modes: &[Mode], kinds: &[Nodes]) -> Vec<Group> {
+pub(super) fn groups(modes: &[Mode], kinds: &[Nodes]) -> Vec<Group> {
     let kwok_groups = if kinds.contains(&Nodes::Kwok) {
         modes.len()
     } else {
@@ -135,14 +136,15 @@ pub enum Mode {
     /// podha configured like IOMesh Pod HA: Node Ready only, 3 probes × 30 s, delete pods.
     IomeshLike,
     /// podha with its defaults, the agent's proof among them (`fencing.proof: Agent`, a 10 s
-    /// margin), with agents on the nodes as in `agent` (kwok nodes only).
+    /// margin), with agents on the nodes as in `agent`.
     Default,
     /// Lease and kubelet TCP, 1 s probes, 3 failures, an 11 s lease grace, out-of-service taint.
     Fast,
     /// `fast` with the agent: Lease and agent heartbeat, and the out-of-service taint only once
     /// the node's podha agent proved the fence (`fencing.proof: Agent`, a 2 s margin; agents
     /// with the shortest timings the agent accepts: an 8 s isolation timeout, a 4 s watchdog
-    /// in each node's BMC, 1 s peer surveys). The price of safety, beside `fast`.
+    /// in each node's BMC, 1 s peer surveys). The price of safety, beside `fast`. On real
+    /// nodes podha is installed by its chart, agents and all (`super::operator`).
     Agent,
     /// Judged on probes alone (kubelet TCP, 1 s, 3 failures: no wait for the Lease) and proven
     /// by the node's BMC (`fencing.proof: BMC`): the out-of-service taint once its Redfish
@@ -424,7 +426,7 @@ fn kill_phase(k: usize, n: usize) -> Duration {
 async fn run_group(
     cluster: &Cluster,
     client: &kube::Client,
-    podha: &Operator,
+    podha: &PodhaUnderTest,
     group: &Group,
     args: &FailoverArgs,
 ) -> (Vec<Trial>, Option<anyhow::Error>) {
@@ -441,7 +443,7 @@ async fn run_group(
             Ok(s) => s,
             Err(e) => return (trials, Some(e)),
         };
-        let power_off_before = power_off_phase(podha, group);
+        let power_off_before = power_off_phase(cluster, podha, group);
         let t = match measure(
             cluster,
             client,
@@ -458,7 +460,7 @@ async fn run_group(
         };
         let mut trial = Trial::from_timeline(group, k, &t);
         if group.mode.needs_bmcs() {
-            trial.bmc_apply_s = bmc_apply(power_off_before, power_off_phase(podha, group));
+            trial.bmc_apply_s = bmc_apply(power_off_before, power_off_phase(cluster, podha, group));
         }
         eprintln!(
             "[{ns}] {} after {:.1?}",
@@ -476,10 +478,11 @@ async fn run_group(
             let whole = if group.mode.needs_bmcs() {
                 back_from_power_cycle(client, &t.node).await
             } else {
-                cluster
-                    .start_node(&t.node)
-                    .await
-                    .map_err(anyhow::Error::from)
+                let since = k8s_openapi::jiff::Timestamp::now();
+                match cluster.start_node(&t.node).await {
+                    Ok(()) => podha.agent_back(client, &t.node, since).await,
+                    Err(e) => Err(e.into()),
+                }
             };
             if let Err(e) = whole {
                 return (trials, Some(e.context(format!("restarting {}", t.node))));
@@ -505,16 +508,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     if kinds.is_empty() {
         bail!("--nodes needs kwok, real or both");
     }
-    if let Some(mode) = modes.iter().find(|m| m.needs_agents())
-        && kinds.contains(&Nodes::Real)
-    {
-        bail!(
-            "the {} mode needs agents and runs on kwok nodes only: on real nodes the agent is \
-             the chart's DaemonSet, and the benchmark runs podha as a process without the chart \
-             (docs/agent.md); use --nodes kwok for it",
-            mode.name()
-        );
-    }
+    operator::check_run(&modes, &kinds)?;
     let groups = groups(&modes, &kinds);
     let opts = cluster_options(&args, &groups);
     let status_update = kubelet_status_update(args.node_status_update_frequency);
@@ -529,15 +523,13 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let cluster = Cluster::up(opts).await?;
     let result = async {
         let client = cluster.client().await?;
-        install_crd(&client, &args.crd).await?;
+        let podha = PodhaUnderTest::start(&args, &cluster, &client, &groups).await?;
         for group in &groups {
             if let Some(spec) = group_policy(group, args.trials) {
                 apply_policy(&client, &group.name(), spec).await?;
             }
         }
-        bmc_secrets(&cluster, &client, &groups).await?;
-        let mut podha = Operator::start(&args.operator, &cluster)?;
-        podha.wait_ready(Duration::from_secs(60)).await?;
+        bmc_secrets(&cluster, &client, &groups, podha.namespace()).await?;
         let runs = groups
             .iter()
             .map(|group| run_group(&cluster, &client, &podha, group, &args));
@@ -574,7 +566,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
 }
 
-/// A cluster with three nodes per group, and agents on the kwok nodes when a group needs them.
+/// A cluster with three nodes per group, agents on the kwok nodes when a group needs them, and
+/// what podha installed by its chart needs (`operator::cluster_options`).
 fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
     let mut opts = ClusterOptions::new(&args.dir);
     opts.profile = args.profile;
@@ -594,18 +587,17 @@ fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
             watchdog_timeout: Some(AGENT_WATCHDOG_TIMEOUT),
         });
     }
+    operator::cluster_options(&mut opts, groups);
     opts
 }
 
-/// The namespace podha runs in as the benchmark starts it (its Lease, the BMC Secrets).
-const PODHA_NAMESPACE: &str = "default";
-
 /// A BMC Secret for each node of a group whose mode asks for the BMC's proof, leading to its
-/// system on the cluster's Redfish service.
+/// system on the cluster's Redfish service, in podha's `namespace`.
 async fn bmc_secrets(
     cluster: &Cluster,
     client: &kube::Client,
     groups: &[Group],
+    namespace: &str,
 ) -> anyhow::Result<()> {
     let nodes: Vec<&String> = groups
         .iter()
@@ -619,9 +611,9 @@ async fn bmc_secrets(
         .redfish()
         .context("the cluster was started without Redfish BMCs")?;
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
-        kube::Api::namespaced(client.clone(), PODHA_NAMESPACE);
+        kube::Api::namespaced(client.clone(), namespace);
     for node in nodes {
-        let secret = access.secret(node, node, PODHA_NAMESPACE)?;
+        let secret = access.secret(node, node, namespace)?;
         secrets
             .create(&Default::default(), &secret)
             .await
@@ -632,10 +624,11 @@ async fn bmc_secrets(
 
 /// The sum and count of podha's `power_off` phase for the group's policy: the BMCs' delays so
 /// far.
-fn power_off_phase(podha: &Operator, group: &Group) -> (f64, f64) {
+fn power_off_phase(cluster: &Cluster, podha: &PodhaUnderTest, group: &Group) -> (f64, f64) {
     let policy = format!("policy=\"{}\"", group.name());
     let filters = [policy.as_str(), "phase=\"power_off\""];
-    let of = |name: &str| podha.metric(name, &filters);
+    let metrics = podha.metrics(cluster).unwrap_or_default();
+    let of = |name: &str| crate::failover::metric_in(&metrics, name, &filters);
     (
         of("podha_failover_phase_duration_seconds_sum").unwrap_or(0.0),
         of("podha_failover_phase_duration_seconds_count").unwrap_or(0.0),

@@ -1,5 +1,6 @@
 //! Benchmarks: they print figures, they assert nothing (`make bench`; the figures and what they mean are in `docs/benchmarks.md`).
 
 pub mod failover;
+mod operator;
 pub mod scale;
 pub mod survey;
