@@ -183,7 +183,7 @@ fn alert_expressions() -> anyhow::Result<Vec<(String, String)>> {
     if !out.status.success() {
         bail!("helm template: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let rule: Value = serde_yaml::from_slice(&out.stdout)?;
+    let rule: Value = serde_norway::from_slice(&out.stdout)?;
     let mut alerts = Vec::new();
     for group in rule["spec"]["groups"].as_array().context("no groups")? {
         for r in group["rules"].as_array().into_iter().flatten() {

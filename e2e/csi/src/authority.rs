@@ -61,7 +61,7 @@ where
         return Err(invalid("not an HTTP/2 connection preface"));
     }
     to.write_all(&preface).await?;
-    let mut decoder = hpack::Decoder::new();
+    let mut decoder = loona_hpack::Decoder::new();
     loop {
         let Some((kind, flags, stream, payload)) = read_frame(from).await? else {
             return Ok(());
@@ -242,7 +242,7 @@ mod tests {
         ];
         // The kubelet's encoder uses Huffman coding and the dynamic table; split the block
         // over a padded HEADERS frame and a CONTINUATION frame.
-        let block = hpack::Encoder::new().encode(headers.iter().copied());
+        let block = loona_hpack::Encoder::new().encode(headers.iter().copied());
         let (a, b) = block.split_at(block.len() / 2);
         let mut padded = vec![3u8];
         padded.extend_from_slice(a);
@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(frames[0], (0x4, 0, 0, vec![]));
         let (kind, flags, stream, block) = &frames[1];
         assert_eq!((*kind, *flags, *stream), (HEADERS, END_HEADERS, 1));
-        let decoded = hpack::Decoder::new().decode(block).unwrap();
+        let decoded = loona_hpack::Decoder::new().decode(block).unwrap();
         let expected: Vec<(Vec<u8>, Vec<u8>)> = headers
             .iter()
             .map(|(n, v)| {
@@ -283,7 +283,7 @@ mod tests {
     fn long_values_take_multi_byte_lengths() {
         let value = vec![b'x'; 300];
         let block = encode_literals(&[(b"k".to_vec(), value.clone())]);
-        let decoded = hpack::Decoder::new().decode(&block).unwrap();
+        let decoded = loona_hpack::Decoder::new().decode(&block).unwrap();
         assert_eq!(decoded, vec![(b"k".to_vec(), value)]);
     }
 

@@ -215,7 +215,7 @@ pub async fn install_crd(client: &Client, manifest: &Path) -> anyhow::Result<()>
     let text = std::fs::read_to_string(manifest)
         .with_context(|| format!("reading {}", manifest.display()))?;
     let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&text).context("parsing the CRD manifest")?;
+        serde_norway::from_str(&text).context("parsing the CRD manifest")?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     match api.create(&PostParams::default(), &crd).await {
         Ok(_) => {}

@@ -15,7 +15,7 @@ const VERSIONS: &str = include_str!("../../versions.mk");
 
 fn docs(yaml: &str) -> Vec<Value> {
     use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_norway::Deserializer::from_str(yaml)
         .map(|d| Value::deserialize(d).unwrap())
         .filter(|d| !d.is_null())
         .collect()

@@ -178,6 +178,7 @@ pub fn write_kubeconfig(path: &Path, ca_cert: &Path, port: u16, token: &str) -> 
         }],
         "current-context": "podha-sim",
     });
-    let yaml = serde_yaml::to_string(&doc).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
+    let yaml =
+        serde_norway::to_string(&doc).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
     write(path, &yaml)
 }

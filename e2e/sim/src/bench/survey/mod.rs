@@ -203,10 +203,10 @@ fn mib(kib: u64) -> String {
 
 /// `agent.resources.requests.memory` and `.limits.memory` from the chart's values.
 fn chart_memory(values: &Path) -> (String, String) {
-    let read = || -> anyhow::Result<serde_yaml::Value> {
+    let read = || -> anyhow::Result<serde_norway::Value> {
         let text = std::fs::read_to_string(values)
             .with_context(|| format!("read {}", values.display()))?;
-        Ok(serde_yaml::from_str(&text)?)
+        Ok(serde_norway::from_str(&text)?)
     };
     let Ok(values) = read() else {
         return ("unknown".into(), "unknown".into());

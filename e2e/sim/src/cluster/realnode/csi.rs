@@ -42,7 +42,7 @@ pub fn shared_acks(cluster_dir: &Path) -> PathBuf {
 
 /// The manifest's objects, in order.
 pub fn node_manifest_objects() -> Result<Vec<serde_json::Value>> {
-    serde_yaml::Deserializer::from_str(NODE_MANIFEST)
+    serde_norway::Deserializer::from_str(NODE_MANIFEST)
         .map(|doc| {
             serde_json::Value::deserialize(doc)
                 .map_err(|e| Error::Other(format!("kind/podha-csi/node.yaml: {e}")))
