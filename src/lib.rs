@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod api;
 pub mod backoff;
+pub mod build_info;
 pub mod chaos;
 pub mod contract;
 pub mod deadline;

@@ -9,7 +9,7 @@ use podha::runtime::Options;
 
 /// podha: fail stateful pods over when their node dies.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = podha::build_info::LONG_VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -246,6 +246,20 @@ mod tests {
             assert!(env.starts_with("PODHA_"), "--{id} has no PODHA_* variable");
         }
         assert_eq!(flags, 9);
+    }
+
+    #[test]
+    fn version_names_the_commit_and_the_build_date() {
+        let err = Cli::try_parse_from(["podha", "--version"])
+            .err()
+            .expect("--version ends parsing");
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
+        let printed = err.to_string();
+        assert_eq!(
+            printed.trim_end(),
+            format!("podha {}", podha::build_info::LONG_VERSION)
+        );
+        assert!(printed.contains(podha::build_info::GIT_COMMIT), "{printed}");
     }
 
     #[test]

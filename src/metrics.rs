@@ -289,7 +289,11 @@ mod tests {
                 "podha_build_info",
                 "gauge",
                 concat!(
-                    r#"podha_build_info{version=""#,
+                    r#"podha_build_info{build_date=""#,
+                    env!("PODHA_BUILD_DATE"),
+                    r#"",commit=""#,
+                    env!("PODHA_GIT_COMMIT"),
+                    r#"",version=""#,
                     env!("CARGO_PKG_VERSION"),
                     r#""} 1"#
                 ),

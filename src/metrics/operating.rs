@@ -63,11 +63,12 @@ impl Operating {
                     "podha_build_info",
                     "Always 1; the labels say which podha build runs.",
                 ),
-                &["version"],
+                &["version", "commit", "build_date"],
             )?,
         )?;
+        use crate::build_info::{BUILD_DATE, GIT_COMMIT, VERSION};
         build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .with_label_values(&[VERSION, GIT_COMMIT, BUILD_DATE])
             .set(1);
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
@@ -113,8 +114,11 @@ mod tests {
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&registry.gather())
             .expect("encode");
-        let version = env!("CARGO_PKG_VERSION");
-        assert!(text.contains(&format!("podha_build_info{{version=\"{version}\"}} 1")));
+        use crate::build_info::{BUILD_DATE, GIT_COMMIT, VERSION};
+        let build_info = format!(
+            "podha_build_info{{build_date=\"{BUILD_DATE}\",commit=\"{GIT_COMMIT}\",version=\"{VERSION}\"}} 1"
+        );
+        assert!(text.contains(&build_info), "{text}");
         assert!(text.contains(r#"podha_watch_restarts_total{resource="leases"} 1"#));
         assert!(text.contains("process_resident_memory_bytes "), "{text}");
     }
