@@ -18,7 +18,7 @@ trap 'rm -rf "$work"' EXIT
 "$helm" lint --strict "$chart" -f "$here/values-full.yaml"
 "$helm" template podha "$chart" --kube-version "$kube" > "$work/default.yaml"
 "$helm" template podha "$chart" --kube-version "$kube" -f "$here/values-full.yaml" > "$work/full.yaml"
-for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy; do
+for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy ResourceQuota; do
   grep -q "^kind: $kind$" "$work/full.yaml" || { echo "check.sh: non-default values render no $kind" >&2; exit 1; }
   if [ "$kind" != PodHAPolicy ] && grep -q "^kind: $kind$" "$work/default.yaml"; then
     echo "check.sh: default values render a $kind, which must be off by default" >&2; exit 1
@@ -34,6 +34,27 @@ if grep -q "name: watchdog$" "$work/default.yaml"; then
 fi
 if "$helm" template podha "$chart" --kube-version "$kube" --set agent.enabled=false | grep -q "^kind: DaemonSet$"; then
   echo "check.sh: agent.enabled=false still renders the agent" >&2; exit 1
+fi
+
+# podha and its agent run in the critical priority classes by default; the quota some clusters
+# (GKE) want for them outside kube-system covers exactly the critical classes in use, and is
+# refused when none is.
+grep -q "priorityClassName: system-cluster-critical$" "$work/default.yaml" \
+  && grep -q "priorityClassName: system-node-critical$" "$work/default.yaml" \
+  || { echo "check.sh: default values do not run podha and its agent in the critical classes" >&2; exit 1; }
+"$helm" template podha "$chart" --kube-version "$kube" --set criticalPodsQuota.create=true \
+  --show-only templates/critical-pods-quota.yaml > "$work/quota.yaml"
+for want in "scopeName: PriorityClass" "- system-cluster-critical$" "- system-node-critical$" 'pods: "10000"'; do
+  grep -q -- "$want" "$work/quota.yaml" || { echo "check.sh: the critical pods' quota renders no '$want'" >&2; exit 1; }
+done
+"$helm" template podha "$chart" --kube-version "$kube" --set criticalPodsQuota.create=true --set agent.enabled=false \
+  --show-only templates/critical-pods-quota.yaml > "$work/quota.yaml"
+if grep -q "system-node-critical" "$work/quota.yaml"; then
+  echo "check.sh: the quota covers the agent's class with the agent off" >&2; exit 1
+fi
+if "$helm" template podha "$chart" --kube-version "$kube" --set criticalPodsQuota.create=true --set agent.enabled=false \
+     --set priorityClassName=high > "$work/quota.out" 2>&1 || ! grep -q "nothing for the quota to admit" "$work/quota.out"; then
+  echo "check.sh: a quota without a critical class in use must be refused:" >&2; cat "$work/quota.out" >&2; exit 1
 fi
 
 # The agent's DaemonSet passes the watchdog only when a device is given, and checks that it is
@@ -103,7 +124,7 @@ fi
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
            prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.fence=write:power=off \
            agent.isolationTimeout=30 agent.surveyTimeout=soon agent.watchdog.hostPathType=Directory \
-           "rbac.fenceAcknowledgers={it's}" leaderElection.leaseName=podha-agent-x; do
+           "rbac.fenceAcknowledgers={it's}" leaderElection.leaseName=podha-agent-x criticalPodsQuota.pods=0; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi
