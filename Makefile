@@ -11,7 +11,10 @@ SIM_KEY := sim-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)-kwok-$(KWOK_VERSION)
 SIM_BIN_DIR := $(PODHA_CACHE)/$(SIM_KEY)/bin
 export PODHA_SIM_BIN_DIR := $(SIM_BIN_DIR)
 HELM := $(PODHA_CACHE)/helm-$(HELM_VERSION)/bin/helm
-PROMTOOL ?= /usr/bin/promtool
+PROMETHEUS_DIR := $(PODHA_CACHE)/prometheus-$(PROMETHEUS_VERSION)
+PROMTOOL := $(PROMETHEUS_DIR)/bin/promtool
+# tests/failover/prometheus.rs scrapes podha with this Prometheus.
+export PODHA_PROMETHEUS := $(PROMETHEUS_DIR)/bin/prometheus
 HADOLINT := $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
 SUSHY_TOOLS_DIR := $(PODHA_CACHE)/sushy-tools-$(SUSHY_TOOLS_VERSION)
 # tests/redfish.rs runs this Redfish emulator.
@@ -161,15 +164,14 @@ helm: $(HELM) ## Build helm v3 from Go modules (cached by version)
 $(HELM): e2e/versions.mk e2e/tools/build-helm.sh
 	bash e2e/tools/build-helm.sh $(PODHA_CACHE)/helm-$(HELM_VERSION)
 
-.PHONY: promtool
-promtool: $(PROMTOOL) ## Install promtool and prometheus (Debian's prometheus package) when missing
+.PHONY: prometheus
+prometheus: $(PROMTOOL) ## Build prometheus and promtool $(PROMETHEUS_VERSION) from the Prometheus Go module (cached by version)
 
-$(PROMTOOL):
-	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+$(PROMTOOL): e2e/versions.mk e2e/tools/build-prometheus.sh
+	bash e2e/tools/build-prometheus.sh $(PROMETHEUS_DIR)
 
 .PHONY: chart-test
-chart-test: helm promtool ## helm lint/template with default and non-default values, schema, promtool check/test of the alerts
+chart-test: helm prometheus ## helm lint/template with default and non-default values, schema, promtool check/test of the alerts
 	bash e2e/chart/check.sh $(HELM) $(PROMTOOL)
 
 .PHONY: hadolint

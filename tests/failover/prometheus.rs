@@ -1,6 +1,6 @@
-//! A real Prometheus (Debian's `prometheus` package) scrapes both podha replicas through a
-//! failover; then every query of the Grafana dashboard and every alert expression of the
-//! chart's PrometheusRule is evaluated against it. Each must be valid PromQL, every metric an
+//! A real Prometheus (3.x, built from its Go module: `make prometheus`) scrapes both podha
+//! replicas through a failover; then every query of the Grafana dashboard and every alert
+//! expression of the chart's PrometheusRule is evaluated against it. Each must be valid PromQL, every metric an
 //! alert names must have been scraped, and the dashboard queries a failover feeds must have data.
 
 use std::io::{Read as _, Write as _};
@@ -24,16 +24,17 @@ const MAY_BE_EMPTY: [(&str, &str); 1] = [(
     "the failover's only pod is eligible; nothing is skipped",
 )];
 
-/// The Prometheus server: `$PODHA_PROMETHEUS`, else Debian's `/usr/bin/prometheus`.
+/// The Prometheus server, `$PODHA_PROMETHEUS`: Prometheus 3 built from its Go module by `make
+/// prometheus`.
 fn prometheus_path() -> anyhow::Result<PathBuf> {
+    let how = "run `make prometheus` and set PODHA_PROMETHEUS to the prometheus it built (make \
+               test does both)";
     let path = std::env::var_os("PODHA_PROMETHEUS")
         .filter(|p| !p.is_empty())
-        .map_or_else(|| PathBuf::from("/usr/bin/prometheus"), PathBuf::from);
+        .map(PathBuf::from)
+        .with_context(|| format!("PODHA_PROMETHEUS is not set: {how}"))?;
     if !path.is_file() {
-        bail!(
-            "no Prometheus server at {}: run `make promtool` (installs Debian's prometheus package)",
-            path.display()
-        );
+        bail!("no Prometheus server at {}: {how}", path.display());
     }
     Ok(path)
 }
