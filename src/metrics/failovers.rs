@@ -1,11 +1,14 @@
 //! How failovers went: how long each phase took, which ones timed out waiting for a detach,
 //! and which are open now (a gauge, so an alert keeps firing while a detach is stuck, where a
-//! counter's window would let it fall silent). Updated by the decision loop as it follows them.
+//! counter's window would let it fall silent), and each policy's last finished failover: which
+//! node, how long per phase. Updated by the decision loop as it follows them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use super::{PHASE_BUCKETS, POLICY, Phase, register, remove_policy};
 use crate::api::FailoverPhase;
@@ -60,6 +63,7 @@ pub struct Failovers {
     phase_duration: HistogramVec,
     detach_timeouts: IntCounterVec,
     failovers_open: IntGaugeVec,
+    last_failover: GaugeVec,
 }
 
 impl Failovers {
@@ -103,10 +107,24 @@ impl Failovers {
                 &[POLICY, "state"],
             )?,
         )?;
+        let last_failover = register(
+            registry,
+            GaugeVec::new(
+                Opts::new(
+                    "podha_last_failover_seconds",
+                    "Each policy's last failover this leader saw through to the replacement \
+                     running: its node and how long each phase took (as in \
+                     podha_failover_phase_duration_seconds). Replaced by the policy's next \
+                     one; not exported by followers.",
+                ),
+                &[POLICY, "node", "phase"],
+            )?,
+        )?;
         Ok(Self {
             phase_duration,
             detach_timeouts,
             failovers_open,
+            last_failover,
         })
     }
 
@@ -114,6 +132,22 @@ impl Failovers {
         self.phase_duration
             .with_label_values(&[policy, phase.as_str()])
             .observe(duration.as_secs_f64());
+    }
+
+    /// `policy`'s last finished failover: `node`'s, with its phases' durations; the policy's
+    /// earlier one goes.
+    pub fn set_last_failover(&self, policy: &str, node: &str, phases: &[(Phase, Duration)]) {
+        remove_policy(&self.last_failover, policy);
+        for (phase, duration) in phases {
+            self.last_failover
+                .with_label_values(&[policy, node, phase.as_str()])
+                .set(duration.as_secs_f64());
+        }
+    }
+
+    /// A follower exports no last failover: the leader's is the one to show.
+    pub fn clear_last_failovers(&self) {
+        self.last_failover.reset();
     }
 
     pub fn inc_detach_timeouts(&self, policy: &str) {
@@ -155,6 +189,7 @@ impl Failovers {
     pub(super) fn forget_policy(&self, policy: &str) {
         remove_policy(&self.phase_duration, policy);
         remove_policy(&self.detach_timeouts, policy);
+        remove_policy(&self.last_failover, policy);
     }
 }
 
@@ -212,6 +247,45 @@ mod tests {
                 .iter()
                 .all(|l| l.ends_with(" 0") && l.contains(r#"policy="db""#))
         );
+    }
+
+    #[test]
+    fn a_policys_last_failover_replaces_its_earlier_one_and_followers_show_none() {
+        let registry = Registry::new();
+        let m = Failovers::register(&registry).expect("register");
+        let lines = || -> Vec<String> {
+            let text = prometheus::TextEncoder::new()
+                .encode_to_string(&registry.gather())
+                .expect("encode");
+            text.lines()
+                .filter(|l| l.starts_with("podha_last_failover_seconds{"))
+                .map(str::to_string)
+                .collect()
+        };
+        let secs = Duration::from_secs_f64;
+        m.set_last_failover(
+            "db",
+            "node-1",
+            &[(Phase::Detect, secs(8.5)), (Phase::Total, secs(12.0))],
+        );
+        m.set_last_failover("web", "node-4", &[(Phase::Total, secs(30.0))]);
+        m.set_last_failover(
+            "db",
+            "node-2",
+            &[(Phase::Detect, secs(9.0)), (Phase::Total, secs(11.5))],
+        );
+        assert_eq!(
+            lines(),
+            [
+                r#"podha_last_failover_seconds{node="node-2",phase="detect",policy="db"} 9"#,
+                r#"podha_last_failover_seconds{node="node-2",phase="total",policy="db"} 11.5"#,
+                r#"podha_last_failover_seconds{node="node-4",phase="total",policy="web"} 30"#,
+            ]
+        );
+        m.forget_policy("web");
+        assert_eq!(lines().len(), 2, "{:?}", lines());
+        m.clear_last_failovers();
+        assert!(lines().is_empty(), "{:?}", lines());
     }
 
     /// The label values are the phases' names in a policy's status, so a dashboard can link

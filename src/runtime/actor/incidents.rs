@@ -155,11 +155,19 @@ impl Actor {
     }
 }
 
-/// Observes, once, the durations of the phases a step completes.
+/// Observes, once, the durations of the phases a step completes; a recovery makes the
+/// failover its policy's last.
 fn observe_phases(metrics: &Metrics, incident: &Incident, change: &PhaseChange) {
     for (phase, duration) in incident.durations_for(change) {
         metrics
             .failovers
             .observe_phase(&incident.policy, phase, duration);
+    }
+    if let PhaseChange::Recovered { .. } = change {
+        metrics.failovers.set_last_failover(
+            &incident.policy,
+            &incident.node,
+            &incident.durations(),
+        );
     }
 }

@@ -216,6 +216,7 @@ impl Actor {
             info!("became leader");
         } else {
             self.metrics.protection.clear();
+            self.metrics.failovers.clear_last_failovers();
             info!("lost leadership; holding every write");
         }
     }

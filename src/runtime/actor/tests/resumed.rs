@@ -82,4 +82,23 @@ async fn a_failover_another_replica_acted_on_is_not_left_acting() {
             .map(crate::incident::Incident::phase),
         Some(crate::api::FailoverPhase::Recovered)
     );
+    // The dashboard's last failover is the leader's: node-1's, until this replica follows.
+    let last = |h: &Harness| -> Vec<String> {
+        let text = h.actor.metrics.encode().expect("encode");
+        text.lines()
+            .filter(|l| l.starts_with("podha_last_failover_seconds{"))
+            .map(str::to_string)
+            .collect()
+    };
+    let shown = last(&h);
+    assert!(
+        !shown.is_empty()
+            && shown
+                .iter()
+                .all(|l| l.contains(r#"node="node-1""#) && l.contains(r#"policy="p""#)),
+        "{shown:?}"
+    );
+    h.leader.send(None).expect("leader channel");
+    h.run_for(3).await;
+    assert!(last(&h).is_empty(), "a follower shows none: {:?}", last(&h));
 }
