@@ -16,6 +16,7 @@ PROMTOOL := $(PROMETHEUS_DIR)/bin/promtool
 # tests/failover/prometheus.rs scrapes podha with this Prometheus.
 export PODHA_PROMETHEUS := $(PROMETHEUS_DIR)/bin/prometheus
 HADOLINT := $(PODHA_CACHE)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
+ACTIONLINT := $(PODHA_CACHE)/actionlint-$(ACTIONLINT_VERSION)/bin/actionlint
 SUSHY_TOOLS_DIR := $(PODHA_CACHE)/sushy-tools-$(SUSHY_TOOLS_VERSION)
 # tests/redfish.rs runs this Redfish emulator.
 export PODHA_SUSHY_EMULATOR := $(SUSHY_TOOLS_DIR)/bin/sushy-emulator
@@ -33,7 +34,7 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools lint chart-test image-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools lint chart-test image-lint workflow-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -137,18 +138,22 @@ export PODHA_STATIC_DIR := $(CURDIR)/target/$(STATIC_TARGET)/release
 node-images: ## Build podha-pause and podha-csi statically, for the real nodes' images
 	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha-pause -p podha-csi --target $(STATIC_TARGET)
 
-# podha's image as the Dockerfile builds it, without Docker: named as the chart's default image
-# (podha:<appVersion>, docker.io/library/podha to containerd) so that, once loaded into a node
-# (`podha-sim image load`, like `kind load docker-image`), the chart needs no image values.
+# podha's image, built by Docker from the Dockerfile: the static binary first (the image's only
+# file), then `docker build` (a dockerd of the project's own when none runs, see
+# e2e/tools/docker-image.sh), checked and saved for the sim's nodes. It is named as the chart's
+# default image, so that once loaded into a node (`podha-sim image load`, like `kind load`) the
+# chart needs no image values.
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/podha/Chart.yaml)
+IMAGE := ghcr.io/podha/podha:$(APP_VERSION)
+# Docker's name of STATIC_TARGET's architecture (BuildKit's TARGETARCH).
+IMAGE_ARCH := amd64
 export PODHA_IMAGE_TAR := $(CURDIR)/target/podha-image.tar
 
 .PHONY: image
-image: ## podha's image without Docker: static release binary in an OCI tar, target/podha-image.tar
+image: ## podha's image, built by Docker from the Dockerfile and checked (docker run, inspect); saved to target/podha-image.tar
 	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha --bin podha --target $(STATIC_TARGET)
-	$(CARGO) build -p podha-sim --bin podha-sim
-	$(CARGO_TARGET)/podha-sim image podha --name docker.io/library/podha:$(APP_VERSION) \
-		--binary $(CURDIR)/target/$(STATIC_TARGET)/release/podha --out $(PODHA_IMAGE_TAR)
+	install -D -m 0755 target/$(STATIC_TARGET)/release/podha target/dist/linux-$(IMAGE_ARCH)/podha
+	PODHA_CACHE=$(PODHA_CACHE) bash e2e/tools/docker-image.sh $(IMAGE) $(PODHA_IMAGE_TAR)
 
 .PHONY: real-node-test
 real-node-test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
@@ -192,6 +197,16 @@ $(SUSHY_TOOLS_DIR)/.complete:
 	python3 -m venv $(SUSHY_TOOLS_DIR)
 	$(SUSHY_TOOLS_DIR)/bin/pip install -q sushy-tools==$(SUSHY_TOOLS_VERSION)
 	touch $@
+
+.PHONY: actionlint
+actionlint: $(ACTIONLINT) ## Build actionlint from its Go module (cached by version)
+
+$(ACTIONLINT): e2e/versions.mk
+	GOBIN=$(dir $(ACTIONLINT)) go install github.com/rhysd/actionlint/cmd/actionlint@v$(ACTIONLINT_VERSION)
+
+.PHONY: workflow-lint
+workflow-lint: actionlint ## actionlint the GitHub workflows (.github/workflows: CI and the release)
+	$(ACTIONLINT) -color=false
 
 .PHONY: image-lint
 image-lint: hadolint ## hadolint the Dockerfile

