@@ -197,14 +197,19 @@ impl Failovers {
 mod tests {
     use super::*;
 
-    fn open_lines(registry: &Registry) -> Vec<String> {
+    /// The samples of the family `name` in `registry`'s exposition.
+    fn lines_of(registry: &Registry, name: &str) -> Vec<String> {
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&registry.gather())
             .expect("encode");
         text.lines()
-            .filter(|l| l.starts_with("podha_failovers_open{"))
+            .filter(|l| l.starts_with(&format!("{name}{{")))
             .map(str::to_string)
             .collect()
+    }
+
+    fn open_lines(registry: &Registry) -> Vec<String> {
+        lines_of(registry, "podha_failovers_open")
     }
 
     #[test]
@@ -253,15 +258,7 @@ mod tests {
     fn a_policys_last_failover_replaces_its_earlier_one_and_followers_show_none() {
         let registry = Registry::new();
         let m = Failovers::register(&registry).expect("register");
-        let lines = || -> Vec<String> {
-            let text = prometheus::TextEncoder::new()
-                .encode_to_string(&registry.gather())
-                .expect("encode");
-            text.lines()
-                .filter(|l| l.starts_with("podha_last_failover_seconds{"))
-                .map(str::to_string)
-                .collect()
-        };
+        let lines = || lines_of(&registry, "podha_last_failover_seconds");
         let secs = Duration::from_secs_f64;
         m.set_last_failover(
             "db",
