@@ -15,15 +15,18 @@ fn main() {
         .filter(|c| !c.trim().is_empty())
         .or_else(git_commit)
         .unwrap_or_else(|| "unknown".to_string());
-    let built = match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(epoch) => {
+    let built = match std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .filter(|e| !e.trim().is_empty())
+    {
+        Some(epoch) => {
             let secs: u64 = epoch
                 .trim()
                 .parse()
                 .unwrap_or_else(|_| panic!("SOURCE_DATE_EPOCH is not seconds: {epoch:?}"));
             UNIX_EPOCH + Duration::from_secs(secs)
         }
-        Err(_) => SystemTime::now(),
+        None => SystemTime::now(),
     };
     println!("cargo:rustc-env=PODHA_GIT_COMMIT={}", commit.trim());
     println!(
@@ -43,14 +46,25 @@ fn git_commit() -> Option<String> {
             .filter(|s| !s.is_empty())
     };
     let commit = git(&["rev-parse", "HEAD"])?;
-    let git_dir = std::path::PathBuf::from(git(&["rev-parse", "--absolute-git-dir"])?);
-    let mut watched = vec![git_dir.join("HEAD"), git_dir.join("packed-refs")];
+    // Where git keeps them for this work tree (a linked work tree has its own HEAD and reflog,
+    // and shares the refs): HEAD, its reflog (written by every commit and checkout), the
+    // branch's ref and the packed refs.
+    let mut watched = vec![
+        "HEAD".to_string(),
+        "logs/HEAD".to_string(),
+        "packed-refs".to_string(),
+    ];
     if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        watched.push(git_dir.join(branch));
+        watched.push(branch);
     }
-    // Only files that exist: cargo runs a build script every time for a missing one.
-    for path in watched.iter().filter(|p| p.is_file()) {
-        println!("cargo:rerun-if-changed={}", path.display());
+    for name in watched {
+        // Only files that exist: cargo runs a build script every time for a missing one.
+        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name])
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.is_file())
+        {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
     }
     Some(commit)
 }

@@ -4,9 +4,9 @@
 # Usage: docker-image.sh IMAGE OUT_TAR    (IMAGE: name:version; run from the repository's root,
 #                                          with target/dist/linux-<arch>/podha built)
 #
-# Debian's docker.io is installed when missing (root, as in CI). When no Docker engine answers on
-# $PODHA_DOCKER_HOST (default unix:///run/podha-docker.sock), a dockerd of the project's own is
-# started for the build and stopped after it: its data under $PODHA_CACHE/docker, and neither
+# Debian's docker.io is installed when no Docker client can build (root, as in CI). When no
+# Docker engine answers on $PODHA_DOCKER_HOST (default unix:///run/podha-docker.sock), a dockerd
+# of the project's own is started for the build and stopped after it: its data under $PODHA_CACHE/docker, and neither
 # iptables rules nor a bridge (--iptables=false --bridge=none). A build needs no network, and
 # Docker's rules would set the FORWARD policy to DROP, cutting the sim bridge's traffic between
 # real nodes. Point PODHA_DOCKER_HOST at an engine of your own to use it instead.
@@ -17,21 +17,39 @@ out=${2:?usage: docker-image.sh IMAGE OUT_TAR}
 version=${image##*:}
 cache=${PODHA_CACHE:-$HOME/.cache/podha}
 export DOCKER_HOST=${PODHA_DOCKER_HOST:-unix:///run/podha-docker.sock}
-# Debian's client: BuildKit is built in (a newer client needs the buildx plugin for it).
-docker=/usr/bin/docker
 fail() { echo "docker-image.sh: $*" >&2; exit 1; }
 
-if [ ! -x /usr/sbin/dockerd ] || [ ! -x "$docker" ]; then
-  [ "$(id -u)" = 0 ] || fail "Docker is not installed: install Debian's docker.io (as root: apt-get install docker.io)"
+# A client that builds with BuildKit: one with the buildx plugin (Docker >= 23), else Debian's
+# 20.10 client, which has BuildKit built in (DOCKER_BUILDKIT=1). Debian's docker.io is installed
+# only when there is neither.
+client() {
+  if command -v docker >/dev/null && docker buildx version >/dev/null 2>&1; then
+    command -v docker
+  elif [ -x /usr/bin/docker ] && /usr/bin/docker --version | grep -q "version 20\."; then
+    echo /usr/bin/docker
+  fi
+}
+docker=$(client)
+if [ -z "$docker" ]; then
+  [ "$(id -u)" = 0 ] || fail "no Docker client that builds with BuildKit: install Docker >= 23 with buildx, or Debian's docker.io (as root: apt-get install docker.io)"
   apt-get update
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker.io
+  # On a host run by systemd the package starts Debian's own engine, with iptables rules and a
+  # bridge that would cut the sim's traffic: the build uses an engine of its own instead.
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    systemctl disable --now docker.service docker.socket
+  fi
+  docker=$(client)
+  [ -n "$docker" ] || fail "installed docker.io, but /usr/bin/docker is not Docker 20.10 with BuildKit"
 fi
 
 if ! "$docker" version >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || fail "no Docker engine answers on $DOCKER_HOST, and starting one needs root (or set PODHA_DOCKER_HOST)"
+  dockerd_exe=$(command -v dockerd || true)
+  [ -n "$dockerd_exe" ] || fail "no dockerd to start: install Debian's docker.io, or point PODHA_DOCKER_HOST at your engine"
   mkdir -p "$cache/docker"
   log="$cache/docker/dockerd.log"
-  /usr/sbin/dockerd --host "$DOCKER_HOST" --data-root "$cache/docker/data" \
+  "$dockerd_exe" --host "$DOCKER_HOST" --data-root "$cache/docker/data" \
     --exec-root /run/podha-docker --pidfile /run/podha-docker.pid \
     --iptables=false --ip-masq=false --bridge=none >"$log" 2>&1 &
   dockerd=$!
