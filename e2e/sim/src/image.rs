@@ -84,19 +84,12 @@ impl std::str::FromStr for ImageFile {
 }
 
 /// What goes into an image.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageSpec {
     /// Full reference containerd records, e.g. `podha.io/sim/pause:1`.
     pub name: String,
     pub files: Vec<ImageFile>,
     pub entrypoint: Vec<String>,
-    /// Default arguments (the Dockerfile's `CMD`).
-    pub cmd: Vec<String>,
-    /// `uid:gid` the container runs as unless the pod says otherwise; empty: root.
-    pub user: String,
-    /// Documentation only, as in a Dockerfile: `8080/tcp`.
-    pub exposed_ports: Vec<String>,
-    pub labels: Vec<(String, String)>,
 }
 
 /// What [`build`] wrote.
@@ -192,37 +185,14 @@ fn tag_of(name: &str) -> &str {
     last.split_once(':').map_or("latest", |(_, tag)| tag)
 }
 
-/// The image's runtime configuration (the `config` of the OCI image config): entrypoint,
-/// environment and what the spec adds.
+/// The image's runtime configuration (the `config` of the OCI image config): the entrypoint
+/// and a search path; it runs as root, with no default arguments.
 fn image_config(spec: &ImageSpec) -> serde_json::Value {
-    let mut image_config = json!({
+    json!({
         "Entrypoint": spec.entrypoint,
         "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         "WorkingDir": "/",
-    });
-    if !spec.cmd.is_empty() {
-        image_config["Cmd"] = json!(spec.cmd);
-    }
-    if !spec.user.is_empty() {
-        image_config["User"] = json!(spec.user);
-    }
-    if !spec.exposed_ports.is_empty() {
-        let ports: serde_json::Map<String, serde_json::Value> = spec
-            .exposed_ports
-            .iter()
-            .map(|p| (p.clone(), json!({})))
-            .collect();
-        image_config["ExposedPorts"] = ports.into();
-    }
-    if !spec.labels.is_empty() {
-        let labels: serde_json::Map<String, serde_json::Value> = spec
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        image_config["Labels"] = labels.into();
-    }
-    image_config
+    })
 }
 
 /// Writes the OCI image layout of `spec` as a tar file at `out`.
@@ -342,7 +312,6 @@ mod tests {
             name: "podha.io/test/hello:2".into(),
             files: vec![format!("{}:/usr/bin/hello", bin.display()).parse().unwrap()],
             entrypoint: vec!["/usr/bin/hello".into()],
-            ..Default::default()
         };
         let (a, b) = (dir.join("a.tar"), dir.join("b.tar"));
         let built = build(&spec, &a).unwrap();

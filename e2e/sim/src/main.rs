@@ -427,7 +427,6 @@ fn image(cmd: ImageCmd) -> anyhow::Result<()> {
                 name,
                 files: binaries,
                 entrypoint,
-                ..Default::default()
             };
             let built = podha_sim::image::build(&spec, &out)?;
             println!(

@@ -217,7 +217,6 @@ pub fn build_node_images(dir: &Path, static_dir: &Path) -> Result<()> {
                 path: path.into(),
             }],
             entrypoint: vec![path.into()],
-            ..Default::default()
         };
         crate::image::build(&spec, &images_dir(dir).join(format!("{binary}.tar")))
             .map_err(|e| Error::Other(format!("build the image {name}: {e}")))?;
