@@ -54,7 +54,7 @@ chaos-sim: k8s sim-deps ## podha chaos --fault sim-kill on a fresh sim cluster (
 .PHONY: chaos-kind
 chaos-kind: node-images csi-sidecars image helm ## The kind kit: kind cluster, podha-csi, podha by its chart, podha chaos kill/freeze/partition (needs kind and Docker; e2e/kind/README.md)
 	$(CARGO) build --bins -p podha -p podha-sim -p podha-csi
-	PODHA_SIM=$(CARGO_TARGET)/podha-sim PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi \
+	PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi \
 		e2e/kind/chaos-kind.sh $(CURDIR)/target/chaos-kind $(CHAOS_TRIALS)
 
 MODES ?= none,iomesh-like,default,fast
@@ -128,32 +128,43 @@ $(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR
 	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
 	touch $@
 
-# Binaries of images without a libc (the real nodes' pause and podha-csi images, podha's image), linked
-# statically. An explicit --target keeps their RUSTFLAGS away from the host build's artefacts.
+# Binaries of images without a libc (the test images, podha's image), linked statically. An
+# explicit --target keeps their RUSTFLAGS away from the host build's artefacts. They are staged
+# in target/dist/linux-<arch>/, the only part of the repository Docker's build context holds.
 STATIC_TARGET := x86_64-unknown-linux-gnu
 STATIC_RUSTFLAGS := -C target-feature=+crt-static
-export PODHA_STATIC_DIR := $(CURDIR)/target/$(STATIC_TARGET)/release
+# Docker's name of STATIC_TARGET's architecture (BuildKit's TARGETARCH).
+IMAGE_ARCH := amd64
+DIST_DIR := $(CURDIR)/target/dist/linux-$(IMAGE_ARCH)
+
+# The sim's real nodes import every tar here at boot (podha-sim checks each holds the image it
+# expects). The pause image is the nodes' sandbox image (PAUSE_IMAGE in
+# e2e/sim/src/cluster/realnode/mod.rs); podha-csi's is the one its manifests run.
+NODE_IMAGES_DIR := $(CURDIR)/target/images
+export PODHA_NODE_IMAGES_DIR := $(NODE_IMAGES_DIR)
+PAUSE_IMAGE := podha.io/sim/pause:1
+CSI_IMAGE := $(shell sed -n 's/^ *image: *\(podha\.io\/podha-csi:[^ ]*\) *$$/\1/p' e2e/kind/podha-csi/node.yaml)
 
 .PHONY: node-images
-node-images: ## Build podha-pause and podha-csi statically, for the real nodes' images
+node-images: ## The real nodes' images (pause, podha-csi): static binaries, then built by Docker from e2e/images/Dockerfile into target/images
 	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha-pause -p podha-csi --target $(STATIC_TARGET)
+	install -D -m 0755 -t $(DIST_DIR) target/$(STATIC_TARGET)/release/podha-pause target/$(STATIC_TARGET)/release/podha-csi
+	PODHA_CACHE=$(PODHA_CACHE) bash e2e/images/build.sh $(NODE_IMAGES_DIR) podha-pause=$(PAUSE_IMAGE) podha-csi=$(CSI_IMAGE)
 
 # podha's image, built by Docker from the Dockerfile: the static binary first (the image's only
 # file), then `docker build` (a dockerd of the project's own when none runs, see
-# e2e/tools/docker-image.sh), checked and saved for the sim's nodes. It is named as the chart's
+# e2e/tools/docker-engine.sh), checked and saved for the sim's nodes. It is named as the chart's
 # default image, so that once loaded into a node (`podha-sim image load`, like `kind load`) the
 # chart needs no image values.
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/podha/Chart.yaml)
 IMAGE := ghcr.io/podha/podha:$(APP_VERSION)
-# Docker's name of STATIC_TARGET's architecture (BuildKit's TARGETARCH).
-IMAGE_ARCH := amd64
 export PODHA_IMAGE_TAR := $(CURDIR)/target/podha-image.tar
 
 .PHONY: image
 image: ## podha's image, built by Docker from the Dockerfile and checked (docker run, inspect); saved to target/podha-image.tar
 	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha --bin podha --target $(STATIC_TARGET)
-	install -D -m 0755 target/$(STATIC_TARGET)/release/podha target/dist/linux-$(IMAGE_ARCH)/podha
-	PODHA_CACHE=$(PODHA_CACHE) bash e2e/tools/docker-image.sh $(IMAGE) $(PODHA_IMAGE_TAR)
+	install -D -m 0755 target/$(STATIC_TARGET)/release/podha $(DIST_DIR)/podha
+	PODHA_CACHE=$(PODHA_CACHE) bash e2e/tools/podha-image.sh $(IMAGE) $(PODHA_IMAGE_TAR)
 
 .PHONY: real-node-test
 real-node-test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
@@ -209,8 +220,8 @@ workflow-lint: actionlint ## actionlint the GitHub workflows (.github/workflows:
 	$(ACTIONLINT) -color=false
 
 .PHONY: image-lint
-image-lint: hadolint ## hadolint the Dockerfile
-	$(HADOLINT) Dockerfile
+image-lint: hadolint ## hadolint the Dockerfiles (podha's and the test images')
+	$(HADOLINT) Dockerfile e2e/images/Dockerfile
 
 .PHONY: lint
 lint: ## rustfmt and clippy, warnings are errors

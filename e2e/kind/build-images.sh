@@ -1,38 +1,36 @@
 #!/usr/bin/env bash
-# Writes the kind kit's images as OCI image tars, without Docker or a registry, for
-# `kind load image-archive`: every `podha.io/...` image the manifests here name, each holding one
-# static binary (podha-csi from `make node-images`; csi-attacher and csi-provisioner from
-# `make csi-sidecars`, built with CGO_ENABLED=0), plus podha's own image from `make image`.
+# Builds the kind kit's images with Docker, as `docker save` archives for
+# `kind load image-archive`: every `podha.io/...` image the manifests here name, each one static
+# binary on an empty base (e2e/images/Dockerfile: podha-csi from `make node-images`;
+# csi-attacher and csi-provisioner from `make csi-sidecars`, built with CGO_ENABLED=0), plus
+# podha's own image from `make image`.
 # Usage: build-images.sh OUT_DIR
-# Env: PODHA_SIM (podha-sim), PODHA_STATIC_DIR, PODHA_CSI_SIDECARS_BIN_DIR, PODHA_IMAGE_TAR
-# (the Makefile exports them).
+# Env: PODHA_CSI_SIDECARS_BIN_DIR, PODHA_IMAGE_TAR (the Makefile exports them).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: build-images.sh OUT_DIR}
-sim=${PODHA_SIM:-target/debug/podha-sim}
-static=${PODHA_STATIC_DIR:?run through make chaos-kind, or set PODHA_STATIC_DIR}
+repo=$(cd "$here/../.." && pwd)
+out=$(mkdir -p "${1:?usage: build-images.sh OUT_DIR}" && cd "$1" && pwd)
 sidecars=${PODHA_CSI_SIDECARS_BIN_DIR:?run through make chaos-kind, or set PODHA_CSI_SIDECARS_BIN_DIR}
 podha=${PODHA_IMAGE_TAR:?run through make chaos-kind, or set PODHA_IMAGE_TAR}
-mkdir -p "$out"
+dist=$repo/target/dist/linux-amd64
+fail() { echo "build-images.sh: $*" >&2; exit 1; }
 
 images=$(sed -n 's/^ *image: *\(podha\.io\/[^ ]*\) *$/\1/p' "$here"/podha-csi/*.yaml "$here"/*.yaml | sort -u)
-[ -n "$images" ] || { echo "build-images.sh: no podha.io images in the manifests" >&2; exit 1; }
+[ -n "$images" ] || fail "no podha.io images in the manifests"
+specs=()
 for image in $images; do
-  name=${image#podha.io/}
-  name=${name%%:*}
-  case $name in
-    podha-csi) binary=$static/podha-csi ;;
-    csi-attacher|csi-provisioner) binary=$sidecars/$name ;;
-    *) echo "build-images.sh: no binary known for $image" >&2; exit 1 ;;
+  stage=${image#podha.io/}
+  stage=${stage%%:*}
+  case $stage in
+    podha-csi) [ -x "$dist/podha-csi" ] || fail "$dist/podha-csi is missing: run make node-images" ;;
+    csi-attacher|csi-provisioner)
+      [ -x "$sidecars/$stage" ] || fail "$sidecars/$stage is missing: run make csi-sidecars"
+      install -D -m 0755 "$sidecars/$stage" "$dist/$stage" ;;
+    *) fail "no image stage known for $image" ;;
   esac
-  [ -x "$binary" ] || { echo "build-images.sh: $binary is missing: run make node-images csi-sidecars" >&2; exit 1; }
-  if ! file "$binary" | grep -q "statically linked"; then
-    echo "build-images.sh: $binary is not statically linked; the image holds nothing else" >&2
-    exit 1
-  fi
-  "$sim" image build --name "$image" --binary "$binary" --out "$out/$name.tar"
-  echo "$out/$name.tar: $image"
+  specs+=("$stage=$image")
 done
-[ -f "$podha" ] || { echo "build-images.sh: $podha is missing: run make image" >&2; exit 1; }
+(cd "$repo" && bash e2e/images/build.sh "$out" "${specs[@]}")
+[ -f "$podha" ] || fail "$podha is missing: run make image"
 cp "$podha" "$out/podha.tar"
 echo "$out/podha.tar: podha's image (make image)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make chaos-kind`: podha chaos-tested on kind as its users do it. Creates the kind cluster of
-# kind-config.yaml, loads the images (built without a registry by build-images.sh), installs
+# kind-config.yaml, loads the images (built by Docker, without a registry, by build-images.sh), installs
 # podha-csi (controller Deployment, node DaemonSet), podha by its chart and the policy, starts
 # the writer, then runs `podha chaos` with the kind faults: kill (docker kill/start), freeze
 # (docker pause/unpause) and partition (docker network disconnect/connect), CHAOS_TRIALS each,

@@ -1,6 +1,6 @@
 //! podha-sim: a real Kubernetes control plane on one machine, for podha's tests, demo and
 //! benchmarks. `cluster` starts and stops the processes; `csi` runs the CSI drivers (podha-csi behind the real sidecars, a simulated node side); `relay`
-//! cuts one client off the API server; `image` writes container images as OCI layout tars;
+//! cuts one client off the API server;
 //! `forge` sends a node's agent heartbeats and peer surveys signed by no one.
 #![forbid(unsafe_code)]
 
@@ -12,7 +12,6 @@ pub mod csi;
 pub mod demo;
 pub mod failover;
 pub mod forge;
-pub mod image;
 #[cfg(test)]
 mod kind_kit;
 pub mod relay;

@@ -108,7 +108,7 @@ enum Cmd {
         #[command(flatten)]
         dir: DirArg,
     },
-    /// Container images without a registry.
+    /// Container images without a registry: `docker save` archives loaded into the real nodes.
     Image {
         #[command(subcommand)]
         command: ImageCmd,
@@ -150,22 +150,6 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum ImageCmd {
-    /// Write an OCI image layout tar (for `ctr -n k8s.io images import`) holding the given
-    /// files, usually static binaries.
-    Build {
-        /// Full image reference, e.g. podha.io/sim/pause:1.
-        #[arg(long)]
-        name: String,
-        /// HOST_PATH[:/PATH/IN/IMAGE] (default: /<file name>); repeat for several files.
-        #[arg(long = "binary", required = true)]
-        binaries: Vec<podha_sim::image::ImageFile>,
-        /// The entrypoint, one argument per use (default: the first binary's path in the image).
-        #[arg(long)]
-        entrypoint: Vec<String>,
-        /// The tar file to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
     /// Import an image tar into every real node's containerd (`kind load` for the sim).
     Load {
         tar: PathBuf,
@@ -409,33 +393,9 @@ async fn node(cmd: NodeCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `podha-sim image …`: an image built as an OCI layout tar, or loaded into the nodes.
+/// `podha-sim image load`: an image tar (`docker save`) loaded into the nodes.
 fn image(cmd: ImageCmd) -> anyhow::Result<()> {
     match cmd {
-        ImageCmd::Build {
-            name,
-            binaries,
-            entrypoint,
-            out,
-        } => {
-            let entrypoint = if entrypoint.is_empty() {
-                vec![binaries[0].path.clone()]
-            } else {
-                entrypoint
-            };
-            let spec = podha_sim::image::ImageSpec {
-                name,
-                files: binaries,
-                entrypoint,
-            };
-            let built = podha_sim::image::build(&spec, &out)?;
-            println!(
-                "{} {} -> {}",
-                built.name,
-                built.manifest_digest,
-                out.display()
-            );
-        }
         ImageCmd::Load { tar, dir } => {
             for node in Cluster::attach(&dir.dir)?.load_image(&tar)? {
                 println!("{} loaded into {node}", tar.display());

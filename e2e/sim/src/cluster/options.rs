@@ -79,10 +79,10 @@ pub struct ClusterOptions {
     pub real_nodes: usize,
     /// Where the kubelet is; default `$PODHA_NODE_BIN_DIR`, else the `make node-deps` cache.
     pub node_bin_dir: Option<PathBuf>,
-    /// The directory of the static binaries of the real nodes' images (`podha-pause`,
-    /// `podha-csi`); default `$PODHA_STATIC_DIR`, else where `make node-images` builds them
+    /// The directory of the real nodes' images (`podha-pause.tar`, `podha-csi.tar`, saved by
+    /// Docker); default `$PODHA_NODE_IMAGES_DIR`, else where `make node-images` saves them
     /// (found from the podha-sim executable).
-    pub static_dir: Option<PathBuf>,
+    pub node_images_dir: Option<PathBuf>,
     pub profile: Profile,
     /// Where the control-plane binaries are; default [`default_bin_dir`].
     pub bin_dir: Option<PathBuf>,
@@ -118,7 +118,7 @@ impl ClusterOptions {
             nodes: 3,
             real_nodes: 0,
             node_bin_dir: None,
-            static_dir: None,
+            node_images_dir: None,
             profile: Profile::Fast,
             bin_dir: None,
             sim_exe: None,

@@ -17,7 +17,7 @@ impl Cluster {
             )));
         }
         if opts.real_nodes > 0 {
-            realnode::check_host(&tools.node_bin_dir, &tools.static_dir)?;
+            realnode::check_host(&tools.node_bin_dir, &tools.node_images_dir)?;
         }
         let dir = fresh_dir(&opts.dir)?;
         let ports = allocate_ports(opts.apiserver_port)?;
@@ -39,7 +39,7 @@ impl Cluster {
             for index in opts.nodes + 1..=total {
                 nodes.push(real_node_record(index as u8, subnet)?);
             }
-            realnode::build_node_images(&dir, &tools.static_dir)?;
+            realnode::images::copy_into_cluster(&tools.node_images_dir, &dir)?;
             Some(RealNodes {
                 subnet,
                 node_bin_dir: tools.node_bin_dir,
@@ -83,7 +83,7 @@ struct Tools {
     bin_dir: PathBuf,
     sim_exe: PathBuf,
     node_bin_dir: PathBuf,
-    static_dir: PathBuf,
+    node_images_dir: PathBuf,
 }
 
 impl Tools {
@@ -103,15 +103,15 @@ impl Tools {
             .node_bin_dir
             .clone()
             .unwrap_or_else(realnode::default_node_bin_dir);
-        let static_dir = opts
-            .static_dir
+        let node_images_dir = opts
+            .node_images_dir
             .clone()
-            .unwrap_or_else(|| realnode::default_static_dir(&sim_exe));
+            .unwrap_or_else(|| realnode::images::default_dir(&sim_exe));
         Ok(Tools {
             bin_dir,
             sim_exe,
             node_bin_dir,
-            static_dir,
+            node_images_dir,
         })
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::csi::{CSI_ACKS, CSI_STORE, KUBELET_ROOT, shared_acks, shared_store};
-use super::{PAUSE_IMAGE, RealNode, images_dir};
+use super::{PAUSE_IMAGE, RealNode, images::cluster_images_dir};
 use crate::cluster::{Error, Result};
 
 /// Host-wide sysctls the kubelet sets at start when they differ from what it wants
@@ -296,7 +296,7 @@ done
         procs = procs.join(" "),
         netns = node.netns(),
         sysctls = sysctls.join("\n"),
-        images = images_dir(&node.cluster_dir).display(),
+        images = cluster_images_dir(&node.cluster_dir).display(),
         kubelet_root = KUBELET_ROOT,
         csi_store = CSI_STORE,
         csi_acks = CSI_ACKS,

@@ -14,8 +14,8 @@
 //!   kubelet's root directory, configuration, kubeconfig and client certificate
 //!   (`system:node:<node>`, so the Node authorizer and NodeRestriction apply), `boot.sh`.
 //!
-//! The node images (the pause image from `podha-pause`, podha-csi's from `podha-csi`, both
-//! linked statically by `make node-images`) are built by `crate::image` into `DIR/images/` and
+//! The node images (the pause image from `podha-pause`, podha-csi's from `podha-csi`, built by
+//! Docker in `make node-images`) are checked and copied into `DIR/images/` (`images`) and
 //! imported into every node's containerd at boot. podha-csi's node plugin runs on every real
 //! node as a DaemonSet (`csi`).
 //!
@@ -29,6 +29,7 @@ pub mod cgroup;
 mod cluster_ops;
 pub mod csi;
 pub mod files;
+pub mod images;
 pub mod net;
 
 use std::net::Ipv4Addr;
@@ -38,7 +39,7 @@ use std::process::Command;
 use super::{Error, Result};
 use cgroup::NodeCgroup;
 
-/// The sandbox image every real node's containerd uses, built from `podha-pause`.
+/// The sandbox image every real node's containerd uses, built from `podha-pause` (`images`).
 pub const PAUSE_IMAGE: &str = "podha.io/sim/pause:1";
 /// The kubelet's port on the node's address.
 pub const KUBELET_PORT: u16 = 10250;
@@ -120,11 +121,6 @@ pub fn bridge_name(dir: &Path) -> String {
     format!("phs{}", &cluster_id(dir)[..8])
 }
 
-/// The images every real node imports at boot, one OCI tar each.
-pub fn images_dir(dir: &Path) -> PathBuf {
-    dir.join("images")
-}
-
 /// `$PODHA_NODE_BIN_DIR`, else `${PODHA_CACHE:-$HOME/.cache/podha}/node-k8s-<K8S>/bin`, where
 /// `make node-deps` builds the kubelet.
 pub fn default_node_bin_dir() -> PathBuf {
@@ -136,38 +132,13 @@ pub fn default_node_bin_dir() -> PathBuf {
         .join("bin")
 }
 
-/// The directory of the static binaries the node images are made of (`podha-pause`,
-/// `podha-csi`): `$PODHA_STATIC_DIR`, else where `make node-images` builds them, found from the
-/// podha-sim executable (`target/<profile>/podha-sim` →
-/// `target/x86_64-unknown-linux-gnu/release`).
-pub fn default_static_dir(sim_exe: &Path) -> PathBuf {
-    if let Some(p) = std::env::var_os("PODHA_STATIC_DIR").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let target = sim_exe
-        .ancestors()
-        .find(|a| a.file_name().is_some_and(|n| n == "target"))
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("target"));
-    target.join("x86_64-unknown-linux-gnu/release")
-}
-
-/// The images every real node imports at boot: (image name, binary in the static directory,
-/// path in the image). podha-csi's name is the one its DaemonSet runs.
-fn node_images() -> Result<[(String, &'static str, &'static str); 2]> {
-    Ok([
-        (PAUSE_IMAGE.to_string(), "podha-pause", "/pause"),
-        (csi::csi_image()?, "podha-csi", "/podha-csi"),
-    ])
-}
-
 fn on_path(cmd: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(cmd).is_file()))
 }
 
 /// Everything a real node needs on the host, or an error naming what is missing and how to get it.
-pub fn check_host(node_bin_dir: &Path, static_dir: &Path) -> Result<()> {
+pub fn check_host(node_bin_dir: &Path, node_images_dir: &Path) -> Result<()> {
     let mut missing: Vec<String> = HOST_COMMANDS
         .iter()
         .filter(|c| !on_path(c))
@@ -191,37 +162,7 @@ pub fn check_host(node_bin_dir: &Path, static_dir: &Path) -> Result<()> {
             missing.join(", ")
         )));
     }
-    let missing: Vec<String> = ["podha-pause", "podha-csi"]
-        .iter()
-        .map(|b| static_dir.join(b))
-        .filter(|b| !b.is_file())
-        .map(|b| b.display().to_string())
-        .collect();
-    if !missing.is_empty() {
-        return Err(Error::Other(format!(
-            "the static binaries of the node images {} are missing: run `make node-images` (or \
-             set PODHA_STATIC_DIR)",
-            missing.join(", ")
-        )));
-    }
-    Ok(())
-}
-
-/// Builds the node images from the static binaries into [`images_dir`], one tar each.
-pub fn build_node_images(dir: &Path, static_dir: &Path) -> Result<()> {
-    for (name, binary, path) in node_images()? {
-        let spec = crate::image::ImageSpec {
-            name: name.clone(),
-            files: vec![crate::image::ImageFile {
-                source: static_dir.join(binary),
-                path: path.into(),
-            }],
-            entrypoint: vec![path.into()],
-        };
-        crate::image::build(&spec, &images_dir(dir).join(format!("{binary}.tar")))
-            .map_err(|e| Error::Other(format!("build the image {name}: {e}")))?;
-    }
-    Ok(())
+    images::check(node_images_dir)
 }
 
 /// The cluster-wide part: the bridge and the API server's DNAT.
