@@ -185,6 +185,10 @@ fn main() -> ExitCode {
             block_on(tokio::runtime::Runtime::new(), podha::explain::cli(args))
         }
         Command::Agent(args) => {
+            if cfg!(not(target_os = "linux")) {
+                eprintln!("podha agent: runs on Linux nodes only (it fences its node's kernel)");
+                return ExitCode::FAILURE;
+            }
             if let Err(e) = init_tracing(false, None) {
                 eprintln!("podha: {e}");
                 return ExitCode::FAILURE;

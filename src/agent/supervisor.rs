@@ -95,7 +95,7 @@ pub async fn supervise(
     tokio::pin!(stop);
     let mut exits = match orphans {
         Orphans::Reap => {
-            nix::sys::prctl::set_child_subreaper(true).map_err(SupervisorError::Subreaper)?;
+            become_subreaper()?;
             Some(signal(SignalKind::child()).map_err(SupervisorError::ChildSignal)?)
         }
         Orphans::Leave => None,
@@ -201,11 +201,36 @@ pub fn worker_command(args: &[std::ffi::OsString]) -> std::io::Result<Command> {
     Ok(command)
 }
 
+/// Asks the kernel to make this process the parent of its descendants' orphans (Linux's
+/// `PR_SET_CHILD_SUBREAPER`).
+#[cfg(target_os = "linux")]
+fn become_subreaper() -> Result<(), SupervisorError> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(SupervisorError::Subreaper)
+}
+
+/// Asks the kernel for SIGKILL when the parent dies (Linux's `PR_SET_PDEATHSIG`).
+#[cfg(target_os = "linux")]
+fn die_with_parent() -> Result<(), SupervisorError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(SupervisorError::DeathSignal)
+}
+
+// The agent runs on Linux nodes only; elsewhere (the `podha` CLI built for macOS) `podha agent`
+// refuses to start, and these are never reached.
+#[cfg(not(target_os = "linux"))]
+fn become_subreaper() -> Result<(), SupervisorError> {
+    Err(SupervisorError::Subreaper(nix::Error::ENOTSUP))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent() -> Result<(), SupervisorError> {
+    Err(SupervisorError::DeathSignal(nix::Error::ENOTSUP))
+}
+
 /// In the worker: asks the kernel for SIGKILL when the supervisor dies, then makes sure it has
 /// not died already (the worker would have been orphaned before asking). `Err` says why the
 /// worker must not run.
 pub fn die_with_supervisor(supervisor: u32) -> Result<(), SupervisorError> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(SupervisorError::DeathSignal)?;
+    die_with_parent()?;
     let parent = std::os::unix::process::parent_id();
     if parent != supervisor {
         return Err(SupervisorError::SupervisorGone { supervisor, parent });
