@@ -53,7 +53,7 @@ chaos-sim: k8s sim-deps ## podha chaos --fault sim-kill on a fresh sim cluster (
 
 .PHONY: chaos-kind
 chaos-kind: node-images csi-sidecars image helm ## The kind kit: kind cluster, podha-csi, podha by its chart, podha chaos kill/freeze/partition (needs kind and Docker; e2e/kind/README.md)
-	$(CARGO) build --bins -p podha -p podha-sim -p podha-csi
+	$(CARGO) build --bins -p podha -p podha-csi
 	PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi \
 		e2e/kind/chaos-kind.sh $(CURDIR)/target/chaos-kind $(CHAOS_TRIALS)
 

@@ -23,6 +23,25 @@ for spec in "$@"; do
   grep -qx "FROM scratch AS $stage" "$dockerfile" || fail "$dockerfile has no stage $stage"
 done
 
+# Whether an ELF executable is static: no program header of type PT_INTERP (a dynamic loader).
+static() {
+  python3 - "$1" <<'PY'
+import struct, sys
+with open(sys.argv[1], "rb") as f:
+    elf = f.read(64)
+    if elf[:4] != b"\x7fELF" or elf[4] != 2:
+        sys.exit("not a 64-bit ELF file")
+    end = "<" if elf[5] == 1 else ">"
+    phoff, = struct.unpack(end + "Q", elf[32:40])
+    phentsize, phnum = struct.unpack(end + "HH", elf[54:58])
+    for i in range(phnum):
+        f.seek(phoff + i * phentsize)
+        kind, = struct.unpack(end + "I", f.read(4))
+        if kind == 3:
+            sys.exit(1)
+PY
+}
+
 # shellcheck source=e2e/tools/docker-engine.sh
 . e2e/tools/docker-engine.sh
 docker_engine e2e/images/build.sh
@@ -33,9 +52,16 @@ for spec in "$@"; do
   stage=${spec%%=*}
   image=${spec#*=}
   binary=$(sed -n "/^FROM scratch AS $stage\$/,/^FROM /s/^COPY [^ ]* \\(\\/[^ ]*\\)\$/\\1/p" "$dockerfile")
-  [ -x "target/dist/linux-$arch/${stage}" ] \
-    || fail "target/dist/linux-$arch/$stage is missing (make node-images builds podha-pause and podha-csi; e2e/kind/build-images.sh stages the sidecars)"
-  "$docker" build --quiet --file "$dockerfile" --target "$stage" --tag "$image" . >/dev/null
+  file=target/dist/linux-$arch/$stage
+  [ -x "$file" ] \
+    || fail "$file is missing (make node-images builds podha-pause and podha-csi; e2e/kind/build-images.sh stages the sidecars)"
+  static "$file" || fail "$file is linked dynamically: the image holds nothing but it"
+  "$docker" build --quiet --file "$dockerfile" --target "$stage" --tag "$image" --iidfile "$out/.iid" . >/dev/null
+  # What the tag names is what this build made (a builder that does not load its result into
+  # the engine would leave an older image under the tag).
+  [ "$("$docker" image inspect --format '{{.Id}}' "$image")" = "$(cat "$out/.iid")" ] \
+    || fail "$image is not the image just built (does the builder load its result into the engine?)"
+  rm -f "$out/.iid"
   want() {
     local got
     got=$("$docker" image inspect --format "$1" "$image")

@@ -1,7 +1,9 @@
 # A Docker client and engine for the project's image builds; sourced by e2e/tools/podha-image.sh
 # and e2e/images/build.sh. After `docker_engine`, "$docker" is a client that builds with
 # BuildKit, DOCKER_HOST points at an engine that answers, and an engine started here is
-# stopped when the sourcing script exits.
+# stopped when the sourcing script exits (its EXIT trap: a caller must not set one of its own).
+# One build at a time holds the engine (a lock under the cache, kept until the script exits):
+# `make -j` running two builds must not have one stop the engine under the other.
 #
 # Debian's docker.io is installed when no Docker client can build (root, as in CI). When no
 # Docker engine answers on $PODHA_DOCKER_HOST (default unix:///run/podha-docker.sock), a dockerd
@@ -26,6 +28,9 @@ docker_client() {
 # docker_engine NAME: NAME is the calling script, for messages.
 docker_engine() {
   local me=$1 cache=${PODHA_CACHE:-$HOME/.cache/podha} dockerd_exe log
+  mkdir -p "$cache/docker"
+  exec 9>"$cache/docker/build.lock"
+  flock 9
   docker=$(docker_client)
   if [ -z "$docker" ]; then
     [ "$(id -u)" = 0 ] || { echo "$me: no Docker client that builds with BuildKit: install Docker >= 23 with buildx, or Debian's docker.io (as root: apt-get install docker.io)" >&2; exit 1; }
@@ -44,7 +49,6 @@ docker_engine() {
   [ "$(id -u)" = 0 ] || { echo "$me: no Docker engine answers on $DOCKER_HOST, and starting one needs root (or set PODHA_DOCKER_HOST)" >&2; exit 1; }
   dockerd_exe=$(command -v dockerd || true)
   [ -n "$dockerd_exe" ] || { echo "$me: no dockerd to start: install Debian's docker.io, or point PODHA_DOCKER_HOST at your engine" >&2; exit 1; }
-  mkdir -p "$cache/docker"
   log="$cache/docker/dockerd.log"
   "$dockerd_exe" --host "$DOCKER_HOST" --data-root "$cache/docker/data" \
     --exec-root /run/podha-docker --pidfile /run/podha-docker.pid \

@@ -14,7 +14,13 @@ fail() { echo "podha-image.sh: $*" >&2; exit 1; }
 . "$(dirname "$0")/docker-engine.sh"
 docker_engine podha-image.sh
 
-"$docker" build --tag "$image" .
+iid=$(mktemp)
+"$docker" build --tag "$image" --iidfile "$iid" .
+# What the tag names is what this build made (a builder that does not load its result into the
+# engine would leave an older image under the tag).
+[ "$("$docker" image inspect --format '{{.Id}}' "$image")" = "$(cat "$iid")" ] \
+  || fail "$image is not the image just built (does the builder load its result into the engine?)"
+rm -f "$iid"
 
 # The image as users get it: it runs (no network: it needs none to say its version), as the
 # numeric user the chart's runAsNonRoot checks, with the entrypoint, command, port and labels

@@ -1,5 +1,5 @@
-//! The kind kit (`e2e/kind/`) cannot run on the machine that builds podha (no Docker engine),
-//! so its manifests are held here to what does run: the sim cluster's driver, StorageClasses,
+//! The kind kit (`e2e/kind/`) has not run on the machine that builds podha (kind's node image
+//! cannot be pulled there), so its manifests are held here to what does run: the sim cluster's driver, StorageClasses,
 //! node plugin and writer, and the images `build-images.sh` makes.
 
 use serde_json::Value;

@@ -97,7 +97,7 @@ impl Cluster {
         .await
     }
 
-    /// Imports an image tar (see `crate::image`) into every real node's containerd, namespace
+    /// Imports an image tar (`docker save`; see `images`) into every real node's containerd, namespace
     /// `k8s.io` where the kubelet looks, as `kind load` does; returns the nodes. Images stay
     /// across reboots (containerd's root is the node's disk).
     pub fn load_image(&self, tar: &std::path::Path) -> Result<Vec<String>> {

@@ -66,7 +66,8 @@ pub fn check(dir: &Path) -> Result<()> {
         return Ok(());
     }
     Err(Error::Other(format!(
-        "the real nodes' images: {}: run `make node-images` (or set PODHA_NODE_IMAGES_DIR)",
+        "the real nodes' images: {}: run `make node-images` (or set PODHA_NODE_IMAGES_DIR; the \
+         names it builds are the Makefile's PAUSE_IMAGE and CSI_IMAGE)",
         problems.join("; ")
     )))
 }
