@@ -166,6 +166,28 @@ image: ## podha's image, built by Docker from the Dockerfile and checked (docker
 	install -D -m 0755 target/$(STATIC_TARGET)/release/podha $(DIST_DIR)/podha
 	PODHA_CACHE=$(PODHA_CACHE) bash e2e/tools/podha-image.sh $(IMAGE) $(PODHA_IMAGE_TAR)
 
+# The kind kit's node image (e2e/kind/node-image): kind's own cannot be pulled here. Its
+# components beyond the sim's Kubernetes binaries are built from Go modules and cached by
+# version; the image, in the project's Docker engine, is named after its inputs' digest, so a
+# change to any of them builds a new one.
+KIND_KEY := kind-$(KIND_VERSION)-k8s-$(K8S_VERSION)-crictl-$(CRI_TOOLS_VERSION)-kube-router-$(KUBE_ROUTER_VERSION)-local-path-$(LOCAL_PATH_PROVISIONER_VERSION)
+KIND_BIN_DIR := $(PODHA_CACHE)/$(KIND_KEY)/bin
+export PODHA_KIND_BIN_DIR := $(KIND_BIN_DIR)
+KIND_NODE_INPUTS := e2e/versions.mk e2e/tools/docker-engine.sh $(shell find e2e/kind/node-image | sort)
+KIND_NODE_IMAGE := podha.io/kind/node:v$(K8S_VERSION)-$(shell cat $(KIND_NODE_INPUTS) 2>/dev/null | sha256sum | cut -c1-12)
+export PODHA_KIND_NODE_IMAGE := $(KIND_NODE_IMAGE)
+
+.PHONY: kind-deps
+kind-deps: $(KIND_BIN_DIR)/.complete ## Build kind, kubeadm, etcd, CoreDNS, crictl, kube-router, local-path-provisioner and pause for the kind node image (cached by version)
+
+$(KIND_BIN_DIR)/.complete: e2e/versions.mk e2e/kind/node-image/build-components.sh
+	bash e2e/kind/node-image/build-components.sh $(PODHA_CACHE)/$(KIND_KEY)
+	touch $@
+
+.PHONY: kind-node-image
+kind-node-image: k8s node-deps kind-deps ## The kind node image (Debian, systemd, containerd, Kubernetes $(K8S_VERSION), its images preloaded), built into the project's Docker engine
+	PODHA_CACHE=$(PODHA_CACHE) bash e2e/kind/node-image/build.sh $(KIND_NODE_IMAGE)
+
 .PHONY: real-node-test
 real-node-test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools ## Only the real-node tests (kubelet + containerd in the sim cluster: pods, kill, reboot, freeze, partition; podha by its chart; root)
 	$(CARGO) test -p podha-sim --test realnode --test realnode_podha
@@ -221,7 +243,7 @@ workflow-lint: actionlint ## actionlint the GitHub workflows (.github/workflows:
 
 .PHONY: image-lint
 image-lint: hadolint ## hadolint the Dockerfiles (podha's and the test images')
-	$(HADOLINT) Dockerfile e2e/images/Dockerfile
+	$(HADOLINT) Dockerfile e2e/images/Dockerfile e2e/kind/node-image/Dockerfile
 
 .PHONY: lint
 lint: ## rustfmt and clippy, warnings are errors

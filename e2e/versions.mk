@@ -19,3 +19,11 @@ CSI_ATTACHER_VERSION := 4.13.0
 # external-provisioner v6.4.0 is served but needs sigs.k8s.io/sig-storage-lib-external-provisioner/v13
 # v13.1.0, which the proxy refuses (403); v6.3.0 needs v13.0.0, which it serves.
 CSI_PROVISIONER_VERSION := 6.3.0
+# The kind kit (e2e/kind): kind itself, and what its node image (e2e/kind/node-image) holds
+# beyond Kubernetes: crictl, the network (kube-router: kind's kindnetd is not served by the Go
+# module proxy) and the default StorageClass's provisioner (v0.0.34, kind's, is refused (403);
+# v0.0.30 is served). etcd, CoreDNS and pause are the versions kubeadm names.
+KIND_VERSION := 0.33.0
+CRI_TOOLS_VERSION := 1.34.0
+KUBE_ROUTER_VERSION := 2.1.0
+LOCAL_PATH_PROVISIONER_VERSION := 0.0.30

@@ -50,9 +50,17 @@ docker_engine() {
   dockerd_exe=$(command -v dockerd || true)
   [ -n "$dockerd_exe" ] || { echo "$me: no dockerd to start: install Debian's docker.io, or point PODHA_DOCKER_HOST at your engine" >&2; exit 1; }
   log="$cache/docker/dockerd.log"
+  # Where this process's capability bounding set lacks some capability the kernel knows, a
+  # privileged container (a kind node) fails to start: its runtime drops those (see the file).
+  local runtime=() bounding last
+  bounding=$((16#$(sed -n 's/^CapBnd:\s*//p' /proc/self/status)))
+  last=$(cat /proc/sys/kernel/cap_last_cap)
+  if [ "$bounding" != $(((1 << (last + 1)) - 1)) ]; then
+    runtime=(--add-runtime "podha-runc=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/runc-in-bounds" --default-runtime podha-runc)
+  fi
   "$dockerd_exe" --host "$DOCKER_HOST" --data-root "$cache/docker/data" \
     --exec-root /run/podha-docker --pidfile /run/podha-docker.pid \
-    --iptables=false --ip-masq=false --bridge=none >"$log" 2>&1 &
+    --iptables=false --ip-masq=false --bridge=none "${runtime[@]}" >"$log" 2>&1 &
   docker_engine_pid=$!
   trap 'kill "$docker_engine_pid" 2>/dev/null || true; wait "$docker_engine_pid" 2>/dev/null || true' EXIT
   for _ in $(seq 60); do

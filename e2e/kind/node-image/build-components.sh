@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds what the kind node image holds beyond the sim's Kubernetes binaries, from Go modules
+# (and Kubernetes' pause.c with the host's C compiler), into OUT_DIR/bin:
+#   kind; kubeadm (Kubernetes $K8S_VERSION); the etcd and CoreDNS versions that kubeadm names
+#   (`kubeadm config images list`); crictl (cri-tools); kube-router; local-path-provisioner; pause.
+# Versions: e2e/versions.mk. Usage: build-components.sh OUT_DIR (a complete OUT_DIR is left alone)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: build-components.sh OUT_DIR}
+version_of() { sed -n "s/^$1 := //p" "$here/../../versions.mk"; }
+k8s=$(version_of K8S_VERSION)
+bins=(kind kubeadm etcd coredns crictl kube-router local-path-provisioner pause)
+complete=1
+for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || complete=0; done
+if [ "$complete" = 1 ]; then
+  echo "kind node components already built in $out/bin"
+  exit 0
+fi
+mkdir -p "$out/bin" "$out/src"
+export GOFLAGS=-mod=mod GOBIN=$out/bin
+install_module() { # MODULE@VERSION
+  echo "building $1"
+  go install -trimpath -ldflags "-s -w" "$1"
+}
+
+install_module "sigs.k8s.io/kind@v$(version_of KIND_VERSION)"
+
+# kubeadm, from the module the sim's control plane is built from (e2e/k8s/build.sh).
+work=$out/src/k8s
+mkdir -p "$work"
+( cd "$out/src" && go mod download -json "k8s.io/kubernetes@v$k8s" ) > "$out/src/kubernetes.json"
+kdir=$(sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p' "$out/src/kubernetes.json")
+kmod=$(sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p' "$out/src/kubernetes.json")
+[ -f "$kmod" ] && [ -d "$kdir" ] || { echo "build-components.sh: cannot fetch k8s.io/kubernetes@v$k8s" >&2; exit 1; }
+{
+  printf 'module podha.io/kind/k8s\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$k8s"
+  grep -E '^\s*k8s.io/[^ ]+ v0\.0\.0\s*$' "$kmod" | awk '{print $1}' | sort -u \
+    | while read -r m; do printf '\t%s => %s v0.%s\n' "$m" "$m" "${k8s#1.}"; done
+  printf ')\n'
+} > "$work/go.mod"
+printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubeadm"\n' > "$work/tools.go"
+ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=v$k8s -X $pkg.gitMajor=${k8s%%.*} -X $pkg.gitMinor=$(cut -d. -f2 <<<"$k8s")"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+echo "building kubeadm v$k8s"
+( cd "$work" && go mod tidy && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm )
+
+# The versions kubeadm runs.
+listed=$("$out/bin/kubeadm" config images list --kubernetes-version "v$k8s")
+tag_of() { sed -n "s|^registry.k8s.io/$1:||p" <<<"$listed"; }
+etcd=$(tag_of etcd); etcd=${etcd%-*}
+coredns=$(tag_of coredns/coredns)
+pause=$(tag_of pause)
+[ -n "$etcd" ] && [ -n "$coredns" ] && [ -n "$pause" ] || { echo "build-components.sh: kubeadm listed: $listed" >&2; exit 1; }
+
+mkdir -p "$out/src/etcd"
+printf 'module podha.io/kind/etcd\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd" > "$out/src/etcd/go.mod"
+printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' > "$out/src/etcd/main.go"
+echo "building etcd v$etcd"
+( cd "$out/src/etcd" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" . )
+
+install_module "github.com/coredns/coredns@$coredns"
+install_module "sigs.k8s.io/cri-tools/cmd/crictl@v$(version_of CRI_TOOLS_VERSION)"
+install_module "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$(version_of KUBE_ROUTER_VERSION)"
+install_module "github.com/rancher/local-path-provisioner@v$(version_of LOCAL_PATH_PROVISIONER_VERSION)"
+
+# The pod sandbox, from Kubernetes' own source: static, as its image holds nothing else.
+echo "building pause"
+cc -Os -Wall -static -DVERSION="v$pause" -o "$out/bin/pause" "$kdir/build/pause/linux/pause.c"
+
+for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || { echo "build-components.sh: $b missing after build" >&2; exit 1; }; done
+echo "kind node components ready in $out/bin"
