@@ -174,7 +174,7 @@ KIND_KEY := kind-$(KIND_VERSION)-k8s-$(K8S_VERSION)-crictl-$(CRI_TOOLS_VERSION)-
 KIND_BIN_DIR := $(PODHA_CACHE)/$(KIND_KEY)/bin
 export PODHA_KIND_BIN_DIR := $(KIND_BIN_DIR)
 KIND_NODE_INPUTS := e2e/versions.mk e2e/tools/docker-engine.sh e2e/tools/runc-in-bounds $(shell find e2e/kind/node-image -type f | sort)
-KIND_NODE_IMAGE := podha.io/kind/node:v$(K8S_VERSION)-$(shell cat $(KIND_NODE_INPUTS) 2>/dev/null | sha256sum | cut -c1-12)
+KIND_NODE_IMAGE := podha.io/kind/node:v$(K8S_VERSION)-$(shell for f in $(KIND_NODE_INPUTS); do echo "$$f"; cat "$$f"; done | sha256sum | cut -c1-12)
 export PODHA_KIND_NODE_IMAGE := $(KIND_NODE_IMAGE)
 
 .PHONY: kind-deps

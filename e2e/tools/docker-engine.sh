@@ -30,7 +30,7 @@ docker_engine() {
   local me=$1 cache=${PODHA_CACHE:-$HOME/.cache/podha} dockerd_exe log
   mkdir -p "$cache/docker"
   exec 9>"$cache/docker/build.lock"
-  flock 9
+  flock --wait 900 9 || { echo "$me: another image build has held the Docker engine for 15 minutes ($cache/docker/build.lock)" >&2; exit 1; }
   docker=$(docker_client)
   if [ -z "$docker" ]; then
     [ "$(id -u)" = 0 ] || { echo "$me: no Docker client that builds with BuildKit: install Docker >= 23 with buildx, or Debian's docker.io (as root: apt-get install docker.io)" >&2; exit 1; }
@@ -60,7 +60,7 @@ docker_engine() {
   fi
   "$dockerd_exe" --host "$DOCKER_HOST" --data-root "$cache/docker/data" \
     --exec-root /run/podha-docker --pidfile /run/podha-docker.pid \
-    --iptables=false --ip-masq=false --bridge=none "${runtime[@]}" >"$log" 2>&1 &
+    --iptables=false --ip-masq=false --bridge=none "${runtime[@]}" >"$log" 2>&1 9>&- &
   docker_engine_pid=$!
   trap 'kill "$docker_engine_pid" 2>/dev/null || true; wait "$docker_engine_pid" 2>/dev/null || true' EXIT
   for _ in $(seq 60); do

@@ -17,8 +17,12 @@ if [ "$complete" = 1 ]; then
   echo "kind node components already built in $out/bin"
   exit 0
 fi
-mkdir -p "$out/bin" "$out/src"
-export GOFLAGS=-mod=mod GOBIN=$out/bin
+# Built into bin.part, renamed bin once every binary is there: an interrupted build leaves no
+# directory that looks complete.
+bin=$out/bin.part
+rm -rf "$bin"
+mkdir -p "$bin" "$out/src"
+export GOFLAGS=-mod=mod GOBIN=$bin
 install_module() { # MODULE@VERSION
   echo "building $1"
   go install -trimpath -ldflags "-s -w" "$1"
@@ -46,10 +50,10 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 echo "building kubeadm v$k8s"
-( cd "$work" && go mod tidy && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm )
+( cd "$work" && go mod tidy && go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm )
 
 # The versions kubeadm runs.
-listed=$("$out/bin/kubeadm" config images list --kubernetes-version "v$k8s")
+listed=$("$bin/kubeadm" config images list --kubernetes-version "v$k8s")
 tag_of() { sed -n "s|^registry.k8s.io/$1:||p" <<<"$listed"; }
 etcd=$(tag_of etcd); etcd=${etcd%-*}
 coredns=$(tag_of coredns/coredns)
@@ -60,7 +64,7 @@ mkdir -p "$out/src/etcd"
 printf 'module podha.io/kind/etcd\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd" > "$out/src/etcd/go.mod"
 printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' > "$out/src/etcd/main.go"
 echo "building etcd v$etcd"
-( cd "$out/src/etcd" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" . )
+( cd "$out/src/etcd" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$bin/etcd" . )
 
 install_module "github.com/coredns/coredns@$coredns"
 install_module "sigs.k8s.io/cri-tools/cmd/crictl@v$(version_of CRI_TOOLS_VERSION)"
@@ -69,7 +73,9 @@ install_module "github.com/rancher/local-path-provisioner@v$(version_of LOCAL_PA
 
 # The pod sandbox, from Kubernetes' own source: static, as its image holds nothing else.
 echo "building pause"
-cc -Os -Wall -static -DVERSION="v$pause" -o "$out/bin/pause" "$kdir/build/pause/linux/pause.c"
+cc -Os -Wall -static -DVERSION="v$pause" -o "$bin/pause" "$kdir/build/pause/linux/pause.c"
 
-for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || { echo "build-components.sh: $b missing after build" >&2; exit 1; }; done
+for b in "${bins[@]}"; do [ -x "$bin/$b" ] || { echo "build-components.sh: $b missing after build" >&2; exit 1; }; done
+rm -rf "$out/bin"
+mv "$bin" "$out/bin"
 echo "kind node components ready in $out/bin"

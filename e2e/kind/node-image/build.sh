@@ -49,16 +49,21 @@ rootfs() { # NAME PACKAGES [mmdebstrap options...]
   if [ ! -f "$tar" ]; then
     mkdir -p "$cache/kind-rootfs"
     echo "building the $name root filesystem (Debian bookworm: $packages)" >&2
-    mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" "$@" bookworm "$tar.part" >&2
-    mv "$tar.part" "$tar"
+    rm -f "$tar.part"
+    mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" "$@" bookworm "$tar.part" >&2 \
+      && mv "$tar.part" "$tar" || return 1
   fi
   echo "$tar"
 }
-node_tar=$(rootfs node "$node_packages" \
+# (Not in a command substitution, where a failure would not stop the script.)
+rootfs node "$node_packages" > "$cache/kind-rootfs.node" \
   --customize-hook='mkdir -p "$1/opt/cni" && ln -s /usr/lib/cni "$1/opt/cni/bin"' \
   --customize-hook=': > "$1/etc/machine-id" && rm -f "$1/var/lib/dbus/machine-id"' \
-  --customize-hook='chroot "$1" systemctl mask getty@tty1.service console-getty.service systemd-udevd.service' | tail -1)
-base_tar=$(rootfs debian "$base_packages" | tail -1)
+  --customize-hook='chroot "$1" systemctl mask getty@tty1.service console-getty.service systemd-udevd.service' \
+  || fail "the node's root filesystem: mmdebstrap failed"
+rootfs debian "$base_packages" > "$cache/kind-rootfs.debian" || fail "the images' base: mmdebstrap failed"
+node_tar=$(cat "$cache/kind-rootfs.node")
+base_tar=$(cat "$cache/kind-rootfs.debian")
 
 # The build context: the root filesystems, the binaries, the node's files and its version.
 dist=target/dist/kind
@@ -101,7 +106,7 @@ done
 "$docker" build --quiet --file "$dockerfile" --target node --tag "$image-unloaded" . >/dev/null
 loader=podha-kind-node-build
 "$docker" rm -f "$loader" >/dev/null 2>&1 || true
-"$docker" run --detach --name "$loader" --privileged --entrypoint /usr/bin/containerd \
+"$docker" run --detach --name "$loader" --privileged --entrypoint /usr/bin/containerd --stop-signal SIGTERM \
   --volume "$PWD/$dist/images:/images:ro" "$image-unloaded" >/dev/null
 trap '"$docker" rm -f "$loader" >/dev/null 2>&1 || true; kill "${docker_engine_pid:-}" 2>/dev/null || true; wait "${docker_engine_pid:-}" 2>/dev/null || true' EXIT
 for _ in $(seq 60); do
