@@ -104,7 +104,7 @@ sim-deps: ## Install the Debian packages the sim cluster needs when missing (ipt
 .PHONY: k8s
 k8s: $(SIM_BIN_DIR)/.complete ## Build etcd, Kubernetes and kwok from Go modules (cached)
 
-$(SIM_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build.sh
+$(SIM_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build.sh e2e/k8s/go-modules.sh
 	bash e2e/k8s/build.sh $(PODHA_CACHE)/$(SIM_KEY)
 	touch $@
 
@@ -124,7 +124,7 @@ node-deps: $(NODE_BIN_DIR)/.complete ## Real-node pieces: Debian containerd, run
 	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing; fi
 
-$(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh | $(SIM_BIN_DIR)/.complete
+$(NODE_BIN_DIR)/.complete: e2e/versions.mk e2e/k8s/build-node.sh e2e/k8s/go-modules.sh | $(SIM_BIN_DIR)/.complete
 	bash e2e/k8s/build-node.sh $(PODHA_CACHE)/$(NODE_KEY)
 	touch $@
 
@@ -180,7 +180,7 @@ export PODHA_KIND_NODE_IMAGE := $(KIND_NODE_IMAGE)
 .PHONY: kind-deps
 kind-deps: $(KIND_BIN_DIR)/.complete ## Build kind, kubeadm, etcd, CoreDNS, crictl, kube-router, local-path-provisioner and pause for the kind node image (cached by version)
 
-$(KIND_BIN_DIR)/.complete: e2e/versions.mk e2e/kind/node-image/build-components.sh
+$(KIND_BIN_DIR)/.complete: e2e/versions.mk e2e/kind/node-image/build-components.sh e2e/k8s/go-modules.sh
 	bash e2e/kind/node-image/build-components.sh $(PODHA_CACHE)/$(KIND_KEY)
 	touch $@
 

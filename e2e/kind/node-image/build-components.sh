@@ -30,27 +30,12 @@ install_module() { # MODULE@VERSION
 
 install_module "sigs.k8s.io/kind@v$(version_of KIND_VERSION)"
 
-# kubeadm, from the module the sim's control plane is built from (e2e/k8s/build.sh).
-work=$out/src/k8s
-mkdir -p "$work"
-( cd "$out/src" && go mod download -json "k8s.io/kubernetes@v$k8s" ) > "$out/src/kubernetes.json"
+# kubeadm, from the module set the sim's control plane is built from.
+# shellcheck source=e2e/k8s/go-modules.sh
+. "$here/../../k8s/go-modules.sh"
+k8s_build "$k8s" "$out/src" k8s "$bin" kubeadm
 kdir=$(sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p' "$out/src/kubernetes.json")
-kmod=$(sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p' "$out/src/kubernetes.json")
-[ -f "$kmod" ] && [ -d "$kdir" ] || { echo "build-components.sh: cannot fetch k8s.io/kubernetes@v$k8s" >&2; exit 1; }
-{
-  printf 'module podha.io/kind/k8s\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes v%s\n\nreplace (\n' "$k8s"
-  grep -E '^\s*k8s.io/[^ ]+ v0\.0\.0\s*$' "$kmod" | awk '{print $1}' | sort -u \
-    | while read -r m; do printf '\t%s => %s v0.%s\n' "$m" "$m" "${k8s#1.}"; done
-  printf ')\n'
-} > "$work/go.mod"
-printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubeadm"\n' > "$work/tools.go"
-ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=v$k8s -X $pkg.gitMajor=${k8s%%.*} -X $pkg.gitMinor=$(cut -d. -f2 <<<"$k8s")"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
-echo "building kubeadm v$k8s"
-( cd "$work" && go mod tidy && go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm )
+[ -d "$kdir/build/pause" ] || { echo "build-components.sh: no Kubernetes sources in '$kdir'" >&2; exit 1; }
 
 # The versions kubeadm runs.
 listed=$("$bin/kubeadm" config images list --kubernetes-version "v$k8s")
@@ -60,12 +45,7 @@ coredns=$(tag_of coredns/coredns)
 pause=$(tag_of pause)
 [ -n "$etcd" ] && [ -n "$coredns" ] && [ -n "$pause" ] || { echo "build-components.sh: kubeadm listed: $listed" >&2; exit 1; }
 
-mkdir -p "$out/src/etcd"
-printf 'module podha.io/kind/etcd\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd" > "$out/src/etcd/go.mod"
-printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' > "$out/src/etcd/main.go"
-echo "building etcd v$etcd"
-( cd "$out/src/etcd" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$bin/etcd" . )
-
+etcd_build "$etcd" "$out/src/etcd" "$bin/etcd"
 install_module "github.com/coredns/coredns@$coredns"
 install_module "sigs.k8s.io/cri-tools/cmd/crictl@v$(version_of CRI_TOOLS_VERSION)"
 install_module "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$(version_of KUBE_ROUTER_VERSION)"
