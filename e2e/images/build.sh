@@ -56,20 +56,10 @@ for spec in "$@"; do
   [ -x "$file" ] \
     || fail "$file is missing (make node-images builds podha-pause and podha-csi; e2e/kind/build-images.sh stages the sidecars)"
   static "$file" || fail "$file is linked dynamically: the image holds nothing but it"
-  "$docker" build --quiet --file "$dockerfile" --target "$stage" --tag "$image" --iidfile "$out/.iid" . >/dev/null
-  # What the tag names is what this build made (a builder that does not load its result into
-  # the engine would leave an older image under the tag).
-  [ "$("$docker" image inspect --format '{{.Id}}' "$image")" = "$(cat "$out/.iid")" ] \
-    || fail "$image is not the image just built (does the builder load its result into the engine?)"
-  rm -f "$out/.iid"
-  want() {
-    local got
-    got=$("$docker" image inspect --format "$1" "$image")
-    [ "$got" = "$2" ] || fail "$image: $1 is '$got', not '$2'"
-  }
-  want '{{.Os}}/{{.Architecture}}' "linux/$arch"
-  want '{{json .Config.Entrypoint}}' "[\"$binary\"]"
-  want '{{len .RootFS.Layers}}' '1'
+  docker_build "$image" --quiet --file "$dockerfile" --target "$stage" . >/dev/null
+  docker_want "$image" '{{.Os}}/{{.Architecture}}' "linux/$arch"
+  docker_want "$image" '{{json .Config.Entrypoint}}' "[\"$binary\"]"
+  docker_want "$image" '{{len .RootFS.Layers}}' '1'
   "$docker" save --output "$out/$stage.tar" "$image"
   echo "$out/$stage.tar: $image (entrypoint $binary)"
 done

@@ -1,5 +1,6 @@
-# A Docker client and engine for the project's image builds; sourced by e2e/tools/podha-image.sh
-# and e2e/images/build.sh. After `docker_engine`, "$docker" is a client that builds with
+# A Docker client and engine for the project's image builds, and the checks the builds share;
+# sourced by e2e/tools/podha-image.sh, e2e/images/build.sh and e2e/kind/node-image/build.sh.
+# After `docker_engine`, "$docker" is a client that builds with
 # BuildKit, DOCKER_HOST points at an engine that answers, and an engine started here is
 # stopped when the sourcing script exits (its EXIT trap: a caller must not set one of its own).
 # One build at a time holds the engine (a lock under the cache, kept until the script exits):
@@ -28,6 +29,7 @@ docker_client() {
 # docker_engine NAME: NAME is the calling script, for messages.
 docker_engine() {
   local me=$1 cache=${PODHA_CACHE:-$HOME/.cache/podha} dockerd_exe log
+  docker_me=$me
   mkdir -p "$cache/docker"
   exec 9>"$cache/docker/build.lock"
   flock --wait 900 9 || { echo "$me: another image build has held the Docker engine for 15 minutes ($cache/docker/build.lock)" >&2; exit 1; }
@@ -71,4 +73,25 @@ docker_engine() {
   tail -20 "$log" >&2
   echo "$me: dockerd did not answer within 30 s; see $log" >&2
   exit 1
+}
+
+# docker_build IMAGE BUILD_ARGS...: `docker build --tag IMAGE BUILD_ARGS...`, then a check that
+# the tag names what this build made (a builder that does not load its result into the engine
+# would leave an older image under the tag).
+docker_build() {
+  local image=$1 iid built
+  shift
+  iid=$(mktemp)
+  "$docker" build --tag "$image" --iidfile "$iid" "$@"
+  built=$(cat "$iid")
+  rm -f "$iid"
+  [ "$("$docker" image inspect --format '{{.Id}}' "$image")" = "$built" ] \
+    || { echo "$docker_me: $image is not the image just built (does the builder load its result into the engine?)" >&2; exit 1; }
+}
+
+# docker_want IMAGE FORMAT VALUE: `docker image inspect --format FORMAT IMAGE` says VALUE.
+docker_want() {
+  local got
+  got=$("$docker" image inspect --format "$2" "$1")
+  [ "$got" = "$3" ] || { echo "$docker_me: $1: $2 is '$got', not '$3'" >&2; exit 1; }
 }

@@ -14,13 +14,7 @@ fail() { echo "podha-image.sh: $*" >&2; exit 1; }
 . "$(dirname "$0")/docker-engine.sh"
 docker_engine podha-image.sh
 
-iid=$(mktemp)
-"$docker" build --tag "$image" --iidfile "$iid" .
-# What the tag names is what this build made (a builder that does not load its result into the
-# engine would leave an older image under the tag).
-[ "$("$docker" image inspect --format '{{.Id}}' "$image")" = "$(cat "$iid")" ] \
-  || fail "$image is not the image just built (does the builder load its result into the engine?)"
-rm -f "$iid"
+docker_build "$image" .
 
 # The image as users get it: it runs (no network: it needs none to say its version), as the
 # numeric user the chart's runAsNonRoot checks, with the entrypoint, command, port and labels
@@ -28,11 +22,7 @@ rm -f "$iid"
 said=$("$docker" run --rm --network none "$image" --version)
 [[ "$said" == "podha $version (commit "*", built "*")" ]] \
   || fail "\`docker run $image --version\` said '$said', not podha $version with its commit and build date"
-want() {
-  local got
-  got=$("$docker" image inspect --format "$1" "$image")
-  [ "$got" = "$2" ] || fail "$image: $1 is '$got', not '$2'"
-}
+want() { docker_want "$image" "$@"; }
 want '{{.Os}}/{{.Architecture}}' "linux/$("$docker" version --format '{{.Server.Arch}}')"
 want '{{.Config.User}}' '65532:65532'
 want '{{json .Config.Entrypoint}}' '["/podha"]'

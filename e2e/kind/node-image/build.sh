@@ -97,13 +97,13 @@ for spec in "${images[@]}"; do
   stage=${spec%%=*}
   ref=${spec#*=}
   grep -q "^FROM .* AS $stage\$" "$dockerfile" || fail "$dockerfile has no stage for $ref"
-  "$docker" build --quiet --file "$dockerfile" --target "$stage" --tag "$ref" . >/dev/null
+  docker_build "$ref" --quiet --file "$dockerfile" --target "$stage" . >/dev/null
   "$docker" save --output "$dist/images/$stage.tar" "$ref"
   echo "built $ref"
 done
 
 # The node, then its containerd's images: imported into a container of it, which is committed.
-"$docker" build --quiet --file "$dockerfile" --target node --tag "$image-unloaded" . >/dev/null
+docker_build "$image-unloaded" --quiet --file "$dockerfile" --target node . >/dev/null
 loader=podha-kind-node-build
 "$docker" rm -f "$loader" >/dev/null 2>&1 || true
 "$docker" run --detach --name "$loader" --privileged --entrypoint /usr/bin/containerd --stop-signal SIGTERM \
