@@ -57,6 +57,8 @@ fn args(ns: &str, fault: &str, out_dir: &Path, sim_dir: &Path, podha_sim: &Path)
         podha_csi: "podha-csi".into(),
         sim_dir: Some(sim_dir.to_path_buf()),
         podha_sim: podha_sim.display().to_string(),
+        expect: chaos::Expect::Moved,
+        hold: Duration::from_secs(60),
         timeout: Duration::from_secs(180),
         settle_timeout: Duration::from_secs(120),
         out: out_dir.join(format!("{ns}.json")),
@@ -84,6 +86,10 @@ fn podha_chaos(args: &ChaosArgs) -> anyhow::Result<(Option<i32>, String, String)
     }
     if let Some(restore) = &args.restore {
         cmd.args(["--restore", restore]);
+    }
+    if args.expect == chaos::Expect::Held {
+        cmd.args(["--expect", "held", "--hold"])
+            .arg(format!("{}s", args.hold.as_secs()));
     }
     let out = cmd.output().context("running podha chaos")?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
@@ -140,8 +146,9 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
             "action": "OutOfServiceTaint",
             // kwok nodes run no agent: the taint on the judgement alone, chosen explicitly.
             "fencing": { "proof": "None" },
-            // Three faults within the default 10 min unhealthyWindow: each must be acted on.
-            "safety": { "maxUnhealthy": 3 },
+            // Faults one after another, each node back before the next: each must be acted on,
+            // which the default 10 min unhealthyWindow would hold from the second on.
+            "safety": { "unhealthyWindow": "0s" },
         }),
     )
     .await?;
@@ -284,6 +291,30 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
     ensure!(
         record.pod.starts_with("chaos-deploy/web-") && record.timeline.recovered.is_some(),
         "{record:?}"
+    );
+
+    // A trial expected to hold: passes when podha leaves a live node alone through the hold,
+    // fails naming the invariant when it moves the pod off a dead one.
+    let hold = |fault: &str| ChaosArgs {
+        expect: chaos::Expect::Held,
+        hold: Duration::from_secs(25),
+        restore: Some("true".into()),
+        ..sim("chaos-pass", fault)
+    };
+    let (code, stdout, stderr) = podha_chaos(&hold("true"))?;
+    ensure!(
+        code == Some(0) && stdout.contains("held 25s") && stderr.contains("podha held for 25s"),
+        "a live node must be held, got {code:?}:\n{stdout}\n{stderr}"
+    );
+    let (code, stdout, stderr) = podha_chaos(&ChaosArgs {
+        restore: Some("{podha_sim} node start {node} --dir {sim_dir}".into()),
+        ..hold("sim-kill")
+    })?;
+    ensure!(
+        code == Some(1)
+            && stderr.contains("trial 1: held violated: podha acted on node-")
+            && stdout.contains("FAILED: held"),
+        "a dead node podha moves a pod off must break the hold, got {code:?}:\n{stdout}\n{stderr}"
     );
 
     // A fault command that also deletes a pod podha must leave alone.

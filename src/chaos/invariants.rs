@@ -1,5 +1,8 @@
 //! What must hold after each trial, checked on what was recorded (pure):
-//! - `replacement-running`: a replacement runs on another node with its volumes attached there;
+//! - `replacement-running` (a trial expected to move the pod): a replacement runs on another
+//!   node with its volumes attached there;
+//! - `held` (a trial expected to hold): podha took no action on the node and the pod stayed,
+//!   for the whole hold;
 //! - `bystanders-kept`: every pod on the node that podha must not move kept its object;
 //! - `taint-removed`: after the node was restored, it is Ready and podha's taint is gone;
 //! - `no-split-brain` and `no-lost-writes`, with `--data-check`: the storage saw no write of an
@@ -11,13 +14,24 @@ use serde::Serialize;
 
 use super::data::DataCheck;
 use super::preflight::Bystander;
-use super::timeline::Timeline;
+use super::timeline::{FIRST_ACTIONS, Timeline};
+
+/// What podha should do about a fault: move the pod, or hold (not act) because the fault is
+/// one it must not tell from a live node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Expect {
+    #[default]
+    Moved,
+    Held,
+}
 
 /// One trial as recorded.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrialRecord {
     /// 1-based.
     pub trial: usize,
+    pub expect: Expect,
     /// `namespace/name` of the pod the fault was aimed at.
     pub pod: String,
     /// The policy that would move it.
@@ -59,18 +73,9 @@ pub struct Violation {
 pub fn check(record: &TrialRecord) -> Vec<Violation> {
     let mut out = Vec::new();
     let t = &record.timeline;
-    match (&t.target, t.recovered) {
-        (Some(target), Some(_)) if *target != t.node => {}
-        _ => out.push(Violation {
-            invariant: "replacement-running",
-            reason: format!(
-                "no replacement of {} was Running on another node with its volumes attached \
-                 within {:.0}s of the fault (last step seen: {})",
-                record.pod,
-                t.waited.as_secs_f64(),
-                t.steps.last().map_or("none", |s| s.what.as_str()),
-            ),
-        }),
+    match record.expect {
+        Expect::Moved => out.extend(moved_violation(record)),
+        Expect::Held => out.extend(held_violation(record)),
     }
     for lost in &record.lost {
         out.push(Violation {
@@ -106,6 +111,44 @@ pub fn check(record: &TrialRecord) -> Vec<Violation> {
         out.extend(data_violations(data));
     }
     out
+}
+
+fn moved_violation(record: &TrialRecord) -> Option<Violation> {
+    let t = &record.timeline;
+    match (&t.target, t.recovered) {
+        (Some(target), Some(_)) if *target != t.node => None,
+        _ => Some(Violation {
+            invariant: "replacement-running",
+            reason: format!(
+                "no replacement of {} was Running on another node with its volumes attached \
+                 within {:.0}s of the fault (last step seen: {})",
+                record.pod,
+                t.waited.as_secs_f64(),
+                t.steps.last().map_or("none", |s| s.what.as_str()),
+            ),
+        }),
+    }
+}
+
+/// podha's first visible action (its taint or fence, its NotReady mark, the deletion) or a
+/// replacement, on a trial that should have held.
+fn held_violation(record: &TrialRecord) -> Option<Violation> {
+    let t = &record.timeline;
+    let acted = t
+        .steps
+        .iter()
+        .filter(|s| FIRST_ACTIONS.contains(&s.key) || s.key == "scheduled")
+        .min_by_key(|s| s.at)?;
+    Some(Violation {
+        invariant: "held",
+        reason: format!(
+            "podha acted on {} {:.1}s after the fault ({}), where it should have held {}",
+            t.node,
+            acted.at.as_secs_f64(),
+            acted.what,
+            record.pod
+        ),
+    })
 }
 
 /// The write invariants, from the storage's report; without a report both are violated.
@@ -165,6 +208,7 @@ pub(crate) mod tests {
             .collect();
         TrialRecord {
             trial,
+            expect: Expect::Moved,
             pod: "shop/db-0".into(),
             policy: "p".into(),
             fault_command: "docker kill n1".into(),
@@ -199,6 +243,62 @@ pub(crate) mod tests {
         let mut no_restore = recorded(1, Some(25));
         no_restore.restore = None;
         assert_eq!(check(&no_restore), [], "no restore: nothing to check");
+    }
+
+    /// A trial that should hold, followed for 60 s, in which only `steps` were seen.
+    pub(crate) fn held(trial: usize, steps: &[(&'static str, u64)]) -> TrialRecord {
+        let mut r = recorded(trial, None);
+        r.expect = Expect::Held;
+        r.timeline.steps = steps
+            .iter()
+            .map(|&(key, at)| Step {
+                key,
+                what: format!("{key} seen"),
+                at: Duration::from_secs(at),
+            })
+            .collect();
+        r
+    }
+
+    #[test]
+    fn a_trial_that_should_hold_passes_when_podha_takes_no_action() {
+        // The control plane's own NotReady marks are not podha's.
+        assert_eq!(
+            invariants(&held(1, &[("notready", 40), ("kcm-marked", 41)])),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn any_action_of_podha_or_a_replacement_breaks_a_hold() {
+        for (steps, first) in [
+            (
+                &[("notready", 40), ("taint", 45), ("deleted", 46)][..],
+                "taint seen",
+            ),
+            (&[("marked", 30)][..], "marked seen"),
+            (&[("fenced", 50)][..], "fenced seen"),
+            (&[("scheduled", 20), ("deleted", 25)][..], "scheduled seen"),
+        ] {
+            let record = held(1, steps);
+            let violations = check(&record);
+            assert_eq!(invariants(&record), ["held"], "{steps:?}");
+            assert!(
+                violations[0].reason.contains(first),
+                "{}",
+                violations[0].reason
+            );
+            assert!(
+                violations[0].reason.contains("on n1"),
+                "{}",
+                violations[0].reason
+            );
+        }
+        // A move where a hold was expected is not also a missing replacement.
+        let mut moved = held(1, &[("taint", 14), ("deleted", 15), ("running", 25)]);
+        moved.timeline.recovered = Some(Duration::from_secs(25));
+        moved.timeline.target = Some("n2".into());
+        assert_eq!(invariants(&moved), ["held"]);
     }
 
     fn data(json: Result<&str, &str>) -> Option<DataCheck> {

@@ -25,6 +25,7 @@ use kube::core::Selector;
 use kube::{Api, Client};
 
 pub use faults::Fault;
+pub use invariants::Expect;
 pub use report::Run;
 use trial::{Workload, restore_node, run_trial};
 
@@ -143,6 +144,14 @@ pub struct ChaosArgs {
     /// The podha-sim executable, for {podha_sim}.
     #[arg(long, default_value = "podha-sim")]
     pub podha_sim: String,
+    /// What podha should do about the fault: move the pod (a replacement runs elsewhere with
+    /// its volumes), or hold (take no action, the pod stays) through --hold, as for a fault it
+    /// must not tell from a live node.
+    #[arg(long, value_enum, default_value_t = Expect::Moved)]
+    pub expect: Expect,
+    /// With --expect held: how long after the fault podha must not act.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub hold: Duration,
     /// How long a trial may take, from the fault, before it counts as not recovered.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,

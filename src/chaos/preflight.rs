@@ -27,7 +27,9 @@ pub fn window_note(
         .filter(|n| node_owner(policies, n).is_some_and(|p| p.name == policy.name))
         .count();
     let max = policy.spec.max_unhealthy_nodes(watched);
-    (trials > max).then(|| {
+    // Without a window only the nodes failed at once count, and trials run one at a time.
+    let window = policy.spec.safety.unhealthy_window.get();
+    (trials > max && !window.is_zero()).then(|| {
         format!(
             "note: policy {} acts on at most {max} failed node(s) of {watched} within its \
              safety.unhealthyWindow ({}); trials beyond that within the window are held \
@@ -120,6 +122,17 @@ mod tests {
             "{note}"
         );
         assert_eq!(window_note(&[], &view, "n1", 3), None);
+        let mut windowless = mk_spec();
+        windowless.safety.unhealthy_window = crate::api::HumanDuration::from_secs(0);
+        let refs = [PolicyRef {
+            name: "p",
+            spec: &windowless,
+        }];
+        assert_eq!(
+            window_note(&refs, &view, "n1", 3),
+            None,
+            "no window: nothing held"
+        );
     }
 
     #[test]

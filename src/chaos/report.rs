@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::data::DataCheck;
-use super::invariants::{TrialRecord, Violation, check};
+use super::invariants::{Expect, TrialRecord, Violation, check};
 use super::preflight::Bystander;
 use super::timeline::Phase;
 
@@ -76,9 +76,10 @@ pub fn table(run: &Run) -> String {
             t.target.clone().unwrap_or_else(|| "-".into()),
         ];
         row.extend(Phase::ALL.iter().map(|&p| cell(t.phase(p))));
-        row.push(match t.recovered {
-            Some(d) => cell(Some(d)),
-            None => format!(">{:.0}s", t.waited.as_secs_f64()),
+        row.push(match (t.recovered, r.expect) {
+            (Some(d), _) => cell(Some(d)),
+            (None, Expect::Moved) => format!(">{:.0}s", t.waited.as_secs_f64()),
+            (None, Expect::Held) => format!("held {:.0}s", t.waited.as_secs_f64()),
         });
         row.push(data_cell(&r.data));
         row.push(if violated.is_empty() {
@@ -123,6 +124,7 @@ struct JsonRun<'a> {
 #[derive(Serialize)]
 struct JsonTrial<'a> {
     trial: usize,
+    expect: Expect,
     pod: &'a str,
     policy: &'a str,
     node: &'a str,
@@ -176,6 +178,7 @@ pub fn json(run: &Run) -> String {
             let t = &r.timeline;
             JsonTrial {
                 trial: r.trial,
+                expect: r.expect,
                 pod: &r.pod,
                 policy: &r.policy,
                 node: &t.node,
@@ -238,6 +241,8 @@ const PHASE_COLOURS: [(Phase, &str); 4] = [
     (Phase::Recover, "#59a14f"),
 ];
 const UNFINISHED: &str = "#bab0ac";
+/// A trial that should hold, for as long as it was followed.
+const HELD: &str = "#76b7b2";
 
 const WIDTH: f64 = 960.0;
 const LABEL: f64 = 200.0;
@@ -325,12 +330,16 @@ fn svg_trial(out: &mut String, r: &TrialRecord, y: f64, x: &dyn Fn(f64) -> f64) 
     let t = &r.timeline;
     let violated: Vec<&str> = check(r).iter().map(|v| v.invariant).collect();
     let failed = !violated.is_empty();
-    let label = format!(
-        "trial {} {} → {}",
-        r.trial,
-        t.node,
-        t.target.as_deref().unwrap_or("?")
-    );
+    let label = match (&t.target, r.expect) {
+        // A trial that held has no target to wait for.
+        (None, Expect::Held) => format!("trial {} {}", r.trial, t.node),
+        (target, _) => format!(
+            "trial {} {} → {}",
+            r.trial,
+            t.node,
+            target.as_deref().unwrap_or("?")
+        ),
+    };
     let _ = writeln!(
         out,
         r##"<text x="10" y="{:.1}" fill="{}">{}</text>"##,
@@ -353,13 +362,19 @@ fn svg_trial(out: &mut String, r: &TrialRecord, y: f64, x: &dyn Fn(f64) -> f64) 
             s.duration().as_secs_f64()
         );
     }
+    let unfinished = match r.expect {
+        Expect::Moved => ("not recovered", UNFINISHED),
+        Expect::Held => ("held", HELD),
+    };
     if t.recovered.is_none() {
         let from = spans.last().map_or(0.0, |s| s.end.as_secs_f64());
         let (x0, x1) = (x(from), x(t.waited.as_secs_f64()));
         let _ = writeln!(
             out,
-            r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{BAR}" fill="{UNFINISHED}"><title>not recovered</title></rect>"#,
-            (x1 - x0).max(0.0)
+            r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{BAR}" fill="{}"><title>{}</title></rect>"#,
+            (x1 - x0).max(0.0),
+            unfinished.1,
+            unfinished.0
         );
     }
     for s in &t.steps {
@@ -376,7 +391,7 @@ fn svg_trial(out: &mut String, r: &TrialRecord, y: f64, x: &dyn Fn(f64) -> f64) 
     let end = t.recovered.unwrap_or(t.waited).as_secs_f64();
     let outcome = match t.recovered {
         Some(_) => format!("{end:.1}s"),
-        None => format!("not recovered ({end:.0}s)"),
+        None => format!("{} ({end:.0}s)", unfinished.0),
     };
     let _ = writeln!(
         out,
@@ -397,9 +412,9 @@ fn svg_legend(out: &mut String, ly: f64) {
     let legend = PHASE_COLOURS
         .iter()
         .map(|(p, c)| (p.as_str(), *c))
-        .chain([("not recovered", UNFINISHED)]);
+        .chain([("not recovered", UNFINISHED), ("held", HELD)]);
     for (i, (name, colour)) in legend.enumerate() {
-        let lx = LABEL + i as f64 * 130.0;
+        let lx = LABEL + i as f64 * 115.0;
         let _ = writeln!(
             out,
             r#"<rect x="{lx}" y="{ly}" width="14" height="14" fill="{colour}"/><text x="{}" y="{}">{name}</text>"#,
@@ -489,6 +504,35 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("(2 trials)"), "{text}");
+    }
+
+    #[test]
+    fn a_hold_reads_as_held_in_the_table_the_json_and_the_picture() {
+        let held = crate::chaos::invariants::tests::held(1, &[("notready", 40)]);
+        let broken = crate::chaos::invariants::tests::held(2, &[("taint", 30)]);
+        let runs = run(vec![held, broken]);
+        let text = table(&runs);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].contains("held 60s") && lines[1].ends_with("ok"),
+            "{text}"
+        );
+        assert!(lines[2].ends_with("FAILED: held"), "{text}");
+        let doc: serde_json::Value = serde_json::from_str(&json(&runs)).unwrap();
+        assert_eq!(doc["trials"][0]["expect"], "held");
+        assert_eq!(doc["trials"][0]["violations"], serde_json::json!([]));
+        assert_eq!(doc["trials"][1]["violations"][0]["invariant"], "held");
+        let picture = svg(&runs);
+        assert!(
+            picture.contains(&format!("fill=\"{HELD}\"><title>held</title>")),
+            "{picture}"
+        );
+        assert!(picture.contains(">held (60s)</text>"), "{picture}");
+        assert!(picture.contains(">trial 1 n1</text>"), "{picture}");
+        assert!(picture.contains("✗ held"), "{picture}");
+        let moved: serde_json::Value =
+            serde_json::from_str(&json(&run(vec![recorded(1, Some(25))]))).unwrap();
+        assert_eq!(moved["trials"][0]["expect"], "moved");
     }
 
     #[test]

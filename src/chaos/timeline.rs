@@ -82,7 +82,7 @@ impl Span {
 }
 
 /// The steps that show podha acted: its taint or fence, its NotReady mark, or the deletion.
-const FIRST_ACTIONS: [&str; 4] = ["taint", "fenced", "marked", "deleted"];
+pub const FIRST_ACTIONS: [&str; 4] = ["taint", "fenced", "marked", "deleted"];
 
 impl Timeline {
     /// When the step `key` was first seen.

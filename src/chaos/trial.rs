@@ -9,7 +9,7 @@ use kube::core::{Selector, SelectorExt};
 use kube::{Api, Client, ResourceExt};
 
 use super::faults::{self, Fault, Vars};
-use super::invariants::{Restore, TrialRecord};
+use super::invariants::{Expect, Restore, TrialRecord};
 use super::preflight::{Bystander, bystanders, window_note};
 use super::timeline::{Subject, follow, node_ready, wait_settled};
 use super::{ChaosArgs, Error};
@@ -73,21 +73,30 @@ pub async fn run_trial(
             step.what
         ))
     };
+    // A trial that should hold is followed through the hold; a replacement would end it early.
+    let follow_for = match args.expect {
+        Expect::Moved => args.timeout,
+        Expect::Held => args.hold,
+    };
     let timeline = follow(
         client,
         subject,
         &format!("fault: {inject}"),
         fault_at,
-        args.timeout,
+        follow_for,
         &mut show,
     )
     .await
     .map_err(|e| Error::kube("following the failover", e))?;
+    let waited = timeline.waited.as_secs_f64();
     progress(&format!(
         "trial {k}/{n}: {}",
-        match timeline.recovered {
-            Some(d) => format!("recovered in {:.1}s", d.as_secs_f64()),
-            None => format!("not recovered within {:.0}s", timeline.waited.as_secs_f64()),
+        match (args.expect, timeline.recovered, timeline.first_action()) {
+            (_, Some(d), _) => format!("recovered in {:.1}s", d.as_secs_f64()),
+            (Expect::Moved, None, _) => format!("not recovered within {waited:.0}s"),
+            (Expect::Held, None, None) => format!("podha held for {waited:.0}s"),
+            (Expect::Held, None, Some(d)) =>
+                format!("podha acted {:.1}s after the fault", d.as_secs_f64()),
         }
     ));
     let lost = lost_bystanders(client, bystanders).await?;
@@ -99,6 +108,7 @@ pub async fn run_trial(
     } = judged;
     let record = TrialRecord {
         trial: k,
+        expect: args.expect,
         pod: pod_key,
         policy,
         fault_command: inject,

@@ -617,6 +617,8 @@ async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
         podha_csi: podha_csi.display().to_string(),
         sim_dir: Some(ctx.cluster.dir().to_path_buf()),
         podha_sim: podha_sim.display().to_string(),
+        expect: podha::chaos::Expect::Moved,
+        hold: secs(60),
         timeout: secs(120),
         settle_timeout: secs(120),
         out: out.clone(),
