@@ -130,14 +130,19 @@ fn moved_violation(record: &TrialRecord) -> Option<Violation> {
     }
 }
 
-/// podha's first visible action (its taint or fence, its NotReady mark, the deletion) or a
-/// replacement, on a trial that should have held.
+/// What shows podha acted on a node it should have held: its first actions, its request for
+/// the node's fence (the agent, or a fence controller, then resets the node: no taint needed),
+/// or a replacement scheduled. A BMC power-off podha makes itself is not seen from the API.
+const HOLD_BREAKERS: [&str; 2] = ["fence-requested", "scheduled"];
+
+/// podha's first visible action (its taint or fence, its request for a fence, its NotReady
+/// mark, the deletion) or a replacement, on a trial that should have held.
 fn held_violation(record: &TrialRecord) -> Option<Violation> {
     let t = &record.timeline;
     let acted = t
         .steps
         .iter()
-        .filter(|s| FIRST_ACTIONS.contains(&s.key) || s.key == "scheduled")
+        .filter(|s| FIRST_ACTIONS.contains(&s.key) || HOLD_BREAKERS.contains(&s.key))
         .min_by_key(|s| s.at)?;
     Some(Violation {
         invariant: "held",
@@ -278,6 +283,10 @@ pub(crate) mod tests {
             ),
             (&[("marked", 30)][..], "marked seen"),
             (&[("fenced", 50)][..], "fenced seen"),
+            (
+                &[("fence-requested", 35), ("fenced", 50)][..],
+                "fence-requested seen",
+            ),
             (&[("scheduled", 20), ("deleted", 25)][..], "scheduled seen"),
         ] {
             let record = held(1, steps);

@@ -39,6 +39,33 @@ pub fn window_note(
     })
 }
 
+/// A hold shorter than the node policy's detection shows nothing: podha would not have judged
+/// even a dead node by then. A note when `hold` ends less than 10 s after the slowest judgement
+/// the policy allows (`leaseGracePeriod` + `interval` × `failureThreshold`).
+pub fn hold_note(
+    policies: &[PolicyRef<'_>],
+    view: &View,
+    node: &str,
+    hold: std::time::Duration,
+) -> Option<String> {
+    let policy = node_owner(policies, view.nodes.get(node)?)?;
+    let d = &policy.spec.detection;
+    let threshold = u32::try_from(d.failure_threshold.max(1)).unwrap_or(1);
+    let detection = d.lease_grace_period.get() + d.interval.get() * threshold;
+    let enough = detection + std::time::Duration::from_secs(10);
+    (hold < enough).then(|| {
+        format!(
+            "note: --hold {}s ends before policy {} could judge even a dead node (up to {}s: \
+             leaseGracePeriod + interval x failureThreshold): a trial that holds that long shows \
+             little; use --hold {}s or more",
+            hold.as_secs(),
+            policy.name,
+            detection.as_secs(),
+            enough.as_secs()
+        )
+    })
+}
+
 /// A pod on the faulted node that podha's rules say must stay, recorded before the fault.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Bystander {
@@ -132,6 +159,32 @@ mod tests {
             window_note(&refs, &view, "n1", 3),
             None,
             "no window: nothing held"
+        );
+    }
+
+    #[test]
+    fn a_hold_shorter_than_the_policys_detection_gets_a_note() {
+        let view = view_of(vec![db()]);
+        let spec = mk_spec();
+        let refs = [PolicyRef {
+            name: "p",
+            spec: &spec,
+        }];
+        let d = &spec.detection;
+        let detection = d.lease_grace_period.get()
+            + d.interval.get() * u32::try_from(d.failure_threshold).unwrap();
+        let secs = std::time::Duration::from_secs;
+        let note = hold_note(&refs, &view, "n1", detection).unwrap();
+        assert!(
+            note.contains(&format!("up to {}s", detection.as_secs()))
+                && note.contains(&format!("use --hold {}s", detection.as_secs() + 10)),
+            "{note}"
+        );
+        assert_eq!(hold_note(&refs, &view, "n1", detection + secs(10)), None);
+        assert_eq!(
+            hold_note(&[], &view, "n1", secs(1)),
+            None,
+            "no policy: no note"
         );
     }
 

@@ -76,10 +76,13 @@ pub fn table(run: &Run) -> String {
             t.target.clone().unwrap_or_else(|| "-".into()),
         ];
         row.extend(Phase::ALL.iter().map(|&p| cell(t.phase(p))));
-        row.push(match (t.recovered, r.expect) {
-            (Some(d), _) => cell(Some(d)),
-            (None, Expect::Moved) => format!(">{:.0}s", t.waited.as_secs_f64()),
-            (None, Expect::Held) => format!("held {:.0}s", t.waited.as_secs_f64()),
+        row.push(match (t.recovered, r.expect, t.first_action()) {
+            (Some(d), ..) => cell(Some(d)),
+            (None, Expect::Held, None) if !violated.contains(&"held") => {
+                format!("held {:.0}s", t.waited.as_secs_f64())
+            }
+            (None, Expect::Held, Some(d)) => format!("acted {:.1}s", d.as_secs_f64()),
+            (None, ..) => format!(">{:.0}s", t.waited.as_secs_f64()),
         });
         row.push(data_cell(&r.data));
         row.push(if violated.is_empty() {
@@ -363,8 +366,8 @@ fn svg_trial(out: &mut String, r: &TrialRecord, y: f64, x: &dyn Fn(f64) -> f64) 
         );
     }
     let unfinished = match r.expect {
-        Expect::Moved => ("not recovered", UNFINISHED),
-        Expect::Held => ("held", HELD),
+        Expect::Held if !violated.contains(&"held") => ("held", HELD),
+        _ => ("not recovered", UNFINISHED),
     };
     if t.recovered.is_none() {
         let from = spans.last().map_or(0.0, |s| s.end.as_secs_f64());
@@ -517,7 +520,10 @@ mod tests {
             lines[1].contains("held 60s") && lines[1].ends_with("ok"),
             "{text}"
         );
-        assert!(lines[2].ends_with("FAILED: held"), "{text}");
+        assert!(
+            lines[2].contains("acted 30.0s") && lines[2].ends_with("FAILED: held"),
+            "{text}"
+        );
         let doc: serde_json::Value = serde_json::from_str(&json(&runs)).unwrap();
         assert_eq!(doc["trials"][0]["expect"], "held");
         assert_eq!(doc["trials"][0]["violations"], serde_json::json!([]));
@@ -529,7 +535,12 @@ mod tests {
         );
         assert!(picture.contains(">held (60s)</text>"), "{picture}");
         assert!(picture.contains(">trial 1 n1</text>"), "{picture}");
-        assert!(picture.contains("✗ held"), "{picture}");
+        assert!(picture.contains("not recovered (60s) ✗ held"), "{picture}");
+        assert_eq!(
+            picture.matches("<title>held</title>").count(),
+            1,
+            "{picture}"
+        );
         let moved: serde_json::Value =
             serde_json::from_str(&json(&run(vec![recorded(1, Some(25))]))).unwrap();
         assert_eq!(moved["trials"][0]["expect"], "moved");

@@ -12,6 +12,7 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::{FENCE_TAINT_KEY, OUT_OF_SERVICE_TAINT_KEY};
+use crate::contract::FENCE_REQUEST_ANNOTATION;
 use crate::eligibility::claim_names;
 
 /// How often the API is read while a failover runs.
@@ -246,7 +247,8 @@ pub async fn follow(
         tokio::time::sleep(POLL).await;
     }
     let mut timeline = rec.timeline;
-    timeline.waited = fault_at.elapsed();
+    // The last poll may end a little past the timeout: the trial was followed for the timeout.
+    timeline.waited = fault_at.elapsed().min(timeout);
     Ok(timeline)
 }
 
@@ -282,6 +284,12 @@ impl Recorder<'_> {
         }
         if has_taint(n, OUT_OF_SERVICE_TAINT_KEY) {
             self.step("taint", format!("{node} tainted out-of-service"));
+        }
+        if n.annotations().contains_key(FENCE_REQUEST_ANNOTATION) {
+            self.step(
+                "fence-requested",
+                format!("podha asks for {node}'s fence ({FENCE_REQUEST_ANNOTATION})"),
+            );
         }
         if has_taint(n, FENCE_TAINT_KEY) {
             self.step(

@@ -10,7 +10,7 @@ use kube::{Api, Client, ResourceExt};
 
 use super::faults::{self, Fault, Vars};
 use super::invariants::{Expect, Restore, TrialRecord};
-use super::preflight::{Bystander, bystanders, window_note};
+use super::preflight::{Bystander, bystanders, hold_note, window_note};
 use super::timeline::{Subject, follow, node_ready, wait_settled};
 use super::{ChaosArgs, Error};
 use crate::api::{FENCE_TAINT_KEY, OUT_OF_SERVICE_TAINT_KEY, TAINT_MARKER_ANNOTATION};
@@ -175,6 +175,12 @@ async fn judge_subject(
     let policy = explained.policy.unwrap_or_default();
     if k == 1
         && let Some(note) = window_note(&policies, &snapshot.view, &subject.node, args.trials)
+    {
+        progress(&note);
+    }
+    if k == 1
+        && args.expect == Expect::Held
+        && let Some(note) = hold_note(&policies, &snapshot.view, &subject.node, args.hold)
     {
         progress(&note);
     }
