@@ -34,9 +34,10 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools lint chart-test image-lint workflow-lint ## Run every test: unit, CRD, chart, alerts, and integration tests on the sim cluster
+test: kind-preflight k8s sim-deps csi-sidecars node-deps node-images helm image sushy-tools lint chart-test image-lint workflow-lint ## Run every test: unit, CRD, chart, alerts, integration tests on the sim cluster, then one node-kill trial on kind
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) --no-print-directory chaos-kind CHAOS_TRIALS=1 CHAOS_KIND_FAULTS=kind-kill
 
 .PHONY: demo
 demo: k8s sim-deps csi-sidecars node-deps node-images helm image ## Real nodes, podha by its chart, a writer's node killed: the failover timeline (DEMO_PROFILE; DEMO_ARGS=--kwok for kwok nodes)
@@ -51,11 +52,28 @@ chaos-sim: k8s sim-deps ## podha chaos --fault sim-kill on a fresh sim cluster (
 	$(CARGO) build --bins -p podha -p podha-sim
 	CARGO_TARGET=$(CARGO_TARGET) e2e/sim/chaos-sim.sh $(CURDIR)/.sim-chaos $(CHAOS_TRIALS) $(CURDIR)/target/chaos-sim.json
 
+# The kind kit (e2e/kind/README.md): its preflight first, so that a machine without Docker or
+# kind hears so (exit 2) before the builds; CHAOS_KIND_ARGS=--keep keeps the cluster.
+CHAOS_KIND_ARGS ?=
+CHAOS_KIND_FAULTS ?= kind-kill kind-partition kind-freeze
+
 .PHONY: chaos-kind
-chaos-kind: node-images csi-sidecars image helm ## The kind kit: kind cluster, podha-csi, podha by its chart, podha chaos kill/freeze/partition (needs kind and Docker; e2e/kind/README.md)
+chaos-kind: kind-preflight ## The kind kit: a kind cluster on the project's node image, podha-csi, podha by its chart, podha chaos kill/partition/freeze (CHAOS_TRIALS, CHAOS_KIND_FAULTS); results in target/chaos-kind/
+	$(MAKE) --no-print-directory kind-node-image kind-images helm
 	$(CARGO) build --bins -p podha -p podha-csi
-	PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi \
-		e2e/kind/chaos-kind.sh $(CURDIR)/target/chaos-kind $(CHAOS_TRIALS)
+	PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi KUBECTL=$(SIM_BIN_DIR)/kubectl \
+		PODHA_CACHE=$(PODHA_CACHE) PODHA_KIND_IMAGES_DIR=$(KIND_IMAGES_DIR) \
+		e2e/kind/chaos-kind.sh $(CHAOS_KIND_ARGS) $(CURDIR)/target/chaos-kind $(CHAOS_TRIALS) $(CHAOS_KIND_FAULTS)
+
+.PHONY: kind-preflight
+kind-preflight: ## What the kind kit needs (Docker, kind or Go, linux/amd64), checked before any build
+	PODHA_CACHE=$(PODHA_CACHE) bash e2e/kind/preflight.sh
+
+KIND_IMAGES_DIR := $(CURDIR)/target/kind-images
+
+.PHONY: kind-images
+kind-images: node-images csi-sidecars image ## The images the kind kit loads (podha, podha-csi, csi-attacher, csi-provisioner), saved in target/kind-images
+	bash e2e/kind/build-images.sh $(KIND_IMAGES_DIR)
 
 MODES ?= none,iomesh-like,default,fast
 TRIALS ?= 3
