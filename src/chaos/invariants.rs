@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::data::DataCheck;
 use super::preflight::Bystander;
-use super::timeline::{FIRST_ACTIONS, Timeline};
+use super::timeline::Timeline;
 
 /// What podha should do about a fault: move the pod, or hold (not act) because the fault is
 /// one it must not tell from a live node.
@@ -130,20 +130,11 @@ fn moved_violation(record: &TrialRecord) -> Option<Violation> {
     }
 }
 
-/// What shows podha acted on a node it should have held: its first actions, its request for
-/// the node's fence (the agent, or a fence controller, then resets the node: no taint needed),
-/// or a replacement scheduled. A BMC power-off podha makes itself is not seen from the API.
-const HOLD_BREAKERS: [&str; 2] = ["fence-requested", "scheduled"];
-
 /// podha's first visible action (its taint or fence, its request for a fence, its NotReady
 /// mark, the deletion) or a replacement, on a trial that should have held.
 fn held_violation(record: &TrialRecord) -> Option<Violation> {
     let t = &record.timeline;
-    let acted = t
-        .steps
-        .iter()
-        .filter(|s| FIRST_ACTIONS.contains(&s.key) || HOLD_BREAKERS.contains(&s.key))
-        .min_by_key(|s| s.at)?;
+    let acted = t.hold_broken()?;
     Some(Violation {
         invariant: "held",
         reason: format!(

@@ -76,13 +76,11 @@ pub fn table(run: &Run) -> String {
             t.target.clone().unwrap_or_else(|| "-".into()),
         ];
         row.extend(Phase::ALL.iter().map(|&p| cell(t.phase(p))));
-        row.push(match (t.recovered, r.expect, t.first_action()) {
+        row.push(match (t.recovered, r.expect, t.hold_broken()) {
             (Some(d), ..) => cell(Some(d)),
-            (None, Expect::Held, None) if !violated.contains(&"held") => {
-                format!("held {:.0}s", t.waited.as_secs_f64())
-            }
-            (None, Expect::Held, Some(d)) => format!("acted {:.1}s", d.as_secs_f64()),
-            (None, ..) => format!(">{:.0}s", t.waited.as_secs_f64()),
+            (None, Expect::Held, None) => format!("held {:.0}s", t.waited.as_secs_f64()),
+            (None, Expect::Held, Some(s)) => format!("acted {:.1}s", s.at.as_secs_f64()),
+            (None, Expect::Moved, _) => format!(">{:.0}s", t.waited.as_secs_f64()),
         });
         row.push(data_cell(&r.data));
         row.push(if violated.is_empty() {
@@ -366,7 +364,7 @@ fn svg_trial(out: &mut String, r: &TrialRecord, y: f64, x: &dyn Fn(f64) -> f64) 
         );
     }
     let unfinished = match r.expect {
-        Expect::Held if !violated.contains(&"held") => ("held", HELD),
+        Expect::Held if t.hold_broken().is_none() => ("held", HELD),
         _ => ("not recovered", UNFINISHED),
     };
     if t.recovered.is_none() {
@@ -513,7 +511,8 @@ mod tests {
     fn a_hold_reads_as_held_in_the_table_the_json_and_the_picture() {
         let held = crate::chaos::invariants::tests::held(1, &[("notready", 40)]);
         let broken = crate::chaos::invariants::tests::held(2, &[("taint", 30)]);
-        let runs = run(vec![held, broken]);
+        let fence = crate::chaos::invariants::tests::held(3, &[("fence-requested", 35)]);
+        let runs = run(vec![held, broken, fence]);
         let text = table(&runs);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
@@ -522,6 +521,11 @@ mod tests {
         );
         assert!(
             lines[2].contains("acted 30.0s") && lines[2].ends_with("FAILED: held"),
+            "{text}"
+        );
+        // A fence request breaks a hold before any taint, and the table says when.
+        assert!(
+            lines[3].contains("acted 35.0s") && lines[3].ends_with("FAILED: held"),
             "{text}"
         );
         let doc: serde_json::Value = serde_json::from_str(&json(&runs)).unwrap();

@@ -83,7 +83,13 @@ impl Span {
 }
 
 /// The steps that show podha acted: its taint or fence, its NotReady mark, or the deletion.
-pub const FIRST_ACTIONS: [&str; 4] = ["taint", "fenced", "marked", "deleted"];
+const FIRST_ACTIONS: [&str; 4] = ["taint", "fenced", "marked", "deleted"];
+
+/// Beyond its first actions, what shows podha acted on a node it should have held: its request
+/// for the node's fence (the agent, or a fence controller, then resets the node: no taint
+/// needed), or a replacement scheduled. A BMC power-off podha makes itself is not seen from the
+/// API.
+const HOLD_BREAKERS: [&str; 2] = ["fence-requested", "scheduled"];
 
 impl Timeline {
     /// When the step `key` was first seen.
@@ -94,6 +100,15 @@ impl Timeline {
     /// When podha's first action was seen.
     pub fn first_action(&self) -> Option<Duration> {
         FIRST_ACTIONS.iter().filter_map(|k| self.at(k)).min()
+    }
+
+    /// The first step that breaks a hold: podha's first action, its request for a fence, or a
+    /// replacement scheduled. `None` while podha holds.
+    pub fn hold_broken(&self) -> Option<&Step> {
+        self.steps
+            .iter()
+            .filter(|s| FIRST_ACTIONS.contains(&s.key) || HOLD_BREAKERS.contains(&s.key))
+            .min_by_key(|s| s.at)
     }
 
     /// The phases that completed, in order; a phase ends where the next begins. A step seen

@@ -91,12 +91,12 @@ pub async fn run_trial(
     let waited = timeline.waited.as_secs_f64();
     progress(&format!(
         "trial {k}/{n}: {}",
-        match (args.expect, timeline.recovered, timeline.first_action()) {
+        match (args.expect, timeline.recovered, timeline.hold_broken()) {
             (_, Some(d), _) => format!("recovered in {:.1}s", d.as_secs_f64()),
             (Expect::Moved, None, _) => format!("not recovered within {waited:.0}s"),
             (Expect::Held, None, None) => format!("podha held for {waited:.0}s"),
-            (Expect::Held, None, Some(d)) =>
-                format!("podha acted {:.1}s after the fault", d.as_secs_f64()),
+            (Expect::Held, None, Some(s)) =>
+                format!("podha acted {:.1}s after the fault", s.at.as_secs_f64()),
         }
     ));
     let lost = lost_bystanders(client, bystanders).await?;
