@@ -39,7 +39,6 @@ me=e2e/kind/chaos-kind.sh
 # shellcheck source=e2e/tools/docker-engine.sh
 . "$repo/e2e/tools/docker-engine.sh"
 docker_engine "$me"
-engine_started=${docker_engine_pid:-}
 # The kind network this kit made carries this label: only that one is removed afterwards.
 network_label=podha.io/kind-kit
 export KUBECONFIG=$out/kind-kubeconfig
@@ -55,13 +54,9 @@ remove_cluster() {
 }
 teardown() {
   remove_cluster
-  stop_engine
+  docker_engine_stop
 }
-stop_engine() {
-  [ -n "$engine_started" ] || return 0
-  kill "$engine_started" 2>/dev/null || true
-  wait "$engine_started" 2>/dev/null || true
-}
+cluster_exists() { "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; }
 # What a failed run leaves to read: the cluster's pods and podha's last words.
 diagnose() {
   [ -f "${KUBECONFIG:-}" ] || return 0
@@ -80,12 +75,12 @@ finish() {
     teardown
     return
   fi
-  if "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
+  if cluster_exists; then
     echo
     echo "chaos-kind: the cluster $cluster is kept$([ "$status" = 0 ] || echo ", since a run did not meet its expectation or failed")."
     echo "  inspect: export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$out/kind-kubeconfig; $kubectl get nodes,pods -A -o wide"
     echo "  delete:  DOCKER_HOST=$DOCKER_HOST $kind delete cluster --name $cluster && DOCKER_HOST=$DOCKER_HOST docker network rm kind && rm -rf $storage"
-    [ -z "$engine_started" ] || echo "  then stop the project's Docker engine: kill \$(cat /run/podha-docker.pid)"
+    [ -z "${docker_engine_pid:-}" ] || echo "  then stop the project's Docker engine: kill \$(cat /run/podha-docker.pid)"
   else
     teardown
   fi
@@ -96,7 +91,7 @@ trap 'exit 130' INT TERM
 
 # A cluster of the kit's name left by a run that was killed before its clean-up: in CI, where
 # nobody kept it on purpose, removed; otherwise the preflight below refuses, naming it.
-if [ "${CI:-}" = true ] && "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
+if [ "${CI:-}" = true ] && cluster_exists; then
   echo "$me: removing the cluster $cluster left by an earlier run"
   remove_cluster
 fi

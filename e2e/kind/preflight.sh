@@ -19,7 +19,9 @@ fi
 
 root=0
 [ "$(id -u)" = 0 ] && root=1
-export DOCKER_HOST=${PODHA_DOCKER_HOST:-unix:///run/podha-docker.sock}
+# The engine the builds and the kit use (DOCKER_HOST, from $PODHA_DOCKER_HOST).
+# shellcheck source=e2e/tools/docker-engine.sh
+. "$here/../tools/docker-engine.sh"
 if ! command -v docker >/dev/null && [ "$root" = 0 ]; then
   missing+=("a Docker client (Debian: apt-get install docker.io, as root)")
 elif ! docker version >/dev/null 2>&1; then

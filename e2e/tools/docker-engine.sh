@@ -12,6 +12,7 @@
 # nor a bridge (--iptables=false --ip-masq=false --bridge=none). A build needs no network, and
 # Docker's rules would set the FORWARD policy to DROP, cutting the sim bridge's traffic between
 # real nodes. Point PODHA_DOCKER_HOST at an engine of your own to use it instead.
+# A caller with an EXIT trap of its own calls `docker_engine_stop` from it.
 
 export DOCKER_HOST=${PODHA_DOCKER_HOST:-unix:///run/podha-docker.sock}
 export DOCKER_BUILDKIT=1
@@ -64,7 +65,7 @@ docker_engine() {
     --exec-root /run/podha-docker --pidfile /run/podha-docker.pid \
     --iptables=false --ip-masq=false --bridge=none "${runtime[@]}" >"$log" 2>&1 9>&- &
   docker_engine_pid=$!
-  trap 'kill "$docker_engine_pid" 2>/dev/null || true; wait "$docker_engine_pid" 2>/dev/null || true' EXIT
+  trap docker_engine_stop EXIT
   for _ in $(seq 60); do
     "$docker" version >/dev/null 2>&1 && return 0
     kill -0 "$docker_engine_pid" 2>/dev/null || { tail -20 "$log" >&2; echo "$me: dockerd exited; see $log" >&2; exit 1; }
@@ -73,6 +74,13 @@ docker_engine() {
   tail -20 "$log" >&2
   echo "$me: dockerd did not answer within 30 s; see $log" >&2
   exit 1
+}
+
+# docker_engine_stop: stops the engine `docker_engine` started, if it started one.
+docker_engine_stop() {
+  [ -n "${docker_engine_pid:-}" ] || return 0
+  kill "$docker_engine_pid" 2>/dev/null || true
+  wait "$docker_engine_pid" 2>/dev/null || true
 }
 
 # docker_build IMAGE BUILD_ARGS...: `docker build --tag IMAGE BUILD_ARGS...`, then a check that

@@ -108,7 +108,7 @@ loader=podha-kind-node-build
 "$docker" rm -f "$loader" >/dev/null 2>&1 || true
 "$docker" run --detach --name "$loader" --privileged --entrypoint /usr/bin/containerd --stop-signal SIGTERM \
   --volume "$PWD/$dist/images:/images:ro" "$image-unloaded" >/dev/null
-trap '"$docker" rm -f "$loader" >/dev/null 2>&1 || true; kill "${docker_engine_pid:-}" 2>/dev/null || true; wait "${docker_engine_pid:-}" 2>/dev/null || true' EXIT
+trap '"$docker" rm -f "$loader" >/dev/null 2>&1 || true; docker_engine_stop' EXIT
 for _ in $(seq 60); do
   "$docker" exec "$loader" ctr version >/dev/null 2>&1 && break
   sleep 0.5
