@@ -9,10 +9,14 @@
 //! kept.
 //!
 //! The kubelet reports its kernel's boot ID in its Node's `status.nodeInfo.bootID`. The kernel
-//! is the node's own when other nodes report boot IDs and none reports the node's; another
-//! node that reports it shares the kernel; anything else (the Nodes cannot be read, the node
-//! reports none, no other node does: a cluster of one, kind's default, cannot be told from
-//! containers) leaves it unknown, which counts as not its own.
+//! is the node's own when the node reports the boot ID of the kernel the agent runs on, and
+//! other nodes report boot IDs and none reports the node's. A node that reports another boot ID
+//! than the agent's kernel has (a file mounted over the kernel's, as podha's kind node image and
+//! the sim's real nodes do, so that each start of a container is a boot of its own) poses as a
+//! machine; another node that reports it shares the kernel; anything else (the Nodes cannot be
+//! read, the node reports none, no other node does: a cluster of one, kind's default, cannot be
+//! told from containers; the kernel's boot ID cannot be read) leaves it unknown, which counts as
+//! not its own.
 //!
 //! The verdict is kept for the boot beside the hearing file, so that an agent restarted in the
 //! same boot (perhaps with a watchdog its predecessor left armed) goes by it at once, without
@@ -47,6 +51,16 @@ pub enum KernelDoubt {
         boot_id: String,
     },
     #[error(
+        "node {me} reports boot ID {reported}, but the kernel the agent runs on has boot ID \
+         {kernel}: the node's boots are not its kernel's (a container posing as a machine, as \
+         kind's): a reboot or a watchdog reset would take down the machine that hosts it"
+    )]
+    Posed {
+        me: String,
+        reported: String,
+        kernel: String,
+    },
+    #[error(
         "node {me} cannot tell whether its kernel is its own ({why}): on containers posing as \
          machines, as kind's, a reboot or a watchdog reset would take down the machine that \
          hosts them; the agent reads the Nodes again every 30s"
@@ -57,8 +71,13 @@ pub enum KernelDoubt {
 /// The verdict: `Ok` when the kernel is the node's own.
 pub type Kernel = Result<(), KernelDoubt>;
 
-/// The verdict for node `me` from every Node.
-pub fn judge(me: &str, nodes: &[Node]) -> Kernel {
+/// Where the kernel the agent runs on tells its boot ID (a container's own /proc shows the
+/// kernel's, whatever is mounted over it in the node's).
+pub const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The verdict for node `me` from every Node and the boot ID of the kernel the agent runs on
+/// (`None`: it cannot be read).
+pub fn judge(me: &str, nodes: &[Node], kernel: Option<&str>) -> Kernel {
     let unknown = |why: String| KernelDoubt::Unknown {
         me: me.to_string(),
         why,
@@ -77,6 +96,14 @@ pub fn judge(me: &str, nodes: &[Node]) -> Kernel {
         .find(|n| name(n) == me)
         .and_then(boot_id)
         .ok_or_else(|| unknown("its Node reports no boot ID".into()))?;
+    let kernel = kernel.ok_or_else(|| unknown(format!("{KERNEL_BOOT_ID} cannot be read")))?;
+    if kernel != mine {
+        return Err(KernelDoubt::Posed {
+            me: me.to_string(),
+            reported: mine,
+            kernel: kernel.to_string(),
+        });
+    }
     let others: Vec<(String, String)> = nodes
         .iter()
         .filter(|n| name(n) != me)
@@ -126,6 +153,11 @@ impl SavedVerdict {
                 with: (*with).to_string(),
                 boot_id: (*boot_id).to_string(),
             })),
+            ["posed", reported, kernel] => Some(Err(KernelDoubt::Posed {
+                me: me.to_string(),
+                reported: (*reported).to_string(),
+                kernel: (*kernel).to_string(),
+            })),
             _ => None,
         }
     }
@@ -145,6 +177,9 @@ fn line_of(kernel: &Kernel) -> Option<String> {
     match kernel {
         Ok(()) => Some("own".into()),
         Err(KernelDoubt::Shared { with, boot_id, .. }) => Some(format!("shared {with} {boot_id}")),
+        Err(KernelDoubt::Posed {
+            reported, kernel, ..
+        }) => Some(format!("posed {reported} {kernel}")),
         Err(KernelDoubt::Unknown { .. }) => None,
     }
 }
@@ -194,7 +229,7 @@ fn say(me: &str, kernel: &Kernel) {
     match kernel {
         Ok(()) => info!(
             node = me,
-            "other nodes report other boot IDs: this node's kernel is its own"
+            "the node reports its kernel's boot ID and other nodes report others: this node's kernel is its own"
         ),
         Err(doubt) => warn!(node = me, "{doubt}: no kernel reboot, no watchdog device"),
     }
@@ -202,7 +237,7 @@ fn say(me: &str, kernel: &Kernel) {
 
 async fn read(nodes: &Api<Node>, me: &str) -> Kernel {
     match tokio::time::timeout(READ_TIMEOUT, list(nodes)).await {
-        Ok(Ok(listed)) => judge(me, &listed),
+        Ok(Ok(listed)) => judge(me, &listed, kernel_boot_id().as_deref()),
         Ok(Err(e)) => Err(KernelDoubt::Unknown {
             me: me.to_string(),
             why: format!("the Nodes cannot be read: {e}"),
@@ -212,6 +247,14 @@ async fn read(nodes: &Api<Node>, me: &str) -> Kernel {
             why: format!("the Nodes were not read within {READ_TIMEOUT:?}"),
         }),
     }
+}
+
+/// The boot ID of the kernel the agent runs on.
+fn kernel_boot_id() -> Option<String> {
+    std::fs::read_to_string(KERNEL_BOOT_ID)
+        .ok()
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
 }
 
 async fn list(nodes: &Api<Node>) -> Result<Vec<Node>, kube::Error> {
@@ -245,7 +288,7 @@ mod tests {
     #[test]
     fn a_kernel_is_the_nodes_own_only_when_others_report_other_boot_ids() {
         let kind = [node("a", "b-1"), node("b", "b-2"), node("c", "b-1")];
-        let Err(shared @ KernelDoubt::Shared { .. }) = judge("a", &kind) else {
+        let Err(shared @ KernelDoubt::Shared { .. }) = judge("a", &kind, Some("b-1")) else {
             panic!("a and c share a kernel");
         };
         assert!(
@@ -253,24 +296,50 @@ mod tests {
                 .to_string()
                 .contains("node a shares its kernel with node c")
         );
-        assert_eq!(judge("b", &kind), Ok(()));
+        assert_eq!(judge("b", &kind, Some("b-2")), Ok(()));
         // What tells nothing is no proof of an own kernel: a cluster of one (kind's default),
-        // boot IDs nobody reports, a node not registered yet.
-        for (me, nodes) in [
-            ("a", vec![node("a", "b-1")]),
-            ("a", vec![node("a", ""), node("b", "")]),
-            ("a", vec![node("a", "b-1"), node("b", "")]),
-            ("z", kind.to_vec()),
+        // boot IDs nobody reports, a node not registered yet, a kernel's boot ID not read.
+        for (me, nodes, kernel) in [
+            ("a", vec![node("a", "b-1")], Some("b-1")),
+            ("a", vec![node("a", ""), node("b", "")], Some("b-1")),
+            ("a", vec![node("a", "b-1"), node("b", "")], Some("b-1")),
+            ("z", kind.to_vec(), Some("b-1")),
+            ("b", kind.to_vec(), None),
         ] {
             assert!(
-                matches!(judge(me, &nodes), Err(KernelDoubt::Unknown { .. })),
-                "{me} of {:?}",
+                matches!(judge(me, &nodes, kernel), Err(KernelDoubt::Unknown { .. })),
+                "{me} of {:?} on {kernel:?}",
                 nodes
                     .iter()
                     .map(|n| n.metadata.name.clone())
                     .collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn a_node_whose_boot_is_not_its_kernels_poses_as_a_machine() {
+        // Each start of a container given a boot ID of its own (podha's kind node image, the
+        // sim's real nodes): every node reports another, all on the one kernel the agents see.
+        let posed = [node("a", "s-1"), node("b", "s-2"), node("c", "s-3")];
+        let Err(doubt @ KernelDoubt::Posed { .. }) = judge("b", &posed, Some("host")) else {
+            panic!("b reports a boot that is not its kernel's");
+        };
+        assert_eq!(
+            doubt,
+            KernelDoubt::Posed {
+                me: "b".into(),
+                reported: "s-2".into(),
+                kernel: "host".into(),
+            }
+        );
+        assert!(doubt.to_string().contains("posing as a machine"));
+        // Posing is told before sharing: its reason names the kernel's boot ID.
+        let both = [node("a", "s-1"), node("c", "s-1")];
+        assert!(matches!(
+            judge("a", &both, Some("host")),
+            Err(KernelDoubt::Posed { .. })
+        ));
     }
 
     #[test]
@@ -284,7 +353,12 @@ mod tests {
             with: "c".into(),
             boot_id: "b-1".into(),
         });
-        for kernel in [Ok(()), shared] {
+        let posed = Err(KernelDoubt::Posed {
+            me: "a".into(),
+            reported: "s-1".into(),
+            kernel: "host".into(),
+        });
+        for kernel in [Ok(()), shared, posed] {
             saved.save(&kernel);
             assert_eq!(saved.load("a"), Some(kernel));
         }
