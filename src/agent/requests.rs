@@ -23,12 +23,22 @@ use crate::contract::{
 use crate::listen::Listening;
 
 /// Whether the request must be answered with a fence: unless it was made in another boot of
-/// this node (the reboot since was the fence). Unknown boots on either side: fence.
-pub fn needs_fence(request: &str, this_boot: Option<&str>) -> bool {
+/// this node (the reboot since was the fence). That takes the Node (`reported`, its
+/// `status.nodeInfo.bootID`) to report the boot the agent runs in: an agent whose boot ID is
+/// not the kubelet's (a `--boot-id-file` of something else, a node that poses as a machine)
+/// would take every request for one of an earlier boot, and acknowledge it unfenced. Unknown
+/// boots on any side: fence.
+pub fn needs_fence(request: &str, this_boot: Option<&str>, reported: Option<&str>) -> bool {
     match (requested_boot(request), this_boot.filter(|b| !b.is_empty())) {
-        (Some(then), Some(now)) => then == now,
+        (Some(then), Some(now)) => then == now || reported != Some(now),
         _ => true,
     }
+}
+
+/// The boot ID the Node reports.
+fn reported_boot(node: &Node) -> Option<&str> {
+    let id = node.status.as_ref()?.node_info.as_ref()?.boot_id.as_str();
+    (!id.is_empty()).then_some(id)
 }
 
 /// The request on this Node still waiting for its acknowledgement, if any.
@@ -87,7 +97,8 @@ pub async fn follow(
                     _ => refused = false,
                 }
                 if let Some(request) = unanswered(&node) {
-                    answer(&nodes, name, request, boot.as_deref(), &fencer).await;
+                    let boots = (boot.as_deref(), reported_boot(&node));
+                    answer(&nodes, name, request, boots, &fencer).await;
                 }
             }
             Ok(None) => return Err(AgentError::WatchEnded),
@@ -96,8 +107,15 @@ pub async fn follow(
     }
 }
 
-async fn answer(nodes: &Api<Node>, name: &str, request: &str, boot: Option<&str>, fencer: &Fencer) {
-    if needs_fence(request, boot) {
+/// `boots`: the boot the agent runs in, and the one the Node reports.
+async fn answer(
+    nodes: &Api<Node>,
+    name: &str,
+    request: &str,
+    (boot, reported): (Option<&str>, Option<&str>),
+    fencer: &Fencer,
+) {
+    if needs_fence(request, boot, reported) {
         let why = format!("podha asked for it (request {request})");
         let cause = FenceCause::Request(request.to_string());
         if fencer.fence(cause, &why).await != Fenced::Confirmed {
@@ -137,11 +155,22 @@ mod tests {
 
     #[test]
     fn a_request_of_an_earlier_boot_needs_no_fence_and_an_unknown_boot_does() {
-        assert!(needs_fence("p/1/b1", Some("b1")), "this boot");
-        assert!(!needs_fence("p/1/b1", Some("b2")), "rebooted since");
-        assert!(needs_fence("p/1/", Some("b2")), "the request names no boot");
-        assert!(needs_fence("p/1/b1", None), "this boot unknown");
-        assert!(needs_fence("p/1/b1", Some("")), "this boot unknown");
+        let b2 = Some("b2");
+        assert!(needs_fence("p/1/b1", Some("b1"), Some("b1")), "this boot");
+        assert!(!needs_fence("p/1/b1", b2, b2), "rebooted since");
+        assert!(needs_fence("p/1/", b2, b2), "the request names no boot");
+        assert!(needs_fence("p/1/b1", None, b2), "this boot unknown");
+        assert!(needs_fence("p/1/b1", Some(""), b2), "this boot unknown");
+    }
+
+    #[test]
+    fn an_earlier_boot_counts_only_when_the_node_reports_the_agents_boot() {
+        // The agent's boot ID is not the kubelet's (a container's /proc on a node that poses
+        // as a machine): the request names the boot the Node reports, and must be fenced.
+        assert!(needs_fence("p/1/posed", Some("host"), Some("posed")));
+        // Rebooted, but the kubelet has not reported the new boot yet: fence again.
+        assert!(needs_fence("p/1/b1", Some("b2"), Some("b1")));
+        assert!(needs_fence("p/1/b1", Some("b2"), None));
     }
 
     #[test]
