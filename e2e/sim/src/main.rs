@@ -108,6 +108,21 @@ enum Cmd {
         #[command(flatten)]
         dir: DirArg,
     },
+    /// The kind kit's BMCs (e2e/kind/): each node's watchdog and power control, read from the
+    /// FIFOs in DIR/<node>/ (mounted into the node at /podha-bmc), powering a node off with
+    /// `docker kill` (the client `$DOCKER`, else `docker`); each power-off appended to
+    /// DIR/fences.log. Runs until killed.
+    KindBmc {
+        /// The nodes' containers.
+        #[arg(required = true)]
+        nodes: Vec<String>,
+        /// The watchdogs' timeout.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        watchdog_timeout: std::time::Duration,
+        /// Where the nodes' FIFOs are made, and the fence log kept.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
     /// Container images without a registry: `docker save` archives loaded into the real nodes.
     Image {
         #[command(subcommand)]
@@ -302,6 +317,14 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .run_bmc(&name, watchdog_timeout)
                 .await?;
             println!("{name} powered off: {reason}");
+        }
+        Cmd::KindBmc {
+            nodes,
+            watchdog_timeout,
+            dir,
+        } => {
+            let docker = podha_sim::kind_bmc::docker_client();
+            podha_sim::kind_bmc::run(&dir, watchdog_timeout, &docker, &nodes).await?;
         }
         Cmd::Node { command } => node(command).await?,
         Cmd::Image { command } => image(command)?,

@@ -3,12 +3,9 @@
 //! real node has one; a kwok node has one when its podha agent has a watchdog
 //! (`super::Agents::watchdog_timeout`).
 //!
-//! - **Its watchdog.** `DIR/nodes/<node>/bmc/watchdog` is a FIFO standing in for the node's
-//!   `/dev/watchdog`, with the Linux watchdog's rules: the first write arms it, any write pets
-//!   it, a `V` before the writer closes disarms it; unpetted for the timeout, it powers the
-//!   node off. The node's podha agent pets it (`--watchdog`).
-//! - **Its power control.** `off` written to `DIR/nodes/<node>/bmc/power` powers the node off
-//!   (the agent's fence: what a site's fence command does through IPMI or redfish).
+//! - **Its watchdog and power control**, the FIFOs `DIR/nodes/<node>/bmc/watchdog` and
+//!   `DIR/nodes/<node>/bmc/power` (`crate::bmc_fifo`): unpetted for the watchdog's timeout, or
+//!   told `off` (the agent's fence), it powers the node off.
 //! - **Its Redfish system**, when the cluster's BMCs are powered through Redfish
 //!   ([`super::redfish`]): the node is the system named after it on the cluster's emulator. The
 //!   BMC reads the system's `PowerState` every [`super::redfish::READ_EVERY`] (a read is what
@@ -25,11 +22,10 @@
 //! [`Cluster::kill_node`] kills it (its agent too, its addresses silent), and the fence
 //! recorded. The BMC then exits (without Redfish); the node's next boot starts a new one.
 
-use std::io::{ErrorKind, Read as _};
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::Instant;
 
 use super::*;
+use crate::bmc_fifo::Controls;
 
 /// The BMC of real node `name`.
 pub(in crate::cluster) fn bmc_proc(name: &str) -> String {
@@ -102,68 +98,6 @@ async fn follow_until_on(system: &podha::redfish::Bmc, node: &str, seen_off: boo
     }
 }
 
-/// The watchdog's state, fed what its FIFO delivers.
-#[derive(Debug, Default)]
-struct Watchdog {
-    /// Last pet while armed.
-    petted: Option<Instant>,
-    /// The last write held a `V`: a close now disarms.
-    magic: bool,
-}
-
-impl Watchdog {
-    fn wrote(&mut self, bytes: &[u8], now: Instant) {
-        self.petted = Some(now);
-        self.magic = bytes.contains(&b'V');
-    }
-
-    /// The writer closed the device.
-    fn closed(&mut self) {
-        if self.magic {
-            self.petted = None;
-            self.magic = false;
-        }
-    }
-
-    /// How long it has not been petted while armed.
-    fn unpetted_for(&self, now: Instant) -> Option<Duration> {
-        self.petted.map(|at| now.saturating_duration_since(at))
-    }
-}
-
-fn mkfifo(path: &Path) -> Result<()> {
-    match nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)) {
-        Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
-        Err(e) => Err(Error::Other(format!("mkfifo {}: {e}", path.display()))),
-    }
-}
-
-fn open_fifo(path: &Path) -> Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))
-}
-
-/// What one read of a FIFO gave.
-enum Got {
-    Bytes(Vec<u8>),
-    /// No writer has it open.
-    Closed,
-    Nothing,
-}
-
-fn read_fifo(file: &mut std::fs::File) -> Result<Got> {
-    let mut buf = [0u8; 512];
-    match file.read(&mut buf) {
-        Ok(0) => Ok(Got::Closed),
-        Ok(n) => Ok(Got::Bytes(buf[..n].to_vec())),
-        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(Got::Nothing),
-        Err(e) => Err(Error::io("read a BMC FIFO", e)),
-    }
-}
-
 impl Cluster {
     /// Starts node `name`'s BMC (before the node boots: its agent opens the watchdog).
     pub(in crate::cluster) fn spawn_bmc(
@@ -172,11 +106,7 @@ impl Cluster {
         name: &str,
         watchdog_timeout: Option<Duration>,
     ) -> Result<()> {
-        let dir = bmc_dir(&self.dir, name);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        mkfifo(&dir.join("watchdog"))?;
-        mkfifo(&dir.join("power"))?;
+        Controls::create(&bmc_dir(&self.dir, name))?;
         self.stop_bmc(st, name)?;
         let mut cmd = Command::new(&st.sim_exe);
         cmd.arg("bmc")
@@ -205,10 +135,7 @@ impl Cluster {
     /// until it powers the node off; returns the reason. Without `watchdog_timeout` the node has
     /// no watchdog: what its FIFO gets is ignored.
     pub async fn run_bmc(&self, name: &str, watchdog_timeout: Option<Duration>) -> Result<String> {
-        let dir = bmc_dir(&self.dir, name);
-        let mut watchdog_fifo = open_fifo(&dir.join("watchdog"))?;
-        let mut power_fifo = open_fifo(&dir.join("power"))?;
-        let mut watchdog = Watchdog::default();
+        let mut controls = Controls::open(&bmc_dir(&self.dir, name), watchdog_timeout)?;
         let system = self.redfish_system(name)?;
         let feed = system
             .clone()
@@ -225,31 +152,10 @@ impl Cluster {
             if feed.as_ref().is_some_and(RedfishFeed::says_off) {
                 break REDFISH_OFF_REASON.to_string();
             }
-            match read_fifo(&mut watchdog_fifo)? {
-                Got::Bytes(bytes) => watchdog.wrote(&bytes, now),
-                Got::Closed => watchdog.closed(),
-                Got::Nothing => {}
+            if let Some(reason) = controls.look(name, now)? {
+                break reason;
             }
-            if let Got::Bytes(bytes) = read_fifo(&mut power_fifo)? {
-                let said = String::from_utf8_lossy(&bytes).trim().to_string();
-                if said == "off" {
-                    break "powered off by its podha agent".to_string();
-                }
-                warn!(
-                    node = name,
-                    said, "the BMC's power control takes only \"off\""
-                );
-            }
-            if let Some(silent) = watchdog.unpetted_for(now)
-                && let Some(timeout) = watchdog_timeout
-                && silent > timeout
-            {
-                break format!(
-                    "watchdog: not petted for {}",
-                    humantime::format_duration(Duration::from_millis(silent.as_millis() as u64))
-                );
-            }
-        };
+                };
         if self.node(name)?.real {
             self.fence_node(name, &reason)?;
         } else {
@@ -286,62 +192,5 @@ impl Cluster {
         cmd.args(["node", "start", name])
             .arg(format!("--dir={}", self.dir.display()));
         self.spawn(&mut self.lock_reloaded(), &format!("power-on-{name}"), cmd)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fifo_reads_as_closed_until_a_writer_opens_it_and_after_it_closes() {
-        let dir = std::env::temp_dir().join(format!("podha-bmc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("watchdog");
-        mkfifo(&path).expect("mkfifo");
-        mkfifo(&path).expect("a second mkfifo finds it there");
-        let mut reader = open_fifo(&path).expect("open without a writer");
-        assert!(matches!(read_fifo(&mut reader), Ok(Got::Closed)));
-        let mut writer = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .expect("writer");
-        assert!(matches!(read_fifo(&mut reader), Ok(Got::Nothing)));
-        std::io::Write::write_all(&mut writer, b"\nV").expect("write");
-        match read_fifo(&mut reader) {
-            Ok(Got::Bytes(b)) => assert_eq!(b, b"\nV"),
-            _ => panic!("the bytes written"),
-        }
-        drop(writer);
-        assert!(matches!(read_fifo(&mut reader), Ok(Got::Closed)));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn the_watchdog_arms_on_the_first_write_and_only_a_v_disarms_it() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs;
-        let mut w = Watchdog::default();
-        assert_eq!(w.unpetted_for(t0), None, "not armed before a write");
-        w.closed();
-        w.wrote(b"\n", t0);
-        assert_eq!(w.unpetted_for(t0 + s(3)), Some(s(3)));
-        w.closed();
-        assert_eq!(
-            w.unpetted_for(t0 + s(4)),
-            Some(s(4)),
-            "a crash keeps it armed"
-        );
-        w.wrote(b"V", t0 + s(5));
-        w.closed();
-        assert_eq!(w.unpetted_for(t0 + s(9)), None, "magic close");
-        w.wrote(b"V", t0 + s(10));
-        w.wrote(b"\n", t0 + s(11));
-        w.closed();
-        assert_eq!(
-            w.unpetted_for(t0 + s(12)),
-            Some(s(1)),
-            "a pet after the V takes the magic back"
-        );
     }
 }

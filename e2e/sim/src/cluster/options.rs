@@ -189,7 +189,7 @@ pub enum Error {
 }
 
 impl Error {
-    pub(in crate::cluster) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
             source,

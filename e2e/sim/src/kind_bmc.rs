@@ -1,0 +1,193 @@
+//! The kind kit's BMCs (`podha-sim kind-bmc`): what the sim's BMC (`cluster::bmc`) is to a
+//! real sim node, for kind's nodes, which are containers on the host's kernel, where neither
+//! the kernel's watchdog nor a reboot may be used (either would reset the host).
+//!
+//! One process on the host, outside every node's container (a paused node does not pause it),
+//! reads each node's watchdog and power FIFOs (`crate::bmc_fifo`) in `DIR/<node>/`, which kind
+//! mounts into the node at `/podha-bmc` (e2e/kind/kind-config.yaml). It powers a node off with
+//! `docker kill`: the container dies with every process in it, frozen or not, as a machine
+//! that loses its power; a node found not running is off already. A power-off that fails is
+//! tried again every tick until it takes: podha's proof counts on the reset. Each power-off is
+//! appended to `DIR/fences.log` (`<unix ms> <node> <what was done>: <why>`, what the kit checks
+//! no healthy node appears in) and logged. A node powered off waits, disarmed, for its next
+//! boot's agent to write to its watchdog (`docker start`: the kit's restore). It runs until it
+//! is killed.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use tokio::process::Command;
+use tracing::{error, info};
+
+use crate::bmc_fifo::Controls;
+
+/// How often the BMCs look at their FIFOs.
+const TICK: Duration = Duration::from_millis(100);
+
+/// How long one `docker` command may take.
+const DOCKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One node's BMC.
+struct Bmc {
+    node: String,
+    controls: Controls,
+    /// Why the node is to be powered off, while a power-off has not taken.
+    due: Option<String>,
+}
+
+/// Runs the BMCs of `nodes` (kind's container names) from `dir` until killed.
+pub async fn run(
+    dir: &Path,
+    watchdog_timeout: Duration,
+    docker: &Path,
+    nodes: &[String],
+) -> anyhow::Result<()> {
+    if nodes.is_empty() {
+        bail!("no node: name the kind nodes' containers");
+    }
+    let mut bmcs = Vec::new();
+    for node in nodes {
+        let fifos = dir.join(node);
+        Controls::create(&fifos)?;
+        bmcs.push(Bmc {
+            node: node.clone(),
+            controls: Controls::open(&fifos, Some(watchdog_timeout))?,
+            due: None,
+        });
+    }
+    info!(?nodes, ?watchdog_timeout, dir = %dir.display(), "kind BMCs up");
+    let log = dir.join("fences.log");
+    loop {
+        tokio::time::sleep(TICK).await;
+        for bmc in &mut bmcs {
+            if let Some(why) = bmc.controls.look(&bmc.node, Instant::now())? {
+                bmc.due = Some(why);
+            }
+            let Some(why) = bmc.due.clone() else {
+                continue;
+            };
+            match power_off(docker, &bmc.node).await {
+                Ok(done) => {
+                    bmc.controls.powered_off();
+                    bmc.due = None;
+                    info!(node = bmc.node, why, done, "node powered off");
+                    record(&log, &bmc.node, &format!("{done}: {why}"))?;
+                }
+                Err(e) => {
+                    error!(node = bmc.node, why, error = format!("{e:#}"), "cannot power the node off: trying again")
+                }
+            }
+        }
+    }
+}
+
+/// Powers node `node`'s container off: what was done.
+async fn power_off(docker: &Path, node: &str) -> anyhow::Result<&'static str> {
+    let running = docker_output(docker, &["inspect", "--format", "{{.State.Running}}", node]).await?;
+    if running.trim() != "true" {
+        return Ok("off already");
+    }
+    docker_output(docker, &["kill", node]).await?;
+    Ok("powered off")
+}
+
+async fn docker_output(docker: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let run = Command::new(docker).args(args).kill_on_drop(true).output();
+    let out = tokio::time::timeout(DOCKER_TIMEOUT, run)
+        .await
+        .with_context(|| format!("docker {} took over {DOCKER_TIMEOUT:?}", args.join(" ")))?
+        .with_context(|| format!("run {}", docker.display()))?;
+    if !out.status.success() {
+        bail!(
+            "docker {}: {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Appends `<unix ms> <node> <what>` to the fence log.
+fn record(log: &Path, node: &str, what: &str) -> anyhow::Result<()> {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("open {}", log.display()))?;
+    writeln!(file, "{ms} {node} {what}").with_context(|| format!("write {}", log.display()))
+}
+
+/// The `docker` client the BMCs power nodes off with: `$DOCKER`, else `docker` on the PATH.
+pub fn docker_client() -> PathBuf {
+    std::env::var_os("DOCKER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("docker"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_power_off_is_one_line_naming_its_node() {
+        let dir = std::env::temp_dir().join(format!("podha-kind-bmc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("fences.log");
+        record(&log, "podha-chaos-worker2", "powered off: watchdog: not petted for 6s")
+            .expect("record");
+        record(&log, "podha-chaos-worker", "off already: powered off by its podha agent")
+            .expect("record");
+        let text = std::fs::read_to_string(&log).expect("log");
+        let nodes: Vec<&str> = text
+            .lines()
+            .map(|l| l.split(' ').nth(1).expect("node"))
+            .collect();
+        assert_eq!(nodes, ["podha-chaos-worker2", "podha-chaos-worker"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_running_node_is_killed_and_a_stopped_one_is_off_already() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("podha-kind-docker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let docker = dir.join("docker");
+        // Node `up` runs, every other is stopped; every call is logged.
+        std::fs::write(
+            &docker,
+            "#!/bin/sh\necho \"$*\" >> \"$0.calls\"\n\
+             if [ \"$1\" = inspect ]; then [ \"$4\" = up ] && echo true || echo false; fi\n",
+        )
+        .expect("write");
+        std::fs::set_permissions(&docker, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(power_off(&docker, "up").await.expect("up"), "powered off");
+        assert_eq!(power_off(&docker, "down").await.expect("down"), "off already");
+        let calls = std::fs::read_to_string(dir.join("docker.calls")).expect("calls");
+        assert_eq!(
+            calls.lines().collect::<Vec<_>>(),
+            [
+                "inspect --format {{.State.Running}} up",
+                "kill up",
+                "inspect --format {{.State.Running}} down",
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_docker_that_fails_is_an_error_not_a_power_off() {
+        let err = power_off(Path::new("/bin/false"), "n").await.unwrap_err();
+        assert!(format!("{err:#}").contains("docker inspect"), "{err:#}");
+        let err = power_off(Path::new("/nonexistent/docker"), "n")
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("/nonexistent/docker"), "{err:#}");
+    }
+}
