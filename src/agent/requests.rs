@@ -22,16 +22,32 @@ use crate::contract::{
 };
 use crate::listen::Listening;
 
-/// Whether the request must be answered with a fence: unless it was made in another boot of
-/// this node (the reboot since was the fence). That takes the Node (`reported`, its
-/// `status.nodeInfo.bootID`) to report the boot the agent runs in: an agent whose boot ID is
-/// not the kubelet's (a `--boot-id-file` of something else, a node that poses as a machine)
-/// would take every request for one of an earlier boot, and acknowledge it unfenced. Unknown
-/// boots on any side: fence.
-pub fn needs_fence(request: &str, this_boot: Option<&str>, reported: Option<&str>) -> bool {
+/// How the agent answers a fence request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Fence, then acknowledge once the fence is confirmed.
+    Fence,
+    /// Acknowledge without a fence: the request was made in an earlier boot of this node, and
+    /// the reboot since was the fence.
+    EarlierBoot,
+    /// Neither yet: the request names another boot than the agent's, and the Node (its
+    /// `status.nodeInfo.bootID`) does not report the agent's boot either. Either the kubelet
+    /// has not reported this boot yet (the Node is delivered again when it does), or the
+    /// agent's boot ID is not the kubelet's (a `--boot-id-file` of something else, a node that
+    /// poses as a machine), where every request would look like one of an earlier boot. An
+    /// acknowledgement would then let podha move the volumes of a node that runs on, and a
+    /// fence would reset a node that just booted: podha holds the node meanwhile.
+    Wait,
+}
+
+/// How to answer `request` in boot `this_boot` while the Node reports boot `reported`.
+/// Unknown boots on the request's or the agent's side: fence.
+pub fn answer_for(request: &str, this_boot: Option<&str>, reported: Option<&str>) -> Answer {
     match (requested_boot(request), this_boot.filter(|b| !b.is_empty())) {
-        (Some(then), Some(now)) => then == now || reported != Some(now),
-        _ => true,
+        (Some(then), Some(now)) if then == now => Answer::Fence,
+        (Some(_), Some(now)) if reported == Some(now) => Answer::EarlierBoot,
+        (Some(_), Some(_)) => Answer::Wait,
+        _ => Answer::Fence,
     }
 }
 
@@ -68,6 +84,8 @@ pub async fn follow(
     // The last advert the Node refused, tried again every `ADVERT_RETRY` until it takes one
     // (the watch may deliver nothing new for minutes).
     let mut refused = false;
+    // The request last left unanswered (`Answer::Wait`), said once.
+    let mut waiting = None;
     loop {
         let next = if refused {
             tokio::select! {
@@ -98,7 +116,7 @@ pub async fn follow(
                 }
                 if let Some(request) = unanswered(&node) {
                     let boots = (boot.as_deref(), reported_boot(&node));
-                    answer(&nodes, name, request, boots, &fencer).await;
+                    answer(&nodes, name, request, boots, &fencer, &mut waiting).await;
                 }
             }
             Ok(None) => return Err(AgentError::WatchEnded),
@@ -107,25 +125,44 @@ pub async fn follow(
     }
 }
 
-/// `boots`: the boot the agent runs in, and the one the Node reports.
+/// `boots`: the boot the agent runs in, and the one the Node reports; `waiting`: the request
+/// last left unanswered, whose warning is not said again.
 async fn answer(
     nodes: &Api<Node>,
     name: &str,
     request: &str,
     (boot, reported): (Option<&str>, Option<&str>),
     fencer: &Fencer,
+    waiting: &mut Option<String>,
 ) {
-    if needs_fence(request, boot, reported) {
-        let why = format!("podha asked for it (request {request})");
-        let cause = FenceCause::Request(request.to_string());
-        if fencer.fence(cause, &why).await != Fenced::Confirmed {
-            return;
+    match answer_for(request, boot, reported) {
+        Answer::Fence => {
+            let why = format!("podha asked for it (request {request})");
+            let cause = FenceCause::Request(request.to_string());
+            if fencer.fence(cause, &why).await != Fenced::Confirmed {
+                return;
+            }
         }
-    } else {
-        info!(
+        Answer::EarlierBoot => info!(
             node = name,
             request, "a fence asked of an earlier boot: the reboot was the fence"
-        );
+        ),
+        Answer::Wait => {
+            if waiting.as_deref() == Some(request) {
+                return;
+            }
+            *waiting = Some(request.to_string());
+            warn!(
+                node = name,
+                request,
+                boot,
+                reported,
+                "a fence asked of another boot than this agent's, while the Node does not report \
+                 this agent's boot either: not answered until it does (is --boot-id-file the \
+                 boot ID the kubelet reports?)"
+            );
+            return;
+        }
     }
     let patch = json!({"metadata": {"annotations": {FENCE_ACK_ANNOTATION: request}}});
     match nodes
@@ -156,21 +193,21 @@ mod tests {
     #[test]
     fn a_request_of_an_earlier_boot_needs_no_fence_and_an_unknown_boot_does() {
         let b2 = Some("b2");
-        assert!(needs_fence("p/1/b1", Some("b1"), Some("b1")), "this boot");
-        assert!(!needs_fence("p/1/b1", b2, b2), "rebooted since");
-        assert!(needs_fence("p/1/", b2, b2), "the request names no boot");
-        assert!(needs_fence("p/1/b1", None, b2), "this boot unknown");
-        assert!(needs_fence("p/1/b1", Some(""), b2), "this boot unknown");
+        assert_eq!(answer_for("p/1/b1", Some("b1"), Some("b1")), Answer::Fence, "this boot");
+        assert_eq!(answer_for("p/1/b1", b2, b2), Answer::EarlierBoot, "rebooted since");
+        assert_eq!(answer_for("p/1/", b2, b2), Answer::Fence, "the request names no boot");
+        assert_eq!(answer_for("p/1/b1", None, b2), Answer::Fence, "this boot unknown");
+        assert_eq!(answer_for("p/1/b1", Some(""), b2), Answer::Fence, "this boot unknown");
     }
 
     #[test]
-    fn an_earlier_boot_counts_only_when_the_node_reports_the_agents_boot() {
+    fn another_boot_is_an_earlier_one_only_when_the_node_reports_the_agents_boot() {
         // The agent's boot ID is not the kubelet's (a container's /proc on a node that poses
-        // as a machine): the request names the boot the Node reports, and must be fenced.
-        assert!(needs_fence("p/1/posed", Some("host"), Some("posed")));
-        // Rebooted, but the kubelet has not reported the new boot yet: fence again.
-        assert!(needs_fence("p/1/b1", Some("b2"), Some("b1")));
-        assert!(needs_fence("p/1/b1", Some("b2"), None));
+        // as a machine): the request names the boot the Node reports; no acknowledgement.
+        assert_eq!(answer_for("p/1/posed", Some("host"), Some("posed")), Answer::Wait);
+        // Rebooted, but the kubelet has not reported the new boot yet: wait for it.
+        assert_eq!(answer_for("p/1/b1", Some("b2"), Some("b1")), Answer::Wait);
+        assert_eq!(answer_for("p/1/b1", Some("b2"), None), Answer::Wait);
     }
 
     #[test]
