@@ -58,10 +58,11 @@ CHAOS_KIND_ARGS ?=
 CHAOS_KIND_FAULTS ?= kind-kill kind-partition kind-freeze
 
 .PHONY: chaos-kind
-chaos-kind: kind-preflight ## The kind kit: a kind cluster on the project's node image, podha-csi, podha by its chart, podha chaos kill/partition/freeze (CHAOS_TRIALS, CHAOS_KIND_FAULTS); results in target/chaos-kind/
+chaos-kind: kind-preflight ## The kind kit: a kind cluster on the project's node image with a BMC per node, podha-csi, podha and its agents by the chart, podha chaos kill/partition/freeze (CHAOS_TRIALS, CHAOS_KIND_FAULTS); results in target/chaos-kind/
 	$(MAKE) --no-print-directory kind-node-image kind-images helm
-	$(CARGO) build --bins -p podha -p podha-csi
-	PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi KUBECTL=$(SIM_BIN_DIR)/kubectl \
+	$(CARGO) build --bins -p podha -p podha-csi -p podha-sim
+	PODHA_BIN=$(CARGO_TARGET)/podha PODHA_CSI_BIN=$(CARGO_TARGET)/podha-csi PODHA_SIM_BIN=$(CARGO_TARGET)/podha-sim \
+		KUBECTL=$(SIM_BIN_DIR)/kubectl \
 		PODHA_CACHE=$(PODHA_CACHE) PODHA_KIND_IMAGES_DIR=$(KIND_IMAGES_DIR) \
 		e2e/kind/chaos-kind.sh $(CHAOS_KIND_ARGS) $(CURDIR)/target/chaos-kind $(CHAOS_TRIALS) $(CHAOS_KIND_FAULTS)
 

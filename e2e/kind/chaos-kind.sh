@@ -2,17 +2,23 @@
 # `make chaos-kind`: podha chaos-tested on kind as its users do it. Creates the kind cluster of
 # kind-config.yaml on the project's node image (make kind-node-image), loads the images
 # (make kind-images) with `kind load image-archive`, installs podha-csi (controller Deployment,
-# node DaemonSet), podha by its chart and the policy, starts the writer, then runs `podha chaos`
-# once per kind fault, TRIALS trials each, with the write-log check after every trial:
-#   kind-kill       docker kill / docker start              expected: moved, 0 split-brain
-#   kind-partition  docker network disconnect / connect     expected: moved, 0 split-brain
-#   kind-freeze     docker pause / docker unpause           expected: held (see e2e/kind/README.md)
-# Results: OUT_DIR/chaos-kind-<fault>.{json,svg}. The cluster is deleted when every run met its
+# node DaemonSet), podha and its agents by the chart and the policy, starts the writer, then runs
+# `podha chaos` once per kind fault, TRIALS trials each, with the write-log check after every
+# trial; every one is expected moved, with 0 split-brain, once the agent's fence is proven:
+#   kind-kill       docker kill / docker start
+#   kind-partition  docker network disconnect / connect (and start: the node fenced itself)
+#   kind-freeze     docker pause / unpause (or start: its watchdog reset it)
+# Each node's BMC (`podha-sim kind-bmc`, on the host, started before the cluster) pets nothing
+# itself: it powers its node off (`docker kill`) when the node's agent stops petting its
+# watchdog or writes its fence, and logs each power-off; after each fault's run the kit checks
+# that the BMCs powered off exactly the nodes the trials faulted, once each: no healthy node
+# reset. Results: OUT_DIR/chaos-kind-<fault>.{json,svg}, OUT_DIR/kind-bmc.log and
+# OUT_DIR/fences.log. The cluster is deleted when every run met its
 # expectation, and kept (with the commands to inspect and delete it) when one did not (except
 # with CI=true), or with --keep. Run e2e/kind/preflight.sh first (make chaos-kind does).
 # Usage: chaos-kind.sh [--keep] OUT_DIR TRIALS [FAULT...]
 # Env (the Makefile exports them): PODHA_KIND_BIN_DIR, PODHA_KIND_NODE_IMAGE, PODHA_KIND_IMAGES_DIR,
-#   PODHA_HELM, PODHA_BIN, PODHA_CSI_BIN, KUBECTL, PODHA_CACHE; PODHA_DOCKER_HOST as for
+#   PODHA_HELM, PODHA_BIN, PODHA_CSI_BIN, PODHA_SIM_BIN, KUBECTL, PODHA_CACHE; PODHA_DOCKER_HOST as for
 #   e2e/tools/docker-engine.sh.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,9 +37,18 @@ images=${PODHA_KIND_IMAGES_DIR:?run through make chaos-kind}
 helm=${PODHA_HELM:?run through make chaos-kind}
 podha=${PODHA_BIN:?run through make chaos-kind}
 podha_csi=${PODHA_CSI_BIN:?run through make chaos-kind}
+podha_sim=${PODHA_SIM_BIN:?run through make chaos-kind}
 kubectl=${KUBECTL:-kubectl}
 cluster=$(sed -n 's/^name: *//p' "$here/kind-config.yaml")
 storage=/tmp/podha-kind-storage
+# The nodes' BMCs: one directory each, as kind-config.yaml mounts them; the watchdog's timeout is
+# the one the agents declare for it (podha-values.yaml).
+bmc_dir=/tmp/podha-kind-bmc
+mapfile -t bmc_nodes < <(sed -n "s|^ *- hostPath: $bmc_dir/||p" "$here/kind-config.yaml")
+watchdog_timeout=$(sed -n '/^  watchdog:/,/^  [a-z]/ s/^    timeout: *//p' "$here/podha-values.yaml")
+[ ${#bmc_nodes[@]} -gt 0 ] && [ -n "$watchdog_timeout" ] \
+  || { echo "$me: no BMC directories in kind-config.yaml, or no agent.watchdog.timeout in podha-values.yaml" >&2; exit 1; }
+fences=$bmc_dir/fences.log
 me=e2e/kind/chaos-kind.sh
 
 # shellcheck source=e2e/tools/docker-engine.sh
@@ -44,13 +59,22 @@ network_label=podha.io/kind-kit
 export KUBECONFIG=$out/kind-kubeconfig
 status=1
 
-# The cluster, the kit's network and its storage; then the engine, if started here.
+# The BMCs, if started here, keeping their log of power-offs in OUT_DIR.
+stop_bmcs() {
+  [ -n "${bmc_pid:-}" ] || return 0
+  kill "$bmc_pid" 2>/dev/null || true
+  wait "$bmc_pid" 2>/dev/null || true
+  bmc_pid=
+  [ ! -f "$fences" ] || cp "$fences" "$out/fences.log"
+}
+# The cluster, its BMCs, the kit's network and its storage; then the engine, if started here.
 remove_cluster() {
   "$kind" delete cluster --name "$cluster" >/dev/null 2>&1 || true
+  stop_bmcs
   if [ "$("$docker" network inspect --format "{{index .Labels \"$network_label\"}}" kind 2>/dev/null)" = true ]; then
     "$docker" network rm kind >/dev/null 2>&1 || true
   fi
-  rm -rf --one-file-system "$storage"
+  rm -rf --one-file-system "$storage" "$bmc_dir"
 }
 teardown() {
   remove_cluster
@@ -64,6 +88,8 @@ diagnose() {
   "$kubectl" get nodes,pods,volumeattachments -A -o wide 2>&1 || true
   echo "== podha's log (last 40 lines of each replica)"
   "$kubectl" -n podha-system logs -l app.kubernetes.io/name=podha --tail=40 --prefix 2>&1 || true
+  echo "== the BMCs' power-offs ($fences)"
+  cat "$fences" 2>/dev/null || true
 }
 finish() {
   local rc=$?
@@ -79,7 +105,8 @@ finish() {
     echo
     echo "chaos-kind: the cluster $cluster is kept$([ "$status" = 0 ] || echo ", since a run did not meet its expectation or failed")."
     echo "  inspect: export DOCKER_HOST=$DOCKER_HOST KUBECONFIG=$out/kind-kubeconfig; $kubectl get nodes,pods -A -o wide"
-    echo "  delete:  DOCKER_HOST=$DOCKER_HOST $kind delete cluster --name $cluster && DOCKER_HOST=$DOCKER_HOST docker network rm kind && rm -rf $storage"
+    echo "  delete:  DOCKER_HOST=$DOCKER_HOST $kind delete cluster --name $cluster && DOCKER_HOST=$DOCKER_HOST docker network rm kind && rm -rf $storage $bmc_dir"
+    [ -z "${bmc_pid:-}" ] || echo "  the nodes' BMCs (podha-sim kind-bmc, pid $bmc_pid) run on; stop them after the cluster: kill $bmc_pid"
     [ -z "${docker_engine_pid:-}" ] || echo "  then stop the project's Docker engine: kill \$(cat /run/podha-docker.pid)"
   else
     teardown
@@ -107,10 +134,21 @@ if ! "$docker" network inspect kind >/dev/null 2>&1; then
   "$docker" network create --driver bridge --label "$network_label=true" kind >/dev/null
 fi
 
-# The directory kind-config.yaml mounts into every node: the volumes and the acknowledgements.
-[ ! -L "$storage" ] || { echo "$me: $storage is a symbolic link; remove it" >&2; exit 1; }
-rm -rf --one-file-system "$storage"
-mkdir -p "$storage/store" "$storage/acks"
+# The directories kind-config.yaml mounts into the nodes: the volumes and the acknowledgements
+# (every node), and each node's BMC, whose FIFOs must be there when the node boots.
+for dir in "$storage" "$bmc_dir"; do
+  [ ! -L "$dir" ] || { echo "$me: $dir is a symbolic link; remove it" >&2; exit 1; }
+  rm -rf --one-file-system "$dir"
+done
+mkdir -p "$storage/store" "$storage/acks" "$bmc_dir"
+echo "== the nodes' BMCs: podha-sim kind-bmc ${bmc_nodes[*]} (watchdog $watchdog_timeout; log $out/kind-bmc.log)"
+DOCKER=$docker "$podha_sim" kind-bmc --dir "$bmc_dir" --watchdog-timeout "$watchdog_timeout" "${bmc_nodes[@]}" \
+  >"$out/kind-bmc.log" 2>&1 &
+bmc_pid=$!
+for node in "${bmc_nodes[@]}"; do
+  for _ in $(seq 50); do [ -p "$bmc_dir/$node/power" ] && break; sleep 0.1; done
+  [ -p "$bmc_dir/$node/power" ] || { cat "$out/kind-bmc.log" >&2; echo "$me: the BMC of $node made no FIFOs in $bmc_dir/$node" >&2; exit 1; }
+done
 echo "== kind create cluster --name $cluster --image $node_image (kubeconfig: $KUBECONFIG)"
 rm -f "$KUBECONFIG"
 "$kind" create cluster --config "$here/kind-config.yaml" --image "$node_image" --wait 3m
@@ -133,35 +171,35 @@ echo "== helm install podha (values: podha-values.yaml)"
 "$kubectl" apply -f "$here/writer.yaml"
 "$kubectl" -n chaos rollout status statefulset/writer --timeout=180s
 
-# What podha should do about each fault, and how the node comes back: the fault's own restore,
-# then a wait for the pod network to heal (network-healed.sh), so that no trial starts on the
-# network the previous one left.
-expectation() {
-  case $1 in
-    kind-freeze) echo held ;;
-    *) echo moved ;;
-  esac
-}
-restore_of() {
-  local restore
-  case $1 in
-    kind-kill) restore="docker start {node}" ;;
-    kind-partition) restore="docker network connect kind {node}" ;;
-    kind-freeze) restore="docker unpause {node}" ;;
-    *) echo "$me: no restore known for the fault $1" >&2; exit 2 ;;
-  esac
-  echo "$restore && $here/network-healed.sh $cluster"
-}
+# Each fault's restore (the built-in's, which also starts a node its BMC powered off), then a wait
+# for the pod network to heal (network-healed.sh), so that no trial starts on the network the
+# previous one left.
+restore="{restore} && $here/network-healed.sh $cluster"
+# The nodes the BMCs powered off since line FROM of the fence log, one line each, sorted.
+powered_off_since() { tail -n +"$1" "$fences" 2>/dev/null | awk '{ print $2 }' | sort; }
+# The nodes the trials in JSON faulted, one line each, sorted.
+# (`node` is a trial's only key of that name.)
+faulted_in() { grep -o '"node": *"[^"]*"' "$1" | sed 's/.*"\([^"]*\)"$/\1/' | sort; }
 export KUBECTL=$kubectl
 status=0
 for fault in "${faults[@]}"; do
-  expect=$(expectation "$fault")
-  restore=$(restore_of "$fault")
-  echo "== podha chaos --fault $fault --expect $expect"
-  "$podha" chaos -n chaos --statefulset writer --trials "$trials" --fault "$fault" --expect "$expect" \
+  echo "== podha chaos --fault $fault --expect moved"
+  from=$(( $( (cat "$fences" 2>/dev/null || true) | wc -l) + 1 ))
+  json=$out/chaos-kind-$fault.json
+  "$podha" chaos -n chaos --statefulset writer --trials "$trials" --fault "$fault" --expect moved \
     --restore "$restore" \
     --timeout 3m --podha-csi "$podha_csi" \
     --data-check "{podha_csi} check --volume-dir $storage/store/{volume} --acks-dir $storage/acks" \
-    --out "$out/chaos-kind-$fault.json" || status=1
+    --out "$json" || status=1
+  # Every trial's node fenced once (a kill: found off already by its watchdog), no other node.
+  if [ -f "$json" ]; then
+    fenced=$(powered_off_since "$from")
+    faulted=$(faulted_in "$json")
+    echo "== the BMCs powered off: $(echo $fenced) (the trials faulted: $(echo $faulted))"
+    if [ "$fenced" != "$faulted" ]; then
+      echo "$me: $fault: the BMCs did not power off exactly the faulted nodes, once per trial: a healthy node reset, or a faulted one not fenced (fence log: $fences)" >&2
+      status=1
+    fi
+  fi
 done
 exit $status

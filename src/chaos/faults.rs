@@ -25,16 +25,18 @@ pub const BUILT_IN: [(&str, &str, &str, &str); 7] = [
         "docker start {node}",
         "the node's container dies with every process in it (a machine that lost power)",
     ),
+    // A node its watchdog or fence reset meanwhile (a BMC stand-in's `docker kill`) is started
+    // again by the restore: `docker start` of a running container does nothing.
     (
         "kind-freeze",
         "docker pause {node}",
-        "docker unpause {node}",
+        "docker unpause {node} || docker start {node}",
         "the node's processes are frozen (a hung VM)",
     ),
     (
         "kind-partition",
         "docker network disconnect kind {node}",
-        "docker network connect kind {node}",
+        "docker network connect kind {node} && docker start {node}",
         "the node loses its network; its containers keep running",
     ),
     (
@@ -63,14 +65,22 @@ pub const BUILT_IN: [(&str, &str, &str, &str); 7] = [
     ),
 ];
 
+/// In a restore given for a built-in fault, the built-in's own restore: `{restore} && wait-for-x`
+/// adds to it.
+pub const BUILT_IN_RESTORE: &str = "{restore}";
+
 impl Fault {
-    /// `fault` is a built-in name or a template; `restore`, if given, replaces the built-in's.
+    /// `fault` is a built-in name or a template; `restore`, if given, replaces the built-in's
+    /// (where it says `{restore}`, the built-in's restore is put).
     pub fn new(fault: &str, restore: Option<&str>) -> Fault {
         match BUILT_IN.iter().find(|(name, ..)| *name == fault) {
             Some((name, inject, built_in_restore, _)) => Fault {
                 name: name.to_string(),
                 inject: inject.to_string(),
-                restore: Some(restore.unwrap_or(built_in_restore).to_string()),
+                restore: Some(match restore {
+                    Some(given) => given.replace(BUILT_IN_RESTORE, built_in_restore),
+                    None => built_in_restore.to_string(),
+                }),
             },
             None => Fault {
                 name: "custom".to_string(),
@@ -240,9 +250,18 @@ mod tests {
     fn built_in_names_give_both_commands_and_a_restore_overrides() {
         let f = Fault::new("kind-freeze", None);
         assert_eq!(f.inject, "docker pause {node}");
-        assert_eq!(f.restore.as_deref(), Some("docker unpause {node}"));
+        assert_eq!(
+            f.restore.as_deref(),
+            Some("docker unpause {node} || docker start {node}")
+        );
         let f = Fault::new("sim-kill", Some("true"));
         assert_eq!(f.restore.as_deref(), Some("true"));
+        let f = Fault::new("kind-kill", Some("{restore} && wait-for {node}"));
+        assert_eq!(
+            f.restore.as_deref(),
+            Some("docker start {node} && wait-for {node}"),
+            "{{restore}} is the built-in's"
+        );
         let f = Fault::new("ssh {node} poweroff", None);
         assert_eq!((f.name.as_str(), f.restore), ("custom", None));
     }

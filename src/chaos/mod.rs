@@ -119,8 +119,9 @@ pub struct ChaosArgs {
     /// {namespace}, {pod}, {volume}, {sim_dir}, {podha_sim}, e.g. 'docker kill {node}'.
     #[arg(long)]
     pub fault: String,
-    /// Command template that brings the node back (default: the built-in fault's own). Without
-    /// one, the check that podha's taint goes away is skipped.
+    /// Command template that brings the node back (default: the built-in fault's own; for a
+    /// built-in fault, {restore} in it is the built-in's, e.g. '{restore} && ./wait-for-net').
+    /// Without one, the check that podha's taint goes away is skipped.
     #[arg(long)]
     pub restore: Option<String>,
     /// What the trial did to the data: a command template printing a JSON object with the

@@ -55,6 +55,9 @@ pub struct Controls {
     watchdog: Watchdog,
     /// Without it the node has no watchdog: what its FIFO gets is ignored.
     timeout: Option<Duration>,
+    /// Powered off, and the watchdog's writer (the agent of the boot that ended) not yet seen
+    /// gone: what the FIFOs still deliver was written before the power-off, and is dropped.
+    off: bool,
 }
 
 impl Controls {
@@ -74,17 +77,24 @@ impl Controls {
             power_fifo: open_fifo(&dir.join("power"))?,
             watchdog: Watchdog::default(),
             timeout,
+            off: false,
         })
     }
 
     /// One look at both FIFOs at `now`: why node `node` is to be powered off, if it is.
     pub fn look(&mut self, node: &str, now: Instant) -> Result<Option<String>> {
-        match read_fifo(&mut self.watchdog_fifo)? {
+        let pets = read_fifo(&mut self.watchdog_fifo)?;
+        let power = read_fifo(&mut self.power_fifo)?;
+        if self.off {
+            self.off = !matches!(pets, Got::Closed);
+            return Ok(None);
+        }
+        match pets {
             Got::Bytes(bytes) => self.watchdog.wrote(&bytes, now),
             Got::Closed => self.watchdog.closed(),
             Got::Nothing => {}
         }
-        if let Got::Bytes(bytes) = read_fifo(&mut self.power_fifo)? {
+        if let Got::Bytes(bytes) = power {
             let said = String::from_utf8_lossy(&bytes).trim().to_string();
             if said == "off" {
                 return Ok(Some("powered off by its podha agent".to_string()));
@@ -104,8 +114,11 @@ impl Controls {
     }
 
     /// The node is off: its watchdog stays disarmed until its next boot's agent writes to it.
+    /// What the FIFOs hold from before (a pet, an `off` written as the node was killed) is
+    /// dropped until the last boot's agent is seen gone.
     pub fn powered_off(&mut self) {
         self.watchdog = Watchdog::default();
+        self.off = true;
     }
 }
 
@@ -221,12 +234,27 @@ mod tests {
             "{why:?}"
         );
         controls.powered_off();
+        // A pet written as the node was killed is dropped: it does not arm the watchdog again.
+        std::io::Write::write_all(&mut pets, b"\n").expect("pet");
+        assert_eq!(controls.look("n", t0 + s(4)).expect("look"), None);
         drop(pets);
-        assert_eq!(
-            controls.look("n", t0 + s(30)).expect("look"),
-            None,
-            "off, it waits for the next boot's first pet"
+        for at in [5, 30] {
+            assert_eq!(
+                controls.look("n", t0 + s(at)).expect("look"),
+                None,
+                "off, it waits for the next boot's first pet"
+            );
+        }
+        let mut next_boot = open("watchdog");
+        std::io::Write::write_all(&mut next_boot, b"\n").expect("pet");
+        assert_eq!(controls.look("n", t0 + s(31)).expect("look"), None);
+        assert!(
+            controls.look("n", t0 + s(34)).expect("look").is_some(),
+            "the next boot's pet arms it"
         );
+        controls.powered_off();
+        drop(next_boot);
+        assert_eq!(controls.look("n", t0 + s(35)).expect("look"), None);
         let mut power = open("power");
         std::io::Write::write_all(&mut power, b"on\n").expect("write");
         assert_eq!(controls.look("n", t0 + s(31)).expect("look"), None);
