@@ -193,18 +193,41 @@ mod tests {
     #[test]
     fn a_request_of_an_earlier_boot_needs_no_fence_and_an_unknown_boot_does() {
         let b2 = Some("b2");
-        assert_eq!(answer_for("p/1/b1", Some("b1"), Some("b1")), Answer::Fence, "this boot");
-        assert_eq!(answer_for("p/1/b1", b2, b2), Answer::EarlierBoot, "rebooted since");
-        assert_eq!(answer_for("p/1/", b2, b2), Answer::Fence, "the request names no boot");
-        assert_eq!(answer_for("p/1/b1", None, b2), Answer::Fence, "this boot unknown");
-        assert_eq!(answer_for("p/1/b1", Some(""), b2), Answer::Fence, "this boot unknown");
+        assert_eq!(
+            answer_for("p/1/b1", Some("b1"), Some("b1")),
+            Answer::Fence,
+            "this boot"
+        );
+        assert_eq!(
+            answer_for("p/1/b1", b2, b2),
+            Answer::EarlierBoot,
+            "rebooted since"
+        );
+        assert_eq!(
+            answer_for("p/1/", b2, b2),
+            Answer::Fence,
+            "the request names no boot"
+        );
+        assert_eq!(
+            answer_for("p/1/b1", None, b2),
+            Answer::Fence,
+            "this boot unknown"
+        );
+        assert_eq!(
+            answer_for("p/1/b1", Some(""), b2),
+            Answer::Fence,
+            "this boot unknown"
+        );
     }
 
     #[test]
     fn another_boot_is_an_earlier_one_only_when_the_node_reports_the_agents_boot() {
         // The agent's boot ID is not the kubelet's (a container's /proc on a node that poses
         // as a machine): the request names the boot the Node reports; no acknowledgement.
-        assert_eq!(answer_for("p/1/posed", Some("host"), Some("posed")), Answer::Wait);
+        assert_eq!(
+            answer_for("p/1/posed", Some("host"), Some("posed")),
+            Answer::Wait
+        );
         // Rebooted, but the kubelet has not reported the new boot yet: wait for it.
         assert_eq!(answer_for("p/1/b1", Some("b2"), Some("b1")), Answer::Wait);
         assert_eq!(answer_for("p/1/b1", Some("b2"), None), Answer::Wait);

@@ -94,7 +94,7 @@ pub fn install(
     cluster.load_image(&image_tar()?)?;
     let values = agent.values();
     anyhow::ensure!(
-        agent_on_this_machine_is_safe(&values["agent"])
+        agent_on_this_machine_is_safe(&values["agent"], &sim_bmc_dir())
             && !set.iter().any(|s| s.starts_with("agent.")),
         "the sim installs the agent only with its BMC stand-ins' fence and watchdog (and no \
          agent value set beside them): {values}, {set:?}"
@@ -119,26 +119,29 @@ pub fn install(
     Ok(())
 }
 
+/// Where the sim's real nodes show their BMC (`sim_agent_values`), ending in `/`.
+fn sim_bmc_dir() -> String {
+    format!("{}/bmc/", crate::cluster::realnode::MACHINE_DIR)
+}
+
 /// Whether the chart's `agent` values keep the agent off this machine's own kernel: off, or
-/// fencing by a write under the nodes' machine directory and petting a stand-in there (or
-/// none), with nothing else that names a device or the kernel.
-fn agent_on_this_machine_is_safe(agent: &serde_json::Value) -> bool {
+/// fencing by a write under the nodes' BMC directory `bmc_dir` (ending in `/`) and petting a
+/// stand-in there (or none), with nothing else that names a device or the kernel.
+pub(crate) fn agent_on_this_machine_is_safe(agent: &serde_json::Value, bmc_dir: &str) -> bool {
     if agent["enabled"] == false {
         return true;
     }
-    let machine = format!("{}/", crate::cluster::realnode::MACHINE_DIR);
-    let under_machine = |v: &serde_json::Value| v.as_str().is_some_and(|p| p.starts_with(&machine));
+    let under_bmc = |v: &serde_json::Value| v.as_str().is_some_and(|p| p.starts_with(bmc_dir));
     let fence = agent["fence"]
         .as_str()
         .and_then(|f| f.strip_prefix("write:"))
-        .is_some_and(|f| f.starts_with(&machine));
+        .is_some_and(|f| f.starts_with(bmc_dir));
     let device = &agent["watchdog"]["device"];
     let extra: Vec<&str> = agent["extraArgs"]
         .as_array()
         .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
         .unwrap_or_default();
-    let watchdog =
-        device == "" || (under_machine(device) && extra.contains(&"--watchdog-stand-in"));
+    let watchdog = device == "" || (under_bmc(device) && extra.contains(&"--watchdog-stand-in"));
     let nothing_else = extra
         .iter()
         .all(|a| !a.contains("/dev/") && !a.contains("/proc/") && !a.starts_with("--watchdog="));
@@ -420,10 +423,14 @@ mod tests {
             else {
                 panic!("on");
             };
-            assert!(agent_on_this_machine_is_safe(&values["agent"]), "{values}");
+            assert!(
+                agent_on_this_machine_is_safe(&values["agent"], &sim_bmc_dir()),
+                "{values}"
+            );
         }
         assert!(agent_on_this_machine_is_safe(
-            &SimAgent::Off.values()["agent"]
+            &SimAgent::Off.values()["agent"],
+            &sim_bmc_dir()
         ));
         let SimAgent::OnBmc(base) =
             sim_agent_values(Duration::from_secs(8), Some(Duration::from_secs(4)), None)
@@ -449,7 +456,7 @@ mod tests {
             undeclared,
         ] {
             assert!(
-                !agent_on_this_machine_is_safe(&unsafe_values["agent"]),
+                !agent_on_this_machine_is_safe(&unsafe_values["agent"], &sim_bmc_dir()),
                 "{unsafe_values}"
             );
         }

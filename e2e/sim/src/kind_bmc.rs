@@ -76,7 +76,12 @@ pub async fn run(
                     record(&log, &bmc.node, &format!("{done}: {why}"))?;
                 }
                 Err(e) => {
-                    error!(node = bmc.node, why, error = format!("{e:#}"), "cannot power the node off: trying again")
+                    error!(
+                        node = bmc.node,
+                        why,
+                        error = format!("{e:#}"),
+                        "cannot power the node off: trying again"
+                    )
                 }
             }
         }
@@ -85,7 +90,8 @@ pub async fn run(
 
 /// Powers node `node`'s container off: what was done.
 async fn power_off(docker: &Path, node: &str) -> anyhow::Result<&'static str> {
-    let running = docker_output(docker, &["inspect", "--format", "{{.State.Running}}", node]).await?;
+    let running =
+        docker_output(docker, &["inspect", "--format", "{{.State.Running}}", node]).await?;
     if running.trim() != "true" {
         return Ok("off already");
     }
@@ -140,10 +146,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("podha-kind-bmc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let log = dir.join("fences.log");
-        record(&log, "podha-chaos-worker2", "powered off: watchdog: not petted for 6s")
-            .expect("record");
-        record(&log, "podha-chaos-worker", "off already: powered off by its podha agent")
-            .expect("record");
+        record(
+            &log,
+            "podha-chaos-worker2",
+            "powered off: watchdog: not petted for 6s",
+        )
+        .expect("record");
+        record(
+            &log,
+            "podha-chaos-worker",
+            "off already: powered off by its podha agent",
+        )
+        .expect("record");
         let text = std::fs::read_to_string(&log).expect("log");
         let nodes: Vec<&str> = text
             .lines()
@@ -168,7 +182,10 @@ mod tests {
         .expect("write");
         std::fs::set_permissions(&docker, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         assert_eq!(power_off(&docker, "up").await.expect("up"), "powered off");
-        assert_eq!(power_off(&docker, "down").await.expect("down"), "off already");
+        assert_eq!(
+            power_off(&docker, "down").await.expect("down"),
+            "off already"
+        );
         let calls = std::fs::read_to_string(dir.join("docker.calls")).expect("calls");
         assert_eq!(
             calls.lines().collect::<Vec<_>>(),
@@ -188,6 +205,9 @@ mod tests {
         let err = power_off(Path::new("/nonexistent/docker"), "n")
             .await
             .unwrap_err();
-        assert!(format!("{err:#}").contains("/nonexistent/docker"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("/nonexistent/docker"),
+            "{err:#}"
+        );
     }
 }

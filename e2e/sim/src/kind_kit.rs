@@ -1,6 +1,7 @@
-//! The kind kit (`e2e/kind/`) has not run on the machine that builds podha (kind's node image
-//! cannot be pulled there), so its manifests are held here to what does run: the sim cluster's driver, StorageClasses,
-//! node plugin and writer, and the images `build-images.sh` makes.
+//! The kind kit's files (`e2e/kind/`), held to what the sim cluster runs (its driver, StorageClasses,
+//! node plugin and writer, the images `build-images.sh` makes) and to what keeps podha's agent
+//! off the host's kernel there (each node's BMC on the host, `crate::kind_bmc`). `make
+//! chaos-kind` runs the kit itself.
 
 use serde_json::Value;
 
@@ -9,6 +10,7 @@ const CSIDRIVER: &str = include_str!("../../kind/podha-csi/csidriver.yaml");
 const STORAGECLASS: &str = include_str!("../../kind/podha-csi/storageclass.yaml");
 const CONTROLLER: &str = include_str!("../../kind/podha-csi/controller.yaml");
 const POLICY: &str = include_str!("../../kind/policy.yaml");
+const PODHA_VALUES: &str = include_str!("../../kind/podha-values.yaml");
 const WRITER: &str = include_str!("../../kind/writer.yaml");
 const BUILD_IMAGES: &str = include_str!("../../kind/build-images.sh");
 const VERSIONS: &str = include_str!("../../versions.mk");
@@ -129,6 +131,7 @@ fn every_host_path_is_the_kubelets_or_the_shared_directory_every_node_mounts() {
         .iter()
         .map(|n| n["extraMounts"][0]["containerPath"].as_str().unwrap())
         .collect();
+    assert_eq!(nodes.len(), 4);
     assert!(
         shared.iter().all(|p| *p == "/var/lib/podha-csi"),
         "{shared:?}"
@@ -159,4 +162,66 @@ fn the_kits_writer_is_the_one_the_sims_tests_run() {
     }
     let policy = &docs(POLICY)[0]["spec"];
     assert_eq!(policy["volumes"]["drivers"][0], crate::csi::RWO_DRIVER);
+}
+
+#[test]
+fn every_node_has_a_bmc_of_its_own_named_after_its_container() {
+    let config = &docs(KIND_CONFIG)[0];
+    let cluster = config["name"].as_str().unwrap();
+    // kind names a node's container after the cluster and its role, workers numbered from 2.
+    let mut workers = 0;
+    for node in config["nodes"].as_array().unwrap() {
+        let container = match node["role"].as_str().unwrap() {
+            "control-plane" => format!("{cluster}-control-plane"),
+            _ => {
+                workers += 1;
+                match workers {
+                    1 => format!("{cluster}-worker"),
+                    n => format!("{cluster}-worker{n}"),
+                }
+            }
+        };
+        let bmc = &node["extraMounts"][1];
+        assert_eq!(bmc["containerPath"], "/podha-bmc", "{container}");
+        assert_eq!(
+            bmc["hostPath"].as_str().unwrap(),
+            format!("/tmp/podha-kind-bmc/{container}"),
+            "chaos-kind.sh starts a BMC for each node named in these paths"
+        );
+    }
+}
+
+#[test]
+fn the_kits_agent_fences_and_pets_only_through_its_bmc_with_timings_the_agent_takes() {
+    let values = &docs(PODHA_VALUES)[0];
+    let agent = &values["agent"];
+    assert_eq!(agent["enabled"], true);
+    assert!(
+        crate::chart_install::agent_on_this_machine_is_safe(agent, "/podha-bmc/"),
+        "{agent}"
+    );
+    // The options the chart gives the agent from these values, checked as the agent checks them.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: podha::agent::AgentArgs,
+    }
+    let text = |v: &Value| v.as_str().unwrap().to_string();
+    let mut argv = vec![
+        "agent".to_string(),
+        "--node=n".into(),
+        "--hearing-file=/run/podha-agent/heard".into(),
+        format!("--fence={}", text(&agent["fence"])),
+        format!("--isolation-timeout={}", text(&agent["isolationTimeout"])),
+        format!("--survey-timeout={}", text(&agent["surveyTimeout"])),
+        format!("--watchdog={}", text(&agent["watchdog"]["device"])),
+        format!("--watchdog-timeout={}", text(&agent["watchdog"]["timeout"])),
+    ];
+    argv.extend(agent["extraArgs"].as_array().unwrap().iter().map(text));
+    let cli = <Cli as clap::Parser>::try_parse_from(&argv).unwrap();
+    cli.agent.check().unwrap();
+    // The boot ID the node image gives each start of a node, which the Node reports too.
+    assert!(argv.contains(&"--boot-id-file=/run/podha-machine/boot_id".to_string()));
+    let policy = &docs(POLICY)[0]["spec"]["fencing"];
+    assert_eq!(policy["proof"], "Agent");
 }

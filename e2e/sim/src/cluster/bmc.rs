@@ -155,7 +155,7 @@ impl Cluster {
             if let Some(reason) = controls.look(name, now)? {
                 break reason;
             }
-                };
+        };
         if self.node(name)?.real {
             self.fence_node(name, &reason)?;
         } else {
