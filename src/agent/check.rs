@@ -13,6 +13,7 @@ use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdo
 use super::peer_list::lock;
 use super::peers::Peers;
 use super::server::{Hearing, SharedHearing};
+use super::WatchdogError;
 use super::watchdog::Watchdog;
 use super::{AgentArgs, FenceCause, Fencer};
 
@@ -45,7 +46,8 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
 /// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
 /// petted as [`pet_watchdog`] says. A node podha never heard since it booted asks nobody and
-/// stays. When podha last heard the node goes to the hearing file.
+/// stays. When podha last heard the node goes to the hearing file. Returns only when a
+/// stand-in for the watchdog took no pet ([`Watchdog::pet`]).
 pub(super) async fn check_loop(
     args: &AgentArgs,
     hearing: SharedHearing,
@@ -53,7 +55,7 @@ pub(super) async fn check_loop(
     fencer: &Fencer,
     mut watchdog: Option<&mut Watchdog>,
     hearing_file: &mut HearingFile,
-) {
+) -> WatchdogError {
     let timeout = args.isolation_timeout;
     let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
     let mut ticker = tokio::time::interval(args.check_interval);
@@ -69,7 +71,9 @@ pub(super) async fn check_loop(
         if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
             hearing_file.record(at);
         }
-        pet(watchdog.as_deref_mut(), silence, timeout, None);
+        if let Err(e) = pet(watchdog.as_deref_mut(), silence, timeout, None) {
+            return e;
+        }
         let survey = match silence {
             Silence::For(not_heard_for) if not_heard_for >= survey_from => {
                 Some(peers.survey(not_heard_for.min(timeout)).await)
@@ -80,7 +84,9 @@ pub(super) async fn check_loop(
         let silence = match &survey {
             Some(survey) => {
                 let silence = lock(&hearing).silence(Instant::now());
-                pet(watchdog.as_deref_mut(), silence, timeout, Some(survey));
+                if let Err(e) = pet(watchdog.as_deref_mut(), silence, timeout, Some(survey)) {
+                    return e;
+                }
                 silence
             }
             None => silence,
@@ -135,11 +141,10 @@ fn pet(
     silence: Silence,
     timeout: Duration,
     survey: Option<&isolation::Survey>,
-) {
-    if let Some(w) = watchdog
-        && pet_watchdog(silence, timeout, w.timeout(), survey)
-    {
-        w.pet();
+) -> Result<(), WatchdogError> {
+    match watchdog {
+        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey) => w.pet(),
+        _ => Ok(()),
     }
 }
 

@@ -102,6 +102,15 @@ pub enum WatchdogError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the watchdog stand-in {} took no pet ({source}): nothing resets this node any more \
+         (its BMC is gone); stopping, the advert taken back",
+        .path.display()
+    )]
+    StandInFailed {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Why the agent will not use a watchdog device (see `super::watchdog`): it would not reset

@@ -413,7 +413,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (result, terminated) = tokio::select! {
         r = serve => (r.map_err(AgentError::Serve), false),
         r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => (r, false),
-        () = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Ok(()), false),
+        failed = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = lease.keep() => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
@@ -434,10 +434,15 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     {
         watchdog.disarm();
     }
-    // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again):
-    // nothing fences this node any more, so podha must not count its silence as a fence. A
-    // part that failed leaves the advert: the supervisor starts the agent again at once.
-    if terminated {
+    // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again), or
+    // its watchdog's stand-in gone: nothing fences this node any more, so podha must not count
+    // its silence as a fence. Another part that failed leaves the advert: the supervisor starts
+    // the agent again at once.
+    let stand_in_failed = matches!(
+        result,
+        Err(AgentError::Watchdog(WatchdogError::StandInFailed { .. }))
+    );
+    if terminated || stand_in_failed {
         advert::withdraw(&kube::Api::all(client), &args.node, &lease).await;
     }
     result
@@ -446,6 +451,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt as _;
 
     fn agent_args(flags: &[&str]) -> AgentArgs {
         #[derive(clap::Parser)]
@@ -498,6 +504,37 @@ mod tests {
             watchdog.disarm();
         }
         let _ = std::fs::remove_file(&file);
+    }
+
+    #[tokio::test]
+    async fn a_stand_in_whose_bmc_is_gone_stops_the_agent_at_its_next_pet() {
+        let fifo = std::env::temp_dir().join(format!("podha-stand-in-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        // The BMC: the FIFO's reader.
+        let bmc = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("reader");
+        let stand_in = format!("--watchdog={}", fifo.display());
+        let args = agent_args(&[&stand_in, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
+        let own: Kernel = Ok(());
+        let Ok(Ok(mut watchdog)) = args.open_watchdog(&own).await else {
+            panic!("a declared FIFO stand-in with its reader opens");
+        };
+        watchdog.pet().expect("petted while the BMC reads");
+        drop(bmc);
+        let err = watchdog.pet().expect_err("no reader: the pet reaches nothing");
+        assert!(
+            matches!(err, WatchdogError::StandInFailed { .. }),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(&fifo);
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct Watchdog {
     timeout: Duration,
     /// Whether the last pet failed (logged once, not every second).
     failing: bool,
+    /// A declared stand-in (a FIFO or a file), not a device.
+    stand_in: bool,
 }
 
 /// The agent's timings a watchdog timeout must fit (see [`check_timeout`]).
@@ -287,7 +289,9 @@ impl Watchdog {
             Kind::StandIn if stand_in => {
                 let file = open_file(path).await?;
                 warn!(watchdog = %path.display(), timeout = ?requested, "watchdog armed: a stand-in (--watchdog-stand-in), not a device: its timeout is the one declared (--watchdog-timeout)");
-                return Ok(Self::new(path, file, requested));
+                let mut dog = Self::new(path, file, requested);
+                dog.stand_in = true;
+                return Ok(dog);
             }
             Kind::StandIn => {
                 return Err(WatchdogError::StandInNotDeclared {
@@ -334,6 +338,7 @@ impl Watchdog {
             device,
             timeout,
             failing: false,
+            stand_in: false,
         }
     }
 
@@ -347,16 +352,26 @@ impl Watchdog {
         self.device.flush()
     }
 
-    /// Pets the watchdog: it will not fire for another timeout.
-    pub fn pet(&mut self) {
+    /// Pets the watchdog: it will not fire for another timeout. A device that fails to take a
+    /// pet resets the node as if it had not been petted (said once). A stand-in that fails
+    /// (its BMC gone: nothing would reset the node) is an error: the agent stops and takes
+    /// its advert back, so that podha counts none of its silence.
+    pub fn pet(&mut self) -> Result<(), WatchdogError> {
         match self.write(b"\n") {
             Ok(()) => self.failing = false,
+            Err(source) if self.stand_in => {
+                return Err(WatchdogError::StandInFailed {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
             Err(e) if !self.failing => {
                 error!(watchdog = %self.path.display(), error = %e, "cannot pet the watchdog: it will reset the node");
                 self.failing = true;
             }
             Err(_) => {}
         }
+        Ok(())
     }
 
     /// Disarms the watchdog and closes it (the agent stops on purpose).
@@ -433,6 +448,7 @@ pub fn run_without(error: WatchdogError, stand_in: bool) -> Result<Unwatched, Wa
         | WatchdogError::StandInNotDeclared { .. }
         | WatchdogError::OpenTimedOut { .. }
         | WatchdogError::OpenTask { .. }
+        | WatchdogError::StandInFailed { .. }
         | WatchdogError::RefusedRunning { .. } => Err(error),
     }
 }

@@ -277,8 +277,8 @@ async fn pets_are_writes_and_a_disarm_is_a_v() {
         .await
         .expect("open");
     assert_eq!(dog.timeout(), declared);
-    dog.pet();
-    dog.pet();
+    dog.pet().expect("pet");
+    dog.pet().expect("pet");
     dog.disarm();
     assert_eq!(std::fs::read_to_string(&device).expect("read"), "\n\nV");
     let err = Watchdog::open(&dir.join("missing"), s(10), BOUNDS, true)
