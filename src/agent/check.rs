@@ -8,12 +8,12 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
+use super::WatchdogError;
 use super::hearing_file::{HearingFile, LastHeard};
 use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
 use super::peer_list::lock;
 use super::peers::Peers;
 use super::server::{Hearing, SharedHearing};
-use super::WatchdogError;
 use super::watchdog::Watchdog;
 use super::{AgentArgs, FenceCause, Fencer};
 

@@ -529,11 +529,10 @@ mod tests {
         };
         watchdog.pet().expect("petted while the BMC reads");
         drop(bmc);
-        let err = watchdog.pet().expect_err("no reader: the pet reaches nothing");
-        assert!(
-            matches!(err, WatchdogError::StandInFailed { .. }),
-            "{err}"
-        );
+        let err = watchdog
+            .pet()
+            .expect_err("no reader: the pet reaches nothing");
+        assert!(matches!(err, WatchdogError::StandInFailed { .. }), "{err}");
         let _ = std::fs::remove_file(&fifo);
     }
 

@@ -75,9 +75,9 @@ pub type Kernel = Result<(), KernelDoubt>;
 /// kernel's, whatever is mounted over it in the node's).
 pub const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
-/// The verdict for node `me` from every Node and the boot ID of the kernel the agent runs on
-/// (`None`: it cannot be read).
-pub fn judge(me: &str, nodes: &[Node], kernel: Option<&str>) -> Kernel {
+/// The verdict for node `me` from every Node, the boot ID of the kernel the agent runs on and
+/// the one the agent goes by (`--boot-id-file`; `None`: it cannot be read).
+pub fn judge(me: &str, nodes: &[Node], kernel: Option<&str>, agent_boot: Option<&str>) -> Kernel {
     let unknown = |why: String| KernelDoubt::Unknown {
         me: me.to_string(),
         why,
@@ -98,6 +98,16 @@ pub fn judge(me: &str, nodes: &[Node], kernel: Option<&str>) -> Kernel {
         .ok_or_else(|| unknown("its Node reports no boot ID".into()))?;
     let kernel = kernel.ok_or_else(|| unknown(format!("{KERNEL_BOOT_ID} cannot be read")))?;
     if kernel != mine {
+        // The node poses as a machine when it reports the boot the agent goes by. Otherwise
+        // the kubelet may not have reported this boot yet (a node that just rebooted): read
+        // again, not kept.
+        if agent_boot != Some(mine.as_str()) {
+            return Err(unknown(format!(
+                "its Node reports boot ID {mine}, which is neither its kernel's ({kernel}) nor \
+                 the one the agent goes by ({})",
+                agent_boot.unwrap_or("none")
+            )));
+        }
         return Err(KernelDoubt::Posed {
             me: me.to_string(),
             reported: mine,
@@ -122,8 +132,8 @@ pub fn judge(me: &str, nodes: &[Node], kernel: Option<&str>) -> Kernel {
     Ok(())
 }
 
-/// The verdict kept for a boot: `own`, or `shared <node> <boot ID>`, after the boot's ID on the
-/// first line. An unknown verdict is not kept: the next agent asks again.
+/// The verdict kept for a boot: `own`, `shared <node> <boot ID>` or `posed <reported boot ID>
+/// <kernel's boot ID>`, after the boot's ID on the first line. An unknown verdict is not kept: the next agent asks again.
 pub struct SavedVerdict {
     path: PathBuf,
     boot: Option<String>,
@@ -194,7 +204,7 @@ pub async fn at_start(nodes: &Api<Node>, me: &str, saved: &SavedVerdict) -> Kern
         );
         return kernel;
     }
-    let kernel = read(nodes, me).await;
+    let kernel = read(nodes, me, saved.boot.as_deref()).await;
     saved.save(&kernel);
     say(me, &kernel);
     kernel
@@ -215,7 +225,7 @@ pub async fn until_changed(
     }
     loop {
         tokio::time::sleep(RECHECK).await;
-        let kernel = read(nodes, me).await;
+        let kernel = read(nodes, me, saved.boot.as_deref()).await;
         let known = !matches!(kernel, Err(KernelDoubt::Unknown { .. }));
         if known && line_of(&kernel) != line_of(start) {
             saved.save(&kernel);
@@ -235,9 +245,10 @@ fn say(me: &str, kernel: &Kernel) {
     }
 }
 
-async fn read(nodes: &Api<Node>, me: &str) -> Kernel {
+/// `agent_boot`: the boot the agent goes by.
+async fn read(nodes: &Api<Node>, me: &str, agent_boot: Option<&str>) -> Kernel {
     match tokio::time::timeout(READ_TIMEOUT, list(nodes)).await {
-        Ok(Ok(listed)) => judge(me, &listed, kernel_boot_id().as_deref()),
+        Ok(Ok(listed)) => judge(me, &listed, kernel_boot_id().as_deref(), agent_boot),
         Ok(Err(e)) => Err(KernelDoubt::Unknown {
             me: me.to_string(),
             why: format!("the Nodes cannot be read: {e}"),
@@ -288,7 +299,8 @@ mod tests {
     #[test]
     fn a_kernel_is_the_nodes_own_only_when_others_report_other_boot_ids() {
         let kind = [node("a", "b-1"), node("b", "b-2"), node("c", "b-1")];
-        let Err(shared @ KernelDoubt::Shared { .. }) = judge("a", &kind, Some("b-1")) else {
+        let Err(shared @ KernelDoubt::Shared { .. }) = judge("a", &kind, Some("b-1"), Some("b-1"))
+        else {
             panic!("a and c share a kernel");
         };
         assert!(
@@ -296,7 +308,7 @@ mod tests {
                 .to_string()
                 .contains("node a shares its kernel with node c")
         );
-        assert_eq!(judge("b", &kind, Some("b-2")), Ok(()));
+        assert_eq!(judge("b", &kind, Some("b-2"), Some("b-2")), Ok(()));
         // What tells nothing is no proof of an own kernel: a cluster of one (kind's default),
         // boot IDs nobody reports, a node not registered yet, a kernel's boot ID not read.
         for (me, nodes, kernel) in [
@@ -307,7 +319,10 @@ mod tests {
             ("b", kind.to_vec(), None),
         ] {
             assert!(
-                matches!(judge(me, &nodes, kernel), Err(KernelDoubt::Unknown { .. })),
+                matches!(
+                    judge(me, &nodes, kernel, kernel),
+                    Err(KernelDoubt::Unknown { .. })
+                ),
                 "{me} of {:?} on {kernel:?}",
                 nodes
                     .iter()
@@ -322,7 +337,8 @@ mod tests {
         // Each start of a container given a boot ID of its own (podha's kind node image, the
         // sim's real nodes): every node reports another, all on the one kernel the agents see.
         let posed = [node("a", "s-1"), node("b", "s-2"), node("c", "s-3")];
-        let Err(doubt @ KernelDoubt::Posed { .. }) = judge("b", &posed, Some("host")) else {
+        let Err(doubt @ KernelDoubt::Posed { .. }) = judge("b", &posed, Some("host"), Some("s-2"))
+        else {
             panic!("b reports a boot that is not its kernel's");
         };
         assert_eq!(
@@ -337,9 +353,21 @@ mod tests {
         // Posing is told before sharing: its reason names the kernel's boot ID.
         let both = [node("a", "s-1"), node("c", "s-1")];
         assert!(matches!(
-            judge("a", &both, Some("host")),
+            judge("a", &both, Some("host"), Some("s-1")),
             Err(KernelDoubt::Posed { .. })
         ));
+        // A Node that reports neither the kernel's boot nor the agent's: a kubelet that has not
+        // reported a new boot yet (a machine just rebooted), or an agent given another boot
+        // ID file (the chart's default on such a node). Unknown: read again, never kept.
+        for agent_boot in [Some("host"), Some("other"), None] {
+            assert!(
+                matches!(
+                    judge("b", &posed, Some("host"), agent_boot),
+                    Err(KernelDoubt::Unknown { .. })
+                ),
+                "{agent_boot:?}"
+            );
+        }
     }
 
     #[test]

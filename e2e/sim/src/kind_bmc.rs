@@ -73,7 +73,14 @@ pub async fn run(
                     bmc.controls.powered_off();
                     bmc.due = None;
                     info!(node = bmc.node, why, done, "node powered off");
-                    record(&log, &bmc.node, &format!("{done}: {why}"))?;
+                    // The kit misses a line and fails; the nodes keep their BMC.
+                    if let Err(e) = record(&log, &bmc.node, &format!("{done}: {why}")) {
+                        error!(
+                            node = bmc.node,
+                            error = format!("{e:#}"),
+                            "cannot log the power-off"
+                        );
+                    }
                 }
                 Err(e) => {
                     error!(
