@@ -175,29 +175,49 @@ echo "== helm install podha (values: podha-values.yaml)"
 # for the pod network to heal (network-healed.sh), so that no trial starts on the network the
 # previous one left.
 restore="{restore} && $here/network-healed.sh $cluster"
-# The nodes the BMCs powered off since line FROM of the fence log, one line each, sorted.
-powered_off_since() { tail -n +"$1" "$fences" 2>/dev/null | awk '{ print $2 }' | sort; }
-# The nodes the trials in JSON faulted, one line each, sorted.
-# (`node` is a trial's only key of that name.)
-faulted_in() { grep -o '"node": *"[^"]*"' "$1" | sed 's/.*"\([^"]*\)"$/\1/' | sort; }
+# The nodes the BMCs powered off since line FROM of the fence log, one line each, in order.
+powered_off_since() { tail -n +"$1" "$fences" 2>/dev/null | awk '{ print $2 }'; }
+# The nodes the trials in JSON faulted, one line each, in order (`node` is a trial's only key
+# of that name).
+faulted_in() { grep -o '"node": *"[^"]*"' "$1" | sed 's/.*"\([^"]*\)"$/\1/'; }
+# The BMCs must be there for every trial: without them nothing resets a node its agent fenced.
+bmcs_alive() {
+  kill -0 "$bmc_pid" 2>/dev/null && return 0
+  tail -20 "$out/kind-bmc.log" >&2
+  echo "$me: the nodes' BMCs (podha-sim kind-bmc) are gone: no node can be fenced" >&2
+  return 1
+}
+# A trial starts where podha would fail the writer over: its agent heard, its fence provable.
+echo "== podha explain pod chaos/writer-0 (waiting until podha would fail it over)"
+for _ in $(seq 60); do
+  "$podha" explain pod chaos/writer-0 >"$out/explain-writer.txt" 2>&1 && break
+  sleep 2
+done
+cat "$out/explain-writer.txt"
+"$podha" explain pod chaos/writer-0 >/dev/null 2>&1 \
+  || { echo "$me: podha does not protect chaos/writer-0 after 2 minutes (above)" >&2; exit 1; }
 export KUBECTL=$kubectl
 status=0
 for fault in "${faults[@]}"; do
+  bmcs_alive || { status=1; break; }
   echo "== podha chaos --fault $fault --expect moved"
   from=$(( $( (cat "$fences" 2>/dev/null || true) | wc -l) + 1 ))
   json=$out/chaos-kind-$fault.json
+  rm -f "$json"
   "$podha" chaos -n chaos --statefulset writer --trials "$trials" --fault "$fault" --expect moved \
     --restore "$restore" \
     --timeout 3m --podha-csi "$podha_csi" \
     --data-check "{podha_csi} check --volume-dir $storage/store/{volume} --acks-dir $storage/acks" \
     --out "$json" || status=1
-  # Every trial's node fenced once (a kill: found off already by its watchdog), no other node.
+  bmcs_alive || status=1
+  # Each trial's node fenced once, in the trials' order (a kill: found off already by its
+  # watchdog), and no other node.
   if [ -f "$json" ]; then
     fenced=$(powered_off_since "$from")
     faulted=$(faulted_in "$json")
     echo "== the BMCs powered off: $(echo $fenced) (the trials faulted: $(echo $faulted))"
     if [ "$fenced" != "$faulted" ]; then
-      echo "$me: $fault: the BMCs did not power off exactly the faulted nodes, once per trial: a healthy node reset, or a faulted one not fenced (fence log: $fences)" >&2
+      echo "$me: $fault: the BMCs did not power off exactly the faulted nodes, once per trial in order: a healthy node reset, or a faulted one not fenced (fence log: $fences)" >&2
       status=1
     fi
   fi
