@@ -19,11 +19,14 @@ pub struct Fault {
 
 /// The built-in faults: name, fault, restore, what it models.
 pub const BUILT_IN: [(&str, &str, &str, &str); 7] = [
+    // A machine that loses its power loses its network at the same instant: a `docker kill`
+    // alone leaves the node's address refusing connects for a moment after its processes are
+    // gone, which podha takes for a host up without its agent.
     (
         "kind-kill",
-        "docker kill {node}",
+        "docker network disconnect kind {node} && docker kill {node} && docker network connect kind {node}",
         "docker start {node}",
-        "the node's container dies with every process in it (a machine that lost power)",
+        "the node's container dies with every process in it, its network first (a machine that lost power)",
     ),
     // A node its watchdog or fence reset meanwhile (a BMC stand-in's `docker kill`) is started
     // again by the restore: `docker start` of a running container does nothing.

@@ -4,9 +4,10 @@
 //!
 //! One process on the host, outside every node's container (a paused node does not pause it),
 //! reads each node's watchdog and power FIFOs (`crate::bmc_fifo`) in `DIR/<node>/`, which kind
-//! mounts into the node at `/podha-bmc` (e2e/kind/kind-config.yaml). It powers a node off with
-//! `docker kill`: the container dies with every process in it, frozen or not, as a machine
-//! that loses its power; a node found not running is off already. A power-off that fails is
+//! mounts into the node at `/podha-bmc` (e2e/kind/kind-config.yaml). It powers a node off as a
+//! machine loses its power, its network and its processes at once: `docker network
+//! disconnect`, then `docker kill` (every process in the container, frozen or not), then the
+//! network connected again for the next start; a node found not running is off already. A power-off that fails is
 //! tried again every tick until it takes: podha's proof counts on the reset. Each power-off is
 //! appended to `DIR/fences.log` (`<unix ms> <node> <what was done>: <why>`, what the kit checks
 //! no healthy node appears in) and logged. A node powered off waits, disarmed, for its next
@@ -95,14 +96,35 @@ pub async fn run(
     }
 }
 
-/// Powers node `node`'s container off: what was done.
+/// Powers node `node`'s container off: what was done. As a machine's power, its network goes
+/// at the same instant as its processes: the container is disconnected from its networks
+/// first, then killed, then connected again for its next start (`docker start`). A kill alone
+/// would leave the node's address answering for a moment with refusals from a kernel whose
+/// processes are gone, which podha takes for a host up without its agent (it then proves no
+/// fence by the agent's silence).
 async fn power_off(docker: &Path, node: &str) -> anyhow::Result<&'static str> {
-    let running =
-        docker_output(docker, &["inspect", "--format", "{{.State.Running}}", node]).await?;
-    if running.trim() != "true" {
+    let state = docker_output(
+        docker,
+        &[
+            "inspect",
+            "--format",
+            "{{.State.Running}}{{range $net, $_ := .NetworkSettings.Networks}} {{$net}}{{end}}",
+            node,
+        ],
+    )
+    .await?;
+    let mut words = state.split_whitespace();
+    if words.next() != Some("true") {
         return Ok("off already");
     }
+    let networks: Vec<&str> = words.collect();
+    for network in &networks {
+        docker_output(docker, &["network", "disconnect", "--force", network, node]).await?;
+    }
     docker_output(docker, &["kill", node]).await?;
+    for network in &networks {
+        docker_output(docker, &["network", "connect", network, node]).await?;
+    }
     Ok("powered off")
 }
 
@@ -180,11 +202,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("podha-kind-docker-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let docker = dir.join("docker");
-        // Node `up` runs, every other is stopped; every call is logged.
+        // Node `up` runs on network `kind`, every other is stopped; every call is logged.
         std::fs::write(
             &docker,
-            "#!/bin/sh\necho \"$*\" >> \"$0.calls\"\n\
-             if [ \"$1\" = inspect ]; then [ \"$4\" = up ] && echo true || echo false; fi\n",
+            "#!/bin/sh\necho \"$1 $2 ${4:-}\" >> \"$0.calls\"\n\
+             if [ \"$1\" = inspect ]; then [ \"$4\" = up ] && echo true kind || echo false; fi\n",
         )
         .expect("write");
         std::fs::set_permissions(&docker, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -197,9 +219,11 @@ mod tests {
         assert_eq!(
             calls.lines().collect::<Vec<_>>(),
             [
-                "inspect --format {{.State.Running}} up",
-                "kill up",
-                "inspect --format {{.State.Running}} down",
+                "inspect --format up",
+                "network disconnect kind",
+                "kill up ",
+                "network connect up",
+                "inspect --format down",
             ]
         );
         let _ = std::fs::remove_dir_all(&dir);
