@@ -36,6 +36,9 @@ struct Bmc {
     controls: Controls,
     /// Why the node is to be powered off, while a power-off has not taken.
     due: Option<String>,
+    /// The networks a power-off under way disconnected the node from, kept until it is
+    /// connected to them again.
+    networks: Option<Vec<String>>,
 }
 
 /// Runs the BMCs of `nodes` (kind's container names) from `dir` until killed.
@@ -56,6 +59,7 @@ pub async fn run(
             node: node.clone(),
             controls: Controls::open(&fifos, Some(watchdog_timeout))?,
             due: None,
+            networks: None,
         });
     }
     info!(?nodes, ?watchdog_timeout, dir = %dir.display(), "kind BMCs up");
@@ -69,7 +73,7 @@ pub async fn run(
             let Some(why) = bmc.due.clone() else {
                 continue;
             };
-            match power_off(docker, &bmc.node).await {
+            match power_off(docker, &bmc.node, &mut bmc.networks).await {
                 Ok(done) => {
                     bmc.controls.powered_off();
                     bmc.due = None;
@@ -101,8 +105,13 @@ pub async fn run(
 /// first, then killed, then connected again for its next start (`docker start`). A kill alone
 /// would leave the node's address answering for a moment with refusals from a kernel whose
 /// processes are gone, which podha takes for a host up without its agent (it then proves no
-/// fence by the agent's silence).
-async fn power_off(docker: &Path, node: &str) -> anyhow::Result<&'static str> {
+/// fence by the agent's silence). `networks` keeps what a power-off that failed part way
+/// disconnected, so that the next try connects the node to them again.
+async fn power_off(
+    docker: &Path,
+    node: &str,
+    networks: &mut Option<Vec<String>>,
+) -> anyhow::Result<&'static str> {
     let state = docker_output(
         docker,
         &[
@@ -114,18 +123,31 @@ async fn power_off(docker: &Path, node: &str) -> anyhow::Result<&'static str> {
     )
     .await?;
     let mut words = state.split_whitespace();
-    if words.next() != Some("true") {
+    let running = words.next() == Some("true");
+    let mut connected: Vec<String> = words.map(str::to_string).collect();
+    let done = if running {
+        networks.get_or_insert_with(|| connected.clone());
+        for network in std::mem::take(&mut connected) {
+            docker_output(
+                docker,
+                &["network", "disconnect", "--force", &network, node],
+            )
+            .await?;
+        }
+        docker_output(docker, &["kill", node]).await?;
+        "powered off"
+    } else if networks.is_some() {
+        "powered off"
+    } else {
         return Ok("off already");
+    };
+    for network in networks.iter().flatten() {
+        if !connected.contains(network) {
+            docker_output(docker, &["network", "connect", network, node]).await?;
+        }
     }
-    let networks: Vec<&str> = words.collect();
-    for network in &networks {
-        docker_output(docker, &["network", "disconnect", "--force", network, node]).await?;
-    }
-    docker_output(docker, &["kill", node]).await?;
-    for network in &networks {
-        docker_output(docker, &["network", "connect", network, node]).await?;
-    }
-    Ok("powered off")
+    *networks = None;
+    Ok(done)
 }
 
 async fn docker_output(docker: &Path, args: &[&str]) -> anyhow::Result<String> {
@@ -210,11 +232,28 @@ mod tests {
         )
         .expect("write");
         std::fs::set_permissions(&docker, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        assert_eq!(power_off(&docker, "up").await.expect("up"), "powered off");
+        let mut networks = None;
         assert_eq!(
-            power_off(&docker, "down").await.expect("down"),
+            power_off(&docker, "up", &mut networks).await.expect("up"),
+            "powered off"
+        );
+        assert_eq!(networks, None, "connected again");
+        assert_eq!(
+            power_off(&docker, "down", &mut networks)
+                .await
+                .expect("down"),
             "off already"
         );
+        // A power-off that disconnected the node and failed after: the next try finds it
+        // stopped and connects it again.
+        let mut networks = Some(vec!["kind".to_string()]);
+        assert_eq!(
+            power_off(&docker, "down", &mut networks)
+                .await
+                .expect("retry"),
+            "powered off"
+        );
+        assert_eq!(networks, None);
         let calls = std::fs::read_to_string(dir.join("docker.calls")).expect("calls");
         assert_eq!(
             calls.lines().collect::<Vec<_>>(),
@@ -224,6 +263,8 @@ mod tests {
                 "kill up ",
                 "network connect up",
                 "inspect --format down",
+                "inspect --format down",
+                "network connect down",
             ]
         );
         let _ = std::fs::remove_dir_all(&dir);
@@ -231,9 +272,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_docker_that_fails_is_an_error_not_a_power_off() {
-        let err = power_off(Path::new("/bin/false"), "n").await.unwrap_err();
+        let err = power_off(Path::new("/bin/false"), "n", &mut None)
+            .await
+            .unwrap_err();
         assert!(format!("{err:#}").contains("docker inspect"), "{err:#}");
-        let err = power_off(Path::new("/nonexistent/docker"), "n")
+        let err = power_off(Path::new("/nonexistent/docker"), "n", &mut None)
             .await
             .unwrap_err();
         assert!(

@@ -22,10 +22,13 @@ impl Cluster {
         } else {
             self.silence_kwok_node(name)?;
         }
+        // The machine's processes first, its BMC after them: an agent still running when its
+        // BMC is gone takes its watchdog's failed pet for a node nothing resets any more, and
+        // withdraws its advert.
+        self.kill_node_processes(name, true)?;
         if self.redfish().is_none() {
             self.stop_bmc(&mut self.lock_reloaded(), name)?;
         }
-        self.kill_node_processes(name, true)?;
         info!(node = name, "node killed");
         Ok(())
     }
