@@ -8,12 +8,14 @@
 //!   (`--watchdog … --watchdog-stand-in`).
 //! - `power` takes `off`: the agent's fence (`--fence write:<dir>/power=off`), what a site's
 //!   fence command does through IPMI or Redfish.
+//!
+//! What a BMC powered off, and why, goes to a fence log ([`append_fence`]).
 
 use std::fs::File;
-use std::io::{ErrorKind, Read as _};
+use std::io::{ErrorKind, Read as _, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
@@ -122,6 +124,20 @@ impl Controls {
     }
 }
 
+/// Appends a fence of node `node` to the fence log `log`: one line, `<unix ms> <node> <reason>`.
+pub fn append_fence(log: &Path, node: &str, reason: &str) -> Result<()> {
+    let at_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let line = format!("{at_ms} {node} {}\n", reason.replace('\n', " "));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .map_err(|e| Error::io(format!("append to {}", log.display()), e))
+}
+
 fn mkfifo(path: &Path) -> Result<()> {
     match nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)) {
         Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
@@ -158,6 +174,32 @@ fn read_fifo(file: &mut File) -> Result<Got> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_fence_is_one_line_naming_its_node() {
+        let dir = std::env::temp_dir().join(format!("podha-fence-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("fences.log");
+        append_fence(
+            &log,
+            "podha-chaos-worker2",
+            "powered off: watchdog: not petted for 6s",
+        )
+        .expect("record");
+        append_fence(
+            &log,
+            "podha-chaos-worker",
+            "off already: powered off by its podha agent",
+        )
+        .expect("record");
+        let text = std::fs::read_to_string(&log).expect("log");
+        let nodes: Vec<&str> = text
+            .lines()
+            .map(|l| l.split(' ').nth(1).expect("node"))
+            .collect();
+        assert_eq!(nodes, ["podha-chaos-worker2", "podha-chaos-worker"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_fifo_reads_as_closed_until_a_writer_opens_it_and_after_it_closes() {

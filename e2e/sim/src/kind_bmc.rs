@@ -7,22 +7,22 @@
 //! mounts into the node at `/podha-bmc` (e2e/kind/kind-config.yaml). It powers a node off as a
 //! machine loses its power, its network and its processes at once: `docker network
 //! disconnect`, then `docker kill` (every process in the container, frozen or not), then the
-//! network connected again for the next start; a node found not running is off already. A power-off that fails is
-//! tried again every tick until it takes: podha's proof counts on the reset. Each power-off is
-//! appended to `DIR/fences.log` (`<unix ms> <node> <what was done>: <why>`, what the kit checks
-//! no healthy node appears in) and logged. A node powered off waits, disarmed, for its next
+//! network connected again for the next start; a node found not running is off already. A
+//! power-off that fails is tried again every tick until it takes: podha's proof counts on the
+//! reset. Each power-off is appended to `DIR/fences.log` (`<unix ms> <node> <what was done>:
+//! <why>`, `crate::bmc_fifo::append_fence`, what the kit checks no healthy node appears in) and
+//! logged. A node powered off waits, disarmed, for its next
 //! boot's agent to write to its watchdog (`docker start`: the kit's restore). It runs until it
 //! is killed.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tokio::process::Command;
 use tracing::{error, info};
 
-use crate::bmc_fifo::Controls;
+use crate::bmc_fifo::{Controls, append_fence};
 
 /// How often the BMCs look at their FIFOs.
 const TICK: Duration = Duration::from_millis(100);
@@ -79,7 +79,7 @@ pub async fn run(
                     bmc.due = None;
                     info!(node = bmc.node, why, done, "node powered off");
                     // The kit misses a line and fails; the nodes keep their BMC.
-                    if let Err(e) = record(&log, &bmc.node, &format!("{done}: {why}")) {
+                    if let Err(e) = append_fence(&log, &bmc.node, &format!("{done}: {why}")) {
                         error!(
                             node = bmc.node,
                             error = format!("{e:#}"),
@@ -167,20 +167,6 @@ async fn docker_output(docker: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Appends `<unix ms> <node> <what>` to the fence log.
-fn record(log: &Path, node: &str, what: &str) -> anyhow::Result<()> {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("open {}", log.display()))?;
-    writeln!(file, "{ms} {node} {what}").with_context(|| format!("write {}", log.display()))
-}
-
 /// The `docker` client the BMCs power nodes off with: `$DOCKER`, else `docker` on the PATH.
 pub fn docker_client() -> PathBuf {
     std::env::var_os("DOCKER")
@@ -191,32 +177,6 @@ pub fn docker_client() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_power_off_is_one_line_naming_its_node() {
-        let dir = std::env::temp_dir().join(format!("podha-kind-bmc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let log = dir.join("fences.log");
-        record(
-            &log,
-            "podha-chaos-worker2",
-            "powered off: watchdog: not petted for 6s",
-        )
-        .expect("record");
-        record(
-            &log,
-            "podha-chaos-worker",
-            "off already: powered off by its podha agent",
-        )
-        .expect("record");
-        let text = std::fs::read_to_string(&log).expect("log");
-        let nodes: Vec<&str> = text
-            .lines()
-            .map(|l| l.split(' ').nth(1).expect("node"))
-            .collect();
-        assert_eq!(nodes, ["podha-chaos-worker2", "podha-chaos-worker"]);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     #[tokio::test]
     async fn a_running_node_is_killed_and_a_stopped_one_is_off_already() {

@@ -109,9 +109,9 @@ enum Cmd {
         dir: DirArg,
     },
     /// The kind kit's BMCs (e2e/kind/): each node's watchdog and power control, read from the
-    /// FIFOs in DIR/<node>/ (mounted into the node at /podha-bmc), powering a node off with
-    /// `docker kill` (the client `$DOCKER`, else `docker`); each power-off appended to
-    /// DIR/fences.log. Runs until killed.
+    /// FIFOs in DIR/<node>/ (mounted into the node at /podha-bmc), powering a node off by
+    /// cutting its networks and `docker kill` (the client `$DOCKER`, else `docker`); each
+    /// power-off appended to DIR/fences.log. Runs until killed.
     KindBmc {
         /// The nodes' containers.
         #[arg(required = true)]

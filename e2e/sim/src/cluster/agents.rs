@@ -25,9 +25,6 @@
 //! What a real machine has and this lacks: a kwok node's fence cannot reboot anything, and a
 //! kwok node cannot be frozen or cut off from the API server alone (real nodes can).
 
-use std::io::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use super::*;
 
 /// One fence an agent carried out, as `fences.log` records it.
@@ -230,17 +227,7 @@ impl Cluster {
 
     /// Appends a fence of node `name` to `fences.log`.
     pub(in crate::cluster) fn record_fence(&self, name: &str, reason: &str) -> Result<()> {
-        let at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let line = format!("{at_ms} {name} {}\n", reason.replace('\n', " "));
-        let path = self.fences_log();
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-            .map_err(|e| Error::io(format!("append to {}", path.display()), e))?;
+        crate::bmc_fifo::append_fence(&self.fences_log(), name, reason)?;
         info!(node = name, reason, "node fenced by its agent");
         Ok(())
     }
