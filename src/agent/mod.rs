@@ -118,7 +118,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "PODHA_AGENT_BOOT_ID_FILE",
-        default_value = "/proc/sys/kernel/random/boot_id"
+        default_value = shared_kernel::KERNEL_BOOT_ID
     )]
     pub boot_id_file: PathBuf,
     /// Where the agent keeps when podha last heard this node (and, beside it, its peer list as

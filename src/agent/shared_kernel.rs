@@ -133,7 +133,8 @@ pub fn judge(me: &str, nodes: &[Node], kernel: Option<&str>, agent_boot: Option<
 }
 
 /// The verdict kept for a boot: `own`, `shared <node> <boot ID>` or `posed <reported boot ID>
-/// <kernel's boot ID>`, after the boot's ID on the first line. An unknown verdict is not kept: the next agent asks again.
+/// <kernel's boot ID>`, after the boot's ID on the first line. An unknown verdict is not kept:
+/// the next agent asks again.
 pub struct SavedVerdict {
     path: PathBuf,
     boot: Option<String>,
@@ -248,7 +249,10 @@ fn say(me: &str, kernel: &Kernel) {
 /// `agent_boot`: the boot the agent goes by.
 async fn read(nodes: &Api<Node>, me: &str, agent_boot: Option<&str>) -> Kernel {
     match tokio::time::timeout(READ_TIMEOUT, list(nodes)).await {
-        Ok(Ok(listed)) => judge(me, &listed, kernel_boot_id().as_deref(), agent_boot),
+        Ok(Ok(listed)) => {
+            let kernel = super::boot::boot_id(std::path::Path::new(KERNEL_BOOT_ID));
+            judge(me, &listed, kernel.as_deref(), agent_boot)
+        }
         Ok(Err(e)) => Err(KernelDoubt::Unknown {
             me: me.to_string(),
             why: format!("the Nodes cannot be read: {e}"),
@@ -258,14 +262,6 @@ async fn read(nodes: &Api<Node>, me: &str, agent_boot: Option<&str>) -> Kernel {
             why: format!("the Nodes were not read within {READ_TIMEOUT:?}"),
         }),
     }
-}
-
-/// The boot ID of the kernel the agent runs on.
-fn kernel_boot_id() -> Option<String> {
-    std::fs::read_to_string(KERNEL_BOOT_ID)
-        .ok()
-        .map(|id| id.trim().to_string())
-        .filter(|id| !id.is_empty())
 }
 
 async fn list(nodes: &Api<Node>) -> Result<Vec<Node>, kube::Error> {
