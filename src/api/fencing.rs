@@ -14,12 +14,14 @@ pub const CLOUD_SHUTDOWN_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/shu
 /// The label binding a BMC's Secret to its node (see [`BmcFencing`]).
 pub const BMC_NODE_LABEL: &str = "podha.io/bmc-node";
 
-/// What proves a dead node fenced before the out-of-service taint. The taint tells Kubernetes
-/// the node is shut down: its volumes are detached at once and attached elsewhere. A node that
-/// is only frozen or cut off from the control plane still runs its containers, and unless the
-/// storage fences it on detach they write on beside the replacement. With a proof, podha holds
-/// the node (event `FencingPending`, nothing deleted, nothing tainted) until the proof is
-/// there; `DeletePods` needs none (its fence only keeps the scheduler off the node).
+/// What proves a dead node fenced before anything moves off it. The out-of-service taint tells
+/// Kubernetes the node is shut down: its volumes are detached at once and attached elsewhere.
+/// A pod podha force-deletes (action `DeletePods`) has its volume force-detached by the
+/// attach/detach controller 6 minutes later all the same. A node that is only frozen or cut
+/// off from the control plane still runs its containers, and unless the storage fences it on
+/// detach they write on beside the replacement. With a proof, podha holds the node (event
+/// `FencingPending`, nothing deleted, nothing tainted) until the proof is there, under either
+/// action.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -49,10 +51,10 @@ pub struct Fencing {
     /// must not count. The kubelet must stop with the fence: a Lease it renews after the
     /// acknowledgement contradicts it (`FenceContradicted`, the node held).
     /// `None`: no proof; the node is taken for shut down once judged dead, and the taint
-    /// follows the judgement alone (condition `Ready`, reason `WatchingWithoutProof`). Choose
-    /// it only where a node that stops heartbeating is off (power loss, kernel panic), or
-    /// where the storage refuses a detached node's writes; a frozen or cut-off node may
-    /// otherwise write beside the replacement.
+    /// (or the deletes) follow the judgement alone (condition `Ready`, reason
+    /// `WatchingWithoutProof`). Choose it only where a node that stops heartbeating is off
+    /// (power loss, kernel panic), or where the storage refuses a detached node's writes; a
+    /// frozen or cut-off node may otherwise write beside the replacement.
     /// `CloudShutdownTaint`: the cloud provider reported the instance shut down (the taint
     /// `node.cloudprovider.kubernetes.io/shutdown`, which the cloud node lifecycle controller
     /// adds while the instance is off and removes when it runs again).

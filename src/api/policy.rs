@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
-use super::fencing::{Fencing, Proofs};
+use super::fencing::Fencing;
 use super::status::PodHAPolicyStatus;
 
 /// A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and which
@@ -124,19 +124,20 @@ pub struct PodHAPolicySpec {
     /// `DeletePods` fences the node (`podha.io/fenced=nodeDead:NoSchedule`, so the scheduler
     /// does not put replacements back on it before Kubernetes notices the node is gone) and
     /// force-deletes the eligible pods; their volumes detach only after the attach/detach
-    /// controller's own 6-minute wait, so a node that is cut off but still running keeps its
-    /// volumes for those 6 minutes. Choose `DeletePods` when your storage does not fence a node
-    /// on detach (ControllerUnpublish) and a partitioned node could go on writing. podha removes
+    /// controller's own 6-minute wait. That wait is no fence: the controller force-detaches
+    /// from a node that may still be running, so `DeletePods` waits for the same
+    /// `fencing.proof` as the taint. Choose `DeletePods` when you want the volume to move only
+    /// after those 6 minutes (nodes that often come back by themselves). podha removes
     /// only taints it added itself (marked by the annotation `podha.io/out-of-service-taint`),
     /// once the node is healthy again and no volume of a pod that moved away is still attached
     /// to it.
     #[serde(default)]
     pub action: Action,
 
-    /// What must prove a dead node fenced (unable to write any more) before `OutOfServiceTaint`
-    /// puts the taint on it. Until the proof is on the node podha holds it: nothing is tainted
-    /// or deleted there, and a `FencingPending` event says why. `DeletePods`, and a node that
-    /// gets podha's fence because a pod there must stay, need no proof.
+    /// What must prove a dead node fenced (unable to write any more) before podha moves
+    /// anything off it, under either action: the out-of-service taint, podha's scheduling
+    /// fence and the pods' deletion all wait for it. Until the proof is on the node podha
+    /// holds it: nothing is tainted or deleted there, and a `FencingPending` event says why.
     #[serde(default)]
     pub fencing: Fencing,
 
@@ -457,12 +458,6 @@ fn default_require_target() -> bool {
 }
 
 impl PodHAPolicySpec {
-    /// The proof the out-of-service taint waits for, when this policy acts by the taint;
-    /// `None` for `DeletePods`, which needs no proof.
-    pub fn taint_proof(&self) -> Option<Proofs> {
-        (self.action == Action::OutOfServiceTaint).then(|| self.fencing.proofs())
-    }
-
     /// The largest number of unhealthy nodes, out of `watched`, at which this policy still acts.
     /// Percentages round down (like the node lifecycle controller's thresholds), but never
     /// below one node: a policy always tolerates a single dead node.

@@ -82,8 +82,7 @@ pub fn explain_policy(
         ("action".to_string(), spec.action.as_str().to_string()),
         (
             "fencing.proof".to_string(),
-            spec.taint_proof()
-                .map_or("(not used by DeletePods)".to_string(), |p| p.describe()),
+            spec.fencing.proofs().describe(),
         ),
         ("detection".to_string(), detection_text(policy)),
         (

@@ -521,14 +521,15 @@ fn the_pod_table_leads_with_the_verdict() {
     assert_eq!(json["checks"][0]["outcome"], "fail");
 }
 
+/// `DeletePods` fences for the scheduler only, and waits for the proof as the taint does: a
+/// node without an agent has no proof under `Agent`, and the pod is not protected.
 #[test]
-fn delete_pods_needs_no_proof_and_fences_for_the_scheduler_only() {
+fn delete_pods_fences_for_the_scheduler_only_and_needs_the_proof() {
     let mut spec = mk_spec();
     spec.action = Action::DeletePods;
     spec.fencing.proof = FencingProof::Agent;
     let f = Fixture::new(view()).spec(spec);
     let e = f.pod("db-0");
-    assert!(e.protected, "{:?}", e.checks);
     let detail = |rule| {
         e.checks
             .iter()
@@ -538,7 +539,9 @@ fn delete_pods_needs_no_proof_and_fences_for_the_scheduler_only() {
             .clone()
     };
     assert!(detail("taint").starts_with("podha.io/fenced (action DeletePods)"));
-    assert!(detail("proof").starts_with("action DeletePods needs none"));
+    assert!(!e.protected, "{:?}", e.checks);
+    // The node runs no agent: the agent's proof cannot come, as under the taint.
+    assert_eq!(failure(&e).0, "agent");
 }
 
 #[test]

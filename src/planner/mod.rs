@@ -26,9 +26,12 @@
 //!   produced, or once the watch shows it not Ready. A pod that changed after podha marked it
 //!   and is Ready again is left alone: something alive keeps reporting it.
 //! - **Taint first.** A pod is deleted only once its node's taint is on: the taint this
-//!   incident put on (ledger), or one found on the node while the policy's fencing proof is
-//!   not pending (see `taints::tainted_for`); a replacement created before could be scheduled
+//!   incident put on (ledger), or one found on the node once the policy's fencing proof is
+//!   there (see `taints::tainted_for`); a replacement created before could be scheduled
 //!   straight back onto the dead node.
+//! - **Proof before any move.** Under either action, nothing is tainted, marked or deleted on
+//!   a dead node until the policy's fencing proof is there (see `taints::fencing_pending`): a
+//!   force-deleted pod's volume is force-detached 6 minutes later whatever the node still runs.
 
 mod holds;
 mod intent;
@@ -274,7 +277,7 @@ fn plan_incident<'p>(
         out.intents.push(hold);
         return;
     }
-    let tainted = taints::tainted_for(incident, node_obj, node_policy, check.proven());
+    let tainted = taints::tainted_for(incident, node_obj, check.proven());
     if !plan_fence(&failed, &np, tainted, check, out) {
         return;
     }

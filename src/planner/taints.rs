@@ -8,6 +8,12 @@
 //! With such a pod on the node, podha fences the node for the scheduler instead, deletes only
 //! the eligible pods, and reports the refused taint as a hold: their volumes then detach after
 //! the attach/detach controller's 6-minute wait.
+//!
+//! Every way a volume leaves the node waits for the policy's fencing proof: the taint, and the
+//! deletes of `DeletePods` or of a refused taint alike. A force-deleted pod leaves the
+//! attach/detach controller's desired state, and the controller force-detaches its volume from
+//! the unhealthy node 6 minutes later whatever the node still runs; a pod left alone keeps its
+//! volume for as long as its statuses say Running.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -79,14 +85,13 @@ pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static 
     }
 }
 
-/// The hold while the policy's fencing proof is missing on a node whose policy wants the
-/// out-of-service taint; none when the taint needs no proof. Also when the taint will be
-/// refused (a pod must stay, and the node gets podha's fence instead): the eligible pods'
+/// The hold while the policy's fencing proof is missing; none once it is there (or the policy
+/// asks for none, `fencing.proof: None`). Whatever the node gets, the out-of-service taint or
+/// podha's scheduling fence (action `DeletePods`, or a refused taint), the eligible pods'
 /// deletion is what lets the attach/detach controller force-detach their volumes 6 minutes
 /// later, which on storage that does not fence is the very move the proof guards (a pod left
-/// alone on a dead node is never detached). `DeletePods` keeps its own rules. A silent agent
-/// whose silence proves nothing (see `proof`) is held for that reason, so the user learns the
-/// proof will not come by itself.
+/// alone on a dead node is never detached). A silent agent whose silence proves nothing (see
+/// `proof`) is held for that reason, so the user learns the proof will not come by itself.
 pub(super) fn fencing_pending(
     node: &Node,
     node_policy: PolicyRef<'_>,
@@ -99,7 +104,7 @@ pub(super) fn fencing_pending(
             proof: fencing.proofs(),
         },
     };
-    proof_pending(node_policy, check.proven()).then(|| Intent::Hold {
+    (!check.proven()).then(|| Intent::Hold {
         policy: node_policy.name.to_string(),
         node: node.metadata.name.clone(),
         reason,
@@ -204,22 +209,11 @@ pub(super) fn fence_contradicted(
 
 /// Whether the incident's node carries a taint its pods may be deleted under: the one this
 /// incident put on, or one found on the node (an earlier process's or replica's, for this
-/// failure) while the policy's fencing proof is not pending. A taint left from an earlier
+/// failure) once the policy's fencing proof is there. A taint left from an earlier
 /// failure (podha's scheduling fence, whose volumes never moved and whose node nothing proved
 /// fenced) must not let this incident delete pods without the proof its policy asks for.
-pub(super) fn tainted_for(
-    incident: &Incident,
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    proven: bool,
-) -> bool {
-    incident.tainted
-        || (NodeTaint::ALL.iter().any(|t| t.on(node)) && !proof_pending(node_policy, proven))
-}
-
-/// Whether the policy wants the out-of-service taint and its fencing proof is not there yet.
-fn proof_pending(node_policy: PolicyRef<'_>, proven: bool) -> bool {
-    NodeTaint::for_action(node_policy.spec.action) == NodeTaint::OutOfService && !proven
+pub(super) fn tainted_for(incident: &Incident, node: &Node, proven: bool) -> bool {
+    incident.tainted || (NodeTaint::ALL.iter().any(|t| t.on(node)) && proven)
 }
 
 /// The fences to ask for while the proof is missing, one per proof asked for (under `anyOf`

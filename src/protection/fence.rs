@@ -36,13 +36,7 @@ fn node_proof(
     node: &Node,
     checks: &mut Checks,
 ) {
-    let Some(proofs) = node_policy.spec.taint_proof() else {
-        checks.pass(
-            "proof",
-            "action DeletePods needs none: podha's fence only keeps the scheduler off the node",
-        );
-        return;
-    };
+    let proofs = node_policy.spec.fencing.proofs();
     if let Some(proof) = proofs.single() {
         return member_checks(proof, cluster, node_policy, node_name, node, checks);
     }

@@ -10,9 +10,7 @@ use serde::Serialize;
 
 use super::fence::proof_checks;
 use super::{Check, Checks, Cluster, Operator, Unprotected, human};
-use crate::api::{
-    Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, Proofs, condition, node_paused,
-};
+use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition, node_paused};
 use crate::eligibility::{
     SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
     node_selected, selects, tolerated_fence,
@@ -129,10 +127,10 @@ fn pod_checks(
              has shown life since (the settle wait){}: these depend on the death itself and are \
              not predicted",
             detection_text(node_policy),
-            match node_policy.spec.taint_proof().map(Proofs::single) {
-                Some(Some(FencingProof::Agent)) => ", and for the agent's fence",
-                Some(Some(FencingProof::None)) | None => "",
-                Some(_) => ", and for the fencing proof",
+            match node_policy.spec.fencing.proofs().single() {
+                Some(FencingProof::Agent) => ", and for the agent's fence",
+                Some(FencingProof::None) => "",
+                _ => ", and for the fencing proof",
             }
         ),
     );
@@ -420,8 +418,8 @@ fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) ->
         return Check::pass(
             "taint",
             format!(
-                "{} (action DeletePods): the pod is deleted; its volume detaches after the \
-                 attach/detach controller's 6-minute wait",
+                "{} (action DeletePods): the pod is deleted once the fencing proof is in; its \
+                 volume detaches after the attach/detach controller's 6-minute wait",
                 NodeTaint::Fence.key()
             ),
         );

@@ -69,13 +69,9 @@ impl AgentCoverage {
         health: &BTreeMap<String, NodeHealth>,
         now: Instant,
     ) -> Option<Vec<(String, AgentGap)>> {
-        // Only a policy whose taint waits for the agent's proof relies on agents (under
-        // `anyOf`, another proof may prove the fence of a node without one).
-        if !policy
-            .spec
-            .taint_proof()
-            .is_some_and(|proofs| proofs.requires(FencingProof::Agent))
-        {
+        // Only a policy that waits for the agent's proof relies on agents (under `anyOf`,
+        // another proof may prove the fence of a node without one).
+        if !policy.spec.fencing.proofs().requires(FencingProof::Agent) {
             return Some(Vec::new());
         }
         let observed = self.first.map(|first| now.saturating_duration_since(first));

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::agent_coverage::describe_unprotected;
 use crate::api::{
-    FailoverPhase, PodHAPolicy, PodHAPolicyStatus, Proofs, RECENT_FAILOVERS_KEPT,
+    Action, FailoverPhase, PodHAPolicy, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,
     UNPROTECTED_REASONS_KEPT, UnprotectedReason, UnreadablePolicy, condition,
 };
 use crate::eligibility::invalid_selectors;
@@ -202,13 +202,17 @@ fn ready_condition(policy: &PodHAPolicy, watched: usize) -> (bool, &'static str,
                  dead one"
             ),
         ),
-        (Ok(_), None) if policy.spec.taint_proof().is_some_and(Proofs::is_none) => (
+        (Ok(_), None) if policy.spec.fencing.proofs().is_none() => (
             true,
             condition::REASON_WATCHING_WITHOUT_PROOF,
             format!(
-                "watching {watched} nodes; fencing.proof None: the out-of-service taint follows \
-                 the judgement alone, so a node that is frozen or cut off but running may write \
-                 beside its replacement unless the storage fences it on detach"
+                "watching {watched} nodes; fencing.proof None: the {} follows the judgement \
+                 alone, so a node that is frozen or cut off but running may write beside its \
+                 replacement unless the storage fences it on detach",
+                match policy.spec.action {
+                    Action::OutOfServiceTaint => "out-of-service taint",
+                    Action::DeletePods => "pods' deletion",
+                }
             ),
         ),
         (Ok(_), None) => (
@@ -395,11 +399,15 @@ mod tests {
         let (unproven, message) = reason(FencingProof::None, Action::OutOfServiceTaint);
         assert_eq!(unproven, condition::REASON_WATCHING_WITHOUT_PROOF);
         assert!(message.contains("follows the judgement alone"), "{message}");
-        for (proof, action) in [
-            (FencingProof::Agent, Action::OutOfServiceTaint),
-            (FencingProof::None, Action::DeletePods),
-        ] {
-            assert_eq!(reason(proof, action).0, condition::REASON_WATCHING);
+        // The deletes of `DeletePods` move the volume too, 6 minutes later.
+        let (unproven, message) = reason(FencingProof::None, Action::DeletePods);
+        assert_eq!(unproven, condition::REASON_WATCHING_WITHOUT_PROOF);
+        assert!(message.contains("pods' deletion follows"), "{message}");
+        for action in [Action::OutOfServiceTaint, Action::DeletePods] {
+            assert_eq!(
+                reason(FencingProof::Agent, action).0,
+                condition::REASON_WATCHING
+            );
         }
     }
 

@@ -84,12 +84,31 @@ fn no_proof_is_todays_behaviour_and_the_default() {
     );
 }
 
+/// `DeletePods` waits for the proof as the taint does: the attach/detach controller
+/// force-detaches a force-deleted pod's volume from the unhealthy node 6 minutes later, whether
+/// or not the node still writes.
 #[test]
-fn delete_pods_keeps_its_own_rules() {
-    let plan = World::new(cluster(3))
+fn delete_pods_waits_for_the_proof_like_the_taint() {
+    let world = World::new(cluster(3))
         .policy("p", needs_cloud_shutdown(delete_pods()))
-        .fail("node-1")
-        .plan();
+        .fail("node-1");
+    let plan = world.plan();
+    assert_eq!(
+        pending(&plan),
+        vec![(
+            Some("node-1".to_string()),
+            needs_cloud_shutdown(delete_pods()).fencing.proofs()
+        )]
+    );
+    assert!(deletes(&plan).is_empty(), "{:?}", plan.intents);
+    assert!(taints(&plan).is_empty(), "{:?}", plan.intents);
+
+    // The proof in: podha's fence first, then the delete.
+    let mut world = World {
+        view: shut_down(world.view.clone(), "node-1"),
+        ..world
+    };
+    let plan = world.plan();
     assert!(pending(&plan).is_empty(), "{:?}", plan.intents);
     assert!(matches!(
         plan.intents.first(),
@@ -98,6 +117,39 @@ fn delete_pods_keeps_its_own_rules() {
             ..
         })
     ));
+    world.ledger.record_tainted("node-1");
+    assert_eq!(deletes(&world.plan()), ["ns/db-0"]);
+}
+
+/// The default proof, the agent's, under `DeletePods`: a node cut off from the API server
+/// whose agent podha still hears is held with a fence request, and its pod is deleted only
+/// once the agent acknowledges it.
+#[test]
+fn delete_pods_asks_the_agent_to_fence_and_waits_for_its_word() {
+    let mut world = World::new(with_agent(cluster(3), "node-1"))
+        .policy("p", needs_agent(delete_pods()))
+        .fail("node-1");
+    let plan = world.plan();
+    assert!(deletes(&plan).is_empty(), "{:?}", plan.intents);
+    assert!(taints(&plan).is_empty(), "{:?}", plan.intents);
+    assert!(
+        plan.intents
+            .iter()
+            .any(|i| matches!(i, Intent::RequestFence { node, .. } if node == "node-1")),
+        "{:?}",
+        plan.intents
+    );
+    // A fence found on the node (left by an earlier failure) proves nothing either.
+    let fenced = (*world.view.nodes["node-1"]).clone().taint(
+        crate::api::FENCE_TAINT_KEY,
+        "nodeDead",
+        "NoSchedule",
+    );
+    world.view.nodes.insert("node-1".into(), fenced.into());
+    assert!(deletes(&world.plan()).is_empty());
+    world.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut world, "node-1", "p/1");
+    assert_eq!(deletes(&world.plan()), ["ns/db-0"]);
 }
 
 #[test]
@@ -546,8 +598,7 @@ fn a_fence_left_from_an_earlier_failure_lets_no_pod_go_without_the_proof() {
 }
 
 /// The out-of-service taint already on the node (an earlier process's, or an admin's) counts
-/// only with the policy's proof. (`DeletePods` asks for none: a fence found on the node
-/// counts at once, see `delete_pods_fences_the_node_so_no_replacement_lands_there`.)
+/// only with the policy's proof, as podha's fence does under `DeletePods`.
 #[test]
 fn an_out_of_service_taint_found_on_the_node_counts_only_with_the_proof() {
     let mut view = with_agent(cluster(3), "node-1");

@@ -130,6 +130,16 @@ impl World {
     }
 }
 
+fn taints(plan: &Plan) -> Vec<(String, NodeTaint)> {
+    plan.intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::TaintNode { node, taint, .. } => Some((node.clone(), *taint)),
+            _ => None,
+        })
+        .collect()
+}
+
 fn deletes(plan: &Plan) -> Vec<String> {
     plan.intents
         .iter()

@@ -11,16 +11,6 @@ fn s(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-fn taints(plan: &Plan) -> Vec<(String, NodeTaint)> {
-    plan.intents
-        .iter()
-        .filter_map(|i| match i {
-            Intent::TaintNode { node, taint, .. } => Some((node.clone(), *taint)),
-            _ => None,
-        })
-        .collect()
-}
-
 fn refused(plan: &Plan) -> Vec<(String, &'static str)> {
     plan.intents
         .iter()

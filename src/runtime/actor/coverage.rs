@@ -125,11 +125,10 @@ impl Actor {
     }
 
     fn relies_on_agents(&self) -> bool {
-        self.state.policies.values().any(|p| {
-            p.spec
-                .taint_proof()
-                .is_some_and(|proofs| proofs.asks(FencingProof::Agent))
-        })
+        self.state
+            .policies
+            .values()
+            .any(|p| p.spec.fencing.proofs().asks(FencingProof::Agent))
     }
 
     fn coverage_inputs(&self, now: Instant) -> Inputs {

@@ -78,11 +78,20 @@ fn only_a_lasting_gap_on_a_healthy_node_of_an_agent_policy_is_reported() {
         coverage.unprotected(&agent, &health, then),
         Some(vec![("bare".to_string(), AgentGap::Absent)])
     );
+    // `DeletePods` waits for the agent's proof too.
+    assert_eq!(
+        coverage.unprotected(
+            &policy(FencingProof::Agent, Action::DeletePods),
+            &health,
+            then
+        ),
+        Some(vec![("bare".to_string(), AgentGap::Absent)])
+    );
     // A policy that does not rely on agents reports nothing.
     for other in [
         policy(FencingProof::None, Action::OutOfServiceTaint),
         policy(FencingProof::External, Action::OutOfServiceTaint),
-        policy(FencingProof::Agent, Action::DeletePods),
+        policy(FencingProof::None, Action::DeletePods),
     ] {
         assert_eq!(
             coverage.unprotected(&other, &health, then),
