@@ -8,9 +8,11 @@
 //!   node's silence as a fence only while its agent's Lease is there and was renewed within
 //!   its duration before the silence began.
 //!
-//! On SIGTERM the agent disarms its watchdog and then withdraws both ([`withdraw`]): from then
-//! on nothing fences the node, and podha must not count its silence as a fence.
+//! On SIGTERM the agent withdraws both first ([`advertise_until_withdrawn`]), and disarms its
+//! watchdog only once the API server confirmed the withdrawal: from then on nothing fences the
+//! node, and podha no longer counts its silence as a fence.
 
+use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -21,15 +23,20 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::error::AgentError;
+
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL,
     AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION, PublicKey,
     agent_lease_name, fenced_within_value,
 };
 
-/// How long the withdrawal on SIGTERM may take, both writes together: the watchdog is
-/// disarmed before it, and the pod's grace period is far longer.
+/// How long one try at the withdrawal on SIGTERM may take, both writes together.
 const WITHDRAW_WITHIN: Duration = Duration::from_secs(2);
+
+/// How soon a withdrawal the API server did not confirm is tried again, while the watchdog
+/// stays armed and petted by the usual rules.
+pub const WITHDRAW_RETRY: Duration = Duration::from_secs(1);
 
 /// How soon an advert the Node refused (the API server unreachable, an admission policy of an
 /// older release) is tried again: a Node that took none shows the last agent's, which may name
@@ -248,25 +255,84 @@ impl AdvertLease {
 }
 
 /// Takes the advert off the Node and deletes the Lease, at most [`WITHDRAW_WITHIN`]: the agent
-/// stops and will fence nothing. What cannot be withdrawn in time (the API server unreachable)
-/// lapses: the Lease after its duration, or with the Pod.
-pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) {
+/// stops and will fence nothing. Whether the API server confirmed both: until it has, podha
+/// may still count the agent's silence as a fence.
+pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) -> bool {
     let patch = removal();
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let both = async { tokio::join!(nodes.patch(node, &params, &patch), lease.delete()) };
     match tokio::time::timeout(WITHDRAW_WITHIN, both).await {
-        Ok((Ok(_), Ok(()))) => info!(node, "agent advert and Lease withdrawn"),
-        Ok((advert, lease)) => warn!(
-            node,
-            advert = ?advert.err(),
-            lease = ?lease.err(),
-            "cannot withdraw the agent's advert: it lapses with the Lease"
-        ),
-        Err(_) => warn!(
-            node,
-            "withdrawing the agent's advert took over {WITHDRAW_WITHIN:?}: it lapses with the Lease"
-        ),
+        Ok((Ok(_), Ok(()))) => {
+            info!(node, "agent advert and Lease withdrawn");
+            true
+        }
+        Ok((advert, lease)) => {
+            warn!(
+                node,
+                advert = ?advert.err(),
+                lease = ?lease.err(),
+                "cannot withdraw the agent's advert"
+            );
+            false
+        }
+        Err(_) => {
+            warn!(
+                node,
+                "withdrawing the agent's advert took over {WITHDRAW_WITHIN:?}"
+            );
+            false
+        }
     }
+}
+
+/// How advertising the agent ended.
+#[derive(Debug)]
+pub enum Advertising {
+    /// Stopped on purpose, and the API server confirmed the advert and the Lease gone: podha
+    /// counts none of this agent's silence, and its watchdog may be disarmed.
+    Withdrawn,
+    /// `advertise` itself ended.
+    Ended(Result<(), AgentError>),
+}
+
+impl Advertising {
+    /// How the agent ends, and whether its advert is withdrawn.
+    pub fn outcome(self) -> (Result<(), AgentError>, bool) {
+        match self {
+            Self::Withdrawn => (Ok(()), true),
+            Self::Ended(result) => (result, false),
+        }
+    }
+}
+
+/// Runs `advertise` (the Lease's renewals, the Node's advert, the fence requests) until `stop`,
+/// then withdraws the advert, again every [`WITHDRAW_RETRY`] until the API server confirms it.
+/// Until then the agent keeps serving and petting its watchdog by the usual rules (the caller
+/// runs those beside this), so a node cut off from the API server when its agent is stopped is
+/// fenced like any other cut-off node: a watchdog disarmed before the withdrawal would leave an
+/// advert behind whose silence podha counts as a fence of a node that runs on. A kill ends it
+/// all with the watchdog armed.
+pub async fn advertise_until_withdrawn<W: Future<Output = bool>>(
+    advertise: impl Future<Output = Result<(), AgentError>>,
+    stop: impl Future<Output = ()>,
+    mut withdraw: impl FnMut() -> W,
+) -> Advertising {
+    tokio::select! {
+        ended = advertise => return Advertising::Ended(ended),
+        () = stop => info!("SIGTERM: withdrawing the advert, then stopping"),
+    }
+    let mut said = false;
+    while !withdraw().await {
+        if !std::mem::replace(&mut said, true) {
+            warn!(
+                "stopping, but the advert is not withdrawn: the watchdog stays armed and is \
+                 petted by the usual rules until the API server confirms the withdrawal or the \
+                 agent is killed"
+            );
+        }
+        tokio::time::sleep(WITHDRAW_RETRY).await;
+    }
+    Advertising::Withdrawn
 }
 
 #[cfg(test)]
@@ -446,5 +512,70 @@ mod tests {
             unowned["metadata"].get("ownerReferences").is_none(),
             "{unowned}"
         );
+    }
+
+    /// On SIGTERM the advert goes first, and the agent stops (and may disarm) only once the
+    /// API server confirmed it: a withdrawal that does not reach it is tried again for as long
+    /// as the agent runs, never given up for a disarmed watchdog.
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_withdraws_first_and_ends_only_once_the_withdrawal_is_confirmed() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let tries = AtomicUsize::new(0);
+        let refused_until = AtomicUsize::new(usize::MAX);
+        let withdraw = || async {
+            let n = tries.fetch_add(1, Ordering::SeqCst);
+            n >= refused_until.load(Ordering::SeqCst)
+        };
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = async {
+            let _ = stop_rx.await;
+        };
+        let advertising = advertise_until_withdrawn(std::future::pending(), stop, withdraw);
+        tokio::pin!(advertising);
+        let a_while = Duration::from_secs(600);
+        // No stop: it advertises, and withdraws nothing.
+        assert!(
+            tokio::time::timeout(a_while, &mut advertising)
+                .await
+                .is_err()
+        );
+        assert_eq!(tries.load(Ordering::SeqCst), 0);
+        // Stopped while the API server is out of reach: still running ten minutes on, trying.
+        stop_tx.send(()).expect("stop");
+        assert!(
+            tokio::time::timeout(a_while, &mut advertising)
+                .await
+                .is_err()
+        );
+        let tried = tries.load(Ordering::SeqCst);
+        assert!(tried >= 500, "tried {tried} times");
+        // The API server answers: withdrawn, and only now does it end.
+        refused_until.store(tried + 2, Ordering::SeqCst);
+        let ended = tokio::time::timeout(WITHDRAW_RETRY * 5, &mut advertising)
+            .await
+            .expect("ends once confirmed");
+        assert!(matches!(ended, Advertising::Withdrawn), "{ended:?}");
+        assert_eq!(tries.load(Ordering::SeqCst), tried + 3);
+    }
+
+    /// Advertising that ends by itself (its Node watch ended) is no stop: nothing withdrawn.
+    #[tokio::test(start_paused = true)]
+    async fn advertising_that_ends_by_itself_withdraws_nothing() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let tries = AtomicUsize::new(0);
+        let ended = advertise_until_withdrawn(
+            async { Err(AgentError::WatchEnded) },
+            std::future::pending(),
+            || async {
+                tries.fetch_add(1, Ordering::SeqCst);
+                true
+            },
+        )
+        .await;
+        assert!(
+            matches!(ended, Advertising::Ended(Err(AgentError::WatchEnded))),
+            "{ended:?}"
+        );
+        assert_eq!(tries.load(Ordering::SeqCst), 0);
     }
 }

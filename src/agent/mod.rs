@@ -410,42 +410,64 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         .zip(args.pod_uid.clone())
         .map(|(name, uid)| advert::OwnerPod { name, uid });
     let lease = advert::AdvertLease::new(client.clone(), &namespace, &args.node, owner);
-    let (result, terminated) = tokio::select! {
-        r = serve => (r.map_err(AgentError::Serve), false),
-        r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => (r, false),
-        failed = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
-        () = peers.keep_warm() => (Ok(()), false),
-        () = lease.keep() => (Ok(()), false),
-        () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
-        changed = shared_kernel::until_changed(&nodes, &args.node, &kernel, &verdict) => (Err(AgentError::KernelVerdictChanged(changed.err())), false),
-        _ = terminate.recv() => {
-            info!(node = %args.node, "SIGTERM: stopping");
-            (Ok(()), true)
+    let advertise = async {
+        tokio::select! {
+            r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => r,
+            () = lease.keep() => Ok(()),
         }
     };
-    // Stopped on purpose: the watchdog would otherwise reset the node. A part that failed
-    // leaves it armed, as a killed agent does: the supervisor starts a worker at once, which
-    // pets it only as the rules say (the node's advert, and podha's proof, stand meanwhile).
-    // The kernel's verdict became known: the next agent starts by it, and this one, which had
-    // no device (at most a stand-in), leaves nothing armed.
+    let stop = futures::FutureExt::map(terminate.recv(), drop);
+    // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again):
+    // nothing will fence this node, so the advert goes first, while the watchdog still does.
+    let advertising = advert::advertise_until_withdrawn(advertise, stop, || {
+        advert::withdraw(&nodes, &args.node, &lease)
+    });
+    let (result, withdrawn) = tokio::select! {
+        r = serve => (r.map_err(AgentError::Serve), false),
+        ended = advertising => ended.outcome(),
+        failed = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
+        () = peers.keep_warm() => (Ok(()), false),
+        () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
+        changed = shared_kernel::until_changed(&nodes, &args.node, &kernel, &verdict) => (Err(AgentError::KernelVerdictChanged(changed.err())), false),
+    };
+    leave(
+        &result,
+        withdrawn,
+        watchdog,
+        advert::withdraw(&nodes, &args.node, &lease),
+    )
+    .await;
+    result
+}
+
+/// What a worker that ends with `result` leaves on its node: the watchdog disarmed, or the
+/// advert withdrawn (by `withdraw`, run only then), as the way it ended asks.
+async fn leave(
+    result: &Result<(), AgentError>,
+    withdrawn: bool,
+    watchdog: Result<Watchdog, Unwatched>,
+    withdraw: impl std::future::Future<Output = bool>,
+) {
+    // Stopped on purpose and withdrawn: the watchdog would otherwise reset the node. A part
+    // that failed leaves it armed, as a killed agent does: the supervisor starts a worker at
+    // once, which pets it only as the rules say (the node's advert, and podha's proof, stand
+    // meanwhile). The kernel's verdict became known: the next agent starts by it, and this one,
+    // which had no device (at most a stand-in), leaves nothing armed.
     let kernel_changed = matches!(result, Err(AgentError::KernelVerdictChanged(_)));
-    if (terminated || kernel_changed)
+    if (withdrawn || kernel_changed)
         && let Ok(watchdog) = watchdog
     {
         watchdog.disarm();
     }
-    // Stopped for good (uninstalled, moved away, or replaced: a new agent advertises again), or
-    // its watchdog's stand-in gone: nothing fences this node any more, so podha must not count
+    // Its watchdog's stand-in gone: nothing fences this node any more, so podha must not count
     // its silence as a fence. Another part that failed leaves the advert: the supervisor starts
     // the agent again at once.
-    let stand_in_failed = matches!(
+    if matches!(
         result,
         Err(AgentError::Watchdog(WatchdogError::StandInFailed { .. }))
-    );
-    if terminated || stand_in_failed {
-        advert::withdraw(&kube::Api::all(client), &args.node, &lease).await;
+    ) {
+        withdraw.await;
     }
-    result
 }
 
 #[cfg(test)]

@@ -16,8 +16,9 @@
 //!   [`Restarts::quick_deaths`] quick deaths in a row the supervisor gives up and exits, so the
 //!   pod shows the crash loop; a worker that cannot start pets no watchdog, and the node is
 //!   reset either way, as it must be when its agent cannot run.
-//! - SIGTERM to the supervisor is passed to the worker, which disarms the watchdog and
-//!   stops; the supervisor exits as the worker did. A worker that exits 0 on its own (stopped on
+//! - SIGTERM to the supervisor is passed to the worker, which withdraws its advert, disarms
+//!   the watchdog once the API server confirmed the withdrawal, and stops (see
+//!   `advert::advertise_until_withdrawn`); the supervisor exits as the worker did. A worker that exits 0 on its own (stopped on
 //!   purpose) ends the supervisor too.
 //! - A worker dies with its supervisor (the parent-death signal, set by the worker itself: see
 //!   [`die_with_supervisor`]), so a killed supervisor leaves no worker behind to be doubled by

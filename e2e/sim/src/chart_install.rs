@@ -344,6 +344,27 @@ pub fn crash_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
     Ok(pid)
 }
 
+/// Stops the podha agent of real node `node` as the kubelet does: SIGTERM to the container's
+/// main process, the supervisor its worker names (`--worker-of=<pid>`), which passes it on.
+/// The kubelet's SIGKILL after the grace period does not follow. Returns the process ID.
+pub fn stop_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
+    let worker = agent_worker(cluster, node)?
+        .with_context(|| format!("no podha agent worker runs on {node}"))?;
+    let cmdline = std::fs::read(format!("/proc/{worker}/cmdline"))
+        .with_context(|| format!("read the command line of {node}'s agent (pid {worker})"))?;
+    let supervisor = cmdline
+        .split(|b| *b == 0)
+        .find_map(|arg| arg.strip_prefix(b"--worker-of="))
+        .and_then(|pid| std::str::from_utf8(pid).ok()?.parse::<i32>().ok())
+        .with_context(|| format!("{node}'s agent (pid {worker}) names no supervisor"))?;
+    signal(
+        supervisor,
+        nix::sys::signal::Signal::SIGTERM,
+        &format!("podha agent's supervisor on {node}"),
+    )?;
+    Ok(supervisor)
+}
+
 /// The podha process among real node `node`'s processes with an argument `arg` accepts.
 fn podha_process(
     cluster: &Cluster,
@@ -359,11 +380,12 @@ fn podha_process(
 }
 
 fn sigkill(pid: i32, what: &str) -> anyhow::Result<()> {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .with_context(|| format!("SIGKILL {what} (pid {pid})"))
+    signal(pid, nix::sys::signal::Signal::SIGKILL, what)
+}
+
+fn signal(pid: i32, signal: nix::sys::signal::Signal, what: &str) -> anyhow::Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+        .with_context(|| format!("{signal} {what} (pid {pid})"))
 }
 
 /// Who holds podha's leader Lease.

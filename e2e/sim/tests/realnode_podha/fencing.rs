@@ -16,10 +16,15 @@
 //!   second: heartbeats saying podha just heard it (unsigned, or signed with random bytes) and
 //!   randomly signed peer surveys. The agent answers every one 401 and they keep nothing up:
 //!   the node is still fenced before its volume moves.
-//! - another writer's node is **cut off from the API server**: podha still hears its agent, so
-//!   the node is left alone (no fence, no taint) and its writer keeps writing (Kubernetes
-//!   evicts it meanwhile, but its kubelet hears of that only once the partition heals, and
-//!   the replacement waits for the volume on the same node).
+//! - another writer's node is **cut off from the API server**. Its policy is a `DeletePods`
+//!   one with the default detection and the default proof (the agent's): the node is judged
+//!   dead, but podha still hears its agent, which sees no fence request, so the node is held
+//!   (`FencingPending`) and left alone: no fence, no taint, its writer not deleted, and it keeps
+//!   writing (Kubernetes evicts it meanwhile, but its kubelet hears of that only once the
+//!   partition heals, and the replacement waits for the volume).
+//! - the isolated node's agent is **stopped (SIGTERM) right after the cut**, as the kubelet stops
+//!   a container: it cannot withdraw its advert, so it keeps its watchdog armed and petted by the
+//!   usual rules, and the node is still fenced before its volume moves.
 //!
 //! Then: the write logs show no split-brain write and no lost acknowledged write, the frozen and
 //! isolated nodes boot again and podha takes their taints off, and no other node was fenced.
@@ -31,6 +36,9 @@ use super::*;
 const NS: &str = "fencing";
 const OUTAGE_NS: &str = "outage";
 const POLICY_NAME: &str = "fenced-real-nodes";
+/// The cut-off node's own policy, before `POLICY_NAME` in name order, so that it governs that
+/// node.
+const CUT_POLICY_NAME: &str = "cut-off-delete-pods";
 /// How long the two faults last.
 const FAULT: std::time::Duration = std::time::Duration::from_secs(90);
 /// How long the process on the isolated node forges podha's words: the fault but its last
@@ -39,12 +47,14 @@ const FORGING: std::time::Duration = std::time::Duration::from_secs(85);
 
 /// The policy: the agent's heartbeat beside the Lease, the agent's proof before the taint.
 async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
-    let policies = policies(ctx);
-    // The first scenario's policy (no fencing proof) must not act on these nodes.
-    match policies.delete(POLICY, &Default::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(e).context("delete the first scenario's policy"),
+    // The first scenario's policy (no fencing proof) must not act on these nodes, nor the
+    // cut-off node's policy of an earlier scenario.
+    for name in [POLICY, CUT_POLICY_NAME] {
+        match policies(ctx).delete(name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("delete PodHAPolicy {name}")),
+        }
     }
     apply_policy_spec(
         ctx,
@@ -67,6 +77,22 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
             "action": "OutOfServiceTaint",
             "fencing": { "proof": "Agent", "agentMargin": "2s" },
             "safety": { "maxUnhealthy": 3, "unhealthyWindow": "0s" },
+        }),
+    )
+    .await
+}
+
+/// `node`'s own policy: `DeletePods`, the default detection (`Lease` and `NodeReady`) and the
+/// default proof (the agent's).
+async fn apply_delete_pods_policy(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<()> {
+    apply_policy_spec(
+        ctx,
+        CUT_POLICY_NAME,
+        json!({
+            "nodeSelector": { "matchLabels": { "kubernetes.io/hostname": node } },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": NS } },
+            "volumes": { "drivers": [podha_sim::csi::RWO_DRIVER] },
+            "action": "DeletePods",
         }),
     )
     .await
@@ -137,10 +163,19 @@ async fn start_writer(
 }
 
 fn has_out_of_service_taint(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    has_taint(node, OUT_OF_SERVICE)
+}
+
+/// Either of podha's taints: the out-of-service one, or its fence for the scheduler.
+fn has_podha_taint(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    has_out_of_service_taint(node) || has_taint(node, podha::api::FENCE_TAINT_KEY)
+}
+
+fn has_taint(node: &k8s_openapi::api::core::v1::Node, key: &str) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE))
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
 }
 
 pub(super) fn frozen_and_cut_off_nodes(
@@ -153,6 +188,7 @@ pub(super) fn frozen_and_cut_off_nodes(
         let (frozen, cut, isolated) = (app_nodes[0], app_nodes[1], app_nodes[2]);
         every_real_node_up(&ctx, &real).await?;
         apply_fencing_policy(&ctx).await?;
+        apply_delete_pods_policy(&ctx, cut).await?;
         let fences_before = ctx.cluster.fences()?.len();
 
         let frozen_writer =
@@ -161,19 +197,27 @@ pub(super) fn frozen_and_cut_off_nodes(
         let isolated_writer =
             start_writer(&ctx, "isolated", isolated, &[isolated, replica_nodes[1]]).await?;
         let isolated_writer = Moved::start(isolated_writer, replica_nodes[1]);
-        let (cut_pod, cut_volume) = start_writer(&ctx, "cut", cut, &[cut]).await?;
+        // A node it could move to: without one, it would stay for want of a target alone.
+        let (cut_pod, cut_volume) =
+            start_writer(&ctx, "cut", cut, &[cut, replica_nodes[0]]).await?;
         let cut_acks = workload::acknowledged(ctx.cluster.dir(), &uid(&cut_pod)?)?;
         log(
             &ctx.ns,
             format!(
                 "writers on {frozen}, {isolated} and {cut}; freezing {frozen}, cutting \
-                 {isolated} off from everything and {cut} off the API server for {FAULT:?}"
+                 {isolated} off from everything (and stopping its agent) and {cut} off the API \
+                 server for {FAULT:?}"
             ),
         );
 
         let isolated_agent = forged_words::agent_address(&ctx, isolated).await?;
         ctx.cluster.freeze_node(frozen)?;
         ctx.cluster.isolate_node(isolated, true)?;
+        let stopped_agent = chart_install::stop_agent(ctx.cluster, isolated)?;
+        log(
+            &ctx.ns,
+            format!("{isolated}'s agent (pid {stopped_agent}) sent SIGTERM while cut off"),
+        );
         let forger =
             forged_words::Forger::start(&ctx, isolated, isolated_agent, replica_nodes[0], FORGING)?;
         ctx.cluster.partition_node(cut, true)?;
@@ -186,20 +230,57 @@ pub(super) fn frozen_and_cut_off_nodes(
             // podha must leave the cut-off node alone until the faults end.
             let cut_node = ctx.nodes().get(cut).await?;
             ensure!(
-                !has_out_of_service_taint(&cut_node),
+                !has_podha_taint(&cut_node),
                 "podha tainted the cut-off {cut}"
             );
             anyhow::Ok((frozen_new, isolated_new))
         }
         .await;
         let left = FAULT.saturating_sub(started.elapsed());
-        if during.is_ok() {
-            tokio::time::sleep(left).await;
-        }
+        let cut_held = if during.is_ok() {
+            let held = async {
+                // Judged dead, and held for the proof its agent, unaware of the request, does
+                // not give.
+                wait_for(
+                    &format!("podha to hold the cut-off {cut} for its fencing proof"),
+                    left,
+                    || async {
+                        let events =
+                            podha_events(&ctx.client, "default", "FencingPending", cut).await?;
+                        Ok((!events.is_empty()).then_some(()))
+                    },
+                )
+                .await
+            };
+            let (held, ()) = tokio::join!(held, tokio::time::sleep(left));
+            held
+        } else {
+            Ok(())
+        };
+        // Its writer was not deleted: the attach/detach controller would have force-detached
+        // its volume from the node 6 minutes later, whatever the node still ran.
+        let cut_writer_kept = ctx
+            .pods()
+            .get_opt(name_of(&cut_pod))
+            .await?
+            .is_some_and(|p| p.metadata.uid == cut_pod.metadata.uid);
+        let cut_node = ctx.nodes().get(cut).await?;
+        let healed_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis();
         ctx.cluster.thaw_node(frozen)?;
         ctx.cluster.isolate_node(isolated, false)?;
         ctx.cluster.partition_node(cut, false)?;
         let (frozen_new, isolated_new) = during?;
+        cut_held?;
+        ensure!(
+            cut_writer_kept,
+            "podha deleted the writer of the cut-off {cut} without the proof"
+        );
+        ensure!(
+            !has_podha_taint(&cut_node),
+            "podha tainted the cut-off {cut}"
+        );
         log(
             &ctx.ns,
             format!("{FAULT:?} later: {frozen} thawed, {isolated} and {cut} back in touch"),
@@ -227,14 +308,24 @@ pub(super) fn frozen_and_cut_off_nodes(
         );
         isolated_writer.fenced_first(&ctx, isolated, &isolated_new, &fences)?;
 
-        // The cut-off node: never fenced nor tainted, its writer wrote through the partition.
+        // The cut-off node: never fenced nor tainted during the fault, its writer wrote through
+        // the partition. Back in touch, its agent may see podha's request before podha, which
+        // sees the node alive again, withdraws it, and fence the node then: late, moving nothing.
         ensure!(
-            fences
-                .iter()
-                .all(|f| f.node == frozen || f.node == isolated),
-            "a node other than {frozen} and {isolated} was fenced: {fences:?}"
+            fences.iter().all(|f| f.node == frozen
+                || f.node == isolated
+                || (f.node == cut && f.at_ms >= healed_ms)),
+            "a node other than {frozen} and {isolated} was fenced during the fault: {fences:?}"
         );
-        ctx.wait_ready(cut, secs(60)).await?;
+        let cut_fenced_late = fences.iter().any(|f| f.node == cut);
+        if cut_fenced_late {
+            log(
+                &ctx.ns,
+                format!("{cut} fenced after the partition healed, by the request podha had left"),
+            );
+            ctx.cluster.start_node(cut).await?;
+        }
+        ctx.wait_ready(cut, secs(90)).await?;
         let acks_now = workload::acknowledged(ctx.cluster.dir(), &uid(&cut_pod)?)?;
         ensure!(
             acks_now > cut_acks + 100,
@@ -243,13 +334,14 @@ pub(super) fn frozen_and_cut_off_nodes(
         let report = workload::check(ctx.cluster.dir(), &cut_volume)?;
         ensure!(report.clean(), "the cut-off writer's volume: {report:?}");
         ensure!(
-            !has_out_of_service_taint(&ctx.nodes().get(cut).await?),
+            !has_podha_taint(&ctx.nodes().get(cut).await?),
             "podha tainted the cut-off {cut}"
         );
         log(
             &ctx.ns,
             format!(
-                "{cut}: not fenced, not tainted, {} writes meanwhile",
+                "{cut}: held for the proof (DeletePods), not fenced during the fault, not \
+                 tainted, its writer not deleted, {} writes meanwhile",
                 acks_now - cut_acks
             ),
         );
