@@ -64,10 +64,11 @@ pub struct Fencing {
     /// acknowledgement of this incident's request counts; silence proves nothing.
     /// `BMC`: the node's BMC says it is off (docs/bmc.md). podha asks the BMC (Redfish,
     /// `fencing.bmc`) to force the machine off (`ComputerSystem.Reset`, `ForceOff`) and takes
-    /// for the proof only a read of the system's `PowerState` that says `Off` (a BMC applies a
-    /// reset seconds after it answers), of a system whose UUID is the node's, and no Lease
-    /// renewal of the node after it. No agent or watchdog is
-    /// needed on the node, and nothing waits out an isolation timeout. A BMC that cannot be
+    /// for the proof only two reads of the system's `PowerState` that say `Off` at least 3 s
+    /// apart (a BMC applies a reset seconds after it answers, and one read may be stale), of a
+    /// system whose UUID is the node's, with nothing heard of the node since the first: no
+    /// Lease renewal, no answer to podha's probes of its kubelet port or agent. No agent or
+    /// watchdog is needed on the node, and nothing waits out an isolation timeout. A BMC that cannot be
     /// reached, refuses podha's credentials, does not know the system or never reports `Off`
     /// holds the node (a Warning event says which); the machine stays off until someone (or
     /// `fencing.bmc.powerCycle`) powers it on.

@@ -138,6 +138,21 @@ impl Ledger {
         }
     }
 
+    /// Records that podha's `ForceOff` to `node`'s BMC, in the action sent at `at`, is about
+    /// to go out.
+    pub fn record_force_off_sending(&mut self, node: &str, at: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_force_off_sending(at);
+        }
+    }
+
+    /// Records that the action sent at `at` sent no `ForceOff` to `node`'s BMC.
+    pub fn record_force_off_not_sent(&mut self, node: &str, at: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_force_off_not_sent(at);
+        }
+    }
+
     /// Records that `node`'s BMC accepted podha's `ForceOff` (`by_podha`), or said the machine
     /// was off already.
     pub fn record_power_off(&mut self, node: &str, now: Instant, by_podha: bool) {
@@ -146,12 +161,27 @@ impl Ledger {
         }
     }
 
-    /// Records that `node`'s BMC says the machine is off, after accepting the `ForceOff`;
-    /// whether this is the first such read of its incident.
-    pub fn record_powered_off(&mut self, node: &str, now: Instant) -> bool {
-        self.incidents
-            .get_mut(node)
-            .is_some_and(|incident| incident.record_powered_off(now))
+    /// Records that `node`'s BMC said the machine was off before the `ForceOff` of the action
+    /// sent at `sent_at` went out (see [`Incident::record_found_off`]).
+    pub fn record_found_off(&mut self, node: &str, now: Instant, sent_at: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_found_off(now, sent_at);
+        }
+    }
+
+    /// Records a read of `node`'s BMC, after it accepted the `ForceOff`, that says the machine
+    /// is off.
+    pub fn record_powered_off(&mut self, node: &str, now: Instant) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_powered_off(now);
+        }
+    }
+
+    /// Records a read of `node`'s BMC that does not say the machine is off.
+    pub fn record_not_off(&mut self, node: &str) {
+        if let Some(incident) = self.incidents.get_mut(node) {
+            incident.record_not_off();
+        }
     }
 
     /// Records that `node`'s BMC accepted podha's `On` after the failover.

@@ -47,13 +47,22 @@ pub struct PowerOff {
     /// When the BMC accepted podha's `ForceOff`, or said the machine was off already.
     pub accepted_at: Instant,
     /// podha's `ForceOff` powered the machine off (not found off: someone else switched it
-    /// off, and only they may switch it on again).
+    /// off, and only they may switch it on again). A machine found off after a `ForceOff` of
+    /// podha's whose answer was lost counts as podha's.
     pub by_podha: bool,
-    /// When a read of the system's `PowerState` after that said `Off`.
-    pub confirmed_at: Option<Instant>,
+    /// The reads of the system's `PowerState` since then that said `Off`; what the proof
+    /// `BMC` is made of (`planner::proof::bmc_off`).
+    pub off_reads: Option<OffReads>,
     /// With `fencing.bmc.powerCycle`: when the BMC accepted podha's `On` after the failover
     /// (or said the machine was on already).
     pub on_requested_at: Option<Instant>,
+}
+
+/// Reads of a system's `PowerState` that said `Off`, with none between them that did not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffReads {
+    pub first: Instant,
+    pub last: Instant,
 }
 
 /// One node death, from judgement to recovery.
@@ -84,6 +93,11 @@ pub struct Incident {
     /// The fence podha asked of the node's agent in this incident (the request's value on the
     /// Node), once the request is written.
     pub fence_request: Option<String>,
+    /// When podha's `ForceOff` to the node's BMC was about to go out, recorded before it does
+    /// and taken back only by that action's own answer showing it never reached the BMC: one
+    /// whose answer was lost (no answer in time, the connection cut after sending) may have
+    /// powered the machine off, and a machine found off after it is podha's to power on again.
+    pub force_off_sent: Option<Instant>,
     /// The node's power through its BMC (proof `BMC`), once the BMC accepted podha's
     /// `ForceOff` (or said the machine was off already).
     pub power_off: Option<PowerOff>,
@@ -139,6 +153,7 @@ impl Incident {
             marked_not_ready: BTreeMap::new(),
             tainted: false,
             fence_request: None,
+            force_off_sent: None,
             power_off: None,
             moved: Vec::new(),
             acted_at: None,
@@ -200,6 +215,21 @@ impl Incident {
         self.fence_request = Some(request.to_string());
     }
 
+    /// Records that podha's `ForceOff`, in the action sent at `at`, is about to go out.
+    /// The first one kept counts: a later one's answer cannot show that an earlier one never
+    /// reached the BMC.
+    pub fn record_force_off_sending(&mut self, at: Instant) {
+        self.force_off_sent.get_or_insert(at);
+    }
+
+    /// Records that the action sent at `at` sent no `ForceOff` (refused before it, or the
+    /// machine read off first): its own record, if it is the one kept, is taken back.
+    pub fn record_force_off_not_sent(&mut self, at: Instant) {
+        if self.force_off_sent == Some(at) {
+            self.force_off_sent = None;
+        }
+    }
+
     /// Records that the node's BMC accepted podha's `ForceOff` (`by_podha`), or said the
     /// machine was off already. The first counts: a read says the machine is off only if it
     /// comes after one.
@@ -207,16 +237,39 @@ impl Incident {
         self.power_off.get_or_insert(PowerOff {
             accepted_at: now,
             by_podha,
-            confirmed_at: None,
+            off_reads: None,
             on_requested_at: None,
         });
     }
 
-    /// Records that the node's BMC, read after it accepted the `ForceOff`, says the machine is
-    /// off: the proof `BMC`. Returns whether this is the first such read of the incident.
-    pub fn record_powered_off(&mut self, now: Instant) -> bool {
-        let unconfirmed = self.power_off.as_mut().filter(|p| p.confirmed_at.is_none());
-        unconfirmed.map(|p| p.confirmed_at = Some(now)).is_some()
+    /// Records that the node's BMC said the machine was off before the `ForceOff` of the
+    /// action sent at `sent_at` went out: podha's power-off if an earlier `ForceOff` of this
+    /// incident may have reached the BMC (its answer lost), someone else's otherwise.
+    pub fn record_found_off(&mut self, now: Instant, sent_at: Instant) {
+        let earlier = self.force_off_sent.is_some_and(|at| at != sent_at);
+        self.record_force_off_not_sent(sent_at);
+        self.record_power_off(now, earlier);
+        self.record_powered_off(now);
+    }
+
+    /// Records a read of the node's BMC, after it accepted the `ForceOff`, that says the
+    /// machine is off.
+    pub fn record_powered_off(&mut self, now: Instant) {
+        if let Some(p) = &mut self.power_off {
+            let reads = p.off_reads.get_or_insert(OffReads {
+                first: now,
+                last: now,
+            });
+            reads.last = now;
+        }
+    }
+
+    /// Records a read of the node's BMC that does not say the machine is off: the reads that
+    /// said `Off` before it prove nothing together with those after.
+    pub fn record_not_off(&mut self) {
+        if let Some(p) = &mut self.power_off {
+            p.off_reads = None;
+        }
     }
 
     /// Records that the node's BMC accepted podha's `On` after the failover.
@@ -224,12 +277,6 @@ impl Incident {
         if let Some(power_off) = &mut self.power_off {
             power_off.on_requested_at.get_or_insert(now);
         }
-    }
-
-    /// Whether the node's BMC said the machine is off after accepting this incident's
-    /// `ForceOff`.
-    pub fn powered_off(&self) -> bool {
-        self.power_off.is_some_and(|p| p.confirmed_at.is_some())
     }
 
     /// Records that podha tainted the node.

@@ -78,7 +78,7 @@ impl Failovers {
                      attachment was gone), recover (until the replacement ran with its volume \
                      attached) and total; with a fencing proof also fence (judged failed until \
                      the proof was there), and with the BMC's power_off (the BMC accepting \
-                     podha's ForceOff until it said Off).",
+                     podha's ForceOff until it said Off the second time).",
                 )
                 .buckets(PHASE_BUCKETS.to_vec()),
                 &[POLICY, "phase"],

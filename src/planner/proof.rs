@@ -1,7 +1,7 @@
 //! Whether a dead node is proven fenced, as its policy's `spec.fencing` asks, before podha
 //! puts the out-of-service taint on it: what proves it (the cloud's shutdown taint, an
 //! acknowledgement of this incident's fence request, an agent's silence past what it
-//! advertises, the node's BMC saying it is off after this incident's `ForceOff`) and what
+//! advertises, the node's BMC saying twice it is off after this incident's `ForceOff`) and what
 //! podha knows of the node's agent for it.
 //!
 //! An agent's silence proves its fence only where the agent's own rule would have fenced it:
@@ -32,11 +32,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
 
-use super::holds::Heartbeats;
+use super::holds::{Heartbeat, Heartbeats};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
     AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, fenced_within,
 };
+use crate::incident::PowerOff;
 use crate::view::View;
 
 /// How recently podha must have got an answer from an agent to count it as heard: before its
@@ -345,7 +346,8 @@ pub enum FenceEvidence {
     AgentSilent,
     /// The user's fence controller acknowledged podha's fence request.
     ExternalAcknowledged,
-    /// The node's BMC said the machine is off, read after it accepted podha's `ForceOff`.
+    /// The node's BMC said the machine is off, read twice after it accepted podha's
+    /// `ForceOff`, and nothing was heard of the node since (see [`bmc_off`]).
     BmcPoweredOff,
 }
 
@@ -371,8 +373,7 @@ impl FenceEvidence {
 
 /// The proof `fencing` asks for, if `node` has it (always, with `None`): with `anyOf` the
 /// first member there (in [`FencingProof::MEMBERS`] order), with `allOf` the last, once every
-/// one is; `powered_off`: the node's BMC said the machine is off after accepting this
-/// incident's `ForceOff` (see `Incident::powered_off`).
+/// one is; `powered_off`: the node's BMC proves the machine off (see [`bmc_off`]).
 pub fn proven(
     fencing: &Fencing,
     node: &Node,
@@ -392,6 +393,46 @@ pub fn proven(
     } else {
         each.flatten().next()
     }
+}
+
+/// How far apart the two reads of a node's BMC that prove its machine off must be. One read
+/// is one look at what the BMC believes: some BMCs serve a `PowerState` they cached seconds
+/// before, or read it wrong for a moment after their own firmware restarts. A second read a
+/// few seconds later is a new look, and meanwhile podha's probes of the node go on (its agent
+/// is asked every second): a machine that still runs answers one, and that answer takes the
+/// `Off` back. Short beside the failover it guards: the taint waits this much longer.
+pub const BMC_OFF_READS_APART: Duration = Duration::from_secs(3);
+
+/// When the node's BMC said `Off` a second time, at least [`BMC_OFF_READS_APART`] after the
+/// first, with no read between them that did not, if it has.
+pub fn bmc_off_read_twice(power_off: &PowerOff) -> Option<Instant> {
+    power_off
+        .off_reads
+        .filter(|r| r.last >= r.first + BMC_OFF_READS_APART)
+        .map(|r| r.last)
+}
+
+/// Whether the node's BMC proves its machine off (proof `BMC`): it said `Off` twice after
+/// accepting this incident's `ForceOff` (see [`bmc_off_read_twice`]), and nothing was heard of
+/// the node since the first `Off`: no renewal of its Lease, no answer to podha's probes of its
+/// kubelet port or agent (a host refusing the connection answers too: something runs there).
+/// A node heard since runs: someone powered the machine on, or it never stopped (the BMC reads
+/// another machine, or misreads this one), and the `Off` proves nothing.
+pub fn bmc_off(power_off: Option<PowerOff>, heard: Option<&Heartbeat>) -> bool {
+    let Some(power_off) = power_off else {
+        return false;
+    };
+    let Some(first) = power_off.off_reads.map(|r| r.first) else {
+        return false;
+    };
+    let heard_since = heard.is_some_and(|hb| {
+        hb.renewal_not_before.is_some_and(|r| r > first)
+            || [hb.tcp_answered, hb.agent_answered]
+                .into_iter()
+                .flatten()
+                .any(|sent| sent >= first)
+    });
+    bmc_off_read_twice(&power_off).is_some() && !heard_since
 }
 
 /// The proof `fencing` asks for, counting only the members the node has no part in (the BMC's

@@ -18,10 +18,11 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
+use tokio::time::Instant;
 
 use super::proof::{
-    Acknowledgement, FenceEvidence, SilenceDoubt, agent_evidence, proven, proven_without_the_node,
-    system_uuid_shared_with,
+    Acknowledgement, BMC_OFF_READS_APART, FenceEvidence, SilenceDoubt, agent_evidence, bmc_off,
+    bmc_off_read_twice, proven, proven_without_the_node, system_uuid_shared_with,
 };
 use super::{
     HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
@@ -32,6 +33,7 @@ use crate::eligibility::{
     SkipReason, claim_names, controller_ref, opted_out, spared_by_out_of_service,
 };
 use crate::health::ReadyStatus;
+use crate::incident::PowerOff;
 use crate::view::View;
 
 /// Why the out-of-service taint on `node` would have to spare `pod` if the node died now, if
@@ -176,18 +178,22 @@ pub(super) fn fence_check(
     }
 }
 
-/// Whether the node's BMC said the machine is off after accepting this incident's `ForceOff`,
-/// and its kubelet has not renewed its Lease since: one that did runs again (someone powered
-/// the machine on), and that `Off` says nothing any more.
+/// Whether the node's BMC proves the machine off, as podha has heard the node since
+/// (`proof::bmc_off`).
 fn still_off(incident: &Incident, input: &PlanInput<'_>) -> bool {
-    let renewed = input
-        .heartbeats
-        .get(&incident.node)
-        .and_then(|hb| hb.renewal_not_before);
-    incident
-        .power_off
-        .and_then(|p| p.confirmed_at)
-        .is_some_and(|off| renewed.is_none_or(|renewed| renewed <= off))
+    bmc_off(incident.power_off, input.heartbeats.get(&incident.node))
+}
+
+/// With proof `BMC`: whether the next read of the node's power is due. The reads go on until
+/// two say `Off` far enough apart; the second waits out [`BMC_OFF_READS_APART`] after the
+/// first (asked earlier it would only be sent again).
+fn power_read_due(power_off: &PowerOff, now: Instant) -> bool {
+    if bmc_off_read_twice(power_off).is_some() {
+        return false;
+    }
+    power_off
+        .off_reads
+        .is_none_or(|r| now >= r.first + BMC_OFF_READS_APART)
 }
 
 /// The hold of a node whose acknowledged fence its kubelet contradicts: nothing more is done
@@ -247,11 +253,11 @@ pub(super) fn fence_requests(
 }
 
 /// With proof `BMC`: the `ForceOff`, until the node's BMC accepts one in this incident, then
-/// the reads of its power state, until one says `Off` (each sent again by the action's
-/// backoff). Nothing for a node whose Secret has no name (`fencing.bmc.secretNameLabel`
-/// missing on the Node), nor, under `matchSystemUUID`, for one whose system UUID another node
-/// reports too (it binds neither to its BMC): the hold says the proof is missing, and `podha
-/// explain` why.
+/// the reads of its power state, until two say `Off` [`BMC_OFF_READS_APART`] apart (each sent
+/// again by the action's backoff). Nothing for a node whose Secret has no name
+/// (`fencing.bmc.secretNameLabel` missing on the Node), nor, under `matchSystemUUID`, for one
+/// whose system UUID another node reports too (it binds neither to its BMC): the hold says the
+/// proof is missing, and `podha explain` why.
 fn power_off(
     node: &Node,
     node_policy: PolicyRef<'_>,
@@ -274,7 +280,7 @@ fn power_off(
             secret,
             system_uuid,
         }),
-        Some(p) if p.confirmed_at.is_none() => Some(Intent::ConfirmPowerOff {
+        Some(p) if power_read_due(&p, input.now) => Some(Intent::ConfirmPowerOff {
             node,
             policy,
             secret,
@@ -285,12 +291,12 @@ fn power_off(
 }
 
 /// With `fencing.bmc.powerCycle`: the `On`, once per incident, of a machine podha powered off,
-/// after the BMC said `Off` and the failover is done (the moved pods' volumes detached from the
-/// node and their replacements running). Under `anyOf`, another proof may have let the taint on
-/// before the BMC said `Off`: its power is read from then on until it does, so that the `Off`
-/// is seen soon after the `ForceOff`. Nothing for a machine that booted again since it was
-/// judged dead, and no `On` for one whose kubelet renewed its Lease after the BMC said `Off`:
-/// someone powered it on, and decides what follows.
+/// after the BMC proved it off and the failover is done (the moved pods' volumes detached from
+/// the node and their replacements running). Under `anyOf`, another proof may have let the
+/// taint on before the BMC said `Off`: its power is read from then on until it does, twice, so
+/// that the `Off` is seen soon after the `ForceOff`. Nothing for a machine that booted again
+/// since it was judged dead, and no `On` for one heard from after the BMC said `Off` (its
+/// Lease renewed, a probe answered): someone powered it on, and decides what follows.
 pub(super) fn power_on(
     node: &Node,
     node_policy: PolicyRef<'_>,
@@ -315,14 +321,16 @@ pub(super) fn power_on(
         node_policy.name.to_string(),
         bmc.expected_uuid(node),
     );
-    match power_off.confirmed_at {
+    match bmc_off_read_twice(&power_off) {
         // Before the taint the proof's own reads go out (`power_off`).
-        None if incident.tainted => Some(Intent::ConfirmPowerOff {
-            node: node_name,
-            policy,
-            secret,
-            system_uuid,
-        }),
+        None if incident.tainted && power_read_due(&power_off, input.now) => {
+            Some(Intent::ConfirmPowerOff {
+                node: node_name,
+                policy,
+                secret,
+                system_uuid,
+            })
+        }
         Some(_) if incident.recovered_at.is_some() && still_off(incident, input) => {
             Some(Intent::PowerOn {
                 node: node_name,

@@ -89,6 +89,16 @@ impl ActError {
         matches!(self, Self::Power(PowerError::NotOff { .. }))
     }
 
+    /// Whether a `ForceOff` may have reached the BMC in a power-off that failed so: the action
+    /// ran out of time (before or after sending it, podha cannot tell), or the BMC's answer to
+    /// it never came. Every other failure of a power-off sent nothing.
+    pub const fn force_off_may_have_gone_out(&self) -> bool {
+        matches!(
+            self,
+            Self::TimedOut(_) | Self::Power(PowerError::ForceOffUnanswered { .. })
+        )
+    }
+
     /// Whether sending the same action again may succeed.
     pub fn retry(&self) -> RetryPolicy {
         match self {

@@ -4,6 +4,7 @@
 //! backoff (`crate::backoff::action_retry`), so nothing here retries or waits.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -63,6 +64,15 @@ pub enum PowerError {
     LeaseRenewed { node: String },
     #[error("reading node {node}'s Lease before its power-off failed: {error}")]
     LeaseUnread { node: String, error: kube::Error },
+    #[error(
+        "podha sent ForceOff to the BMC of node {node} (Secret {secret}) and got no answer \
+         ({error}): the machine may be off by podha's hand"
+    )]
+    ForceOffUnanswered {
+        node: String,
+        secret: String,
+        error: redfish::Error,
+    },
 }
 
 impl PowerError {
@@ -79,6 +89,7 @@ impl PowerError {
             Self::PlaceholderUuid { .. } => "placeholder_uuid",
             Self::LeaseRenewed { .. } => "lease_renewed",
             Self::LeaseUnread { .. } => "lease_unread",
+            Self::ForceOffUnanswered { .. } => "force_off_unanswered",
         }
     }
 
@@ -91,7 +102,8 @@ impl PowerError {
             Self::NotOff { .. }
             | Self::Unsettled { .. }
             | Self::LeaseRenewed { .. }
-            | Self::LeaseUnread { .. } => true,
+            | Self::LeaseUnread { .. }
+            | Self::ForceOffUnanswered { .. } => true,
             Self::SecretUnread { error, .. } => !matches!(
                 error,
                 kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 429
@@ -148,7 +160,9 @@ impl Power {
     /// replica's; and someone may have powered it on); `leading` is asked right before the
     /// reset goes out (`None`, nothing sent, when it says no). The system must be the node's
     /// (see [`PowerError::NotTheNode`]), and before a `ForceOff` the node's Lease must not
-    /// have been renewed since podha planned it ([`PowerError::LeaseRenewed`]).
+    /// have been renewed since podha planned it ([`PowerError::LeaseRenewed`]). A `ForceOff`
+    /// sent whose answer does not come is [`PowerError::ForceOffUnanswered`]: the BMC may have
+    /// taken it.
     pub async fn reset(
         &self,
         target: &Target<'_>,
@@ -175,11 +189,27 @@ impl Power {
         if reset == ResetType::ForceOff {
             self.lease_unchanged(target).await?;
         }
-        let sent = bmc
-            .reset_if(reset, leading)
-            .await
-            .map_err(|error| bmc_error(target, error))?;
-        Ok(sent.then_some(asked))
+        let went_out = AtomicBool::new(false);
+        let proceed = || {
+            let go = leading();
+            went_out.store(go, Ordering::Relaxed);
+            go
+        };
+        match bmc.reset_if(reset, proceed).await {
+            Ok(sent) => Ok(sent.then_some(asked)),
+            Err(error)
+                if reset == ResetType::ForceOff
+                    && went_out.load(Ordering::Relaxed)
+                    && !refused(&error) =>
+            {
+                Err(PowerError::ForceOffUnanswered {
+                    node: target.node.to_string(),
+                    secret: target.secret.to_string(),
+                    error,
+                })
+            }
+            Err(error) => Err(bmc_error(target, error)),
+        }
     }
 
     /// Whether `target`'s Lease still says what podha saw when it planned the power-off (no
@@ -296,6 +326,20 @@ impl Power {
         clients.insert(node.to_string(), (version, bmc.clone()));
         Ok(bmc)
     }
+}
+
+/// Whether a failure of a request that went out is the BMC's answer that it did not take it
+/// (an error status, or a handshake that never let the request through); any other leaves
+/// unknown what it did (no answer in time, the connection cut, an answer cut short).
+fn refused(error: &redfish::Error) -> bool {
+    matches!(
+        error,
+        redfish::Error::Unauthorized { .. }
+            | redfish::Error::UnknownSystem { .. }
+            | redfish::Error::ResetNotAllowed { .. }
+            | redfish::Error::Refused { .. }
+            | redfish::Error::Tls { .. }
+    )
 }
 
 fn bmc_error(target: &Target<'_>, error: redfish::Error) -> PowerError {

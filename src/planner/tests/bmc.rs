@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::api::{BmcFencing, Fencing, FencingProof};
+use crate::planner::proof::BMC_OFF_READS_APART;
 
 fn needs_bmc(mut spec: PodHAPolicySpec, bmc: BmcFencing) -> PodHAPolicySpec {
     spec.fencing = Fencing {
@@ -39,6 +40,12 @@ fn bmc_intents(plan: &Plan) -> Vec<String> {
         .collect()
 }
 
+/// `node`'s BMC said `Off` twice, the second time at `last`: the reads the proof takes.
+pub(super) fn read_off_twice(ledger: &mut Ledger, node: &str, last: Instant) {
+    ledger.record_powered_off(node, last - BMC_OFF_READS_APART);
+    ledger.record_powered_off(node, last);
+}
+
 /// `node-1` dead and tainted, its machine off: powered off by podha (`by_podha`) or found off.
 fn off_and_tainted(power_cycle: bool, by_podha: bool) -> World {
     let bmc = BmcFencing {
@@ -49,7 +56,7 @@ fn off_and_tainted(power_cycle: bool, by_podha: bool) -> World {
         .policy("p", needs_bmc(mk_spec(), bmc))
         .fail_tainted("node-1");
     world.ledger.record_power_off("node-1", world.now, by_podha);
-    world.ledger.record_powered_off("node-1", world.now);
+    read_off_twice(&mut world.ledger, "node-1", world.now);
     world
 }
 
@@ -84,6 +91,40 @@ fn the_bmc_is_asked_once_read_until_off_and_only_then_the_taint_goes_on() {
         ["read power of node-1 by bmc-node-1", "hold FencingPending"],
         "the ForceOff once per incident; then reads"
     );
+    read_off_twice(&mut world.ledger, "node-1", world.now);
+    assert_eq!(
+        bmc_intents(&world.plan()),
+        ["taint node-1 node.kubernetes.io/out-of-service"]
+    );
+}
+
+#[test]
+fn one_off_read_proves_nothing_until_another_says_it_seconds_later() {
+    let mut world = World::new(cluster(3))
+        .policy("p", needs_bmc(mk_spec(), by_template()))
+        .fail("node-1");
+    let first = world.now;
+    world.ledger.record_power_off("node-1", first, true);
+    world.ledger.record_powered_off("node-1", first);
+    assert_eq!(
+        bmc_intents(&world.plan()),
+        ["hold FencingPending"],
+        "one Off is no proof, and the next read waits"
+    );
+    // A read sooner (an answer late, another replica's) is no second look.
+    world.now = first + Duration::from_secs(1);
+    world.ledger.record_powered_off("node-1", world.now);
+    assert_eq!(bmc_intents(&world.plan()), ["hold FencingPending"]);
+    world.now = first + BMC_OFF_READS_APART;
+    assert_eq!(
+        bmc_intents(&world.plan()),
+        ["read power of node-1 by bmc-node-1", "hold FencingPending"]
+    );
+    // A read that is not Off between the two: the pair starts over.
+    world.ledger.record_not_off("node-1");
+    world.ledger.record_powered_off("node-1", world.now);
+    assert_eq!(bmc_intents(&world.plan()), ["hold FencingPending"]);
+    world.now += BMC_OFF_READS_APART;
     world.ledger.record_powered_off("node-1", world.now);
     assert_eq!(
         bmc_intents(&world.plan()),
@@ -92,13 +133,47 @@ fn the_bmc_is_asked_once_read_until_off_and_only_then_the_taint_goes_on() {
 }
 
 #[test]
+fn a_node_heard_after_the_first_off_is_not_proven_off() {
+    type Heard = fn(&mut Heartbeat, Instant);
+    let answers: [(&str, Heard); 3] = [
+        ("kubelet port", |hb, at| hb.tcp_answered = Some(at)),
+        ("agent or its host", |hb, at| hb.agent_answered = Some(at)),
+        ("Lease", |hb, at| hb.renewal_not_before = Some(at)),
+    ];
+    for (what, heard) in answers {
+        let mut world = World::new(cluster(3))
+            .policy("p", needs_bmc(mk_spec(), by_template()))
+            .fail("node-1");
+        let first_off = world.now - BMC_OFF_READS_APART;
+        let accepted = first_off - Duration::from_secs(1);
+        world.ledger.record_power_off("node-1", accepted, true);
+        read_off_twice(&mut world.ledger, "node-1", world.now);
+        let mut hb = renewed_at(first_off - Duration::from_secs(60));
+        heard(&mut hb, first_off - Duration::from_millis(500));
+        world.heartbeats.insert("node-1".into(), hb);
+        assert_eq!(
+            bmc_intents(&world.plan()),
+            ["taint node-1 node.kubernetes.io/out-of-service"],
+            "{what} heard before the first Off"
+        );
+        heard(&mut hb, first_off + Duration::from_secs(1));
+        world.heartbeats.insert("node-1".into(), hb);
+        assert_eq!(
+            bmc_intents(&world.plan()),
+            ["hold FencingPending"],
+            "{what} heard between the two Offs"
+        );
+    }
+}
+
+#[test]
 fn an_off_read_without_an_accepted_power_off_proves_nothing() {
     let mut world = World::new(cluster(3))
         .policy("p", needs_bmc(mk_spec(), by_template()))
         .fail("node-1");
-    // A read recorded before any ForceOff was accepted (nothing to confirm) is not kept.
-    world.ledger.record_powered_off("node-1", world.now);
-    assert!(!world.ledger.get("node-1").expect("open").powered_off());
+    // Reads recorded before any ForceOff was accepted (nothing to confirm) are not kept.
+    read_off_twice(&mut world.ledger, "node-1", world.now);
+    assert_eq!(world.ledger.get("node-1").expect("open").power_off, None);
     assert_eq!(
         bmc_intents(&world.plan()),
         ["power off node-1 by bmc-node-1", "hold FencingPending"]
@@ -250,8 +325,10 @@ fn a_lease_renewed_after_the_bmc_said_off_takes_the_proof_back() {
         .policy("p", needs_bmc(mk_spec(), by_template()))
         .fail("node-1");
     let off_at = world.now - Duration::from_secs(5);
-    world.ledger.record_power_off("node-1", off_at, true);
-    world.ledger.record_powered_off("node-1", off_at);
+    world
+        .ledger
+        .record_power_off("node-1", off_at - BMC_OFF_READS_APART, true);
+    read_off_twice(&mut world.ledger, "node-1", off_at);
     world.heartbeats.insert(
         "node-1".into(),
         renewed_at(off_at - Duration::from_secs(20)),

@@ -2,9 +2,11 @@
 //! first to come (`anyOf`) or the last (`allOf`) letting the taint on, and a judgement without
 //! the kubelet's heartbeat only behind a combination that is confirmed.
 
+use super::bmc::read_off_twice;
 use super::fencing::{acknowledge, agent_silent_for, renewed_after_ack, with_agents};
 use super::*;
 use crate::api::{BmcFencing, Fencing, FencingProof, Signal};
+use crate::planner::proof::BMC_OFF_READS_APART;
 
 const TAINT: &str = "taint node-1 node.kubernetes.io/out-of-service";
 
@@ -87,7 +89,7 @@ fn any_of_lets_the_taint_on_with_the_first_proof_to_come() {
     assert_eq!(intent_names(&acknowledged.plan()), [TAINT]);
 
     let mut off = asked(ack_or_bmc(mk_spec()));
-    off.ledger.record_powered_off("node-1", off.now);
+    read_off_twice(&mut off.ledger, "node-1", off.now);
     assert_eq!(intent_names(&off.plan()), [TAINT]);
 }
 
@@ -107,11 +109,11 @@ fn all_of_waits_for_every_proof() {
         ["read power of node-1", "hold FencingPending"],
         "the acknowledgement alone is not enough"
     );
-    world.ledger.record_powered_off("node-1", world.now);
+    read_off_twice(&mut world.ledger, "node-1", world.now);
     assert_eq!(intent_names(&world.plan()), [TAINT]);
 
     let mut off_only = asked(both(mk_spec()));
-    off_only.ledger.record_powered_off("node-1", off_only.now);
+    read_off_twice(&mut off_only.ledger, "node-1", off_only.now);
     assert_eq!(intent_names(&off_only.plan()), ["hold FencingPending"]);
 }
 
@@ -153,7 +155,7 @@ fn judged_on_heartbeats_alone_only_a_confirmed_combination_moves_anything() {
         .fail("node-1");
     assert_eq!(intent_names(&fresh.plan()), ["hold FencingPending"]);
     let mut off = asked(silence_or_bmc);
-    off.ledger.record_powered_off("node-1", off.now);
+    read_off_twice(&mut off.ledger, "node-1", off.now);
     assert_eq!(intent_names(&off.plan()), ["hold FencingPending"]);
     // An allOf with one confirmed member is confirmed: the silence alone never moves it.
     let silence_and_bmc = heartbeats(combined(
@@ -167,7 +169,7 @@ fn judged_on_heartbeats_alone_only_a_confirmed_combination_moves_anything() {
         intent_names(&silent.plan()),
         ["read power of node-1", "hold FencingPending"]
     );
-    silent.ledger.record_powered_off("node-1", silent.now);
+    read_off_twice(&mut silent.ledger, "node-1", silent.now);
     assert_eq!(intent_names(&silent.plan()), [TAINT]);
 }
 
@@ -197,7 +199,7 @@ fn a_combination_without_its_list_is_never_proven() {
 fn a_machine_powered_off_beside_another_proof_is_read_then_powered_on() {
     let mut world = tainted_beside_the_ack();
     assert_eq!(power(&world), ["read power of node-1"]);
-    world.ledger.record_powered_off("node-1", world.now);
+    read_off_twice(&mut world.ledger, "node-1", world.now);
     assert_eq!(
         power(&world),
         Vec::<String>::new(),
@@ -216,12 +218,14 @@ fn a_machine_powered_off_beside_another_proof_is_read_then_powered_on() {
 fn a_machine_that_ran_since_the_power_off_is_left_to_whoever_switched_it_on() {
     let mut world = tainted_beside_the_ack();
     let off_at = world.now - Duration::from_secs(1);
-    world.ledger.record_powered_off("node-1", off_at);
+    read_off_twice(&mut world.ledger, "node-1", off_at);
     world.ledger.get_mut("node-1").expect("open").recovered_at = Some(world.now);
-    // A renewal written before the Off, seen late, says nothing.
-    world
-        .heartbeats
-        .insert("node-1".into(), renewed_at(off_at - Duration::from_secs(2)));
+    // A renewal written before the first Off, seen late, says nothing.
+    let first_off = off_at - BMC_OFF_READS_APART;
+    world.heartbeats.insert(
+        "node-1".into(),
+        renewed_at(first_off - Duration::from_secs(2)),
+    );
     assert_eq!(power(&world), ["power on node-1"]);
     world
         .heartbeats
@@ -274,7 +278,7 @@ fn under_any_of_a_contradicted_acknowledgement_leaves_the_bmc_to_prove_the_fence
         intent_names(&world.plan()),
         ["read power of node-1", "hold FenceContradicted"]
     );
-    world.ledger.record_powered_off("node-1", world.now);
+    read_off_twice(&mut world.ledger, "node-1", world.now);
     assert_eq!(intent_names(&world.plan()), [TAINT]);
 
     // The ForceOff not accepted yet is sent (again).

@@ -152,10 +152,15 @@ impl Actor {
                 .map(|n| self.marker_policy(n))
                 .unwrap_or_default(),
         };
+        let sent_at = Instant::now();
+        if let Intent::PowerOff { node, .. } = &intent {
+            // Before it goes out: a `ForceOff` whose answer is lost still counts as podha's.
+            self.ledger.record_force_off_sending(node, sent_at);
+        }
         let sent = Sent {
             moved: self.moved_pod(&intent),
             policy,
-            sent_at: Instant::now(),
+            sent_at,
         };
         self.schedule.send(key, sent);
         let node = match &intent {
@@ -204,6 +209,7 @@ impl Actor {
                 if !error.not_off_yet() {
                     warn!(%key, %error, ?retry_in, "action failed");
                 }
+                self.record_power_failure(&result.intent, &error, sent.sent_at);
                 self.report_power_failure(&result.intent, &error, now);
             }
         }

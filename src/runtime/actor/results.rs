@@ -15,7 +15,7 @@ use super::dispatch::Sent;
 use super::judge;
 use super::reports::pod_reference;
 use crate::api::{FencingProof, NodeTaint, Proofs, TAINT_MARKER_ANNOTATION};
-use crate::incident::{Incident, Phase};
+use crate::incident::Phase;
 use crate::metrics::TaintOperation;
 use crate::planner::Intent;
 use crate::planner::proof::{self, FenceEvidence};
@@ -77,8 +77,8 @@ impl Actor {
                     self.record_power_off_requested(node, policy, secret, now);
                 }
                 Outcome::Power(PowerOutcome::Off) => {
-                    self.ledger.record_power_off(node, now, false);
-                    self.record_powered_off(node, now);
+                    self.ledger.record_found_off(node, now, sent.sent_at);
+                    self.report_powered_off(node, now, None);
                 }
                 _ => {}
             },
@@ -277,10 +277,38 @@ impl Actor {
     }
 
     fn record_powered_off(&mut self, node: &str, now: Instant) {
-        let first = self.ledger.record_powered_off(node, now);
+        let read_twice = |ledger: &crate::incident::Ledger| {
+            ledger
+                .get(node)
+                .and_then(|i| i.power_off)
+                .and_then(|p| proof::bmc_off_read_twice(&p))
+        };
+        let before = read_twice(&self.ledger);
+        self.ledger.record_powered_off(node, now);
+        self.report_powered_off(node, now, before);
+    }
+
+    /// A read of the BMC that said `Off`, recorded: the proof's second read (read twice now,
+    /// `before` not) is counted and told once; the first only logged.
+    fn report_powered_off(&mut self, node: &str, now: Instant, before: Option<Instant>) {
         let power_off = self.ledger.get(node).and_then(|i| i.power_off);
-        info!(node, ?power_off, "the BMC says the machine is off");
-        if let Some(p) = power_off.filter(|p| p.by_podha && first)
+        let Some(p) = power_off else {
+            return;
+        };
+        if before.is_some() || proof::bmc_off_read_twice(&p).is_none() {
+            info!(
+                node,
+                ?power_off,
+                "the BMC says the machine is off; read again to be sure"
+            );
+            return;
+        }
+        info!(
+            node,
+            ?power_off,
+            "the BMC says the machine is off, read twice"
+        );
+        if p.by_podha
             && let Some(incident) = self.ledger.get(node)
         {
             self.metrics.failovers.observe_phase(
@@ -289,18 +317,45 @@ impl Actor {
                 now.saturating_duration_since(p.accepted_at),
             );
         }
-        let note = match power_off {
-            Some(p) if p.by_podha => format!(
-                "the node's BMC says PowerState Off, {:.1}s after it accepted podha's ForceOff: \
-                 the node is fenced",
-                now.saturating_duration_since(p.accepted_at).as_secs_f64()
-            ),
-            _ => {
-                "the node's BMC says PowerState Off: the machine is off, the node is fenced".into()
-            }
+        let apart = p
+            .off_reads
+            .map(|r| r.last.saturating_duration_since(r.first).as_secs_f64())
+            .unwrap_or_default();
+        let note = if p.by_podha {
+            format!(
+                "the node's BMC says PowerState Off {:.1}s after it accepted podha's ForceOff, \
+                 read twice {apart:.1}s apart: the node is fenced unless it was heard from \
+                 since the first",
+                now.saturating_duration_since(p.accepted_at).as_secs_f64(),
+            )
+        } else {
+            format!(
+                "the node's BMC says PowerState Off, read twice {apart:.1}s apart: the machine \
+                 is off, the node is fenced unless it was heard from since the first"
+            )
         };
         let ev = self.node_event(node, false, "PoweredOff", "Fence", note);
         self.queue_event(ev);
+    }
+
+    /// What a power action that failed says of the machine: a read that does not say `Off`
+    /// parts the reads that did, before and after; a power-off that sent nothing takes its
+    /// `ForceOff` record back.
+    pub(super) fn record_power_failure(
+        &mut self,
+        intent: &Intent,
+        error: &ActError,
+        sent_at: Instant,
+    ) {
+        match intent {
+            Intent::ConfirmPowerOff { node, .. } if error.not_off_yet() => {
+                self.ledger.record_not_off(node);
+            }
+            Intent::PowerOff { node, .. } if !error.force_off_may_have_gone_out() => {
+                self.ledger.record_force_off_not_sent(node, sent_at);
+            }
+            _ => {}
+        }
     }
 
     /// A power action that failed, told in a Warning event on the node once per cause while
@@ -373,8 +428,8 @@ impl Actor {
         let node_obj = self.state.view.nodes.get(node)?;
         let incident = self.ledger.get(node);
         let request = incident.and_then(|i| i.fence_request.as_deref());
-        let powered_off = incident.is_some_and(Incident::powered_off);
         let heartbeats = judge::heartbeats(&self.state);
+        let powered_off = proof::bmc_off(incident.and_then(|i| i.power_off), heartbeats.get(node));
         let quorum = self.judge.agent_quorum_since();
         let agent =
             proof::agent_evidence(node, &self.state.view, &heartbeats, quorum, now, request);

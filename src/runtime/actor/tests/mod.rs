@@ -553,5 +553,6 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
 }
 
 mod coverage;
+mod power;
 mod resumed;
 mod silence;
