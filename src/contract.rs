@@ -27,8 +27,8 @@
 //! Over HTTP, at the node's InternalIP ([`internal_ip`]) and the advertised port:
 //! - `GET` [`HEARTBEAT_PATH`] with a [`HeartbeatQuery`]: sent by podha's leader every
 //!   [`AGENT_PROBE_INTERVAL`]; the agent answers a [`HeartbeatAnswer`] naming its node and
-//!   saying whether it counts itself heard. The agent's shortest isolation timeout follows
-//!   from that interval.
+//!   saying whether it counts itself heard, and since when. The agent's shortest isolation
+//!   timeout follows from that interval.
 //! - `GET` [`PEER_PATH`] with a [`PeerQuery`]: one agent surveying another, which answers a
 //!   [`PeerAnswer`].
 //!

@@ -149,6 +149,7 @@ mod tests {
         m.detection.set_nodes(3, 1, 2);
         m.detection.inc_node_failures(policy);
         m.detection.inc_agent_answers_unverified(2);
+        m.detection.inc_agent_answers_mismatched(3);
         m.protection.set_pods(&std::collections::BTreeMap::from([(
             policy.to_string(),
             crate::protection::Coverage {
@@ -207,6 +208,11 @@ mod tests {
                 "podha_agent_answers_unverified_total",
                 "counter",
                 "podha_agent_answers_unverified_total 2",
+            ),
+            (
+                "podha_agent_answers_mismatched_total",
+                "counter",
+                "podha_agent_answers_mismatched_total 3",
             ),
             (
                 "podha_pods_deleted_total",

@@ -8,7 +8,11 @@
 //!   lost answers nor a probe held back pass for being heard. Its answer says whether,
 //!   after this probe, it counts itself heard in this boot: podha counts only such answers as
 //!   hearing it for its silence proof (the first answer of a boot is not, until the next
-//!   probe tells the agent it was heard).
+//!   probe tells the agent it was heard). It also says how long ago it was last heard, so
+//!   that podha sees when its own probe told the agent nothing: anyone else holding the
+//!   leader's key can take the challenge podha's next probe signs (a heartbeat over no
+//!   challenge gets the newest), and the agent, heard before in this boot, would still say
+//!   `heard` while its isolation timeout runs.
 //! - `GET /peer` — another agent surveying its peers: how long ago podha last heard this one.
 //! - `GET /metrics` — what the agent refused (see [`counters`]).
 //!
@@ -217,7 +221,7 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let now = Instant::now();
-    let (heard, challenge) = {
+    let (heard_ago, challenge) = {
         let mut challenges = lock(&state.challenges);
         let mut hearing = lock(&ours.hearing);
         match challenges.take(&q.challenge) {
@@ -233,12 +237,10 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
                 challenges.renew_if_old(now);
             }
         }
-        (
-            hearing.heard_ago(now).is_some(),
-            challenges.newest().to_string(),
-        )
+        (hearing.heard_ago(now), challenges.newest().to_string())
     };
-    let answer = HeartbeatAnswer::signed(&ours.identity, &ours.node, heard, &q.nonce, &challenge);
+    let answer =
+        HeartbeatAnswer::signed(&ours.identity, &ours.node, heard_ago, &q.nonce, &challenge);
     axum::Json(answer).into_response()
 }
 

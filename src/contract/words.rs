@@ -18,7 +18,10 @@
 //!   only from a heartbeat signed by the published leader key over a challenge it issued and
 //!   has not taken yet; anything else unsigned or badly signed gets `401` and nothing else.
 //! - [`HeartbeatAnswer`]: the agent's answer, signing its node, whether it counts itself
-//!   heard, podha's nonce and its next challenge.
+//!   heard and how long ago it last counted a heartbeat of podha's as heard (`heardAgoMs`),
+//!   podha's nonce and its next challenge. A heartbeat over a challenge someone else took
+//!   tells the agent nothing, and its answer says so: podha counts an answer whose
+//!   `heardAgoMs` does not fit the heartbeat it sent as no hearing.
 //! - [`PeerQuery`] (`GET` [`PEER_PATH`]): an agent surveying another, signing both nodes and
 //!   its nonce; the asked agent answers only an asker whose key its peer list holds.
 //! - [`PeerAnswer`]: how long ago podha heard the asked agent, signing its node and the nonce.
@@ -168,6 +171,9 @@ pub enum Word<'a> {
     HeartbeatAnswer {
         node: &'a str,
         heard: bool,
+        /// `None` in the word of an agent from before `heardAgoMs`, which signed without it;
+        /// `Some(None)`: never heard in this boot.
+        heard_ago_ms: Option<Option<u64>>,
         nonce: &'a str,
         challenge: &'a str,
     },
@@ -195,9 +201,26 @@ impl Word<'_> {
             Word::HeartbeatAnswer {
                 node,
                 heard,
+                heard_ago_ms: None,
                 nonce,
                 challenge,
             } => serde_json::json!(["podha/v1 heartbeat-answer", node, heard, nonce, challenge]),
+            // A kind of its own: an answer that carries `heardAgoMs` cannot be passed off as an
+            // older agent's by dropping the field, nor the other way round.
+            Word::HeartbeatAnswer {
+                node,
+                heard,
+                heard_ago_ms: Some(heard_ago_ms),
+                nonce,
+                challenge,
+            } => serde_json::json!([
+                "podha/v2 heartbeat-answer",
+                node,
+                heard,
+                heard_ago_ms,
+                nonce,
+                challenge
+            ]),
             Word::PeerAsk { from, to, nonce } => {
                 serde_json::json!(["podha/v1 peer-ask", from, to, nonce])
             }
@@ -273,9 +296,9 @@ impl HeartbeatQuery {
     }
 }
 
-/// The agent's answer to podha's probe: the node it runs on, whether it counts itself heard,
-/// and the challenge podha's next probe signs. An answer naming another node, or not signed by
-/// the key the node publishes, is no answer from this node's agent.
+/// The agent's answer to podha's probe: the node it runs on, whether it counts itself heard
+/// and since when, and the challenge podha's next probe signs. An answer naming another node,
+/// or not signed by the key the node publishes, is no answer from this node's agent.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAnswer {
@@ -287,18 +310,43 @@ pub struct HeartbeatAnswer {
     /// counts itself never heard and does not fence on isolation.
     #[serde(default)]
     pub heard: bool,
+    /// How long ago, after this probe, the agent last counted a heartbeat of podha's as heard,
+    /// in milliseconds: what its isolation timeout runs from. `null`: never in this boot (then
+    /// `heard` is `false`); absent (`None`): an agent from before this field. podha compares
+    /// it with the `heardMs` it sent: a heartbeat over a challenge someone else took (whoever
+    /// else holds the heartbeat key) tells the agent nothing, and only this shows it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub heard_ago_ms: Option<Option<u64>>,
     #[serde(default)]
     pub challenge: String,
     #[serde(default)]
     pub signature: String,
 }
 
+/// A field that is there, `null` or not: serde reads an absent field as the default (`None`)
+/// and, without this, a `null` one as `None` too.
+fn present<'de, D: serde::Deserializer<'de>>(field: D) -> Result<Option<Option<u64>>, D::Error> {
+    Option::<u64>::deserialize(field).map(Some)
+}
+
 impl HeartbeatAnswer {
-    /// The answer of `node`'s agent to the probe with `nonce`, signed by the agent.
-    pub fn signed(agent: &Identity, node: &str, heard: bool, nonce: &str, challenge: &str) -> Self {
+    /// The answer of `node`'s agent to the probe with `nonce`, signed by the agent, which last
+    /// counted a heartbeat of podha's as heard `heard_ago` ago (`None`: never in this boot).
+    pub fn signed(
+        agent: &Identity,
+        node: &str,
+        heard_ago: Option<Duration>,
+        nonce: &str,
+        challenge: &str,
+    ) -> Self {
         let mut answer = Self {
             node: node.to_string(),
-            heard,
+            heard: heard_ago.is_some(),
+            heard_ago_ms: Some(heard_ago.map(millis)),
             challenge: challenge.to_string(),
             signature: String::new(),
         };
@@ -311,9 +359,16 @@ impl HeartbeatAnswer {
         Word::HeartbeatAnswer {
             node: &self.node,
             heard: self.heard,
+            heard_ago_ms: self.heard_ago_ms,
             nonce,
             challenge: &self.challenge,
         }
+    }
+
+    /// How long ago the agent last counted a heartbeat of podha's as heard: `Some(None)` never
+    /// in this boot, `None` when it does not say (an agent from before `heardAgoMs`).
+    pub fn heard_ago(&self) -> Option<Option<Duration>> {
+        self.heard_ago_ms.map(|ago| ago.map(Duration::from_millis))
     }
 }
 

@@ -31,6 +31,7 @@ pub struct Detection {
     nodes: IntGaugeVec,
     node_failures: IntCounterVec,
     agent_answers_unverified: IntCounter,
+    agent_answers_mismatched: IntCounter,
     nodes_unprotected: IntGaugeVec,
     paused_nodes: IntGaugeVec,
 }
@@ -70,6 +71,16 @@ impl Detection {
                  podha holds for such a node, as for one whose agent it does not hear.",
             )?,
         )?;
+        let agent_answers_mismatched = register(
+            registry,
+            IntCounter::new(
+                "podha_agent_answers_mismatched_total",
+                "Heartbeat answers of a node's agent saying it last counted podha's heartbeats as \
+                 heard at another time than podha told it (someone else holding the heartbeat key \
+                 took the challenges podha's heartbeats sign, or tells the agent it is heard): \
+                 podha holds for such a node, as for one whose agent it does not hear.",
+            )?,
+        )?;
         let nodes_unprotected = register(
             registry,
             IntGaugeVec::new(
@@ -99,6 +110,7 @@ impl Detection {
             nodes,
             node_failures,
             agent_answers_unverified,
+            agent_answers_mismatched,
             nodes_unprotected,
             paused_nodes,
         };
@@ -121,6 +133,11 @@ impl Detection {
 
     pub fn inc_agent_answers_unverified(&self, answers: usize) {
         self.agent_answers_unverified
+            .inc_by(u64::try_from(answers).unwrap_or(u64::MAX));
+    }
+
+    pub fn inc_agent_answers_mismatched(&self, answers: usize) {
+        self.agent_answers_mismatched
             .inc_by(u64::try_from(answers).unwrap_or(u64::MAX));
     }
 

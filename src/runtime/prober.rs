@@ -89,6 +89,9 @@ pub struct Round {
     /// The nodes where something answered that the key their Node publishes does not verify
     /// (see [`heartbeat`]).
     pub unverified: BTreeSet<String>,
+    /// The nodes whose agent answered counting podha's heartbeats as heard at another time
+    /// than podha told it (see [`heartbeat`]).
+    pub mismatched: BTreeSet<String>,
 }
 
 async fn connect(target: Target) -> (String, Option<TcpResult>) {
@@ -143,6 +146,7 @@ pub async fn run(
                     let sent = Instant::now();
                     let mut agents_heard = BTreeSet::new();
                     let mut unverified = BTreeSet::new();
+                    let mut mismatched = BTreeSet::new();
                     let results_in: Vec<(String, Option<TcpResult>)> = match kind {
                         ProbeKind::KubeletTcp => {
                             futures::stream::iter(current.targets.clone())
@@ -172,6 +176,9 @@ pub async fn run(
                                         Answer::Unverified { .. } => {
                                             unverified.insert(hb.node.clone());
                                         }
+                                        Answer::Mismatched { .. } => {
+                                            mismatched.insert(hb.node.clone());
+                                        }
                                         _ => {}
                                     }
                                     (hb.node, hb.answer.result())
@@ -179,7 +186,7 @@ pub async fn run(
                                 .collect()
                         }
                     };
-                    let round = Round { kind, sent, results: results_in, heard: agents_heard, unverified };
+                    let round = Round { kind, sent, results: results_in, heard: agents_heard, unverified, mismatched };
                     if results.send(round).await.is_err() {
                         return;
                     }

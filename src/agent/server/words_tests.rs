@@ -267,3 +267,50 @@ async fn replays_cannot_push_the_leaders_challenge_out_between_two_probes() {
         "the leader's challenge was still out"
     );
 }
+
+/// Whoever else holds the heartbeat key can take the challenge podha's next heartbeat signs: a
+/// heartbeat over a bogus challenge gets the newest, and one over that takes it without
+/// `heardMs`. podha's heartbeat then tells the agent nothing, and the agent, heard before in
+/// this boot, says `heard` all the same; its answer says how long ago it was last heard, so
+/// podha sees that its heartbeats no longer count.
+#[tokio::test(start_paused = true)]
+async fn an_answer_says_how_long_ago_the_agent_was_heard_though_its_challenge_was_taken() {
+    let leader = key();
+    let agent = agent(&leader, vec![]);
+    let first = agent
+        .heartbeat(&HeartbeatQuery::signed(&leader, "n1", None, ""))
+        .await
+        .expect("answered");
+    assert_eq!(first.heard_ago(), Some(None), "never heard in this boot");
+    tokio::time::advance(s(1)).await;
+    let heard = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &first.challenge);
+    let mut podhas = agent.heartbeat(&heard).await.expect("answered").challenge;
+    assert_eq!(agent.heard_ago(), Some(s(1)));
+    for _ in 0..30 {
+        tokio::time::advance(s(1)).await;
+        let bogus = HeartbeatQuery::signed(&leader, "n1", None, "bogus");
+        let newest = agent.heartbeat(&bogus).await.expect("answered").challenge;
+        assert_eq!(
+            newest, podhas,
+            "a heartbeat over no challenge out gets the newest"
+        );
+        let taking = HeartbeatQuery::signed(&leader, "n1", None, &newest);
+        agent.heartbeat(&taking).await.expect("answered");
+        // podha got its last answer a second ago, and says so over the challenge it carried.
+        let real = HeartbeatQuery::signed(&leader, "n1", Some(s(1)), &podhas);
+        let answer = agent.heartbeat(&real).await.expect("answered");
+        assert!(answer.heard, "heard in this boot");
+        assert_eq!(
+            answer.heard_ago(),
+            agent.heard_ago().map(Some),
+            "the answer says the agent's own hearing"
+        );
+        assert_ne!(answer.heard_ago(), Some(Some(s(1))));
+        podhas = answer.challenge;
+    }
+    assert_eq!(
+        agent.heard_ago(),
+        Some(s(31)),
+        "podha's heartbeats counted for nothing"
+    );
+}

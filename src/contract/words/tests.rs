@@ -133,15 +133,26 @@ fn keys_keep_their_form() {
 
 #[test]
 fn the_answers_json_keeps_its_field_names() {
-    let answer = HeartbeatAnswer {
+    let mut answer = HeartbeatAnswer {
         node: "n1".into(),
         heard: true,
+        heard_ago_ms: Some(Some(1500)),
         challenge: "c".into(),
         signature: "s".into(),
     };
     assert_eq!(
         serde_json::to_value(&answer).expect("json"),
-        serde_json::json!({"node": "n1", "heard": true, "challenge": "c", "signature": "s"})
+        serde_json::json!({
+            "node": "n1", "heard": true, "heardAgoMs": 1500, "challenge": "c", "signature": "s"
+        })
+    );
+    answer.heard = false;
+    answer.heard_ago_ms = Some(None);
+    assert_eq!(
+        serde_json::to_value(&answer).expect("json"),
+        serde_json::json!({
+            "node": "n1", "heard": false, "heardAgoMs": null, "challenge": "c", "signature": "s"
+        })
     );
     let peer = PeerAnswer {
         node: "n1".into(),
@@ -151,5 +162,68 @@ fn the_answers_json_keeps_its_field_names() {
     assert_eq!(
         serde_json::to_value(&peer).expect("json"),
         serde_json::json!({"node": "n1", "heardAgoMs": 5, "signature": "s"})
+    );
+}
+
+/// An answer says how long ago the agent was last heard, or that it never was (`null`); an
+/// agent from before `heardAgoMs` leaves it out, and its answer still verifies as it signed
+/// it. An answer that carries it cannot pass for an older agent's by losing it.
+#[test]
+fn a_heartbeat_answer_says_since_when_the_agent_is_heard_and_keeps_saying_it() {
+    let agent = key();
+    for heard_ago in [
+        None,
+        Some(Duration::ZERO),
+        Some(Duration::from_millis(30_250)),
+    ] {
+        let sent = HeartbeatAnswer::signed(&agent, "n1", heard_ago, "nonce-1", "c");
+        assert_eq!(sent.heard, heard_ago.is_some());
+        let read: HeartbeatAnswer =
+            serde_json::from_slice(&serde_json::to_vec(&sent).expect("json")).expect("answer");
+        assert_eq!(read, sent);
+        assert_eq!(read.heard_ago(), Some(heard_ago));
+        assert!(
+            agent
+                .public()
+                .verifies(&read.word("nonce-1"), &read.signature)
+        );
+        let mut dropped = read.clone();
+        dropped.heard_ago_ms = None;
+        assert!(
+            !agent
+                .public()
+                .verifies(&dropped.word("nonce-1"), &dropped.signature),
+            "an answer that lost heardAgoMs"
+        );
+        let mut changed = read.clone();
+        changed.heard_ago_ms = Some(Some(1));
+        assert!(
+            !agent
+                .public()
+                .verifies(&changed.word("nonce-1"), &changed.signature),
+            "another heardAgoMs"
+        );
+    }
+    // An older agent's answer, signed without the field.
+    let older: HeartbeatAnswer = serde_json::from_value(serde_json::json!({
+        "node": "n1", "heard": true, "challenge": "c", "signature": ""
+    }))
+    .expect("answer");
+    assert_eq!(older.heard_ago(), None);
+    let signature = agent.sign(&Word::HeartbeatAnswer {
+        node: "n1",
+        heard: true,
+        heard_ago_ms: None,
+        nonce: "nonce-1",
+        challenge: "c",
+    });
+    assert!(agent.public().verifies(&older.word("nonce-1"), &signature));
+    let mut claimed = older.clone();
+    claimed.heard_ago_ms = Some(Some(0));
+    assert!(
+        !agent
+            .public()
+            .verifies(&claimed.word("nonce-1"), &signature),
+        "an older agent's answer given a heardAgoMs"
     );
 }

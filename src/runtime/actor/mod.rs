@@ -168,6 +168,9 @@ impl Actor {
         self.metrics
             .detection
             .inc_agent_answers_unverified(round.unverified.len());
+        self.metrics
+            .detection
+            .inc_agent_answers_mismatched(round.mismatched.len());
         for (node, result) in round.results {
             if let Some(obs) = self.state.observations.get_mut(&node) {
                 match (result, round.kind) {

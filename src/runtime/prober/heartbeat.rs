@@ -18,6 +18,16 @@
 //!   still counts as an answer for `heardMs`: podha holds for that node meanwhile, so the agent
 //!   must not count itself unheard and fence over it. Only a probe signed by this leader
 //!   carries `heardMs` to the agent, and only a host podha's probes reach can answer one.
+//! - The agent's own answer whose `heardAgoMs` does not fit the probe's `heardMs`
+//!   ([`Answer::Mismatched`]) is refused too: the agent does not count podha's heartbeats as
+//!   podha does. Someone else who holds the heartbeat key took the challenges podha's probes
+//!   sign (a heartbeat over a bogus challenge gets the newest, one over that takes it without
+//!   `heardMs`), so the agent's isolation timeout runs while it still says `heard`; or
+//!   someone else tells it it was heard later than podha heard it. podha holds for that
+//!   node (no proof from its silence) and counts the answer
+//!   (`podha_agent_answers_mismatched_total`). It is still an answer for `heardMs`, and its
+//!   challenge is the one the next probe signs: an agent that restarted, or whose last
+//!   answer was lost, is in step again one probe later.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,7 +40,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::Target;
-use crate::contract::{HeartbeatAnswer, HeartbeatQuery, Identity};
+use crate::contract::{AGENT_PROBE_INTERVAL, HeartbeatAnswer, HeartbeatQuery, Identity};
 use crate::health::TcpResult;
 use crate::leader::Leadership;
 
@@ -51,6 +61,9 @@ pub(super) enum Answer {
     Unverified { challenge: String },
     /// The agent's own answer: whether it counts itself heard, and its next challenge.
     Own { heard: bool, challenge: String },
+    /// The agent's own answer, saying it last counted podha's heartbeats as heard at another
+    /// time than the probe told it ([`fits`]), with its next challenge.
+    Mismatched { challenge: String },
 }
 
 impl Answer {
@@ -58,14 +71,49 @@ impl Answer {
         match self {
             Self::Nothing => None,
             Self::Silent => Some(TcpResult::NoAnswer),
-            Self::HostOnly | Self::Unverified { .. } => Some(TcpResult::Refused),
+            Self::HostOnly | Self::Unverified { .. } | Self::Mismatched { .. } => {
+                Some(TcpResult::Refused)
+            }
             Self::Own { .. } => Some(TcpResult::Connected),
         }
     }
 
-    /// Whether it tells the agent's next probe that it was heard (see the module's rule).
-    fn counts_as_heard(&self) -> bool {
-        matches!(self, Self::Own { .. } | Self::Unverified { .. })
+    /// The challenge the agent's next probe signs, from an answer that tells that probe the
+    /// agent was heard (see the module's rule); `None` from any other.
+    fn challenge(&self) -> Option<&str> {
+        match self {
+            Self::Own { challenge, .. }
+            | Self::Unverified { challenge }
+            | Self::Mismatched { challenge } => Some(challenge),
+            Self::Nothing | Self::Silent | Self::HostOnly => None,
+        }
+    }
+}
+
+/// How far the agent's `heardAgoMs` may lie from the `heardMs` of the probe it answers. The
+/// agent counts the hearing from the issue of the challenge the probe signs, which was before
+/// podha got the answer carrying it by that answer's way back, and reports it after this
+/// probe's way there: each within the probe's timeout, at most one interval. Past that, the
+/// agent heard podha at another time than podha says.
+const HEARD_AGO_SLACK: Duration = AGENT_PROBE_INTERVAL.saturating_mul(2);
+
+/// Whether what the agent says of being heard fits the probe that told it `told` (its
+/// `heardMs`): the agent says `heard` exactly when it says since when, and, told when podha
+/// last got its answer, it counts that hearing within [`HEARD_AGO_SLACK`] of it. A probe
+/// without `heardMs` (the first of this leader, or of the node's boot) tells nothing to fit.
+/// An agent from before `heardAgoMs` says nothing to check: its `heard` counts as it says,
+/// so that podha hears the agents a rollout has not reached yet (see docs/agent.md).
+fn fits(told: Option<Duration>, answer: &HeartbeatAnswer) -> bool {
+    let Some(own) = answer.heard_ago() else {
+        return true;
+    };
+    if own.is_some() != answer.heard {
+        return false;
+    }
+    match (told, own) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(told), Some(own)) => own.abs_diff(told) <= HEARD_AGO_SLACK,
     }
 }
 
@@ -129,14 +177,24 @@ async fn ask(
                 let signed = target
                     .key
                     .is_some_and(|key| key.verifies(&answer.word(&query.nonce), &answer.signature));
-                if signed {
+                if !signed {
+                    debug!(node = %target.node, "an answer the node's key does not verify");
+                    Answer::Unverified {
+                        challenge: answer.challenge,
+                    }
+                } else if fits(query.heard_ago(), &answer) {
                     Answer::Own {
                         heard: answer.heard,
                         challenge: answer.challenge,
                     }
                 } else {
-                    debug!(node = %target.node, "an answer the node's key does not verify");
-                    Answer::Unverified {
+                    debug!(
+                        node = %target.node,
+                        told_ms = query.heard_ms,
+                        own_ms = ?answer.heard_ago_ms,
+                        "the agent counts podha's heartbeats otherwise than podha does"
+                    );
+                    Answer::Mismatched {
                         challenge: answer.challenge,
                     }
                 }
@@ -204,18 +262,16 @@ impl Heard {
             let Some(target) = targets.iter().find(|t| t.node == hb.node) else {
                 continue;
             };
-            if !hb.answer.counts_as_heard() {
+            let Some(challenge) = hb.answer.challenge() else {
                 continue;
-            }
+            };
             // An entry of another boot is gone already: `follow` ran on these targets.
             let last = self.0.entry(hb.node.clone()).or_insert_with(|| Last {
                 boot: target.boot_id.clone(),
                 ..Last::default()
             });
             last.answered = Some(now);
-            if let Answer::Own { challenge, .. } | Answer::Unverified { challenge } = &hb.answer {
-                last.challenge = challenge.clone();
-            }
+            last.challenge = challenge.to_string();
         }
         self.follow(targets);
     }

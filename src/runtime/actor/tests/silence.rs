@@ -50,6 +50,7 @@ fn agent_round_heard(
         results,
         heard,
         unverified: Default::default(),
+        mismatched: Default::default(),
     });
 }
 

@@ -242,3 +242,236 @@ async fn a_replica_that_does_not_lead_sends_no_heartbeat() {
     prober.abort();
     server.abort();
 }
+
+/// What the agent at `addr` answers to `query`, sent by whoever holds the heartbeat key.
+async fn ask_agent(addr: SocketAddr, query: &HeartbeatQuery) -> HeartbeatAnswer {
+    let http: Http = HttpClient::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let uri = format!("http://{addr}{}", query.path_and_query())
+        .parse::<hyper::Uri>()
+        .expect("uri");
+    let response = http.get(uri).await.expect("answered");
+    let body = response.into_body().collect().await.expect("body");
+    serde_json::from_slice(&body.to_bytes()).expect("an answer")
+}
+
+/// Another holder of the heartbeat key (a replica that does not lead, a process that read the
+/// key's Secret) drains the agent's challenges: a signed heartbeat over a bogus challenge gets
+/// the newest, and one over that takes it without `heardMs`. podha's own heartbeat then signs a
+/// challenge already taken and tells the agent nothing, while the agent, heard before in this
+/// boot, still says it counts itself heard: podha must not count that answer as hearing it.
+#[tokio::test]
+async fn an_agent_whose_challenge_another_key_holder_took_is_not_heard() {
+    let leader = key();
+    let (hearing, agent_key, addr, server) = agent_of_n1(leader.public()).await;
+    let http: Http = HttpClient::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let leadership = leading();
+    let targets = [target("n1", addr, Some(agent_key))];
+    for drained in [false, true] {
+        // Heard in this boot, 30 s ago (an earlier leader's hearing).
+        *hearing.lock().expect("lock") =
+            Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)));
+        let mut heard_by_podha = Heard::default();
+        let first = heartbeat(
+            &http,
+            &leader,
+            &leadership,
+            targets[0].clone(),
+            heard_by_podha.probe("n1", Instant::now()),
+        )
+        .await;
+        assert!(
+            matches!(first.answer, Answer::Own { heard: true, .. }),
+            "{:?}",
+            first.answer
+        );
+        heard_by_podha.round(&targets, &[first], Instant::now());
+        if drained {
+            let bogus = HeartbeatQuery::signed(&leader, "n1", None, "bogus");
+            let newest = ask_agent(addr, &bogus).await.challenge;
+            ask_agent(addr, &HeartbeatQuery::signed(&leader, "n1", None, &newest)).await;
+        }
+        let second = heartbeat(
+            &http,
+            &leader,
+            &leadership,
+            targets[0].clone(),
+            heard_by_podha.probe("n1", Instant::now()),
+        )
+        .await;
+        if drained {
+            assert!(
+                heard(&hearing).is_some_and(|ago| ago >= Duration::from_secs(30)),
+                "podha's heartbeat signed a challenge already taken: the agent counted nothing"
+            );
+            assert_eq!(
+                second.answer.result(),
+                Some(TcpResult::Refused),
+                "the agent's answer counted as hearing it: {:?}",
+                second.answer
+            );
+            assert!(matches!(second.answer, Answer::Mismatched { .. }));
+            // Still an answer: the next probe signs its challenge, and, nobody taking that
+            // one first, the agent is heard again.
+            heard_by_podha.round(&targets, &[second], Instant::now());
+            let third = heartbeat(
+                &http,
+                &leader,
+                &leadership,
+                targets[0].clone(),
+                heard_by_podha.probe("n1", Instant::now()),
+            )
+            .await;
+            assert!(
+                matches!(third.answer, Answer::Own { heard: true, .. }),
+                "{:?}",
+                third.answer
+            );
+            assert!(heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)));
+        } else {
+            assert!(heard(&hearing).is_some_and(|ago| ago < Duration::from_secs(1)));
+            assert!(
+                matches!(second.answer, Answer::Own { heard: true, .. }),
+                "{:?}",
+                second.answer
+            );
+        }
+    }
+    server.abort();
+}
+
+fn answer(heard_ago_ms: Option<Option<u64>>) -> HeartbeatAnswer {
+    HeartbeatAnswer {
+        node: "n1".into(),
+        heard: heard_ago_ms.flatten().is_some(),
+        heard_ago_ms,
+        challenge: "c".into(),
+        signature: String::new(),
+    }
+}
+
+/// What the agent says of being heard must fit what podha's probe told it; an answer that does
+/// not is the agent's, yet no hearing: refused, and its node counted among the mismatched.
+#[test]
+fn an_answer_that_does_not_fit_the_probe_is_refused() {
+    let ms = Duration::from_millis;
+    let slack = HEARD_AGO_SLACK.as_millis() as u64;
+    let fit = [
+        // A first probe tells nothing to fit.
+        (None, answer(Some(None))),
+        (None, answer(Some(Some(30_000)))),
+        // Heard at the challenge's issue: after podha's last answer came back, up to the ways
+        // of that answer and of this probe.
+        (Some(ms(1_000)), answer(Some(Some(1_000)))),
+        (Some(ms(1_000)), answer(Some(Some(1_000 + slack)))),
+        (Some(ms(40_000)), answer(Some(Some(40_400)))),
+        // An agent from before heardAgoMs: its `heard` counts as it says.
+        (Some(ms(1_000)), answer(None)),
+        (
+            Some(ms(1_000)),
+            HeartbeatAnswer {
+                heard: true,
+                ..answer(None)
+            },
+        ),
+    ];
+    let misfit = [
+        // Its challenge taken by someone else: unheard for 30 s though podha answered a
+        // second ago.
+        (Some(ms(1_000)), answer(Some(Some(30_000)))),
+        (Some(ms(1_000)), answer(Some(Some(1_001 + slack)))),
+        // Told it was heard, it says never.
+        (Some(ms(1_000)), answer(Some(None))),
+        // Heard more recently than podha heard it: someone else says so.
+        (Some(ms(30_000)), answer(Some(Some(1_000)))),
+        // `heard` and `heardAgoMs` disagree.
+        (
+            None,
+            HeartbeatAnswer {
+                heard: true,
+                ..answer(Some(None))
+            },
+        ),
+        (
+            Some(ms(1_000)),
+            HeartbeatAnswer {
+                heard: false,
+                ..answer(Some(Some(1_000)))
+            },
+        ),
+    ];
+    for (told, a) in &fit {
+        assert!(fits(*told, a), "{told:?} {a:?}");
+    }
+    for (told, a) in &misfit {
+        assert!(!fits(*told, a), "{told:?} {a:?}");
+    }
+    let mismatched = Answer::Mismatched {
+        challenge: "c2".into(),
+    };
+    assert_eq!(mismatched.result(), Some(TcpResult::Refused), "no hearing");
+    // Still an answer for `heardMs`, and the challenge the next probe signs.
+    let targets = [target("n1", "127.0.0.1:1".parse().expect("addr"), None)];
+    let mut podhas = Heard::default();
+    let at = Instant::now();
+    podhas.round(
+        &targets,
+        &[Heartbeat {
+            node: "n1".into(),
+            answer: mismatched,
+        }],
+        at,
+    );
+    assert_eq!(
+        podhas.probe("n1", at + Duration::from_secs(1)),
+        Probe {
+            heard_ago: Some(Duration::from_secs(1)),
+            challenge: "c2".into(),
+        }
+    );
+}
+
+/// The prober's round names the node whose agent answered out of step with podha's probes:
+/// what the decision loop counts (`podha_agent_answers_mismatched_total`), and holds for.
+#[tokio::test]
+async fn a_round_names_the_agents_that_answered_out_of_step() {
+    let leader = key();
+    let other_holder = Identity::from_pkcs8(leader.pkcs8()).expect("the same key");
+    let (hearing, agent_key, addr, server) = agent_of_n1(leader.public()).await;
+    let (_plan_tx, plan_rx) = watch::channel(ProbePlan {
+        interval: Duration::from_millis(100),
+        targets: vec![target("n1", addr, Some(agent_key))],
+    });
+    let (mut rx, prober) = start_prober(leader, plan_rx);
+    let _ = rx.recv().await.expect("a round");
+    let heard_round = rx.recv().await.expect("a second round");
+    assert_eq!(heard_round.heard, BTreeSet::from(["n1".to_string()]));
+    assert!(heard_round.mismatched.is_empty());
+    // From now on someone else takes each challenge podha's next probe would sign, as soon as
+    // a round is in, and the agent was last heard 30 s ago.
+    let mut out_of_step = None;
+    for _ in 0..20 {
+        *hearing.lock().expect("lock") =
+            Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)));
+        let bogus = HeartbeatQuery::signed(&other_holder, "n1", None, "bogus");
+        let newest = ask_agent(addr, &bogus).await.challenge;
+        ask_agent(
+            addr,
+            &HeartbeatQuery::signed(&other_holder, "n1", None, &newest),
+        )
+        .await;
+        let round = rx.recv().await.expect("a round");
+        if !round.mismatched.is_empty() {
+            out_of_step = Some(round);
+            break;
+        }
+    }
+    let out_of_step = out_of_step.expect("a round with the agent out of step");
+    assert_eq!(out_of_step.mismatched, BTreeSet::from(["n1".to_string()]));
+    assert!(out_of_step.heard.is_empty(), "no hearing");
+    assert_eq!(
+        out_of_step.results,
+        vec![("n1".into(), Some(TcpResult::Refused))]
+    );
+    prober.abort();
+    server.abort();
+}
