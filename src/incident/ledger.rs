@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Incident;
-use crate::api::RECENT_FAILOVERS_KEPT;
+use crate::api::{NodeTaint, RECENT_FAILOVERS_KEPT};
 use crate::view::View;
 
 /// Open incidents by node name, and what is remembered of closed ones.
@@ -191,10 +191,10 @@ impl Ledger {
         }
     }
 
-    /// Records that podha tainted `node`.
-    pub fn record_tainted(&mut self, node: &str) {
+    /// Records that podha's `taint` landed on `node` at `now`.
+    pub fn record_tainted(&mut self, node: &str, taint: NodeTaint, now: Instant) {
         if let Some(incident) = self.incidents.get_mut(node) {
-            incident.record_tainted();
+            incident.record_tainted(taint, now);
         }
     }
 }

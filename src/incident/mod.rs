@@ -39,6 +39,7 @@ pub use moved::{MovedPod, OwnerRef, Replacement};
 
 pub use phase::{Phase, PhaseChange};
 
+use crate::api::NodeTaint;
 use crate::view::View;
 
 /// A node powered off through its BMC in an incident.
@@ -65,6 +66,13 @@ pub struct OffReads {
     pub last: Instant,
 }
 
+/// podha's taint on an incident's node: which one, and when it landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tainted {
+    pub taint: NodeTaint,
+    pub at: Instant,
+}
+
 /// One node death, from judgement to recovery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Incident {
@@ -88,8 +96,8 @@ pub struct Incident {
     /// The pods podha marked NotReady, by UID: the resourceVersion the mark produced, or
     /// `None` once a delete in that version found the pod changed (the watch decides then).
     pub marked_not_ready: BTreeMap<String, Option<String>>,
-    /// podha added the out-of-service taint for this incident.
-    pub tainted: bool,
+    /// podha's taint on the node for this incident, once it landed.
+    pub tainted: Option<Tainted>,
     /// The fence podha asked of the node's agent in this incident (the request's value on the
     /// Node), once the request is written.
     pub fence_request: Option<String>,
@@ -127,7 +135,7 @@ impl Incident {
     /// found its own taint there when it took the incident over): a failover under way, which
     /// a pause or the settle wait does not stop half-way.
     pub fn acted(&self) -> bool {
-        self.tainted
+        self.tainted.is_some()
             || !self.deleted.is_empty()
             || !self.marked_not_ready.is_empty()
             || self.fence_request.is_some()
@@ -151,7 +159,7 @@ impl Incident {
             boot_at_failure: None,
             deleted: BTreeSet::new(),
             marked_not_ready: BTreeMap::new(),
-            tainted: false,
+            tainted: None,
             fence_request: None,
             force_off_sent: None,
             power_off: None,
@@ -279,9 +287,9 @@ impl Incident {
         }
     }
 
-    /// Records that podha tainted the node.
-    pub fn record_tainted(&mut self) {
-        self.tainted = true;
+    /// Records that podha's `taint` landed on the node at `now`; the first counts.
+    pub fn record_tainted(&mut self, taint: NodeTaint, now: Instant) {
+        self.tainted.get_or_insert(Tainted { taint, at: now });
     }
 
     /// Notes an action this process did not take: podha's taint on the node, put there by

@@ -33,6 +33,7 @@
 //!   a dead node until the policy's fencing proof is there (see `taints::fencing_pending`): a
 //!   force-deleted pod's volume is force-detached 6 minutes later whatever the node still runs.
 
+mod eviction;
 mod holds;
 mod intent;
 mod ownership;
@@ -45,6 +46,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tokio::time::Instant;
 
+pub use eviction::TAINT_EVICTION_WAIT;
 pub use holds::{Heartbeat, Heartbeats};
 pub use intent::{HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
@@ -266,10 +268,10 @@ fn plan_incident<'p>(
         out.intents
             .push(dry_run_guard(node_policy, node, on, failed.rehearsal()));
     }
-    // Marks go out with the taint: they move nothing. Deletes only once the node carries a
-    // taint: the writer runs actions concurrently, and a pod deleted before the taint lands may
-    // have its replacement scheduled straight back onto the dead node (still Ready for the node
-    // lifecycle controller for up to 50 s).
+    // Marks go out before the taint (see `plan_fence`): they move nothing. Deletes only once
+    // the node carries a taint: the writer runs actions concurrently, and a pod deleted before
+    // the taint lands may have its replacement scheduled straight back onto the dead node
+    // (still Ready for the node lifecycle controller for up to 50 s).
     let check = taints::fence_check(node_obj, node_policy, incident, input);
     if let Some(hold) = taints::fence_contradicted(node_obj, node_policy, check) {
         // Under `anyOf`, the BMC may still prove what the acknowledgement did not.
@@ -388,7 +390,10 @@ fn plan_fence(
         out.intents.push(hold);
         return false;
     }
-    if moving && !tainted {
+    // The taint once every mark landed: a pod updated on a node with the out-of-service taint
+    // has the taint eviction controller queue its delete by name again (see `eviction`). A
+    // rehearsal lands nothing and says both at once.
+    if moving && !tainted && (np.marks.is_empty() || rehearsal) {
         out.intents.extend(taints::plan_taint(
             node,
             policy,
@@ -527,27 +532,24 @@ fn judge_pod<'p>(
         protect: other_policy_protection(failed.policy, owner),
         ..PodVerdict::default()
     };
-    let resource_version = if eligibility::looks_alive(pod) {
-        match failed.incident.marked_not_ready.get(uid) {
-            None => {
-                let intent = Intent::MarkPodNotReady {
-                    pod: key.clone(),
-                    uid: uid.to_string(),
-                    node: node.to_string(),
-                    policy: owner.name.to_string(),
-                };
-                verdict.mark = Some((owner, intent));
-                return verdict;
-            }
-            // Marked, and the watch does not show it yet: delete that version only.
-            Some(Some(version)) => Some(version.clone()),
-            // Marked, but the pod changed since and still shows Ready: wait for the watch to
-            // show the mark (or, if a live kubelet turned it Ready again, for the node to be
-            // judged healthy).
-            Some(None) => return verdict,
+    // The taint eviction controller's delete first (the pod, marked before the taint, is no
+    // longer Ready then: podha's delete goes by its UID alone).
+    if eviction::awaits_eviction(pod, failed.incident, failed.input.now) {
+        return verdict;
+    }
+    let resource_version = match delete_version(failed.incident, pod, uid) {
+        DeleteVersion::In(version) => version,
+        DeleteVersion::MarkFirst => {
+            let intent = Intent::MarkPodNotReady {
+                pod: key.clone(),
+                uid: uid.to_string(),
+                node: node.to_string(),
+                policy: owner.name.to_string(),
+            };
+            verdict.mark = Some((owner, intent));
+            return verdict;
         }
-    } else {
-        None
+        DeleteVersion::Wait => return verdict,
     };
     let intent = Intent::ForceDeletePod {
         pod: key.clone(),
@@ -559,6 +561,29 @@ fn judge_pod<'p>(
     };
     verdict.delete = Some((owner, intent));
     verdict
+}
+
+/// In which version a pod on the failed node may be deleted, if it may be this round.
+enum DeleteVersion {
+    /// In this version only, or in any (the UID precondition alone).
+    In(Option<String>),
+    /// Still Ready as the dead kubelet last wrote: marked NotReady first.
+    MarkFirst,
+    /// Marked, but the pod changed since and still shows Ready: wait for the watch to show the
+    /// mark (or, if a live kubelet turned it Ready again, for the node to be judged healthy).
+    Wait,
+}
+
+fn delete_version(incident: &Incident, pod: &Pod, uid: &str) -> DeleteVersion {
+    if !eligibility::looks_alive(pod) {
+        return DeleteVersion::In(None);
+    }
+    match incident.marked_not_ready.get(uid) {
+        None => DeleteVersion::MarkFirst,
+        // Marked, and the watch does not show it yet: delete that version only.
+        Some(Some(version)) => DeleteVersion::In(Some(version.clone())),
+        Some(None) => DeleteVersion::Wait,
+    }
 }
 
 /// The node's policy's own action and dry run already decide the taint; another policy's

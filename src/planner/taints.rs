@@ -219,7 +219,7 @@ pub(super) fn fence_contradicted(
 /// failure (podha's scheduling fence, whose volumes never moved and whose node nothing proved
 /// fenced) must not let this incident delete pods without the proof its policy asks for.
 pub(super) fn tainted_for(incident: &Incident, node: &Node, proven: bool) -> bool {
-    incident.tainted || (NodeTaint::ALL.iter().any(|t| t.on(node)) && proven)
+    incident.tainted.is_some() || (NodeTaint::ALL.iter().any(|t| t.on(node)) && proven)
 }
 
 /// The fences to ask for while the proof is missing, one per proof asked for (under `anyOf`
@@ -323,7 +323,7 @@ pub(super) fn power_on(
     );
     match bmc_off_read_twice(&power_off) {
         // Before the taint the proof's own reads go out (`power_off`).
-        None if incident.tainted && power_read_due(&power_off, input.now) => {
+        None if incident.tainted.is_some() && power_read_due(&power_off, input.now) => {
             Some(Intent::ConfirmPowerOff {
                 node: node_name,
                 policy,

@@ -66,7 +66,7 @@ fn once_the_cloud_reports_the_instance_shut_down_the_taint_follows() {
         intent_names(&world.plan()),
         ["taint node-1 node.kubernetes.io/out-of-service"]
     );
-    world.ledger.record_tainted("node-1");
+    world.taint_landed("node-1");
     assert_eq!(intent_names(&world.plan()), ["delete ns/db-0"]);
 }
 
@@ -117,7 +117,7 @@ fn delete_pods_waits_for_the_proof_like_the_taint() {
             ..
         })
     ));
-    world.ledger.record_tainted("node-1");
+    world.taint_landed("node-1");
     assert_eq!(deletes(&world.plan()), ["ns/db-0"]);
 }
 

@@ -107,8 +107,15 @@ impl World {
     /// `node` is Failed and podha's taint is on it: its pods may move.
     fn fail_tainted(mut self, node: &str) -> Self {
         self = self.fail(node);
-        self.ledger.record_tainted(node);
+        self.taint_landed(node);
         self
+    }
+
+    /// podha's out-of-service taint landed on `node` long enough ago that the taint eviction
+    /// controller had its time (`TAINT_EVICTION_WAIT`).
+    fn taint_landed(&mut self, node: &str) {
+        let at = self.now - TAINT_EVICTION_WAIT;
+        self.ledger.record_tainted(node, NodeTaint::OutOfService, at);
     }
 
     fn plan(&self) -> Plan {
@@ -200,7 +207,7 @@ fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
     );
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
 
-    world.ledger.record_tainted("node-1");
+    world.taint_landed("node-1");
     let plan = world.plan();
     let expected_uid = uid(&world.view, "node-1", "db-0");
     assert_eq!(
@@ -343,7 +350,7 @@ fn pods_move_only_once_the_out_of_service_taint_is_on() {
         }],
         "the writer runs actions concurrently: no delete may race the taint"
     );
-    world.ledger.record_tainted("node-1");
+    world.taint_landed("node-1");
     let plan = world.plan();
     assert_eq!(deletes(&plan), vec!["ns/db-0"]);
     assert_eq!(plan.intents.len(), 1);
@@ -353,7 +360,7 @@ fn pods_move_only_once_the_out_of_service_taint_is_on() {
 fn the_taint_is_added_once_per_incident() {
     let spec = with_action(mk_spec(), Action::OutOfServiceTaint);
     let mut world = World::new(cluster(3)).policy("p", spec).fail("node-1");
-    world.ledger.record_tainted("node-1");
+    world.taint_landed("node-1");
     assert!(
         !world
             .plan()
@@ -871,19 +878,17 @@ fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
     let mut world = World::new(cluster_with_ready_pod())
         .policy("p", delete_pods())
         .fail("node-1");
-    // The mark goes out beside the taint: it moves nothing.
-    assert_eq!(
-        intent_names(&world.plan()),
-        ["taint node-1 podha.io/fenced", "mark ns/db-0"]
-    );
-    world.ledger.record_tainted("node-1");
+    // The mark goes out before the taint: it moves nothing.
     assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
-
-    // Marked: delete at once, in the version the mark produced (the watch still shows Ready).
     let uid = uid(&world.view, "node-1", "db-0");
     world
         .ledger
         .record_marked_not_ready("node-1", &uid, Some("7".into()));
+    assert_eq!(intent_names(&world.plan()), ["taint node-1 podha.io/fenced"]);
+
+    // Marked and fenced: delete at once, in the version the mark produced (the watch still
+    // shows Ready).
+    world.taint_landed("node-1");
     assert_eq!(intent_names(&world.plan()), ["delete ns/db-0 in version 7"]);
 
     // The pod changed after the mark (the delete found another version) and the watch still
@@ -936,14 +941,10 @@ fn a_marked_pod_is_deleted_only_once_the_taint_is_on() {
     let mut world = World::new(cluster_with_ready_pod())
         .policy("p", spec)
         .fail("node-1");
-    assert_eq!(
-        intent_names(&world.plan()),
-        [
-            "taint node-1 node.kubernetes.io/out-of-service",
-            "mark ns/db-0"
-        ]
-    );
-    // The mark lands first: the taint is still to come, so no delete yet.
+    // An update of the pod after the taint would have the taint eviction controller queue its
+    // delete by name again: the mark goes first, alone.
+    assert_eq!(intent_names(&world.plan()), ["mark ns/db-0"]);
+    // The mark landed: the taint is still to come, so no delete yet.
     let uid = uid(&world.view, "node-1", "db-0");
     world
         .ledger
@@ -952,7 +953,7 @@ fn a_marked_pod_is_deleted_only_once_the_taint_is_on() {
         intent_names(&world.plan()),
         ["taint node-1 node.kubernetes.io/out-of-service"]
     );
-    world.ledger.record_tainted("node-1");
+    world.taint_landed("node-1");
     assert_eq!(intent_names(&world.plan()), ["delete ns/db-0 in version 7"]);
 }
 
@@ -1011,6 +1012,7 @@ fn the_fence_is_removed_like_the_out_of_service_taint() {
 mod bmc;
 mod combined_proofs;
 mod confirmed_proofs;
+mod eviction;
 mod fencing;
 mod pause;
 mod reboots;

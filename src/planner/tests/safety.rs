@@ -72,7 +72,7 @@ fn the_out_of_service_taint_is_refused_while_a_pod_that_must_stay_is_on_the_node
         );
 
         let mut world = world;
-        world.ledger.record_tainted("node-1");
+        world.taint_landed("node-1");
         assert_eq!(deletes(&world.plan()), vec!["ns/db-0"], "{why}");
     }
 }
@@ -553,7 +553,7 @@ fn switching_to_out_of_service_mid_incident_taints_the_fenced_node() {
     fenced(&mut view);
     let world = |spec| {
         let mut w = World::new(view.clone()).policy("p", spec).fail("node-1");
-        w.ledger.record_tainted("node-1");
+        w.taint_landed("node-1");
         w
     };
     assert!(taints(&world(delete_pods()).plan()).is_empty());
@@ -568,7 +568,7 @@ fn switching_to_out_of_service_mid_incident_taints_the_fenced_node() {
     let mut view = view.clone();
     view.attachments_by_node.clear();
     let mut w = World::new(view).policy("p", oos()).fail("node-1");
-    w.ledger.record_tainted("node-1");
+    w.taint_landed("node-1");
     assert!(taints(&w.plan()).is_empty());
 }
 

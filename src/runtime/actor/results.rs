@@ -198,7 +198,7 @@ impl Actor {
         applied: bool,
         now: Instant,
     ) {
-        self.ledger.record_tainted(node);
+        self.ledger.record_tainted(node, taint, now);
         if applied {
             self.metrics.actions.inc_taints(policy, TaintOperation::Add);
         }
@@ -394,7 +394,7 @@ impl Actor {
         if !self.reported.first(node, format!("{reason}/{cause}")) {
             return;
         }
-        let tainted = self.ledger.get(node).is_some_and(|i| i.tainted);
+        let tainted = self.ledger.get(node).is_some_and(|i| i.tainted.is_some());
         let note = if matches!(intent, Intent::PowerOn { .. }) {
             format!("{error}; the machine stays off until the BMC powers it on")
         } else if tainted && matches!(intent, Intent::ConfirmPowerOff { .. }) {

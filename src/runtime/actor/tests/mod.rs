@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::judge::{podha_taint_proves_failure, resumed_tracker};
 use super::*;
 use crate::api::{NodeTaint, PodHAPolicy, PodHAPolicySpec, TAINT_MARKER_ANNOTATION};
+use crate::planner::TAINT_EVICTION_WAIT;
 use crate::runtime::actuator::Outcome;
 use crate::runtime::prober::{PlanSenders, ProbePlan};
 use crate::runtime::writer::ActResult;
@@ -253,6 +254,8 @@ async fn each_action_is_sent_once_and_each_skip_counted_once() {
         h.actor
             .on_result(ActResult { intent, result }, Instant::now());
     }
+    // The taint eviction controller's delete goes first (none comes here).
+    tokio::time::advance(TAINT_EVICTION_WAIT).await;
     h.actor.tick(Instant::now()).await;
     assert_eq!(
         acts(&mut h.writes),
@@ -294,7 +297,7 @@ fn delete_of(pod: &str, version: &str) -> Intent {
 }
 
 #[tokio::test(start_paused = true)]
-async fn ready_pods_are_marked_beside_the_taint_then_deleted_in_the_marked_version() {
+async fn ready_pods_are_marked_before_the_taint_then_deleted_in_the_marked_version() {
     let objects: Vec<Obj> = vec![
         mk_node("node-1").ready(false).into(),
         mk_node("node-2").into(),
@@ -320,8 +323,8 @@ async fn ready_pods_are_marked_beside_the_taint_then_deleted_in_the_marked_versi
     h.actor.tick(Instant::now()).await;
     assert_eq!(
         acts(&mut h.writes),
-        ["taint/node-1", "mark/uid-ns-db-0", "mark/uid-ns-db-1"],
-        "the marks go out with the taint"
+        ["mark/uid-ns-db-0", "mark/uid-ns-db-1"],
+        "the marks go out before the taint"
     );
     let now = Instant::now();
     for (pod, version) in [("db-0", "10"), ("db-1", "11")] {
@@ -337,9 +340,10 @@ async fn ready_pods_are_marked_beside_the_taint_then_deleted_in_the_marked_versi
         );
     }
     h.actor.tick(now).await;
-    assert!(
-        acts(&mut h.writes).is_empty(),
-        "no delete before the taint is on"
+    assert_eq!(
+        acts(&mut h.writes),
+        ["taint/node-1"],
+        "the marks landed: the taint, and no delete before it is on"
     );
     let taint = Intent::TaintNode {
         node: "node-1".into(),
@@ -353,6 +357,8 @@ async fn ready_pods_are_marked_beside_the_taint_then_deleted_in_the_marked_versi
         },
         now,
     );
+    // No taint eviction controller here: podha deletes once its wait is over.
+    let now = now + TAINT_EVICTION_WAIT;
     h.actor.tick(now).await;
     assert_eq!(
         h.writes.queued_intents(),
@@ -443,6 +449,7 @@ async fn a_policy_created_after_the_node_died_acts_on_it() {
     h.run_for(2).await;
     assert_eq!(acts(&mut h.writes), ["taint/node-1"]);
     h.applied(taint_of("node-1"));
+    tokio::time::advance(TAINT_EVICTION_WAIT).await;
     h.run_for(1).await;
     assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-node-1"]);
 }
@@ -466,6 +473,7 @@ async fn dry_run_turned_off_mid_incident_acts_on_it() {
     h.actor.tick(Instant::now()).await;
     assert_eq!(acts(&mut h.writes), ["taint/node-1"], "on the next tick");
     h.applied(taint_of("node-1"));
+    tokio::time::advance(TAINT_EVICTION_WAIT).await;
     h.actor.tick(Instant::now()).await;
     assert_eq!(acts(&mut h.writes), ["delete/uid-ns-db-node-1"]);
 }
