@@ -22,9 +22,12 @@
 //! - **Stale readiness.** A pod still Ready on a dead node shows what the dead kubelet last
 //!   wrote. The node lifecycle controller marks such pods NotReady only after its grace period
 //!   (50 s by default); podha marks the pods it will move NotReady as soon as it judges the node
-//!   dead (beside the taint: a mark moves nothing), and deletes each one in the version its mark
+//!   dead (before the taint: a mark moves nothing), and deletes each one in the version its mark
 //!   produced, or once the watch shows it not Ready. A pod that changed after podha marked it
 //!   and is Ready again is left alone: something alive keeps reporting it.
+//! - **Taint eviction first** (see `eviction.rs`): under the out-of-service taint, podha's
+//!   delete waits (at most `TAINT_EVICTION_WAIT`) for Kubernetes' own, which goes by name and
+//!   would otherwise hit the replacement.
 //! - **Taint first.** A pod is deleted only once its node's taint is on: the taint this
 //!   incident put on (ledger), or one found on the node once the policy's fencing proof is
 //!   there (see `taints::tainted_for`); a replacement created before could be scheduled
