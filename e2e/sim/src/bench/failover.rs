@@ -251,6 +251,9 @@ pub struct Trial {
     /// With the BMC's proof: the BMC's own delay, from accepting podha's `ForceOff` to saying
     /// `Off` (podha's `power_off` phase).
     pub bmc_apply_s: Option<f64>,
+    /// Pods of the subject's name the controller manager deleted after podha deleted the
+    /// subject: replacements (the API server's audit log, `audit::replacements_deleted`).
+    pub replacements_deleted: usize,
     pub steps: Vec<(String, f64)>,
 }
 
@@ -269,6 +272,7 @@ impl Trial {
             detach_s: secs(t.phase(Phase::Detach)),
             recover_s: secs(t.phase(Phase::Recover)),
             bmc_apply_s: None,
+            replacements_deleted: 0,
             steps: t
                 .steps
                 .iter()
@@ -299,6 +303,8 @@ pub struct Summary {
     /// iomesh-like median / this mode's median, on the same kind of node.
     pub speedup_vs_iomesh_like: Option<f64>,
     pub not_recovered_within_s: Option<f64>,
+    /// Replacements the controller manager deleted, over every trial.
+    pub replacements_deleted: usize,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -359,6 +365,7 @@ pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
                             .reduce(f64::min)
                     })
                     .flatten(),
+                replacements_deleted: of.iter().map(|t| t.replacements_deleted).sum(),
             }
         })
         .collect();
@@ -377,8 +384,8 @@ pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
 pub fn render(summaries: &[Summary]) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
-        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | BMC apply | median without it | vs iomesh-like |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | BMC apply | median without it | vs iomesh-like | replacements deleted |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         let median = match (s.median_s, s.not_recovered_within_s) {
@@ -390,7 +397,7 @@ pub fn render(summaries: &[Summary]) -> String {
             .speedup_vs_iomesh_like
             .map_or("-".to_string(), |r| format!("{r:.1}x"));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s.mode.name(),
             s.nodes.name(),
             s.trials,
@@ -404,7 +411,8 @@ pub fn render(summaries: &[Summary]) -> String {
             f(s.recover_median_s),
             f(s.bmc_apply_median_s),
             f(s.without_bmc_apply_median_s),
-            ratio
+            ratio,
+            s.replacements_deleted
         ));
     }
     out
@@ -462,14 +470,24 @@ async fn run_group(
         if group.mode.needs_bmcs() {
             trial.bmc_apply_s = bmc_apply(power_off_before, power_off_phase(cluster, podha, group));
         }
+        trial.replacements_deleted = match cluster.audited_requests() {
+            Ok(requests) => crate::cluster::audit::replacements_deleted(&requests, &ns, "db-0"),
+            Err(e) => {
+                return (
+                    trials,
+                    Some(anyhow::Error::from(e).context("the audit log")),
+                );
+            }
+        };
         eprintln!(
-            "[{ns}] {} after {:.1?}",
+            "[{ns}] {} after {:.1?}; replacements deleted by the controller manager: {}",
             trial
                 .recovered_s
                 .map_or("not recovered".to_string(), |s| format!(
                     "recovered in {s:.1}s"
                 )),
-            started.elapsed()
+            started.elapsed(),
+            trial.replacements_deleted
         );
         trials.push(trial);
         if k < args.trials {
@@ -712,6 +730,7 @@ mod tests {
             detach_s: None,
             recover_s: None,
             bmc_apply_s: None,
+            replacements_deleted: 0,
             steps: Vec::new(),
         }
     }

@@ -43,6 +43,10 @@ pub(super) fn log_path(dir: &Path) -> PathBuf {
 pub struct Request {
     pub verb: String,
     pub user: User,
+    /// The client's User-Agent: tells the controller manager from podha where both use the
+    /// cluster's admin credentials (podha run as a process on this machine).
+    #[serde(default)]
+    pub user_agent: Option<String>,
     pub object_ref: Option<ObjectRef>,
     pub response_status: Option<ResponseStatus>,
     pub stage: String,
@@ -83,6 +87,34 @@ impl Request {
     }
 }
 
+/// How many pods named `namespace/name` the controller manager (its taint eviction, or pod GC)
+/// deleted after another client, podha, had deleted one of that name: podha force-deletes the
+/// pod of the dead node by its UID, so any pod of that name deleted after it is a replacement.
+/// Answers other than 200 delete nothing and are not counted.
+pub fn replacements_deleted(requests: &[Request], namespace: &str, name: &str) -> usize {
+    let mut deleted_by_another = false;
+    let mut replacements = 0;
+    let deletes = requests
+        .iter()
+        .filter(|r| r.is("delete", "pods", Some(namespace), name) && r.code() == Some(200));
+    for delete in deletes {
+        if delete.by_controller_manager() {
+            replacements += usize::from(deleted_by_another);
+        } else {
+            deleted_by_another = true;
+        }
+    }
+    replacements
+}
+
+impl Request {
+    fn by_controller_manager(&self) -> bool {
+        self.user_agent
+            .as_deref()
+            .is_some_and(|agent| agent.starts_with("kube-controller-manager/"))
+    }
+}
+
 /// Every answered request in the audit log at `path` (a line that does not parse, e.g. one
 /// being written, is skipped).
 pub fn answered(path: &Path) -> Result<Vec<Request>> {
@@ -101,6 +133,28 @@ fn parse(text: &str) -> Vec<Request> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn delete(agent: &str, code: u16) -> String {
+        format!(
+            r#"{{"kind":"Event","stage":"ResponseComplete","verb":"delete","user":{{"username":"admin"}},"userAgent":"{agent}","objectRef":{{"resource":"pods","namespace":"ns","name":"db-0"}},"responseStatus":{{"code":{code}}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_controller_managers_delete_after_podhas_is_a_replacements() {
+        let kcm = "kube-controller-manager/v1.34.4 (linux/amd64) kubernetes/abc/tainteviction";
+        let podha = "kube-rs/5.0";
+        let count =
+            |lines: &[String]| replacements_deleted(&parse(&lines.join("\n")), "ns", "db-0");
+        // The taint eviction's delete, then podha's by UID: the replacement is untouched.
+        assert_eq!(count(&[delete(kcm, 200), delete(podha, 200)]), 0);
+        // podha first; the eviction's retry by name finds the replacement.
+        assert_eq!(count(&[delete(podha, 200), delete(kcm, 200)]), 1);
+        // A retry that finds nothing deletes nothing.
+        assert_eq!(count(&[delete(podha, 200), delete(kcm, 404)]), 0);
+        // Without podha (Kubernetes alone): the controller manager's deletes are of the old pod.
+        assert_eq!(count(&[delete(kcm, 200), delete(kcm, 200)]), 0);
+    }
 
     #[test]
     fn answered_requests_are_read_and_matched() {
