@@ -97,7 +97,7 @@ fi
 # release's own accounts and the configured acknowledgers; refused, not silently dropped, on a
 # Kubernetes too old to enforce them.
 for want in "name: podha-node-annotations" "name: podha-leases" "name: podha-tokens" "name: podha-heartbeat-key" "system:serviceaccount:default:podha-agent'" \
-            "system:serviceaccount:default:podha'"; do
+            "system:serviceaccount:default:podha'" "'kubernetes.io/service-account-token'"; do
   grep -q -- "$want" "$work/default.yaml" \
     || { echo "check.sh: the default values render no admission policy '$want'" >&2; exit 1; }
 done

@@ -1,9 +1,11 @@
 //! The chart's admission policies on the sim's real API server: each write podha trusts (the
 //! contract's Node annotations, the agent Leases, podha's leader Lease) is accepted from its
-//! writer only. Agents authenticate as the chart's agent ServiceAccount with tokens a kubelet
-//! requested for a pod on its node (the API server puts the pod and its node in the token's
-//! user info), podha as its own ServiceAccount the same way, a fence controller as a user
-//! listed in `rbac.fenceAcknowledgers`, a kubelet and the admin as themselves.
+//! writer only, and no Secret is made to hold a token of podha's or the agent's account.
+//! Agents authenticate as the chart's agent ServiceAccount with tokens a kubelet requested for
+//! a pod on its node (the API server puts the pod and its node in the token's user info), podha
+//! as its own ServiceAccount the same way, a fence controller as a user listed in
+//! `rbac.fenceAcknowledgers`, a writer of the namespace's Secrets as a ServiceAccount a Role
+//! lets do that, a kubelet and the admin as themselves.
 //!
 //! Needs `make k8s` and `make helm`; without them the test fails with that hint.
 
@@ -15,7 +17,7 @@ use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use libtest_mimic::Arguments;
@@ -30,6 +32,13 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "admission";
 const AGENT_SA: &str = "podha-agent";
 const FENCER_SA: &str = "fencer";
+const SECRET_WRITER_SA: &str = "secret-writer";
+/// A Secret of this type gets a never-expiring token of the ServiceAccount its annotation
+/// [`TOKEN_ACCOUNT_ANNOTATION`] names from the tokens controller.
+const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
+const TOKEN_ACCOUNT_ANNOTATION: &str = "kubernetes.io/service-account.name";
+/// Made before the policies, as on a cluster that had them off.
+const LEGACY_TOKEN_SECRET: &str = "podha-legacy-token";
 /// The chart's default `leaderElection.leaseName`.
 const LEADER_LEASE: &str = "podha-leader";
 
@@ -62,6 +71,8 @@ struct Writers {
     /// podha's ServiceAccount with a token bound to no pod.
     podha_unbound: kube::Client,
     fencer: kube::Client,
+    /// A ServiceAccount that may create and change the Secrets of the namespace, nothing else.
+    secret_writer: kube::Client,
     /// node-1's kubelet (`system:node:node-1`, impersonated by the admin).
     kubelet_1: kube::Client,
     /// `system:masters`, in the chart's default `rbac.annotationCleaners`.
@@ -72,6 +83,7 @@ fn each_write_from_its_writer(shared: &SharedCluster) -> Result<(), libtest_mimi
     run_scenario(shared, NAMESPACE, |ctx| async move {
         let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/podha");
         let fencer = format!("system:serviceaccount:{NAMESPACE}:{FENCER_SA}");
+        legacy_token_secret(&ctx.client).await?;
         chart_rbac::apply_agent_policies(
             ctx.cluster,
             &chart_rbac::helm_path()?,
@@ -81,6 +93,7 @@ fn each_write_from_its_writer(shared: &SharedCluster) -> Result<(), libtest_mimi
         )?;
         policies_type_check(&ctx.client).await?;
         fence_controller(&ctx.client).await?;
+        secret_writer_account(&ctx.client).await?;
         // Until the API server loaded the policies, the token goes out (and is thrown away).
         let sas: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), NAMESPACE);
         wait_for(
@@ -102,6 +115,7 @@ fn each_write_from_its_writer(shared: &SharedCluster) -> Result<(), libtest_mimi
         agent_leases(&w).await?;
         leader_lease(&w).await?;
         heartbeat_key(&w).await?;
+        token_secrets(&w).await?;
 
         log(NAMESPACE, "a kubelet's status updates go on");
         let status = json!({"status": {"conditions": [{
@@ -436,6 +450,153 @@ async fn heartbeat_key(w: &Writers) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn token_secrets(w: &Writers) -> anyhow::Result<()> {
+    log(
+        NAMESPACE,
+        "no Secret is made to hold a token of podha's or the agent's account",
+    );
+    for (who, client) in [
+        ("a writer of the namespace's Secrets", &w.secret_writer),
+        ("an admin", &w.admin),
+    ] {
+        for sa in [RELEASE, AGENT_SA] {
+            refused(
+                create_secret(client, token_secret("minted", sa)?).await,
+                &format!("{who} making a Secret hold a token of {sa}"),
+                &format!("may not make Secret minted hold a token of {sa}"),
+            )?;
+        }
+    }
+
+    log(
+        NAMESPACE,
+        "other Secrets, and token Secrets of other accounts, are made as before",
+    );
+    // Named like podha's account and annotated with it, but of a type that holds no token.
+    let plain: Secret = serde_json::from_value(json!({
+        "metadata": {"name": RELEASE, "annotations": {TOKEN_ACCOUNT_ANNOTATION: RELEASE}},
+        "data": {"password": "c2VjcmV0"},
+    }))?;
+    create_secret(&w.secret_writer, plain)
+        .await
+        .context("a writer of Secrets making an ordinary Secret")?;
+    create_secret(&w.secret_writer, token_secret("fencer-token", FENCER_SA)?)
+        .await
+        .context("a writer of Secrets making a token Secret of the fence controller")?;
+    let secrets = Api::<Secret>::namespaced(w.secret_writer.clone(), NAMESPACE);
+    refused(
+        secrets
+            .patch(
+                "fencer-token",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    TOKEN_ACCOUNT_ANNOTATION: RELEASE,
+                    "kubernetes.io/service-account.uid": null,
+                }}})),
+            )
+            .await,
+        "a writer of Secrets handing the fence controller's token Secret to podha",
+        &format!("may not make Secret fencer-token hold a token of {RELEASE}"),
+    )?;
+
+    log(
+        NAMESPACE,
+        "a token Secret of podha's from before the policies may be retired, not handed on",
+    );
+    secrets
+        .patch(
+            LEGACY_TOKEN_SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "kubernetes.io/legacy-token-invalid-since": "2026-01-01"
+            }}})),
+        )
+        .await
+        .context("marking podha's legacy token Secret invalid, as the legacy token cleaner does")?;
+    refused(
+        secrets
+            .patch(
+                LEGACY_TOKEN_SECRET,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    TOKEN_ACCOUNT_ANNOTATION: AGENT_SA,
+                    "kubernetes.io/service-account.uid": null,
+                }}})),
+            )
+            .await,
+        "a writer of Secrets handing podha's legacy token Secret to the agent",
+        &format!("may not make Secret {LEGACY_TOKEN_SECRET} hold a token of {AGENT_SA}"),
+    )?;
+    for name in [RELEASE, "fencer-token", LEGACY_TOKEN_SECRET] {
+        secrets
+            .delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("a writer of Secrets deleting Secret {name}"))?;
+    }
+    Ok(())
+}
+
+/// A Secret that asks the tokens controller for a token of ServiceAccount `sa`.
+fn token_secret(name: &str, sa: &str) -> anyhow::Result<Secret> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {TOKEN_ACCOUNT_ANNOTATION: sa}},
+        "type": TOKEN_SECRET_TYPE,
+    }))?)
+}
+
+async fn create_secret(client: &kube::Client, secret: Secret) -> kube::Result<Secret> {
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await
+}
+
+/// podha's ServiceAccount (the chart's, applied over it later) with a token Secret, made while
+/// no policy guards them.
+async fn legacy_token_secret(admin: &kube::Client) -> anyhow::Result<()> {
+    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": RELEASE}}))?,
+        )
+        .await
+        .context("create podha's ServiceAccount ahead of the chart")?;
+    create_secret(admin, token_secret(LEGACY_TOKEN_SECRET, RELEASE)?)
+        .await
+        .context("create a token Secret of podha's before the policies")?;
+    Ok(())
+}
+
+/// A ServiceAccount with a Role over the Secrets of the namespace: what the policies, not
+/// RBAC, keep from minting podha's tokens.
+async fn secret_writer_account(admin: &kube::Client) -> anyhow::Result<()> {
+    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": SECRET_WRITER_SA}}))?,
+        )
+        .await
+        .context("create the Secret writer's ServiceAccount")?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": SECRET_WRITER_SA},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                   "verbs": ["get", "create", "update", "patch", "delete"]}]
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &role)
+        .await
+        .context("create the Secret writer's Role")?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": SECRET_WRITER_SA},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SECRET_WRITER_SA},
+        "subjects": [{"kind": "ServiceAccount", "name": SECRET_WRITER_SA, "namespace": NAMESPACE}]
+    }))?;
+    Api::<RoleBinding>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &binding)
+        .await
+        .context("bind the Secret writer's Role")?;
+    Ok(())
+}
+
 /// The API server type-checked every expression of the chart's policies without a warning.
 async fn policies_type_check(admin: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
@@ -521,6 +682,14 @@ async fn writers(ctx: &Ctx<'_>) -> anyhow::Result<Writers> {
         podha_unbound: with_token(token(&on_1, RELEASE, None).await?)?,
         fencer: with_token(
             token(&Api::namespaced(admin.clone(), NAMESPACE), FENCER_SA, None).await?,
+        )?,
+        secret_writer: with_token(
+            token(
+                &Api::namespaced(admin.clone(), NAMESPACE),
+                SECRET_WRITER_SA,
+                None,
+            )
+            .await?,
         )?,
         kubelet_1: kubelet("node-1")?,
         agent_1_pod,
