@@ -115,7 +115,8 @@ impl World {
     /// controller had its time (`TAINT_EVICTION_WAIT`).
     fn taint_landed(&mut self, node: &str) {
         let at = self.now - TAINT_EVICTION_WAIT;
-        self.ledger.record_tainted(node, NodeTaint::OutOfService, at);
+        self.ledger
+            .record_tainted(node, NodeTaint::OutOfService, at);
     }
 
     fn plan(&self) -> Plan {
@@ -884,7 +885,10 @@ fn a_ready_pod_on_a_dead_node_is_marked_not_ready_before_it_is_deleted() {
     world
         .ledger
         .record_marked_not_ready("node-1", &uid, Some("7".into()));
-    assert_eq!(intent_names(&world.plan()), ["taint node-1 podha.io/fenced"]);
+    assert_eq!(
+        intent_names(&world.plan()),
+        ["taint node-1 podha.io/fenced"]
+    );
 
     // Marked and fenced: delete at once, in the version the mark produced (the watch still
     // shows Ready).
