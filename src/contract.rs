@@ -226,6 +226,15 @@ pub fn requested_boot(request: &str) -> Option<&str> {
         .filter(|boot| !boot.is_empty())
 }
 
+/// When a request was made, in unix milliseconds on podha's clock: its middle part (see
+/// [`fence_request`]); `None` when it has none.
+pub fn requested_at(request: &str) -> Option<u128> {
+    match request.split('/').collect::<Vec<_>>()[..] {
+        [_, millis, _] => millis.parse().ok(),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,6 +408,9 @@ mod tests {
         assert_eq!(requested_boot(&fence_request("p", 1, "")), None);
         assert_eq!(requested_boot("p/1700000000000/"), None);
         assert_eq!(requested_policy(&fence_request("db", 1, "b1")), "db");
+        assert_eq!(requested_at(&fence_request("db", 17, "b1")), Some(17));
+        assert_eq!(requested_at("p/1"), None);
+        assert_eq!(requested_at("p/soon/b1"), None);
     }
 
     #[test]

@@ -74,6 +74,13 @@ done
 if grep -q "emptyDir" "$work/full.yaml"; then
   echo "check.sh: the agent's records are in an emptyDir: a new pod would start never heard" >&2; exit 1
 fi
+# The boot history outlives reboots, in a directory of the node's own under the node's /var/lib
+# (nodes that share a host, as the sim's real nodes do, never share it): an agent without it
+# acknowledges no fence request of an earlier boot.
+for want in "--boot-history-file=/var/lib/podha-agent/boots" "^ *path: /var/lib/podha-agent$"; do
+  grep -q -- "$want" "$work/full.yaml" \
+    || { echo "check.sh: the agent's DaemonSet does not keep its boot history on the node ('$want')" >&2; exit 1; }
+done
 # A fence that writes to a BMC interface through an extra hostPath, a watchdog that is no
 # device (the sim's real nodes: e2e/sim/src/chart_install.rs).
 cat > "$work/bmc.yaml" <<'VALUES'

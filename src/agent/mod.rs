@@ -121,6 +121,17 @@ pub struct AgentArgs {
         default_value = shared_kernel::KERNEL_BOOT_ID
     )]
     pub boot_id_file: PathBuf,
+    /// Where the agent keeps this node's boot history: the boot IDs it ran in (the last 64),
+    /// each with when its first agent started. Somewhere reboots keep, of this node alone (the
+    /// chart: /var/lib/podha-agent/<node> on the node). A fence request naming another boot
+    /// than this one is acknowledged without a fence only if it shows that boot as an earlier
+    /// one of this node, asked before this boot began; one it does not is left unanswered.
+    #[arg(
+        long,
+        env = "PODHA_AGENT_BOOT_HISTORY_FILE",
+        default_value = "/var/lib/podha-agent/boots"
+    )]
+    pub boot_history_file: PathBuf,
     /// Where the agent keeps when podha last heard this node (and, beside it, its peer list as
     /// `<file>.peers` and podha's leader's key as `<file>.leader-key`), so that an agent restarted after a crash or in a new pod
     /// goes on from there (a node cut off from podha is still fenced in time) instead of
@@ -412,7 +423,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let lease = advert::AdvertLease::new(client.clone(), &namespace, &args.node, owner);
     let advertise = async {
         tokio::select! {
-            r = requests::follow(client.clone(), &args.node, advert, listening, boot, fencer.clone()) => r,
+            r = requests::follow(client.clone(), &args.node, advert, listening, boot, &args.boot_history_file, fencer.clone()) => r,
             () = lease.keep() => Ok(()),
         }
     };

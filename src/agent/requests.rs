@@ -5,7 +5,14 @@
 //! confirms is not acknowledged (podha proves it by the agent's silence, if the node went down).
 //! A request already acknowledged is not fenced again (the agent restarts on a rebooted node
 //! and sees the old request answered).
+//!
+//! A request names the boot podha asked in, as the Node reported it; that boot ID is written by
+//! anyone who may patch the Node's status, not by the node alone. So a request of another boot
+//! is acknowledged without a fence only when the node's own boot history (see
+//! [`super::boot::BootHistory`]) shows it is an earlier boot of this node, asked before the
+//! boot it runs in now.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -16,9 +23,10 @@ use serde_json::json;
 use tracing::{error, info, warn};
 
 use super::advert::{ADVERT_RETRY, Advert};
+use super::boot::BootHistory;
 use super::{AgentError, FenceCause, Fenced, Fencer};
 use crate::contract::{
-    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, internal_ip, requested_boot,
+    FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION, internal_ip, requested_at, requested_boot,
 };
 use crate::listen::Listening;
 
@@ -27,8 +35,9 @@ use crate::listen::Listening;
 pub enum Answer {
     /// Fence, then acknowledge once the fence is confirmed.
     Fence,
-    /// Acknowledge without a fence: the request was made in an earlier boot of this node, and
-    /// the reboot since was the fence.
+    /// Acknowledge without a fence: the request was made in an earlier boot of this node (its
+    /// boot history shows it had that boot, and the request is older than the boot it runs in
+    /// now), and the reboot since was the fence.
     EarlierBoot,
     /// Neither yet: the request names another boot than the agent's, and the Node (its
     /// `status.nodeInfo.bootID`) does not report the agent's boot either. Either the kubelet
@@ -38,15 +47,36 @@ pub enum Answer {
     /// acknowledgement would then let podha move the volumes of a node that runs on, and a
     /// fence would reset a node that just booted: podha holds the node meanwhile.
     Wait,
+    /// Neither, however long: the request names another boot than the agent's, which the boot
+    /// history cannot show is an earlier one of this node (a boot it never had, or one that had
+    /// ended before the request was made), while the Node reports the agent's boot. That is
+    /// what someone who may patch the Node's status gets by setting its boot ID while podha
+    /// decides (the kubelet dead, the node running on) and setting it back: an acknowledgement
+    /// would let podha move the volumes of a node that runs on. Nor a fence, though it would be
+    /// safe for the data: a history that lost a boot (a new disk, a history kept where a reboot
+    /// empties it, a boot whose agent never started) gets such a request after a real reboot
+    /// too, and as the request stays on the Node until podha's failover is over, every boot
+    /// after would fence again, a reboot loop. Unanswered, podha holds the node, whose volumes
+    /// stay where they are (a node that does go down is still proven fenced by its agent's
+    /// silence); the agent says why, for whoever decides.
+    Unproven,
 }
 
-/// How to answer `request` in boot `this_boot` while the Node reports boot `reported`.
-/// Unknown boots on the request's or the agent's side: fence.
-pub fn answer_for(request: &str, this_boot: Option<&str>, reported: Option<&str>) -> Answer {
+/// How to answer `request` in boot `this_boot` while the Node reports boot `reported`, by the
+/// node's boot `history`. Unknown boots on the request's or the agent's side: fence.
+pub fn answer_for(
+    request: &str,
+    this_boot: Option<&str>,
+    reported: Option<&str>,
+    history: &BootHistory,
+) -> Answer {
     match (requested_boot(request), this_boot.filter(|b| !b.is_empty())) {
         (Some(then), Some(now)) if then == now => Answer::Fence,
-        (Some(_), Some(now)) if reported == Some(now) => Answer::EarlierBoot,
-        (Some(_), Some(_)) => Answer::Wait,
+        (Some(_), Some(now)) if reported != Some(now) => Answer::Wait,
+        (Some(then), Some(now)) if history.earlier(then, requested_at(request), now) => {
+            Answer::EarlierBoot
+        }
+        (Some(_), Some(_)) => Answer::Unproven,
         _ => Answer::Fence,
     }
 }
@@ -66,15 +96,18 @@ pub fn unanswered(node: &Node) -> Option<&str> {
 
 /// Follows the Node `name` for as long as the agent runs (the watch restarts with backoff
 /// while the API server is unreachable): keeps `advert` on it, whenever the Node lacks it (at
-/// start, after the Node was registered again), and answers fence requests.
+/// start, after the Node was registered again), and answers fence requests, by the boot
+/// history at `boot_history` (with `boot`, this one, recorded there first).
 pub async fn follow(
     client: kube::Client,
     name: &str,
     advert: Advert,
     listening: Listening,
     boot: Option<String>,
+    boot_history: &Path,
     fencer: Arc<Fencer>,
 ) -> Result<(), AgentError> {
+    let history = BootHistory::record(boot_history, boot.as_deref());
     let nodes: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(nodes.clone(), config)
@@ -115,7 +148,7 @@ pub async fn follow(
                     _ => refused = false,
                 }
                 if let Some(request) = unanswered(&node) {
-                    let boots = (boot.as_deref(), reported_boot(&node));
+                    let boots = (boot.as_deref(), reported_boot(&node), &history);
                     answer(&nodes, name, request, boots, &fencer, &mut waiting).await;
                 }
             }
@@ -125,17 +158,25 @@ pub async fn follow(
     }
 }
 
-/// `boots`: the boot the agent runs in, and the one the Node reports; `waiting`: the request
-/// last left unanswered, whose warning is not said again.
+/// `boots`: the boot the agent runs in, the one the Node reports, and the node's boot history;
+/// `waiting`: the request last left unanswered, whose warning is not said again.
 async fn answer(
     nodes: &Api<Node>,
     name: &str,
     request: &str,
-    (boot, reported): (Option<&str>, Option<&str>),
+    (boot, reported, history): (Option<&str>, Option<&str>, &BootHistory),
     fencer: &Fencer,
     waiting: &mut Option<String>,
 ) {
-    match answer_for(request, boot, reported) {
+    let answer = answer_for(request, boot, reported, history);
+    if matches!(answer, Answer::Wait | Answer::Unproven) {
+        if waiting.as_deref() != Some(request) {
+            *waiting = Some(request.to_string());
+            say_unanswered(name, request, answer, (boot, reported));
+        }
+        return;
+    }
+    match answer {
         Answer::Fence => {
             let why = format!("podha asked for it (request {request})");
             let cause = FenceCause::Request(request.to_string());
@@ -147,22 +188,7 @@ async fn answer(
             node = name,
             request, "a fence asked of an earlier boot: the reboot was the fence"
         ),
-        Answer::Wait => {
-            if waiting.as_deref() == Some(request) {
-                return;
-            }
-            *waiting = Some(request.to_string());
-            warn!(
-                node = name,
-                request,
-                boot,
-                reported,
-                "a fence asked of another boot than this agent's, while the Node does not report \
-                 this agent's boot either: not answered until it does (is --boot-id-file the \
-                 boot ID the kubelet reports?)"
-            );
-            return;
-        }
+        Answer::Wait | Answer::Unproven => return,
     }
     let patch = json!({"metadata": {"annotations": {FENCE_ACK_ANNOTATION: request}}});
     match nodes
@@ -172,6 +198,37 @@ async fn answer(
         Ok(_) => info!(node = name, request, "fence acknowledged"),
         Err(e) => warn!(node = name, error = %e, "cannot acknowledge the fence"),
     }
+}
+
+/// Says why `request` is left unanswered (`answer`: [`Answer::Wait`] or [`Answer::Unproven`]).
+fn say_unanswered(
+    name: &str,
+    request: &str,
+    answer: Answer,
+    (boot, reported): (Option<&str>, Option<&str>),
+) {
+    if answer == Answer::Unproven {
+        warn!(
+            node = name,
+            request,
+            boot,
+            "a fence asked of another boot than this agent's, which this node's boot history \
+             does not show as an earlier one asked before this boot (never this node's, or \
+             ended before the request): not answered, podha holds the node; someone who may \
+             patch the Node's status may have changed its bootID. Find out, then fence the \
+             node or remove the request"
+        );
+        return;
+    }
+    warn!(
+        node = name,
+        request,
+        boot,
+        reported,
+        "a fence asked of another boot than this agent's, while the Node does not report this \
+         agent's boot either: not answered until it does (is --boot-id-file the boot ID the \
+         kubelet reports?)"
+    );
 }
 
 #[cfg(test)]
@@ -190,47 +247,85 @@ mod tests {
         n
     }
 
+    /// The node had b1 (its first agent started at 100) and runs in b2 (from 200).
+    fn history() -> BootHistory {
+        BootHistory::parse("b1 100\nb2 200\n")
+    }
+
     #[test]
-    fn a_request_of_an_earlier_boot_needs_no_fence_and_an_unknown_boot_does() {
-        let b2 = Some("b2");
+    fn a_request_of_this_boot_or_of_none_known_is_carried_out() {
+        let (b1, b2, h) = (Some("b1"), Some("b2"), &history());
         assert_eq!(
-            answer_for("p/1/b1", Some("b1"), Some("b1")),
+            answer_for("p/150/b1", b1, b1, h),
             Answer::Fence,
             "this boot"
         );
         assert_eq!(
-            answer_for("p/1/b1", b2, b2),
-            Answer::EarlierBoot,
-            "rebooted since"
-        );
-        assert_eq!(
-            answer_for("p/1/", b2, b2),
+            answer_for("p/150/", b2, b2, h),
             Answer::Fence,
             "the request names no boot"
         );
         assert_eq!(
-            answer_for("p/1/b1", None, b2),
+            answer_for("p/150/b1", None, b2, h),
             Answer::Fence,
             "this boot unknown"
         );
         assert_eq!(
-            answer_for("p/1/b1", Some(""), b2),
+            answer_for("p/150/b1", Some(""), b2, h),
             Answer::Fence,
             "this boot unknown"
         );
     }
 
     #[test]
+    fn a_request_of_an_earlier_boot_the_history_shows_needs_no_fence() {
+        let b2 = Some("b2");
+        assert_eq!(
+            answer_for("p/150/b1", b2, b2, &history()),
+            Answer::EarlierBoot,
+            "asked in b1, rebooted since"
+        );
+        let longer = BootHistory::parse("b0 50\nb1 100\nb2 200\n");
+        assert_eq!(
+            answer_for("p/60/b0", b2, b2, &longer),
+            Answer::EarlierBoot,
+            "two reboots since"
+        );
+    }
+
+    #[test]
+    fn a_request_of_a_boot_the_history_does_not_show_earlier_is_not_answered() {
+        let (b2, h) = (Some("b2"), &history());
+        // The Node's boot ID set to a boot this node never had while podha asked, then back.
+        assert_eq!(answer_for("p/250/zz", b2, b2, h), Answer::Unproven);
+        // The same with a boot it had, long over: the request is younger than this boot.
+        assert_eq!(answer_for("p/250/b1", b2, b2, h), Answer::Unproven);
+        // A request whose time cannot be read cannot be placed before this boot.
+        assert_eq!(answer_for("p/soon/b1", b2, b2, h), Answer::Unproven);
+        // A history that lost b1 (or never had it): not answered either, never fenced anew.
+        let lost = BootHistory::parse("b2 200\n");
+        assert_eq!(answer_for("p/150/b1", b2, b2, &lost), Answer::Unproven);
+        assert_eq!(
+            answer_for("p/150/b1", b2, b2, &BootHistory::default()),
+            Answer::Unproven
+        );
+    }
+
+    #[test]
     fn another_boot_is_an_earlier_one_only_when_the_node_reports_the_agents_boot() {
+        let h = &history();
         // The agent's boot ID is not the kubelet's (a container's /proc on a node that poses
         // as a machine): the request names the boot the Node reports; no acknowledgement.
         assert_eq!(
-            answer_for("p/1/posed", Some("host"), Some("posed")),
+            answer_for("p/250/posed", Some("host"), Some("posed"), h),
             Answer::Wait
         );
         // Rebooted, but the kubelet has not reported the new boot yet: wait for it.
-        assert_eq!(answer_for("p/1/b1", Some("b2"), Some("b1")), Answer::Wait);
-        assert_eq!(answer_for("p/1/b1", Some("b2"), None), Answer::Wait);
+        assert_eq!(
+            answer_for("p/150/b1", Some("b2"), Some("b1"), h),
+            Answer::Wait
+        );
+        assert_eq!(answer_for("p/150/b1", Some("b2"), None, h), Answer::Wait);
     }
 
     #[test]

@@ -167,6 +167,11 @@ pub struct NodeObservations {
     podha_tainted_since: Option<Instant>,
     /// The node's boot ID (`status.nodeInfo.bootID`) as last seen.
     boot_id: Option<String>,
+    /// podha saw the node's Lease renewed in the boot the Node reports: a renewal seen after
+    /// it saw that boot ID, with no gap in its view since (one may hide the boot ID changed and
+    /// changed back). Anyone who may patch the Node's status can set its boot ID; the Lease
+    /// renewals come from its kubelet, so only they show a boot that runs.
+    renewed_in_boot: bool,
     /// The fence acknowledgement on the Node as last seen, with the Lease renewals podha saw
     /// since in the same boot.
     fence_ack: Option<AckSeen>,
@@ -192,6 +197,7 @@ impl NodeObservations {
             last_seen_alive: None,
             podha_tainted_since: None,
             boot_id: None,
+            renewed_in_boot: false,
             fence_ack: None,
             gap_since: None,
             gap_epoch: 0,
@@ -210,6 +216,9 @@ impl NodeObservations {
         );
         self.lease_baseline = self.lease_baseline.max(at);
         self.last_renewal = Some(self.last_renewal.map_or(at, |r| r.max(at)));
+        if self.boot_id.is_some() && self.gap_since.is_none() {
+            self.renewed_in_boot = true;
+        }
         self.saw_alive(at);
     }
 
@@ -318,6 +327,7 @@ impl NodeObservations {
         };
         if self.boot_id.as_deref().is_some_and(|before| before != now) {
             self.restart_agent_hearing(at);
+            self.renewed_in_boot = false;
             // A new boot after the fence: its renewals contradict nothing.
             if let Some(ack) = &mut self.fence_ack {
                 ack.rebooted = true;
@@ -355,6 +365,13 @@ impl NodeObservations {
             .map_or(0, |a| a.renewals_since)
     }
 
+    /// Whether podha saw the node's Lease renewed in the boot the Node reports (see
+    /// `renewed_in_boot`): what shows that boot runs, and so that a boot the Node reported
+    /// before ended.
+    pub fn renewed_in_boot(&self) -> bool {
+        self.renewed_in_boot
+    }
+
     /// The instant the last renewal podha saw happened no earlier than (see
     /// `renewal_not_before`): what shows a node ran on after some instant.
     pub fn renewal_not_before(&self) -> Option<Instant> {
@@ -389,6 +406,7 @@ impl NodeObservations {
     /// unreachable, leadership changing). Until [`Self::end_gap`], probes count nothing.
     /// Idempotent: a gap already open stays open from its first start.
     pub fn begin_gap(&mut self, at: Instant) {
+        self.renewed_in_boot = false;
         if self.gap_since.is_none() {
             self.gap_since = Some(at);
             self.gap_epoch += 1;

@@ -58,6 +58,10 @@ pub struct Heartbeat {
     /// How many renewals of the node's Lease podha saw after the fence acknowledgement on the
     /// Node, in the boot it was written in: a node fenced does not renew.
     pub renewals_since_ack: u32,
+    /// Whether podha saw the node's Lease renewed in the boot its Node reports, after it saw
+    /// that boot ID (see `NodeObservations::renewed_in_boot`): only then does a boot the Node
+    /// reported before count as ended.
+    pub renewed_in_boot: bool,
     /// The Lease's `renewTime` as podha last saw it: a machine whose Lease says otherwise
     /// right before its `ForceOff` renewed since (see `Intent::PowerOff`).
     pub renew_time: Option<k8s_openapi::jiff::Timestamp>,

@@ -36,6 +36,7 @@ use super::holds::{Heartbeat, Heartbeats};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
     AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, fenced_within,
+    requested_boot,
 };
 use crate::incident::PowerOff;
 use crate::view::View;
@@ -90,6 +91,9 @@ pub struct AgentEvidence<'a> {
     /// Renewals of the node's Lease podha saw after the fence acknowledgement on the Node, in
     /// its boot (see [`ACK_CONTRADICTED_BY`]).
     pub renewals_since_ack: u32,
+    /// Whether podha saw the node's Lease renewed in the boot the Node reports, after it saw
+    /// that boot ID (see `Heartbeat::renewed_in_boot`).
+    pub renewed_in_boot: bool,
 }
 
 /// How old a node's agent Lease was when the agent fell silent.
@@ -142,9 +146,22 @@ impl AgentEvidence<'_> {
 
 impl AgentEvidence<'_> {
     /// What `node`'s acknowledgement says of this incident's fence request (see
-    /// [`acknowledgement`]).
+    /// [`acknowledgement`]). A request of another boot than the one the Node reports is
+    /// acknowledged without a fence (the reboot was one), and the Node's boot ID is written by
+    /// anyone who may patch its status: a boot ID changed while podha asked, then changed back,
+    /// looks the same. Only the node's kubelet renewing its Lease in the boot the Node reports
+    /// shows that boot runs, and the one the request names ended.
     pub fn acknowledgement(&self, node: &Node) -> Acknowledgement {
-        acknowledgement(node, self.request, self.renewals_since_ack)
+        let said = acknowledgement(node, self.request, self.renewals_since_ack);
+        let of_another_boot = self
+            .request
+            .and_then(requested_boot)
+            .zip(boot_id(node))
+            .is_some_and(|(then, now)| then != now);
+        if said == Acknowledgement::Given && of_another_boot && !self.renewed_in_boot {
+            return Acknowledgement::RebootUnheard;
+        }
+        said
     }
 
     /// How much of the silence counts: the part since podha has heard enough agents (see
@@ -298,6 +315,7 @@ pub fn agent_evidence<'a>(
         quorum_for: quorum_since.map(|since| now.saturating_duration_since(since)),
         request,
         renewals_since_ack: own.map_or(0, |hb| hb.renewals_since_ack),
+        renewed_in_boot: own.is_some_and(|hb| hb.renewed_in_boot),
     }
 }
 
@@ -517,6 +535,12 @@ pub fn system_uuid_shared_with<'v>(view: &'v View, name: &str, node: &Node) -> O
         .map(|(other, _)| other.as_str())
 }
 
+/// The boot `node` reports (`status.nodeInfo.bootID`), if it reports one.
+fn boot_id(node: &Node) -> Option<&str> {
+    let id = node.status.as_ref()?.node_info.as_ref()?.boot_id.as_str();
+    (!id.is_empty()).then_some(id)
+}
+
 /// What the acknowledgement on a node says of a fence request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acknowledgement {
@@ -529,6 +553,11 @@ pub enum Acknowledgement {
     /// and neither the acknowledgement nor (while the kubelet writes) the agent's silence
     /// proves it did.
     Contradicted { renewals: u32 },
+    /// The request, of another boot than the one the Node reports, acknowledged, but podha has
+    /// not seen the node's Lease renewed in the boot the Node reports: nothing shows the boot
+    /// the request names ended (see [`AgentEvidence::acknowledgement`]), and the
+    /// acknowledgement proves nothing until it does.
+    RebootUnheard,
 }
 
 /// What `node`'s acknowledgement (`podha.io/fence-ack`) says of `request`, given how many

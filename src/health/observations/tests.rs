@@ -333,6 +333,39 @@ fn renewals_after_a_fence_acknowledgement_count_until_the_node_reboots() {
     assert_eq!(obs.renewals_since_ack(), 0);
 }
 
+/// A boot the Node reports is shown to run only by a renewal of its Lease seen after podha saw
+/// that boot ID, with no gap since: the boot ID changed (and changed back), or a gap in podha's
+/// view that may hide such changes, wait for the next renewal.
+#[test]
+fn only_a_renewal_after_the_boot_id_was_seen_shows_that_boot_runs() {
+    let t0 = Instant::now();
+    let mut obs = NodeObservations::new(t0);
+    obs.lease_renewed(t0 + s(1));
+    assert!(!obs.renewed_in_boot(), "no boot known yet");
+    obs.observe_boot_id(Some("boot-1"), t0 + s(2));
+    obs.lease_renewed(t0 + s(10));
+    assert!(obs.renewed_in_boot());
+    obs.observe_boot_id(Some("boot-1"), t0 + s(15));
+    assert!(obs.renewed_in_boot(), "the same boot delivered again");
+    obs.observe_boot_id(Some("flipped"), t0 + s(20));
+    obs.observe_boot_id(Some("boot-1"), t0 + s(21));
+    assert!(
+        !obs.renewed_in_boot(),
+        "the boot ID changed and back: renewed before, not since"
+    );
+    obs.lease_renewed(t0 + s(30));
+    assert!(obs.renewed_in_boot());
+    obs.begin_gap(t0 + s(35));
+    assert!(!obs.renewed_in_boot(), "a gap may hide a change");
+    obs.lease_renewed(t0 + s(40));
+    assert!(!obs.renewed_in_boot(), "seen in the gap");
+    obs.end_gap(t0 + s(41));
+    obs.lease_renewed(t0 + s(50));
+    assert!(obs.renewed_in_boot());
+    obs.gap(t0 + s(55));
+    assert!(!obs.renewed_in_boot(), "a new leadership term");
+}
+
 /// A renewal seen when podha's view of the Leases is whole happened by the time it was seen; one
 /// seen at the end of a gap may have been written any time in it: it happened no earlier than
 /// the gap's start, which is what shows a node ran on after some instant.

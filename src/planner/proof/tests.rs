@@ -422,6 +422,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         agent_silent_since: silent_since,
         tainted_since: None,
         renewals_since_ack: 0,
+        renewed_in_boot: false,
         renew_time: None,
     };
     // The host refused (the agent not running): an answer, not the agent's.
@@ -461,6 +462,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             quorum_for: Some(secs(30)),
             request: Some("p/1"),
             renewals_since_ack: 0,
+            renewed_in_boot: false,
         },
         "n2 heard, n3 too long ago, n4 never, n6 only refused, n7 (no Lease: the agents still \
          count it among their peers) never; a node without an agent is not expected"

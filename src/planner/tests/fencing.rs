@@ -318,6 +318,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
             renewals_since_ack: 0,
+            renewed_in_boot: false,
             renew_time: None,
         };
         world.heartbeats.insert(other, alive);
@@ -344,6 +345,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             agent_silent_since: Some(since),
             tainted_since: None,
             renewals_since_ack: 0,
+            renewed_in_boot: false,
             renew_time: None,
         },
     );

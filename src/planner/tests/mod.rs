@@ -827,6 +827,7 @@ fn renewed_at(at: Instant) -> Heartbeat {
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,
+        renewed_in_boot: false,
         renew_time: None,
     }
 }

@@ -346,6 +346,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,
+        renewed_in_boot: false,
         renew_time: None,
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
@@ -403,6 +404,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,
+        renewed_in_boot: false,
         renew_time: None,
     };
     let mut tcp = max_unhealthy(oos(), 1);
@@ -463,6 +465,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
         agent_silent_since: silent.map(|p| t0 + s(p)),
         tainted_since: None,
         renewals_since_ack: 0,
+        renewed_in_boot: false,
         renew_time: None,
     };
     let mut spec = max_unhealthy(oos(), 1);

@@ -213,6 +213,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
                 renewals_since_ack: obs.renewals_since_ack(),
+                renewed_in_boot: obs.renewed_in_boot(),
                 renew_time: obs.renew_time(),
             };
             (node.clone(), hb)

@@ -136,6 +136,13 @@ impl Cluster {
         self.dir.join("nodes").join(name).join("agent-heard")
     }
 
+    /// Where node `name`'s agent keeps the node's boot history (`--boot-history-file`): beside
+    /// the hearing file, which a reboot removes, but kept, as the chart keeps it under the
+    /// node's /var/lib (the host's, which every kwok agent shares, would mix the nodes' boots).
+    pub fn agent_boot_history_file(&self, name: &str) -> PathBuf {
+        self.dir.join("nodes").join(name).join("agent-boots")
+    }
+
     fn start_agent(
         &self,
         st: &mut State,
@@ -168,6 +175,10 @@ impl Cluster {
             ))
             .arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
             .arg(format!("--boot-id-file={}", boot_id_file.display()))
+            .arg(format!(
+                "--boot-history-file={}",
+                self.agent_boot_history_file(&rec.name).display()
+            ))
             .arg(format!(
                 "--hearing-file={}",
                 self.agent_hearing_file(&rec.name).display()
