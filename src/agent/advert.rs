@@ -255,8 +255,8 @@ impl AdvertLease {
 }
 
 /// Takes the advert off the Node and deletes the Lease, at most [`WITHDRAW_WITHIN`]: the agent
-/// stops and will fence nothing. Whether the API server confirmed both: until it has, podha
-/// may still count the agent's silence as a fence.
+/// stops and will fence nothing. Whether the withdrawal is settled (see [`settled`]): until it
+/// is, podha may still count the agent's silence as a fence.
 pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) -> bool {
     let patch = removal();
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
@@ -264,6 +264,16 @@ pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) -> boo
     match tokio::time::timeout(WITHDRAW_WITHIN, both).await {
         Ok((Ok(_), Ok(()))) => {
             info!(node, "agent advert and Lease withdrawn");
+            true
+        }
+        Ok((advert, lease)) if settled(&advert) && settled(&lease) => {
+            warn!(
+                node,
+                advert = ?advert.err(),
+                lease = ?lease.err(),
+                "the API server refuses the agent's withdrawal: its identity or its Node is gone \
+                 (uninstalled), and its Lease goes with its Pod"
+            );
             true
         }
         Ok((advert, lease)) => {
@@ -285,11 +295,27 @@ pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) -> boo
     }
 }
 
+/// Whether one write of the withdrawal is settled: the API server did it, or answered that
+/// the agent's identity or its object is gone (401, 403, 404). An uninstall (or
+/// `agent.enabled=false`) deletes the agent's ServiceAccount and RBAC together with its
+/// DaemonSet, so its pods are stopped by then; their Leases go with them (each is owned by its
+/// Pod), and podha counts no agent's silence without its Lease. Waiting on would leave every
+/// agent to the kubelet's kill with its watchdog armed: every node reset. An API server that
+/// does not answer (a node cut off), or answers anything else, settles nothing.
+fn settled<T>(write: &Result<T, kube::Error>) -> bool {
+    match write {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) => matches!(status.code, 401 | 403 | 404),
+        Err(_) => false,
+    }
+}
+
 /// How advertising the agent ended.
 #[derive(Debug)]
 pub enum Advertising {
-    /// Stopped on purpose, and the API server confirmed the advert and the Lease gone: podha
-    /// counts none of this agent's silence, and its watchdog may be disarmed.
+    /// Stopped on purpose, and the withdrawal settled (the API server confirmed the advert and
+    /// the Lease gone, or that the agent is uninstalled): podha counts none of this agent's
+    /// silence, and its watchdog may be disarmed.
     Withdrawn,
     /// `advertise` itself ended.
     Ended(Result<(), AgentError>),
@@ -306,7 +332,8 @@ impl Advertising {
 }
 
 /// Runs `advertise` (the Lease's renewals, the Node's advert, the fence requests) until `stop`,
-/// then withdraws the advert, again every [`WITHDRAW_RETRY`] until the API server confirms it.
+/// then withdraws the advert, again every [`WITHDRAW_RETRY`] until the withdrawal is settled
+/// (`withdraw` true: see [`settled`]).
 /// Until then the agent keeps serving and petting its watchdog by the usual rules (the caller
 /// runs those beside this), so a node cut off from the API server when its agent is stopped is
 /// fenced like any other cut-off node: a watchdog disarmed before the withdrawal would leave an
@@ -556,6 +583,33 @@ mod tests {
             .expect("ends once confirmed");
         assert!(matches!(ended, Advertising::Withdrawn), "{ended:?}");
         assert_eq!(tries.load(Ordering::SeqCst), tried + 3);
+    }
+
+    /// A write the API server did is settled, and so is one it refuses because the agent's
+    /// identity or object is gone (an uninstall); one it never answered, or refused otherwise,
+    /// is not.
+    #[test]
+    fn a_withdrawal_is_settled_by_the_api_servers_word_not_by_its_silence() {
+        let answered = |code: u16| -> Result<(), kube::Error> {
+            Err(kube::Error::Api(
+                kube::core::Status {
+                    code,
+                    ..kube::core::Status::default()
+                }
+                .boxed(),
+            ))
+        };
+        assert!(settled(&Ok::<(), kube::Error>(())));
+        for gone in [401, 403, 404] {
+            assert!(settled(&answered(gone)), "{gone}");
+        }
+        for unsettled in [409, 429, 500, 503] {
+            assert!(!settled(&answered(unsettled)), "{unsettled}");
+        }
+        let unreachable: Result<(), kube::Error> = Err(kube::Error::Service(Box::new(
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "cut off"),
+        )));
+        assert!(!settled(&unreachable));
     }
 
     /// Advertising that ends by itself (its Node watch ended) is no stop: nothing withdrawn.
