@@ -395,8 +395,10 @@ fn plan_fence(
     }
     // The taint once every mark landed: a pod updated on a node with the out-of-service taint
     // has the taint eviction controller queue its delete by name again (see `eviction`). A
-    // rehearsal lands nothing and says both at once.
-    if moving && !tainted && (np.marks.is_empty() || rehearsal) {
+    // mark that only a rehearsal would send (its pod's policy in `dryRun`) never lands, and a
+    // rehearsing node policy says both at once.
+    let marks_pending = np.marks.iter().any(|(owner, _)| !owner.spec.dry_run);
+    if moving && !tainted && (!marks_pending || rehearsal) {
         out.intents.extend(taints::plan_taint(
             node,
             policy,

@@ -62,3 +62,41 @@ fn podhas_fence_evicts_nothing_and_its_deletes_wait_for_nothing() {
     let world = marked_and_tainted(delete_pods(), NodeTaint::Fence);
     assert_eq!(intent_names(&world.plan()), ["delete ns/db-0 in version 7"]);
 }
+
+/// A mark only a rehearsal would send (its pod's policy in `dryRun`) never lands: the node's
+/// taint waits for the marks that do, not for it.
+#[test]
+fn a_rehearsed_mark_does_not_hold_the_taint() {
+    // "a-live" owns the node and live/web-0; "b-dry", in dry run, owns ns/db-0: both Ready.
+    let view = cluster_with_pod(true, false)
+        .with(mk_namespace("ns").label("team", "dry"))
+        .with(mk_namespace("live").label("team", "live"))
+        .with(
+            mk_pod("live", "web-0")
+                .on("node-1")
+                .owned_by_sts("web")
+                .claim("data-web")
+                .ready(true),
+        )
+        .with(mk_pvc("live", "data-web").bound_to("pv-web"))
+        .with(mk_csi_pv("pv-web", DRIVER));
+    let live = with_action(mk_spec(), Action::OutOfServiceTaint)
+        .namespace_selector(ns_selector("team", "live"));
+    let dry = dry_run(mk_spec().namespace_selector(ns_selector("team", "dry")));
+    let mut world = World::new(view)
+        .policy("a-live", live)
+        .policy("b-dry", dry)
+        .fail("node-1");
+    let plan = world.plan();
+    assert!(intent_names(&plan).contains(&"mark live/web-0".to_string()));
+    assert!(taints(&plan).is_empty(), "{:?}", plan.intents);
+    let web = uid(&world.view, "node-1", "web-0");
+    world
+        .ledger
+        .record_marked_not_ready("node-1", &web, Some("7".into()));
+    // db-0 stays (its policy rehearses): podha's fence instead of the out-of-service taint.
+    assert_eq!(
+        taints(&world.plan()),
+        vec![("node-1".to_string(), NodeTaint::Fence)]
+    );
+}
