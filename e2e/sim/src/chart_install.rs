@@ -345,18 +345,28 @@ pub fn crash_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
 }
 
 /// Stops the podha agent of real node `node` as the kubelet does: SIGTERM to the container's
-/// main process, the supervisor its worker names (`--worker-of=<pid>`), which passes it on.
-/// The kubelet's SIGKILL after the grace period does not follow. Returns the process ID.
+/// main process, its worker's parent (the supervisor), which passes it on. The kubelet's
+/// SIGKILL after the grace period does not follow. Returns the process ID, as this host sees
+/// it (the worker's `--worker-of` names it in the container's PID namespace).
 pub fn stop_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
     let worker = agent_worker(cluster, node)?
         .with_context(|| format!("no podha agent worker runs on {node}"))?;
-    let cmdline = std::fs::read(format!("/proc/{worker}/cmdline"))
-        .with_context(|| format!("read the command line of {node}'s agent (pid {worker})"))?;
-    let supervisor = cmdline
-        .split(|b| *b == 0)
-        .find_map(|arg| arg.strip_prefix(b"--worker-of="))
-        .and_then(|pid| std::str::from_utf8(pid).ok()?.parse::<i32>().ok())
-        .with_context(|| format!("{node}'s agent (pid {worker}) names no supervisor"))?;
+    let status = std::fs::read_to_string(format!("/proc/{worker}/status"))
+        .with_context(|| format!("read the status of {node}'s agent (pid {worker})"))?;
+    let supervisor = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|pid| pid.trim().parse::<i32>().ok())
+        .with_context(|| format!("{node}'s agent (pid {worker}) has no parent"))?;
+    // Only podha's own process on that node: never one outside it.
+    ensure!(
+        cluster.node_pids(node)?.contains(&supervisor)
+            && std::fs::read(format!("/proc/{supervisor}/cmdline")).is_ok_and(|c| c
+                .split(|b| *b == 0)
+                .next()
+                .is_some_and(|e| e.ends_with(b"/podha"))),
+        "{node}'s agent's parent (pid {supervisor}) is not a podha process of the node"
+    );
     signal(
         supervisor,
         nix::sys::signal::Signal::SIGTERM,

@@ -29,6 +29,8 @@
 //! Then: the write logs show no split-brain write and no lost acknowledged write, the frozen and
 //! isolated nodes boot again and podha takes their taints off, and no other node was fenced.
 
+use kube::ResourceExt as _;
+
 use super::*;
 
 /// Where the frozen and cut-off writers run, and the outage scenario's; the policy selects
@@ -310,14 +312,35 @@ pub(super) fn frozen_and_cut_off_nodes(
 
         // The cut-off node: never fenced nor tainted during the fault, its writer wrote through
         // the partition. Back in touch, its agent may see podha's request before podha, which
-        // sees the node alive again, withdraws it, and fence the node then: late, moving nothing.
+        // sees the node alive again, withdraws it, and fence the node then: late, moving
+        // nothing. Either settles before the next scenario.
+        let cut_fenced_late = wait_for(
+            &format!("podha's fence request on {cut} withdrawn, or {cut} fenced"),
+            secs(120),
+            || async {
+                let fenced = fences_since(&ctx, fences_before)?
+                    .iter()
+                    .any(|f| f.node == cut);
+                let requested = ctx
+                    .nodes()
+                    .get(cut)
+                    .await?
+                    .annotations()
+                    .contains_key(podha::contract::FENCE_REQUEST_ANNOTATION);
+                Ok((fenced || !requested).then_some(fenced))
+            },
+        )
+        .await?;
+        // A fence the agent began as the request was withdrawn reaches the BMC within a moment.
+        tokio::time::sleep(secs(3)).await;
+        let fences = fences_since(&ctx, fences_before)?;
+        let cut_fenced_late = cut_fenced_late || fences.iter().any(|f| f.node == cut);
         ensure!(
             fences.iter().all(|f| f.node == frozen
                 || f.node == isolated
                 || (f.node == cut && f.at_ms >= healed_ms)),
             "a node other than {frozen} and {isolated} was fenced during the fault: {fences:?}"
         );
-        let cut_fenced_late = fences.iter().any(|f| f.node == cut);
         if cut_fenced_late {
             log(
                 &ctx.ns,
