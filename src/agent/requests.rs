@@ -176,6 +176,9 @@ async fn answer(
         }
         return;
     }
+    if answer == Answer::Fence && !asked_still(nodes, name, request).await {
+        return;
+    }
     match answer {
         Answer::Fence => {
             let why = format!("podha asked for it (request {request})");
@@ -198,6 +201,34 @@ async fn answer(
         Ok(_) => info!(node = name, request, "fence acknowledged"),
         Err(e) => warn!(node = name, error = %e, "cannot acknowledge the fence"),
     }
+}
+
+/// Whether the Node, read anew from the API server, still holds `request` unanswered. The watch
+/// may deliver an event long after it happened: a connection that stalled through a partition
+/// drains once the network heals, request first, its withdrawal after. A request podha has
+/// withdrawn since (the node alive again) must not reset a node that runs on. A Node that
+/// cannot be read is not fenced for now: the watch lists it anew once the API server answers.
+async fn asked_still(nodes: &Api<Node>, name: &str, request: &str) -> bool {
+    match nodes.get(name).await {
+        Ok(fresh) if still_asked(&fresh, request) => true,
+        Ok(_) => {
+            info!(
+                node = name,
+                request,
+                "the fence request was withdrawn or answered since it was seen: not fencing"
+            );
+            false
+        }
+        Err(e) => {
+            warn!(node = name, request, error = %e, "cannot read the Node anew before fencing: not fencing yet");
+            false
+        }
+    }
+}
+
+/// Whether `fresh` holds `request` unanswered.
+fn still_asked(fresh: &Node, request: &str) -> bool {
+    unanswered(fresh) == Some(request)
 }
 
 /// Says why `request` is left unanswered (`answer`: [`Answer::Wait`] or [`Answer::Unproven`]).
@@ -245,6 +276,32 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
         );
         n
+    }
+
+    /// A request is fenced only while the Node, read anew, still holds it unanswered: one
+    /// withdrawn (or answered, or replaced) since the watch delivered it is not.
+    #[test]
+    fn only_a_request_the_node_still_holds_unanswered_is_fenced() {
+        let request = "p/1/b2";
+        assert!(still_asked(
+            &node(&[(FENCE_REQUEST_ANNOTATION, request)]),
+            request
+        ));
+        assert!(!still_asked(&node(&[]), request), "withdrawn");
+        assert!(
+            !still_asked(
+                &node(&[
+                    (FENCE_REQUEST_ANNOTATION, request),
+                    (FENCE_ACK_ANNOTATION, request)
+                ]),
+                request
+            ),
+            "answered"
+        );
+        assert!(
+            !still_asked(&node(&[(FENCE_REQUEST_ANNOTATION, "p/2/b2")]), request),
+            "another request"
+        );
     }
 
     /// The node had b1 (its first agent started at 100) and runs in b2 (from 200).
