@@ -266,19 +266,22 @@ async fn an_agent_whose_challenge_another_key_holder_took_is_not_heard() {
     let http: Http = HttpClient::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let leadership = leading();
     let targets = [target("n1", addr, Some(agent_key))];
+    // podha's leader probes n1 as its prober does, telling it what it heard of it.
+    let probe_n1 = |heard: &Heard| {
+        heartbeat(
+            &http,
+            &leader,
+            &leadership,
+            targets[0].clone(),
+            heard.probe("n1", Instant::now()),
+        )
+    };
     for drained in [false, true] {
         // Heard in this boot, 30 s ago (an earlier leader's hearing).
         *hearing.lock().expect("lock") =
             Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)));
         let mut heard_by_podha = Heard::default();
-        let first = heartbeat(
-            &http,
-            &leader,
-            &leadership,
-            targets[0].clone(),
-            heard_by_podha.probe("n1", Instant::now()),
-        )
-        .await;
+        let first = probe_n1(&heard_by_podha).await;
         assert!(
             matches!(first.answer, Answer::Own { heard: true, .. }),
             "{:?}",
@@ -290,14 +293,7 @@ async fn an_agent_whose_challenge_another_key_holder_took_is_not_heard() {
             let newest = ask_agent(addr, &bogus).await.challenge;
             ask_agent(addr, &HeartbeatQuery::signed(&leader, "n1", None, &newest)).await;
         }
-        let second = heartbeat(
-            &http,
-            &leader,
-            &leadership,
-            targets[0].clone(),
-            heard_by_podha.probe("n1", Instant::now()),
-        )
-        .await;
+        let second = probe_n1(&heard_by_podha).await;
         if drained {
             assert!(
                 heard(&hearing).is_some_and(|ago| ago >= Duration::from_secs(30)),
@@ -313,14 +309,7 @@ async fn an_agent_whose_challenge_another_key_holder_took_is_not_heard() {
             // Still an answer: the next probe signs its challenge, and, nobody taking that
             // one first, the agent is heard again.
             heard_by_podha.round(&targets, &[second], Instant::now());
-            let third = heartbeat(
-                &http,
-                &leader,
-                &leadership,
-                targets[0].clone(),
-                heard_by_podha.probe("n1", Instant::now()),
-            )
-            .await;
+            let third = probe_n1(&heard_by_podha).await;
             assert!(
                 matches!(third.answer, Answer::Own { heard: true, .. }),
                 "{:?}",
