@@ -15,6 +15,7 @@
 //! `super::requests`).
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -106,7 +107,10 @@ impl BootHistory {
         };
         let history = kept.clone().with(boot, unix_millis());
         if history != kept
-            && let Err(e) = write_durably(path, &history.to_string())
+            && let Err(e) = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| write_durably(path, &history.to_string(), 0o644))
         {
             warn!(file = %path.display(), error = %e, "cannot keep the boot history: the next boot's agent will not know this one");
         }
@@ -171,15 +175,19 @@ fn unix_millis() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// Writes `text` to `path` whole (to `<path>.new`, then renamed over the old file), on disk
-/// before it returns, its directory made if missing.
-fn write_durably(path: &Path, text: &str) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
+/// Writes `text` to `path` whole, on disk before it returns: to `<path>.new`, made anew with
+/// permissions `mode` from its creation (one a crash left there is replaced), then renamed over
+/// the old file, and the rename itself synced in its directory. A reset right after (a fence)
+/// finds the old file or the new one, never a part of either.
+pub fn write_durably(path: &Path, text: &str, mode: u32) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".new");
-    let mut file = std::fs::File::create(&tmp)?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;

@@ -7,8 +7,6 @@
 //! new key, which the agent publishes on its Node with its advert; until its peers read it,
 //! its answers to them count as none, and theirs to it.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use base64::Engine;
@@ -33,27 +31,11 @@ pub fn load_or_create(path: &Path) -> Result<Identity, KeyError> {
     Ok(identity)
 }
 
-/// Written whole to `<path>.new`, readable by its owner alone from its creation, then renamed
-/// over the old record.
+/// Kept readable by its owner alone: a fence (a reset) right after the first start must not
+/// lose the key the Node already advertises (see `boot::write_durably`).
 fn keep(path: &Path, identity: &Identity) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".new");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
     let record = format!("{}\n", STANDARD.encode(identity.pkcs8()));
-    file.write_all(record.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    // The rename itself on disk: a fence (a reset) right after the first start must not lose
-    // the key the Node already advertises.
-    match path.parent() {
-        Some(dir) => std::fs::File::open(dir)?.sync_all(),
-        None => Ok(()),
-    }
+    super::boot::write_durably(path, &record, 0o600)
 }
 
 fn load(path: &Path) -> Option<Identity> {
