@@ -114,6 +114,17 @@ pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a 
 /// their shortest isolation timeout is derived from it.
 pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The quorum podha and its agents share: podha hears enough agents to count any agent's
+/// silence only while it heard a strict majority of the `expected` ones (every node that
+/// advertises an agent, the silent one included): `2 * heard > expected`. An agent that can
+/// show that at least half of them, itself included, are unheard therefore knows podha cannot
+/// prove its silence, and stays up (`agent::isolation`); it fences otherwise. With two agents
+/// neither's silence ever counts: one cut off from the other cannot tell that from its own
+/// death, and only another proof (a BMC, an acknowledgement) fails such a cluster over.
+pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
+    heard * 2 > expected
+}
+
 /// A node's InternalIP, where its kubelet and its agent listen: the first the node lists, of
 /// either family (the primary family's on a dual-stack node, IPv6 on an IPv6-only one). The
 /// agent listens on both families by default and does not advertise itself where this address

@@ -18,27 +18,33 @@
 //! file that cannot be read or trusted counts as heard in this boot, long ago (see
 //! `super::hearing_file`).
 //!
-//! Once heard, the agent tells its own isolation from a podha that hears nobody by asking its
-//! peers how long ago podha heard *them*. A peer counts as heard within half the timeout:
-//! when podha stops hearing everybody at once (its leader stopped), every peer's silence is
-//! nearly as long as this node's, while a peer podha still hears was heard a probe interval
-//! ago (podha probes every second).
-//! - a peer heard: podha works and does not hear this node. **Fence.**
-//! - a strict majority of all peers answered and none was heard: podha hears nobody. **Stay.**
-//!   (A majority, so a group of nodes cut off together cannot vouch for one another: podha acts
-//!   only while it hears most nodes, and two majorities always share a node.)
-//! - fewer answers than that and none heard: this node may be on the cut-off side. **Fence.**
-//! - no peers at all (the peer list was read, or given, and names no other agent): there is
-//!   nowhere to fail over to. **Stay.**
+//! Once heard, the agent tells its own isolation from a podha that cannot prove it by asking
+//! its peers how long ago podha heard *them*. podha counts an agent's silence only while it
+//! hears a strict majority of the agents it expects (every node advertising one, the silent
+//! one included: [`crate::contract::agent_quorum`]); the agent counts the same set (itself and
+//! its peer list, read from the same adverts). A peer counts as unheard when podha last heard
+//! it more than half the timeout ago (or never since that agent started): when podha stops
+//! hearing everybody at once (its leader stopped), every peer's silence is nearly as long as
+//! this node's, while a peer podha still hears was heard a probe interval ago, and podha
+//! counts as heard only an agent that answered within a few seconds. A peer that does not
+//! answer shows nothing either way.
+//! - at least half of the agents, this one included, are shown unheard: podha hears no strict
+//!   majority and cannot prove this node's silence, so fencing would only take a healthy node
+//!   down (a leader that hears part of the fleet, the control plane down). **Stay.** With no
+//!   peers (the list was read, or given, and names no other agent) this node is half of one:
+//!   there is nowhere to fail over to.
+//! - fewer than that (answers missing count for nothing): podha may hear a majority and prove
+//!   this node's silence. **Fence.** This caps the fences of a partial outage at what podha
+//!   could prove: when podha hears `k` of `n` agents, every other agent whose survey reaches
+//!   its peers fences only if `2k > n`, exactly when podha could count its silence.
 //! - the peer list was never read (the API server has not answered the agent since it
-//!   started): the agent cannot know whether it is alone, so nothing shows that podha hears
-//!   nobody. **Fence.** (A node cut off from everything must not take its empty list for a
-//!   cluster of one.)
+//!   started): the agent cannot know whether it is alone, so it can show nothing. **Fence.**
+//!   (A node cut off from everything must not take its empty list for a cluster of one.)
 //!
 //! With a watchdog (see [`super::watchdog`]) the agent also decides whether to pet it: freely
 //! while podha never heard it since the node booted, or heard it recently enough that the watchdog, if it stopped now, would fire
 //! within the isolation timeout of podha's last hearing; after that only while the peers show
-//! that podha hears nobody ([`pet_watchdog`]). A frozen agent pets nothing, so the watchdog
+//! that podha cannot prove this node's silence ([`pet_watchdog`]). A frozen agent pets nothing, so the watchdog
 //! resets a hung node before podha's silence proof can hold.
 
 use std::time::Duration;
@@ -65,36 +71,62 @@ pub struct Survey {
 }
 
 impl Survey {
-    /// Whether this survey already decides: a heard peer, or a majority unheard. The agent
-    /// stops asking once it does (a thousand-node cluster needs few answers either way).
-    /// `silence`: how long this node has gone unheard, as [`Survey::heard`] takes it.
+    /// Whether this survey already decides: at least half of the expected agents are shown
+    /// unheard, or the peers not yet answered could no longer show it. The agent stops
+    /// asking once it does (a thousand-node cluster needs about half the answers either way).
+    /// `silence`: how long this node has gone unheard, as [`Survey::unheard`] takes it.
     pub fn settled(&self, silence: Duration) -> bool {
-        self.heard(silence) > 0 || self.majority_answered()
+        let Some(expected) = self.expected() else {
+            return true;
+        };
+        let unanswered = expected
+            .saturating_sub(1)
+            .saturating_sub(self.answers.len());
+        self.podha_cannot_prove(silence)
+            || !cannot_prove_with(1 + self.unheard(silence) + unanswered, expected)
     }
 
-    /// A strict majority of the known peers answered (never, with an unknown list).
-    fn majority_answered(&self) -> bool {
+    /// The agents the rule counts: this one and every peer it knows of (`None`: the list was
+    /// never read).
+    pub fn expected(&self) -> Option<usize> {
         match self.peers {
-            PeerCount::Unknown => false,
-            PeerCount::Known(peers) => self.answers.len() > peers / 2,
+            PeerCount::Unknown => None,
+            PeerCount::Known(peers) => Some(peers + 1),
         }
     }
 
     /// Peers podha heard within half of `silence` (this node's silence, at most the isolation
     /// timeout): when podha stops hearing everybody at once, each peer's silence is nearly as
     /// long as this node's, while a peer podha still hears was heard a probe interval ago.
-    fn heard(&self, silence: Duration) -> usize {
+    pub fn heard(&self, silence: Duration) -> usize {
         self.answers
             .iter()
             .filter(|a| a.is_some_and(|ago| ago <= silence / 2))
             .count()
     }
 
-    /// podha hears nobody: there are no peers (known: an unknown list shows nothing), or a
-    /// strict majority of them answered and none was heard (see the module's rule).
-    pub fn nobody_heard(&self, silence: Duration) -> bool {
-        self.peers == PeerCount::Known(0) || (self.heard(silence) == 0 && self.majority_answered())
+    /// Peers that answered that podha did not hear within half of `silence` (or never since
+    /// they started). A peer that did not answer is neither heard nor unheard: it shows
+    /// nothing.
+    pub fn unheard(&self, silence: Duration) -> usize {
+        self.answers.len() - self.heard(silence)
     }
+
+    /// podha cannot prove this node's silence: at least half of the expected agents, this one
+    /// included, are shown unheard, so podha hears no strict majority of them, which its
+    /// `Agent` proof needs before it counts any silence (`crate::planner::proof`). With no
+    /// peers (known) this node is half of one; an unknown list shows nothing.
+    pub fn podha_cannot_prove(&self, silence: Duration) -> bool {
+        self.expected()
+            .is_some_and(|expected| cannot_prove_with(1 + self.unheard(silence), expected))
+    }
+}
+
+/// Whether `unheard` of `expected` agents unheard leave podha without a strict majority of
+/// them heard: `2 * unheard >= expected`, the complement of podha's quorum
+/// ([`crate::contract::agent_quorum`]`(expected - unheard, expected)`).
+pub const fn cannot_prove_with(unheard: usize, expected: usize) -> bool {
+    !crate::contract::agent_quorum(expected.saturating_sub(unheard), expected)
 }
 
 /// How long podha has not heard this node.
@@ -158,29 +190,30 @@ pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> V
         }
         PeerCount::Known(peers) => peers,
     };
-    let heard = survey.heard(timeout);
     let answered = survey.answers.len();
-    if heard > 0 {
-        return Verdict::Fence(format!(
-            "podha has not heard this node for {silent} but hears {heard} of the {answered} \
-             peers that answered"
-        ));
-    }
-    if survey.nobody_heard(timeout) {
+    let heard = survey.heard(timeout);
+    let unheard = answered - heard;
+    let agents = peers + 1;
+    if cannot_prove_with(unheard + 1, agents) {
         return Verdict::Stay(format!(
-            "podha has not heard this node for {silent}, nor any of the {answered} of {peers} \
-             peers that answered: podha or the control plane is down, not this node"
+            "podha has not heard this node for {silent}, nor {unheard} of the {answered} of \
+             {peers} peers that answered: with this node {} of the {agents} agents are unheard, \
+             at least half, so podha hears no majority and cannot prove this node's silence",
+            unheard + 1
         ));
     }
     Verdict::Fence(format!(
-        "podha has not heard this node for {silent}, and only {answered} of {peers} peers \
-         answered (none heard): this node may be cut off"
+        "podha has not heard this node for {silent}; of the {answered} of {peers} peers that \
+         answered it hears {heard} and not {unheard}: with this node {} of the {agents} agents \
+         are shown unheard, fewer than half, so podha may hear a majority and prove this \
+         node's silence",
+        unheard + 1
     ))
 }
 
 /// When the agent surveys its peers: at the isolation timeout, or with a watchdog as soon as
-/// stopping to pet it could let it fire before then (`watchdog` earlier), so that a vouching
-/// majority is known before the watchdog would reset a healthy node.
+/// stopping to pet it could let it fire before then (`watchdog` earlier), so that the peers'
+/// word is known before the watchdog would reset a healthy node.
 pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
     timeout.saturating_sub(watchdog.unwrap_or_default())
 }
@@ -190,8 +223,9 @@ pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
 /// - while a watchdog that stopped now would fire within `timeout` of podha's last hearing
 ///   (`not_heard_for + watchdog <= timeout`): podha's silence proof, which waits `timeout`
 ///   plus a margin from that hearing, then never sees a node that still runs;
-/// - later, only while `survey` shows podha hears nobody (its leader or the control plane is
-///   down): nothing is being moved, and a watchdog reset would take a healthy node down.
+/// - later, only while `survey` shows podha cannot prove this node's silence (it hears no
+///   majority: its leader or the control plane is down, or it hears part of the fleet):
+///   nothing can be moved, and a watchdog reset would take a healthy node down.
 ///
 /// A frozen or hung node pets nothing, whatever the rule says.
 pub fn pet_watchdog(
@@ -204,7 +238,7 @@ pub fn pet_watchdog(
         Silence::NeverHeard => true,
         Silence::For(not_heard_for) => {
             not_heard_for.saturating_add(watchdog) <= timeout
-                || survey.is_some_and(|s| s.nobody_heard(not_heard_for.min(timeout)))
+                || survey.is_some_and(|s| s.podha_cannot_prove(not_heard_for.min(timeout)))
         }
     }
 }
@@ -259,233 +293,7 @@ pub fn fenced_within(timeout: Duration, watchdog: Option<Duration>) -> Option<Du
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use Silence::For;
+mod tests;
 
-    fn secs(s: u64) -> Duration {
-        Duration::from_secs(s)
-    }
-
-    #[test]
-    fn only_an_agent_with_a_watchdog_says_when_its_node_is_fenced() {
-        assert_eq!(fenced_within(secs(30), Some(secs(10))), Some(secs(30)));
-        assert_eq!(fenced_within(secs(30), Some(secs(15))), Some(secs(30)));
-        assert_eq!(fenced_within(secs(30), None), None);
-    }
-
-    const T: Duration = Duration::from_secs(30);
-
-    fn s(secs: u64) -> Option<Duration> {
-        Some(Duration::from_secs(secs))
-    }
-
-    fn survey(peers: usize, answers: &[Option<Duration>]) -> Survey {
-        Survey {
-            peers: PeerCount::Known(peers),
-            answers: answers.to_vec(),
-        }
-    }
-
-    /// What a node that never read its peer list finds: nobody to ask.
-    fn unknown_peers() -> Survey {
-        Survey {
-            peers: PeerCount::Unknown,
-            answers: Vec::new(),
-        }
-    }
-
-    fn fences(v: &Verdict) -> bool {
-        matches!(v, Verdict::Fence(_))
-    }
-
-    #[test]
-    fn a_heard_node_asks_nobody_and_stays() {
-        assert_eq!(
-            decide(For(Duration::from_secs(29)), T, None),
-            Verdict::Heard
-        );
-    }
-
-    #[test]
-    fn a_node_podha_cannot_hear_while_it_hears_a_peer_fences() {
-        let v = decide(For(T), T, Some(&survey(9, &[s(40), s(2)])));
-        assert!(fences(&v), "{v:?}");
-    }
-
-    #[test]
-    fn when_podha_hears_nobody_a_majority_of_peers_vouches_and_nobody_fences() {
-        // The leader crashed 60 s ago: every agent is unheard, and says so to the others.
-        let unheard = [s(61), s(60), None, s(62), s(60)];
-        let v = decide(For(Duration::from_secs(60)), T, Some(&survey(9, &unheard)));
-        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
-    }
-
-    #[test]
-    fn peers_whose_silence_began_with_this_nodes_are_not_heard() {
-        // podha's leader stopped 30 s ago; the peers' last probes came up to a second after
-        // this node's: they are as unheard as this node, and vouch.
-        let v = decide(For(T), T, Some(&survey(4, &[s(29), s(29), s(30)])));
-        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
-        let v = decide(For(T), T, Some(&survey(4, &[s(15), s(29), s(30)])));
-        assert!(fences(&v), "heard 15 s ago, within half the timeout: {v:?}");
-    }
-
-    #[test]
-    fn a_minority_cut_off_together_cannot_vouch_for_itself() {
-        // Four of ten nodes partitioned with this one: they answer, unheard; the rest of the
-        // cluster (heard by podha) is out of reach.
-        let v = decide(For(T), T, Some(&survey(9, &[s(31), s(35), s(40), s(33)])));
-        assert!(fences(&v), "{v:?}");
-    }
-
-    #[test]
-    fn a_node_no_peer_answers_fences() {
-        let v = decide(For(T), T, Some(&survey(9, &[])));
-        assert!(fences(&v), "{v:?}");
-    }
-
-    #[test]
-    fn a_node_that_knows_it_is_alone_stays() {
-        let v = decide(For(Duration::from_secs(600)), T, Some(&survey(0, &[])));
-        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
-    }
-
-    #[test]
-    fn a_node_that_never_read_its_peer_list_fences() {
-        // Cut off from everything since the agent started: the list was never read. An empty
-        // list taken for a cluster of one kept such a node up while podha moved its volumes.
-        let v = decide(For(T), T, Some(&unknown_peers()));
-        assert!(fences(&v), "{v:?}");
-        assert!(!unknown_peers().nobody_heard(T));
-        assert!(!unknown_peers().settled(T));
-    }
-
-    #[test]
-    fn a_node_that_never_read_its_peer_list_stops_petting_after_its_free_window() {
-        // Petted freely while a stopped watchdog would fire within the timeout...
-        assert!(pet_watchdog(
-            For(Duration::from_secs(20)),
-            T,
-            W,
-            Some(&unknown_peers())
-        ));
-        // ...and not after: the unknown list shows nothing, and the watchdog resets the node.
-        assert!(!pet_watchdog(
-            For(Duration::from_secs(21)),
-            T,
-            W,
-            Some(&unknown_peers())
-        ));
-        assert!(!pet_watchdog(
-            For(Duration::from_secs(600)),
-            T,
-            W,
-            Some(&unknown_peers())
-        ));
-    }
-
-    #[test]
-    fn a_node_podha_never_heard_since_it_booted_stays_and_pets_without_asking() {
-        // podha cannot reach it from boot, or the whole cluster powered up with the API server
-        // down: nobody has heard it, and its peer list is unknown. No survey is needed.
-        for survey in [None, Some(unknown_peers()), Some(survey(9, &[s(1)]))] {
-            let v = decide(Silence::NeverHeard, T, survey.as_ref());
-            let Verdict::Stay(why) = &v else {
-                panic!("{v:?}")
-            };
-            assert!(
-                why.contains("never heard this node since it booted"),
-                "{why}"
-            );
-            assert!(pet_watchdog(Silence::NeverHeard, T, W, survey.as_ref()));
-        }
-    }
-
-    #[test]
-    fn unasked_peers_decide_nothing_yet() {
-        let v = decide(For(T), T, None);
-        assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
-    }
-
-    #[test]
-    fn a_survey_settles_on_the_first_heard_peer_or_an_unheard_majority() {
-        assert!(!survey(9, &[s(40), s(50)]).settled(T));
-        assert!(survey(9, &[s(40), s(1)]).settled(T));
-        assert!(!survey(9, &[s(40); 4]).settled(T));
-        assert!(survey(9, &[s(40); 5]).settled(T));
-        // Exactly half is no majority.
-        assert!(!survey(10, &[s(40); 5]).settled(T));
-        assert!(survey(10, &[s(40); 6]).settled(T));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_fence_verdict_must_hold_for_two_seconds() {
-        let fence = Verdict::Fence("cut off".into());
-        let mut c = Confirmation::default();
-        assert!(!c.fence_now(&fence, Instant::now()));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!c.fence_now(&fence, Instant::now()));
-        // Heard in between: the count starts over.
-        assert!(!c.fence_now(&Verdict::Heard, Instant::now()));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!c.fence_now(&fence, Instant::now()));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!c.fence_now(&fence, Instant::now()));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(c.fence_now(&fence, Instant::now()));
-    }
-
-    const W: Duration = Duration::from_secs(10);
-
-    #[test]
-    fn the_watchdog_is_petted_freely_only_while_it_would_fire_within_the_timeout() {
-        assert!(pet_watchdog(For(Duration::from_secs(20)), T, W, None));
-        assert!(!pet_watchdog(For(Duration::from_secs(21)), T, W, None));
-        assert_eq!(survey_after(T, Some(W)), Duration::from_secs(20));
-        assert_eq!(survey_after(T, None), T);
-    }
-
-    #[test]
-    fn after_that_the_watchdog_is_petted_only_while_podha_hears_nobody() {
-        let at = Duration::from_secs(21);
-        // podha's leader crashed 21 s ago: every peer as unheard as this node.
-        let crashed = survey(4, &[s(21), s(20), s(22)]);
-        assert!(pet_watchdog(For(at), T, W, Some(&crashed)));
-        // No peers: nowhere to fail over to.
-        assert!(pet_watchdog(For(at), T, W, Some(&survey(0, &[]))));
-        // A peer heard a second ago: this node alone is unheard; the watchdog may fire.
-        let isolated = survey(4, &[s(21), s(1), s(22)]);
-        assert!(!pet_watchdog(For(at), T, W, Some(&isolated)));
-        // Too few answers to vouch.
-        assert!(!pet_watchdog(For(at), T, W, Some(&survey(4, &[s(21)]))));
-        // Long past the timeout, the same rule as the fence's (heard within half of it).
-        let late = Duration::from_secs(90);
-        assert!(pet_watchdog(
-            For(late),
-            T,
-            W,
-            Some(&survey(4, &[s(89), s(16), s(90)]))
-        ));
-        assert!(!pet_watchdog(
-            For(late),
-            T,
-            W,
-            Some(&survey(4, &[s(89), s(15), s(90)]))
-        ));
-    }
-
-    #[test]
-    fn before_the_timeout_heard_means_within_half_of_this_nodes_silence() {
-        // Surveyed 20 s into a leader crash: the peers' silences began with this node's.
-        let at = Duration::from_secs(20);
-        assert!(survey(4, &[s(19), s(20), s(21)]).nobody_heard(at));
-        assert!(!survey(4, &[s(10), s(20), s(21)]).nobody_heard(at));
-    }
-
-    #[test]
-    fn the_verdict_holds_at_the_majority_boundary() {
-        assert!(fences(&decide(For(T), T, Some(&survey(10, &[s(40); 5])))));
-        assert!(!fences(&decide(For(T), T, Some(&survey(10, &[s(40); 6])))));
-    }
-}
+#[cfg(test)]
+mod quorum_tests;

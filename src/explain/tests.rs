@@ -240,12 +240,12 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
     f.view
         .agent_adverts
         .insert("n1".into(), agent_advert(f.now - Duration::from_secs(3)));
-    // Alone, its silence proves nothing: podha must hear a strict majority of the others.
+    // Alone, its silence proves nothing: podha must hear a strict majority of the agents.
     let e = f.pod("db-0");
     let (rule, detail) = failure(&e);
     assert_eq!(rule, "proof");
     assert!(detail.contains("0 of 0 other nodes"), "{detail}");
-    // With n2's agent heard too, it gives the proof.
+    // With n2's agent: two agents, one silent is half of them, still nothing.
     f.view.nodes.insert(
         "n2".into(),
         mk_node("n2").ready(true).agent(Some("8s")).into(),
@@ -253,6 +253,18 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
     f.view
         .agent_adverts
         .insert("n2".into(), agent_advert(f.now - Duration::from_secs(1)));
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "proof");
+    assert!(detail.contains("1 of 1 other nodes"), "{detail}");
+    // With n3's too, it gives the proof.
+    f.view.nodes.insert(
+        "n3".into(),
+        mk_node("n3").ready(true).agent(Some("8s")).into(),
+    );
+    f.view
+        .agent_adverts
+        .insert("n3".into(), agent_advert(f.now - Duration::from_secs(1)));
     let e = f.pod("db-0");
     assert!(e.protected, "{:?}", e.checks);
     let proof = e.checks.iter().find(|c| c.rule == "proof").unwrap();

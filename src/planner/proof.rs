@@ -5,12 +5,13 @@
 //! podha knows of the node's agent for it.
 //!
 //! An agent's silence proves its fence only where the agent's own rule would have fenced it:
-//! the agent fences when podha stops hearing it while podha hears others, and stays when a
-//! strict majority of its peers say podha hears nobody. So podha counts the silence only of an
+//! the agent fences when podha stops hearing it, and stays when it can show that at least half
+//! of the agents (itself included) are unheard. So podha counts the silence only of an
 //! agent it heard right before the silence began, in its current leadership term (an agent
 //! it never heard, its port blocked, has nothing to lose and fences nothing), and only while
-//! it hears a strict majority of the other agents it expects (then no majority of peers can
-//! have vouched for the silent one). The silence counts only from when podha began hearing
+//! it hears a strict majority of all the agents it expects, the silent one included
+//! ([`agent_quorum`]): then the silent agent cannot show half of them unheard, which is when
+//! an agent stays up. The silence counts only from when podha began hearing
 //! enough agents without a break (see [`agent_quorum`]): while podha heard too few (the agent
 //! port blocked everywhere), an agent cut off meanwhile had its peers vouch for it and stayed
 //! up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
@@ -35,8 +36,8 @@ use tokio::time::Instant;
 use super::holds::{Heartbeat, Heartbeats};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
-    AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, fenced_within,
-    requested_boot,
+    AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, agent_quorum,
+    fenced_within, requested_boot,
 };
 use crate::incident::PowerOff;
 use crate::view::View;
@@ -171,19 +172,12 @@ impl AgentEvidence<'_> {
     }
 }
 
-/// Whether podha hears enough of the `expected` agents (nodes advertising one) to count an
-/// agent's silence: `heard` of them answered within [`AGENT_HEARD_WITHIN`], a strict majority
-/// of the others of any agent it does not hear (`2 * heard > expected - 1`: with two agents,
-/// one of them). Then no agent it does not hear can have a strict majority of its peers
-/// vouching for it.
-pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
-    heard * 2 > expected.saturating_sub(1)
-}
-
 /// Whether a silent agent's silence may count when `heard` of the `expected` other agents
-/// (nodes advertising one) are heard: a strict majority of them.
+/// (nodes advertising one) are heard: a strict majority of all the agents podha expects, the
+/// silent one included ([`agent_quorum`]). Then no agent it does not hear can show that half of
+/// them are unheard, which is when an agent stays up (`agent::isolation`).
 pub const fn silence_counts_among(heard: usize, expected: usize) -> bool {
-    heard * 2 > expected
+    agent_quorum(heard, expected + 1)
 }
 
 /// Why a silent agent's silence proves no fence.
@@ -208,7 +202,8 @@ pub enum SilenceDoubt {
     /// podha's last answer from the agent came `gap` before its silence began, more than
     /// [`AGENT_HEARD_WITHIN`].
     HeardLongBefore { gap: Duration },
-    /// podha hears `heard` of the `expected` other agents, no strict majority.
+    /// podha hears `heard` of the `expected` other agents: with the silent one, no strict
+    /// majority of the agents it expects.
     FewOthersHeard { heard: usize, expected: usize },
 }
 
@@ -263,8 +258,10 @@ impl SilenceDoubt {
                  proves no fence"
             ),
             Self::FewOthersHeard { heard, expected } => format!(
-                "podha hears {heard} of the {expected} other agents it expects: the agent port \
-                 may be blocked, and the peers of node {node}'s agent may have kept it up"
+                "podha hears {heard} of the {expected} other agents it expects, and with node \
+                 {node}'s silent one that is no strict majority of the {}: the agent port may be \
+                 blocked, and an agent that can show half of the agents unheard stays up",
+                expected + 1
             ),
         }
     }

@@ -266,9 +266,9 @@ fn agent_checks(
                 Unprotected::TooFewAgentsHeard,
                 format!(
                     "Agent: a silent agent's silence counts only while podha hears a strict \
-                     majority of the other agents, and {fresh} of {others} other nodes have an \
-                     agent with a watchdog and a fresh Lease: judged dead, {node_name} is held \
-                     until its agent acknowledges a fence request"
+                     majority of the agents, the silent one included, and {fresh} of {others} \
+                     other nodes have an agent with a watchdog and a fresh Lease: judged dead, \
+                     {node_name} is held until its agent acknowledges a fence request"
                 ),
             );
         }

@@ -177,16 +177,17 @@ fn silence_counts_only_since_podha_hears_enough_agents() {
         ..heard()
     };
     assert_eq!(answering.counted_silence(), None);
-    // Enough: a strict majority of the others of any agent podha does not hear.
+    // Enough: a strict majority of all the agents podha expects.
     let cases = [
         (0, 0, false),
         (0, 1, false),
         (1, 1, true),
-        (1, 2, true),
+        (1, 2, false),
+        (2, 2, true),
         (1, 3, false),
         (2, 3, true),
-        (1, 4, false),
-        (2, 4, true),
+        (2, 4, false),
+        (3, 4, true),
         (2, 5, false),
         (3, 5, true),
     ];
@@ -197,7 +198,7 @@ fn silence_counts_only_since_podha_hears_enough_agents() {
 
 /// Silence is no proof where the agent's own rule may have kept it up: an agent podha
 /// never heard in this term (a blocked port, a silence from before this term), heard long
-/// before the silence, or while podha hears no strict majority of the other agents.
+/// before the silence, or while podha hears no strict majority of the agents it expects.
 #[test]
 fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_heard() {
     let spec = agent_spec();
@@ -330,13 +331,16 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
             None,
         ),
         (
-            "two agents, the other heard",
+            "two agents, the other heard: half of them, and the silent one stays up",
             AgentEvidence {
                 others_heard: 1,
                 others_expected: 1,
                 ..heard()
             },
-            None,
+            Some(SilenceDoubt::FewOthersHeard {
+                heard: 1,
+                expected: 1,
+            }),
         ),
         (
             "no other agent: one without peers stays up",
@@ -507,13 +511,14 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         (Some(secs(60)), None),
         "a refusal right before the silence is no answer from the agent"
     );
-    // Of the six agents, n2 heard: not enough; n3 heard too: two of the other five of an
-    // agent podha does not hear, still no strict majority; n4 too: enough.
+    // Of the six agents, n2 heard: not enough; n3 and n4 heard too: three of six, half, still
+    // no strict majority; n6 too: enough.
     assert!(!hears_agent_quorum(&view, &heartbeats, now));
     let mut more = heartbeats.clone();
     more.insert("n3".to_string(), hb(Some(now), None));
-    assert!(!hears_agent_quorum(&view, &more, now));
     more.insert("n4".to_string(), hb(Some(now), None));
+    assert!(!hears_agent_quorum(&view, &more, now));
+    more.insert("n6".to_string(), hb(Some(now), None));
     assert!(hears_agent_quorum(&view, &more, now));
     assert!(
         !hears_agent_quorum(&View::default(), &more, now),

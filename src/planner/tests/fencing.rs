@@ -492,7 +492,7 @@ fn silence_of_agents_podha_never_heard_proves_nothing() {
 /// podha heard the dead node's agent, but hears too few of the others now: their port may be
 /// blocked, and peers podha does not hear may have vouched for the silent agent.
 #[test]
-fn silence_counts_only_while_podha_hears_a_strict_majority_of_the_other_agents() {
+fn silence_counts_only_while_podha_hears_a_strict_majority_of_the_agents() {
     let mut world = World::new(with_agents(cluster(5)))
         .policy("p", needs_agent(mk_spec()))
         .fail("node-1");
@@ -522,10 +522,24 @@ fn silence_counts_only_while_podha_hears_a_strict_majority_of_the_other_agents()
     );
 }
 
-/// With two agents, one dead, hearing the other one is enough.
+/// With two agents, one silent, hearing the other is half of them, no majority: the silent
+/// one cannot tell a cut from podha's side from its own death and stays up, so its silence
+/// never counts. With three, hearing the other two is enough.
 #[test]
-fn with_two_agents_hearing_the_other_one_is_enough() {
+fn with_two_agents_the_silence_of_one_never_counts_with_three_it_does() {
     let mut world = World::new(with_agents(cluster(2)))
+        .policy("p", needs_agent(mk_spec()))
+        .fail("node-1");
+    world.ledger.record_fence_request("node-1", "p/1");
+    agent_silent_for(&mut world, "node-1", 400);
+    let plan = world.plan();
+    assert_eq!(intent_names(&plan), ["hold AgentSilenceUnproven"]);
+    assert!(
+        unproven(&plan)[0].contains("podha hears 1 of the 1 other agents"),
+        "{:?}",
+        unproven(&plan)
+    );
+    let mut world = World::new(with_agents(cluster(3)))
         .policy("p", needs_agent(mk_spec()))
         .fail("node-1");
     world.ledger.record_fence_request("node-1", "p/1");
