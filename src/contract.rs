@@ -114,6 +114,13 @@ pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a 
 /// their shortest isolation timeout is derived from it.
 pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long podha's leader waits for an agent's answer to a heartbeat: one probe interval,
+/// whatever the policies say. An agent whose answers take longer is unheard and, past its
+/// isolation timeout, fences its node, so no policy's `tcpTimeout` (which may be 10 ms)
+/// shortens it for every node: a slow or distant node would reboot for a setting meant for
+/// another's detection.
+pub const AGENT_HEARTBEAT_TIMEOUT: Duration = AGENT_PROBE_INTERVAL;
+
 /// The quorum podha and its agents share: podha hears enough agents to count any agent's
 /// silence only while it heard a strict majority of the `expected` ones (every node that
 /// advertises an agent, the silent one included): `2 * heard > expected`. An agent that can

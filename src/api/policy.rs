@@ -296,7 +296,8 @@ pub struct Detection {
     /// within `tcpTimeout` (a path to the machine independent of the API server); a refused
     /// connect is the host's kernel answering, so the machine runs and it counts as alive.
     /// `AgentHeartbeat`: the node's podha agent does not answer the leader's heartbeat
-    /// (asked every second, `tcpTimeout` to answer); like KubeletTCP a refusal counts as alive.
+    /// (asked every second, a second to answer whatever `tcpTimeout` says: the agent fences
+    /// when unheard, so no policy shortens it); like KubeletTCP a refusal counts as alive.
     /// Nodes without an agent give it no evidence either way.
     /// Which faults each sees: a machine that is off or crashed fails all four; a frozen
     /// machine fails `Lease`, `NodeReady` and `AgentHeartbeat`, while its kernel still accepts

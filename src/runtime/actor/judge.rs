@@ -14,6 +14,7 @@ use super::super::prober::{
 };
 use super::super::state::ClusterState;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::contract::AGENT_HEARTBEAT_TIMEOUT;
 use crate::eligibility::node_selected;
 use crate::health::{
     DetectionConfig, HealthTracker, NodeHealth, NodeObservations, ProbeKind, ReadyStatus,
@@ -114,19 +115,16 @@ impl Judge {
 /// What the probers probe: the kubelet port of every node a policy with the `KubeletTCP`
 /// signal watches (at the shortest such interval and timeout), and, while podha leads, the agent
 /// of every node that runs one, whether or not a policy listens: an agent podha stops hearing
-/// fences its node (see `crate::agent`), so every agent must be heard while podha leads. A
-/// follower asks none (only the leader's hearing counts).
+/// fences its node (see `crate::agent`), so every agent must be heard while podha leads, within
+/// the contract's [`AGENT_HEARTBEAT_TIMEOUT`] and no policy's. A follower asks none (only the
+/// leader's hearing counts).
 pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, ProbePlan) {
     let mut tcp_interval: Option<Duration> = None;
     let mut tcp_targets: BTreeMap<&str, Target> = BTreeMap::new();
-    let mut agent_timeout = AGENT_PROBE_INTERVAL;
     for policy in state.policies.values() {
         let Ok(cfg) = DetectionConfig::try_from(&policy.spec.detection) else {
             continue;
         };
-        if cfg.signals.agent {
-            agent_timeout = agent_timeout.min(cfg.tcp_timeout);
-        }
         if !cfg.signals.kubelet_tcp {
             continue;
         }
@@ -154,7 +152,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
     let agent = if leading {
         ProbePlan {
             interval: AGENT_PROBE_INTERVAL,
-            targets: agent_targets(state, agent_timeout),
+            targets: agent_targets(state, AGENT_HEARTBEAT_TIMEOUT),
         }
     } else {
         ProbePlan::default()

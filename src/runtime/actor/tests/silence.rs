@@ -186,6 +186,44 @@ async fn the_agent_probe_plan_names_each_nodes_boot() {
     assert_eq!(boots, [("node-1", Some("boot-1")), ("node-2", None)]);
 }
 
+/// Every agent is asked within the contract's heartbeat timeout, not a policy's `tcpTimeout`:
+/// one policy that detects within 10 ms must not make a slow or distant node unheard, and
+/// fence it.
+#[tokio::test(start_paused = true)]
+async fn no_policys_tcp_timeout_shortens_the_agent_heartbeat() {
+    let mut spec = quick_spec();
+    spec.detection.signals = vec![
+        crate::api::Signal::AgentHeartbeat,
+        crate::api::Signal::KubeletTCP,
+    ];
+    spec.detection.tcp_timeout = crate::api::HumanDuration::from_millis(10);
+    let mut h = harness_with(
+        vec![
+            agent_node(mk_node("node-1")).into(),
+            agent_node(mk_node("node-2")).into(),
+        ],
+        Some(spec),
+    );
+    h.run_for(1).await;
+    let kubelet = h._plans[0].borrow().clone();
+    let agent = h._plans[1].borrow().clone();
+    assert!(
+        kubelet
+            .targets
+            .iter()
+            .all(|t| t.timeout == Duration::from_millis(10)),
+        "the kubelet's connect is the policy's: {kubelet:?}"
+    );
+    assert_eq!(agent.targets.len(), 2);
+    assert!(
+        agent
+            .targets
+            .iter()
+            .all(|t| t.timeout == crate::contract::AGENT_HEARTBEAT_TIMEOUT),
+        "{agent:?}"
+    );
+}
+
 /// The agent port blocked everywhere for a while: podha hears no agent, and an agent cut off
 /// meanwhile has its peers vouch for it and stays up. node-1's silence began in that window;
 /// once podha hears the others again its agent only starts deciding to fence, so its silence
