@@ -1,5 +1,5 @@
 //! `podha agent`: one per node. It answers podha's heartbeat probes, fences its own node when
-//! podha can no longer hear it (unless its peers show podha hears nobody), and fences at once
+//! podha can no longer hear it (unless its peers show podha cannot prove it), and fences at once
 //! when podha asks through the API, acknowledging on the Node. See docs/agent.md.
 //!
 //! - [`isolation`]: the rule for fencing oneself (pure).
@@ -84,7 +84,7 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "[::]:9441")]
     pub listen: SocketAddr,
     /// How long podha may not hear this node before it fences itself (unless its peers show
-    /// podha hears nobody). podha's `Agent` proof (by the agent's silence) waits this long plus
+    /// half of the agents unheard: podha then cannot prove its silence). podha's `Agent` proof (by the agent's silence) waits this long plus
     /// `fencing.agentMargin`, for an agent that pets a watchdog.
     #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "40s")]
     pub isolation_timeout: Duration,
@@ -143,7 +143,7 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
     pub hearing_file: PathBuf,
     /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
-    /// hears this node (or hears nobody), disarmed on SIGTERM. A device must have magic close
+    /// hears this node (or cannot prove its silence), disarmed on SIGTERM. A device must have magic close
     /// and no nowayout. A FIFO or a regular file only with `--watchdog-stand-in`. Without one,
     /// or where there is none or it cannot be used (the agent then runs without and says why
     /// on the Node), a frozen node is not reset, and its agent's silence proves nothing: see

@@ -13,8 +13,8 @@
 //! ([`agent_quorum`]): then the silent agent cannot show half of them unheard, which is when
 //! an agent stays up. The silence counts only from when podha began hearing
 //! enough agents without a break (see [`agent_quorum`]): while podha heard too few (the agent
-//! port blocked everywhere), an agent cut off meanwhile had its peers vouch for it and stayed
-//! up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
+//! port blocked everywhere), an agent cut off meanwhile showed half of the agents unheard and
+//! stayed up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
 //! peers again.
 //!
 //! The agent must still advertise: its Lease in podha's namespace (see [`crate::contract`]) is
@@ -318,8 +318,8 @@ pub fn agent_evidence<'a>(
 
 /// The nodes whose agent podha expects to hear: those advertising one on the Node (port, with
 /// an InternalIP). The same set the agents take their peers from (`agent::peer_list`): the
-/// majority podha counts must be the one a silent agent's peers vouch in, or a node whose
-/// peers kept it up could pass for fenced. (An agent that stops withdraws this advert with its
+/// majority podha counts must be of the agents a silent agent counts, or a node whose peers
+/// kept it up could pass for fenced. (An agent that stops withdraws this advert with its
 /// Lease; an agent without a Lease still counts here, though its own silence proves nothing.)
 fn advertising(view: &View) -> impl Iterator<Item = &str> {
     view.nodes

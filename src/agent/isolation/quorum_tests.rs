@@ -19,7 +19,7 @@ fn heard_ago(i: usize) -> Option<Duration> {
 /// How long ago podha heard a peer it does not hear (or never, since that agent started):
 /// past half the timeout.
 fn unheard_ago(i: usize) -> Option<Duration> {
-    (i % 5 != 0).then(|| TIMEOUT / 2 + Duration::from_secs((i % 60) as u64 + 1))
+    (!i.is_multiple_of(5)).then(|| TIMEOUT / 2 + Duration::from_secs((i % 60) as u64 + 1))
 }
 
 fn survey(peers: usize, heard: usize, unheard: usize) -> Survey {

@@ -232,32 +232,35 @@ async fn a_survey_of_300_peers_with_silent_ones_asked_first_decides_stay_within_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heard_peers_answering_late_decide_fence_once_the_rest_could_not_make_half() {
-    // This node alone is unheard with one peer: the six peers podha hears answer 300 ms late,
-    // the unheard one at once, three are silent. Once the six answered, at most five of the
-    // eleven agents can be unheard (this one, the unheard peer and the three silent ones):
-    // fewer than half, whatever the silent ones would say.
+    // This node alone is unheard with one peer: the eight peers podha hears answer 300 ms
+    // late, the unheard one at once, three are silent, two are down. Once the eight answered,
+    // at most seven of the fifteen agents can be unheard (this one, the unheard peer and the
+    // five that do not answer): fewer than half, whatever the silent ones would say.
     let gauge = Arc::new(Gauge::default());
     let late = Duration::from_millis(300);
     let me = Surveyor::new();
     let mut peers = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..8 {
         peers.push(slow_peer(secs(1), late, gauge.clone()).await);
     }
     peers.push(me.agent(secs(60)).await);
     for _ in 0..3 {
         peers.push(silent(gauge.clone()).await);
     }
+    for _ in 0..2 {
+        peers.push(unbound().await);
+    }
     let times = SurveyTimes::new(secs(5));
     let surveyor = me.peers(peers, times);
     let start = Instant::now();
     let survey = surveyor.survey(TIMEOUT).await;
     let took = start.elapsed();
-    assert_eq!(survey.answers.len(), 7, "{survey:?}");
+    assert_eq!(survey.answers.len(), 9, "{survey:?}");
     let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
     let Verdict::Fence(why) = &verdict else {
         panic!("{verdict:?}")
     };
-    assert!(why.contains("it hears 6 and not 1"), "{why}");
+    assert!(why.contains("it hears 8 and not 1"), "{why}");
     assert!(
         took >= late && took < times.ask,
         "decided by the heard peers' answers ({took:?}), not by the silent peers' time out"

@@ -75,8 +75,9 @@ impl Judge {
     }
 
     /// Whether podha hears enough agents at `now`: since when it has without a break is kept,
-    /// and forgotten the moment it does not (an agent cut off meanwhile may have had its peers
-    /// vouch for it, and counts its silence only from when podha hears enough again).
+    /// and forgotten the moment it does not (an agent cut off meanwhile may have shown half of
+    /// the agents unheard and stayed up, and counts its silence only from when podha hears
+    /// enough again).
     pub fn follow_agent_quorum(&mut self, state: &ClusterState, now: Instant) {
         let heard = proof::hears_agent_quorum(&state.view, &heartbeats(state), now);
         self.agent_quorum_since = heard.then(|| self.agent_quorum_since.unwrap_or(now));

@@ -10,7 +10,7 @@
 //!   the volume move. Thawing the node afterwards wakes nothing: it was reset.
 //! - another writer's node is **cut off from everything** (its link down: no packet in or
 //!   out), its processes and its writer running on. Its agent, hearing neither podha nor a
-//!   peer, cannot show that podha hears nobody: it stops petting and fences (its own decision
+//!   peer, cannot show half of the agents unheard: it stops petting and fences (its own decision
 //!   or its watchdog, through the BMC) before podha's silence proof holds and the volume moves.
 //!   Meanwhile a process on that node forges podha's words to its own agent, 50 requests a
 //!   second: heartbeats saying podha just heard it (unsigned, or signed with random bytes) and
@@ -518,7 +518,7 @@ fn uid(pod: &Pod) -> anyhow::Result<String> {
 ///   renewing, podha's leader loses its Lease and stops probing, every agent goes unheard past
 ///   its isolation timeout.
 ///
-/// Their peers vouch (a majority unheard): no agent fences, no watchdog resets its node, each
+/// Their peers show every agent unheard (podha can prove nothing): no agent fences, no watchdog resets its node, each
 /// outage has every agent decide to stay up, and once the API server answers again every node is
 /// Ready, nothing is tainted and the write log is clean.
 pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
@@ -708,7 +708,7 @@ fn stays_on(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<usize>> {
 /// go fires within its timeout, an agent's verdict within the isolation timeout), then checks
 /// that no node was fenced since `fences_before` nor tainted and, given the agents' earlier
 /// `stays`, that every agent decided to stay up since (it was unheard past its timeout and
-/// stayed because its peers vouched: not by luck).
+/// stayed because its peers showed half of the agents unheard: not by luck).
 async fn outage_over(
     ctx: &Ctx<'_>,
     nodes: &[&str],
