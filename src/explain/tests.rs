@@ -241,30 +241,18 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
         .agent_adverts
         .insert("n1".into(), agent_advert(f.now - Duration::from_secs(3)));
     // Alone, its silence proves nothing: podha must hear a strict majority of the agents.
-    let e = f.pod("db-0");
-    let (rule, detail) = failure(&e);
-    assert_eq!(rule, "proof");
-    assert!(detail.contains("0 of 0 other nodes"), "{detail}");
-    // With n2's agent: two agents, one silent is half of them, still nothing.
-    f.view.nodes.insert(
-        "n2".into(),
-        mk_node("n2").ready(true).agent(Some("8s")).into(),
-    );
-    f.view
-        .agent_adverts
-        .insert("n2".into(), agent_advert(f.now - Duration::from_secs(1)));
-    let e = f.pod("db-0");
-    let (rule, detail) = failure(&e);
-    assert_eq!(rule, "proof");
-    assert!(detail.contains("1 of 1 other nodes"), "{detail}");
-    // With n3's too, it gives the proof.
-    f.view.nodes.insert(
-        "n3".into(),
-        mk_node("n3").ready(true).agent(Some("8s")).into(),
-    );
-    f.view
-        .agent_adverts
-        .insert("n3".into(), agent_advert(f.now - Duration::from_secs(1)));
+    // With n2's agent, one silent of two is half of them: still nothing. With n3's too, the
+    // proof.
+    for (others, heard) in [(None, "0 of 0"), (Some("n2"), "1 of 1")] {
+        if let Some(other) = others {
+            add_agent(&mut f, other);
+        }
+        let e = f.pod("db-0");
+        let (rule, detail) = failure(&e);
+        assert_eq!(rule, "proof");
+        assert!(detail.contains(&format!("{heard} other nodes")), "{detail}");
+    }
+    add_agent(&mut f, "n3");
     let e = f.pod("db-0");
     assert!(e.protected, "{:?}", e.checks);
     let proof = e.checks.iter().find(|c| c.rule == "proof").unwrap();
@@ -281,6 +269,17 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
         failure(&f.pod("db-0")),
         ("agent", "agent Lease missing or not renewed")
     );
+}
+
+/// A Ready node `node` whose agent pets an 8 s watchdog and renewed its Lease a second ago.
+fn add_agent(f: &mut Fixture, node: &str) {
+    f.view.nodes.insert(
+        node.into(),
+        mk_node(node).ready(true).agent(Some("8s")).into(),
+    );
+    f.view
+        .agent_adverts
+        .insert(node.into(), agent_advert(f.now - Duration::from_secs(1)));
 }
 
 #[test]

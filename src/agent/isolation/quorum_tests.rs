@@ -46,71 +46,73 @@ fn stays(verdict: &Verdict) -> bool {
 const UNHEARD_PEERS_TO_STAY: [(usize, usize); 7] =
     [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2), (7, 3)];
 
+/// Every split of the peers of one to seven agents: (agents, peers to stay, heard, unheard).
+fn splits() -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    UNHEARD_PEERS_TO_STAY
+        .into_iter()
+        .flat_map(|(agents, to_stay)| {
+            (0..agents).flat_map(move |heard| {
+                (0..agents - heard).map(move |unheard| (agents, to_stay, heard, unheard))
+            })
+        })
+}
+
 #[test]
 fn every_split_of_one_to_seven_agents_stays_exactly_where_podha_cannot_prove_the_silence() {
-    for (agents, to_stay) in UNHEARD_PEERS_TO_STAY {
+    for (agents, to_stay, heard, unheard) in splits() {
         let peers = agents - 1;
-        for heard in 0..=peers {
-            for unheard in 0..=peers - heard {
-                let unanswered = peers - heard - unheard;
-                let split = format!(
-                    "{agents} agents: {heard} heard, {unheard} unheard, {unanswered} unanswered"
-                );
-                let survey = survey(peers, heard, unheard);
-                let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
-                assert_eq!(stays(&verdict), unheard >= to_stay, "{split}: {verdict:?}");
-                // podha hears at most the heard peers and those that did not answer.
-                let podha_may_prove = silence_counts_among(heard + unanswered, peers);
-                if stays(&verdict) {
-                    assert!(!podha_may_prove, "{split}: stays, yet podha may prove it");
-                } else {
-                    assert!(
-                        podha_may_prove,
-                        "{split}: fences, though podha cannot prove it"
-                    );
-                }
-                // Past the free window, the watchdog is petted exactly while the agent stays.
-                let pets = pet_watchdog(Silence::For(TIMEOUT), TIMEOUT, WATCHDOG, Some(&survey));
-                assert_eq!(pets, stays(&verdict), "{split}");
-            }
+        let unanswered = peers - heard - unheard;
+        let split =
+            format!("{agents} agents: {heard} heard, {unheard} unheard, {unanswered} unanswered");
+        let survey = survey(peers, heard, unheard);
+        let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+        assert_eq!(stays(&verdict), unheard >= to_stay, "{split}: {verdict:?}");
+        // podha hears at most the heard peers and those that did not answer.
+        let podha_may_prove = silence_counts_among(heard + unanswered, peers);
+        if stays(&verdict) {
+            assert!(!podha_may_prove, "{split}: stays, yet podha may prove it");
+        } else {
+            assert!(
+                podha_may_prove,
+                "{split}: fences, though podha cannot prove it"
+            );
         }
+        // Past the free window, the watchdog is petted exactly while the agent stays.
+        let pets = pet_watchdog(Silence::For(TIMEOUT), TIMEOUT, WATCHDOG, Some(&survey));
+        assert_eq!(pets, stays(&verdict), "{split}");
     }
 }
 
 #[test]
 fn a_survey_that_stops_where_it_settles_decides_as_the_whole_survey() {
-    for (agents, _) in UNHEARD_PEERS_TO_STAY {
+    for (agents, _, heard, unheard) in splits() {
         let peers = agents - 1;
-        for heard in 0..=peers {
-            for unheard in 0..=peers - heard {
-                let whole = survey(peers, heard, unheard);
-                let full = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&whole)));
-                // The answers in either order, cut where the survey would stop.
-                for reversed in [false, true] {
-                    let mut answers = whole.answers.clone();
-                    if reversed {
-                        answers.reverse();
-                    }
-                    let mut prefix = Survey {
-                        peers: whole.peers,
-                        answers: Vec::new(),
-                    };
-                    for answer in answers {
-                        if prefix.settled(TIMEOUT) {
-                            break;
-                        }
-                        prefix.answers.push(answer);
-                    }
-                    let cut = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&prefix)));
-                    assert_eq!(
-                        cut,
-                        full,
-                        "{agents} agents, {heard} heard, {unheard} unheard: stopped at {} \
-                         answers",
-                        prefix.answers.len()
-                    );
-                }
+        let whole = survey(peers, heard, unheard);
+        let full = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&whole)));
+        // The answers in either order, cut where the survey would stop.
+        for reversed in [false, true] {
+            let mut answers = whole.answers.clone();
+            if reversed {
+                answers.reverse();
             }
+            let mut prefix = Survey {
+                peers: whole.peers,
+                answers: Vec::new(),
+            };
+            for answer in answers {
+                if prefix.settled(TIMEOUT) {
+                    break;
+                }
+                prefix.answers.push(answer);
+            }
+            let cut = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&prefix)));
+            assert_eq!(
+                cut,
+                full,
+                "{agents} agents, {heard} heard, {unheard} unheard: stopped at {} \
+                         answers",
+                prefix.answers.len()
+            );
         }
     }
 }
