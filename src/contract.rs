@@ -83,6 +83,14 @@ pub const AGENT_LEASE_DURATION: Duration = Duration::from_secs(40);
 /// writes do not let it lapse.
 pub const AGENT_LEASE_RENEW: Duration = Duration::from_secs(10);
 const AGENT_LEASE_PREFIX: &str = "podha-agent-";
+/// Annotation of an agent Lease, written by the agent at each renewal once podha has heard it
+/// in the node's current boot: that boot's ID (absent while podha has not). A podha replica
+/// that gains leadership never heard the agents itself; for an agent whose Lease says it was
+/// heard in the boot the Node reports, the replica knows the agent counts its silence since
+/// podha's last hearing, which no leader before this one can have given after this one's
+/// claim began: it may count the agent's silence from its own first unanswered probe
+/// (`planner::proof`).
+pub const AGENT_HEARD_IN_BOOT_ANNOTATION: &str = "podha.io/agent-heard-in-boot";
 
 /// The longest name of an object (a DNS subdomain).
 const MAX_NAME: usize = 253;

@@ -889,6 +889,7 @@ pub fn agent_advert(renewed_seen: tokio::time::Instant) -> AgentAdvert {
         renew_time: None,
         renewed_seen,
         lasts: crate::contract::AGENT_LEASE_DURATION,
+        heard_in_boot: None,
     }
 }
 

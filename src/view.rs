@@ -68,6 +68,9 @@ pub struct AgentAdvert {
     pub renewed_seen: Instant,
     /// How long it lasts after a renewal (`leaseDurationSeconds`).
     pub lasts: Duration,
+    /// The boot in which the agent says podha heard it
+    /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]), if it says so.
+    pub heard_in_boot: Option<String>,
 }
 
 impl View {

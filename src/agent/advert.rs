@@ -6,7 +6,8 @@
 //!   the agent runs and owned by its Pod, so that an agent uninstalled, moved away by a
 //!   nodeSelector or stopped for good no longer passes for one that fences: podha counts a
 //!   node's silence as a fence only while its agent's Lease is there and was renewed within
-//!   its duration before the silence began.
+//!   its duration before the silence began. The Lease also says whether podha has heard the
+//!   agent in this boot, for a podha replica that gains leadership (`planner::proof`).
 //!
 //! On SIGTERM the agent withdraws both first ([`advertise_until_withdrawn`]), and disarms its
 //! watchdog only once the API server confirmed the withdrawal: from then on nothing fences the
@@ -24,11 +25,13 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::error::AgentError;
+use super::peer_list::lock;
+use super::server::SharedHearing;
 
 use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL,
-    AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION, PublicKey,
-    agent_lease_name, fenced_within_value,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_KEY_ANNOTATION,
+    AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION,
+    AGENT_WATCHDOG_ANNOTATION, PublicKey, agent_lease_name, fenced_within_value,
 };
 
 /// How long one try at the withdrawal on SIGTERM may take, both writes together.
@@ -171,28 +174,57 @@ pub struct OwnerPod {
     pub uid: String,
 }
 
-/// The agent's Lease: renewed every [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`].
+/// The agent's Lease: renewed every [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`]. Each
+/// renewal also says whether podha has heard the agent in this boot
+/// ([`AGENT_HEARD_IN_BOOT_ANNOTATION`]), so that a podha replica that gains leadership knows
+/// the agent counts its silence.
 pub struct AdvertLease {
     leases: Api<Lease>,
     node: String,
     owner: Option<OwnerPod>,
+    /// This node's boot ID, if the agent could read it (without it the Lease says nothing of
+    /// being heard).
+    boot: Option<String>,
+    hearing: SharedHearing,
 }
 
 impl AdvertLease {
-    pub fn new(client: kube::Client, namespace: &str, node: &str, owner: Option<OwnerPod>) -> Self {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        node: &str,
+        owner: Option<OwnerPod>,
+        boot: Option<String>,
+        hearing: SharedHearing,
+    ) -> Self {
         Self {
             leases: Api::namespaced(client, namespace),
             node: node.to_string(),
             owner,
+            boot,
+            hearing,
         }
     }
 
-    /// The Lease as renewed at `now`, for a server-side apply.
-    fn body(&self, now: Timestamp) -> serde_json::Value {
+    /// The boot in which podha has heard this agent, if it has.
+    fn heard_in_boot(&self) -> Option<&str> {
+        let heard = lock(&self.hearing)
+            .heard_ago(tokio::time::Instant::now())
+            .is_some();
+        self.boot.as_deref().filter(|_| heard)
+    }
+
+    /// The Lease as renewed at `now`, for a server-side apply; `heard_in_boot`: the boot in
+    /// which podha has heard this agent, if it has (a server-side apply without it takes an
+    /// earlier one off).
+    fn body(&self, now: Timestamp, heard_in_boot: Option<&str>) -> serde_json::Value {
         let mut metadata = json!({
             "name": agent_lease_name(&self.node),
             "labels": {AGENT_LEASE_LABEL: "true"},
         });
+        if let Some(boot) = heard_in_boot {
+            metadata["annotations"] = json!({ AGENT_HEARD_IN_BOOT_ANNOTATION: boot });
+        }
         if let Some(pod) = &self.owner {
             // No blockOwnerDeletion: setting it needs a right on the Pod the agent lacks.
             metadata["ownerReferences"] = json!([{
@@ -221,7 +253,7 @@ impl AdvertLease {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut renewed = false;
         loop {
-            let body = self.body(Timestamp::now());
+            let body = self.body(Timestamp::now(), self.heard_in_boot());
             match self
                 .leases
                 .patch(&name, &params, &Patch::Apply(&body))
@@ -364,6 +396,7 @@ pub async fn advertise_until_withdrawn<W: Future<Output = bool>>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::server::Hearing;
     use super::*;
     use crate::contract::FENCE_ACK_ANNOTATION;
     use crate::test_builders::*;
@@ -498,17 +531,14 @@ mod tests {
 
     #[tokio::test]
     async fn the_lease_names_its_node_lasts_its_duration_and_is_owned_by_the_agents_pod() {
-        let client = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client");
+        let client = offline_client();
         let owner = OwnerPod {
             name: "podha-agent-x7".into(),
             uid: "u-1".into(),
         };
-        let lease = AdvertLease::new(client.clone(), "podha", "n1", Some(owner));
+        let lease = lease_of(client.clone(), Some(owner), never_heard());
         let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
-        let body = lease.body(now);
+        let body = lease.body(now, lease.heard_in_boot());
         let parsed: Lease = serde_json::from_value(body.clone()).expect("a Lease");
         let spec = parsed.spec.expect("spec");
         assert_eq!(parsed.metadata.name.as_deref(), Some("podha-agent-n1"));
@@ -534,11 +564,53 @@ mod tests {
         );
         assert_eq!(owners[0].block_owner_deletion, None);
         // Outside a Pod (a test cluster's processes): no owner, the agent deletes it itself.
-        let unowned = AdvertLease::new(client, "podha", "n1", None).body(now);
+        let unowned = lease_of(client, None, never_heard()).body(now, None);
         assert!(
             unowned["metadata"].get("ownerReferences").is_none(),
             "{unowned}"
         );
+        // podha never heard this agent in this boot: nothing said of it.
+        assert!(body["metadata"].get("annotations").is_none(), "{body}");
+    }
+
+    fn lease_of(client: kube::Client, owner: Option<OwnerPod>, hearing: Hearing) -> AdvertLease {
+        let hearing = std::sync::Arc::new(std::sync::Mutex::new(hearing));
+        AdvertLease::new(client, "podha", "n1", owner, Some("boot-1".into()), hearing)
+    }
+
+    fn never_heard() -> Hearing {
+        Hearing::resumed(tokio::time::Instant::now(), None)
+    }
+
+    fn offline_client() -> kube::Client {
+        kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client")
+    }
+
+    /// Once podha has heard the agent in this boot, its Lease says so, naming the boot; an
+    /// agent that cannot read its boot says nothing.
+    #[tokio::test]
+    async fn the_lease_says_in_which_boot_podha_heard_the_agent() {
+        let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
+        let heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::from_secs(90)));
+        let lease = lease_of(offline_client(), None, heard);
+        assert_eq!(lease.heard_in_boot(), Some("boot-1"));
+        let body = lease.body(now, lease.heard_in_boot());
+        assert_eq!(
+            body["metadata"]["annotations"],
+            json!({AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1"})
+        );
+        let lease = lease_of(offline_client(), None, never_heard());
+        assert_eq!(lease.heard_in_boot(), None);
+        // The hearing changes while the agent runs: the next renewal says so.
+        lock(&lease.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
+        assert_eq!(lease.heard_in_boot(), Some("boot-1"));
+        let mut bootless = lease_of(offline_client(), None, never_heard());
+        bootless.boot = None;
+        lock(&bootless.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
+        assert_eq!(bootless.heard_in_boot(), None);
     }
 
     /// On SIGTERM the advert goes first, and the agent stops (and may disarm) only once the

@@ -369,6 +369,23 @@ fn fencer(args: &AgentArgs, kernel: &Kernel) -> Fencer {
     Fencer::new(fence, confirm, &args.node)
 }
 
+/// The agent's Lease, owned by its Pod when it runs in one, saying whether podha heard it in
+/// `boot`.
+fn advert_lease(
+    args: &AgentArgs,
+    client: &kube::Client,
+    namespace: &str,
+    boot: Option<String>,
+    hearing: SharedHearing,
+) -> advert::AdvertLease {
+    let owner = args
+        .pod_name
+        .clone()
+        .zip(args.pod_uid.clone())
+        .map(|(name, uid)| advert::OwnerPod { name, uid });
+    advert::AdvertLease::new(client.clone(), namespace, &args.node, owner, boot, hearing)
+}
+
 async fn run(args: AgentArgs) -> Result<(), AgentError> {
     args.check()?;
     crate::listen::raise_open_file_limit();
@@ -415,12 +432,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         watchdog: watchdog::advertised(&watchdog),
         key: identity.public(),
     };
-    let owner = args
-        .pod_name
-        .clone()
-        .zip(args.pod_uid.clone())
-        .map(|(name, uid)| advert::OwnerPod { name, uid });
-    let lease = advert::AdvertLease::new(client.clone(), &namespace, &args.node, owner);
+    let lease = advert_lease(&args, &client, &namespace, boot.clone(), hearing.clone());
     let advertise = async {
         tokio::select! {
             r = requests::follow(client.clone(), &args.node, advert, listening, boot, &args.boot_history_file, fencer.clone()) => r,

@@ -293,6 +293,7 @@ mod tests {
                     renew_time: Some(renew.clone()),
                     renewed_seen: now,
                     lasts: Duration::from_secs(40),
+                    heard_in_boot: None,
                 },
             );
         }
@@ -302,6 +303,7 @@ mod tests {
                 renew_time: None,
                 renewed_seen: now,
                 lasts: Duration::from_secs(40),
+                heard_in_boot: None,
             },
         );
         age_adverts(&mut view, now, wall);

@@ -17,6 +17,13 @@
 //! stayed up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
 //! peers again.
 //!
+//! A replica that gains leadership heard no agent itself. An agent whose Lease says podha heard
+//! it in the node's current boot ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]) counts
+//! its silence since that hearing, which came from a leader whose claim ended before this
+//! term began (`crate::leader`): for such an agent, if this term got nothing from its port,
+//! podha counts the silence from its own first unanswered probe, later than the agent's count
+//! began ([`AgentEvidence::heard_in_boot_earlier`]).
+//!
 //! The agent must still advertise: its Lease in podha's namespace (see [`crate::contract`]) is
 //! there and was renewed within its duration before the silence began. An agent uninstalled,
 //! moved away or stopped withdraws it with its advert on the Node (or the Lease goes with its
@@ -95,6 +102,10 @@ pub struct AgentEvidence<'a> {
     /// Whether podha saw the node's Lease renewed in the boot the Node reports, after it saw
     /// that boot ID (see `Heartbeat::renewed_in_boot`).
     pub renewed_in_boot: bool,
+    /// Whether the agent's Lease says podha heard it in the boot the Node reports
+    /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]): heard by an earlier leadership
+    /// term, when this one never got an answer (see [`AgentEvidence::silence_doubt`]).
+    pub heard_in_boot_earlier: bool,
 }
 
 /// How old a node's agent Lease was when the agent fell silent.
@@ -132,16 +143,25 @@ impl AgentEvidence<'_> {
             return Some(SilenceDoubt::NodeLivedOn { after });
         }
         match self.heard_before_silence {
+            // Never answered this term, but heard in this boot by an earlier one: the agent
+            // counts its silence from its last hearing, which no earlier leader can have given
+            // after this term began, and podha counts from its own first unanswered probe,
+            // later still.
+            None if self.heard_in_boot_earlier => self.quorum_doubt(),
             None => Some(SilenceDoubt::NeverHeard),
             Some(gap) if gap > AGENT_HEARD_WITHIN => Some(SilenceDoubt::HeardLongBefore { gap }),
-            Some(_) if !silence_counts_among(self.others_heard, self.others_expected) => {
-                Some(SilenceDoubt::FewOthersHeard {
-                    heard: self.others_heard,
-                    expected: self.others_expected,
-                })
-            }
-            Some(_) => None,
+            Some(_) => self.quorum_doubt(),
         }
+    }
+
+    /// Whether podha hears too few of the other agents for any silence to count.
+    fn quorum_doubt(&self) -> Option<SilenceDoubt> {
+        (!silence_counts_among(self.others_heard, self.others_expected)).then_some(
+            SilenceDoubt::FewOthersHeard {
+                heard: self.others_heard,
+                expected: self.others_expected,
+            },
+        )
     }
 }
 
@@ -196,8 +216,9 @@ pub enum SilenceDoubt {
     /// failed later. (A node cut off from everything stops both at once; one cut off from
     /// podha alone renews until its agent fences it, by that time.)
     NodeLivedOn { after: Duration },
-    /// podha got no answer from the agent in its current leadership term before the silence:
-    /// its port may be blocked, or it stopped before this term began.
+    /// podha got no answer from the agent in its current leadership term before the silence,
+    /// and the agent's Lease does not say an earlier term heard it in the node's current boot:
+    /// its port may be blocked, or it stopped before it was heard.
     NeverHeard,
     /// podha's last answer from the agent came `gap` before its silence began, more than
     /// [`AGENT_HEARD_WITHIN`].
@@ -242,9 +263,10 @@ impl SilenceDoubt {
                 after.as_secs()
             ),
             Self::NeverHeard => format!(
-                "podha never heard the agent of node {node} in this leadership term: an agent \
-                 podha never heard (its port blocked, or stopped before this term) may not have \
-                 fenced its node"
+                "podha never heard the agent of node {node} in this leadership term, and its \
+                 Lease does not say an earlier term heard it in the node's current boot: an \
+                 agent podha never heard (its port blocked, or stopped before it was heard) \
+                 does not fence its node on isolation"
             ),
             Self::HeardLongBefore { gap } => format!(
                 "podha last heard the agent of node {node} {}s before its silence began (more \
@@ -313,7 +335,22 @@ pub fn agent_evidence<'a>(
         request,
         renewals_since_ack: own.map_or(0, |hb| hb.renewals_since_ack),
         renewed_in_boot: own.is_some_and(|hb| hb.renewed_in_boot),
+        // Nothing from the agent's port in this term: a refusal is an agent not running, and
+        // a silence after it is not one the agent counts (see the module's docs).
+        heard_in_boot_earlier: own
+            .is_none_or(|hb| hb.agent_connected.is_none() && hb.agent_answered.is_none())
+            && heard_in_current_boot(view, node),
     }
+}
+
+/// Whether `node`'s agent Lease says podha heard the agent in the boot the Node reports.
+fn heard_in_current_boot(view: &View, node: &str) -> bool {
+    let lease_says = view
+        .agent_adverts
+        .get(node)
+        .and_then(|advert| advert.heard_in_boot.as_deref());
+    let booted = view.nodes.get(node).and_then(|n| boot_id(n));
+    lease_says.is_some_and(|heard| booted == Some(heard))
 }
 
 /// The nodes whose agent podha expects to hear: those advertising one on the Node (port, with

@@ -16,9 +16,10 @@
 //! - the policy asks for the default proof, the agent's: the Deployment's node is fenced by
 //!   its agent's silence before its volume moves;
 //! - the node running the leading replica and a StatefulSet's writer is killed: the other
-//!   replica takes the Lease and, never having heard that node's agent, holds it (the policy
-//!   `Degraded`, reason `FencingPending`, nothing moved) until a person sets
-//!   `fencing.proof: None`; then it completes the failover, with the same write-log checks.
+//!   replica takes the Lease and, though it never heard that node's agent, counts its silence
+//!   (the agent's Lease says the last leader heard it in this boot) from its own first
+//!   unanswered probe, and completes the failover under the agent's proof without a person,
+//!   with the same write-log checks.
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
@@ -300,89 +301,10 @@ async fn wait_policy_ready(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {
     .await
 }
 
-/// The policy holds dead `node`: `Degraded=True`, reason `FencingPending`, naming it; its pod
-/// `old` not deleted and the node not tainted meanwhile.
-async fn held_for_proof(ctx: &Ctx<'_>, node: &str, old: &Pod) -> anyhow::Result<()> {
-    let policies = &policies(ctx);
-    let message = wait_for(
-        &format!("PodHAPolicy {POLICY}'s status Degraded=True FencingPending for {node}"),
-        secs(90),
-        || async move {
-            let p = policies.get(POLICY).await?;
-            let conditions = p.data["status"]["conditions"].as_array().cloned();
-            Ok(conditions.unwrap_or_default().iter().find_map(|c| {
-                let message = c["message"].as_str()?;
-                (c["type"] == "Degraded"
-                    && c["status"] == "True"
-                    && c["reason"] == "FencingPending"
-                    && message.contains(node))
-                .then(|| message.to_string())
-            }))
-        },
-    )
-    .await?;
-    let pod = ctx.pods().get(name_of(old)).await.context("the held pod")?;
-    ensure!(
-        pod.metadata.uid == old.metadata.uid && pod.metadata.deletion_timestamp.is_none(),
-        "{} was deleted while its node was held",
-        name_of(old)
-    );
-    let tainted = ctx
-        .nodes()
-        .get(node)
-        .await?
-        .spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .iter()
-        .any(|t| t.key == OUT_OF_SERVICE);
-    ensure!(!tainted, "{node} was tainted while held");
-    log(&ctx.ns, format!("policy Degraded: {message}"));
-    Ok(())
-}
-
-/// Sets the policy's `fencing.proof` (`None`: back to the default).
-async fn set_proof(ctx: &Ctx<'_>, proof: Option<&str>) -> anyhow::Result<()> {
-    let fencing = match proof {
-        Some(proof) => json!({ "proof": proof }),
-        None => serde_json::Value::Null,
-    };
-    policies(ctx)
-        .patch(
-            POLICY,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "fencing": fencing } })),
-        )
-        .await
-        .with_context(|| format!("set fencing.proof {proof:?} on {POLICY}"))?;
-    Ok(())
-}
-
-/// What a failover waits for after the kill, besides podha.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Proof {
-    /// The policy's own (the default, the agent's).
-    Policy,
-    /// A person's word: the node dies with the leading replica, so the new leader never heard
-    /// its agent and holds it (docs/agent.md, "What is not there yet"); the policy says so
-    /// (`Degraded`, reason `FencingPending`), nothing moves, and the person who checked the
-    /// node is off sets `fencing.proof: None` (put back to the default after the failover).
-    PersonAfterHold,
-}
-
 /// Kills the node of `app`'s writer and follows the failover: a replacement Running and Ready
 /// on another node of `nodes`, its volume attached there and no longer on the dead node, `WRITES`
 /// acknowledged writes from it; then checks the volume's write log. Returns the dead node.
 async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Result<String> {
-    kill_and_follow_with(ctx, app, nodes, Proof::Policy).await
-}
-
-async fn kill_and_follow_with(
-    ctx: &Ctx<'_>,
-    app: &str,
-    nodes: &[&str],
-    proof: Proof,
-) -> anyhow::Result<String> {
     let old = ctx.wait_app_running(app, secs(120)).await?;
     let dead = node_of(&old).context("writer not bound")?.to_string();
     ctx.wait_writes(&old, WRITES).await?;
@@ -410,14 +332,6 @@ async fn kill_and_follow_with(
         format!("{dead}, running {}, killed", name_of(&old)),
     );
     let old_uid = old.metadata.uid.clone();
-    if proof == Proof::PersonAfterHold {
-        held_for_proof(ctx, &dead, &old).await?;
-        set_proof(ctx, Some("None")).await?;
-        log(
-            &ctx.ns,
-            format!("{dead} held for its proof; fencing.proof None set by hand"),
-        );
-    }
     let replacement = wait_for(
         &format!("a replacement of {} Running on another node", name_of(&old)),
         secs(120),
@@ -438,9 +352,6 @@ async fn kill_and_follow_with(
         "the replacement runs on {node}, not on another of {nodes:?}"
     );
     ctx.wait_attached(&pv, &node, secs(30)).await?;
-    if proof == Proof::PersonAfterHold {
-        set_proof(ctx, None).await?;
-    }
     let on_dead = ctx
         .vas_of(&pv)
         .await?
@@ -566,7 +477,9 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         }
         let follower = name_of(follower_pod).to_string();
         let killed = Instant::now();
-        kill_and_follow_with(&ctx, "db", &db_nodes, Proof::PersonAfterHold).await?;
+        // Under the policy's own proof, the agent's: the new leader never heard db-0's
+        // node's agent, whose Lease says the last leader heard it in this boot.
+        kill_and_follow(&ctx, "db", &db_nodes).await?;
         ensure!(
             chart_install::lease_holder(&ctx.client).await?.as_deref() == Some(follower.as_str()),
             "{follower} should lead after {leader}'s node died"

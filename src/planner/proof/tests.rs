@@ -467,6 +467,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             request: Some("p/1"),
             renewals_since_ack: 0,
             renewed_in_boot: false,
+            heard_in_boot_earlier: false,
         },
         "n2 heard, n3 too long ago, n4 never, n6 only refused, n7 (no Lease: the agents still \
          count it among their peers) never; a node without an agent is not expected"
@@ -523,5 +524,86 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
     assert!(
         !hears_agent_quorum(&View::default(), &more, now),
         "no agent"
+    );
+}
+
+/// A replica that gains leadership never heard the agents itself. An agent whose Lease says it
+/// was heard in the node's current boot counts its silence (it is not a never-heard agent that
+/// stays up), so its silence proves the fence, counted from this term's first unanswered
+/// probe; one whose Lease names another boot, or says nothing, proves nothing.
+#[test]
+fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_boot() {
+    let secs = Duration::from_secs;
+    let now = Instant::now();
+    let agent = |name: &str| {
+        let mut n = mk_node(name)
+            .annotation(crate::contract::AGENT_PORT_ANNOTATION, "9441")
+            .boot("boot-2");
+        n.status.get_or_insert_with(Default::default).addresses =
+            Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+                type_: "InternalIP".into(),
+                address: "10.0.0.1".into(),
+            }]);
+        n
+    };
+    let mut view = crate::view::View::default()
+        .with(agent("n1"))
+        .with(agent("n2"))
+        .with(agent("n3"));
+    let heartbeat = |connected: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
+        last_renewal: None,
+        renewal_not_before: None,
+        silent_since: now,
+        renew_period: secs(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: connected,
+        agent_connected: connected,
+        agent_silent_since: silent_since,
+        tainted_since: None,
+        renewals_since_ack: 0,
+        renewed_in_boot: false,
+        renew_time: None,
+    };
+    let mut heartbeats = crate::planner::Heartbeats::new();
+    heartbeats.insert("n1".into(), heartbeat(None, Some(now - secs(60))));
+    for other in ["n2", "n3"] {
+        heartbeats.insert(other.into(), heartbeat(Some(now), None));
+    }
+    let quorum = Some(now - secs(61));
+    let cases = [
+        (None, false, Some(SilenceDoubt::NeverHeard)),
+        (Some("boot-1"), false, Some(SilenceDoubt::NeverHeard)),
+        (Some("boot-2"), true, None),
+    ];
+    for (heard_in, earlier, doubt) in cases {
+        let mut advert = agent_advert(now - secs(62));
+        advert.heard_in_boot = heard_in.map(str::to_string);
+        view.agent_adverts.insert("n1".into(), advert);
+        let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
+        assert_eq!(evidence.heard_in_boot_earlier, earlier, "{heard_in:?}");
+        assert_eq!(evidence.heard_before_silence, None);
+        assert_eq!(evidence.silence_doubt(), doubt, "{heard_in:?}");
+    }
+    // Still only while podha hears a strict majority of the agents.
+    heartbeats.insert("n3".into(), heartbeat(None, Some(now - secs(5))));
+    assert_eq!(
+        agent_evidence("n1", &view, &heartbeats, quorum, now, None).silence_doubt(),
+        Some(SilenceDoubt::FewOthersHeard {
+            heard: 1,
+            expected: 2
+        })
+    );
+    // Answered in this term: this term's own hearing decides, not the Lease.
+    heartbeats.insert("n3".into(), heartbeat(Some(now), None));
+    heartbeats.insert(
+        "n1".into(),
+        heartbeat(Some(now - secs(70)), Some(now - secs(60))),
+    );
+    let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
+    assert!(!evidence.heard_in_boot_earlier);
+    assert_eq!(
+        evidence.silence_doubt(),
+        Some(SilenceDoubt::HeardLongBefore { gap: secs(10) })
     );
 }

@@ -20,7 +20,7 @@ use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
-use crate::contract::advertising_node;
+use crate::contract::{AGENT_HEARD_IN_BOOT_ANNOTATION, advertising_node};
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
 use crate::view::{AgentAdvert, ObjectKey, View};
@@ -45,10 +45,16 @@ fn seen_agent_lease(
         Some(earlier) if earlier.renew_time == renew_time => earlier.renewed_seen,
         _ => now,
     };
+    let heard_in_boot = lease
+        .annotations()
+        .get(AGENT_HEARD_IN_BOOT_ANNOTATION)
+        .filter(|boot| !boot.is_empty())
+        .cloned();
     let advert = AgentAdvert {
         renew_time,
         renewed_seen,
         lasts,
+        heard_in_boot,
     };
     Some((node.to_string(), advert))
 }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::api::{Fencing, FencingProof};
 use crate::health::{ProbeKind, TcpResult};
+use kube::ResourceExt as _;
 
 /// `node` runs a podha agent that fences within 8 s of podha's last hearing.
 fn agent_node(node: Node) -> Node {
@@ -86,8 +87,13 @@ fn held(metrics: &Metrics, reason: &str) -> f64 {
 /// node-1 dead (its kubelet) with its pods, node-2 and node-3 alive, each with an agent; the
 /// policy asks for the agent's proof.
 fn agent_proof_harness() -> Harness {
+    agent_proof_harness_with(mk_node("node-1").ready(false))
+}
+
+/// [`agent_proof_harness`] with node-1 as given (an agent added).
+fn agent_proof_harness_with(node_1: Node) -> Harness {
     let mut objects = dead_node_with_pods("node-1");
-    objects[0] = agent_node(mk_node("node-1").ready(false)).into();
+    objects[0] = agent_node(node_1).into();
     objects.push(agent_node(mk_node("node-2")).into());
     objects.push(agent_node(mk_node("node-3")).into());
     let mut spec = quick_spec();
@@ -126,6 +132,47 @@ async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
     run_with_rounds(&mut h, 20, &["node-1"]).await;
     let sent = acts(&mut h.writes);
     assert!(!sent.iter().any(|k| k.starts_with("taint/")), "{sent:?}");
+}
+
+/// The same, but the agent's Lease says podha heard it in the node's current boot (the node
+/// died with podha's leading replica, say): the agent counts its silence from its last
+/// hearing, which no earlier leader gave after this term began, so this term counts the
+/// silence from its own first unanswered probe and proves the fence once it lasted the
+/// agent's 8 s and the margin. A Lease that names another boot proves nothing.
+#[tokio::test(start_paused = true)]
+async fn a_new_term_counts_the_silence_of_an_agent_heard_in_this_boot_from_its_first_probe() {
+    for (lease_boot, proves) in [("boot-1", true), ("boot-0", false)] {
+        let mut h = agent_proof_harness_with(mk_node("node-1").ready(false).boot("boot-1"));
+        run_with_rounds(&mut h, 3, &[]).await;
+        assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+        // The agent renews its Lease, saying podha heard it in its boot, then falls silent.
+        let mut lease = mk_agent_lease("node-1", 200);
+        lease.annotations_mut().insert(
+            crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION.into(),
+            lease_boot.into(),
+        );
+        h.actor
+            .state
+            .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
+        run_with_rounds(&mut h, 5, &["node-1"]).await;
+        h.leader.send(None).expect("leader channel");
+        h.run_for(20).await;
+        h.leader
+            .send(Some(crate::leader::Claim::for_tests()))
+            .expect("leader channel");
+        run_with_rounds(&mut h, 16, &["node-1"]).await;
+        let sent = acts(&mut h.writes);
+        assert!(
+            !sent.iter().any(|k| k.starts_with("taint/")),
+            "not 18 s of this term's silence yet: {sent:?}"
+        );
+        run_with_rounds(&mut h, 4, &["node-1"]).await;
+        let tainted = acts(&mut h.writes).contains(&"taint/node-1".to_string());
+        assert_eq!(tainted, proves, "Lease heard in {lease_boot}");
+        if !proves {
+            assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
+        }
+    }
 }
 
 /// The same agent heard in this term before it went silent: its silence past 8 s and the
