@@ -118,9 +118,19 @@ pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a 
 }
 
 /// How often podha's leader probes every agent. The agents' own rule (a peer heard within a
-/// quarter of the isolation timeout is heard) needs this far shorter than their timeout, so
-/// their shortest isolation timeout is derived from it.
+/// quarter of the isolation timeout, or [`AGENT_HEARD_WITHIN`] and two intervals, is heard)
+/// needs this far shorter than their timeout, so their shortest isolation timeout is derived
+/// from it.
 pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How recently podha must have got an answer from an agent to count it as heard: before its
+/// silence began (the silent agent), or now (the other agents); the agents count a peer
+/// unheard only well past it (`agent::isolation::UNHEARD_AFTER_AT_LEAST`). podha sends a
+/// round of probes every [`AGENT_PROBE_INTERVAL`] and each answer comes back within the probe's timeout (at
+/// most one interval), so an agent that answers every probe was last answered at most two
+/// intervals before the round now in flight comes back; a third interval absorbs a round
+/// delayed by a slow batch or the decision loop's tick.
+pub const AGENT_HEARD_WITHIN: Duration = AGENT_PROBE_INTERVAL.saturating_mul(3);
 
 /// How long podha's leader waits for an agent's answer to a heartbeat: one probe interval,
 /// whatever the policies say. An agent whose answers take longer is unheard and, past its
@@ -131,11 +141,11 @@ pub const AGENT_HEARTBEAT_TIMEOUT: Duration = AGENT_PROBE_INTERVAL;
 
 /// The quorum podha and its agents share: podha hears enough agents to count any agent's
 /// silence only while it heard a strict majority of the `expected` ones (every node that
-/// advertises an agent, the silent one included): `2 * heard > expected`. An agent that can
-/// show that at least half of them, itself included, are unheard therefore knows podha cannot
-/// prove its silence, and stays up (`agent::isolation`); it fences otherwise. With two agents
-/// neither's silence ever counts: one cut off from the other cannot tell that from its own
-/// death, and only another proof (a BMC, an acknowledgement) fails such a cluster over.
+/// advertises an agent, the silent one included): `2 * heard > expected`. An agent that shows
+/// at least half of its peers unheard therefore knows podha cannot prove its silence, and
+/// stays up (`agent::isolation::stays_with`); it fences otherwise. With two agents neither's
+/// silence ever counts: one cut off from the other cannot tell that from its own death, and
+/// only another proof (a BMC, an acknowledgement) fails such a cluster over.
 pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
     heard * 2 > expected
 }

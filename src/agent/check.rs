@@ -40,7 +40,10 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
         }
         _ => {}
     }
-    Hearing::resumed(Instant::now(), heard_ago)
+    match (last_heard, heard_ago) {
+        (LastHeard::Unknown, Some(ago)) => Hearing::resumed_unsure(Instant::now(), ago),
+        _ => Hearing::resumed(Instant::now(), heard_ago),
+    }
 }
 
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.

@@ -21,22 +21,24 @@
 //! Once heard, the agent tells its own isolation from a podha that cannot prove it by asking
 //! its peers how long ago podha heard *them*. podha counts an agent's silence only while it
 //! hears a strict majority of the agents it expects (every node advertising one, the silent
-//! one included: [`crate::contract::agent_quorum`]); the agent counts the same set (itself and
-//! its peer list, read from the same adverts). A peer counts as unheard when podha last heard
-//! it more than half the timeout ago (or never since that agent started): when podha stops
-//! hearing everybody at once (its leader stopped), every peer's silence is nearly as long as
-//! this node's, while a peer podha still hears was heard a probe interval ago, and podha
-//! counts as heard only an agent that answered within a few seconds. A peer that does not
-//! answer shows nothing either way.
-//! - at least half of the agents, this one included, are shown unheard: podha hears no strict
-//!   majority and cannot prove this node's silence, so fencing would only take a healthy node
-//!   down (a leader that hears part of the fleet, the control plane down). **Stay.** With no
-//!   peers (the list was read, or given, and names no other agent) this node is half of one:
-//!   there is nowhere to fail over to.
+//! one included: [`crate::contract::agent_quorum`]); the agent's peers are read from the same
+//! adverts. A peer counts as unheard when podha last heard it more than half the timeout ago,
+//! and at least [`UNHEARD_AFTER_AT_LEAST`] (or never since that agent started): when podha
+//! stops hearing everybody at once (its leader stopped), every peer's silence is nearly as
+//! long as this node's, while a peer podha still hears was heard a probe interval ago, and
+//! podha counts as heard only an agent that answered within a few seconds. A peer that does
+//! not answer shows nothing either way.
+//! - at least half of the peers are shown unheard ([`stays_with`]): podha hears no strict
+//!   majority of the agents and cannot prove this node's silence, so fencing would only take
+//!   a healthy node down (a leader that hears part of the fleet, the control plane down).
+//!   **Stay.** With no peers (the list was read, or given, and names no other agent) there is
+//!   nowhere to fail over to.
 //! - fewer than that (answers missing count for nothing): podha may hear a majority and prove
 //!   this node's silence. **Fence.** This caps the fences of a partial outage at what podha
 //!   could prove: when podha hears `k` of `n` agents, every other agent whose survey reaches
-//!   its peers fences only if `2k > n`, exactly when podha could count its silence.
+//!   its peers fences only if `2k >= n`: when podha could count its silence, or at an exact
+//!   tie (`2k = n`), where staying would need a peer list that names every agent podha
+//!   counts, and a list read before a node joined does not.
 //! - the peer list was never read (the API server has not answered the agent since it
 //!   started): the agent cannot know whether it is alone, so it can show nothing. **Fence.**
 //!   (A node cut off from everything must not take its empty list for a cluster of one.)
@@ -50,6 +52,8 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::contract::{AGENT_HEARD_WITHIN, AGENT_PROBE_INTERVAL};
 
 /// How many peers (other nodes with an agent) the agent knows of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,37 +75,27 @@ pub struct Survey {
 }
 
 impl Survey {
-    /// Whether this survey already decides: at least half of the expected agents are shown
-    /// unheard, or the peers not yet answered could no longer show it. The agent stops
-    /// asking once it does (a thousand-node cluster needs about half the answers either way).
-    /// `silence`: how long this node has gone unheard, as [`Survey::unheard`] takes it.
+    /// Whether this survey already decides: at least half of the peers are shown unheard, or
+    /// the peers not yet answered could no longer show it. The agent stops asking once it does
+    /// (a thousand-node cluster needs about half the answers either way). `silence`: how long
+    /// this node has gone unheard, as [`Survey::unheard`] takes it.
     pub fn settled(&self, silence: Duration) -> bool {
-        let Some(expected) = self.expected() else {
+        let PeerCount::Known(peers) = self.peers else {
             return true;
         };
-        let unanswered = expected
-            .saturating_sub(1)
-            .saturating_sub(self.answers.len());
-        self.podha_cannot_prove(silence)
-            || !cannot_prove_with(1 + self.unheard(silence) + unanswered, expected)
-    }
-
-    /// The agents the rule counts: this one and every peer it knows of (`None`: the list was
-    /// never read).
-    pub fn expected(&self) -> Option<usize> {
-        match self.peers {
-            PeerCount::Unknown => None,
-            PeerCount::Known(peers) => Some(peers + 1),
-        }
+        let unanswered = peers.saturating_sub(self.answers.len());
+        self.podha_cannot_prove(silence) || !stays_with(self.unheard(silence) + unanswered, peers)
     }
 
     /// Peers podha heard within half of `silence` (this node's silence, at most the isolation
-    /// timeout): when podha stops hearing everybody at once, each peer's silence is nearly as
-    /// long as this node's, while a peer podha still hears was heard a probe interval ago.
+    /// timeout), or within [`UNHEARD_AFTER_AT_LEAST`] when that is longer: when podha stops
+    /// hearing everybody at once, each peer's silence is nearly as long as this node's, while
+    /// a peer podha still hears was heard a probe interval ago.
     pub fn heard(&self, silence: Duration) -> usize {
+        let within = (silence / 2).max(UNHEARD_AFTER_AT_LEAST);
         self.answers
             .iter()
-            .filter(|a| a.is_some_and(|ago| ago <= silence / 2))
+            .filter(|a| a.is_some_and(|ago| ago <= within))
             .count()
     }
 
@@ -112,21 +106,32 @@ impl Survey {
         self.answers.len() - self.heard(silence)
     }
 
-    /// podha cannot prove this node's silence: at least half of the expected agents, this one
-    /// included, are shown unheard, so podha hears no strict majority of them, which its
-    /// `Agent` proof needs before it counts any silence (`crate::planner::proof`). With no
-    /// peers (known) this node is half of one; an unknown list shows nothing.
+    /// podha cannot prove this node's silence: at least half of the peers are shown unheard
+    /// ([`stays_with`]). With no peers (known) there is nowhere to fail over to; an unknown
+    /// list shows nothing.
     pub fn podha_cannot_prove(&self, silence: Duration) -> bool {
-        self.expected()
-            .is_some_and(|expected| cannot_prove_with(1 + self.unheard(silence), expected))
+        matches!(self.peers, PeerCount::Known(peers) if stays_with(self.unheard(silence), peers))
     }
 }
 
-/// Whether `unheard` of `expected` agents unheard leave podha without a strict majority of
-/// them heard: `2 * unheard >= expected`, the complement of podha's quorum
-/// ([`crate::contract::agent_quorum`]`(expected - unheard, expected)`).
-pub const fn cannot_prove_with(unheard: usize, expected: usize) -> bool {
-    !crate::contract::agent_quorum(expected.saturating_sub(unheard), expected)
+/// How long ago podha must have last heard a peer, at least, for the agent to count the peer
+/// unheard: past podha's own window ([`AGENT_HEARD_WITHIN`]: an agent podha counts among
+/// those it hears answered within it), and two probe intervals more, for the round a peer
+/// learns of a hearing late (it learns it from the next probe). A peer podha hears is never
+/// shown unheard, however short the isolation timeout.
+pub const UNHEARD_AFTER_AT_LEAST: Duration =
+    AGENT_HEARD_WITHIN.saturating_add(AGENT_PROBE_INTERVAL.saturating_mul(2));
+
+/// Whether an agent with `unheard` of its `peers` shown unheard stays up: at least half of
+/// them, `2 * unheard >= peers`. podha counts a silence only while it hears a strict majority
+/// of all the agents, the silent one included ([`crate::contract::agent_quorum`]); an agent
+/// that stays shows podha hears at most `peers - unheard`, no more than half of the others,
+/// so podha cannot prove its silence, and still could not with one agent more than the
+/// agent's list names (a node that began advertising since the list was read). At an exact
+/// tie (an even cluster split in halves, podha in one) the other half fences though podha
+/// cannot prove it either: the tie has no room for a list one node behind.
+pub const fn stays_with(unheard: usize, peers: usize) -> bool {
+    unheard * 2 >= peers
 }
 
 /// How long podha has not heard this node.
@@ -193,21 +198,17 @@ pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> V
     let answered = survey.answers.len();
     let heard = survey.heard(timeout);
     let unheard = answered - heard;
-    let agents = peers + 1;
-    if cannot_prove_with(unheard + 1, agents) {
+    if stays_with(unheard, peers) {
         return Verdict::Stay(format!(
             "podha has not heard this node for {silent}, nor {unheard} of the {answered} of \
-             {peers} peers that answered: with this node {} of the {agents} agents are unheard, \
-             at least half, so podha hears no majority and cannot prove this node's silence",
-            unheard + 1
+             {peers} peers that answered: at least half of the peers unheard, so podha hears \
+             no majority of the agents and cannot prove this node's silence"
         ));
     }
     Verdict::Fence(format!(
         "podha has not heard this node for {silent}; of the {answered} of {peers} peers that \
-         answered it hears {heard} and not {unheard}: with this node {} of the {agents} agents \
-         are shown unheard, fewer than half, so podha may hear a majority and prove this \
-         node's silence",
-        unheard + 1
+         answered it hears {heard} and not {unheard}: fewer than half of the peers shown \
+         unheard, so podha may hear a majority of the agents and prove this node's silence"
     ))
 }
 

@@ -84,7 +84,7 @@ pub struct AgentArgs {
     #[arg(long, env = "PODHA_AGENT_LISTEN", default_value = "[::]:9441")]
     pub listen: SocketAddr,
     /// How long podha may not hear this node before it fences itself (unless its peers show
-    /// half of the agents unheard: podha then cannot prove its silence). podha's `Agent` proof (by the agent's silence) waits this long plus
+    /// half of its peers unheard: podha then cannot prove its silence). podha's `Agent` proof (by the agent's silence) waits this long plus
     /// `fencing.agentMargin`, for an agent that pets a watchdog.
     #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "40s")]
     pub isolation_timeout: Duration,

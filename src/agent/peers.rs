@@ -11,12 +11,11 @@
 //! not take one for the other (see [`super::isolation`]).
 //!
 //! A survey asks up to [`IN_FLIGHT`] peers at once, a new one as soon as one answers (or gives
-//! up), and stops as soon as the answers decide (one heard peer, or a majority unheard) or its
-//! deadline ([`SurveyTimes`], `--survey-timeout`) passed: a silent peer holds one place for the
-//! ask's time, not the whole survey. A node that is merely unheard for a moment learns from the
-//! first heard peer; while podha's leader is down a 5,000-node cluster's agents each need 2,501
-//! answers, which came in 0.34 s on loopback with 1 % silent, every word signed and verified
-//! (`podha-bench survey`, docs/agent.md).
+//! up), and stops as soon as the answers decide (half of the peers unheard, or so many heard
+//! that the rest could not make half) or its deadline ([`SurveyTimes`], `--survey-timeout`)
+//! passed: a silent peer holds one place for the ask's time, not the whole survey. Either way
+//! a 5,000-node cluster's agent needs about 2,500 answers; 2,501 came in 0.34 s on loopback
+//! with 1 % silent, every word signed and verified (`podha-bench survey`, docs/agent.md).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,7 +43,7 @@ mod connect;
 
 /// Peers asked at once, at most. Time: each silent peer (its node down or cut off) holds a
 /// place for the whole ask (1 s), so the places decide how fast a survey gets past them; with
-/// 256, a 5,000-node cluster's agent still gathers its 2,501 answers within the 5 s deadline
+/// 256, a 5,000-node cluster's agent still gathers its 2,500 answers within the 5 s deadline
 /// when a fifth of its peers are silent (about 1,000 answers a second), and in well under a
 /// second when few are. Cost: one socket per ask (closed after the answer: see
 /// [`Peers::with`]), so at most 256 open files, a quarter of the 1,024 a container may be

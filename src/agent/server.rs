@@ -48,6 +48,11 @@ use crate::contract::{
 pub struct Hearing {
     /// `None`: podha has not heard this node since it booted.
     last: Option<HeardAgo>,
+    /// `last` is a guess: resumed from a hearing file that says podha heard this node in this
+    /// boot but not when (see `super::hearing_file`), and no probe has said since. The guess
+    /// (long ago) is the safe side for this agent's own verdict, not for a peer's: the agent
+    /// answers no survey until a probe says when podha heard it.
+    unsure: bool,
 }
 
 /// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
@@ -71,7 +76,27 @@ impl Hearing {
     pub fn resumed(now: Instant, heard_ago: Option<Duration>) -> Self {
         Self {
             last: heard_ago.map(|ago| HeardAgo { at: now, ago }),
+            unsure: false,
         }
+    }
+
+    /// An agent that goes on from a hearing file that says podha heard this node in this boot
+    /// at a time it cannot know: taken as `heard_ago` before `now`, and answering no survey
+    /// until a probe says when.
+    pub fn resumed_unsure(now: Instant, heard_ago: Duration) -> Self {
+        Self {
+            last: Some(HeardAgo {
+                at: now,
+                ago: heard_ago,
+            }),
+            unsure: true,
+        }
+    }
+
+    /// How long ago podha last heard this agent, for a peer's survey; `None` while the agent
+    /// knows only that podha heard it, not when ([`Self::resumed_unsure`]).
+    pub fn for_peers(&self, now: Instant) -> Option<Option<Duration>> {
+        (!self.unsure).then(|| self.heard_ago(now))
     }
 
     /// A probe arrived at `now`, from a leader that last heard this agent `heard_ago` ago.
@@ -80,9 +105,10 @@ impl Hearing {
             return;
         };
         let heard = HeardAgo { at: now, ago };
-        if self.last.is_none_or(|last| ago < last.silence(now)) {
+        if self.unsure || self.last.is_none_or(|last| ago < last.silence(now)) {
             self.last = Some(heard);
         }
+        self.unsure = false;
     }
 
     /// How long podha has not heard this agent: since it was last heard, or
@@ -258,7 +284,11 @@ async fn peer(State(state): State<AppState>, RawQuery(query): RawQuery) -> Respo
         counters::refused(PEER_PATH);
         return StatusCode::UNAUTHORIZED.into_response();
     };
-    let ago = lock(&ours.hearing).heard_ago(Instant::now());
+    let Some(ago) = lock(&ours.hearing).for_peers(Instant::now()) else {
+        // The agent does not know when podha heard it: no answer (the asker counts it for
+        // nothing) rather than a guess that would show it unheard.
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
     axum::Json(PeerAnswer::signed(
         &ours.identity,
         &ours.node,
@@ -284,6 +314,31 @@ mod words_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Resumed from a hearing file that cannot say when podha heard it, the agent takes it as
+    /// long ago for itself, but answers no peer until a probe says when: a peer would count
+    /// it unheard while podha may hear it.
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_unsure_when_it_was_heard_answers_no_survey_until_a_probe_says() {
+        let long = Duration::from_secs(40);
+        let mut h = Hearing::resumed_unsure(Instant::now(), long);
+        assert_eq!(h.heard_ago(Instant::now()), Some(long));
+        assert_eq!(h.for_peers(Instant::now()), None);
+        // A new leader's first probe says nothing of when: still unsure.
+        h.probed(Instant::now(), None);
+        assert_eq!(h.for_peers(Instant::now()), None);
+        // A probe saying podha heard it a second ago, though the guess was longer.
+        h.probed(Instant::now(), Some(Duration::from_secs(1)));
+        assert_eq!(
+            h.for_peers(Instant::now()),
+            Some(Some(Duration::from_secs(1)))
+        );
+        // Sure from the start: answers at once, never heard too.
+        assert_eq!(
+            Hearing::resumed(Instant::now(), None).for_peers(Instant::now()),
+            Some(None)
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn lost_answers_do_not_count_as_heard() {

@@ -38,7 +38,7 @@ pub struct Fencing {
     /// node without one never fences itself.
     /// The silence counts only for an agent podha heard right before it (within 3 s) in its
     /// current leadership term, and only while podha hears a strict majority of all the agents
-    /// (an agent that shows half of them unheard stays up); otherwise podha holds
+    /// (an agent that shows half of its peers unheard stays up); otherwise podha holds
     /// the node (event `AgentSilenceUnproven`) until the agent acknowledges the request. A
     /// node without an agent, or whose agent has no usable watchdog
     /// (`podha.io/agent-watchdog: none: ...`), has no silence proof: the policy shows it

@@ -6,14 +6,14 @@
 //!
 //! An agent's silence proves its fence only where the agent's own rule would have fenced it:
 //! the agent fences when podha stops hearing it, and stays when it can show that at least half
-//! of the agents (itself included) are unheard. So podha counts the silence only of an
+//! of its peers are unheard. So podha counts the silence only of an
 //! agent it heard right before the silence began, in its current leadership term (an agent
 //! it never heard, its port blocked, has nothing to lose and fences nothing), and only while
 //! it hears a strict majority of all the agents it expects, the silent one included
-//! ([`agent_quorum`]): then the silent agent cannot show half of them unheard, which is when
+//! ([`agent_quorum`]): then the silent agent cannot show half of its peers unheard, which is when
 //! an agent stays up. The silence counts only from when podha began hearing
 //! enough agents without a break (see [`agent_quorum`]): while podha heard too few (the agent
-//! port blocked everywhere), an agent cut off meanwhile showed half of the agents unheard and
+//! port blocked everywhere), an agent cut off meanwhile showed half of its peers unheard and
 //! stayed up, petting its watchdog; it starts deciding to fence only once podha hears enough of its
 //! peers again.
 //!
@@ -43,22 +43,12 @@ use tokio::time::Instant;
 use super::holds::{Heartbeat, Heartbeats};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
-    AGENT_PROBE_INTERVAL, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, agent_quorum,
-    fenced_within, requested_boot,
+    FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, agent_quorum, fenced_within, requested_boot,
 };
 use crate::incident::PowerOff;
 use crate::view::View;
 
-/// How recently podha must have got an answer from an agent to count it as heard: before its
-/// silence began (the silent agent), or now (the other agents). podha sends a round of probes
-/// every [`AGENT_PROBE_INTERVAL`] and each answer comes back within the probe's timeout (at
-/// most one interval), so an agent that answers every probe was last answered at most two
-/// intervals before the round now in flight comes back; a third interval absorbs a round
-/// delayed by a slow batch or the decision loop's tick. It must stay within half the shortest
-/// silence that can prove a fence (the agent's shortest isolation timeout, 8 s, with any
-/// margin): an agent still running then, surveying its peers, counts a peer podha heard that
-/// recently as heard (it takes half its own silence) and fences.
-pub const AGENT_HEARD_WITHIN: Duration = AGENT_PROBE_INTERVAL.saturating_mul(3);
+pub use crate::contract::AGENT_HEARD_WITHIN;
 
 /// How many renewals of a node's Lease, seen after its fence acknowledgement in the same boot,
 /// contradict the acknowledgement: a fenced node's kubelet does not write to the API server.
@@ -195,7 +185,7 @@ impl AgentEvidence<'_> {
 /// Whether a silent agent's silence may count when `heard` of the `expected` other agents
 /// (nodes advertising one) are heard: a strict majority of all the agents podha expects, the
 /// silent one included ([`agent_quorum`]). Then no agent it does not hear can show that half of
-/// them are unheard, which is when an agent stays up (`agent::isolation`).
+/// its peers are unheard, which is when an agent stays up (`agent::isolation`).
 pub const fn silence_counts_among(heard: usize, expected: usize) -> bool {
     agent_quorum(heard, expected + 1)
 }
@@ -282,7 +272,7 @@ impl SilenceDoubt {
             Self::FewOthersHeard { heard, expected } => format!(
                 "podha hears {heard} of the {expected} other agents it expects, and with node \
                  {node}'s silent one that is no strict majority of the {}: the agent port may be \
-                 blocked, and an agent that can show half of the agents unheard stays up",
+                 blocked, and an agent that can show half of its peers unheard stays up",
                 expected + 1
             ),
         }

@@ -82,10 +82,16 @@ fn a_minority_cut_off_together_cannot_vouch_for_itself() {
 }
 
 #[test]
-fn half_of_the_cluster_cut_off_together_stays_up_as_podha_cannot_prove_it() {
-    // Five of ten: podha hears five, no strict majority, and counts none of their silences.
-    let v = decide(For(T), T, Some(&survey(9, &[s(31), s(35), s(40), None])));
+fn more_than_half_of_the_cluster_cut_off_together_stays_up_as_podha_cannot_prove_it() {
+    // Six of ten: podha hears four, no strict majority, and counts none of their silences.
+    let six = survey(9, &[s(31), s(35), s(40), None, s(33)]);
+    let v = decide(For(T), T, Some(&six));
     assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
+    assert!(!silence_counts_among(4, 9));
+    // Five of ten, an exact tie: podha hears five, no strict majority either, but the cut-off
+    // half fences: a tie leaves no room for a peer list one node behind podha's.
+    let five = survey(9, &[s(31), s(35), s(40), None]);
+    assert!(fences(&decide(For(T), T, Some(&five))));
     assert!(!silence_counts_among(5, 9));
 }
 
@@ -160,16 +166,16 @@ fn unasked_peers_decide_nothing_yet() {
 
 #[test]
 fn a_survey_settles_once_half_are_unheard_or_the_rest_could_not_make_it() {
-    // Ten agents with this one: five unheard settle it (stay).
-    assert!(!survey(9, &[s(40); 3]).settled(T));
-    assert!(survey(9, &[s(40); 4]).settled(T));
-    // Heard peers settle it once the unasked could no longer make half (fence): with six
-    // heard, at most 1 + 3 of the ten are unheard.
-    assert!(!survey(9, &[s(1); 5]).settled(T));
-    assert!(survey(9, &[s(1); 6]).settled(T));
+    // Nine peers: five unheard settle it (stay).
+    assert!(!survey(9, &[s(40); 4]).settled(T));
+    assert!(survey(9, &[s(40); 5]).settled(T));
+    // Heard peers settle it once the unasked could no longer make half (fence): with five
+    // heard, at most four of the nine are unheard.
+    assert!(!survey(9, &[s(1); 4]).settled(T));
+    assert!(survey(9, &[s(1); 5]).settled(T));
     // A single heard peer no longer settles it: the rest may still show half unheard.
     assert!(!survey(9, &[s(40), s(1)]).settled(T));
-    // Eleven agents: half is six, this node and five peers.
+    // Ten peers: half is five.
     assert!(!survey(10, &[s(40); 4]).settled(T));
     assert!(survey(10, &[s(40); 5]).settled(T));
 }
@@ -244,11 +250,30 @@ fn before_the_timeout_heard_means_within_half_of_this_nodes_silence() {
 }
 
 #[test]
-fn the_verdict_holds_at_half_of_the_agents() {
-    // Eleven agents: five unheard (this node and four peers) fence, six stay.
+fn the_verdict_holds_at_half_of_the_peers() {
+    // Ten peers: four unheard fence, five stay.
     assert!(fences(&decide(For(T), T, Some(&survey(10, &[s(40); 4])))));
     assert!(!fences(&decide(For(T), T, Some(&survey(10, &[s(40); 5])))));
-    // Ten: exactly half stays (podha needs six).
-    assert!(fences(&decide(For(T), T, Some(&survey(9, &[s(40); 3])))));
-    assert!(!fences(&decide(For(T), T, Some(&survey(9, &[s(40); 4])))));
+    // Nine: four fence (with this node, half of the ten: the tie), five stay.
+    assert!(fences(&decide(For(T), T, Some(&survey(9, &[s(40); 4])))));
+    assert!(!fences(&decide(For(T), T, Some(&survey(9, &[s(40); 5])))));
+}
+
+#[test]
+fn a_peer_is_unheard_only_well_past_podhas_own_window_however_short_the_timeout() {
+    // The shortest timings: an 8 s timeout, surveyed from 4 s of silence on. A peer podha
+    // heard 4 s ago may be one podha still counts as heard (its answer within 3 s, learned a
+    // round late): it is not shown unheard.
+    let short = Duration::from_secs(8);
+    let at = Duration::from_secs(4);
+    let peer_at = |ago| survey(2, &[s(ago), s(ago)]).podha_cannot_prove(at);
+    assert!(!peer_at(4));
+    assert!(!peer_at(5));
+    assert!(peer_at(6));
+    assert_eq!(UNHEARD_AFTER_AT_LEAST, Duration::from_secs(5));
+    assert!(fences(&decide(
+        For(short),
+        short,
+        Some(&survey(2, &[s(5), s(5)]))
+    )));
 }

@@ -148,7 +148,7 @@ fn an_agent_proves_the_fence_by_its_silence_past_its_timeout_and_the_margin() {
 }
 
 /// The silence counts only since podha has heard enough agents without a break: an agent
-/// cut off while podha heard too few showed half of the agents unheard, and starts deciding to
+/// cut off while podha heard too few showed half of its peers unheard, and starts deciding to
 /// fence only once podha hears enough of them again.
 #[test]
 fn silence_counts_only_since_podha_hears_enough_agents() {

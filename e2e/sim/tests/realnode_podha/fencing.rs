@@ -10,7 +10,7 @@
 //!   the volume move. Thawing the node afterwards wakes nothing: it was reset.
 //! - another writer's node is **cut off from everything** (its link down: no packet in or
 //!   out), its processes and its writer running on. Its agent, hearing neither podha nor a
-//!   peer, cannot show half of the agents unheard: it stops petting and fences (its own decision
+//!   peer, cannot show half of its peers unheard: it stops petting and fences (its own decision
 //!   or its watchdog, through the BMC) before podha's silence proof holds and the volume moves.
 //!   Meanwhile a process on that node forges podha's words to its own agent, 50 requests a
 //!   second: heartbeats saying podha just heard it (unsigned, or signed with random bytes) and
@@ -708,7 +708,7 @@ fn stays_on(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<usize>> {
 /// go fires within its timeout, an agent's verdict within the isolation timeout), then checks
 /// that no node was fenced since `fences_before` nor tainted and, given the agents' earlier
 /// `stays`, that every agent decided to stay up since (it was unheard past its timeout and
-/// stayed because its peers showed half of the agents unheard: not by luck).
+/// stayed because its peers showed half of its peers unheard: not by luck).
 async fn outage_over(
     ctx: &Ctx<'_>,
     nodes: &[&str],

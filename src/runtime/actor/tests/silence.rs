@@ -272,7 +272,7 @@ async fn no_policys_tcp_timeout_shortens_the_agent_heartbeat() {
 }
 
 /// The agent port blocked everywhere for a while: podha hears no agent, and an agent cut off
-/// meanwhile shows half of the agents unheard and stays up. node-1's silence began in that window;
+/// meanwhile shows half of its peers unheard and stays up. node-1's silence began in that window;
 /// once podha hears the others again its agent only starts deciding to fence, so its silence
 /// counts from then, not from when it began.
 #[tokio::test(start_paused = true)]
