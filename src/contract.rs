@@ -118,15 +118,13 @@ pub fn advertising_node<'a>(lease: &str, holder: Option<&'a str>) -> Option<&'a 
 }
 
 /// How often podha's leader probes every agent. The agents' own rule (a peer heard within a
-/// quarter of the isolation timeout, or [`AGENT_HEARD_WITHIN`] and two intervals, is heard)
-/// needs this far shorter than their timeout, so their shortest isolation timeout is derived
-/// from it.
+/// quarter of the isolation timeout is heard) needs this far shorter than their timeout, so
+/// their shortest isolation timeout is derived from it.
 pub const AGENT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How recently podha must have got an answer from an agent to count it as heard: before its
-/// silence began (the silent agent), or now (the other agents); the agents count a peer
-/// unheard only well past it (`agent::isolation::UNHEARD_AFTER_AT_LEAST`). podha sends a
-/// round of probes every [`AGENT_PROBE_INTERVAL`] and each answer comes back within the probe's timeout (at
+/// silence began (the silent agent), or now (the other agents). podha sends a round of probes
+/// every [`AGENT_PROBE_INTERVAL`] and each answer comes back within the probe's timeout (at
 /// most one interval), so an agent that answers every probe was last answered at most two
 /// intervals before the round now in flight comes back; a third interval absorbs a round
 /// delayed by a slow batch or the decision loop's tick.

@@ -290,6 +290,7 @@ impl AdvertLease {
 /// stops and will fence nothing. Whether the withdrawal is settled (see [`settled`]): until it
 /// is, podha may still count the agent's silence as a fence.
 pub async fn withdraw(nodes: &Api<Node>, node: &str, lease: &AdvertLease) -> bool {
+    lock(&lease.hearing).withdraw();
     let patch = removal();
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let both = async { tokio::join!(nodes.patch(node, &params, &patch), lease.delete()) };

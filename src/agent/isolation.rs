@@ -22,12 +22,13 @@
 //! its peers how long ago podha heard *them*. podha counts an agent's silence only while it
 //! hears a strict majority of the agents it expects (every node advertising one, the silent
 //! one included: [`crate::contract::agent_quorum`]); the agent's peers are read from the same
-//! adverts. A peer counts as unheard when podha last heard it more than half the timeout ago,
-//! and at least [`UNHEARD_AFTER_AT_LEAST`] (or never since that agent started): when podha
-//! stops hearing everybody at once (its leader stopped), every peer's silence is nearly as
-//! long as this node's, while a peer podha still hears was heard a probe interval ago, and
-//! podha counts as heard only an agent that answered within a few seconds. A peer that does
-//! not answer shows nothing either way.
+//! adverts. A peer counts as unheard when podha last heard it more than half the timeout ago
+//! (or never since that agent started): when podha stops hearing everybody at once (its
+//! leader stopped), every peer's silence is nearly as long as this node's, while a peer podha
+//! still hears was heard a probe interval ago, and podha counts as heard only an agent that
+//! answered within a few seconds. A peer that does not answer shows nothing either way, and
+//! neither does one that is withdrawing or does not know when podha heard it
+//! (`super::server::Hearing::for_peers`).
 //! - at least half of the peers are shown unheard ([`stays_with`]): podha hears no strict
 //!   majority of the agents and cannot prove this node's silence, so fencing would only take
 //!   a healthy node down (a leader that hears part of the fleet, the control plane down).
@@ -52,8 +53,6 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-
-use crate::contract::{AGENT_HEARD_WITHIN, AGENT_PROBE_INTERVAL};
 
 /// How many peers (other nodes with an agent) the agent knows of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,14 +87,14 @@ impl Survey {
     }
 
     /// Peers podha heard within half of `silence` (this node's silence, at most the isolation
-    /// timeout), or within [`UNHEARD_AFTER_AT_LEAST`] when that is longer: when podha stops
-    /// hearing everybody at once, each peer's silence is nearly as long as this node's, while
-    /// a peer podha still hears was heard a probe interval ago.
+    /// timeout): when podha stops hearing everybody at once, each peer's silence is nearly as
+    /// long as this node's, while a peer podha still hears was heard a probe interval ago.
+    /// (No longer window: at the shortest timings the watchdog's petting survey begins at 4 s
+    /// of silence, and peers silenced with this node must count unheard by then.)
     pub fn heard(&self, silence: Duration) -> usize {
-        let within = (silence / 2).max(UNHEARD_AFTER_AT_LEAST);
         self.answers
             .iter()
-            .filter(|a| a.is_some_and(|ago| ago <= within))
+            .filter(|a| a.is_some_and(|ago| ago <= silence / 2))
             .count()
     }
 
@@ -113,14 +112,6 @@ impl Survey {
         matches!(self.peers, PeerCount::Known(peers) if stays_with(self.unheard(silence), peers))
     }
 }
-
-/// How long ago podha must have last heard a peer, at least, for the agent to count the peer
-/// unheard: past podha's own window ([`AGENT_HEARD_WITHIN`]: an agent podha counts among
-/// those it hears answered within it), and two probe intervals more, for the round a peer
-/// learns of a hearing late (it learns it from the next probe). A peer podha hears is never
-/// shown unheard, however short the isolation timeout.
-pub const UNHEARD_AFTER_AT_LEAST: Duration =
-    AGENT_HEARD_WITHIN.saturating_add(AGENT_PROBE_INTERVAL.saturating_mul(2));
 
 /// Whether an agent with `unheard` of its `peers` shown unheard stays up: at least half of
 /// them, `2 * unheard >= peers`. podha counts a silence only while it hears a strict majority

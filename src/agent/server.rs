@@ -53,6 +53,9 @@ pub struct Hearing {
     /// (long ago) is the safe side for this agent's own verdict, not for a peer's: the agent
     /// answers no survey until a probe says when podha heard it.
     unsure: bool,
+    /// The agent is withdrawing its advert (it stops): podha no longer counts it, so a peer
+    /// must not count its word either; it answers no survey from then on.
+    withdrawing: bool,
 }
 
 /// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
@@ -77,6 +80,7 @@ impl Hearing {
         Self {
             last: heard_ago.map(|ago| HeardAgo { at: now, ago }),
             unsure: false,
+            withdrawing: false,
         }
     }
 
@@ -90,13 +94,22 @@ impl Hearing {
                 ago: heard_ago,
             }),
             unsure: true,
+            withdrawing: false,
         }
     }
 
     /// How long ago podha last heard this agent, for a peer's survey; `None` while the agent
-    /// knows only that podha heard it, not when ([`Self::resumed_unsure`]).
+    /// knows only that podha heard it, not when ([`Self::resumed_unsure`]), and once it is
+    /// withdrawing ([`Self::withdraw`]).
     pub fn for_peers(&self, now: Instant) -> Option<Option<Duration>> {
-        (!self.unsure).then(|| self.heard_ago(now))
+        (!self.unsure && !self.withdrawing).then(|| self.heard_ago(now))
+    }
+
+    /// The agent takes its advert back: it answers no survey from now on (podha no longer
+    /// counts it among the agents it expects; a peer that did would count one more than
+    /// podha, which the peers' rule has no room for beside a list one node behind).
+    pub fn withdraw(&mut self) {
+        self.withdrawing = true;
     }
 
     /// A probe arrived at `now`, from a leader that last heard this agent `heard_ago` ago.
@@ -338,6 +351,10 @@ mod tests {
             Hearing::resumed(Instant::now(), None).for_peers(Instant::now()),
             Some(None)
         );
+        // Withdrawing: no answer any more, whatever a probe says.
+        h.withdraw();
+        h.probed(Instant::now(), Some(Duration::ZERO));
+        assert_eq!(h.for_peers(Instant::now()), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,7 +37,9 @@ pub struct Fencing {
     /// off from podha or frozen. Only an agent that pets a watchdog advertises that: a frozen
     /// node without one never fences itself.
     /// The silence counts only for an agent podha heard right before it (within 3 s) in its
-    /// current leadership term, and only while podha hears a strict majority of all the agents
+    /// current leadership term (or, after a leader change, whose agent Lease says podha heard
+    /// it in the node's boot: counted from the new term's first unanswered probe), and only
+    /// while podha hears a strict majority of all the agents
     /// (an agent that shows half of its peers unheard stays up); otherwise podha holds
     /// the node (event `AgentSilenceUnproven`) until the agent acknowledges the request. A
     /// node without an agent, or whose agent has no usable watchdog

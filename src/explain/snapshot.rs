@@ -294,6 +294,7 @@ mod tests {
                     renewed_seen: now,
                     lasts: Duration::from_secs(40),
                     heard_in_boot: None,
+                    renewal_observed: false,
                 },
             );
         }
@@ -304,6 +305,7 @@ mod tests {
                 renewed_seen: now,
                 lasts: Duration::from_secs(40),
                 heard_in_boot: None,
+                renewal_observed: false,
             },
         );
         age_adverts(&mut view, now, wall);

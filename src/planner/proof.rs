@@ -333,11 +333,14 @@ pub fn agent_evidence<'a>(
     }
 }
 
-/// Whether `node`'s agent Lease says podha heard the agent in the boot the Node reports.
+/// Whether `node`'s agent Lease says podha heard the agent in the boot the Node reports, as
+/// this process saw it renewed (a Lease only found, by a process that just started, could be
+/// one its agent no longer renews: its age is unknown).
 fn heard_in_current_boot(view: &View, node: &str) -> bool {
     let lease_says = view
         .agent_adverts
         .get(node)
+        .filter(|advert| advert.renewal_observed)
         .and_then(|advert| advert.heard_in_boot.as_deref());
     let booted = view.nodes.get(node).and_then(|n| boot_id(n));
     lease_says.is_some_and(|heard| booted == Some(heard))

@@ -585,6 +585,16 @@ fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_bo
         assert_eq!(evidence.heard_before_silence, None);
         assert_eq!(evidence.silence_doubt(), doubt, "{heard_in:?}");
     }
+    // Found by a process that just started, never seen renewed: its age is unknown.
+    let mut found = agent_advert(now - secs(62));
+    found.heard_in_boot = Some("boot-2".into());
+    found.renewal_observed = false;
+    view.agent_adverts.insert("n1".into(), found);
+    let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
+    assert_eq!(evidence.silence_doubt(), Some(SilenceDoubt::NeverHeard));
+    let mut renewed = agent_advert(now - secs(62));
+    renewed.heard_in_boot = Some("boot-2".into());
+    view.agent_adverts.insert("n1".into(), renewed);
     // Still only while podha hears a strict majority of the agents.
     heartbeats.insert("n3".into(), heartbeat(None, Some(now - secs(5))));
     assert_eq!(
@@ -594,6 +604,15 @@ fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_bo
             expected: 2
         })
     );
+    // A refusal in this term (the agent not running) before the silence: the Lease's word no
+    // longer counts.
+    heartbeats.insert("n3".into(), heartbeat(Some(now), None));
+    let mut refused = heartbeat(None, Some(now - secs(60)));
+    refused.agent_answered = Some(now - secs(61));
+    heartbeats.insert("n1".into(), refused);
+    let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
+    assert!(!evidence.heard_in_boot_earlier);
+    assert_eq!(evidence.silence_doubt(), Some(SilenceDoubt::NeverHeard));
     // Answered in this term: this term's own hearing decides, not the Lease.
     heartbeats.insert("n3".into(), heartbeat(Some(now), None));
     heartbeats.insert(

@@ -45,6 +45,9 @@ fn seen_agent_lease(
         Some(earlier) if earlier.renew_time == renew_time => earlier.renewed_seen,
         _ => now,
     };
+    let renewal_observed = before
+        .get(node)
+        .is_some_and(|earlier| earlier.renewal_observed || earlier.renew_time != renew_time);
     let heard_in_boot = lease
         .annotations()
         .get(AGENT_HEARD_IN_BOOT_ANNOTATION)
@@ -55,6 +58,7 @@ fn seen_agent_lease(
         renewed_seen,
         lasts,
         heard_in_boot,
+        renewal_observed,
     };
     Some((node.to_string(), advert))
 }
