@@ -385,23 +385,49 @@ fn silence_proves_the_fence_only_of_an_agent_heard_before_it_while_others_are_he
     );
 }
 
+/// Node `name`, advertising an agent at its InternalIP.
+fn agent_at(name: &str) -> Node {
+    let mut n = mk_node(name).annotation(crate::contract::AGENT_PORT_ANNOTATION, "9441");
+    n.status.get_or_insert_with(Default::default).addresses =
+        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }]);
+    n
+}
+
+/// What podha heard of a node at `now`: its agent answered (itself) at `answered`, silent
+/// since `silent_since`; nothing else.
+fn agent_heartbeat(
+    now: Instant,
+    answered: Option<Instant>,
+    silent_since: Option<Instant>,
+) -> crate::planner::Heartbeat {
+    crate::planner::Heartbeat {
+        last_renewal: None,
+        renewal_not_before: None,
+        silent_since: now,
+        renew_period: Duration::from_secs(10),
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: answered,
+        agent_connected: answered,
+        agent_silent_since: silent_since,
+        tainted_since: None,
+        renewals_since_ack: 0,
+        renewed_in_boot: false,
+        renew_time: None,
+    }
+}
+
 /// The evidence, from podha's heartbeats: the agent's silence and its last answer before
 /// it, and the other agents podha expects (nodes advertising one) and hears now.
 #[test]
 fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
-    use crate::contract::AGENT_PORT_ANNOTATION;
     use crate::planner::Heartbeat;
     let now = Instant::now() + Duration::from_secs(100);
     let secs = Duration::from_secs;
-    let agent = |name: &str| {
-        let mut n = mk_node(name).annotation(AGENT_PORT_ANNOTATION, "9441");
-        n.status.get_or_insert_with(Default::default).addresses =
-            Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-                type_: "InternalIP".into(),
-                address: "10.0.0.1".into(),
-            }]);
-        n
-    };
+    let agent = agent_at;
     let mut view = crate::view::View::default()
         .with(agent("n1"))
         .with(agent("n2"))
@@ -414,21 +440,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         view.agent_adverts
             .insert(node.into(), agent_advert(now - secs(65)));
     }
-    let hb = |answered: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
-        last_renewal: None,
-        renewal_not_before: None,
-        silent_since: now,
-        renew_period: secs(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: answered,
-        agent_connected: answered,
-        agent_silent_since: silent_since,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
-    };
+    let hb = |answered, silent_since| agent_heartbeat(now, answered, silent_since);
     // The host refused (the agent not running): an answer, not the agent's.
     let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {
         agent_connected: None,
@@ -535,36 +547,12 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
 fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_boot() {
     let secs = Duration::from_secs;
     let now = Instant::now();
-    let agent = |name: &str| {
-        let mut n = mk_node(name)
-            .annotation(crate::contract::AGENT_PORT_ANNOTATION, "9441")
-            .boot("boot-2");
-        n.status.get_or_insert_with(Default::default).addresses =
-            Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-                type_: "InternalIP".into(),
-                address: "10.0.0.1".into(),
-            }]);
-        n
-    };
+    let agent = |name: &str| agent_at(name).boot("boot-2");
     let mut view = crate::view::View::default()
         .with(agent("n1"))
         .with(agent("n2"))
         .with(agent("n3"));
-    let heartbeat = |connected: Option<Instant>, silent_since: Option<Instant>| Heartbeat {
-        last_renewal: None,
-        renewal_not_before: None,
-        silent_since: now,
-        renew_period: secs(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: connected,
-        agent_connected: connected,
-        agent_silent_since: silent_since,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
-    };
+    let heartbeat = |connected, silent_since| agent_heartbeat(now, connected, silent_since);
     let mut heartbeats = crate::planner::Heartbeats::new();
     heartbeats.insert("n1".into(), heartbeat(None, Some(now - secs(60))));
     for other in ["n2", "n3"] {
