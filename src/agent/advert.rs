@@ -214,15 +214,15 @@ impl AdvertLease {
         self.boot.as_deref().filter(|_| heard)
     }
 
-    /// The Lease as renewed at `now`, for a server-side apply; `heard_in_boot`: the boot in
-    /// which podha has heard this agent, if it has (a server-side apply without it takes an
-    /// earlier one off).
-    fn body(&self, now: Timestamp, heard_in_boot: Option<&str>) -> serde_json::Value {
+    /// The Lease as renewed at `now`, for a server-side apply, with the boot in which podha
+    /// has heard this agent if it has (a server-side apply without it takes an earlier one
+    /// off).
+    fn body(&self, now: Timestamp) -> serde_json::Value {
         let mut metadata = json!({
             "name": agent_lease_name(&self.node),
             "labels": {AGENT_LEASE_LABEL: "true"},
         });
-        if let Some(boot) = heard_in_boot {
+        if let Some(boot) = self.heard_in_boot() {
             metadata["annotations"] = json!({ AGENT_HEARD_IN_BOOT_ANNOTATION: boot });
         }
         if let Some(pod) = &self.owner {
@@ -253,7 +253,7 @@ impl AdvertLease {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut renewed = false;
         loop {
-            let body = self.body(Timestamp::now(), self.heard_in_boot());
+            let body = self.body(Timestamp::now());
             match self
                 .leases
                 .patch(&name, &params, &Patch::Apply(&body))
@@ -539,7 +539,7 @@ mod tests {
         };
         let lease = lease_of(client.clone(), Some(owner), never_heard());
         let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
-        let body = lease.body(now, lease.heard_in_boot());
+        let body = lease.body(now);
         let parsed: Lease = serde_json::from_value(body.clone()).expect("a Lease");
         let spec = parsed.spec.expect("spec");
         assert_eq!(parsed.metadata.name.as_deref(), Some("podha-agent-n1"));
@@ -565,7 +565,7 @@ mod tests {
         );
         assert_eq!(owners[0].block_owner_deletion, None);
         // Outside a Pod (a test cluster's processes): no owner, the agent deletes it itself.
-        let unowned = lease_of(client, None, never_heard()).body(now, None);
+        let unowned = lease_of(client, None, never_heard()).body(now);
         assert!(
             unowned["metadata"].get("ownerReferences").is_none(),
             "{unowned}"
@@ -598,7 +598,7 @@ mod tests {
         let heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::from_secs(90)));
         let lease = lease_of(offline_client(), None, heard);
         assert_eq!(lease.heard_in_boot(), Some("boot-1"));
-        let body = lease.body(now, lease.heard_in_boot());
+        let body = lease.body(now);
         assert_eq!(
             body["metadata"]["annotations"],
             json!({AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1"})

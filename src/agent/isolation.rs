@@ -83,7 +83,8 @@ impl Survey {
             return true;
         };
         let unanswered = peers.saturating_sub(self.answers.len());
-        self.podha_cannot_prove(silence) || !stays_with(self.unheard(silence) + unanswered, peers)
+        let unheard = self.unheard(silence);
+        stays_with(unheard, peers) || !stays_with(unheard + unanswered, peers)
     }
 
     /// Peers podha heard within half of `silence` (this node's silence, at most the isolation

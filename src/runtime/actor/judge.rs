@@ -153,7 +153,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
     let agent = if leading {
         ProbePlan {
             interval: AGENT_PROBE_INTERVAL,
-            targets: agent_targets(state, AGENT_HEARTBEAT_TIMEOUT),
+            targets: agent_targets(state),
         }
     } else {
         ProbePlan::default()
@@ -161,7 +161,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
     (kubelet, agent)
 }
 
-fn agent_targets(state: &ClusterState, timeout: Duration) -> Vec<Target> {
+fn agent_targets(state: &ClusterState) -> Vec<Target> {
     state
         .view
         .nodes
@@ -170,7 +170,7 @@ fn agent_targets(state: &ClusterState, timeout: Duration) -> Vec<Target> {
             agent_addr(node).map(|addr| Target {
                 node: name.clone(),
                 addr: Some(addr),
-                timeout,
+                timeout: AGENT_HEARTBEAT_TIMEOUT,
                 boot_id: node
                     .status
                     .as_ref()

@@ -76,6 +76,15 @@ async fn silence_proves_nothing(h: &mut Harness, what: &str) {
     assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
 }
 
+/// The replica loses its lease, runs `secs` seconds as a follower, and gains it again.
+async fn leadership_lost_for(h: &mut Harness, secs: u64) {
+    h.leader.send(None).expect("leader channel");
+    h.run_for(secs).await;
+    h.leader
+        .send(Some(crate::leader::Claim::for_tests()))
+        .expect("leader channel");
+}
+
 fn held(metrics: &Metrics, reason: &str) -> f64 {
     let text = metrics.encode().expect("encode");
     text.lines()
@@ -116,11 +125,7 @@ async fn a_silence_that_began_in_an_earlier_leadership_term_proves_no_fence() {
     assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
     // The agent goes silent, for less than its 8 s and the 10 s margin.
     run_with_rounds(&mut h, 5, &["node-1"]).await;
-    h.leader.send(None).expect("leader channel");
-    h.run_for(30).await;
-    h.leader
-        .send(Some(crate::leader::Claim::for_tests()))
-        .expect("leader channel");
+    leadership_lost_for(&mut h, 30).await;
     run_with_rounds(&mut h, 5, &["node-1"]).await;
     let sent = acts(&mut h.writes);
     assert!(
@@ -155,11 +160,7 @@ async fn a_new_term_counts_the_silence_of_an_agent_heard_in_this_boot_from_its_f
             .state
             .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
         run_with_rounds(&mut h, 5, &["node-1"]).await;
-        h.leader.send(None).expect("leader channel");
-        h.run_for(20).await;
-        h.leader
-            .send(Some(crate::leader::Claim::for_tests()))
-            .expect("leader channel");
+        leadership_lost_for(&mut h, 20).await;
         run_with_rounds(&mut h, 16, &["node-1"]).await;
         let sent = acts(&mut h.writes);
         assert!(
