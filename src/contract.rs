@@ -84,13 +84,22 @@ pub const AGENT_LEASE_DURATION: Duration = Duration::from_secs(40);
 pub const AGENT_LEASE_RENEW: Duration = Duration::from_secs(10);
 const AGENT_LEASE_PREFIX: &str = "podha-agent-";
 /// Annotation of an agent Lease, written by the agent at each renewal once podha has heard it
-/// in the node's current boot: that boot's ID (absent while podha has not). A podha replica
+/// in the node's current boot, while podha does not hold its node
+/// ([`AGENT_HEEDS_HOLD_ANNOTATION`]): that boot's ID (absent otherwise). A podha replica
 /// that gains leadership never heard the agents itself; for an agent whose Lease says it was
 /// heard in the boot the Node reports, the replica knows the agent counts its silence since
 /// podha's last hearing, which no leader before this one can have given after this one's
 /// claim began: it may count the agent's silence from its own first unanswered probe
 /// (`planner::proof`).
 pub const AGENT_HEARD_IN_BOOT_ANNOTATION: &str = "podha.io/agent-heard-in-boot";
+
+/// Annotation of an agent Lease, `"true"` from an agent that heeds `hold` in podha's heartbeat
+/// ([`HeartbeatQuery::hold`]): while the last heartbeat it counted says podha holds its node
+/// (the node, or every policy with the `Agent` proof that selects it, is paused; or no such
+/// policy selects it), it fences nothing on isolation, and its Lease says nothing of being
+/// heard ([`AGENT_HEARD_IN_BOOT_ANNOTATION`]). podha sends `hold` only to such an agent: an
+/// older one refuses a heartbeat whose signed word it does not know.
+pub const AGENT_HEEDS_HOLD_ANNOTATION: &str = "podha.io/agent-heeds-hold";
 
 /// The longest name of an object (a DNS subdomain).
 const MAX_NAME: usize = 253;

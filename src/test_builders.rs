@@ -890,6 +890,7 @@ pub fn agent_advert(renewed_seen: tokio::time::Instant) -> AgentAdvert {
         renewed_seen,
         lasts: crate::contract::AGENT_LEASE_DURATION,
         heard_in_boot: None,
+        heeds_hold: false,
         renewal_observed: true,
     }
 }

@@ -71,6 +71,9 @@ pub struct AgentAdvert {
     /// The boot in which the agent says podha heard it
     /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]), if it says so.
     pub heard_in_boot: Option<String>,
+    /// Whether the agent heeds `hold` in podha's heartbeat
+    /// ([`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]): only then is it told.
+    pub heeds_hold: bool,
     /// Whether this process has seen the Lease renewed (not only found it, as a process that
     /// just started finds every Lease "renewed" when it first lists them).
     pub renewal_observed: bool,

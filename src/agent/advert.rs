@@ -29,7 +29,8 @@ use super::peer_list::lock;
 use super::server::SharedHearing;
 
 use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_KEY_ANNOTATION,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION,
+    AGENT_KEY_ANNOTATION,
     AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION,
     AGENT_WATCHDOG_ANNOTATION, PublicKey, agent_lease_name, fenced_within_value,
 };
@@ -206,25 +207,27 @@ impl AdvertLease {
         }
     }
 
-    /// The boot in which podha has heard this agent, if it has.
+    /// The boot in which podha has heard this agent, if it has and does not hold its node
+    /// (while it does, the agent counts no silence, and a new leader must not either).
     fn heard_in_boot(&self) -> Option<&str> {
-        let heard = lock(&self.hearing)
-            .heard_ago(tokio::time::Instant::now())
-            .is_some();
-        self.boot.as_deref().filter(|_| heard)
+        let hearing = lock(&self.hearing);
+        let counts = hearing.heard_ago(tokio::time::Instant::now()).is_some() && !hearing.held();
+        self.boot.as_deref().filter(|_| counts)
     }
 
     /// The Lease as renewed at `now`, for a server-side apply, with the boot in which podha
     /// has heard this agent if it has (a server-side apply without it takes an earlier one
     /// off).
     fn body(&self, now: Timestamp) -> serde_json::Value {
+        let mut annotations = json!({ AGENT_HEEDS_HOLD_ANNOTATION: "true" });
+        if let Some(boot) = self.heard_in_boot() {
+            annotations[AGENT_HEARD_IN_BOOT_ANNOTATION] = json!(boot);
+        }
         let mut metadata = json!({
             "name": agent_lease_name(&self.node),
             "labels": {AGENT_LEASE_LABEL: "true"},
+            "annotations": annotations,
         });
-        if let Some(boot) = self.heard_in_boot() {
-            metadata["annotations"] = json!({ AGENT_HEARD_IN_BOOT_ANNOTATION: boot });
-        }
         if let Some(pod) = &self.owner {
             // No blockOwnerDeletion: setting it needs a right on the Pod the agent lacks.
             metadata["ownerReferences"] = json!([{
@@ -246,11 +249,13 @@ impl AdvertLease {
         })
     }
 
-    /// Renews the Lease every [`AGENT_LEASE_RENEW`] for as long as the agent runs; a failed
-    /// renewal is tried again at the next one (three may fail before the Lease lapses).
+    /// Renews the Lease every [`AGENT_LEASE_RENEW`] for as long as the agent runs, and at once
+    /// when podha starts or stops holding the node; a failed renewal is tried again at the
+    /// next one (three may fail before the Lease lapses).
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
+        let held_changed = lock(&self.hearing).held_changed();
         let mut renewed = false;
         loop {
             let body = self.body(Timestamp::now());
@@ -269,7 +274,10 @@ impl AdvertLease {
                     renewed = false;
                 }
             }
-            tokio::time::sleep(AGENT_LEASE_RENEW).await;
+            tokio::select! {
+                () = tokio::time::sleep(AGENT_LEASE_RENEW) => {}
+                () = held_changed.notified() => {}
+            }
         }
     }
 
@@ -570,8 +578,13 @@ mod tests {
             unowned["metadata"].get("ownerReferences").is_none(),
             "{unowned}"
         );
-        // podha never heard this agent in this boot: nothing said of it.
-        assert!(body["metadata"].get("annotations").is_none(), "{body}");
+        // podha never heard this agent in this boot: nothing said of it; the agent heeds
+        // holds.
+        assert_eq!(
+            body["metadata"]["annotations"],
+            json!({AGENT_HEEDS_HOLD_ANNOTATION: "true"}),
+            "{body}"
+        );
     }
 
     fn lease_of(client: kube::Client, owner: Option<OwnerPod>, hearing: Hearing) -> AdvertLease {
@@ -601,8 +614,18 @@ mod tests {
         let body = lease.body(now);
         assert_eq!(
             body["metadata"]["annotations"],
-            json!({AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1"})
+            json!({AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1", AGENT_HEEDS_HOLD_ANNOTATION: "true"})
         );
+        // While podha holds the node the agent counts no silence, and a new leader must not
+        // either: the Lease says nothing of the hearing, and is renewed at once.
+        let changed = lock(&lease.hearing).held_changed();
+        lock(&lease.hearing).hold(Some(true));
+        assert_eq!(lease.heard_in_boot(), None);
+        tokio::time::timeout(Duration::from_secs(1), changed.notified())
+            .await
+            .expect("told of the hold");
+        lock(&lease.hearing).hold(None);
+        assert_eq!(lease.heard_in_boot(), Some("boot-1"), "a word saying nothing");
         let lease = lease_of(offline_client(), None, never_heard());
         assert_eq!(lease.heard_in_boot(), None);
         // The hearing changes while the agent runs: the next renewal says so.

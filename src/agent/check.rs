@@ -117,6 +117,7 @@ pub(super) async fn check_loop(
 enum Said {
     Nothing,
     NeverHeard,
+    Held,
     Unheard,
 }
 
@@ -124,13 +125,14 @@ impl Said {
     fn stay(&mut self, node: &str, silence: Silence, why: &str) {
         let now = match silence {
             Silence::NeverHeard => Self::NeverHeard,
+            Silence::Held => Self::Held,
             Silence::For(_) => Self::Unheard,
         };
         if *self == now {
             return;
         }
         match now {
-            Self::NeverHeard => info!(node, why, "staying up"),
+            Self::NeverHeard | Self::Held => info!(node, why, "staying up"),
             _ => warn!(node, why, "not heard; staying up"),
         }
         *self = now;

@@ -134,6 +134,10 @@ pub enum Silence {
     NeverHeard,
     /// podha last heard this node this long ago.
     For(Duration),
+    /// podha heard this node in this boot, and its last heartbeat the agent counted said podha
+    /// holds the node (paused, or no policy with the `Agent` proof selects it): podha counts
+    /// no silence of it, so the agent counts none either.
+    Held,
 }
 
 /// The agent's verdict on its node.
@@ -159,6 +163,14 @@ pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> V
                 "podha has never heard this node since it booted: the agent fences on \
                  isolation only once podha has heard it (an agent podha cannot reach, or a \
                  cluster powering up without its API server, must not reboot its nodes)"
+                    .into(),
+            );
+        }
+        Silence::Held => {
+            return Verdict::Stay(
+                "podha holds this node (it, or every policy with the Agent proof that selects \
+                 it, is paused, or no such policy selects it): podha counts no silence of it, \
+                 so fencing on isolation would move nothing"
                     .into(),
             );
         }
@@ -212,7 +224,8 @@ pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
 }
 
 /// Whether the agent pets its watchdog (whose timeout is `watchdog`) at this check:
-/// - while podha has never heard this node since it booted: no proof can hold for it;
+/// - while podha has never heard this node since it booted, or holds it: no proof can hold
+///   for it;
 /// - while a watchdog that stopped now would fire within `timeout` of podha's last hearing
 ///   (`not_heard_for + watchdog <= timeout`): podha's silence proof, which waits `timeout`
 ///   plus a margin from that hearing, then never sees a node that still runs;
@@ -228,7 +241,7 @@ pub fn pet_watchdog(
     survey: Option<&Survey>,
 ) -> bool {
     match silence {
-        Silence::NeverHeard => true,
+        Silence::NeverHeard | Silence::Held => true,
         Silence::For(not_heard_for) => {
             not_heard_for.saturating_add(watchdog) <= timeout
                 || survey.is_some_and(|s| s.podha_cannot_prove(not_heard_for.min(timeout)))

@@ -56,6 +56,13 @@ pub struct Hearing {
     /// The agent is withdrawing its advert (it stops): podha no longer counts it, so a peer
     /// must not count its word either; it answers no survey from then on.
     withdrawing: bool,
+    /// The last heartbeat the agent counted said podha holds this node (`hold`): podha counts
+    /// no silence of it, so the agent fences nothing on isolation ([`Silence::Held`]). Not
+    /// kept across a restart: an agent starts not held, the side that fences.
+    held: bool,
+    /// Told whenever `held` changes: the agent's Lease says at once whether podha may count
+    /// its silence (see `super::advert`).
+    held_changed: Arc<tokio::sync::Notify>,
 }
 
 /// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
@@ -79,8 +86,7 @@ impl Hearing {
     pub fn resumed(now: Instant, heard_ago: Option<Duration>) -> Self {
         Self {
             last: heard_ago.map(|ago| HeardAgo { at: now, ago }),
-            unsure: false,
-            withdrawing: false,
+            ..Self::default()
         }
     }
 
@@ -94,7 +100,7 @@ impl Hearing {
                 ago: heard_ago,
             }),
             unsure: true,
-            withdrawing: false,
+            ..Self::default()
         }
     }
 
@@ -124,12 +130,36 @@ impl Hearing {
         self.unsure = false;
     }
 
+    /// A heartbeat the agent counted (one over a challenge it had out) said whether podha
+    /// holds this node: `None` from a podha that does not say, which holds nothing.
+    pub fn hold(&mut self, hold: Option<bool>) {
+        let held = hold == Some(true);
+        if held != self.held {
+            self.held = held;
+            self.held_changed.notify_one();
+        }
+    }
+
+    /// Whether the last heartbeat the agent counted said podha holds this node.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+
+    /// What is told whenever [`Self::held`] changes.
+    pub fn held_changed(&self) -> Arc<tokio::sync::Notify> {
+        self.held_changed.clone()
+    }
+
     /// How long podha has not heard this agent: since it was last heard, or
     /// [`Silence::NeverHeard`] (no probe ever said podha got an answer, in this agent or, as
-    /// the hearing file says, in an earlier one since the node booted).
+    /// the hearing file says, in an earlier one since the node booted), or [`Silence::Held`]
+    /// while the last heartbeat counted said podha holds the node.
     pub fn silence(&self, now: Instant) -> Silence {
-        self.last
-            .map_or(Silence::NeverHeard, |last| Silence::For(last.silence(now)))
+        match self.last {
+            None => Silence::NeverHeard,
+            Some(_) if self.held => Silence::Held,
+            Some(last) => Silence::For(last.silence(now)),
+        }
     }
 
     /// How long ago podha last heard this agent, if ever.
@@ -246,7 +276,10 @@ pub fn router(endpoints: Endpoints) -> Router {
 /// (from that challenge's issue), and a new challenge goes out. Signed over any other (a new
 /// leader's first probe, or a replay): answered, with the newest challenge, and nothing learnt
 /// (see [`Challenges`] for when that is a new one, so that a new leader's hearing counts from
-/// its own first probe, not from a challenge issued before it led).
+/// its own first probe, not from a challenge issued before it led). Only a probe over a
+/// challenge it had out tells it whether podha holds the node (`hold`): a replay of one
+/// sent during a pause must not hold a node podha no longer holds. The answer says whether
+/// the agent takes the node as held, to a probe that asked.
 async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let ours = &state.endpoints;
     let q: Option<HeartbeatQuery> = parse(query);
@@ -260,7 +293,7 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let now = Instant::now();
-    let (heard_ago, challenge) = {
+    let (heard_ago, held, challenge) = {
         let mut challenges = lock(&state.challenges);
         let mut hearing = lock(&ours.hearing);
         match challenges.take(&q.challenge) {
@@ -270,16 +303,24 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
                 let since_issue = now.saturating_duration_since(issued);
                 let heard_ago = q.heard_ago().map(|ago| ago.saturating_sub(since_issue));
                 hearing.probed(issued, heard_ago);
+                hearing.hold(q.hold);
             }
             None => {
                 counters::stale_heartbeat();
                 challenges.renew_if_old(now);
             }
         }
-        (hearing.heard_ago(now), challenges.newest().to_string())
+        let held = q.hold.map(|_| hearing.held());
+        (hearing.heard_ago(now), held, challenges.newest().to_string())
     };
-    let answer =
-        HeartbeatAnswer::signed(&ours.identity, &ours.node, heard_ago, &q.nonce, &challenge);
+    let answer = HeartbeatAnswer::signed(
+        &ours.identity,
+        &ours.node,
+        heard_ago,
+        held,
+        &q.nonce,
+        &challenge,
+    );
     axum::Json(answer).into_response()
 }
 

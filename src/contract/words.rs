@@ -17,9 +17,12 @@
 //!   node, `heardMs`, its nonce and the agent's last challenge. The agent counts the hearing
 //!   only from a heartbeat signed by the published leader key over a challenge it issued and
 //!   has not taken yet; anything else unsigned or badly signed gets `401` and nothing else.
+//!   A heartbeat may also sign `hold` (a word of another kind): whether podha holds the node,
+//!   counting no silence of its agent, which then fences nothing on isolation.
 //! - [`HeartbeatAnswer`]: the agent's answer, signing its node, whether it counts itself
 //!   heard and how long ago it last counted a heartbeat of podha's as heard (`heardAgoMs`),
-//!   podha's nonce and its next challenge. A heartbeat over a challenge someone else took
+//!   podha's nonce and its next challenge, and, to a heartbeat that signed `hold`, whether
+//!   the agent takes its node as held (`held`). A heartbeat over a challenge someone else took
 //!   tells the agent nothing, and its answer says so: podha counts an answer whose
 //!   `heardAgoMs` does not fit the heartbeat it sent as no hearing.
 //! - [`PeerQuery`] (`GET` [`PEER_PATH`]): an agent surveying another, signing both nodes and
@@ -165,6 +168,8 @@ pub enum Word<'a> {
     Heartbeat {
         node: &'a str,
         heard_ms: Option<u64>,
+        /// `None` in the word of a podha from before `hold`, which signed without it.
+        hold: Option<bool>,
         nonce: &'a str,
         challenge: &'a str,
     },
@@ -174,6 +179,8 @@ pub enum Word<'a> {
         /// `None` in the word of an agent from before `heardAgoMs`, which signed without it;
         /// `Some(None)`: never heard in this boot.
         heard_ago_ms: Option<Option<u64>>,
+        /// `None` in an answer to a heartbeat without `hold`.
+        held: Option<bool>,
         nonce: &'a str,
         challenge: &'a str,
     },
@@ -195,15 +202,26 @@ impl Word<'_> {
             Word::Heartbeat {
                 node,
                 heard_ms,
+                hold: None,
                 nonce,
                 challenge,
             } => serde_json::json!(["podha/v1 heartbeat", node, heard_ms, nonce, challenge]),
+            // A kind of its own: a heartbeat that holds the node cannot pass for one that does
+            // not say, which the agent takes as not holding it.
+            Word::Heartbeat {
+                node,
+                heard_ms,
+                hold: Some(hold),
+                nonce,
+                challenge,
+            } => serde_json::json!(["podha/v2 heartbeat", node, heard_ms, hold, nonce, challenge]),
             Word::HeartbeatAnswer {
                 node,
                 heard,
                 heard_ago_ms: None,
                 nonce,
                 challenge,
+                ..
             } => serde_json::json!(["podha/v1 heartbeat-answer", node, heard, nonce, challenge]),
             // A kind of its own: an answer that carries `heardAgoMs` cannot be passed off as an
             // older agent's by dropping the field, nor the other way round.
@@ -211,6 +229,23 @@ impl Word<'_> {
                 node,
                 heard,
                 heard_ago_ms: Some(heard_ago_ms),
+                held: Some(held),
+                nonce,
+                challenge,
+            } => serde_json::json!([
+                "podha/v3 heartbeat-answer",
+                node,
+                heard,
+                heard_ago_ms,
+                held,
+                nonce,
+                challenge
+            ]),
+            Word::HeartbeatAnswer {
+                node,
+                heard,
+                heard_ago_ms: Some(heard_ago_ms),
+                held: None,
                 nonce,
                 challenge,
             } => serde_json::json!([
@@ -242,11 +277,17 @@ fn millis(d: Duration) -> u64 {
 /// this agent (absent: never), the answer whose challenge the probe signs; the agent counts
 /// itself heard when it issued that challenge, or `heardMs` before the probe arrived if that
 /// is earlier, so neither lost answers nor a probe held back on the way pass for being heard.
+/// `hold` says whether podha holds the node (it counts no silence of its agent: the node or
+/// every policy with the `Agent` proof that selects it is paused, or none selects it); absent,
+/// it does not (a podha from before `hold`, or an agent whose Lease does not say it heeds it:
+/// see [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heard_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<bool>,
     #[serde(default)]
     pub nonce: String,
     /// The challenge of the agent's last answer; empty when podha has none (its first probe).
@@ -257,15 +298,28 @@ pub struct HeartbeatQuery {
 }
 
 impl HeartbeatQuery {
-    /// A probe of `node`'s agent, signed by `leader`.
+    /// A probe of `node`'s agent, signed by `leader`, saying nothing of holding the node.
     pub fn signed(
         leader: &Identity,
         node: &str,
         heard_ago: Option<Duration>,
         challenge: &str,
     ) -> Self {
+        Self::signed_holding(leader, node, heard_ago, None, challenge)
+    }
+
+    /// A probe of `node`'s agent, signed by `leader`, saying whether podha holds the node
+    /// (`None`: nothing, for an agent that may not know the word).
+    pub fn signed_holding(
+        leader: &Identity,
+        node: &str,
+        heard_ago: Option<Duration>,
+        hold: Option<bool>,
+        challenge: &str,
+    ) -> Self {
         let mut query = Self {
             heard_ms: heard_ago.map(millis),
+            hold,
             nonce: fresh_nonce(),
             challenge: challenge.to_string(),
             signature: String::new(),
@@ -279,6 +333,7 @@ impl HeartbeatQuery {
         Word::Heartbeat {
             node,
             heard_ms: self.heard_ms,
+            hold: self.hold,
             nonce: &self.nonce,
             challenge: &self.challenge,
         }
@@ -321,6 +376,11 @@ pub struct HeartbeatAnswer {
         deserialize_with = "present"
     )]
     pub heard_ago_ms: Option<Option<u64>>,
+    /// Whether, after this probe, the agent takes podha to hold its node, and so fences
+    /// nothing on isolation; absent in an answer to a heartbeat without `hold`. Only an answer
+    /// that says `heard` and not `held` counts for the silence proof.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<bool>,
     #[serde(default)]
     pub challenge: String,
     #[serde(default)]
@@ -335,11 +395,13 @@ fn present<'de, D: serde::Deserializer<'de>>(field: D) -> Result<Option<Option<u
 
 impl HeartbeatAnswer {
     /// The answer of `node`'s agent to the probe with `nonce`, signed by the agent, which last
-    /// counted a heartbeat of podha's as heard `heard_ago` ago (`None`: never in this boot).
+    /// counted a heartbeat of podha's as heard `heard_ago` ago (`None`: never in this boot),
+    /// and, to a probe that said whether podha holds the node, whether it takes it as held.
     pub fn signed(
         agent: &Identity,
         node: &str,
         heard_ago: Option<Duration>,
+        held: Option<bool>,
         nonce: &str,
         challenge: &str,
     ) -> Self {
@@ -347,6 +409,7 @@ impl HeartbeatAnswer {
             node: node.to_string(),
             heard: heard_ago.is_some(),
             heard_ago_ms: Some(heard_ago.map(millis)),
+            held,
             challenge: challenge.to_string(),
             signature: String::new(),
         };
@@ -360,6 +423,7 @@ impl HeartbeatAnswer {
             node: &self.node,
             heard: self.heard,
             heard_ago_ms: self.heard_ago_ms,
+            held: self.held,
             nonce,
             challenge: &self.challenge,
         }

@@ -294,6 +294,7 @@ mod tests {
                     renewed_seen: now,
                     lasts: Duration::from_secs(40),
                     heard_in_boot: None,
+                    heeds_hold: false,
                     renewal_observed: false,
                 },
             );
@@ -305,6 +306,7 @@ mod tests {
                 renewed_seen: now,
                 lasts: Duration::from_secs(40),
                 heard_in_boot: None,
+                heeds_hold: false,
                 renewal_observed: false,
             },
         );

@@ -93,6 +93,11 @@ pub struct Probed {
     /// [`NodeObservations::observe_agent`]). A refusal is the host's kernel, or something else
     /// on the port, never the agent: it is an answer for detection, not the agent's.
     pub connected: Option<Instant>,
+    /// The agent's only: when the last probe was sent whose answer said the agent counts
+    /// itself heard and does not take its node as held, so it counts its silence from then
+    /// and fences on isolation; `None` since a probe held the node (see
+    /// [`NodeObservations::observe_agent`]). What the `Agent` proof counts a silence after.
+    pub armed: Option<Instant>,
     /// When the first unanswered probe of the current run of them came back: the host was
     /// silent by then (it died, or was cut off, at that instant or before).
     pub silent_since: Option<Instant>,
@@ -268,14 +273,27 @@ impl NodeObservations {
     /// this boot. An answer it does not know was heard (the first of a boot, or an agent too old
     /// to say) is an answer for detection (the agent runs), but not for the `Agent` proof: an
     /// agent cut off right after it counts itself never heard, and never fences on isolation.
+    /// `held`: the probe said podha holds the node, or the agent answered that it takes it as
+    /// held: from then on it fences nothing on isolation, and its silence counts only after
+    /// an answer saying it is heard and not held ([`Probed::armed`]), even if this probe's
+    /// answer was lost.
     pub fn observe_agent(
         &mut self,
         result: TcpResult,
         heard: bool,
+        held: bool,
         sent: Instant,
         received: Instant,
     ) {
+        if self.agent.from.is_some_and(|from| sent < from) {
+            return;
+        }
         self.agent.observe(result, heard, sent, received);
+        if held {
+            self.agent.armed = None;
+        } else if heard && result == TcpResult::Connected {
+            self.agent.armed = Some(self.agent.armed.map_or(sent, |t| t.max(sent)));
+        }
     }
 
     /// The result of the latest TCP connect to the kubelet.

@@ -51,6 +51,10 @@ pub struct Heartbeat {
     /// When the last heartbeat the node's agent itself answered was sent (not its host's
     /// refusal): the only answers the `Agent` proof counts (see `planner::proof`).
     pub agent_connected: Option<Instant>,
+    /// When the last heartbeat was sent whose answer said the agent counts itself heard and
+    /// its silence (podha does not hold its node): what the `Agent` proof counts a silence
+    /// after; `None` since a heartbeat held the node.
+    pub agent_armed: Option<Instant>,
     /// Since when the node's agent has not answered, if it does not now.
     pub agent_silent_since: Option<Instant>,
     /// When this process first saw podha's taint on the node, if it is on.

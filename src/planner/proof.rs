@@ -24,6 +24,11 @@
 //! podha counts the silence from its own first unanswered probe, later than the agent's count
 //! began ([`AgentEvidence::heard_in_boot_earlier`]).
 //!
+//! podha counts the silence only after an answer saying the agent is not held: a heartbeat
+//! that told the agent podha holds its node (paused, or no policy with the `Agent` proof
+//! selects it; see `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`) stops its fencing on
+//! isolation, even when its answer was lost ([`SilenceDoubt::Held`]).
+//!
 //! The agent must still advertise: its Lease in podha's namespace (see [`crate::contract`]) is
 //! there and was renewed within its duration before the silence began. An agent uninstalled,
 //! moved away or stopped withdraws it with its advert on the Node (or the Lease goes with its
@@ -96,6 +101,10 @@ pub struct AgentEvidence<'a> {
     /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]): heard by an earlier leadership
     /// term, when this one never got an answer (see [`AgentEvidence::silence_doubt`]).
     pub heard_in_boot_earlier: bool,
+    /// Whether the agent's last answers in this term said podha holds its node, or a
+    /// heartbeat since told it so (see `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`): it
+    /// counts no silence, and fences nothing on isolation.
+    pub held: bool,
 }
 
 /// How old a node's agent Lease was when the agent fell silent.
@@ -137,6 +146,7 @@ impl AgentEvidence<'_> {
             // counts its silence from its last hearing, which no earlier leader can have given
             // after this term began, and podha counts from its own first unanswered probe,
             // later still.
+            None if self.held => Some(SilenceDoubt::Held),
             None if self.heard_in_boot_earlier => self.quorum_doubt(),
             None => Some(SilenceDoubt::NeverHeard),
             Some(gap) if gap > AGENT_HEARD_WITHIN => Some(SilenceDoubt::HeardLongBefore { gap }),
@@ -210,6 +220,11 @@ pub enum SilenceDoubt {
     /// and the agent's Lease does not say an earlier term heard it in the node's current boot:
     /// its port may be blocked, or it stopped before it was heard.
     NeverHeard,
+    /// podha heard the agent in this term, but its last heartbeat told it podha holds its node
+    /// (the node, or every policy with the `Agent` proof that selects it, was paused, or none
+    /// selected it), or it answered so: it fences nothing on isolation until an answer says it
+    /// is not held.
+    Held,
     /// podha's last answer from the agent came `gap` before its silence began, more than
     /// [`AGENT_HEARD_WITHIN`].
     HeardLongBefore { gap: Duration },
@@ -226,6 +241,7 @@ impl SilenceDoubt {
             Self::AdvertLapsed { .. } => "AdvertLapsed",
             Self::NodeLivedOn { .. } => "NodeLivedOn",
             Self::NeverHeard => "NeverHeard",
+            Self::Held => "Held",
             Self::HeardLongBefore { .. } => "HeardLongBefore",
             Self::FewOthersHeard { .. } => "FewOthersHeard",
         }
@@ -257,6 +273,12 @@ impl SilenceDoubt {
                  Lease does not say an earlier term heard it in the node's current boot: an \
                  agent podha never heard (its port blocked, or stopped before it was heard) \
                  does not fence its node on isolation"
+            ),
+            Self::Held => format!(
+                "podha's last heartbeat to the agent of node {node} before its silence held the \
+                 node (it, or every policy with the Agent proof that selects it, was paused, or \
+                 none selected it): the agent fences nothing on isolation while held, so its \
+                 silence proves no fence"
             ),
             Self::HeardLongBefore { gap } => format!(
                 "podha last heard the agent of node {node} {}s before its silence began (more \
@@ -294,7 +316,7 @@ pub fn agent_evidence<'a>(
     let own = heartbeats.get(node);
     let silent_since = own.and_then(|hb| hb.agent_silent_since);
     let heard_before_silence = own
-        .and_then(|hb| hb.agent_connected)
+        .and_then(|hb| hb.agent_armed)
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
     let node_renewed_after_silence = own
@@ -330,6 +352,7 @@ pub fn agent_evidence<'a>(
         heard_in_boot_earlier: own
             .is_none_or(|hb| hb.agent_connected.is_none() && hb.agent_answered.is_none())
             && heard_in_current_boot(view, node),
+        held: own.is_some_and(|hb| hb.agent_connected.is_some() && hb.agent_armed.is_none()),
     }
 }
 

@@ -39,6 +39,9 @@ pub struct Target {
     /// has no evidence.
     pub addr: Option<SocketAddr>,
     pub timeout: Duration,
+    /// For the agent's heartbeat: whether podha holds the node (`judge::holds`), `None` for an
+    /// agent that does not heed it (see [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]).
+    pub hold: Option<bool>,
     /// The node's boot ID (`status.nodeInfo.bootID`), for the agent's heartbeat: what this
     /// process heard of an agent is forgotten when its node boots again (see [`run`]).
     pub boot_id: Option<String>,
@@ -86,6 +89,10 @@ pub struct Round {
     /// The nodes whose agent answered this round saying it counts itself heard in this boot:
     /// only their answers count for the `Agent` proof (see `NodeObservations::observe_agent`).
     pub heard: BTreeSet<String>,
+    /// The nodes whose agent this round may have told podha holds the node (the probe said so)
+    /// or answered that it takes it as held: none counts its silence (see
+    /// `NodeObservations::observe_agent`).
+    pub held: BTreeSet<String>,
     /// The nodes where something answered that the key their Node publishes does not verify
     /// (see [`heartbeat`]).
     pub unverified: BTreeSet<String>,
@@ -145,6 +152,7 @@ pub async fn run(
                 _ = ticker.tick() => {
                     let sent = Instant::now();
                     let mut agents_heard = BTreeSet::new();
+                    let mut held = BTreeSet::new();
                     let mut unverified = BTreeSet::new();
                     let mut mismatched = BTreeSet::new();
                     let results_in: Vec<(String, Option<TcpResult>)> = match kind {
@@ -169,6 +177,10 @@ pub async fn run(
                             results_in
                                 .into_iter()
                                 .map(|hb| {
+                                    let says_held = matches!(hb.answer, Answer::Own { heard: true, armed: false, .. });
+                                    if hb.held || says_held {
+                                        held.insert(hb.node.clone());
+                                    }
                                     match hb.answer {
                                         Answer::Own { heard: true, .. } => {
                                             agents_heard.insert(hb.node.clone());
@@ -186,7 +198,7 @@ pub async fn run(
                                 .collect()
                         }
                     };
-                    let round = Round { kind, sent, results: results_in, heard: agents_heard, unverified, mismatched };
+                    let round = Round { kind, sent, results: results_in, heard: agents_heard, held, unverified, mismatched };
                     if results.send(round).await.is_err() {
                         return;
                     }
@@ -274,6 +286,7 @@ mod tests {
                     node: "open".into(),
                     addr: Some(open),
                     timeout,
+                    hold: None,
                     boot_id: None,
                     key: None,
                 },
@@ -281,6 +294,7 @@ mod tests {
                     node: "closed".into(),
                     addr: Some(closed),
                     timeout,
+                    hold: None,
                     boot_id: None,
                     key: None,
                 },
@@ -288,6 +302,7 @@ mod tests {
                     node: "silent".into(),
                     addr: Some(silent),
                     timeout,
+                    hold: None,
                     boot_id: None,
                     key: None,
                 },
@@ -295,6 +310,7 @@ mod tests {
                     node: "unknown".into(),
                     addr: None,
                     timeout,
+                    hold: None,
                     boot_id: None,
                     key: None,
                 },

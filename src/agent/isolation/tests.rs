@@ -273,3 +273,37 @@ fn at_the_shortest_timings_peers_silenced_with_this_node_count_unheard_by_the_pe
     let isolated = survey(4, &[s(1), s(1), s(1), s(4)]);
     assert!(!pet_watchdog(For(at), short, watchdog, Some(&isolated)));
 }
+
+/// A node podha holds (paused, or no policy with the `Agent` proof selects it) stays up and
+/// pets its watchdog however long it goes unheard, whatever its peers would say.
+#[test]
+fn a_held_node_stays_up_and_pets_its_watchdog_whatever_its_peers_say() {
+    let timeout = Duration::from_secs(8);
+    let everyone_heard = Survey {
+        peers: PeerCount::Known(4),
+        answers: vec![Some(Duration::ZERO); 4],
+    };
+    let Verdict::Stay(why) = decide(Silence::Held, timeout, Some(&everyone_heard)) else {
+        panic!("a held node fences nothing")
+    };
+    assert!(why.contains("podha holds this node"), "{why}");
+    let unknown = Survey {
+        peers: PeerCount::Unknown,
+        answers: vec![],
+    };
+    assert!(matches!(
+        decide(Silence::Held, timeout, Some(&unknown)),
+        Verdict::Stay(_)
+    ));
+    assert!(matches!(
+        decide(Silence::Held, timeout, None),
+        Verdict::Stay(_)
+    ));
+    assert!(pet_watchdog(
+        Silence::Held,
+        timeout,
+        Duration::from_secs(4),
+        Some(&everyone_heard)
+    ));
+    assert!(pet_watchdog(Silence::Held, timeout, Duration::from_secs(4), None));
+}

@@ -314,3 +314,58 @@ async fn an_answer_says_how_long_ago_the_agent_was_heard_though_its_challenge_wa
         "podha's heartbeats counted for nothing"
     );
 }
+
+/// Only a heartbeat over a challenge the agent had out says whether podha holds the node: a
+/// new leader's first probe, or a replay of one sent while the node was held, does not (a
+/// replay must not hold a node podha no longer holds, and stop its fencing). The answer says
+/// whether the agent takes the node as held, only to a heartbeat that asked.
+#[tokio::test(start_paused = true)]
+async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node() {
+    let leader = key();
+    let agent = agent(&leader, vec![]);
+    let held = || lock(&agent.hearing).held();
+    let hold = |heard_ago, hold, challenge: &str| {
+        HeartbeatQuery::signed_holding(&leader, "n1", heard_ago, Some(hold), challenge)
+    };
+    let first = agent
+        .heartbeat(&hold(None, true, ""))
+        .await
+        .expect("answered");
+    assert!(!held(), "no challenge taken");
+    assert_eq!(first.held, Some(false));
+    let holding = hold(Some(Duration::ZERO), true, &first.challenge);
+    let answer = agent.heartbeat(&holding).await.expect("answered");
+    assert!(held());
+    assert_eq!((answer.heard, answer.held), (true, Some(true)));
+    assert_eq!(
+        lock(&agent.hearing).silence(Instant::now()),
+        Silence::Held,
+        "heard, and held: no silence counts"
+    );
+    // Let go of it: armed again, its silence counting from the hearing.
+    let letting_go = hold(Some(Duration::ZERO), false, &answer.challenge);
+    let answer = agent.heartbeat(&letting_go).await.expect("answered");
+    assert!(!held());
+    assert_eq!(answer.held, Some(false));
+    // A replay of the holding heartbeat: its challenge is taken, nothing changes.
+    tokio::time::advance(s(5)).await;
+    let replayed = agent.heartbeat(&holding).await.expect("answered");
+    assert!(!held(), "a replay holds nothing");
+    assert_eq!(replayed.held, Some(false));
+    assert_eq!(
+        lock(&agent.hearing).silence(Instant::now()),
+        Silence::For(s(5))
+    );
+    // Held again, then a heartbeat that says nothing of holds (a podha from before them, or
+    // one that does not know this agent heeds them): not held, the side that fences.
+    let answer = agent
+        .heartbeat(&hold(Some(Duration::ZERO), true, &replayed.challenge))
+        .await
+        .expect("answered");
+    assert!(held());
+    let silent_on_holds =
+        HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &answer.challenge);
+    let answer = agent.heartbeat(&silent_on_holds).await.expect("answered");
+    assert!(!held());
+    assert_eq!(answer.held, None, "not asked");
+}

@@ -137,6 +137,7 @@ fn the_answers_json_keeps_its_field_names() {
         node: "n1".into(),
         heard: true,
         heard_ago_ms: Some(Some(1500)),
+        held: None,
         challenge: "c".into(),
         signature: "s".into(),
     };
@@ -176,7 +177,7 @@ fn a_heartbeat_answer_says_since_when_the_agent_is_heard_and_keeps_saying_it() {
         Some(Duration::ZERO),
         Some(Duration::from_millis(30_250)),
     ] {
-        let sent = HeartbeatAnswer::signed(&agent, "n1", heard_ago, "nonce-1", "c");
+        let sent = HeartbeatAnswer::signed(&agent, "n1", heard_ago, None, "nonce-1", "c");
         assert_eq!(sent.heard, heard_ago.is_some());
         let read: HeartbeatAnswer =
             serde_json::from_slice(&serde_json::to_vec(&sent).expect("json")).expect("answer");
@@ -214,6 +215,7 @@ fn a_heartbeat_answer_says_since_when_the_agent_is_heard_and_keeps_saying_it() {
         node: "n1",
         heard: true,
         heard_ago_ms: None,
+        held: None,
         nonce: "nonce-1",
         challenge: "c",
     });
@@ -226,4 +228,54 @@ fn a_heartbeat_answer_says_since_when_the_agent_is_heard_and_keeps_saying_it() {
             .verifies(&claimed.word("nonce-1"), &signature),
         "an older agent's answer given a heardAgoMs"
     );
+}
+
+/// A heartbeat may say whether podha holds the node, and the answer whether the agent takes
+/// it as held: each a word of its own kind, so neither can be dropped, added or turned.
+#[test]
+fn hold_and_held_are_signed_and_cannot_be_dropped_added_or_turned() {
+    let leader = key();
+    for hold in [None, Some(false), Some(true)] {
+        let sent = HeartbeatQuery::signed_holding(&leader, "n1", None, hold, "c");
+        let uri: axum::http::Uri = sent.path_and_query().parse().expect("uri");
+        let axum::extract::Query(read) =
+            axum::extract::Query::<HeartbeatQuery>::try_from_uri(&uri).expect("query");
+        assert_eq!(read.hold, hold);
+        assert!(leader.public().verifies(&read.word("n1"), &read.signature));
+        for other in [None, Some(false), Some(true)] {
+            let mut turned = read.clone();
+            turned.hold = other;
+            assert_eq!(
+                leader
+                    .public()
+                    .verifies(&turned.word("n1"), &turned.signature),
+                other == hold,
+                "a heartbeat signed with hold {hold:?} read with {other:?}"
+            );
+        }
+    }
+    assert_eq!(
+        HeartbeatQuery::signed(&leader, "n1", None, "c").hold,
+        None,
+        "a heartbeat that says nothing of holds"
+    );
+    let agent = key();
+    for held in [None, Some(false), Some(true)] {
+        let sent =
+            HeartbeatAnswer::signed(&agent, "n1", Some(Duration::ZERO), held, "nonce-1", "c");
+        let read: HeartbeatAnswer =
+            serde_json::from_slice(&serde_json::to_vec(&sent).expect("json")).expect("answer");
+        assert_eq!(read.held, held);
+        for other in [None, Some(false), Some(true)] {
+            let mut turned = read.clone();
+            turned.held = other;
+            assert_eq!(
+                agent
+                    .public()
+                    .verifies(&turned.word("nonce-1"), &turned.signature),
+                other == held,
+                "an answer signed with held {held:?} read with {other:?}"
+            );
+        }
+    }
 }

@@ -215,18 +215,49 @@ fn an_agent_answer_counts_as_the_agents_only_once_it_knows_it_is_heard() {
     let t0 = Instant::now();
     let mut obs = NodeObservations::new(t0);
     let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
-    obs.observe_agent(TcpResult::Connected, false, t0, t0 + s(1));
+    obs.observe_agent(TcpResult::Connected, false, false, t0, t0 + s(1));
     assert_eq!(
         (agent(&obs).answered, agent(&obs).connected),
         (Some(t0), None)
     );
-    obs.observe_agent(TcpResult::Connected, true, t0 + s(1), t0 + s(2));
+    obs.observe_agent(TcpResult::Connected, true, false, t0 + s(1), t0 + s(2));
     assert_eq!(agent(&obs).connected, Some(t0 + s(1)));
-    obs.observe_agent(TcpResult::Refused, true, t0 + s(2), t0 + s(3));
+    assert_eq!(agent(&obs).armed, Some(t0 + s(1)));
+    obs.observe_agent(TcpResult::Refused, true, false, t0 + s(2), t0 + s(3));
     assert_eq!(
         (agent(&obs).answered, agent(&obs).connected),
         (Some(t0 + s(2)), Some(t0 + s(1)))
     );
+}
+
+/// A heartbeat that held the node leaves no answer the silence proof counts after, answered
+/// or not; the next answer saying the agent is heard and not held does.
+#[test]
+fn a_held_heartbeat_ends_the_hearing_a_silence_counts_after_even_unanswered() {
+    let t0 = Instant::now();
+    let mut obs = NodeObservations::new(t0);
+    let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
+    obs.observe_agent(TcpResult::Connected, true, false, t0, t0 + s(1));
+    assert_eq!(agent(&obs).armed, Some(t0));
+    // Held, the answer lost: the agent may take the node as held.
+    obs.observe_agent(TcpResult::NoAnswer, false, true, t0 + s(1), t0 + s(2));
+    assert_eq!(agent(&obs).armed, None);
+    assert_eq!(agent(&obs).silent_since, Some(t0 + s(2)));
+    // Held and answered: still heard (the quorum counts it), not armed.
+    obs.observe_agent(TcpResult::Connected, true, true, t0 + s(2), t0 + s(3));
+    assert_eq!(
+        (agent(&obs).connected, agent(&obs).armed),
+        (Some(t0 + s(2)), None)
+    );
+    // No longer held: armed again from that answer; a silence after it keeps it.
+    obs.observe_agent(TcpResult::Connected, true, false, t0 + s(3), t0 + s(4));
+    obs.observe_agent(TcpResult::NoAnswer, false, false, t0 + s(4), t0 + s(5));
+    assert_eq!(agent(&obs).armed, Some(t0 + s(3)));
+    // A held probe sent before this term began changes nothing.
+    obs.restart_agent_hearing(t0 + s(10));
+    obs.observe_agent(TcpResult::Connected, true, false, t0 + s(10), t0 + s(11));
+    obs.observe_agent(TcpResult::NoAnswer, false, true, t0 + s(9), t0 + s(12));
+    assert_eq!(agent(&obs).armed, Some(t0 + s(10)));
 }
 
 /// A new boot's agent is heard afresh: the silence that began when the last boot ended is

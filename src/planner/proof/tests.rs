@@ -412,6 +412,7 @@ fn agent_heartbeat(
         tcp_silent_since: None,
         agent_answered: answered,
         agent_connected: answered,
+        agent_armed: answered,
         agent_silent_since: silent_since,
         tainted_since: None,
         renewals_since_ack: 0,
@@ -444,6 +445,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
     // The host refused (the agent not running): an answer, not the agent's.
     let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {
         agent_connected: None,
+        agent_armed: None,
         ..hb(Some(at), silent_since)
     };
     let heartbeats = crate::planner::Heartbeats::from([
@@ -480,6 +482,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             renewals_since_ack: 0,
             renewed_in_boot: false,
             heard_in_boot_earlier: false,
+            held: false,
         },
         "n2 heard, n3 too long ago, n4 never, n6 only refused, n7 (no Lease: the agents still \
          count it among their peers) never; a node without an agent is not expected"

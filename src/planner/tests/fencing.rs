@@ -315,6 +315,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             tcp_silent_since: None,
             agent_answered: heard(&other).then_some(world.now),
             agent_connected: heard(&other).then_some(world.now),
+            agent_armed: heard(&other).then_some(world.now),
             agent_silent_since: (!heard(&other)).then_some(since),
             tainted_since: None,
             renewals_since_ack: 0,
@@ -342,6 +343,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             tcp_silent_since: None,
             agent_answered: heard(node).then(|| since - Duration::from_secs(1)),
             agent_connected: heard(node).then(|| since - Duration::from_secs(1)),
+            agent_armed: heard(node).then(|| since - Duration::from_secs(1)),
             agent_silent_since: Some(since),
             tainted_since: None,
             renewals_since_ack: 0,
@@ -686,6 +688,7 @@ pub(super) fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
     *hb = Heartbeat {
         agent_answered: None,
         agent_connected: None,
+        agent_armed: None,
         agent_silent_since: None,
         renewals_since_ack: renewals,
         renew_time: None,

@@ -824,6 +824,7 @@ fn renewed_at(at: Instant) -> Heartbeat {
         tcp_silent_since: None,
         agent_answered: None,
         agent_connected: None,
+        agent_armed: None,
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,

@@ -13,7 +13,7 @@ use super::super::prober::{
     AGENT_PROBE_INTERVAL, ProbePlan, Target, agent_addr, agent_key, kubelet_addr,
 };
 use super::super::state::ClusterState;
-use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
+use crate::api::{FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::contract::AGENT_HEARTBEAT_TIMEOUT;
 use crate::eligibility::node_selected;
 use crate::health::{
@@ -141,6 +141,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
                     node: node_name.clone(),
                     addr: kubelet_addr(node),
                     timeout: cfg.tcp_timeout,
+                    hold: None,
                     boot_id: None,
                     key: None,
                 });
@@ -167,10 +168,16 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
         .nodes
         .iter()
         .filter_map(|(name, node)| {
+            let heeds_hold = state
+                .view
+                .agent_adverts
+                .get(name)
+                .is_some_and(|a| a.heeds_hold);
             agent_addr(node).map(|addr| Target {
                 node: name.clone(),
                 addr: Some(addr),
                 timeout: AGENT_HEARTBEAT_TIMEOUT,
+                hold: heeds_hold.then(|| holds(state, node)),
                 boot_id: node
                     .status
                     .as_ref()
@@ -181,6 +188,22 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
             })
         })
         .collect()
+}
+
+/// Whether podha holds `node` for its agent: it counts no silence of it, so the agent need not
+/// fence on isolation. Held unless a policy that asks for the `Agent` proof (alone or in a
+/// list) selects the node and neither that policy nor the node is paused: a paused node cut
+/// off from everything must not be reset, and an agent no proof listens to has nothing to
+/// fence for. A held agent's answers count for no silence ([`crate::health`]), so the hold and
+/// the proof cannot disagree: podha counts a silence only after the agent said it is not
+/// held.
+pub(super) fn holds(state: &ClusterState, node: &Node) -> bool {
+    crate::api::node_paused(node)
+        || !state.policies.values().any(|p| {
+            !p.spec.paused
+                && p.spec.fencing.proofs().asks(FencingProof::Agent)
+                && node_selected(&p.spec, node)
+        })
 }
 
 /// Hands a prober its plan, waking it only when the plan changed.
@@ -209,6 +232,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 tcp_silent_since: obs.tcp_silent_since(),
                 agent_answered: obs.probed(ProbeKind::Agent).answered,
                 agent_connected: obs.probed(ProbeKind::Agent).connected,
+                agent_armed: obs.probed(ProbeKind::Agent).armed,
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
                 renewals_since_ack: obs.renewals_since_ack(),

@@ -176,7 +176,8 @@ impl Actor {
                 match (result, round.kind) {
                     (Some(result), ProbeKind::Agent) => {
                         let heard = round.heard.contains(&node);
-                        obs.observe_agent(result, heard, round.sent, received);
+                        let held = round.held.contains(&node);
+                        obs.observe_agent(result, heard, held, round.sent, received);
                     }
                     (Some(result), kind) => obs.observe_probe(kind, result, round.sent, received),
                     (None, kind) => obs.forget_probe(kind),

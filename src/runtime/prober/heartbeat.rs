@@ -59,8 +59,14 @@ pub(super) enum Answer {
     /// with the challenge it carries: signed by this leader, the next probe is the agent's to
     /// believe or not.
     Unverified { challenge: String },
-    /// The agent's own answer: whether it counts itself heard, and its next challenge.
-    Own { heard: bool, challenge: String },
+    /// The agent's own answer: whether it counts itself heard, whether it counts its silence
+    /// (`armed`: heard, and not taking its node as held; see [`armed`]), and its next
+    /// challenge.
+    Own {
+        heard: bool,
+        armed: bool,
+        challenge: String,
+    },
     /// The agent's own answer, saying it last counted podha's heartbeats as heard at another
     /// time than the probe told it ([`fits`]), with its next challenge.
     Mismatched { challenge: String },
@@ -117,10 +123,26 @@ fn fits(told: Option<Duration>, answer: &HeartbeatAnswer) -> bool {
     }
 }
 
-/// One agent's heartbeat: the node and what the probe found.
+/// Whether an agent that counts itself heard counts its silence after this probe, which said
+/// `hold` (see [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]): a probe that said nothing, to
+/// an answer that does not say it is held (an agent not told of holds is never held), or an
+/// answer saying it is not held. An answer to a probe that held the node, or one that does
+/// not say what a probe asked, is not: the agent may take its node as held.
+fn armed(hold: Option<bool>, answer: &HeartbeatAnswer) -> bool {
+    answer.heard
+        && match hold {
+            None => answer.held != Some(true),
+            Some(_) => answer.held == Some(false),
+        }
+}
+
+/// One agent's heartbeat: the node, whether the probe held it, and what the probe found.
 #[derive(Clone, Debug)]
 pub(super) struct Heartbeat {
     pub(super) node: String,
+    /// The probe said podha holds the node: whatever the answer, the agent may take it as
+    /// held from now on, and counts no silence.
+    pub(super) held: bool,
     pub(super) answer: Answer,
 }
 
@@ -142,14 +164,16 @@ pub(super) async fn heartbeat(
     target: Target,
     probe: Probe,
 ) -> Heartbeat {
-    let answer = match target.addr {
-        Some(addr) if leadership.may_write(Instant::now()) => {
-            ask(http, leader, &target, addr, probe).await
-        }
-        _ => Answer::Nothing,
+    let (held, answer) = match target.addr {
+        Some(addr) if leadership.may_write(Instant::now()) => (
+            target.hold == Some(true),
+            ask(http, leader, &target, addr, probe).await,
+        ),
+        _ => (false, Answer::Nothing),
     };
     Heartbeat {
         node: target.node,
+        held,
         answer,
     }
 }
@@ -161,7 +185,13 @@ async fn ask(
     addr: std::net::SocketAddr,
     probe: Probe,
 ) -> Answer {
-    let query = HeartbeatQuery::signed(leader, &target.node, probe.heard_ago, &probe.challenge);
+    let query = HeartbeatQuery::signed_holding(
+        leader,
+        &target.node,
+        probe.heard_ago,
+        target.hold,
+        &probe.challenge,
+    );
     let Ok(uri) = format!("http://{addr}{}", query.path_and_query()).parse::<hyper::Uri>() else {
         return Answer::Nothing;
     };
@@ -185,6 +215,7 @@ async fn ask(
                 } else if fits(query.heard_ago(), &answer) {
                     Answer::Own {
                         heard: answer.heard,
+                        armed: armed(query.hold, &answer),
                         challenge: answer.challenge,
                     }
                 } else {

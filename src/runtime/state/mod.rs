@@ -20,7 +20,7 @@ use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
-use crate::contract::{AGENT_HEARD_IN_BOOT_ANNOTATION, advertising_node};
+use crate::contract::{AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, advertising_node};
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
 use crate::view::{AgentAdvert, ObjectKey, View};
@@ -53,11 +53,16 @@ fn seen_agent_lease(
         .get(AGENT_HEARD_IN_BOOT_ANNOTATION)
         .filter(|boot| !boot.is_empty())
         .cloned();
+    let heeds_hold = lease
+        .annotations()
+        .get(AGENT_HEEDS_HOLD_ANNOTATION)
+        .is_some_and(|v| v == "true");
     let advert = AgentAdvert {
         renew_time,
         renewed_seen,
         lasts,
         heard_in_boot,
+        heeds_hold,
         renewal_observed,
     };
     Some((node.to_string(), advert))

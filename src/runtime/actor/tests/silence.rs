@@ -50,6 +50,7 @@ fn agent_round_heard(
         sent: Instant::now(),
         results,
         heard,
+        held: Default::default(),
         unverified: Default::default(),
         mismatched: Default::default(),
     });

@@ -66,6 +66,7 @@ fn target(node: &str, addr: SocketAddr, key: Option<PublicKey>) -> Target {
         node: node.into(),
         addr: Some(addr),
         timeout: Duration::from_millis(500),
+        hold: None,
         boot_id: None,
         key,
     }
@@ -333,6 +334,7 @@ fn answer(heard_ago_ms: Option<Option<u64>>) -> HeartbeatAnswer {
         node: "n1".into(),
         heard: heard_ago_ms.flatten().is_some(),
         heard_ago_ms,
+        held: None,
         challenge: "c".into(),
         signature: String::new(),
     }
@@ -406,6 +408,7 @@ fn an_answer_that_does_not_fit_the_probe_is_refused() {
         &targets,
         &[Heartbeat {
             node: "n1".into(),
+            held: false,
             answer: mismatched,
         }],
         at,
@@ -463,4 +466,68 @@ async fn a_round_names_the_agents_that_answered_out_of_step() {
     );
     prober.abort();
     server.abort();
+}
+
+/// podha holds a node (paused): its agent, which heeds holds, takes it as held from the probe
+/// after its first counted answer, and says so; the round names it held (no silence counts),
+/// though the agent is heard. Once podha no longer holds it, the agent says so and is armed.
+#[tokio::test]
+async fn a_held_node_s_agent_is_told_and_says_it_is_held_until_podha_lets_go() {
+    let leader = key();
+    let (hearing, agent_key, addr, server) = agent_of_n1(leader.public()).await;
+    let plan = |hold| ProbePlan {
+        interval: Duration::from_millis(100),
+        targets: vec![Target {
+            hold: Some(hold),
+            ..target("n1", addr, Some(agent_key))
+        }],
+    };
+    let (plan_tx, plan_rx) = watch::channel(plan(true));
+    let (mut rx, prober) = start_prober(leader, plan_rx);
+    let held = |h: &SharedHearing| h.lock().expect("lock").held();
+    let first = rx.recv().await.expect("a round");
+    assert_eq!(first.held, BTreeSet::from(["n1".to_string()]));
+    assert!(
+        !held(&hearing),
+        "a probe over no challenge of the agent's tells it nothing"
+    );
+    let second = rx.recv().await.expect("a second round");
+    assert!(held(&hearing), "the second probe holds the node");
+    assert_eq!(second.heard, BTreeSet::from(["n1".to_string()]));
+    assert_eq!(second.held, BTreeSet::from(["n1".to_string()]));
+    plan_tx.send(plan(false)).expect("plan");
+    let mut armed = None;
+    for _ in 0..5 {
+        let round = rx.recv().await.expect("a round");
+        if round.held.is_empty() {
+            armed = Some(round);
+            break;
+        }
+    }
+    let armed = armed.expect("the agent says it is no longer held within a few rounds");
+    assert!(!held(&hearing));
+    assert_eq!(armed.heard, BTreeSet::from(["n1".to_string()]));
+    prober.abort();
+    server.abort();
+}
+
+/// Whether an answer counts the agent's silence: heard, and not held, by what the probe asked.
+#[test]
+fn only_an_answer_saying_heard_and_not_held_arms_the_silence_proof() {
+    let with = |heard: bool, held: Option<bool>| HeartbeatAnswer {
+        heard,
+        held,
+        ..answer(Some(Some(0)))
+    };
+    // A probe that said nothing: any answer not saying it is held (an older agent).
+    assert!(super::armed(None, &with(true, None)));
+    assert!(!super::armed(None, &with(true, Some(true))));
+    assert!(!super::armed(None, &with(false, None)));
+    // A probe that asked: only an answer saying it is not held.
+    for hold in [Some(false), Some(true)] {
+        assert!(super::armed(hold, &with(true, Some(false))));
+        assert!(!super::armed(hold, &with(true, Some(true))));
+        assert!(!super::armed(hold, &with(true, None)), "does not say");
+        assert!(!super::armed(hold, &with(false, Some(false))), "not heard");
+    }
 }
