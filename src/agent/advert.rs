@@ -30,9 +30,9 @@ use super::server::SharedHearing;
 
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION,
-    AGENT_KEY_ANNOTATION,
-    AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION,
-    AGENT_WATCHDOG_ANNOTATION, PublicKey, agent_lease_name, fenced_within_value,
+    AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW,
+    AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION, PublicKey, agent_lease_name,
+    fenced_within_value,
 };
 
 /// How long one try at the withdrawal on SIGTERM may take, both writes together.
@@ -625,7 +625,11 @@ mod tests {
             .await
             .expect("told of the hold");
         lock(&lease.hearing).hold(None);
-        assert_eq!(lease.heard_in_boot(), Some("boot-1"), "a word saying nothing");
+        assert_eq!(
+            lease.heard_in_boot(),
+            Some("boot-1"),
+            "a word saying nothing"
+        );
         let lease = lease_of(offline_client(), None, never_heard());
         assert_eq!(lease.heard_in_boot(), None);
         // The hearing changes while the agent runs: the next renewal says so.

@@ -311,7 +311,11 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
             }
         }
         let held = q.hold.map(|_| hearing.held());
-        (hearing.heard_ago(now), held, challenges.newest().to_string())
+        (
+            hearing.heard_ago(now),
+            held,
+            challenges.newest().to_string(),
+        )
     };
     let answer = HeartbeatAnswer::signed(
         &ours.identity,

@@ -305,5 +305,10 @@ fn a_held_node_stays_up_and_pets_its_watchdog_whatever_its_peers_say() {
         Duration::from_secs(4),
         Some(&everyone_heard)
     ));
-    assert!(pet_watchdog(Silence::Held, timeout, Duration::from_secs(4), None));
+    assert!(pet_watchdog(
+        Silence::Held,
+        timeout,
+        Duration::from_secs(4),
+        None
+    ));
 }

@@ -20,7 +20,9 @@ use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
-use crate::contract::{AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, advertising_node};
+use crate::contract::{
+    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, advertising_node,
+};
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
 use crate::view::{AgentAdvert, ObjectKey, View};

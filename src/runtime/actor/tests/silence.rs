@@ -35,6 +35,17 @@ fn agent_round_heard(
     result: impl Fn(&str) -> TcpResult,
     heard: impl Fn(&str) -> bool,
 ) {
+    agent_round_holding(h, result, heard, |_| false);
+}
+
+/// [`agent_round_heard`], each node's probe holding it (or its agent answering it is held)
+/// as `held` says.
+fn agent_round_holding(
+    h: &mut Harness,
+    result: impl Fn(&str) -> TcpResult,
+    heard: impl Fn(&str) -> bool,
+    held: impl Fn(&str) -> bool,
+) {
     let nodes = ["node-1", "node-2", "node-3"];
     let results = nodes
         .into_iter()
@@ -50,7 +61,11 @@ fn agent_round_heard(
         sent: Instant::now(),
         results,
         heard,
-        held: Default::default(),
+        held: nodes
+            .into_iter()
+            .filter(|n| held(n))
+            .map(str::to_string)
+            .collect(),
         unverified: Default::default(),
         mismatched: Default::default(),
     });
@@ -372,4 +387,102 @@ async fn an_agent_podha_never_hears_on_a_ready_node_is_reported_once() {
         !acts(&mut h.writes).iter().any(|k| k.ends_with("node-2")),
         "nothing asked of node-2"
     );
+}
+
+/// node-1 was held (paused) when podha last heard its agent, or its last heartbeat held it and
+/// the answer was lost: the agent fences nothing on isolation, so its silence after podha lets
+/// go of the node proves nothing, however long; podha holds and says why. Answered again
+/// without the hold, before it falls silent, its silence counts.
+#[tokio::test(start_paused = true)]
+async fn a_silence_after_a_heartbeat_that_held_the_node_proves_no_fence() {
+    for (answered, armed_again) in [(true, false), (false, false), (true, true)] {
+        let mut h = agent_proof_harness();
+        run_with_rounds(&mut h, 3, &[]).await;
+        assert_eq!(acts(&mut h.writes), ["fence/node-1"]);
+        let result = |n: &str| match n {
+            "node-1" if !answered => TcpResult::NoAnswer,
+            _ => TcpResult::Connected,
+        };
+        agent_round_holding(&mut h, result, |_| true, |n| n == "node-1");
+        h.run_for(1).await;
+        if armed_again {
+            run_with_rounds(&mut h, 2, &[]).await;
+        }
+        run_with_rounds(&mut h, 40, &["node-1"]).await;
+        let tainted = acts(&mut h.writes).contains(&"taint/node-1".to_string());
+        assert_eq!(
+            tainted, armed_again,
+            "held heartbeat answered: {answered}, answered after it: {armed_again}"
+        );
+        if !armed_again {
+            assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
+        }
+    }
+}
+
+/// The leader tells an agent that heeds holds whether podha holds its node: not while an
+/// unpaused policy asking for the `Agent` proof selects it; held when that policy or the node
+/// is paused, or the policy asks for another proof. An agent whose Lease does not say it
+/// heeds holds is told nothing (an older one would refuse the word).
+#[tokio::test(start_paused = true)]
+async fn the_agents_of_nodes_no_unpaused_agent_proof_selects_are_told_they_are_held() {
+    let mut h = agent_proof_harness();
+    let mut lease = mk_agent_lease("node-1", 200);
+    lease.annotations_mut().insert(
+        crate::contract::AGENT_HEEDS_HOLD_ANNOTATION.into(),
+        "true".into(),
+    );
+    h.actor
+        .state
+        .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
+    let holds = |h: &Harness| {
+        let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
+        agents
+            .targets
+            .iter()
+            .map(|t| (t.node.clone(), t.hold))
+            .collect::<Vec<_>>()
+    };
+    let told = |hold| {
+        vec![
+            ("node-1".to_string(), Some(hold)),
+            ("node-2".to_string(), None),
+            ("node-3".to_string(), None),
+        ]
+    };
+    assert_eq!(holds(&h), told(false));
+    let policy = h
+        .actor
+        .state
+        .policies
+        .values()
+        .next()
+        .expect("policy")
+        .clone();
+    let with = |h: &mut Harness, change: &dyn Fn(&mut PodHAPolicy)| {
+        let mut p = (*policy).clone();
+        change(&mut p);
+        h.actor
+            .state
+            .policies
+            .insert(p.name_any(), std::sync::Arc::new(p));
+    };
+    with(&mut h, &|p| p.spec.paused = true);
+    assert_eq!(holds(&h), told(true), "its policy paused");
+    with(&mut h, &|p| p.spec.fencing.proof = FencingProof::Bmc);
+    assert_eq!(
+        holds(&h),
+        told(true),
+        "no policy asks for the agent's proof"
+    );
+    with(&mut h, &|p| p.spec.fencing.proof = FencingProof::Agent);
+    assert_eq!(holds(&h), told(false));
+    let paused = h.actor.state.view.nodes["node-1"]
+        .as_ref()
+        .clone()
+        .annotation(crate::api::PAUSE_ANNOTATION, "true");
+    h.actor
+        .state
+        .apply(Change::Node(Event::Apply(paused)), Instant::now());
+    assert_eq!(holds(&h), told(true), "the node paused");
 }
