@@ -151,18 +151,15 @@ pub async fn run(
                 }
                 _ = ticker.tick() => {
                     let sent = Instant::now();
-                    let mut agents_heard = BTreeSet::new();
-                    let mut held = BTreeSet::new();
-                    let mut unverified = BTreeSet::new();
-                    let mut mismatched = BTreeSet::new();
-                    let results_in: Vec<(String, Option<TcpResult>)> = match kind {
-                        ProbeKind::KubeletTcp => {
-                            futures::stream::iter(current.targets.clone())
+                    let round = match kind {
+                        ProbeKind::KubeletTcp => Round {
+                            results: futures::stream::iter(current.targets.clone())
                                 .map(connect)
                                 .buffer_unordered(CONCURRENCY)
                                 .collect()
-                                .await
-                        }
+                                .await,
+                            ..Round::empty(kind, sent)
+                        },
                         ProbeKind::Agent => {
                             let asks: Vec<_> = current
                                 .targets
@@ -174,37 +171,61 @@ pub async fn run(
                                 .collect()
                                 .await;
                             heard.round(&current.targets, &results_in, Instant::now());
-                            results_in
-                                .into_iter()
-                                .map(|hb| {
-                                    let says_held = matches!(hb.answer, Answer::Own { heard: true, armed: false, .. });
-                                    if hb.held || says_held {
-                                        held.insert(hb.node.clone());
-                                    }
-                                    match hb.answer {
-                                        Answer::Own { heard: true, .. } => {
-                                            agents_heard.insert(hb.node.clone());
-                                        }
-                                        Answer::Unverified { .. } => {
-                                            unverified.insert(hb.node.clone());
-                                        }
-                                        Answer::Mismatched { .. } => {
-                                            mismatched.insert(hb.node.clone());
-                                        }
-                                        _ => {}
-                                    }
-                                    (hb.node, hb.answer.result())
-                                })
-                                .collect()
+                            Round::of_heartbeats(sent, results_in)
                         }
                     };
-                    let round = Round { kind, sent, results: results_in, heard: agents_heard, held, unverified, mismatched };
                     if results.send(round).await.is_err() {
                         return;
                     }
                 }
             }
         }
+    }
+}
+
+impl Round {
+    fn empty(kind: ProbeKind, sent: Instant) -> Self {
+        Self {
+            kind,
+            sent,
+            results: Vec::new(),
+            heard: BTreeSet::new(),
+            held: BTreeSet::new(),
+            unverified: BTreeSet::new(),
+            mismatched: BTreeSet::new(),
+        }
+    }
+
+    /// The round of the agents' heartbeats sent at `sent`.
+    fn of_heartbeats(sent: Instant, heartbeats: Vec<heartbeat::Heartbeat>) -> Self {
+        let mut round = Self::empty(ProbeKind::Agent, sent);
+        for hb in heartbeats {
+            let says_held = matches!(
+                hb.answer,
+                Answer::Own {
+                    heard: true,
+                    armed: false,
+                    ..
+                }
+            );
+            if hb.held || says_held {
+                round.held.insert(hb.node.clone());
+            }
+            match hb.answer {
+                Answer::Own { heard: true, .. } => {
+                    round.heard.insert(hb.node.clone());
+                }
+                Answer::Unverified { .. } => {
+                    round.unverified.insert(hb.node.clone());
+                }
+                Answer::Mismatched { .. } => {
+                    round.mismatched.insert(hb.node.clone());
+                }
+                _ => {}
+            }
+            round.results.push((hb.node, hb.answer.result()));
+        }
+        round
     }
 }
 
