@@ -208,10 +208,11 @@ impl AdvertLease {
     }
 
     /// The boot in which podha has heard this agent, if it has and does not hold its node
-    /// (while it does, the agent counts no silence, and a new leader must not either).
+    /// (while it does, or asks to, the agent counts no silence, and a new leader must not
+    /// either: the agent takes a hold only once a Lease without this word was written).
     fn heard_in_boot(&self) -> Option<&str> {
         let hearing = lock(&self.hearing);
-        let counts = hearing.heard_ago(tokio::time::Instant::now()).is_some() && !hearing.held();
+        let counts = hearing.heard_ago(tokio::time::Instant::now()).is_some() && !hearing.holding();
         self.boot.as_deref().filter(|_| counts)
     }
 
@@ -258,12 +259,16 @@ impl AdvertLease {
         let held_changed = lock(&self.hearing).held_changed();
         let mut renewed = false;
         loop {
+            let pending = lock(&self.hearing).hold_pending();
             let body = self.body(Timestamp::now());
-            match self
+            let written = self
                 .leases
                 .patch(&name, &params, &Patch::Apply(&body))
-                .await
-            {
+                .await;
+            if written.is_ok() {
+                lock(&self.hearing).hold_written(pending);
+            }
+            match written {
                 Ok(_) if !renewed => {
                     info!(lease = %name, "agent Lease renewed: podha counts this agent");
                     renewed = true;
@@ -624,12 +629,29 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), changed.notified())
             .await
             .expect("told of the hold");
+        // The hold is taken only once a Lease without the word was written.
+        assert!(!lock(&lease.hearing).held());
+        lock(&lease.hearing).hold_written(false);
+        assert!(
+            !lock(&lease.hearing).held(),
+            "a Lease built before the hold"
+        );
+        lock(&lease.hearing).hold_written(true);
+        assert!(lock(&lease.hearing).held());
         lock(&lease.hearing).hold(None);
         assert_eq!(
             lease.heard_in_boot(),
-            Some("boot-1"),
-            "a word saying nothing"
+            None,
+            "a word saying nothing changes nothing"
         );
+        lock(&lease.hearing).hold(Some(false));
+        assert_eq!(lease.heard_in_boot(), Some("boot-1"));
+        assert!(!lock(&lease.hearing).held(), "let go of at once");
+        // A hold asked for and let go of before the Lease was written is never taken.
+        lock(&lease.hearing).hold(Some(true));
+        lock(&lease.hearing).hold(Some(false));
+        lock(&lease.hearing).hold_written(true);
+        assert!(!lock(&lease.hearing).held());
         let lease = lease_of(offline_client(), None, never_heard());
         assert_eq!(lease.heard_in_boot(), None);
         // The hearing changes while the agent runs: the next renewal says so.

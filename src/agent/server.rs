@@ -56,12 +56,17 @@ pub struct Hearing {
     /// The agent is withdrawing its advert (it stops): podha no longer counts it, so a peer
     /// must not count its word either; it answers no survey from then on.
     withdrawing: bool,
-    /// The last heartbeat the agent counted said podha holds this node (`hold`): podha counts
-    /// no silence of it, so the agent fences nothing on isolation ([`Silence::Held`]). Not
-    /// kept across a restart: an agent starts not held, the side that fences.
+    /// The last heartbeat the agent counted said podha holds this node (`hold`), and the
+    /// agent's Lease no longer says podha may count its silence: podha counts none, so the
+    /// agent fences nothing on isolation ([`Silence::Held`]). Not kept across a restart: an
+    /// agent starts not held, the side that fences.
     held: bool,
-    /// Told whenever `held` changes: the agent's Lease says at once whether podha may count
-    /// its silence (see `super::advert`).
+    /// A heartbeat said podha holds this node, and the agent's Lease has not yet been written
+    /// without its word of being heard: until it is, a new leader could take that word for an
+    /// agent that counts its silence, so the agent is not held yet (see `super::advert`).
+    hold_pending: bool,
+    /// Told whenever the hold changes: the agent's Lease is written at once (see
+    /// `super::advert`).
     held_changed: Arc<tokio::sync::Notify>,
 }
 
@@ -131,21 +136,51 @@ impl Hearing {
     }
 
     /// A heartbeat the agent counted (one over a challenge it had out) said whether podha
-    /// holds this node: `None` from a podha that does not say, which holds nothing.
+    /// holds this node (`None`: it did not say, and nothing changes). Let go of, the agent
+    /// counts its silence at once; held, only once its Lease says nothing of being heard
+    /// ([`Self::hold_written`]).
     pub fn hold(&mut self, hold: Option<bool>) {
-        let held = hold == Some(true);
-        if held != self.held {
-            self.held = held;
-            self.held_changed.notify_one();
+        match hold {
+            None => {}
+            Some(true) if self.held || self.hold_pending => {}
+            Some(true) => {
+                self.hold_pending = true;
+                self.held_changed.notify_one();
+            }
+            Some(false) if !self.held && !self.hold_pending => {}
+            Some(false) => {
+                self.held = false;
+                self.hold_pending = false;
+                self.held_changed.notify_one();
+            }
         }
     }
 
-    /// Whether the last heartbeat the agent counted said podha holds this node.
+    /// Whether the agent takes its node as held: it fences nothing on isolation.
     pub fn held(&self) -> bool {
         self.held
     }
 
-    /// What is told whenever [`Self::held`] changes.
+    /// Whether a hold is asked for or taken: the Lease must say nothing of being heard.
+    pub fn holding(&self) -> bool {
+        self.held || self.hold_pending
+    }
+
+    /// The agent's Lease was written without its word of being heard, having been built while
+    /// a hold was pending (`pending`): the hold is taken, if it is still asked for.
+    pub fn hold_written(&mut self, pending: bool) {
+        if pending && self.hold_pending {
+            self.hold_pending = false;
+            self.held = true;
+        }
+    }
+
+    /// Whether a hold waits for the Lease.
+    pub fn hold_pending(&self) -> bool {
+        self.hold_pending
+    }
+
+    /// What is told whenever the hold changes.
     pub fn held_changed(&self) -> Arc<tokio::sync::Notify> {
         self.held_changed.clone()
     }
@@ -310,7 +345,9 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
                 challenges.renew_if_old(now);
             }
         }
-        let held = q.hold.map(|_| hearing.held());
+        // Said whenever held, asked or not: an answer a podha not asking could take for an
+        // armed agent's must not be given by a held one (an older podha cannot verify it).
+        let held = (q.hold.is_some() || hearing.held()).then(|| hearing.held());
         (
             hearing.heard_ago(now),
             held,

@@ -219,16 +219,18 @@ impl Word<'_> {
                 node,
                 heard,
                 heard_ago_ms: None,
+                held: None,
                 nonce,
                 challenge,
-                ..
             } => serde_json::json!(["podha/v1 heartbeat-answer", node, heard, nonce, challenge]),
             // A kind of its own: an answer that carries `heardAgoMs` cannot be passed off as an
             // older agent's by dropping the field, nor the other way round.
+            // An answer saying `held` is never signed without `heardAgoMs`; one that lost it
+            // reads as a word of the same kind with no time, which the agent never signs.
             Word::HeartbeatAnswer {
                 node,
                 heard,
-                heard_ago_ms: Some(heard_ago_ms),
+                heard_ago_ms,
                 held: Some(held),
                 nonce,
                 challenge,
@@ -236,7 +238,7 @@ impl Word<'_> {
                 "podha/v3 heartbeat-answer",
                 node,
                 heard,
-                heard_ago_ms,
+                heard_ago_ms.map(|ago| serde_json::json!([ago])),
                 held,
                 nonce,
                 challenge
@@ -377,8 +379,9 @@ pub struct HeartbeatAnswer {
     )]
     pub heard_ago_ms: Option<Option<u64>>,
     /// Whether, after this probe, the agent takes podha to hold its node, and so fences
-    /// nothing on isolation; absent in an answer to a heartbeat without `hold`. Only an answer
-    /// that says `heard` and not `held` counts for the silence proof.
+    /// nothing on isolation; absent in an answer to a heartbeat without `hold` from an agent
+    /// not held (a held one always says it). Only an answer that says `heard` and not `held`
+    /// counts for the silence proof.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<bool>,
     #[serde(default)]

@@ -89,8 +89,9 @@ pub struct Round {
     /// The nodes whose agent answered this round saying it counts itself heard in this boot:
     /// only their answers count for the `Agent` proof (see `NodeObservations::observe_agent`).
     pub heard: BTreeSet<String>,
-    /// The nodes whose agent this round may have told podha holds the node (the probe said so)
-    /// or answered that it takes it as held: none counts its silence (see
+    /// The nodes whose agent this round may have told podha holds the node (the probe said so),
+    /// or whose answer, heard, does not show it counts its silence (it says it is held, or
+    /// answers a probe over no challenge): none counts its silence from this round (see
     /// `NodeObservations::observe_agent`).
     pub held: BTreeSet<String>,
     /// The nodes where something answered that the key their Node publishes does not verify

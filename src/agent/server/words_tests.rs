@@ -317,8 +317,10 @@ async fn an_answer_says_how_long_ago_the_agent_was_heard_though_its_challenge_wa
 
 /// Only a heartbeat over a challenge the agent had out says whether podha holds the node: a
 /// new leader's first probe, or a replay of one sent while the node was held, does not (a
-/// replay must not hold a node podha no longer holds, and stop its fencing). The answer says
-/// whether the agent takes the node as held, only to a heartbeat that asked.
+/// replay must not hold a node podha no longer holds, and stop its fencing). A hold is taken
+/// once the agent's Lease no longer says podha may count its silence; let go of, at once. A
+/// heartbeat that says nothing of holds changes nothing. A held agent says so in every
+/// answer, asked or not.
 #[tokio::test(start_paused = true)]
 async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node() {
     let leader = key();
@@ -331,18 +333,30 @@ async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node
         .heartbeat(&hold(None, true, ""))
         .await
         .expect("answered");
-    assert!(!held(), "no challenge taken");
+    assert!(!lock(&agent.hearing).holding(), "no challenge taken");
     assert_eq!(first.held, Some(false));
     let holding = hold(Some(Duration::ZERO), true, &first.challenge);
     let answer = agent.heartbeat(&holding).await.expect("answered");
+    assert!(lock(&agent.hearing).holding() && !held(), "asked for");
+    assert_eq!(
+        (answer.heard, answer.held),
+        (true, Some(false)),
+        "not held until the Lease says so"
+    );
+    lock(&agent.hearing).hold_written(true);
     assert!(held());
-    assert_eq!((answer.heard, answer.held), (true, Some(true)));
     assert_eq!(
         lock(&agent.hearing).silence(Instant::now()),
         Silence::Held,
         "heard, and held: no silence counts"
     );
-    // Let go of it: armed again, its silence counting from the hearing.
+    // A heartbeat that says nothing of holds: nothing changes, and the answer says held.
+    let silent_on_holds =
+        HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &answer.challenge);
+    let answer = agent.heartbeat(&silent_on_holds).await.expect("answered");
+    assert!(held());
+    assert_eq!(answer.held, Some(true), "said though not asked");
+    // Let go of it: armed again at once, its silence counting from the hearing.
     let letting_go = hold(Some(Duration::ZERO), false, &answer.challenge);
     let answer = agent.heartbeat(&letting_go).await.expect("answered");
     assert!(!held());
@@ -350,22 +364,13 @@ async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node
     // A replay of the holding heartbeat: its challenge is taken, nothing changes.
     tokio::time::advance(s(5)).await;
     let replayed = agent.heartbeat(&holding).await.expect("answered");
-    assert!(!held(), "a replay holds nothing");
+    assert!(!lock(&agent.hearing).holding(), "a replay holds nothing");
     assert_eq!(replayed.held, Some(false));
     assert_eq!(
         lock(&agent.hearing).silence(Instant::now()),
         Silence::For(s(5))
     );
-    // Held again, then a heartbeat that says nothing of holds (a podha from before them, or
-    // one that does not know this agent heeds them): not held, the side that fences.
-    let answer = agent
-        .heartbeat(&hold(Some(Duration::ZERO), true, &replayed.challenge))
-        .await
-        .expect("answered");
-    assert!(held());
-    let silent_on_holds =
-        HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &answer.challenge);
-    let answer = agent.heartbeat(&silent_on_holds).await.expect("answered");
-    assert!(!held());
-    assert_eq!(answer.held, None, "not asked");
+    // Not held, not asked: the answer says nothing of holds (an older podha verifies it).
+    let plain = HeartbeatQuery::signed(&leader, "n1", None, "");
+    assert_eq!(agent.heartbeat(&plain).await.expect("answered").held, None);
 }

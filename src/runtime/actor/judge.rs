@@ -177,7 +177,7 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
                 node: name.clone(),
                 addr: Some(addr),
                 timeout: AGENT_HEARTBEAT_TIMEOUT,
-                hold: heeds_hold.then(|| holds(state, node)),
+                hold: heeds_hold.then(|| holds(state, node) && !armed_and_silent(state, name)),
                 boot_id: node
                     .status
                     .as_ref()
@@ -204,6 +204,17 @@ pub(super) fn holds(state: &ClusterState, node: &Node) -> bool {
                 && p.spec.fencing.proofs().asks(FencingProof::Agent)
                 && node_selected(&p.spec, node)
         })
+}
+
+/// Whether `node`'s agent counts its silence and has fallen silent: a hold sent now could
+/// reach it (its answers lost) and stop its fence, and would end the hearing the silence
+/// proof counts from, stalling a failover under way for good. It is not held until it answers
+/// again.
+fn armed_and_silent(state: &ClusterState, node: &str) -> bool {
+    state.observations.get(node).is_some_and(|obs| {
+        let agent = obs.probed(ProbeKind::Agent);
+        agent.armed.is_some() && agent.silent_since.is_some()
+    })
 }
 
 /// Hands a prober its plan, waking it only when the plan changed.

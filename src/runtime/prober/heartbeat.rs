@@ -215,7 +215,7 @@ async fn ask(
                 } else if fits(query.heard_ago(), &answer) {
                     Answer::Own {
                         heard: answer.heard,
-                        armed: armed(query.hold, &answer),
+                        armed: !query.challenge.is_empty() && armed(query.hold, &answer),
                         challenge: answer.challenge,
                     }
                 } else {

@@ -718,7 +718,9 @@ async fn paused_node_cut_off(
     .await?;
     log(
         &ctx.ns,
-        format!("{node}: paused and cut off, not fenced nor reset; unpaused, its agent armed again"),
+        format!(
+            "{node}: paused and cut off, not fenced nor reset; unpaused, its agent armed again"
+        ),
     );
     Ok(())
 }

@@ -486,3 +486,38 @@ async fn the_agents_of_nodes_no_unpaused_agent_proof_selects_are_told_they_are_h
         .apply(Change::Node(Event::Apply(paused)), Instant::now());
     assert_eq!(holds(&h), told(true), "the node paused");
 }
+
+/// node-1's agent counts its silence and falls silent; its policy is then paused: the agent is
+/// not told podha holds the node until it answers again. A hold sent now could reach it (its
+/// answers lost) and stop its fence, and would leave the failover under way unprovable.
+#[tokio::test(start_paused = true)]
+async fn a_silent_armed_agent_is_not_held_until_it_answers_again() {
+    let mut h = agent_proof_harness();
+    let mut lease = mk_agent_lease("node-1", 200);
+    lease.annotations_mut().insert(
+        crate::contract::AGENT_HEEDS_HOLD_ANNOTATION.into(),
+        "true".into(),
+    );
+    h.actor
+        .state
+        .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
+    run_with_rounds(&mut h, 3, &[]).await;
+    run_with_rounds(&mut h, 2, &["node-1"]).await;
+    let mut paused = (**h.actor.state.policies.values().next().expect("policy")).clone();
+    paused.spec.paused = true;
+    h.actor
+        .state
+        .policies
+        .insert(paused.name_any(), std::sync::Arc::new(paused));
+    let hold_of_node_1 = |h: &Harness| {
+        let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
+        agents
+            .targets
+            .iter()
+            .find(|t| t.node == "node-1")
+            .map(|t| t.hold)
+    };
+    assert_eq!(hold_of_node_1(&h), Some(Some(false)), "silent: not held");
+    run_with_rounds(&mut h, 1, &[]).await;
+    assert_eq!(hold_of_node_1(&h), Some(Some(true)), "answered: held");
+}
