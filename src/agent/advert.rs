@@ -207,21 +207,23 @@ impl AdvertLease {
         }
     }
 
-    /// The boot in which podha has heard this agent, if it has and does not hold its node
-    /// (while it does, or asks to, the agent counts no silence, and a new leader must not
-    /// either: the agent takes a hold only once a Lease without this word was written).
-    fn heard_in_boot(&self) -> Option<&str> {
+    /// The Lease as renewed at `now`, for a server-side apply, saying in which boot podha has
+    /// heard this agent, if it has and does not hold its node (while it does, or asks to, the
+    /// agent counts no silence, and a new leader must not count it either; a server-side
+    /// apply without the word takes an earlier one off); and whether a hold waits for this
+    /// renewal (its body then lacks the word: written, the hold is taken). Read at once, so
+    /// the two agree.
+    fn renewal(&self, now: Timestamp) -> (serde_json::Value, bool) {
         let hearing = lock(&self.hearing);
         let counts = hearing.heard_ago(tokio::time::Instant::now()).is_some() && !hearing.holding();
-        self.boot.as_deref().filter(|_| counts)
+        let heard_in_boot = self.boot.as_deref().filter(|_| counts);
+        (self.body_saying(now, heard_in_boot), hearing.hold_pending())
     }
 
-    /// The Lease as renewed at `now`, for a server-side apply, with the boot in which podha
-    /// has heard this agent if it has (a server-side apply without it takes an earlier one
-    /// off).
-    fn body(&self, now: Timestamp) -> serde_json::Value {
+    /// The Lease as renewed at `now`, saying podha heard the agent in `heard_in_boot`, if any.
+    fn body_saying(&self, now: Timestamp, heard_in_boot: Option<&str>) -> serde_json::Value {
         let mut annotations = json!({ AGENT_HEEDS_HOLD_ANNOTATION: "true" });
-        if let Some(boot) = self.heard_in_boot() {
+        if let Some(boot) = heard_in_boot {
             annotations[AGENT_HEARD_IN_BOOT_ANNOTATION] = json!(boot);
         }
         let mut metadata = json!({
@@ -259,8 +261,7 @@ impl AdvertLease {
         let held_changed = lock(&self.hearing).held_changed();
         let mut renewed = false;
         loop {
-            let pending = lock(&self.hearing).hold_pending();
-            let body = self.body(Timestamp::now());
+            let (body, pending) = self.renewal(Timestamp::now());
             let written = self
                 .leases
                 .patch(&name, &params, &Patch::Apply(&body))
@@ -552,7 +553,7 @@ mod tests {
         };
         let lease = lease_of(client.clone(), Some(owner), never_heard());
         let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
-        let body = lease.body(now);
+        let body = lease.renewal(now).0;
         let parsed: Lease = serde_json::from_value(body.clone()).expect("a Lease");
         let spec = parsed.spec.expect("spec");
         assert_eq!(parsed.metadata.name.as_deref(), Some("podha-agent-n1"));
@@ -578,7 +579,7 @@ mod tests {
         );
         assert_eq!(owners[0].block_owner_deletion, None);
         // Outside a Pod (a test cluster's processes): no owner, the agent deletes it itself.
-        let unowned = lease_of(client, None, never_heard()).body(now);
+        let unowned = lease_of(client, None, never_heard()).renewal(now).0;
         assert!(
             unowned["metadata"].get("ownerReferences").is_none(),
             "{unowned}"
@@ -595,6 +596,14 @@ mod tests {
     fn lease_of(client: kube::Client, owner: Option<OwnerPod>, hearing: Hearing) -> AdvertLease {
         let hearing = std::sync::Arc::new(std::sync::Mutex::new(hearing));
         AdvertLease::new(client, "podha", "n1", owner, Some("boot-1".into()), hearing)
+    }
+
+    /// The boot the Lease's next renewal says podha heard the agent in.
+    fn heard_in_boot(lease: &AdvertLease) -> Option<String> {
+        let (body, _) = lease.renewal(Timestamp::now());
+        body["metadata"]["annotations"][AGENT_HEARD_IN_BOOT_ANNOTATION]
+            .as_str()
+            .map(str::to_string)
     }
 
     fn never_heard() -> Hearing {
@@ -615,8 +624,8 @@ mod tests {
         let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
         let heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::from_secs(90)));
         let lease = lease_of(offline_client(), None, heard);
-        assert_eq!(lease.heard_in_boot(), Some("boot-1"));
-        let body = lease.body(now);
+        assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
+        let body = lease.renewal(now).0;
         assert_eq!(
             body["metadata"]["annotations"],
             json!({AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1", AGENT_HEEDS_HOLD_ANNOTATION: "true"})
@@ -625,7 +634,7 @@ mod tests {
         // either: the Lease says nothing of the hearing, and is renewed at once.
         let changed = lock(&lease.hearing).held_changed();
         lock(&lease.hearing).hold(Some(true));
-        assert_eq!(lease.heard_in_boot(), None);
+        assert_eq!(heard_in_boot(&lease), None);
         tokio::time::timeout(Duration::from_secs(1), changed.notified())
             .await
             .expect("told of the hold");
@@ -640,12 +649,12 @@ mod tests {
         assert!(lock(&lease.hearing).held());
         lock(&lease.hearing).hold(None);
         assert_eq!(
-            lease.heard_in_boot(),
+            heard_in_boot(&lease),
             None,
             "a word saying nothing changes nothing"
         );
         lock(&lease.hearing).hold(Some(false));
-        assert_eq!(lease.heard_in_boot(), Some("boot-1"));
+        assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
         assert!(!lock(&lease.hearing).held(), "let go of at once");
         // A hold asked for and let go of before the Lease was written is never taken.
         lock(&lease.hearing).hold(Some(true));
@@ -653,14 +662,14 @@ mod tests {
         lock(&lease.hearing).hold_written(true);
         assert!(!lock(&lease.hearing).held());
         let lease = lease_of(offline_client(), None, never_heard());
-        assert_eq!(lease.heard_in_boot(), None);
+        assert_eq!(heard_in_boot(&lease), None);
         // The hearing changes while the agent runs: the next renewal says so.
         lock(&lease.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
-        assert_eq!(lease.heard_in_boot(), Some("boot-1"));
+        assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
         let mut bootless = lease_of(offline_client(), None, never_heard());
         bootless.boot = None;
         lock(&bootless.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
-        assert_eq!(bootless.heard_in_boot(), None);
+        assert_eq!(heard_in_boot(&bootless), None);
     }
 
     /// On SIGTERM the advert goes first, and the agent stops (and may disarm) only once the

@@ -345,9 +345,11 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
                 challenges.renew_if_old(now);
             }
         }
-        // Said whenever held, asked or not: an answer a podha not asking could take for an
-        // armed agent's must not be given by a held one (an older podha cannot verify it).
-        let held = (q.hold.is_some() || hearing.held()).then(|| hearing.held());
+        // Held, or waiting for the Lease to take the hold: said so whenever it is, asked or
+        // not (an answer a podha not asking could take for an armed agent's must not be given
+        // by one that may fence nothing; an older podha cannot verify the word).
+        let holding = hearing.holding();
+        let held = (q.hold.is_some() || holding).then_some(holding);
         (
             hearing.heard_ago(now),
             held,

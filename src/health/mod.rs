@@ -17,7 +17,7 @@ mod proptests;
 
 pub use config::{DetectionConfig, InvalidDetection, SignalSet};
 pub use machine::{Cause, HealthTracker, Transition};
-pub use observations::{NodeObservations, ProbeKind, Probed, ReadyStatus, TcpResult};
+pub use observations::{Arming, NodeObservations, ProbeKind, Probed, ReadyStatus, TcpResult};
 pub use probe::{Evidence, Probe, Reading, Verdict, evaluate};
 
 /// Where a node stands, as judged by one policy's detection settings.

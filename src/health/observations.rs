@@ -79,6 +79,23 @@ pub enum ProbeKind {
     Agent,
 }
 
+/// What a heartbeat and its answer say of the node's agent counting its silence (and so
+/// fencing on isolation), for the `Agent` proof.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arming {
+    /// The agent's own answer, to a probe over a challenge it issued: heard in this boot and
+    /// not held. A silence after it counts.
+    Armed,
+    /// Nothing either way: no answer, or the agent's own answer to a probe over no challenge
+    /// (the first of a leadership term or a boot: the agent learnt nothing from it, and a
+    /// probe of the last leader held back on its way could still hold the node after it).
+    Unsaid,
+    /// The probe held the node (whether its answer came or not), or the answer says the agent
+    /// is held, or never heard in this boot, or does not say what the probe asked, or came
+    /// from something else than the agent: no silence counts until it is armed again.
+    Disarmed,
+}
+
 /// One prober's results for a node: the latest, when it last got an answer, and since when it
 /// has got none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,6 +115,10 @@ pub struct Probed {
     /// and fences on isolation; `None` since a probe held the node (see
     /// [`NodeObservations::observe_agent`]). What the `Agent` proof counts a silence after.
     pub armed: Option<Instant>,
+    /// The agent's only: since podha last counted it armed in this term, a probe or an answer
+    /// showed it may count no silence ([`Arming::Disarmed`]): held, never heard in this boot by
+    /// its own word, or its port answered by something else than the agent.
+    pub disarmed: bool,
     /// When the first unanswered probe of the current run of them came back: the host was
     /// silent by then (it died, or was cut off, at that instant or before).
     pub silent_since: Option<Instant>,
@@ -273,15 +294,13 @@ impl NodeObservations {
     /// this boot. An answer it does not know was heard (the first of a boot, or an agent too old
     /// to say) is an answer for detection (the agent runs), but not for the `Agent` proof: an
     /// agent cut off right after it counts itself never heard, and never fences on isolation.
-    /// `held`: the probe said podha holds the node, or the agent answered that it takes it as
-    /// held: from then on it fences nothing on isolation, and its silence counts only after
-    /// an answer saying it is heard and not held ([`Probed::armed`]), even if this probe's
-    /// answer was lost.
+    /// `arming`: what the probe and its answer say of the agent counting its silence, for the
+    /// `Agent` proof ([`Arming`]).
     pub fn observe_agent(
         &mut self,
         result: TcpResult,
         heard: bool,
-        held: bool,
+        arming: Arming,
         sent: Instant,
         received: Instant,
     ) {
@@ -289,10 +308,16 @@ impl NodeObservations {
             return;
         }
         self.agent.observe(result, heard, sent, received);
-        if held {
-            self.agent.armed = None;
-        } else if heard && result == TcpResult::Connected {
-            self.agent.armed = Some(self.agent.armed.map_or(sent, |t| t.max(sent)));
+        match arming {
+            Arming::Armed => {
+                self.agent.armed = Some(self.agent.armed.map_or(sent, |t| t.max(sent)));
+                self.agent.disarmed = false;
+            }
+            Arming::Disarmed => {
+                self.agent.armed = None;
+                self.agent.disarmed = true;
+            }
+            Arming::Unsaid => {}
         }
     }
 

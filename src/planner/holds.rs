@@ -55,6 +55,10 @@ pub struct Heartbeat {
     /// its silence (podha does not hold its node): what the `Agent` proof counts a silence
     /// after; `None` since a heartbeat held the node.
     pub agent_armed: Option<Instant>,
+    /// Whether, since podha last counted the agent armed in this term, a heartbeat or an
+    /// answer showed it may count no silence (held, never heard by its own word, or its port
+    /// answered by something else): no silence counts, and no earlier term's word either.
+    pub agent_disarmed: bool,
     /// Since when the node's agent has not answered, if it does not now.
     pub agent_silent_since: Option<Instant>,
     /// When this process first saw podha's taint on the node, if it is on.

@@ -27,7 +27,7 @@
 //! podha counts the silence only after an answer saying the agent is not held: a heartbeat
 //! that told the agent podha holds its node (paused, or no policy with the `Agent` proof
 //! selects it; see `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`) stops its fencing on
-//! isolation, even when its answer was lost ([`SilenceDoubt::Held`]).
+//! isolation, even when its answer was lost ([`SilenceDoubt::Disarmed`]).
 //!
 //! The agent must still advertise: its Lease in podha's namespace (see [`crate::contract`]) is
 //! there and was renewed within its duration before the silence began. An agent uninstalled,
@@ -101,10 +101,11 @@ pub struct AgentEvidence<'a> {
     /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]): heard by an earlier leadership
     /// term, when this one never got an answer (see [`AgentEvidence::silence_doubt`]).
     pub heard_in_boot_earlier: bool,
-    /// Whether the agent's last answers in this term said podha holds its node, or a
-    /// heartbeat since told it so (see `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`): it
-    /// counts no silence, and fences nothing on isolation.
-    pub held: bool,
+    /// Whether, since podha last counted the agent armed in this term, a heartbeat or an
+    /// answer showed it may count no silence (held: see
+    /// `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`; never heard by its own word; its port
+    /// answered by something else): it may fence nothing on isolation.
+    pub disarmed: bool,
 }
 
 /// How old a node's agent Lease was when the agent fell silent.
@@ -146,7 +147,7 @@ impl AgentEvidence<'_> {
             // counts its silence from its last hearing, which no earlier leader can have given
             // after this term began, and podha counts from its own first unanswered probe,
             // later still.
-            None if self.held => Some(SilenceDoubt::Held),
+            None if self.disarmed => Some(SilenceDoubt::Disarmed),
             None if self.heard_in_boot_earlier => self.quorum_doubt(),
             None => Some(SilenceDoubt::NeverHeard),
             Some(gap) if gap > AGENT_HEARD_WITHIN => Some(SilenceDoubt::HeardLongBefore { gap }),
@@ -220,11 +221,12 @@ pub enum SilenceDoubt {
     /// and the agent's Lease does not say an earlier term heard it in the node's current boot:
     /// its port may be blocked, or it stopped before it was heard.
     NeverHeard,
-    /// podha heard the agent in this term, but its last heartbeat told it podha holds its node
-    /// (the node, or every policy with the `Agent` proof that selects it, was paused, or none
-    /// selected it), or it answered so: it fences nothing on isolation until an answer says it
-    /// is not held.
-    Held,
+    /// Since podha last counted the agent armed in this term, a heartbeat held the node (the
+    /// node, or every policy with the `Agent` proof that selects it, was paused, or none
+    /// selected it), or the agent answered that it is held or that podha has not heard it in
+    /// this boot, or something else answered at its port: it may fence nothing on isolation
+    /// until an answer says it is armed again.
+    Disarmed,
     /// podha's last answer from the agent came `gap` before its silence began, more than
     /// [`AGENT_HEARD_WITHIN`].
     HeardLongBefore { gap: Duration },
@@ -241,7 +243,7 @@ impl SilenceDoubt {
             Self::AdvertLapsed { .. } => "AdvertLapsed",
             Self::NodeLivedOn { .. } => "NodeLivedOn",
             Self::NeverHeard => "NeverHeard",
-            Self::Held => "Held",
+            Self::Disarmed => "Disarmed",
             Self::HeardLongBefore { .. } => "HeardLongBefore",
             Self::FewOthersHeard { .. } => "FewOthersHeard",
         }
@@ -274,11 +276,12 @@ impl SilenceDoubt {
                  agent podha never heard (its port blocked, or stopped before it was heard) \
                  does not fence its node on isolation"
             ),
-            Self::Held => format!(
-                "podha's last heartbeat to the agent of node {node} before its silence held the \
-                 node (it, or every policy with the Agent proof that selects it, was paused, or \
-                 none selected it): the agent fences nothing on isolation while held, so its \
-                 silence proves no fence"
+            Self::Disarmed => format!(
+                "before its silence, podha's heartbeat held node {node} (it, or every policy \
+                 with the Agent proof that selects it, was paused, or none selected it), or the \
+                 agent answered that it is held or not heard in this boot, or something else \
+                 answered at its port, and no answer armed it again: the agent may fence \
+                 nothing on isolation, so its silence proves no fence"
             ),
             Self::HeardLongBefore { gap } => format!(
                 "podha last heard the agent of node {node} {}s before its silence began (more \
@@ -347,12 +350,12 @@ pub fn agent_evidence<'a>(
         request,
         renewals_since_ack: own.map_or(0, |hb| hb.renewals_since_ack),
         renewed_in_boot: own.is_some_and(|hb| hb.renewed_in_boot),
-        // Nothing from the agent's port in this term: a refusal is an agent not running, and
-        // a silence after it is not one the agent counts (see the module's docs).
-        heard_in_boot_earlier: own
-            .is_none_or(|hb| hb.agent_connected.is_none() && hb.agent_answered.is_none())
+        // Nothing from the agent's port in this term that armed or disarmed it (a refusal is
+        // an agent not running, and disarms it: a silence after it is not one the agent
+        // counts; see the module's docs).
+        heard_in_boot_earlier: own.is_none_or(|hb| hb.agent_armed.is_none() && !hb.agent_disarmed)
             && heard_in_current_boot(view, node),
-        held: own.is_some_and(|hb| hb.agent_connected.is_some() && hb.agent_armed.is_none()),
+        disarmed: own.is_some_and(|hb| hb.agent_disarmed),
     }
 }
 

@@ -8,7 +8,7 @@
 //! port the agent advertises on its Node), every second, by the leader only, signed with the
 //! key the leader publishes (see [`heartbeat`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 pub use crate::contract::{AGENT_PROBE_INTERVAL, agent_addr, agent_key};
 use crate::contract::{Identity, PublicKey, internal_ip};
-use crate::health::{ProbeKind, TcpResult};
+use crate::health::{Arming, ProbeKind, TcpResult};
 use crate::leader::Leadership;
 use heartbeat::{Answer, Heard, Http, heartbeat};
 
@@ -89,11 +89,9 @@ pub struct Round {
     /// The nodes whose agent answered this round saying it counts itself heard in this boot:
     /// only their answers count for the `Agent` proof (see `NodeObservations::observe_agent`).
     pub heard: BTreeSet<String>,
-    /// The nodes whose agent this round may have told podha holds the node (the probe said so),
-    /// or whose answer, heard, does not show it counts its silence (it says it is held, or
-    /// answers a probe over no challenge): none counts its silence from this round (see
-    /// `NodeObservations::observe_agent`).
-    pub held: BTreeSet<String>,
+    /// What each node's probe and answer say of its agent counting its silence (see
+    /// `health::Arming`); a node not named said nothing either way.
+    pub arming: BTreeMap<String, Arming>,
     /// The nodes where something answered that the key their Node publishes does not verify
     /// (see [`heartbeat`]).
     pub unverified: BTreeSet<String>,
@@ -165,7 +163,10 @@ pub async fn run(
                             let asks: Vec<_> = current
                                 .targets
                                 .iter()
-                                .map(|t| heartbeat(&http, &leader, &leadership, t.clone(), heard.probe(&t.node, sent)))
+                                .map(|t| {
+                                    let target = Target { hold: heard.hold(t), ..t.clone() };
+                                    heartbeat(&http, &leader, &leadership, target, heard.probe(&t.node, sent))
+                                })
                                 .collect();
                             let results_in: Vec<_> = futures::stream::iter(asks)
                                 .buffer_unordered(CONCURRENCY)
@@ -191,7 +192,7 @@ impl Round {
             sent,
             results: Vec::new(),
             heard: BTreeSet::new(),
-            held: BTreeSet::new(),
+            arming: BTreeMap::new(),
             unverified: BTreeSet::new(),
             mismatched: BTreeSet::new(),
         }
@@ -201,16 +202,18 @@ impl Round {
     fn of_heartbeats(sent: Instant, heartbeats: Vec<heartbeat::Heartbeat>) -> Self {
         let mut round = Self::empty(ProbeKind::Agent, sent);
         for hb in heartbeats {
-            let says_held = matches!(
-                hb.answer,
-                Answer::Own {
-                    heard: true,
-                    armed: false,
-                    ..
+            let arming = match hb.answer {
+                // The agent may take the node as held, its answer lost or not.
+                _ if hb.held => Arming::Disarmed,
+                Answer::Own { arming, .. } => arming,
+                // Something else answered at the agent's port: no silence after it counts.
+                Answer::HostOnly | Answer::Unverified { .. } | Answer::Mismatched { .. } => {
+                    Arming::Disarmed
                 }
-            );
-            if hb.held || says_held {
-                round.held.insert(hb.node.clone());
+                Answer::Nothing | Answer::Silent => Arming::Unsaid,
+            };
+            if arming != Arming::Unsaid {
+                round.arming.insert(hb.node.clone(), arming);
             }
             match hb.answer {
                 Answer::Own { heard: true, .. } => {

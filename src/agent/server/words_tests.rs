@@ -340,8 +340,8 @@ async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node
     assert!(lock(&agent.hearing).holding() && !held(), "asked for");
     assert_eq!(
         (answer.heard, answer.held),
-        (true, Some(false)),
-        "not held until the Lease says so"
+        (true, Some(true)),
+        "said held while the Lease is written, though not held yet"
     );
     lock(&agent.hearing).hold_written(true);
     assert!(held());

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
+use crate::health::Arming;
 use crate::test_builders::{NodeBuild, mk_node};
 
 fn micro(secs: i64) -> MicroTime {
@@ -215,15 +216,27 @@ fn an_agent_answer_counts_as_the_agents_only_once_it_knows_it_is_heard() {
     let t0 = Instant::now();
     let mut obs = NodeObservations::new(t0);
     let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
-    obs.observe_agent(TcpResult::Connected, false, false, t0, t0 + s(1));
+    obs.observe_agent(TcpResult::Connected, false, Arming::Disarmed, t0, t0 + s(1));
     assert_eq!(
         (agent(&obs).answered, agent(&obs).connected),
         (Some(t0), None)
     );
-    obs.observe_agent(TcpResult::Connected, true, false, t0 + s(1), t0 + s(2));
+    obs.observe_agent(
+        TcpResult::Connected,
+        true,
+        Arming::Armed,
+        t0 + s(1),
+        t0 + s(2),
+    );
     assert_eq!(agent(&obs).connected, Some(t0 + s(1)));
     assert_eq!(agent(&obs).armed, Some(t0 + s(1)));
-    obs.observe_agent(TcpResult::Refused, true, false, t0 + s(2), t0 + s(3));
+    obs.observe_agent(
+        TcpResult::Refused,
+        true,
+        Arming::Disarmed,
+        t0 + s(2),
+        t0 + s(3),
+    );
     assert_eq!(
         (agent(&obs).answered, agent(&obs).connected),
         (Some(t0 + s(2)), Some(t0 + s(1)))
@@ -231,32 +244,82 @@ fn an_agent_answer_counts_as_the_agents_only_once_it_knows_it_is_heard() {
 }
 
 /// A heartbeat that held the node leaves no answer the silence proof counts after, answered
-/// or not; the next answer saying the agent is heard and not held does.
+/// or not; an answer that says nothing either way changes nothing; the next answer saying the
+/// agent is heard and not held arms it again.
 #[test]
 fn a_held_heartbeat_ends_the_hearing_a_silence_counts_after_even_unanswered() {
     let t0 = Instant::now();
     let mut obs = NodeObservations::new(t0);
     let agent = |obs: &NodeObservations| *obs.probed(ProbeKind::Agent);
-    obs.observe_agent(TcpResult::Connected, true, false, t0, t0 + s(1));
-    assert_eq!(agent(&obs).armed, Some(t0));
+    obs.observe_agent(TcpResult::Connected, true, Arming::Armed, t0, t0 + s(1));
+    assert_eq!((agent(&obs).armed, agent(&obs).disarmed), (Some(t0), false));
     // Held, the answer lost: the agent may take the node as held.
-    obs.observe_agent(TcpResult::NoAnswer, false, true, t0 + s(1), t0 + s(2));
-    assert_eq!(agent(&obs).armed, None);
+    obs.observe_agent(
+        TcpResult::NoAnswer,
+        false,
+        Arming::Disarmed,
+        t0 + s(1),
+        t0 + s(2),
+    );
+    assert_eq!((agent(&obs).armed, agent(&obs).disarmed), (None, true));
     assert_eq!(agent(&obs).silent_since, Some(t0 + s(2)));
     // Held and answered: still heard (the quorum counts it), not armed.
-    obs.observe_agent(TcpResult::Connected, true, true, t0 + s(2), t0 + s(3));
+    obs.observe_agent(
+        TcpResult::Connected,
+        true,
+        Arming::Disarmed,
+        t0 + s(2),
+        t0 + s(3),
+    );
     assert_eq!(
         (agent(&obs).connected, agent(&obs).armed),
         (Some(t0 + s(2)), None)
     );
+    // Nothing said either way: still disarmed.
+    obs.observe_agent(
+        TcpResult::Connected,
+        true,
+        Arming::Unsaid,
+        t0 + s(3),
+        t0 + s(4),
+    );
+    assert!(agent(&obs).disarmed);
     // No longer held: armed again from that answer; a silence after it keeps it.
-    obs.observe_agent(TcpResult::Connected, true, false, t0 + s(3), t0 + s(4));
-    obs.observe_agent(TcpResult::NoAnswer, false, false, t0 + s(4), t0 + s(5));
-    assert_eq!(agent(&obs).armed, Some(t0 + s(3)));
+    obs.observe_agent(
+        TcpResult::Connected,
+        true,
+        Arming::Armed,
+        t0 + s(4),
+        t0 + s(5),
+    );
+    obs.observe_agent(
+        TcpResult::NoAnswer,
+        false,
+        Arming::Unsaid,
+        t0 + s(5),
+        t0 + s(6),
+    );
+    assert_eq!(
+        (agent(&obs).armed, agent(&obs).disarmed),
+        (Some(t0 + s(4)), false)
+    );
     // A held probe sent before this term began changes nothing.
     obs.restart_agent_hearing(t0 + s(10));
-    obs.observe_agent(TcpResult::Connected, true, false, t0 + s(10), t0 + s(11));
-    obs.observe_agent(TcpResult::NoAnswer, false, true, t0 + s(9), t0 + s(12));
+    assert_eq!((agent(&obs).armed, agent(&obs).disarmed), (None, false));
+    obs.observe_agent(
+        TcpResult::Connected,
+        true,
+        Arming::Armed,
+        t0 + s(10),
+        t0 + s(11),
+    );
+    obs.observe_agent(
+        TcpResult::NoAnswer,
+        false,
+        Arming::Disarmed,
+        t0 + s(9),
+        t0 + s(12),
+    );
     assert_eq!(agent(&obs).armed, Some(t0 + s(10)));
 }
 

@@ -413,6 +413,7 @@ fn agent_heartbeat(
         agent_answered: answered,
         agent_connected: answered,
         agent_armed: answered,
+        agent_disarmed: false,
         agent_silent_since: silent_since,
         tainted_since: None,
         renewals_since_ack: 0,
@@ -446,6 +447,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
     let refused = |at: Instant, silent_since: Option<Instant>| Heartbeat {
         agent_connected: None,
         agent_armed: None,
+        agent_disarmed: false,
         ..hb(Some(at), silent_since)
     };
     let heartbeats = crate::planner::Heartbeats::from([
@@ -482,7 +484,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             renewals_since_ack: 0,
             renewed_in_boot: false,
             heard_in_boot_earlier: false,
-            held: false,
+            disarmed: false,
         },
         "n2 heard, n3 too long ago, n4 never, n6 only refused, n7 (no Lease: the agents still \
          count it among their peers) never; a node without an agent is not expected"
@@ -600,10 +602,20 @@ fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_bo
     heartbeats.insert("n3".into(), heartbeat(Some(now), None));
     let mut refused = heartbeat(None, Some(now - secs(60)));
     refused.agent_answered = Some(now - secs(61));
+    refused.agent_disarmed = true;
     heartbeats.insert("n1".into(), refused);
     let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
     assert!(!evidence.heard_in_boot_earlier);
-    assert_eq!(evidence.silence_doubt(), Some(SilenceDoubt::NeverHeard));
+    assert_eq!(evidence.silence_doubt(), Some(SilenceDoubt::Disarmed));
+    // The agent's own answer to this term's first probe, which says nothing of its counting
+    // (it took no challenge), then the silence: the Lease's word still counts.
+    let mut unsaid = heartbeat(None, Some(now - secs(60)));
+    unsaid.agent_answered = Some(now - secs(61));
+    unsaid.agent_connected = Some(now - secs(61));
+    heartbeats.insert("n1".into(), unsaid);
+    let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
+    assert!(evidence.heard_in_boot_earlier);
+    assert_eq!(evidence.silence_doubt(), None);
     // Answered in this term: this term's own hearing decides, not the Lease.
     heartbeats.insert("n3".into(), heartbeat(Some(now), None));
     heartbeats.insert(

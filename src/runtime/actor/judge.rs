@@ -244,6 +244,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 agent_answered: obs.probed(ProbeKind::Agent).answered,
                 agent_connected: obs.probed(ProbeKind::Agent).connected,
                 agent_armed: obs.probed(ProbeKind::Agent).armed,
+                agent_disarmed: obs.probed(ProbeKind::Agent).disarmed,
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
                 renewals_since_ack: obs.renewals_since_ack(),

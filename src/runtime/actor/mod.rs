@@ -176,8 +176,12 @@ impl Actor {
                 match (result, round.kind) {
                     (Some(result), ProbeKind::Agent) => {
                         let heard = round.heard.contains(&node);
-                        let held = round.held.contains(&node);
-                        obs.observe_agent(result, heard, held, round.sent, received);
+                        let arming = round
+                            .arming
+                            .get(&node)
+                            .copied()
+                            .unwrap_or(crate::health::Arming::Unsaid);
+                        obs.observe_agent(result, heard, arming, round.sent, received);
                     }
                     (Some(result), kind) => obs.observe_probe(kind, result, round.sent, received),
                     (None, kind) => obs.forget_probe(kind),

@@ -41,7 +41,7 @@ use tracing::debug;
 
 use super::Target;
 use crate::contract::{AGENT_PROBE_INTERVAL, HeartbeatAnswer, HeartbeatQuery, Identity};
-use crate::health::TcpResult;
+use crate::health::{Arming, TcpResult};
 use crate::leader::Leadership;
 
 pub(super) type Http = HttpClient<HttpConnector, Empty<Bytes>>;
@@ -59,12 +59,11 @@ pub(super) enum Answer {
     /// with the challenge it carries: signed by this leader, the next probe is the agent's to
     /// believe or not.
     Unverified { challenge: String },
-    /// The agent's own answer: whether it counts itself heard, whether it counts its silence
-    /// (`armed`: heard, and not taking its node as held; see [`armed`]), and its next
-    /// challenge.
+    /// The agent's own answer: whether it counts itself heard, what it says of counting its
+    /// silence ([`arming`]), and its next challenge.
     Own {
         heard: bool,
-        armed: bool,
+        arming: Arming,
         challenge: String,
     },
     /// The agent's own answer, saying it last counted podha's heartbeats as heard at another
@@ -123,17 +122,28 @@ fn fits(told: Option<Duration>, answer: &HeartbeatAnswer) -> bool {
     }
 }
 
-/// Whether an agent that counts itself heard counts its silence after this probe, which said
-/// `hold` (see [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]): a probe that said nothing, to
-/// an answer that does not say it is held (an agent not told of holds is never held), or an
-/// answer saying it is not held. An answer to a probe that held the node, or one that does
-/// not say what a probe asked, is not: the agent may take its node as held.
-fn armed(hold: Option<bool>, answer: &HeartbeatAnswer) -> bool {
-    answer.heard
-        && match hold {
-            None => answer.held != Some(true),
-            Some(_) => answer.held == Some(false),
-        }
+/// What the agent's own answer to a probe that said `hold` (see
+/// [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]), over a challenge or not, says of its
+/// counting its silence:
+/// - disarmed when it says it is not heard in this boot, or held (a held agent always says
+///   so), or does not say whether it is held when the probe asked;
+/// - nothing said when the probe carried no challenge (the first of a leadership term or a
+///   boot): the agent took nothing from it, and a probe of the last leader held back on its
+///   way could still hold the node after this answer; once a probe of this term took a
+///   challenge, every older one is gone;
+/// - armed otherwise: heard, not held.
+fn arming(hold: Option<bool>, over_challenge: bool, answer: &HeartbeatAnswer) -> Arming {
+    let held = match hold {
+        None => answer.held == Some(true),
+        Some(_) => answer.held != Some(false),
+    };
+    if !answer.heard || held {
+        Arming::Disarmed
+    } else if over_challenge {
+        Arming::Armed
+    } else {
+        Arming::Unsaid
+    }
 }
 
 /// One agent's heartbeat: the node, whether the probe held it, and what the probe found.
@@ -215,7 +225,7 @@ async fn ask(
                 } else if fits(query.heard_ago(), &answer) {
                     Answer::Own {
                         heard: answer.heard,
-                        armed: !query.challenge.is_empty() && armed(query.hold, &answer),
+                        arming: arming(query.hold, !query.challenge.is_empty(), &answer),
                         challenge: answer.challenge,
                     }
                 } else {
@@ -262,6 +272,8 @@ struct Last {
     boot: Option<String>,
     answered: Option<Instant>,
     challenge: String,
+    /// Its last probe got no answer.
+    silent: bool,
 }
 
 impl Heard {
@@ -275,6 +287,15 @@ impl Heard {
                 .iter()
                 .any(|t| &t.node == node && t.boot_id == last.boot)
         });
+    }
+
+    /// Whether podha holds `target`'s node in the probe now: as the plan says, but never newly
+    /// for an agent whose last probe got no answer (it may have died a moment ago, armed:
+    /// a hold sent now could reach it with its answer lost and stop its fence, and would leave
+    /// its failover unprovable; the plan, made before that round came in, does not know).
+    pub(super) fn hold(&self, target: &Target) -> Option<bool> {
+        let silent = self.0.get(&target.node).is_some_and(|last| last.silent);
+        target.hold.map(|hold| hold && !silent)
     }
 
     /// What the probe of `node` sent at `sent` carries.
@@ -294,6 +315,11 @@ impl Heard {
                 continue;
             };
             let Some(challenge) = hb.answer.challenge() else {
+                if hb.answer == Answer::Silent
+                    && let Some(last) = self.0.get_mut(&hb.node)
+                {
+                    last.silent = true;
+                }
                 continue;
             };
             // An entry of another boot is gone already: `follow` ran on these targets.
@@ -303,6 +329,7 @@ impl Heard {
             });
             last.answered = Some(now);
             last.challenge = challenge.to_string();
+            last.silent = false;
         }
         self.follow(targets);
     }

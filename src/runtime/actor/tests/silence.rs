@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::{Fencing, FencingProof};
-use crate::health::{ProbeKind, TcpResult};
+use crate::health::{Arming, ProbeKind, TcpResult};
 use kube::ResourceExt as _;
 
 /// `node` runs a podha agent that fences within 8 s of podha's last hearing.
@@ -51,7 +51,7 @@ fn agent_round_holding(
         .into_iter()
         .map(|n| (n.to_string(), Some(result(n))))
         .collect();
-    let heard = nodes
+    let heard_nodes = nodes
         .into_iter()
         .filter(|n| result(n) == TcpResult::Connected && heard(n))
         .map(str::to_string)
@@ -60,11 +60,18 @@ fn agent_round_holding(
         kind: ProbeKind::Agent,
         sent: Instant::now(),
         results,
-        heard,
-        held: nodes
+        heard: heard_nodes,
+        arming: nodes
             .into_iter()
-            .filter(|n| held(n))
-            .map(str::to_string)
+            .filter_map(|n| {
+                let arming = match result(n) {
+                    _ if held(n) => Arming::Disarmed,
+                    TcpResult::Connected if heard(n) => Arming::Armed,
+                    TcpResult::Connected | TcpResult::Refused => Arming::Disarmed,
+                    TcpResult::NoAnswer => Arming::Unsaid,
+                };
+                (arming != Arming::Unsaid).then(|| (n.to_string(), arming))
+            })
             .collect(),
         unverified: Default::default(),
         mismatched: Default::default(),

@@ -10,6 +10,7 @@ use crate::agent::leader_key::LeaderKey;
 use crate::agent::peers::{Peers, SurveyTimes};
 use crate::agent::server::{Endpoints, Hearing, SharedHearing, router};
 use crate::contract::PublicKey;
+use crate::health::Arming;
 use crate::health::ProbeKind;
 
 /// A replica that leads for as long as any test runs.
@@ -488,9 +489,9 @@ async fn a_held_node_s_agent_is_told_and_says_it_is_held_until_podha_lets_go() {
     let (mut rx, prober) = start_prober(leader, plan_rx);
     let held = |h: &SharedHearing| h.lock().expect("lock").held();
     let first = rx.recv().await.expect("a round");
-    assert_eq!(first.held, BTreeSet::from(["n1".to_string()]));
+    assert_eq!(first.arming.get("n1"), Some(&Arming::Disarmed), "held");
     assert!(
-        !held(&hearing),
+        !hearing.lock().expect("lock").holding(),
         "a probe over no challenge of the agent's tells it nothing"
     );
     let second = rx.recv().await.expect("a second round");
@@ -499,7 +500,7 @@ async fn a_held_node_s_agent_is_told_and_says_it_is_held_until_podha_lets_go() {
         "the second probe asks to hold the node"
     );
     assert_eq!(second.heard, BTreeSet::from(["n1".to_string()]));
-    assert_eq!(second.held, BTreeSet::from(["n1".to_string()]));
+    assert_eq!(second.arming.get("n1"), Some(&Arming::Disarmed));
     // The agent's Lease was written without its word of being heard: held.
     hearing.lock().expect("lock").hold_written(true);
     assert!(held(&hearing));
@@ -507,7 +508,7 @@ async fn a_held_node_s_agent_is_told_and_says_it_is_held_until_podha_lets_go() {
     let mut armed = None;
     for _ in 0..5 {
         let round = rx.recv().await.expect("a round");
-        if round.held.is_empty() {
+        if round.arming.get("n1") == Some(&Arming::Armed) {
             armed = Some(round);
             break;
         }
@@ -523,30 +524,92 @@ async fn a_held_node_s_agent_is_told_and_says_it_is_held_until_podha_lets_go() {
     let (mut rx, prober) = start_prober(next_leader, plan_rx);
     let first = rx.recv().await.expect("a round");
     assert_eq!(first.heard, BTreeSet::from(["n1".to_string()]));
-    assert_eq!(first.held, BTreeSet::from(["n1".to_string()]), "not armed");
+    assert_eq!(first.arming.get("n1"), None, "nothing said: not armed");
     let second = rx.recv().await.expect("a round");
-    assert!(second.held.is_empty(), "armed");
+    assert_eq!(second.arming.get("n1"), Some(&Arming::Armed));
     prober.abort();
     server.abort();
 }
 
-/// Whether an answer counts the agent's silence: heard, and not held, by what the probe asked.
+/// What an answer says of the agent counting its silence: armed only heard, not held, over a
+/// challenge; nothing said over none; disarmed when not heard, held, or silent on a hold the
+/// probe asked about.
 #[test]
-fn only_an_answer_saying_heard_and_not_held_arms_the_silence_proof() {
+fn only_an_answer_over_a_challenge_saying_heard_and_not_held_arms_the_silence_proof() {
     let with = |heard: bool, held: Option<bool>| HeartbeatAnswer {
         heard,
         held,
         ..answer(Some(Some(0)))
     };
     // A probe that said nothing: any answer not saying it is held (an older agent).
-    assert!(super::armed(None, &with(true, None)));
-    assert!(!super::armed(None, &with(true, Some(true))));
-    assert!(!super::armed(None, &with(false, None)));
+    assert_eq!(arming(None, true, &with(true, None)), Arming::Armed);
+    assert_eq!(
+        arming(None, true, &with(true, Some(true))),
+        Arming::Disarmed
+    );
+    assert_eq!(arming(None, true, &with(false, None)), Arming::Disarmed);
     // A probe that asked: only an answer saying it is not held.
     for hold in [Some(false), Some(true)] {
-        assert!(super::armed(hold, &with(true, Some(false))));
-        assert!(!super::armed(hold, &with(true, Some(true))));
-        assert!(!super::armed(hold, &with(true, None)), "does not say");
-        assert!(!super::armed(hold, &with(false, Some(false))), "not heard");
+        assert_eq!(arming(hold, true, &with(true, Some(false))), Arming::Armed);
+        assert_eq!(
+            arming(hold, true, &with(true, Some(true))),
+            Arming::Disarmed
+        );
+        assert_eq!(
+            arming(hold, true, &with(true, None)),
+            Arming::Disarmed,
+            "does not say"
+        );
+        assert_eq!(
+            arming(hold, true, &with(false, Some(false))),
+            Arming::Disarmed,
+            "not heard"
+        );
     }
+    // Over no challenge (the first probe of a term): nothing said, unless it disarms.
+    assert_eq!(
+        arming(Some(false), false, &with(true, Some(false))),
+        Arming::Unsaid
+    );
+    assert_eq!(
+        arming(None, false, &with(true, Some(true))),
+        Arming::Disarmed
+    );
+}
+
+/// A probe whose node's agent did not answer the last one is not newly held: the plan, made
+/// before that round came in, may hold a node whose agent died armed a moment ago.
+#[test]
+fn an_agent_silent_at_its_last_probe_is_not_newly_held() {
+    let targets = [Target {
+        hold: Some(true),
+        ..target("n1", "127.0.0.1:1".parse().expect("addr"), None)
+    }];
+    let mut podhas = Heard::default();
+    let at = Instant::now();
+    let own = |arming| Heartbeat {
+        node: "n1".into(),
+        held: false,
+        answer: Answer::Own {
+            heard: true,
+            arming,
+            challenge: "c".into(),
+        },
+    };
+    podhas.round(&targets, &[own(Arming::Armed)], at);
+    assert_eq!(podhas.hold(&targets[0]), Some(true));
+    let silent = Heartbeat {
+        node: "n1".into(),
+        held: false,
+        answer: Answer::Silent,
+    };
+    podhas.round(&targets, &[silent], at);
+    assert_eq!(podhas.hold(&targets[0]), Some(false), "silent: not held");
+    podhas.round(&targets, &[own(Arming::Armed)], at);
+    assert_eq!(podhas.hold(&targets[0]), Some(true), "answered again");
+    let unheeding = Target {
+        hold: None,
+        ..targets[0].clone()
+    };
+    assert_eq!(podhas.hold(&unheeding), None);
 }
