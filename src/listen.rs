@@ -76,6 +76,10 @@ fn no_ipv6(e: &std::io::Error) -> bool {
     )
 }
 
+/// Each accepted connection's socket receive buffer, in bytes (the kernel doubles it for its
+/// bookkeeping): the requests served here are a few hundred bytes.
+pub const RECEIVE_BUFFER: usize = 16 * 1024;
+
 fn bind_socket(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, Listening)> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     let dual_stack = addr.is_ipv6();
@@ -86,6 +90,9 @@ fn bind_socket(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, Li
     // Accepted connections inherit it: a peer that vanished (its reset lost, its node
     // gone) no longer holds a connection, and an open file, for good.
     socket.set_tcp_keepalive(&KEEPALIVE)?;
+    // Accepted connections inherit it too: what a sender that is never read can park in the
+    // kernel, charged to this process's memory (see `agent::port`).
+    socket.set_recv_buffer_size(RECEIVE_BUFFER)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;

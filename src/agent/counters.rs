@@ -8,6 +8,9 @@
 //!   tell the agent nothing of being heard;
 //! - `podha_agent_peer_answers_unverified_total`: survey answers not signed by the peer's key,
 //!   counted as no answer;
+//! - `podha_agent_connections_refused_total{limit}`: connections closed as they were accepted,
+//!   over the port's limit in all (`connections`) or from one address (`per_source`; see
+//!   `super::port`);
 //! - `podha_agent_watchdog_armed`: 1 while the agent pets a watchdog, 0 when it runs without
 //!   one (none configured, or none usable: its node is then not agent-protected, see
 //!   `super::watchdog::run_without`).
@@ -25,6 +28,7 @@ struct Counters {
     refused: IntCounterVec,
     stale: IntCounter,
     unverified: IntCounter,
+    connections_refused: IntCounterVec,
     watchdog_armed: IntGauge,
 }
 
@@ -59,6 +63,17 @@ impl Counters {
                 "Peer answers not signed by the peer's key, counted as no answer.",
             )?,
         )?;
+        let connections_refused = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "podha_agent_connections_refused_total",
+                    "Connections the agent closed as it accepted them, over its port's limit in \
+                     all or from one address.",
+                ),
+                &["limit"],
+            )?,
+        )?;
         let watchdog_armed = register(
             &registry,
             IntGauge::new(
@@ -72,6 +87,7 @@ impl Counters {
             refused,
             stale,
             unverified,
+            connections_refused,
             watchdog_armed,
         })
     }
@@ -92,6 +108,22 @@ pub fn stale_heartbeat() {
 
 pub fn unverified_peer_answer() {
     COUNTERS.unverified.inc();
+}
+
+/// A connection closed as it was accepted, over the port's `limit`.
+pub fn connection_refused(limit: &str) {
+    COUNTERS
+        .connections_refused
+        .with_label_values(&[limit])
+        .inc();
+}
+
+#[cfg(test)]
+pub fn connections_refused(limit: &str) -> u64 {
+    COUNTERS
+        .connections_refused
+        .with_label_values(&[limit])
+        .get()
 }
 
 /// Whether the agent pets a watchdog (set once it opened it, or knows it has none).

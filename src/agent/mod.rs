@@ -23,6 +23,7 @@ pub mod isolation;
 pub mod leader_key;
 mod peer_list;
 pub mod peers;
+pub mod port;
 mod requests;
 pub mod server;
 pub mod shared_kernel;
@@ -418,7 +419,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let kernel = shared_kernel::at_start(&nodes, &args.node, &verdict).await;
     let fencer = Arc::new(fencer(&args, &kernel));
     let router = server::router(endpoints);
-    let serve = async move { axum::serve(listener, router).await };
+    let serve = port::serve(listener, router, port::LIMITS);
     // A device's own timeout from here on (it may have rounded what it was asked).
     let mut watchdog = args.open_watchdog(&kernel).await?;
     say_unwatched(&args.node, &watchdog);

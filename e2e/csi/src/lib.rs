@@ -6,6 +6,7 @@ pub mod authority;
 pub mod capability;
 pub mod checker;
 pub mod controller;
+pub mod flood;
 pub mod identity;
 pub mod mount;
 pub mod node;

@@ -29,6 +29,17 @@ enum Fencing {
 enum Command {
     /// Serve Identity, and the Controller and/or Node service, on a unix socket.
     Serve(ServeArgs),
+    /// Floods an address with connections that never finish their request, reopening each
+    /// as soon as it is closed, and prints what happened as JSON: what any pod can do to the
+    /// podha agent's port.
+    Flood {
+        #[arg(long)]
+        target: std::net::SocketAddr,
+        #[arg(long, default_value_t = 1500)]
+        connections: usize,
+        #[arg(long = "for", default_value = "60s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+    },
     /// The writer workload: numbered writes to a volume through this node until killed.
     Write {
         /// The volume's directory as this pod sees it (its mount path).
@@ -104,6 +115,15 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,
+        Command::Flood {
+            target,
+            connections,
+            duration,
+        } => {
+            let flooded = podha_csi::flood::flood(target, connections, duration).await;
+            println!("{}", serde_json::to_string(&flooded)?);
+            Ok(())
+        }
         Command::Write {
             volume_dir,
             node,

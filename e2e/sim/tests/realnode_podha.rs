@@ -26,6 +26,8 @@
 
 #[path = "realnode_podha/fencing.rs"]
 mod fencing;
+#[path = "realnode_podha/flood.rs"]
+mod flood;
 #[path = "realnode_podha/forged_words.rs"]
 mod forged_words;
 

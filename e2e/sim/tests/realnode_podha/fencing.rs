@@ -26,12 +26,17 @@
 //!   a container: it cannot withdraw its advert, so it keeps its watchdog armed and petted by the
 //!   usual rules, and the node is still fenced before its volume moves.
 //!
+//! - an **unprivileged pod floods a replica node's agent port** for 60 s (`flood.rs`): the
+//!   agent closes and counts what is over its limits, podha hears it throughout (its quorum
+//!   needs it), and its node is not fenced.
+//!
 //! Then: the write logs show no split-brain write and no lost acknowledged write, the frozen and
 //! isolated nodes boot again and podha takes their taints off, and no other node was fenced.
 
 use kube::ResourceExt as _;
 
 use super::*;
+use flood::Flood;
 
 /// Where the frozen and cut-off writers run, and the outage scenario's; the policy selects
 /// both.
@@ -43,6 +48,8 @@ const POLICY_NAME: &str = "fenced-real-nodes";
 const CUT_POLICY_NAME: &str = "cut-off-delete-pods";
 /// How long the two faults last.
 const FAULT: std::time::Duration = std::time::Duration::from_secs(90);
+/// How long a pod floods a replica node's agent port, during the faults.
+const FLOOD: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long the process on the isolated node forges podha's words: the fault but its last
 /// seconds, so it has ended by itself when the fault does.
 const FORGING: std::time::Duration = std::time::Duration::from_secs(85);
@@ -212,6 +219,10 @@ pub(super) fn frozen_and_cut_off_nodes(
             ),
         );
 
+        // Meanwhile an unprivileged pod floods a replica node's agent port: podha must hear
+        // that agent throughout (its quorum needs it), and its node must not be fenced.
+        let flood_target = replica_nodes[1];
+        let flood = Flood::start(&ctx, replica_nodes[0], flood_target, FLOOD).await?;
         let isolated_agent = forged_words::agent_address(&ctx, isolated).await?;
         ctx.cluster.freeze_node(frozen)?;
         ctx.cluster.isolate_node(isolated, true)?;
@@ -286,6 +297,15 @@ pub(super) fn frozen_and_cut_off_nodes(
         log(
             &ctx.ns,
             format!("{FAULT:?} later: {frozen} thawed, {isolated} and {cut} back in touch"),
+        );
+        let (flooded, refused) = flood.finish(&ctx).await?;
+        log(
+            &ctx.ns,
+            format!(
+                "a pod flooded {}'s agent for {FLOOD:?}: {} connections opened, {} closed by \
+                 the agent, {refused} refused as they came (counted)",
+                flood_target, flooded.opened, flooded.closed_by_target
+            ),
         );
         let forged = forger.all_refused(secs(30)).await?;
         log(
