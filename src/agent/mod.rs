@@ -6,6 +6,7 @@
 //! - [`check`]: the loop that applies it every check interval, and the hearing file read at
 //!   start.
 //! - [`server`]: the endpoints podha's leader and the peers call.
+//! - [`port`]: how the agent serves them, within stated limits (any pod can reach the port).
 //! - [`peers`]: who the peers are and what they answer.
 //! - [`advert`]: what the agent tells podha about itself (on its Node, and its Lease).
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
