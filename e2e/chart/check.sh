@@ -32,6 +32,13 @@ grep -q "^kind: DaemonSet$" "$work/default.yaml" && grep -q -- "--watchdog=/dev/
 if grep -q "name: watchdog$" "$work/default.yaml"; then
   echo "check.sh: default values mount the watchdog from the host" >&2; exit 1
 fi
+# Not on control-plane nodes unless asked (agent.controlPlane).
+grep -q "key: node-role.kubernetes.io/control-plane" "$work/default.yaml" \
+  || { echo "check.sh: default values run the agent on control-plane nodes" >&2; exit 1; }
+if "$helm" template podha "$chart" --kube-version "$kube" --set agent.controlPlane=true \
+  | grep -q "key: node-role.kubernetes.io/control-plane"; then
+  echo "check.sh: agent.controlPlane=true still keeps the agent off control-plane nodes" >&2; exit 1
+fi
 if "$helm" template podha "$chart" --kube-version "$kube" --set agent.enabled=false | grep -q "^kind: DaemonSet$"; then
   echo "check.sh: agent.enabled=false still renders the agent" >&2; exit 1
 fi

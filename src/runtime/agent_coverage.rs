@@ -9,7 +9,8 @@
 //! A node counts only once it has lacked its agent for [`MISSING_AFTER`]: an agent's pod
 //! replaced (a rollout, an eviction) withdraws its advert and a new one puts it back within
 //! seconds. Nodes the policy judges suspect or failed are left out: their agents are expected
-//! to fall silent, and the incident says what holds them.
+//! to fall silent, and the incident says what holds them; so are control-plane nodes that run
+//! no agent ([`CONTROL_PLANE_LABEL`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,6 +21,11 @@ use crate::api::{FencingProof, PodHAPolicy};
 use crate::health::NodeHealth;
 use crate::protection::{AgentGap, agent_gap};
 use crate::view::View;
+
+/// The label of a control-plane node. The chart runs no agent there unless asked
+/// (`agent.controlPlane`): a control-plane node without one is by design, not reported (its
+/// pods still show unprotected, pod by pod).
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
 /// How long a node must lack its agent before the policy reports it.
 pub const MISSING_AFTER: Duration = Duration::from_secs(30);
@@ -43,7 +49,14 @@ impl AgentCoverage {
         self.first.get_or_insert(now);
         let mut seen = BTreeMap::new();
         for (name, node) in &view.nodes {
-            if let Some(gap) = agent_gap(name, node, view, now) {
+            let control_plane = node
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL));
+            let gap = agent_gap(name, node, view, now)
+                .filter(|gap| !(control_plane && *gap == AgentGap::Absent));
+            if let Some(gap) = gap {
                 let since = match self.missing_since.get(name) {
                     Some((previous, since)) if *previous == gap => *since,
                     _ => now,

@@ -123,3 +123,30 @@ fn the_message_counts_every_node_and_names_the_first_few() {
     );
     assert!(!message.contains("node-6"), "{message}");
 }
+
+/// A control-plane node runs no agent unless the chart is asked to: that is no gap to report.
+/// One whose agent runs without a watchdog, or lets its Lease lapse, still is.
+#[test]
+fn a_control_plane_node_without_an_agent_is_not_reported() {
+    let t0 = Instant::now();
+    let view = view_with([
+        mk_node("control").label(CONTROL_PLANE_LABEL, "").into(),
+        with_agent("control-unwatched", false)
+            .label(CONTROL_PLANE_LABEL, "")
+            .into(),
+        mk_node("worker").into(),
+    ]);
+    let mut coverage = AgentCoverage::default();
+    coverage.observe(&view, t0);
+    let then = t0 + MISSING_AFTER;
+    coverage.observe(&view, then);
+    let health = healthy(&["control", "control-unwatched", "worker"]);
+    let agent = policy(FencingProof::Agent, Action::OutOfServiceTaint);
+    assert_eq!(
+        coverage.unprotected(&agent, &health, then),
+        Some(vec![
+            ("control-unwatched".to_string(), AgentGap::WithoutWatchdog),
+            ("worker".to_string(), AgentGap::Absent),
+        ])
+    );
+}
