@@ -420,7 +420,13 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let kernel = shared_kernel::at_start(&nodes, &args.node, &verdict).await;
     let fencer = Arc::new(fencer(&args, &kernel));
     let router = server::router(endpoints);
-    let serve = port::serve(listener, router, port::LIMITS);
+    // A task of its own: a flood keeps its accept loop busy, not the loop that pets the
+    // watchdog.
+    let serve = async {
+        tokio::spawn(port::serve(listener, router, port::LIMITS))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    };
     // A device's own timeout from here on (it may have rounded what it was asked).
     let mut watchdog = args.open_watchdog(&kernel).await?;
     say_unwatched(&args.node, &watchdog);

@@ -1,23 +1,29 @@
 //! The agent's port, bounded by design. It is plain HTTP on the host network, reachable by any
 //! pod: nothing a pod sends it may take the agent down (its supervisor gives up after ten
 //! quick deaths, the watchdog armed) or keep podha's heartbeat from being answered (an agent
-//! podha stops hearing fences its node). So the agent serves its connections itself, with
-//! stated limits, sized against the chart's 128 MiB memory limit:
+//! podha stops hearing fences its node). So the agent serves its connections itself, in a task
+//! of its own, with stated limits, sized against the chart's 128 MiB memory limit:
 //!
+//! - **Trusted connections first.** A connection that carried a word the agent believes (a
+//!   heartbeat signed by podha's leader, a question signed by a peer: [`Trust`]) is kept open
+//!   while it is used, and never evicted. Any other serves one request and closes (its answer
+//!   says `Connection: close`; requests sent ahead of it are never read, so nothing piles up
+//!   in a write buffer).
 //! - **At most [`Limits::connections`] connections at once, at most [`Limits::per_source`]
-//!   from one address.** A connection over either is closed the moment it is accepted, and
-//!   counted (`podha_agent_connections_refused_total{limit}`). The agent keeps accepting:
-//!   a listener that stopped would leave new connects in the kernel's queue, and podha's among
-//!   them. One pod (one address) cannot fill the port; podha's leader (a pod address of its
-//!   own) and each peer (its node's address) keep their share. podha keeps its connection
-//!   open between heartbeats, so a flood that began after it does not close it.
+//!   from one address.** A new connection over either evicts the oldest untrusted one in its
+//!   way (from its own address, or at all), and is refused only when every connection in its
+//!   way is trusted; both are counted (`podha_agent_connections_refused_total{limit}`). The
+//!   agent keeps accepting: a listener that stopped would leave new connects, podha's among
+//!   them, in the kernel's queue; a flood of connections that never say a believed word
+//!   cannot keep podha's or a peer's out, whatever address it shares with them. A refused
+//!   connection is reset (nothing left in TIME_WAIT or, for long, in conntrack).
 //! - **A request's head within [`Limits::head_within`]**, on a new connection and between
 //!   requests on one kept open: a connection that sends nothing, or its head a byte at a time
 //!   (slowloris), is closed. podha's leader probes every second, well within it.
 //! - **A head of at most [`HEAD_BUFFER`] bytes**: a longer one is refused (hyper's buffer
 //!   limit). No request has a body: the endpoints read none, and a body not read is not
 //!   waited for (the connection is closed after the answer).
-//! - **A connection lives at most [`Limits::lifetime`]**, however it behaves.
+//! - **An untrusted connection lives at most [`Limits::lifetime`]**, however it behaves.
 //! - **Each accepted socket's receive buffer is [`crate::listen::RECEIVE_BUFFER`] bytes**
 //!   (set on the listening socket, which its connections inherit): what a sender that never
 //!   gets read can park in the kernel, charged to the agent's memory.
@@ -26,15 +32,19 @@
 //! buffer and task, and at most 32 KiB queued in the kernel (twice the buffer asked for):
 //! under 64 KiB, so 512 connections take under 32 MiB beside the agent's own 10 to 20 MiB.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::{HeaderValue, Request, header};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+use tower::ServiceExt;
 use tracing::warn;
 
 use super::counters;
@@ -51,7 +61,7 @@ pub struct Limits {
 
 /// The agent's limits: 512 connections, 8 from one address (podha's leader keeps one, a peer
 /// opens one per survey), a request's head within 5 s (podha probes every second), 10 minutes
-/// a connection.
+/// an untrusted connection.
 pub const LIMITS: Limits = Limits {
     connections: 512,
     per_source: 8,
@@ -81,48 +91,103 @@ impl Refusal {
     }
 }
 
-/// The connections open, in all and by source address.
-#[derive(Debug, Default)]
+/// Whether a connection has carried a word the agent believes: a heartbeat signed by podha's
+/// leader, or a survey question signed by a peer (the endpoints grant it, `super::server`). A
+/// trusted connection is kept open between requests and never evicted; any other serves one
+/// request and closes, and is the first to go when the port is full.
+#[derive(Clone, Debug, Default)]
+pub struct Trust(Arc<AtomicBool>);
+
+impl Trust {
+    pub fn grant(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn granted(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// An open connection: where from, whether trusted, and how to close it.
+struct Conn {
+    source: IpAddr,
+    trust: Trust,
+    task: Option<AbortHandle>,
+}
+
+/// The connections open, oldest first.
+#[derive(Default)]
 struct Open {
-    total: usize,
-    by_source: HashMap<IpAddr, usize>,
+    conns: BTreeMap<u64, Conn>,
+    next: u64,
+}
+
+impl Open {
+    fn open_from(&self, source: IpAddr) -> usize {
+        self.conns.values().filter(|c| c.source == source).count()
+    }
+
+    /// The oldest connection not trusted (from `source`, if given).
+    fn oldest_untrusted(&self, source: Option<IpAddr>) -> Option<u64> {
+        self.conns
+            .iter()
+            .find(|(_, c)| !c.trust.granted() && source.is_none_or(|s| c.source == s))
+            .map(|(id, _)| *id)
+    }
 }
 
 /// A connection's place among those open, given back when it ends.
 struct Slot {
     open: Arc<Mutex<Open>>,
-    source: IpAddr,
+    id: u64,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = lock(&self.open);
-        open.total = open.total.saturating_sub(1);
-        if let Some(n) = open.by_source.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                open.by_source.remove(&self.source);
-            }
-        }
+        lock(&self.open).conns.remove(&self.id);
     }
 }
 
-/// A place for a connection from `source`, or the limit that refuses it.
-fn admit(open: &Arc<Mutex<Open>>, source: IpAddr, limits: &Limits) -> Result<Slot, Refusal> {
+/// A place for a connection from `source`, with its trust, and the connection evicted for it,
+/// if one was: the oldest one not trusted from the same address when that address has its
+/// share open, or the oldest one not trusted at all when the port is full. Refused (the limit
+/// that refuses it) only when every connection in the way is trusted: a flood of connections
+/// that never say a believed word cannot keep podha's, or a peer's, out.
+fn admit(
+    open: &Arc<Mutex<Open>>,
+    source: IpAddr,
+    limits: &Limits,
+) -> Result<(Slot, Trust, Option<AbortHandle>), Refusal> {
     let mut book = lock(open);
-    if book.total >= limits.connections {
-        return Err(Refusal::Connections);
-    }
-    let from_source = book.by_source.entry(source).or_default();
-    if *from_source >= limits.per_source {
-        return Err(Refusal::PerSource);
-    }
-    *from_source += 1;
-    book.total += 1;
-    Ok(Slot {
+    let in_the_way = if book.open_from(source) >= limits.per_source {
+        Some(
+            book.oldest_untrusted(Some(source))
+                .ok_or(Refusal::PerSource)?,
+        )
+    } else if book.conns.len() >= limits.connections {
+        Some(book.oldest_untrusted(None).ok_or(Refusal::Connections)?)
+    } else {
+        None
+    };
+    let evicted = in_the_way
+        .and_then(|id| book.conns.remove(&id))
+        .and_then(|c| c.task);
+    let id = book.next;
+    book.next += 1;
+    let trust = Trust::default();
+    book.conns.insert(
+        id,
+        Conn {
+            source,
+            trust: trust.clone(),
+            task: None,
+        },
+    );
+    let slot = Slot {
         open: open.clone(),
-        source,
-    })
+        id,
+    };
+    Ok((slot, trust, evicted))
 }
 
 /// The address a connection came from, an IPv4 one as itself when it reached the dual-stack
@@ -137,36 +202,81 @@ fn source_of(peer: SocketAddr) -> IpAddr {
 /// Serves `router` on `listener` within `limits`, until accepting fails for good.
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits) -> std::io::Result<()> {
     let open = Arc::new(Mutex::new(Open::default()));
+    let mut said_accept_error = false;
     loop {
         let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
+            Ok(accepted) => {
+                said_accept_error = false;
+                accepted
+            }
             Err(e) if transient(&e) => {
                 // Out of files or memory for a moment, or a connection that reset before it
-                // was accepted: try again shortly rather than spin.
-                warn!(error = %e, "cannot accept a connection on the agent's port");
+                // was accepted: try again shortly rather than spin (said once per run).
+                if !said_accept_error {
+                    warn!(error = %e, "cannot accept a connection on the agent's port");
+                    said_accept_error = true;
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
             Err(e) => return Err(e),
         };
-        let slot = match admit(&open, source_of(peer), &limits) {
-            Ok(slot) => slot,
+        let (slot, trust, evicted) = match admit(&open, source_of(peer), &limits) {
+            Ok(admitted) => admitted,
             Err(refusal) => {
                 counters::connection_refused(refusal.label());
+                // A reset, not a close: nothing left in TIME_WAIT, nor in conntrack for long.
+                let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                 drop(stream);
                 continue;
             }
         };
-        let service = TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.head_within)
-                .max_buf_size(HEAD_BUFFER)
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(limits.lifetime, connection).await;
-        });
+        if let Some(task) = evicted {
+            counters::connection_refused("evicted");
+            task.abort();
+        }
+        let id = slot.id;
+        let task = tokio::spawn(connection(stream, router.clone(), slot, trust, limits));
+        if let Some(conn) = lock(&open).conns.get_mut(&id) {
+            conn.task = Some(task.abort_handle());
+        }
+    }
+}
+
+/// One connection: `router`'s answers, within the limits. A connection not trusted closes
+/// after its first answer (hyper reads no request after a `Connection: close`, so requests
+/// sent ahead without reading the answers pile up nowhere) and lives at most
+/// [`Limits::lifetime`]; a trusted one stays open while it is used.
+async fn connection(stream: TcpStream, router: Router, slot: Slot, trust: Trust, limits: Limits) {
+    let _slot = slot;
+    let of_connection = trust.clone();
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        let trust = of_connection.clone();
+        request.extensions_mut().insert(trust.clone());
+        let answer = router.clone().oneshot(request);
+        async move {
+            let mut response = answer.await?;
+            if !trust.granted() {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.head_within)
+        .max_buf_size(HEAD_BUFFER)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = &mut connection => {}
+        () = tokio::time::sleep(limits.lifetime) => {
+            if trust.granted() {
+                let _ = connection.await;
+            }
+        }
     }
 }
 

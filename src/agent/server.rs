@@ -26,6 +26,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -38,6 +39,7 @@ use super::isolation::Silence;
 use super::leader_key::LeaderKey;
 use super::peer_list::lock;
 use super::peers::Peers;
+use super::port::Trust;
 use crate::contract::{
     AGENT_PROBE_INTERVAL, HEARTBEAT_PATH, HeartbeatAnswer, HeartbeatQuery, Identity, PEER_PATH,
     PeerAnswer, PeerQuery, fresh_nonce,
@@ -315,7 +317,11 @@ pub fn router(endpoints: Endpoints) -> Router {
 /// challenge it had out tells it whether podha holds the node (`hold`): a replay of one
 /// sent during a pause must not hold a node podha no longer holds. The answer says whether
 /// the agent takes the node as held, to a probe that asked.
-async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+async fn heartbeat(
+    State(state): State<AppState>,
+    trust: Option<Extension<Trust>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let ours = &state.endpoints;
     let q: Option<HeartbeatQuery> = parse(query);
     let signed = q.as_ref().is_some_and(|q| {
@@ -327,6 +333,9 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
         counters::refused(HEARTBEAT_PATH);
         return StatusCode::UNAUTHORIZED.into_response();
     };
+    if let Some(Extension(trust)) = trust {
+        trust.grant();
+    }
     let now = Instant::now();
     let (heard_ago, held, challenge) = {
         let mut challenges = lock(&state.challenges);
@@ -369,7 +378,11 @@ async fn heartbeat(State(state): State<AppState>, RawQuery(query): RawQuery) -> 
 
 /// A peer's survey question, answered only if signed by the key the peer list gives the
 /// asker's node.
-async fn peer(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+async fn peer(
+    State(state): State<AppState>,
+    trust: Option<Extension<Trust>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let ours = &state.endpoints;
     let q: Option<PeerQuery> = parse(query);
     let signed = q.as_ref().is_some_and(|q| {
@@ -381,6 +394,9 @@ async fn peer(State(state): State<AppState>, RawQuery(query): RawQuery) -> Respo
         counters::refused(PEER_PATH);
         return StatusCode::UNAUTHORIZED.into_response();
     };
+    if let Some(Extension(trust)) = trust {
+        trust.grant();
+    }
     let Some(ago) = lock(&ours.hearing).for_peers(Instant::now()) else {
         // The agent does not know when podha heard it: no answer (the asker counts it for
         // nothing) rather than a guess that would show it unheard.

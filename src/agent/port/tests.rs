@@ -3,6 +3,8 @@
 
 use std::net::Ipv4Addr;
 
+use axum::Extension;
+use axum::extract::RawQuery;
 use axum::routing::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -21,11 +23,22 @@ fn limits() -> Limits {
     }
 }
 
-/// The agent's port on loopback, answering `GET /heartbeat` with `ok`.
+/// The agent's port on loopback, answering `GET /heartbeat` with `ok`, and trusting a
+/// connection that asks `GET /heartbeat?signed` (a stand-in for a word it believes).
 async fn port(limits: Limits) -> SocketAddr {
     let (listener, listening) =
         crate::listen::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
-    let router = Router::new().route("/heartbeat", get(|| async { "ok" }));
+    let router = Router::new().route(
+        "/heartbeat",
+        get(
+            |Extension(trust): Extension<Trust>, RawQuery(query): RawQuery| async move {
+                if query.as_deref() == Some("signed") {
+                    trust.grant();
+                }
+                "ok"
+            },
+        ),
+    );
     tokio::spawn(serve(listener, router, limits));
     listening.addr
 }
@@ -69,8 +82,41 @@ async fn answered(from: Ipv4Addr, to: SocketAddr) -> bool {
         .unwrap_or(false)
 }
 
+/// A kept connection that asked a believed word (`?signed`), and is answered each time.
+async fn trusted(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
+    let mut stream = connect_from(from, to).await;
+    assert!(ask_on(&mut stream, "/heartbeat?signed").await, "answered");
+    stream
+}
+
+/// One request on a kept connection: whether it was answered `ok` within a second.
+async fn ask_on(stream: &mut TcpStream, path: &str) -> bool {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: agent\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !String::from_utf8_lossy(&answer).ends_with("ok") {
+            let n = stream.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        Some(())
+    };
+    tokio::time::timeout(Duration::from_secs(1), read)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
 #[test]
-fn a_source_and_the_port_each_get_their_share_and_a_closed_connection_gives_it_back() {
+fn a_full_share_or_port_evicts_its_oldest_untrusted_connection_and_refuses_only_behind_trusted_ones()
+ {
     let open = Arc::new(Mutex::new(Open::default()));
     let limits = Limits {
         connections: 3,
@@ -79,23 +125,27 @@ fn a_source_and_the_port_each_get_their_share_and_a_closed_connection_gives_it_b
     };
     let a: IpAddr = FLOODER.into();
     let b: IpAddr = PODHA.into();
-    let first = admit(&open, a, &limits).expect("a's first");
-    let _second = admit(&open, a, &limits).expect("a's second");
-    assert_eq!(
-        admit(&open, a, &limits).err(),
-        Some(Refusal::PerSource),
-        "a's third"
-    );
-    let _b = admit(&open, b, &limits).expect("b's first");
-    assert_eq!(
-        admit(&open, "127.0.0.3".parse().expect("ip"), &limits).err(),
-        Some(Refusal::Connections)
-    );
-    drop(first);
+    let admitted = |source| admit(&open, source, &limits);
+    let (first, _, none) = admitted(a).expect("a's first");
+    assert!(none.is_none());
+    let (_second, _, _) = admitted(a).expect("a's second");
+    // a's third: a has its share, its oldest untrusted one goes.
+    let (_third, third_trust, _) = admitted(a).expect("a's third, evicting");
     assert!(
-        admit(&open, a, &limits).is_ok(),
-        "a closed one is given back"
+        !lock(&open).conns.contains_key(&first.id),
+        "a's first evicted"
     );
+    assert_eq!(lock(&open).open_from(a), 2);
+    let (_b, b_trust, _) = admitted(b).expect("b's first");
+    b_trust.grant();
+    third_trust.grant();
+    // The port is full: the oldest untrusted connection (a's second) goes for c's.
+    let c: IpAddr = "127.0.0.3".parse().expect("ip");
+    let (_c, c_trust, _) = admitted(c).expect("c, evicting a's second");
+    c_trust.grant();
+    // Every connection trusted: refused.
+    assert_eq!(admitted(a).err(), Some(Refusal::Connections));
+    drop(first);
     // An IPv4 peer on the dual-stack socket is the same source as itself.
     let mapped: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().expect("addr");
     assert_eq!(source_of(mapped), a);
@@ -104,34 +154,32 @@ fn a_source_and_the_port_each_get_their_share_and_a_closed_connection_gives_it_b
 }
 
 /// One address opens far more connections than its share, each sending nothing, or its head
-/// a byte at a time, or a body it never finishes: those over its share are closed at once,
-/// the others within the head's time (the bodies after their answer), the refusals counted;
-/// a heartbeat from another address is answered throughout.
+/// a byte at a time, or a body it never finishes, or requests sent ahead without reading the
+/// answers: each new one evicts the oldest, the others close within the head's time (a body
+/// or requests sent ahead after one answer), every eviction counted; a heartbeat from another
+/// address is answered throughout.
 #[tokio::test]
 async fn a_flood_from_one_address_is_closed_and_counted_while_podha_is_answered() {
     let limits = limits();
     let addr = port(limits).await;
-    let refused_before = counters::connections_refused(Refusal::PerSource.label());
-    let mut idle = Vec::new();
-    for _ in 0..limits.per_source {
-        idle.push(connect_from(FLOODER, addr).await);
+    let evicted_before = counters::connections_refused("evicted");
+    let mut flood = Vec::new();
+    for _ in 0..24 {
+        flood.push(connect_from(FLOODER, addr).await);
     }
-    let mut over = Vec::new();
-    for _ in 0..20 {
-        over.push(connect_from(FLOODER, addr).await);
-    }
-    for stream in &mut over {
+    let (old, newest) = flood.split_at_mut(24 - limits.per_source);
+    for stream in old.iter_mut() {
         assert!(
             closed_within(stream, Duration::from_millis(500)).await,
-            "a connection over the source's share is closed at once"
+            "an older connection evicted for a newer one from the same address"
         );
     }
     assert!(
-        counters::connections_refused(Refusal::PerSource.label()) >= refused_before + 20,
-        "each refusal counted"
+        counters::connections_refused("evicted") >= evicted_before + 20,
+        "each eviction counted"
     );
     assert!(answered(PODHA, addr).await, "another address is answered");
-    for stream in &mut idle {
+    for stream in newest.iter_mut() {
         assert!(
             closed_within(stream, Duration::from_secs(2)).await,
             "a connection that sends nothing is closed once the head's time is out"
@@ -171,19 +219,32 @@ async fn a_flood_from_one_address_is_closed_and_counted_while_podha_is_answered(
         closed_within(&mut body, Duration::from_secs(2)).await,
         "a body not read is not waited for"
     );
+    // A thousand requests sent ahead, the answers never read: one answer, then the end.
+    let mut ahead = connect_from(FLOODER, addr).await;
+    let requests = "GET /heartbeat HTTP/1.1\r\nHost: agent\r\n\r\n".repeat(1000);
+    let _ = ahead.write_all(requests.as_bytes()).await;
+    let mut answers = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), ahead.read_to_end(&mut answers)).await;
+    let text = String::from_utf8_lossy(&answers);
+    assert_eq!(
+        text.matches("200 OK").count(),
+        1,
+        "an untrusted connection is answered once: {text}"
+    );
     assert!(answered(PODHA, addr).await);
 }
 
-/// podha's connection, kept open and used every 100 ms, outlives the head's time and is
-/// answered throughout a flood that began after it, from many addresses filling the port.
+/// podha's connection, trusted once it carried a believed word and kept open, is answered
+/// every 100 ms through a flood from many addresses that fills the port; and a new
+/// connection of podha's gets in while the port is full, evicting a flood's.
 #[tokio::test]
-async fn podhas_kept_connection_is_answered_while_others_fill_the_port() {
+async fn podhas_kept_connection_is_answered_and_a_new_one_gets_in_while_others_fill_the_port() {
     let limits = Limits {
         connections: 12,
         ..limits()
     };
     let addr = port(limits).await;
-    let mut podha = connect_from(PODHA, addr).await;
+    let mut podha = trusted(PODHA, addr).await;
     let mut flood = Vec::new();
     for i in 0..16u8 {
         let from = Ipv4Addr::new(127, 0, 1, i);
@@ -191,21 +252,17 @@ async fn podhas_kept_connection_is_answered_while_others_fill_the_port() {
             flood.push(connect_from(from, addr).await);
         }
     }
-    assert!(
-        counters::connections_refused(Refusal::Connections.label()) > 0,
-        "the port filled"
-    );
-    let mut buf = vec![0u8; 1024];
     for _ in 0..10 {
-        podha
-            .write_all(b"GET /heartbeat HTTP/1.1\r\nHost: agent\r\n\r\n")
-            .await
-            .expect("write");
-        let n = tokio::time::timeout(Duration::from_secs(1), podha.read(&mut buf))
-            .await
-            .expect("answered in time")
-            .expect("read");
-        assert!(String::from_utf8_lossy(&buf[..n]).ends_with("ok"));
+        assert!(
+            ask_on(&mut podha, "/heartbeat?signed").await,
+            "kept, answered"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let mut again = connect_from(Ipv4Addr::new(127, 0, 0, 3), addr).await;
+    assert!(
+        ask_on(&mut again, "/heartbeat?signed").await,
+        "a new connection gets in, evicting a flood's"
+    );
+    assert!(ask_on(&mut podha, "/heartbeat?signed").await);
 }

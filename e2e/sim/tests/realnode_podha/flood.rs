@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use podha_csi::flood::Flooded;
 use podha_sim::chart_install;
 use podha_sim::testkit::*;
@@ -24,6 +24,7 @@ const CONNECTIONS: usize = 1500;
 /// A flood pod and its target.
 pub(super) struct Flood {
     pod: String,
+    on: String,
     pub(super) target: String,
     agent: SocketAddr,
     refused_before: u64,
@@ -78,6 +79,7 @@ impl Flood {
         .await?;
         Ok(Self {
             pod: pod.to_string(),
+            on: on.to_string(),
             target: target.to_string(),
             agent,
             refused_before,
@@ -94,12 +96,12 @@ impl Flood {
             Ok((phase == "Succeeded" || phase == "Failed").then_some(phase))
         })
         .await?;
-        let logs = pods.logs(&self.pod, &LogParams::default()).await?;
+        let logs = pod_log(ctx, &self.on, &ctx.ns, &self.pod, "flood")?;
         let _ = pods.delete(&self.pod, &DeleteParams::default()).await;
         let flooded: Flooded = logs
             .lines()
             .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
+            .find_map(|l| serde_json::from_str(l.split_once(" F ")?.1).ok())
             .with_context(|| format!("the flood pod printed no summary: {logs}"))?;
         let refused = refusals(ctx, &self.target, self.agent)? - self.refused_before;
         ensure!(
@@ -114,6 +116,39 @@ impl Flood {
         );
         Ok((flooded, refused))
     }
+}
+
+/// The log of container `container` of pod `ns/pod` on real node `node`, as its kubelet wrote
+/// it (the sim's API server does not reach the kubelets for logs).
+fn pod_log(
+    ctx: &Ctx<'_>,
+    node: &str,
+    ns: &str,
+    pod: &str,
+    container: &str,
+) -> anyhow::Result<String> {
+    let dir = ctx.cluster.dir().join("nodes").join(node).join("pod-logs");
+    let prefix = format!("{ns}_{pod}_");
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        let ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&prefix));
+        let Ok(files) = std::fs::read_dir(path.join(container)) else {
+            continue;
+        };
+        if !ours {
+            continue;
+        }
+        let mut files: Vec<_> = files.filter_map(|f| Some(f.ok()?.path())).collect();
+        files.sort();
+        for file in files {
+            text.push_str(&std::fs::read_to_string(&file).unwrap_or_default());
+        }
+    }
+    Ok(text)
 }
 
 /// The connections `node`'s agent (at `agent`) refused, from its `/metrics`, read from inside
