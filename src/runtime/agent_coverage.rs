@@ -9,8 +9,8 @@
 //! A node counts only once it has lacked its agent for [`MISSING_AFTER`]: an agent's pod
 //! replaced (a rollout, an eviction) withdraws its advert and a new one puts it back within
 //! seconds. Nodes the policy judges suspect or failed are left out: their agents are expected
-//! to fall silent, and the incident says what holds them; so are control-plane nodes that run
-//! no agent ([`CONTROL_PLANE_LABEL`]).
+//! to fall silent, and the incident says what holds them; so are control-plane nodes that take
+//! no ordinary workload and run no agent ([`CONTROL_PLANE_LABEL`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,10 +22,32 @@ use crate::health::NodeHealth;
 use crate::protection::{AgentGap, agent_gap};
 use crate::view::View;
 
-/// The label of a control-plane node. The chart runs no agent there unless asked
-/// (`agent.controlPlane`): a control-plane node without one is by design, not reported (its
-/// pods still show unprotected, pod by pod).
+/// The label (and taint) of a control-plane node. The chart runs no agent there unless asked
+/// (`agent.controlPlane`). A control-plane node that takes no ordinary workload (tainted
+/// `NoSchedule` or `NoExecute` with this key, as kubeadm and kind leave it) needs none and is
+/// not reported; one that does (a k3s server, a single-node cluster) is, as any node without
+/// its agent: set `agent.controlPlane` there.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// Whether `node` is a control-plane node that takes no ordinary workload.
+fn control_plane_only(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints.iter().any(|t| {
+                t.key == CONTROL_PLANE_LABEL
+                    && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
+            })
+        });
+    labelled && tainted
+}
 
 /// How long a node must lack its agent before the policy reports it.
 pub const MISSING_AFTER: Duration = Duration::from_secs(30);
@@ -49,13 +71,8 @@ impl AgentCoverage {
         self.first.get_or_insert(now);
         let mut seen = BTreeMap::new();
         for (name, node) in &view.nodes {
-            let control_plane = node
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL));
             let gap = agent_gap(name, node, view, now)
-                .filter(|gap| !(control_plane && *gap == AgentGap::Absent));
+                .filter(|gap| !(*gap == AgentGap::Absent && control_plane_only(node)));
             if let Some(gap) = gap {
                 let since = match self.missing_since.get(name) {
                     Some((previous, since)) if *previous == gap => *since,

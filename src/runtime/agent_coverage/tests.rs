@@ -124,28 +124,33 @@ fn the_message_counts_every_node_and_names_the_first_few() {
     assert!(!message.contains("node-6"), "{message}");
 }
 
-/// A control-plane node runs no agent unless the chart is asked to: that is no gap to report.
-/// One whose agent runs without a watchdog, or lets its Lease lapse, still is.
+/// A control-plane node runs no agent unless the chart is asked to: one that takes no ordinary
+/// workload (tainted) needs none and is not reported; one that does (untainted: a k3s server,
+/// a single-node cluster) is. One whose agent runs without a watchdog still is.
 #[test]
-fn a_control_plane_node_without_an_agent_is_not_reported() {
+fn a_control_plane_node_without_an_agent_is_reported_only_when_it_takes_workloads() {
     let t0 = Instant::now();
+    let tainted = |node: Node| {
+        node.label(CONTROL_PLANE_LABEL, "")
+            .taint(CONTROL_PLANE_LABEL, "", "NoSchedule")
+    };
     let view = view_with([
-        mk_node("control").label(CONTROL_PLANE_LABEL, "").into(),
-        with_agent("control-unwatched", false)
-            .label(CONTROL_PLANE_LABEL, "")
-            .into(),
+        tainted(mk_node("control")).into(),
+        tainted(with_agent("control-unwatched", false)).into(),
+        mk_node("server").label(CONTROL_PLANE_LABEL, "").into(),
         mk_node("worker").into(),
     ]);
     let mut coverage = AgentCoverage::default();
     coverage.observe(&view, t0);
     let then = t0 + MISSING_AFTER;
     coverage.observe(&view, then);
-    let health = healthy(&["control", "control-unwatched", "worker"]);
+    let health = healthy(&["control", "control-unwatched", "server", "worker"]);
     let agent = policy(FencingProof::Agent, Action::OutOfServiceTaint);
     assert_eq!(
         coverage.unprotected(&agent, &health, then),
         Some(vec![
             ("control-unwatched".to_string(), AgentGap::WithoutWatchdog),
+            ("server".to_string(), AgentGap::Absent),
             ("worker".to_string(), AgentGap::Absent),
         ])
     );
