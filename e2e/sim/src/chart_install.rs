@@ -270,19 +270,35 @@ pub async fn agent_restarts(
 /// Everything the agent containers on real node `node` logged (every pod, every restart), from
 /// the kubelet's pod log directory.
 pub fn agent_log(cluster: &Cluster, node: &str) -> anyhow::Result<String> {
+    pod_log(
+        cluster,
+        node,
+        &format!("{NAMESPACE}_{RELEASE}-agent-"),
+        "agent",
+    )
+}
+
+/// What container `container` of every pod on real node `node` whose log directory starts
+/// with `prefix` (`<namespace>_<pod name>`, then `_<uid>`) wrote, oldest first, as its kubelet
+/// kept it (the sim's API server does not reach the kubelets for logs).
+pub fn pod_log(
+    cluster: &Cluster,
+    node: &str,
+    prefix: &str,
+    container: &str,
+) -> anyhow::Result<String> {
     let dir = cluster.dir().join("nodes").join(node).join("pod-logs");
     let mut text = String::new();
-    let prefix = format!("{NAMESPACE}_{RELEASE}-agent-");
     for pod in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
         let pod = pod?.path();
-        let is_agent = pod
+        let ours = pod
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(&prefix));
-        if !is_agent {
+            .is_some_and(|n| n.starts_with(prefix));
+        if !ours {
             continue;
         }
-        let Ok(logs) = std::fs::read_dir(pod.join("agent")) else {
+        let Ok(logs) = std::fs::read_dir(pod.join(container)) else {
             continue;
         };
         let mut files: Vec<PathBuf> = logs.filter_map(|f| Some(f.ok()?.path())).collect();

@@ -303,7 +303,7 @@ pub(super) fn frozen_and_cut_off_nodes(
             &ctx.ns,
             format!(
                 "a pod flooded {}'s agent for {FLOOD:?}: {} connections opened, {} closed by \
-                 the agent, {refused} refused as they came (counted)",
+                 the agent, {refused} of them for its limits (evicted or refused, counted)",
                 flood_target, flooded.opened, flooded.closed_by_target
             ),
         );

@@ -96,7 +96,8 @@ impl Flood {
             Ok((phase == "Succeeded" || phase == "Failed").then_some(phase))
         })
         .await?;
-        let logs = pod_log(ctx, &self.on, &ctx.ns, &self.pod, "flood")?;
+        let prefix = format!("{}_{}_", ctx.ns, self.pod);
+        let logs = chart_install::pod_log(ctx.cluster, &self.on, &prefix, "flood")?;
         let _ = pods.delete(&self.pod, &DeleteParams::default()).await;
         let flooded: Flooded = logs
             .lines()
@@ -116,39 +117,6 @@ impl Flood {
         );
         Ok((flooded, refused))
     }
-}
-
-/// The log of container `container` of pod `ns/pod` on real node `node`, as its kubelet wrote
-/// it (the sim's API server does not reach the kubelets for logs).
-fn pod_log(
-    ctx: &Ctx<'_>,
-    node: &str,
-    ns: &str,
-    pod: &str,
-    container: &str,
-) -> anyhow::Result<String> {
-    let dir = ctx.cluster.dir().join("nodes").join(node).join("pod-logs");
-    let prefix = format!("{ns}_{pod}_");
-    let mut text = String::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
-        let path = entry?.path();
-        let ours = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(&prefix));
-        let Ok(files) = std::fs::read_dir(path.join(container)) else {
-            continue;
-        };
-        if !ours {
-            continue;
-        }
-        let mut files: Vec<_> = files.filter_map(|f| Some(f.ok()?.path())).collect();
-        files.sort();
-        for file in files {
-            text.push_str(&std::fs::read_to_string(&file).unwrap_or_default());
-        }
-    }
-    Ok(text)
 }
 
 /// The connections `node`'s agent (at `agent`) refused, from its `/metrics`, read from inside

@@ -427,14 +427,9 @@ async fn a_silence_after_a_heartbeat_that_held_the_node_proves_no_fence() {
     }
 }
 
-/// The leader tells an agent that heeds holds whether podha holds its node: not while an
-/// unpaused policy asking for the `Agent` proof selects it; held when that policy or the node
-/// is paused, or the policy asks for another proof. An agent whose Lease does not say it
-/// heeds holds is told nothing (an older one would refuse the word).
-#[tokio::test(start_paused = true)]
-async fn the_agents_of_nodes_no_unpaused_agent_proof_selects_are_told_they_are_held() {
-    let mut h = agent_proof_harness();
-    let mut lease = mk_agent_lease("node-1", 200);
+/// `node`'s agent renews its Lease, saying it heeds holds.
+fn heeds_holds(h: &mut Harness, node: &str) {
+    let mut lease = mk_agent_lease(node, 200);
     lease.annotations_mut().insert(
         crate::contract::AGENT_HEEDS_HOLD_ANNOTATION.into(),
         "true".into(),
@@ -442,6 +437,16 @@ async fn the_agents_of_nodes_no_unpaused_agent_proof_selects_are_told_they_are_h
     h.actor
         .state
         .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
+}
+
+/// The leader tells an agent that heeds holds whether podha holds its node: not while an
+/// unpaused policy asking for the `Agent` proof selects it; held when that policy or the node
+/// is paused, or the policy asks for another proof. An agent whose Lease does not say it
+/// heeds holds is told nothing (an older one would refuse the word).
+#[tokio::test(start_paused = true)]
+async fn the_agents_of_nodes_no_unpaused_agent_proof_selects_are_told_they_are_held() {
+    let mut h = agent_proof_harness();
+    heeds_holds(&mut h, "node-1");
     let holds = |h: &Harness| {
         let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
         agents
@@ -500,14 +505,7 @@ async fn the_agents_of_nodes_no_unpaused_agent_proof_selects_are_told_they_are_h
 #[tokio::test(start_paused = true)]
 async fn a_silent_armed_agent_is_not_held_until_it_answers_again() {
     let mut h = agent_proof_harness();
-    let mut lease = mk_agent_lease("node-1", 200);
-    lease.annotations_mut().insert(
-        crate::contract::AGENT_HEEDS_HOLD_ANNOTATION.into(),
-        "true".into(),
-    );
-    h.actor
-        .state
-        .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
+    heeds_holds(&mut h, "node-1");
     run_with_rounds(&mut h, 3, &[]).await;
     run_with_rounds(&mut h, 2, &["node-1"]).await;
     let mut paused = (**h.actor.state.policies.values().next().expect("policy")).clone();
