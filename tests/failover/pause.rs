@@ -1,6 +1,8 @@
 //! Pause for maintenance, tried as an operator would: a paused policy's node dies, podha judges
 //! it dead and says it holds, and acts once the pause is lifted; then a node paused by its
-//! annotation dies, and the same. `podha explain` says so before each death.
+//! annotation dies, and the same. `podha explain` says so before each death. (The policy asks
+//! for no fencing proof: under the agent's, a node that dies while paused stays held after the
+//! pause, its agent told to fence nothing meanwhile.)
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -20,10 +22,14 @@ pub fn paused_policy_and_node(shared: &SharedCluster, ops: &Operators) -> Result
     let pair = PAIR;
     scenario(shared, ops, "pause", |ctx, _, _| async move {
         let ns = ctx.ns.clone();
-        // Its two nodes die one after the other: the second is no sign of a partition.
+        // Its two nodes die one after the other: the second is no sign of a partition. No
+        // fencing proof: under the agent's, a node that dies while paused stays held after the
+        // pause, its agent told to fence nothing meanwhile (docs/agent.md, "Fences nothing on
+        // isolation while podha holds its node"; src/runtime/actor/tests/silence.rs).
         let spec = json!({
             "action": "OutOfServiceTaint",
             "paused": true,
+            "fencing": {"proof": "None"},
             "safety": {"unhealthyWindow": "0s"},
         });
         let (_, node, uid, pv) = policy_and_db(&ctx, &pair, spec).await?;
