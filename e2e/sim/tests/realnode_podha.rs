@@ -30,6 +30,8 @@ mod fencing;
 mod flood;
 #[path = "realnode_podha/forged_words.rs"]
 mod forged_words;
+#[path = "realnode_podha/paused.rs"]
+mod paused;
 
 use std::process::ExitCode;
 use std::sync::Arc;

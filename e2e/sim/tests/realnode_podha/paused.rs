@@ -1,0 +1,104 @@
+//! A real node paused for maintenance and cut off from everything: podha's heartbeat told its
+//! agent that podha holds the node, so the agent fences nothing on isolation (docs/agent.md,
+//! "Fences nothing on isolation while podha holds its node").
+
+use kube::ResourceExt as _;
+
+use super::*;
+use fencing::{fences_since, has_out_of_service_taint};
+
+/// Real node `node` paused for maintenance (`podha.io/paused`) and cut off from everything
+/// for its agent's isolation timeout, its watchdog's and more: podha holds the node, and told
+/// its agent so before the cut, so the agent stays up and pets its watchdog: no fence, no
+/// reset, the same boot. (The isolated node of `frozen_and_cut_off_nodes`, not paused, is
+/// fenced by the same fault.) Back and no longer paused, its agent counts its silence again.
+pub(super) async fn paused_node_cut_off(
+    ctx: &Ctx<'_>,
+    node: &str,
+    fences_before: usize,
+) -> anyhow::Result<()> {
+    let boot = boot_id(&ctx.nodes().get(node).await?);
+    set_paused(ctx, node, true).await?;
+    let held_before = held_stays(ctx, node)?;
+    wait_for(
+        &format!("{node}'s agent to take its node as held (its Lease no longer says it counts its silence)"),
+        secs(30),
+        || async { Ok((!lease_counts_silence(ctx, node).await?).then_some(())) },
+    )
+    .await?;
+    ctx.cluster.isolate_node(node, true)?;
+    let cut_for = ISOLATION_TIMEOUT + WATCHDOG_TIMEOUT + secs(8);
+    log(
+        &ctx.ns,
+        format!("{node} paused and cut off from everything for {cut_for:?}"),
+    );
+    tokio::time::sleep(cut_for).await;
+    ctx.cluster.isolate_node(node, false)?;
+    let fences = fences_since(ctx, fences_before)?;
+    ensure!(
+        fences.iter().all(|f| f.node != node),
+        "the paused {node} was fenced while cut off: {fences:?}"
+    );
+    ensure!(
+        held_stays(ctx, node)? > held_before,
+        "{node}'s agent never said podha holds its node (see its log in nodes/{node}/pod-logs/)"
+    );
+    ctx.wait_ready(node, secs(90)).await?;
+    let node_now = ctx.nodes().get(node).await?;
+    ensure!(
+        boot_id(&node_now) == boot,
+        "the paused {node} booted again ({boot:?} → {:?})",
+        boot_id(&node_now)
+    );
+    ensure!(
+        !has_out_of_service_taint(&node_now),
+        "the paused {node} was tainted out of service"
+    );
+    set_paused(ctx, node, false).await?;
+    wait_for(
+        &format!("{node}'s agent to count its silence again, no longer held"),
+        secs(30),
+        || async { Ok(lease_counts_silence(ctx, node).await?.then_some(())) },
+    )
+    .await?;
+    log(
+        &ctx.ns,
+        format!(
+            "{node}: paused and cut off, not fenced nor reset; unpaused, its agent armed again"
+        ),
+    );
+    Ok(())
+}
+
+fn boot_id(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    Some(node.status.as_ref()?.node_info.as_ref()?.boot_id.clone())
+}
+
+/// Puts `podha.io/paused` on real node `node`, or takes it off.
+async fn set_paused(ctx: &Ctx<'_>, node: &str, paused: bool) -> anyhow::Result<()> {
+    let value = if paused { json!("true") } else { json!(null) };
+    let patch = json!({ "metadata": { "annotations": { podha::api::PAUSE_ANNOTATION: value } } });
+    ctx.nodes()
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("annotate {node}"))?;
+    Ok(())
+}
+
+/// Whether real node `node`'s agent Lease says podha heard it in this boot, which it says only
+/// while podha does not hold the node.
+async fn lease_counts_silence(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<bool> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(ctx.client.clone(), chart_install::NAMESPACE);
+    let lease = leases.get(&podha::contract::agent_lease_name(node)).await?;
+    Ok(lease
+        .annotations()
+        .contains_key(podha::contract::AGENT_HEARD_IN_BOOT_ANNOTATION))
+}
+
+/// How often real node `node`'s agent decided to stay up because podha holds its node.
+fn held_stays(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<usize> {
+    Ok(chart_install::agent_log(ctx.cluster, node)?
+        .matches("podha holds this node")
+        .count())
+}
