@@ -129,10 +129,17 @@ pub struct Probed {
 
 impl Probed {
     /// `counted`: whether a `Connected` result is the target's own answer (see
-    /// [`Self::connected`]).
-    fn observe(&mut self, result: TcpResult, counted: bool, sent: Instant, received: Instant) {
+    /// [`Self::connected`]). Whether the result counts: not for a probe sent before
+    /// [`Self::from`].
+    fn observe(
+        &mut self,
+        result: TcpResult,
+        counted: bool,
+        sent: Instant,
+        received: Instant,
+    ) -> bool {
         if self.from.is_some_and(|from| sent < from) {
-            return;
+            return false;
         }
         self.result = Some(result);
         match result {
@@ -147,6 +154,7 @@ impl Probed {
                 self.silent_since.get_or_insert(received);
             }
         }
+        true
     }
 
     fn forget(&mut self) {
@@ -304,10 +312,9 @@ impl NodeObservations {
         sent: Instant,
         received: Instant,
     ) {
-        if self.agent.from.is_some_and(|from| sent < from) {
+        if !self.agent.observe(result, heard, sent, received) {
             return;
         }
-        self.agent.observe(result, heard, sent, received);
         match arming {
             Arming::Armed => {
                 self.agent.armed = Some(self.agent.armed.map_or(sent, |t| t.max(sent)));

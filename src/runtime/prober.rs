@@ -202,16 +202,7 @@ impl Round {
     fn of_heartbeats(sent: Instant, heartbeats: Vec<heartbeat::Heartbeat>) -> Self {
         let mut round = Self::empty(ProbeKind::Agent, sent);
         for hb in heartbeats {
-            let arming = match hb.answer {
-                // The agent may take the node as held, its answer lost or not.
-                _ if hb.held => Arming::Disarmed,
-                Answer::Own { arming, .. } => arming,
-                // Something else answered at the agent's port: no silence after it counts.
-                Answer::HostOnly | Answer::Unverified { .. } | Answer::Mismatched { .. } => {
-                    Arming::Disarmed
-                }
-                Answer::Nothing | Answer::Silent => Arming::Unsaid,
-            };
+            let arming = hb.arming();
             if arming != Arming::Unsaid {
                 round.arming.insert(hb.node.clone(), arming);
             }

@@ -156,6 +156,23 @@ pub(super) struct Heartbeat {
     pub(super) answer: Answer,
 }
 
+impl Heartbeat {
+    /// What this heartbeat says of the agent counting its silence: disarmed by a probe that
+    /// held the node (its answer lost or not) and by an answer from something else than the
+    /// agent at its port (no silence after it counts); the agent's own answer as [`arming`]
+    /// read it; nothing either way without an answer.
+    pub(super) fn arming(&self) -> Arming {
+        match self.answer {
+            _ if self.held => Arming::Disarmed,
+            Answer::Own { arming, .. } => arming,
+            Answer::HostOnly | Answer::Unverified { .. } | Answer::Mismatched { .. } => {
+                Arming::Disarmed
+            }
+            Answer::Nothing | Answer::Silent => Arming::Unsaid,
+        }
+    }
+}
+
 /// What the next probe of a node carries: how long ago its agent last answered, and its last
 /// challenge.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
