@@ -89,8 +89,9 @@ const AGENT_LEASE_PREFIX: &str = "podha-agent-";
 /// that gains leadership never heard the agents itself; for an agent whose Lease says it was
 /// heard in the boot the Node reports, the replica knows the agent counts its silence since
 /// podha's last hearing, which no leader before this one can have given after this one's
-/// claim began: it may count the agent's silence from its own first unanswered probe
-/// (`planner::proof`).
+/// claim began: it may count the agent's silence from its own first unanswered probe, unless
+/// it saw the Lease renewed within its own term (the agent runs and has not heard it: see
+/// [`AGENT_HEEDS_TERM_ANNOTATION`]; `planner::proof`).
 pub const AGENT_HEARD_IN_BOOT_ANNOTATION: &str = "podha.io/agent-heard-in-boot";
 
 /// Annotation of an agent Lease, `"true"` from an agent that heeds `hold` in podha's heartbeat
@@ -100,6 +101,15 @@ pub const AGENT_HEARD_IN_BOOT_ANNOTATION: &str = "podha.io/agent-heard-in-boot";
 /// heard ([`AGENT_HEARD_IN_BOOT_ANNOTATION`]). podha sends `hold` only to such an agent: an
 /// older one refuses a heartbeat whose signed word it does not know.
 pub const AGENT_HEEDS_HOLD_ANNOTATION: &str = "podha.io/agent-heeds-hold";
+/// Annotation of an agent Lease, `"true"` from an agent that heeds the leadership term in
+/// podha's heartbeat ([`HeartbeatQuery::term`]): it keeps the term of the last heartbeat it
+/// counted, and while the leader Lease shows a later term and its own Lease is renewed often
+/// enough that the new leader sees it renewed within the new term, it stays up on isolation,
+/// as a new leader that never heard it counts no silence of an agent that renewed its Lease
+/// in its term (see docs/agent.md, "A new leader that cannot reach an agent"). podha sends
+/// `term` only to such an agent, which heeds `hold` too: an older one refuses a heartbeat
+/// whose signed word it does not know.
+pub const AGENT_HEEDS_TERM_ANNOTATION: &str = "podha.io/agent-heeds-term";
 
 /// The longest name of an object (a DNS subdomain).
 const MAX_NAME: usize = 253;

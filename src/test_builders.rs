@@ -891,6 +891,7 @@ pub fn agent_advert(renewed_seen: tokio::time::Instant) -> AgentAdvert {
         lasts: crate::contract::AGENT_LEASE_DURATION,
         heard_in_boot: None,
         heeds_hold: false,
+        heeds_term: false,
         renewal_observed: true,
     }
 }

@@ -74,6 +74,9 @@ pub struct AgentAdvert {
     /// Whether the agent heeds `hold` in podha's heartbeat
     /// ([`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]): only then is it told.
     pub heeds_hold: bool,
+    /// Whether the agent heeds the leadership term in podha's heartbeat
+    /// ([`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]): only then is it told.
+    pub heeds_term: bool,
     /// Whether this process has seen the Lease renewed (not only found it, as a process that
     /// just started finds every Lease "renewed" when it first lists them).
     pub renewal_observed: bool,

@@ -170,6 +170,9 @@ pub enum Word<'a> {
         heard_ms: Option<u64>,
         /// `None` in the word of a podha from before `hold`, which signed without it.
         hold: Option<bool>,
+        /// The sender's leadership term; `None` in the word of a podha from before terms, or
+        /// to an agent that does not say it heeds them.
+        term: Option<u64>,
         nonce: &'a str,
         challenge: &'a str,
     },
@@ -202,19 +205,11 @@ impl Word<'_> {
             Word::Heartbeat {
                 node,
                 heard_ms,
-                hold: None,
+                hold,
+                term,
                 nonce,
                 challenge,
-            } => serde_json::json!(["podha/v1 heartbeat", node, heard_ms, nonce, challenge]),
-            // A kind of its own: a heartbeat that holds the node cannot pass for one that does
-            // not say, which the agent takes as not holding it.
-            Word::Heartbeat {
-                node,
-                heard_ms,
-                hold: Some(hold),
-                nonce,
-                challenge,
-            } => serde_json::json!(["podha/v2 heartbeat", node, heard_ms, hold, nonce, challenge]),
+            } => heartbeat_fields(node, heard_ms, hold, term, nonce, challenge),
             Word::HeartbeatAnswer {
                 node,
                 heard,
@@ -271,6 +266,34 @@ impl Word<'_> {
     }
 }
 
+/// A heartbeat's word. Each addition is a kind of its own: a heartbeat that holds the node
+/// cannot pass for one that does not say (which the agent takes as not holding it), nor one
+/// that names its term for one of no term (which tells the agent nothing of the term).
+fn heartbeat_fields(
+    node: &str,
+    heard_ms: Option<u64>,
+    hold: Option<bool>,
+    term: Option<u64>,
+    nonce: &str,
+    challenge: &str,
+) -> serde_json::Value {
+    match (hold, term) {
+        (None, None) => serde_json::json!(["podha/v1 heartbeat", node, heard_ms, nonce, challenge]),
+        (Some(hold), None) => {
+            serde_json::json!(["podha/v2 heartbeat", node, heard_ms, hold, nonce, challenge])
+        }
+        (hold, Some(term)) => serde_json::json!([
+            "podha/v3 heartbeat",
+            node,
+            heard_ms,
+            hold,
+            term,
+            nonce,
+            challenge
+        ]),
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -290,6 +313,13 @@ pub struct HeartbeatQuery {
     pub heard_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<bool>,
+    /// The leadership term of the leader that sends it (the leader Lease's
+    /// `leaseTransitions`): an agent that knows which term last heard it tells a new leader
+    /// that has not heard it yet from podha not hearing it (see docs/agent.md). Absent to an
+    /// agent whose Lease does not say it heeds terms
+    /// ([`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
     #[serde(default)]
     pub nonce: String,
     /// The challenge of the agent's last answer; empty when podha has none (its first probe).
@@ -307,21 +337,22 @@ impl HeartbeatQuery {
         heard_ago: Option<Duration>,
         challenge: &str,
     ) -> Self {
-        Self::signed_holding(leader, node, heard_ago, None, challenge)
+        Self::signed_as(leader, node, heard_ago, Said::default(), challenge)
     }
 
-    /// A probe of `node`'s agent, signed by `leader`, saying whether podha holds the node
-    /// (`None`: nothing, for an agent that may not know the word).
-    pub fn signed_holding(
+    /// A probe of `node`'s agent, signed by `leader`, saying what `said` says (nothing of a
+    /// word an agent may not know).
+    pub fn signed_as(
         leader: &Identity,
         node: &str,
         heard_ago: Option<Duration>,
-        hold: Option<bool>,
+        said: Said,
         challenge: &str,
     ) -> Self {
         let mut query = Self {
             heard_ms: heard_ago.map(millis),
-            hold,
+            hold: said.hold,
+            term: said.term,
             nonce: fresh_nonce(),
             challenge: challenge.to_string(),
             signature: String::new(),
@@ -336,6 +367,7 @@ impl HeartbeatQuery {
             node,
             heard_ms: self.heard_ms,
             hold: self.hold,
+            term: self.term,
             nonce: &self.nonce,
             challenge: &self.challenge,
         }
@@ -351,6 +383,15 @@ impl HeartbeatQuery {
         let query = serde_urlencoded::to_string(self).unwrap_or_default();
         format!("{HEARTBEAT_PATH}?{query}")
     }
+}
+
+/// What a heartbeat says besides the hearing: whether podha holds the node (`None`: nothing,
+/// for an agent that may not know the word) and the sender's leadership term (`None`: nothing,
+/// likewise).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Said {
+    pub hold: Option<bool>,
+    pub term: Option<u64>,
 }
 
 /// The agent's answer to podha's probe: the node it runs on, whether it counts itself heard

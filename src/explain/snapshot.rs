@@ -295,6 +295,7 @@ mod tests {
                     lasts: Duration::from_secs(40),
                     heard_in_boot: None,
                     heeds_hold: false,
+                    heeds_term: false,
                     renewal_observed: false,
                 },
             );
@@ -307,6 +308,7 @@ mod tests {
                 lasts: Duration::from_secs(40),
                 heard_in_boot: None,
                 heeds_hold: false,
+                heeds_term: false,
                 renewal_observed: false,
             },
         );

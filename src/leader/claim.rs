@@ -14,12 +14,21 @@ use tokio::time::Instant;
 pub struct Claim {
     /// The instant from which this hold no longer lets the replica write.
     pub expires: Instant,
+    /// The leadership term: the Lease's `leaseTransitions` as this hold shows it (see
+    /// `super::view::term`). Another value is another term, even for the same replica.
+    pub term: u64,
 }
 
 impl Claim {
-    /// A hold that lets the replica write until `expires`.
+    /// A hold of term `term` that lets the replica write until `expires`.
+    pub fn of_term(term: u64, expires: Instant) -> Self {
+        Self { expires, term }
+    }
+
+    /// A hold of term 0 that lets the replica write until `expires` (tests).
+    #[cfg(test)]
     pub fn until(expires: Instant) -> Self {
-        Self { expires }
+        Self::of_term(0, expires)
     }
 
     /// A hold that outlasts any test.
@@ -53,6 +62,15 @@ impl Leadership {
         self.0
             .borrow()
             .is_some_and(|claim| claim.is_current_at(now))
+    }
+
+    /// The term of the claim current at `now`, if there is one: what a heartbeat sent at `now`
+    /// signs (see `crate::contract::words`), and what tells one term from the next.
+    pub fn term(&self, now: Instant) -> Option<u64> {
+        self.0
+            .borrow()
+            .filter(|claim| claim.is_current_at(now))
+            .map(|claim| claim.term)
     }
 
     /// The claim as last published, current or not.

@@ -323,7 +323,7 @@ async fn elect(
     loop {
         let claim = view
             .own_valid_until
-            .map(Claim::until)
+            .map(|(expires, term)| Claim::of_term(term, expires))
             .filter(|claim| held && claim.is_current_at(Instant::now()));
         if let Some(leading) = publisher.set(claim) {
             tracing::info!(identity = %cfg.identity, lease = %cfg.lease_name, leading, "leadership changed");

@@ -12,8 +12,9 @@ use super::LeaderConfig;
 /// What our own watch of the Lease object last showed.
 #[derive(Debug, Default)]
 pub(super) struct LeaseView {
-    /// Until when our last observed renewal lets us act.
-    pub(super) own_valid_until: Option<Instant>,
+    /// Until when our last observed renewal lets us act, and in which term
+    /// ([`term`]).
+    pub(super) own_valid_until: Option<(Instant, u64)>,
     /// When another replica's hold, as last observed, runs out by our clock.
     other_expiry: Option<SystemTime>,
 }
@@ -35,13 +36,23 @@ impl LeaseView {
             watcher::Event::Init | watcher::Event::InitDone => return false,
         };
         let released = holder(spec).is_none() && self.other_expiry.is_some_and(|e| e > now_wall);
-        self.own_valid_until = own_validity(spec, cfg, now_wall).map(|left| now + left);
+        self.own_valid_until =
+            own_validity(spec, cfg, now_wall).map(|left| (now + left, term(spec)));
         self.other_expiry = match holder(spec) {
             Some(h) if h != cfg.identity => expiry(spec, cfg.lease_duration),
             _ => None,
         };
         released
     }
+}
+
+/// The leadership term a Lease shows: its `leaseTransitions`, which `kube-lease-manager` raises
+/// by one with every acquisition (by another replica, or by the same one after a release), and
+/// which no renewal touches. A Lease recreated after a deletion starts again from zero.
+pub(super) fn term(spec: Option<&LeaseSpec>) -> u64 {
+    spec.and_then(|s| s.lease_transitions)
+        .and_then(|t| u64::try_from(t).ok())
+        .unwrap_or(0)
 }
 
 fn holder(spec: Option<&LeaseSpec>) -> Option<&str> {
@@ -163,7 +174,15 @@ mod tests {
         ));
         assert_eq!(
             view.own_valid_until,
-            Some(now + Duration::from_millis(12_500))
+            Some((now + Duration::from_millis(12_500), 0))
+        );
+        // Taken again (a transition): another term, however close the renewal.
+        let mut taken_again = spec(Some("me"), Some(wall), Some(15));
+        taken_again.lease_transitions = Some(4);
+        view.observe(&apply(taken_again), &cfg, wall, now);
+        assert_eq!(
+            view.own_valid_until,
+            Some((now + Duration::from_millis(12_500), 4))
         );
 
         // Another replica holds it; our validity is gone at once.

@@ -59,6 +59,11 @@ pub struct Heartbeat {
     /// answer showed it may count no silence (held, never heard by its own word, or its port
     /// answered by something else): no silence counts, and no earlier term's word either.
     pub agent_disarmed: bool,
+    /// Since when this process counts what it hears of the node's agent: the start of its
+    /// leadership term, or the node's new boot seen since (`None`: not counted yet). A renewal
+    /// of the agent's Lease seen since then is an agent running while this term never heard
+    /// it (see `planner::proof`).
+    pub agent_hearing_from: Option<Instant>,
     /// Since when the node's agent has not answered, if it does not now.
     pub agent_silent_since: Option<Instant>,
     /// When this process first saw podha's taint on the node, if it is on.

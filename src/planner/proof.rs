@@ -101,6 +101,11 @@ pub struct AgentEvidence<'a> {
     /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]): heard by an earlier leadership
     /// term, when this one never got an answer (see [`AgentEvidence::silence_doubt`]).
     pub heard_in_boot_earlier: bool,
+    /// Whether podha saw the agent's Lease renewed since it began counting what it hears of
+    /// the agent in this term (see `Heartbeat::agent_hearing_from`; also when it has not
+    /// begun): an agent that runs while this term never heard it (see
+    /// [`SilenceDoubt::RenewedUnheard`]).
+    pub renewed_in_term: bool,
     /// Whether, since podha last counted the agent armed in this term, a heartbeat or an
     /// answer showed it may count no silence (held: see
     /// `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`; never heard by its own word; its port
@@ -148,6 +153,12 @@ impl AgentEvidence<'_> {
             // after this term began, and podha counts from its own first unanswered probe,
             // later still.
             None if self.disarmed => Some(SilenceDoubt::Disarmed),
+            // ... unless the agent renewed its Lease in this term: it runs, this leader never
+            // heard it, and it stays up (the leader Lease shows it a term that did not hear
+            // it), so long as the renewals go on often enough for this term to see one.
+            None if self.heard_in_boot_earlier && self.renewed_in_term => {
+                Some(SilenceDoubt::RenewedUnheard)
+            }
             None if self.heard_in_boot_earlier => self.quorum_doubt(),
             None => Some(SilenceDoubt::NeverHeard),
             Some(gap) if gap > AGENT_HEARD_WITHIN => Some(SilenceDoubt::HeardLongBefore { gap }),
@@ -233,6 +244,11 @@ pub enum SilenceDoubt {
     /// podha hears `heard` of the `expected` other agents: with the silent one, no strict
     /// majority of the agents it expects.
     FewOthersHeard { heard: usize, expected: usize },
+    /// podha got no answer from the agent in its current leadership term, and saw its Lease
+    /// renewed in this term: the agent ran without hearing this leader (its port blocked from
+    /// this replica alone, say), and an agent that knows a later term than the one that last
+    /// heard it stays up on isolation while it renews its Lease.
+    RenewedUnheard,
 }
 
 impl SilenceDoubt {
@@ -246,6 +262,7 @@ impl SilenceDoubt {
             Self::Disarmed => "Disarmed",
             Self::HeardLongBefore { .. } => "HeardLongBefore",
             Self::FewOthersHeard { .. } => "FewOthersHeard",
+            Self::RenewedUnheard => "RenewedUnheard",
         }
     }
 
@@ -299,6 +316,11 @@ impl SilenceDoubt {
                  {node}'s silent one that is no strict majority of the {}: the agent port may be \
                  blocked, and an agent that can show half of its peers unheard stays up",
                 expected + 1
+            ),
+            Self::RenewedUnheard => format!(
+                "podha never heard the agent of node {node} in this leadership term, and saw its \
+                 Lease renewed in it: the agent runs without hearing this leader (its port may \
+                 be blocked from this replica), and stays up on isolation while it renews"
             ),
         }
     }
@@ -356,7 +378,18 @@ pub fn agent_evidence<'a>(
         heard_in_boot_earlier: own.is_none_or(|hb| hb.agent_armed.is_none() && !hb.agent_disarmed)
             && heard_in_current_boot(view, node),
         disarmed: own.is_some_and(|hb| hb.agent_disarmed),
+        renewed_in_term: renewed_in_term(view, node, own),
     }
+}
+
+/// Whether podha saw `node`'s agent Lease renewed since it began counting what it hears of the
+/// agent (`hb`'s `agent_hearing_from`), or has not begun: the latest renewal it saw tells.
+fn renewed_in_term(view: &View, node: &str, hb: Option<&Heartbeat>) -> bool {
+    let Some(advert) = view.agent_adverts.get(node) else {
+        return false;
+    };
+    hb.and_then(|hb| hb.agent_hearing_from)
+        .is_none_or(|from| advert.renewed_seen >= from)
 }
 
 /// Whether `node`'s agent Lease says podha heard the agent in the boot the Node reports, as

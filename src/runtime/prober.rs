@@ -42,6 +42,9 @@ pub struct Target {
     /// For the agent's heartbeat: whether podha holds the node (`judge::holds`), `None` for an
     /// agent that does not heed it (see [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]).
     pub hold: Option<bool>,
+    /// For the agent's heartbeat: whether the agent heeds the leadership term (see
+    /// [`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]); only then does the heartbeat name it.
+    pub heeds_term: bool,
     /// The node's boot ID (`status.nodeInfo.bootID`), for the agent's heartbeat: what this
     /// process heard of an agent is forgotten when its node boots again (see [`run`]).
     pub boot_id: Option<String>,
@@ -303,6 +306,7 @@ mod tests {
                     addr: Some(open),
                     timeout,
                     hold: None,
+                    heeds_term: false,
                     boot_id: None,
                     key: None,
                 },
@@ -311,6 +315,7 @@ mod tests {
                     addr: Some(closed),
                     timeout,
                     hold: None,
+                    heeds_term: false,
                     boot_id: None,
                     key: None,
                 },
@@ -319,6 +324,7 @@ mod tests {
                     addr: Some(silent),
                     timeout,
                     hold: None,
+                    heeds_term: false,
                     boot_id: None,
                     key: None,
                 },
@@ -327,6 +333,7 @@ mod tests {
                     addr: None,
                     timeout,
                     hold: None,
+                    heeds_term: false,
                     boot_id: None,
                     key: None,
                 },

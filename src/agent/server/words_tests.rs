@@ -9,7 +9,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::agent::peers::{Peer, SurveyTimes};
-use crate::contract::{PublicKey, Word};
+use crate::contract::{PublicKey, Said, Word};
 
 struct Agent {
     router: Router,
@@ -327,7 +327,16 @@ async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node
     let agent = agent(&leader, vec![]);
     let held = || lock(&agent.hearing).held();
     let hold = |heard_ago, hold, challenge: &str| {
-        HeartbeatQuery::signed_holding(&leader, "n1", heard_ago, Some(hold), challenge)
+        HeartbeatQuery::signed_as(
+            &leader,
+            "n1",
+            heard_ago,
+            Said {
+                hold: Some(hold),
+                term: None,
+            },
+            challenge,
+        )
     };
     let first = agent
         .heartbeat(&hold(None, true, ""))

@@ -414,6 +414,7 @@ fn agent_heartbeat(
         agent_connected: answered,
         agent_armed: answered,
         agent_disarmed: false,
+        agent_hearing_from: None,
         agent_silent_since: silent_since,
         tainted_since: None,
         renewals_since_ack: 0,
@@ -448,6 +449,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
         agent_connected: None,
         agent_armed: None,
         agent_disarmed: false,
+        agent_hearing_from: None,
         ..hb(Some(at), silent_since)
     };
     let heartbeats = crate::planner::Heartbeats::from([
@@ -484,6 +486,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             renewals_since_ack: 0,
             renewed_in_boot: false,
             heard_in_boot_earlier: false,
+            renewed_in_term: true,
             disarmed: false,
         },
         "n2 heard, n3 too long ago, n4 never, n6 only refused, n7 (no Lease: the agents still \
@@ -557,7 +560,11 @@ fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_bo
         .with(agent("n1"))
         .with(agent("n2"))
         .with(agent("n3"));
-    let heartbeat = |connected, silent_since| agent_heartbeat(now, connected, silent_since);
+    // This term began 61 s ago, after the last renewal of n1's agent Lease it saw.
+    let heartbeat = |connected, silent_since| crate::planner::Heartbeat {
+        agent_hearing_from: Some(now - secs(61)),
+        ..agent_heartbeat(now, connected, silent_since)
+    };
     let mut heartbeats = crate::planner::Heartbeats::new();
     heartbeats.insert("n1".into(), heartbeat(None, Some(now - secs(60))));
     for other in ["n2", "n3"] {
@@ -616,6 +623,25 @@ fn a_new_term_counts_the_silence_of_an_agent_its_lease_says_was_heard_in_this_bo
     let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
     assert!(evidence.heard_in_boot_earlier);
     assert_eq!(evidence.silence_doubt(), None);
+    // The agent renewed its Lease in this term: it runs without hearing this leader, and
+    // stays up; so it does whenever this process has not begun counting its hearing.
+    for renewed_seen in [now - secs(61), now - secs(30)] {
+        let mut advert = agent_advert(renewed_seen);
+        advert.heard_in_boot = Some("boot-2".into());
+        view.agent_adverts.insert("n1".into(), advert);
+        let evidence = agent_evidence("n1", &view, &heartbeats, quorum, now, None);
+        assert!(evidence.renewed_in_term);
+        assert_eq!(evidence.silence_doubt(), Some(SilenceDoubt::RenewedUnheard));
+    }
+    let mut not_begun = heartbeats.clone();
+    not_begun.get_mut("n1").expect("n1").agent_hearing_from = None;
+    let mut advert = agent_advert(now - secs(62));
+    advert.heard_in_boot = Some("boot-2".into());
+    view.agent_adverts.insert("n1".into(), advert);
+    assert_eq!(
+        agent_evidence("n1", &view, &not_begun, quorum, now, None).silence_doubt(),
+        Some(SilenceDoubt::RenewedUnheard)
+    );
     // Answered in this term: this term's own hearing decides, not the Lease.
     heartbeats.insert("n3".into(), heartbeat(Some(now), None));
     heartbeats.insert(

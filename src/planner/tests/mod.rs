@@ -826,6 +826,7 @@ fn renewed_at(at: Instant) -> Heartbeat {
         agent_connected: None,
         agent_armed: None,
         agent_disarmed: false,
+        agent_hearing_from: None,
         agent_silent_since: None,
         tainted_since: None,
         renewals_since_ack: 0,

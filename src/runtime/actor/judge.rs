@@ -142,6 +142,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
                     addr: kubelet_addr(node),
                     timeout: cfg.tcp_timeout,
                     hold: None,
+                    heeds_term: false,
                     boot_id: None,
                     key: None,
                 });
@@ -168,16 +169,14 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
         .nodes
         .iter()
         .filter_map(|(name, node)| {
-            let heeds_hold = state
-                .view
-                .agent_adverts
-                .get(name)
-                .is_some_and(|a| a.heeds_hold);
+            let advert = state.view.agent_adverts.get(name);
+            let heeds_hold = advert.is_some_and(|a| a.heeds_hold);
             agent_addr(node).map(|addr| Target {
                 node: name.clone(),
                 addr: Some(addr),
                 timeout: AGENT_HEARTBEAT_TIMEOUT,
                 hold: heeds_hold.then(|| holds(state, node) && !armed_and_silent(state, name)),
+                heeds_term: advert.is_some_and(|a| a.heeds_term),
                 boot_id: node
                     .status
                     .as_ref()
@@ -245,6 +244,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 agent_connected: obs.probed(ProbeKind::Agent).connected,
                 agent_armed: obs.probed(ProbeKind::Agent).armed,
                 agent_disarmed: obs.probed(ProbeKind::Agent).disarmed,
+                agent_hearing_from: obs.probed(ProbeKind::Agent).from,
                 agent_silent_since: obs.probed(ProbeKind::Agent).silent_since,
                 tainted_since: obs.podha_tainted_since(),
                 renewals_since_ack: obs.renewals_since_ack(),

@@ -72,7 +72,9 @@ pub struct Actor {
     /// The working-out of `pod_coverage` under way, if one is.
     coverage_job: Option<coverage::CoverageJob>,
     leading: bool,
-    /// When this replica last gained leadership (while it leads).
+    /// The leadership term this replica leads in (see [`Leadership::term`]), while it leads.
+    term: Option<u64>,
+    /// When this replica's current term began (while it leads).
     leading_since: Option<Instant>,
     leadership: Leadership,
     out: Outputs,
@@ -92,6 +94,7 @@ impl Actor {
             pod_coverage: PodCoverage::default(),
             coverage_job: None,
             leading: false,
+            term: None,
             leading_since: None,
             leadership,
             out,
@@ -205,23 +208,29 @@ impl Actor {
     }
 
     fn follow_leadership(&mut self, now: Instant) {
-        let leading = self.leadership.may_write(now);
-        if leading == self.leading {
+        let term = self.leadership.term(now);
+        if term == self.term {
             return;
         }
-        self.leading = leading;
-        self.leading_since = leading.then_some(now);
-        self.metrics.operating.set_leader(leading);
-        if leading {
+        let was_leading = self.leading;
+        self.term = term;
+        self.leading = term.is_some();
+        self.leading_since = self.leading.then_some(now);
+        if was_leading != self.leading {
+            self.metrics.operating.set_leader(self.leading);
+        }
+        if let Some(term) = term {
             // What a follower saw may be stale; re-baseline before judging anything. Agents
-            // are heard afresh: only this term's hearing may prove a silent agent fenced.
+            // are heard afresh: only this term's hearing may prove a silent agent fenced. A
+            // new term without a step down in between (the Lease taken again, its transitions
+            // changed) is a new term all the same: the agents count terms by that number.
             for obs in self.state.observations.values_mut() {
                 obs.gap(now);
                 obs.restart_agent_hearing(now);
             }
             self.reported.forget_statuses();
             self.pod_coverage.forget();
-            info!("became leader");
+            info!(term, "became leader");
         } else {
             self.metrics.protection.clear();
             self.metrics.failovers.clear_last_failovers();

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::Target;
-use crate::contract::{AGENT_PROBE_INTERVAL, HeartbeatAnswer, HeartbeatQuery, Identity};
+use crate::contract::{AGENT_PROBE_INTERVAL, HeartbeatAnswer, HeartbeatQuery, Identity, Said};
 use crate::health::{Arming, TcpResult};
 use crate::leader::Leadership;
 
@@ -181,9 +181,9 @@ pub(super) struct Probe {
     pub(super) challenge: String,
 }
 
-/// The heartbeat of `target`, sent only while this replica leads: a replica that lost the Lease
-/// signs nothing more (its key is the replicas' key, which the agents trust), even in a round
-/// it began as leader.
+/// The heartbeat of `target`, sent only while this replica leads, naming its term to an agent
+/// that heeds it: a replica that lost the Lease signs nothing more (its key is the replicas'
+/// key, which the agents trust), even in a round it began as leader.
 pub(super) async fn heartbeat(
     http: &Http,
     leader: &Identity,
@@ -191,10 +191,10 @@ pub(super) async fn heartbeat(
     target: Target,
     probe: Probe,
 ) -> Heartbeat {
-    let (held, answer) = match target.addr {
-        Some(addr) if leadership.may_write(Instant::now()) => (
+    let (held, answer) = match (target.addr, leadership.term(Instant::now())) {
+        (Some(addr), Some(term)) => (
             target.hold == Some(true),
-            ask(http, leader, &target, addr, probe).await,
+            ask(http, leader, &target, addr, probe, term).await,
         ),
         _ => (false, Answer::Nothing),
     };
@@ -211,12 +211,17 @@ async fn ask(
     target: &Target,
     addr: std::net::SocketAddr,
     probe: Probe,
+    term: u64,
 ) -> Answer {
-    let query = HeartbeatQuery::signed_holding(
+    let said = Said {
+        hold: target.hold,
+        term: target.heeds_term.then_some(term),
+    };
+    let query = HeartbeatQuery::signed_as(
         leader,
         &target.node,
         probe.heard_ago,
-        target.hold,
+        said,
         &probe.challenge,
     );
     let Ok(uri) = format!("http://{addr}{}", query.path_and_query()).parse::<hyper::Uri>() else {

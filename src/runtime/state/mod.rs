@@ -21,7 +21,8 @@ use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
 use crate::contract::{
-    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, advertising_node,
+    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
+    advertising_node,
 };
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
@@ -55,16 +56,21 @@ fn seen_agent_lease(
         .get(AGENT_HEARD_IN_BOOT_ANNOTATION)
         .filter(|boot| !boot.is_empty())
         .cloned();
-    let heeds_hold = lease
-        .annotations()
-        .get(AGENT_HEEDS_HOLD_ANNOTATION)
-        .is_some_and(|v| v == "true");
+    let says = |annotation: &str| {
+        lease
+            .annotations()
+            .get(annotation)
+            .is_some_and(|v| v == "true")
+    };
+    let heeds_hold = says(AGENT_HEEDS_HOLD_ANNOTATION);
+    let heeds_term = says(AGENT_HEEDS_TERM_ANNOTATION);
     let advert = AgentAdvert {
         renew_time,
         renewed_seen,
         lasts,
         heard_in_boot,
         heeds_hold,
+        heeds_term,
         renewal_observed,
     };
     Some((node.to_string(), advert))

@@ -68,6 +68,7 @@ fn target(node: &str, addr: SocketAddr, key: Option<PublicKey>) -> Target {
         addr: Some(addr),
         timeout: Duration::from_millis(500),
         hold: None,
+        heeds_term: true,
         boot_id: None,
         key,
     }
