@@ -24,15 +24,18 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
+use std::sync::Arc;
+
 use super::error::AgentError;
+use super::leader_key::LeaderKey;
 use super::peer_list::lock;
 use super::server::SharedHearing;
 
 use crate::contract::{
     AGENT_FENCED_WITHIN_ANNOTATION, AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION,
-    AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW,
-    AGENT_PORT_ANNOTATION, AGENT_WATCHDOG_ANNOTATION, PublicKey, agent_lease_name,
-    fenced_within_value,
+    AGENT_HEEDS_TERM_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL,
+    AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, AGENT_PROBE_INTERVAL, AGENT_WATCHDOG_ANNOTATION,
+    PublicKey, agent_lease_name, fenced_within_value,
 };
 
 /// How long one try at the withdrawal on SIGTERM may take, both writes together.
@@ -178,7 +181,8 @@ pub struct OwnerPod {
 /// The agent's Lease: renewed every [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`]. Each
 /// renewal also says whether podha has heard the agent in this boot
 /// ([`AGENT_HEARD_IN_BOOT_ANNOTATION`]), so that a podha replica that gains leadership knows
-/// the agent counts its silence.
+/// the agent counts its silence. While a leader of a later term than the one that last heard
+/// the agent leads, it is renewed more often (see [`AdvertLease::following`]).
 pub struct AdvertLease {
     leases: Api<Lease>,
     node: String,
@@ -187,7 +191,17 @@ pub struct AdvertLease {
     /// being heard).
     boot: Option<String>,
     hearing: SharedHearing,
+    /// The leader Lease as the agent follows it: its term.
+    leader: Arc<LeaderKey>,
+    /// How recent a renewal must be for a new leader that never heard the agent to count no
+    /// silence of it ([`super::isolation::renewal_window`]).
+    window: Duration,
 }
+
+/// How long after the leader Lease shows a new term the agent waits before it renews its Lease
+/// early, if the new leader has not heard it by then: two probes, the first of which only
+/// fetches a challenge the second signs. The agents the new leader reaches do not renew early.
+const NEW_TERM_SETTLE: Duration = AGENT_PROBE_INTERVAL.saturating_mul(2);
 
 impl AdvertLease {
     pub fn new(
@@ -204,6 +218,42 @@ impl AdvertLease {
             owner,
             boot,
             hearing,
+            leader: Arc::default(),
+            window: Duration::ZERO,
+        }
+    }
+
+    /// The Lease following the leader Lease's term as `leader` reads it: while a leader of a
+    /// later term than any heartbeat the agent counted leads (one that never heard it), the
+    /// Lease is renewed every third of `window` (but not more often than every second), so that the new leader
+    /// sees it renewed in its own term and counts no silence of it, and the agent, which
+    /// stays up only while its last renewal is within `window`, does (see
+    /// [`super::isolation::NewTerm`]).
+    pub fn following(mut self, leader: Arc<LeaderKey>, window: Duration) -> Self {
+        self.leader = leader;
+        self.window = window;
+        self
+    }
+
+    /// Whether a leader that never heard the agent leads: the agent stays up on isolation
+    /// only while it renews its Lease often.
+    fn unheard_by_leader(&self) -> bool {
+        lock(&self.hearing)
+            .new_term(
+                self.leader.term(),
+                tokio::time::Instant::now(),
+                Duration::MAX,
+            )
+            .is_some()
+    }
+
+    /// How long until the next renewal: [`AGENT_LEASE_RENEW`], or a third of the window while
+    /// a leader that never heard the agent leads.
+    fn next_renewal(&self) -> Duration {
+        if self.unheard_by_leader() {
+            AGENT_LEASE_RENEW.min((self.window / 3).max(Duration::from_secs(1)))
+        } else {
+            AGENT_LEASE_RENEW
         }
     }
 
@@ -222,7 +272,10 @@ impl AdvertLease {
 
     /// The Lease as renewed at `now`, saying podha heard the agent in `heard_in_boot`, if any.
     fn body_saying(&self, now: Timestamp, heard_in_boot: Option<&str>) -> serde_json::Value {
-        let mut annotations = json!({ AGENT_HEEDS_HOLD_ANNOTATION: "true" });
+        let mut annotations = json!({
+            AGENT_HEEDS_HOLD_ANNOTATION: "true",
+            AGENT_HEEDS_TERM_ANNOTATION: "true",
+        });
         if let Some(boot) = heard_in_boot {
             annotations[AGENT_HEARD_IN_BOOT_ANNOTATION] = json!(boot);
         }
@@ -252,22 +305,28 @@ impl AdvertLease {
         })
     }
 
-    /// Renews the Lease every [`AGENT_LEASE_RENEW`] for as long as the agent runs, and at once
-    /// when podha starts or stops holding the node; a failed renewal is tried again at the
-    /// next one (three may fail before the Lease lapses).
+    /// Renews the Lease every [`AGENT_LEASE_RENEW`] (or more often, [`Self::next_renewal`])
+    /// for as long as the agent runs; at once when podha starts or stops holding the node, and
+    /// [`NEW_TERM_SETTLE`] after the leader Lease shows a new term if the new leader has not
+    /// heard the agent by then; a failed renewal is tried again at the next one (three may
+    /// fail before the Lease lapses).
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let held_changed = lock(&self.hearing).held_changed();
+        let term_changed = self.leader.term_changed();
         let mut renewed = false;
         loop {
+            let sent = tokio::time::Instant::now();
             let (body, pending) = self.renewal(Timestamp::now());
             let written = self
                 .leases
                 .patch(&name, &params, &Patch::Apply(&body))
                 .await;
             if written.is_ok() {
-                lock(&self.hearing).hold_written(pending);
+                let mut hearing = lock(&self.hearing);
+                hearing.hold_written(pending);
+                hearing.lease_renewed(sent);
             }
             match written {
                 Ok(_) if !renewed => {
@@ -280,9 +339,19 @@ impl AdvertLease {
                     renewed = false;
                 }
             }
-            tokio::select! {
-                () = tokio::time::sleep(AGENT_LEASE_RENEW) => {}
-                () = held_changed.notified() => {}
+            let next = tokio::time::sleep(self.next_renewal());
+            tokio::pin!(next);
+            loop {
+                tokio::select! {
+                    () = &mut next => break,
+                    () = held_changed.notified() => break,
+                    () = term_changed.notified() => {
+                        tokio::time::sleep(NEW_TERM_SETTLE).await;
+                        if self.unheard_by_leader() {
+                            break;
+                        }
+                    }
+                }
             }
         }
     }
@@ -585,10 +654,10 @@ mod tests {
             "{unowned}"
         );
         // podha never heard this agent in this boot: nothing said of it; the agent heeds
-        // holds.
+        // holds and terms.
         assert_eq!(
             body["metadata"]["annotations"],
-            json!({AGENT_HEEDS_HOLD_ANNOTATION: "true"}),
+            json!({AGENT_HEEDS_HOLD_ANNOTATION: "true", AGENT_HEEDS_TERM_ANNOTATION: "true"}),
             "{body}"
         );
     }
@@ -617,6 +686,35 @@ mod tests {
         .expect("client")
     }
 
+    /// While a leader of a later term than any heartbeat the agent counted leads, the Lease is
+    /// renewed every third of the window (no more often than every second), so that the new
+    /// leader sees it renewed in its own term; otherwise every 10 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_never_heard_the_agent_has_its_lease_renewed_often() {
+        let now = tokio::time::Instant::now();
+        let mut heard = Hearing::resumed(now, Some(Duration::from_secs(9)));
+        heard.heard_in_term(Some(4));
+        heard.lease_renewed(now);
+        let leader = std::sync::Arc::new(LeaderKey::default());
+        let lease = lease_of(offline_client(), None, heard)
+            .following(leader.clone(), Duration::from_secs(30));
+        assert_eq!(lease.next_renewal(), AGENT_LEASE_RENEW, "no term seen");
+        leader.seen_in_term(Some(4));
+        assert_eq!(
+            lease.next_renewal(),
+            AGENT_LEASE_RENEW,
+            "the term that heard it"
+        );
+        leader.seen_in_term(Some(5));
+        assert_eq!(lease.next_renewal(), Duration::from_secs(10));
+        let short = lease.following(leader.clone(), Duration::from_secs(4));
+        assert_eq!(short.next_renewal(), Duration::from_secs(4) / 3);
+        let shortest = short.following(leader.clone(), Duration::from_secs(2));
+        assert_eq!(shortest.next_renewal(), Duration::from_secs(1));
+        lock(&shortest.hearing).heard_in_term(Some(5));
+        assert_eq!(shortest.next_renewal(), AGENT_LEASE_RENEW, "heard by it");
+    }
+
     /// Once podha has heard the agent in this boot, its Lease says so, naming the boot; an
     /// agent that cannot read its boot says nothing.
     #[tokio::test]
@@ -628,7 +726,11 @@ mod tests {
         let body = lease.renewal(now).0;
         assert_eq!(
             body["metadata"]["annotations"],
-            json!({AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1", AGENT_HEEDS_HOLD_ANNOTATION: "true"})
+            json!({
+                AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1",
+                AGENT_HEEDS_HOLD_ANNOTATION: "true",
+                AGENT_HEEDS_TERM_ANNOTATION: "true",
+            })
         );
         // While podha holds the node the agent counts no silence, and a new leader must not
         // either: the Lease says nothing of the hearing, and is renewed at once.

@@ -11,6 +11,7 @@ use tracing::{info, warn};
 use super::WatchdogError;
 use super::hearing_file::{HearingFile, LastHeard};
 use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
+use super::leader_key::LeaderKey;
 use super::peer_list::lock;
 use super::peers::Peers;
 use super::server::{Hearing, SharedHearing};
@@ -49,52 +50,70 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
 /// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
 /// petted as [`pet_watchdog`] says. A node podha never heard since it booted asks nobody and
-/// stays. When podha last heard the node goes to the hearing file. Returns only when a
-/// stand-in for the watchdog took no pet ([`Watchdog::pet`]).
+/// stays, and so does one a new leader has not heard yet while it cannot count its silence
+/// (see [`isolation::NewTerm`]; the term from `leader`). When podha last heard the node goes
+/// to the hearing file. Returns only when a stand-in for the watchdog took no pet
+/// ([`Watchdog::pet`]).
 pub(super) async fn check_loop(
     args: &AgentArgs,
     hearing: SharedHearing,
+    leader: &LeaderKey,
     peers: &Peers,
     fencer: &Fencer,
     mut watchdog: Option<&mut Watchdog>,
     hearing_file: &mut HearingFile,
 ) -> WatchdogError {
     let timeout = args.isolation_timeout;
-    let survey_from = survey_after(timeout, watchdog.as_deref().map(Watchdog::timeout));
+    let watchdog_timeout = watchdog.as_deref().map(Watchdog::timeout);
+    let survey_from = survey_after(timeout, watchdog_timeout);
+    let window = isolation::renewal_window(timeout, watchdog_timeout);
     let mut ticker = tokio::time::interval(args.check_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut said = Said::Nothing;
     let mut confirmation = Confirmation::default();
     loop {
         ticker.tick().await;
-        let (silence, heard_ago) = {
-            let h = lock(&hearing);
-            (h.silence(Instant::now()), h.heard_ago(Instant::now()))
+        let (silence, heard_ago, new_term) = {
+            let (h, now) = (lock(&hearing), Instant::now());
+            (
+                h.silence(now),
+                h.heard_ago(now),
+                h.new_term(leader.term(), now, window),
+            )
         };
         if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
             hearing_file.record(at);
         }
-        if let Err(e) = pet(watchdog.as_deref_mut(), silence, timeout, None) {
+        if let Err(e) = pet(watchdog.as_deref_mut(), silence, timeout, None, new_term) {
             return e;
         }
         let survey = match silence {
-            Silence::For(not_heard_for) if not_heard_for >= survey_from => {
+            Silence::For(not_heard_for) if not_heard_for >= survey_from && new_term.is_none() => {
                 Some(peers.survey(not_heard_for.min(timeout)).await)
             }
             _ => None,
         };
         // The survey took a while: heard meanwhile?
-        let silence = match &survey {
+        let (silence, new_term) = match &survey {
             Some(survey) => {
-                let silence = lock(&hearing).silence(Instant::now());
-                if let Err(e) = pet(watchdog.as_deref_mut(), silence, timeout, Some(survey)) {
+                let (h, now) = (lock(&hearing), Instant::now());
+                let (silence, new_term) = (h.silence(now), h.new_term(leader.term(), now, window));
+                drop(h);
+                let petted = pet(
+                    watchdog.as_deref_mut(),
+                    silence,
+                    timeout,
+                    Some(survey),
+                    new_term,
+                );
+                if let Err(e) = petted {
                     return e;
                 }
-                silence
+                (silence, new_term)
             }
-            None => silence,
+            None => (silence, new_term),
         };
-        let verdict = decide(silence, timeout, survey.as_ref());
+        let verdict = decide(silence, timeout, survey.as_ref(), new_term);
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
             Verdict::Heard => {
@@ -107,7 +126,7 @@ pub(super) async fn check_loop(
             Verdict::Fence(why) => {
                 info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
             }
-            Verdict::Stay(why) => said.stay(&args.node, silence, &why),
+            Verdict::Stay(why) => said.stay(&args.node, silence, new_term.is_some(), &why),
         }
     }
 }
@@ -119,13 +138,16 @@ enum Said {
     NeverHeard,
     Held,
     Unheard,
+    /// Unheard, and a new leader that has not heard this node cannot count its silence.
+    UnheardByNewLeader,
 }
 
 impl Said {
-    fn stay(&mut self, node: &str, silence: Silence, why: &str) {
+    fn stay(&mut self, node: &str, silence: Silence, new_leader: bool, why: &str) {
         let now = match silence {
             Silence::NeverHeard => Self::NeverHeard,
             Silence::Held => Self::Held,
+            Silence::For(_) if new_leader => Self::UnheardByNewLeader,
             Silence::For(_) => Self::Unheard,
         };
         if *self == now {
@@ -140,15 +162,16 @@ impl Said {
 }
 
 /// Pets the watchdog, if there is one, when [`pet_watchdog`] allows it (given the survey, if
-/// one was made).
+/// one was made, and a new leader that cannot count this node's silence, if one leads).
 fn pet(
     watchdog: Option<&mut Watchdog>,
     silence: Silence,
     timeout: Duration,
     survey: Option<&isolation::Survey>,
+    new_term: Option<isolation::NewTerm>,
 ) -> Result<(), WatchdogError> {
     match watchdog {
-        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey) => w.pet(),
+        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey, new_term) => w.pet(),
         _ => Ok(()),
     }
 }

@@ -140,6 +140,41 @@ pub enum Silence {
     Held,
 }
 
+/// podha's leader changed since it last heard this node, and the new one cannot count its
+/// silence: the leader Lease shows a later leadership term than any heartbeat the agent
+/// counted (each signs its sender's term), and the agent's Lease was renewed within
+/// [`renewal_window`]. A leader that never heard an agent counts its silence only from an
+/// earlier leader's hearing (the Lease's word that it was heard in this boot), and never once
+/// it saw the agent's Lease renewed in its own term (`planner::proof`): the renewals show the
+/// agent runs, so podha holds its node and reports it (a new leader whose node cannot reach
+/// this one, say). The agent stays up, and pets its watchdog, while it renews.
+///
+/// Why the renewals must be this recent: the new term began either before the last renewal
+/// was taken (the new leader sees it renewed in its term, and counts nothing) or after it was
+/// sent. In that case the new leader's proof waits the isolation timeout plus its margin from
+/// its own first unanswered probe, later still; an agent whose renewals stop (the API server
+/// out of its reach) stops staying at the last one plus the window, and its watchdog fires
+/// within the watchdog's timeout of that: within the isolation timeout of the last renewal.
+/// The margin covers the time podha takes to see a renewal (its watch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewTerm {
+    /// The latest term among the heartbeats the agent counted.
+    pub heard_in: u64,
+    /// The term the leader Lease shows.
+    pub leads: u64,
+    /// How long ago the last renewal of the agent's Lease that was taken was sent.
+    pub renewed_ago: Duration,
+}
+
+/// How recent the last renewal of the agent's Lease must be for a new leader that never heard
+/// it to have seen it renewed in its own term, or to see this node fenced before its proof
+/// (see [`NewTerm`]): the isolation timeout less the watchdog's (less half the isolation
+/// timeout without a watchdog, whose agent's silence proves nothing anyway). The agent renews
+/// its Lease every third of it while it counts on this (`super::advert`).
+pub fn renewal_window(timeout: Duration, watchdog: Option<Duration>) -> Duration {
+    timeout.saturating_sub(watchdog.unwrap_or(timeout / 2))
+}
+
 /// The agent's verdict on its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -155,8 +190,15 @@ pub enum Verdict {
 /// (gathered only once the silence neared `timeout`). A node podha never heard since it booted
 /// stays, with no survey: an agent podha cannot reach would otherwise fence its node after
 /// every boot, and when a whole cluster powers up without its control plane, every node is
-/// unheard and knows no peers; fencing then would reboot every node, again and again.
-pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> Verdict {
+/// unheard and knows no peers; fencing then would reboot every node, again and again. A node
+/// a new leader has not heard yet stays while its renewals keep that leader from counting its
+/// silence (`new_term`, see [`NewTerm`]).
+pub fn decide(
+    silence: Silence,
+    timeout: Duration,
+    survey: Option<&Survey>,
+    new_term: Option<NewTerm>,
+) -> Verdict {
     let not_heard_for = match silence {
         Silence::NeverHeard => {
             return Verdict::Stay(
@@ -179,10 +221,21 @@ pub fn decide(silence: Silence, timeout: Duration, survey: Option<&Survey>) -> V
     if not_heard_for < timeout {
         return Verdict::Heard;
     }
+    let silent = humantime::format_duration(round_secs(not_heard_for));
+    if let Some(t) = new_term {
+        return Verdict::Stay(format!(
+            "podha has not heard this node for {silent}, but its leader changed since (term {} \
+             last heard it, the leader Lease shows term {}) and the new leader has not heard \
+             it: this agent's Lease, renewed {} ago, shows the new leader it runs, so it counts \
+             no silence of it",
+            t.heard_in,
+            t.leads,
+            humantime::format_duration(round_secs(t.renewed_ago)),
+        ));
+    }
     let Some(survey) = survey else {
         return Verdict::Stay("not heard; the peers are not asked yet".into());
     };
-    let silent = humantime::format_duration(round_secs(not_heard_for));
     let peers = match survey.peers {
         PeerCount::Unknown => {
             return Verdict::Fence(format!(
@@ -230,8 +283,9 @@ pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
 ///   (`not_heard_for + watchdog <= timeout`): podha's silence proof, which waits `timeout`
 ///   plus a margin from that hearing, then never sees a node that still runs;
 /// - later, only while `survey` shows podha cannot prove this node's silence (it hears no
-///   majority: its leader or the control plane is down, or it hears part of the fleet):
-///   nothing can be moved, and a watchdog reset would take a healthy node down.
+///   majority: its leader or the control plane is down, or it hears part of the fleet), or
+///   while a new leader that has not heard it cannot count its silence (`new_term`, see
+///   [`NewTerm`]): nothing can be moved, and a watchdog reset would take a healthy node down.
 ///
 /// A frozen or hung node pets nothing, whatever the rule says.
 pub fn pet_watchdog(
@@ -239,11 +293,13 @@ pub fn pet_watchdog(
     timeout: Duration,
     watchdog: Duration,
     survey: Option<&Survey>,
+    new_term: Option<NewTerm>,
 ) -> bool {
     match silence {
         Silence::NeverHeard | Silence::Held => true,
         Silence::For(not_heard_for) => {
             not_heard_for.saturating_add(watchdog) <= timeout
+                || new_term.is_some()
                 || survey.is_some_and(|s| s.podha_cannot_prove(not_heard_for.min(timeout)))
         }
     }
@@ -303,3 +359,6 @@ mod tests;
 
 #[cfg(test)]
 mod quorum_tests;
+
+#[cfg(test)]
+mod new_term_tests;

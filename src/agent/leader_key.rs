@@ -14,6 +14,13 @@
 //! proves no silence of an agent it cannot hear. A new agent starts never heard from an old
 //! agent's hearing record (see `super::hearing_file`), so it does not fence meanwhile.
 //!
+//! The same watch follows the leadership term the Lease shows (`leaseTransitions`, raised with
+//! every acquisition): podha signs its term into each heartbeat, so an agent that sees a later
+//! term than the one that last heard it knows a new leader has not heard it yet (see
+//! `super::isolation::NewTerm`). A Lease that cannot be watched leaves the term last seen;
+//! one deleted leaves none (and a recreated one starts again from zero): the agent then knows
+//! of no later term, which is the side that fences.
+//!
 //! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
 //! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on
 //! trusting the leader its predecessor trusted, and so stays heard.
@@ -34,6 +41,11 @@ use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey};
 #[derive(Debug, Default)]
 pub struct LeaderKey {
     key: Mutex<Option<PublicKey>>,
+    /// The leadership term the Lease showed last (`None`: no Lease seen, or it was deleted).
+    term: Mutex<Option<u64>>,
+    /// Told whenever the term changes: the agent's Lease is renewed at once (see
+    /// `super::advert`).
+    term_changed: std::sync::Arc<tokio::sync::Notify>,
     /// Where the key read last is kept for the next agent of this boot (`None`: nowhere).
     kept: Option<(PathBuf, Option<String>)>,
 }
@@ -57,6 +69,7 @@ impl LeaderKey {
         Self {
             key: Mutex::new(key),
             kept: Some((path, boot.map(str::to_string))),
+            ..Self::default()
         }
     }
 
@@ -65,10 +78,31 @@ impl LeaderKey {
         *lock(&self.key)
     }
 
-    /// Takes the Lease as seen (`None`: there is none): its key replaces the one held; a Lease
-    /// without one leaves it.
+    /// The leadership term the leader Lease showed last, if any.
+    pub fn term(&self) -> Option<u64> {
+        *lock(&self.term)
+    }
+
+    /// What is told whenever the term changes.
+    pub fn term_changed(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.term_changed.clone()
+    }
+
+    /// Takes the Lease as seen (`None`: there is none): its key replaces the one held (a Lease
+    /// without one leaves it), and its term the one held.
     fn saw(&self, lease: Option<&Lease>) {
         self.took(lease.and_then(published_key));
+        self.seen_in_term(lease.map(term_of));
+    }
+
+    /// The leader Lease shows `term` (`None`: there is none).
+    pub(super) fn seen_in_term(&self, term: Option<u64>) {
+        let mut held = lock(&self.term);
+        if *held != term {
+            info!(?term, "podha's leader Lease shows a new leadership term");
+            *held = term;
+            self.term_changed.notify_one();
+        }
     }
 
     /// A key replaces the one held; none leaves it.
@@ -120,6 +154,17 @@ fn load(path: &Path, boot: Option<&str>) -> Option<PublicKey> {
     PublicKey::parse(lines.next()?)
 }
 
+/// The leadership term a leader Lease shows: its `leaseTransitions` (0 when it has none), as
+/// podha's leader reads its own (`crate::leader`).
+pub fn term_of(lease: &Lease) -> u64 {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .and_then(|t| u64::try_from(t).ok())
+        .unwrap_or(0)
+}
+
 /// The key a leader Lease publishes, if it carries a well-formed one.
 pub fn published_key(lease: &Lease) -> Option<PublicKey> {
     lease
@@ -160,6 +205,26 @@ mod tests {
         lease.metadata.annotations =
             Some([(LEADER_KEY_ANNOTATION.to_string(), first.encode())].into());
         assert_eq!(published_key(&lease), Some(first));
+    }
+
+    #[tokio::test]
+    async fn the_term_is_the_leases_transitions_and_a_change_is_told() {
+        let held = LeaderKey::default();
+        let changed = held.term_changed();
+        assert_eq!(held.term(), None);
+        let mut lease = Lease::default();
+        held.saw(Some(&lease));
+        assert_eq!(held.term(), Some(0), "no transitions yet");
+        changed.notified().await;
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            lease_transitions: Some(3),
+            ..Default::default()
+        });
+        held.saw(Some(&lease));
+        assert_eq!(held.term(), Some(3));
+        changed.notified().await;
+        held.saw(None);
+        assert_eq!(held.term(), None, "deleted: no later term known");
     }
 
     #[test]

@@ -440,7 +440,10 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         watchdog: watchdog::advertised(&watchdog),
         key: identity.public(),
     };
-    let lease = advert_lease(&args, &client, &namespace, boot.clone(), hearing.clone());
+    let lease = advert_lease(&args, &client, &namespace, boot.clone(), hearing.clone()).following(
+        leader_key.clone(),
+        isolation::renewal_window(args.isolation_timeout, watchdog_timeout),
+    );
     let advertise = async {
         tokio::select! {
             r = requests::follow(client.clone(), &args.node, advert, listening, boot, &args.boot_history_file, fencer.clone()) => r,
@@ -456,7 +459,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (result, withdrawn) = tokio::select! {
         r = serve => (r.map_err(AgentError::Serve), false),
         ended = advertising => ended.outcome(),
-        failed = check_loop(&args, hearing, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
+        failed = check_loop(&args, hearing, &leader_key, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
         () = peers.keep_warm() => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
         changed = shared_kernel::until_changed(&nodes, &args.node, &kernel, &verdict) => (Err(AgentError::KernelVerdictChanged(changed.err())), false),

@@ -35,7 +35,7 @@ use axum::routing::get;
 use tokio::time::Instant;
 
 use super::counters;
-use super::isolation::Silence;
+use super::isolation::{NewTerm, Silence};
 use super::leader_key::LeaderKey;
 use super::peer_list::lock;
 use super::peers::Peers;
@@ -70,6 +70,13 @@ pub struct Hearing {
     /// Told whenever the hold changes: the agent's Lease is written at once (see
     /// `super::advert`).
     held_changed: Arc<tokio::sync::Notify>,
+    /// The latest leadership term among the heartbeats the agent counted (each names its
+    /// sender's); `None` while none named one. Not kept across a restart: an agent that does
+    /// not know it sees no later term, the side that fences.
+    heard_term: Option<u64>,
+    /// When the agent last sent a renewal of its Lease that the API server took (see
+    /// `super::advert`).
+    lease_renewed: Option<Instant>,
 }
 
 /// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
@@ -156,6 +163,34 @@ impl Hearing {
                 self.held_changed.notify_one();
             }
         }
+    }
+
+    /// A heartbeat the agent counted named its sender's leadership term (`None`: it did not).
+    pub fn heard_in_term(&mut self, term: Option<u64>) {
+        if let Some(term) = term {
+            self.heard_term = Some(self.heard_term.map_or(term, |t| t.max(term)));
+        }
+    }
+
+    /// A renewal of the agent's Lease sent at `sent` was taken.
+    pub fn lease_renewed(&mut self, sent: Instant) {
+        self.lease_renewed = Some(self.lease_renewed.map_or(sent, |at| at.max(sent)));
+    }
+
+    /// Whether, at `now`, a leader of a later term than any heartbeat the agent counted leads
+    /// (`leads`, the term the leader Lease shows) and so never heard this agent, while podha
+    /// heard it in this boot and does not hold it; `window`: how recent the last renewal of
+    /// the agent's Lease must be for the new leader to have seen it renewed in its own term
+    /// (see [`NewTerm`]). `None` if not, or the renewal is older.
+    pub fn new_term(&self, leads: Option<u64>, now: Instant, window: Duration) -> Option<NewTerm> {
+        let (heard_in, leads) = self.heard_term.zip(leads)?;
+        let renewed_ago = now.saturating_duration_since(self.lease_renewed?);
+        let counts = self.last.is_some() && !self.held && !self.unsure;
+        (counts && leads > heard_in && renewed_ago <= window).then_some(NewTerm {
+            heard_in,
+            leads,
+            renewed_ago,
+        })
     }
 
     /// Whether the agent takes its node as held: it fences nothing on isolation.
@@ -348,6 +383,7 @@ async fn heartbeat(
                 let heard_ago = q.heard_ago().map(|ago| ago.saturating_sub(since_issue));
                 hearing.probed(issued, heard_ago);
                 hearing.hold(q.hold);
+                hearing.heard_in_term(q.term);
             }
             None => {
                 counters::stale_heartbeat();

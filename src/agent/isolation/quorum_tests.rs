@@ -66,7 +66,7 @@ fn every_split_of_one_to_seven_agents_stays_only_where_podha_cannot_prove_the_si
         let split =
             format!("{agents} agents: {heard} heard, {unheard} unheard, {unanswered} unanswered");
         let survey = survey(peers, heard, unheard);
-        let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+        let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey), None);
         assert_eq!(stays(&verdict), unheard >= to_stay, "{split}: {verdict:?}");
         // podha hears at most the heard peers and those that did not answer.
         let podha_may_prove = silence_counts_among(heard + unanswered, peers);
@@ -92,7 +92,13 @@ fn every_split_of_one_to_seven_agents_stays_only_where_podha_cannot_prove_the_si
             );
         }
         // Past the free window, the watchdog is petted exactly while the agent stays.
-        let pets = pet_watchdog(Silence::For(TIMEOUT), TIMEOUT, WATCHDOG, Some(&survey));
+        let pets = pet_watchdog(
+            Silence::For(TIMEOUT),
+            TIMEOUT,
+            WATCHDOG,
+            Some(&survey),
+            None,
+        );
         assert_eq!(pets, stays(&verdict), "{split}");
     }
 }
@@ -102,7 +108,7 @@ fn a_survey_that_stops_where_it_settles_decides_as_the_whole_survey() {
     for (agents, _, heard, unheard) in splits() {
         let peers = agents - 1;
         let whole = survey(peers, heard, unheard);
-        let full = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&whole)));
+        let full = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&whole), None));
         // The answers in either order, cut where the survey would stop.
         for reversed in [false, true] {
             let mut answers = whole.answers.clone();
@@ -119,7 +125,7 @@ fn a_survey_that_stops_where_it_settles_decides_as_the_whole_survey() {
                 }
                 prefix.answers.push(answer);
             }
-            let cut = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&prefix)));
+            let cut = stays(&decide(Silence::For(TIMEOUT), TIMEOUT, Some(&prefix), None));
             assert_eq!(
                 cut,
                 full,
@@ -175,7 +181,7 @@ impl Fleet {
         let (mut fenced, mut provable) = (0, 0);
         for me in (0..Self::SIZE).filter(|i| (i * 7919) % Self::SIZE >= self.heard) {
             let survey = self.survey_by(me);
-            let verdict = decide(Silence::For(TIMEOUT * 2), TIMEOUT, Some(&survey));
+            let verdict = decide(Silence::For(TIMEOUT * 2), TIMEOUT, Some(&survey), None);
             fenced += usize::from(!stays(&verdict));
             provable += usize::from(podha_proves);
         }

@@ -43,14 +43,14 @@ fn fences(v: &Verdict) -> bool {
 #[test]
 fn a_heard_node_asks_nobody_and_stays() {
     assert_eq!(
-        decide(For(Duration::from_secs(29)), T, None),
+        decide(For(Duration::from_secs(29)), T, None, None),
         Verdict::Heard
     );
 }
 
 #[test]
 fn a_node_podha_cannot_hear_while_it_hears_a_peer_fences() {
-    let v = decide(For(T), T, Some(&survey(9, &[s(40), s(2)])));
+    let v = decide(For(T), T, Some(&survey(9, &[s(40), s(2)])), None);
     assert!(fences(&v), "{v:?}");
 }
 
@@ -58,7 +58,12 @@ fn a_node_podha_cannot_hear_while_it_hears_a_peer_fences() {
 fn when_podha_hears_nobody_the_unheard_peers_keep_every_node_up() {
     // The leader crashed 60 s ago: every agent is unheard, and says so to the others.
     let unheard = [s(61), s(60), None, s(62), s(60)];
-    let v = decide(For(Duration::from_secs(60)), T, Some(&survey(9, &unheard)));
+    let v = decide(
+        For(Duration::from_secs(60)),
+        T,
+        Some(&survey(9, &unheard)),
+        None,
+    );
     assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
 }
 
@@ -66,10 +71,10 @@ fn when_podha_hears_nobody_the_unheard_peers_keep_every_node_up() {
 fn peers_whose_silence_began_with_this_nodes_are_not_heard() {
     // podha's leader stopped 30 s ago; the peers' last probes came up to a second after
     // this node's: they are as unheard as this node, and vouch.
-    let v = decide(For(T), T, Some(&survey(4, &[s(29), s(29), s(30)])));
+    let v = decide(For(T), T, Some(&survey(4, &[s(29), s(29), s(30)])), None);
     assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
     // Heard 15 s ago, within half the timeout: with this node, 2 of 5 agents shown unheard.
-    let v = decide(For(T), T, Some(&survey(4, &[s(15), s(29)])));
+    let v = decide(For(T), T, Some(&survey(4, &[s(15), s(29)])), None);
     assert!(fences(&v), "{v:?}");
 }
 
@@ -77,7 +82,7 @@ fn peers_whose_silence_began_with_this_nodes_are_not_heard() {
 fn a_minority_cut_off_together_cannot_vouch_for_itself() {
     // Three of ten nodes partitioned with this one: they answer, unheard; the rest of the
     // cluster (heard by podha, a majority) is out of reach.
-    let v = decide(For(T), T, Some(&survey(9, &[s(31), s(35), s(40)])));
+    let v = decide(For(T), T, Some(&survey(9, &[s(31), s(35), s(40)])), None);
     assert!(fences(&v), "{v:?}");
 }
 
@@ -85,25 +90,30 @@ fn a_minority_cut_off_together_cannot_vouch_for_itself() {
 fn more_than_half_of_the_cluster_cut_off_together_stays_up_as_podha_cannot_prove_it() {
     // Six of ten: podha hears four, no strict majority, and counts none of their silences.
     let six = survey(9, &[s(31), s(35), s(40), None, s(33)]);
-    let v = decide(For(T), T, Some(&six));
+    let v = decide(For(T), T, Some(&six), None);
     assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
     assert!(!silence_counts_among(4, 9));
     // Five of ten, an exact tie: podha hears five, no strict majority either, but the cut-off
     // half fences: a tie leaves no room for a peer list one node behind podha's.
     let five = survey(9, &[s(31), s(35), s(40), None]);
-    assert!(fences(&decide(For(T), T, Some(&five))));
+    assert!(fences(&decide(For(T), T, Some(&five), None)));
     assert!(!silence_counts_among(5, 9));
 }
 
 #[test]
 fn a_node_no_peer_answers_fences() {
-    let v = decide(For(T), T, Some(&survey(9, &[])));
+    let v = decide(For(T), T, Some(&survey(9, &[])), None);
     assert!(fences(&v), "{v:?}");
 }
 
 #[test]
 fn a_node_that_knows_it_is_alone_stays() {
-    let v = decide(For(Duration::from_secs(600)), T, Some(&survey(0, &[])));
+    let v = decide(
+        For(Duration::from_secs(600)),
+        T,
+        Some(&survey(0, &[])),
+        None,
+    );
     assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
 }
 
@@ -111,7 +121,7 @@ fn a_node_that_knows_it_is_alone_stays() {
 fn a_node_that_never_read_its_peer_list_fences() {
     // Cut off from everything since the agent started: the list was never read. An empty
     // list taken for a cluster of one kept such a node up while podha moved its volumes.
-    let v = decide(For(T), T, Some(&unknown_peers()));
+    let v = decide(For(T), T, Some(&unknown_peers()), None);
     assert!(fences(&v), "{v:?}");
     assert!(!unknown_peers().podha_cannot_prove(T));
     assert!(unknown_peers().settled(T), "nobody to ask");
@@ -124,20 +134,23 @@ fn a_node_that_never_read_its_peer_list_stops_petting_after_its_free_window() {
         For(Duration::from_secs(20)),
         T,
         W,
-        Some(&unknown_peers())
+        Some(&unknown_peers()),
+        None
     ));
     // ...and not after: the unknown list shows nothing, and the watchdog resets the node.
     assert!(!pet_watchdog(
         For(Duration::from_secs(21)),
         T,
         W,
-        Some(&unknown_peers())
+        Some(&unknown_peers()),
+        None
     ));
     assert!(!pet_watchdog(
         For(Duration::from_secs(600)),
         T,
         W,
-        Some(&unknown_peers())
+        Some(&unknown_peers()),
+        None
     ));
 }
 
@@ -146,7 +159,7 @@ fn a_node_podha_never_heard_since_it_booted_stays_and_pets_without_asking() {
     // podha cannot reach it from boot, or the whole cluster powered up with the API server
     // down: nobody has heard it, and its peer list is unknown. No survey is needed.
     for survey in [None, Some(unknown_peers()), Some(survey(9, &[s(1)]))] {
-        let v = decide(Silence::NeverHeard, T, survey.as_ref());
+        let v = decide(Silence::NeverHeard, T, survey.as_ref(), None);
         let Verdict::Stay(why) = &v else {
             panic!("{v:?}")
         };
@@ -154,13 +167,19 @@ fn a_node_podha_never_heard_since_it_booted_stays_and_pets_without_asking() {
             why.contains("never heard this node since it booted"),
             "{why}"
         );
-        assert!(pet_watchdog(Silence::NeverHeard, T, W, survey.as_ref()));
+        assert!(pet_watchdog(
+            Silence::NeverHeard,
+            T,
+            W,
+            survey.as_ref(),
+            None
+        ));
     }
 }
 
 #[test]
 fn unasked_peers_decide_nothing_yet() {
-    let v = decide(For(T), T, None);
+    let v = decide(For(T), T, None, None);
     assert!(matches!(v, Verdict::Stay(_)), "{v:?}");
 }
 
@@ -201,8 +220,14 @@ const W: Duration = Duration::from_secs(10);
 
 #[test]
 fn the_watchdog_is_petted_freely_only_while_it_would_fire_within_the_timeout() {
-    assert!(pet_watchdog(For(Duration::from_secs(20)), T, W, None));
-    assert!(!pet_watchdog(For(Duration::from_secs(21)), T, W, None));
+    assert!(pet_watchdog(For(Duration::from_secs(20)), T, W, None, None));
+    assert!(!pet_watchdog(
+        For(Duration::from_secs(21)),
+        T,
+        W,
+        None,
+        None
+    ));
     assert_eq!(survey_after(T, Some(W)), Duration::from_secs(20));
     assert_eq!(survey_after(T, None), T);
 }
@@ -212,31 +237,39 @@ fn after_that_the_watchdog_is_petted_only_while_podha_cannot_prove_the_silence()
     let at = Duration::from_secs(21);
     // podha's leader crashed 21 s ago: every peer as unheard as this node.
     let crashed = survey(4, &[s(21), s(20), s(22)]);
-    assert!(pet_watchdog(For(at), T, W, Some(&crashed)));
+    assert!(pet_watchdog(For(at), T, W, Some(&crashed), None));
     // No peers: nowhere to fail over to.
-    assert!(pet_watchdog(For(at), T, W, Some(&survey(0, &[]))));
+    assert!(pet_watchdog(For(at), T, W, Some(&survey(0, &[])), None));
     // Two peers heard a second ago: one of the four peers unheard, and podha may prove this
     // node's silence; the watchdog may fire.
     let isolated = survey(4, &[s(21), s(1), s(1)]);
-    assert!(!pet_watchdog(For(at), T, W, Some(&isolated)));
+    assert!(!pet_watchdog(For(at), T, W, Some(&isolated), None));
     // One peer heard: two of the four unheard, half; podha hears no majority.
     let partial = survey(4, &[s(21), s(1), s(22)]);
-    assert!(pet_watchdog(For(at), T, W, Some(&partial)));
+    assert!(pet_watchdog(For(at), T, W, Some(&partial), None));
     // Too few answers to vouch.
-    assert!(!pet_watchdog(For(at), T, W, Some(&survey(4, &[s(21)]))));
+    assert!(!pet_watchdog(
+        For(at),
+        T,
+        W,
+        Some(&survey(4, &[s(21)])),
+        None
+    ));
     // Long past the timeout, the same rule as the fence's (heard within half of it).
     let late = Duration::from_secs(90);
     assert!(pet_watchdog(
         For(late),
         T,
         W,
-        Some(&survey(4, &[s(89), s(16), s(16)]))
+        Some(&survey(4, &[s(89), s(16), s(16)])),
+        None
     ));
     assert!(!pet_watchdog(
         For(late),
         T,
         W,
-        Some(&survey(4, &[s(89), s(15), s(15)]))
+        Some(&survey(4, &[s(89), s(15), s(15)])),
+        None
     ));
 }
 
@@ -252,11 +285,31 @@ fn before_the_timeout_heard_means_within_half_of_this_nodes_silence() {
 #[test]
 fn the_verdict_holds_at_half_of_the_peers() {
     // Ten peers: four unheard fence, five stay.
-    assert!(fences(&decide(For(T), T, Some(&survey(10, &[s(40); 4])))));
-    assert!(!fences(&decide(For(T), T, Some(&survey(10, &[s(40); 5])))));
+    assert!(fences(&decide(
+        For(T),
+        T,
+        Some(&survey(10, &[s(40); 4])),
+        None
+    )));
+    assert!(!fences(&decide(
+        For(T),
+        T,
+        Some(&survey(10, &[s(40); 5])),
+        None
+    )));
     // Nine: four fence (with this node, half of the ten: the tie), five stay.
-    assert!(fences(&decide(For(T), T, Some(&survey(9, &[s(40); 4])))));
-    assert!(!fences(&decide(For(T), T, Some(&survey(9, &[s(40); 5])))));
+    assert!(fences(&decide(
+        For(T),
+        T,
+        Some(&survey(9, &[s(40); 4])),
+        None
+    )));
+    assert!(!fences(&decide(
+        For(T),
+        T,
+        Some(&survey(9, &[s(40); 5])),
+        None
+    )));
 }
 
 #[test]
@@ -268,10 +321,22 @@ fn at_the_shortest_timings_peers_silenced_with_this_node_count_unheard_by_the_pe
     let watchdog = Duration::from_secs(4);
     let at = Duration::from_millis(4200);
     let leader_died = survey(4, &[s(3), s(3), Some(Duration::from_millis(3200)), s(4)]);
-    assert!(pet_watchdog(For(at), short, watchdog, Some(&leader_died)));
+    assert!(pet_watchdog(
+        For(at),
+        short,
+        watchdog,
+        Some(&leader_died),
+        None
+    ));
     // The peers heard a second ago: podha hears them; no pet.
     let isolated = survey(4, &[s(1), s(1), s(1), s(4)]);
-    assert!(!pet_watchdog(For(at), short, watchdog, Some(&isolated)));
+    assert!(!pet_watchdog(
+        For(at),
+        short,
+        watchdog,
+        Some(&isolated),
+        None
+    ));
 }
 
 /// A node podha holds (paused, or no policy with the `Agent` proof selects it) stays up and
@@ -283,7 +348,7 @@ fn a_held_node_stays_up_and_pets_its_watchdog_whatever_its_peers_say() {
         peers: PeerCount::Known(4),
         answers: vec![Some(Duration::ZERO); 4],
     };
-    let Verdict::Stay(why) = decide(Silence::Held, timeout, Some(&everyone_heard)) else {
+    let Verdict::Stay(why) = decide(Silence::Held, timeout, Some(&everyone_heard), None) else {
         panic!("a held node fences nothing")
     };
     assert!(why.contains("podha holds this node"), "{why}");
@@ -292,23 +357,25 @@ fn a_held_node_stays_up_and_pets_its_watchdog_whatever_its_peers_say() {
         answers: vec![],
     };
     assert!(matches!(
-        decide(Silence::Held, timeout, Some(&unknown)),
+        decide(Silence::Held, timeout, Some(&unknown), None),
         Verdict::Stay(_)
     ));
     assert!(matches!(
-        decide(Silence::Held, timeout, None),
+        decide(Silence::Held, timeout, None, None),
         Verdict::Stay(_)
     ));
     assert!(pet_watchdog(
         Silence::Held,
         timeout,
         Duration::from_secs(4),
-        Some(&everyone_heard)
+        Some(&everyone_heard),
+        None
     ));
     assert!(pet_watchdog(
         Silence::Held,
         timeout,
         Duration::from_secs(4),
+        None,
         None
     ));
 }

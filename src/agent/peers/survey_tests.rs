@@ -221,7 +221,7 @@ async fn a_survey_of_300_peers_with_silent_ones_asked_first_decides_stay_within_
         150,
         "stops once half of the 301 agents, this one included, are unheard"
     );
-    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey), None);
     assert!(matches!(verdict, Verdict::Stay(_)), "{verdict:?}");
     assert_eq!(gauge.asked(), 3, "the silent peers were asked");
     assert!(
@@ -256,7 +256,7 @@ async fn heard_peers_answering_late_decide_fence_once_the_rest_could_not_make_ha
     let survey = surveyor.survey(TIMEOUT).await;
     let took = start.elapsed();
     assert_eq!(survey.answers.len(), 9, "{survey:?}");
-    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey), None);
     let Verdict::Fence(why) = &verdict else {
         panic!("{verdict:?}")
     };
@@ -314,7 +314,7 @@ async fn no_peer_is_asked_after_the_deadline_and_the_survey_ends_by_its_limit() 
         took >= times.deadline && took <= times.limit() + Duration::from_millis(300),
         "{took:?}"
     );
-    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey), None);
     assert!(matches!(verdict, Verdict::Fence(_)), "{verdict:?}");
 }
 
@@ -358,7 +358,7 @@ async fn a_spoofed_heard_answer_does_not_make_an_agent_fence() {
             .all(|a| a.is_some_and(|ago| ago >= secs(60) && ago < secs(61))),
         "{survey:?}"
     );
-    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey));
+    let verdict = decide(Silence::For(TIMEOUT), TIMEOUT, Some(&survey), None);
     assert!(matches!(verdict, Verdict::Stay(_)), "{verdict:?}");
     // The peer without a key is not asked; the spoofed answers were asked for, and given:
     // they were there to be believed (the survey may end, decided, before the last is asked).

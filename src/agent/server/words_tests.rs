@@ -383,3 +383,47 @@ async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node
     let plain = HeartbeatQuery::signed(&leader, "n1", None, "");
     assert_eq!(agent.heartbeat(&plain).await.expect("answered").held, None);
 }
+
+/// Only a heartbeat over a challenge the agent had out tells it which leadership term heard
+/// it: a new leader's first probe (no challenge) or a replay does not. The latest term heard
+/// counts, so a held-back heartbeat of an earlier term does not make a later term look new.
+#[tokio::test(start_paused = true)]
+async fn only_a_heartbeat_over_the_agents_challenge_tells_the_term_that_heard_it() {
+    let leader = key();
+    let agent = agent(&leader, vec![]);
+    let in_term = |term, heard_ago, challenge: &str| {
+        HeartbeatQuery::signed_as(
+            &leader,
+            "n1",
+            heard_ago,
+            Said {
+                hold: Some(false),
+                term: Some(term),
+            },
+            challenge,
+        )
+    };
+    let renewed = |h: &mut Hearing| h.lease_renewed(Instant::now());
+    renewed(&mut lock(&agent.hearing));
+    let new_term = |leads| lock(&agent.hearing).new_term(Some(leads), Instant::now(), s(30));
+    let first = agent
+        .heartbeat(&in_term(7, None, ""))
+        .await
+        .expect("answered");
+    assert_eq!(new_term(8), None, "nothing heard yet");
+    let taken = in_term(7, Some(Duration::ZERO), &first.challenge);
+    let answer = agent.heartbeat(&taken).await.expect("answered");
+    assert!(answer.heard);
+    assert_eq!(new_term(7), None, "heard by the term that leads");
+    assert_eq!(new_term(8).map(|t| (t.heard_in, t.leads)), Some((7, 8)));
+    // A later term's first probe: answered, no challenge taken, the term not taken either.
+    agent
+        .heartbeat(&in_term(9, Some(Duration::ZERO), "not-a-challenge"))
+        .await
+        .expect("answered");
+    assert_eq!(new_term(9).map(|t| t.heard_in), Some(7));
+    // An earlier term's heartbeat over the newest challenge: taken, the latest term kept.
+    let older = in_term(3, Some(Duration::ZERO), &answer.challenge);
+    agent.heartbeat(&older).await.expect("answered");
+    assert_eq!(new_term(8).map(|t| t.heard_in), Some(7));
+}

@@ -134,6 +134,13 @@ async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
         "the agent says it is heard"
     );
     assert!(second.unverified.is_empty());
+    // The heartbeats named the claim's term (0 here): the agent knows that term heard it.
+    let later = {
+        let mut h = hearing.lock().expect("lock");
+        h.lease_renewed(Instant::now());
+        h.new_term(Some(1), Instant::now(), Duration::MAX)
+    };
+    assert_eq!(later.map(|t| t.heard_in), Some(0));
     prober.abort();
     server.abort();
 }

@@ -137,6 +137,7 @@ pub async fn run(args: SurveyArgs) -> anyhow::Result<()> {
             Silence::For(ISOLATION_TIMEOUT),
             ISOLATION_TIMEOUT,
             Some(&survey),
+            None,
         );
         settle(&gauge).await;
         rss_after.push(rss_kib());
