@@ -19,7 +19,10 @@
 //!   replica takes the Lease and, though it never heard that node's agent, counts its silence
 //!   (the agent's Lease says the last leader heard it in this boot) from its own first
 //!   unanswered probe, and completes the failover under the agent's proof without a person,
-//!   with the same write-log checks.
+//!   with the same write-log checks;
+//! - a new leader whose node cannot reach two of the five agents: no node reboots, both agents
+//!   stay up as the new leader never heard them, and podha reports them unreachable
+//!   (`new_leader.rs`).
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
@@ -30,6 +33,8 @@ mod fencing;
 mod flood;
 #[path = "realnode_podha/forged_words.rs"]
 mod forged_words;
+#[path = "realnode_podha/new_leader.rs"]
+mod new_leader;
 #[path = "realnode_podha/paused.rs"]
 mod paused;
 

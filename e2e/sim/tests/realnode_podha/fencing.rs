@@ -660,6 +660,7 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
             outage_over(&ctx, &real, fences_before, Some(&stays_before)).await?;
         }
 
+        new_leader::new_leader_cut_off_from_two_agents(&ctx, &real, fences_before).await?;
         paused::paused_node_cut_off(&ctx, real[3], fences_before).await?;
 
         // Whether the writer lived through it is Kubernetes' call (the node lifecycle controller

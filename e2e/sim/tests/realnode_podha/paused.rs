@@ -70,7 +70,7 @@ pub(super) async fn paused_node_cut_off(
     Ok(())
 }
 
-fn boot_id(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+pub(super) fn boot_id(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
     Some(node.status.as_ref()?.node_info.as_ref()?.boot_id.clone())
 }
 

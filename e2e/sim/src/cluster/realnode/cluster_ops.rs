@@ -166,6 +166,17 @@ impl Cluster {
         Ok(())
     }
 
+    /// Cuts (`cut`) real node `from` off from real node `to`, or lets it through again: every
+    /// packet `from` or its pods send to `to`'s address is dropped, and so are the replies to
+    /// `to`'s connections. Every other path, `to`'s own included, stays.
+    pub fn unreachable_from(&self, from: &str, to: &str, cut: bool) -> Result<()> {
+        let from_node = self.real_node(from, "cut off")?;
+        let to_node = self.real_node(to, "cut off")?;
+        realnode::net::set_unreachable(&from_node.netns(), to_node.ip, cut)?;
+        info!(from, to, cut, "reachability between nodes changed");
+        Ok(())
+    }
+
     /// Cuts (`cut`) or restores real node `name`'s traffic to the API server; its containers
     /// keep running and its kubelet port still answers.
     pub fn partition_node(&self, name: &str, cut: bool) -> Result<()> {
