@@ -165,11 +165,12 @@ impl Hearing {
         }
     }
 
-    /// A heartbeat the agent counted named its sender's leadership term (`None`: it did not).
+    /// A heartbeat the agent counted named its sender's leadership term. `None`: it named
+    /// none (an older podha, or one that did not know this agent heeds terms), and the term
+    /// that heard the agent is unknown from then on: such a leader counts its silence, and an
+    /// unknown term shows no later one, the side that fences.
     pub fn heard_in_term(&mut self, term: Option<u64>) {
-        if let Some(term) = term {
-            self.heard_term = Some(self.heard_term.map_or(term, |t| t.max(term)));
-        }
+        self.heard_term = term.map(|term| self.heard_term.map_or(term, |t| t.max(term)));
     }
 
     /// A renewal of the agent's Lease sent at `sent` was taken.

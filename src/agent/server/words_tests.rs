@@ -424,6 +424,11 @@ async fn only_a_heartbeat_over_the_agents_challenge_tells_the_term_that_heard_it
     assert_eq!(new_term(9).map(|t| t.heard_in), Some(7));
     // An earlier term's heartbeat over the newest challenge: taken, the latest term kept.
     let older = in_term(3, Some(Duration::ZERO), &answer.challenge);
-    agent.heartbeat(&older).await.expect("answered");
+    let answer = agent.heartbeat(&older).await.expect("answered");
     assert_eq!(new_term(8).map(|t| t.heard_in), Some(7));
+    // A heartbeat naming no term (an older podha that took the Lease): the term that heard
+    // the agent is unknown, and no later term shows.
+    let no_term = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &answer.challenge);
+    agent.heartbeat(&no_term).await.expect("answered");
+    assert_eq!(new_term(8), None);
 }
