@@ -341,12 +341,24 @@ impl AdvertLease {
             }
             let next = tokio::time::sleep(self.next_renewal());
             tokio::pin!(next);
+            // After a new term, a look at whether its leader heard the agent by then; a hold
+            // meanwhile is written at once all the same.
+            let mut settled: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
             loop {
+                let settling = async {
+                    match settled.as_mut() {
+                        Some(sleep) => sleep.await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = &mut next => break,
                     () = held_changed.notified() => break,
                     () = term_changed.notified() => {
-                        tokio::time::sleep(NEW_TERM_SETTLE).await;
+                        settled = Some(Box::pin(tokio::time::sleep(NEW_TERM_SETTLE)));
+                    }
+                    () = settling => {
+                        settled = None;
                         if self.unheard_by_leader() {
                             break;
                         }
