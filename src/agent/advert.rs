@@ -7,7 +7,8 @@
 //!   nodeSelector or stopped for good no longer passes for one that fences: podha counts a
 //!   node's silence as a fence only while its agent's Lease is there and was renewed within
 //!   its duration before the silence began. The Lease also says whether podha has heard the
-//!   agent in this boot, for a podha replica that gains leadership (`planner::proof`).
+//!   agent in this boot, for a podha replica that gains leadership (`planner::proof`); see
+//!   `lease`.
 //!
 //! On SIGTERM the agent withdraws both first ([`advertise_until_withdrawn`]), and disarms its
 //! watchdog only once the API server confirmed the withdrawal: from then on nothing fences the
@@ -16,26 +17,21 @@
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
-use std::sync::Arc;
+mod lease;
+
+pub use lease::{AdvertLease, OwnerPod};
 
 use super::error::AgentError;
-use super::leader_key::LeaderKey;
 use super::peer_list::lock;
-use super::server::SharedHearing;
 
 use crate::contract::{
-    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION,
-    AGENT_HEEDS_TERM_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_LEASE_DURATION, AGENT_LEASE_LABEL,
-    AGENT_LEASE_RENEW, AGENT_PORT_ANNOTATION, AGENT_PROBE_INTERVAL, AGENT_WATCHDOG_ANNOTATION,
-    PublicKey, agent_lease_name, fenced_within_value,
+    AGENT_FENCED_WITHIN_ANNOTATION, AGENT_KEY_ANNOTATION, AGENT_PORT_ANNOTATION,
+    AGENT_WATCHDOG_ANNOTATION, PublicKey, fenced_within_value,
 };
 
 /// How long one try at the withdrawal on SIGTERM may take, both writes together.
@@ -51,7 +47,7 @@ pub const WITHDRAW_RETRY: Duration = Duration::from_secs(1);
 pub const ADVERT_RETRY: Duration = Duration::from_secs(5);
 
 /// The field manager of the agent's server-side applies.
-const FIELD_MANAGER: &str = "podha-agent";
+pub(in crate::agent) const FIELD_MANAGER: &str = "podha-agent";
 
 /// Every annotation an advert may put on its Node: what [`removal`] takes off.
 const ANNOTATIONS: [&str; 4] = [
@@ -170,217 +166,6 @@ fn removal() -> serde_json::Value {
     json!({"metadata": {"annotations": annotations}})
 }
 
-/// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
-/// the Lease with the Pod, even when the agent was killed before it could.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnerPod {
-    pub name: String,
-    pub uid: String,
-}
-
-/// The agent's Lease: renewed every [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`]. Each
-/// renewal also says whether podha has heard the agent in this boot
-/// ([`AGENT_HEARD_IN_BOOT_ANNOTATION`]), so that a podha replica that gains leadership knows
-/// the agent counts its silence. While a leader of a later term than the one that last heard
-/// the agent leads, it is renewed more often (see [`AdvertLease::following`]).
-pub struct AdvertLease {
-    leases: Api<Lease>,
-    node: String,
-    owner: Option<OwnerPod>,
-    /// This node's boot ID, if the agent could read it (without it the Lease says nothing of
-    /// being heard).
-    boot: Option<String>,
-    hearing: SharedHearing,
-    /// The leader Lease as the agent follows it: its term.
-    leader: Arc<LeaderKey>,
-    /// How recent a renewal must be for a new leader that never heard the agent to count no
-    /// silence of it ([`super::isolation::renewal_window`]).
-    window: Duration,
-}
-
-/// How long after the leader Lease shows a new term the agent waits before it renews its Lease
-/// early, if the new leader has not heard it by then: two probes, the first of which only
-/// fetches a challenge the second signs. The agents the new leader reaches do not renew early.
-const NEW_TERM_SETTLE: Duration = AGENT_PROBE_INTERVAL.saturating_mul(2);
-
-impl AdvertLease {
-    pub fn new(
-        client: kube::Client,
-        namespace: &str,
-        node: &str,
-        owner: Option<OwnerPod>,
-        boot: Option<String>,
-        hearing: SharedHearing,
-    ) -> Self {
-        Self {
-            leases: Api::namespaced(client, namespace),
-            node: node.to_string(),
-            owner,
-            boot,
-            hearing,
-            leader: Arc::default(),
-            window: Duration::ZERO,
-        }
-    }
-
-    /// The Lease following the leader Lease's term as `leader` reads it: while a leader of a
-    /// later term than any heartbeat the agent counted leads (one that never heard it), the
-    /// Lease is renewed every third of `window` (but not more often than every second), so that the new leader
-    /// sees it renewed in its own term and counts no silence of it, and the agent, which
-    /// stays up only while its last renewal is within `window`, does (see
-    /// [`super::isolation::NewTerm`]).
-    pub fn following(mut self, leader: Arc<LeaderKey>, window: Duration) -> Self {
-        self.leader = leader;
-        self.window = window;
-        self
-    }
-
-    /// Whether a leader that never heard the agent leads: the agent stays up on isolation
-    /// only while it renews its Lease often.
-    fn unheard_by_leader(&self) -> bool {
-        lock(&self.hearing)
-            .new_term(
-                self.leader.term(),
-                tokio::time::Instant::now(),
-                Duration::MAX,
-            )
-            .is_some()
-    }
-
-    /// How long until the next renewal: [`AGENT_LEASE_RENEW`], or a third of the window while
-    /// a leader that never heard the agent leads.
-    fn next_renewal(&self) -> Duration {
-        if self.unheard_by_leader() {
-            AGENT_LEASE_RENEW.min((self.window / 3).max(Duration::from_secs(1)))
-        } else {
-            AGENT_LEASE_RENEW
-        }
-    }
-
-    /// The Lease as renewed at `now`, for a server-side apply, saying in which boot podha has
-    /// heard this agent, if it has and does not hold its node (while it does, or asks to, the
-    /// agent counts no silence, and a new leader must not count it either; a server-side
-    /// apply without the word takes an earlier one off); and whether a hold waits for this
-    /// renewal (its body then lacks the word: written, the hold is taken). Read at once, so
-    /// the two agree.
-    fn renewal(&self, now: Timestamp) -> (serde_json::Value, bool) {
-        let hearing = lock(&self.hearing);
-        let counts = hearing.heard_ago(tokio::time::Instant::now()).is_some() && !hearing.holding();
-        let heard_in_boot = self.boot.as_deref().filter(|_| counts);
-        (self.body_saying(now, heard_in_boot), hearing.hold_pending())
-    }
-
-    /// The Lease as renewed at `now`, saying podha heard the agent in `heard_in_boot`, if any.
-    fn body_saying(&self, now: Timestamp, heard_in_boot: Option<&str>) -> serde_json::Value {
-        let mut annotations = json!({
-            AGENT_HEEDS_HOLD_ANNOTATION: "true",
-            AGENT_HEEDS_TERM_ANNOTATION: "true",
-        });
-        if let Some(boot) = heard_in_boot {
-            annotations[AGENT_HEARD_IN_BOOT_ANNOTATION] = json!(boot);
-        }
-        let mut metadata = json!({
-            "name": agent_lease_name(&self.node),
-            "labels": {AGENT_LEASE_LABEL: "true"},
-            "annotations": annotations,
-        });
-        if let Some(pod) = &self.owner {
-            // No blockOwnerDeletion: setting it needs a right on the Pod the agent lacks.
-            metadata["ownerReferences"] = json!([{
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "uid": pod.uid,
-            }]);
-        }
-        json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": metadata,
-            "spec": {
-                "holderIdentity": self.node,
-                "leaseDurationSeconds": AGENT_LEASE_DURATION.as_secs(),
-                "renewTime": MicroTime(now),
-            },
-        })
-    }
-
-    /// Renews the Lease every [`AGENT_LEASE_RENEW`] (or more often, [`Self::next_renewal`])
-    /// for as long as the agent runs; at once when podha starts or stops holding the node, and
-    /// [`NEW_TERM_SETTLE`] after the leader Lease shows a new term if the new leader has not
-    /// heard the agent by then; a failed renewal is tried again at the next one (three may
-    /// fail before the Lease lapses).
-    pub async fn keep(&self) {
-        let name = agent_lease_name(&self.node);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let held_changed = lock(&self.hearing).held_changed();
-        let term_changed = self.leader.term_changed();
-        let mut renewed = false;
-        loop {
-            let sent = tokio::time::Instant::now();
-            let (body, pending) = self.renewal(Timestamp::now());
-            let written = self
-                .leases
-                .patch(&name, &params, &Patch::Apply(&body))
-                .await;
-            if written.is_ok() {
-                let mut hearing = lock(&self.hearing);
-                hearing.hold_written(pending);
-                hearing.lease_renewed(sent);
-            }
-            match written {
-                Ok(_) if !renewed => {
-                    info!(lease = %name, "agent Lease renewed: podha counts this agent");
-                    renewed = true;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    warn!(lease = %name, error = %e, "cannot renew the agent Lease");
-                    renewed = false;
-                }
-            }
-            let next = tokio::time::sleep(self.next_renewal());
-            tokio::pin!(next);
-            // After a new term, a look at whether its leader heard the agent by then; a hold
-            // meanwhile is written at once all the same.
-            let mut settled: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-            loop {
-                let settling = async {
-                    match settled.as_mut() {
-                        Some(sleep) => sleep.await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    () = &mut next => break,
-                    () = held_changed.notified() => break,
-                    () = term_changed.notified() => {
-                        settled = Some(Box::pin(tokio::time::sleep(NEW_TERM_SETTLE)));
-                    }
-                    () = settling => {
-                        settled = None;
-                        if self.unheard_by_leader() {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    async fn delete(&self) -> Result<(), kube::Error> {
-        match self
-            .leases
-            .delete(&agent_lease_name(&self.node), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
 /// Takes the advert off the Node and deletes the Lease, at most [`WITHDRAW_WITHIN`]: the agent
 /// stops and will fence nothing. Whether the withdrawal is settled (see [`settled`]): until it
 /// is, podha may still count the agent's silence as a fence.
@@ -492,7 +277,6 @@ pub async fn advertise_until_withdrawn<W: Future<Output = bool>>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::server::Hearing;
     use super::*;
     use crate::contract::FENCE_ACK_ANNOTATION;
     use crate::test_builders::*;
@@ -623,167 +407,6 @@ mod tests {
         );
         assert!(carries_any(&node(&[(AGENT_WATCHDOG_ANNOTATION, "10s")])));
         assert!(!carries_any(&node(&[(FENCE_ACK_ANNOTATION, "r1")])));
-    }
-
-    #[tokio::test]
-    async fn the_lease_names_its_node_lasts_its_duration_and_is_owned_by_the_agents_pod() {
-        let client = offline_client();
-        let owner = OwnerPod {
-            name: "podha-agent-x7".into(),
-            uid: "u-1".into(),
-        };
-        let lease = lease_of(client.clone(), Some(owner), never_heard());
-        let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
-        let body = lease.renewal(now).0;
-        let parsed: Lease = serde_json::from_value(body.clone()).expect("a Lease");
-        let spec = parsed.spec.expect("spec");
-        assert_eq!(parsed.metadata.name.as_deref(), Some("podha-agent-n1"));
-        assert_eq!(
-            parsed
-                .metadata
-                .labels
-                .expect("labels")
-                .get(AGENT_LEASE_LABEL),
-            Some(&"true".to_string())
-        );
-        assert_eq!(spec.holder_identity.as_deref(), Some("n1"));
-        assert_eq!(spec.lease_duration_seconds, Some(40));
-        assert_eq!(spec.renew_time, Some(MicroTime(now)));
-        let owners = parsed.metadata.owner_references.expect("owner");
-        assert_eq!(
-            (
-                owners[0].kind.as_str(),
-                owners[0].name.as_str(),
-                owners[0].uid.as_str()
-            ),
-            ("Pod", "podha-agent-x7", "u-1")
-        );
-        assert_eq!(owners[0].block_owner_deletion, None);
-        // Outside a Pod (a test cluster's processes): no owner, the agent deletes it itself.
-        let unowned = lease_of(client, None, never_heard()).renewal(now).0;
-        assert!(
-            unowned["metadata"].get("ownerReferences").is_none(),
-            "{unowned}"
-        );
-        // podha never heard this agent in this boot: nothing said of it; the agent heeds
-        // holds and terms.
-        assert_eq!(
-            body["metadata"]["annotations"],
-            json!({AGENT_HEEDS_HOLD_ANNOTATION: "true", AGENT_HEEDS_TERM_ANNOTATION: "true"}),
-            "{body}"
-        );
-    }
-
-    fn lease_of(client: kube::Client, owner: Option<OwnerPod>, hearing: Hearing) -> AdvertLease {
-        let hearing = std::sync::Arc::new(std::sync::Mutex::new(hearing));
-        AdvertLease::new(client, "podha", "n1", owner, Some("boot-1".into()), hearing)
-    }
-
-    /// The boot the Lease's next renewal says podha heard the agent in.
-    fn heard_in_boot(lease: &AdvertLease) -> Option<String> {
-        let (body, _) = lease.renewal(Timestamp::now());
-        body["metadata"]["annotations"][AGENT_HEARD_IN_BOOT_ANNOTATION]
-            .as_str()
-            .map(str::to_string)
-    }
-
-    fn never_heard() -> Hearing {
-        Hearing::resumed(tokio::time::Instant::now(), None)
-    }
-
-    fn offline_client() -> kube::Client {
-        kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client")
-    }
-
-    /// While a leader of a later term than any heartbeat the agent counted leads, the Lease is
-    /// renewed every third of the window (no more often than every second), so that the new
-    /// leader sees it renewed in its own term; otherwise every 10 s.
-    #[tokio::test(start_paused = true)]
-    async fn a_leader_that_never_heard_the_agent_has_its_lease_renewed_often() {
-        let now = tokio::time::Instant::now();
-        let mut heard = Hearing::resumed(now, Some(Duration::from_secs(9)));
-        heard.heard_in_term(Some(4));
-        heard.lease_renewed(now);
-        let leader = std::sync::Arc::new(LeaderKey::default());
-        let lease = lease_of(offline_client(), None, heard)
-            .following(leader.clone(), Duration::from_secs(30));
-        assert_eq!(lease.next_renewal(), AGENT_LEASE_RENEW, "no term seen");
-        leader.seen_in_term(Some(4));
-        assert_eq!(
-            lease.next_renewal(),
-            AGENT_LEASE_RENEW,
-            "the term that heard it"
-        );
-        leader.seen_in_term(Some(5));
-        assert_eq!(lease.next_renewal(), Duration::from_secs(10));
-        let short = lease.following(leader.clone(), Duration::from_secs(4));
-        assert_eq!(short.next_renewal(), Duration::from_secs(4) / 3);
-        let shortest = short.following(leader.clone(), Duration::from_secs(2));
-        assert_eq!(shortest.next_renewal(), Duration::from_secs(1));
-        lock(&shortest.hearing).heard_in_term(Some(5));
-        assert_eq!(shortest.next_renewal(), AGENT_LEASE_RENEW, "heard by it");
-    }
-
-    /// Once podha has heard the agent in this boot, its Lease says so, naming the boot; an
-    /// agent that cannot read its boot says nothing.
-    #[tokio::test]
-    async fn the_lease_says_in_which_boot_podha_heard_the_agent() {
-        let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
-        let heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::from_secs(90)));
-        let lease = lease_of(offline_client(), None, heard);
-        assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
-        let body = lease.renewal(now).0;
-        assert_eq!(
-            body["metadata"]["annotations"],
-            json!({
-                AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1",
-                AGENT_HEEDS_HOLD_ANNOTATION: "true",
-                AGENT_HEEDS_TERM_ANNOTATION: "true",
-            })
-        );
-        // While podha holds the node the agent counts no silence, and a new leader must not
-        // either: the Lease says nothing of the hearing, and is renewed at once.
-        let changed = lock(&lease.hearing).held_changed();
-        lock(&lease.hearing).hold(Some(true));
-        assert_eq!(heard_in_boot(&lease), None);
-        tokio::time::timeout(Duration::from_secs(1), changed.notified())
-            .await
-            .expect("told of the hold");
-        // The hold is taken only once a Lease without the word was written.
-        assert!(!lock(&lease.hearing).held());
-        lock(&lease.hearing).hold_written(false);
-        assert!(
-            !lock(&lease.hearing).held(),
-            "a Lease built before the hold"
-        );
-        lock(&lease.hearing).hold_written(true);
-        assert!(lock(&lease.hearing).held());
-        lock(&lease.hearing).hold(None);
-        assert_eq!(
-            heard_in_boot(&lease),
-            None,
-            "a word saying nothing changes nothing"
-        );
-        lock(&lease.hearing).hold(Some(false));
-        assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
-        assert!(!lock(&lease.hearing).held(), "let go of at once");
-        // A hold asked for and let go of before the Lease was written is never taken.
-        lock(&lease.hearing).hold(Some(true));
-        lock(&lease.hearing).hold(Some(false));
-        lock(&lease.hearing).hold_written(true);
-        assert!(!lock(&lease.hearing).held());
-        let lease = lease_of(offline_client(), None, never_heard());
-        assert_eq!(heard_in_boot(&lease), None);
-        // The hearing changes while the agent runs: the next renewal says so.
-        lock(&lease.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
-        assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
-        let mut bootless = lease_of(offline_client(), None, never_heard());
-        bootless.boot = None;
-        lock(&bootless.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
-        assert_eq!(heard_in_boot(&bootless), None);
     }
 
     /// On SIGTERM the advert goes first, and the agent stops (and may disarm) only once the
