@@ -48,8 +48,7 @@ use tokio::time::Instant;
 use super::holds::{Heartbeat, Heartbeats};
 use crate::api::{CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof};
 use crate::contract::{
-    AGENT_LEASE_RENEW, FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, agent_quorum,
-    fenced_within, requested_boot,
+    FENCE_ACK_ANNOTATION, agent_addr, agent_lease_name, agent_quorum, fenced_within, requested_boot,
 };
 use crate::incident::PowerOff;
 use crate::view::View;
@@ -102,13 +101,11 @@ pub struct AgentEvidence<'a> {
     /// ([`crate::contract::AGENT_HEARD_IN_BOOT_ANNOTATION`]): heard by an earlier leadership
     /// term, when this one never got an answer (see [`AgentEvidence::silence_doubt`]).
     pub heard_in_boot_earlier: bool,
-    /// For an agent this term never heard whose Lease says an earlier term heard it, and that
-    /// heeds terms: how long ago podha saw its Lease renewed, if it saw that since it began
+    /// Whether podha saw the Lease of an agent that heeds terms renewed since it began
     /// counting what it hears of the agent in this term (see `Heartbeat::agent_hearing_from`;
-    /// also when it has not begun). Such an agent runs, and stays up on isolation while it
-    /// renews: the silence counts only from the last renewal seen ([`Self::counted_silence`]),
-    /// and not at all while they come ([`SilenceDoubt::RenewedUnheard`]).
-    pub renewed_in_term: Option<Duration>,
+    /// also when it has not begun): such an agent runs, and stays up on isolation while it
+    /// renews, as this term never heard it ([`SilenceDoubt::RenewedUnheard`]).
+    pub renewed_in_term: bool,
     /// Whether, since podha last counted the agent armed in this term, a heartbeat or an
     /// answer showed it may count no silence (held: see
     /// `crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`; never heard by its own word; its port
@@ -159,10 +156,7 @@ impl AgentEvidence<'_> {
             // ... unless the agent renewed its Lease in this term: it runs, this leader never
             // heard it, and it stays up (the leader Lease shows it a term that did not hear
             // it), so long as the renewals go on often enough for this term to see one.
-            None if self
-                .renewed_in_term
-                .is_some_and(|ago| ago <= AGENT_RENEWS_WITHIN) =>
-            {
+            None if self.heard_in_boot_earlier && self.renewed_in_term => {
                 Some(SilenceDoubt::RenewedUnheard)
             }
             None if self.heard_in_boot_earlier => self.quorum_doubt(),
@@ -206,11 +200,7 @@ impl AgentEvidence<'_> {
     /// How much of the silence counts: the part since podha has heard enough agents (see
     /// [`agent_quorum`]); `None` while the agent answers or podha hears too few.
     pub fn counted_silence(&self) -> Option<Duration> {
-        let counted = self.silent_for.zip(self.quorum_for).map(|(s, q)| s.min(q));
-        match self.renewed_in_term {
-            Some(renewed) => counted.map(|c| c.min(renewed)),
-            None => counted,
-        }
+        self.silent_for.zip(self.quorum_for).map(|(s, q)| s.min(q))
     }
 }
 
@@ -254,11 +244,11 @@ pub enum SilenceDoubt {
     /// podha hears `heard` of the `expected` other agents: with the silent one, no strict
     /// majority of the agents it expects.
     FewOthersHeard { heard: usize, expected: usize },
-    /// podha got no answer from the agent in its current leadership term, and saw its Lease
-    /// renewed in this term within [`AGENT_RENEWS_WITHIN`]: the agent runs without hearing
+    /// podha got no answer from the agent in its current leadership term, and saw the Lease of
+    /// the agent (one that heeds terms) renewed in this term: the agent runs without hearing
     /// this leader (its port blocked from this replica alone, say), and an agent that knows a
     /// later term than the one that last heard it stays up on isolation while it renews its
-    /// Lease. Once the renewals stop, the silence counts from the last one seen.
+    /// Lease. Held for the rest of the term, unless the agent answers.
     RenewedUnheard,
 }
 
@@ -330,10 +320,9 @@ impl SilenceDoubt {
             ),
             Self::RenewedUnheard => format!(
                 "podha never heard the agent of node {node} in this leadership term, and saw its \
-                 Lease renewed in it within the last {}s: the agent runs without hearing this \
-                 leader (its port may be blocked from this replica), and stays up on isolation \
-                 while it renews; its silence counts from its last renewal",
-                AGENT_RENEWS_WITHIN.as_secs()
+                 Lease renewed in it: the agent ran without hearing this leader (its port may be \
+                 blocked from this replica), and stays up on isolation while it renews, so its \
+                 silence proves nothing in this term"
             ),
         }
     }
@@ -391,50 +380,23 @@ pub fn agent_evidence<'a>(
         heard_in_boot_earlier: own.is_none_or(|hb| hb.agent_armed.is_none() && !hb.agent_disarmed)
             && heard_in_current_boot(view, node),
         disarmed: own.is_some_and(|hb| hb.agent_disarmed),
-        renewed_in_term: None,
-    }
-    .renewals_in_term(view, node, own, now)
-}
-
-impl AgentEvidence<'_> {
-    /// The evidence with [`Self::renewed_in_term`] filled in, for an agent whose silence
-    /// counts through an earlier term's hearing.
-    fn renewals_in_term(
-        mut self,
-        view: &View,
-        node: &str,
-        hb: Option<&Heartbeat>,
-        now: Instant,
-    ) -> Self {
-        let earlier_word = self.heard_before_silence.is_none() && self.heard_in_boot_earlier;
-        if earlier_word {
-            self.renewed_in_term = renewed_in_term(view, node, hb, now);
-        }
-        self
+        renewed_in_term: renewed_in_term(view, node, own),
     }
 }
 
-/// How long ago podha saw `node`'s agent Lease renewed, if it saw that since it began counting
-/// what it hears of the agent (`hb`'s `agent_hearing_from`), or has not begun, and the agent
-/// heeds terms (an older agent fences whenever a later term's leader does not hear it, as it
-/// always did: its silence counts as before).
-fn renewed_in_term(
-    view: &View,
-    node: &str,
-    hb: Option<&Heartbeat>,
-    now: Instant,
-) -> Option<Duration> {
-    let advert = view.agent_adverts.get(node).filter(|a| a.heeds_term)?;
-    let in_term = hb
-        .and_then(|hb| hb.agent_hearing_from)
-        .is_none_or(|from| advert.renewed_seen >= from);
-    in_term.then(|| now.saturating_duration_since(advert.renewed_seen))
+/// Whether podha saw `node`'s agent Lease renewed since it began counting what it hears of the
+/// agent (`hb`'s `agent_hearing_from`), or has not begun, and the agent heeds terms (an older
+/// agent fences whenever a later term's leader does not hear it, as it always did: its silence
+/// counts as before). The latest renewal seen tells. Once true it stays so for the term: a
+/// silence after renewals seen is counted by nothing this term sees afresh (a watch of the
+/// agent Leases that stalls would show none), so the node is held rather than proven.
+fn renewed_in_term(view: &View, node: &str, hb: Option<&Heartbeat>) -> bool {
+    let Some(advert) = view.agent_adverts.get(node).filter(|a| a.heeds_term) else {
+        return false;
+    };
+    hb.and_then(|hb| hb.agent_hearing_from)
+        .is_none_or(|from| advert.renewed_seen >= from)
 }
-
-/// How often an agent renews its Lease at the longest, and how late podha counts an answer as
-/// heard: an agent whose Lease podha saw renewed that recently still renews
-/// ([`SilenceDoubt::RenewedUnheard`]).
-pub const AGENT_RENEWS_WITHIN: Duration = AGENT_LEASE_RENEW.saturating_add(AGENT_HEARD_WITHIN);
 
 /// Whether `node`'s agent Lease says podha heard the agent in the boot the Node reports, as
 /// this process saw it renewed (a Lease only found, by a process that just started, could be
