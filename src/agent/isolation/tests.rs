@@ -284,32 +284,16 @@ fn before_the_timeout_heard_means_within_half_of_this_nodes_silence() {
 
 #[test]
 fn the_verdict_holds_at_half_of_the_peers() {
+    let fences_among = |peers, unheard| {
+        let answers = vec![s(40); unheard];
+        fences(&decide(For(T), T, Some(&survey(peers, &answers)), None))
+    };
     // Ten peers: four unheard fence, five stay.
-    assert!(fences(&decide(
-        For(T),
-        T,
-        Some(&survey(10, &[s(40); 4])),
-        None
-    )));
-    assert!(!fences(&decide(
-        For(T),
-        T,
-        Some(&survey(10, &[s(40); 5])),
-        None
-    )));
+    assert!(fences_among(10, 4));
+    assert!(!fences_among(10, 5));
     // Nine: four fence (with this node, half of the ten: the tie), five stay.
-    assert!(fences(&decide(
-        For(T),
-        T,
-        Some(&survey(9, &[s(40); 4])),
-        None
-    )));
-    assert!(!fences(&decide(
-        For(T),
-        T,
-        Some(&survey(9, &[s(40); 5])),
-        None
-    )));
+    assert!(fences_among(9, 4));
+    assert!(!fences_among(9, 5));
 }
 
 #[test]
