@@ -71,6 +71,17 @@
 //! (no release) the follower takes over at `R + d + 0.1..1 s`; renewals come every `d - g`, so
 //! that is at most about `d + 1 s` after the leader died.
 //!
+//! # Terms
+//!
+//! A [`Claim`] names its leadership term: the Lease's `leaseTransitions`, which the crate raises
+//! by one with every acquisition (by another replica, or by this one after a release) and no
+//! renewal touches. podha signs it into its heartbeats, so that an agent tells a new leader
+//! that has not heard it yet from podha not hearing it (docs/agent.md), and the decision loop
+//! takes any change of it as a new term. The crate takes an orphaned Lease in two patches
+//! (holder, then `leaseTransitions`): for a moment, or for the whole hold if the second patch
+//! fails, a new leader runs under the last term's number, which the agents take as no later
+//! term, the side that fences.
+//!
 //! # Errors
 //!
 //! Transient API errors are retried after [`crate::backoff::lease_retry`] (no claim is published
