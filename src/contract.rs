@@ -39,6 +39,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::api::core::v1::Node;
 
 pub mod words;
@@ -110,6 +111,17 @@ pub const AGENT_HEEDS_HOLD_ANNOTATION: &str = "podha.io/agent-heeds-hold";
 /// `term` only to such an agent, which heeds `hold` too: an older one refuses a heartbeat
 /// whose signed word it does not know.
 pub const AGENT_HEEDS_TERM_ANNOTATION: &str = "podha.io/agent-heeds-term";
+
+/// The leadership term the leader Lease shows: its `leaseTransitions`, which
+/// `kube-lease-manager` raises by one with every acquisition (by another replica, or by the
+/// same one after a release), and which no renewal touches; 0 when it has none. A Lease
+/// recreated after a deletion starts again from zero. podha's leader reads its own term so
+/// (`crate::leader`), and the agents the term that leads.
+pub fn lease_term(spec: Option<&LeaseSpec>) -> u64 {
+    spec.and_then(|s| s.lease_transitions)
+        .and_then(|t| u64::try_from(t).ok())
+        .unwrap_or(0)
+}
 
 /// The longest name of an object (a DNS subdomain).
 const MAX_NAME: usize = 253;

@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use super::boot::{RecordBoot, write_record};
 use super::peer_list::lock;
-use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey};
+use crate::contract::{LEADER_KEY_ANNOTATION, PublicKey, lease_term};
 
 #[derive(Debug, Default)]
 pub struct LeaderKey {
@@ -92,7 +92,7 @@ impl LeaderKey {
     /// without one leaves it), and its term the one held.
     fn saw(&self, lease: Option<&Lease>) {
         self.took(lease.and_then(published_key));
-        self.seen_in_term(lease.map(term_of));
+        self.seen_in_term(lease.map(|l| lease_term(l.spec.as_ref())));
     }
 
     /// The leader Lease shows `term` (`None`: there is none).
@@ -152,17 +152,6 @@ fn load(path: &Path, boot: Option<&str>) -> Option<PublicKey> {
         return None;
     }
     PublicKey::parse(lines.next()?)
-}
-
-/// The leadership term a leader Lease shows: its `leaseTransitions` (0 when it has none), as
-/// podha's leader reads its own (`crate::leader`).
-pub fn term_of(lease: &Lease) -> u64 {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.lease_transitions)
-        .and_then(|t| u64::try_from(t).ok())
-        .unwrap_or(0)
 }
 
 /// The key a leader Lease publishes, if it carries a well-formed one.

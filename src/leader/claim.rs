@@ -15,7 +15,7 @@ pub struct Claim {
     /// The instant from which this hold no longer lets the replica write.
     pub expires: Instant,
     /// The leadership term: the Lease's `leaseTransitions` as this hold shows it (see
-    /// `super::view::term`). Another value is another term, even for the same replica.
+    /// `crate::contract::lease_term`). Another value is another term, even for the same replica.
     pub term: u64,
 }
 

@@ -8,6 +8,7 @@ use kube::runtime::watcher;
 use tokio::time::Instant;
 
 use super::LeaderConfig;
+use crate::contract::lease_term;
 
 /// What our own watch of the Lease object last showed.
 #[derive(Debug, Default)]
@@ -37,22 +38,13 @@ impl LeaseView {
         };
         let released = holder(spec).is_none() && self.other_expiry.is_some_and(|e| e > now_wall);
         self.own_valid_until =
-            own_validity(spec, cfg, now_wall).map(|left| (now + left, term(spec)));
+            own_validity(spec, cfg, now_wall).map(|left| (now + left, lease_term(spec)));
         self.other_expiry = match holder(spec) {
             Some(h) if h != cfg.identity => expiry(spec, cfg.lease_duration),
             _ => None,
         };
         released
     }
-}
-
-/// The leadership term a Lease shows: its `leaseTransitions`, which `kube-lease-manager` raises
-/// by one with every acquisition (by another replica, or by the same one after a release), and
-/// which no renewal touches. A Lease recreated after a deletion starts again from zero.
-pub(super) fn term(spec: Option<&LeaseSpec>) -> u64 {
-    spec.and_then(|s| s.lease_transitions)
-        .and_then(|t| u64::try_from(t).ok())
-        .unwrap_or(0)
 }
 
 fn holder(spec: Option<&LeaseSpec>) -> Option<&str> {

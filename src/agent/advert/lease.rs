@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -23,7 +24,6 @@ use crate::contract::{
     AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PROBE_INTERVAL,
     agent_lease_name,
 };
-use k8s_openapi::api::coordination::v1::Lease;
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
 /// the Lease with the Pod, even when the agent was killed before it could.
@@ -49,7 +49,7 @@ pub struct AdvertLease {
     /// The leader Lease as the agent follows it: its term.
     leader: Arc<LeaderKey>,
     /// How recent a renewal must be for a new leader that never heard the agent to count no
-    /// silence of it ([`super::isolation::renewal_window`]).
+    /// silence of it ([`crate::agent::isolation::renewal_window`]).
     window: Duration,
 }
 
@@ -80,10 +80,10 @@ impl AdvertLease {
 
     /// The Lease following the leader Lease's term as `leader` reads it: while a leader of a
     /// later term than any heartbeat the agent counted leads (one that never heard it), the
-    /// Lease is renewed every third of `window` (but not more often than every second), so that the new leader
-    /// sees it renewed in its own term and counts no silence of it, and the agent, which
-    /// stays up only while its last renewal is within `window`, does (see
-    /// [`super::isolation::NewTerm`]).
+    /// Lease is renewed every third of `window` (but not more often than every second), so
+    /// that the new leader sees it renewed in its own term and counts no silence of it, and
+    /// the agent, which stays up only while its last renewal is within `window`, does (see
+    /// [`crate::agent::isolation::NewTerm`]).
     pub fn following(mut self, leader: Arc<LeaderKey>, window: Duration) -> Self {
         self.leader = leader;
         self.window = window;
