@@ -112,6 +112,15 @@ pub const AGENT_HEEDS_HOLD_ANNOTATION: &str = "podha.io/agent-heeds-hold";
 /// whose signed word it does not know.
 pub const AGENT_HEEDS_TERM_ANNOTATION: &str = "podha.io/agent-heeds-term";
 
+/// Annotation of an agent Lease, there while the agent cannot reach half of its peers: two
+/// checks in a row (every 30 s, a few peers each) got answers from fewer than half of the
+/// peers asked, its value `"answered/asked"` of the last. On isolation such an agent could not
+/// show that podha hears no majority of the agents, and would fence its node in an outage of
+/// podha or of the API server that moves nothing, so podha holds its node (it counts no
+/// silence of it and tells the agent, which then fences nothing on isolation) and reports it.
+/// Written by the agent; anyone who can write the Lease could only make podha hold a node.
+pub const AGENT_PEERS_UNREACHABLE_ANNOTATION: &str = "podha.io/agent-peers-unreachable";
+
 /// The leadership term the leader Lease shows: its `leaseTransitions`, which
 /// `kube-lease-manager` raises by one with every acquisition (by another replica, or by the
 /// same one after a release), and which no renewal touches; 0 when it has none. A Lease

@@ -13,7 +13,12 @@
 //!   `super::port`);
 //! - `podha_agent_watchdog_armed`: 1 while the agent pets a watchdog, 0 when it runs without
 //!   one (none configured, or none usable: its node is then not agent-protected, see
-//!   `super::watchdog::run_without`).
+//!   `super::watchdog::run_without`);
+//! - `podha_agent_peers_asked` and `podha_agent_peers_answered`: the peers the last reach
+//!   check asked, and how many answered (see `super::peers::reach`);
+//! - `podha_agent_peers_reachable`: 0 once two checks in a row reached fewer than half of the
+//!   peers they asked (on isolation the agent could not show podha hears no majority, so podha
+//!   holds its node), 1 otherwise.
 //!
 //! One set per process (the agent is one process per node).
 
@@ -30,6 +35,9 @@ struct Counters {
     unverified: IntCounter,
     connections_refused: IntCounterVec,
     watchdog_armed: IntGauge,
+    peers_asked: IntGauge,
+    peers_answered: IntGauge,
+    peers_reachable: IntGauge,
 }
 
 static COUNTERS: LazyLock<Counters> =
@@ -82,6 +90,29 @@ impl Counters {
                  fence of its node.",
             )?,
         )?;
+        let peers_asked = register(
+            &registry,
+            IntGauge::new(
+                "podha_agent_peers_asked",
+                "Peers the agent's last reach check asked.",
+            )?,
+        )?;
+        let peers_answered = register(
+            &registry,
+            IntGauge::new(
+                "podha_agent_peers_answered",
+                "Peers that answered the agent's last reach check with a word their key verifies.",
+            )?,
+        )?;
+        let peers_reachable = register(
+            &registry,
+            IntGauge::new(
+                "podha_agent_peers_reachable",
+                "0 once two reach checks in a row reached fewer than half of the peers asked \
+                 (podha then holds the node); 1 otherwise.",
+            )?,
+        )?;
+        peers_reachable.set(1);
         Ok(Self {
             registry,
             refused,
@@ -89,8 +120,26 @@ impl Counters {
             unverified,
             connections_refused,
             watchdog_armed,
+            peers_asked,
+            peers_answered,
+            peers_reachable,
         })
     }
+}
+
+/// The last reach check: `asked` peers, `answered` of them.
+pub fn peer_check(asked: usize, answered: usize) {
+    COUNTERS
+        .peers_asked
+        .set(asked.try_into().unwrap_or(i64::MAX));
+    COUNTERS
+        .peers_answered
+        .set(answered.try_into().unwrap_or(i64::MAX));
+}
+
+/// Whether the agent reaches enough of its peers (see `super::peers::reach`).
+pub fn peers_reachable(reachable: bool) {
+    COUNTERS.peers_reachable.set(i64::from(reachable));
 }
 
 pub fn refused(path: &str) {
@@ -148,5 +197,21 @@ mod tests {
         assert!(render().contains("\npodha_agent_watchdog_armed 0\n"));
         watchdog_armed(true);
         assert!(render().contains("\npodha_agent_watchdog_armed 1\n"));
+    }
+
+    #[test]
+    fn the_reach_gauges_say_the_last_check_and_whether_the_peers_are_reachable() {
+        assert!(
+            render().contains("\npodha_agent_peers_reachable 1\n"),
+            "1 at first"
+        );
+        peer_check(8, 3);
+        peers_reachable(false);
+        let text = render();
+        assert!(text.contains("\npodha_agent_peers_asked 8\n"), "{text}");
+        assert!(text.contains("\npodha_agent_peers_answered 3\n"), "{text}");
+        assert!(text.contains("\npodha_agent_peers_reachable 0\n"), "{text}");
+        peers_reachable(true);
+        assert!(render().contains("\npodha_agent_peers_reachable 1\n"));
     }
 }

@@ -440,10 +440,13 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         watchdog: watchdog::advertised(&watchdog),
         key: identity.public(),
     };
-    let lease = advert_lease(&args, &client, &namespace, boot.clone(), hearing.clone()).following(
-        leader_key.clone(),
-        isolation::renewal_window(args.isolation_timeout, watchdog_timeout),
-    );
+    let reach = peers::SharedReach::default();
+    let lease = advert_lease(&args, &client, &namespace, boot.clone(), hearing.clone())
+        .following(
+            leader_key.clone(),
+            isolation::renewal_window(args.isolation_timeout, watchdog_timeout),
+        )
+        .reporting(reach.clone());
     let advertise = async {
         tokio::select! {
             r = requests::follow(client.clone(), &args.node, advert, listening, boot, &args.boot_history_file, fencer.clone()) => r,
@@ -461,6 +464,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         ended = advertising => ended.outcome(),
         failed = check_loop(&args, hearing, &leader_key, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
         () = peers.keep_warm() => (Ok(()), false),
+        () = peers.keep_reach_checked(&reach) => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
         changed = shared_kernel::until_changed(&nodes, &args.node, &kernel, &verdict) => (Err(AgentError::KernelVerdictChanged(changed.err())), false),
     };

@@ -40,6 +40,9 @@ use crate::contract::{Identity, PeerAnswer, PeerQuery, PublicKey};
 use connect::ResetOnClose;
 
 mod connect;
+mod reach;
+
+pub use reach::{Reach, Round, SharedReach, lease_value};
 
 /// Peers asked at once, at most. Time: each silent peer (its node down or cut off) holds a
 /// place for the whole ask (1 s), so the places decide how fast a survey gets past them; with

@@ -18,11 +18,12 @@ use tracing::{info, warn};
 use super::FIELD_MANAGER;
 use crate::agent::leader_key::LeaderKey;
 use crate::agent::peer_list::lock;
+use crate::agent::peers::{SharedReach, lease_value};
 use crate::agent::server::SharedHearing;
 use crate::contract::{
     AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
-    AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PROBE_INTERVAL,
-    agent_lease_name,
+    AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION,
+    AGENT_PROBE_INTERVAL, agent_lease_name,
 };
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
@@ -51,6 +52,8 @@ pub struct AdvertLease {
     /// How recent a renewal must be for a new leader that never heard the agent to count no
     /// silence of it ([`crate::agent::isolation::renewal_window`]).
     window: Duration,
+    /// Whether the agent reaches its peers (see `crate::agent::peers`): said on each renewal.
+    reach: SharedReach,
 }
 
 /// How long after the leader Lease shows a new term the agent waits before it renews its Lease
@@ -75,6 +78,7 @@ impl AdvertLease {
             hearing,
             leader: Arc::default(),
             window: Duration::ZERO,
+            reach: SharedReach::default(),
         }
     }
 
@@ -87,6 +91,13 @@ impl AdvertLease {
     pub fn following(mut self, leader: Arc<LeaderKey>, window: Duration) -> Self {
         self.leader = leader;
         self.window = window;
+        self
+    }
+
+    /// The Lease saying, on each renewal, whether the agent reaches its peers as `reach` holds
+    /// it ([`AGENT_PEERS_UNREACHABLE_ANNOTATION`]).
+    pub fn reporting(mut self, reach: SharedReach) -> Self {
+        self.reach = reach;
         self
     }
 
@@ -133,6 +144,9 @@ impl AdvertLease {
         });
         if let Some(boot) = heard_in_boot {
             annotations[AGENT_HEARD_IN_BOOT_ANNOTATION] = json!(boot);
+        }
+        if let Some(round) = lock(&self.reach).unreachable() {
+            annotations[AGENT_PEERS_UNREACHABLE_ANNOTATION] = json!(lease_value(round));
         }
         let mut metadata = json!({
             "name": agent_lease_name(&self.node),
@@ -400,5 +414,36 @@ mod tests {
         bootless.boot = None;
         lock(&bootless.hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
         assert_eq!(heard_in_boot(&bootless), None);
+    }
+
+    /// While two reach checks in a row reached fewer than half of the peers asked, each
+    /// renewal says so, with the last check's figures; once they answer again, it does not.
+    #[tokio::test]
+    async fn the_lease_says_when_the_agent_cannot_reach_its_peers() {
+        use crate::agent::peers::{Round, SharedReach};
+        let reach = SharedReach::default();
+        let lease = lease_of(offline_client(), None, never_heard()).reporting(reach.clone());
+        let said = |lease: &AdvertLease| {
+            lease.renewal(Timestamp::now()).0["metadata"]["annotations"]
+                [AGENT_PEERS_UNREACHABLE_ANNOTATION]
+                .as_str()
+                .map(str::to_string)
+        };
+        assert_eq!(said(&lease), None);
+        lock(&reach).take(Round {
+            asked: 8,
+            answered: 2,
+        });
+        assert_eq!(said(&lease), None, "one check is not enough");
+        lock(&reach).take(Round {
+            asked: 8,
+            answered: 1,
+        });
+        assert_eq!(said(&lease).as_deref(), Some("1/8"));
+        lock(&reach).take(Round {
+            asked: 8,
+            answered: 5,
+        });
+        assert_eq!(said(&lease), None);
     }
 }

@@ -382,3 +382,70 @@ async fn a_peer_that_does_not_know_the_asker_gives_no_answer() {
         .await;
     assert!(survey.answers.is_empty(), "{survey:?}");
 }
+
+/// The reach check asks real agents and counts only their own answers: silent peers, ports
+/// nobody listens on and a peer signing with another key count as unreachable; peers are
+/// asked in turn, eight a round, so that every one is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reach_check_asks_the_peers_in_turn_and_counts_their_own_answers() {
+    use super::reach::{PEERS_PER_ROUND, Reach, Round};
+    let surveyor = Surveyor::new();
+    let gauge = Arc::new(Gauge::default());
+    let mut list = Vec::new();
+    for _ in 0..3 {
+        list.push(surveyor.agent(secs(1)).await);
+    }
+    list.push(silent(gauge.clone()).await);
+    list.push(unbound().await);
+    let mut forged = answering_peer(secs(1), Duration::ZERO, gauge.clone(), key()).await;
+    forged.key = Some(key().public());
+    list.push(forged);
+    for _ in 0..4 {
+        list.push(surveyor.agent(secs(1)).await);
+    }
+    let peers = surveyor.peers(list, SurveyTimes::new(secs(2)));
+    let (mut turn, mut asked, mut answered) = (0, 0, 0);
+    for _ in 0..5 {
+        let round = peers.check_reach(&mut turn).await.expect("a fixed list");
+        assert_eq!(round.asked, PEERS_PER_ROUND, "eight of ten a round");
+        asked += round.asked;
+        answered += round.answered;
+    }
+    assert_eq!(asked, 40, "each peer four times");
+    assert_eq!(answered, 28, "the seven agents, four times each");
+    // Only the three that fail answering: reachable.
+    let mut reach = Reach::default();
+    reach.take(Round {
+        asked: 8,
+        answered: 6,
+    });
+    assert_eq!(reach.unreachable(), None);
+    // A blocked mesh: every peer silent or gone.
+    let blocked = surveyor.peers(
+        vec![
+            silent(gauge.clone()).await,
+            unbound().await,
+            unbound().await,
+        ],
+        SurveyTimes::new(secs(2)),
+    );
+    let mut turn = 0;
+    for _ in 0..2 {
+        let round = blocked.check_reach(&mut turn).await.expect("a fixed list");
+        assert_eq!(
+            round,
+            Round {
+                asked: 3,
+                answered: 0
+            }
+        );
+        reach.take(round);
+    }
+    assert_eq!(
+        reach.unreachable(),
+        Some(Round {
+            asked: 3,
+            answered: 0
+        })
+    );
+}
