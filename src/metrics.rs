@@ -185,6 +185,7 @@ mod tests {
             .set_failovers_open([policy], [(policy, crate::api::FailoverPhase::Detaching)]);
         m.operating.inc_watch_restarts(Watch::Lease);
         m.operating.set_agents_unreachable(1);
+        m.operating.set_agents_peers_unreachable(2);
     }
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -290,6 +291,11 @@ mod tests {
                 "podha_agents_unreachable",
                 "gauge",
                 "podha_agents_unreachable 1",
+            ),
+            (
+                "podha_agents_peers_unreachable",
+                "gauge",
+                "podha_agents_peers_unreachable 2",
             ),
             (
                 "podha_build_info",

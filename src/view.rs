@@ -77,6 +77,10 @@ pub struct AgentAdvert {
     /// Whether the agent heeds the leadership term in podha's heartbeat
     /// ([`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]): only then is it told.
     pub heeds_term: bool,
+    /// What the agent says of an unreachable peer set
+    /// ([`crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION`]: `"answered/asked"` of its
+    /// last reach check), if it says it cannot reach half of its peers: podha holds its node.
+    pub peers_unreachable: Option<String>,
     /// Whether this process has seen the Lease renewed (not only found it, as a process that
     /// just started finds every Lease "renewed" when it first lists them).
     pub renewal_observed: bool,

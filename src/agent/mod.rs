@@ -186,6 +186,13 @@ pub struct AgentArgs {
 }
 
 impl AgentArgs {
+    /// podha's namespace: `--namespace`, or the client's own (the agent Pod's).
+    fn namespace_in(&self, client: &kube::Client) -> String {
+        self.namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string())
+    }
+
     /// What can be wrong with the options before anything runs.
     pub fn check(&self) -> Result<(), ArgsError> {
         if self.survey_timeout.is_zero() {
@@ -372,20 +379,26 @@ fn fencer(args: &AgentArgs, kernel: &Kernel) -> Fencer {
 }
 
 /// The agent's Lease, owned by its Pod when it runs in one, saying whether podha heard it in
-/// `boot`.
+/// `boot` and whether it reaches its peers, renewed often while a leader that never heard it
+/// leads (`watchdog`: the watchdog's timeout, for the window).
 fn advert_lease(
     args: &AgentArgs,
     client: &kube::Client,
-    namespace: &str,
+    endpoints: &server::Endpoints,
     boot: Option<String>,
-    hearing: SharedHearing,
+    watchdog: Option<Duration>,
 ) -> advert::AdvertLease {
     let owner = args
         .pod_name
         .clone()
         .zip(args.pod_uid.clone())
         .map(|(name, uid)| advert::OwnerPod { name, uid });
-    advert::AdvertLease::new(client.clone(), namespace, &args.node, owner, boot, hearing)
+    let namespace = args.namespace_in(client);
+    let window = isolation::renewal_window(args.isolation_timeout, watchdog);
+    let hearing = endpoints.hearing.clone();
+    advert::AdvertLease::new(client.clone(), &namespace, &args.node, owner, boot, hearing)
+        .following(endpoints.leader_key.clone(), window)
+        .reporting(endpoints.peers.reach())
 }
 
 async fn run(args: AgentArgs) -> Result<(), AgentError> {
@@ -411,15 +424,12 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         endpoints.peers.clone(),
         endpoints.leader_key.clone(),
     );
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_string());
+    let namespace = args.namespace_in(&client);
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let verdict = SavedVerdict::new(args.hearing_file.with_extension("kernel"), boot.as_deref());
     let kernel = shared_kernel::at_start(&nodes, &args.node, &verdict).await;
     let fencer = Arc::new(fencer(&args, &kernel));
-    let router = server::router(endpoints);
+    let router = server::router(endpoints.clone());
     // A task of its own: a flood keeps its accept loop busy, not the loop that pets the
     // watchdog.
     let serve = async {
@@ -440,13 +450,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         watchdog: watchdog::advertised(&watchdog),
         key: identity.public(),
     };
-    let reach = peers::SharedReach::default();
-    let lease = advert_lease(&args, &client, &namespace, boot.clone(), hearing.clone())
-        .following(
-            leader_key.clone(),
-            isolation::renewal_window(args.isolation_timeout, watchdog_timeout),
-        )
-        .reporting(reach.clone());
+    let lease = advert_lease(&args, &client, &endpoints, boot.clone(), watchdog_timeout);
     let advertise = async {
         tokio::select! {
             r = requests::follow(client.clone(), &args.node, advert, listening, boot, &args.boot_history_file, fencer.clone()) => r,
@@ -464,7 +468,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
         ended = advertising => ended.outcome(),
         failed = check_loop(&args, hearing, &leader_key, &peers, &fencer, watchdog.as_mut().ok(), &mut hearing_file) => (Err(AgentError::Watchdog(failed)), false),
         () = peers.keep_warm() => (Ok(()), false),
-        () = peers.keep_reach_checked(&reach) => (Ok(()), false),
+        () = peers.keep_reach_checked() => (Ok(()), false),
         () = leader_key.keep_watching(kube::Api::namespaced(client.clone(), &namespace), &args.leader_lease) => (Ok(()), false),
         changed = shared_kernel::until_changed(&nodes, &args.node, &kernel, &verdict) => (Err(AgentError::KernelVerdictChanged(changed.err())), false),
     };

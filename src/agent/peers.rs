@@ -95,6 +95,8 @@ pub struct Peers {
     /// Peers asked at once, at most: [`IN_FLIGHT`] (fewer in some tests).
     in_flight: usize,
     http: HttpClient<ResetOnClose, Empty<Bytes>>,
+    /// Whether this agent reaches its peers, as its checks found (see [`reach`]).
+    reach: SharedReach,
 }
 
 enum Source {
@@ -151,6 +153,7 @@ impl Peers {
             times,
             in_flight: IN_FLIGHT,
             http,
+            reach: SharedReach::default(),
         }
     }
 
@@ -174,6 +177,11 @@ impl Peers {
         };
         let nodes: Api<Node> = Api::all(client.clone());
         keep_warm(&nodes, &self.me, kept, saved, &self.behind).await
+    }
+
+    /// Whether this agent reaches its peers, as [`Peers::keep_reach_checked`] finds it.
+    pub fn reach(&self) -> SharedReach {
+        self.reach.clone()
     }
 
     /// The key `node`'s agent signs with, if it is a peer in the list as kept: whose questions

@@ -296,6 +296,7 @@ mod tests {
                     heard_in_boot: None,
                     heeds_hold: false,
                     heeds_term: false,
+                    peers_unreachable: None,
                     renewal_observed: false,
                 },
             );
@@ -309,6 +310,7 @@ mod tests {
                 heard_in_boot: None,
                 heeds_hold: false,
                 heeds_term: false,
+                peers_unreachable: None,
                 renewal_observed: false,
             },
         );

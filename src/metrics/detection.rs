@@ -88,7 +88,7 @@ impl Detection {
                     "podha_policy_nodes_unprotected",
                     "Healthy nodes watched by a policy with fencing.proof Agent that have had no \
                      agent whose silence proves their fence (no agent, no usable watchdog, its \
-                     Lease lapsed) for 30s: judged dead, they are held until their agent \
+                     Lease lapsed, or it cannot reach half of its peers) for 30s: judged dead, they are held until their agent \
                      acknowledges a fence request. Set by the leader only.",
                 ),
                 &[POLICY],

@@ -13,6 +13,7 @@ pub struct Operating {
     cache_synced: IntGauge,
     watch_restarts: IntCounterVec,
     agents_unreachable: IntGauge,
+    agents_peers_unreachable: IntGauge,
 }
 
 impl Operating {
@@ -53,6 +54,15 @@ impl Operating {
                  prove them fenced by silence. 0 on followers.",
             )?,
         )?;
+        let agents_peers_unreachable = register(
+            registry,
+            IntGauge::new(
+                "podha_agents_peers_unreachable",
+                "Nodes whose agent says it cannot reach half of its peers (its Lease's \
+                 podha.io/agent-peers-unreachable): podha holds them, and fencing.proof Agent \
+                 proves no fence of them. 0 on followers.",
+            )?,
+        )?;
         for watch in Watch::ALL {
             watch_restarts.with_label_values(&[watch.as_str()]);
         }
@@ -79,6 +89,7 @@ impl Operating {
             cache_synced,
             watch_restarts,
             agents_unreachable,
+            agents_peers_unreachable,
         })
     }
 
@@ -92,6 +103,11 @@ impl Operating {
 
     pub fn set_agents_unreachable(&self, count: usize) {
         self.agents_unreachable
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_agents_peers_unreachable(&self, count: usize) {
+        self.agents_peers_unreachable
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 

@@ -17,6 +17,10 @@ pub enum AgentGap {
     WithoutWatchdog,
     /// The agent's Lease in podha's namespace is gone, or was not renewed within its duration.
     LeaseStale,
+    /// The agent's Lease says it cannot reach half of its peers
+    /// ([`crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION`]): podha holds its node, and
+    /// counts no silence of it.
+    PeersUnreachable,
 }
 
 impl AgentGap {
@@ -25,7 +29,27 @@ impl AgentGap {
             Self::Absent => "no agent",
             Self::WithoutWatchdog => "agent without a usable watchdog",
             Self::LeaseStale => "agent Lease missing or not renewed",
+            Self::PeersUnreachable => "agent that cannot reach half of its peers",
         }
+    }
+
+    /// What brings the proof back.
+    pub const fn remedy(self) -> &'static str {
+        match self {
+            Self::Absent | Self::WithoutWatchdog | Self::LeaseStale => {
+                "install the agent and a watchdog, docs/agent.md"
+            }
+            Self::PeersUnreachable => {
+                "open the agent port between the nodes: a NetworkPolicy or a firewall blocks \
+                 it, docs/agent.md"
+            }
+        }
+    }
+
+    /// Whether the agent, though it lacks the proof, is one podha hears as a reader of the API
+    /// can tell (a fresh Lease): it counts among the agents of podha's majority.
+    pub const fn heard(self) -> bool {
+        matches!(self, Self::PeersUnreachable)
     }
 }
 
@@ -41,5 +65,11 @@ pub fn agent_gap(name: &str, node: &Node, view: &View, now: Instant) -> Option<A
         .agent_adverts
         .get(name)
         .is_some_and(|lease| now.saturating_duration_since(lease.renewed_seen) <= lease.lasts);
-    (!fresh).then_some(AgentGap::LeaseStale)
+    if !fresh {
+        return Some(AgentGap::LeaseStale);
+    }
+    view.agent_adverts
+        .get(name)
+        .and_then(|lease| lease.peers_unreachable.as_ref())
+        .map(|_| AgentGap::PeersUnreachable)
 }

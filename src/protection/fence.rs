@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Check, Checks, Cluster, Outcome, Unprotected, agent_gap, human};
+use super::{AgentGap, Check, Checks, Cluster, Outcome, Unprotected, agent_gap, human};
 use crate::api::{BMC_NODE_LABEL, FencingProof};
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
 use crate::planner::PolicyRef;
@@ -228,12 +228,16 @@ fn other_agents(cluster: &Cluster<'_>, node_name: &str, node: &Node) -> (usize, 
             .collect();
         let fresh = advertised
             .iter()
-            .filter(|(name, n)| agent_gap(name, n, cluster.view, cluster.now).is_none())
+            .filter(|(name, n)| {
+                agent_gap(name, n, cluster.view, cluster.now).is_none_or(AgentGap::heard)
+            })
             .count();
         (advertised.len(), fresh)
     });
     let own_advertised = usize::from(agent_addr(node).is_some());
-    let own_fresh = usize::from(agent_gap(node_name, node, cluster.view, cluster.now).is_none());
+    let own_fresh = usize::from(
+        agent_gap(node_name, node, cluster.view, cluster.now).is_none_or(AgentGap::heard),
+    );
     (
         fresh.saturating_sub(own_fresh),
         advertised.saturating_sub(own_advertised),
@@ -295,13 +299,20 @@ fn agent_checks(
             );
         }
         Some(gap) => {
-            let why = node
-                .annotations()
-                .get(AGENT_WATCHDOG_ANNOTATION)
-                .filter(|_| within.is_none())
-                .map_or_else(String::new, |w| {
-                    format!(" ({AGENT_WATCHDOG_ANNOTATION}: {w})")
-                });
+            let why = match cluster.view.agent_adverts.get(node_name) {
+                Some(lease) if gap == AgentGap::PeersUnreachable => format!(
+                    " ({} of the peers its last check asked answered): on isolation it could \
+                     not show that podha hears no majority, so podha holds the node",
+                    lease.peers_unreachable.as_deref().unwrap_or_default()
+                ),
+                _ => node
+                    .annotations()
+                    .get(AGENT_WATCHDOG_ANNOTATION)
+                    .filter(|_| within.is_none())
+                    .map_or_else(String::new, |w| {
+                        format!(" ({AGENT_WATCHDOG_ANNOTATION}: {w})")
+                    }),
+            };
             checks.fail(
                 "agent",
                 Unprotected::NoProvingAgent,
@@ -312,8 +323,9 @@ fn agent_checks(
                 Unprotected::NoProvingAgent,
                 format!(
                     "Agent: {node_name} has no agent whose silence proves its fence: judged \
-                     dead, it is held until its agent acknowledges a fence request (install the \
-                     agent and a watchdog, docs/agent.md, or choose another fencing.proof in {})",
+                     dead, it is held until its agent acknowledges a fence request ({}, or \
+                     choose another fencing.proof in {})",
+                    gap.remedy(),
                     node_policy.name
                 ),
             );

@@ -269,3 +269,32 @@ fn under_any_of_a_proof_that_cannot_come_leaves_the_others_and_all_of_needs_each
         "the agent's acknowledgement is needed too"
     );
 }
+
+/// An agent that says it cannot reach half of its peers proves no fence of its node (podha
+/// holds it): explain says so, with the figures and what brings the proof back; the other
+/// agents still count among those podha hears.
+#[test]
+fn an_agent_that_cannot_reach_its_peers_proves_no_fence() {
+    use crate::api::FencingProof;
+    let verdict = |cut_off: bool| {
+        let nodes = ["n1", "n2", "n3"].map(|n| mk_node(n).ready(true).agent(Some("8s")));
+        let mut view = with_volume(view_with(nodes.map(Into::into)), sts("db-0", "n1"), DRIVER);
+        for node in ["n1", "n2", "n3"] {
+            let mut advert = agent_advert(Instant::now());
+            if cut_off && node == "n1" {
+                advert.peers_unreachable = Some("1/2".into());
+            }
+            view.agent_adverts.insert(node.into(), advert);
+        }
+        let mut spec = mk_spec().drivers(&[DRIVER]);
+        spec.fencing.proof = FencingProof::Agent;
+        why_not(&view, &spec, "n1")
+    };
+    assert_eq!(verdict(false), None, "its silence proves the fence");
+    let (reason, rule, detail) = verdict(true).expect("unprotected");
+    assert_eq!((reason, rule), (Unprotected::NoProvingAgent, "agent"));
+    assert!(
+        detail.contains("cannot reach half of its peers") && detail.contains("1/2"),
+        "{detail}"
+    );
+}

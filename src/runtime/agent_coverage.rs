@@ -139,7 +139,8 @@ pub fn describe_unprotected(unprotected: &[(String, AgentGap)], watched: usize) 
         "{} of {watched} watched nodes have no agent whose silence proves their fence \
          (fencing.proof Agent, alone or in allOf): {}{more}. Judged dead, such a node is held \
          until its agent acknowledges a fence request; install the agent (chart value agent.enabled) and a \
-         watchdog on these nodes (docs/agent.md), or choose another proof",
+         watchdog on these nodes, or open the agent port between the nodes for an agent that \
+         cannot reach its peers (docs/agent.md), or choose another proof",
         unprotected.len(),
         named.join(", ")
     )

@@ -112,8 +112,8 @@ impl Peers {
 
     /// Checks the reach every [`CHECK_EVERY`] (the first at a time of this node's own, so
     /// that agents started together do not ask at once) for as long as the agent runs,
-    /// keeping what it found in `reach`, and saying it in the log and the metrics.
-    pub async fn keep_reach_checked(&self, reach: &SharedReach) {
+    /// keeping what it found ([`Peers::reach`]), and saying it in the log and the metrics.
+    pub async fn keep_reach_checked(&self) {
         let offset = (spread(&self.me) % 1000) as u64 * CHECK_EVERY.as_millis() as u64 / 1000;
         tokio::time::sleep(Duration::from_millis(offset)).await;
         let mut turn = 0;
@@ -126,7 +126,7 @@ impl Peers {
             };
             counters::peer_check(round.asked, round.answered);
             let (changed, unreachable) = {
-                let mut reach = lock(reach);
+                let mut reach = lock(&self.reach);
                 (reach.take(round), reach.unreachable())
             };
             counters::peers_reachable(unreachable.is_none());

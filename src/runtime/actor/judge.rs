@@ -175,7 +175,8 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
                 node: name.clone(),
                 addr: Some(addr),
                 timeout: AGENT_HEARTBEAT_TIMEOUT,
-                hold: heeds_hold.then(|| holds(state, node) && !armed_and_silent(state, name)),
+                hold: heeds_hold
+                    .then(|| holds(state, name, node) && !armed_and_silent(state, name)),
                 heeds_term: advert.is_some_and(|a| a.heeds_term),
                 boot_id: node
                     .status
@@ -189,15 +190,23 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
         .collect()
 }
 
-/// Whether podha holds `node` for its agent: it counts no silence of it, so the agent need not
-/// fence on isolation. Held unless a policy that asks for the `Agent` proof (alone or in a
-/// list) selects the node and neither that policy nor the node is paused: a paused node cut
-/// off from everything must not be reset, and an agent no proof listens to has nothing to
-/// fence for. A held agent's answers count for no silence ([`crate::health`]), so the hold and
-/// the proof cannot disagree: podha counts a silence only after the agent said it is not
-/// held.
-pub(super) fn holds(state: &ClusterState, node: &Node) -> bool {
+/// Whether podha holds `node` (named `name`) for its agent: it counts no silence of it, so the
+/// agent need not fence on isolation. Held unless a policy that asks for the `Agent` proof
+/// (alone or in a list) selects the node and neither that policy nor the node is paused: a
+/// paused node cut off from everything must not be reset, and an agent no proof listens to
+/// has nothing to fence for. Held also while the agent's Lease says it cannot reach half of
+/// its peers ([`crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION`]): on isolation it could
+/// not show that podha hears no majority, and would reboot its node in an outage of podha or
+/// of the API server that moves nothing. A held agent's answers count for no silence
+/// ([`crate::health`]), so the hold and the proof cannot disagree: podha counts a silence only
+/// after the agent said it is not held.
+pub(super) fn holds(state: &ClusterState, name: &str, node: &Node) -> bool {
     crate::api::node_paused(node)
+        || state
+            .view
+            .agent_adverts
+            .get(name)
+            .is_some_and(|a| a.peers_unreachable.is_some())
         || !state.policies.values().any(|p| {
             !p.spec.paused
                 && p.spec.fencing.proofs().asks(FencingProof::Agent)

@@ -33,6 +33,7 @@ use dispatch::Schedule;
 use judge::Judge;
 use reports::ReportBook;
 
+mod agent_reports;
 mod clock;
 mod coverage;
 mod dispatch;
@@ -155,6 +156,7 @@ impl Actor {
         self.follow_incidents(now, &health).await;
         self.report(&health).await;
         self.report_unreachable_agents(now).await;
+        self.report_agents_peers_unreachable().await;
     }
 
     fn observe_change(&mut self, change: Change) {

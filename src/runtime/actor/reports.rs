@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{Resource, ResourceExt};
@@ -14,9 +13,8 @@ use super::super::status::{PolicyFacts, condition_of, policy_status, unreadable_
 use super::super::writer::{EventNote, Report};
 use super::Actor;
 use crate::api::{PodHAPolicy, PodHAPolicyStatus, condition};
-use crate::contract::agent_addr;
 use crate::eligibility::SkipReason;
-use crate::health::{NodeHealth, ProbeKind, ReadyStatus};
+use crate::health::NodeHealth;
 use crate::incident::{Incident, Phase, PhaseChange};
 use crate::planner::{HealthBook, HoldReason, PodSkip, Skip};
 use crate::protection::AgentGap;
@@ -31,6 +29,8 @@ pub(super) struct ReportBook {
     last_status: BTreeMap<String, PodHAPolicyStatus>,
     /// Each policy's policy-wide hold in the last planning round.
     policy_holds: BTreeMap<String, HoldReason>,
+    /// The nodes whose agent said it cannot reach its peers in the last round.
+    peers_unreachable: BTreeSet<String>,
 }
 
 impl ReportBook {
@@ -64,6 +64,14 @@ impl ReportBook {
             self.last_status.remove(policy);
         }
         gone
+    }
+
+    /// This round's nodes whose agent cannot reach its peers (none when not leading); returns
+    /// those that were not in the last round's, to be reported once per episode.
+    pub fn set_peers_unreachable(&mut self, nodes: BTreeSet<String>) -> Vec<String> {
+        let new = nodes.difference(&self.peers_unreachable).cloned().collect();
+        self.peers_unreachable = nodes;
+        new
     }
 
     /// This round's policy-wide holds; a hold that ended is reported again when it returns.
@@ -383,66 +391,6 @@ impl Actor {
         self.metrics
             .detection
             .set_nodes(count(0), count(1), count(2));
-    }
-}
-
-/// How long the leader may not hear the agent of a Ready node that advertises one before it
-/// reports the agent unreachable.
-pub(super) const AGENT_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
-
-impl Actor {
-    /// Reports the agents the leader cannot hear on nodes that are up (Ready, advertising an
-    /// agent on the Node): their port blocked (a NetworkPolicy, a firewall) or the agent not
-    /// running. Such a node is not fenced by its agent on isolation (the agent never learned it
-    /// was heard), and `proof: Agent` cannot prove it fenced by silence: the user must know
-    /// before the node fails. Event `AgentUnreachable` once per episode (until the agent is
-    /// heard again) and `podha_agents_unreachable`.
-    pub(super) async fn report_unreachable_agents(&mut self, now: Instant) {
-        let Some(since) = self.leading_since.filter(|_| self.leading) else {
-            self.metrics.operating.set_agents_unreachable(0);
-            return;
-        };
-        let view = &self.state.view;
-        let mut unreachable = Vec::new();
-        for (name, node) in &view.nodes {
-            let (Some(obs), Some(addr)) = (self.state.observations.get(name), agent_addr(node))
-            else {
-                continue;
-            };
-            if ReadyStatus::from_node(node) != ReadyStatus::True {
-                continue;
-            }
-            let agent = obs.probed(ProbeKind::Agent);
-            let heard_or_asked = agent
-                .connected
-                .or(agent.from)
-                .map_or(since, |t| t.max(since));
-            let unheard = now.saturating_duration_since(heard_or_asked);
-            if unheard >= AGENT_UNREACHABLE_AFTER {
-                unreachable.push((name.clone(), addr, agent.connected, unheard));
-            }
-        }
-        self.metrics
-            .operating
-            .set_agents_unreachable(unreachable.len());
-        for (node, addr, last_heard, unheard) in unreachable {
-            if !self
-                .reported
-                .first(&node, format!("agent-unreachable/{since:?}/{last_heard:?}"))
-            {
-                continue;
-            }
-            let note = format!(
-                "podha has not heard the agent of node {node} ({addr}) for {}s though the node \
-                 is Ready: its port may be blocked (a NetworkPolicy, a firewall) or the agent \
-                 not running. It does not fence this node on isolation, and with \
-                 fencing.proof Agent podha cannot prove the node fenced by its silence",
-                unheard.as_secs()
-            );
-            warn!(node, %note, "agent unreachable");
-            let event = self.node_event(&node, true, "AgentUnreachable", "Probe", note);
-            self.event(event).await;
-        }
     }
 }
 

@@ -31,7 +31,7 @@ fn healthy(nodes: &[&str]) -> BTreeMap<String, NodeHealth> {
 }
 
 #[test]
-fn a_node_lacks_an_agent_a_watchdog_or_a_fresh_lease() {
+fn a_node_lacks_an_agent_a_watchdog_a_fresh_lease_or_reach_to_its_peers() {
     let t0 = Instant::now();
     let mut view = view_with([
         mk_node("bare").into(),
@@ -39,17 +39,23 @@ fn a_node_lacks_an_agent_a_watchdog_or_a_fresh_lease() {
         with_agent("no-lease", true).into(),
         with_agent("lapsed", true).into(),
         with_agent("covered", true).into(),
+        with_agent("cut-off", true).into(),
     ]);
     view.agent_adverts.insert("lapsed".into(), agent_advert(t0));
     let later = t0 + crate::contract::AGENT_LEASE_DURATION + Duration::from_secs(1);
     view.agent_adverts
         .insert("covered".into(), agent_advert(later));
+    let mut cut_off = agent_advert(later);
+    cut_off.peers_unreachable = Some("1/8".into());
+    view.agent_adverts.insert("cut-off".into(), cut_off);
     let gap = |name: &str| agent_gap(name, &view.nodes[name], &view, later);
     assert_eq!(gap("bare"), Some(AgentGap::Absent));
     assert_eq!(gap("no-watchdog"), Some(AgentGap::WithoutWatchdog));
     assert_eq!(gap("no-lease"), Some(AgentGap::LeaseStale));
     assert_eq!(gap("lapsed"), Some(AgentGap::LeaseStale));
     assert_eq!(gap("covered"), None);
+    assert_eq!(gap("cut-off"), Some(AgentGap::PeersUnreachable));
+    assert!(AgentGap::PeersUnreachable.heard() && !AgentGap::LeaseStale.heard());
 }
 
 #[test]

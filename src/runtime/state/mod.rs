@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
 use crate::contract::{
     AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
-    advertising_node,
+    AGENT_PEERS_UNREACHABLE_ANNOTATION, advertising_node,
 };
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
@@ -64,6 +64,10 @@ fn seen_agent_lease(
     };
     let heeds_hold = says(AGENT_HEEDS_HOLD_ANNOTATION);
     let heeds_term = says(AGENT_HEEDS_TERM_ANNOTATION);
+    let peers_unreachable = lease
+        .annotations()
+        .get(AGENT_PEERS_UNREACHABLE_ANNOTATION)
+        .cloned();
     let advert = AgentAdvert {
         renew_time,
         renewed_seen,
@@ -71,6 +75,7 @@ fn seen_agent_lease(
         heard_in_boot,
         heeds_hold,
         heeds_term,
+        peers_unreachable,
         renewal_observed,
     };
     Some((node.to_string(), advert))

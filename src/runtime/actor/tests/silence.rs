@@ -526,3 +526,69 @@ async fn a_silent_armed_agent_is_not_held_until_it_answers_again() {
     run_with_rounds(&mut h, 1, &[]).await;
     assert_eq!(hold_of_node_1(&h), Some(Some(true)), "answered: held");
 }
+
+/// node-1's agent says on its Lease that it cannot reach half of its peers: it is told podha
+/// holds its node, once reported on the node and counted in `podha_agents_peers_unreachable`;
+/// once it reaches them again, it is let go of and the count drops.
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_cannot_reach_its_peers_is_held_and_reported_once() {
+    let mut h = agent_proof_harness();
+    let says = |h: &mut Harness, unreachable: Option<&str>| {
+        let mut lease = mk_agent_lease("node-1", 200);
+        let annotations = lease.annotations_mut();
+        annotations.insert(
+            crate::contract::AGENT_HEEDS_HOLD_ANNOTATION.into(),
+            "true".into(),
+        );
+        if let Some(value) = unreachable {
+            annotations.insert(
+                crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION.into(),
+                value.into(),
+            );
+        }
+        h.actor
+            .state
+            .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
+    };
+    let told = |h: &Harness| {
+        let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
+        agents
+            .targets
+            .iter()
+            .find(|t| t.node == "node-1")
+            .map(|t| t.hold)
+    };
+    let count = |h: &Harness| {
+        let text = h.metrics.encode().expect("encode");
+        text.lines()
+            .find_map(|l| l.strip_prefix("podha_agents_peers_unreachable "))
+            .map(|v| v.trim().to_string())
+    };
+    let reported = |h: &mut Harness| {
+        h.writes
+            .queued_events()
+            .into_iter()
+            .filter(|e| e.reason == "AgentPeersUnreachable")
+            .map(|e| (e.regarding.name.unwrap_or_default(), e.note))
+            .collect::<Vec<_>>()
+    };
+    says(&mut h, None);
+    run_with_rounds(&mut h, 2, &[]).await;
+    assert_eq!(told(&h), Some(Some(false)));
+    assert_eq!(count(&h).as_deref(), Some("0"));
+    says(&mut h, Some("1/8"));
+    assert_eq!(told(&h), Some(Some(true)), "held");
+    run_with_rounds(&mut h, 2, &[]).await;
+    let events = reported(&mut h);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "node-1");
+    assert!(events[0].1.contains("1/8"), "{}", events[0].1);
+    assert_eq!(count(&h).as_deref(), Some("1"));
+    says(&mut h, Some("0/8"));
+    run_with_rounds(&mut h, 2, &[]).await;
+    assert_eq!(reported(&mut h), [], "once per episode");
+    says(&mut h, None);
+    assert_eq!(told(&h), Some(Some(false)), "let go of");
+    run_with_rounds(&mut h, 2, &[]).await;
+    assert_eq!(count(&h).as_deref(), Some("0"));
+}
