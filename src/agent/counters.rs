@@ -16,6 +16,9 @@
 //!   `super::watchdog::run_without`);
 //! - `podha_agent_peers_asked` and `podha_agent_peers_answered`: the peers the last reach
 //!   check asked, and how many answered (see `super::peers::reach`);
+//! - `podha_agent_last_fence_timestamp_seconds{cause}`: when the agent last fenced its node
+//!   (`isolation` or `request`), as recorded before the fence and read back at start (see
+//!   `super::fence_record`); absent if it never did;
 //! - `podha_agent_peers_reachable`: 0 once two checks in a row reached fewer than half of the
 //!   peers they asked (on isolation the agent could not show podha hears no majority, so podha
 //!   holds its node), 1 otherwise.
@@ -24,7 +27,7 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::metrics::register;
 
@@ -38,6 +41,7 @@ struct Counters {
     peers_asked: IntGauge,
     peers_answered: IntGauge,
     peers_reachable: IntGauge,
+    last_fence: IntGaugeVec,
 }
 
 static COUNTERS: LazyLock<Counters> =
@@ -56,20 +60,15 @@ impl Counters {
                 &["path"],
             )?,
         )?;
-        let stale = register(
-            &registry,
-            IntCounter::new(
-                "podha_agent_heartbeats_stale_total",
-                "Heartbeats of podha's leader over a challenge the agent did not issue or already \
-                 took.",
-            )?,
+        let counter = |name: &str, help: &str| register(&registry, IntCounter::new(name, help)?);
+        let stale = counter(
+            "podha_agent_heartbeats_stale_total",
+            "Heartbeats of podha's leader over a challenge the agent did not issue or already \
+             took.",
         )?;
-        let unverified = register(
-            &registry,
-            IntCounter::new(
-                "podha_agent_peer_answers_unverified_total",
-                "Peer answers not signed by the peer's key, counted as no answer.",
-            )?,
+        let unverified = counter(
+            "podha_agent_peer_answers_unverified_total",
+            "Peer answers not signed by the peer's key, counted as no answer.",
         )?;
         let connections_refused = register(
             &registry,
@@ -82,37 +81,38 @@ impl Counters {
                 &["limit"],
             )?,
         )?;
-        let watchdog_armed = register(
-            &registry,
-            IntGauge::new(
-                "podha_agent_watchdog_armed",
-                "1 while the agent pets a watchdog; 0 without one, when its silence proves no \
-                 fence of its node.",
-            )?,
+        let gauge = |name: &str, help: &str| register(&registry, IntGauge::new(name, help)?);
+        let watchdog_armed = gauge(
+            "podha_agent_watchdog_armed",
+            "1 while the agent pets a watchdog; 0 without one, when its silence proves no fence \
+             of its node.",
         )?;
-        let peers_asked = register(
-            &registry,
-            IntGauge::new(
-                "podha_agent_peers_asked",
-                "Peers the agent's last reach check asked.",
-            )?,
+        let peers_asked = gauge(
+            "podha_agent_peers_asked",
+            "Peers the last reach check asked.",
         )?;
-        let peers_answered = register(
-            &registry,
-            IntGauge::new(
-                "podha_agent_peers_answered",
-                "Peers that answered the agent's last reach check with a word their key verifies.",
-            )?,
+        let peers_answered = gauge(
+            "podha_agent_peers_answered",
+            "Peers that answered the agent's last reach check with a word their key verifies.",
         )?;
-        let peers_reachable = register(
-            &registry,
-            IntGauge::new(
-                "podha_agent_peers_reachable",
-                "0 once two reach checks in a row reached fewer than half of the peers asked \
-                 (podha then holds the node); 1 otherwise.",
-            )?,
+        let peers_reachable = gauge(
+            "podha_agent_peers_reachable",
+            "0 once two reach checks in a row reached fewer than half of the peers asked \
+             (podha then holds the node); 1 otherwise.",
         )?;
         peers_reachable.set(1);
+        let last_fence = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "podha_agent_last_fence_timestamp_seconds",
+                    "Unix time at which the agent last fenced its node, by cause (isolation: \
+                     podha could not hear it; request: podha asked), as recorded before the \
+                     fence and read back when the agent starts.",
+                ),
+                &["cause"],
+            )?,
+        )?;
         Ok(Self {
             registry,
             refused,
@@ -123,6 +123,7 @@ impl Counters {
             peers_asked,
             peers_answered,
             peers_reachable,
+            last_fence,
         })
     }
 }
@@ -135,6 +136,16 @@ pub fn peer_check(asked: usize, answered: usize) {
     COUNTERS
         .peers_answered
         .set(answered.try_into().unwrap_or(i64::MAX));
+}
+
+/// The last fence the agent recorded, if any (see `super::fence_record`).
+pub fn last_fence(last: Option<super::fence_record::LastFence>) {
+    if let Some(last) = last {
+        COUNTERS
+            .last_fence
+            .with_label_values(&[last.cause])
+            .set(last.at_unix.try_into().unwrap_or(i64::MAX));
+    }
 }
 
 /// Whether the agent reaches enough of its peers (see `super::peers::reach`).
@@ -213,5 +224,23 @@ mod tests {
         assert!(text.contains("\npodha_agent_peers_reachable 0\n"), "{text}");
         peers_reachable(true);
         assert!(render().contains("\npodha_agent_peers_reachable 1\n"));
+    }
+
+    #[test]
+    fn the_last_fence_is_exported_by_its_cause() {
+        last_fence(None);
+        assert!(!render().contains("podha_agent_last_fence_timestamp_seconds{"));
+        last_fence(Some(crate::agent::fence_record::LastFence {
+            boot: Some("b1".into()),
+            at_unix: 1_764_000_000,
+            cause: "isolation",
+        }));
+        let text = render();
+        assert!(
+            text.contains(
+                "\npodha_agent_last_fence_timestamp_seconds{cause=\"isolation\"} 1764000000\n"
+            ),
+            "{text}"
+        );
     }
 }

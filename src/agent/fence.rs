@@ -7,6 +7,7 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use super::ArgsError;
+use super::fence_record::FenceRecord;
 
 /// How the agent fences its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +94,8 @@ pub struct Fencer {
     confirm: Option<FenceConfirm>,
     node: String,
     fenced: tokio::sync::Mutex<Vec<(FenceCause, Fenced)>>,
+    /// Where each fence is recorded before it is carried out, for the agent of the next boot.
+    record: Option<FenceRecord>,
 }
 
 impl Fencer {
@@ -102,7 +105,14 @@ impl Fencer {
             confirm,
             node: node.to_string(),
             fenced: tokio::sync::Mutex::new(Vec::new()),
+            record: None,
         }
+    }
+
+    /// The fencer recording each fence in `record` before it carries it out.
+    pub fn recording(mut self, record: FenceRecord) -> Self {
+        self.record = Some(record);
+        self
     }
 
     /// Fences for `cause` unless that was done already, and for a request checks that the
@@ -115,6 +125,9 @@ impl Fencer {
                 return *done;
             }
             warn!(node = %self.node, why, "fencing this node");
+            if let Some(record) = self.record.as_ref().filter(|_| !self.refused()) {
+                record.write(&cause);
+            }
             if let Err(e) = self.run(why).await {
                 error!(node = %self.node, error = %e, "the fence failed");
                 // A refused fence is refused again: said once per cause, not every second.
@@ -136,6 +149,11 @@ impl Fencer {
             *done = Fenced::Confirmed;
         }
         Fenced::Confirmed
+    }
+
+    /// Whether every fence is refused (see [`FenceMethod::Refused`]): nothing to record.
+    fn refused(&self) -> bool {
+        matches!(self.method, FenceMethod::Refused(_))
     }
 
     /// Whether the fence just carried out took, by the confirmation check.
@@ -418,6 +436,40 @@ mod tests {
             patient.fence(FenceCause::Isolation, "cut off").await,
             Fenced::Unconfirmed
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Each fence is recorded (synced) before it is carried out: the fence itself finds the
+    /// record, for the agent of the next boot. A refused fence records nothing.
+    #[tokio::test]
+    async fn a_fence_is_recorded_before_it_is_carried_out() {
+        use super::super::fence_record::FenceRecord;
+        let dir = std::env::temp_dir().join(format!("podha-fence-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("boots.fences");
+        let _ = std::fs::remove_file(&path);
+        let cmd = format!("grep -q ' request$' {}", path.display());
+        let fencer = Fencer::new(FenceMethod::Command(cmd), None, "node-1")
+            .recording(FenceRecord::new(&path, Some("boot-1")));
+        let done = fencer
+            .fence(FenceCause::Request("r1".into()), "asked")
+            .await;
+        assert_eq!(done, Fenced::Unconfirmed, "the fence found its record");
+        let last = FenceRecord::new(&path, Some("boot-2"))
+            .last()
+            .expect("recorded");
+        assert_eq!(
+            (last.boot.as_deref(), last.cause),
+            (Some("boot-1"), "request")
+        );
+        std::fs::remove_file(&path).expect("record");
+        let refused = Fencer::new(FenceMethod::Refused("shared kernel".into()), None, "node-1")
+            .recording(FenceRecord::new(&path, Some("boot-1")));
+        assert_eq!(
+            refused.fence(FenceCause::Isolation, "cut off").await,
+            Fenced::Failed
+        );
+        assert!(!path.exists(), "nothing recorded for a refused fence");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -18,6 +18,7 @@ mod check;
 mod counters;
 mod error;
 mod fence;
+mod fence_record;
 mod hearing_file;
 mod identity;
 pub mod isolation;
@@ -366,7 +367,7 @@ fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
 
 /// The agent's fencer: `--fence`, unless it reboots a kernel that may not be the node's own
 /// (then every fence is refused and says why), with `--fence-confirm`.
-fn fencer(args: &AgentArgs, kernel: &Kernel) -> Fencer {
+fn fencer(args: &AgentArgs, kernel: &Kernel, boot: Option<&str>) -> Fencer {
     let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
         command,
         within: args.fence_confirm_within,
@@ -375,7 +376,12 @@ fn fencer(args: &AgentArgs, kernel: &Kernel) -> Fencer {
         Err(doubt) if args.fence.reboots_kernel() => FenceMethod::Refused(doubt.to_string()),
         _ => args.fence.clone(),
     };
-    Fencer::new(fence, confirm, &args.node)
+    Fencer::new(fence, confirm, &args.node).recording(fence_record(args, boot))
+}
+
+/// Where the agent records its fences: beside the boot history, which reboots keep.
+fn fence_record(args: &AgentArgs, boot: Option<&str>) -> fence_record::FenceRecord {
+    fence_record::FenceRecord::new(&args.boot_history_file.with_extension("fences"), boot)
 }
 
 /// The agent's Lease, owned by its Pod when it runs in one, saying whether podha heard it in
@@ -428,7 +434,8 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let verdict = SavedVerdict::new(args.hearing_file.with_extension("kernel"), boot.as_deref());
     let kernel = shared_kernel::at_start(&nodes, &args.node, &verdict).await;
-    let fencer = Arc::new(fencer(&args, &kernel));
+    let fencer = Arc::new(fencer(&args, &kernel, boot.as_deref()));
+    counters::last_fence(fence_record(&args, boot.as_deref()).last());
     let router = server::router(endpoints.clone());
     // A task of its own: a flood keeps its accept loop busy, not the loop that pets the
     // watchdog.

@@ -1,0 +1,162 @@
+//! The record of the agent's last fence, kept where reboots keep it (beside the boot history,
+//! see [`super::boot`]), so that the agent of the next boot can say its node was fenced: an
+//! agent that reboots its node cannot report it before, and nothing after the reboot would
+//! otherwise tell the fence from any other reboot. The agent exports it as
+//! `podha_agent_last_fence_timestamp_seconds{cause}` and logs it at start; the chart alerts on
+//! it (`PodhaAgentFencedNode`).
+//!
+//! Written and synced before the fence is carried out: `sysrq-reboot` resets the kernel at
+//! once, without writing back what it caches.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::{info, warn};
+
+use super::fence::FenceCause;
+
+/// The one line the record holds: `<boot> <unix seconds> <cause>`, the boot named as the kernel
+/// gave it (`-` when the agent could not read it), the cause `isolation` or `request`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastFence {
+    pub boot: Option<String>,
+    pub at_unix: u64,
+    pub cause: &'static str,
+}
+
+impl LastFence {
+    fn line(&self) -> String {
+        format!(
+            "{} {} {}\n",
+            self.boot.as_deref().unwrap_or("-"),
+            self.at_unix,
+            self.cause
+        )
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let mut words = text.split_whitespace();
+        let boot = words.next()?;
+        let at_unix = words.next()?.parse().ok()?;
+        let cause = match words.next()? {
+            "isolation" => "isolation",
+            "request" => "request",
+            _ => return None,
+        };
+        Some(Self {
+            boot: (boot != "-").then(|| boot.to_string()),
+            at_unix,
+            cause,
+        })
+    }
+}
+
+/// The cause as the record and the metric name it.
+pub const fn cause_name(cause: &FenceCause) -> &'static str {
+    match cause {
+        FenceCause::Isolation => "isolation",
+        FenceCause::Request(_) => "request",
+    }
+}
+
+/// Where the record is, and the boot the agent runs in.
+#[derive(Clone, Debug)]
+pub struct FenceRecord {
+    path: PathBuf,
+    boot: Option<String>,
+}
+
+impl FenceRecord {
+    pub fn new(path: &Path, boot: Option<&str>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            boot: boot.map(str::to_string),
+        }
+    }
+
+    /// Records a fence for `cause` now, synced to the disk before it returns. A record that
+    /// cannot be written is said in the log and does not stop the fence.
+    pub fn write(&self, cause: &FenceCause) {
+        let at_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = LastFence {
+            boot: self.boot.clone(),
+            at_unix,
+            cause: cause_name(cause),
+        };
+        let written = std::fs::File::create(&self.path).and_then(|mut file| {
+            file.write_all(last.line().as_bytes())?;
+            file.sync_all()
+        });
+        if let Err(e) = written {
+            warn!(record = %self.path.display(), error = %e, "cannot record the fence: after the reboot nothing will say this agent fenced the node");
+        }
+    }
+
+    /// The last fence recorded, if any, said in the log (with whether the node booted since).
+    pub fn last(&self) -> Option<LastFence> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let Some(last) = LastFence::parse(&text) else {
+            warn!(record = %self.path.display(), "the fence record cannot be read: ignored");
+            return None;
+        };
+        let rebooted = match (&last.boot, &self.boot) {
+            (Some(then), Some(now)) => Some(then != now),
+            _ => None,
+        };
+        info!(
+            at_unix = last.at_unix,
+            cause = last.cause,
+            ?rebooted,
+            "this agent fenced its node before (the last fence recorded)"
+        );
+        Some(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("podha-fences-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    #[test]
+    fn the_last_fence_is_read_back_by_the_agent_of_the_next_boot() {
+        let dir = dir("read-back");
+        let path = dir.join("boots.fences");
+        let before = FenceRecord::new(&path, Some("boot-1"));
+        assert_eq!(before.last(), None, "never fenced");
+        before.write(&FenceCause::Request("r1".into()));
+        before.write(&FenceCause::Isolation);
+        let after = FenceRecord::new(&path, Some("boot-2"));
+        let last = after.last().expect("recorded");
+        assert_eq!(last.boot.as_deref(), Some("boot-1"));
+        assert_eq!(last.cause, "isolation", "the last one");
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        assert!(now.abs_diff(last.at_unix) < 60, "{last:?}");
+        // Without a boot ID, and garbled.
+        FenceRecord::new(&path, None).write(&FenceCause::Request("r2".into()));
+        let bootless = after.last().expect("recorded");
+        assert_eq!((bootless.boot, bootless.cause), (None, "request"));
+        std::fs::write(&path, "boot-1 soon isolation\n").expect("write");
+        assert_eq!(after.last(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_written_does_not_stop_the_fence() {
+        let record = FenceRecord::new(Path::new("/nonexistent-dir/podha/fences"), None);
+        record.write(&FenceCause::Isolation);
+        assert_eq!(record.last(), None);
+    }
+}
