@@ -11,7 +11,8 @@
 //! The agents trust the leader key an earlier agent of their boot kept (as one restarted during
 //! the outage would), and the test signs its heartbeats with it.
 //!
-//! Fences are `write:` to a file per agent; nothing here opens a watchdog or reboots.
+//! Fences are `write:` to a file per agent; nothing here opens a watchdog or reboots, and every
+//! record the agents keep is in the test's own directory.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -54,6 +55,10 @@ impl Agent {
             .arg("--survey-timeout=1s")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--boot-id-file={}", boot_id.display()))
+            .arg(format!(
+                "--boot-history-file={}",
+                dir.join(format!("{name}.boots")).display()
+            ))
             .arg(format!(
                 "--hearing-file={}",
                 dir.join(format!("{name}.heard")).display()
@@ -177,6 +182,12 @@ fn without_an_api_server_only_the_agent_podha_heard_and_lost_fences() {
     assert!(
         fenced_at >= ISOLATION_TIMEOUT,
         "node-1 fenced {fenced_at:?} after podha last heard it, before its isolation timeout"
+    );
+    // Recorded before it was carried out, for the agent of the next boot to report.
+    let record = std::fs::read_to_string(dir.join("node-1.boots.fences")).unwrap_or_default();
+    assert!(
+        record.starts_with("boot-of-node-1 ") && record.trim_end().ends_with(" isolation"),
+        "node-1's fence record: {record:?}"
     );
     // node-2 and node-3 go unheard for longer than that since they started.
     std::thread::sleep(latest.saturating_sub(started.elapsed()));

@@ -379,9 +379,12 @@ fn fencer(args: &AgentArgs, kernel: &Kernel, boot: Option<&str>) -> Fencer {
     Fencer::new(fence, confirm, &args.node).recording(fence_record(args, boot))
 }
 
-/// Where the agent records its fences: beside the boot history, which reboots keep.
+/// Where the agent records its fences: beside the boot history, which reboots keep, its name
+/// followed by `.fences`.
 fn fence_record(args: &AgentArgs, boot: Option<&str>) -> fence_record::FenceRecord {
-    fence_record::FenceRecord::new(&args.boot_history_file.with_extension("fences"), boot)
+    let mut name = args.boot_history_file.as_os_str().to_os_string();
+    name.push(".fences");
+    fence_record::FenceRecord::new(&PathBuf::from(name), boot)
 }
 
 /// The agent's Lease, owned by its Pod when it runs in one, saying whether podha heard it in

@@ -296,6 +296,8 @@ struct Last {
     challenge: String,
     /// Its last probe got no answer.
     silent: bool,
+    /// Its last probe held the node.
+    held: bool,
 }
 
 impl Heard {
@@ -314,10 +316,17 @@ impl Heard {
     /// Whether podha holds `target`'s node in the probe now: as the plan says, but never newly
     /// for an agent whose last probe got no answer (it may have died a moment ago, armed:
     /// a hold sent now could reach it with its answer lost and stop its fence, and would leave
-    /// its failover unprovable; the plan, made before that round came in, does not know).
+    /// its failover unprovable; the plan, made before that round came in, does not know). An
+    /// agent the last probe held stays held through a silence: podha counts no silence of it
+    /// already, and a probe letting go of it, signed over a challenge the lost probe never
+    /// took, would make it count its silence again at once (and fence in the outage the hold
+    /// was for).
     pub(super) fn hold(&self, target: &Target) -> Option<bool> {
-        let silent = self.0.get(&target.node).is_some_and(|last| last.silent);
-        target.hold.map(|hold| hold && !silent)
+        let newly_held_while_silent = self
+            .0
+            .get(&target.node)
+            .is_some_and(|last| last.silent && !last.held);
+        target.hold.map(|hold| hold && !newly_held_while_silent)
     }
 
     /// What the probe of `node` sent at `sent` carries.
@@ -341,6 +350,7 @@ impl Heard {
                     && let Some(last) = self.0.get_mut(&hb.node)
                 {
                     last.silent = true;
+                    last.held = hb.held;
                 }
                 continue;
             };
@@ -352,6 +362,7 @@ impl Heard {
             last.answered = Some(now);
             last.challenge = challenge.to_string();
             last.silent = false;
+            last.held = hb.held;
         }
         self.follow(targets);
     }

@@ -586,7 +586,8 @@ fn only_an_answer_over_a_challenge_saying_heard_and_not_held_arms_the_silence_pr
 }
 
 /// A probe whose node's agent did not answer the last one is not newly held: the plan, made
-/// before that round came in, may hold a node whose agent died armed a moment ago.
+/// before that round came in, may hold a node whose agent died armed a moment ago. One the
+/// last probe held stays held through a silence.
 #[test]
 fn an_agent_silent_at_its_last_probe_is_not_newly_held() {
     let targets = [Target {
@@ -615,6 +616,27 @@ fn an_agent_silent_at_its_last_probe_is_not_newly_held() {
     assert_eq!(podhas.hold(&targets[0]), Some(false), "silent: not held");
     podhas.round(&targets, &[own(Arming::Armed)], at);
     assert_eq!(podhas.hold(&targets[0]), Some(true), "answered again");
+    // Held by that probe, then silent: still held, however many probes go unanswered (a probe
+    // letting go over a challenge the lost one never took would end the hold at once).
+    let held = Heartbeat {
+        held: true,
+        ..own(Arming::Disarmed)
+    };
+    podhas.round(&targets, &[held], at);
+    for _ in 0..3 {
+        let silent_held = Heartbeat {
+            node: "n1".into(),
+            held: true,
+            answer: Answer::Silent,
+        };
+        podhas.round(&targets, &[silent_held], at);
+        assert_eq!(podhas.hold(&targets[0]), Some(true), "held through a silence");
+    }
+    let let_go = Target {
+        hold: Some(false),
+        ..targets[0].clone()
+    };
+    assert_eq!(podhas.hold(&let_go), Some(false), "the plan lets go");
     let unheeding = Target {
         hold: None,
         ..targets[0].clone()
