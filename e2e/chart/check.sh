@@ -24,6 +24,15 @@ for kind in PrometheusRule ConfigMap ServiceMonitor PodMonitor PodHAPolicy Resou
     echo "check.sh: default values render a $kind, which must be off by default" >&2; exit 1
   fi
 done
+# The agents' PodMonitor comes with the operator's, on their port (they have no Service), unless
+# podMonitor.agents or the agent is off.
+[ "$(grep -c "^kind: PodMonitor$" "$work/full.yaml")" = 2 ] && grep -q -- "- port: heartbeat$" "$work/full.yaml" \
+  || { echo "check.sh: podMonitor.enabled does not scrape the agents on their port" >&2; exit 1; }
+for off in podMonitor.agents=false agent.enabled=false; do
+  [ "$("$helm" template podha "$chart" --kube-version "$kube" -f "$here/values-full.yaml" --set "$off" \
+       | grep -c "^kind: PodMonitor$")" = 1 ] \
+    || { echo "check.sh: $off still renders the agents' PodMonitor" >&2; exit 1; }
+done
 # The agent is on by default (the policies' default proof is the agent's), with the node's
 # watchdog as the privileged container sees it: no hostPath for the device, which would keep
 # the pod off a node without one (CharDevice) or create a directory in its place.
@@ -138,7 +147,8 @@ fi
 for bad in replicaCount=two serviceMonitr.enabled=true leaderElection.leaseDuration=15 \
            prometheusRule.failoverSlowSeconds=100 agent.fence=reboot agent.fence=write:power=off \
            agent.isolationTimeout=30 agent.surveyTimeout=soon agent.watchdog.hostPathType=Directory \
-           "rbac.fenceAcknowledgers={it's}" leaderElection.leaseName=podha-agent-x criticalPodsQuota.pods=0; do
+           "rbac.fenceAcknowledgers={it's}" leaderElection.leaseName=podha-agent-x criticalPodsQuota.pods=0 \
+           podMonitor.agents=yes; do
   if "$helm" template podha "$chart" --kube-version "$kube" --set "$bad" > "$work/bad.out" 2>&1; then
     echo "check.sh: helm template --set $bad rendered; the values schema must refuse it" >&2; exit 1
   fi

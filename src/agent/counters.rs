@@ -44,10 +44,25 @@ struct Counters {
     last_fence: IntGaugeVec,
 }
 
-static COUNTERS: LazyLock<Counters> =
-    LazyLock::new(|| Counters::new().expect("the agent's metrics are valid and registered once"));
+static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
+    Counters::new()
+        .expect("the agent's metrics are valid and registered once")
+        .labelled_at_zero()
+});
 
 impl Counters {
+    /// Every label of the refusal counters at 0 from the start: an alert's `increase()` then
+    /// sees the first refusal.
+    fn labelled_at_zero(self) -> Self {
+        for path in [crate::contract::HEARTBEAT_PATH, crate::contract::PEER_PATH] {
+            self.refused.with_label_values(&[path]);
+        }
+        for limit in ["connections", "per_source", "evicted"] {
+            self.connections_refused.with_label_values(&[limit]);
+        }
+        self
+    }
+
     fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let refused = register(

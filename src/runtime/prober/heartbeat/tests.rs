@@ -630,7 +630,11 @@ fn an_agent_silent_at_its_last_probe_is_not_newly_held() {
             answer: Answer::Silent,
         };
         podhas.round(&targets, &[silent_held], at);
-        assert_eq!(podhas.hold(&targets[0]), Some(true), "held through a silence");
+        assert_eq!(
+            podhas.hold(&targets[0]),
+            Some(true),
+            "held through a silence"
+        );
     }
     let let_go = Target {
         hold: Some(false),
