@@ -319,13 +319,19 @@ fn endpoints(
     let identity = identity::load_or_create(&key_file)
         .map(Arc::new)
         .map_err(AgentError::Key)?;
-    let peers = Arc::new(Peers::discovered(
-        client.clone(),
-        &args.node,
-        identity.clone(),
-        args.survey_times(),
-        SavedList::new(args.hearing_file.with_extension("peers"), boot),
-    ));
+    let peers = Arc::new(
+        Peers::discovered(
+            client.clone(),
+            &args.node,
+            identity.clone(),
+            args.survey_times(),
+            SavedList::new(args.hearing_file.with_extension("peers"), boot),
+        )
+        .keeping_reach(peers::SavedReach::new(
+            args.hearing_file.with_extension("reach"),
+            boot,
+        )),
+    );
     let leader_key = Arc::new(LeaderKey::kept_at(
         args.hearing_file.with_extension("leader-key"),
         boot,

@@ -42,7 +42,7 @@ use connect::ResetOnClose;
 mod connect;
 mod reach;
 
-pub use reach::{Reach, Round, SharedReach, lease_value};
+pub use reach::{Reach, Round, SavedReach, SharedReach, lease_value};
 
 /// Peers asked at once, at most. Time: each silent peer (its node down or cut off) holds a
 /// place for the whole ask (1 s), so the places decide how fast a survey gets past them; with
@@ -97,6 +97,8 @@ pub struct Peers {
     http: HttpClient<ResetOnClose, Empty<Bytes>>,
     /// Whether this agent reaches its peers, as its checks found (see [`reach`]).
     reach: SharedReach,
+    /// Where that is kept for the next agent of this boot, if anywhere.
+    saved_reach: Option<SavedReach>,
 }
 
 enum Source {
@@ -154,6 +156,7 @@ impl Peers {
             in_flight: IN_FLIGHT,
             http,
             reach: SharedReach::default(),
+            saved_reach: None,
         }
     }
 

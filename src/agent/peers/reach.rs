@@ -11,9 +11,13 @@
 //! counts no silence of it, and tells the agent, which then fences nothing on isolation) and
 //! reports it, and the agent's metrics show it.
 //!
-//! A round that reached fewer than half of the peers it asked is not enough: two rounds in a
-//! row must, so that a peer's restart or one lost answer changes nothing.
+//! One round decides nothing: two rounds in a row that reached fewer than half of the peers
+//! they asked make the agent say it cannot reach them, and two in a row that reached half or
+//! more take it back, so that a peer's restart or one lost answer changes nothing. A round's
+//! peers are spread over this node's order of the list (names often follow zones or
+//! subnets), and move on by one each round, so that every peer is asked in turn.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,13 +25,14 @@ use futures::stream::FuturesUnordered;
 use tracing::{info, warn};
 
 use super::{Peers, in_turn};
+use crate::agent::boot::{RecordBoot, write_record};
 use crate::agent::counters;
 use crate::agent::peer_list::{lock, spread};
 
 /// How often the agent checks its reach.
 pub const CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Peers asked in one round, at most: every peer of a cluster of up to 9 nodes each round; in
-/// a larger one the next ones in this node's order, so that every peer is asked in turn. At
+/// a larger one peers spread over the list, so that every peer is asked in turn. At
 /// 5,000 nodes, the whole cluster asks some 1,300 questions a second, each agent answering
 /// about one every 4 s.
 pub const PEERS_PER_ROUND: usize = 8;
@@ -58,13 +63,25 @@ pub struct Reach {
 }
 
 impl Reach {
+    /// What an earlier agent of this boot said (see [`SavedReach`]): unreachable, as of
+    /// `round`, until two rounds of this one reach half of their peers.
+    pub const fn resumed(round: Round) -> Self {
+        Self {
+            last: Some(round),
+            unreachable: Some(round),
+        }
+    }
+
     /// Takes the round just done; returns whether what the agent says changed.
     pub fn take(&mut self, round: Round) -> bool {
+        let agree = self
+            .last
+            .is_some_and(|l| l.could_show() == round.could_show());
         let before = self.unreachable.is_some();
-        let twice = !round.could_show() && self.last.is_some_and(|l| !l.could_show());
-        self.unreachable = twice.then_some(round);
+        let after = if agree { !round.could_show() } else { before };
+        self.unreachable = after.then_some(round);
         self.last = Some(round);
-        before != twice
+        before != after
     }
 
     /// The last round, if two rounds in a row reached fewer than half of the peers they asked:
@@ -79,6 +96,66 @@ impl Reach {
     }
 }
 
+/// Where the agent keeps what it says of its reach for the next agent of this boot (a crash,
+/// a rollout): beside the hearing file, `boot=<ID>` then `<answered>/<asked>` of the last round
+/// while it says it cannot reach its peers, nothing more while it can. Without it, a
+/// restarted agent's first renewal would take the word off its Lease, podha would let go of
+/// its node, and for the minute its first two rounds take an outage would reboot it. A record
+/// of another boot, or one it cannot place or read, is none: reachable, as podha saw the
+/// agent before it ever said otherwise.
+pub struct SavedReach {
+    path: PathBuf,
+    boot: Option<String>,
+}
+
+impl SavedReach {
+    pub fn new(path: PathBuf, boot: Option<&str>) -> Self {
+        Self {
+            path,
+            boot: boot.map(str::to_string),
+        }
+    }
+
+    /// What the last agent of this boot said, if it said it cannot reach its peers.
+    pub fn load(&self) -> Reach {
+        let Ok(text) = std::fs::read_to_string(&self.path) else {
+            return Reach::default();
+        };
+        let mut lines = text.lines();
+        if RecordBoot::of(lines.next(), self.boot.as_deref()) != RecordBoot::This {
+            return Reach::default();
+        }
+        let round = lines.next().and_then(|line| {
+            let (answered, asked) = line.split_once('/')?;
+            Some(Round {
+                asked: asked.parse().ok()?,
+                answered: answered.parse().ok()?,
+            })
+        });
+        match round {
+            Some(round) => {
+                info!(
+                    answered = round.answered,
+                    asked = round.asked,
+                    "the last agent of this boot could not reach its peers: going on from there"
+                );
+                Reach::resumed(round)
+            }
+            None => Reach::default(),
+        }
+    }
+
+    /// Keeps `reach` for the next agent; a failure is logged.
+    fn save(&self, reach: &Reach) {
+        let body = reach
+            .unreachable()
+            .map_or_else(String::new, |r| format!("{}\n", lease_value(r)));
+        if let Err(e) = write_record(&self.path, self.boot.as_deref(), &body) {
+            warn!(file = %self.path.display(), error = %e, "cannot save the peer reach for the next agent");
+        }
+    }
+}
+
 /// What the agent's Lease says of an unreachable peer set: how many of the peers asked
 /// answered in the last round, as `"answered/asked"`.
 pub fn lease_value(round: Round) -> String {
@@ -89,19 +166,29 @@ pub fn lease_value(round: Round) -> String {
 pub type SharedReach = std::sync::Arc<std::sync::Mutex<Reach>>;
 
 impl Peers {
-    /// One round: the next [`PEERS_PER_ROUND`] peers in this node's order from `turn` (moved
-    /// past them), asked at once. `None` while the peer list was never read: nobody to ask.
+    /// These peers keeping what the agent says of its reach in `saved` for the next agent of
+    /// this boot, and going on from what the last one said (read now, before the Lease is
+    /// first renewed, so that a restart does not take the word off it).
+    pub fn keeping_reach(mut self, saved: SavedReach) -> Self {
+        let resumed = saved.load();
+        *lock(&self.reach) = resumed;
+        counters::peers_reachable(resumed.unreachable().is_none());
+        self.saved_reach = Some(saved);
+        self
+    }
+
+    /// One round (the `turn`th, moved on by one): [`PEERS_PER_ROUND`] peers evenly spread
+    /// over this node's order of the list, from the `turn`th on, asked at once. `None` while
+    /// the peer list was never read: nobody to ask.
     pub async fn check_reach(&self, turn: &mut usize) -> Option<Round> {
         let (peers, first) = self.kept()?;
         let asked = PEERS_PER_ROUND.min(peers.len());
-        let start = if peers.is_empty() {
-            0
-        } else {
-            (first + *turn) % peers.len()
-        };
-        *turn = turn.wrapping_add(asked);
-        let answered = in_turn(&peers, start)
-            .take(asked)
+        let order: Vec<&super::Peer> = in_turn(&peers, first).collect();
+        let stride = order.len().checked_div(asked).unwrap_or(0);
+        let at = *turn;
+        *turn = turn.wrapping_add(1);
+        let chosen = (0..asked).map(|i| order[(at + i * stride) % order.len()]);
+        let answered = chosen
             .map(|peer| self.ask(peer))
             .collect::<FuturesUnordered<_>>()
             .filter(|answer| std::future::ready(answer.is_some()))
@@ -112,7 +199,8 @@ impl Peers {
 
     /// Checks the reach every [`CHECK_EVERY`] (the first at a time of this node's own, so
     /// that agents started together do not ask at once) for as long as the agent runs,
-    /// keeping what it found ([`Peers::reach`]), and saying it in the log and the metrics.
+    /// keeping what it found ([`Peers::reach`], and for the next agent of this boot: see
+    /// [`Peers::keeping_reach`]), and saying it in the log and the metrics.
     pub async fn keep_reach_checked(&self) {
         let offset = (spread(&self.me) % 1000) as u64 * CHECK_EVERY.as_millis() as u64 / 1000;
         tokio::time::sleep(Duration::from_millis(offset)).await;
@@ -130,6 +218,9 @@ impl Peers {
                 (reach.take(round), reach.unreachable())
             };
             counters::peers_reachable(unreachable.is_none());
+            if let Some(saved) = self.saved_reach.as_ref().filter(|_| changed) {
+                saved.save(&lock(&self.reach));
+            }
             match unreachable {
                 Some(r) if changed => warn!(
                     answered = r.answered,
@@ -178,19 +269,24 @@ mod tests {
     }
 
     #[test]
-    fn unreachable_only_after_two_short_rounds_in_a_row() {
+    fn two_rounds_in_a_row_change_what_the_agent_says() {
         let mut reach = Reach::default();
         assert!(!reach.take(round(0, 8)), "one round is not enough");
         assert_eq!(reach.unreachable(), None);
         assert!(reach.take(round(1, 8)), "two in a row");
         assert_eq!(reach.unreachable(), Some(round(1, 8)));
-        assert!(!reach.take(round(2, 8)), "still");
+        assert!(
+            !reach.take(round(4, 8)),
+            "one good round is not enough either"
+        );
         assert_eq!(
             reach.unreachable(),
-            Some(round(2, 8)),
+            Some(round(4, 8)),
             "the last round is said"
         );
-        assert!(reach.take(round(4, 8)), "half answered: reachable at once");
+        assert!(!reach.take(round(2, 8)));
+        assert!(!reach.take(round(4, 8)));
+        assert!(reach.take(round(8, 8)), "two good rounds in a row");
         assert_eq!(reach.unreachable(), None);
         // A short round between good ones changes nothing.
         assert!(!reach.take(round(0, 8)));
@@ -199,5 +295,30 @@ mod tests {
         assert_eq!(reach.unreachable(), None);
         assert_eq!(reach.last(), Some(round(0, 8)));
         assert_eq!(lease_value(round(1, 8)), "1/8");
+        // Resumed from an earlier agent of this boot: unreachable until two good rounds.
+        let mut resumed = Reach::resumed(round(1, 8));
+        assert!(!resumed.take(round(8, 8)));
+        assert!(resumed.take(round(8, 8)));
+    }
+
+    #[test]
+    fn the_next_agent_of_this_boot_goes_on_from_what_this_one_said() {
+        let dir = std::env::temp_dir().join(format!("podha-reach-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard.reach");
+        let saved = SavedReach::new(path.clone(), Some("b1"));
+        assert_eq!(saved.load(), Reach::default(), "nothing saved");
+        saved.save(&Reach::resumed(round(1, 8)));
+        assert_eq!(saved.load(), Reach::resumed(round(1, 8)));
+        let next_boot = SavedReach::new(path.clone(), Some("b2"));
+        assert_eq!(next_boot.load(), Reach::default(), "another boot");
+        let unplaced = SavedReach::new(path.clone(), None);
+        assert_eq!(unplaced.load(), Reach::default(), "a boot it cannot tell");
+        saved.save(&Reach::default());
+        assert_eq!(saved.load(), Reach::default(), "reachable again");
+        std::fs::write(&path, "boot=b1\nmany\n").expect("write");
+        assert_eq!(saved.load(), Reach::default(), "garbled");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

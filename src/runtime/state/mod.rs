@@ -67,7 +67,7 @@ fn seen_agent_lease(
     let peers_unreachable = lease
         .annotations()
         .get(AGENT_PEERS_UNREACHABLE_ANNOTATION)
-        .cloned();
+        .map(|said| counted_peers(said));
     let advert = AgentAdvert {
         renew_time,
         renewed_seen,
@@ -79,6 +79,19 @@ fn seen_agent_lease(
         renewal_observed,
     };
     Some((node.to_string(), advert))
+}
+
+/// What an agent says of its peers' answers (`"<answered>/<asked>"`), as podha repeats it in
+/// events and explain: anything else is said as `?/?` (the word still holds the node).
+fn counted_peers(said: &str) -> String {
+    let counted = said
+        .split_once('/')
+        .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok());
+    if counted {
+        said.to_string()
+    } else {
+        "?/?".to_string()
+    }
 }
 
 /// One watch event from any of podha's watches, or the failure of a watch.

@@ -417,3 +417,34 @@ fn agent_leases_are_adverts_renewed_on_our_clock_until_withdrawn() {
         state.view.agent_adverts
     );
 }
+
+/// An agent Lease that says its agent cannot reach its peers: the count as said, or `?/?` for
+/// anything else (the word still holds the node); gone when the agent stops saying it.
+#[test]
+fn an_agent_lease_says_whether_its_agent_reaches_its_peers() {
+    use crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION;
+    let t0 = Instant::now();
+    let mut state = ClusterState::default();
+    let saying = |value: Option<&str>, second| {
+        let mut lease = mk_agent_lease("n1", second);
+        if let Some(value) = value {
+            lease
+                .annotations_mut()
+                .insert(AGENT_PEERS_UNREACHABLE_ANNOTATION.into(), value.into());
+        }
+        Change::AgentLease(Event::Apply(lease))
+    };
+    for (value, read) in [
+        (Some("1/8"), Some("1/8")),
+        (Some("<b>many</b>"), Some("?/?")),
+        (Some("1/"), Some("?/?")),
+        (None, None),
+    ] {
+        state.apply(saying(value, 100), t0);
+        assert_eq!(
+            state.view.agent_adverts["n1"].peers_unreachable.as_deref(),
+            read,
+            "{value:?}"
+        );
+    }
+}
