@@ -366,18 +366,11 @@ async fn the_silence_of_an_agent_without_a_fresh_lease_proves_no_fence() {
 #[tokio::test(start_paused = true)]
 async fn an_agent_podha_never_hears_on_a_ready_node_is_reported_once() {
     let mut h = agent_proof_harness();
-    let unreachable = |h: &Harness| {
-        let text = h.metrics.encode().expect("encode");
-        text.lines()
-            .find_map(|l| l.strip_prefix("podha_agents_unreachable "))
-            .map(|v| v.trim().to_string())
-    };
+    let unreachable = |h: &Harness| gauge(h, "podha_agents_unreachable");
     let reported = |h: &mut Harness| {
-        h.writes
-            .queued_events()
+        node_events(h, "AgentUnreachable")
             .into_iter()
-            .filter(|e| e.reason == "AgentUnreachable")
-            .map(|e| e.regarding.name.unwrap_or_default())
+            .map(|(node, _)| node)
             .collect::<Vec<_>>()
     };
     run_with_rounds(&mut h, 25, &["node-2"]).await;
@@ -425,6 +418,34 @@ async fn a_silence_after_a_heartbeat_that_held_the_node_proves_no_fence() {
             assert!(held(&h.metrics, "AgentSilenceUnproven") >= 1.0);
         }
     }
+}
+
+/// What the leader's next heartbeat to `node`'s agent says of a hold (`None`: no probe).
+fn told_hold(h: &Harness, node: &str) -> Option<Option<bool>> {
+    let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
+    agents
+        .targets
+        .iter()
+        .find(|t| t.node == node)
+        .map(|t| t.hold)
+}
+
+/// The value of the unlabelled gauge `name`, as exported.
+fn gauge(h: &Harness, name: &str) -> Option<String> {
+    let text = h.metrics.encode().expect("encode");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(|v| v.trim().to_string())
+}
+
+/// The events queued with `reason` since the last look: each one's node and note.
+fn node_events(h: &mut Harness, reason: &str) -> Vec<(String, String)> {
+    h.writes
+        .queued_events()
+        .into_iter()
+        .filter(|e| e.reason == reason)
+        .map(|e| (e.regarding.name.unwrap_or_default(), e.note))
+        .collect()
 }
 
 /// `node`'s agent renews its Lease, saying it heeds holds.
@@ -514,14 +535,7 @@ async fn a_silent_armed_agent_is_not_held_until_it_answers_again() {
         .state
         .policies
         .insert(paused.name_any(), std::sync::Arc::new(paused));
-    let hold_of_node_1 = |h: &Harness| {
-        let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
-        agents
-            .targets
-            .iter()
-            .find(|t| t.node == "node-1")
-            .map(|t| t.hold)
-    };
+    let hold_of_node_1 = |h: &Harness| told_hold(h, "node-1");
     assert_eq!(hold_of_node_1(&h), Some(Some(false)), "silent: not held");
     run_with_rounds(&mut h, 1, &[]).await;
     assert_eq!(hold_of_node_1(&h), Some(Some(true)), "answered: held");
@@ -550,28 +564,9 @@ async fn an_agent_that_cannot_reach_its_peers_is_held_and_reported_once() {
             .state
             .apply(Change::AgentLease(Event::Apply(lease)), Instant::now());
     };
-    let told = |h: &Harness| {
-        let (_, agents) = super::super::judge::probe_plans(&h.actor.state, true);
-        agents
-            .targets
-            .iter()
-            .find(|t| t.node == "node-1")
-            .map(|t| t.hold)
-    };
-    let count = |h: &Harness| {
-        let text = h.metrics.encode().expect("encode");
-        text.lines()
-            .find_map(|l| l.strip_prefix("podha_agents_peers_unreachable "))
-            .map(|v| v.trim().to_string())
-    };
-    let reported = |h: &mut Harness| {
-        h.writes
-            .queued_events()
-            .into_iter()
-            .filter(|e| e.reason == "AgentPeersUnreachable")
-            .map(|e| (e.regarding.name.unwrap_or_default(), e.note))
-            .collect::<Vec<_>>()
-    };
+    let told = |h: &Harness| told_hold(h, "node-1");
+    let count = |h: &Harness| gauge(h, "podha_agents_peers_unreachable");
+    let reported = |h: &mut Harness| node_events(h, "AgentPeersUnreachable");
     says(&mut h, None);
     run_with_rounds(&mut h, 2, &[]).await;
     assert_eq!(told(&h), Some(Some(false)));
