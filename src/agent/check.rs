@@ -71,6 +71,7 @@ pub(super) async fn check_loop(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut said = Said::Nothing;
     let mut confirmation = Confirmation::default();
+    let mut watchdog_record = WatchdogRecord::default();
     loop {
         ticker.tick().await;
         let (silence, heard_ago, new_term) = {
@@ -84,9 +85,10 @@ pub(super) async fn check_loop(
         if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
             hearing_file.record(at);
         }
-        if let Err(e) = pet(watchdog.as_deref_mut(), silence, timeout, None, new_term) {
-            return e;
-        }
+        let mut let_run = match pet(watchdog.as_deref_mut(), silence, timeout, None, new_term) {
+            Ok(let_run) => let_run,
+            Err(e) => return e,
+        };
         let survey = match silence {
             Silence::For(not_heard_for) if not_heard_for >= survey_from && new_term.is_none() => {
                 Some(peers.survey(not_heard_for.min(timeout)).await)
@@ -106,13 +108,15 @@ pub(super) async fn check_loop(
                     Some(survey),
                     new_term,
                 );
-                if let Err(e) = petted {
-                    return e;
+                match petted {
+                    Ok(now) => let_run = now,
+                    Err(e) => return e,
                 }
                 (silence, new_term)
             }
             None => (silence, new_term),
         };
+        watchdog_record.follow(let_run, fencer).await;
         let verdict = decide(silence, timeout, survey.as_ref(), new_term);
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
@@ -128,6 +132,24 @@ pub(super) async fn check_loop(
             }
             Verdict::Stay(why) => said.stay(&args.node, silence, new_term.is_some(), &why),
         }
+    }
+}
+
+/// Whether the check loop has recorded its watchdog let run out as a fence (see
+/// `super::fence_record`): once when it stops petting it, taken back when it pets it again.
+#[derive(Default)]
+struct WatchdogRecord {
+    recorded: bool,
+}
+
+impl WatchdogRecord {
+    async fn follow(&mut self, let_run: bool, fencer: &Fencer) {
+        match (let_run, self.recorded) {
+            (true, false) => fencer.letting_watchdog_run().await,
+            (false, true) => fencer.petting_again().await,
+            _ => return,
+        }
+        self.recorded = let_run;
     }
 }
 
@@ -163,16 +185,20 @@ impl Said {
 
 /// Pets the watchdog, if there is one, when [`pet_watchdog`] allows it (given the survey, if
 /// one was made, and a new leader that cannot count this node's silence, if one leads).
+/// Returns whether a watchdog is let run out (there is one, and it was not petted).
 fn pet(
     watchdog: Option<&mut Watchdog>,
     silence: Silence,
     timeout: Duration,
     survey: Option<&isolation::Survey>,
     new_term: Option<isolation::NewTerm>,
-) -> Result<(), WatchdogError> {
+) -> Result<bool, WatchdogError> {
     match watchdog {
-        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey, new_term) => w.pet(),
-        _ => Ok(()),
+        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey, new_term) => {
+            w.pet().map(|()| false)
+        }
+        Some(_) => Ok(true),
+        None => Ok(false),
     }
 }
 

@@ -2,6 +2,7 @@
 //! (`--fence-confirm`), and the one place that carries both out.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tracing::{error, info, warn};
@@ -96,6 +97,9 @@ pub struct Fencer {
     fenced: tokio::sync::Mutex<Vec<(FenceCause, Fenced)>>,
     /// Where each fence is recorded before it is carried out, for the agent of the next boot.
     record: Option<FenceRecord>,
+    /// The record is of a watchdog let run out ([`Fencer::letting_watchdog_run`]), which
+    /// petting it again takes back; no fence carried out has recorded over it since.
+    watchdog_recorded: std::sync::atomic::AtomicBool,
 }
 
 impl Fencer {
@@ -106,6 +110,7 @@ impl Fencer {
             node: node.to_string(),
             fenced: tokio::sync::Mutex::new(Vec::new()),
             record: None,
+            watchdog_recorded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -125,11 +130,16 @@ impl Fencer {
                 return *done;
             }
             warn!(node = %self.node, why, "fencing this node");
-            if let Some(record) = self.record.as_ref().filter(|_| !self.refused()) {
-                record.write(&cause);
+            let record = self.record.as_ref().filter(|_| !self.refused());
+            if let Some(record) = record {
+                self.watchdog_recorded.store(false, Ordering::SeqCst);
+                record.write_soon(&cause).await;
             }
             if let Err(e) = self.run(why).await {
                 error!(node = %self.node, error = %e, "the fence failed");
+                if let Some(record) = record {
+                    record.remove_soon().await;
+                }
                 // A refused fence is refused again: said once per cause, not every second.
                 if matches!(self.method, FenceMethod::Refused(_)) {
                     fenced.push((cause, Fenced::Failed));
@@ -149,6 +159,26 @@ impl Fencer {
             *done = Fenced::Confirmed;
         }
         Fenced::Confirmed
+    }
+
+    /// The agent stopped petting its watchdog on isolation: a precise watchdog resets the node
+    /// before the agent's own fence would, so it is recorded as an isolation fence now (see
+    /// `super::fence_record`).
+    pub async fn letting_watchdog_run(&self) {
+        if let Some(record) = &self.record {
+            self.watchdog_recorded.store(true, Ordering::SeqCst);
+            record.write_soon(&FenceCause::Isolation).await;
+        }
+    }
+
+    /// The agent pets its watchdog again before it fired: the record of it let run is taken
+    /// back (not one of a fence carried out since).
+    pub async fn petting_again(&self) {
+        if let Some(record) = &self.record
+            && self.watchdog_recorded.swap(false, Ordering::SeqCst)
+        {
+            record.remove_soon().await;
+        }
     }
 
     /// Whether every fence is refused (see [`FenceMethod::Refused`]): nothing to record.
@@ -470,6 +500,38 @@ mod tests {
             Fenced::Failed
         );
         assert!(!path.exists(), "nothing recorded for a refused fence");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A watchdog let run out is recorded as an isolation fence, and taken back when it is
+    /// petted again; a fence carried out since is not taken back.
+    #[tokio::test]
+    async fn a_watchdog_let_run_out_is_recorded_until_it_is_petted_again() {
+        use super::super::fence_record::FenceRecord;
+        let dir = std::env::temp_dir().join(format!("podha-fence-let-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("boots.fences");
+        let _ = std::fs::remove_file(&path);
+        let fencer = Fencer::new(FenceMethod::Command("true".into()), None, "node-1")
+            .recording(FenceRecord::new(&path, Some("boot-1")));
+        let next_boot = || FenceRecord::new(&path, Some("boot-2")).last();
+        fencer.petting_again().await;
+        assert!(!path.exists(), "nothing let run");
+        fencer.letting_watchdog_run().await;
+        assert_eq!(next_boot().map(|l| l.cause), Some("isolation"));
+        fencer.petting_again().await;
+        assert!(!path.exists(), "petted in time: taken back");
+        fencer.letting_watchdog_run().await;
+        let done = fencer
+            .fence(FenceCause::Request("r1".into()), "asked")
+            .await;
+        assert_eq!(done, Fenced::Unconfirmed);
+        fencer.petting_again().await;
+        assert_eq!(
+            next_boot().map(|l| l.cause),
+            Some("request"),
+            "a fence carried out stays recorded"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,12 +5,17 @@
 //! `podha_agent_last_fence_timestamp_seconds{cause}` and logs it at start; the chart alerts on
 //! it (`PodhaAgentFencedNode`).
 //!
-//! Written and synced before the fence is carried out: `sysrq-reboot` resets the kernel at
-//! once, without writing back what it caches.
+//! Written and synced before the fence is carried out (`sysrq-reboot` resets the kernel at
+//! once, without writing back what it caches), and when the agent lets its watchdog run out
+//! on isolation, which on a precise watchdog resets the node before the agent's own fence
+//! would; taken back if the agent pets it again in time, or if its own fence failed. Only a
+//! record of an earlier boot says the node was fenced: in the same boot it was not (yet).
+//! Written off the agent's tasks, given up after [`WRITE_WITHIN`]: a slow disk never holds up
+//! the fence, the watchdog or the answers.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::{info, warn};
 
@@ -60,6 +65,9 @@ pub const fn cause_name(cause: &FenceCause) -> &'static str {
     }
 }
 
+/// How long writing or removing the record may take before the agent goes on without it.
+pub const WRITE_WITHIN: Duration = Duration::from_secs(1);
+
 /// Where the record is, and the boot the agent runs in.
 #[derive(Clone, Debug)]
 pub struct FenceRecord {
@@ -72,6 +80,34 @@ impl FenceRecord {
         Self {
             path: path.to_path_buf(),
             boot: boot.map(str::to_string),
+        }
+    }
+
+    /// Records a fence for `cause` now, synced to the disk, off the agent's tasks, within
+    /// [`WRITE_WITHIN`] (the fence goes on either way).
+    pub async fn write_soon(&self, cause: &FenceCause) {
+        let (record, cause) = (self.clone(), cause.clone());
+        self.soon(move || record.write(&cause)).await;
+    }
+
+    /// Takes the record back (the fence did not happen), off the agent's tasks, within
+    /// [`WRITE_WITHIN`].
+    pub async fn remove_soon(&self) {
+        let path = self.path.clone();
+        self.soon(move || {
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(record = %path.display(), error = %e, "cannot take the fence record back");
+            }
+        })
+        .await;
+    }
+
+    async fn soon(&self, work: impl FnOnce() + Send + 'static) {
+        let done = tokio::time::timeout(WRITE_WITHIN, tokio::task::spawn_blocking(work)).await;
+        if done.is_err() {
+            warn!(record = %self.path.display(), within = ?WRITE_WITHIN, "the fence record was not written in time: going on without it");
         }
     }
 
@@ -95,22 +131,29 @@ impl FenceRecord {
         }
     }
 
-    /// The last fence recorded, if any, said in the log (with whether the node booted since).
+    /// The last fence recorded, if it was recorded in an earlier boot (the node was fenced:
+    /// it booted again since), said in the log. A record of this boot is a fence under way or
+    /// one that did not take (an agent restarted meanwhile), and one whose boot cannot be
+    /// placed proves no reboot: neither is reported.
     pub fn last(&self) -> Option<LastFence> {
         let text = std::fs::read_to_string(&self.path).ok()?;
         let Some(last) = LastFence::parse(&text) else {
             warn!(record = %self.path.display(), "the fence record cannot be read: ignored");
             return None;
         };
-        let rebooted = match (&last.boot, &self.boot) {
-            (Some(then), Some(now)) => Some(then != now),
-            _ => None,
-        };
+        let rebooted = matches!((&last.boot, &self.boot), (Some(then), Some(now)) if then != now);
+        if !rebooted {
+            info!(
+                at_unix = last.at_unix,
+                cause = last.cause,
+                "a fence recorded in this boot, or in one the agent cannot place: not reported as a fence"
+            );
+            return None;
+        }
         info!(
             at_unix = last.at_unix,
             cause = last.cause,
-            ?rebooted,
-            "this agent fenced its node before (the last fence recorded)"
+            "this agent fenced its node in an earlier boot (the last fence recorded)"
         );
         Some(last)
     }
@@ -135,6 +178,7 @@ mod tests {
         assert_eq!(before.last(), None, "never fenced");
         before.write(&FenceCause::Request("r1".into()));
         before.write(&FenceCause::Isolation);
+        assert_eq!(before.last(), None, "this boot: no fence took yet");
         let after = FenceRecord::new(&path, Some("boot-2"));
         let last = after.last().expect("recorded");
         assert_eq!(last.boot.as_deref(), Some("boot-1"));
@@ -144,19 +188,34 @@ mod tests {
             .expect("clock")
             .as_secs();
         assert!(now.abs_diff(last.at_unix) < 60, "{last:?}");
-        // Without a boot ID, and garbled.
+        // Without a boot ID on either side: no reboot shown. Garbled: none.
         FenceRecord::new(&path, None).write(&FenceCause::Request("r2".into()));
-        let bootless = after.last().expect("recorded");
-        assert_eq!((bootless.boot, bootless.cause), (None, "request"));
+        assert_eq!(after.last(), None);
+        before.write(&FenceCause::Isolation);
+        assert_eq!(FenceRecord::new(&path, None).last(), None);
         std::fs::write(&path, "boot-1 soon isolation\n").expect("write");
         assert_eq!(after.last(), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    #[test]
-    fn a_record_that_cannot_be_written_does_not_stop_the_fence() {
-        let record = FenceRecord::new(Path::new("/nonexistent-dir/podha/fences"), None);
-        record.write(&FenceCause::Isolation);
+    #[tokio::test]
+    async fn a_record_that_cannot_be_written_does_not_stop_the_fence() {
+        let record = FenceRecord::new(Path::new("/nonexistent-dir/podha/fences"), Some("b1"));
+        record.write_soon(&FenceCause::Isolation).await;
+        record.remove_soon().await;
         assert_eq!(record.last(), None);
+    }
+
+    #[tokio::test]
+    async fn a_record_taken_back_is_gone() {
+        let dir = dir("taken-back");
+        let path = dir.join("boots.fences");
+        let record = FenceRecord::new(&path, Some("boot-1"));
+        record.write_soon(&FenceCause::Isolation).await;
+        assert!(path.exists());
+        record.remove_soon().await;
+        assert!(!path.exists());
+        record.remove_soon().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -79,13 +79,19 @@ impl Reach {
             .is_some_and(|l| l.could_show() == round.could_show());
         let before = self.unreachable.is_some();
         let after = if agree { !round.could_show() } else { before };
-        self.unreachable = after.then_some(round);
+        // While it says so, it says the last round that could not show.
+        self.unreachable = match (after, round.could_show()) {
+            (false, _) => None,
+            (true, false) => Some(round),
+            (true, true) => self.unreachable.or(Some(round)),
+        };
         self.last = Some(round);
         before != after
     }
 
-    /// The last round, if two rounds in a row reached fewer than half of the peers they asked:
-    /// the agent cannot show podha hears no majority on isolation.
+    /// The last round that reached fewer than half of the peers it asked, while the agent says
+    /// it cannot reach them (two such rounds in a row, and not two in a row that reached half
+    /// since): on isolation it could not show that podha hears no majority.
     pub const fn unreachable(&self) -> Option<Round> {
         self.unreachable
     }
@@ -281,10 +287,11 @@ mod tests {
         );
         assert_eq!(
             reach.unreachable(),
-            Some(round(4, 8)),
-            "the last round is said"
+            Some(round(1, 8)),
+            "the last short round is said"
         );
         assert!(!reach.take(round(2, 8)));
+        assert_eq!(reach.unreachable(), Some(round(2, 8)));
         assert!(!reach.take(round(4, 8)));
         assert!(reach.take(round(8, 8)), "two good rounds in a row");
         assert_eq!(reach.unreachable(), None);
