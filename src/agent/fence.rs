@@ -469,15 +469,21 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A fresh directory for a test's fence record, and the record's path in it.
+    fn record_dir(name: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("podha-fence-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("boots.fences");
+        (dir, path)
+    }
+
     /// Each fence is recorded (synced) before it is carried out: the fence itself finds the
     /// record, for the agent of the next boot. A refused fence records nothing.
     #[tokio::test]
     async fn a_fence_is_recorded_before_it_is_carried_out() {
         use super::super::fence_record::FenceRecord;
-        let dir = std::env::temp_dir().join(format!("podha-fence-record-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("boots.fences");
-        let _ = std::fs::remove_file(&path);
+        let (dir, path) = record_dir("record");
         let cmd = format!("grep -q ' request$' {}", path.display());
         let fencer = Fencer::new(FenceMethod::Command(cmd), None, "node-1")
             .recording(FenceRecord::new(&path, Some("boot-1")));
@@ -508,10 +514,7 @@ mod tests {
     #[tokio::test]
     async fn a_watchdog_let_run_out_is_recorded_until_it_is_petted_again() {
         use super::super::fence_record::FenceRecord;
-        let dir = std::env::temp_dir().join(format!("podha-fence-let-run-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("boots.fences");
-        let _ = std::fs::remove_file(&path);
+        let (dir, path) = record_dir("let-run");
         let fencer = Fencer::new(FenceMethod::Command("true".into()), None, "node-1")
             .recording(FenceRecord::new(&path, Some("boot-1")));
         let next_boot = || FenceRecord::new(&path, Some("boot-2")).last();
