@@ -190,10 +190,11 @@ impl Peers {
         let (peers, first) = self.kept()?;
         let asked = PEERS_PER_ROUND.min(peers.len());
         let order: Vec<&super::Peer> = in_turn(&peers, first).collect();
-        let stride = order.len().checked_div(asked).unwrap_or(0);
+        let n = order.len();
         let at = *turn;
         *turn = turn.wrapping_add(1);
-        let chosen = (0..asked).map(|i| order[(at + i * stride) % order.len()]);
+        // `i * n / asked`: distinct and evenly spaced, as `asked <= n` (no peer: none asked).
+        let chosen = (0..asked).map(|i| order[(at + i * n / asked) % n]);
         let answered = chosen
             .map(|peer| self.ask(peer))
             .collect::<FuturesUnordered<_>>()
