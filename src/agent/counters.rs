@@ -108,7 +108,7 @@ impl Counters {
         )?;
         let peers_answered = gauge(
             "podha_agent_peers_answered",
-            "Peers that answered the agent's last reach check with a word their key verifies.",
+            "Peers whose port answered the agent's last reach check.",
         )?;
         let peers_reachable = gauge(
             "podha_agent_peers_reachable",

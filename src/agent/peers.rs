@@ -250,34 +250,52 @@ impl Peers {
     /// survey, an answer that is not the peer's own is none (it must neither keep this node up
     /// nor fence it).
     async fn ask(&self, peer: &Peer) -> Option<Option<Duration>> {
-        let key = peer.key?;
+        match self.ask_peer(peer).await {
+            Asked::Own(heard_ago) => Some(heard_ago),
+            Asked::Other | Asked::Nothing => None,
+        }
+    }
+
+    /// What came back from asking `peer`, within the ask's time.
+    async fn ask_peer(&self, peer: &Peer) -> Asked {
+        let Some(key) = peer.key else {
+            return Asked::Nothing;
+        };
         let question = PeerQuery::signed(&self.identity, &self.me, &peer.node);
-        let uri: hyper::Uri = format!("http://{}{}", peer.addr, question.path_and_query())
-            .parse()
-            .ok()?;
+        let Ok(uri) =
+            format!("http://{}{}", peer.addr, question.path_and_query()).parse::<hyper::Uri>()
+        else {
+            return Asked::Nothing;
+        };
         let answer = tokio::time::timeout(self.times.ask, async {
             let response = self.http.get(uri).await.map_err(|e| e.to_string())?;
             let status = response.status();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            if !status.is_success() {
-                return Err(format!("answered {status}"));
-            }
-            serde_json::from_slice::<PeerAnswer>(&body).map_err(|e| e.to_string())
+            let body = response.into_body().collect().await;
+            Ok::<_, String>((status, body.map(|b| b.to_bytes()).ok()))
         })
         .await;
-        match answer {
-            Ok(Ok(answer))
+        let (status, body) = match answer {
+            Ok(Ok(answered)) => answered,
+            Ok(Err(e)) => {
+                debug!(peer = %peer.node, addr = %peer.addr, error = %e, "a peer did not answer");
+                return Asked::Nothing;
+            }
+            Err(_) => {
+                debug!(peer = %peer.node, addr = %peer.addr, "a peer did not answer in time");
+                return Asked::Nothing;
+            }
+        };
+        let word = body
+            .filter(|_| status.is_success())
+            .and_then(|b| serde_json::from_slice::<PeerAnswer>(&b).ok());
+        match word {
+            Some(answer)
                 if answer.node == peer.node
                     && key.verifies(&answer.word(&question.nonce), &answer.signature) =>
             {
-                Some(answer.heard_ago())
+                Asked::Own(answer.heard_ago())
             }
-            Ok(Ok(_)) => {
+            Some(_) => {
                 counters::unverified_peer_answer();
                 if let Source::Discovered { kept, .. } = &self.source
                     && lock(kept).found_behind(&peer.node)
@@ -285,15 +303,11 @@ impl Peers {
                     self.behind.notify_one();
                 }
                 debug!(peer = %peer.node, addr = %peer.addr, "an answer not signed by the peer's key: none");
-                None
+                Asked::Other
             }
-            Ok(Err(e)) => {
-                debug!(peer = %peer.node, addr = %peer.addr, error = %e, "a peer did not answer");
-                None
-            }
-            Err(_) => {
-                debug!(peer = %peer.node, addr = %peer.addr, "a peer did not answer in time");
-                None
+            None => {
+                debug!(peer = %peer.node, addr = %peer.addr, %status, "a peer answered no word");
+                Asked::Other
             }
         }
     }
@@ -319,6 +333,17 @@ impl Peers {
         let (peers, start) = self.kept()?;
         Some(in_turn(&peers, start).cloned().collect())
     }
+}
+
+/// What came back from asking a peer.
+enum Asked {
+    /// Its own word, which its key verifies: how long ago podha heard it.
+    Own(Option<Duration>),
+    /// An HTTP answer, but not its word: a refusal (it does not know this agent yet: its list
+    /// lags), or a word its key does not verify. Its port is reached.
+    Other,
+    /// Nothing in time (its port blocked, its node down), or nobody to ask (no key listed).
+    Nothing,
 }
 
 /// `peers` from `start` on, then those before it.

@@ -1,5 +1,9 @@
 //! Whether this agent reaches its peers while nothing is wrong: a few of them asked every
-//! [`CHECK_EVERY`], in turn, with the survey's own signed question.
+//! [`CHECK_EVERY`], in turn, with the survey's own signed question. A peer whose port answers
+//! at all is reached, its own word or not: a peer whose list does not name this agent yet
+//! (a node just added, the first half minute of a cluster) refuses it for a while, and that
+//! must not hold a node; only no answer in time (the port blocked, the node down) counts
+//! against it.
 //!
 //! Why: on isolation the agent stays up only when at least half of its peers answer that
 //! podha does not hear them either ([`super::super::isolation::stays_with`]). An agent that
@@ -24,7 +28,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tracing::{info, warn};
 
-use super::{Peers, in_turn};
+use super::{Asked, Peers, in_turn};
 use crate::agent::boot::{RecordBoot, write_record};
 use crate::agent::counters;
 use crate::agent::peer_list::{lock, spread};
@@ -37,8 +41,7 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(30);
 /// about one every 4 s.
 pub const PEERS_PER_ROUND: usize = 8;
 
-/// One round of the check: how many peers were asked, and how many answered with a word their
-/// key verifies.
+/// One round of the check: how many peers were asked, and how many answered at all.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Round {
     pub asked: usize,
@@ -196,9 +199,9 @@ impl Peers {
         // `i * n / asked`: distinct and evenly spaced, as `asked <= n` (no peer: none asked).
         let chosen = (0..asked).map(|i| order[(at + i * n / asked) % n]);
         let answered = chosen
-            .map(|peer| self.ask(peer))
+            .map(|peer| self.ask_peer(peer))
             .collect::<FuturesUnordered<_>>()
-            .filter(|answer| std::future::ready(answer.is_some()))
+            .filter(|asked| std::future::ready(!matches!(asked, Asked::Nothing)))
             .count()
             .await;
         Some(Round { asked, answered })

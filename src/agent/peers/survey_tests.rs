@@ -383,9 +383,10 @@ async fn a_peer_that_does_not_know_the_asker_gives_no_answer() {
     assert!(survey.answers.is_empty(), "{survey:?}");
 }
 
-/// The reach check asks real agents and counts only their own answers: silent peers, ports
-/// nobody listens on and a peer signing with another key count as unreachable; peers are
-/// asked in turn, eight a round, so that every one is asked as often.
+/// The reach check asks real agents and counts every peer whose port answers, its own word or
+/// not (a peer signing with another key, or one whose list does not name this agent yet and
+/// refuses it, is reached: the check is of the port); silent peers and ports nobody listens
+/// on are not. Peers are asked in turn, eight a round, so that every one is asked as often.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reach_check_asks_the_peers_in_turn_and_counts_their_own_answers() {
     use super::reach::{PEERS_PER_ROUND, Reach, Round};
@@ -412,7 +413,24 @@ async fn the_reach_check_asks_the_peers_in_turn_and_counts_their_own_answers() {
         answered += round.answered;
     }
     assert_eq!(asked, 80, "each peer eight times in ten rounds");
-    assert_eq!(answered, 56, "the seven agents, eight times each");
+    assert_eq!(
+        answered, 64,
+        "the seven agents and the wrong-key peer, eight times each"
+    );
+    // A peer that does not know this agent yet (its list lags) refuses it: reached all the same.
+    let stranger = Surveyor::new().agent(secs(1)).await;
+    let round = surveyor
+        .peers(vec![stranger], SurveyTimes::new(secs(2)))
+        .check_reach(&mut 0)
+        .await
+        .expect("a fixed list");
+    assert_eq!(
+        round,
+        Round {
+            asked: 1,
+            answered: 1
+        }
+    );
     // Only the three that fail answering: reachable.
     let mut reach = Reach::default();
     reach.take(Round {
