@@ -186,7 +186,7 @@ fn without_an_api_server_only_the_agent_podha_heard_and_lost_fences() {
     // Recorded before it was carried out, for the agent of the next boot to report.
     let record = std::fs::read_to_string(dir.join("node-1.boots.fences")).unwrap_or_default();
     assert!(
-        record.starts_with("boot-of-node-1 ") && record.trim_end().ends_with(" isolation"),
+        record.starts_with("boot=boot-of-node-1\n") && record.trim_end().ends_with(" isolation"),
         "node-1's fence record: {record:?}"
     );
     // node-2 and node-3 go unheard for longer than that since they started.

@@ -246,7 +246,6 @@ mod tests {
         last_fence(None);
         assert!(!render().contains("podha_agent_last_fence_timestamp_seconds{"));
         last_fence(Some(crate::agent::fence_record::LastFence {
-            boot: Some("b1".into()),
             at_unix: 1_764_000_000,
             cause: "isolation",
         }));

@@ -5,7 +5,8 @@
 //! `podha_agent_last_fence_timestamp_seconds{cause}` and logs it at start; the chart alerts on
 //! it (`PodhaAgentFencedNode`).
 //!
-//! Written and synced before the fence is carried out (`sysrq-reboot` resets the kernel at
+//! A boot-named record as the agent's others are (`boot=<ID>`, then the fence), written whole
+//! and synced before the fence is carried out (`sysrq-reboot` resets the kernel at
 //! once, without writing back what it caches), and when the agent lets its watchdog run out
 //! on isolation, which on a precise watchdog resets the node before the agent's own fence
 //! would; taken back if the agent pets it again in time, or if its own fence failed. Only a
@@ -13,47 +14,36 @@
 //! Written off the agent's tasks, given up after [`WRITE_WITHIN`]: a slow disk never holds up
 //! the fence, the watchdog or the answers.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::{info, warn};
 
+use super::boot::{RecordBoot, boot_line, write_durably};
 use super::fence::FenceCause;
 
-/// The one line the record holds: `<boot> <unix seconds> <cause>`, the boot named as the kernel
-/// gave it (`-` when the agent could not read it), the cause `isolation` or `request`.
+/// A fence as the record holds it, after its boot line (see [`super::boot`]): one line
+/// `<unix seconds> <cause>`, the cause `isolation` or `request`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LastFence {
-    pub boot: Option<String>,
     pub at_unix: u64,
     pub cause: &'static str,
 }
 
 impl LastFence {
     fn line(&self) -> String {
-        format!(
-            "{} {} {}\n",
-            self.boot.as_deref().unwrap_or("-"),
-            self.at_unix,
-            self.cause
-        )
+        format!("{} {}\n", self.at_unix, self.cause)
     }
 
-    fn parse(text: &str) -> Option<Self> {
-        let mut words = text.split_whitespace();
-        let boot = words.next()?;
+    fn parse(line: &str) -> Option<Self> {
+        let mut words = line.split_whitespace();
         let at_unix = words.next()?.parse().ok()?;
         let cause = match words.next()? {
             "isolation" => "isolation",
             "request" => "request",
             _ => return None,
         };
-        Some(Self {
-            boot: (boot != "-").then(|| boot.to_string()),
-            at_unix,
-            cause,
-        })
+        Some(Self { at_unix, cause })
     }
 }
 
@@ -118,15 +108,11 @@ impl FenceRecord {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let last = LastFence {
-            boot: self.boot.clone(),
             at_unix,
             cause: cause_name(cause),
         };
-        let written = std::fs::File::create(&self.path).and_then(|mut file| {
-            file.write_all(last.line().as_bytes())?;
-            file.sync_all()
-        });
-        if let Err(e) = written {
+        let text = format!("{}\n{}", boot_line(self.boot.as_deref()), last.line());
+        if let Err(e) = write_durably(&self.path, &text, 0o644) {
             warn!(record = %self.path.display(), error = %e, "cannot record the fence: after the reboot nothing will say this agent fenced the node");
         }
     }
@@ -137,12 +123,13 @@ impl FenceRecord {
     /// placed proves no reboot: neither is reported.
     pub fn last(&self) -> Option<LastFence> {
         let text = std::fs::read_to_string(&self.path).ok()?;
-        let Some(last) = LastFence::parse(&text) else {
+        let mut lines = text.lines();
+        let boot = RecordBoot::of(lines.next(), self.boot.as_deref());
+        let Some(last) = lines.next().and_then(LastFence::parse) else {
             warn!(record = %self.path.display(), "the fence record cannot be read: ignored");
             return None;
         };
-        let rebooted = matches!((&last.boot, &self.boot), (Some(then), Some(now)) if then != now);
-        if !rebooted {
+        if boot != RecordBoot::Other {
             info!(
                 at_unix = last.at_unix,
                 cause = last.cause,
@@ -181,7 +168,8 @@ mod tests {
         assert_eq!(before.last(), None, "this boot: no fence took yet");
         let after = FenceRecord::new(&path, Some("boot-2"));
         let last = after.last().expect("recorded");
-        assert_eq!(last.boot.as_deref(), Some("boot-1"));
+        let text = std::fs::read_to_string(&path).expect("record");
+        assert!(text.starts_with("boot=boot-1\n"), "{text}");
         assert_eq!(last.cause, "isolation", "the last one");
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -193,7 +181,7 @@ mod tests {
         assert_eq!(after.last(), None);
         before.write(&FenceCause::Isolation);
         assert_eq!(FenceRecord::new(&path, None).last(), None);
-        std::fs::write(&path, "boot-1 soon isolation\n").expect("write");
+        std::fs::write(&path, "boot=boot-1\nsoon isolation\n").expect("write");
         assert_eq!(after.last(), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
