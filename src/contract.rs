@@ -121,6 +121,19 @@ pub const AGENT_HEEDS_TERM_ANNOTATION: &str = "podha.io/agent-heeds-term";
 /// Written by the agent; anyone who can write the Lease could only make podha hold a node.
 pub const AGENT_PEERS_UNREACHABLE_ANNOTATION: &str = "podha.io/agent-peers-unreachable";
 
+/// The value of [`AGENT_PEERS_UNREACHABLE_ANNOTATION`]: `answered` of the `asked` peers, as
+/// `"answered/asked"`.
+pub fn peer_count_value(answered: usize, asked: usize) -> String {
+    format!("{answered}/{asked}")
+}
+
+/// [`peer_count_value`] read back, as `(answered, asked)`; `None` for anything else.
+pub fn parse_peer_count(value: &str) -> Option<(usize, usize)> {
+    let (answered, asked) = value.split_once('/')?;
+    let count = |s: &str| s.parse::<u32>().ok().and_then(|n| usize::try_from(n).ok());
+    Some((count(answered)?, count(asked)?))
+}
+
 /// The leadership term the leader Lease shows: its `leaseTransitions`, which
 /// `kube-lease-manager` raises by one with every acquisition (by another replica, or by the
 /// same one after a release), and which no renewal touches; 0 when it has none. A Lease

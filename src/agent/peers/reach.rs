@@ -32,6 +32,7 @@ use super::{Asked, Peers, in_turn};
 use crate::agent::boot::{RecordBoot, write_record};
 use crate::agent::counters;
 use crate::agent::peer_list::{lock, spread};
+use crate::contract::{parse_peer_count, peer_count_value};
 
 /// How often the agent checks its reach.
 pub const CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -134,13 +135,10 @@ impl SavedReach {
         if RecordBoot::of(lines.next(), self.boot.as_deref()) != RecordBoot::This {
             return Reach::default();
         }
-        let round = lines.next().and_then(|line| {
-            let (answered, asked) = line.split_once('/')?;
-            Some(Round {
-                asked: asked.parse().ok()?,
-                answered: answered.parse().ok()?,
-            })
-        });
+        let round = lines
+            .next()
+            .and_then(parse_peer_count)
+            .map(|(answered, asked)| Round { asked, answered });
         match round {
             Some(round) => {
                 info!(
@@ -168,7 +166,7 @@ impl SavedReach {
 /// What the agent's Lease says of an unreachable peer set: how many of the peers asked
 /// answered in the last round, as `"answered/asked"`.
 pub fn lease_value(round: Round) -> String {
-    format!("{}/{}", round.answered, round.asked)
+    peer_count_value(round.answered, round.asked)
 }
 
 /// The reach as the agent's Lease and metrics read it.

@@ -84,10 +84,7 @@ fn seen_agent_lease(
 /// What an agent says of its peers' answers (`"<answered>/<asked>"`), as podha repeats it in
 /// events and explain: anything else is said as `?/?` (the word still holds the node).
 fn counted_peers(said: &str) -> String {
-    let counted = said
-        .split_once('/')
-        .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok());
-    if counted {
+    if crate::contract::parse_peer_count(said).is_some() {
         said.to_string()
     } else {
         "?/?".to_string()
