@@ -373,7 +373,7 @@ fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
 
 /// The agent's fencer: `--fence`, unless it reboots a kernel that may not be the node's own
 /// (then every fence is refused and says why), with `--fence-confirm`.
-fn fencer(args: &AgentArgs, kernel: &Kernel, boot: Option<&str>) -> Fencer {
+fn fencer(args: &AgentArgs, kernel: &Kernel, record: fence_record::FenceRecord) -> Fencer {
     let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
         command,
         within: args.fence_confirm_within,
@@ -382,7 +382,7 @@ fn fencer(args: &AgentArgs, kernel: &Kernel, boot: Option<&str>) -> Fencer {
         Err(doubt) if args.fence.reboots_kernel() => FenceMethod::Refused(doubt.to_string()),
         _ => args.fence.clone(),
     };
-    Fencer::new(fence, confirm, &args.node).recording(fence_record(args, boot))
+    Fencer::new(fence, confirm, &args.node).recording(record)
 }
 
 /// Where the agent records its fences: beside the boot history, which reboots keep, its name
@@ -443,8 +443,9 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let verdict = SavedVerdict::new(args.hearing_file.with_extension("kernel"), boot.as_deref());
     let kernel = shared_kernel::at_start(&nodes, &args.node, &verdict).await;
-    let fencer = Arc::new(fencer(&args, &kernel, boot.as_deref()));
-    counters::last_fence(fence_record(&args, boot.as_deref()).last());
+    let record = fence_record(&args, boot.as_deref());
+    counters::last_fence(record.last());
+    let fencer = Arc::new(fencer(&args, &kernel, record));
     let router = server::router(endpoints.clone());
     // A task of its own: a flood keeps its accept loop busy, not the loop that pets the
     // watchdog.

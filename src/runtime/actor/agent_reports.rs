@@ -69,9 +69,7 @@ impl Actor {
             self.event(event).await;
         }
     }
-}
 
-impl Actor {
     /// Reports the agents whose Lease says they cannot reach half of their peers
     /// ([`crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION`]): their nodes are held (the
     /// agent fences nothing on isolation, and podha counts no silence of it), so they fail
