@@ -57,7 +57,7 @@ impl Counters {
         for path in [crate::contract::HEARTBEAT_PATH, crate::contract::PEER_PATH] {
             self.refused.with_label_values(&[path]);
         }
-        for limit in ["connections", "per_source", "evicted"] {
+        for limit in super::port::REFUSAL_LABELS {
             self.connections_refused.with_label_values(&[limit]);
         }
         self

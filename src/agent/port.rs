@@ -82,6 +82,16 @@ pub enum Refusal {
     PerSource,
 }
 
+/// The label of an untrusted connection closed to make room for a new one.
+pub const EVICTED: &str = "evicted";
+
+/// Every `limit` label `podha_agent_connections_refused_total` takes.
+pub const REFUSAL_LABELS: [&str; 3] = [
+    Refusal::Connections.label(),
+    Refusal::PerSource.label(),
+    EVICTED,
+];
+
 impl Refusal {
     pub const fn label(self) -> &'static str {
         match self {
@@ -232,7 +242,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits) -> std
             }
         };
         if let Some(task) = evicted {
-            counters::connection_refused("evicted");
+            counters::connection_refused(EVICTED);
             task.abort();
         }
         let id = slot.id;
