@@ -9,6 +9,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::WatchdogError;
+use super::arming;
 use super::hearing_file::{HearingFile, LastHeard};
 use super::isolation::{self, Confirmation, Silence, Verdict, decide, pet_watchdog, survey_after};
 use super::leader_key::LeaderKey;
@@ -20,10 +21,11 @@ use super::{AgentArgs, FenceCause, Fencer};
 
 /// What the agent knows of podha hearing its node when it starts: what the hearing file says
 /// an earlier agent knew in this boot (nothing, or a record of another boot: never heard since
-/// the node booted; unknown: heard, not for `timeout` already).
+/// the node booted; unknown: heard, not for `timeout` already), and whether podha held it.
 pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Hearing {
     let now = std::time::SystemTime::now();
-    let last_heard = file.last_heard(now);
+    let record = file.read(now);
+    let last_heard = record.last;
     let heard_ago = last_heard.ago(now, timeout);
     match (last_heard, heard_ago) {
         (LastHeard::Never, _) => {
@@ -41,9 +43,15 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
         }
         _ => {}
     }
+    if record.held {
+        info!(
+            node,
+            "going on from the last agent: podha holds this node, and its watchdog is disarmed"
+        );
+    }
     match (last_heard, heard_ago) {
         (LastHeard::Unknown, Some(ago)) => Hearing::resumed_unsure(Instant::now(), ago),
-        _ => Hearing::resumed(Instant::now(), heard_ago),
+        _ => Hearing::resumed(Instant::now(), heard_ago, record.held),
     }
 }
 
@@ -74,17 +82,13 @@ pub(super) async fn check_loop(
     let mut watchdog_record = WatchdogRecord::default();
     loop {
         ticker.tick().await;
-        let (silence, heard_ago, new_term) = {
-            let (h, now) = (lock(&hearing), Instant::now());
-            (
-                h.silence(now),
-                h.heard_ago(now),
-                h.new_term(leader.term(), now, window),
-            )
-        };
-        if let Some(at) = heard_ago.and_then(|ago| std::time::SystemTime::now().checked_sub(ago)) {
-            hearing_file.record(at);
+        if let Err(e) = arming::follow(watchdog.as_deref_mut(), &hearing, hearing_file).await {
+            return e;
         }
+        let (silence, new_term) = {
+            let (h, now) = (lock(&hearing), Instant::now());
+            (h.silence(now), h.new_term(leader.term(), now, window))
+        };
         let mut let_run = match pet(watchdog.as_deref_mut(), silence, timeout, None, new_term) {
             Ok(let_run) => let_run,
             Err(e) => return e,
@@ -221,7 +225,7 @@ mod tests {
         assert_eq!(silence(resume(&file, "n1", t)), Silence::For(t));
         // A record: from there.
         let ten_ago = std::time::SystemTime::now() - Duration::from_secs(10);
-        HearingFile::new(&path, Some("b1")).record(ten_ago);
+        HearingFile::new(&path, Some("b1")).record(ten_ago, false);
         let Silence::For(ago) = silence(resume(&file, "n1", t)) else {
             panic!("heard in this boot")
         };
@@ -229,8 +233,11 @@ mod tests {
             ago >= Duration::from_secs(10) && ago < Duration::from_secs(11),
             "{ago:?}"
         );
+        // Held (the watchdog disarmed): from there, held.
+        HearingFile::new(&path, Some("b1")).record(ten_ago, true);
+        assert_eq!(silence(resume(&file, "n1", t)), Silence::Held);
         // A record of an earlier boot (the file outlived the reboot): never heard since.
-        HearingFile::new(&path, Some("b0")).record(ten_ago);
+        HearingFile::new(&path, Some("b0")).record(ten_ago, true);
         assert_eq!(silence(resume(&file, "n1", t)), Silence::NeverHeard);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -92,6 +92,15 @@ pub enum WatchdogError {
     },
     #[error("opening the watchdog {} took over {after:?}", .path.display())]
     OpenTimedOut { path: PathBuf, after: Duration },
+    #[error(
+        "the watchdog {} was disarmed with a timeout of {was:?} and armed again with one of          {now:?}: disarmed again, as the agent advertised the first",
+        .path.display()
+    )]
+    TimeoutChanged {
+        path: PathBuf,
+        was: Duration,
+        now: Duration,
+    },
     #[error("opening the watchdog {}: {source}", .path.display())]
     OpenTask {
         path: PathBuf,

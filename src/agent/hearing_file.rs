@@ -16,7 +16,14 @@
 //! boot=<boot ID>
 //! heard=<milliseconds since the Unix epoch>
 //! words=signed
+//! held
 //! ```
+//!
+//! The last line is there while podha holds the node and the agent's watchdog is disarmed (see
+//! `super::arming`): a restarted agent goes on held, and does not fence a paused node cut off
+//! from everything. It is taken away before the watchdog is armed again, so a record that says
+//! held was never written by an agent podha could be counting the silence of. A record that
+//! says held but cannot be trusted otherwise (see below) is not held.
 //!
 //! The last line says the record was written by an agent that counts only signed heartbeats
 //! (see `crate::contract::words`). A record without it is of an agent from before them: what
@@ -43,8 +50,11 @@ use tracing::{info, warn};
 
 use super::boot::{RecordBoot, write_record};
 
-/// The last line of a record written by an agent that counts only signed heartbeats.
+/// The line of a record written by an agent that counts only signed heartbeats.
 const SIGNED_LINE: &str = "words=signed";
+
+/// The line of a record written while podha held the node, its watchdog disarmed.
+const HELD_LINE: &str = "held";
 
 /// When podha last heard this node, as the hearing file says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,12 +80,21 @@ impl LastHeard {
     }
 }
 
+/// What the hearing file says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// When podha last heard this node.
+    pub last: LastHeard,
+    /// podha held the node, and the agent's watchdog was disarmed: only with a time known.
+    pub held: bool,
+}
+
 pub struct HearingFile {
     path: PathBuf,
     /// The boot the agent runs in (`None`: unknown), named in every record.
     boot: Option<String>,
-    /// The last time written (milliseconds since the Unix epoch).
-    written: Option<u128>,
+    /// The last time written (milliseconds since the Unix epoch), and whether it said held.
+    written: Option<(u128, bool)>,
     /// A write failed: said once, not every second.
     warned: bool,
 }
@@ -90,19 +109,29 @@ impl HearingFile {
         }
     }
 
-    /// When podha last heard this node, read at `now`: [`LastHeard::Never`] without a file or
-    /// with another boot's; [`LastHeard::Unknown`] (said in the log) when the file cannot be
-    /// read, does not hold a time, holds one after `now`, or cannot be placed in a boot.
-    pub fn last_heard(&self, now: SystemTime) -> LastHeard {
+    /// What the file says, read at `now`. When podha last heard this node:
+    /// [`LastHeard::Never`] without a file or with another boot's; [`LastHeard::Unknown`]
+    /// (said in the log) when the file cannot be read, does not hold a time, holds one after
+    /// `now`, or cannot be placed in a boot. Whether podha held it: never when that time is
+    /// not known.
+    pub fn read(&self, now: SystemTime) -> Record {
         const UNKNOWN: &str = "podha heard this node since it booted, at a time the agent cannot \
                                know: counted as not heard for the whole isolation timeout";
+        let unknown = Record {
+            last: LastHeard::Unknown,
+            held: false,
+        };
+        let never = Record {
+            last: LastHeard::Never,
+            held: false,
+        };
         let file = self.path.display();
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LastHeard::Never,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return never,
             Err(e) => {
                 warn!(%file, error = %e, "cannot read when podha last heard this node; {UNKNOWN}");
-                return LastHeard::Unknown;
+                return unknown;
             }
         };
         let mut lines = text.lines();
@@ -110,46 +139,56 @@ impl HearingFile {
         let heard = lines.next().and_then(|l| l.trim().strip_prefix("heard="));
         let Some(ms) = heard.and_then(|ms| ms.parse::<u64>().ok()) else {
             warn!(%file, text, "the hearing file holds no boot and time in milliseconds; {UNKNOWN}");
-            return LastHeard::Unknown;
+            return unknown;
         };
+        let signed = lines.next().map(str::trim) == Some(SIGNED_LINE);
+        let held = lines.next().map(str::trim) == Some(HELD_LINE);
         match RecordBoot::of(boot, self.boot.as_deref()) {
-            RecordBoot::This if lines.next().map(str::trim) != Some(SIGNED_LINE) => {
+            RecordBoot::This if !signed => {
                 info!(%file, "the hearing file is of an agent from before signed heartbeats: podha's hearing then counts as never heard");
-                return LastHeard::Never;
+                return never;
             }
             RecordBoot::This => {}
             RecordBoot::Other => {
                 info!(%file, "the hearing file is of another boot: the reboot was a fence, and podha has not heard this node since");
-                return LastHeard::Never;
+                return never;
             }
             RecordBoot::CannotTell => {
                 warn!(%file, text, "cannot tell whether the hearing file is of this boot; {UNKNOWN}");
-                return LastHeard::Unknown;
+                return unknown;
             }
         }
         let at = UNIX_EPOCH + Duration::from_millis(ms);
         if at > now {
             warn!(%file, ms, "the hearing file holds a time after now (the clock went back); {UNKNOWN}");
-            return LastHeard::Unknown;
+            return unknown;
         }
-        LastHeard::At(at)
+        Record {
+            last: LastHeard::At(at),
+            held,
+        }
     }
 
-    /// Records that podha heard this node at `at` in this boot, unless that is what the file
-    /// already says. Written whole, then renamed over the old file: a crash mid-write leaves the
-    /// old time.
-    pub fn record(&mut self, at: SystemTime) {
+    /// Records that podha heard this node at `at` in this boot, and whether it holds it with
+    /// the watchdog disarmed (`held`), unless that is what the file already says. Written
+    /// whole, then renamed over the old file: a crash mid-write leaves the old record.
+    pub fn record(&mut self, at: SystemTime, held: bool) {
         let ms = at
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis();
-        if self.written == Some(ms) {
+        if self.written == Some((ms, held)) {
             return;
         }
-        let body = format!("heard={ms}\n{SIGNED_LINE}\n");
+        let held_line = if held {
+            format!("{HELD_LINE}\n")
+        } else {
+            String::new()
+        };
+        let body = format!("heard={ms}\n{SIGNED_LINE}\n{held_line}");
         match write_record(&self.path, self.boot.as_deref(), &body) {
             Ok(()) => {
-                self.written = Some(ms);
+                self.written = Some((ms, held));
                 self.warned = false;
             }
             Err(e) if !self.warned => {
@@ -175,17 +214,13 @@ mod tests {
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let mut file = HearingFile::new(&path, Some(BOOT));
-        assert_eq!(
-            file.last_heard(t0),
-            LastHeard::Never,
-            "no file: never heard"
-        );
+        assert_eq!(file.read(t0).last, LastHeard::Never, "no file: never heard");
         assert_eq!(LastHeard::Never.ago(t0, T), None);
-        file.record(t0);
-        file.record(t0 + Duration::from_secs(2));
+        file.record(t0, false);
+        file.record(t0 + Duration::from_secs(2), false);
         let restarted = HearingFile::new(&path, Some(BOOT));
         let later = t0 + Duration::from_secs(12);
-        let last = restarted.last_heard(later);
+        let last = restarted.read(later).last;
         assert_eq!(
             last,
             LastHeard::At(t0 + Duration::from_secs(2)),
@@ -202,23 +237,23 @@ mod tests {
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let mut file = HearingFile::new(&path, Some(BOOT));
-        file.record(t0);
+        file.record(t0, false);
         // The clock went back a minute: the record is in the future.
         let back = t0 - Duration::from_secs(60);
-        assert_eq!(file.last_heard(back), LastHeard::Unknown);
+        assert_eq!(file.read(back).last, LastHeard::Unknown);
         assert_eq!(
-            file.last_heard(back).ago(back, T),
+            file.read(back).last.ago(back, T),
             Some(T),
             "not heard for the timeout"
         );
         std::fs::write(&path, "yesterday").expect("write");
-        assert_eq!(file.last_heard(t0), LastHeard::Unknown, "garbled");
+        assert_eq!(file.read(t0).last, LastHeard::Unknown, "garbled");
         std::fs::write(&path, "").expect("write");
-        assert_eq!(file.last_heard(t0), LastHeard::Unknown, "empty");
+        assert_eq!(file.read(t0).last, LastHeard::Unknown, "empty");
         // A directory where the file should be: unreadable.
         std::fs::remove_file(&path).expect("remove");
         std::fs::create_dir(&path).expect("dir");
-        assert_eq!(file.last_heard(t0), LastHeard::Unknown, "unreadable");
+        assert_eq!(file.read(t0).last, LastHeard::Unknown, "unreadable");
         // A time after `now` passed to `ago` is as unknown.
         assert_eq!(LastHeard::At(t0).ago(back, T), Some(T));
         let _ = std::fs::remove_dir_all(&dir);
@@ -231,13 +266,13 @@ mod tests {
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let later = t0 + Duration::from_secs(5);
-        HearingFile::new(&path, Some(BOOT)).record(t0);
+        HearingFile::new(&path, Some(BOOT)).record(t0, false);
         let text = std::fs::read_to_string(&path).expect("read");
         assert_eq!(
             text,
             format!("boot={BOOT}\nheard=1800000000000\nwords=signed\n")
         );
-        let read_in = |boot: Option<&str>| HearingFile::new(&path, boot).last_heard(later);
+        let read_in = |boot: Option<&str>| HearingFile::new(&path, boot).read(later).last;
         // A new pod of the same boot goes on from the record.
         assert_eq!(read_in(Some(BOOT)), LastHeard::At(t0), "this boot");
         // After a reboot that left the file (a /run the reboot kept, a host several nodes
@@ -253,7 +288,7 @@ mod tests {
         // without a boot ID.
         std::fs::write(&path, "1800000000000").expect("write");
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "time only");
-        HearingFile::new(&path, None).record(t0);
+        HearingFile::new(&path, None).record(t0, false);
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "an empty boot");
         std::fs::write(&path, format!("boot={BOOT}\nheard=soon\n")).expect("write");
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "garbled time");
@@ -265,11 +300,60 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_is_kept_only_with_a_record_of_this_boot_that_is_trusted() {
+        let dir = std::env::temp_dir().join(format!("podha-hearing-held-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard");
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let later = t0 + Duration::from_secs(5);
+        let mut file = HearingFile::new(&path, Some(BOOT));
+        file.record(t0, true);
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read"),
+            format!("boot={BOOT}\nheard=1800000000000\nwords=signed\nheld\n")
+        );
+        let read_in = |boot: Option<&str>, now| HearingFile::new(&path, boot).read(now);
+        let held = Record {
+            last: LastHeard::At(t0),
+            held: true,
+        };
+        assert_eq!(
+            read_in(Some(BOOT), later),
+            held,
+            "a restarted agent goes on held"
+        );
+        // Let go of (the watchdog about to be armed again): the same time, not held.
+        file.record(t0, false);
+        assert!(!read_in(Some(BOOT), later).held, "let go of");
+        file.record(t0, true);
+        // Held, but a record not to be trusted otherwise is not held: another boot (never
+        // heard), a boot the agent cannot tell, a clock gone back (heard at a time unknown).
+        assert!(!read_in(Some("3f0c-boot-2"), later).held, "another boot");
+        assert_eq!(read_in(Some("3f0c-boot-2"), later).last, LastHeard::Never);
+        assert!(!read_in(None, later).held, "own boot unknown");
+        let back = t0 - Duration::from_secs(60);
+        assert_eq!(
+            read_in(Some(BOOT), back),
+            Record {
+                last: LastHeard::Unknown,
+                held: false
+            },
+            "the clock went back"
+        );
+        // An agent from before signed heartbeats wrote no hold, and one that did is still not
+        // signed without its line.
+        std::fs::write(&path, format!("boot={BOOT}\nheard=1800000000000\nheld\n")).expect("write");
+        assert_eq!(read_in(Some(BOOT), later).last, LastHeard::Never);
+        assert!(!read_in(Some(BOOT), later).held);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_file_that_cannot_be_written_is_no_error() {
         let mut file = HearingFile::new(Path::new("/nonexistent-dir/podha/heard"), Some(BOOT));
-        file.record(SystemTime::now());
-        file.record(SystemTime::now() + Duration::from_secs(1));
+        file.record(SystemTime::now(), false);
+        file.record(SystemTime::now() + Duration::from_secs(1), true);
         assert!(file.warned);
-        assert_eq!(file.last_heard(SystemTime::now()), LastHeard::Never);
+        assert_eq!(file.read(SystemTime::now()).last, LastHeard::Never);
     }
 }

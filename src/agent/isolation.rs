@@ -211,8 +211,9 @@ pub fn decide(
         Silence::Held => {
             return Verdict::Stay(
                 "podha holds this node (it, or every policy with the Agent proof that selects \
-                 it, is paused, or no such policy selects it): podha counts no silence of it, \
-                 so fencing on isolation would move nothing"
+                 it, is paused, or no such policy selects it), or has just let go of it and the \
+                 watchdog is not armed yet: podha counts no silence of it, so fencing on \
+                 isolation would move nothing"
                     .into(),
             );
         }

@@ -13,6 +13,7 @@
 //! - [`fence`]: how the node is fenced, once per cause.
 
 mod advert;
+mod arming;
 mod boot;
 mod check;
 mod counters;
@@ -457,7 +458,7 @@ async fn run(args: AgentArgs) -> Result<(), AgentError> {
     // A device's own timeout from here on (it may have rounded what it was asked).
     let mut watchdog = args.open_watchdog(&kernel).await?;
     say_unwatched(&args.node, &watchdog);
-    counters::watchdog_armed(watchdog.is_ok());
+    arming::follow(watchdog.as_mut().ok(), &hearing, &mut hearing_file).await?;
     let watchdog_timeout = watchdog.as_ref().ok().map(Watchdog::timeout);
     let fenced_within = isolation::fenced_within(args.isolation_timeout, watchdog_timeout);
     info!(node = %args.node, listen = %listening.addr, timeout = ?args.isolation_timeout, ?watchdog_timeout, ?fenced_within, "podha agent started");
@@ -514,7 +515,7 @@ async fn leave(
     // which had no device (at most a stand-in), leaves nothing armed.
     let kernel_changed = matches!(result, Err(AgentError::KernelVerdictChanged(_)));
     if (withdrawn || kernel_changed)
-        && let Ok(watchdog) = watchdog
+        && let Ok(mut watchdog) = watchdog
     {
         watchdog.disarm();
     }
@@ -581,7 +582,7 @@ mod tests {
         let args = agent_args(&[&stand_in, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
         let opened = args.open_watchdog(&shared).await;
         assert!(matches!(&opened, Ok(Ok(_))));
-        if let Ok(Ok(watchdog)) = opened {
+        if let Ok(Ok(mut watchdog)) = opened {
             watchdog.disarm();
         }
         let _ = std::fs::remove_file(&file);

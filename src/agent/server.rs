@@ -60,9 +60,15 @@ pub struct Hearing {
     withdrawing: bool,
     /// The last heartbeat the agent counted said podha holds this node (`hold`), and the
     /// agent's Lease no longer says podha may count its silence: podha counts none, so the
-    /// agent fences nothing on isolation ([`Silence::Held`]). Not kept across a restart: an
-    /// agent starts not held, the side that fences.
+    /// agent fences nothing on isolation ([`Silence::Held`]) and disarms its watchdog. Kept
+    /// across a restart by the hearing file once the watchdog is disarmed (see
+    /// `super::arming`).
     held: bool,
+    /// The agent has a watchdog, and it is not armed (podha held the node, or has not heard it
+    /// since it booted; see `super::arming`): until it is armed again, the agent takes the
+    /// node as held, says so, and its Lease says nothing of being heard, so that podha counts
+    /// no silence that nothing would end in a reset.
+    unarmed: bool,
     /// A heartbeat said podha holds this node, and the agent's Lease has not yet been written
     /// without its word of being heard: until it is, a new leader could take that word for an
     /// agent that counts its silence, so the agent is not held yet (see `super::advert`).
@@ -96,10 +102,12 @@ impl HeardAgo {
 
 impl Hearing {
     /// An agent that goes on where its predecessor in this boot stopped: podha last heard this
-    /// node `heard_ago` before `now` (`None`: never since the node booted).
-    pub fn resumed(now: Instant, heard_ago: Option<Duration>) -> Self {
+    /// node `heard_ago` before `now` (`None`: never since the node booted), and held it
+    /// (`held`) with the watchdog disarmed.
+    pub fn resumed(now: Instant, heard_ago: Option<Duration>, held: bool) -> Self {
         Self {
             last: heard_ago.map(|ago| HeardAgo { at: now, ago }),
+            held: held && heard_ago.is_some(),
             ..Self::default()
         }
     }
@@ -186,7 +194,7 @@ impl Hearing {
     pub fn new_term(&self, leads: Option<u64>, now: Instant, window: Duration) -> Option<NewTerm> {
         let (heard_in, leads) = self.heard_term.zip(leads)?;
         let renewed_ago = now.saturating_duration_since(self.lease_renewed?);
-        let counts = self.last.is_some() && !self.held && !self.unsure;
+        let counts = self.counts_silence() && !self.unarmed && !self.unsure;
         (counts && leads > heard_in && renewed_ago <= window).then_some(NewTerm {
             heard_in,
             leads,
@@ -194,14 +202,31 @@ impl Hearing {
         })
     }
 
-    /// Whether the agent takes its node as held: it fences nothing on isolation.
+    /// Whether the agent takes its node as held by podha: it fences nothing on isolation.
     pub fn held(&self) -> bool {
         self.held
     }
 
-    /// Whether a hold is asked for or taken: the Lease must say nothing of being heard.
+    /// Whether a hold is asked for or taken, or the watchdog is not armed: the answers say
+    /// held, and the Lease must say nothing of being heard.
     pub fn holding(&self) -> bool {
-        self.held || self.hold_pending
+        self.held || self.hold_pending || self.unarmed
+    }
+
+    /// Whether podha may count this node's silence, as far as the agent knows: it heard the
+    /// node in this boot and does not hold it (a hold asked for but not taken yet included).
+    /// Only then is the watchdog armed (see `super::arming`).
+    pub fn counts_silence(&self) -> bool {
+        self.last.is_some() && !self.held
+    }
+
+    /// The watchdog was armed, or disarmed. Armed, the node is no longer held for it, and the
+    /// Lease is written at once (as when a hold changes).
+    pub fn watchdog_armed(&mut self, armed: bool) {
+        if self.unarmed == armed {
+            self.unarmed = !armed;
+            self.held_changed.notify_one();
+        }
     }
 
     /// The agent's Lease was written without its word of being heard, having been built while
@@ -230,7 +255,7 @@ impl Hearing {
     pub fn silence(&self, now: Instant) -> Silence {
         match self.last {
             None => Silence::NeverHeard,
-            Some(_) if self.held => Silence::Held,
+            Some(_) if self.held || self.unarmed => Silence::Held,
             Some(last) => Silence::For(last.silence(now)),
         }
     }
@@ -485,7 +510,7 @@ mod tests {
         );
         // Sure from the start: answers at once, never heard too.
         assert_eq!(
-            Hearing::resumed(Instant::now(), None).for_peers(Instant::now()),
+            Hearing::resumed(Instant::now(), None, false).for_peers(Instant::now()),
             Some(None)
         );
         // Withdrawing: no answer any more, whatever a probe says.
@@ -531,7 +556,7 @@ mod tests {
         h.probed(Instant::now(), None);
         assert_eq!(h.silence(Instant::now()), Silence::NeverHeard);
         assert_eq!(h.heard_ago(Instant::now()), None);
-        let fresh = Hearing::resumed(Instant::now(), None);
+        let fresh = Hearing::resumed(Instant::now(), None, false);
         tokio::time::advance(Duration::from_secs(600)).await;
         assert_eq!(fresh.silence(Instant::now()), Silence::NeverHeard);
     }
@@ -539,7 +564,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_resumed_agent_is_as_unheard_as_its_predecessor() {
         tokio::time::advance(Duration::from_secs(100)).await;
-        let h = Hearing::resumed(Instant::now(), Some(Duration::from_secs(25)));
+        let h = Hearing::resumed(Instant::now(), Some(Duration::from_secs(25)), false);
         assert_eq!(
             h.silence(Instant::now()),
             Silence::For(Duration::from_secs(25))
@@ -547,7 +572,7 @@ mod tests {
         assert_eq!(h.heard_ago(Instant::now()), Some(Duration::from_secs(25)));
         // Longer ago than the monotonic clock reaches back: still that long, never "now".
         let long_ago = Duration::from_secs(10 * 365 * 86_400);
-        let h = Hearing::resumed(Instant::now(), Some(long_ago));
+        let h = Hearing::resumed(Instant::now(), Some(long_ago), false);
         tokio::time::advance(Duration::from_secs(1)).await;
         let expected = long_ago + Duration::from_secs(1);
         assert_eq!(h.silence(Instant::now()), Silence::For(expected));

@@ -56,13 +56,25 @@ const SYS: &str = "/sys";
 
 pub struct Watchdog {
     path: PathBuf,
-    device: std::fs::File,
+    /// The open device; `None` once disarmed ([`Watchdog::disarm`]), until armed again
+    /// ([`Watchdog::arm`]).
+    device: Option<std::fs::File>,
     /// The timeout the agent goes by: a device's, read back from it; a stand-in's, declared.
     timeout: Duration,
     /// Whether the last pet failed (logged once, not every second).
     failing: bool,
     /// A declared stand-in (a FIFO or a file), not a device.
     stand_in: bool,
+    /// How it was opened: how [`Watchdog::arm`] opens it again.
+    opened_as: OpenedAs,
+}
+
+/// What a watchdog was opened with, to open it again alike.
+#[derive(Clone, Debug)]
+struct OpenedAs {
+    sys: PathBuf,
+    requested: Duration,
+    bounds: Bounds,
 }
 
 /// The agent's timings a watchdog timeout must fit (see [`check_timeout`]).
@@ -285,11 +297,16 @@ impl Watchdog {
             path: path.to_path_buf(),
             source,
         };
+        let opened_as = OpenedAs {
+            sys: sys.to_path_buf(),
+            requested,
+            bounds,
+        };
         let number = match kind(path)? {
             Kind::StandIn if stand_in => {
                 let file = open_file(path).await?;
                 warn!(watchdog = %path.display(), timeout = ?requested, "watchdog armed: a stand-in (--watchdog-stand-in), not a device: its timeout is the one declared (--watchdog-timeout)");
-                let mut dog = Self::new(path, file, requested);
+                let mut dog = Self::new(path, file, requested, opened_as);
                 dog.stand_in = true;
                 return Ok(dog);
             }
@@ -312,10 +329,10 @@ impl Watchdog {
                     warn!(watchdog = %path.display(), asked = ?Duration::from_secs(asked.into()), ?timeout, "the watchdog resets the node after another time than asked: the agent goes by the device's");
                 }
                 info!(watchdog = %path.display(), device = support.identity, ?timeout, running, "watchdog armed: its timeout read back from the device");
-                Ok(Self::new(path, file, timeout))
+                Ok(Self::new(path, file, timeout, opened_as))
             }
             Err(refusal) => {
-                let dog = Self::new(path, file, requested);
+                let mut dog = Self::new(path, file, requested, opened_as);
                 if running {
                     // A crashed worker's countdown goes on: closed without disarming. The
                     // agent stops (see `run_without`), and the next one tries again in time.
@@ -332,14 +349,47 @@ impl Watchdog {
         }
     }
 
-    fn new(path: &Path, device: std::fs::File, timeout: Duration) -> Self {
+    fn new(path: &Path, device: std::fs::File, timeout: Duration, opened_as: OpenedAs) -> Self {
         Self {
             path: path.to_path_buf(),
-            device,
+            device: Some(device),
             timeout,
             failing: false,
             stand_in: false,
+            opened_as,
         }
+    }
+
+    /// Whether it is armed: open, and not disarmed since.
+    pub fn is_armed(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// Arms a watchdog the agent disarmed ([`Watchdog::disarm`]): opens it again as it first
+    /// did, with the same checks. It must reset the node after the timeout the agent went by
+    /// (and advertised) before: a device that now reads back another is disarmed again, and
+    /// that is an error (the agent stops, and the next one advertises what it finds).
+    pub async fn arm(&mut self) -> Result<(), WatchdogError> {
+        if self.is_armed() {
+            return Ok(());
+        }
+        let OpenedAs {
+            sys,
+            requested,
+            bounds,
+        } = self.opened_as.clone();
+        let mut again = Self::open_in(&sys, &self.path, requested, bounds, self.stand_in).await?;
+        if again.timeout != self.timeout {
+            again.disarm();
+            return Err(WatchdogError::TimeoutChanged {
+                path: self.path.clone(),
+                was: self.timeout,
+                now: again.timeout,
+            });
+        }
+        self.device = again.device.take();
+        self.failing = false;
+        Ok(())
     }
 
     /// The timeout the agent goes by: a device's, read back from it; a stand-in's, declared.
@@ -347,17 +397,15 @@ impl Watchdog {
         self.timeout
     }
 
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.device.write_all(bytes)?;
-        self.device.flush()
-    }
-
     /// Pets the watchdog: it will not fire for another timeout. A device that fails to take a
     /// pet resets the node as if it had not been petted (said once). A stand-in that fails
     /// (its BMC gone: nothing would reset the node) is an error: the agent stops and takes
-    /// its advert back, so that podha counts none of its silence.
+    /// its advert back, so that podha counts none of its silence. Disarmed, nothing to pet.
     pub fn pet(&mut self) -> Result<(), WatchdogError> {
-        match self.write(b"\n") {
+        let Some(device) = self.device.as_mut() else {
+            return Ok(());
+        };
+        match write(device, b"\n") {
             Ok(()) => self.failing = false,
             Err(source) if self.stand_in => {
                 return Err(WatchdogError::StandInFailed {
@@ -374,15 +422,24 @@ impl Watchdog {
         Ok(())
     }
 
-    /// Disarms the watchdog and closes it (the agent stops on purpose).
-    pub fn disarm(mut self) {
-        match self.write(b"V") {
+    /// Disarms the watchdog and closes it (the agent stops on purpose, or podha cannot be
+    /// counting this node's silence); [`Watchdog::arm`] arms it again.
+    pub fn disarm(&mut self) {
+        let Some(mut device) = self.device.take() else {
+            return;
+        };
+        match write(&mut device, b"V") {
             Ok(()) => info!(watchdog = %self.path.display(), "watchdog disarmed"),
             Err(e) => {
                 error!(watchdog = %self.path.display(), error = %e, "cannot disarm the watchdog")
             }
         }
     }
+}
+
+fn write(device: &mut std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
+    device.write_all(bytes)?;
+    device.flush()
 }
 
 /// Why the agent pets no watchdog: its node is not agent-protected (it advertises no
@@ -447,6 +504,7 @@ pub fn run_without(error: WatchdogError, stand_in: bool) -> Result<Unwatched, Wa
         | WatchdogError::NotAWatchdogFile { .. }
         | WatchdogError::StandInNotDeclared { .. }
         | WatchdogError::OpenTimedOut { .. }
+        | WatchdogError::TimeoutChanged { .. }
         | WatchdogError::OpenTask { .. }
         | WatchdogError::StandInFailed { .. }
         | WatchdogError::RefusedRunning { .. } => Err(error),

@@ -318,7 +318,7 @@ mod tests {
     }
 
     fn never_heard() -> Hearing {
-        Hearing::resumed(tokio::time::Instant::now(), None)
+        Hearing::resumed(tokio::time::Instant::now(), None, false)
     }
 
     fn offline_client() -> kube::Client {
@@ -334,7 +334,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_leader_that_never_heard_the_agent_has_its_lease_renewed_often() {
         let now = tokio::time::Instant::now();
-        let mut heard = Hearing::resumed(now, Some(Duration::from_secs(9)));
+        let mut heard = Hearing::resumed(now, Some(Duration::from_secs(9)), false);
         heard.heard_in_term(Some(4));
         heard.lease_renewed(now);
         let leader = std::sync::Arc::new(LeaderKey::default());
@@ -362,7 +362,11 @@ mod tests {
     #[tokio::test]
     async fn the_lease_says_in_which_boot_podha_heard_the_agent() {
         let now: Timestamp = "2026-11-26T03:00:00.5Z".parse().expect("time");
-        let heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::from_secs(90)));
+        let heard = Hearing::resumed(
+            tokio::time::Instant::now(),
+            Some(Duration::from_secs(90)),
+            false,
+        );
         let lease = lease_of(offline_client(), None, heard);
         assert_eq!(heard_in_boot(&lease).as_deref(), Some("boot-1"));
         let body = lease.renewal(now).0;

@@ -70,7 +70,7 @@ async fn only_a_later_term_and_a_recent_renewal_make_a_new_leader_that_cannot_co
     let window = secs(20);
     let now = Instant::now();
     let heard = || {
-        let mut h = Hearing::resumed(now, Some(secs(40)));
+        let mut h = Hearing::resumed(now, Some(secs(40)), false);
         h.heard_in_term(Some(4));
         h.lease_renewed(now - secs(5));
         h
@@ -106,21 +106,21 @@ async fn only_a_later_term_and_a_recent_renewal_make_a_new_leader_that_cannot_co
     );
     older.heard_in_term(Some(5));
     assert_eq!(older.new_term(Some(5), now, window), None, "heard by it");
-    let mut no_term = Hearing::resumed(now, Some(secs(40)));
+    let mut no_term = Hearing::resumed(now, Some(secs(40)), false);
     no_term.lease_renewed(now);
     assert_eq!(
         no_term.new_term(Some(5), now, window),
         None,
         "no heartbeat named its term"
     );
-    let mut unrenewed = Hearing::resumed(now, Some(secs(40)));
+    let mut unrenewed = Hearing::resumed(now, Some(secs(40)), false);
     unrenewed.heard_in_term(Some(4));
     assert_eq!(
         unrenewed.new_term(Some(5), now, window),
         None,
         "never renewed"
     );
-    let mut never = Hearing::resumed(now, None);
+    let mut never = Hearing::resumed(now, None, false);
     never.heard_in_term(Some(4));
     never.lease_renewed(now);
     assert_eq!(
@@ -144,7 +144,7 @@ async fn renewals_that_stop_leave_the_watchdog_to_fire_before_a_new_leader_could
     ] {
         let window = renewal_window(timeout, Some(watchdog));
         let start = Instant::now();
-        let mut hearing = Hearing::resumed(start, Some(timeout));
+        let mut hearing = Hearing::resumed(start, Some(timeout), false);
         hearing.heard_in_term(Some(1));
         let renew_every = (window / 3).max(secs(1));
         let stop_renewing = start + secs(50);

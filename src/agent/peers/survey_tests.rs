@@ -107,7 +107,7 @@ impl Surveyor {
         let app = router(Endpoints {
             node: node.as_str().into(),
             identity: identity.clone(),
-            hearing: Arc::new(Hearing::resumed(Instant::now(), Some(heard_ago)).into()),
+            hearing: Arc::new(Hearing::resumed(Instant::now(), Some(heard_ago), false).into()),
             leader_key: Arc::new(LeaderKey::default()),
             peers: self.known_by_peers.clone(),
         });

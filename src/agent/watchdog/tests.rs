@@ -280,7 +280,20 @@ async fn pets_are_writes_and_a_disarm_is_a_v() {
     dog.pet().expect("pet");
     dog.pet().expect("pet");
     dog.disarm();
+    assert!(!dog.is_armed());
     assert_eq!(std::fs::read_to_string(&device).expect("read"), "\n\nV");
+    // Disarmed: nothing is written, a pet included, until it is armed again (opened anew,
+    // from the start of the file).
+    dog.pet().expect("nothing to pet");
+    dog.disarm();
+    assert_eq!(std::fs::read_to_string(&device).expect("read"), "\n\nV");
+    std::fs::write(&device, "").expect("emptied");
+    dog.arm().await.expect("armed again");
+    assert!(dog.is_armed());
+    assert_eq!(dog.timeout(), declared);
+    dog.pet().expect("pet");
+    dog.disarm();
+    assert_eq!(std::fs::read_to_string(&device).expect("read"), "\nV");
     let err = Watchdog::open(&dir.join("missing"), s(10), BOUNDS, true)
         .await
         .err()
@@ -346,6 +359,14 @@ async fn every_open_error(path: &Path) -> Vec<(&'static str, WatchdogError)> {
             WatchdogError::OpenTimedOut {
                 path: path(),
                 after: OPEN_TIMEOUT,
+            },
+        ),
+        (
+            "armed again with another timeout",
+            WatchdogError::TimeoutChanged {
+                path: path(),
+                was: s(10),
+                now: s(11),
             },
         ),
         (
@@ -431,10 +452,15 @@ async fn an_armed_watchdog_is_advertised_by_its_timeout() {
     let dog = Watchdog::open(&device, s(10), BOUNDS, true)
         .await
         .expect("open");
-    let armed = Ok(dog);
+    let mut armed = Ok(dog);
     assert_eq!(advertised(&armed), "10s");
-    if let Ok(dog) = armed {
+    if let Ok(dog) = armed.as_mut() {
         dog.disarm();
     }
+    assert_eq!(
+        advertised(&armed),
+        "10s",
+        "disarmed, what it goes by when armed"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,8 @@
 //! A real node paused for maintenance and cut off from everything: podha's heartbeat told its
-//! agent that podha holds the node, so the agent fences nothing on isolation (docs/agent.md,
-//! "Fences nothing on isolation while podha holds its node").
+//! agent that podha holds the node, so the agent fences nothing on isolation and its watchdog
+//! is disarmed, also after the agent crashed and was replaced (docs/agent.md, "Fences nothing
+//! on isolation while podha holds its node", "Arms its watchdog only while podha may count its
+//! silence").
 
 use kube::ResourceExt as _;
 
@@ -9,21 +11,35 @@ use fencing::{fences_since, has_out_of_service_taint};
 
 /// Real node `node` paused for maintenance (`podha.io/paused`) and cut off from everything
 /// for its agent's isolation timeout, its watchdog's and more: podha holds the node, and told
-/// its agent so before the cut, so the agent stays up and pets its watchdog: no fence, no
-/// reset, the same boot. (The isolated node of `frozen_and_cut_off_nodes`, not paused, is
-/// fenced by the same fault.) Back and no longer paused, its agent counts its silence again.
+/// its agent so before the cut, so the agent disarms its watchdog and stays up; its agent
+/// crashes before the cut, and the one its supervisor starts goes on held from the hearing
+/// file: no fence, no reset, the same boot. (The isolated node of `frozen_and_cut_off_nodes`,
+/// not paused, is fenced by the same fault.) Back and no longer paused, its agent arms its
+/// watchdog and counts its silence again.
 pub(super) async fn paused_node_cut_off(
     ctx: &Ctx<'_>,
     node: &str,
     fences_before: usize,
 ) -> anyhow::Result<()> {
     let boot = boot_id(&ctx.nodes().get(node).await?);
+    let (disarmed_before, armed_before) = (said(ctx, node, DISARMED)?, said(ctx, node, ARMED)?);
     set_paused(ctx, node, true).await?;
     let held_before = held_stays(ctx, node)?;
     wait_for(
-        &format!("{node}'s agent to take its node as held (its Lease no longer says it counts its silence)"),
+        &format!("{node}'s agent to take its node as held (its Lease no longer says it counts its silence) and disarm its watchdog"),
         secs(30),
-        || async { Ok((!lease_counts_silence(ctx, node).await?).then_some(())) },
+        || async {
+            let disarmed = said(ctx, node, DISARMED)? > disarmed_before;
+            Ok((disarmed && !lease_counts_silence(ctx, node).await?).then_some(()))
+        },
+    )
+    .await?;
+    let resumed_before = said(ctx, node, RESUMED_HELD)?;
+    let crashed = chart_install::crash_agent(ctx.cluster, node)?;
+    wait_for(
+        &format!("{node}'s agent supervisor to replace its crashed agent (pid {crashed}) with one going on held"),
+        secs(10),
+        || async { Ok((said(ctx, node, RESUMED_HELD)? > resumed_before).then_some(())) },
     )
     .await?;
     ctx.cluster.isolate_node(node, true)?;
@@ -54,20 +70,40 @@ pub(super) async fn paused_node_cut_off(
         !has_out_of_service_taint(&node_now),
         "the paused {node} was tainted out of service"
     );
+    ensure!(
+        said(ctx, node, ARMED)? == armed_before,
+        "the paused {node}'s agent armed its watchdog (see its log in nodes/{node}/pod-logs/)"
+    );
     set_paused(ctx, node, false).await?;
     wait_for(
-        &format!("{node}'s agent to count its silence again, no longer held"),
+        &format!("{node}'s agent to arm its watchdog and count its silence again, no longer held"),
         secs(30),
-        || async { Ok(lease_counts_silence(ctx, node).await?.then_some(())) },
+        || async {
+            let armed = said(ctx, node, ARMED)? > armed_before;
+            Ok((armed && lease_counts_silence(ctx, node).await?).then_some(()))
+        },
     )
     .await?;
     log(
         &ctx.ns,
         format!(
-            "{node}: paused and cut off, not fenced nor reset; unpaused, its agent armed again"
+            "{node}: paused, its watchdog disarmed, its agent crashed and replaced held, cut \
+             off: not fenced nor reset; unpaused, its agent armed again"
         ),
     );
     Ok(())
+}
+
+/// What the agent logs as it disarms its watchdog, as it arms it, and as it starts held.
+const DISARMED: &str = "watchdog disarmed: podha holds this node";
+const ARMED: &str = "watchdog armed: podha hears this node";
+const RESUMED_HELD: &str = "podha holds this node, and its watchdog is disarmed";
+
+/// How often real node `node`'s agents logged `what`.
+fn said(ctx: &Ctx<'_>, node: &str, what: &str) -> anyhow::Result<usize> {
+    Ok(chart_install::agent_log(ctx.cluster, node)?
+        .matches(what)
+        .count())
 }
 
 pub(super) fn boot_id(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
@@ -99,6 +135,6 @@ async fn lease_counts_silence(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<bool>
 /// How often real node `node`'s agent decided to stay up because podha holds its node.
 fn held_stays(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<usize> {
     Ok(chart_install::agent_log(ctx.cluster, node)?
-        .matches("podha holds this node")
+        .matches("podha holds this node (it, or every policy")
         .count())
 }

@@ -289,7 +289,7 @@ async fn an_agent_whose_challenge_another_key_holder_took_is_not_heard() {
     for drained in [false, true] {
         // Heard in this boot, 30 s ago (an earlier leader's hearing).
         *hearing.lock().expect("lock") =
-            Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)));
+            Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)), false);
         let mut heard_by_podha = Heard::default();
         let first = probe_n1(&heard_by_podha).await;
         assert!(
@@ -452,7 +452,7 @@ async fn a_round_names_the_agents_that_answered_out_of_step() {
     let mut out_of_step = None;
     for _ in 0..20 {
         *hearing.lock().expect("lock") =
-            Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)));
+            Hearing::resumed(Instant::now(), Some(Duration::from_secs(30)), false);
         let bogus = HeartbeatQuery::signed(&other_holder, "n1", None, "bogus");
         let newest = ask_agent(addr, &bogus).await.challenge;
         ask_agent(

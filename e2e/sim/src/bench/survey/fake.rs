@@ -199,7 +199,7 @@ pub(super) async fn answering(
     let addr = listener.local_addr()?;
     let node = format!("peer-{}", addr.port());
     let identity = Arc::new(Identity::generate().context("a peer's key")?);
-    let hearing = Hearing::resumed(tokio::time::Instant::now(), Some(heard_ago));
+    let hearing = Hearing::resumed(tokio::time::Instant::now(), Some(heard_ago), false);
     let app = router(Endpoints {
         node: node.as_str().into(),
         identity: identity.clone(),

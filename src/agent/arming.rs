@@ -1,0 +1,215 @@
+//! When the node's watchdog is armed: only while podha may count this node's silence, that is
+//! while it has heard the node in this boot and does not hold it
+//! ([`Hearing::counts_silence`]). A node podha has not heard since it booted, and one it holds
+//! (paused, under maintenance, selected by no policy that asks for the `Agent` proof, its agent
+//! cut off from its peers: see `judge::holds` in podha), runs with its watchdog disarmed: a
+//! crashed, killed or crash-looping agent there resets nothing, as podha would prove nothing
+//! from its silence.
+//!
+//! - **Start.** The agent opens the watchdog (which arms it) to set and read back the timeout
+//!   it advertises, and disarms it at once unless the hearing file says podha may be counting
+//!   the silence (see `super::check::resume`).
+//! - **Armed again** when podha lets go of the hold (or hears a node it never heard before):
+//!   the hearing file first loses its word of the hold, then the watchdog is opened again with
+//!   the same checks and must go by the timeout advertised. Until then the agent takes the node
+//!   as held ([`Hearing::watchdog_armed`]): its answers say `held`, so podha arms its own proof
+//!   only after the watchdog is, and its Lease says nothing of being heard.
+//! - **Disarmed** once the hold is taken (after the Lease was written without its word of being
+//!   heard: see `super::advert`), then the hearing file says held, so that a restarted agent
+//!   goes on held and disarmed: it does not fence a paused node cut off from everything.
+//!
+//! The order is what makes a restart safe either way: the file says held only while the
+//! watchdog is disarmed and podha holds the node, and it stops saying so before the watchdog is
+//! armed again, which is before any answer tells podha it may count the silence. An agent
+//! restarted between two steps goes on armed (the fence side), never held while podha counts.
+
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+use tracing::info;
+
+use super::WatchdogError;
+use super::counters;
+use super::hearing_file::HearingFile;
+use super::peer_list::lock;
+use super::server::SharedHearing;
+use super::watchdog::Watchdog;
+
+/// What to do with the watchdog, given whether podha may count the node's silence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Arm,
+    Disarm,
+    Keep,
+}
+
+/// The step for a watchdog that is `armed`, when podha `counts` the node's silence.
+pub const fn step(armed: bool, counts: bool) -> Step {
+    match (armed, counts) {
+        (false, true) => Step::Arm,
+        (true, false) => Step::Disarm,
+        _ => Step::Keep,
+    }
+}
+
+/// Arms or disarms `watchdog` (if the agent has one) as `hearing` asks, and records when
+/// podha last heard the node, and whether it holds it with the watchdog disarmed, in `file`
+/// (the module's order). An error only when the watchdog cannot be armed again.
+pub async fn follow(
+    watchdog: Option<&mut Watchdog>,
+    hearing: &SharedHearing,
+    file: &mut HearingFile,
+) -> Result<(), WatchdogError> {
+    let (counts, heard_at) = {
+        let h = lock(hearing);
+        let heard_at = h
+            .heard_ago(Instant::now())
+            .and_then(|ago| SystemTime::now().checked_sub(ago));
+        (h.counts_silence(), heard_at)
+    };
+    let armed = match watchdog {
+        Some(watchdog) => {
+            match step(watchdog.is_armed(), counts) {
+                // Not before the file lost its word of the hold.
+                Step::Arm => {
+                    if let Some(at) = heard_at {
+                        file.record(at, false);
+                        watchdog.arm().await?;
+                        info!("watchdog armed: podha hears this node and may count its silence");
+                    }
+                }
+                Step::Disarm => {
+                    watchdog.disarm();
+                    info!(
+                        "watchdog disarmed: podha holds this node, or has not heard it since it \
+                         booted, and counts none of its silence"
+                    );
+                }
+                Step::Keep => {}
+            }
+            lock(hearing).watchdog_armed(watchdog.is_armed());
+            counters::watchdog_armed(watchdog.is_armed());
+            watchdog.is_armed()
+        }
+        None => {
+            counters::watchdog_armed(false);
+            false
+        }
+    };
+    let held = lock(hearing).held() && !armed;
+    if let Some(at) = heard_at {
+        file.record(at, held);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::agent::hearing_file::LastHeard;
+    use crate::agent::server::Hearing;
+    use crate::agent::watchdog::Bounds;
+
+    #[test]
+    fn armed_exactly_while_podha_counts_the_silence() {
+        assert_eq!(step(false, true), Step::Arm);
+        assert_eq!(step(true, false), Step::Disarm);
+        assert_eq!(step(true, true), Step::Keep);
+        assert_eq!(step(false, false), Step::Keep);
+    }
+
+    const BOUNDS: Bounds = Bounds {
+        isolation_timeout: Duration::from_secs(30),
+        check_interval: Duration::from_secs(1),
+        survey_limit: Duration::from_secs(6),
+    };
+
+    /// A stand-in (a regular file), the hearing and its file through a hold and its release:
+    /// what is written to the watchdog, what the file says, what the answers would say.
+    #[tokio::test]
+    async fn a_hold_disarms_then_records_and_a_release_unrecords_then_arms() {
+        let dir = std::env::temp_dir().join(format!("podha-arming-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let device = dir.join("watchdog");
+        std::fs::write(&device, "").expect("device");
+        let heard = dir.join("heard");
+        let mut file = HearingFile::new(&heard, Some("b1"));
+        let read = || HearingFile::new(&heard, Some("b1")).read(SystemTime::now());
+        let written = || std::fs::read_to_string(&device).expect("watchdog");
+        let mut dog = Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
+            .await
+            .expect("open");
+        // Never heard since the node booted: disarmed at once, nothing recorded.
+        let hearing: SharedHearing =
+            Arc::new(Mutex::new(Hearing::resumed(Instant::now(), None, false)));
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(!dog.is_armed());
+        assert_eq!(written(), "V");
+        assert!(lock(&hearing).holding(), "unarmed: answers say held");
+        assert_eq!(read().last, LastHeard::Never);
+        // Heard: armed (opened anew), no longer held for it.
+        lock(&hearing).probed(Instant::now(), Some(Duration::ZERO));
+        lock(&hearing).hold(Some(false));
+        assert!(lock(&hearing).holding(), "not before it is armed");
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(dog.is_armed());
+        assert!(!lock(&hearing).holding());
+        assert!(!read().held);
+        // Held: a hold asked for keeps it armed until the Lease took it; then disarmed, and
+        // only then recorded.
+        lock(&hearing).hold(Some(true));
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(dog.is_armed(), "a hold pending is no hold yet");
+        assert!(!read().held);
+        lock(&hearing).hold_written(true);
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(!dog.is_armed());
+        assert!(read().held, "recorded held once disarmed");
+        assert!(written().ends_with('V'));
+        // Let go of: held until armed again, the record first.
+        lock(&hearing).hold(Some(false));
+        assert!(lock(&hearing).holding(), "still unarmed");
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(dog.is_armed());
+        assert!(!read().held);
+        assert!(!lock(&hearing).holding());
+        dog.disarm();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Without a watchdog a hold is recorded as it is taken, and nothing is held for arming.
+    #[tokio::test]
+    async fn without_a_watchdog_the_hold_alone_is_recorded() {
+        let dir = std::env::temp_dir().join(format!("podha-arming-none-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let heard = dir.join("heard");
+        let mut file = HearingFile::new(&heard, Some("b1"));
+        let read = || HearingFile::new(&heard, Some("b1")).read(SystemTime::now());
+        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
+            Instant::now(),
+            Some(Duration::from_secs(1)),
+            false,
+        )));
+        follow(None, &hearing, &mut file).await.expect("follow");
+        assert!(!lock(&hearing).holding());
+        assert!(!read().held);
+        lock(&hearing).hold(Some(true));
+        lock(&hearing).hold_written(true);
+        follow(None, &hearing, &mut file).await.expect("follow");
+        assert!(read().held);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
