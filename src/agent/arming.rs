@@ -70,20 +70,25 @@ pub async fn follow(
     let armed = match watchdog {
         Some(watchdog) => {
             match step(watchdog.is_armed(), counts) {
-                // Not before the file lost its word of the hold.
+                // Not while the file says held: it is written first, and a file that could not
+                // be written (said once) keeps the watchdog disarmed and the node held.
                 Step::Arm => {
                     if let Some(at) = heard_at {
                         file.record(at, false);
+                    }
+                    if !file.says_held() {
                         watchdog.arm().await?;
                         info!("watchdog armed: podha hears this node and may count its silence");
                     }
                 }
+                // A device that did not take the `V` stays armed and petted (said by it).
                 Step::Disarm => {
-                    watchdog.disarm();
-                    info!(
-                        "watchdog disarmed: podha holds this node, or has not heard it since it \
-                         booted, and counts none of its silence"
-                    );
+                    if watchdog.disarm() {
+                        info!(
+                            "watchdog disarmed: podha holds this node, or has not heard it since \
+                             it booted, and counts none of its silence"
+                        );
+                    }
                 }
                 Step::Keep => {}
             }
@@ -187,6 +192,108 @@ mod tests {
         assert!(!read().held);
         assert!(!lock(&hearing).holding());
         dog.disarm();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A hearing held and taken, a file saying so, a stand-in (a regular file) disarmed.
+    async fn held(dir: &std::path::Path) -> (Watchdog, SharedHearing, HearingFile) {
+        std::fs::create_dir_all(dir).expect("dir");
+        let device = dir.join("watchdog");
+        std::fs::write(&device, "").expect("device");
+        let mut dog = Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
+            .await
+            .expect("open");
+        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
+            Instant::now(),
+            Some(Duration::from_secs(1)),
+            true,
+        )));
+        let mut file = HearingFile::new(&dir.join("heard"), Some("b1"));
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(!dog.is_armed() && file.says_held());
+        (dog, hearing, file)
+    }
+
+    /// Arming again fails (the device gone): the file lost its word of the hold before, the
+    /// node is still held, and the agent stops (its next one goes on armed, the fence side).
+    #[tokio::test]
+    async fn the_file_lets_go_of_the_hold_before_the_watchdog_is_armed() {
+        let dir = std::env::temp_dir().join(format!("podha-arming-gone-{}", std::process::id()));
+        let (mut dog, hearing, mut file) = held(&dir).await;
+        std::fs::remove_file(dir.join("watchdog")).expect("device gone");
+        lock(&hearing).hold(Some(false));
+        let err = follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect_err("no device to arm");
+        assert!(matches!(err, WatchdogError::Missing { .. }), "{err}");
+        assert!(!file.says_held(), "let go of first");
+        assert!(!dog.is_armed());
+        assert!(lock(&hearing).holding(), "held while unarmed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The file cannot be written while it says held: the watchdog is not armed again, and the
+    /// node stays held (a restarted agent would go on held while podha counts).
+    #[tokio::test]
+    async fn a_file_that_still_says_held_keeps_the_watchdog_disarmed() {
+        let dir = std::env::temp_dir().join(format!("podha-arming-stuck-{}", std::process::id()));
+        let (mut dog, hearing, mut file) = held(&dir).await;
+        // Where each record is written before it is renamed over the file: a directory.
+        std::fs::create_dir(dir.join("heard.new")).expect("in the way");
+        lock(&hearing).hold(Some(false));
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(file.says_held());
+        assert!(!dog.is_armed(), "not armed while the file says held");
+        assert!(lock(&hearing).holding());
+        std::fs::remove_dir(dir.join("heard.new")).expect("out of the way");
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(!file.says_held() && dog.is_armed() && !lock(&hearing).holding());
+        dog.disarm();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A watchdog that does not take the `V` (a stand-in whose BMC is gone) is still armed:
+    /// not taken for disarmed, the file does not say held.
+    #[tokio::test]
+    async fn a_disarm_that_did_not_take_keeps_the_watchdog_armed() {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let dir = std::env::temp_dir().join(format!("podha-arming-v-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("watchdog");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let bmc = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("reader");
+        let mut dog = Watchdog::open(&fifo, Duration::from_secs(10), BOUNDS, true)
+            .await
+            .expect("open");
+        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
+            Instant::now(),
+            Some(Duration::from_secs(1)),
+            false,
+        )));
+        let mut file = HearingFile::new(&dir.join("heard"), Some("b1"));
+        lock(&hearing).hold(Some(true));
+        lock(&hearing).hold_written(true);
+        drop(bmc);
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(dog.is_armed(), "the V went nowhere");
+        assert!(!file.says_held());
+        assert!(lock(&hearing).held(), "the hold is taken all the same");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -50,7 +50,9 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
         );
     }
     match (last_heard, heard_ago) {
-        (LastHeard::Unknown, Some(ago)) => Hearing::resumed_unsure(Instant::now(), ago),
+        (LastHeard::Unknown, Some(ago)) => {
+            Hearing::resumed_unsure(Instant::now(), ago, record.held)
+        }
         _ => Hearing::resumed(Instant::now(), heard_ago, record.held),
     }
 }

@@ -142,7 +142,10 @@ impl HearingFile {
             return unknown;
         };
         let signed = lines.next().map(str::trim) == Some(SIGNED_LINE);
-        let held = lines.next().map(str::trim) == Some(HELD_LINE);
+        // Held, in a signed record: whatever else cannot be trusted, podha was counting no
+        // silence when it was written, and goes on counting none until the agent says armed.
+        let held = signed && lines.next().map(str::trim) == Some(HELD_LINE);
+        let unknown = Record { held, ..unknown };
         match RecordBoot::of(boot, self.boot.as_deref()) {
             RecordBoot::This if !signed => {
                 info!(%file, "the hearing file is of an agent from before signed heartbeats: podha's hearing then counts as never heard");
@@ -169,6 +172,14 @@ impl HearingFile {
         }
     }
 
+    /// Whether the file says podha holds the node (read as a restarted agent would, or more
+    /// readily: a record of another boot included), quietly: the watchdog is not armed while
+    /// it does.
+    pub fn says_held(&self) -> bool {
+        std::fs::read_to_string(&self.path)
+            .is_ok_and(|text| text.lines().nth(3).map(str::trim) == Some(HELD_LINE))
+    }
+
     /// Records that podha heard this node at `at` in this boot, and whether it holds it with
     /// the watchdog disarmed (`held`), unless that is what the file already says. Written
     /// whole, then renamed over the old file: a crash mid-write leaves the old record.
@@ -192,7 +203,7 @@ impl HearingFile {
                 self.warned = false;
             }
             Err(e) if !self.warned => {
-                warn!(file = %self.path.display(), error = %e, "cannot record when podha last heard this node: a restarted agent would count its start as heard");
+                warn!(file = %self.path.display(), error = %e, "cannot record when podha last heard this node: a restarted agent would count its start as heard (and while the file says podha holds the node, the watchdog is not armed again)");
                 self.warned = true;
             }
             Err(_) => {}
@@ -326,25 +337,37 @@ mod tests {
         file.record(t0, false);
         assert!(!read_in(Some(BOOT), later).held, "let go of");
         file.record(t0, true);
-        // Held, but a record not to be trusted otherwise is not held: another boot (never
-        // heard), a boot the agent cannot tell, a clock gone back (heard at a time unknown).
+        // Held in a signed record is held however little else can be trusted (podha counted
+        // no silence when it was written, and counts none until the agent says armed): a boot
+        // the agent cannot tell, a clock gone back (heard at a time unknown). Another boot is
+        // never heard since, and not held.
         assert!(!read_in(Some("3f0c-boot-2"), later).held, "another boot");
         assert_eq!(read_in(Some("3f0c-boot-2"), later).last, LastHeard::Never);
-        assert!(!read_in(None, later).held, "own boot unknown");
+        assert_eq!(
+            read_in(None, later),
+            Record {
+                last: LastHeard::Unknown,
+                held: true
+            },
+            "own boot unknown"
+        );
+        assert!(file.says_held());
         let back = t0 - Duration::from_secs(60);
         assert_eq!(
             read_in(Some(BOOT), back),
             Record {
                 last: LastHeard::Unknown,
-                held: false
+                held: true
             },
-            "the clock went back"
+            "the clock went back: heard at a time unknown, and still held"
         );
         // An agent from before signed heartbeats wrote no hold, and one that did is still not
         // signed without its line.
         std::fs::write(&path, format!("boot={BOOT}\nheard=1800000000000\nheld\n")).expect("write");
         assert_eq!(read_in(Some(BOOT), later).last, LastHeard::Never);
         assert!(!read_in(Some(BOOT), later).held);
+        file.record(t0, false);
+        assert!(!file.says_held());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

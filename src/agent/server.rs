@@ -114,14 +114,15 @@ impl Hearing {
 
     /// An agent that goes on from a hearing file that says podha heard this node in this boot
     /// at a time it cannot know: taken as `heard_ago` before `now`, and answering no survey
-    /// until a probe says when.
-    pub fn resumed_unsure(now: Instant, heard_ago: Duration) -> Self {
+    /// until a probe says when; held (`held`) with the watchdog disarmed, if the file says so.
+    pub fn resumed_unsure(now: Instant, heard_ago: Duration, held: bool) -> Self {
         Self {
             last: Some(HeardAgo {
                 at: now,
                 ago: heard_ago,
             }),
             unsure: true,
+            held,
             ..Self::default()
         }
     }
@@ -496,7 +497,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_agent_unsure_when_it_was_heard_answers_no_survey_until_a_probe_says() {
         let long = Duration::from_secs(40);
-        let mut h = Hearing::resumed_unsure(Instant::now(), long);
+        let mut h = Hearing::resumed_unsure(Instant::now(), long, false);
         assert_eq!(h.heard_ago(Instant::now()), Some(long));
         assert_eq!(h.for_peers(Instant::now()), None);
         // A new leader's first probe says nothing of when: still unsure.

@@ -6,8 +6,9 @@
 //!
 //! The device follows the Linux watchdog API (`/dev/watchdog`, e.g. `softdog` or a hardware
 //! timer): opening arms it, any write pets it, and a write of `V` before closing disarms it
-//! ("magic close"). The agent disarms it only when it stops on purpose (SIGTERM); a crashed
-//! agent leaves it armed.
+//! ("magic close"). The agent disarms it when it stops on purpose (SIGTERM), and while podha
+//! cannot be counting its node's silence (see `super::arming`), arming it again
+//! ([`Watchdog::arm`]) when podha may; a crashed agent leaves it as it was.
 //!
 //! What the agent takes of the file at `--watchdog` ([`Watchdog::open`]):
 //! - **A character device** is asked, not trusted: its timeout is what the agent's pets, its
@@ -152,25 +153,56 @@ fn kind(path: &Path) -> Result<Kind, WatchdogError> {
     }
 }
 
-/// Opens the file at `path` for writing: a device is armed from then on.
-async fn open_file(path: &Path) -> Result<std::fs::File, WatchdogError> {
+/// What becomes of a file whose open completes after nobody waits for it any more (it ran out
+/// of time, or the agent stopped meanwhile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Abandoned {
+    /// Disarmed (`V`) and closed: a device that was not running, which this open armed.
+    Disarm,
+    /// Closed as it is: a device a crashed worker left running (its countdown goes on), or a
+    /// stand-in, which opening does not arm.
+    Close,
+}
+
+/// Opens the file at `path` for writing: a device is armed from then on. A file opened after
+/// nobody waits for it is left as `abandoned` says, never armed by a worker that stopped.
+async fn open_file(path: &Path, abandoned: Abandoned) -> Result<std::fs::File, WatchdogError> {
     let owned = path.to_path_buf();
-    let open =
-        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&owned));
-    tokio::time::timeout(OPEN_TIMEOUT, open)
-        .await
-        .map_err(|_| WatchdogError::OpenTimedOut {
-            path: path.to_path_buf(),
-            after: OPEN_TIMEOUT,
-        })?
-        .map_err(|source| WatchdogError::OpenTask {
-            path: path.to_path_buf(),
-            source,
-        })?
-        .map_err(|source| WatchdogError::Open {
-            path: path.to_path_buf(),
-            source,
-        })
+    let (opened, taken) = tokio::sync::oneshot::channel();
+    let task = tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new().write(true).open(&owned);
+        if let Err(Ok(mut late)) = opened.send(file)
+            && abandoned == Abandoned::Disarm
+        {
+            let _ = write(&mut late, b"V");
+        }
+    });
+    let open = match tokio::time::timeout(OPEN_TIMEOUT, taken).await {
+        Ok(Ok(open)) => open,
+        Ok(Err(_)) => {
+            return Err(match task.await {
+                Err(source) => WatchdogError::OpenTask {
+                    path: path.to_path_buf(),
+                    source,
+                },
+                // Sent before the task ends: not reached.
+                Ok(()) => WatchdogError::OpenTimedOut {
+                    path: path.to_path_buf(),
+                    after: OPEN_TIMEOUT,
+                },
+            });
+        }
+        Err(_) => {
+            return Err(WatchdogError::OpenTimedOut {
+                path: path.to_path_buf(),
+                after: OPEN_TIMEOUT,
+            });
+        }
+    };
+    open.map_err(|source| WatchdogError::Open {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// `--watchdog-timeout` in the whole seconds the watchdog API counts, rounded up (9.5s asks
@@ -304,7 +336,7 @@ impl Watchdog {
         };
         let number = match kind(path)? {
             Kind::StandIn if stand_in => {
-                let file = open_file(path).await?;
+                let file = open_file(path, Abandoned::Close).await?;
                 warn!(watchdog = %path.display(), timeout = ?requested, "watchdog armed: a stand-in (--watchdog-stand-in), not a device: its timeout is the one declared (--watchdog-timeout)");
                 let mut dog = Self::new(path, file, requested, opened_as);
                 dog.stand_in = true;
@@ -321,7 +353,12 @@ impl Watchdog {
         refuse_nowayout(device::nowayout(sys, number)).map_err(refused)?;
         // Unknown counts as running: nothing is set on it, and it is not disarmed.
         let running = device::active(sys, number).unwrap_or(true);
-        let file = open_file(path).await?;
+        let abandoned = if running {
+            Abandoned::Close
+        } else {
+            Abandoned::Disarm
+        };
+        let file = open_file(path, abandoned).await?;
         match take_timeout(&file, requested, &bounds, running) {
             Ok((timeout, support)) => {
                 let asked = whole_seconds(requested);
@@ -389,7 +426,8 @@ impl Watchdog {
         }
         self.device = again.device.take();
         self.failing = false;
-        Ok(())
+        // A stand-in is armed by its first write, not by the open.
+        self.pet()
     }
 
     /// The timeout the agent goes by: a device's, read back from it; a stand-in's, declared.
@@ -423,15 +461,22 @@ impl Watchdog {
     }
 
     /// Disarms the watchdog and closes it (the agent stops on purpose, or podha cannot be
-    /// counting this node's silence); [`Watchdog::arm`] arms it again.
-    pub fn disarm(&mut self) {
-        let Some(mut device) = self.device.take() else {
-            return;
+    /// counting this node's silence); [`Watchdog::arm`] arms it again. `false` when the
+    /// device did not take the `V`: it is still armed, kept open, and petted as before (closed
+    /// now, it would reset the node).
+    pub fn disarm(&mut self) -> bool {
+        let Some(device) = self.device.as_mut() else {
+            return true;
         };
-        match write(&mut device, b"V") {
-            Ok(()) => info!(watchdog = %self.path.display(), "watchdog disarmed"),
+        match write(device, b"V") {
+            Ok(()) => {
+                self.device = None;
+                info!(watchdog = %self.path.display(), "watchdog disarmed");
+                true
+            }
             Err(e) => {
-                error!(watchdog = %self.path.display(), error = %e, "cannot disarm the watchdog")
+                error!(watchdog = %self.path.display(), error = %e, "cannot disarm the watchdog: it stays armed");
+                false
             }
         }
     }

@@ -360,6 +360,21 @@ pub fn crash_agent(cluster: &Cluster, node: &str) -> anyhow::Result<i32> {
     Ok(pid)
 }
 
+/// Freezes the podha agent of real node `node` (SIGSTOP to its worker process: it answers
+/// nothing and pets nothing, and its supervisor, which sees no death, starts no other), or
+/// thaws it (SIGCONT). Returns the process ID.
+pub fn freeze_agent(cluster: &Cluster, node: &str, frozen: bool) -> anyhow::Result<i32> {
+    let pid = agent_worker(cluster, node)?
+        .with_context(|| format!("no podha agent worker runs on {node}"))?;
+    let sig = if frozen {
+        nix::sys::signal::Signal::SIGSTOP
+    } else {
+        nix::sys::signal::Signal::SIGCONT
+    };
+    signal(pid, sig, &format!("podha agent on {node}"))?;
+    Ok(pid)
+}
+
 /// Stops the podha agent of real node `node` as the kubelet does: SIGTERM to the container's
 /// main process, its worker's parent (the supervisor), which passes it on. The kubelet's
 /// SIGKILL after the grace period does not follow. Returns the process ID, as this host sees

@@ -291,9 +291,14 @@ async fn pets_are_writes_and_a_disarm_is_a_v() {
     dog.arm().await.expect("armed again");
     assert!(dog.is_armed());
     assert_eq!(dog.timeout(), declared);
+    assert_eq!(
+        std::fs::read_to_string(&device).expect("read"),
+        "\n",
+        "armed with a pet: a stand-in is armed by its first write"
+    );
     dog.pet().expect("pet");
-    dog.disarm();
-    assert_eq!(std::fs::read_to_string(&device).expect("read"), "\nV");
+    assert!(dog.disarm());
+    assert_eq!(std::fs::read_to_string(&device).expect("read"), "\n\nV");
     let err = Watchdog::open(&dir.join("missing"), s(10), BOUNDS, true)
         .await
         .err()

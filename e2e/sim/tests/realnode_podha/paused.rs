@@ -13,7 +13,8 @@ use fencing::{fences_since, has_out_of_service_taint};
 /// for its agent's isolation timeout, its watchdog's and more: podha holds the node, and told
 /// its agent so before the cut, so the agent disarms its watchdog and stays up; its agent
 /// crashes before the cut, and the one its supervisor starts goes on held from the hearing
-/// file: no fence, no reset, the same boot. (The isolated node of `frozen_and_cut_off_nodes`,
+/// file, its watchdog disarmed, and is frozen throughout the cut (a watchdog still armed would
+/// reset the node): no fence, no reset, the same boot. (The isolated node of `frozen_and_cut_off_nodes`,
 /// not paused, is fenced by the same fault.) Back and no longer paused, its agent arms its
 /// watchdog and counts its silence again.
 pub(super) async fn paused_node_cut_off(
@@ -34,21 +35,28 @@ pub(super) async fn paused_node_cut_off(
         },
     )
     .await?;
-    let resumed_before = said(ctx, node, RESUMED_HELD)?;
+    let (resumed_before, disarmed) = (said(ctx, node, RESUMED_HELD)?, said(ctx, node, DISARMED)?);
     let crashed = chart_install::crash_agent(ctx.cluster, node)?;
     wait_for(
-        &format!("{node}'s agent supervisor to replace its crashed agent (pid {crashed}) with one going on held"),
+        &format!("{node}'s agent supervisor to replace its crashed agent (pid {crashed}) with one going on held, its watchdog disarmed"),
         secs(10),
-        || async { Ok((said(ctx, node, RESUMED_HELD)? > resumed_before).then_some(())) },
+        || async {
+            let resumed = said(ctx, node, RESUMED_HELD)? > resumed_before;
+            Ok((resumed && said(ctx, node, DISARMED)? > disarmed).then_some(())) },
     )
     .await?;
+    // Frozen, the agent pets nothing: only a watchdog really disarmed leaves the node up.
     ctx.cluster.isolate_node(node, true)?;
+    let frozen = chart_install::freeze_agent(ctx.cluster, node, true)?;
     let cut_for = ISOLATION_TIMEOUT + WATCHDOG_TIMEOUT + secs(8);
     log(
         &ctx.ns,
-        format!("{node} paused and cut off from everything for {cut_for:?}"),
+        format!(
+            "{node} paused, cut off from everything and its agent (pid {frozen}) frozen for {cut_for:?}"
+        ),
     );
     tokio::time::sleep(cut_for).await;
+    chart_install::freeze_agent(ctx.cluster, node, false)?;
     ctx.cluster.isolate_node(node, false)?;
     let fences = fences_since(ctx, fences_before)?;
     ensure!(
