@@ -894,6 +894,7 @@ pub fn agent_advert(renewed_seen: tokio::time::Instant) -> AgentAdvert {
         heeds_term: false,
         peers_unreachable: None,
         renewal_observed: true,
+        resource_version: None,
     }
 }
 

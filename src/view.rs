@@ -84,6 +84,10 @@ pub struct AgentAdvert {
     /// Whether this process has seen the Lease renewed (not only found it, as a process that
     /// just started finds every Lease "renewed" when it first lists them).
     pub renewal_observed: bool,
+    /// The Lease's `resourceVersion` as last seen: a silence counted through its word of being
+    /// heard moves nothing until a read straight from the API server finds this same version
+    /// (see `Intent::TaintNode`'s `agent_lease_seen`).
+    pub resource_version: Option<String>,
 }
 
 impl View {

@@ -298,6 +298,7 @@ mod tests {
                     heeds_term: false,
                     peers_unreachable: None,
                     renewal_observed: false,
+                    resource_version: None,
                 },
             );
         }
@@ -312,6 +313,7 @@ mod tests {
                 heeds_term: false,
                 peers_unreachable: None,
                 renewal_observed: false,
+                resource_version: None,
             },
         );
         age_adverts(&mut view, now, wall);

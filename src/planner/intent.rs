@@ -13,6 +13,11 @@ pub enum Intent {
         node: String,
         policy: String,
         taint: NodeTaint,
+        /// When the proof is the node's agent's silence counted through its Lease's word of
+        /// being heard (a leadership term that never heard the agent): the Lease as podha saw
+        /// it. Read again right before the taint, from the API server, a Lease of another
+        /// version stops it (see [`AgentLeaseSeen`]).
+        agent_lease_seen: Option<AgentLeaseSeen>,
     },
     /// Set the pod's Ready condition to False (its node is dead, the readiness is stale), if it
     /// is still the object with this UID.
@@ -78,6 +83,26 @@ pub enum Intent {
         node: Option<String>,
         reason: HoldReason,
     },
+}
+
+/// The `resourceVersion` of a node's agent Lease as podha's view held it when it planned an
+/// action that rests on the Lease's word (`None`: the view held none). A leadership term that
+/// never heard an agent counts its silence only through that word, and only while it sees no
+/// renewal of the Lease in the term; a watch of the Leases that stalls or lags would show
+/// neither a renewal nor the word taken back (a hold), and the silence of an agent that runs
+/// would count. A read straight from the API server that finds this same version shows the
+/// view was whole when the action went out; any other (or none, or no Lease) stops the action
+/// until the view catches up and the planner decides again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentLeaseSeen {
+    pub resource_version: Option<String>,
+}
+
+impl AgentLeaseSeen {
+    /// Whether a Lease read now, of version `read` (`None`: no Lease), is the one seen.
+    pub fn matches(&self, read: Option<&str>) -> bool {
+        self.resource_version.is_some() && self.resource_version.as_deref() == read
+    }
 }
 
 /// Why an action is held.

@@ -51,7 +51,7 @@ use tokio::time::Instant;
 
 pub use eviction::TAINT_EVICTION_WAIT;
 pub use holds::{Heartbeat, Heartbeats};
-pub use intent::{HoldKind, HoldReason, Intent, taint_key};
+pub use intent::{AgentLeaseSeen, HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
 pub use taints::must_stay;
 
@@ -404,13 +404,14 @@ fn plan_fence(
             policy,
             rehearsal,
             np.protected.as_ref(),
+            taints::agent_lease_seen(check, node, failed.input.view),
         ));
     } else if let Some(upgrade) = taints::plan_upgrade(
         node_obj,
         policy,
         failed.input.view,
         np.protected.as_ref(),
-        check.proven(),
+        check,
     ) {
         // The policy changed to OutOfServiceTaint after podha fenced the node: the moved pods'
         // volumes need not wait out the attach/detach controller's 6 minutes any longer.

@@ -202,6 +202,35 @@ impl AgentEvidence<'_> {
     pub fn counted_silence(&self) -> Option<Duration> {
         self.silent_for.zip(self.quorum_for).map(|(s, q)| s.min(q))
     }
+
+    /// Whether the agent's silence is counted through its Lease's word of being heard: silent,
+    /// never answered in this term, heard in this boot as its Lease says (see
+    /// [`SilenceDoubt`]'s rule).
+    pub fn counted_through_lease_word(&self) -> bool {
+        self.silent_for.is_some()
+            && self.heard_before_silence.is_none()
+            && self.heard_in_boot_earlier
+    }
+}
+
+/// Whether `proof`, what [`proven`] found for `fencing`, rests on the agent's silence counted
+/// through its Lease's word (see [`AgentEvidence::counted_through_lease_word`]): there is a
+/// proof, and without that silence there would be none (under `anyOf`, no other proof is in;
+/// under `allOf`, the `Agent` member is proven by the silence).
+pub fn rests_on_lease_word(
+    fencing: &Fencing,
+    node: &Node,
+    agent: AgentEvidence<'_>,
+    powered_off: bool,
+    proof: Option<FenceEvidence>,
+) -> bool {
+    let without_silence = AgentEvidence {
+        silent_for: None,
+        ..agent
+    };
+    proof.is_some()
+        && agent.counted_through_lease_word()
+        && proven(fencing, node, without_silence, powered_off).is_none()
 }
 
 /// Whether a silent agent's silence may count when `heard` of the `expected` other agents

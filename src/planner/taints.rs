@@ -22,10 +22,12 @@ use tokio::time::Instant;
 
 use super::proof::{
     Acknowledgement, BMC_OFF_READS_APART, FenceEvidence, SilenceDoubt, agent_evidence, bmc_off,
-    bmc_off_read_twice, proven, proven_without_the_node, system_uuid_shared_with,
+    bmc_off_read_twice, proven, proven_without_the_node, rests_on_lease_word,
+    system_uuid_shared_with,
 };
 use super::{
-    HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard, node_usable,
+    AgentLeaseSeen, HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard,
+    node_usable,
 };
 use crate::api::{Action, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::contract::agent_addr;
@@ -124,6 +126,10 @@ pub(super) struct FenceCheck {
     /// The node renewed its Lease this many times after its fence acknowledgement, in the
     /// same boot: the fence did not take (see `proof::ACK_CONTRADICTED_BY`).
     pub contradicted: Option<u32>,
+    /// The proof rests on the agent's silence counted through its Lease's word
+    /// (`proof::rests_on_lease_word`): the taint goes out only with the Lease as podha saw it
+    /// ([`agent_lease_seen`]).
+    pub rests_on_lease_word: bool,
 }
 
 impl FenceCheck {
@@ -175,7 +181,23 @@ pub(super) fn fence_check(
         proof,
         doubt,
         contradicted,
+        rests_on_lease_word: rests_on_lease_word(fencing, node, agent, powered_off, proof),
     }
+}
+
+/// What a taint that `check` allows must find of the node's agent Lease when it goes out, if
+/// anything: the version podha's view holds, when the proof rests on the Lease's word.
+pub(super) fn agent_lease_seen(
+    check: FenceCheck,
+    node: &str,
+    view: &View,
+) -> Option<AgentLeaseSeen> {
+    check.rests_on_lease_word.then(|| AgentLeaseSeen {
+        resource_version: view
+            .agent_adverts
+            .get(node)
+            .and_then(|advert| advert.resource_version.clone()),
+    })
 }
 
 /// Whether the node's BMC proves the machine off, as podha has heard the node since
@@ -354,6 +376,7 @@ pub(super) fn plan_taint(
     node_policy: PolicyRef<'_>,
     dry_run: bool,
     protected: Option<&Protected>,
+    agent_lease_seen: Option<AgentLeaseSeen>,
 ) -> Vec<Intent> {
     let wanted = NodeTaint::for_action(node_policy.spec.action);
     let mut out = Vec::new();
@@ -375,6 +398,7 @@ pub(super) fn plan_taint(
         node: node_name.to_string(),
         policy: node_policy.name.to_string(),
         taint,
+        agent_lease_seen,
     };
     out.push(dry_run_guard(node_policy, node_name, intent, dry_run));
     out
@@ -390,7 +414,7 @@ pub(super) fn plan_upgrade(
     node_policy: PolicyRef<'_>,
     view: &View,
     protected: Option<&Protected>,
-    proven: bool,
+    check: FenceCheck,
 ) -> Option<Intent> {
     let name = node.metadata.name.as_deref()?;
     let fenced_by_podha =
@@ -417,13 +441,14 @@ pub(super) fn plan_upgrade(
             pod: p.pod.clone(),
             why: p.why,
         }),
-        None if !proven => hold(HoldReason::UpgradeAwaitsProof {
+        None if !check.proven() => hold(HoldReason::UpgradeAwaitsProof {
             proof: node_policy.spec.fencing.proofs(),
         }),
         None => Intent::TaintNode {
             node: name.to_string(),
             policy: node_policy.name.to_string(),
             taint: NodeTaint::OutOfService,
+            agent_lease_seen: agent_lease_seen(check, name, view),
         },
     })
 }

@@ -4,6 +4,7 @@
 //! before every request, not once per action: an action may take several requests (a taint
 //! retried on conflict reads and writes again), and leadership may be lost between them.
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
@@ -11,9 +12,9 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
-use crate::contract::{FENCE_REQUEST_ANNOTATION, fence_request};
+use crate::contract::{FENCE_REQUEST_ANNOTATION, agent_lease_name, fence_request};
 use crate::leader::Leadership;
-use crate::planner::Intent;
+use crate::planner::{AgentLeaseSeen, Intent};
 use crate::redfish::ResetType;
 use crate::view::ObjectKey;
 
@@ -50,6 +51,15 @@ pub enum ActError {
     NotAnAction,
     #[error("not the leader any more")]
     NotLeader,
+    #[error(
+        "the agent Lease of node {node} is no longer the one podha's view holds (version \
+         {seen:?}, now {read:?}): the silence counted through its word waits for the view"
+    )]
+    AgentLeaseChanged {
+        node: String,
+        seen: Option<String>,
+        read: Option<String>,
+    },
     #[error(transparent)]
     Power(#[from] PowerError),
 }
@@ -80,6 +90,7 @@ impl ActError {
             Self::NotAnAction => "not_an_action",
             Self::NotLeader => "not_leader",
             Self::Power(_) => "bmc",
+            Self::AgentLeaseChanged { .. } => "agent_lease_changed",
         }
     }
 
@@ -104,6 +115,8 @@ impl ActError {
         match self {
             Self::Api(error) => api_retry(error),
             Self::Conflict(_) | Self::TimedOut(_) | Self::NotLeader => RetryPolicy::Retry,
+            // The watch catches up, and the planner decides again on what it shows.
+            Self::AgentLeaseChanged { .. } => RetryPolicy::Retry,
             Self::Power(PowerError::NotOff { .. }) => RetryPolicy::Poll,
             Self::Power(error) if error.is_transient() => RetryPolicy::Retry,
             Self::Power(_) => RetryPolicy::GiveUp,
@@ -138,6 +151,8 @@ pub struct Actuator {
     client: Client,
     leadership: Leadership,
     power: Power,
+    /// The agent Leases, in podha's namespace.
+    agent_leases: Api<Lease>,
 }
 
 impl Actuator {
@@ -146,8 +161,31 @@ impl Actuator {
     pub fn new(client: Client, leadership: Leadership, namespace: &str) -> Self {
         Self {
             power: Power::new(client.clone(), namespace),
+            agent_leases: Api::namespaced(client.clone(), namespace),
             client,
             leadership,
+        }
+    }
+
+    /// Whether node `node`'s agent Lease, read now from the API server (a quorum read), is the
+    /// one podha's view held when it planned an action resting on its word (see
+    /// [`AgentLeaseSeen`]).
+    async fn agent_lease_unchanged(
+        &self,
+        node: &str,
+        seen: &AgentLeaseSeen,
+    ) -> Result<(), ActError> {
+        self.ensure_leading()?;
+        let lease = self.agent_leases.get_opt(&agent_lease_name(node)).await?;
+        let read = lease.and_then(|l| l.metadata.resource_version);
+        if seen.matches(read.as_deref()) {
+            Ok(())
+        } else {
+            Err(ActError::AgentLeaseChanged {
+                node: node.to_string(),
+                seen: seen.resource_version.clone(),
+                read,
+            })
         }
     }
 
@@ -181,7 +219,13 @@ impl Actuator {
                 node,
                 policy,
                 taint,
-            } => self.taint(node, policy, *taint, seen).await,
+                agent_lease_seen,
+            } => {
+                if let Some(lease) = agent_lease_seen {
+                    self.agent_lease_unchanged(node, lease).await?;
+                }
+                self.taint(node, policy, *taint, seen).await
+            }
             Intent::RemoveTaint { node } => self.untaint(node, seen).await,
             Intent::RequestFence { node, policy } => self.request_fence(node, policy, seen).await,
             Intent::WithdrawFenceRequest { node } => {
@@ -525,6 +569,98 @@ mod tests {
         );
     }
 
+    /// An API server that serves node `n`'s agent Lease at version `version` (`None`: no such
+    /// Lease) and answers nothing else; the requests it got.
+    fn serving_agent_lease(
+        version: Option<&'static str>,
+    ) -> (Actuator, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let line = format!("{} {}", req.method(), req.uri().path());
+            log.lock().expect("lock").push(line.clone());
+            let lease = line
+                == "GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases/podha-agent-n";
+            let (status, body) = match version {
+                Some(v) if lease => (
+                    200,
+                    format!(
+                        r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"podha-agent-n","namespace":"podha-system","resourceVersion":"{v}"}}}}"#
+                    ),
+                ),
+                _ => (
+                    404,
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string(),
+                ),
+            };
+            async move {
+                http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.into_bytes()))
+            }
+        });
+        let (claim, leadership) = crate::leader::channel();
+        claim.send_replace(Some(crate::leader::Claim::until(
+            Instant::now() + std::time::Duration::from_secs(3600),
+        )));
+        let client = Client::new(service, "default");
+        (Actuator::new(client, leadership, "podha-system"), seen)
+    }
+
+    /// A taint resting on the agent Lease's word goes out only while a read from the API
+    /// server finds the Lease podha's view held: another version, no Lease, or no version seen
+    /// stop it before anything is written, and it is retried.
+    #[tokio::test]
+    async fn a_taint_on_the_agent_leases_word_waits_for_a_view_the_api_server_confirms() {
+        let taint = |seen: Option<&str>| Intent::TaintNode {
+            node: "n".into(),
+            policy: "p".into(),
+            taint: NodeTaint::OutOfService,
+            agent_lease_seen: Some(AgentLeaseSeen {
+                resource_version: seen.map(str::to_string),
+            }),
+        };
+        let stopped = [
+            (Some("8"), Some("7"), "renewed since the view"),
+            (None, Some("7"), "no Lease now"),
+            (Some("7"), None, "no version seen"),
+        ];
+        for (serving, seen, what) in stopped {
+            let (actuator, requests) = serving_agent_lease(serving);
+            let result = actuator.execute(&taint(seen), None).await;
+            let Err(error) = result else {
+                panic!("{what}: {result:?}");
+            };
+            assert!(
+                matches!(&error, ActError::AgentLeaseChanged { node, .. } if node == "n"),
+                "{what}: {error}"
+            );
+            assert_eq!(error.retry(), RetryPolicy::Retry, "{what}");
+            assert_eq!(error.metric_label(), "agent_lease_changed");
+            let requests = requests.lock().expect("lock").clone();
+            assert_eq!(
+                requests,
+                ["GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases/podha-agent-n"],
+                "{what}: nothing written"
+            );
+        }
+        // The same version: the taint goes on to the node (which this API server lacks).
+        let (actuator, requests) = serving_agent_lease(Some("7"));
+        let result = actuator.execute(&taint(Some("7")), None).await;
+        assert!(
+            !matches!(result, Err(ActError::AgentLeaseChanged { .. })),
+            "{result:?}"
+        );
+        let requests = requests.lock().expect("lock").clone();
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.starts_with("GET /api/v1/nodes/n")),
+            "{requests:?}"
+        );
+    }
+
     /// A claim past its expiry that the election has not withdrawn yet: every kind of action
     /// is refused before its first request.
     #[tokio::test(start_paused = true)]
@@ -561,6 +697,15 @@ mod tests {
                 node: "n".into(),
                 policy: "p".into(),
                 taint: NodeTaint::OutOfService,
+                agent_lease_seen: None,
+            },
+            Intent::TaintNode {
+                node: "n".into(),
+                policy: "p".into(),
+                taint: NodeTaint::OutOfService,
+                agent_lease_seen: Some(AgentLeaseSeen {
+                    resource_version: Some("7".into()),
+                }),
             },
             Intent::RemoveTaint { node: "n".into() },
             Intent::RequestFence {

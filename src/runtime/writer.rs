@@ -584,6 +584,7 @@ mod tests {
             node: "node-1".into(),
             policy: "p".into(),
             taint: crate::api::NodeTaint::OutOfService,
+            agent_lease_seen: None,
         };
         tx.act(taint, Some(Arc::new(node))).await;
         let result = results.recv().await.expect("the action's result");

@@ -399,6 +399,129 @@ fn an_agent_silent_past_its_timeout_and_the_margin_has_fenced_its_node() {
     );
 }
 
+/// The versions of the agent Lease each taint of `plan` must find again, if it rests on it.
+fn leases_seen(plan: &Plan) -> Vec<Option<AgentLeaseSeen>> {
+    plan.intents
+        .iter()
+        .filter_map(|i| match i {
+            Intent::TaintNode {
+                agent_lease_seen, ..
+            } => Some(agent_lease_seen.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `node-1` dead under `spec`, its agent silent for 40 s, never heard by this leadership term
+/// (`this_term_heard` false) while its Lease, at version 41, says podha heard it in this boot;
+/// with `shut`, the cloud reports the instance shut down too.
+fn silent_under(spec: PodHAPolicySpec, this_term_heard: bool, shut: bool) -> World {
+    let mut view = with_agents(cluster(3));
+    let booted = (*view.nodes["node-1"]).clone().boot("boot-2");
+    view.nodes.insert("node-1".into(), booted.into());
+    if shut {
+        view = shut_down(view, "node-1");
+    }
+    let mut world = World::new(view).policy("p", spec).fail("node-1");
+    world.ledger.record_fence_request("node-1", "p/1");
+    agent_silent(&mut world, "node-1", 40, |n| {
+        this_term_heard || n != "node-1"
+    });
+    let advert = world.view.agent_adverts.get_mut("node-1").expect("advert");
+    advert.heard_in_boot = Some("boot-2".into());
+    advert.resource_version = Some("41".into());
+    world
+}
+
+/// A leadership term that never heard the node's agent counts its silence through the Lease's
+/// word that an earlier term heard it in this boot: the taint then carries the version of the
+/// Lease podha's view holds, which the actuator must read again before it taints (also under
+/// `allOf`, where the silence is one of the proofs). A silence this term heard begin rests on
+/// no Lease, nor does a taint another proof lets on too under `anyOf`.
+#[test]
+fn a_silence_counted_through_the_agent_leases_word_taints_only_with_the_lease_as_seen() {
+    let seen = Some(AgentLeaseSeen {
+        resource_version: Some("41".into()),
+    });
+    let both = |all| {
+        let mut spec = mk_spec();
+        let proofs = vec![FencingProof::CloudShutdownTaint, FencingProof::Agent];
+        spec.fencing = if all {
+            Fencing {
+                proof: FencingProof::AllOf,
+                all_of: Some(proofs),
+                ..Fencing::default()
+            }
+        } else {
+            Fencing {
+                proof: FencingProof::AnyOf,
+                any_of: Some(proofs),
+                ..Fencing::default()
+            }
+        };
+        spec
+    };
+    let cases = [
+        (
+            "the agent's silence",
+            needs_agent(mk_spec()),
+            false,
+            false,
+            seen.clone(),
+        ),
+        (
+            "heard by this term",
+            needs_agent(mk_spec()),
+            true,
+            false,
+            None,
+        ),
+        (
+            "allOf, the silence one of them",
+            both(true),
+            false,
+            true,
+            seen.clone(),
+        ),
+        (
+            "anyOf, the cloud's proof in too",
+            both(false),
+            false,
+            true,
+            None,
+        ),
+        (
+            "anyOf, the silence alone",
+            both(false),
+            false,
+            false,
+            seen.clone(),
+        ),
+    ];
+    for (what, spec, heard, shut, expected) in cases {
+        let plan = silent_under(spec, heard, shut).plan();
+        assert_eq!(
+            intent_names(&plan),
+            ["taint node-1 node.kubernetes.io/out-of-service"],
+            "{what}"
+        );
+        assert_eq!(leases_seen(&plan), [expected], "{what}");
+    }
+    // A view that holds no version: one no read matches.
+    let mut world = silent_under(needs_agent(mk_spec()), false, false);
+    world
+        .view
+        .agent_adverts
+        .get_mut("node-1")
+        .expect("advert")
+        .resource_version = None;
+    let unversioned = AgentLeaseSeen {
+        resource_version: None,
+    };
+    assert_eq!(leases_seen(&world.plan()), [Some(unversioned.clone())]);
+    assert!(!unversioned.matches(None) && !unversioned.matches(Some("41")));
+}
+
 #[test]
 fn a_node_without_an_agent_is_never_asked_and_never_proven_by_the_agent() {
     let mut world = World::new(cluster(3))

@@ -203,7 +203,8 @@ fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
         vec![Intent::TaintNode {
             node: "node-1".into(),
             policy: "p".into(),
-            taint: NodeTaint::Fence
+            taint: NodeTaint::Fence,
+            agent_lease_seen: None,
         }]
     );
     assert!(plan.skips.is_empty(), "{:?}", plan.skips);
@@ -347,7 +348,8 @@ fn pods_move_only_once_the_out_of_service_taint_is_on() {
         [Intent::TaintNode {
             node: "node-1".into(),
             policy: "p".into(),
-            taint: NodeTaint::OutOfService
+            taint: NodeTaint::OutOfService,
+            agent_lease_seen: None,
         }],
         "the writer runs actions concurrently: no delete may race the taint"
     );

@@ -51,6 +51,7 @@ impl Actor {
                 node,
                 policy,
                 taint,
+                ..
             } => self.record_taint(node, policy, *taint, outcome == Outcome::Applied, now),
             Intent::RemoveTaint { node } => {
                 if outcome == Outcome::Applied {

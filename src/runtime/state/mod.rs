@@ -77,6 +77,7 @@ fn seen_agent_lease(
         heeds_term,
         peers_unreachable,
         renewal_observed,
+        resource_version: lease.metadata.resource_version.clone(),
     };
     Some((node.to_string(), advert))
 }

@@ -249,6 +249,7 @@ async fn each_action_is_sent_once_and_each_skip_counted_once() {
             node: node.into(),
             policy: "p".into(),
             taint: NodeTaint::OutOfService,
+            agent_lease_seen: None,
         };
         let result = Ok(Outcome::Applied);
         h.actor
@@ -349,6 +350,7 @@ async fn ready_pods_are_marked_before_the_taint_then_deleted_in_the_marked_versi
         node: "node-1".into(),
         policy: "p".into(),
         taint: NodeTaint::OutOfService,
+        agent_lease_seen: None,
     };
     h.actor.on_result(
         ActResult {
@@ -432,6 +434,7 @@ fn taint_of(node: &str) -> Intent {
         node: node.into(),
         policy: "p".into(),
         taint: NodeTaint::OutOfService,
+        agent_lease_seen: None,
     }
 }
 
@@ -524,6 +527,7 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
         node: "node-1".into(),
         policy: "p".into(),
         taint: NodeTaint::Fence,
+        agent_lease_seen: None,
     };
     assert_eq!(h.writes.queued_intents(), std::slice::from_ref(&fence));
     h.applied(fence);
