@@ -6,7 +6,7 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -167,17 +167,25 @@ impl Actuator {
         }
     }
 
-    /// Whether node `node`'s agent Lease, read now from the API server (a quorum read), is the
-    /// one podha's view held when it planned an action resting on its word (see
-    /// [`AgentLeaseSeen`]).
+    /// Whether node `node`'s agent Lease, read now from the API server, is the one podha's view
+    /// held when it planned an action resting on its word (see [`AgentLeaseSeen`]). Read by a
+    /// list of that one name with no `resourceVersion`: a consistent read (as current as etcd),
+    /// with the list and watch podha's role already has on the agent Leases (a `get` of them it
+    /// does not have).
     async fn agent_lease_unchanged(
         &self,
         node: &str,
         seen: &AgentLeaseSeen,
     ) -> Result<(), ActError> {
         self.ensure_leading()?;
-        let lease = self.agent_leases.get_opt(&agent_lease_name(node)).await?;
-        let read = lease.and_then(|l| l.metadata.resource_version);
+        let name = agent_lease_name(node);
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        let leases = self.agent_leases.list(&params).await?;
+        let read = leases
+            .items
+            .into_iter()
+            .find(|l| l.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|l| l.metadata.resource_version);
         if seen.matches(read.as_deref()) {
             Ok(())
         } else {
@@ -569,26 +577,34 @@ mod tests {
         );
     }
 
+    /// The read of node `n`'s agent Lease in `podha-system`: a list of that one name, with no
+    /// `resourceVersion` (a consistent read).
+    const LEASE_READ: &str = "GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases?&fieldSelector=metadata.name%3Dpodha-agent-n";
+
     /// An API server that serves node `n`'s agent Lease at version `version` (`None`: no such
-    /// Lease) and answers nothing else; the requests it got.
+    /// Lease) to [`LEASE_READ`] and answers nothing else; the requests it got.
     fn serving_agent_lease(
         version: Option<&'static str>,
     ) -> (Actuator, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = seen.clone();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let line = format!("{} {}", req.method(), req.uri().path());
+            let line = format!("{} {}", req.method(), req.uri());
             log.lock().expect("lock").push(line.clone());
-            let lease = line
-                == "GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases/podha-agent-n";
-            let (status, body) = match version {
-                Some(v) if lease => (
+            let items = match version {
+                Some(v) => format!(
+                    r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"podha-agent-n","namespace":"podha-system","resourceVersion":"{v}"}}}}"#
+                ),
+                None => String::new(),
+            };
+            let (status, body) = match () {
+                () if line == LEASE_READ => (
                     200,
                     format!(
-                        r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"podha-agent-n","namespace":"podha-system","resourceVersion":"{v}"}}}}"#
+                        r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"LeaseList","metadata":{{"resourceVersion":"99"}},"items":[{items}]}}"#
                     ),
                 ),
-                _ => (
+                () => (
                     404,
                     r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string(),
                 ),
@@ -639,11 +655,7 @@ mod tests {
             assert_eq!(error.retry(), RetryPolicy::Retry, "{what}");
             assert_eq!(error.metric_label(), "agent_lease_changed");
             let requests = requests.lock().expect("lock").clone();
-            assert_eq!(
-                requests,
-                ["GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases/podha-agent-n"],
-                "{what}: nothing written"
-            );
+            assert_eq!(requests, [LEASE_READ], "{what}: nothing written");
         }
         // The same version: the taint goes on to the node (which this API server lacks).
         let (actuator, requests) = serving_agent_lease(Some("7"));
