@@ -282,7 +282,14 @@ fn plan_incident<'p>(
         out.intents.push(hold);
         return;
     }
-    let tainted = taints::tainted_for(incident, node_obj, check.proven());
+    // A taint found on the node counts with the proof, but not with one resting on the agent
+    // Lease's word: the taint is planned again, and goes out (or is found done) only after the
+    // Lease is read (see `Intent::TaintNode`).
+    let tainted = taints::tainted_for(
+        incident,
+        node_obj,
+        check.proven() && !check.rests_on_lease_word,
+    );
     if !plan_fence(&failed, &np, tainted, check, out) {
         return;
     }

@@ -229,15 +229,21 @@ impl Actuator {
                 taint,
                 agent_lease_seen,
             } => {
-                if let Some(lease) = agent_lease_seen {
-                    self.agent_lease_unchanged(node, lease).await?;
-                }
-                self.taint(node, policy, *taint, seen).await
+                // After the read, one write: a conflict is sent again by the writer, read anew.
+                let tries = match agent_lease_seen {
+                    Some(lease) => {
+                        self.agent_lease_unchanged(node, lease).await?;
+                        1
+                    }
+                    None => CONFLICT_RETRIES,
+                };
+                self.taint(node, policy, *taint, seen, tries).await
             }
             Intent::RemoveTaint { node } => self.untaint(node, seen).await,
             Intent::RequestFence { node, policy } => self.request_fence(node, policy, seen).await,
             Intent::WithdrawFenceRequest { node } => {
-                self.patch_node(node, seen, withdrawal_patch).await
+                self.patch_node(node, seen, CONFLICT_RETRIES, withdrawal_patch)
+                    .await
             }
             Intent::PowerOff {
                 node,
@@ -359,8 +365,9 @@ impl Actuator {
         policy: &str,
         kind: NodeTaint,
         seen: Option<&Node>,
+        tries: usize,
     ) -> Result<Outcome, ActError> {
-        self.patch_node(node, seen, |current| {
+        self.patch_node(node, seen, tries, |current| {
             (!kind.on(current)).then(|| (taint_patch(current, policy, kind), Outcome::Applied))
         })
         .await
@@ -380,7 +387,7 @@ impl Actuator {
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        self.patch_node(node, seen, |current| {
+        self.patch_node(node, seen, CONFLICT_RETRIES, |current| {
             Some(request_patch(current, policy, millis))
         })
         .await
@@ -388,26 +395,28 @@ impl Actuator {
 
     /// Removes podha's taints (out-of-service, fence) and the marker (see [`untaint_patch`]).
     pub async fn untaint(&self, node: &str, seen: Option<&Node>) -> Result<Outcome, ActError> {
-        self.patch_node(node, seen, untaint_patch).await
+        self.patch_node(node, seen, CONFLICT_RETRIES, untaint_patch)
+            .await
     }
 
     /// Changes `node` with one merge patch that `change` builds on a version of it and guards
     /// with that version's resourceVersion (a merge patch replaces the taint list whole; the
     /// precondition makes that exact). The first try builds on `seen`, the node as the decision
     /// loop last saw it, so the usual case is one request; a conflict reads the node and tries
-    /// again. `change` gives the patch and the outcome it stands for, or `None` when there is
-    /// nothing to do.
+    /// again, `tries` writes in all. `change` gives the patch and the outcome it stands for, or
+    /// `None` when there is nothing to do.
     async fn patch_node(
         &self,
         node: &str,
         seen: Option<&Node>,
+        tries: usize,
         change: impl Fn(&Node) -> Option<(serde_json::Value, Outcome)>,
     ) -> Result<Outcome, ActError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let mut base = seen
             .filter(|n| n.metadata.resource_version.is_some())
             .cloned();
-        for _ in 0..CONFLICT_RETRIES {
+        for _ in 0..tries {
             let current = match base.take() {
                 Some(seen) => seen,
                 None => {
@@ -582,7 +591,8 @@ mod tests {
     const LEASE_READ: &str = "GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases?&fieldSelector=metadata.name%3Dpodha-agent-n";
 
     /// An API server that serves node `n`'s agent Lease at version `version` (`None`: no such
-    /// Lease) to [`LEASE_READ`] and answers nothing else; the requests it got.
+    /// Lease) to [`LEASE_READ`] and node `n` (in version 5) to a read, answers every patch of
+    /// it with a conflict (409) and anything else with 404; the requests it got.
     fn serving_agent_lease(
         version: Option<&'static str>,
     ) -> (Actuator, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
@@ -603,6 +613,16 @@ mod tests {
                     format!(
                         r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"LeaseList","metadata":{{"resourceVersion":"99"}},"items":[{items}]}}"#
                     ),
+                ),
+                () if line == "GET /api/v1/nodes/n" => (
+                    200,
+                    r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","resourceVersion":"5"}}"#
+                        .to_string(),
+                ),
+                () if line.starts_with("PATCH /api/v1/nodes/n") => (
+                    409,
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#
+                        .to_string(),
                 ),
                 () => (
                     404,
@@ -657,18 +677,16 @@ mod tests {
             let requests = requests.lock().expect("lock").clone();
             assert_eq!(requests, [LEASE_READ], "{what}: nothing written");
         }
-        // The same version: the taint goes on to the node (which this API server lacks).
+        // The same version: the taint goes on to the node, one write only (a conflict after
+        // the read is the writer's to send again, with a new read).
         let (actuator, requests) = serving_agent_lease(Some("7"));
         let result = actuator.execute(&taint(Some("7")), None).await;
-        assert!(
-            !matches!(result, Err(ActError::AgentLeaseChanged { .. })),
-            "{result:?}"
-        );
+        assert!(matches!(result, Err(ActError::Conflict(_))), "{result:?}");
         let requests = requests.lock().expect("lock").clone();
-        assert!(
-            requests
-                .iter()
-                .any(|r| r.starts_with("GET /api/v1/nodes/n")),
+        let patches = requests.iter().filter(|r| r.starts_with("PATCH")).count();
+        assert_eq!(
+            (requests.first().map(String::as_str), patches),
+            (Some(LEASE_READ), 1),
             "{requests:?}"
         );
     }

@@ -522,6 +522,49 @@ fn a_silence_counted_through_the_agent_leases_word_taints_only_with_the_lease_as
     assert!(!unversioned.matches(None) && !unversioned.matches(Some("41")));
 }
 
+/// A taint found on the node (an earlier process's, or a failure's before) lets no pod go on a
+/// silence counted through the agent Lease's word: the taint is planned again, with the Lease
+/// as seen, and only once it is recorded (landed, or found done after the read) do the deletes
+/// follow. The same silence heard by this term lets them go at once.
+#[test]
+fn a_taint_found_on_the_node_lets_no_pod_go_on_the_lease_word_unread() {
+    for (heard, deleting) in [(false, false), (false, true), (true, false), (true, true)] {
+        let spec = if deleting {
+            needs_agent(delete_pods())
+        } else {
+            needs_agent(mk_spec())
+        };
+        let taint = if deleting {
+            NodeTaint::Fence
+        } else {
+            NodeTaint::OutOfService
+        };
+        let mut world = silent_under(spec, heard, false);
+        let found =
+            (*world.view.nodes["node-1"])
+                .clone()
+                .taint(taint.key(), taint.value(), taint.effect());
+        world.view.nodes.insert("node-1".into(), found.into());
+        let plan = world.plan();
+        let what = format!("heard by this term: {heard}, DeletePods: {deleting}");
+        if heard {
+            assert_eq!(deletes(&plan), ["ns/db-0"], "{what}: {:?}", plan.intents);
+            continue;
+        }
+        assert!(deletes(&plan).is_empty(), "{what}: {:?}", plan.intents);
+        assert_eq!(taints(&plan), [("node-1".to_string(), taint)], "{what}");
+        assert_eq!(
+            leases_seen(&plan),
+            [Some(AgentLeaseSeen {
+                resource_version: Some("41".into())
+            })],
+            "{what}"
+        );
+        world.taint_landed("node-1");
+        assert_eq!(deletes(&world.plan()), ["ns/db-0"], "{what}: recorded");
+    }
+}
+
 #[test]
 fn a_node_without_an_agent_is_never_asked_and_never_proven_by_the_agent() {
     let mut world = World::new(cluster(3))
