@@ -262,20 +262,10 @@ mod tests {
     /// not taken for disarmed, the file does not say held.
     #[tokio::test]
     async fn a_disarm_that_did_not_take_keeps_the_watchdog_armed() {
-        use std::os::unix::fs::OpenOptionsExt as _;
         let dir = std::env::temp_dir().join(format!("podha-arming-v-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fifo = dir.join("watchdog");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo");
-        assert!(made.success());
-        let bmc = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(&fifo)
-            .expect("reader");
+        let bmc = crate::test_builders::fifo_with_reader(&fifo);
         let mut dog = Watchdog::open(&fifo, Duration::from_secs(10), BOUNDS, true)
             .await
             .expect("open");

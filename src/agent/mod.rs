@@ -533,7 +533,6 @@ async fn leave(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::OpenOptionsExt as _;
 
     fn agent_args(flags: &[&str]) -> AgentArgs {
         #[derive(clap::Parser)]
@@ -591,18 +590,8 @@ mod tests {
     #[tokio::test]
     async fn a_stand_in_whose_bmc_is_gone_stops_the_agent_at_its_next_pet() {
         let fifo = std::env::temp_dir().join(format!("podha-stand-in-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_file(&fifo);
-        let made = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo");
-        assert!(made.success());
         // The BMC: the FIFO's reader.
-        let bmc = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(&fifo)
-            .expect("reader");
+        let bmc = crate::test_builders::fifo_with_reader(&fifo);
         let stand_in = format!("--watchdog={}", fifo.display());
         let args = agent_args(&[&stand_in, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
         let own: Kernel = Ok(());
