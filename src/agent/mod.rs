@@ -511,8 +511,9 @@ async fn leave(
     // Stopped on purpose and withdrawn: the watchdog would otherwise reset the node. A part
     // that failed leaves it as it is (armed, as a killed agent does, or disarmed on a node
     // podha holds): the supervisor starts a worker at once, which goes on by the rules (the
-    // node's advert, and podha's proof, stand meanwhile). The kernel's verdict became known: the next agent starts by it, and this one,
-    // which had no device (at most a stand-in), leaves nothing armed.
+    // node's advert, and podha's proof, stand meanwhile). The kernel's verdict became known:
+    // the next agent starts by it, and this one, which had no device (at most a stand-in),
+    // leaves nothing armed.
     let kernel_changed = matches!(result, Err(AgentError::KernelVerdictChanged(_)));
     if (withdrawn || kernel_changed)
         && let Ok(mut watchdog) = watchdog
