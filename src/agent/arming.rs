@@ -70,26 +70,16 @@ pub async fn follow(
     let armed = match watchdog {
         Some(watchdog) => {
             match step(watchdog.is_armed(), counts) {
-                // Not while the file says held: it is written first, and a file that could not
-                // be written (said once) keeps the watchdog disarmed and the node held.
+                // Only once the file says this boot's hearing, not held: a file that cannot be
+                // written (said once) keeps the watchdog disarmed and the node held, as a
+                // restarted agent would go on from an older record, or none.
                 Step::Arm => {
-                    if let Some(at) = heard_at {
-                        file.record(at, false);
-                    }
-                    if !file.says_held() {
+                    if heard_at.is_some_and(|at| file.record(at, false)) {
                         watchdog.arm().await?;
                         info!("watchdog armed: podha hears this node and may count its silence");
                     }
                 }
-                // A device that did not take the `V` stays armed and petted (said by it).
-                Step::Disarm => {
-                    if watchdog.disarm() {
-                        info!(
-                            "watchdog disarmed: podha holds this node, or has not heard it since \
-                             it booted, and counts none of its silence"
-                        );
-                    }
-                }
+                Step::Disarm => disarm(watchdog, hearing),
                 Step::Keep => {}
             }
             lock(hearing).watchdog_armed(watchdog.is_armed());
@@ -106,6 +96,29 @@ pub async fn follow(
         file.record(at, held);
     }
     Ok(())
+}
+
+/// Disarms `watchdog` unless podha let go of the node since the look that asked for it. The
+/// agent takes the node as held before the `V` (its answers say so from then on), under the
+/// same lock as that second look: an answer that says not held, which lets podha count the
+/// silence, never comes from an agent about to disarm. A device that did not take the `V`
+/// stays armed and petted (said by it), and the node is no longer held for it.
+fn disarm(watchdog: &mut Watchdog, hearing: &SharedHearing) {
+    {
+        let mut h = lock(hearing);
+        if h.counts_silence() {
+            return;
+        }
+        h.watchdog_armed(false);
+    }
+    if watchdog.disarm() {
+        info!(
+            "watchdog disarmed: podha holds this node, or has not heard it since it booted, and \
+             counts none of its silence"
+        );
+    } else {
+        lock(hearing).watchdog_armed(true);
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +208,13 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Whether the hearing file in `dir` says held, as a restarted agent would read it.
+    fn says_held(dir: &std::path::Path) -> bool {
+        HearingFile::new(&dir.join("heard"), Some("b1"))
+            .read(SystemTime::now())
+            .held
+    }
+
     /// A hearing held and taken, a file saying so, a stand-in (a regular file) disarmed.
     async fn held(dir: &std::path::Path) -> (Watchdog, SharedHearing, HearingFile) {
         std::fs::create_dir_all(dir).expect("dir");
@@ -212,7 +232,7 @@ mod tests {
         follow(Some(&mut dog), &hearing, &mut file)
             .await
             .expect("follow");
-        assert!(!dog.is_armed() && file.says_held());
+        assert!(!dog.is_armed() && says_held(dir));
         (dog, hearing, file)
     }
 
@@ -228,16 +248,43 @@ mod tests {
             .await
             .expect_err("no device to arm");
         assert!(matches!(err, WatchdogError::Missing { .. }), "{err}");
-        assert!(!file.says_held(), "let go of first");
+        assert!(!says_held(&dir), "let go of first");
         assert!(!dog.is_armed());
         assert!(lock(&hearing).holding(), "held while unarmed");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// The file cannot be written while it says held: the watchdog is not armed again, and the
-    /// node stays held (a restarted agent would go on held while podha counts).
+    /// A release since the look that asked for a disarm keeps the watchdog armed, and the node
+    /// is not taken as held for it.
     #[tokio::test]
-    async fn a_file_that_still_says_held_keeps_the_watchdog_disarmed() {
+    async fn a_release_since_the_look_keeps_the_watchdog_armed() {
+        let dir = std::env::temp_dir().join(format!("podha-arming-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let device = dir.join("watchdog");
+        std::fs::write(&device, "").expect("device");
+        let mut dog = Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
+            .await
+            .expect("open");
+        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
+            Instant::now(),
+            Some(Duration::from_secs(1)),
+            false,
+        )));
+        disarm(&mut dog, &hearing);
+        assert!(dog.is_armed(), "podha counts the silence again");
+        assert!(!lock(&hearing).holding());
+        lock(&hearing).hold(Some(true));
+        lock(&hearing).hold_written(true);
+        disarm(&mut dog, &hearing);
+        assert!(!dog.is_armed() && lock(&hearing).holding());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The file cannot be written while it says held: the watchdog is not armed again, and the
+    /// node stays held (a restarted agent would go on held while podha counts). Nor while it
+    /// cannot be written at all: a restarted agent would go on as never heard.
+    #[tokio::test]
+    async fn a_hearing_not_recorded_keeps_the_watchdog_disarmed() {
         let dir = std::env::temp_dir().join(format!("podha-arming-stuck-{}", std::process::id()));
         let (mut dog, hearing, mut file) = held(&dir).await;
         // Where each record is written before it is renamed over the file: a directory.
@@ -246,14 +293,21 @@ mod tests {
         follow(Some(&mut dog), &hearing, &mut file)
             .await
             .expect("follow");
-        assert!(file.says_held());
+        assert!(says_held(&dir));
         assert!(!dog.is_armed(), "not armed while the file says held");
+        assert!(lock(&hearing).holding());
+        // No record at all, and none can be written.
+        std::fs::remove_file(dir.join("heard")).expect("no record");
+        follow(Some(&mut dog), &hearing, &mut file)
+            .await
+            .expect("follow");
+        assert!(!dog.is_armed(), "not armed without a record of this boot");
         assert!(lock(&hearing).holding());
         std::fs::remove_dir(dir.join("heard.new")).expect("out of the way");
         follow(Some(&mut dog), &hearing, &mut file)
             .await
             .expect("follow");
-        assert!(!file.says_held() && dog.is_armed() && !lock(&hearing).holding());
+        assert!(!says_held(&dir) && dog.is_armed() && !lock(&hearing).holding());
         dog.disarm();
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -282,7 +336,7 @@ mod tests {
             .await
             .expect("follow");
         assert!(dog.is_armed(), "the V went nowhere");
-        assert!(!file.says_held());
+        assert!(!says_held(&dir));
         assert!(lock(&hearing).held(), "the hold is taken all the same");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -172,24 +172,17 @@ impl HearingFile {
         }
     }
 
-    /// Whether the file says podha holds the node (read as a restarted agent would, or more
-    /// readily: a record of another boot included), quietly: the watchdog is not armed while
-    /// it does.
-    pub fn says_held(&self) -> bool {
-        std::fs::read_to_string(&self.path)
-            .is_ok_and(|text| text.lines().nth(3).map(str::trim) == Some(HELD_LINE))
-    }
-
     /// Records that podha heard this node at `at` in this boot, and whether it holds it with
     /// the watchdog disarmed (`held`), unless that is what the file already says. Written
-    /// whole, then renamed over the old file: a crash mid-write leaves the old record.
-    pub fn record(&mut self, at: SystemTime, held: bool) {
+    /// whole, then renamed over the old file: a crash mid-write leaves the old record. Whether
+    /// the file says so now (a write that failed is said once).
+    pub fn record(&mut self, at: SystemTime, held: bool) -> bool {
         let ms = at
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis();
         if self.written == Some((ms, held)) {
-            return;
+            return true;
         }
         let held_line = if held {
             format!("{HELD_LINE}\n")
@@ -201,12 +194,15 @@ impl HearingFile {
             Ok(()) => {
                 self.written = Some((ms, held));
                 self.warned = false;
+                true
             }
-            Err(e) if !self.warned => {
-                warn!(file = %self.path.display(), error = %e, "cannot record when podha last heard this node: a restarted agent would count its start as heard (and while the file says podha holds the node, the watchdog is not armed again)");
-                self.warned = true;
+            Err(e) => {
+                if !self.warned {
+                    warn!(file = %self.path.display(), error = %e, "cannot record when podha last heard this node: a restarted agent would go on from an older record, or none (never heard), so the watchdog is not armed until the record is written");
+                    self.warned = true;
+                }
+                false
             }
-            Err(_) => {}
         }
     }
 }
@@ -351,7 +347,7 @@ mod tests {
             },
             "own boot unknown"
         );
-        assert!(file.says_held());
+        assert!(read_in(Some(BOOT), later).held);
         let back = t0 - Duration::from_secs(60);
         assert_eq!(
             read_in(Some(BOOT), back),
@@ -366,8 +362,8 @@ mod tests {
         std::fs::write(&path, format!("boot={BOOT}\nheard=1800000000000\nheld\n")).expect("write");
         assert_eq!(read_in(Some(BOOT), later).last, LastHeard::Never);
         assert!(!read_in(Some(BOOT), later).held);
-        file.record(t0, false);
-        assert!(!file.says_held());
+        assert!(file.record(t0, false));
+        assert!(!read_in(Some(BOOT), later).held);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -314,16 +314,19 @@ impl Watchdog {
         bounds: Bounds,
         stand_in: bool,
     ) -> Result<Self, WatchdogError> {
-        Self::open_in(Path::new(SYS), path, requested, bounds, stand_in).await
+        Self::open_in(Path::new(SYS), path, requested, bounds, stand_in, false).await
     }
 
-    /// [`Watchdog::open`], with sysfs mounted at `sys`.
+    /// [`Watchdog::open`], with sysfs mounted at `sys`; `again` when the agent opens a device
+    /// it disarmed itself ([`Watchdog::arm`]), which an open nobody waits for any more
+    /// disarms whatever sysfs says of it.
     async fn open_in(
         sys: &Path,
         path: &Path,
         requested: Duration,
         bounds: Bounds,
         stand_in: bool,
+        again: bool,
     ) -> Result<Self, WatchdogError> {
         let refused = |source| WatchdogError::Refused {
             path: path.to_path_buf(),
@@ -353,7 +356,7 @@ impl Watchdog {
         refuse_nowayout(device::nowayout(sys, number)).map_err(refused)?;
         // Unknown counts as running: nothing is set on it, and it is not disarmed.
         let running = device::active(sys, number).unwrap_or(true);
-        let abandoned = if running {
+        let abandoned = if running && !again {
             Abandoned::Close
         } else {
             Abandoned::Disarm
@@ -415,7 +418,8 @@ impl Watchdog {
             requested,
             bounds,
         } = self.opened_as.clone();
-        let mut again = Self::open_in(&sys, &self.path, requested, bounds, self.stand_in).await?;
+        let mut again =
+            Self::open_in(&sys, &self.path, requested, bounds, self.stand_in, true).await?;
         if again.timeout != self.timeout {
             again.disarm();
             return Err(WatchdogError::TimeoutChanged {

@@ -228,7 +228,7 @@ async fn a_character_device_that_is_no_watchdog_is_refused() {
     let dir = temp_dir("not-a-watchdog");
     let null = Path::new("/dev/null");
     // No sysfs attribute: refused before it is opened.
-    let err = Watchdog::open_in(&dir, null, s(10), BOUNDS, false)
+    let err = Watchdog::open_in(&dir, null, s(10), BOUNDS, false, false)
         .await
         .err()
         .expect("refused")
@@ -239,7 +239,7 @@ async fn a_character_device_that_is_no_watchdog_is_refused() {
     );
     // A sysfs that says it has nowayout: refused before it is opened.
     let sys = sysfs_for_dev_null(&dir.join("nowayout"), "1");
-    let err = Watchdog::open_in(&sys, null, s(10), BOUNDS, false)
+    let err = Watchdog::open_in(&sys, null, s(10), BOUNDS, false, false)
         .await
         .err()
         .expect("refused")
@@ -247,7 +247,7 @@ async fn a_character_device_that_is_no_watchdog_is_refused() {
     assert!(err.contains("its driver has nowayout"), "{err}");
     // A sysfs that vouches for it: opened, and refused on its first answer.
     let sys = sysfs_for_dev_null(&dir.join("vouched"), "0");
-    let err = Watchdog::open_in(&sys, null, s(10), BOUNDS, false)
+    let err = Watchdog::open_in(&sys, null, s(10), BOUNDS, false, false)
         .await
         .err()
         .expect("refused")
