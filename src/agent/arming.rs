@@ -145,21 +145,35 @@ mod tests {
         survey_limit: Duration::from_secs(6),
     };
 
+    /// A new directory `dir` and a stand-in there (a regular file, `watchdog`), opened.
+    async fn stand_in(dir: &std::path::Path) -> Watchdog {
+        std::fs::create_dir_all(dir).expect("dir");
+        let device = dir.join("watchdog");
+        std::fs::write(&device, "").expect("device");
+        Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
+            .await
+            .expect("open")
+    }
+
+    /// What the agent knows: podha heard it a second ago, and holds it or not (`held`).
+    fn heard(held: bool) -> SharedHearing {
+        Arc::new(Mutex::new(Hearing::resumed(
+            Instant::now(),
+            Some(Duration::from_secs(1)),
+            held,
+        )))
+    }
+
     /// A stand-in (a regular file), the hearing and its file through a hold and its release:
     /// what is written to the watchdog, what the file says, what the answers would say.
     #[tokio::test]
     async fn a_hold_disarms_then_records_and_a_release_unrecords_then_arms() {
         let dir = std::env::temp_dir().join(format!("podha-arming-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let device = dir.join("watchdog");
-        std::fs::write(&device, "").expect("device");
-        let heard = dir.join("heard");
-        let mut file = HearingFile::new(&heard, Some("b1"));
-        let read = || HearingFile::new(&heard, Some("b1")).read(SystemTime::now());
+        let mut dog = stand_in(&dir).await;
+        let (device, record) = (dir.join("watchdog"), dir.join("heard"));
+        let mut file = HearingFile::new(&record, Some("b1"));
+        let read = || HearingFile::new(&record, Some("b1")).read(SystemTime::now());
         let written = || std::fs::read_to_string(&device).expect("watchdog");
-        let mut dog = Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
-            .await
-            .expect("open");
         // Never heard since the node booted: disarmed at once, nothing recorded.
         let hearing: SharedHearing =
             Arc::new(Mutex::new(Hearing::resumed(Instant::now(), None, false)));
@@ -217,17 +231,8 @@ mod tests {
 
     /// A hearing held and taken, a file saying so, a stand-in (a regular file) disarmed.
     async fn held(dir: &std::path::Path) -> (Watchdog, SharedHearing, HearingFile) {
-        std::fs::create_dir_all(dir).expect("dir");
-        let device = dir.join("watchdog");
-        std::fs::write(&device, "").expect("device");
-        let mut dog = Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
-            .await
-            .expect("open");
-        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
-            Instant::now(),
-            Some(Duration::from_secs(1)),
-            true,
-        )));
+        let mut dog = stand_in(dir).await;
+        let hearing = heard(true);
         let mut file = HearingFile::new(&dir.join("heard"), Some("b1"));
         follow(Some(&mut dog), &hearing, &mut file)
             .await
@@ -259,17 +264,8 @@ mod tests {
     #[tokio::test]
     async fn a_release_since_the_look_keeps_the_watchdog_armed() {
         let dir = std::env::temp_dir().join(format!("podha-arming-race-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let device = dir.join("watchdog");
-        std::fs::write(&device, "").expect("device");
-        let mut dog = Watchdog::open(&device, Duration::from_secs(10), BOUNDS, true)
-            .await
-            .expect("open");
-        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
-            Instant::now(),
-            Some(Duration::from_secs(1)),
-            false,
-        )));
+        let mut dog = stand_in(&dir).await;
+        let hearing = heard(false);
         disarm(&mut dog, &hearing);
         assert!(dog.is_armed(), "podha counts the silence again");
         assert!(!lock(&hearing).holding());
@@ -323,11 +319,7 @@ mod tests {
         let mut dog = Watchdog::open(&fifo, Duration::from_secs(10), BOUNDS, true)
             .await
             .expect("open");
-        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
-            Instant::now(),
-            Some(Duration::from_secs(1)),
-            false,
-        )));
+        let hearing = heard(false);
         let mut file = HearingFile::new(&dir.join("heard"), Some("b1"));
         lock(&hearing).hold(Some(true));
         lock(&hearing).hold_written(true);
@@ -346,14 +338,10 @@ mod tests {
     async fn without_a_watchdog_the_hold_alone_is_recorded() {
         let dir = std::env::temp_dir().join(format!("podha-arming-none-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let heard = dir.join("heard");
-        let mut file = HearingFile::new(&heard, Some("b1"));
-        let read = || HearingFile::new(&heard, Some("b1")).read(SystemTime::now());
-        let hearing: SharedHearing = Arc::new(Mutex::new(Hearing::resumed(
-            Instant::now(),
-            Some(Duration::from_secs(1)),
-            false,
-        )));
+        let record = dir.join("heard");
+        let mut file = HearingFile::new(&record, Some("b1"));
+        let read = || HearingFile::new(&record, Some("b1")).read(SystemTime::now());
+        let hearing = heard(false);
         follow(None, &hearing, &mut file).await.expect("follow");
         assert!(!lock(&hearing).holding());
         assert!(!read().held);
