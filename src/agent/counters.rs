@@ -11,9 +11,9 @@
 //! - `podha_agent_connections_refused_total{limit}`: connections closed as they were accepted,
 //!   over the port's limit in all (`connections`) or from one address (`per_source`; see
 //!   `super::port`);
-//! - `podha_agent_watchdog_armed`: 1 while the agent pets a watchdog, 0 when it runs without
-//!   one (none configured, or none usable: its node is then not agent-protected, see
-//!   `super::watchdog::run_without`);
+//! - `podha_agent_watchdog_armed`: 1 while the agent's watchdog is armed, 0 while it is
+//!   disarmed (`super::arming`) or the agent runs without one (none configured, or none
+//!   usable: its node is then not agent-protected, see `super::watchdog::run_without`);
 //! - `podha_agent_peers_asked` and `podha_agent_peers_answered`: the peers the last reach
 //!   check asked, and how many answered (see `super::peers::reach`);
 //! - `podha_agent_last_fence_timestamp_seconds{cause}`: when the agent last fenced its node
@@ -99,8 +99,9 @@ impl Counters {
         let gauge = |name: &str, help: &str| register(&registry, IntGauge::new(name, help)?);
         let watchdog_armed = gauge(
             "podha_agent_watchdog_armed",
-            "1 while the agent pets a watchdog; 0 without one, when its silence proves no fence \
-             of its node.",
+            "1 while the agent's watchdog is armed (podha may count its node's silence); 0 while \
+             it is disarmed (podha holds the node, or has not heard it since it booted) or the \
+             agent has none (its silence proves no fence of its node).",
         )?;
         let peers_asked = gauge(
             "podha_agent_peers_asked",
@@ -201,7 +202,7 @@ pub fn connections_refused(limit: &str) -> u64 {
         .get()
 }
 
-/// Whether the agent pets a watchdog (set once it opened it, or knows it has none).
+/// Whether the agent's watchdog is armed (set as it arms or disarms it, or knows it has none).
 pub fn watchdog_armed(armed: bool) {
     COUNTERS.watchdog_armed.set(i64::from(armed));
 }
