@@ -10,7 +10,11 @@ use crate::planner::proof::BMC_OFF_READS_APART;
 
 const TAINT: &str = "taint node-1 node.kubernetes.io/out-of-service";
 
-fn combined(mut spec: PodHAPolicySpec, all: bool, proofs: &[FencingProof]) -> PodHAPolicySpec {
+pub(super) fn combined(
+    mut spec: PodHAPolicySpec,
+    all: bool,
+    proofs: &[FencingProof],
+) -> PodHAPolicySpec {
     let (proof, any_of, all_of) = if all {
         (FencingProof::AllOf, None, Some(proofs.to_vec()))
     } else {

@@ -444,22 +444,8 @@ fn a_silence_counted_through_the_agent_leases_word_taints_only_with_the_lease_as
         resource_version: Some("41".into()),
     });
     let both = |all| {
-        let mut spec = mk_spec();
-        let proofs = vec![FencingProof::CloudShutdownTaint, FencingProof::Agent];
-        spec.fencing = if all {
-            Fencing {
-                proof: FencingProof::AllOf,
-                all_of: Some(proofs),
-                ..Fencing::default()
-            }
-        } else {
-            Fencing {
-                proof: FencingProof::AnyOf,
-                any_of: Some(proofs),
-                ..Fencing::default()
-            }
-        };
-        spec
+        let proofs = [FencingProof::CloudShutdownTaint, FencingProof::Agent];
+        super::combined_proofs::combined(mk_spec(), all, &proofs)
     };
     let cases = [
         (
