@@ -146,9 +146,10 @@ pub struct AgentArgs {
     /// tell that case from a node podha heard and lost.
     #[arg(long, env = "PODHA_AGENT_HEARING_FILE")]
     pub hearing_file: PathBuf,
-    /// The node's watchdog device (e.g. /dev/watchdog): armed at start, petted while podha
-    /// hears this node (or cannot prove its silence), disarmed on SIGTERM. A device must have magic close
-    /// and no nowayout. A FIFO or a regular file only with `--watchdog-stand-in`. Without one,
+    /// The node's watchdog device (e.g. /dev/watchdog): armed only while podha may count this
+    /// node's silence (heard in this boot, not held), petted while podha hears this node (or
+    /// cannot prove its silence), disarmed while podha holds the node and on SIGTERM. A device
+    /// must have magic close and no nowayout. A FIFO or a regular file only with `--watchdog-stand-in`. Without one,
     /// or where there is none or it cannot be used (the agent then runs without and says why
     /// on the Node), a frozen node is not reset, and its agent's silence proves nothing: see
     /// docs/agent.md.
