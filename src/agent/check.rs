@@ -122,7 +122,7 @@ pub(super) async fn check_loop(
             }
             None => (silence, new_term),
         };
-        watchdog_record.follow(let_run, fencer).await;
+        watchdog_record.follow(let_run, fencer, &args.node).await;
         let verdict = decide(silence, timeout, survey.as_ref(), new_term);
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
@@ -143,19 +143,36 @@ pub(super) async fn check_loop(
 
 /// Whether the check loop has recorded its watchdog let run out as a fence (see
 /// `super::fence_record`): once when it stops petting it, taken back when it pets it again.
+/// Both are logged, with how long the watchdog went unpetted: how close a node that stayed up
+/// came to its reset.
 #[derive(Default)]
 struct WatchdogRecord {
-    recorded: bool,
+    let_run_since: Option<Instant>,
 }
 
 impl WatchdogRecord {
-    async fn follow(&mut self, let_run: bool, fencer: &Fencer) {
-        match (let_run, self.recorded) {
-            (true, false) => fencer.letting_watchdog_run().await,
-            (false, true) => fencer.petting_again().await,
-            _ => return,
+    async fn follow(&mut self, let_run: bool, fencer: &Fencer, node: &str) {
+        match (let_run, self.let_run_since) {
+            (true, None) => {
+                warn!(
+                    node,
+                    "not petting the watchdog: podha may count this node's silence"
+                );
+                fencer.letting_watchdog_run().await;
+                self.let_run_since = Some(Instant::now());
+            }
+            (false, Some(since)) => {
+                let unpetted = since.elapsed();
+                info!(
+                    node,
+                    unpetted_ms = unpetted.as_millis() as u64,
+                    "petting the watchdog again after {unpetted:?} unpetted"
+                );
+                fencer.petting_again().await;
+                self.let_run_since = None;
+            }
+            _ => {}
         }
-        self.recorded = let_run;
     }
 }
 

@@ -23,7 +23,7 @@ use crate::agent::server::SharedHearing;
 use crate::contract::{
     AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
     AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION,
-    AGENT_PROBE_INTERVAL, agent_lease_name,
+    agent_lease_name,
 };
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
@@ -55,11 +55,6 @@ pub struct AdvertLease {
     /// Whether the agent reaches its peers (see `crate::agent::peers`): said on each renewal.
     reach: SharedReach,
 }
-
-/// How long after the leader Lease shows a new term the agent waits before it renews its Lease
-/// early, if the new leader has not heard it by then: two probes, the first of which only
-/// fetches a challenge the second signs. The agents the new leader reaches do not renew early.
-const NEW_TERM_SETTLE: Duration = AGENT_PROBE_INTERVAL.saturating_mul(2);
 
 impl AdvertLease {
     pub fn new(
@@ -176,9 +171,12 @@ impl AdvertLease {
 
     /// Renews the Lease every [`AGENT_LEASE_RENEW`] (or more often, [`Self::next_renewal`])
     /// for as long as the agent runs; at once when podha starts or stops holding the node, and
-    /// [`NEW_TERM_SETTLE`] after the leader Lease shows a new term if the new leader has not
-    /// heard the agent by then; a failed renewal is tried again at the next one (three may
-    /// fail before the Lease lapses).
+    /// when the leader Lease shows a new term while podha counts this agent's silence: a new
+    /// leader that cannot reach the agent must see it renewed in its own term before the
+    /// agent's watchdog, unpetted once the silence passes the isolation timeout less the
+    /// watchdog's, resets the node (see [`crate::agent::isolation::NewTerm`]). One write per
+    /// agent and leader change, beside one every 10 s. A failed
+    /// renewal is tried again at the next one (three may fail before the Lease lapses).
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -210,24 +208,11 @@ impl AdvertLease {
             }
             let next = tokio::time::sleep(self.next_renewal());
             tokio::pin!(next);
-            // After a new term, a look at whether its leader heard the agent by then; a hold
-            // meanwhile is written at once all the same.
-            let mut settled: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
             loop {
-                let settling = async {
-                    match settled.as_mut() {
-                        Some(sleep) => sleep.await,
-                        None => std::future::pending().await,
-                    }
-                };
                 tokio::select! {
                     () = &mut next => break,
                     () = held_changed.notified() => break,
                     () = term_changed.notified() => {
-                        settled = Some(Box::pin(tokio::time::sleep(NEW_TERM_SETTLE)));
-                    }
-                    () = settling => {
-                        settled = None;
                         if self.unheard_by_leader() {
                             break;
                         }
@@ -355,6 +340,74 @@ mod tests {
         assert_eq!(shortest.next_renewal(), Duration::from_secs(1));
         lock(&shortest.hearing).heard_in_term(Some(5));
         assert_eq!(shortest.next_renewal(), AGENT_LEASE_RENEW, "heard by it");
+    }
+
+    /// The leader Lease shows a new term while podha counts this agent's silence: the Lease is
+    /// renewed at once, not at its next 10 s renewal, so that a new leader that cannot reach
+    /// the agent sees it run before the agent stops petting its watchdog. A new term while
+    /// podha holds the node changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_term_has_the_lease_renewed_at_once_while_podha_counts_the_agent() {
+        let started = tokio::time::Instant::now();
+        let mut heard = Hearing::resumed(started, Some(Duration::ZERO), false);
+        heard.heard_in_term(Some(4));
+        let hearing = std::sync::Arc::new(std::sync::Mutex::new(heard));
+        let leader = std::sync::Arc::new(LeaderKey::default());
+        leader.seen_in_term(Some(4));
+        let renewals = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lease = AdvertLease::new(
+            recording_api(renewals.clone()),
+            "podha",
+            "n1",
+            None,
+            Some("boot-1".into()),
+            hearing.clone(),
+        )
+        .following(leader.clone(), Duration::from_secs(30));
+        let keeping = tokio::spawn(async move { lease.keep().await });
+        let renewed = |r: &Arc<std::sync::Mutex<Vec<Duration>>>| lock(r).clone();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            renewed(&renewals),
+            [Duration::ZERO],
+            "the first renewal only"
+        );
+        leader.seen_in_term(Some(5));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            renewed(&renewals),
+            [Duration::ZERO, Duration::from_secs(3)],
+            "renewed as the new term shows"
+        );
+        // Heard by the new leader, then held by it: the next term waits for the renewal.
+        lock(&hearing).heard_in_term(Some(5));
+        lock(&hearing).hold(Some(true));
+        lock(&hearing).hold_written(true);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let held = renewed(&renewals);
+        assert_eq!(held.len(), 3, "the hold written at once: {held:?}");
+        leader.seen_in_term(Some(6));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(renewed(&renewals), held, "held: no renewal for a term");
+        keeping.abort();
+    }
+
+    /// A fake API server that takes every Lease write, noting when (since it was made).
+    fn recording_api(renewals: Arc<std::sync::Mutex<Vec<Duration>>>) -> kube::Client {
+        let made = tokio::time::Instant::now();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            assert_eq!(req.method(), http::Method::PATCH, "{}", req.uri());
+            lock(&renewals).push(made.elapsed());
+            async move {
+                let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "podha-agent-n1", "namespace": "podha"}});
+                http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(lease.to_string()))
+            }
+        });
+        kube::Client::new(service, "podha")
     }
 
     /// Once podha has heard the agent in this boot, its Lease says so, naming the boot; an

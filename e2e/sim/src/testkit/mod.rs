@@ -184,7 +184,21 @@ where
         match scenario(ctx).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                let dump = dump(&client, namespace).await;
+                let mut dump = dump(&client, namespace).await;
+                // Every fence of the cluster's life, with when: a node reset that a scenario
+                // did not expect shows first as that node NotReady.
+                match cluster.fences() {
+                    Ok(fences) => {
+                        dump.push_str("fences:\n");
+                        for f in fences {
+                            dump.push_str(&format!(
+                                "  {} at {} ms: {}\n",
+                                f.node, f.at_ms, f.reason
+                            ));
+                        }
+                    }
+                    Err(e) => dump.push_str(&format!("fences: cannot read them: {e}\n")),
+                }
                 Err(format!("{e:#}\n\n==== state at failure ====\n{dump}").into())
             }
         }

@@ -3,6 +3,8 @@
 //! new leader, which never heard them, counts no silence of theirs: no node reboots, and podha
 //! reports both agents unreachable (docs/agent.md, "A new leader that cannot reach an agent").
 
+use std::time::Duration;
+
 use super::*;
 use fencing::{fences_since, has_out_of_service_taint};
 use paused::boot_id;
@@ -37,6 +39,7 @@ pub(super) async fn new_leader_cut_off_from_two_agents(
     );
     let boots = boots_of(ctx, real).await?;
     let stayed_before = new_leader_stays(ctx, &cut)?;
+    let unpetted_before = unpetted_stretches(ctx, &cut)?;
     let reported_before = unreachable_reports(ctx, &cut).await?;
     for node in &cut {
         ctx.cluster.unreachable_from(standby_node, node, true)?;
@@ -59,7 +62,7 @@ pub(super) async fn new_leader_cut_off_from_two_agents(
         format!("{new_leader} leads from {standby_node}, which cannot reach {cut:?}"),
     );
     // podha reports an agent it has not heard for 30 s of its term.
-    wait_for(
+    let reported = wait_for(
         &format!("AgentUnreachable events for {cut:?}"),
         secs(60),
         || async {
@@ -68,11 +71,25 @@ pub(super) async fn new_leader_cut_off_from_two_agents(
             Ok(more.then_some(()))
         },
     )
-    .await?;
+    .await;
+    if let Err(e) = reported {
+        // podha reports only agents of Ready nodes: was one of them reset meanwhile?
+        let fences = fences_since(ctx, fences_before)?;
+        let unpetted = unpetted_stretches(ctx, &cut)?;
+        return Err(e.context(format!(
+            "fences since the outage began: {fences:?}; the cut-off agents' watchdogs went \
+             unpetted for {unpetted:?} (see their logs in nodes/<node>/pod-logs/)"
+        )));
+    }
     let unreachable = agents_unreachable(ctx, standby)?;
     let waited = ISOLATION_TIMEOUT + WATCHDOG_TIMEOUT + secs(10);
     tokio::time::sleep(waited.saturating_sub(led.elapsed())).await;
     let stayed = new_leader_stays(ctx, &cut)?;
+    let unpetted: Vec<Vec<Duration>> = unpetted_stretches(ctx, &cut)?
+        .into_iter()
+        .zip(&unpetted_before)
+        .map(|(all, before)| all[before.len()..].to_vec())
+        .collect();
     for node in &cut {
         ctx.cluster.unreachable_from(standby_node, node, false)?;
     }
@@ -106,7 +123,9 @@ pub(super) async fn new_leader_cut_off_from_two_agents(
         &ctx.ns,
         format!(
             "{new_leader} could not reach {cut:?} for {:.1?}: no fence, no reboot, both \
-             reported unreachable ({unreachable:?} on the gauge)",
+             reported unreachable ({unreachable:?} on the gauge); their watchdogs went \
+             unpetted for {unpetted:?} of the {WATCHDOG_TIMEOUT:?} they allow before the \
+             new leader's term kept them up",
             led.elapsed()
         ),
     );
@@ -130,6 +149,25 @@ fn new_leader_stays(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<usize>>
             Ok(chart_install::agent_log(ctx.cluster, n)?
                 .matches("the new leader has not heard it")
                 .count())
+        })
+        .collect()
+}
+
+/// For each of `nodes`' agents, every stretch its watchdog went unpetted before the agent
+/// petted it again, oldest first, from its log.
+fn unpetted_stretches(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<Vec<Duration>>> {
+    nodes
+        .iter()
+        .map(|n| {
+            let log = chart_install::agent_log(ctx.cluster, n)?;
+            Ok(log
+                .split("unpetted_ms=")
+                .skip(1)
+                .filter_map(|rest| {
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().ok().map(Duration::from_millis)
+                })
+                .collect())
         })
         .collect()
 }
