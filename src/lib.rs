@@ -16,6 +16,8 @@ pub mod contract;
 pub mod deadline;
 pub mod eligibility;
 pub mod explain;
+#[cfg(test)]
+pub(crate) mod fake_api;
 pub mod health;
 pub mod http;
 pub mod incident;

@@ -546,6 +546,8 @@ fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::{FakeApi, Reply};
+    use http::Method;
 
     #[test]
     fn conflicts_outages_and_lost_leadership_are_retried_refusals_are_not() {
@@ -586,62 +588,62 @@ mod tests {
         );
     }
 
-    /// The read of node `n`'s agent Lease in `podha-system`: a list of that one name, with no
-    /// `resourceVersion` (a consistent read).
-    const LEASE_READ: &str = "GET /apis/coordination.k8s.io/v1/namespaces/podha-system/leases?&fieldSelector=metadata.name%3Dpodha-agent-n";
+    /// The agent Leases of `podha-system`.
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/podha-system/leases";
 
-    /// An API server that serves node `n`'s agent Lease at version `version` (`None`: no such
-    /// Lease) to [`LEASE_READ`] and node `n` (in version 5) to a read, answers every patch of
-    /// it with a conflict (409) and anything else with 404; the requests it got.
-    fn serving_agent_lease(
-        version: Option<&'static str>,
-    ) -> (Actuator, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = seen.clone();
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let line = format!("{} {}", req.method(), req.uri());
-            log.lock().expect("lock").push(line.clone());
-            let items = match version {
-                Some(v) => format!(
-                    r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"podha-agent-n","namespace":"podha-system","resourceVersion":"{v}"}}}}"#
-                ),
-                None => String::new(),
-            };
-            let (status, body) = match () {
-                () if line == LEASE_READ => (
-                    200,
-                    format!(
-                        r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"LeaseList","metadata":{{"resourceVersion":"99"}},"items":[{items}]}}"#
-                    ),
-                ),
-                () if line == "GET /api/v1/nodes/n" => (
-                    200,
-                    r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","resourceVersion":"5"}}"#
-                        .to_string(),
-                ),
-                () if line.starts_with("PATCH /api/v1/nodes/n") => (
-                    409,
-                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#
-                        .to_string(),
-                ),
-                () => (
-                    404,
-                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string(),
-                ),
-            };
-            async move {
-                http::Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(body.into_bytes()))
-            }
-        });
+    /// An actuator that leads for the next hour, on `api`.
+    fn leading_on(api: &FakeApi) -> Actuator {
         let (claim, leadership) = crate::leader::channel();
         claim.send_replace(Some(crate::leader::Claim::until(
             Instant::now() + std::time::Duration::from_secs(3600),
         )));
-        let client = Client::new(service, "default");
-        (Actuator::new(client, leadership, "podha-system"), seen)
+        Actuator::new(api.client(), leadership, "podha-system")
+    }
+
+    /// An API server that lists node `n`'s agent Lease at version `version` (`None`: no such
+    /// Lease), serves node `n` in version 5, answers every patch of it with a conflict (409)
+    /// and anything else with 404.
+    fn serving_agent_lease(version: Option<&'static str>) -> (Actuator, FakeApi) {
+        let api = FakeApi::new()
+            .on(Method::GET, LEASES, move |_| {
+                let items: Vec<serde_json::Value> = version
+                    .map(|v| {
+                        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": "podha-agent-n", "namespace": "podha-system",
+                                         "resourceVersion": v}})
+                    })
+                    .into_iter()
+                    .collect();
+                Reply::json(
+                    200,
+                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                           "metadata": {"resourceVersion": "99"}, "items": items}),
+                )
+            })
+            .on(Method::GET, "/api/v1/nodes/n", |_| {
+                Reply::json(200, node_json("5"))
+            })
+            .on(Method::PATCH, "/api/v1/nodes/n", |_| {
+                Reply::status(409, "Conflict")
+            });
+        (leading_on(&api), api)
+    }
+
+    /// Node `n` in version `version`, with no taint.
+    fn node_json(version: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "n", "resourceVersion": version}})
+    }
+
+    /// The read of node `n`'s agent Lease: a list of that one name, with no `resourceVersion`
+    /// (a consistent read).
+    fn assert_lease_read(request: &crate::fake_api::Request) {
+        assert_eq!(request.line(), format!("GET {LEASES}"));
+        assert_eq!(
+            request.param("fieldSelector"),
+            Some("metadata.name%3Dpodha-agent-n")
+        );
+        assert_eq!(request.param("resourceVersion"), None, "{request:?}");
     }
 
     /// A taint resting on the agent Lease's word goes out only while a read from the API
@@ -663,7 +665,7 @@ mod tests {
             (Some("7"), None, "no version seen"),
         ];
         for (serving, seen, what) in stopped {
-            let (actuator, requests) = serving_agent_lease(serving);
+            let (actuator, api) = serving_agent_lease(serving);
             let result = actuator.execute(&taint(seen), None).await;
             let Err(error) = result else {
                 panic!("{what}: {result:?}");
@@ -674,19 +676,20 @@ mod tests {
             );
             assert_eq!(error.retry(), RetryPolicy::Retry, "{what}");
             assert_eq!(error.metric_label(), "agent_lease_changed");
-            let requests = requests.lock().expect("lock").clone();
-            assert_eq!(requests, [LEASE_READ], "{what}: nothing written");
+            let requests = api.requests();
+            assert_eq!(requests.len(), 1, "{what}: nothing written: {requests:?}");
+            assert_lease_read(&requests[0]);
         }
         // The same version: the taint goes on to the node, one write only (a conflict after
         // the read is the writer's to send again, with a new read).
-        let (actuator, requests) = serving_agent_lease(Some("7"));
+        let (actuator, api) = serving_agent_lease(Some("7"));
         let result = actuator.execute(&taint(Some("7")), None).await;
         assert!(matches!(result, Err(ActError::Conflict(_))), "{result:?}");
-        let requests = requests.lock().expect("lock").clone();
-        let patches = requests.iter().filter(|r| r.starts_with("PATCH")).count();
+        let requests = api.requests();
+        assert_lease_read(&requests[0]);
         assert_eq!(
-            (requests.first().map(String::as_str), patches),
-            (Some(LEASE_READ), 1),
+            api.lines()[1..],
+            ["GET /api/v1/nodes/n", "PATCH /api/v1/nodes/n"],
             "{requests:?}"
         );
     }
@@ -695,16 +698,11 @@ mod tests {
     /// is refused before its first request.
     #[tokio::test(start_paused = true)]
     async fn an_expired_claim_sends_no_request() {
-        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = requests.clone();
-        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async { Err::<http::Response<kube::client::Body>, _>("no request expected") }
-        });
+        let api = FakeApi::new();
         let (claim, leadership) = crate::leader::channel();
         let expires = Instant::now() + std::time::Duration::from_secs(1);
         claim.send_replace(Some(crate::leader::Claim::until(expires)));
-        let actuator = Actuator::new(Client::new(service, "default"), leadership, "default");
+        let actuator = Actuator::new(api.client(), leadership, "default");
         tokio::time::sleep_until(expires).await;
 
         let pod = ObjectKey::new("ns", "db-0");
@@ -750,7 +748,115 @@ mod tests {
                 "{intent:?}: {result:?}"
             );
         }
-        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert!(api.requests().is_empty(), "{:?}", api.lines());
+    }
+
+    /// What the API server gets for each write to a pod: a delete at once (grace 0) only of
+    /// the pod with the planned UID, and of the version the mark produced when there is one;
+    /// a NotReady mark guarded by the UID in the patch itself.
+    #[tokio::test]
+    async fn pod_writes_carry_their_uid_and_version_preconditions() {
+        let pod = "/api/v1/namespaces/ns/pods/db-0";
+        let api = FakeApi::new()
+            .on(Method::DELETE, pod, |_| {
+                Reply::json(200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
+            })
+            .on(Method::PATCH, &format!("{pod}/status"), |_| {
+                Reply::json(
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": "db-0", "namespace": "ns", "resourceVersion": "12"}}),
+                )
+            });
+        let actuator = leading_on(&api);
+        let key = ObjectKey::new("ns", "db-0");
+        let marked = actuator.mark_not_ready(&key, "u-1", "n").await;
+        assert!(
+            matches!(&marked, Ok(Outcome::Marked { resource_version: Some(v) }) if v == "12"),
+            "{marked:?}"
+        );
+        for version in [None, Some("12")] {
+            let deleted = actuator.force_delete_pod(&key, "u-1", version).await;
+            assert!(matches!(deleted, Ok(Outcome::Applied)), "{deleted:?}");
+        }
+        let requests = api.requests();
+        assert_eq!(
+            api.lines(),
+            [
+                format!("PATCH {pod}/status"),
+                format!("DELETE {pod}"),
+                format!("DELETE {pod}")
+            ]
+        );
+        let mark = &requests[0].body;
+        assert_eq!(mark["metadata"]["uid"], "u-1", "{mark}");
+        let ready = &mark["status"]["conditions"][0];
+        assert_eq!(
+            (&ready["type"], &ready["status"], &ready["reason"]),
+            (&json!("Ready"), &json!("False"), &json!("NodeFailed")),
+            "{mark}"
+        );
+        for (request, version) in requests[1..].iter().zip([None, Some("12")]) {
+            let options = &request.body;
+            assert_eq!(options["gracePeriodSeconds"], 0, "{options}");
+            assert_eq!(options["preconditions"]["uid"], "u-1", "{options}");
+            assert_eq!(
+                options["preconditions"]
+                    .get("resourceVersion")
+                    .and_then(|v| v.as_str()),
+                version,
+                "{options}"
+            );
+        }
+    }
+
+    /// A taint is one merge patch on the node as the decision loop saw it, guarded by that
+    /// version; a conflict reads the node and patches the version read.
+    #[tokio::test]
+    async fn a_taint_is_guarded_by_the_version_it_was_built_on() {
+        let patches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let api = FakeApi::new()
+            .on(Method::GET, "/api/v1/nodes/n", |_| {
+                Reply::json(200, node_json("6"))
+            })
+            .on(Method::PATCH, "/api/v1/nodes/n", move |_| {
+                // The version the loop saw is stale: the first patch conflicts.
+                match patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                    0 => Reply::status(409, "Conflict"),
+                    _ => Reply::json(200, node_json("7")),
+                }
+            });
+        let actuator = leading_on(&api);
+        let seen: Node = serde_json::from_value(node_json("5")).expect("a Node");
+        let taint = Intent::TaintNode {
+            node: "n".into(),
+            policy: "p".into(),
+            taint: NodeTaint::OutOfService,
+            agent_lease_seen: None,
+        };
+        let result = actuator.execute(&taint, Some(&seen)).await;
+        assert!(matches!(result, Ok(Outcome::Applied)), "{result:?}");
+        assert_eq!(
+            api.lines(),
+            [
+                "PATCH /api/v1/nodes/n",
+                "GET /api/v1/nodes/n",
+                "PATCH /api/v1/nodes/n"
+            ]
+        );
+        let requests = api.requests();
+        for (request, version) in [(&requests[0], "5"), (&requests[2], "6")] {
+            let patch = &request.body;
+            assert_eq!(patch["metadata"]["resourceVersion"], version, "{patch}");
+            assert_eq!(
+                patch["metadata"]["annotations"][TAINT_MARKER_ANNOTATION], "p",
+                "{patch}"
+            );
+            assert_eq!(
+                patch["spec"]["taints"][0]["key"], "node.kubernetes.io/out-of-service",
+                "{patch}"
+            );
+        }
     }
 
     #[test]

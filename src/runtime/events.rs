@@ -164,6 +164,8 @@ fn within_window(last: Timestamp, now: Timestamp) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::{FakeApi, Reply};
+    use http::Method;
     use k8s_openapi::api::core::v1::ObjectReference;
     use std::sync::Arc;
 
@@ -184,52 +186,39 @@ mod tests {
         }
     }
 
-    /// A publisher on a fake API server that records each request (method, path, body) and
-    /// answers a create with the event named `<generateName><n>`.
-    fn publisher_on_fake_api(seen: Arc<Mutex<Vec<(String, String, String)>>>) -> EventPublisher {
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let seen = seen.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = http_body_util::BodyExt::collect(body)
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                let mut event: serde_json::Value =
-                    serde_json::from_slice(&body).expect("a JSON body");
-                let n = {
-                    let mut seen = seen.lock().expect("lock");
-                    seen.push((
-                        parts.method.to_string(),
-                        parts.uri.path().to_string(),
-                        String::from_utf8_lossy(&body).into_owned(),
-                    ));
-                    seen.len()
-                };
-                if parts.method == http::Method::POST {
-                    let prefix = event["metadata"]["generateName"].as_str().unwrap_or("");
-                    assert!(
-                        valid_generate_name(prefix),
-                        "invalid generateName {prefix:?}"
-                    );
-                    event["metadata"]["name"] = json!(format!("{prefix}{n}"));
-                } else {
-                    let name = parts.uri.path().rsplit('/').next().unwrap_or("");
-                    event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                                   "metadata": {"name": name}});
-                }
-                http::Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(event.to_string().into_bytes()))
-            }
-        });
+    /// A publisher on a fake API server that answers a create with the event named
+    /// `<generateName><n>` (the `n`th create) and a patch with the event it names.
+    fn publisher_on_fake_api() -> (EventPublisher, FakeApi) {
+        let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let api = FakeApi::new()
+            .on(Method::POST, EVENTS, move |req| {
+                let mut event = req.body.clone();
+                let prefix = event["metadata"]["generateName"].as_str().unwrap_or("");
+                assert!(
+                    valid_generate_name(prefix),
+                    "invalid generateName {prefix:?}"
+                );
+                let n = created.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                event["metadata"]["name"] = json!(format!("{prefix}{n}"));
+                Reply::json(200, event)
+            })
+            .on(Method::PATCH, &format!("{EVENTS}/*"), |req| {
+                let name = req.path.rsplit('/').next().unwrap_or("");
+                Reply::json(
+                    200,
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                           "metadata": {"name": name}}),
+                )
+            });
         let reporter = Reporter {
             controller: "podha".into(),
             instance: Some("podha-a".into()),
         };
-        EventPublisher::new(Client::new(service, "default"), reporter)
+        (EventPublisher::new(api.client(), reporter), api)
     }
+
+    /// Where the events of namespace `default` are created.
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
     /// The API server's rule for a generated name's prefix: a DNS subdomain (dot-separated
     /// labels of lowercase alphanumerics and dashes, each starting and ending alphanumeric),
@@ -260,8 +249,7 @@ mod tests {
 
     #[tokio::test]
     async fn events_that_differ_only_in_their_note_are_two_events() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let publisher = publisher_on_fake_api(seen.clone());
+        let (publisher, api) = publisher_on_fake_api();
         let now = Timestamp::now();
         for note in [
             "would ask for a fence of node-12",
@@ -272,22 +260,19 @@ mod tests {
                 .await
                 .expect("published");
         }
-        let seen = seen.lock().expect("lock");
+        let seen = api.requests();
         assert_eq!(seen.len(), 2, "{seen:?}");
-        for ((method, path, body), note) in seen.iter().zip(["node-12", "ns/db-0"]) {
-            assert_eq!(
-                (method.as_str(), path.as_str()),
-                ("POST", "/apis/events.k8s.io/v1/namespaces/default/events")
-            );
+        for (request, note) in seen.iter().zip(["node-12", "ns/db-0"]) {
+            assert_eq!(request.line(), format!("POST {EVENTS}"));
+            let body = request.body.to_string();
             assert!(body.contains(note), "{body}");
-            assert!(body.contains(r#""reportingInstance":"podha-a""#), "{body}");
+            assert_eq!(request.body["reportingInstance"], "podha-a", "{body}");
         }
     }
 
     #[tokio::test]
     async fn a_repeated_event_is_counted_on_the_first_until_the_window_passes() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let publisher = publisher_on_fake_api(seen.clone());
+        let (publisher, api) = publisher_on_fake_api();
         let start = Timestamp::now();
         let at = |secs: u64| start + Duration::from_secs(secs);
         let mut same = dry_run("would force-delete pod ns/db-0");
@@ -301,10 +286,10 @@ mod tests {
             .publish_at(&same, at(400 + 360))
             .await
             .expect("created");
-        let seen = seen.lock().expect("lock");
+        let seen = api.requests();
         let requests: Vec<(&str, &str)> = seen
             .iter()
-            .map(|(m, p, _)| (m.as_str(), p.rsplit('/').next().unwrap_or("")))
+            .map(|r| (r.method.as_str(), r.path.rsplit('/').next().unwrap_or("")))
             .collect();
         assert_eq!(
             requests,
@@ -315,7 +300,7 @@ mod tests {
                 ("POST", "events")
             ]
         );
-        assert!(seen[1].2.contains(r#""count":2"#), "{}", seen[1].2);
-        assert!(seen[2].2.contains(r#""count":3"#), "{}", seen[2].2);
+        assert_eq!(seen[1].body["series"]["count"], 2, "{}", seen[1].body);
+        assert_eq!(seen[2].body["series"]["count"], 3, "{}", seen[2].body);
     }
 }

@@ -12,7 +12,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::BMC_NODE_LABEL;
-use crate::redfish::{self, Bmc, Endpoint, PowerState, ResetType, canonical_uuid};
+use crate::api::canonical_uuid;
+use crate::redfish::{self, Bmc, Endpoint, PowerState, ResetType};
 
 /// Why a power action failed.
 #[derive(Debug, thiserror::Error)]
@@ -376,6 +377,7 @@ pub struct Target<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::Reply;
 
     #[test]
     fn uuids_compare_by_their_hex_digits_and_placeholders_are_known() {
@@ -394,16 +396,14 @@ mod tests {
         );
     }
 
-    /// A fake API server that answers every request with the node Lease `renew_time` (`None`:
-    /// 404).
+    /// A fake API server that answers the read of node `n1`'s Lease with its `renew_time`
+    /// (`None`: 404), and any other request with 404.
     fn lease_server(renew_time: Option<&'static str>) -> Power {
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            assert_eq!(
-                req.uri().path(),
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"
-            );
-            let (status, body) = match renew_time {
-                Some(t) => (
+        let api = crate::fake_api::FakeApi::new().on(
+            http::Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1",
+            move |_| match renew_time {
+                Some(t) => Reply::json(
                     200,
                     serde_json::json!({
                         "apiVersion": "coordination.k8s.io/v1",
@@ -412,21 +412,10 @@ mod tests {
                         "spec": {"holderIdentity": "n1", "renewTime": t},
                     }),
                 ),
-                None => (
-                    404,
-                    serde_json::json!({
-                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "not found",
-                    }),
-                ),
-            };
-            let response = http::Response::builder()
-                .status(status)
-                .body(kube::client::Body::from(body.to_string().into_bytes()))
-                .expect("response");
-            async move { Ok::<_, std::convert::Infallible>(response) }
-        });
-        Power::new(Client::new(service, "default"), "podha-system")
+                None => Reply::status(404, "NotFound"),
+            },
+        );
+        Power::new(api.client(), "podha-system")
     }
 
     #[tokio::test]

@@ -402,6 +402,8 @@ pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::{FakeApi, Reply};
+    use http::Method;
 
     fn note() -> EventNote {
         EventNote {
@@ -413,39 +415,25 @@ mod tests {
         }
     }
 
-    /// A writer on a fake API server that records each request's method and path and holds
-    /// requests for nodes until `release` is notified.
-    fn writer_on_fake_api(
-        seen: Arc<std::sync::Mutex<Vec<String>>>,
-        release: Arc<tokio::sync::Notify>,
-    ) -> Writer {
+    /// A writer on a fake API server that holds requests for nodes until `release` is
+    /// notified, and answers everything 404.
+    fn writer_on_fake_api(release: Arc<tokio::sync::Notify>) -> (Writer, FakeApi) {
         let (claim, leadership) = crate::leader::channel();
         claim.send_replace(Some(crate::leader::Claim::for_tests()));
-        writer_on(fake_api(seen, release), leadership)
+        let api = fake_api(release);
+        (writer_on(api.client(), leadership), api)
     }
 
     /// The API server of [`writer_on_fake_api`].
-    fn fake_api(
-        seen: Arc<std::sync::Mutex<Vec<String>>>,
-        release: Arc<tokio::sync::Notify>,
-    ) -> Client {
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let seen = seen.clone();
-            let release = release.clone();
-            async move {
-                let line = format!("{} {}", req.method(), req.uri().path());
-                seen.lock().expect("lock").push(line.clone());
-                if line.contains("/nodes/") {
-                    release.notified().await;
-                }
-                let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
-                http::Response::builder()
-                    .status(404)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(body.to_vec()))
-            }
-        });
-        Client::new(service, "default")
+    fn fake_api(release: Arc<tokio::sync::Notify>) -> FakeApi {
+        let held = release.clone();
+        FakeApi::new()
+            .on(Method::GET, "/api/v1/nodes/*", move |_| {
+                Reply::status(404, "NotFound").after(held.clone())
+            })
+            .on(Method::PATCH, "/api/v1/nodes/*", move |_| {
+                Reply::status(404, "NotFound").after(release.clone())
+            })
     }
 
     /// The default leader settings' step-down margin.
@@ -464,9 +452,8 @@ mod tests {
 
     #[tokio::test]
     async fn no_report_is_sent_while_an_action_is_in_flight() {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let release = Arc::new(tokio::sync::Notify::new());
-        let writer = writer_on_fake_api(seen.clone(), release.clone());
+        let (writer, api) = writer_on_fake_api(release.clone());
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
@@ -478,7 +465,7 @@ mod tests {
         tx.report(Report::Event(note())).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(
-            *seen.lock().expect("lock"),
+            api.lines(),
             ["GET /api/v1/nodes/node-1"],
             "the event waits while the action is in flight"
         );
@@ -487,12 +474,12 @@ mod tests {
         let result = results.recv().await.expect("the action's result");
         assert!(result.result.is_err(), "the fake API answers 404");
         for _ in 0..50 {
-            if seen.lock().expect("lock").len() == 2 {
+            if api.requests().len() == 2 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let seen = seen.lock().expect("lock");
+        let seen = api.lines();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(
             seen[1].starts_with("POST ") && seen[1].ends_with("/events"),
@@ -502,10 +489,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unanswered_action_fails_within_the_step_down_margin_and_frees_the_reports() {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         // Never notified: the API server never answers for nodes.
         let release = Arc::new(tokio::sync::Notify::new());
-        let writer = writer_on_fake_api(seen.clone(), release);
+        let (writer, api) = writer_on_fake_api(release);
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
@@ -527,12 +513,12 @@ mod tests {
         assert_eq!(error.retry(), RetryPolicy::Retry);
         assert_eq!(started.elapsed(), action_deadline(margin()));
         for _ in 0..50 {
-            if seen.lock().expect("lock").len() == 2 {
+            if api.requests().len() == 2 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let seen = seen.lock().expect("lock");
+        let seen = api.lines();
         assert!(
             seen.get(1)
                 .is_some_and(|l| l.starts_with("POST ") && l.ends_with("/events")),
@@ -544,35 +530,22 @@ mod tests {
     /// node and patch it again.
     #[tokio::test]
     async fn a_taint_retried_on_conflict_stops_once_leadership_is_lost() {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let (leader_tx, leadership) = crate::leader::channel();
         leader_tx.send_replace(Some(crate::leader::Claim::for_tests()));
-        let leader_tx = Arc::new(leader_tx);
-        let record = seen.clone();
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let line = format!("{} {}", req.method(), req.uri().path());
-            record.lock().expect("lock").push(line);
-            let (status, body) = if req.method() == http::Method::PATCH {
+        let api = FakeApi::new()
+            .on(Method::PATCH, "/api/v1/nodes/node-1", move |_| {
                 // Leadership goes while the API server refuses the first write.
                 leader_tx.send_replace(None);
-                (
-                    409,
-                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#,
-                )
-            } else {
-                (
+                Reply::status(409, "Conflict")
+            })
+            .on(Method::GET, "/api/v1/nodes/node-1", |_| {
+                Reply::json(
                     200,
-                    r#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"node-1","resourceVersion":"2"}}"#,
+                    serde_json::json!({"kind": "Node", "apiVersion": "v1",
+                        "metadata": {"name": "node-1", "resourceVersion": "2"}}),
                 )
-            };
-            async move {
-                http::Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(body.as_bytes().to_vec()))
-            }
-        });
-        let writer = writer_on(Client::new(service, "default"), leadership);
+            });
+        let writer = writer_on(api.client(), leadership);
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
@@ -591,7 +564,7 @@ mod tests {
         let error = result.result.expect_err("the taint is not applied");
         assert!(error.to_string().contains("not the leader"), "{error}");
         assert_eq!(
-            *seen.lock().expect("lock"),
+            api.lines(),
             ["PATCH /api/v1/nodes/node-1"],
             "no request after leadership was lost"
         );
@@ -601,12 +574,12 @@ mod tests {
     /// writer sends neither the action nor the report, and counts the intent as dropped.
     #[tokio::test(start_paused = true)]
     async fn an_expired_claim_sends_nothing() {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let release = Arc::new(tokio::sync::Notify::new());
         let (claim, leadership) = crate::leader::channel();
         let expires = tokio::time::Instant::now() + Duration::from_secs(1);
         claim.send_replace(Some(crate::leader::Claim::until(expires)));
-        let writer = writer_on(fake_api(seen.clone(), release), leadership);
+        let api = fake_api(release);
+        let writer = writer_on(api.client(), leadership);
         let metrics = writer.metrics.clone();
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
@@ -622,7 +595,7 @@ mod tests {
         let error = result.result.expect_err("refused");
         assert!(matches!(error, ActError::NotLeader), "{error}");
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(seen.lock().expect("lock").is_empty(), "no request at all");
+        assert!(api.requests().is_empty(), "no request at all");
         let text = metrics.encode().expect("metrics");
         assert!(
             text.lines()
@@ -637,9 +610,8 @@ mod tests {
     /// must still go through, not stop the loop and the writer for good.
     #[tokio::test]
     async fn a_tick_of_more_intents_than_the_buffers_hold_goes_through() {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let release = Arc::new(tokio::sync::Notify::new());
-        let writer = writer_on_fake_api(seen, release);
+        let (writer, _api) = writer_on_fake_api(release);
         let (tx, rx) = lanes();
         let (results_tx, mut results) = results();
         tokio::spawn(writer.run(rx, results_tx));
