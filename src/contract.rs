@@ -45,6 +45,10 @@ use k8s_openapi::api::core::v1::Node;
 pub mod words;
 pub use words::*;
 
+/// The Lease podha's replicas compete for, unless told another (`--leader-lease`): the agents
+/// follow it for the leader's key ([`LEADER_KEY_ANNOTATION`]) and its leadership term.
+pub const DEFAULT_LEADER_LEASE: &str = "podha-leader";
+
 /// Node annotation podha sets to ask the node's agent to fence the node; its value identifies
 /// the request (see [`fence_request`]).
 pub const FENCE_REQUEST_ANNOTATION: &str = "podha.io/fence-request";

@@ -27,9 +27,11 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
-
-use crate::metrics::register;
+use prometheus::{
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
+    register_int_counter_vec_with_registry, register_int_counter_with_registry,
+    register_int_gauge_vec_with_registry, register_int_gauge_with_registry,
+};
 
 struct Counters {
     registry: Registry,
@@ -65,69 +67,61 @@ impl Counters {
 
     fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let refused = register(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "podha_agent_requests_refused_total",
-                    "Requests to the agent not signed by a key it trusts, answered 401.",
-                ),
-                &["path"],
-            )?,
+        let refused = register_int_counter_vec_with_registry!(
+            "podha_agent_requests_refused_total",
+            "Requests to the agent not signed by a key it trusts, answered 401.",
+            &["path"],
+            registry,
         )?;
-        let counter = |name: &str, help: &str| register(&registry, IntCounter::new(name, help)?);
-        let stale = counter(
+        let stale = register_int_counter_with_registry!(
             "podha_agent_heartbeats_stale_total",
             "Heartbeats of podha's leader over a challenge the agent did not issue or already \
              took.",
+            registry,
         )?;
-        let unverified = counter(
+        let unverified = register_int_counter_with_registry!(
             "podha_agent_peer_answers_unverified_total",
             "Peer answers not signed by the peer's key, counted as no answer.",
+            registry,
         )?;
-        let connections_refused = register(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "podha_agent_connections_refused_total",
-                    "Connections the agent closed as it accepted them, over its port's limit in \
-                     all or from one address.",
-                ),
-                &["limit"],
-            )?,
+        let connections_refused = register_int_counter_vec_with_registry!(
+            "podha_agent_connections_refused_total",
+            "Connections the agent closed as it accepted them, over its port's limit in all or \
+             from one address.",
+            &["limit"],
+            registry,
         )?;
-        let gauge = |name: &str, help: &str| register(&registry, IntGauge::new(name, help)?);
-        let watchdog_armed = gauge(
+        let watchdog_armed = register_int_gauge_with_registry!(
             "podha_agent_watchdog_armed",
             "1 while the agent's watchdog is armed (podha may count its node's silence); 0 while \
              it is disarmed (podha holds the node, or has not heard it since it booted) or the \
              agent has none (its silence proves no fence of its node).",
+            registry,
         )?;
-        let peers_asked = gauge(
+        let peers_asked = register_int_gauge_with_registry!(
             "podha_agent_peers_asked",
             "Peers the last reach check asked.",
+            registry,
         )?;
-        let peers_answered = gauge(
+        let peers_answered = register_int_gauge_with_registry!(
             "podha_agent_peers_answered",
             "Peers whose port answered the agent's last reach check.",
+            registry,
         )?;
-        let peers_reachable = gauge(
+        let peers_reachable = register_int_gauge_with_registry!(
             "podha_agent_peers_reachable",
             "0 once two reach checks in a row reached fewer than half of the peers asked \
              (podha then holds the node); 1 otherwise.",
+            registry,
         )?;
         peers_reachable.set(1);
-        let last_fence = register(
-            &registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "podha_agent_last_fence_timestamp_seconds",
-                    "Unix time at which the agent last fenced its node, by cause (isolation: \
-                     podha could not hear it; request: podha asked), as recorded before the \
-                     fence and read back when the agent starts.",
-                ),
-                &["cause"],
-            )?,
+        let last_fence = register_int_gauge_vec_with_registry!(
+            "podha_agent_last_fence_timestamp_seconds",
+            "Unix time at which the agent last fenced its node, by cause (isolation: podha could \
+             not hear it; request: podha asked), as recorded before the fence and read back \
+             when the agent starts.",
+            &["cause"],
+            registry,
         )?;
         Ok(Self {
             registry,

@@ -15,7 +15,6 @@
 mod advert;
 mod arming;
 mod boot;
-mod check;
 mod counters;
 mod error;
 mod fence;
@@ -24,6 +23,7 @@ mod hearing_file;
 mod identity;
 pub mod isolation;
 pub mod leader_key;
+mod main_loop;
 mod peer_list;
 pub mod peers;
 pub mod port;
@@ -40,15 +40,14 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use crate::contract::AGENT_PROBE_INTERVAL;
-use crate::leader::DEFAULT_LEASE_NAME;
-use check::{check_loop, resume};
+use crate::contract::{AGENT_PROBE_INTERVAL, DEFAULT_LEADER_LEASE};
 pub use error::{
     AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError, WatchdogRefusal,
 };
 pub use fence::{FenceCause, FenceConfirm, FenceMethod, Fenced, Fencer};
 use hearing_file::HearingFile;
 use leader_key::LeaderKey;
+use main_loop::{check_loop, resume};
 use peer_list::SavedList;
 use peers::{Peers, SurveyTimes};
 use server::SharedHearing;
@@ -110,7 +109,7 @@ pub struct AgentArgs {
     pub key_file: Option<PathBuf>,
     /// podha's leader Lease (in `--namespace`), whose `podha.io/leader-key` annotation is the
     /// key podha's heartbeats must be signed with (podha's `--leader-lease`).
-    #[arg(long, env = "PODHA_AGENT_LEADER_LEASE", default_value = DEFAULT_LEASE_NAME)]
+    #[arg(long, env = "PODHA_AGENT_LEADER_LEASE", default_value = DEFAULT_LEADER_LEASE)]
     pub leader_lease: String,
     /// Kubeconfig file; without it, in-cluster config or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "PODHA_AGENT_KUBECONFIG")]

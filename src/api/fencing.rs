@@ -430,3 +430,12 @@ impl BmcFencing {
         })
     }
 }
+
+/// `uuid` in one form for comparing a node's system UUID with the one its BMC reports: hex
+/// digits only, lowercase.
+pub fn canonical_uuid(uuid: &str) -> String {
+    uuid.chars()
+        .filter(char::is_ascii_hexdigit)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}

@@ -9,6 +9,7 @@ mod status;
 pub use duration::{DURATION_PATTERN, HumanDuration, ParseDurationError};
 pub use fencing::{
     BMC_NODE_LABEL, BmcFencing, CLOUD_SHUTDOWN_TAINT_KEY, Fencing, FencingProof, Proofs,
+    canonical_uuid,
 };
 pub use listed::{ListedPolicy, UnreadablePolicy};
 pub use policy::{

@@ -145,7 +145,7 @@ use errors::{OnError, on_error, watch_refused};
 use view::LeaseView;
 
 /// Name of the Lease the replicas compete for.
-pub const DEFAULT_LEASE_NAME: &str = "podha-leader";
+pub use crate::contract::DEFAULT_LEADER_LEASE as DEFAULT_LEASE_NAME;
 /// How long a hold is valid after its last renewal.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How long before the end of its hold the leader renews it.

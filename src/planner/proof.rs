@@ -633,12 +633,12 @@ fn member_proven(
 }
 
 /// The system UUID `node` reports (`status.nodeInfo.systemUUID`), in the form UUIDs are
-/// compared in ([`crate::redfish::canonical_uuid`]); empty when it reports none.
+/// compared in ([`crate::api::canonical_uuid`]); empty when it reports none.
 pub fn system_uuid_of(node: &Node) -> String {
     node.status
         .as_ref()
         .and_then(|s| s.node_info.as_ref())
-        .map(|i| crate::redfish::canonical_uuid(&i.system_uuid))
+        .map(|i| crate::api::canonical_uuid(&i.system_uuid))
         .unwrap_or_default()
 }
 

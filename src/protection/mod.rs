@@ -205,7 +205,7 @@ pub struct Cluster<'a> {
     proofs: RefCell<BTreeMap<String, Vec<Check>>>,
     /// Nodes that advertise an agent, and those of them with a watchdog and a fresh Lease.
     agents: OnceCell<(usize, usize)>,
-    /// How many nodes report each system UUID (compared as `redfish::canonical_uuid`).
+    /// How many nodes report each system UUID (compared as `api::canonical_uuid`).
     system_uuids: OnceCell<BTreeMap<String, usize>>,
 }
 

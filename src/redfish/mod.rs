@@ -26,13 +26,6 @@ pub struct SystemReading {
     pub uuid: Option<String>,
 }
 
-/// `uuid` in one form for comparing: hex digits only, lowercase.
-pub fn canonical_uuid(uuid: &str) -> String {
-    uuid.chars()
-        .filter(char::is_ascii_hexdigit)
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
-}
 pub use endpoint::{Endpoint, Trust};
 
 /// A system's `PowerState` as its BMC reports it.

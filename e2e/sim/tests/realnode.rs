@@ -437,8 +437,8 @@ fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed>
         let system_uuid = reading.uuid.clone().unwrap_or_default();
         anyhow::ensure!(
             !system_uuid.is_empty()
-                && podha::redfish::canonical_uuid(&reported)
-                    == podha::redfish::canonical_uuid(&system_uuid),
+                && podha::api::canonical_uuid(&reported)
+                    == podha::api::canonical_uuid(&system_uuid),
             "{REAL_NODE} reports systemUUID {reported:?}, its BMC's system says UUID {system_uuid:?}"
         );
 

@@ -317,7 +317,7 @@ done
 /// `status.nodeInfo.systemUUID` and, on a host without DMI (a VM without SMBIOS), falls back to
 /// `/etc/machine-id`: either way the node reports its BMC's system UUID.
 pub fn write_identity(node: &RealNode, system_uuid: &str) -> Result<()> {
-    let hex = podha::redfish::canonical_uuid(system_uuid);
+    let hex = podha::api::canonical_uuid(system_uuid);
     if hex.len() != 32 {
         return Err(Error::Other(format!(
             "{}'s system UUID {system_uuid:?} is not 128 bits",
