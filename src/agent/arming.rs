@@ -8,7 +8,7 @@
 //!
 //! - **Start.** The agent opens the watchdog (which arms it) to set and read back the timeout
 //!   it advertises, and disarms it at once unless the hearing file says podha may be counting
-//!   the silence (see `super::check::resume`).
+//!   the silence (see `super::main_loop::resume`).
 //! - **Armed again** when podha lets go of the hold (or hears a node it never heard before):
 //!   the hearing file first loses its word of the hold, then the watchdog is opened again with
 //!   the same checks and must go by the timeout advertised. Until then the agent takes the node

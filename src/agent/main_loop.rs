@@ -1,4 +1,4 @@
-//! The agent's loop: every check interval, whether podha hears this node; if not for long
+//! The agent's main loop: every check interval, whether podha hears this node; if not for long
 //! enough, what the peers say, the verdict ([`super::isolation::decide`]) and the watchdog's
 //! pet ([`super::isolation::pet_watchdog`]). Also what the agent knows of being heard when it
 //! starts, from the hearing file.

@@ -33,10 +33,11 @@
 //!   there (see `taints::tainted_for`); a replacement created before could be scheduled
 //!   straight back onto the dead node.
 //! - **Proof before any move.** Under either action, nothing is tainted, marked or deleted on
-//!   a dead node until the policy's fencing proof is there (see `taints::fencing_pending`): a
+//!   a dead node until the policy's fencing proof is there (see `fencing::fencing_pending`): a
 //!   force-deleted pod's volume is force-detached 6 minutes later whatever the node still runs.
 
 mod eviction;
+mod fencing;
 mod holds;
 mod intent;
 mod ownership;
@@ -267,7 +268,7 @@ fn plan_incident<'p>(
     if failed.held() {
         return;
     }
-    if let Some(on) = taints::power_on(node_obj, node_policy, incident, input) {
+    if let Some(on) = fencing::power_on(node_obj, node_policy, incident, input) {
         out.intents
             .push(dry_run_guard(node_policy, node, on, failed.rehearsal()));
     }
@@ -275,8 +276,8 @@ fn plan_incident<'p>(
     // the node carries a taint: the writer runs actions concurrently, and a pod deleted before
     // the taint lands may have its replacement scheduled straight back onto the dead node
     // (still Ready for the node lifecycle controller for up to 50 s).
-    let check = taints::fence_check(node_obj, node_policy, incident, input);
-    if let Some(hold) = taints::fence_contradicted(node_obj, node_policy, check) {
+    let check = fencing::fence_check(node_obj, node_policy, incident, input);
+    if let Some(hold) = fencing::fence_contradicted(node_obj, node_policy, check) {
         // Under `anyOf`, the BMC may still prove what the acknowledgement did not.
         ask_for_fences(&failed, &np, out);
         out.intents.push(hold);
@@ -365,7 +366,7 @@ fn ask_for_fences(failed: &FailedNode<'_, '_>, np: &NodePlan<'_>, out: &mut Plan
             holds::settled(policy, failed.incident, failed.input),
             holds::Settle::Go
         );
-    let asks = taints::fence_requests(
+    let asks = fencing::fence_requests(
         node_obj,
         policy,
         failed.incident,
@@ -385,7 +386,7 @@ fn plan_fence(
     failed: &FailedNode<'_, '_>,
     np: &NodePlan<'_>,
     tainted: bool,
-    check: taints::FenceCheck,
+    check: fencing::FenceCheck,
     out: &mut Plan,
 ) -> bool {
     let (node, node_obj, policy) = (failed.name(), failed.node, failed.policy);
@@ -393,7 +394,7 @@ fn plan_fence(
     let moving = !np.marks.is_empty() || !np.deletes.is_empty();
     if moving
         && !tainted
-        && let Some(hold) = taints::fencing_pending(node_obj, policy, check)
+        && let Some(hold) = fencing::fencing_pending(node_obj, policy, check)
     {
         // A node that could still be running keeps its pods and volumes until the proof comes.
         ask_for_fences(failed, np, out);
@@ -411,7 +412,7 @@ fn plan_fence(
             policy,
             rehearsal,
             np.protected.as_ref(),
-            taints::agent_lease_seen(check, node, failed.input.view),
+            fencing::agent_lease_seen(check, node, failed.input.view),
         ));
     } else if let Some(upgrade) = taints::plan_upgrade(
         node_obj,

@@ -9,33 +9,22 @@
 //! the eligible pods, and reports the refused taint as a hold: their volumes then detach after
 //! the attach/detach controller's 6-minute wait.
 //!
-//! Every way a volume leaves the node waits for the policy's fencing proof: the taint, and the
-//! deletes of `DeletePods` or of a refused taint alike. A force-deleted pod leaves the
-//! attach/detach controller's desired state, and the controller force-detaches its volume from
-//! the unhealthy node 6 minutes later whatever the node still runs; a pod left alone keeps its
-//! volume for as long as its statuses say Running.
+//! Every way a volume leaves the node waits for the policy's fencing proof (`fencing.rs`).
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
-use tokio::time::Instant;
 
-use super::proof::{
-    Acknowledgement, BMC_OFF_READS_APART, FenceEvidence, SilenceDoubt, agent_evidence, bmc_off,
-    bmc_off_read_twice, proven, proven_without_the_node, rests_on_lease_word,
-    system_uuid_shared_with,
-};
+use super::fencing::{FenceCheck, agent_lease_seen};
 use super::{
     AgentLeaseSeen, HoldReason, Incident, Intent, PlanInput, PolicyRef, Protected, dry_run_guard,
     node_usable,
 };
-use crate::api::{Action, FencingProof, NodeTaint, TAINT_MARKER_ANNOTATION};
-use crate::contract::agent_addr;
+use crate::api::{Action, NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::eligibility::{
     SkipReason, claim_names, controller_ref, opted_out, spared_by_out_of_service,
 };
 use crate::health::ReadyStatus;
-use crate::incident::PowerOff;
 use crate::view::View;
 
 /// Why the out-of-service taint on `node` would have to spare `pod` if the node died now, if
@@ -80,159 +69,13 @@ pub(super) fn unselected_protection(pod: &Pod) -> Option<&'static str> {
 /// `reason`, if it would.
 pub(super) fn skip_protection(reason: SkipReason, pod: &Pod) -> Option<&'static str> {
     match reason {
-        SkipReason::NoPersistentVolumeClaim | SkipReason::PodReady => None,
+        SkipReason::NoPersistentVolumeClaim => None,
         // A pod the out-of-service taint leaves alone (tolerated for good, not terminating) is
         // neither evicted nor detached; any other that podha leaves alone must be spared.
         SkipReason::ToleratesFence if spared_by_out_of_service(pod) => None,
         SkipReason::OwnerKindNotSelected if claim_names(pod).is_empty() => None,
         other => Some(other.as_str()),
     }
-}
-
-/// The hold while the policy's fencing proof is missing; none once it is there (or the policy
-/// asks for none, `fencing.proof: None`). Whatever the node gets, the out-of-service taint or
-/// podha's scheduling fence (action `DeletePods`, or a refused taint), the eligible pods'
-/// deletion is what lets the attach/detach controller force-detach their volumes 6 minutes
-/// later, which on storage that does not fence is the very move the proof guards (a pod left
-/// alone on a dead node is never detached). A silent agent whose silence proves nothing (see
-/// `proof`) is held for that reason, so the user learns the proof will not come by itself.
-pub(super) fn fencing_pending(
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    check: FenceCheck,
-) -> Option<Intent> {
-    let fencing = &node_policy.spec.fencing;
-    let reason = match check.doubt {
-        Some(why) => HoldReason::AgentSilenceUnproven { why },
-        None => HoldReason::FencingPending {
-            proof: fencing.proofs(),
-        },
-    };
-    (!check.proven()).then(|| Intent::Hold {
-        policy: node_policy.name.to_string(),
-        node: node.metadata.name.clone(),
-        reason,
-    })
-}
-
-/// What podha knows of the fence of an incident's node, as its policy asks.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct FenceCheck {
-    /// What proves the node fenced, if anything does yet.
-    pub proof: Option<FenceEvidence>,
-    /// With proof `Agent` (alone, or in `allOf`), not proven: why the agent's silence proves
-    /// nothing, if it is silent.
-    pub doubt: Option<SilenceDoubt>,
-    /// The node renewed its Lease this many times after its fence acknowledgement, in the
-    /// same boot: the fence did not take (see `proof::ACK_CONTRADICTED_BY`).
-    pub contradicted: Option<u32>,
-    /// The proof rests on the agent's silence counted through its Lease's word
-    /// (`proof::rests_on_lease_word`): the taint goes out only with the Lease as podha saw it
-    /// ([`agent_lease_seen`]).
-    pub rests_on_lease_word: bool,
-}
-
-impl FenceCheck {
-    pub fn proven(self) -> bool {
-        self.proof.is_some()
-    }
-}
-
-/// What proves the incident's node fenced for its policy, if anything does yet, and why its
-/// agent's silence does not.
-pub(super) fn fence_check(
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    incident: &Incident,
-    input: &PlanInput<'_>,
-) -> FenceCheck {
-    let agent = agent_evidence(
-        &incident.node,
-        input.view,
-        input.heartbeats,
-        input.agent_quorum_since,
-        input.now,
-        incident.fence_request.as_deref(),
-    );
-    let fencing = &node_policy.spec.fencing;
-    let powered_off = still_off(incident, input);
-    let proofs = fencing.proofs();
-    // Only an acknowledgement of this incident's request: an older one proves nothing here,
-    // and what the node did after it says nothing of this fence.
-    let contradicted = match agent.acknowledgement(node) {
-        Acknowledgement::Contradicted { renewals } if proofs.requests_fence() => Some(renewals),
-        _ => None,
-    };
-    // A judgement without the kubelet's heartbeat gets here only behind a confirmed proof
-    // (`unconfirmed_judgement` holds the others), which only confirmed evidence gives. After a
-    // contradicted acknowledgement neither it nor the agent's silence counts: only a proof the
-    // node has no part in, under `anyOf`.
-    let proof = match contradicted {
-        None => proven(fencing, node, agent, powered_off),
-        Some(_) => proven_without_the_node(fencing, node, powered_off),
-    };
-    // The agent's doubt is the reason for the hold only where its proof is required: under
-    // `anyOf` another proof may still come.
-    let doubt =
-        (proofs.requires(FencingProof::Agent) && proof.is_none() && agent_addr(node).is_some())
-            .then(|| agent.silence_doubt())
-            .flatten();
-    FenceCheck {
-        proof,
-        doubt,
-        contradicted,
-        rests_on_lease_word: rests_on_lease_word(fencing, node, agent, powered_off, proof),
-    }
-}
-
-/// What a taint that `check` allows must find of the node's agent Lease when it goes out, if
-/// anything: the version podha's view holds, when the proof rests on the Lease's word.
-pub(super) fn agent_lease_seen(
-    check: FenceCheck,
-    node: &str,
-    view: &View,
-) -> Option<AgentLeaseSeen> {
-    check.rests_on_lease_word.then(|| AgentLeaseSeen {
-        resource_version: view
-            .agent_adverts
-            .get(node)
-            .and_then(|advert| advert.resource_version.clone()),
-    })
-}
-
-/// Whether the node's BMC proves the machine off, as podha has heard the node since
-/// (`proof::bmc_off`).
-fn still_off(incident: &Incident, input: &PlanInput<'_>) -> bool {
-    bmc_off(incident.power_off, input.heartbeats.get(&incident.node))
-}
-
-/// With proof `BMC`: whether the next read of the node's power is due. The reads go on until
-/// two say `Off` far enough apart; the second waits out [`BMC_OFF_READS_APART`] after the
-/// first (asked earlier it would only be sent again).
-fn power_read_due(power_off: &PowerOff, now: Instant) -> bool {
-    if bmc_off_read_twice(power_off).is_some() {
-        return false;
-    }
-    power_off
-        .off_reads
-        .is_none_or(|r| now >= r.first + BMC_OFF_READS_APART)
-}
-
-/// The hold of a node whose acknowledged fence its kubelet contradicts: nothing more is done
-/// there, whether or not the taint is on (the pods still there stay with their volumes), until
-/// a proof the node has no part in comes (under `anyOf`: the BMC's `Off`, which podha still
-/// asks for).
-pub(super) fn fence_contradicted(
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    check: FenceCheck,
-) -> Option<Intent> {
-    let unproven = check.contradicted.filter(|_| check.proof.is_none());
-    unproven.map(|renewals| Intent::Hold {
-        policy: node_policy.name.to_string(),
-        node: node.metadata.name.clone(),
-        reason: HoldReason::FenceContradicted { renewals },
-    })
 }
 
 /// Whether the incident's node carries a taint its pods may be deleted under: the one this
@@ -242,127 +85,6 @@ pub(super) fn fence_contradicted(
 /// fenced) must not let this incident delete pods without the proof its policy asks for.
 pub(super) fn tainted_for(incident: &Incident, node: &Node, proven: bool) -> bool {
     incident.tainted.is_some() || (NodeTaint::ALL.iter().any(|t| t.on(node)) && proven)
-}
-
-/// The fences to ask for while the proof is missing, one per proof asked for (under `anyOf`
-/// and `allOf` all at once): on the Node once per incident, for the `Agent` proofs only of a
-/// node that runs an agent, for `External` of any (the user's fence controller answers); for
-/// `BMC`, of the node's BMC (see [`power_off`]). A request not yet accepted is asked only if
-/// `may_ask_anew` (no pause, the settle rule passed); the reads of a `ForceOff` accepted go on.
-pub(super) fn fence_requests(
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    incident: &Incident,
-    input: &PlanInput<'_>,
-    may_ask_anew: bool,
-) -> Vec<Intent> {
-    let proofs = node_policy.spec.fencing.proofs();
-    let mut asks = Vec::new();
-    if proofs.asks(FencingProof::Bmc) && (may_ask_anew || incident.power_off.is_some()) {
-        asks.extend(power_off(node, node_policy, incident, input));
-    }
-    if proofs.requests_fence()
-        && may_ask_anew
-        && incident.fence_request.is_none()
-        && (proofs.asks(FencingProof::External) || agent_addr(node).is_some())
-    {
-        asks.push(Intent::RequestFence {
-            node: incident.node.clone(),
-            policy: node_policy.name.to_string(),
-        });
-    }
-    asks
-}
-
-/// With proof `BMC`: the `ForceOff`, until the node's BMC accepts one in this incident, then
-/// the reads of its power state, until two say `Off` [`BMC_OFF_READS_APART`] apart (each sent
-/// again by the action's backoff). Nothing for a node whose Secret has no name
-/// (`fencing.bmc.secretNameLabel` missing on the Node), nor, under `matchSystemUUID`, for one
-/// whose system UUID another node reports too (it binds neither to its BMC): the hold says the
-/// proof is missing, and `podha explain` why.
-fn power_off(
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    incident: &Incident,
-    input: &PlanInput<'_>,
-) -> Option<Intent> {
-    let bmc = node_policy.spec.fencing.bmc.as_ref()?;
-    let secret = bmc.secret_for(node)?;
-    let system_uuid = bmc.expected_uuid(node);
-    if system_uuid.is_some() && system_uuid_shared_with(input.view, &incident.node, node).is_some()
-    {
-        return None;
-    }
-    let (node, policy) = (incident.node.clone(), node_policy.name.to_string());
-    match incident.power_off {
-        None => Some(Intent::PowerOff {
-            lease_seen: input.heartbeats.get(&node).and_then(|hb| hb.renew_time),
-            node,
-            policy,
-            secret,
-            system_uuid,
-        }),
-        Some(p) if power_read_due(&p, input.now) => Some(Intent::ConfirmPowerOff {
-            node,
-            policy,
-            secret,
-            system_uuid,
-        }),
-        Some(_) => None,
-    }
-}
-
-/// With `fencing.bmc.powerCycle`: the `On`, once per incident, of a machine podha powered off,
-/// after the BMC proved it off and the failover is done (the moved pods' volumes detached from
-/// the node and their replacements running). Under `anyOf`, another proof may have let the
-/// taint on before the BMC said `Off`: its power is read from then on until it does, twice, so
-/// that the `Off` is seen soon after the `ForceOff`. Nothing for a machine that booted again
-/// since it was judged dead, and no `On` for one heard from after the BMC said `Off` (its
-/// Lease renewed, a probe answered): someone powered it on, and decides what follows.
-pub(super) fn power_on(
-    node: &Node,
-    node_policy: PolicyRef<'_>,
-    incident: &Incident,
-    input: &PlanInput<'_>,
-) -> Option<Intent> {
-    let fencing = &node_policy.spec.fencing;
-    let bmc = fencing.bmc.as_ref().filter(|b| b.power_cycle)?;
-    let power_off = incident.power_off?;
-    // Only a machine podha switched off: one found off was switched off by someone else (a
-    // repair, a thermal trip), who alone may switch it on. Not while the policy or the node is
-    // paused: someone is working on the machine (it is switched on once the pause ends).
-    let paused = node_policy.spec.paused || crate::api::node_paused(node);
-    let ours = !paused
-        && !incident.rebooted(node)
-        && fencing.proofs().asks(FencingProof::Bmc)
-        && power_off.by_podha
-        && power_off.on_requested_at.is_none();
-    let secret = bmc.secret_for(node).filter(|_| ours)?;
-    let (node_name, policy, system_uuid) = (
-        incident.node.clone(),
-        node_policy.name.to_string(),
-        bmc.expected_uuid(node),
-    );
-    match bmc_off_read_twice(&power_off) {
-        // Before the taint the proof's own reads go out (`power_off`).
-        None if incident.tainted.is_some() && power_read_due(&power_off, input.now) => {
-            Some(Intent::ConfirmPowerOff {
-                node: node_name,
-                policy,
-                secret,
-                system_uuid,
-            })
-        }
-        Some(_) if incident.recovered_at.is_some() && still_off(incident, input) => {
-            Some(Intent::PowerOn {
-                node: node_name,
-                policy,
-                secret,
-                system_uuid,
-            })
-        }
-        _ => None,
-    }
 }
 
 /// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service

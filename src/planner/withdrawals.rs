@@ -32,7 +32,7 @@ pub(super) fn plan_withdrawals(input: &PlanInput<'_>, out: &mut Vec<Intent>) {
 }
 
 /// The reports due this round of acknowledged fences the node contradicted, for the nodes
-/// without an open incident (an incident's own plan holds them, see `taints::fence_contradicted`).
+/// without an open incident (an incident's own plan holds them, see `fencing::fence_contradicted`).
 pub(super) fn plan_contradictions(input: &PlanInput<'_>, out: &mut Vec<Intent>) {
     for (name, node) in &input.view.nodes {
         let Some(request) = node.annotations().get(FENCE_REQUEST_ANNOTATION) else {

@@ -4,7 +4,7 @@
 //!
 //! observe → judge → plan → dispatch → follow → report
 //!
-//! each step in a room of its own (`judge.rs`, `incidents.rs`, the planner, `dispatch.rs`,
+//! each step in a room of its own (`judge.rs`, `incidents.rs`, the planner, `schedule.rs`,
 //! `results.rs`, `reports.rs`). Owning everything in one task keeps decisions sequential and
 //! lock-free.
 
@@ -29,18 +29,18 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::planner::{self, HealthBook, Intent, PlanInput, PolicyRef};
 use clock::WallClock;
-use dispatch::Schedule;
 use judge::Judge;
 use reports::ReportBook;
+use schedule::Schedule;
 
 mod agent_reports;
 mod clock;
 mod coverage;
-mod dispatch;
 mod incidents;
 mod judge;
 mod reports;
 mod results;
+mod schedule;
 #[cfg(test)]
 mod tests;
 

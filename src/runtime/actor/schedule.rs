@@ -1,6 +1,7 @@
-//! Dispatch: an intent becomes a write sent to the writer, unless the same action is in flight
-//! or waiting for its retry, or this replica does not lead; and the answer of a write comes
-//! back to the same schedule.
+//! The action schedule, one entry per action key: dispatch sends an intent to the writer as a
+//! write, unless the same action is in flight or waiting for its retry, or this replica does
+//! not lead; the answer of a write comes back to the same entry (a success clears it, a failure
+//! sets its retry); `results.rs` records what the success did.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
