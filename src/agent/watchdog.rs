@@ -12,7 +12,7 @@
 //!
 //! What the agent takes of the file at `--watchdog` ([`Watchdog::open`]):
 //! - **A character device** is asked, not trusted: its timeout is what the agent's pets, its
-//!   [`check_timeout`] and the `fenced_within` it advertises rest on.
+//!   [`Bounds::check`] and the `fenced_within` it advertises rest on.
 //!   - Before it is opened (which arms it), sysfs must show that its driver has no
 //!     `nowayout`: such a device never disarms, and every stop of the agent (a rollout, an
 //!     uninstall) would reset the node. When sysfs cannot tell, the device is refused too
@@ -22,7 +22,7 @@
 //!   - Its timeout is set to `--watchdog-timeout`, rounded up to whole seconds, when the
 //!     device can set it, and read back (the driver may round it); a device that cannot set it
 //!     must already have that timeout. The timeout read back is the one the agent goes by;
-//!     one that [`check_timeout`] refuses is refused ([`settle`]).
+//!     one that [`Bounds::check`] refuses is refused ([`settle`]).
 //!
 //!   A device refused once open is disarmed and closed, unless it was running before (a
 //!   crashed worker's countdown goes on).
@@ -78,7 +78,7 @@ struct OpenedAs {
     bounds: Bounds,
 }
 
-/// The agent's timings a watchdog timeout must fit (see [`check_timeout`]).
+/// The agent's timings a watchdog timeout must fit (see [`Bounds::check`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
     pub isolation_timeout: Duration,
@@ -558,21 +558,6 @@ pub fn run_without(error: WatchdogError, stand_in: bool) -> Result<Unwatched, Wa
         | WatchdogError::StandInFailed { .. }
         | WatchdogError::RefusedRunning { .. } => Err(error),
     }
-}
-
-/// Checks a watchdog timeout against the agent's other timings ([`Bounds::check`]).
-pub fn check_timeout(
-    watchdog: Duration,
-    isolation_timeout: Duration,
-    check_interval: Duration,
-    survey_limit: Duration,
-) -> Result<(), ArgsError> {
-    Bounds {
-        isolation_timeout,
-        check_interval,
-        survey_limit,
-    }
-    .check(watchdog)
 }
 
 #[cfg(test)]

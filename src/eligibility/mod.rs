@@ -60,8 +60,6 @@ pub enum SkipReason {
     /// The pod tolerates the taint podha fences its node with: its replacement could be
     /// scheduled straight back onto the dead node.
     ToleratesFence,
-    /// The pod is Ready and not terminating: it looks alive, whatever the node says.
-    PodReady,
     /// No healthy, schedulable node could run the pod (`safety.requireTarget`).
     NoTargetNode,
 }
@@ -91,7 +89,6 @@ impl SkipReason {
                 "it tolerates the taint podha fences its node with: its replacement could land \
                  back on the dead node"
             }
-            Self::PodReady => "it is Ready and not terminating: it looks alive",
             Self::NoTargetNode => {
                 "no healthy, schedulable node could run it (safety.requireTarget)"
             }
@@ -110,7 +107,6 @@ impl SkipReason {
             Self::DriverNotSelected => "DriverNotSelected",
             Self::AccessModeNotSelected => "AccessModeNotSelected",
             Self::ToleratesFence => "ToleratesFence",
-            Self::PodReady => "PodReady",
             Self::NoTargetNode => "NoTargetNode",
         }
     }
@@ -129,33 +125,17 @@ pub struct Eligible {
 /// May this pod, on a failed node, be force-deleted? `node_usable(node)` says whether podha
 /// considers a node healthy (not failed or suspect); the target check uses it.
 ///
-/// The policy's selectors are not consulted here (see [`pod_selected`], [`node_selected`]).
+/// The policy's selectors are not consulted here (see [`pod_selected`], [`node_selected`]),
+/// nor is readiness: on a node that podha judged dead, a pod's Ready=True is what the dead
+/// kubelet last wrote; the planner first marks such pods NotReady (as the node lifecycle
+/// controller would, later) and deletes them once they are not Ready ([`looks_alive`]).
 /// Checks run in this order and the first refusal wins, so a pod is reported under the most
 /// fundamental reason:
 /// 1. `NoControllerOwner`, `OptedOut`, `OwnerKindNotSelected` (see `owners.rs`);
-/// 2. `PodReady`: a Ready pod that is not terminating looks alive whatever its node says; a
-///    NotReady pod, or a terminating one even if still marked Ready, passes;
-/// 3. `NoPersistentVolumeClaim`, then per claim `ClaimNotBound`, `VolumeNotCsi`,
+/// 2. `NoPersistentVolumeClaim`, then per claim `ClaimNotBound`, `VolumeNotCsi`,
 ///    `DriverNotSelected`, `AccessModeNotSelected` (see `volumes.rs`);
-/// 4. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`);
-/// 5. `ToleratesFence` (see `tolerations.rs`).
-pub fn check_pod(
-    spec: &PodHAPolicySpec,
-    pod: &Pod,
-    view: &View,
-    node_usable: &dyn Fn(&Node) -> bool,
-) -> Result<Eligible, SkipReason> {
-    let owner_kind = owners::check_owner(spec, pod, view)?;
-    if looks_alive(pod) {
-        return Err(SkipReason::PodReady);
-    }
-    check_volumes_and_target(spec, pod, view, node_usable)?;
-    Ok(Eligible { owner_kind })
-}
-
-/// Everything [`check_pod`] checks but readiness. On a node that podha judged dead, a pod's
-/// Ready=True is what the dead kubelet last wrote; the planner first marks such pods NotReady
-/// (as the node lifecycle controller would, later) and deletes them once they are not Ready.
+/// 3. `NoTargetNode`, only with `safety.requireTarget` (see `target.rs`);
+/// 4. `ToleratesFence` (see `tolerations.rs`).
 pub fn check_movable(
     spec: &PodHAPolicySpec,
     pod: &Pod,

@@ -45,7 +45,7 @@ pub(crate) enum Unfit {
 const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
 /// A healthy node that could run this pod (or a replacement from the same template), if any:
-/// the first by name. Volume topology is checked for every claim that is bound; `check_pod`
+/// the first by name. Volume topology is checked for every claim that is bound; `check_movable`
 /// refuses pods with unbound claims before it asks.
 pub fn find_target<'v>(
     pod: &Pod,

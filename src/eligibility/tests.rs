@@ -1,4 +1,5 @@
-//! `check_pod` end to end: every refusal, the order of the checks, and the opt-in paths.
+//! `check_movable` end to end: every refusal, the order of the checks, and the opt-in paths;
+//! `looks_alive`, the readiness the planner waits for before a delete.
 
 use super::*;
 use crate::api::AccessMode::ReadWriteMany;
@@ -127,14 +128,6 @@ fn every_reason_and_the_order_of_checks() {
             Err(SkipReason::OwnerKindNotSelected),
         ),
         (
-            "kind not selected wins over a Ready pod",
-            mk_pod("ns", "p")
-                .on("dead")
-                .owned_by("batch/v1", "Job", "j")
-                .ready(true),
-            Err(SkipReason::OwnerKindNotSelected),
-        ),
-        (
             "opted-in job pod with an ephemeral volume",
             mk_pod("ns", "job-0")
                 .on("dead")
@@ -151,27 +144,6 @@ fn every_reason_and_the_order_of_checks() {
                 .claim("data")
                 .annotation(FAILOVER_ANNOTATION, "true"),
             ok("DaemonSet"),
-        ),
-        // Readiness.
-        (
-            "Ready pod",
-            sts_pod().ready(true),
-            Err(SkipReason::PodReady),
-        ),
-        (
-            "Ready wins over a missing claim",
-            mk_pod("ns", "p").on("dead").owned_by_sts("db").ready(true),
-            Err(SkipReason::PodReady),
-        ),
-        (
-            "terminating but still Ready",
-            sts_pod().ready(true).terminating(),
-            ok("StatefulSet"),
-        ),
-        (
-            "terminating and NotReady",
-            sts_pod().terminating(),
-            ok("StatefulSet"),
         ),
         // Volumes.
         (
@@ -236,7 +208,7 @@ fn every_reason_and_the_order_of_checks() {
     ];
     let view = view();
     for (name, pod, want) in cases {
-        assert_eq!(check_pod(&spec, &pod, &view, &usable), want, "{name}");
+        assert_eq!(check_movable(&spec, &pod, &view, &usable), want, "{name}");
     }
 }
 
@@ -281,7 +253,7 @@ fn owners_come_from_the_policy() {
     ];
     for (name, pod, owners, want) in cases {
         let spec = mk_spec().owners(owners);
-        assert_eq!(check_pod(&spec, &pod, &view, &usable), want, "{name}");
+        assert_eq!(check_movable(&spec, &pod, &view, &usable), want, "{name}");
     }
 }
 
@@ -290,12 +262,12 @@ fn target_is_only_required_when_the_policy_says_so() {
     let view = view();
     let stuck = sts_pod().claim("zone-b");
     assert_eq!(
-        check_pod(&mk_spec(), &stuck, &view, &usable),
+        check_movable(&mk_spec(), &stuck, &view, &usable),
         Err(SkipReason::NoTargetNode)
     );
     let relaxed = mk_spec().require_target(false);
     assert_eq!(
-        check_pod(&relaxed, &stuck, &view, &usable),
+        check_movable(&relaxed, &stuck, &view, &usable),
         Ok(Eligible {
             owner_kind: "StatefulSet"
         })
@@ -308,13 +280,24 @@ fn target_uses_podha_health_not_only_node_conditions() {
     // n2 is Ready in the API but podha suspects it: the only candidate is gone.
     let suspicious = |node: &Node| !matches!(node.name_any().as_str(), "dead" | "n2");
     assert_eq!(
-        check_pod(&mk_spec(), &sts_pod(), &view, &suspicious),
+        check_movable(&mk_spec(), &sts_pod(), &view, &suspicious),
         Err(SkipReason::NoTargetNode)
     );
     assert_eq!(
         find_target(&sts_pod(), &view, &usable).map(ResourceExt::name_any),
         Some("n2".into())
     );
+}
+
+/// A Ready pod that is not terminating looks alive, whatever its node says: the planner marks
+/// it NotReady before it deletes it. A terminating one, or a NotReady one, does not.
+#[test]
+fn a_ready_pod_looks_alive_until_it_is_terminating_or_not_ready() {
+    assert!(looks_alive(&sts_pod().ready(true)));
+    assert!(!looks_alive(&sts_pod().ready(true).terminating()));
+    assert!(!looks_alive(&sts_pod().terminating()));
+    assert!(!looks_alive(&sts_pod()));
+    assert!(!looks_alive(&sts_pod().ready(false)));
 }
 
 #[test]
@@ -329,7 +312,7 @@ fn every_reason_has_a_distinct_label() {
         SkipReason::VolumeNotCsi,
         SkipReason::DriverNotSelected,
         SkipReason::AccessModeNotSelected,
-        SkipReason::PodReady,
+        SkipReason::ToleratesFence,
         SkipReason::NoTargetNode,
     ];
     let labels: BTreeSet<&str> = all.iter().map(|r| r.as_str()).collect();

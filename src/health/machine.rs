@@ -206,7 +206,7 @@ mod tests {
 
     use super::*;
     use crate::api::Signal;
-    use crate::health::{ReadyStatus, TcpResult};
+    use crate::health::{ProbeKind, ReadyStatus, TcpResult};
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -429,7 +429,7 @@ mod tests {
                 } else {
                     TcpResult::Connected
                 };
-                obs.observe_tcp(tcp, t0, t0);
+                obs.observe_probe(ProbeKind::KubeletTcp, tcp, t0, t0);
 
                 let c = cfg(1, &enabled);
                 let mut tracker = HealthTracker::new(&obs);
@@ -493,13 +493,13 @@ mod tests {
             !tracker.judged_failed(),
             "an inconclusive probe confirms nothing"
         );
-        obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
         tracker.tick(t0 + s(50), &obs, &c);
         assert!(tracker.judged_failed());
         // A resumed node that shows life is simply healthy.
         let mut obs = NodeObservations::new(t0);
         let mut tracker = HealthTracker::resume_failed(&obs, t0);
-        obs.observe_tcp(TcpResult::Connected, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::Connected, t0, t0);
         tracker.tick(t0 + s(1), &obs, &c);
         assert_eq!(tracker.state(), NodeHealth::Healthy);
         assert!(!tracker.judged_failed());
@@ -532,14 +532,14 @@ mod tests {
         let c = cfg(1, &[Signal::Lease, Signal::KubeletTCP]);
         let mut obs = NodeObservations::new(t0);
         let mut tracker = HealthTracker::new(&obs);
-        obs.observe_tcp(TcpResult::Refused, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::Refused, t0, t0);
         tracker.tick(t0 + s(100), &obs, &c);
         assert_eq!(tracker.state(), NodeHealth::Healthy);
-        obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
         tracker.tick(t0 + s(101), &obs, &c);
         assert!(tracker.state().is_failed());
         // And a Failed node whose host answers again is no longer Failed.
-        obs.observe_tcp(TcpResult::Refused, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::Refused, t0, t0);
         tracker.tick(t0 + s(102), &obs, &c);
         assert_eq!(tracker.state(), NodeHealth::Healthy);
     }
@@ -552,7 +552,7 @@ mod tests {
         let mut tracker = HealthTracker::new(&obs);
         tracker.tick(t0 + s(100), &obs, &c);
         assert_eq!(tracker.state(), NodeHealth::Healthy);
-        obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
         tracker.tick(t0 + s(105), &obs, &c);
         assert!(tracker.state().is_failed());
     }
@@ -656,10 +656,12 @@ mod tests {
         let c = cfg(1, &[Signal::Lease, Signal::NodeReady, Signal::KubeletTCP]);
         for revive in [
             |o: &mut NodeObservations, t| o.observe_ready(ReadyStatus::True, t),
-            |o: &mut NodeObservations, t| o.observe_tcp(TcpResult::Connected, t, t),
+            |o: &mut NodeObservations, t| {
+                o.observe_probe(ProbeKind::KubeletTcp, TcpResult::Connected, t, t)
+            },
         ] {
             let mut obs = dead_node(t0);
-            obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+            obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
             let mut tracker = HealthTracker::new(&obs);
             tracker.tick(t0 + s(45), &obs, &c);
             assert!(tracker.state().is_failed());
@@ -748,14 +750,14 @@ mod tests {
         };
         let mut obs = NodeObservations::new(t0);
         obs.lease_renewed(t0);
-        obs.observe_tcp(TcpResult::Connected, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::Connected, t0, t0);
         let mut tracker = HealthTracker::new(&obs);
         // On the grid from t0, probes fall at whole seconds; the lease dies at 40.5 s.
         let ms = Duration::from_millis;
         let renewed = t0 + ms(500);
         assert!(poll_for(&mut tracker, &obs, &c, t0, renewed - ms(100)).is_empty());
         obs.lease_renewed(renewed);
-        obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
         let transitions = poll_for(
             &mut tracker,
             &obs,

@@ -328,11 +328,6 @@ impl NodeObservations {
         }
     }
 
-    /// The result of the latest TCP connect to the kubelet.
-    pub fn observe_tcp(&mut self, result: TcpResult, sent: Instant, received: Instant) {
-        self.observe_probe(ProbeKind::KubeletTcp, result, sent, received);
-    }
-
     /// The node no longer publishes an endpoint for `kind`: no evidence either way.
     pub fn forget_probe(&mut self, kind: ProbeKind) {
         self.probed_mut(kind).forget();

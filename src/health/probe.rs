@@ -169,8 +169,9 @@ impl Probe {
         self.verdict() == Verdict::Fail
     }
 
-    /// The signals that said dead, for events and metrics.
-    pub fn dead_signals(&self) -> impl Iterator<Item = Signal> + '_ {
+    /// The signals that said dead.
+    #[cfg(test)]
+    pub(crate) fn dead_signals(&self) -> impl Iterator<Item = Signal> + '_ {
         self.readings
             .iter()
             .filter(|r| r.is_dead())
@@ -302,7 +303,7 @@ mod tests {
         let mut obs = NodeObservations::new(t0);
         obs.lease_renewed(t0 + s(2));
         obs.observe_ready(ReadyStatus::Unknown, t0 + s(3));
-        obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
         let now = t0 + s(50);
 
         let all = evaluate(now, &obs, &cfg(true, true, true));
@@ -361,21 +362,21 @@ mod tests {
             evaluate(t0 + Duration::from_millis(41_700), &obs, &c).to_string(),
             "Lease not renewed for 41s; Ready=Unknown; kubelet TCP not probed yet"
         );
-        obs.observe_tcp(TcpResult::Connected, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::Connected, t0, t0);
         obs.observe_ready(ReadyStatus::Missing, t0);
         assert_eq!(
             evaluate(t0 + s(3), &obs, &c).to_string(),
             "Lease renewed 3s ago; no Ready condition; kubelet TCP connect ok"
         );
         obs.gap(t0 + s(60));
-        obs.observe_tcp(TcpResult::Refused, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::Refused, t0, t0);
         obs.observe_ready(ReadyStatus::False, t0);
         assert_eq!(
             evaluate(t0 + s(65), &obs, &c).to_string(),
             "Lease renewal not seen yet, 5s into the grace period; Ready=False; \
              kubelet TCP connect refused (the host is up)"
         );
-        obs.observe_tcp(TcpResult::NoAnswer, t0, t0);
+        obs.observe_probe(ProbeKind::KubeletTcp, TcpResult::NoAnswer, t0, t0);
         assert_eq!(
             evaluate(t0 + s(65), &obs, &c).to_string(),
             "Lease renewal not seen yet, 5s into the grace period; Ready=False; \

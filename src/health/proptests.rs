@@ -167,7 +167,7 @@ fn run(cfg: DetectionConfig, events: Vec<Event>) -> Result<(), TestCaseError> {
                 m.ready = status;
             }
             Event::Tcp(result) => {
-                obs.observe_tcp(result, at(m.now), at(m.now));
+                obs.observe_probe(ProbeKind::KubeletTcp, result, at(m.now), at(m.now));
                 m.tcp = Some(result);
             }
             Event::BeginGap => {

@@ -1,5 +1,20 @@
 use super::*;
 
+/// Checks a watchdog timeout against the agent's other timings.
+fn check_timeout(
+    watchdog: Duration,
+    isolation_timeout: Duration,
+    check_interval: Duration,
+    survey_limit: Duration,
+) -> Result<(), ArgsError> {
+    Bounds {
+        isolation_timeout,
+        check_interval,
+        survey_limit,
+    }
+    .check(watchdog)
+}
+
 #[test]
 fn a_watchdog_timeout_must_fit_between_a_survey_and_half_the_isolation_timeout() {
     let s = Duration::from_secs;

@@ -183,18 +183,38 @@ fn a_point_gap_re_baselines_but_does_not_end_an_open_gap() {
 fn tcp_answers_and_silences_carry_their_instants() {
     let t0 = Instant::now();
     let mut obs = NodeObservations::new(t0);
-    obs.observe_tcp(TcpResult::Connected, t0 + s(1), t0 + s(2));
+    obs.observe_probe(
+        ProbeKind::KubeletTcp,
+        TcpResult::Connected,
+        t0 + s(1),
+        t0 + s(2),
+    );
     assert_eq!(obs.tcp_answered(), Some(t0 + s(1)));
     assert_eq!(obs.tcp_silent_since(), None);
-    obs.observe_tcp(TcpResult::NoAnswer, t0 + s(3), t0 + s(4));
-    obs.observe_tcp(TcpResult::NoAnswer, t0 + s(5), t0 + s(6));
+    obs.observe_probe(
+        ProbeKind::KubeletTcp,
+        TcpResult::NoAnswer,
+        t0 + s(3),
+        t0 + s(4),
+    );
+    obs.observe_probe(
+        ProbeKind::KubeletTcp,
+        TcpResult::NoAnswer,
+        t0 + s(5),
+        t0 + s(6),
+    );
     assert_eq!(
         obs.tcp_silent_since(),
         Some(t0 + s(4)),
         "from the first of the run"
     );
     assert_eq!(obs.tcp_answered(), Some(t0 + s(1)));
-    obs.observe_tcp(TcpResult::Refused, t0 + s(7), t0 + s(7));
+    obs.observe_probe(
+        ProbeKind::KubeletTcp,
+        TcpResult::Refused,
+        t0 + s(7),
+        t0 + s(7),
+    );
     assert_eq!(
         (obs.tcp_answered(), obs.tcp_silent_since()),
         (Some(t0 + s(7)), None)
@@ -204,7 +224,12 @@ fn tcp_answers_and_silences_carry_their_instants() {
         Some(t0 + s(1)),
         "a refusal is the host, not what listens on the port"
     );
-    obs.observe_tcp(TcpResult::NoAnswer, t0 + s(8), t0 + s(9));
+    obs.observe_probe(
+        ProbeKind::KubeletTcp,
+        TcpResult::NoAnswer,
+        t0 + s(8),
+        t0 + s(9),
+    );
     obs.forget_probe(ProbeKind::KubeletTcp);
     assert_eq!(obs.tcp_silent_since(), None, "no endpoint, no evidence");
 }
