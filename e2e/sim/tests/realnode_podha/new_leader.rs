@@ -160,9 +160,11 @@ fn unpetted_stretches(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<Vec<D
         .iter()
         .map(|n| {
             let log = chart_install::agent_log(ctx.cluster, n)?;
+            // Text logs say `unpetted_ms=1234`, JSON logs `"unpetted_ms":1234`.
             Ok(log
-                .split("unpetted_ms=")
+                .split("unpetted_ms")
                 .skip(1)
+                .map(|rest| rest.trim_start_matches(['=', '"', ':']))
                 .filter_map(|rest| {
                     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
                     digits.parse().ok().map(Duration::from_millis)
