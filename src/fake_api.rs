@@ -24,6 +24,8 @@ use tokio::sync::Notify;
 /// One request as the fake API server got it.
 #[derive(Clone, Debug)]
 pub struct Request {
+    /// When it came (tokio's clock: paused time in paused tests).
+    pub at: tokio::time::Instant,
     pub method: Method,
     pub path: String,
     /// The query string, if any (without the `?`).
@@ -121,6 +123,7 @@ impl FakeApi {
                     .map(|b| b.to_bytes())
                     .unwrap_or_default();
                 let request = Request {
+                    at: tokio::time::Instant::now(),
                     method: parts.method,
                     path: parts.uri.path().to_string(),
                     query: parts.uri.query().unwrap_or_default().to_string(),

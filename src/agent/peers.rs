@@ -358,6 +358,7 @@ mod survey_tests;
 mod tests {
     use super::super::peer_list::REFRESH;
     use super::*;
+    use crate::fake_api::{FakeApi, Reply};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -405,36 +406,27 @@ mod tests {
         Hang,
     }
 
-    /// What the fake API server was asked: when, and the query.
-    type Asked = Arc<Mutex<Vec<(Instant, String)>>>;
-
     /// A fake API server that answers the `n`th Node list (counting first pages) as
-    /// `answer(n)` says, and notes each request in `asked`.
-    fn fake_api(asked: Asked, answer: fn(usize) -> Answer) -> kube::Client {
+    /// `answer(n)` says.
+    fn fake_api(answer: fn(usize) -> Answer) -> FakeApi {
         let lists = Arc::new(AtomicUsize::new(0));
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let query = req.uri().query().unwrap_or_default().to_string();
-            lock(&asked).push((Instant::now(), query.clone()));
-            let first_page = !query.contains("continue=");
+        let never = Arc::new(tokio::sync::Notify::new());
+        FakeApi::new().on(http::Method::GET, "/api/v1/nodes", move |req| {
+            let first_page = req.param("continue").is_none();
             let n = if first_page {
                 lists.fetch_add(1, Ordering::SeqCst) + 1
             } else {
                 lists.load(Ordering::SeqCst)
             };
-            let answer = answer(n);
-            async move {
-                let (status, body) = match answer {
-                    Answer::Hang => std::future::pending().await,
-                    Answer::Fail => (500, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"down","code":500}"#.to_string()),
-                    Answer::Pages => (200, node_page(first_page)),
-                };
-                http::Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(axum::body::Body::from(body))
+            match answer(n) {
+                Answer::Hang => Reply::status(500, "InternalError").after(never.clone()),
+                Answer::Fail => Reply::status(500, "InternalError"),
+                Answer::Pages => Reply::json(
+                    200,
+                    serde_json::from_str(&node_page(first_page)).expect("a page"),
+                ),
             }
-        });
-        kube::Client::new(service, "default")
+        })
     }
 
     /// A page of the Node list: the first (`n1`, `n2`, and a token for the next) or the second.
@@ -454,21 +446,19 @@ mod tests {
         )
     }
 
-    /// How many Node lists (first pages) `asked` holds, and when each was asked.
-    fn lists_at(asked: &Asked) -> Vec<Instant> {
-        lock(asked)
+    /// When `api` was asked each Node list (first pages).
+    fn lists_at(api: &FakeApi) -> Vec<Instant> {
+        api.requests()
             .iter()
-            .filter(|(_, q)| !q.contains("continue="))
-            .map(|(at, _)| *at)
+            .filter(|r| r.param("continue").is_none())
+            .map(|r| r.at)
             .collect()
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_peer_list_is_kept_warm_in_pages_and_kept_when_the_api_server_fails() {
-        let asked = Asked::default();
-        let client = fake_api(asked.clone(), |n| {
-            if n == 1 { Answer::Pages } else { Answer::Fail }
-        });
+        let api = fake_api(|n| if n == 1 { Answer::Pages } else { Answer::Fail });
+        let client = api.client();
         let times = SurveyTimes::new(Duration::from_secs(5));
         let dir = std::env::temp_dir().join(format!("podha-peers-warm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
@@ -483,7 +473,7 @@ mod tests {
             warm.await.is_err(),
             "keeps the list warm for as long as it runs"
         );
-        assert!(lists_at(&asked).len() >= 3, "{asked:?}");
+        assert!(lists_at(&api).len() >= 3, "{:?}", api.lines());
         let mut found = peers.list().expect("read");
         found.sort_by(|a, b| a.node.cmp(&b.node));
         assert_eq!(
@@ -491,14 +481,14 @@ mod tests {
             vec![addr(2), addr(3)],
             "every other node with an agent"
         );
-        let queries: Vec<String> = lock(&asked).iter().map(|(_, q)| q.clone()).collect();
+        let queries: Vec<String> = api.requests().into_iter().map(|r| r.query).collect();
         assert!(queries[0].contains("limit=500"), "{queries:?}");
         assert!(
             queries[1].contains("limit=500") && queries[1].contains("continue=page-2"),
             "{queries:?}"
         );
         // The next agent of this boot (a crash, the API server down): the saved list.
-        let down = fake_api(Asked::default(), |_| Answer::Fail);
+        let down = fake_api(|_| Answer::Fail).client();
         let saved = SavedList::new(dir.join("heard.peers"), Some("b1"));
         let next = Peers::discovered(down, "n1", me(), times, saved);
         let mut resumed = next.list().expect("the saved list");
@@ -511,7 +501,7 @@ mod tests {
         )
         .expect("write");
         let garbled = SavedList::new(dir.join("heard.peers"), Some("b1"));
-        let down = fake_api(Asked::default(), |_| Answer::Fail);
+        let down = fake_api(|_| Answer::Fail).client();
         assert_eq!(
             Peers::discovered(down, "n1", me(), times, garbled).list(),
             None
@@ -540,15 +530,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_unknown_list_is_read_again_within_seconds_not_at_the_next_refresh() {
         // A cold start: the API server down for the first three reads, then up.
-        let asked = Asked::default();
-        let api = fake_api(asked.clone(), |n| {
-            if n <= 3 { Answer::Fail } else { Answer::Pages }
-        });
-        let peers = discovered(api, "n1");
+        let api = fake_api(|n| if n <= 3 { Answer::Fail } else { Answer::Pages });
+        let peers = discovered(api.client(), "n1");
         let start = Instant::now();
         let warm = tokio::time::timeout(Duration::from_secs(10), peers.keep_warm());
         assert!(warm.await.is_err());
-        let reads = lists_at(&asked);
+        let reads = lists_at(&api);
         assert_eq!(
             reads.len(),
             4,
@@ -567,22 +554,19 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_read_of_an_unknown_list_that_hangs_is_given_up_within_seconds() {
-        let asked = Asked::default();
-        let api = fake_api(asked.clone(), |n| {
-            if n == 1 { Answer::Hang } else { Answer::Pages }
-        });
-        let peers = discovered(api, "n1");
+        let api = fake_api(|n| if n == 1 { Answer::Hang } else { Answer::Pages });
+        let peers = discovered(api.client(), "n1");
         let warm = tokio::time::timeout(Duration::from_secs(10), peers.keep_warm());
         assert!(warm.await.is_err());
-        assert_eq!(lists_at(&asked).len(), 2, "given up after 5 s, read again");
+        assert_eq!(lists_at(&api).len(), 2, "given up after 5 s, read again");
         assert!(peers.list().is_some(), "known within 10 s");
     }
 
     #[tokio::test(start_paused = true)]
     async fn agents_started_together_refresh_their_lists_at_times_of_their_own() {
-        let (a, b) = (Asked::default(), Asked::default());
-        let pa = discovered(fake_api(a.clone(), |_| Answer::Pages), "node-a");
-        let pb = discovered(fake_api(b.clone(), |_| Answer::Pages), "node-b");
+        let (a, b) = (fake_api(|_| Answer::Pages), fake_api(|_| Answer::Pages));
+        let pa = discovered(a.client(), "node-a");
+        let pb = discovered(b.client(), "node-b");
         let both = async { tokio::join!(pa.keep_warm(), pb.keep_warm()) };
         assert!(
             tokio::time::timeout(Duration::from_secs(200), both)
@@ -604,8 +588,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_list_a_survey_found_behind_is_read_again_within_seconds() {
-        let asked = Asked::default();
-        let peers = discovered(fake_api(asked.clone(), |_| Answer::Pages), "n1");
+        let api = fake_api(|_| Answer::Pages);
+        let peers = discovered(api.client(), "n1");
         let found_behind = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             peers.behind.notify_one();
@@ -617,7 +601,7 @@ mod tests {
                 .await
                 .is_err()
         );
-        let reads = lists_at(&asked);
+        let reads = lists_at(&api);
         assert_eq!(reads.len(), 2, "at once, then again soon: {reads:?}");
         let wait = reads[1] - reads[0];
         assert!(

@@ -212,32 +212,32 @@ async fn put(
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use http::Method;
+
     use super::*;
+    use crate::fake_api::{FakeApi, Reply};
 
     /// A fake API server holding at most the one Secret, created by POST and read by GET.
-    fn secrets(held: Arc<Mutex<Option<String>>>) -> Api<Secret> {
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let held = held.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body.collect_bytes().await.expect("body");
-                let (status, answer) = if parts.method == http::Method::POST {
-                    let text = String::from_utf8(body.to_vec()).expect("utf-8");
-                    *held.lock().expect("lock") = Some(text.clone());
-                    (201, text)
-                } else {
-                    match held.lock().expect("lock").clone() {
-                        Some(text) => (200, text),
-                        None => (404, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#.to_string()),
-                    }
-                };
-                http::Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(axum::body::Body::from(answer))
-            }
-        });
-        Api::namespaced(kube::Client::new(service, "podha"), "podha")
+    fn secrets(held: Arc<Mutex<Option<serde_json::Value>>>) -> Api<Secret> {
+        let stored = held.clone();
+        let api = FakeApi::new()
+            .on(
+                Method::POST,
+                "/api/v1/namespaces/podha/secrets",
+                move |req| {
+                    *stored.lock().expect("lock") = Some(req.body.clone());
+                    Reply::json(201, req.body.clone())
+                },
+            )
+            .on(
+                Method::GET,
+                "/api/v1/namespaces/podha/secrets/*",
+                move |_| match held.lock().expect("lock").clone() {
+                    Some(secret) => Reply::json(200, secret),
+                    None => Reply::status(404, "NotFound"),
+                },
+            );
+        Api::namespaced(api.client(), "podha")
     }
 
     #[tokio::test]
@@ -258,9 +258,11 @@ mod tests {
             first.public(),
             "the second replica signs alike"
         );
-        *held.lock().expect("lock") = Some(
-            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"podha-leader-heartbeat-key"},"data":{"pkcs8":"bm90IGEga2V5"}}"#.into(),
-        );
+        *held.lock().expect("lock") = Some(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "podha-leader-heartbeat-key"},
+            "data": {"pkcs8": "bm90IGEga2V5"},
+        }));
         let garbled = shared(&secrets(held), &cfg).await;
         assert!(
             matches!(garbled, Err(SharedKeyError::Garbled { .. })),

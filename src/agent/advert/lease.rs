@@ -392,22 +392,21 @@ mod tests {
         keeping.abort();
     }
 
-    /// A fake API server that takes every Lease write, noting when (since it was made).
+    /// A fake API server that takes every write of agent `n1`'s Lease, noting when (since it
+    /// was made).
     fn recording_api(renewals: Arc<std::sync::Mutex<Vec<Duration>>>) -> kube::Client {
         let made = tokio::time::Instant::now();
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            assert_eq!(req.method(), http::Method::PATCH, "{}", req.uri());
-            lock(&renewals).push(made.elapsed());
-            async move {
-                let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "podha-agent-n1", "namespace": "podha"}});
-                http::Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(axum::body::Body::from(lease.to_string()))
-            }
-        });
-        kube::Client::new(service, "podha")
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "podha-agent-n1", "namespace": "podha"}});
+        let api = crate::fake_api::FakeApi::new().on(
+            http::Method::PATCH,
+            "/apis/coordination.k8s.io/v1/namespaces/podha/leases/podha-agent-n1",
+            move |_| {
+                lock(&renewals).push(made.elapsed());
+                crate::fake_api::Reply::json(200, lease.clone())
+            },
+        );
+        api.client()
     }
 
     /// Once podha has heard the agent in this boot, its Lease says so, naming the boot; an
