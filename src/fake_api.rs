@@ -40,6 +40,11 @@ impl Request {
         format!("{} {}", self.method, self.path)
     }
 
+    /// Whether it asks for a watch (`watch=true`).
+    pub fn watching(&self) -> bool {
+        self.param("watch") == Some("true")
+    }
+
     /// The value of query parameter `name`, as sent (not decoded).
     pub fn param(&self, name: &str) -> Option<&str> {
         self.query
@@ -54,6 +59,8 @@ pub struct Reply {
     body: Value,
     /// Answered only once this is notified.
     after: Option<Arc<Notify>>,
+    /// The answer's body never comes, nor ends: a watch accepted, then nothing through it.
+    endless: bool,
 }
 
 impl Reply {
@@ -63,6 +70,16 @@ impl Reply {
             status,
             body,
             after: None,
+            endless: false,
+        }
+    }
+
+    /// `200` and a body that never comes nor ends: a watch the API server accepted whose
+    /// connection then passes nothing (black-holed).
+    pub fn silent_watch() -> Self {
+        Self {
+            endless: true,
+            ..Self::json(200, Value::Null)
         }
     }
 
@@ -133,12 +150,17 @@ impl FakeApi {
                 if let Some(release) = reply.after {
                     release.notified().await;
                 }
+                let body = if reply.endless {
+                    axum::body::Body::from_stream(futures::stream::pending::<
+                        Result<axum::body::Bytes, std::io::Error>,
+                    >())
+                } else {
+                    axum::body::Body::from(reply.body.to_string())
+                };
                 http::Response::builder()
                     .status(reply.status)
                     .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        reply.body.to_string().into_bytes(),
-                    ))
+                    .body(body)
             }
         });
         kube::Client::new(service, "default")

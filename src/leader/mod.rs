@@ -458,6 +458,8 @@ async fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::{FakeApi, Reply};
+    use http::Method;
 
     fn cfg() -> LeaderConfig {
         LeaderConfig::new("podha-system", "me")
@@ -514,53 +516,53 @@ mod tests {
     }
 
     /// A fake API server that never answers a call for the Lease itself (a hung connection)
-    /// and whose list of Leases is empty and watch silent. Counts the calls for the Lease.
-    fn hanging_lease_api(calls: Arc<std::sync::atomic::AtomicUsize>) -> Client {
-        let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
-            let for_the_lease = req.uri().path().ends_with("/leases/podha-leader");
-            let watching = req.uri().query().is_some_and(|q| q.contains("watch=true"));
-            if for_the_lease {
-                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-            async move {
-                if for_the_lease {
-                    std::future::pending::<()>().await;
-                }
-                let body = if watching {
-                    axum::body::Body::from_stream(futures::stream::pending::<
-                        Result<axum::body::Bytes, std::io::Error>,
-                    >())
+    /// and whose list of Leases is empty and watch silent.
+    fn hanging_lease_api() -> FakeApi {
+        let never = Arc::new(tokio::sync::Notify::new());
+        let leases = "/apis/coordination.k8s.io/v1/namespaces/podha-system/leases";
+        FakeApi::new()
+            .on(Method::GET, &format!("{leases}/podha-leader"), move |_| {
+                Reply::status(500, "InternalError").after(never.clone())
+            })
+            .on(Method::GET, leases, |req| {
+                if req.watching() {
+                    Reply::silent_watch()
                 } else {
-                    axum::body::Body::from(
-                        r#"{"apiVersion":"coordination.k8s.io/v1","kind":"LeaseList","metadata":{"resourceVersion":"1"},"items":[]}"#,
+                    Reply::json(
+                        200,
+                        serde_json::json!({"apiVersion": "coordination.k8s.io/v1",
+                            "kind": "LeaseList", "metadata": {"resourceVersion": "1"},
+                            "items": []}),
                     )
-                };
-                axum::http::Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(body)
-            }
-        });
-        Client::new(service, "default")
+                }
+            })
+    }
+
+    /// The calls for the Lease itself `api` got.
+    fn lease_calls(api: &FakeApi) -> usize {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/leases/podha-leader"))
+            .count()
     }
 
     /// kube's client has no read timeout: without one of podha's own a hung call for the Lease
     /// would leave the election waiting as long as the connection lives.
     #[tokio::test(start_paused = true)]
     async fn a_hung_lease_call_times_out_and_is_retried() {
-        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let api = hanging_lease_api();
         let cfg = LeaderConfig::new("podha-system", "me");
         let (tx, leadership) = channel();
         let progress = Progress::new(&cfg);
         let election = tokio::spawn(run(
-            hanging_lease_api(calls.clone()),
+            api.client(),
             cfg.clone(),
             tx,
             progress.clone(),
             std::future::pending(),
         ));
         tokio::time::sleep(cfg.lease_duration * 2).await;
-        let made = calls.load(std::sync::atomic::Ordering::SeqCst);
+        let made = lease_calls(&api);
         assert!(
             made >= 3,
             "the hung call was never given up: {made} call(s)"

@@ -108,47 +108,45 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::{FakeApi, Reply, Request};
     use crate::runtime::{ClusterState, Watch, watches};
-    use kube::Client;
+    use http::Method;
     use tokio::time::Instant;
 
     /// A fake API server whose lists answer at once (one Lease, `n1`, and nothing else) and
     /// whose watches are accepted and then pass nothing, as through a black-holed connection.
-    /// Counts the lists of Leases.
-    fn stalling_api(lease_lists: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Client {
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let watching = req.uri().query().is_some_and(|q| q.contains("watch=true"));
-            let leases = req
-                .uri()
-                .path()
-                .ends_with("/namespaces/kube-node-lease/leases");
-            if leases && !watching {
-                lease_lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-            async move {
-                let body = if watching {
-                    axum::body::Body::from_stream(futures::stream::pending::<
-                        Result<axum::body::Bytes, std::io::Error>,
-                    >())
+    fn stalling_api() -> FakeApi {
+        let list = |items: serde_json::Value| {
+            serde_json::json!({"apiVersion": "v1", "kind": "List",
+                               "metadata": {"resourceVersion": "5"}, "items": items})
+        };
+        let lease = serde_json::json!([{
+            "metadata": {"name": "n1", "namespace": "kube-node-lease", "resourceVersion": "5"},
+            "spec": {"holderIdentity": "n1", "renewTime": "2026-01-01T00:00:00.000000Z"},
+        }]);
+        let answer = move |items: serde_json::Value| {
+            move |req: &Request| {
+                if req.watching() {
+                    Reply::silent_watch()
                 } else {
-                    let items = if leases {
-                        r#"[{"metadata":{"name":"n1","namespace":"kube-node-lease","resourceVersion":"5"},
-                             "spec":{"holderIdentity":"n1","renewTime":"2026-01-01T00:00:00.000000Z"}}]"#
-                    } else {
-                        "[]"
-                    };
-                    let list = format!(
-                        r#"{{"apiVersion":"v1","kind":"List","metadata":{{"resourceVersion":"5"}},"items":{items}}}"#
-                    );
-                    axum::body::Body::from(list)
-                };
-                http::Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(body)
+                    Reply::json(200, list(items.clone()))
+                }
             }
-        });
-        Client::new(service, "default")
+        };
+        FakeApi::new()
+            .on(Method::GET, NODE_LEASES, answer(lease))
+            .on(Method::GET, "/*", answer(serde_json::json!([])))
+    }
+
+    /// The kubelets' Leases.
+    const NODE_LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+
+    /// How many times `api` was asked for a list (not a watch) of the kubelets' Leases.
+    fn lease_lists(api: &FakeApi) -> usize {
+        api.requests()
+            .iter()
+            .filter(|r| r.path == NODE_LEASES && !r.watching())
+            .count()
     }
 
     /// Every kubelet renews its Lease every 10 s: a Lease watch that passes nothing for longer
@@ -156,8 +154,8 @@ mod tests {
     /// list ends the gap with the Lease clock restarted.
     #[tokio::test(start_paused = true)]
     async fn a_stalled_lease_watch_is_a_gap_until_it_lists_again() {
-        let lease_lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut changes = watches(&stalling_api(lease_lists.clone()), "podha");
+        let api = stalling_api();
+        let mut changes = watches(&api.client(), "podha");
         let mut state = ClusterState::default();
         while !state.synced() {
             let change = changes.next().await.expect("the watches never end");
@@ -194,7 +192,7 @@ mod tests {
             let change = changes.next().await.expect("the watches never end");
             state.apply(change, Instant::now());
         }
-        assert_eq!(lease_lists.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(lease_lists(&api), 2);
         let obs = &state.observations["n1"];
         assert!(!obs.in_gap());
         assert!(
