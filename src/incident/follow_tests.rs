@@ -757,13 +757,17 @@ fn phases_follow_the_recorded_steps() {
     let t0 = Instant::now();
     let mut f = Incident::new("n1", "db", None, t0);
     assert_eq!(f.phase(), FailoverPhase::Acting);
-    f.record_hold("TooManyUnhealthyNodes: 3 of 4 nodes failed");
+    f.record_hold("TooManyUnhealthyNodes", "3 of 4 nodes failed");
     assert_eq!(f.phase(), FailoverPhase::Held);
+    assert_eq!(
+        f.held.as_ref().map(|h| h.reason),
+        Some("TooManyUnhealthyNodes")
+    );
     assert_eq!(
         f.to_record(|_| Time(Timestamp::UNIX_EPOCH))
             .message
             .as_deref(),
-        Some("TooManyUnhealthyNodes: 3 of 4 nodes failed")
+        Some("3 of 4 nodes failed")
     );
     f.record_action(t0 + secs(1), None);
     assert_eq!(
@@ -771,7 +775,7 @@ fn phases_follow_the_recorded_steps() {
         FailoverPhase::Detaching,
         "an action lifts the hold"
     );
-    f.record_hold("DryRun");
+    f.record_hold("DryRun", "would taint node n1");
     assert_eq!(
         f.phase(),
         FailoverPhase::Detaching,

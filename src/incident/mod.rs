@@ -73,6 +73,15 @@ pub struct Tainted {
     pub at: Instant,
 }
 
+/// Why an incident's actions are held, while none was taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The hold's reason, as `podha_actions_held_total` labels it (`FencingPending`...).
+    pub reason: &'static str,
+    /// What the hold says: the failover's message while it lasts.
+    pub note: String,
+}
+
 /// One node death, from judgement to recovery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Incident {
@@ -123,7 +132,7 @@ pub struct Incident {
     /// the last update before the detach; empty once detached.
     pub still_attached: Vec<String>,
     /// Why actions are held, while no action was taken.
-    pub held: Option<String>,
+    pub held: Option<Held>,
     /// Whether this round's plan holds the node until its fence is proven (set every round).
     pub awaiting_proof: bool,
     /// When the node was seen healthy again, if before recovery.
@@ -320,11 +329,15 @@ impl Incident {
         Some(PhaseChange::Acted { at: now })
     }
 
-    /// Notes that actions are held (safety limit, dry run, a fence not proven yet); shown until
-    /// an action is taken.
-    pub fn record_hold(&mut self, reason: impl Into<String>) {
+    /// Notes that actions are held (safety limit, dry run, a fence not proven yet): `reason`,
+    /// a `podha_actions_held_total` label, and what the hold says; shown until an action is
+    /// taken.
+    pub fn record_hold(&mut self, reason: &'static str, note: impl Into<String>) {
         if self.acted_at.is_none() {
-            self.held = Some(reason.into());
+            self.held = Some(Held {
+                reason,
+                note: note.into(),
+            });
         }
     }
 

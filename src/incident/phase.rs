@@ -165,7 +165,7 @@ impl Incident {
     fn message(&self) -> Option<String> {
         let secs = |d: Duration| HumanDuration(Duration::from_secs(d.as_secs()));
         match self.phase() {
-            FailoverPhase::Held => self.held.clone(),
+            FailoverPhase::Held => self.held.as_ref().map(|h| h.note.clone()),
             FailoverPhase::NodeReturned => {
                 Some("the node became healthy again before the failover finished".to_string())
             }

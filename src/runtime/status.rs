@@ -463,7 +463,7 @@ mod tests {
         );
         // A dead node held for its proof comes first.
         let mut held = Incident::new("a", "p", None, Instant::now());
-        held.record_hold("fencing.proof Agent is not on node a");
+        held.record_hold("FencingPending", "fencing.proof Agent is not on node a");
         held.awaiting_proof = true;
         let open = [&held];
         let status = policy_status(&PolicyFacts {

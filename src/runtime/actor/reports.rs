@@ -113,7 +113,7 @@ impl Actor {
         if (reason.awaits_proof() || matches!(reason, HoldReason::Paused { .. }))
             && let Some(incident) = node.and_then(|n| self.ledger.get_mut(n))
         {
-            incident.record_hold(reason.note(node));
+            incident.record_hold(reason.as_str(), reason.note(node));
         }
         if !self.reported.first(&scope, key) {
             return;
@@ -127,7 +127,7 @@ impl Actor {
         }
         if matches!(reason, HoldReason::TooManyUnhealthy { .. }) {
             for incident in self.ledger.iter_mut().filter(|i| i.policy == policy) {
-                incident.record_hold(note.clone());
+                incident.record_hold(reason.as_str(), note.clone());
             }
         }
         if let Some(p) = self.state.policies.get(policy) {
