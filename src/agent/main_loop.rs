@@ -92,7 +92,7 @@ pub(super) async fn check_loop(
             (h.silence(now), h.new_term(leader.term(), now, window))
         };
         let mut let_run = match pet(watchdog.as_deref_mut(), silence, timeout, None, new_term) {
-            Ok(let_run) => let_run,
+            Ok(let_run) => watchdog_record.petted(let_run),
             Err(e) => return e,
         };
         let survey = match silence {
@@ -115,7 +115,7 @@ pub(super) async fn check_loop(
                     new_term,
                 );
                 match petted {
-                    Ok(now) => let_run = now,
+                    Ok(now) => let_run = watchdog_record.petted(now),
                     Err(e) => return e,
                 }
                 (silence, new_term)
@@ -143,36 +143,46 @@ pub(super) async fn check_loop(
 
 /// Whether the check loop has recorded its watchdog let run out as a fence (see
 /// `super::fence_record`): once when it stops petting it, taken back when it pets it again.
-/// Both are logged, with how long the watchdog went unpetted: how close a node that stayed up
-/// came to its reset.
+/// Both are logged, the second with how long the watchdog went unpetted since its last pet:
+/// how close a node that stayed up came to its reset.
 #[derive(Default)]
 struct WatchdogRecord {
-    let_run_since: Option<Instant>,
+    /// When the watchdog was last petted.
+    last_pet: Option<Instant>,
+    let_run: bool,
 }
 
 impl WatchdogRecord {
+    /// Notes a pet, unless the watchdog was let run (`let_run`, handed back).
+    fn petted(&mut self, let_run: bool) -> bool {
+        if !let_run {
+            self.last_pet = Some(Instant::now());
+        }
+        let_run
+    }
+
     async fn follow(&mut self, let_run: bool, fencer: &Fencer, node: &str) {
-        match (let_run, self.let_run_since) {
-            (true, None) => {
+        let now = Instant::now();
+        match (let_run, self.let_run) {
+            (true, false) => {
                 warn!(
                     node,
                     "not petting the watchdog: podha may count this node's silence"
                 );
                 fencer.letting_watchdog_run().await;
-                self.let_run_since = Some(Instant::now());
             }
-            (false, Some(since)) => {
-                let unpetted = since.elapsed();
+            (false, true) => {
+                let unpetted = now.saturating_duration_since(self.last_pet.unwrap_or(now));
                 info!(
                     node,
-                    unpetted_ms = unpetted.as_millis() as u64,
-                    "petting the watchdog again after {unpetted:?} unpetted"
+                    unpetted_ms = u64::try_from(unpetted.as_millis()).unwrap_or(u64::MAX),
+                    "petting the watchdog again, {unpetted:?} after its last pet"
                 );
                 fencer.petting_again().await;
-                self.let_run_since = None;
             }
             _ => {}
         }
+        self.let_run = let_run;
     }
 }
 

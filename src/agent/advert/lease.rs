@@ -170,13 +170,17 @@ impl AdvertLease {
     }
 
     /// Renews the Lease every [`AGENT_LEASE_RENEW`] (or more often, [`Self::next_renewal`])
-    /// for as long as the agent runs; at once when podha starts or stops holding the node, and
-    /// when the leader Lease shows a new term while podha counts this agent's silence: a new
-    /// leader that cannot reach the agent must see it renewed in its own term before the
-    /// agent's watchdog, unpetted once the silence passes the isolation timeout less the
-    /// watchdog's, resets the node (see [`crate::agent::isolation::NewTerm`]). One write per
-    /// agent and leader change, beside one every 10 s. A failed
-    /// renewal is tried again at the next one (three may fail before the Lease lapses).
+    /// for as long as the agent runs; at once when podha starts or stops holding the node.
+    /// When the leader Lease shows a new term while podha counts this agent's silence, the
+    /// renewals follow the new leader's cadence (a third of the renewal window) from the last
+    /// one sent, at once if that one is older: a new leader that cannot reach the agent must see
+    /// it renewed in its own term before the agent's watchdog, unpetted once the silence passes
+    /// the isolation timeout less the watchdog's, resets the node (see
+    /// [`crate::agent::isolation::NewTerm`]). With the chart's timings that cadence is the
+    /// 10 s one, so a leader change adds no write; at the shortest it is 1.3 s, and terms that
+    /// change faster (a leader crash-looping, a person editing the Lease) add no more than
+    /// one write per cadence. A failed renewal is tried again at the next one (three may fail
+    /// before the Lease lapses).
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -214,7 +218,11 @@ impl AdvertLease {
                     () = held_changed.notified() => break,
                     () = term_changed.notified() => {
                         if self.unheard_by_leader() {
-                            break;
+                            let due = sent + self.next_renewal();
+                            if due <= tokio::time::Instant::now() {
+                                break;
+                            }
+                            next.as_mut().reset(due);
                         }
                     }
                 }
@@ -343,18 +351,81 @@ mod tests {
     }
 
     /// The leader Lease shows a new term while podha counts this agent's silence: the Lease is
-    /// renewed at once, not at its next 10 s renewal, so that a new leader that cannot reach
-    /// the agent sees it run before the agent stops petting its watchdog. A new term while
+    /// renewed at the new leader's cadence (a third of the window) from the last renewal, at
+    /// once if that is older, so that a new leader that cannot reach the agent sees it run
+    /// before the agent stops petting its watchdog; terms that change faster add no write, and
+    /// with the chart's 30 s window (a 10 s cadence) a new term adds none. A new term while
     /// podha holds the node changes nothing.
     #[tokio::test(start_paused = true)]
-    async fn a_new_term_has_the_lease_renewed_at_once_while_podha_counts_the_agent() {
-        let started = tokio::time::Instant::now();
-        let mut heard = Hearing::resumed(started, Some(Duration::ZERO), false);
+    async fn a_new_term_has_the_lease_renewed_at_the_new_leaders_cadence() {
+        let ms = Duration::from_millis;
+        // The shortest timings: a 4 s window, renewals every 1.33 s while unheard.
+        let (renewals, leader, hearing, keeping) = keeping_lease(Duration::from_secs(4));
+        tokio::time::sleep(ms(3000)).await;
+        assert_eq!(renewed(&renewals), [ms(0)], "the first renewal only");
+        leader.seen_in_term(Some(5));
+        tokio::time::sleep(ms(100)).await;
+        assert_eq!(renewed(&renewals), [ms(0), ms(3000)], "renewed as it shows");
+        // Terms flapping: no write before the cadence from the last one.
+        for term in 6..16 {
+            leader.seen_in_term(Some(term));
+            tokio::time::sleep(ms(10)).await;
+        }
+        assert_eq!(renewed(&renewals).len(), 2, "{:?}", renewed(&renewals));
+        tokio::time::sleep(ms(1400)).await;
+        // (tokio's timers round up to the millisecond)
+        let cadence = renewed(&renewals)[2] - ms(3000);
+        assert!(
+            cadence >= ms(4000) / 3 && cadence <= ms(1334),
+            "the cadence: {cadence:?}"
+        );
+        // Heard by the new leader, then held by it: the hold is written at once and taken,
+        // and a new term then waits for the next 10 s renewal.
+        lock(&hearing).heard_in_term(Some(15));
+        lock(&hearing).hold(Some(true));
+        tokio::time::sleep(ms(100)).await;
+        let held = renewed(&renewals);
+        assert!(lock(&hearing).held(), "the hold is taken: {held:?}");
+        leader.seen_in_term(Some(16));
+        tokio::time::sleep(ms(5000)).await;
+        assert_eq!(renewed(&renewals), held, "held: no renewal for a term");
+        keeping.abort();
+
+        // The chart's timings: a 30 s window, a 10 s cadence, the usual one: a new term 3 s
+        // after a renewal adds no write.
+        let (renewals, leader, _hearing, keeping) = keeping_lease(Duration::from_secs(30));
+        tokio::time::sleep(ms(3000)).await;
+        leader.seen_in_term(Some(5));
+        tokio::time::sleep(ms(6900)).await;
+        assert_eq!(renewed(&renewals), [ms(0)]);
+        tokio::time::sleep(ms(200)).await;
+        assert_eq!(renewed(&renewals), [ms(0), ms(10_000)]);
+        keeping.abort();
+    }
+
+    /// When the Lease was written, since the fake API server was made.
+    type Renewals = Arc<std::sync::Mutex<Vec<Duration>>>;
+
+    fn renewed(renewals: &Renewals) -> Vec<Duration> {
+        lock(renewals).clone()
+    }
+
+    /// Agent `n1`'s Lease kept (renewal window `window`) on a fake API server, podha having
+    /// just heard the agent in term 4, which the leader Lease shows.
+    fn keeping_lease(
+        window: Duration,
+    ) -> (
+        Renewals,
+        Arc<LeaderKey>,
+        SharedHearing,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let mut heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::ZERO), false);
         heard.heard_in_term(Some(4));
-        let hearing = std::sync::Arc::new(std::sync::Mutex::new(heard));
-        let leader = std::sync::Arc::new(LeaderKey::default());
+        let hearing = Arc::new(std::sync::Mutex::new(heard));
+        let leader = Arc::new(LeaderKey::default());
         leader.seen_in_term(Some(4));
-        let renewals = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let renewals = Renewals::default();
         let lease = AdvertLease::new(
             recording_api(renewals.clone()),
             "podha",
@@ -363,38 +434,14 @@ mod tests {
             Some("boot-1".into()),
             hearing.clone(),
         )
-        .following(leader.clone(), Duration::from_secs(30));
+        .following(leader.clone(), window);
         let keeping = tokio::spawn(async move { lease.keep().await });
-        let renewed = |r: &Arc<std::sync::Mutex<Vec<Duration>>>| lock(r).clone();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert_eq!(
-            renewed(&renewals),
-            [Duration::ZERO],
-            "the first renewal only"
-        );
-        leader.seen_in_term(Some(5));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            renewed(&renewals),
-            [Duration::ZERO, Duration::from_secs(3)],
-            "renewed as the new term shows"
-        );
-        // Heard by the new leader, then held by it: the next term waits for the renewal.
-        lock(&hearing).heard_in_term(Some(5));
-        lock(&hearing).hold(Some(true));
-        lock(&hearing).hold_written(true);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let held = renewed(&renewals);
-        assert_eq!(held.len(), 3, "the hold written at once: {held:?}");
-        leader.seen_in_term(Some(6));
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(renewed(&renewals), held, "held: no renewal for a term");
-        keeping.abort();
+        (renewals, leader, hearing, keeping)
     }
 
     /// A fake API server that takes every write of agent `n1`'s Lease, noting when (since it
     /// was made).
-    fn recording_api(renewals: Arc<std::sync::Mutex<Vec<Duration>>>) -> kube::Client {
+    fn recording_api(renewals: Renewals) -> kube::Client {
         let made = tokio::time::Instant::now();
         let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": "podha-agent-n1", "namespace": "podha"}});

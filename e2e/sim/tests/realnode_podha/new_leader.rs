@@ -88,7 +88,11 @@ pub(super) async fn new_leader_cut_off_from_two_agents(
     let unpetted: Vec<Vec<Duration>> = unpetted_stretches(ctx, &cut)?
         .into_iter()
         .zip(&unpetted_before)
-        .map(|(all, before)| all[before.len()..].to_vec())
+        // A log shorter than before (the agent's pod replaced): all of it is new.
+        .map(|(all, before)| {
+            all.get(before.len()..)
+                .map_or_else(|| all.clone(), <[_]>::to_vec)
+        })
         .collect();
     for node in &cut {
         ctx.cluster.unreachable_from(standby_node, node, false)?;
