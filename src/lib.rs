@@ -7,23 +7,22 @@
 #![warn(clippy::too_many_lines)]
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
-pub mod agent;
+// The node agent, the contract it shares with the operator, and what both build on are crates
+// of their own (crates/): the agent builds on nothing of the operator's.
+pub use podha_agent as agent;
+pub use podha_contract as contract;
+pub use podha_support::{backoff, kubeconfig, listen};
+
 pub mod api;
-pub mod backoff;
 pub mod build_info;
 pub mod chaos;
-pub mod contract;
 pub mod deadline;
 pub mod eligibility;
 pub mod explain;
-#[cfg(test)]
-pub(crate) mod fake_api;
 pub mod health;
 pub mod http;
 pub mod incident;
-pub mod kubeconfig;
 pub mod leader;
-pub mod listen;
 pub mod metrics;
 pub mod planner;
 pub mod protection;

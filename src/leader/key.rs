@@ -215,7 +215,7 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::fake_api::{FakeApi, Reply};
+    use podha_fake_api::{FakeApi, Reply};
 
     /// A fake API server holding at most the one Secret, created by POST and read by GET.
     fn secrets(held: Arc<Mutex<Option<serde_json::Value>>>) -> Api<Secret> {

@@ -458,7 +458,7 @@ async fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_api::{FakeApi, Reply};
+    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
 
     fn cfg() -> LeaderConfig {

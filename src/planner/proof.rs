@@ -233,13 +233,7 @@ pub fn rests_on_lease_word(
         && proven(fencing, node, without_silence, powered_off).is_none()
 }
 
-/// Whether a silent agent's silence may count when `heard` of the `expected` other agents
-/// (nodes advertising one) are heard: a strict majority of all the agents podha expects, the
-/// silent one included ([`agent_quorum`]). Then no agent it does not hear can show that half of
-/// its peers are unheard, which is when an agent stays up (`agent::isolation`).
-pub const fn silence_counts_among(heard: usize, expected: usize) -> bool {
-    agent_quorum(heard, expected + 1)
-}
+pub use crate::contract::silence_counts_among;
 
 /// Why a silent agent's silence proves no fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

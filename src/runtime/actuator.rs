@@ -546,7 +546,7 @@ fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_api::{FakeApi, Reply};
+    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
 
     #[test]
@@ -637,7 +637,7 @@ mod tests {
 
     /// The read of node `n`'s agent Lease: a list of that one name, with no `resourceVersion`
     /// (a consistent read).
-    fn assert_lease_read(request: &crate::fake_api::Request) {
+    fn assert_lease_read(request: &podha_fake_api::Request) {
         assert_eq!(request.line(), format!("GET {LEASES}"));
         assert_eq!(
             request.param("fieldSelector"),

@@ -164,7 +164,7 @@ fn within_window(last: Timestamp, now: Timestamp) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_api::{FakeApi, Reply};
+    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
     use k8s_openapi::api::core::v1::ObjectReference;
     use std::sync::Arc;

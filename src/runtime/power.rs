@@ -377,7 +377,7 @@ pub struct Target<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_api::Reply;
+    use podha_fake_api::Reply;
 
     #[test]
     fn uuids_compare_by_their_hex_digits_and_placeholders_are_known() {
@@ -399,7 +399,7 @@ mod tests {
     /// A fake API server that answers the read of node `n1`'s Lease with its `renew_time`
     /// (`None`: 404), and any other request with 404.
     fn lease_server(renew_time: Option<&'static str>) -> Power {
-        let api = crate::fake_api::FakeApi::new().on(
+        let api = podha_fake_api::FakeApi::new().on(
             http::Method::GET,
             "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1",
             move |_| match renew_time {

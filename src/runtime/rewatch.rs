@@ -108,7 +108,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_api::{FakeApi, Reply, Request};
+    use podha_fake_api::{FakeApi, Reply, Request};
     use crate::runtime::{ClusterState, Watch, watches};
     use http::Method;
     use tokio::time::Instant;

@@ -402,7 +402,7 @@ pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_api::{FakeApi, Reply};
+    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
 
     fn note() -> EventNote {

@@ -2,7 +2,7 @@
 //! that leader from counting its silence, and not a moment longer than the proof allows.
 
 use super::*;
-use crate::agent::server::Hearing;
+use crate::server::Hearing;
 use Silence::For;
 
 fn secs(s: u64) -> Duration {

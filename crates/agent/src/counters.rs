@@ -240,7 +240,7 @@ mod tests {
     fn the_last_fence_is_exported_by_its_cause() {
         last_fence(None);
         assert!(!render().contains("podha_agent_last_fence_timestamp_seconds{"));
-        last_fence(Some(crate::agent::fence_record::LastFence {
+        last_fence(Some(crate::fence_record::LastFence {
             at_unix: 1_764_000_000,
             cause: "isolation",
         }));

@@ -29,9 +29,9 @@ use futures::stream::FuturesUnordered;
 use tracing::{info, warn};
 
 use super::{Asked, Peers, in_turn};
-use crate::agent::boot::{RecordBoot, write_record};
-use crate::agent::counters;
-use crate::agent::peer_list::{lock, spread};
+use crate::boot::{RecordBoot, write_record};
+use crate::counters;
+use crate::peer_list::{lock, spread};
 use crate::contract::{parse_peer_count, peer_count_value};
 
 /// How often the agent checks its reach.

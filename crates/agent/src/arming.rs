@@ -127,9 +127,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::agent::hearing_file::LastHeard;
-    use crate::agent::server::Hearing;
-    use crate::agent::watchdog::Bounds;
+    use crate::hearing_file::LastHeard;
+    use crate::server::Hearing;
+    use crate::watchdog::Bounds;
 
     #[test]
     fn armed_exactly_while_podha_counts_the_silence() {
@@ -315,7 +315,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("podha-arming-v-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let fifo = dir.join("watchdog");
-        let bmc = crate::test_builders::fifo_with_reader(&fifo);
+        let bmc = crate::test_fifo::fifo_with_reader(&fifo);
         let mut dog = Watchdog::open(&fifo, Duration::from_secs(10), BOUNDS, true)
             .await
             .expect("open");

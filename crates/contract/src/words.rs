@@ -305,7 +305,7 @@ fn millis(d: Duration) -> u64 {
 /// `hold` says whether podha holds the node (it counts no silence of its agent: the node or
 /// every policy with the `Agent` proof that selects it is paused, or none selects it); absent,
 /// it does not (a podha from before `hold`, or an agent whose Lease does not say it heeds it:
-/// see [`crate::contract::AGENT_HEEDS_HOLD_ANNOTATION`]).
+/// see [`crate::AGENT_HEEDS_HOLD_ANNOTATION`]).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatQuery {
@@ -317,7 +317,7 @@ pub struct HeartbeatQuery {
     /// `leaseTransitions`): an agent that knows which term last heard it tells a new leader
     /// that has not heard it yet from podha not hearing it (see docs/agent.md). Absent to an
     /// agent whose Lease does not say it heeds terms
-    /// ([`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]).
+    /// ([`crate::AGENT_HEEDS_TERM_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<u64>,
     #[serde(default)]

@@ -3,7 +3,7 @@
 //! when podha asks through the API, acknowledging on the Node. See docs/agent.md.
 //!
 //! - [`isolation`]: the rule for fencing oneself (pure).
-//! - [`check`]: the loop that applies it every check interval, and the hearing file read at
+//! - `main_loop`: the loop that applies it every check interval, and the hearing file read at
 //!   start.
 //! - [`server`]: the endpoints podha's leader and the peers call.
 //! - [`port`]: how the agent serves them, within stated limits (any pod can reach the port).
@@ -11,6 +11,18 @@
 //! - [`advert`]: what the agent tells podha about itself (on its Node, and its Lease).
 //! - [`requests`]: fence requests podha writes on the Node, and the acknowledgement.
 //! - [`fence`]: how the node is fenced, once per cause.
+//!
+//! Its own crate: it builds on the contract it shares with the operator (`podha-contract`) and
+//! on what both use (`podha-support`), and on nothing of the operator's.
+#![forbid(unsafe_code)]
+// Functions that decide should read in one screen (clippy.toml sets the limit); tests are
+// tables and scenarios, and may run longer.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
+// The shared rooms under the names the agent's modules use.
+use podha_contract as contract;
+use podha_support::{backoff, kubeconfig, listen};
 
 mod advert;
 mod arming;
@@ -31,6 +43,8 @@ mod requests;
 pub mod server;
 pub mod shared_kernel;
 pub mod supervisor;
+#[cfg(test)]
+mod test_fifo;
 pub mod watchdog;
 
 use std::net::SocketAddr;
@@ -40,7 +54,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use crate::contract::{AGENT_PROBE_INTERVAL, DEFAULT_LEADER_LEASE};
+use contract::{AGENT_PROBE_INTERVAL, DEFAULT_LEADER_LEASE};
 pub use error::{
     AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError, WatchdogRefusal,
 };
@@ -592,7 +606,7 @@ mod tests {
     async fn a_stand_in_whose_bmc_is_gone_stops_the_agent_at_its_next_pet() {
         let fifo = std::env::temp_dir().join(format!("podha-stand-in-fifo-{}", std::process::id()));
         // The BMC: the FIFO's reader.
-        let bmc = crate::test_builders::fifo_with_reader(&fifo);
+        let bmc = crate::test_fifo::fifo_with_reader(&fifo);
         let stand_in = format!("--watchdog={}", fifo.display());
         let args = agent_args(&[&stand_in, "--watchdog-timeout=10s", "--watchdog-stand-in"]);
         let own: Kernel = Ok(());

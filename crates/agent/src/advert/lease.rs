@@ -16,10 +16,10 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::FIELD_MANAGER;
-use crate::agent::leader_key::LeaderKey;
-use crate::agent::peer_list::lock;
-use crate::agent::peers::{SharedReach, lease_value};
-use crate::agent::server::SharedHearing;
+use crate::leader_key::LeaderKey;
+use crate::peer_list::lock;
+use crate::peers::{SharedReach, lease_value};
+use crate::server::SharedHearing;
 use crate::contract::{
     AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
     AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION,
@@ -50,9 +50,9 @@ pub struct AdvertLease {
     /// The leader Lease as the agent follows it: its term.
     leader: Arc<LeaderKey>,
     /// How recent a renewal must be for a new leader that never heard the agent to count no
-    /// silence of it ([`crate::agent::isolation::renewal_window`]).
+    /// silence of it ([`crate::isolation::renewal_window`]).
     window: Duration,
-    /// Whether the agent reaches its peers (see `crate::agent::peers`): said on each renewal.
+    /// Whether the agent reaches its peers (see `crate::peers`): said on each renewal.
     reach: SharedReach,
 }
 
@@ -82,7 +82,7 @@ impl AdvertLease {
     /// Lease is renewed every third of `window` (but not more often than every second), so
     /// that the new leader sees it renewed in its own term and counts no silence of it, and
     /// the agent, which stays up only while its last renewal is within `window`, does (see
-    /// [`crate::agent::isolation::NewTerm`]).
+    /// [`crate::isolation::NewTerm`]).
     pub fn following(mut self, leader: Arc<LeaderKey>, window: Duration) -> Self {
         self.leader = leader;
         self.window = window;
@@ -176,7 +176,7 @@ impl AdvertLease {
     /// one sent, at once if that one is older: a new leader that cannot reach the agent must see
     /// it renewed in its own term before the agent's watchdog, unpetted once the silence passes
     /// the isolation timeout less the watchdog's, resets the node (see
-    /// [`crate::agent::isolation::NewTerm`]). With the chart's timings that cadence is the
+    /// [`crate::isolation::NewTerm`]). With the chart's timings that cadence is the
     /// 10 s one, so a leader change adds no write; at the shortest it is 1.3 s, and terms that
     /// change faster (a leader crash-looping, a person editing the Lease) add no more than
     /// one write per cadence. A failed renewal is tried again at the next one (three may fail
@@ -246,7 +246,7 @@ impl AdvertLease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::server::Hearing;
+    use crate::server::Hearing;
 
     #[tokio::test]
     async fn the_lease_names_its_node_lasts_its_duration_and_is_owned_by_the_agents_pod() {
@@ -445,12 +445,12 @@ mod tests {
         let made = tokio::time::Instant::now();
         let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": "podha-agent-n1", "namespace": "podha"}});
-        let api = crate::fake_api::FakeApi::new().on(
+        let api = podha_fake_api::FakeApi::new().on(
             http::Method::PATCH,
             "/apis/coordination.k8s.io/v1/namespaces/podha/leases/podha-agent-n1",
             move |_| {
                 lock(&renewals).push(made.elapsed());
-                crate::fake_api::Reply::json(200, lease.clone())
+                podha_fake_api::Reply::json(200, lease.clone())
             },
         );
         api.client()
@@ -523,7 +523,7 @@ mod tests {
     /// says so, with the last check's figures, until two checks in a row reached half.
     #[tokio::test]
     async fn the_lease_says_when_the_agent_cannot_reach_its_peers() {
-        use crate::agent::peers::{Round, SharedReach};
+        use crate::peers::{Round, SharedReach};
         let reach = SharedReach::default();
         let lease = lease_of(offline_client(), None, never_heard()).reporting(reach.clone());
         let said = |lease: &AdvertLease| {

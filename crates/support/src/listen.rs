@@ -3,7 +3,7 @@
 //! ([`raise_open_file_limit`]): a leader probes every agent, an agent's survey asks hundreds of
 //! peers at once while others ask it.
 //!
-//! podha and the agent's peers dial a node's first InternalIP ([`crate::contract::internal_ip`]), of
+//! podha and the agent's peers dial a node's first InternalIP (`podha_contract::internal_ip`), of
 //! whichever family the node lists first: IPv6 on an IPv6-only or IPv6-first node. The agent
 //! listens on `[::]` by default, one socket for both families (`IPV6_V6ONLY` off, whatever the
 //! host's `net.ipv6.bindv6only`), so either address reaches it; on a host without IPv6 it falls

@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::*;
-use crate::agent::peers::{Peer, SurveyTimes};
+use crate::peers::{Peer, SurveyTimes};
 use crate::contract::{PublicKey, Said, Word};
 
 struct Agent {

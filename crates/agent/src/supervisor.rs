@@ -387,7 +387,7 @@ mod tests {
     #[tokio::test]
     async fn an_orphan_of_the_worker_is_collected() {
         const INSIDE: &str = "PODHA_TEST_SUPERVISOR_REAPS";
-        const NAME: &str = "agent::supervisor::tests::an_orphan_of_the_worker_is_collected";
+        const NAME: &str = "supervisor::tests::an_orphan_of_the_worker_is_collected";
         if std::env::var_os(INSIDE).is_none() {
             let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
                 .args(["--exact", NAME, "--nocapture"])

@@ -35,6 +35,11 @@
 //! Every one of those words is signed by its speaker's key, published on the speaker's Node
 //! ([`AGENT_KEY_ANNOTATION`]) or on podha's leader Lease ([`LEADER_KEY_ANNOTATION`]): see
 //! [`words`].
+#![forbid(unsafe_code)]
+// Functions that decide should read in one screen (clippy.toml sets the limit); tests are
+// tables and scenarios, and may run longer.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -142,7 +147,7 @@ pub fn parse_peer_count(value: &str) -> Option<(usize, usize)> {
 /// `kube-lease-manager` raises by one with every acquisition (by another replica, or by the
 /// same one after a release), and which no renewal touches; 0 when it has none. A Lease
 /// recreated after a deletion starts again from zero. podha's leader reads its own term so
-/// (`crate::leader`), and the agents the term that leads.
+/// (podha's `leader` module), and the agents the term that leads.
 pub fn lease_term(spec: Option<&LeaseSpec>) -> u64 {
     spec.and_then(|s| s.lease_transitions)
         .and_then(|t| u64::try_from(t).ok())
@@ -203,6 +208,14 @@ pub const AGENT_HEARTBEAT_TIMEOUT: Duration = AGENT_PROBE_INTERVAL;
 /// only another proof (a BMC, an acknowledgement) fails such a cluster over.
 pub const fn agent_quorum(heard: usize, expected: usize) -> bool {
     heard * 2 > expected
+}
+
+/// Whether a silent agent's silence may count when `heard` of the `expected` other agents
+/// (nodes advertising one) are heard: a strict majority of all the agents podha expects, the
+/// silent one included ([`agent_quorum`]). Then no agent podha does not hear can show that half
+/// of its peers are unheard, which is when an agent stays up (the agent's `isolation`).
+pub const fn silence_counts_among(heard: usize, expected: usize) -> bool {
+    agent_quorum(heard, expected + 1)
 }
 
 /// A node's InternalIP, where its kubelet and its agent listen: the first the node lists, of
@@ -329,13 +342,34 @@ pub fn requested_at(request: &str) -> Option<u128> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_builders::*;
+
+    /// A Node named `name`, with no annotation.
+    fn mk_node(name: &str) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.to_string());
+        node
+    }
+
+    /// Annotates a Node.
+    trait Annotate {
+        fn annotation(self, key: &str, value: &str) -> Self;
+    }
+
+    impl Annotate for Node {
+        fn annotation(mut self, key: &str, value: &str) -> Self {
+            self.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(key.to_string(), value.to_string());
+            self
+        }
+    }
 
     /// The chart's admission policy on the agent Leases restates this module's rules in CEL:
     /// their name, and how long they may last.
     #[test]
     fn the_chart_binds_agent_leases_by_this_modules_rules() {
-        let policy = include_str!("../charts/podha/templates/admission-policies.yaml");
+        let policy = include_str!("../../../charts/podha/templates/admission-policies.yaml");
         let longest = MAX_NAME - AGENT_LEASE_PREFIX.len();
         for rule in [
             format!("size(variables.agentNode) <= {longest}"),
@@ -357,7 +391,7 @@ mod tests {
     /// lets an agent write all but the fence request.
     #[test]
     fn the_charts_policy_guards_every_node_annotation_of_the_contract() {
-        let policy = include_str!("../charts/podha/templates/admission-policies.yaml");
+        let policy = include_str!("../../../charts/podha/templates/admission-policies.yaml");
         let flat = policy.split_whitespace().collect::<Vec<_>>().join(" ");
         let list = |keys: &[&str]| {
             let quoted: Vec<String> = keys.iter().map(|k| format!("'{k}'")).collect();

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{PeerCount, Silence, Survey, Verdict, decide, pet_watchdog};
-use crate::planner::proof::silence_counts_among;
+use crate::contract::silence_counts_among;
 
 const TIMEOUT: Duration = Duration::from_secs(40);
 const WATCHDOG: Duration = Duration::from_secs(10);

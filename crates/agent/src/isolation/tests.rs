@@ -1,7 +1,7 @@
 //! The isolation rule, case by case.
 
 use super::*;
-use crate::planner::proof::silence_counts_among;
+use crate::contract::silence_counts_among;
 use Silence::For;
 
 fn secs(s: u64) -> Duration {

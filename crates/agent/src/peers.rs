@@ -358,7 +358,7 @@ mod survey_tests;
 mod tests {
     use super::super::peer_list::REFRESH;
     use super::*;
-    use crate::fake_api::{FakeApi, Reply};
+    use podha_fake_api::{FakeApi, Reply};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -47,7 +47,7 @@ pub const WITHDRAW_RETRY: Duration = Duration::from_secs(1);
 pub const ADVERT_RETRY: Duration = Duration::from_secs(5);
 
 /// The field manager of the agent's server-side applies.
-pub(in crate::agent) const FIELD_MANAGER: &str = "podha-agent";
+pub(crate) const FIELD_MANAGER: &str = "podha-agent";
 
 /// Every annotation an advert may put on its Node: what [`removal`] takes off.
 const ANNOTATIONS: [&str; 4] = [
@@ -279,12 +279,18 @@ pub async fn advertise_until_withdrawn<W: Future<Output = bool>>(
 mod tests {
     use super::*;
     use crate::contract::FENCE_ACK_ANNOTATION;
-    use crate::test_builders::*;
 
+    /// Node `n1` with `annotations`.
     fn node(annotations: &[(&str, &str)]) -> Node {
-        annotations
-            .iter()
-            .fold(mk_node("n1"), |n, (k, v)| n.annotation(k, v))
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        node.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        node
     }
 
     fn advert(fenced_within: Option<Duration>, watchdog: &str) -> Advert {
