@@ -1,4 +1,4 @@
-//! No import cycles between the crate's top-level modules (`agent`, `api`, `contract`,
+//! No import cycles between the crate's top-level modules (`api`, `health`, `incident`,
 //! `planner`, `runtime`, …): a cycle means neither side can be understood, tested or replaced
 //! without the other, and the lower one's types belong below both.
 //!
@@ -308,9 +308,10 @@ fn the_top_level_modules_import_one_another_without_cycles() {
     let mut files = Vec::new();
     walk(&src.join("lib.rs"), &src, None, 0, &mut files);
     let modules: BTreeSet<String> = files.iter().map(|f| f.top.clone()).collect();
-    for expected in [
-        "agent", "api", "contract", "planner", "runtime", "incident", "metrics",
-    ] {
+    // The agent, the contract and what both build on are crates of their own (crates/): Cargo
+    // keeps them from importing the operator (podha depends on them, so they cannot depend on
+    // podha). This test guards the rooms still inside this crate.
+    for expected in ["api", "planner", "runtime", "incident", "metrics"] {
         assert!(
             modules.contains(expected),
             "{expected} not found: {modules:?}"
