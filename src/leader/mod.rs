@@ -458,8 +458,8 @@ async fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
+    use podha_fake_api::{FakeApi, Reply};
 
     fn cfg() -> LeaderConfig {
         LeaderConfig::new("podha-system", "me")

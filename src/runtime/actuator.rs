@@ -546,8 +546,8 @@ fn untaint_patch(node: &Node) -> Option<(serde_json::Value, Outcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
+    use podha_fake_api::{FakeApi, Reply};
 
     #[test]
     fn conflicts_outages_and_lost_leadership_are_retried_refusals_are_not() {

@@ -164,9 +164,9 @@ fn within_window(last: Timestamp, now: Timestamp) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
     use k8s_openapi::api::core::v1::ObjectReference;
+    use podha_fake_api::{FakeApi, Reply};
     use std::sync::Arc;
 
     fn dry_run(note: &str) -> EventNote {

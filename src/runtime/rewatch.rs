@@ -108,9 +108,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podha_fake_api::{FakeApi, Reply, Request};
     use crate::runtime::{ClusterState, Watch, watches};
     use http::Method;
+    use podha_fake_api::{FakeApi, Reply, Request};
     use tokio::time::Instant;
 
     /// A fake API server whose lists answer at once (one Lease, `n1`, and nothing else) and

@@ -402,8 +402,8 @@ pub const fn intent_kind(intent: &Intent) -> Option<ActionKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podha_fake_api::{FakeApi, Reply};
     use http::Method;
+    use podha_fake_api::{FakeApi, Reply};
 
     fn note() -> EventNote {
         EventNote {

@@ -16,15 +16,15 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::FIELD_MANAGER;
-use crate::leader_key::LeaderKey;
-use crate::peer_list::lock;
-use crate::peers::{SharedReach, lease_value};
-use crate::server::SharedHearing;
 use crate::contract::{
     AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
     AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION,
     agent_lease_name,
 };
+use crate::leader_key::LeaderKey;
+use crate::peer_list::lock;
+use crate::peers::{SharedReach, lease_value};
+use crate::server::SharedHearing;
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
 /// the Lease with the Pod, even when the agent was killed before it could.

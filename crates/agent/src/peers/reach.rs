@@ -30,9 +30,9 @@ use tracing::{info, warn};
 
 use super::{Asked, Peers, in_turn};
 use crate::boot::{RecordBoot, write_record};
+use crate::contract::{parse_peer_count, peer_count_value};
 use crate::counters;
 use crate::peer_list::{lock, spread};
-use crate::contract::{parse_peer_count, peer_count_value};
 
 /// How often the agent checks its reach.
 pub const CHECK_EVERY: Duration = Duration::from_secs(30);

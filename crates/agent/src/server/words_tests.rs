@@ -8,8 +8,8 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::*;
-use crate::peers::{Peer, SurveyTimes};
 use crate::contract::{PublicKey, Said, Word};
+use crate::peers::{Peer, SurveyTimes};
 
 struct Agent {
     router: Router,
