@@ -549,6 +549,23 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
         let on = real[2];
         every_real_node_up(&ctx, &real).await?;
         apply_fencing_policy(&ctx).await?;
+        // Every agent counted by podha (armed, not held), as the faults below assume: a hold
+        // that the last scenario's faults left (an agent that could not reach half of its
+        // peers while they were frozen, cut off or flooded) ends at a reach check that
+        // reaches them again.
+        wait_for(
+            "every real node's agent Lease to say podha counts it",
+            secs(150),
+            || async {
+                for node in &real {
+                    if !paused::lease_counts_silence(&ctx, node).await? {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            },
+        )
+        .await?;
         let fences_before = ctx.cluster.fences()?.len();
         let claim = "steady-data";
         ctx.create::<PersistentVolumeClaim>(pvc(claim, podha_sim::csi::UNFENCED_STORAGE_CLASS))

@@ -132,7 +132,7 @@ async fn set_paused(ctx: &Ctx<'_>, node: &str, paused: bool) -> anyhow::Result<(
 
 /// Whether real node `node`'s agent Lease says podha heard it in this boot, which it says only
 /// while podha does not hold the node.
-async fn lease_counts_silence(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<bool> {
+pub(super) async fn lease_counts_silence(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<bool> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(ctx.client.clone(), chart_install::NAMESPACE);
     let lease = leases.get(&podha::contract::agent_lease_name(node)).await?;
