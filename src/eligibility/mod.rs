@@ -26,16 +26,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
-pub(crate) use owners::check_owner;
 pub use owners::{controller_ref, opted_out};
 pub(crate) use selectors::selects;
 pub use selectors::{invalid_selectors, node_selected, pod_selected};
 pub use target::find_target;
-pub(crate) use target::find_target_with;
-pub(crate) use tolerations::check_tolerations;
 pub use tolerations::{spared_by_out_of_service, tolerated_fence};
+pub(crate) use volumes::bound_volume;
 pub use volumes::claim_names;
-pub(crate) use volumes::{bound_volume, check_volumes};
 
 /// Why a pod on a failed node is left alone. The label is a `podha_pods_skipped_total` reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,7 +7,9 @@ use serde::Serialize;
 use super::{Check, Checks, Cluster, explain_pod};
 use crate::eligibility::claim_names;
 use crate::planner::node_owner;
-use crate::protection::pod::{detection_text, operator_check, state_checks, taint_check};
+use crate::protection::pod::{
+    ForeseenPod, detection_text, operator_check, state_checks, taint_check,
+};
 use crate::protection::{Unprotected, proof_checks};
 
 /// The answer about one node.
@@ -56,8 +58,13 @@ pub fn explain_node(cluster: &Cluster<'_>, name: &str) -> Option<NodeExplanation
                     if p.spec.dry_run { ", dryRun on" } else { "" }
                 ),
             );
-            state_checks(cluster, p, p, name, &mut checks);
-            checks.push(taint_check(cluster, p, node));
+            let foreseen = cluster.foreseen(name);
+            let verdict = foreseen
+                .as_ref()
+                .as_ref()
+                .map(|node| ForeseenPod { node, ruling: None });
+            state_checks(cluster, p, p, name, verdict.as_ref(), &mut checks);
+            checks.push(taint_check(p, foreseen.as_ref().as_ref()));
             proof_checks(cluster, p, name, node, &mut checks);
         }
     }

@@ -70,6 +70,17 @@ impl FenceCheck {
     pub fn proven(self) -> bool {
         self.proof.is_some()
     }
+
+    /// A foreseen death's proof: whether it comes depends on the death itself, so the round
+    /// takes it as given (it counts as no proof asked for: nothing confirmed, nothing read).
+    pub fn taken_as_given() -> Self {
+        Self {
+            proof: Some(FenceEvidence::NotAsked),
+            doubt: None,
+            contradicted: None,
+            rests_on_lease_word: false,
+        }
+    }
 }
 
 /// What proves the incident's node fenced for its policy, if anything does yet, and why its

@@ -38,11 +38,13 @@
 
 mod eviction;
 mod fencing;
+mod foresight;
 mod holds;
 mod intent;
 mod ownership;
 pub mod proof;
 mod taints;
+mod verdict;
 mod withdrawals;
 
 use std::collections::BTreeMap;
@@ -51,10 +53,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tokio::time::Instant;
 
 pub use eviction::TAINT_EVICTION_WAIT;
+pub use foresight::foresee;
 pub use holds::{Heartbeat, Heartbeats};
 pub use intent::{AgentLeaseSeen, HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
-pub use taints::must_stay;
+pub use verdict::{NodeVerdict, PodVerdict, Ruling};
 
 use crate::api::{Action, PodHAPolicySpec};
 use crate::eligibility::{self, SkipReason};
@@ -137,6 +140,8 @@ impl Skip {
 pub struct Plan {
     pub intents: Vec<Intent>,
     pub skips: Vec<PodSkip>,
+    /// Every failed node the round judged, and its pods (see [`NodeVerdict`]).
+    pub verdicts: Vec<NodeVerdict>,
 }
 
 /// Plans one round. Deterministic: the same input gives the same plan.
@@ -154,7 +159,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         });
     }
     for incident in input.ledger.iter() {
-        plan_incident(incident, &policies, &held, input, &mut out);
+        plan_incident(incident, &policies, &held, input, Round::Live, &mut out);
     }
     taints::plan_untaints(&policies, input, &mut out.intents);
     withdrawals::plan_contradictions(input, &mut out.intents);
@@ -195,6 +200,15 @@ struct NodePlan<'p> {
     deletes: Vec<(PolicyRef<'p>, Intent)>,
     /// The first pod (in node order) the out-of-service taint must not remove.
     protected: Option<Protected>,
+    verdicts: Vec<PodVerdict>,
+}
+
+/// Whether a round plans for the cluster as it is, or foresees a death (see `foresight.rs`):
+/// then the node's fencing proof is taken as given, since it depends on the death itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    Live,
+    Foreseen,
 }
 
 /// A failed node and the policy that governs it, as one round sees them.
@@ -221,6 +235,29 @@ impl FailedNode<'_, '_> {
     fn rehearsal(&self) -> bool {
         self.policy.spec.dry_run
     }
+
+    /// The round's verdict on the node: `hold` stops it, `np` judged its pods.
+    fn verdict(&self, hold: Option<HoldReason>, np: Option<&mut NodePlan<'_>>) -> NodeVerdict {
+        let (spared, pods) = np.map_or((None, Vec::new()), |np| {
+            (np.protected.clone(), std::mem::take(&mut np.verdicts))
+        });
+        NodeVerdict {
+            node: self.name().to_string(),
+            policy: self.policy.name.to_string(),
+            hold,
+            taint: taints::taint_for(self.policy, spared.as_ref()),
+            spared,
+            pods,
+        }
+    }
+}
+
+/// The reason of a hold intent.
+fn hold_reason(intent: &Intent) -> Option<HoldReason> {
+    match intent {
+        Intent::Hold { reason, .. } => Some(reason.clone()),
+        _ => None,
+    }
 }
 
 fn plan_incident<'p>(
@@ -228,6 +265,7 @@ fn plan_incident<'p>(
     policies: &[PolicyRef<'p>],
     held: &BTreeMap<&str, HoldReason>,
     input: &PlanInput<'_>,
+    round: Round,
     out: &mut Plan,
 ) {
     let node = incident.node.as_str();
@@ -242,14 +280,6 @@ fn plan_incident<'p>(
     if !judged_failed(input.health, node_policy.name, node) {
         return;
     }
-    if let Some(hold) = paused(node_policy, node_obj, incident) {
-        out.intents.push(hold);
-        return;
-    }
-    if let Some(hold) = unconfirmed_judgement(node_policy, incident) {
-        out.intents.push(hold);
-        return;
-    }
     let failed = FailedNode {
         incident,
         node: node_obj,
@@ -258,14 +288,25 @@ fn plan_incident<'p>(
         held,
         input,
     };
+    let stopped = paused(node_policy, node_obj, incident)
+        .or_else(|| unconfirmed_judgement(node_policy, incident));
+    if let Some(hold) = stopped {
+        out.verdicts.push(failed.verdict(hold_reason(&hold), None));
+        out.intents.push(hold);
+        return;
+    }
     if !failed.held()
         && let holds::Settle::Wait(hold) = holds::settle(node_policy, incident, input)
     {
+        out.verdicts
+            .push(failed.verdict(hold.as_ref().and_then(hold_reason), None));
         out.intents.extend(hold);
         return;
     }
-    let np = plan_pods(&failed, out);
+    let mut np = plan_pods(&failed, out);
     if failed.held() {
+        let hold = failed.held.get(node_policy.name).cloned();
+        out.verdicts.push(failed.verdict(hold, Some(&mut np)));
         return;
     }
     if let Some(on) = fencing::power_on(node_obj, node_policy, incident, input) {
@@ -276,10 +317,15 @@ fn plan_incident<'p>(
     // the node carries a taint: the writer runs actions concurrently, and a pod deleted before
     // the taint lands may have its replacement scheduled straight back onto the dead node
     // (still Ready for the node lifecycle controller for up to 50 s).
-    let check = fencing::fence_check(node_obj, node_policy, incident, input);
+    let check = match round {
+        Round::Live => fencing::fence_check(node_obj, node_policy, incident, input),
+        Round::Foreseen => fencing::FenceCheck::taken_as_given(),
+    };
     if let Some(hold) = fencing::fence_contradicted(node_obj, node_policy, check) {
         // Under `anyOf`, the BMC may still prove what the acknowledgement did not.
         ask_for_fences(&failed, &np, out);
+        out.verdicts
+            .push(failed.verdict(hold_reason(&hold), Some(&mut np)));
         out.intents.push(hold);
         return;
     }
@@ -291,10 +337,21 @@ fn plan_incident<'p>(
         node_obj,
         check.proven() && !check.rests_on_lease_word,
     );
-    if !plan_fence(&failed, &np, tainted, check, out) {
-        return;
+    let fenced = plan_fence(&failed, &np, tainted, check, out);
+    let hold = (!fenced)
+        .then(|| out.intents.last().and_then(hold_reason))
+        .flatten();
+    out.verdicts.push(failed.verdict(hold, Some(&mut np)));
+    if fenced {
+        plan_moves(&failed, np, tainted, out);
     }
+}
+
+/// The marks, and once the node carries its taint the deletes, each as a rehearsal where a dry
+/// run says so.
+fn plan_moves(failed: &FailedNode<'_, '_>, np: NodePlan<'_>, tainted: bool, out: &mut Plan) {
     let rehearsal = failed.rehearsal();
+    let node = failed.name();
     for (owner, intent) in np.marks {
         let dry_run = rehearsal || owner.spec.dry_run;
         out.intents
@@ -432,8 +489,8 @@ fn plan_fence(
 }
 
 /// What one round decides about one pod on the failed node.
-#[derive(Default)]
-struct PodVerdict<'p> {
+struct PodDecision<'p> {
+    ruling: Ruling,
     /// Why the out-of-service taint must not remove the pod.
     protect: Option<&'static str>,
     skip: Option<PodSkip>,
@@ -441,11 +498,14 @@ struct PodVerdict<'p> {
     delete: Option<(PolicyRef<'p>, Intent)>,
 }
 
-impl<'p> PodVerdict<'p> {
-    fn protect(why: &'static str) -> Self {
+impl<'p> PodDecision<'p> {
+    fn stays(ruling: Ruling, protect: Option<&'static str>) -> Self {
         Self {
-            protect: Some(why),
-            ..Self::default()
+            ruling,
+            protect,
+            skip: None,
+            mark: None,
+            delete: None,
         }
     }
 }
@@ -458,6 +518,7 @@ fn plan_pods<'p>(failed: &FailedNode<'_, 'p>, out: &mut Plan) -> NodePlan<'p> {
         marks: Vec::new(),
         deletes: Vec::new(),
         protected: None,
+        verdicts: Vec::new(),
     };
     for pod in failed.input.view.pods_on(failed.name()) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
@@ -470,13 +531,23 @@ fn plan_pods<'p>(failed: &FailedNode<'_, 'p>, out: &mut Plan) -> NodePlan<'p> {
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let verdict = judge_pod(failed, pod, uid, &key, &usable);
-        if let Some(why) = verdict.protect {
-            np.protected.get_or_insert(Protected { pod: key, why });
+        let owner = pod_owner(failed.policies, pod, failed.node, failed.input.view);
+        let decision = judge_pod(failed, owner, pod, uid, &key, &usable);
+        if let Some(why) = decision.protect {
+            np.protected.get_or_insert(Protected {
+                pod: key.clone(),
+                why,
+            });
         }
-        out.skips.extend(verdict.skip);
-        np.marks.extend(verdict.mark);
-        np.deletes.extend(verdict.delete);
+        np.verdicts.push(PodVerdict {
+            pod: key,
+            uid: uid.to_string(),
+            policy: owner.map(|o| o.name.to_string()),
+            ruling: decision.ruling,
+        });
+        out.skips.extend(decision.skip);
+        np.marks.extend(decision.mark);
+        np.deletes.extend(decision.delete);
     }
     np
 }
@@ -485,33 +556,38 @@ fn plan_pods<'p>(failed: &FailedNode<'_, 'p>, out: &mut Plan) -> NodePlan<'p> {
 /// out-of-service taint must spare it.
 fn judge_pod<'p>(
     failed: &FailedNode<'_, 'p>,
+    owner: Option<PolicyRef<'p>>,
     pod: &Pod,
     uid: &str,
     key: &ObjectKey,
     usable: &dyn Fn(&Node) -> bool,
-) -> PodVerdict<'p> {
+) -> PodDecision<'p> {
     let (node, view) = (failed.name(), failed.input.view);
-    let Some(owner) = pod_owner(failed.policies, pod, failed.node, view) else {
-        return taints::unselected_protection(pod)
-            .map_or_else(PodVerdict::default, PodVerdict::protect);
+    let Some(owner) = owner else {
+        return PodDecision::stays(Ruling::NotSelected, taints::unselected_protection(pod));
     };
     // The pod's own policy must see the node dead too; until it does the pod stays.
     if !judged_failed(failed.input.health, owner.name, node) {
-        return PodVerdict::protect("NodeNotJudgedDeadByItsPolicy");
+        return PodDecision::stays(Ruling::NotJudgedDead, Some("NodeNotJudgedDeadByItsPolicy"));
     }
-    let skip = |reason| {
-        Some(PodSkip {
+    let skipped = |reason, protect| PodDecision {
+        skip: Some(PodSkip {
             pod: key.clone(),
             uid: uid.to_string(),
             node: node.to_string(),
             policy: owner.name.to_string(),
             reason,
-        })
+        }),
+        ..PodDecision::stays(Ruling::Skipped(reason), protect)
     };
-    if failed.held() || failed.held.contains_key(owner.name) {
-        return PodVerdict {
-            skip: skip(Skip::Held),
-            ..PodVerdict::protect("PolicyHeld")
+    let hold = failed
+        .held
+        .get(failed.policy.name)
+        .or_else(|| failed.held.get(owner.name));
+    if let Some(hold) = hold {
+        return PodDecision {
+            ruling: Ruling::Held(hold.clone()),
+            ..skipped(Skip::Held, Some("PolicyHeld"))
         };
     }
     // The pod's own policy paused (the node's policy decided for the node already, see
@@ -521,35 +597,31 @@ fn judge_pod<'p>(
         && owner.name != failed.policy.name
         && !failed.incident.marked_not_ready.contains_key(uid)
     {
-        return PodVerdict {
-            skip: skip(Skip::Paused),
-            ..PodVerdict::protect("PolicyPaused")
-        };
+        return skipped(Skip::Paused, Some("PolicyPaused"));
     }
     if !failed.incident.pods_at_failure.contains(uid) {
-        return PodVerdict {
-            skip: skip(Skip::Replacement),
-            ..PodVerdict::default()
-        };
+        return skipped(Skip::Replacement, None);
     }
     let eligible = match eligibility::check_movable(owner.spec, pod, view, usable) {
         Err(reason) => {
-            return PodVerdict {
-                skip: skip(Skip::Ineligible(reason)),
-                protect: taints::skip_protection(reason, pod),
-                ..PodVerdict::default()
-            };
+            return skipped(
+                Skip::Ineligible(reason),
+                taints::skip_protection(reason, pod),
+            );
         }
         Ok(eligible) => eligible,
     };
-    let mut verdict = PodVerdict {
-        protect: other_policy_protection(failed.policy, owner),
-        ..PodVerdict::default()
-    };
+    let mut decision = PodDecision::stays(
+        Ruling::Moves {
+            rehearsed: failed.rehearsal() || owner.spec.dry_run,
+            owner_kind: eligible.owner_kind,
+        },
+        other_policy_protection(failed.policy, owner),
+    );
     // The taint eviction controller's delete first (the pod, marked before the taint, is no
     // longer Ready then: podha's delete goes by its UID alone).
     if eviction::awaits_eviction(pod, failed.incident, failed.input.now) {
-        return verdict;
+        return decision;
     }
     let resource_version = match delete_version(failed.incident, pod, uid) {
         DeleteVersion::In(version) => version,
@@ -560,10 +632,10 @@ fn judge_pod<'p>(
                 node: node.to_string(),
                 policy: owner.name.to_string(),
             };
-            verdict.mark = Some((owner, intent));
-            return verdict;
+            decision.mark = Some((owner, intent));
+            return decision;
         }
-        DeleteVersion::Wait => return verdict,
+        DeleteVersion::Wait => return decision,
     };
     let intent = Intent::ForceDeletePod {
         pod: key.clone(),
@@ -573,8 +645,8 @@ fn judge_pod<'p>(
         owner_kind: eligible.owner_kind,
         resource_version,
     };
-    verdict.delete = Some((owner, intent));
-    verdict
+    decision.delete = Some((owner, intent));
+    decision
 }
 
 /// In which version a pod on the failed node may be deleted, if it may be this round.

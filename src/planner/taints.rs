@@ -27,28 +27,6 @@ use crate::eligibility::{
 use crate::health::ReadyStatus;
 use crate::view::View;
 
-/// Why the out-of-service taint on `node` would have to spare `pod` if the node died now, if
-/// it would: the rules the planner applies to every pod of a dead node (below), without what
-/// depends on the incident itself (which policies judged the node dead, holds, replacements).
-pub fn must_stay(
-    policies: &[PolicyRef<'_>],
-    node_policy: PolicyRef<'_>,
-    pod: &Pod,
-    node: &Node,
-    view: &View,
-    usable: &dyn Fn(&Node) -> bool,
-) -> Option<&'static str> {
-    let Some(owner) = super::pod_owner(policies, pod, node, view) else {
-        return unselected_protection(pod);
-    };
-    match crate::eligibility::check_movable(owner.spec, pod, view, usable) {
-        Err(reason) => skip_protection(reason, pod),
-        // As `judge_pod`: a pod of a paused policy stays.
-        Ok(_) if owner.spec.paused => Some("PolicyPaused"),
-        Ok(_) => super::other_policy_protection(node_policy, owner),
-    }
-}
-
 /// Why the out-of-service taint would wrongly remove a pod no policy selects, if it would.
 pub(super) fn unselected_protection(pod: &Pod) -> Option<&'static str> {
     if controller_ref(pod).is_none() {
@@ -87,6 +65,15 @@ pub(super) fn tainted_for(incident: &Incident, node: &Node, proven: bool) -> boo
     incident.tainted.is_some() || (NodeTaint::ALL.iter().any(|t| t.on(node)) && proven)
 }
 
+/// The taint a failed node gets under `node_policy`: the one its action asks for, but the
+/// scheduling fence instead of the out-of-service taint while `protected` must stay.
+pub(super) fn taint_for(node_policy: PolicyRef<'_>, protected: Option<&Protected>) -> NodeTaint {
+    match NodeTaint::for_action(node_policy.spec.action) {
+        NodeTaint::OutOfService if protected.is_some() => NodeTaint::Fence,
+        wanted => wanted,
+    }
+}
+
 /// The node's taint, before any pod moves, as decided by the node's policy: the out-of-service
 /// taint (volumes detach at once) or the scheduling fence (without it, a pod deleted before the
 /// node lifecycle controller taints the node unreachable may be scheduled right back onto the
@@ -100,22 +87,18 @@ pub(super) fn plan_taint(
     protected: Option<&Protected>,
     agent_lease_seen: Option<AgentLeaseSeen>,
 ) -> Vec<Intent> {
-    let wanted = NodeTaint::for_action(node_policy.spec.action);
+    let taint = taint_for(node_policy, protected);
     let mut out = Vec::new();
-    let taint = match (wanted, protected) {
-        (NodeTaint::OutOfService, Some(p)) => {
-            out.push(Intent::Hold {
-                policy: node_policy.name.to_string(),
-                node: Some(node_name.to_string()),
-                reason: HoldReason::OutOfServiceRefused {
-                    pod: p.pod.clone(),
-                    why: p.why,
-                },
-            });
-            NodeTaint::Fence
-        }
-        (taint, _) => taint,
-    };
+    if let Some(p) = protected.filter(|_| taint != NodeTaint::for_action(node_policy.spec.action)) {
+        out.push(Intent::Hold {
+            policy: node_policy.name.to_string(),
+            node: Some(node_name.to_string()),
+            reason: HoldReason::OutOfServiceRefused {
+                pod: p.pod.clone(),
+                why: p.why,
+            },
+        });
+    }
     let intent = Intent::TaintNode {
         node: node_name.to_string(),
         policy: node_policy.name.to_string(),

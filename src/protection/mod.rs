@@ -8,6 +8,8 @@
 //! rule that fails ([`coverage`]) for the policy's status and `podha_pods`.
 
 mod agent;
+#[cfg(test)]
+mod agreement;
 mod coverage;
 mod fence;
 pub mod pod;
@@ -16,6 +18,7 @@ mod tests;
 
 use std::cell::{OnceCell, RefCell};
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
@@ -23,7 +26,7 @@ use tokio::time::Instant;
 
 use crate::api::PodHAPolicyStatus;
 use crate::eligibility::SkipReason;
-use crate::planner::PolicyRef;
+use crate::planner::{NodeVerdict, PolicyRef, foresee};
 use crate::view::View;
 pub use agent::{AgentGap, agent_gap};
 pub use coverage::{Coverage, coverage};
@@ -199,10 +202,12 @@ pub struct Cluster<'a> {
     pub view: &'a View,
     pub operator: Operator<'a>,
     pub now: Instant,
-    /// What each node's pods share, once worked out: the taint the node would get, and the
-    /// proof its fence would need.
-    taints: RefCell<BTreeMap<String, Check>>,
+    /// What each node's pods share, once worked out: the planner's verdict on the node's
+    /// foreseen death, and the proof its fence would need.
+    foreseen: RefCell<BTreeMap<String, Rc<Option<NodeVerdict>>>>,
     proofs: RefCell<BTreeMap<String, Vec<Check>>>,
+    /// The unreadable policies' names, as the planner reads them.
+    unreadable_names: Vec<String>,
     /// Nodes that advertise an agent, and those of them with a watchdog and a fresh Lease.
     agents: OnceCell<(usize, usize)>,
     /// How many nodes report each system UUID (compared as `api::canonical_uuid`).
@@ -225,16 +230,26 @@ impl<'a> Cluster<'a> {
             view,
             operator,
             now,
-            taints: RefCell::default(),
+            foreseen: RefCell::default(),
+            unreadable_names: unreadable.keys().cloned().collect(),
             proofs: RefCell::default(),
             agents: OnceCell::new(),
             system_uuids: OnceCell::new(),
         }
     }
 
-    /// `node`'s taint check, worked out by `work` the first time.
-    fn taint_of(&self, node: &str, work: impl FnOnce() -> Check) -> Check {
-        remembered(&self.taints, node, work)
+    /// What the planner would do were `node` judged dead now (`planner::foresee`), worked
+    /// out the first time.
+    pub fn foreseen(&self, node: &str) -> Rc<Option<NodeVerdict>> {
+        remembered(&self.foreseen, node, || {
+            Rc::new(foresee(
+                &self.policies,
+                &self.unreadable_names,
+                self.view,
+                node,
+                self.now,
+            ))
+        })
     }
 
     /// `node`'s proof checks, worked out by `work` the first time.

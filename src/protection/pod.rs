@@ -10,14 +10,21 @@ use serde::Serialize;
 
 use super::fence::proof_checks;
 use super::{Check, Checks, Cluster, Operator, Unprotected, human};
-use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition, node_paused};
+use crate::api::{Action, FencingProof, NodeTaint, PAUSE_ANNOTATION, condition};
 use crate::eligibility::{
-    SkipReason, check_owner, check_tolerations, check_volumes, controller_ref, find_target_with,
-    node_selected, selects, tolerated_fence,
+    SkipReason, controller_ref, find_target, node_selected, selects, tolerated_fence,
 };
 use crate::health::ReadyStatus;
-use crate::planner::{PolicyRef, is_terminal, must_stay, node_owner, pod_owner};
+use crate::planner::{
+    HoldReason, NodeVerdict, PolicyRef, Ruling, Skip, is_terminal, node_owner, pod_owner,
+};
 use crate::view::View;
+
+/// The foreseen round's verdict on a pod's node, and on the pod if the round judged it.
+pub struct ForeseenPod<'a> {
+    pub node: &'a NodeVerdict,
+    pub ruling: Option<&'a Ruling>,
+}
 
 /// The answer about one pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -95,36 +102,61 @@ fn pod_checks(
     );
     // The pod's policy selects the node, so some policy governs it.
     let node_policy = node_owner(policies, node).unwrap_or(owner);
-    if node_policy.name == owner.name {
-        checks.pass(
-            "node policy",
-            format!(
-                "{} also governs {node_name}: action {}",
-                owner.name,
-                node_policy.spec.action.as_str()
-            ),
-        );
-    } else {
-        checks.note(
-            "node policy",
-            format!(
-                "{} governs {node_name} (the first policy by name that selects it): its \
-                 detection judges the node, its safety limits and dryRun decide there, its \
-                 action ({}) picks the taint",
-                node_policy.name,
-                node_policy.spec.action.as_str()
-            ),
-        );
-    }
-    state_checks(cluster, node_policy, owner, &node_name, checks);
-    eligibility_checks(owner, pod, node, view, checks);
-    checks.push(taint_check(cluster, node_policy, node));
+    checks.push(node_policy_check(node_policy, owner, &node_name));
+    let foreseen = cluster.foreseen(&node_name);
+    let verdict = foreseen.as_ref().as_ref().map(|node| ForeseenPod {
+        node,
+        ruling: pod
+            .metadata
+            .uid
+            .as_deref()
+            .and_then(|uid| node.pod(uid))
+            .map(|p| &p.ruling),
+    });
+    state_checks(
+        cluster,
+        node_policy,
+        owner,
+        &node_name,
+        verdict.as_ref(),
+        checks,
+    );
+    let ruling = verdict.as_ref().and_then(|v| v.ruling);
+    eligibility_checks(owner, pod, node, view, ruling, checks);
+    checks.push(taint_check(node_policy, foreseen.as_ref().as_ref()));
     proof_checks(cluster, node_policy, &node_name, node, checks);
-    checks.note(
+    checks.push(timing_note(node_policy, &node_name));
+    (Some(owner.name.to_string()), Some(node_name))
+}
+
+/// Which policy governs the pod's node: its own, or one before it by name.
+fn node_policy_check(node_policy: PolicyRef<'_>, owner: PolicyRef<'_>, node: &str) -> Check {
+    let action = node_policy.spec.action.as_str();
+    if node_policy.name == owner.name {
+        Check::pass(
+            "node policy",
+            format!("{} also governs {node}: action {action}", owner.name),
+        )
+    } else {
+        Check::note(
+            "node policy",
+            format!(
+                "{} governs {node} (the first policy by name that selects it): its detection \
+                 judges the node, its safety limits and dryRun decide there, its action \
+                 ({action}) picks the taint",
+                node_policy.name
+            ),
+        )
+    }
+}
+
+/// What the failover's timing depends on, which no rule foresees.
+fn timing_note(node_policy: PolicyRef<'_>, node: &str) -> Check {
+    Check::note(
         "timing",
         format!(
-            "after {node_name} is judged dead ({}), podha waits until every other watched node \
-             has shown life since (the settle wait){}: these depend on the death itself and are \
+            "after {node} is judged dead ({}), podha waits until every other watched node has \
+             shown life since (the settle wait){}: these depend on the death itself and are \
              not predicted",
             detection_text(node_policy),
             match node_policy.spec.fencing.proofs().single() {
@@ -133,8 +165,7 @@ fn pod_checks(
                 _ => ", and for the fencing proof",
             }
         ),
-    );
-    (Some(owner.name.to_string()), Some(node_name))
+    )
 }
 
 /// The node the pod runs on; else the node it names, if any, and why there is nothing to move.
@@ -200,55 +231,26 @@ pub fn operator_check(cluster: &Cluster<'_>) -> Check {
     }
 }
 
-/// The policies' own state: paused, dry run, a policy before them unreadable, too many
-/// unhealthy nodes.
+/// The policies' own state, as the foreseen round (`verdict`) rules: paused, a dry run, held
+/// (a policy before them unreadable, too many unhealthy nodes), or a judgement no confirmed
+/// proof stands behind; and the hold the operator reports now (the policies' statuses).
 pub fn state_checks(
     cluster: &Cluster<'_>,
     node_policy: PolicyRef<'_>,
     owner: PolicyRef<'_>,
     node: &str,
+    verdict: Option<&ForeseenPod<'_>>,
     checks: &mut Checks,
 ) {
-    if let Some(why) = pause(node_policy, owner, node, cluster) {
-        checks.fail("state", Unprotected::Paused, why);
-        return;
-    }
-    if node_policy.spec.dry_run {
-        checks.fail(
-            "state",
-            Unprotected::DryRun,
-            format!(
-                "{}: dryRun is on (it governs {node}): podha only says what it would do",
-                node_policy.name
-            ),
-        );
-        return;
-    }
-    if owner.spec.dry_run {
-        checks.fail(
-            "state",
-            Unprotected::DryRun,
-            format!(
-                "{}: dryRun is on: podha only says what it would do",
-                owner.name
-            ),
-        );
-        return;
-    }
-    // As the planner: a policy after an unreadable one by name holds every action.
-    if let Some((unreadable, why)) = cluster
-        .unreadable
-        .iter()
-        .find(|(name, _)| name.as_str() < node_policy.name.max(owner.name))
-    {
-        checks.fail(
-            "state",
-            Unprotected::PolicyUnreadable,
-            format!(
-                "policy {unreadable} cannot be read ({why}) and comes first by name: podha \
-                 holds every action of the policies after it"
-            ),
-        );
+    let ruled = verdict.and_then(|v| {
+        v.node
+            .hold
+            .as_ref()
+            .map(|hold| held(hold, node_policy, node))
+            .or_else(|| pod_state(v.ruling?, node_policy, owner, node))
+    });
+    if let Some((reason, why)) = ruled {
+        checks.fail("state", reason, why);
         return;
     }
     for policy in [node_policy, owner] {
@@ -287,133 +289,210 @@ pub fn state_checks(
     checks.pass("state", format!("{} acts: {counts}", node_policy.name));
 }
 
-/// Why podha would take no new action on `node` if it died now: its policy, the pod's, or the
-/// node itself paused.
-fn pause(
+/// The pod's own ruling, where it is about the policies' state: held, paused, rehearsed.
+fn pod_state(
+    ruling: &Ruling,
     node_policy: PolicyRef<'_>,
     owner: PolicyRef<'_>,
     node: &str,
-    cluster: &Cluster<'_>,
-) -> Option<String> {
-    let annotated = cluster.view.nodes.get(node).is_some_and(|n| node_paused(n));
-    if annotated {
-        Some(format!(
-            "{node} is paused for maintenance ({PAUSE_ANNOTATION}): podha takes no new action \
-             there until the annotation goes"
-        ))
-    } else if node_policy.spec.paused {
-        Some(format!(
-            "{} is paused (spec.paused, it governs {node}): podha judges but takes no new action",
-            node_policy.name
-        ))
-    } else if owner.spec.paused {
-        Some(format!(
-            "{} is paused (spec.paused): podha judges but takes no new action",
-            owner.name
-        ))
-    } else {
-        None
+) -> Option<(Unprotected, String)> {
+    match ruling {
+        Ruling::Held(hold) => Some(held(hold, owner, node)),
+        Ruling::Skipped(Skip::Paused) => Some((
+            Unprotected::Paused,
+            format!(
+                "{} is paused (spec.paused): podha judges but takes no new action",
+                owner.name
+            ),
+        )),
+        Ruling::Moves {
+            rehearsed: true, ..
+        } => {
+            let (name, governs) = if node_policy.spec.dry_run {
+                (node_policy.name, format!(" (it governs {node})"))
+            } else {
+                (owner.name, String::new())
+            };
+            Some((
+                Unprotected::DryRun,
+                format!("{name}: dryRun is on{governs}: podha only says what it would do"),
+            ))
+        }
+        _ => None,
     }
 }
 
-/// The eligibility rules, each on its own, with the pod's policy.
+/// Why a hold of `policy` keeps the pods of `node` where they are.
+fn held(hold: &HoldReason, policy: PolicyRef<'_>, node: &str) -> (Unprotected, String) {
+    let name = policy.name;
+    match hold {
+        HoldReason::Paused { by_node: true } => (
+            Unprotected::Paused,
+            format!(
+                "{node} is paused for maintenance ({PAUSE_ANNOTATION}): podha takes no new \
+                 action there until the annotation goes"
+            ),
+        ),
+        HoldReason::Paused { by_node: false } => (
+            Unprotected::Paused,
+            format!(
+                "{name} is paused (spec.paused, it governs {node}): podha judges but takes no \
+                 new action"
+            ),
+        ),
+        HoldReason::PolicyUnreadable { unreadable } => (
+            Unprotected::PolicyUnreadable,
+            format!(
+                "policy {unreadable} cannot be read and comes first by name: podha holds every \
+                 action of the policies after it"
+            ),
+        ),
+        HoldReason::TooManyUnhealthy {
+            failed,
+            watched,
+            max,
+        } => (
+            Unprotected::TooManyUnhealthy,
+            format!(
+                "{name} would hold every action: with {node} dead, {failed} of its {watched} \
+                 watched nodes would be unhealthy, more than the {max} safety.maxUnhealthy allows"
+            ),
+        ),
+        HoldReason::FencingPending { proof } => (
+            Unprotected::NoProof,
+            format!(
+                "{name} judges {node} without the kubelet's heartbeat and its action and proof \
+                 ({proof}) confirm no fence: judged dead, the node is held for good"
+            ),
+        ),
+        other => (
+            Unprotected::NoProof,
+            format!("{name} holds: {}", other.as_str()),
+        ),
+    }
+}
+
+/// The eligibility rules in the order `eligibility::check_movable` applies them, the first
+/// refusal winning.
+const ELIGIBILITY_RULES: [&str; 4] = ["owner", "volumes", "target", "tolerations"];
+
+/// The rule an eligibility refusal belongs to.
+const fn eligibility_rule(reason: SkipReason) -> &'static str {
+    match reason {
+        SkipReason::NoControllerOwner | SkipReason::OwnerKindNotSelected | SkipReason::OptedOut => {
+            "owner"
+        }
+        SkipReason::NoPersistentVolumeClaim
+        | SkipReason::ClaimNotBound
+        | SkipReason::VolumeNotCsi
+        | SkipReason::DriverNotSelected
+        | SkipReason::AccessModeNotSelected => "volumes",
+        SkipReason::NoTargetNode => "target",
+        SkipReason::ToleratesFence => "tolerations",
+    }
+}
+
+/// The eligibility rules, as the foreseen round judged the pod: each rule it passed,
+/// described, up to the refusal that keeps it, if one does.
 fn eligibility_checks(
     owner: PolicyRef<'_>,
     pod: &Pod,
     node: &Node,
     view: &View,
+    ruling: Option<&Ruling>,
     checks: &mut Checks,
 ) {
-    let spec = owner.spec;
-    let ineligible = |reason: SkipReason| {
-        format!(
-            "policy {}: {}: {}",
-            owner.name,
-            reason.as_str(),
-            reason.describe()
-        )
-    };
-    match check_owner(spec, pod, view) {
-        Ok(kind) => {
-            let name = controller_ref(pod).map_or("", |r| r.name.as_str());
-            checks.pass("owner", format!("{kind} {name}"));
+    let (refusal, owner_kind) = match ruling {
+        Some(Ruling::Moves { owner_kind, .. }) => (None, Some(*owner_kind)),
+        Some(Ruling::Skipped(Skip::Ineligible(reason))) => (Some(*reason), None),
+        _ => {
+            checks.note("eligibility", "not judged: a hold comes first (see state)");
+            return;
         }
-        Err(reason) => checks.fail("owner", Unprotected::Ineligible(reason), ineligible(reason)),
+    };
+    for rule in ELIGIBILITY_RULES {
+        match refusal {
+            Some(reason) if eligibility_rule(reason) == rule => {
+                checks.push(refused(owner, pod, view, reason));
+                return;
+            }
+            _ => checks.push(passed(rule, owner, owner_kind, pod, node, view)),
+        }
     }
-    let claims = claims_text(pod, view);
-    let pvs = match check_volumes(spec, pod, view) {
-        Ok(pvs) => {
-            checks.pass("volumes", claims);
-            pvs
-        }
-        Err(reason) => {
-            let known = if claims.is_empty() {
-                String::new()
-            } else {
-                format!(" ({claims})")
-            };
-            checks.fail(
-                "volumes",
-                Unprotected::Ineligible(reason),
-                format!("{}{known}", ineligible(reason)),
-            );
-            Vec::new()
-        }
-    };
-    let node_name = node.name_any();
-    let usable = ready_elsewhere(&node_name);
-    match (
-        find_target_with(pod, &pvs, view, &usable),
-        spec.safety.require_target,
-    ) {
-        (Some(target), _) => checks.pass(
-            "target",
+}
+
+/// An eligibility rule the pod passed, described.
+fn passed(
+    rule: &'static str,
+    owner: PolicyRef<'_>,
+    owner_kind: Option<&str>,
+    pod: &Pod,
+    node: &Node,
+    view: &View,
+) -> Check {
+    let controller = controller_ref(pod);
+    match rule {
+        "owner" => Check::pass(
+            rule,
             format!(
-                "{} could run it now (taints, affinity, resources, volume topology)",
-                target.name_any()
+                "{} {}",
+                owner_kind
+                    .or(controller.map(|r| r.kind.as_str()))
+                    .unwrap_or_default(),
+                controller.map_or("", |r| r.name.as_str())
             ),
         ),
-        (None, true) => checks.fail(
-            "target",
-            Unprotected::Ineligible(SkipReason::NoTargetNode),
-            ineligible(SkipReason::NoTargetNode),
-        ),
-        (None, false) => checks.note(
-            "target",
-            "no Ready, schedulable node could run it now; safety.requireTarget is off: podha \
-             moves it and its replacement waits Pending",
-        ),
-    }
-    // After the target, in the planner's order (`eligibility::check_movable`).
-    match check_tolerations(spec, pod) {
-        Ok(()) => checks.pass(
-            "tolerations",
+        "volumes" => Check::pass(rule, claims_text(pod, view)),
+        "target" => match find_target(pod, view, &ready_elsewhere(&node.name_any())) {
+            Some(target) => Check::pass(
+                rule,
+                format!(
+                    "{} could run it now (taints, affinity, resources, volume topology)",
+                    target.name_any()
+                ),
+            ),
+            None => Check::note(
+                rule,
+                "no Ready, schedulable node could run it now; safety.requireTarget is off: \
+                 podha moves it and its replacement waits Pending",
+            ),
+        },
+        _ => Check::pass(
+            rule,
             format!(
                 "does not tolerate {}, the taint podha fences with under {}",
-                NodeTaint::for_action(spec.action).key(),
-                spec.action.as_str()
-            ),
-        ),
-        Err(reason) => checks.fail(
-            "tolerations",
-            Unprotected::Ineligible(reason),
-            format!(
-                "{} (it tolerates {})",
-                ineligible(reason),
-                tolerated_fence(spec.action, pod).map_or("", NodeTaint::key)
+                NodeTaint::for_action(owner.spec.action).key(),
+                owner.spec.action.as_str()
             ),
         ),
     }
 }
 
-/// Which taint `node` would get if it died now, and what that means for the volumes: worked out
-/// once per node.
-pub fn taint_check(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
-    cluster.taint_of(&node.name_any(), || node_taint(cluster, node_policy, node))
+/// The eligibility rule that refuses the pod, with what it found.
+fn refused(owner: PolicyRef<'_>, pod: &Pod, view: &View, reason: SkipReason) -> Check {
+    let rule = eligibility_rule(reason);
+    let found = match rule {
+        "volumes" => Some(claims_text(pod, view)).filter(|c| !c.is_empty()),
+        "tolerations" => tolerated_fence(owner.spec.action, pod)
+            .map(|taint| format!("it tolerates {}", taint.key())),
+        _ => None,
+    };
+    Check::fail(
+        rule,
+        Unprotected::Ineligible(reason),
+        format!(
+            "policy {}: {}: {}{}",
+            owner.name,
+            reason.as_str(),
+            reason.describe(),
+            found.map_or_else(String::new, |f| format!(" ({f})"))
+        ),
+    )
 }
 
-fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) -> Check {
-    let node_name = node.name_any();
+/// Which taint the node would get if it died now, and what that means for the volumes, as the
+/// foreseen round decided.
+pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -> Check {
     if node_policy.spec.action == Action::DeletePods {
         return Check::pass(
             "taint",
@@ -424,25 +503,10 @@ fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) ->
             ),
         );
     }
-    let usable = ready_elsewhere(&node_name);
-    // The pods the planner would judge: not those that have finished.
-    let staying = cluster
-        .view
-        .pods_on(&node_name)
-        .iter()
-        .filter(|p| !is_terminal(p))
-        .find_map(|pod| {
-            let why = must_stay(
-                &cluster.policies,
-                node_policy,
-                pod,
-                node,
-                cluster.view,
-                &usable,
-            )?;
-            Some((pod.namespace().unwrap_or_default(), pod.name_any(), why))
-        });
-    match staying {
+    let Some(verdict) = foreseen.filter(|v| v.hold.is_none()) else {
+        return Check::note("taint", "not judged: a hold comes first (see state)");
+    };
+    match &verdict.spared {
         None => Check::pass(
             "taint",
             format!(
@@ -450,14 +514,17 @@ fn node_taint(cluster: &Cluster<'_>, node_policy: PolicyRef<'_>, node: &Node) ->
                 NodeTaint::OutOfService.key()
             ),
         ),
-        Some((ns, name, why)) => Check::note(
+        Some(spared) => Check::note(
             "taint",
             format!(
-                "{} would be refused while {ns}/{name} must stay on {node_name} ({why}): podha \
-                 fences the node with {} instead, deletes the pod, and its volume detaches after \
-                 the attach/detach controller's 6-minute wait",
+                "{} would be refused while {} must stay on {} ({}): podha fences the node with \
+                 {} instead, deletes the pod, and its volume detaches after the attach/detach \
+                 controller's 6-minute wait",
                 NodeTaint::OutOfService.key(),
-                NodeTaint::Fence.key()
+                spared.pod,
+                verdict.node,
+                spared.why,
+                verdict.taint.key()
             ),
         ),
     }

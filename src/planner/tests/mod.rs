@@ -260,7 +260,13 @@ fn a_pod_deleted_once_is_never_deleted_again() {
     let mut world = World::new(cluster(3)).policy("p", mk_spec()).fail("node-1");
     let uid = uid(&world.view, "node-1", "db-0");
     world.ledger.record_deleted("node-1", &uid);
-    assert_eq!(world.plan(), Plan::default());
+    let plan = world.plan();
+    assert_eq!((plan.intents, plan.skips), (vec![], vec![]));
+    let judged: Vec<_> = plan.verdicts.iter().flat_map(|v| &v.pods).collect();
+    assert!(
+        judged.is_empty(),
+        "a deleted pod is judged no more: {judged:?}"
+    );
 }
 
 #[test]

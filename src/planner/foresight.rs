@@ -1,0 +1,91 @@
+//! What the planner would do if a node died now: the round it would plan, foreseen. `podha
+//! explain`, the policies' coverage and `podha_pods` answer "would podha fail this pod over?"
+//! from the verdicts of that round (see `verdict.rs`), so they say what `plan` does.
+//!
+//! The foreseen death: every policy that watches the node judges it Failed now; every other
+//! node they watch is healthy; the pods on the node now are the pods at failure, none marked,
+//! deleted or tainted for yet. What depends on the death itself is not foreseen: how long the
+//! settle wait takes (no node is waited for), and whether the fencing proof comes (it is taken
+//! as given; `crate::protection` says what the proof needs of the node).
+
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
+
+use super::{
+    HealthBook, Heartbeats, NodeVerdict, Plan, PlanInput, PolicyRef, Round, holds, node_owner,
+    plan_incident,
+};
+use crate::eligibility::node_selected;
+use crate::health::NodeHealth;
+use crate::incident::Ledger;
+use crate::view::View;
+
+/// The verdict of the round `plan` would run were `node` judged dead now (see the module
+/// docs); `None` when no policy selects the node or it is not in the view.
+pub fn foresee(
+    policies: &[PolicyRef<'_>],
+    unreadable: &[String],
+    view: &View,
+    node: &str,
+    now: Instant,
+) -> Option<NodeVerdict> {
+    let node_obj = view.nodes.get(node)?;
+    let mut policies = policies.to_vec();
+    policies.sort_by(|a, b| a.name.cmp(b.name));
+    let node_policy = node_owner(&policies, node_obj)?;
+    let health = foreseen_health(&policies, view, node, now);
+    let mut ledger = Ledger::default();
+    ledger.open(node, node_policy.name, None, now, view);
+    let heartbeats = Heartbeats::new();
+    let input = PlanInput {
+        policies: &policies,
+        health: &health,
+        view,
+        ledger: &ledger,
+        heartbeats: &heartbeats,
+        unreadable,
+        agent_quorum_since: None,
+        now,
+    };
+    let held = holds::held_policies(&policies, &input);
+    let incident = ledger.get(node)?;
+    let mut out = Plan::default();
+    plan_incident(
+        incident,
+        &policies,
+        &held,
+        &input,
+        Round::Foreseen,
+        &mut out,
+    );
+    out.verdicts.pop()
+}
+
+/// Every node each policy watches, healthy, but `dead`, judged Failed at `now`.
+fn foreseen_health(
+    policies: &[PolicyRef<'_>],
+    view: &View,
+    dead: &str,
+    now: Instant,
+) -> HealthBook {
+    policies
+        .iter()
+        .map(|policy| {
+            let watched: BTreeMap<String, NodeHealth> = view
+                .nodes
+                .iter()
+                .filter(|(_, node)| node_selected(policy.spec, node))
+                .map(|(name, _)| {
+                    let health = if name == dead {
+                        NodeHealth::Failed { since: now }
+                    } else {
+                        NodeHealth::Healthy
+                    };
+                    (name.clone(), health)
+                })
+                .collect();
+            (policy.name.to_string(), watched)
+        })
+        .collect()
+}

@@ -1,0 +1,397 @@
+//! `podha explain` and `plan` agree, over generated clusters: explain calls a pod protected if
+//! and only if, once its node is judged Failed and its proof is in (`fencing.proof: None`
+//! here), the planner's rounds force-delete it; and a pod it calls unprotected is refused for
+//! the same reason the planner gives (its skip, or the hold that stops it).
+//!
+//! The failover is played the way the operator runs it: every policy's trackers judge the node
+//! dead, the incident opens with the node's pods, and each round's marks and taint land
+//! before the next round (the taint long enough ago that Kubernetes' own eviction had its
+//! turn).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use proptest::prelude::*;
+use tokio::time::Instant;
+
+use super::{Cluster, Operator, Unprotected, explain_pod};
+use crate::api::{Action, FAILOVER_ANNOTATION, PAUSE_ANNOTATION, PodHAPolicySpec};
+use crate::eligibility::node_selected;
+use crate::health::NodeHealth;
+use crate::incident::Ledger;
+use crate::planner::{
+    HealthBook, Heartbeats, HoldReason, Intent, PlanInput, PolicyRef, Skip, TAINT_EVICTION_WAIT,
+    node_owner, plan,
+};
+use crate::test_builders::*;
+use crate::view::View;
+
+const DRIVERS: [&str; 2] = ["a.csi.example.com", "b.csi.example.com"];
+const UNREADABLE: &str = "a-unreadable";
+
+#[derive(Clone, Debug)]
+struct NodeGen {
+    ready: bool,
+    paused: bool,
+    zone: u8,
+}
+
+#[derive(Clone, Debug)]
+struct PolicyGen {
+    zone: Option<u8>,
+    tier: Option<u8>,
+    dry_run: bool,
+    paused: bool,
+    delete_pods: bool,
+    driver_a_only: bool,
+    require_target: bool,
+}
+
+#[derive(Clone, Debug)]
+struct PodGen {
+    node: usize,
+    tier: u8,
+    /// 0: a StatefulSet, 1: none, 2: a Deployment's ReplicaSet.
+    owner: u8,
+    /// 0: no claim, 1 and 2: a claim on `DRIVERS[claim - 1]`.
+    claim: u8,
+    opted_out: bool,
+    tolerates_fence: bool,
+    ready: bool,
+}
+
+#[derive(Clone, Debug)]
+struct ClusterGen {
+    nodes: Vec<NodeGen>,
+    policies: Vec<PolicyGen>,
+    pods: Vec<PodGen>,
+    unreadable: bool,
+}
+
+fn cluster_gen() -> impl Strategy<Value = ClusterGen> {
+    let node =
+        (any::<bool>(), prop::bool::weighted(0.15), 0..2u8).prop_map(|(ready, paused, zone)| {
+            NodeGen {
+                ready: ready || zone == 0,
+                paused,
+                zone,
+            }
+        });
+    let policy = (
+        prop::option::of(0..2u8),
+        prop::option::of(0..2u8),
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.15),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(zone, tier, dry_run, paused, delete_pods, driver_a_only, require_target)| PolicyGen {
+                zone,
+                tier,
+                dry_run,
+                paused,
+                delete_pods,
+                driver_a_only,
+                require_target,
+            },
+        );
+    let pod = (
+        (0..4usize, 0..2u8),
+        0..3u8,
+        0..3u8,
+        prop::bool::weighted(0.15),
+        prop::bool::weighted(0.15),
+        any::<bool>(),
+    )
+        .prop_map(
+            |((node, tier), owner, claim, opted_out, tolerates_fence, ready)| PodGen {
+                node,
+                tier,
+                owner,
+                claim,
+                opted_out,
+                tolerates_fence,
+                ready,
+            },
+        );
+    (
+        prop::collection::vec(node, 2..=4),
+        prop::collection::vec(policy, 1..=2),
+        prop::collection::vec(pod, 1..=6),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(nodes, policies, pods, unreadable)| ClusterGen {
+            nodes,
+            policies,
+            pods,
+            unreadable,
+        })
+}
+
+impl ClusterGen {
+    fn view(&self) -> View {
+        let mut view = View::default();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let mut node = mk_node(&format!("n{i}"))
+                .ready(n.ready)
+                .label("zone", &format!("z{}", n.zone));
+            if n.paused {
+                node = node.annotation(PAUSE_ANNOTATION, "true");
+            }
+            view = view.with(node);
+        }
+        view = view.with(mk_rs("shop", "web").owned_by("apps/v1", "Deployment", "web"));
+        for (i, p) in self.pods.iter().enumerate() {
+            let name = format!("pod-{i}");
+            let mut pod = mk_pod("shop", &name)
+                .on(&format!("n{}", p.node % self.nodes.len()))
+                .ready(p.ready)
+                .label("tier", &format!("t{}", p.tier));
+            pod = match p.owner {
+                0 => pod.owned_by_sts(&name),
+                2 => pod.owned_by_rs("web"),
+                _ => pod,
+            };
+            if p.opted_out {
+                pod = pod.annotation(FAILOVER_ANNOTATION, "false");
+            }
+            if p.tolerates_fence {
+                pod = pod.toleration(mk_toleration(
+                    "node.kubernetes.io/out-of-service",
+                    "Exists",
+                    "",
+                    "NoExecute",
+                ));
+            }
+            if p.claim > 0 {
+                let claim = format!("data-{name}");
+                pod = pod.claim(&claim);
+                view = view
+                    .with(mk_pvc("shop", &claim).bound_to(&format!("pv-{name}")))
+                    .with(mk_csi_pv(
+                        &format!("pv-{name}"),
+                        DRIVERS[usize::from(p.claim - 1)],
+                    ));
+            }
+            view = view.with(pod);
+        }
+        view
+    }
+
+    fn specs(&self) -> Vec<(String, PodHAPolicySpec)> {
+        self.policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut spec = mk_spec().require_target(p.require_target);
+                if let Some(zone) = p.zone {
+                    spec = spec.node_selector(matching("zone", &format!("z{zone}")));
+                }
+                if let Some(tier) = p.tier {
+                    spec = spec.pod_selector(matching("tier", &format!("t{tier}")));
+                }
+                if p.driver_a_only {
+                    spec = spec.drivers(&DRIVERS[..1]);
+                }
+                spec.dry_run = p.dry_run;
+                spec.paused = p.paused;
+                if p.delete_pods {
+                    spec.action = Action::DeletePods;
+                }
+                (format!("p{i}"), spec)
+            })
+            .collect()
+    }
+
+    fn unreadable(&self) -> BTreeMap<String, String> {
+        self.unreadable
+            .then(|| (UNREADABLE.to_string(), "no such field".to_string()))
+            .into_iter()
+            .collect()
+    }
+}
+
+fn matching(key: &str, value: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+        ..LabelSelector::default()
+    }
+}
+
+/// What the planner's rounds did about each pod of `dead` once every policy that watches it
+/// judged it Failed.
+#[derive(Default, Debug)]
+struct Played {
+    deleted: BTreeSet<String>,
+    rehearsed: BTreeSet<String>,
+    skipped: BTreeMap<String, Skip>,
+    /// Each hold with its policy: the node's own first, then the policies' (they hold every
+    /// node).
+    holds: Vec<(String, HoldReason)>,
+}
+
+fn play_failover(
+    policies: &[PolicyRef<'_>],
+    unreadable: &[String],
+    view: &View,
+    dead: &str,
+    now: Instant,
+) -> Played {
+    let mut played = Played::default();
+    let health: HealthBook = policies
+        .iter()
+        .map(|p| {
+            let watched = view
+                .nodes
+                .iter()
+                .filter(|(_, n)| node_selected(p.spec, n))
+                .map(|(name, _)| {
+                    let state = if name == dead {
+                        NodeHealth::Failed { since: now }
+                    } else {
+                        NodeHealth::Healthy
+                    };
+                    (name.clone(), state)
+                })
+                .collect();
+            (p.name.to_string(), watched)
+        })
+        .collect();
+    let mut sorted = policies.to_vec();
+    sorted.sort_by(|a, b| a.name.cmp(b.name));
+    let Some(node_policy) = node_owner(&sorted, &view.nodes[dead]) else {
+        return played;
+    };
+    let mut ledger = Ledger::default();
+    ledger.open(dead, node_policy.name, None, now, view);
+    let heartbeats = Heartbeats::new();
+    for _ in 0..4 {
+        let round = plan(&PlanInput {
+            policies,
+            health: &health,
+            view,
+            ledger: &ledger,
+            heartbeats: &heartbeats,
+            unreadable,
+            agent_quorum_since: None,
+            now,
+        });
+        for skip in round.skips {
+            played.skipped.insert(skip.uid, skip.reason);
+        }
+        for intent in round.intents {
+            match intent {
+                Intent::MarkPodNotReady { uid, .. } => {
+                    ledger.record_marked_not_ready(dead, &uid, Some("marked".into()));
+                }
+                Intent::TaintNode { taint, .. } => {
+                    ledger.record_tainted(dead, taint, now - TAINT_EVICTION_WAIT);
+                }
+                Intent::ForceDeletePod { uid, .. } => {
+                    ledger.record_deleted(dead, &uid);
+                    played.deleted.insert(uid);
+                }
+                Intent::Hold {
+                    reason: HoldReason::DryRun { would },
+                    ..
+                } => {
+                    if let Intent::MarkPodNotReady { uid, .. }
+                    | Intent::ForceDeletePod { uid, .. } = *would
+                    {
+                        played.rehearsed.insert(uid);
+                    }
+                }
+                Intent::Hold {
+                    policy,
+                    reason,
+                    node: Some(_),
+                } => played.holds.insert(0, (policy, reason)),
+                Intent::Hold { policy, reason, .. } => played.holds.push((policy, reason)),
+                _ => {}
+            }
+        }
+    }
+    played
+}
+
+/// The reason the planner's rounds left `pod` where it is, in explain's words.
+fn planner_reason(played: &Played, pod: &Pod, owner: Option<&str>) -> Option<Unprotected> {
+    let uid = pod.metadata.uid.as_deref()?;
+    if played.deleted.contains(uid) {
+        return None;
+    }
+    let Some(owner) = owner else {
+        return Some(Unprotected::NotSelected);
+    };
+    if played.rehearsed.contains(uid) {
+        return Some(Unprotected::DryRun);
+    }
+    let hold_reason = |reason: &HoldReason| match reason {
+        HoldReason::Paused { .. } => Some(Unprotected::Paused),
+        HoldReason::TooManyUnhealthy { .. } => Some(Unprotected::TooManyUnhealthy),
+        HoldReason::PolicyUnreadable { .. } => Some(Unprotected::PolicyUnreadable),
+        _ => None,
+    };
+    match played.skipped.get(uid) {
+        Some(Skip::Ineligible(reason)) => Some(Unprotected::Ineligible(*reason)),
+        Some(Skip::Paused) => Some(Unprotected::Paused),
+        Some(Skip::Held) => played
+            .holds
+            .iter()
+            .filter(|(policy, _)| policy == owner || played.holds.len() == 1)
+            .find_map(|(_, reason)| hold_reason(reason)),
+        Some(Skip::Replacement) => Some(Unprotected::NotOnNode),
+        None => played
+            .holds
+            .iter()
+            .find_map(|(_, reason)| hold_reason(reason)),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn explain_calls_a_pod_protected_exactly_when_the_planner_moves_it(drawn in cluster_gen()) {
+        let view = drawn.view();
+        let specs = drawn.specs();
+        let policies: Vec<PolicyRef<'_>> =
+            specs.iter().map(|(name, spec)| PolicyRef { name, spec }).collect();
+        let unreadable = drawn.unreadable();
+        let unreadable_names: Vec<String> = unreadable.keys().cloned().collect();
+        let statuses = BTreeMap::new();
+        let now = Instant::now();
+        let cluster = Cluster::new(
+            policies.clone(),
+            &unreadable,
+            &statuses,
+            &view,
+            Operator::Leading,
+            now,
+        );
+        for dead in view.nodes.keys() {
+            let played = play_failover(&policies, &unreadable_names, &view, dead, now);
+            for pod in view.pods_on(dead) {
+                let explained = explain_pod(&cluster, pod);
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                prop_assert_eq!(
+                    explained.protected,
+                    played.deleted.contains(&uid),
+                    "{} on {}: explain {:?}, planner {:?}",
+                    explained.pod, dead, explained.checks, played
+                );
+                let said = explained.why_not().map(|(reason, _)| reason);
+                let owner = explained.policy.as_deref();
+                prop_assert_eq!(
+                    said,
+                    planner_reason(&played, pod, owner),
+                    "{} on {}: explain {:?}, planner {:?}",
+                    explained.pod, dead, explained.checks, played
+                );
+            }
+        }
+    }
+}
