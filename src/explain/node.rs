@@ -7,9 +7,8 @@ use serde::Serialize;
 use super::{Check, Checks, Cluster, explain_pod};
 use crate::eligibility::claim_names;
 use crate::planner::node_owner;
-use crate::protection::pod::{
-    ForeseenPod, detection_text, operator_check, state_checks, taint_check,
-};
+use crate::protection::pod::{detection_text, operator_check};
+use crate::protection::verdicts::{ForeseenPod, state_checks, taint_check};
 use crate::protection::{Unprotected, proof_checks};
 
 /// The answer about one node.

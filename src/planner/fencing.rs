@@ -18,7 +18,7 @@ use super::proof::{
     system_uuid_shared_with,
 };
 use super::{AgentLeaseSeen, HoldReason, Incident, Intent, PlanInput, PolicyRef};
-use crate::api::FencingProof;
+use crate::api::{Fencing, FencingProof};
 use crate::contract::agent_addr;
 use crate::incident::PowerOff;
 use crate::view::View;
@@ -222,13 +222,8 @@ fn power_off(
     incident: &Incident,
     input: &PlanInput<'_>,
 ) -> Option<Intent> {
-    let bmc = node_policy.spec.fencing.bmc.as_ref()?;
-    let secret = bmc.secret_for(node)?;
-    let system_uuid = bmc.expected_uuid(node);
-    if system_uuid.is_some() && system_uuid_shared_with(input.view, &incident.node, node).is_some()
-    {
-        return None;
-    }
+    let (secret, system_uuid) =
+        bmc_target(&node_policy.spec.fencing, &incident.node, node, input.view).ok()?;
     let (node, policy) = (incident.node.clone(), node_policy.name.to_string());
     match incident.power_off {
         None => Some(Intent::PowerOff {
@@ -246,6 +241,41 @@ fn power_off(
         }),
         Some(_) => None,
     }
+}
+
+/// Why podha cannot reach a node's BMC, as its policy's `fencing.bmc` finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BmcGap {
+    /// The policy has no `fencing.bmc`.
+    NotConfigured,
+    /// Nothing names the node's Secret: `fencing.bmc.secretNameLabel` is not on the Node.
+    NoSecretName,
+    /// Under `matchSystemUUID`, node `with` reports the same system UUID: it binds neither node
+    /// to its BMC (firmware that gives many boards one UUID, a cloned VM), and a Secret with
+    /// the other machine's address would pass the check.
+    SharedSystemUuid { with: String },
+}
+
+/// The node's BMC as podha reaches it: the name of its Secret, and the system UUID the BMC
+/// must report (under `matchSystemUUID`); or why podha cannot, which holds a node judged dead
+/// for good under the `BMC` proof.
+pub fn bmc_target(
+    fencing: &Fencing,
+    name: &str,
+    node: &Node,
+    view: &View,
+) -> Result<(String, Option<String>), BmcGap> {
+    let bmc = fencing.bmc.as_ref().ok_or(BmcGap::NotConfigured)?;
+    let secret = bmc.secret_for(node).ok_or(BmcGap::NoSecretName)?;
+    let system_uuid = bmc.expected_uuid(node);
+    if system_uuid.is_some()
+        && let Some(other) = system_uuid_shared_with(view, name, node)
+    {
+        return Err(BmcGap::SharedSystemUuid {
+            with: other.to_string(),
+        });
+    }
+    Ok((secret, system_uuid))
 }
 
 /// With `fencing.bmc.powerCycle`: the `On`, once per incident, of a machine podha powered off,

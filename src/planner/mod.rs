@@ -53,6 +53,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tokio::time::Instant;
 
 pub use eviction::TAINT_EVICTION_WAIT;
+pub use fencing::{BmcGap, bmc_target};
 pub use foresight::foresee;
 pub use holds::{Heartbeat, Heartbeats};
 pub use intent::{AgentLeaseSeen, HoldKind, HoldReason, Intent, taint_key};

@@ -9,8 +9,8 @@ use kube::ResourceExt;
 use super::{AgentGap, Check, Checks, Cluster, Outcome, Unprotected, agent_gap, human};
 use crate::api::{BMC_NODE_LABEL, FencingProof};
 use crate::contract::{AGENT_WATCHDOG_ANNOTATION, agent_addr, fenced_within};
-use crate::planner::PolicyRef;
-use crate::planner::proof::{silence_counts_among, system_uuid_of};
+use crate::planner::proof::silence_counts_among;
+use crate::planner::{BmcGap, PolicyRef, bmc_target};
 
 /// The proof the taint waits for, and whether the node's agent can give it: worked out once per
 /// node (every pod there shares it, and counting the other agents reads every node).
@@ -147,8 +147,7 @@ fn member_checks(
     }
 }
 
-/// The node's BMC under the `BMC` proof: is there a Secret to find it by, and (under
-/// `matchSystemUUID`) a system UUID that is the node's alone?
+/// The node's BMC under the `BMC` proof, as the planner reaches it (`planner::bmc_target`).
 fn bmc_checks(
     cluster: &Cluster<'_>,
     node_policy: PolicyRef<'_>,
@@ -156,63 +155,38 @@ fn bmc_checks(
     node: &Node,
     checks: &mut Checks,
 ) {
-    let Some(bmc) = node_policy.spec.fencing.bmc.as_ref() else {
-        checks.fail(
-            "proof",
-            Unprotected::NoBmc,
-            "BMC: fencing.bmc is missing: judged dead, the node is held for good",
-        );
-        return;
-    };
-    let Some(secret) = bmc.secret_for(node) else {
-        checks.fail(
-            "proof",
-            Unprotected::NoBmc,
-            format!(
-                "BMC: {node_name} has no label {}, which names its BMC's Secret: judged \
-                 dead, it is held for good",
-                bmc.secret_name_label.as_deref().unwrap_or("(none)")
-            ),
-        );
-        return;
-    };
-    let uuid = system_uuid_of(node);
-    if bmc.match_system_uuid && !uuid.is_empty() && shared_by(cluster, &uuid) > 1 {
-        checks.fail(
-            "proof",
-            Unprotected::NoBmc,
-            format!(
-                "BMC: {node_name}'s systemUUID is reported by {} nodes: it does not tell their \
-                 machines apart, so podha powers none of them off (judged dead, {node_name} is \
-                 held); fix the firmware's UUIDs",
-                shared_by(cluster, &uuid)
-            ),
-        );
-        return;
-    }
-    checks.note(
-        "proof",
-        format!(
-            "BMC: podha powers {node_name} off through its BMC (Secret {secret} in podha's \
-             namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it until the BMC says \
-             the machine is off"
-        ),
-    );
-}
-
-/// How many nodes report system UUID `uuid` (canonical): counted once for the whole cluster.
-fn shared_by(cluster: &Cluster<'_>, uuid: &str) -> usize {
-    let counts = cluster.system_uuids.get_or_init(|| {
-        let mut counts = std::collections::BTreeMap::new();
-        for node in cluster.view.nodes.values() {
-            let uuid = system_uuid_of(node);
-            if !uuid.is_empty() {
-                *counts.entry(uuid).or_insert(0) += 1;
-            }
+    let fencing = &node_policy.spec.fencing;
+    let why = match bmc_target(fencing, node_name, node, cluster.view) {
+        Ok((secret, _)) => {
+            checks.note(
+                "proof",
+                format!(
+                    "BMC: podha powers {node_name} off through its BMC (Secret {secret} in \
+                     podha's namespace, labelled {BMC_NODE_LABEL}={node_name}) and holds it \
+                     until the BMC says the machine is off"
+                ),
+            );
+            return;
         }
-        counts
-    });
-    counts.get(uuid).copied().unwrap_or(0)
+        Err(BmcGap::NotConfigured) => "fencing.bmc is missing".to_string(),
+        Err(BmcGap::NoSecretName) => format!(
+            "{node_name} has no label {}, which names its BMC's Secret",
+            fencing
+                .bmc
+                .as_ref()
+                .and_then(|b| b.secret_name_label.as_deref())
+                .unwrap_or("(none)")
+        ),
+        Err(BmcGap::SharedSystemUuid { with }) => format!(
+            "{node_name}'s systemUUID is reported by {with} too: it does not tell their \
+             machines apart, so podha powers neither off (fix the firmware's UUIDs)"
+        ),
+    };
+    checks.fail(
+        "proof",
+        Unprotected::NoBmc,
+        format!("BMC: {why}: judged dead, the node is held for good"),
+    );
 }
 
 /// How many other nodes advertise an agent, and how many of those have one with a watchdog

@@ -1,7 +1,10 @@
-//! Would podha fail a pod over if its node died now? Every rule with its result, each answered
-//! by the operator's own code: the planner's policy ownership and taint rules, the eligibility
-//! checks, the agent's proof, the policy's state ([`pod`], [`fence`]). A pod that fails no rule
-//! is *protected*.
+//! Would podha fail a pod over if its node died now? Every rule with its result. The planner
+//! answers what it would do: `planner::foresee` plans the round that death would get, and
+//! [`verdicts`] reads its verdicts as rules (the policies' state, each eligibility rule up to
+//! the refusal, the taint). What the proof needs of the node (`fence.rs`: its agent, the
+//! agents podha must hear, its BMC as `planner::bmc_target` reaches it, its cloud provider) is
+//! said beside it: whether the proof comes depends on the death itself. A pod that fails no
+//! rule is *protected*.
 //!
 //! Two readers share it: `podha explain` (every rule, in words, for one pod, node or policy)
 //! and the operator, which counts each policy's protected and unprotected pods by the first
@@ -15,6 +18,7 @@ mod fence;
 pub mod pod;
 #[cfg(test)]
 mod tests;
+pub mod verdicts;
 
 use std::cell::{OnceCell, RefCell};
 use std::collections::BTreeMap;
@@ -210,8 +214,6 @@ pub struct Cluster<'a> {
     unreadable_names: Vec<String>,
     /// Nodes that advertise an agent, and those of them with a watchdog and a fresh Lease.
     agents: OnceCell<(usize, usize)>,
-    /// How many nodes report each system UUID (compared as `api::canonical_uuid`).
-    system_uuids: OnceCell<BTreeMap<String, usize>>,
 }
 
 impl<'a> Cluster<'a> {
@@ -234,7 +236,6 @@ impl<'a> Cluster<'a> {
             unreadable_names: unreadable.keys().cloned().collect(),
             proofs: RefCell::default(),
             agents: OnceCell::new(),
-            system_uuids: OnceCell::new(),
         }
     }
 

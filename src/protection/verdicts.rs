@@ -1,0 +1,318 @@
+//! The planner's verdicts on a pod's foreseen death (`planner::foresee`), read as `podha
+//! explain`'s rules: the policies' state, each eligibility rule up to the refusal, the taint.
+//! Every result here is the planner's; this room only says it in words.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+
+use super::pod::{claims_text, ready_elsewhere};
+use super::{Check, Checks, Cluster, Unprotected};
+use crate::api::{Action, NodeTaint, PAUSE_ANNOTATION, condition};
+use crate::eligibility::{SkipReason, controller_ref, find_target, tolerated_fence};
+use crate::planner::{HoldReason, NodeVerdict, PolicyRef, Ruling, Skip};
+use crate::view::View;
+
+/// The foreseen round's verdict on a pod's node, and on the pod if the round judged it.
+pub struct ForeseenPod<'a> {
+    pub node: &'a NodeVerdict,
+    pub ruling: Option<&'a Ruling>,
+}
+
+/// The policies' own state, as the foreseen round (`verdict`) rules: paused, a dry run, held
+/// (a policy before them unreadable, too many unhealthy nodes), or a judgement no confirmed
+/// proof stands behind; and the hold the operator reports now (the policies' statuses).
+pub fn state_checks(
+    cluster: &Cluster<'_>,
+    node_policy: PolicyRef<'_>,
+    owner: PolicyRef<'_>,
+    node: &str,
+    verdict: Option<&ForeseenPod<'_>>,
+    checks: &mut Checks,
+) {
+    let ruled = verdict.and_then(|v| {
+        v.node
+            .hold
+            .as_ref()
+            .map(|hold| held(hold, node_policy, node))
+            .or_else(|| pod_state(v.ruling?, node_policy, owner, node))
+    });
+    if let Some((reason, why)) = ruled {
+        checks.fail("state", reason, why);
+        return;
+    }
+    for policy in [node_policy, owner] {
+        if let Some(c) = cluster
+            .statuses
+            .get(policy.name)
+            .and_then(|s| s.degraded_because(condition::REASON_TOO_MANY_UNHEALTHY))
+        {
+            checks.fail(
+                "state",
+                Unprotected::TooManyUnhealthy,
+                format!(
+                    "{} holds every action: {} ({})",
+                    policy.name, c.reason, c.message
+                ),
+            );
+            return;
+        }
+    }
+    let status = cluster.statuses.get(node_policy.name);
+    let counts = status.map_or_else(
+        || "no status yet".to_string(),
+        |s| {
+            format!(
+                "{} failed and {} suspect of {} watched nodes, at most {} unhealthy within {}",
+                s.failed_nodes,
+                s.suspect_nodes,
+                s.watched_nodes,
+                node_policy
+                    .spec
+                    .max_unhealthy_nodes(usize::try_from(s.watched_nodes).unwrap_or_default()),
+                node_policy.spec.safety.unhealthy_window
+            )
+        },
+    );
+    checks.pass("state", format!("{} acts: {counts}", node_policy.name));
+}
+
+/// The pod's own ruling, where it is about the policies' state: held, paused, rehearsed.
+fn pod_state(
+    ruling: &Ruling,
+    node_policy: PolicyRef<'_>,
+    owner: PolicyRef<'_>,
+    node: &str,
+) -> Option<(Unprotected, String)> {
+    match ruling {
+        Ruling::Held(hold) => Some(held(hold, owner, node)),
+        Ruling::Skipped(Skip::Paused) => Some((
+            Unprotected::Paused,
+            format!(
+                "{} is paused (spec.paused): podha judges but takes no new action",
+                owner.name
+            ),
+        )),
+        Ruling::Moves {
+            rehearsed: true, ..
+        } => {
+            let (name, governs) = if node_policy.spec.dry_run {
+                (node_policy.name, format!(" (it governs {node})"))
+            } else {
+                (owner.name, String::new())
+            };
+            Some((
+                Unprotected::DryRun,
+                format!("{name}: dryRun is on{governs}: podha only says what it would do"),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Why a hold of `policy` keeps the pods of `node` where they are.
+fn held(hold: &HoldReason, policy: PolicyRef<'_>, node: &str) -> (Unprotected, String) {
+    let name = policy.name;
+    match hold {
+        HoldReason::Paused { by_node: true } => (
+            Unprotected::Paused,
+            format!(
+                "{node} is paused for maintenance ({PAUSE_ANNOTATION}): podha takes no new \
+                 action there until the annotation goes"
+            ),
+        ),
+        HoldReason::Paused { by_node: false } => (
+            Unprotected::Paused,
+            format!(
+                "{name} is paused (spec.paused, it governs {node}): podha judges but takes no \
+                 new action"
+            ),
+        ),
+        HoldReason::PolicyUnreadable { unreadable } => (
+            Unprotected::PolicyUnreadable,
+            format!(
+                "policy {unreadable} cannot be read and comes first by name: podha holds every \
+                 action of the policies after it"
+            ),
+        ),
+        HoldReason::TooManyUnhealthy {
+            failed,
+            watched,
+            max,
+        } => (
+            Unprotected::TooManyUnhealthy,
+            format!(
+                "{name} would hold every action: with {node} dead, {failed} of its {watched} \
+                 watched nodes would be unhealthy, more than the {max} safety.maxUnhealthy allows"
+            ),
+        ),
+        HoldReason::FencingPending { proof } => (
+            Unprotected::NoProof,
+            format!(
+                "{name} judges {node} without the kubelet's heartbeat and its action and proof \
+                 ({proof}) confirm no fence: judged dead, the node is held for good"
+            ),
+        ),
+        other => (
+            Unprotected::NoProof,
+            format!("{name} holds: {}", other.as_str()),
+        ),
+    }
+}
+
+/// The eligibility rules in the order `eligibility::check_movable` applies them, the first
+/// refusal winning.
+const ELIGIBILITY_RULES: [&str; 4] = ["owner", "volumes", "target", "tolerations"];
+
+/// The rule an eligibility refusal belongs to.
+const fn eligibility_rule(reason: SkipReason) -> &'static str {
+    match reason {
+        SkipReason::NoControllerOwner | SkipReason::OwnerKindNotSelected | SkipReason::OptedOut => {
+            "owner"
+        }
+        SkipReason::NoPersistentVolumeClaim
+        | SkipReason::ClaimNotBound
+        | SkipReason::VolumeNotCsi
+        | SkipReason::DriverNotSelected
+        | SkipReason::AccessModeNotSelected => "volumes",
+        SkipReason::NoTargetNode => "target",
+        SkipReason::ToleratesFence => "tolerations",
+    }
+}
+
+/// The eligibility rules, as the foreseen round judged the pod: each rule it passed,
+/// described, up to the refusal that keeps it, if one does.
+pub(super) fn eligibility_checks(
+    owner: PolicyRef<'_>,
+    pod: &Pod,
+    node: &Node,
+    view: &View,
+    ruling: Option<&Ruling>,
+    checks: &mut Checks,
+) {
+    let (refusal, owner_kind) = match ruling {
+        Some(Ruling::Moves { owner_kind, .. }) => (None, Some(*owner_kind)),
+        Some(Ruling::Skipped(Skip::Ineligible(reason))) => (Some(*reason), None),
+        _ => {
+            checks.note("eligibility", "not judged: a hold comes first (see state)");
+            return;
+        }
+    };
+    for rule in ELIGIBILITY_RULES {
+        match refusal {
+            Some(reason) if eligibility_rule(reason) == rule => {
+                checks.push(refused(owner, pod, view, reason));
+                return;
+            }
+            _ => checks.push(passed(rule, owner, owner_kind, pod, node, view)),
+        }
+    }
+}
+
+/// An eligibility rule the pod passed, described.
+fn passed(
+    rule: &'static str,
+    owner: PolicyRef<'_>,
+    owner_kind: Option<&str>,
+    pod: &Pod,
+    node: &Node,
+    view: &View,
+) -> Check {
+    let controller = controller_ref(pod);
+    match rule {
+        "owner" => Check::pass(
+            rule,
+            format!(
+                "{} {}",
+                owner_kind
+                    .or(controller.map(|r| r.kind.as_str()))
+                    .unwrap_or_default(),
+                controller.map_or("", |r| r.name.as_str())
+            ),
+        ),
+        "volumes" => Check::pass(rule, claims_text(pod, view)),
+        "target" => match find_target(pod, view, &ready_elsewhere(&node.name_any())) {
+            Some(target) => Check::pass(
+                rule,
+                format!(
+                    "{} could run it now (taints, affinity, resources, volume topology)",
+                    target.name_any()
+                ),
+            ),
+            None => Check::note(
+                rule,
+                "no Ready, schedulable node could run it now; safety.requireTarget is off: \
+                 podha moves it and its replacement waits Pending",
+            ),
+        },
+        _ => Check::pass(
+            rule,
+            format!(
+                "does not tolerate {}, the taint podha fences with under {}",
+                NodeTaint::for_action(owner.spec.action).key(),
+                owner.spec.action.as_str()
+            ),
+        ),
+    }
+}
+
+/// The eligibility rule that refuses the pod, with what it found.
+fn refused(owner: PolicyRef<'_>, pod: &Pod, view: &View, reason: SkipReason) -> Check {
+    let rule = eligibility_rule(reason);
+    let found = match rule {
+        "volumes" => Some(claims_text(pod, view)).filter(|c| !c.is_empty()),
+        "tolerations" => tolerated_fence(owner.spec.action, pod)
+            .map(|taint| format!("it tolerates {}", taint.key())),
+        _ => None,
+    };
+    Check::fail(
+        rule,
+        Unprotected::Ineligible(reason),
+        format!(
+            "policy {}: {}: {}{}",
+            owner.name,
+            reason.as_str(),
+            reason.describe(),
+            found.map_or_else(String::new, |f| format!(" ({f})"))
+        ),
+    )
+}
+
+/// Which taint the node would get if it died now, and what that means for the volumes, as the
+/// foreseen round decided.
+pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -> Check {
+    if node_policy.spec.action == Action::DeletePods {
+        return Check::pass(
+            "taint",
+            format!(
+                "{} (action DeletePods): the pod is deleted once the fencing proof is in; its \
+                 volume detaches after the attach/detach controller's 6-minute wait",
+                NodeTaint::Fence.key()
+            ),
+        );
+    }
+    let Some(verdict) = foreseen.filter(|v| v.hold.is_none()) else {
+        return Check::note("taint", "not judged: a hold comes first (see state)");
+    };
+    match &verdict.spared {
+        None => Check::pass(
+            "taint",
+            format!(
+                "{}: volumes detach as soon as their pods are deleted",
+                NodeTaint::OutOfService.key()
+            ),
+        ),
+        Some(spared) => Check::note(
+            "taint",
+            format!(
+                "{} would be refused while {} must stay on {} ({}): podha fences the node with \
+                 {} instead, deletes the pod, and its volume detaches after the attach/detach \
+                 controller's 6-minute wait",
+                NodeTaint::OutOfService.key(),
+                spared.pod,
+                verdict.node,
+                spared.why,
+                verdict.taint.key()
+            ),
+        ),
+    }
+}
