@@ -140,9 +140,32 @@ impl Skip {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub intents: Vec<Intent>,
-    pub skips: Vec<PodSkip>,
     /// Every failed node the round judged, and its pods (see [`NodeVerdict`]).
     pub verdicts: Vec<NodeVerdict>,
+}
+
+impl Plan {
+    /// The pods the round leaves where they are on their failed nodes, with why, as its
+    /// verdicts say (a pod no policy selects, or whose policy does not judge the node dead,
+    /// is not its to skip).
+    pub fn skips(&self) -> impl Iterator<Item = PodSkip> + '_ {
+        self.verdicts.iter().flat_map(|node| {
+            node.pods.iter().filter_map(move |pod| {
+                let reason = match &pod.ruling {
+                    Ruling::Skipped(skip) => *skip,
+                    Ruling::Held(_) => Skip::Held,
+                    _ => return None,
+                };
+                Some(PodSkip {
+                    pod: pod.pod.clone(),
+                    uid: pod.uid.clone(),
+                    node: node.node.clone(),
+                    policy: pod.policy.clone()?,
+                    reason,
+                })
+            })
+        })
+    }
 }
 
 /// Plans one round. Deterministic: the same input gives the same plan.
@@ -304,7 +327,7 @@ fn plan_incident<'p>(
         out.intents.extend(hold);
         return;
     }
-    let mut np = plan_pods(&failed, out);
+    let mut np = plan_pods(&failed);
     if failed.held() {
         let hold = failed.held.get(node_policy.name).cloned();
         out.verdicts.push(failed.verdict(hold, Some(&mut np)));
@@ -494,7 +517,6 @@ struct PodDecision<'p> {
     ruling: Ruling,
     /// Why the out-of-service taint must not remove the pod.
     protect: Option<&'static str>,
-    skip: Option<PodSkip>,
     mark: Option<(PolicyRef<'p>, Intent)>,
     delete: Option<(PolicyRef<'p>, Intent)>,
 }
@@ -504,7 +526,6 @@ impl<'p> PodDecision<'p> {
         Self {
             ruling,
             protect,
-            skip: None,
             mark: None,
             delete: None,
         }
@@ -513,7 +534,7 @@ impl<'p> PodDecision<'p> {
 
 /// Every pod on the failed node: what moves, what is skipped and why, and what the
 /// out-of-service taint must not touch.
-fn plan_pods<'p>(failed: &FailedNode<'_, 'p>, out: &mut Plan) -> NodePlan<'p> {
+fn plan_pods<'p>(failed: &FailedNode<'_, 'p>) -> NodePlan<'p> {
     let usable = node_usable(failed.input.health);
     let mut np = NodePlan {
         marks: Vec::new(),
@@ -546,7 +567,6 @@ fn plan_pods<'p>(failed: &FailedNode<'_, 'p>, out: &mut Plan) -> NodePlan<'p> {
             policy: owner.map(|o| o.name.to_string()),
             ruling: decision.ruling,
         });
-        out.skips.extend(decision.skip);
         np.marks.extend(decision.mark);
         np.deletes.extend(decision.delete);
     }
@@ -571,25 +591,13 @@ fn judge_pod<'p>(
     if !judged_failed(failed.input.health, owner.name, node) {
         return PodDecision::stays(Ruling::NotJudgedDead, Some("NodeNotJudgedDeadByItsPolicy"));
     }
-    let skipped = |reason, protect| PodDecision {
-        skip: Some(PodSkip {
-            pod: key.clone(),
-            uid: uid.to_string(),
-            node: node.to_string(),
-            policy: owner.name.to_string(),
-            reason,
-        }),
-        ..PodDecision::stays(Ruling::Skipped(reason), protect)
-    };
+    let skipped = |reason, protect| PodDecision::stays(Ruling::Skipped(reason), protect);
     let hold = failed
         .held
         .get(failed.policy.name)
         .or_else(|| failed.held.get(owner.name));
     if let Some(hold) = hold {
-        return PodDecision {
-            ruling: Ruling::Held(hold.clone()),
-            ..skipped(Skip::Held, Some("PolicyHeld"))
-        };
+        return PodDecision::stays(Ruling::Held(hold.clone()), Some("PolicyHeld"));
     }
     // The pod's own policy paused (the node's policy decided for the node already, see
     // `paused`): it stays, and the taint must spare it, unless podha began moving it (marked it

@@ -279,7 +279,7 @@ fn play_failover(
             agent_quorum_since: None,
             now,
         });
-        for skip in round.skips {
+        for skip in round.skips() {
             played.skipped.insert(skip.uid, skip.reason);
         }
         for intent in round.intents {

@@ -147,10 +147,11 @@ impl Actor {
         self.judge_nodes(now).await;
         let health = self.judge.health_book();
         let plan = self.plan(&health, now);
+        let skips: Vec<_> = plan.skips().collect();
         for intent in plan.intents {
             self.dispatch(intent, now).await;
         }
-        for skip in plan.skips {
+        for skip in skips {
             self.report_skip(skip).await;
         }
         self.follow_incidents(now, &health).await;
