@@ -12,22 +12,17 @@
 pub use podha_agent as agent;
 pub use podha_contract as contract;
 pub use podha_support::{backoff, kubeconfig, listen};
+// The decisions are a crate of their own (crates/core): pure, and built on nothing of the
+// process's.
+#[cfg(test)]
+pub(crate) use podha_core::test_builders;
+pub use podha_core::{api, deadline, eligibility, health, incident, planner, protection, view};
 
-pub mod api;
 pub mod build_info;
 pub mod chaos;
-pub mod deadline;
-pub mod eligibility;
 pub mod explain;
-pub mod health;
 pub mod http;
-pub mod incident;
 pub mod leader;
 pub mod metrics;
-pub mod planner;
-pub mod protection;
 pub mod redfish;
 pub mod runtime;
-#[cfg(test)]
-pub(crate) mod test_builders;
-pub mod view;

@@ -34,7 +34,7 @@ use crate::planner::{NodeVerdict, PolicyRef, foresee};
 use crate::view::View;
 pub use agent::{AgentGap, agent_gap};
 pub use coverage::{Coverage, coverage};
-pub(crate) use fence::proof_checks;
+pub use fence::proof_checks;
 pub use pod::{PodExplanation, explain_pod, ready_elsewhere};
 
 /// How a rule came out.

@@ -69,7 +69,7 @@ fn controller_ref(api_version: &str, kind: &str, name: &str, controller: bool) -
 }
 
 /// Labels, annotations and owners on any object.
-pub(crate) trait MetaBuild: Resource + Sized {
+pub trait MetaBuild: Resource + Sized {
     fn label(mut self, key: &str, value: &str) -> Self {
         self.labels_mut().insert(key.to_string(), value.to_string());
         self
@@ -113,7 +113,7 @@ impl<T: Resource + Sized> MetaBuild for T {}
 // Nodes
 
 /// A Ready node with allocatable 4 CPU, 16Gi memory, 110 pods and the hostname label.
-pub(crate) fn mk_node(name: &str) -> Node {
+pub fn mk_node(name: &str) -> Node {
     Node {
         metadata: meta(None, name),
         spec: Some(NodeSpec::default()),
@@ -143,7 +143,7 @@ fn ready_condition(ready: bool) -> NodeCondition {
     }
 }
 
-pub(crate) trait NodeBuild {
+pub trait NodeBuild {
     /// Adds a taint (`effect`: NoSchedule, PreferNoSchedule or NoExecute).
     fn taint(self, key: &str, value: &str, effect: &str) -> Self;
     /// Cordons the node (`spec.unschedulable`).
@@ -264,11 +264,11 @@ fn node_status(node: &mut Node) -> &mut NodeStatus {
 }
 
 /// An empty node selector term; add requirements with [`TermBuild`].
-pub(crate) fn mk_term() -> NodeSelectorTerm {
+pub fn mk_term() -> NodeSelectorTerm {
     NodeSelectorTerm::default()
 }
 
-pub(crate) trait TermBuild {
+pub trait TermBuild {
     /// Adds a `matchExpressions` requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt).
     fn expr(self, key: &str, operator: &str, values: &[&str]) -> Self;
     /// Adds a `matchFields` requirement (the scheduler supports `metadata.name`).
@@ -300,7 +300,7 @@ impl TermBuild for NodeSelectorTerm {
 }
 
 /// A toleration; empty strings leave the field unset.
-pub(crate) fn mk_toleration(key: &str, operator: &str, value: &str, effect: &str) -> Toleration {
+pub fn mk_toleration(key: &str, operator: &str, value: &str, effect: &str) -> Toleration {
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
     Toleration {
         key: opt(key),
@@ -315,7 +315,7 @@ pub(crate) fn mk_toleration(key: &str, operator: &str, value: &str, effect: &str
 // Pods
 
 /// A Running, not Ready pod with one container `app` and no node.
-pub(crate) fn mk_pod(namespace: &str, name: &str) -> Pod {
+pub fn mk_pod(namespace: &str, name: &str) -> Pod {
     Pod {
         metadata: meta(Some(namespace), name),
         spec: Some(PodSpec {
@@ -341,7 +341,7 @@ fn pod_ready_condition(ready: bool) -> PodCondition {
     }
 }
 
-pub(crate) trait PodBuild {
+pub trait PodBuild {
     /// Binds the pod to a node (`spec.nodeName`).
     fn on(self, node: &str) -> Self;
     /// Controlled by the StatefulSet `name`.
@@ -540,7 +540,7 @@ impl PodBuild for Pod {
 // Claims and volumes
 
 /// A Pending claim with no volume.
-pub(crate) fn mk_pvc(namespace: &str, name: &str) -> PersistentVolumeClaim {
+pub fn mk_pvc(namespace: &str, name: &str) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: meta(Some(namespace), name),
         spec: Some(PersistentVolumeClaimSpec {
@@ -554,7 +554,7 @@ pub(crate) fn mk_pvc(namespace: &str, name: &str) -> PersistentVolumeClaim {
     }
 }
 
-pub(crate) trait PvcBuild {
+pub trait PvcBuild {
     /// Bound to the volume `pv` (`spec.volumeName`, phase Bound).
     fn bound_to(self, pv: &str) -> Self;
 }
@@ -567,7 +567,7 @@ impl PvcBuild for PersistentVolumeClaim {
 }
 
 /// `status.phase` of a claim (Pending, Bound, Lost) or a volume (Available, Bound, Released).
-pub(crate) trait PhaseBuild {
+pub trait PhaseBuild {
     fn phase(self, phase: &str) -> Self;
 }
 
@@ -586,7 +586,7 @@ impl PhaseBuild for PersistentVolume {
 }
 
 /// A Bound ReadWriteOnce 1Gi CSI volume of `driver`, volume handle `<name>-handle`.
-pub(crate) fn mk_csi_pv(name: &str, driver: &str) -> PersistentVolume {
+pub fn mk_csi_pv(name: &str, driver: &str) -> PersistentVolume {
     let mut pv = mk_pv(name);
     if let Some(spec) = pv.spec.as_mut() {
         spec.csi = Some(CSIPersistentVolumeSource {
@@ -599,7 +599,7 @@ pub(crate) fn mk_csi_pv(name: &str, driver: &str) -> PersistentVolume {
 }
 
 /// A Bound ReadWriteOnce 1Gi hostPath volume: not CSI.
-pub(crate) fn mk_host_path_pv(name: &str) -> PersistentVolume {
+pub fn mk_host_path_pv(name: &str) -> PersistentVolume {
     let mut pv = mk_pv(name);
     if let Some(spec) = pv.spec.as_mut() {
         spec.host_path = Some(HostPathVolumeSource {
@@ -623,7 +623,7 @@ fn mk_pv(name: &str) -> PersistentVolume {
     .phase("Bound")
 }
 
-pub(crate) trait PvBuild {
+pub trait PvBuild {
     /// Replaces the access modes.
     fn access_modes(self, modes: &[AccessMode]) -> Self;
     /// Adds a term (ORed with the others) to `spec.nodeAffinity.required`: the topology.
@@ -664,7 +664,7 @@ impl PvBuild for PersistentVolume {
 }
 
 /// A VolumeAttachment of `pv` by `attacher` to `node`, not yet attached.
-pub(crate) fn mk_va(name: &str, attacher: &str, pv: &str, node: &str) -> VolumeAttachment {
+pub fn mk_va(name: &str, attacher: &str, pv: &str, node: &str) -> VolumeAttachment {
     VolumeAttachment {
         metadata: meta(None, name),
         spec: VolumeAttachmentSpec {
@@ -679,7 +679,7 @@ pub(crate) fn mk_va(name: &str, attacher: &str, pv: &str, node: &str) -> VolumeA
     }
 }
 
-pub(crate) trait VaBuild {
+pub trait VaBuild {
     /// Sets `status.attached`.
     fn attached(self, attached: bool) -> Self;
 }
@@ -697,7 +697,7 @@ impl VaBuild for VolumeAttachment {
 // Namespaces, ReplicaSets, policies
 
 /// A namespace; give it labels with `.label(..)`.
-pub(crate) fn mk_namespace(name: &str) -> Namespace {
+pub fn mk_namespace(name: &str) -> Namespace {
     Namespace {
         metadata: meta(None, name),
         ..Namespace::default()
@@ -705,14 +705,14 @@ pub(crate) fn mk_namespace(name: &str) -> Namespace {
 }
 
 /// A ReplicaSet with no controller owner (a bare one); see [`RsBuild`].
-pub(crate) fn mk_rs(namespace: &str, name: &str) -> ReplicaSet {
+pub fn mk_rs(namespace: &str, name: &str) -> ReplicaSet {
     ReplicaSet {
         metadata: meta(Some(namespace), name),
         ..ReplicaSet::default()
     }
 }
 
-pub(crate) trait RsBuild {
+pub trait RsBuild {
     /// Controlled by the Deployment `name`.
     fn owned_by_deployment(self, name: &str) -> Self;
 }
@@ -726,14 +726,14 @@ impl RsBuild for ReplicaSet {
 /// A policy spec with every CRD default (owners StatefulSet and Deployment, RWO and RWOP,
 /// any driver, requireTarget) but the fencing proof, which is `None`: the tests of detection,
 /// eligibility and actions need no agent; those of the proofs choose theirs.
-pub(crate) fn mk_spec() -> PodHAPolicySpec {
+pub fn mk_spec() -> PodHAPolicySpec {
     match serde_json::from_value(serde_json::json!({"fencing": {"proof": "None"}})) {
         Ok(spec) => spec,
         Err(error) => panic!("an empty PodHAPolicySpec must deserialize with defaults: {error}"),
     }
 }
 
-pub(crate) trait SpecBuild {
+pub trait SpecBuild {
     fn owners(self, owners: &[OwnerKind]) -> Self;
     fn drivers(self, drivers: &[&str]) -> Self;
     fn access_modes(self, modes: &[AccessMode]) -> Self;
@@ -785,7 +785,7 @@ impl SpecBuild for PodHAPolicySpec {
 
 /// Anything [`view_with`] can put in a [`View`].
 #[derive(Clone, Debug)]
-pub(crate) enum Obj {
+pub enum Obj {
     Node(Node),
     /// Pods without `spec.nodeName` are dropped: the view holds bound pods only.
     Pod(Pod),
@@ -819,11 +819,11 @@ obj_from!(
 );
 
 /// A view holding these objects.
-pub(crate) fn view_with(objects: impl IntoIterator<Item = Obj>) -> View {
+pub fn view_with(objects: impl IntoIterator<Item = Obj>) -> View {
     View::default().with_all(objects)
 }
 
-pub(crate) trait ViewBuild {
+pub trait ViewBuild {
     /// Adds one object.
     fn with(self, object: impl Into<Obj>) -> Self;
     /// Adds several objects.

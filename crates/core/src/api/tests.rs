@@ -371,7 +371,7 @@ fn crd_has_validations_printer_columns_and_status() {
 /// The committed manifest is generated, never edited: regenerate with `make crd`.
 #[test]
 fn committed_crd_matches_the_generated_one() {
-    let committed = include_str!("../../crds/podha.io_podhapolicies.yaml");
+    let committed = include_str!("../../../../crds/podha.io_podhapolicies.yaml");
     let generated = crd_yaml().expect("CRD renders");
     assert!(
         committed == generated,
