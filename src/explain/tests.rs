@@ -612,3 +612,51 @@ fn an_unreadable_policy_first_by_name_holds_the_rest_and_a_bare_metal_node_gets_
     assert_eq!(rule, "proof");
     assert!(detail.contains("has no spec.providerID"), "{detail}");
 }
+
+#[test]
+fn a_node_whose_policy_only_rehearses_is_not_protected() {
+    let mut dry = mk_spec();
+    dry.dry_run = true;
+    let f = Fixture::new(view()).spec(dry);
+    let e = explain_node(&f.cluster(), "n1").expect("node exists");
+    assert!(!e.protected, "{:?}", e.checks);
+    let failed = e.checks.iter().find(|c| c.failed()).expect("a rule fails");
+    assert_eq!(
+        (failed.rule, failed.reason),
+        ("state", Some(crate::protection::Unprotected::DryRun))
+    );
+}
+
+#[test]
+fn a_pod_the_planner_did_not_judge_is_not_protected() {
+    // The pod as read again: another object of the same name (a new UID) than the view holds.
+    let f = Fixture::new(view());
+    let again = stateful("db-0", "").uid("uid-recreated");
+    let e = explain_pod(&f.cluster(), &again);
+    assert!(!e.protected, "{:?}", e.checks);
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "eligibility");
+    assert!(detail.contains("did not judge"), "{detail}");
+}
+
+#[test]
+fn a_death_that_would_pass_max_unhealthy_is_not_protected() {
+    let mut spec = mk_spec();
+    spec.safety.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1);
+    let mut f = Fixture::new(view()).spec(spec);
+    let status = |failed| PodHAPolicyStatus {
+        watched_nodes: 3,
+        failed_nodes: failed,
+        ..PodHAPolicyStatus::default()
+    };
+    f.statuses.insert("p".into(), status(0));
+    assert!(f.pod("db-0").protected, "one death is within the limit");
+    f.statuses.insert("p".into(), status(1));
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "state");
+    assert!(
+        detail.contains("would hold every action") && detail.contains("2 of its 3"),
+        "{detail}"
+    );
+}

@@ -248,7 +248,8 @@ fn power_off(
 pub enum BmcGap {
     /// The policy has no `fencing.bmc`.
     NotConfigured,
-    /// Nothing names the node's Secret: `fencing.bmc.secretNameLabel` is not on the Node.
+    /// Nothing names the node's Secret: no `fencing.bmc.secretName`, and the label
+    /// `fencing.bmc.secretNameLabel` names is not on the Node (or none is named).
     NoSecretName,
     /// Under `matchSystemUUID`, node `with` reports the same system UUID: it binds neither node
     /// to its BMC (firmware that gives many boards one UUID, a cloned VM), and a Secret with

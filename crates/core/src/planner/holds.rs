@@ -182,19 +182,26 @@ pub(super) fn held_policies<'a>(
             .iter()
             .filter(|(name, h)| !matches!(h, NodeHealth::Healthy) || recent.contains(name.as_str()))
             .count();
-        let max = policy.spec.max_unhealthy_nodes(watched);
-        if unhealthy > max {
-            held.insert(
-                policy.name,
-                HoldReason::TooManyUnhealthy {
-                    failed: unhealthy,
-                    watched,
-                    max,
-                },
-            );
+        if let Some(hold) = unhealthy_hold(*policy, unhealthy, watched) {
+            held.insert(policy.name, hold);
         }
     }
     held
+}
+
+/// The hold of `policy` with `unhealthy` of its `watched` nodes unhealthy, if that is more
+/// than `safety.maxUnhealthy` allows.
+pub fn unhealthy_hold(
+    policy: PolicyRef<'_>,
+    unhealthy: usize,
+    watched: usize,
+) -> Option<HoldReason> {
+    let max = policy.spec.max_unhealthy_nodes(watched);
+    (unhealthy > max).then_some(HoldReason::TooManyUnhealthy {
+        failed: unhealthy,
+        watched,
+        max,
+    })
 }
 
 /// Whether `policy` may take its first action on `incident`'s node yet.

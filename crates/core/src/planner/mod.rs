@@ -55,7 +55,7 @@ use tokio::time::Instant;
 pub use eviction::TAINT_EVICTION_WAIT;
 pub use fencing::{BmcGap, bmc_target};
 pub use foresight::foresee;
-pub use holds::{Heartbeat, Heartbeats};
+pub use holds::{Heartbeat, Heartbeats, unhealthy_hold};
 pub use intent::{AgentLeaseSeen, HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};
 pub use verdict::{NodeVerdict, PodVerdict, Ruling};
@@ -269,6 +269,7 @@ impl FailedNode<'_, '_> {
             node: self.name().to_string(),
             policy: self.policy.name.to_string(),
             hold,
+            rehearsed: self.rehearsal(),
             taint: taints::taint_for(self.policy, spared.as_ref()),
             spared,
             pods,

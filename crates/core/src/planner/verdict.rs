@@ -15,15 +15,19 @@ pub struct NodeVerdict {
     pub node: String,
     /// The node's policy: the first by name whose node selector selects it.
     pub policy: String,
-    /// The hold that stops every new action on the node this round, if one does.
+    /// The hold that stops every new action on the node this round, if one is reported (a
+    /// settle wait not yet overdue stops the round with none, and judges no pod).
     pub hold: Option<HoldReason>,
+    /// The node's policy is in `dryRun`: every action on the node is only said.
+    pub rehearsed: bool,
     /// The taint the node gets once its pods may move: the one its policy's action asks for,
     /// or podha's scheduling fence while `spared` must stay.
     pub taint: NodeTaint,
     /// The first pod (in the node's order) the out-of-service taint must not remove.
     pub spared: Option<Protected>,
-    /// Every pod on the node that has not finished and was not deleted already; none when a
-    /// hold came before the pods were judged (a pause, a judgement without a confirmed proof).
+    /// Every pod on the node that has not finished and was not deleted already; none when the
+    /// round stopped before the pods were judged (a pause, a judgement without a confirmed
+    /// proof, the settle wait).
     pub pods: Vec<PodVerdict>,
 }
 
@@ -62,17 +66,4 @@ pub enum Ruling {
     NotSelected,
     /// Its own policy does not judge the node dead (yet).
     NotJudgedDead,
-}
-
-impl Ruling {
-    /// podha moves the pod for real this round or a later one of the same failover.
-    pub fn moves(&self) -> bool {
-        matches!(
-            self,
-            Self::Moves {
-                rehearsed: false,
-                ..
-            }
-        )
-    }
 }

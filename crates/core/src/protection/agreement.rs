@@ -1,7 +1,10 @@
 //! `podha explain` and `plan` agree, over generated clusters: explain calls a pod protected if
 //! and only if, once its node is judged Failed and its proof is in (`fencing.proof: None`
 //! here), the planner's rounds force-delete it; and a pod it calls unprotected is refused for
-//! the same reason the planner gives (its skip, or the hold that stops it).
+//! the same reason the planner gives (its skip, or the hold that stops it). Under a proof
+//! podha asks for (`BMC`, `AgentAcknowledged`), explain says the proof cannot come for a pod
+//! it refuses on that alone, and the planner never asks for that node's fence; for a pod it
+//! protects, the planner asks.
 //!
 //! The failover is played the way the operator runs it: every policy's trackers judge the node
 //! dead, the incident opens with the node's pods, and each round's marks and taint land
@@ -16,7 +19,9 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::{Cluster, Operator, Unprotected, explain_pod};
-use crate::api::{Action, FAILOVER_ANNOTATION, PAUSE_ANNOTATION, PodHAPolicySpec};
+use crate::api::{
+    Action, BmcFencing, FAILOVER_ANNOTATION, FencingProof, PAUSE_ANNOTATION, PodHAPolicySpec,
+};
 use crate::eligibility::node_selected;
 use crate::health::NodeHealth;
 use crate::incident::Ledger;
@@ -28,13 +33,27 @@ use crate::test_builders::*;
 use crate::view::View;
 
 const DRIVERS: [&str; 2] = ["a.csi.example.com", "b.csi.example.com"];
-const UNREADABLE: &str = "a-unreadable";
+const BMC_SECRET_LABEL: &str = "bmc.example.com/secret";
 
 #[derive(Clone, Debug)]
 struct NodeGen {
     ready: bool,
     paused: bool,
     zone: u8,
+    /// Labelled with the name of its BMC's Secret.
+    bmc_secret: bool,
+    /// Its system UUID, one of three: two nodes may report the same.
+    uuid: u8,
+    /// Advertises an agent.
+    agent: bool,
+}
+
+/// The proof every policy asks for.
+#[derive(Clone, Copy, Debug)]
+enum ProofGen {
+    None,
+    Bmc { match_uuid: bool },
+    AgentAcknowledged,
 }
 
 #[derive(Clone, Debug)]
@@ -59,25 +78,42 @@ struct PodGen {
     opted_out: bool,
     tolerates_fence: bool,
     ready: bool,
+    /// Being deleted already (a deletion timestamp).
+    terminating: bool,
 }
 
 #[derive(Clone, Debug)]
 struct ClusterGen {
+    proof: ProofGen,
     nodes: Vec<NodeGen>,
     policies: Vec<PolicyGen>,
     pods: Vec<PodGen>,
-    unreadable: bool,
+    /// A policy that cannot be read: none, first by name, or between `p0` and `p1`.
+    unreadable: Option<&'static str>,
 }
 
 fn cluster_gen() -> impl Strategy<Value = ClusterGen> {
-    let node =
-        (any::<bool>(), prop::bool::weighted(0.15), 0..2u8).prop_map(|(ready, paused, zone)| {
-            NodeGen {
-                ready: ready || zone == 0,
-                paused,
-                zone,
-            }
+    let node = (
+        any::<bool>(),
+        prop::bool::weighted(0.15),
+        0..2u8,
+        prop::bool::weighted(0.7),
+        0..3u8,
+        prop::bool::weighted(0.7),
+    )
+        .prop_map(|(ready, paused, zone, bmc_secret, uuid, agent)| NodeGen {
+            ready: ready || zone == 0,
+            paused,
+            zone,
+            bmc_secret,
+            uuid,
+            agent,
         });
+    let proof = prop_oneof![
+        2 => Just(ProofGen::None),
+        1 => any::<bool>().prop_map(|match_uuid| ProofGen::Bmc { match_uuid }),
+        1 => Just(ProofGen::AgentAcknowledged),
+    ];
     let policy = (
         prop::option::of(0..2u8),
         prop::option::of(0..2u8),
@@ -104,26 +140,35 @@ fn cluster_gen() -> impl Strategy<Value = ClusterGen> {
         0..3u8,
         prop::bool::weighted(0.15),
         prop::bool::weighted(0.15),
-        any::<bool>(),
+        (any::<bool>(), prop::bool::weighted(0.1)),
     )
         .prop_map(
-            |((node, tier), owner, claim, opted_out, tolerates_fence, ready)| PodGen {
-                node,
-                tier,
-                owner,
-                claim,
-                opted_out,
-                tolerates_fence,
-                ready,
+            |((node, tier), owner, claim, opted_out, tolerates_fence, (ready, terminating))| {
+                PodGen {
+                    node,
+                    tier,
+                    owner,
+                    claim,
+                    opted_out,
+                    tolerates_fence,
+                    ready,
+                    terminating,
+                }
             },
         );
     (
+        proof,
         prop::collection::vec(node, 2..=4),
         prop::collection::vec(policy, 1..=2),
         prop::collection::vec(pod, 1..=6),
-        prop::bool::weighted(0.1),
+        prop_oneof![
+            8 => Just(None),
+            1 => Just(Some("a-unreadable")),
+            1 => Just(Some("p0-unreadable")),
+        ],
     )
-        .prop_map(|(nodes, policies, pods, unreadable)| ClusterGen {
+        .prop_map(|(proof, nodes, policies, pods, unreadable)| ClusterGen {
+            proof,
             nodes,
             policies,
             pods,
@@ -141,6 +186,13 @@ impl ClusterGen {
             if n.paused {
                 node = node.annotation(PAUSE_ANNOTATION, "true");
             }
+            if n.bmc_secret {
+                node = node.label(BMC_SECRET_LABEL, &format!("bmc-n{i}"));
+            }
+            if n.agent {
+                node = node.agent(None);
+            }
+            node = node.system_uuid(&format!("4c4c4544-0000-0000-0000-00000000000{}", n.uuid));
             view = view.with(node);
         }
         view = view.with(mk_rs("shop", "web").owned_by("apps/v1", "Deployment", "web"));
@@ -155,6 +207,9 @@ impl ClusterGen {
                 2 => pod.owned_by_rs("web"),
                 _ => pod,
             };
+            if p.terminating {
+                pod = pod.terminating();
+            }
             if p.opted_out {
                 pod = pod.annotation(FAILOVER_ANNOTATION, "false");
             }
@@ -196,6 +251,21 @@ impl ClusterGen {
                 if p.driver_a_only {
                     spec = spec.drivers(&DRIVERS[..1]);
                 }
+                match self.proof {
+                    ProofGen::None => {}
+                    ProofGen::Bmc { match_uuid } => {
+                        spec.fencing.proof = FencingProof::Bmc;
+                        spec.fencing.bmc = Some(BmcFencing {
+                            secret_name: None,
+                            secret_name_label: Some(BMC_SECRET_LABEL.to_string()),
+                            power_cycle: false,
+                            match_system_uuid: match_uuid,
+                        });
+                    }
+                    ProofGen::AgentAcknowledged => {
+                        spec.fencing.proof = FencingProof::AgentAcknowledged;
+                    }
+                }
                 spec.dry_run = p.dry_run;
                 spec.paused = p.paused;
                 if p.delete_pods {
@@ -208,7 +278,7 @@ impl ClusterGen {
 
     fn unreadable(&self) -> BTreeMap<String, String> {
         self.unreadable
-            .then(|| (UNREADABLE.to_string(), "no such field".to_string()))
+            .map(|name| (name.to_string(), "no such field".to_string()))
             .into_iter()
             .collect()
     }
@@ -228,6 +298,8 @@ struct Played {
     deleted: BTreeSet<String>,
     rehearsed: BTreeSet<String>,
     skipped: BTreeMap<String, Skip>,
+    /// Whether a round asked for the node's fence (its BMC's `ForceOff`, its agent's fence).
+    fence_asked: bool,
     /// Each hold with its policy: the node's own first, then the policies' (they hold every
     /// node).
     holds: Vec<(String, HoldReason)>,
@@ -294,6 +366,7 @@ fn play_failover(
                     ledger.record_deleted(dead, &uid);
                     played.deleted.insert(uid);
                 }
+                Intent::PowerOff { .. } | Intent::RequestFence { .. } => played.fence_asked = true,
                 Intent::Hold {
                     reason: HoldReason::DryRun { would },
                     ..
@@ -377,20 +450,30 @@ proptest! {
             for pod in view.pods_on(dead) {
                 let explained = explain_pod(&cluster, pod);
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                prop_assert_eq!(
-                    explained.protected,
-                    played.deleted.contains(&uid),
-                    "{} on {}: explain {:?}, planner {:?}",
-                    explained.pod, dead, explained.checks, played
-                );
                 let said = explained.why_not().map(|(reason, _)| reason);
                 let owner = explained.policy.as_deref();
-                prop_assert_eq!(
-                    said,
-                    planner_reason(&played, pod, owner),
-                    "{} on {}: explain {:?}, planner {:?}",
-                    explained.pod, dead, explained.checks, played
+                let shown = format!(
+                    "{} on {dead}: explain {:?}, planner {played:?}",
+                    explained.pod, explained.checks
                 );
+                if matches!(drawn.proof, ProofGen::None) {
+                    prop_assert_eq!(explained.protected, played.deleted.contains(&uid), "{}", shown);
+                    prop_assert_eq!(said, planner_reason(&played, pod, owner), "{}", shown);
+                    continue;
+                }
+                // The proof is not in: nothing moves, and what explain says of it is what
+                // the planner asks for.
+                prop_assert!(!played.deleted.contains(&uid), "{}", shown);
+                match said {
+                    None => prop_assert!(played.fence_asked, "protected, not asked: {}", shown),
+                    // A dry run is rehearsed once the proof is in: until then the planner
+                    // holds on the proof, and moves nothing (above).
+                    Some(Unprotected::DryRun) => {}
+                    Some(Unprotected::NoBmc | Unprotected::NoProvingAgent) => {
+                        prop_assert!(!played.fence_asked, "a proof that cannot come, asked: {}", shown);
+                    }
+                    said => prop_assert_eq!(said, planner_reason(&played, pod, owner), "{}", shown),
+                }
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Would podha fail a pod over if its node died now? Every rule with its result. The planner
+//! Would podha fail a pod over if its node died now? The rules with their results. The planner
 //! answers what it would do: `planner::foresee` plans the round that death would get, and
 //! [`verdicts`] reads its verdicts as rules (the policies' state, each eligibility rule up to
 //! the refusal, the taint). What the proof needs of the node (`fence.rs`: its agent, the
@@ -6,7 +6,7 @@
 //! said beside it: whether the proof comes depends on the death itself. A pod that fails no
 //! rule is *protected*.
 //!
-//! Two readers share it: `podha explain` (every rule, in words, for one pod, node or policy)
+//! Two readers share it: `podha explain` (the rules, in words, for one pod, node or policy)
 //! and the operator, which counts each policy's protected and unprotected pods by the first
 //! rule that fails ([`coverage`]) for the policy's status and `podha_pods`.
 
@@ -59,6 +59,9 @@ pub enum Unprotected {
     NotOnNode,
     /// No policy selects the pod (or the node).
     NotSelected,
+    /// The pod as read is not one the planner judged on its node (no UID, or it changed
+    /// between two reads of `podha explain`).
+    NotJudged,
     /// Its policy, or its node (`podha.io/paused`), is paused.
     Paused,
     /// Its policy only says what it would do.
@@ -90,6 +93,7 @@ impl Unprotected {
             Self::NoLeader => "NoLeader",
             Self::NotOnNode => "NotOnNode",
             Self::NotSelected => "NotSelected",
+            Self::NotJudged => "NotJudged",
             Self::Paused => "Paused",
             Self::DryRun => "DryRun",
             Self::PolicyUnreadable => "PolicyUnreadable",

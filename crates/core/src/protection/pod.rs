@@ -112,8 +112,7 @@ fn pod_checks(
         verdict.as_ref(),
         checks,
     );
-    let ruling = verdict.as_ref().and_then(|v| v.ruling);
-    eligibility_checks(owner, pod, node, view, ruling, checks);
+    eligibility_checks(owner, pod, node, view, verdict.as_ref(), checks);
     checks.push(taint_check(node_policy, foreseen.as_ref().as_ref()));
     proof_checks(cluster, node_policy, &node_name, node, checks);
     checks.push(timing_note(node_policy, &node_name));

@@ -9,7 +9,7 @@ use super::pod::{claims_text, ready_elsewhere};
 use super::{Check, Checks, Cluster, Unprotected};
 use crate::api::{Action, NodeTaint, PAUSE_ANNOTATION, condition};
 use crate::eligibility::{SkipReason, controller_ref, find_target, tolerated_fence};
-use crate::planner::{HoldReason, NodeVerdict, PolicyRef, Ruling, Skip};
+use crate::planner::{HoldReason, NodeVerdict, PolicyRef, Ruling, Skip, unhealthy_hold};
 use crate::view::View;
 
 /// The foreseen round's verdict on a pod's node, and on the pod if the round judged it.
@@ -34,28 +34,15 @@ pub fn state_checks(
             .hold
             .as_ref()
             .map(|hold| held(hold, node_policy, node))
-            .or_else(|| pod_state(v.ruling?, node_policy, owner, node))
+            .or_else(|| match v.ruling {
+                Some(ruling) => pod_state(ruling, node_policy, owner, node),
+                // The node alone: a dry run of its policy rehearses every action there.
+                None => v.node.rehearsed.then(|| rehearsed(node_policy, node)),
+            })
     });
-    if let Some((reason, why)) = ruled {
+    if let Some((reason, why)) = ruled.or_else(|| held_now(cluster, [node_policy, owner], node)) {
         checks.fail("state", reason, why);
         return;
-    }
-    for policy in [node_policy, owner] {
-        if let Some(c) = cluster
-            .statuses
-            .get(policy.name)
-            .and_then(|s| s.degraded_because(condition::REASON_TOO_MANY_UNHEALTHY))
-        {
-            checks.fail(
-                "state",
-                Unprotected::TooManyUnhealthy,
-                format!(
-                    "{} holds every action: {} ({})",
-                    policy.name, c.reason, c.message
-                ),
-            );
-            return;
-        }
     }
     let status = cluster.statuses.get(node_policy.name);
     let counts = status.map_or_else(
@@ -94,19 +81,54 @@ fn pod_state(
         )),
         Ruling::Moves {
             rehearsed: true, ..
-        } => {
-            let (name, governs) = if node_policy.spec.dry_run {
-                (node_policy.name, format!(" (it governs {node})"))
-            } else {
-                (owner.name, String::new())
-            };
-            Some((
-                Unprotected::DryRun,
-                format!("{name}: dryRun is on{governs}: podha only says what it would do"),
-            ))
-        }
+        } if node_policy.spec.dry_run => Some(rehearsed(node_policy, node)),
+        Ruling::Moves {
+            rehearsed: true, ..
+        } => Some((
+            Unprotected::DryRun,
+            format!(
+                "{}: dryRun is on: podha only says what it would do",
+                owner.name
+            ),
+        )),
         _ => None,
     }
+}
+
+/// The node's policy rehearses every action on `node`.
+fn rehearsed(node_policy: PolicyRef<'_>, node: &str) -> (Unprotected, String) {
+    (
+        Unprotected::DryRun,
+        format!(
+            "{}: dryRun is on (it governs {node}): podha only says what it would do",
+            node_policy.name
+        ),
+    )
+}
+
+/// The hold the operator reports now, or would take once `node` is unhealthy too, as the
+/// policies' statuses count their nodes (failed and suspect; not those that failed within
+/// `safety.unhealthyWindow`, which the status does not count): the planner's limit
+/// (`planner::unhealthy_hold`) on the cluster as the operator last saw it.
+fn held_now(
+    cluster: &Cluster<'_>,
+    policies: [PolicyRef<'_>; 2],
+    node: &str,
+) -> Option<(Unprotected, String)> {
+    policies.into_iter().find_map(|policy| {
+        let status = cluster.statuses.get(policy.name)?;
+        if let Some(c) = status.degraded_because(condition::REASON_TOO_MANY_UNHEALTHY) {
+            let why = format!(
+                "{} holds every action: {} ({})",
+                policy.name, c.reason, c.message
+            );
+            return Some((Unprotected::TooManyUnhealthy, why));
+        }
+        let count = |n: i32| usize::try_from(n).unwrap_or_default();
+        let unhealthy = count(status.failed_nodes) + count(status.suspect_nodes) + 1;
+        let hold = unhealthy_hold(policy, unhealthy, count(status.watched_nodes))?;
+        Some(held(&hold, policy, node))
+    })
 }
 
 /// Why a hold of `policy` keeps the pods of `node` where they are.
@@ -186,14 +208,28 @@ pub(super) fn eligibility_checks(
     pod: &Pod,
     node: &Node,
     view: &View,
-    ruling: Option<&Ruling>,
+    verdict: Option<&ForeseenPod<'_>>,
     checks: &mut Checks,
 ) {
-    let (refusal, owner_kind) = match ruling {
-        Some(Ruling::Moves { owner_kind, .. }) => (None, Some(*owner_kind)),
-        Some(Ruling::Skipped(Skip::Ineligible(reason))) => (Some(*reason), None),
-        _ => {
+    let (refusal, owner_kind) = match verdict.map(|v| (v.node.hold.is_some(), v.ruling)) {
+        Some((_, Some(Ruling::Moves { owner_kind, .. }))) => (None, Some(*owner_kind)),
+        Some((_, Some(Ruling::Skipped(Skip::Ineligible(reason))))) => (Some(*reason), None),
+        Some((true, None) | (_, Some(Ruling::Held(_) | Ruling::Skipped(Skip::Paused)))) => {
             checks.note("eligibility", "not judged: a hold comes first (see state)");
+            return;
+        }
+        // The pod as read is not one the planner judged on its node: no UID, or it changed
+        // between the reads.
+        _ => {
+            checks.fail(
+                "eligibility",
+                Unprotected::NotJudged,
+                format!(
+                    "the planner did not judge this pod on {}: it is not among the node's pods \
+                     as read (no UID, or it changed while it was read): ask again",
+                    node.name_any()
+                ),
+            );
             return;
         }
     };
@@ -280,6 +316,9 @@ fn refused(owner: PolicyRef<'_>, pod: &Pod, view: &View, reason: SkipReason) -> 
 /// Which taint the node would get if it died now, and what that means for the volumes, as the
 /// foreseen round decided.
 pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -> Check {
+    let Some(verdict) = foreseen.filter(|v| v.hold.is_none()) else {
+        return Check::note("taint", "not judged: a hold comes first (see state)");
+    };
     if node_policy.spec.action == Action::DeletePods {
         return Check::pass(
             "taint",
@@ -290,9 +329,6 @@ pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -
             ),
         );
     }
-    let Some(verdict) = foreseen.filter(|v| v.hold.is_none()) else {
-        return Check::note("taint", "not judged: a hold comes first (see state)");
-    };
     match &verdict.spared {
         None => Check::pass(
             "taint",
@@ -305,8 +341,8 @@ pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -
             "taint",
             format!(
                 "{} would be refused while {} must stay on {} ({}): podha fences the node with \
-                 {} instead, deletes the pod, and its volume detaches after the attach/detach \
-                 controller's 6-minute wait",
+                 {} instead and deletes the pods that move, whose volumes detach after the \
+                 attach/detach controller's 6-minute wait",
                 NodeTaint::OutOfService.key(),
                 spared.pod,
                 verdict.node,
