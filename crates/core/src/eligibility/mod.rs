@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
+pub(crate) use owners::check_owner;
 pub use owners::{controller_ref, opted_out};
 pub(crate) use selectors::selects;
 pub use selectors::{invalid_selectors, node_selected, pod_selected};

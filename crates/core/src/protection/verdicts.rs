@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use super::pod::{claims_text, ready_elsewhere};
 use super::{Check, Checks, Cluster, Unprotected};
 use crate::api::{Action, NodeTaint, PAUSE_ANNOTATION, condition};
-use crate::eligibility::{SkipReason, controller_ref, find_target, tolerated_fence};
+use crate::eligibility::{SkipReason, check_owner, controller_ref, find_target, tolerated_fence};
 use crate::planner::{HoldReason, NodeVerdict, PolicyRef, Ruling, Skip, unhealthy_hold};
 use crate::view::View;
 
@@ -260,7 +260,7 @@ fn passed(
             format!(
                 "{} {}",
                 owner_kind
-                    .or(controller.map(|r| r.kind.as_str()))
+                    .or_else(|| check_owner(owner.spec, pod, view).ok())
                     .unwrap_or_default(),
                 controller.map_or("", |r| r.name.as_str())
             ),
