@@ -659,4 +659,10 @@ fn a_death_that_would_pass_max_unhealthy_is_not_protected() {
         detail.contains("would hold every action") && detail.contains("2 of its 3"),
         "{detail}"
     );
+    // A node that is not Ready is the one the status counts already: not counted twice.
+    let mut view = f.view.clone();
+    view.nodes
+        .insert("n1".into(), std::sync::Arc::new(mk_node("n1").ready(false)));
+    f.view = view;
+    assert!(f.pod("db-0").protected, "{:?}", f.pod("db-0").checks);
 }

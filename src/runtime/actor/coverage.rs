@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 use super::Actor;
 use crate::api::{FencingProof, PodHAPolicy, PodHAPolicyStatus};
 use crate::contract::AGENT_LEASE_DURATION;
-use crate::planner::PolicyRef;
+use crate::planner::{HealthBook, PolicyRef, Seen};
 use crate::protection::{Cluster, Coverage, Operator, coverage};
 use crate::view::View;
 
@@ -38,6 +38,10 @@ struct Inputs {
     policies: Vec<(String, Arc<PodHAPolicy>)>,
     unreadable: BTreeMap<String, String>,
     view: View,
+    /// Each policy's judgement of its nodes, and the failures the ledger remembers: a death
+    /// is foreseen with the other nodes as this process judges them.
+    health: HealthBook,
+    failures: Vec<(String, Instant)>,
     now: Instant,
 }
 
@@ -145,6 +149,12 @@ impl Actor {
                 .map(|(name, p)| (name.clone(), p.error.clone()))
                 .collect(),
             view: state.view.clone(),
+            health: self.judge.health_book(),
+            failures: self
+                .ledger
+                .failures()
+                .map(|(node, at)| (node.to_string(), at))
+                .collect(),
             now,
         }
     }
@@ -173,7 +183,11 @@ impl Inputs {
             &self.view,
             Operator::Leading,
             self.now,
-        );
+        )
+        .seen(Seen {
+            health: &self.health,
+            failures: &self.failures,
+        });
         coverage(&cluster)
     }
 }

@@ -78,13 +78,24 @@ impl Ledger {
 
     /// Nodes whose incident opened at or after `cutoff`, open or closed since.
     pub fn failed_since(&self, cutoff: Instant) -> BTreeSet<&str> {
+        self.failures()
+            .filter(|(_, since)| *since >= cutoff)
+            .map(|(node, _)| node)
+            .collect()
+    }
+
+    /// Every failure remembered, open or closed: (node, when it was judged dead).
+    pub fn failures(&self) -> impl Iterator<Item = (&str, Instant)> {
         self.incidents
             .values()
             .map(|i| (i.node.as_str(), i.detected_at))
             .chain(self.closed.iter().map(|(n, since)| (n.as_str(), *since)))
-            .filter(|(_, since)| *since >= cutoff)
-            .map(|(node, _)| node)
-            .collect()
+    }
+
+    /// Remembers that `node` was judged dead at `at`, as a closed incident: it counts for
+    /// `safety.unhealthyWindow` and nothing else.
+    pub fn remember_failure(&mut self, node: &str, at: Instant) {
+        self.closed.push_back((node.to_string(), at));
     }
 
     /// The open incidents, in node order.

@@ -3,10 +3,12 @@
 //! from the verdicts of that round (see `verdict.rs`), so they say what `plan` does.
 //!
 //! The foreseen death: every policy that watches the node judges it Failed now; every other
-//! node they watch is healthy; the pods on the node now are the pods at failure, none marked,
-//! deleted or tainted for yet. What depends on the death itself is not foreseen: how long the
-//! settle wait takes (no node is waited for), and whether the fencing proof comes (it is taken
-//! as given; `crate::protection` says what the proof needs of the node).
+//! node they watch is as the operator judges it ([`Seen`], when the operator asks) or else
+//! healthy; the nodes that failed recently count for `safety.unhealthyWindow`; the pods on the
+//! node now are the pods at failure, none marked, deleted or tainted for yet. What depends on
+//! the death itself is not foreseen: how long the settle wait takes (no node is waited for),
+//! and whether the fencing proof comes (it is taken as given; `crate::protection` says what
+//! the proof needs of the node).
 
 use std::collections::BTreeMap;
 
@@ -21,12 +23,21 @@ use crate::health::NodeHealth;
 use crate::incident::Ledger;
 use crate::view::View;
 
+/// What the operator knows of its nodes when it is the one asking: each policy's judgement of
+/// the nodes it watches, and every failure it remembers (node, when judged dead).
+#[derive(Clone, Copy, Debug)]
+pub struct Seen<'a> {
+    pub health: &'a HealthBook,
+    pub failures: &'a [(String, Instant)],
+}
+
 /// The verdict of the round `plan` would run were `node` judged dead now (see the module
 /// docs); `None` when no policy selects the node or it is not in the view.
 pub fn foresee(
     policies: &[PolicyRef<'_>],
     unreadable: &[String],
     view: &View,
+    seen: Option<Seen<'_>>,
     node: &str,
     now: Instant,
 ) -> Option<NodeVerdict> {
@@ -34,8 +45,11 @@ pub fn foresee(
     let mut policies = policies.to_vec();
     policies.sort_by(|a, b| a.name.cmp(b.name));
     let node_policy = node_owner(&policies, node_obj)?;
-    let health = foreseen_health(&policies, view, node, now);
+    let health = foreseen_health(&policies, view, seen.map(|s| s.health), node, now);
     let mut ledger = Ledger::default();
+    for (failed, at) in seen.map_or(&[][..], |s| s.failures) {
+        ledger.remember_failure(failed, *at);
+    }
     ledger.open(node, node_policy.name, None, now, view);
     let heartbeats = Heartbeats::new();
     let input = PlanInput {
@@ -62,16 +76,19 @@ pub fn foresee(
     out.verdicts.pop()
 }
 
-/// Every node each policy watches, healthy, but `dead`, judged Failed at `now`.
+/// Every node each policy watches as `seen` judges it (healthy when nothing is seen), but
+/// `dead`, judged Failed at `now`.
 fn foreseen_health(
     policies: &[PolicyRef<'_>],
     view: &View,
+    seen: Option<&HealthBook>,
     dead: &str,
     now: Instant,
 ) -> HealthBook {
     policies
         .iter()
         .map(|policy| {
+            let judged = seen.and_then(|book| book.get(policy.name));
             let watched: BTreeMap<String, NodeHealth> = view
                 .nodes
                 .iter()
@@ -80,7 +97,10 @@ fn foreseen_health(
                     let health = if name == dead {
                         NodeHealth::Failed { since: now }
                     } else {
-                        NodeHealth::Healthy
+                        judged
+                            .and_then(|nodes| nodes.get(name))
+                            .copied()
+                            .unwrap_or(NodeHealth::Healthy)
                     };
                     (name.clone(), health)
                 })

@@ -54,7 +54,7 @@ use tokio::time::Instant;
 
 pub use eviction::TAINT_EVICTION_WAIT;
 pub use fencing::{BmcGap, bmc_target};
-pub use foresight::foresee;
+pub use foresight::{Seen, foresee};
 pub use holds::{Heartbeat, Heartbeats, unhealthy_hold};
 pub use intent::{AgentLeaseSeen, HoldKind, HoldReason, Intent, taint_key};
 pub use ownership::{node_owner, pod_owner};

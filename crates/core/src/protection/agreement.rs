@@ -26,8 +26,8 @@ use crate::eligibility::node_selected;
 use crate::health::NodeHealth;
 use crate::incident::Ledger;
 use crate::planner::{
-    HealthBook, Heartbeats, HoldReason, Intent, PlanInput, PolicyRef, Skip, TAINT_EVICTION_WAIT,
-    node_owner, plan,
+    HealthBook, Heartbeats, HoldReason, Intent, PlanInput, PolicyRef, Seen, Skip,
+    TAINT_EVICTION_WAIT, node_owner, plan,
 };
 use crate::test_builders::*;
 use crate::view::View;
@@ -46,6 +46,10 @@ struct NodeGen {
     uuid: u8,
     /// Advertises an agent.
     agent: bool,
+    /// How the operator judges it: 0 Suspect, 1 Failed, else Healthy (when it asks).
+    judged: u8,
+    /// Judged dead a minute ago, within `safety.unhealthyWindow`.
+    failed_recently: bool,
 }
 
 /// The proof every policy asks for.
@@ -90,25 +94,31 @@ struct ClusterGen {
     pods: Vec<PodGen>,
     /// A policy that cannot be read: none, first by name, or between `p0` and `p1`.
     unreadable: Option<&'static str>,
+    /// The operator asks, with its own judgement of the nodes; else a reader of the API.
+    operator_asks: bool,
 }
 
 fn cluster_gen() -> impl Strategy<Value = ClusterGen> {
     let node = (
-        any::<bool>(),
-        prop::bool::weighted(0.15),
-        0..2u8,
+        (any::<bool>(), prop::bool::weighted(0.15), 0..2u8),
         prop::bool::weighted(0.7),
         0..3u8,
         prop::bool::weighted(0.7),
+        0..10u8,
+        prop::bool::weighted(0.1),
     )
-        .prop_map(|(ready, paused, zone, bmc_secret, uuid, agent)| NodeGen {
-            ready: ready || zone == 0,
-            paused,
-            zone,
-            bmc_secret,
-            uuid,
-            agent,
-        });
+        .prop_map(
+            |((ready, paused, zone), bmc_secret, uuid, agent, judged, failed_recently)| NodeGen {
+                ready: ready || zone == 0,
+                paused,
+                zone,
+                bmc_secret,
+                uuid,
+                agent,
+                judged,
+                failed_recently,
+            },
+        );
     let proof = prop_oneof![
         2 => Just(ProofGen::None),
         1 => any::<bool>().prop_map(|match_uuid| ProofGen::Bmc { match_uuid }),
@@ -157,7 +167,7 @@ fn cluster_gen() -> impl Strategy<Value = ClusterGen> {
             },
         );
     (
-        proof,
+        (proof, any::<bool>()),
         prop::collection::vec(node, 2..=4),
         prop::collection::vec(policy, 1..=2),
         prop::collection::vec(pod, 1..=6),
@@ -167,13 +177,16 @@ fn cluster_gen() -> impl Strategy<Value = ClusterGen> {
             1 => Just(Some("p0-unreadable")),
         ],
     )
-        .prop_map(|(proof, nodes, policies, pods, unreadable)| ClusterGen {
-            proof,
-            nodes,
-            policies,
-            pods,
-            unreadable,
-        })
+        .prop_map(
+            |((proof, operator_asks), nodes, policies, pods, unreadable)| ClusterGen {
+                proof,
+                operator_asks,
+                nodes,
+                policies,
+                pods,
+                unreadable,
+            },
+        )
 }
 
 impl ClusterGen {
@@ -276,6 +289,39 @@ impl ClusterGen {
             .collect()
     }
 
+    /// How the operator judges each policy's nodes, and the failures it remembers; `None` when
+    /// a reader of the API asks.
+    fn seen(
+        &self,
+        policies: &[PolicyRef<'_>],
+        view: &View,
+        now: Instant,
+    ) -> Option<(HealthBook, Vec<(String, Instant)>)> {
+        let judged = |i: usize| match self.nodes[i].judged {
+            0 => NodeHealth::Suspect {
+                failures: 1,
+                since: now,
+            },
+            1 => NodeHealth::Failed { since: now },
+            _ => NodeHealth::Healthy,
+        };
+        let health = policies
+            .iter()
+            .map(|p| {
+                let watched = (0..self.nodes.len())
+                    .filter(|i| node_selected(p.spec, &view.nodes[&format!("n{i}")]))
+                    .map(|i| (format!("n{i}"), judged(i)))
+                    .collect();
+                (p.name.to_string(), watched)
+            })
+            .collect();
+        let failures = (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].failed_recently)
+            .map(|i| (format!("n{i}"), now - std::time::Duration::from_secs(60)))
+            .collect();
+        self.operator_asks.then_some((health, failures))
+    }
+
     fn unreadable(&self) -> BTreeMap<String, String> {
         self.unreadable
             .map(|name| (name.to_string(), "no such field".to_string()))
@@ -300,6 +346,8 @@ struct Played {
     skipped: BTreeMap<String, Skip>,
     /// Whether a round asked for the node's fence (its BMC's `ForceOff`, its agent's fence).
     fence_asked: bool,
+    /// The policy that governs the node.
+    node_policy: Option<String>,
     /// Each hold with its policy: the node's own first, then the policies' (they hold every
     /// node).
     holds: Vec<(String, HoldReason)>,
@@ -309,22 +357,25 @@ fn play_failover(
     policies: &[PolicyRef<'_>],
     unreadable: &[String],
     view: &View,
+    seen: Option<&(HealthBook, Vec<(String, Instant)>)>,
     dead: &str,
     now: Instant,
 ) -> Played {
     let mut played = Played::default();
+    // Every policy that watches `dead` judges it Failed; the others as the operator does.
     let health: HealthBook = policies
         .iter()
         .map(|p| {
+            let judged = seen.and_then(|(book, _)| book.get(p.name));
             let watched = view
                 .nodes
                 .iter()
                 .filter(|(_, n)| node_selected(p.spec, n))
                 .map(|(name, _)| {
-                    let state = if name == dead {
-                        NodeHealth::Failed { since: now }
-                    } else {
-                        NodeHealth::Healthy
+                    let state = match judged.and_then(|nodes| nodes.get(name)) {
+                        _ if name == dead => NodeHealth::Failed { since: now },
+                        Some(state) => *state,
+                        None => NodeHealth::Healthy,
                     };
                     (name.clone(), state)
                 })
@@ -337,7 +388,11 @@ fn play_failover(
     let Some(node_policy) = node_owner(&sorted, &view.nodes[dead]) else {
         return played;
     };
+    played.node_policy = Some(node_policy.name.to_string());
     let mut ledger = Ledger::default();
+    for (node, at) in seen.map_or(&[][..], |(_, failures)| failures) {
+        ledger.remember_failure(node, *at);
+    }
     ledger.open(dead, node_policy.name, None, now, view);
     let heartbeats = Heartbeats::new();
     for _ in 0..4 {
@@ -411,11 +466,17 @@ fn planner_reason(played: &Played, pod: &Pod, owner: Option<&str>) -> Option<Unp
     match played.skipped.get(uid) {
         Some(Skip::Ineligible(reason)) => Some(Unprotected::Ineligible(*reason)),
         Some(Skip::Paused) => Some(Unprotected::Paused),
-        Some(Skip::Held) => played
-            .holds
-            .iter()
-            .filter(|(policy, _)| policy == owner || played.holds.len() == 1)
-            .find_map(|(_, reason)| hold_reason(reason)),
+        // The node's policy's hold first, then the pod's own policy's.
+        Some(Skip::Held) => [played.node_policy.as_deref(), Some(owner)]
+            .into_iter()
+            .flatten()
+            .find_map(|held| {
+                played
+                    .holds
+                    .iter()
+                    .filter(|(policy, _)| policy == held)
+                    .find_map(|(_, reason)| hold_reason(reason))
+            }),
         Some(Skip::Replacement) => Some(Unprotected::NotOnNode),
         None => played
             .holds
@@ -437,7 +498,8 @@ proptest! {
         let unreadable_names: Vec<String> = unreadable.keys().cloned().collect();
         let statuses = BTreeMap::new();
         let now = Instant::now();
-        let cluster = Cluster::new(
+        let seen = drawn.seen(&policies, &view, now);
+        let mut cluster = Cluster::new(
             policies.clone(),
             &unreadable,
             &statuses,
@@ -445,8 +507,12 @@ proptest! {
             Operator::Leading,
             now,
         );
+        if let Some((health, failures)) = &seen {
+            cluster = cluster.seen(Seen { health, failures });
+        }
         for dead in view.nodes.keys() {
-            let played = play_failover(&policies, &unreadable_names, &view, dead, now);
+            let played =
+                play_failover(&policies, &unreadable_names, &view, seen.as_ref(), dead, now);
             for pod in view.pods_on(dead) {
                 let explained = explain_pod(&cluster, pod);
                 let uid = pod.metadata.uid.clone().unwrap_or_default();

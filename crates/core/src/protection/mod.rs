@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::api::PodHAPolicyStatus;
 use crate::eligibility::SkipReason;
-use crate::planner::{NodeVerdict, PolicyRef, foresee};
+use crate::planner::{NodeVerdict, PolicyRef, Seen, foresee};
 use crate::view::View;
 pub use agent::{AgentGap, agent_gap};
 pub use coverage::{Coverage, coverage};
@@ -210,6 +210,9 @@ pub struct Cluster<'a> {
     pub view: &'a View,
     pub operator: Operator<'a>,
     pub now: Instant,
+    /// What the operator judges of its nodes, when it is the one asking (`None` for a reader
+    /// of the API, who has the policies' statuses only).
+    pub seen: Option<Seen<'a>>,
     /// What each node's pods share, once worked out: the planner's verdict on the node's
     /// foreseen death, and the proof its fence would need.
     foreseen: RefCell<BTreeMap<String, Rc<Option<NodeVerdict>>>>,
@@ -236,11 +239,18 @@ impl<'a> Cluster<'a> {
             view,
             operator,
             now,
+            seen: None,
             foreseen: RefCell::default(),
             unreadable_names: unreadable.keys().cloned().collect(),
             proofs: RefCell::default(),
             agents: OnceCell::new(),
         }
+    }
+
+    /// The same cluster, asked by the operator, which judges its nodes itself.
+    pub fn seen(mut self, seen: Seen<'a>) -> Self {
+        self.seen = Some(seen);
+        self
     }
 
     /// What the planner would do were `node` judged dead now (`planner::foresee`), worked
@@ -251,6 +261,7 @@ impl<'a> Cluster<'a> {
                 &self.policies,
                 &self.unreadable_names,
                 self.view,
+                self.seen,
                 node,
                 self.now,
             ))

@@ -9,6 +9,7 @@ use super::pod::{claims_text, ready_elsewhere};
 use super::{Check, Checks, Cluster, Unprotected};
 use crate::api::{Action, NodeTaint, PAUSE_ANNOTATION, condition};
 use crate::eligibility::{SkipReason, check_owner, controller_ref, find_target, tolerated_fence};
+use crate::health::ReadyStatus;
 use crate::planner::{HoldReason, NodeVerdict, PolicyRef, Ruling, Skip, unhealthy_hold};
 use crate::view::View;
 
@@ -29,18 +30,20 @@ pub fn state_checks(
     verdict: Option<&ForeseenPod<'_>>,
     checks: &mut Checks,
 ) {
-    let ruled = verdict.and_then(|v| {
-        v.node
-            .hold
-            .as_ref()
-            .map(|hold| held(hold, node_policy, node))
-            .or_else(|| match v.ruling {
+    // In the planner's order: the node's hold, the policies' holds, then the pod's own.
+    let node_hold = verdict.and_then(|v| v.node.hold.as_ref());
+    let ruled = node_hold
+        .map(|hold| held(hold, node_policy, node))
+        .or_else(|| held_now(cluster, [node_policy, owner], node))
+        .or_else(|| {
+            let v = verdict?;
+            match v.ruling {
                 Some(ruling) => pod_state(ruling, node_policy, owner, node),
                 // The node alone: a dry run of its policy rehearses every action there.
                 None => v.node.rehearsed.then(|| rehearsed(node_policy, node)),
-            })
-    });
-    if let Some((reason, why)) = ruled.or_else(|| held_now(cluster, [node_policy, owner], node)) {
+            }
+        });
+    if let Some((reason, why)) = ruled {
         checks.fail("state", reason, why);
         return;
     }
@@ -106,10 +109,12 @@ fn rehearsed(node_policy: PolicyRef<'_>, node: &str) -> (Unprotected, String) {
     )
 }
 
-/// The hold the operator reports now, or would take once `node` is unhealthy too, as the
-/// policies' statuses count their nodes (failed and suspect; not those that failed within
-/// `safety.unhealthyWindow`, which the status does not count): the planner's limit
-/// (`planner::unhealthy_hold`) on the cluster as the operator last saw it.
+/// The hold the operator reports now; and, for a reader of the API (the operator foresees
+/// with its own judgement of the nodes, [`Cluster::seen`]), the hold it would take once `node`
+/// is unhealthy too, as the policies' statuses count their nodes: the planner's limit
+/// (`planner::unhealthy_hold`) on failed and suspect nodes. The statuses do not name the nodes
+/// that failed within `safety.unhealthyWindow`, so such a hold can be missed; `node` counts
+/// once more unless it is Ready (the safe side: a suspect node may be counted twice).
 fn held_now(
     cluster: &Cluster<'_>,
     policies: [PolicyRef<'_>; 2],
@@ -124,8 +129,17 @@ fn held_now(
             );
             return Some((Unprotected::TooManyUnhealthy, why));
         }
+        if cluster.seen.is_some() {
+            return None;
+        }
         let count = |n: i32| usize::try_from(n).unwrap_or_default();
-        let unhealthy = count(status.failed_nodes) + count(status.suspect_nodes) + 1;
+        let counted = cluster
+            .view
+            .nodes
+            .get(node)
+            .is_none_or(|n| ReadyStatus::from_node(n) != ReadyStatus::True);
+        let unhealthy =
+            count(status.failed_nodes) + count(status.suspect_nodes) + usize::from(!counted);
         let hold = unhealthy_hold(policy, unhealthy, count(status.watched_nodes))?;
         Some(held(&hold, policy, node))
     })
