@@ -666,3 +666,34 @@ fn a_death_that_would_pass_max_unhealthy_is_not_protected() {
     f.view = view;
     assert!(f.pod("db-0").protected, "{:?}", f.pod("db-0").checks);
 }
+
+#[test]
+fn a_policy_that_can_never_hear_some_of_its_nodes_would_wait_for_good() {
+    use crate::api::{BmcFencing, Signal};
+    // Judged on the agents' heartbeats alone, behind the BMC's confirmed proof: n2 runs no
+    // agent, so after n1's death nothing shows n2 is not cut off with it.
+    let mut spec = mk_spec();
+    spec.detection.signals = vec![Signal::AgentHeartbeat];
+    spec.fencing.proof = FencingProof::Bmc;
+    spec.fencing.bmc = Some(BmcFencing {
+        secret_name: Some("bmc-{node}".into()),
+        secret_name_label: None,
+        power_cycle: false,
+        match_system_uuid: true,
+    });
+    let mut f = Fixture::new(view()).spec(spec);
+    f.view.nodes.insert(
+        "n1".into(),
+        std::sync::Arc::new(mk_node("n1").ready(true).agent(Some("8s"))),
+    );
+    let e = f.pod("db-0");
+    let (rule, detail) = failure(&e);
+    assert_eq!(rule, "state");
+    assert!(detail.contains("would wait for good"), "{detail}");
+    // With an agent on n2 too, n2 shows life after the death: the round goes on.
+    f.view.nodes.insert(
+        "n2".into(),
+        std::sync::Arc::new(mk_node("n2").ready(true).agent(Some("8s"))),
+    );
+    assert!(f.pod("db-0").protected, "{:?}", f.pod("db-0").checks);
+}

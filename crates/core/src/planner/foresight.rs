@@ -5,19 +5,23 @@
 //! The foreseen death: every policy that watches the node judges it Failed now; every other
 //! node they watch is as the operator judges it ([`Seen`], when the operator asks) or else
 //! healthy; the nodes that failed recently count for `safety.unhealthyWindow`; the pods on the
-//! node now are the pods at failure, none marked, deleted or tainted for yet. What depends on
-//! the death itself is not foreseen: how long the settle wait takes (no node is waited for),
-//! and whether the fencing proof comes (it is taken as given; `crate::protection` says what
-//! the proof needs of the node).
+//! node now are the pods at failure, none marked, deleted or tainted for yet. Since the death,
+//! every other node has shown life on each probe it can answer: its Lease, its kubelet's port,
+//! and its agent if it advertises one ([`heard_since_the_death`]); so the settle wait lets the
+//! round go, unless a policy judges by probes some node can never answer. What depends on the
+//! death itself is not foreseen: how long the settle wait takes, and whether the fencing proof
+//! comes (it is taken as given; `crate::protection` says what the proof needs of the node).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{
-    HealthBook, Heartbeats, NodeVerdict, Plan, PlanInput, PolicyRef, Round, holds, node_owner,
-    plan_incident,
+    HealthBook, Heartbeat, Heartbeats, NodeVerdict, Plan, PlanInput, PolicyRef, Round, holds,
+    node_owner, plan_incident,
 };
+use crate::contract::agent_addr;
 use crate::eligibility::node_selected;
 use crate::health::NodeHealth;
 use crate::incident::Ledger;
@@ -51,7 +55,7 @@ pub fn foresee(
         ledger.remember_failure(failed, *at);
     }
     ledger.open(node, node_policy.name, None, now, view);
-    let heartbeats = Heartbeats::new();
+    let heartbeats = heard_since_the_death(view, node, now);
     let input = PlanInput {
         policies: &policies,
         health: &health,
@@ -75,6 +79,69 @@ pub fn foresee(
     );
     out.verdicts.pop()
 }
+
+/// How long before now the foreseen death happened: long enough that a settle wait would be
+/// reported as a hold (two renew intervals past the instant the node was certainly silent).
+const DIED_AGO: Duration = Duration::from_secs(3600);
+
+/// What podha has heard since `dead` died: nothing of `dead`, and of every other node each
+/// probe it can answer, just now (its Lease renewed, its kubelet's port answered, and its agent,
+/// if it advertises one).
+fn heard_since_the_death(view: &View, dead: &str, now: Instant) -> Heartbeats {
+    let died = now.checked_sub(DIED_AGO).unwrap_or(now);
+    view.nodes
+        .iter()
+        .map(|(name, node)| {
+            let heartbeat = if name == dead {
+                Heartbeat {
+                    last_renewal: Some(died),
+                    renewal_not_before: Some(died),
+                    silent_since: died,
+                    tcp_silent_since: Some(died),
+                    agent_silent_since: Some(died),
+                    ..quiet(died)
+                }
+            } else {
+                let agent = agent_addr(node).map(|_| now);
+                Heartbeat {
+                    last_renewal: Some(now),
+                    renewal_not_before: Some(now),
+                    tcp_answered: Some(now),
+                    agent_answered: agent,
+                    agent_connected: agent,
+                    ..quiet(now)
+                }
+            };
+            (name.clone(), heartbeat)
+        })
+        .collect()
+}
+
+/// A heartbeat that says nothing but that the node has been silent since `since`.
+fn quiet(since: Instant) -> Heartbeat {
+    Heartbeat {
+        last_renewal: None,
+        renewal_not_before: None,
+        silent_since: since,
+        renew_period: RENEW_PERIOD,
+        tcp_answered: None,
+        tcp_silent_since: None,
+        agent_answered: None,
+        agent_connected: None,
+        agent_armed: None,
+        agent_disarmed: false,
+        agent_hearing_from: None,
+        agent_silent_since: None,
+        tainted_since: None,
+        renewals_since_ack: 0,
+        renewed_in_boot: false,
+        renew_time: None,
+    }
+}
+
+/// The kubelet's renew interval the foreseen heartbeats assume (a quarter of the default 40 s
+/// Lease).
+const RENEW_PERIOD: Duration = Duration::from_secs(10);
 
 /// Every node each policy watches as `seen` judges it (healthy when nothing is seen), but
 /// `dead`, judged Failed at `now`.

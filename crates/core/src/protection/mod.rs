@@ -70,6 +70,9 @@ pub enum Unprotected {
     PolicyUnreadable,
     /// Its policy holds every action: too many unhealthy nodes (`safety.maxUnhealthy`).
     TooManyUnhealthy,
+    /// Its node's policy would wait for good: some of its nodes answer none of the probes it
+    /// judges by, so a death cannot be told from podha's own cut-off (the settle wait).
+    Unconfirmed,
     /// An eligibility rule refuses the pod.
     Ineligible(SkipReason),
     /// `fencing.proof: Agent` and the node has no agent whose silence proves its fence.
@@ -98,6 +101,7 @@ impl Unprotected {
             Self::DryRun => "DryRun",
             Self::PolicyUnreadable => "PolicyUnreadable",
             Self::TooManyUnhealthy => "TooManyUnhealthyNodes",
+            Self::Unconfirmed => "NodesNotHeardFrom",
             Self::Ineligible(reason) => reason.as_str(),
             Self::NoProvingAgent => "NoProvingAgent",
             Self::TooFewAgentsHeard => "TooFewAgentsHeard",

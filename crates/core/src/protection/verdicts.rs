@@ -181,6 +181,14 @@ fn held(hold: &HoldReason, policy: PolicyRef<'_>, node: &str) -> (Unprotected, S
                  watched nodes would be unhealthy, more than the {max} safety.maxUnhealthy allows"
             ),
         ),
+        HoldReason::Unconfirmed { unheard, watched } => (
+            Unprotected::Unconfirmed,
+            format!(
+                "{name} would wait for good: {unheard} of its {watched} watched nodes answer none \
+                 of the probes it judges by (detection.signals; no agent runs there), so it \
+                 cannot tell {node}'s death from its own cut-off"
+            ),
+        ),
         HoldReason::FencingPending { proof } => (
             Unprotected::NoProof,
             format!(
