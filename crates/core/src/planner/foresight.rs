@@ -99,7 +99,7 @@ fn heard_since_the_death(view: &View, dead: &str, now: Instant) -> Heartbeats {
                     silent_since: died,
                     tcp_silent_since: Some(died),
                     agent_silent_since: Some(died),
-                    ..quiet(died)
+                    ..Heartbeat::silent_since(died, RENEW_PERIOD)
                 }
             } else {
                 let agent = agent_addr(node).map(|_| now);
@@ -109,34 +109,12 @@ fn heard_since_the_death(view: &View, dead: &str, now: Instant) -> Heartbeats {
                     tcp_answered: Some(now),
                     agent_answered: agent,
                     agent_connected: agent,
-                    ..quiet(now)
+                    ..Heartbeat::silent_since(now, RENEW_PERIOD)
                 }
             };
             (name.clone(), heartbeat)
         })
         .collect()
-}
-
-/// A heartbeat that says nothing but that the node has been silent since `since`.
-fn quiet(since: Instant) -> Heartbeat {
-    Heartbeat {
-        last_renewal: None,
-        renewal_not_before: None,
-        silent_since: since,
-        renew_period: RENEW_PERIOD,
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: None,
-        agent_connected: None,
-        agent_armed: None,
-        agent_disarmed: false,
-        agent_hearing_from: None,
-        agent_silent_since: None,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
-    }
 }
 
 /// The kubelet's renew interval the foreseen heartbeats assume (a quarter of the default 40 s

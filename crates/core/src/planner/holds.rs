@@ -81,6 +81,29 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// A node podha has heard nothing of since `since`, renewing its Lease at most every
+    /// `renew_period`: every other observation is absent.
+    pub fn silent_since(since: Instant, renew_period: Duration) -> Self {
+        Self {
+            last_renewal: None,
+            renewal_not_before: None,
+            silent_since: since,
+            renew_period,
+            tcp_answered: None,
+            tcp_silent_since: None,
+            agent_answered: None,
+            agent_connected: None,
+            agent_armed: None,
+            agent_disarmed: false,
+            agent_hearing_from: None,
+            agent_silent_since: None,
+            tainted_since: None,
+            renewals_since_ack: 0,
+            renewed_in_boot: false,
+            renew_time: None,
+        }
+    }
+
     /// The instant by which this node was certainly silent: it missed a renewal one renew
     /// interval after its last one; with a probe the policy listens to, that probe stopped
     /// being answered, when that came later than its last renewal (an older silence of a probe

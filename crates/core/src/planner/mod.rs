@@ -362,10 +362,8 @@ fn plan_incident<'p>(
         node_obj,
         check.proven() && !check.rests_on_lease_word,
     );
-    let fenced = plan_fence(&failed, &np, tainted, check, out);
-    let hold = (!fenced)
-        .then(|| out.intents.last().and_then(hold_reason))
-        .flatten();
+    let hold = plan_fence(&failed, &np, tainted, check, out);
+    let fenced = hold.is_none();
     out.verdicts.push(failed.verdict(hold, Some(&mut np)));
     if fenced {
         plan_moves(&failed, np, tainted, out);
@@ -462,15 +460,15 @@ fn ask_for_fences(failed: &FailedNode<'_, '_>, np: &NodePlan<'_>, out: &mut Plan
 }
 
 /// The fence before anything moves: the taint, or, while the policy's fencing proof is not on
-/// the node, a hold (and a fence request to its agent). Returns whether the pods may be planned
-/// this round.
+/// the node, a hold (and a fence request to its agent). Returns that hold, which keeps the pods
+/// from being planned this round, if there is one.
 fn plan_fence(
     failed: &FailedNode<'_, '_>,
     np: &NodePlan<'_>,
     tainted: bool,
     check: fencing::FenceCheck,
     out: &mut Plan,
-) -> bool {
+) -> Option<HoldReason> {
     let (node, node_obj, policy) = (failed.name(), failed.node, failed.policy);
     let rehearsal = failed.rehearsal();
     let moving = !np.marks.is_empty() || !np.deletes.is_empty();
@@ -480,8 +478,9 @@ fn plan_fence(
     {
         // A node that could still be running keeps its pods and volumes until the proof comes.
         ask_for_fences(failed, np, out);
+        let reason = hold_reason(&hold);
         out.intents.push(hold);
-        return false;
+        return reason;
     }
     // The taint once every mark landed: a pod updated on a node with the out-of-service taint
     // has the taint eviction controller queue its delete by name again (see `eviction`). A
@@ -510,7 +509,7 @@ fn plan_fence(
             taint => dry_run_guard(policy, node, taint, rehearsal),
         });
     }
-    true
+    None
 }
 
 /// What one round decides about one pod on the failed node.

@@ -404,22 +404,11 @@ fn agent_heartbeat(
     silent_since: Option<Instant>,
 ) -> crate::planner::Heartbeat {
     crate::planner::Heartbeat {
-        last_renewal: None,
-        renewal_not_before: None,
-        silent_since: now,
-        renew_period: Duration::from_secs(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
         agent_answered: answered,
         agent_connected: answered,
         agent_armed: answered,
-        agent_disarmed: false,
-        agent_hearing_from: None,
         agent_silent_since: silent_since,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
+        ..crate::planner::Heartbeat::silent_since(now, Duration::from_secs(10))
     }
 }
 

@@ -824,20 +824,7 @@ fn renewed_at(at: Instant) -> Heartbeat {
     Heartbeat {
         last_renewal: Some(at),
         renewal_not_before: Some(at),
-        silent_since: at,
-        renew_period: Duration::from_secs(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: None,
-        agent_connected: None,
-        agent_armed: None,
-        agent_disarmed: false,
-        agent_hearing_from: None,
-        agent_silent_since: None,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
+        ..Heartbeat::silent_since(at, Duration::from_secs(10))
     }
 }
 

@@ -337,20 +337,7 @@ fn one_dead_node_is_acted_on_once_the_others_were_heard_from() {
     let hb = |last: u64| Heartbeat {
         last_renewal: Some(t0 + s(last)),
         renewal_not_before: Some(t0 + s(last)),
-        silent_since: t0 + s(last),
-        renew_period: s(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
-        agent_answered: None,
-        agent_connected: None,
-        agent_armed: None,
-        agent_disarmed: false,
-        agent_hearing_from: None,
-        agent_silent_since: None,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
+        ..Heartbeat::silent_since(t0 + s(last), s(10))
     };
     let mut world = World::new(cluster(3)).policy("p", max_unhealthy(oos(), 1));
     world.heartbeats.insert("node-1".into(), hb(0));
