@@ -203,23 +203,42 @@ fn held(hold: &HoldReason, policy: PolicyRef<'_>, node: &str) -> (Unprotected, S
     }
 }
 
-/// The eligibility rules in the order `eligibility::check_movable` applies them, the first
-/// refusal winning.
-const ELIGIBILITY_RULES: [&str; 4] = ["owner", "volumes", "target", "tolerations"];
+/// An eligibility rule, as `podha explain` names it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    Owner,
+    Volumes,
+    Target,
+    Tolerations,
+}
 
-/// The rule an eligibility refusal belongs to.
-const fn eligibility_rule(reason: SkipReason) -> &'static str {
-    match reason {
-        SkipReason::NoControllerOwner | SkipReason::OwnerKindNotSelected | SkipReason::OptedOut => {
-            "owner"
+impl Rule {
+    /// In the order `eligibility::check_movable` applies them, the first refusal winning.
+    const IN_ORDER: [Self; 4] = [Self::Owner, Self::Volumes, Self::Target, Self::Tolerations];
+
+    const fn name(self) -> &'static str {
+        match self {
+            Self::Owner => "owner",
+            Self::Volumes => "volumes",
+            Self::Target => "target",
+            Self::Tolerations => "tolerations",
         }
-        SkipReason::NoPersistentVolumeClaim
-        | SkipReason::ClaimNotBound
-        | SkipReason::VolumeNotCsi
-        | SkipReason::DriverNotSelected
-        | SkipReason::AccessModeNotSelected => "volumes",
-        SkipReason::NoTargetNode => "target",
-        SkipReason::ToleratesFence => "tolerations",
+    }
+
+    /// The rule an eligibility refusal belongs to.
+    const fn refusing(reason: SkipReason) -> Self {
+        match reason {
+            SkipReason::NoControllerOwner
+            | SkipReason::OwnerKindNotSelected
+            | SkipReason::OptedOut => Self::Owner,
+            SkipReason::NoPersistentVolumeClaim
+            | SkipReason::ClaimNotBound
+            | SkipReason::VolumeNotCsi
+            | SkipReason::DriverNotSelected
+            | SkipReason::AccessModeNotSelected => Self::Volumes,
+            SkipReason::NoTargetNode => Self::Target,
+            SkipReason::ToleratesFence => Self::Tolerations,
+        }
     }
 }
 
@@ -255,9 +274,9 @@ pub(super) fn eligibility_checks(
             return;
         }
     };
-    for rule in ELIGIBILITY_RULES {
+    for rule in Rule::IN_ORDER {
         match refusal {
-            Some(reason) if eligibility_rule(reason) == rule => {
+            Some(reason) if Rule::refusing(reason) == rule => {
                 checks.push(refused(owner, pod, view, reason));
                 return;
             }
@@ -268,7 +287,7 @@ pub(super) fn eligibility_checks(
 
 /// An eligibility rule the pod passed, described.
 fn passed(
-    rule: &'static str,
+    rule: Rule,
     owner: PolicyRef<'_>,
     owner_kind: Option<&str>,
     pod: &Pod,
@@ -276,9 +295,10 @@ fn passed(
     view: &View,
 ) -> Check {
     let controller = controller_ref(pod);
+    let name = rule.name();
     match rule {
-        "owner" => Check::pass(
-            rule,
+        Rule::Owner => Check::pass(
+            name,
             format!(
                 "{} {}",
                 owner_kind
@@ -287,23 +307,23 @@ fn passed(
                 controller.map_or("", |r| r.name.as_str())
             ),
         ),
-        "volumes" => Check::pass(rule, claims_text(pod, view)),
-        "target" => match find_target(pod, view, &ready_elsewhere(&node.name_any())) {
+        Rule::Volumes => Check::pass(name, claims_text(pod, view)),
+        Rule::Target => match find_target(pod, view, &ready_elsewhere(&node.name_any())) {
             Some(target) => Check::pass(
-                rule,
+                name,
                 format!(
                     "{} could run it now (taints, affinity, resources, volume topology)",
                     target.name_any()
                 ),
             ),
             None => Check::note(
-                rule,
+                name,
                 "no Ready, schedulable node could run it now; safety.requireTarget is off: \
                  podha moves it and its replacement waits Pending",
             ),
         },
-        _ => Check::pass(
-            rule,
+        Rule::Tolerations => Check::pass(
+            name,
             format!(
                 "does not tolerate {}, the taint podha fences with under {}",
                 NodeTaint::for_action(owner.spec.action).key(),
@@ -315,15 +335,15 @@ fn passed(
 
 /// The eligibility rule that refuses the pod, with what it found.
 fn refused(owner: PolicyRef<'_>, pod: &Pod, view: &View, reason: SkipReason) -> Check {
-    let rule = eligibility_rule(reason);
+    let rule = Rule::refusing(reason);
     let found = match rule {
-        "volumes" => Some(claims_text(pod, view)).filter(|c| !c.is_empty()),
-        "tolerations" => tolerated_fence(owner.spec.action, pod)
+        Rule::Volumes => Some(claims_text(pod, view)).filter(|c| !c.is_empty()),
+        Rule::Tolerations => tolerated_fence(owner.spec.action, pod)
             .map(|taint| format!("it tolerates {}", taint.key())),
-        _ => None,
+        Rule::Owner | Rule::Target => None,
     };
     Check::fail(
-        rule,
+        rule.name(),
         Unprotected::Ineligible(reason),
         format!(
             "policy {}: {}: {}{}",
