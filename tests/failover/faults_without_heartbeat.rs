@@ -3,7 +3,8 @@
 //! its way to the control plane that the suite's last scenarios make: a leader stopped, podha
 //! cut off from the API server for 20 s, a leader stopped mid-failover. None of them is a fault
 //! of the nodes: podha must ask no fence of them, judge neither dead, and taint nothing. (The
-//! same policy does fence a node podha is cut off from: `heartbeats`.) The pair is the
+//! same policy holds a node podha alone is cut off from while its kubelet renews, and fences
+//! one whose kubelet died: `heartbeats`.) The pair is the
 //! policy-edit scenario's, free once the scenarios that run in parallel are over.
 
 use std::collections::BTreeMap;

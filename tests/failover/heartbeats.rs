@@ -1,11 +1,15 @@
 //! Judged on heartbeats alone, proven only by a fence the agent reports done
-//! (`detection.signals: [AgentHeartbeat]`, `fencing.proof: AgentAcknowledged`): podha is cut
-//! off from a running node's agent (its probes dropped), a fault between podha and the node
-//! alone, the kubelet renewing its Lease throughout. Asked every second, the agent's silence
-//! has podha judge the node dead without waiting for a Lease grace; podha asks for the fence on
-//! the Node, and the agent, still reaching the API server, fences, confirms and acknowledges:
-//! only then the out-of-service taint, and db moves. The wrong judgement of a healthy node cost
-//! a fence, never a write by two. Back, the node is untainted.
+//! (`detection.signals: [AgentHeartbeat]`, `fencing.proof: AgentAcknowledged`).
+//!
+//! 1. podha is cut off from a running node's agent (its probes dropped), a fault between podha
+//!    and the node alone, the kubelet renewing its Lease throughout. Asked every second, the
+//!    agent's silence has podha judge the node dead without waiting for a Lease grace, but the
+//!    renewal after the silence holds it (`NodeLeaseRenewing`): no fence is asked, nothing is
+//!    tainted. The cut ends before the agent's own isolation timeout.
+//! 2. The kubelet dies and the machine runs on; once its Lease missed a renewal, podha is cut
+//!    off from the agent again: judged dead, podha asks for the fence on the Node, and the
+//!    agent, still reaching the API server, fences, confirms and acknowledges: only then the
+//!    out-of-service taint, and db moves. Back, the node is untainted.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +19,7 @@ use serde_json::json;
 use super::agent::{agent_lease_holder, fence_annotations, heard_within, said_proof, untainted};
 use super::{
     Failed, Operators, SharedCluster, acted_once, has_podha_taint, log, other, policy_and_db,
-    scenario, secs_, wait_recovered,
+    scenario, secs_, times_acted, wait_recovered,
 };
 use podha_sim::testkit::*;
 
@@ -49,6 +53,62 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
             heard_within(&ctx, n, Duration::from_secs(3), secs_(30)).await?;
         }
 
+        // 1. Cut off from podha alone: held while the kubelet renews, nothing asked.
+        let renewed_before = lease_renew_time(&ctx, &node).await?;
+        ctx.cluster.cut_agent_off(&node, true)?;
+        let cut = Instant::now();
+        let renewed = wait_for(
+            &format!("{node}'s kubelet to renew its Lease while podha is cut off"),
+            secs_(12),
+            || async {
+                let now = lease_renew_time(&ctx, &node).await?;
+                Ok((now != renewed_before).then_some(()))
+            },
+        )
+        .await;
+        // The judgement (three 1 s probes) and the renewal seen, then the cut ends, before the
+        // agent's isolation timeout (15 s) has it fence its node on its own.
+        tokio::time::sleep(
+            Duration::from_secs(4)
+                .saturating_sub(cut.elapsed())
+                .max(Duration::from_secs(1)),
+        )
+        .await;
+        ctx.cluster.cut_agent_off(&node, false)?;
+        renewed?;
+        wait_for("podha's NodeLeaseRenewing event", secs_(30), || async {
+            let held = times_acted(&ctx.client, "default", "NodeLeaseRenewing", &node).await?;
+            Ok((held > 0).then_some(()))
+        })
+        .await?;
+        let asked = times_acted(&ctx.client, "default", "FenceRequested", &node).await?;
+        let (request, _) = fence_annotations(&ctx, &node).await?;
+        let fenced: Vec<_> = ctx
+            .cluster
+            .fences()?
+            .into_iter()
+            .filter(|f| f.node == node)
+            .collect();
+        if asked > 0
+            || request.is_some()
+            || !fenced.is_empty()
+            || has_podha_taint(&ctx, &node).await?
+        {
+            bail!(
+                "{node}, cut off from podha while its kubelet renewed: {asked} FenceRequested \
+                 events, request {request:?}, fences {fenced:?} (expected none, and no taint)"
+            );
+        }
+        heard_within(&ctx, &node, Duration::from_secs(3), secs_(30)).await?;
+        log(
+            &ns,
+            format!("{node}: cut off from podha while renewing: held, no fence asked, heard again"),
+        );
+
+        // 2. The kubelet dies, the machine runs on; once the Lease missed a renewal (a renew
+        // interval and the slack), podha is cut off from the agent again.
+        ctx.cluster.kill_kubelet(&node)?;
+        tokio::time::sleep(Duration::from_secs(14)).await;
         ctx.cluster.cut_agent_off(&node, true)?;
         let cut = Instant::now();
         let tainted = async {
@@ -80,8 +140,8 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
         log(
             &ns,
             format!(
-                "{node}: agent unheard, judged dead, fenced on request and tainted {after:.1?} \
-                 after podha was cut off from it"
+                "{node}: kubelet dead, agent unheard, judged dead, fenced on request and \
+                 tainted {after:.1?} after podha was cut off from it"
             ),
         );
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(90)).await?;
@@ -90,4 +150,15 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
         log(&ns, format!("{node} back and untainted"));
         Ok(())
     })
+}
+
+/// The `renewTime` of `node`'s Lease, as the API server has it.
+async fn lease_renew_time(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Option<String>> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(ctx.client.clone(), "kube-node-lease");
+    let lease = leases.get(node).await?;
+    Ok(lease
+        .spec
+        .and_then(|s| s.renew_time)
+        .map(|t| t.0.to_string()))
 }

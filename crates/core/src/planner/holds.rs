@@ -126,6 +126,30 @@ impl Heartbeat {
             .fold(missed_renewal, Instant::min)
     }
 
+    /// When the node's Lease had certainly missed a renewal, if podha sees none by then: a
+    /// renew interval and [`RENEWAL_SLACK`] after the last renewal podha saw (or after the start
+    /// of watching, or the end of a gap in its view).
+    fn renewal_missed_at(&self) -> Instant {
+        self.silent_since + self.renew_period + RENEWAL_SLACK
+    }
+
+    /// Since when every probe the policy listens to has been silent (the last of them to fall
+    /// silent), if it listens to any and all of them are.
+    fn probes_silent_since(&self, probes: Probes) -> Option<Instant> {
+        let listened = [
+            (probes.tcp, self.tcp_silent_since),
+            (probes.agent, self.agent_silent_since),
+        ]
+        .into_iter()
+        .filter(|(listened, _)| *listened);
+        listened
+            .map(|(_, since)| since)
+            .try_fold(None, |latest: Option<Instant>, since| {
+                since.map(|s| Some(latest.map_or(s, |l| l.max(s))))
+            })
+            .flatten()
+    }
+
     /// Whether the node renewed its Lease after this process saw podha's taint on it: the
     /// proof that it is back. A Ready=True alone is not (after a death it stays True until the
     /// node lifecycle controller's grace, 40 s, runs out), nor is a tracker that just started
@@ -227,6 +251,11 @@ pub fn unhealthy_hold(
     })
 }
 
+/// How much later than its renew interval a node's renewal may reach podha and still be on
+/// time: the kubelet's request and podha's watch each take their time, and it varies (the
+/// kubelet itself renews up to 4 % late).
+pub const RENEWAL_SLACK: Duration = Duration::from_secs(2);
+
 /// Whether `policy` may take its first action on `incident`'s node yet.
 pub(super) enum Settle {
     /// Act (or podha acted on this incident already: no reason to stop half-way).
@@ -252,8 +281,26 @@ pub(super) fn settled(policy: PolicyRef<'_>, incident: &Incident, input: &PlanIn
     ) else {
         return Settle::Go;
     };
-    // Anyone cut off together with the dead node has been silent since then too.
     let probes = Probes::of(policy);
+    // A fault of podha's own path to the node (a firewall, a NetworkPolicy, a switch between
+    // podha and a rack) silences its probes while its kubelet renews on through the API
+    // server: nothing is asked of the machine, and nothing moves, until its Lease missed a
+    // renewal. A policy judging by the Lease with its default grace waits for no more than
+    // that already; one judging on probes alone waits up to a renew interval.
+    if input.now < dead.renewal_missed_at() {
+        let renewed_after_probes = dead
+            .probes_silent_since(probes)
+            .zip(dead.last_renewal)
+            .is_some_and(|(silent, renewed)| renewed > silent);
+        return Settle::Wait(renewed_after_probes.then(|| Intent::Hold {
+            policy: policy.name.to_string(),
+            node: Some(incident.node.clone()),
+            reason: HoldReason::LeaseRenewing {
+                renewed_ago: input.now.saturating_duration_since(dead.silent_since),
+            },
+        }));
+    }
+    // Anyone cut off together with the dead node has been silent since then too.
     let cutoff = dead.certainly_silent_by(probes);
     let unhealthy = nodes
         .values()

@@ -120,6 +120,12 @@ pub enum HoldReason {
     /// A node failed, but so many other watched nodes have not renewed their Lease since that a
     /// partition cannot be ruled out.
     Unconfirmed { unheard: usize, watched: usize },
+    /// The node is judged dead, but its kubelet renewed its Lease `renewed_ago` ago, within a
+    /// renew interval and [`super::holds::RENEWAL_SLACK`]: it still talks to the API server,
+    /// and podha's own path to it may be what failed (a firewall, a NetworkPolicy, a switch
+    /// between podha and a rack). No fence is asked for and nothing moves until the Lease
+    /// misses a renewal.
+    LeaseRenewing { renewed_ago: std::time::Duration },
     /// The out-of-service taint would remove `pod`, which must stay (`why`); the node gets the
     /// scheduling fence instead and only the eligible pods are deleted.
     OutOfServiceRefused { pod: ObjectKey, why: &'static str },
@@ -150,6 +156,7 @@ impl HoldReason {
             Self::TooManyUnhealthy { .. } => HoldKind::TooManyUnhealthy,
             Self::DryRun { .. } => HoldKind::DryRun,
             Self::Unconfirmed { .. } => HoldKind::Unconfirmed,
+            Self::LeaseRenewing { .. } => HoldKind::LeaseRenewing,
             Self::OutOfServiceRefused { .. } => HoldKind::OutOfServiceRefused,
             Self::FencingPending { .. } => HoldKind::FencingPending,
             Self::AgentSilenceUnproven { .. } => HoldKind::AgentSilenceUnproven,
@@ -174,6 +181,7 @@ impl HoldReason {
             Self::PolicyUnreadable { unreadable } => unreadable.clone(),
             Self::TooManyUnhealthy { .. }
             | Self::Unconfirmed { .. }
+            | Self::LeaseRenewing { .. }
             | Self::FencingPending { .. }
             | Self::FenceContradicted { .. }
             | Self::Paused { .. }
@@ -197,6 +205,13 @@ impl HoldReason {
             Self::Unconfirmed { unheard, watched } => format!(
                 "holding: {unheard} of {watched} watched nodes have not renewed their Lease since \
                  node {node} went silent, so a partition cannot be told from one dead node"
+            ),
+            Self::LeaseRenewing { renewed_ago } => format!(
+                "node {node} is judged dead, but its kubelet renewed its Lease {}s ago: it still \
+                 reaches the API server, and podha's own path to it may be what failed (a \
+                 firewall, a NetworkPolicy, a switch between podha and the node); no fence is \
+                 asked for and nothing moves there until the Lease misses a renewal",
+                renewed_ago.as_secs()
             ),
             Self::OutOfServiceRefused { pod, why } => format!(
                 "out-of-service taint refused on node {node}: it would remove pod {pod}, which \
@@ -259,6 +274,7 @@ impl HoldReason {
     pub const fn node_event_reason(&self) -> Option<&'static str> {
         match self {
             Self::OutOfServiceRefused { .. } => Some("OutOfServiceTaintRefused"),
+            Self::LeaseRenewing { .. } => Some("NodeLeaseRenewing"),
             Self::FencingPending { .. } => Some("FencingPending"),
             Self::AgentSilenceUnproven { .. } => Some("AgentSilenceUnproven"),
             Self::FenceContradicted { .. } => Some("FenceContradicted"),
@@ -275,6 +291,7 @@ impl HoldReason {
             Self::TooManyUnhealthy { .. }
             | Self::Unconfirmed { .. }
             | Self::PolicyUnreadable { .. } => "ActionsHeld",
+            Self::LeaseRenewing { .. } => "NodeLeaseRenewing",
             Self::OutOfServiceRefused { .. } => "OutOfServiceTaintRefused",
             Self::FencingPending { .. } => "FencingPending",
             Self::AgentSilenceUnproven { .. } => "AgentSilenceUnproven",
@@ -406,6 +423,7 @@ pub enum HoldKind {
     TooManyUnhealthy,
     DryRun,
     Unconfirmed,
+    LeaseRenewing,
     OutOfServiceRefused,
     FencingPending,
     AgentSilenceUnproven,
@@ -416,10 +434,11 @@ pub enum HoldKind {
 }
 
 impl HoldKind {
-    pub const ALL: [HoldKind; 10] = [
+    pub const ALL: [HoldKind; 11] = [
         HoldKind::TooManyUnhealthy,
         HoldKind::DryRun,
         HoldKind::Unconfirmed,
+        HoldKind::LeaseRenewing,
         HoldKind::OutOfServiceRefused,
         HoldKind::FencingPending,
         HoldKind::AgentSilenceUnproven,
@@ -435,6 +454,7 @@ impl HoldKind {
             Self::TooManyUnhealthy => "TooManyUnhealthyNodes",
             Self::DryRun => "DryRun",
             Self::Unconfirmed => "NodesNotHeardFrom",
+            Self::LeaseRenewing => "NodeLeaseRenewing",
             Self::OutOfServiceRefused => "OutOfServiceTaintRefused",
             Self::FencingPending => "FencingPending",
             Self::AgentSilenceUnproven => "AgentSilenceUnproven",

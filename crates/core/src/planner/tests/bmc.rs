@@ -436,3 +436,45 @@ fn the_power_off_carries_the_lease_as_podha_saw_it() {
     });
     assert_eq!(lease_seen, Some(Some(seen)));
 }
+
+/// Judged on the kubelet port alone, a node whose port went silent while its kubelet renews on
+/// (podha's own path to it cut) gets no `ForceOff`: the hold says its Lease still renews. Once
+/// the Lease misses a renewal, the `ForceOff` goes out.
+#[test]
+fn no_force_off_while_the_nodes_lease_renews_after_its_probes_went_silent() {
+    let s = std::time::Duration::from_secs;
+    let t0 = Instant::now();
+    let hb = |renewed: u64, answered: u64, silent: Option<u64>| Heartbeat {
+        tcp_answered: Some(t0 + s(answered)),
+        tcp_silent_since: silent.map(|p| t0 + s(p)),
+        last_renewal: Some(t0 + s(renewed)),
+        renewal_not_before: Some(t0 + s(renewed)),
+        ..Heartbeat::silent_since(t0 + s(renewed), s(10))
+    };
+    let mut spec = needs_bmc(max_unhealthy(mk_spec(), 1), by_template());
+    spec.detection.signals = vec![crate::api::Signal::KubeletTCP];
+    let at = |now: u64, dead: Heartbeat| {
+        let mut w = World::new(cluster(3)).policy("p", spec.clone());
+        w.heartbeats.insert("node-1".into(), dead);
+        w.heartbeats.insert("node-2".into(), hb(0, now - 1, None));
+        w.heartbeats.insert("node-3".into(), hb(0, now - 1, None));
+        w.now = t0 + s(now);
+        w.fail("node-1")
+    };
+    // The port silent from 1, the kubelet renewing at 5 and 15.
+    assert_eq!(
+        bmc_intents(&at(6, hb(5, 0, Some(1))).plan()),
+        ["hold NodeLeaseRenewing"]
+    );
+    assert_eq!(
+        bmc_intents(&at(26, hb(15, 0, Some(1))).plan()),
+        ["hold NodeLeaseRenewing"]
+    );
+    // Its last renewal at 15, none by 27: missed. The `ForceOff` goes out.
+    let plan = at(27, hb(15, 0, Some(1))).plan();
+    assert!(
+        bmc_intents(&plan).contains(&"power off node-1 by bmc-node-1".to_string()),
+        "{:?}",
+        bmc_intents(&plan)
+    );
+}

@@ -431,12 +431,15 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
     // Every port silent from 2 (podha and the API server cut off from all nodes): waits.
     let beats = [dead, hb(1, 1, Some(2)), hb(1, 1, Some(2))];
     assert!(world(tcp.clone(), beats).plan().intents.is_empty());
-    // A port silent since before the last renewal (a firewall, not the death): the cutoff
-    // stays at the missed renewal, and answers at 3 prove nothing.
+    // A port silent since before the last renewal (a firewall, not the death): nothing goes
+    // out before the Lease misses a renewal, and the hold says why.
     let mut old_silence = hb(5, 1, None);
     old_silence.tcp_silent_since = Some(t0 + s(2));
     let beats = [old_silence, hb(1, 3, None), hb(2, 3, None)];
-    assert!(world(tcp, beats).plan().intents.is_empty());
+    assert_eq!(
+        intent_names(&world(tcp, beats).plan()),
+        ["hold NodeLeaseRenewing"]
+    );
 }
 
 /// A policy that judges on probes alone (no Lease, no NodeReady) was told of the death by the
@@ -467,34 +470,37 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     let mut spec = max_unhealthy(oos(), 1);
     spec.detection.signals = vec![Signal::AgentHeartbeat];
     spec.fencing.proof = crate::api::FencingProof::AgentAcknowledged;
-    let world = |spec: PodHAPolicySpec, beats: [Heartbeat; 3]| {
+    let at = |now: u64, spec: PodHAPolicySpec, beats: [Heartbeat; 3]| {
         let mut w = World::new(cluster(3)).policy("p", spec);
         for (i, hb) in beats.into_iter().enumerate() {
             w.heartbeats.insert(format!("node-{}", i + 1), hb);
         }
-        w.now = t0 + s(6);
+        w.now = t0 + s(now);
         w.fail("node-1")
     };
-    // node-1's agent silent from 1, its kubelet renewing at 5; the others answered at 2.
+    let world = |spec, beats| at(6, spec, beats);
+    // Past the Lease's missed renewal (the last one at 5, a renew interval and the slack).
+    let late = |spec, beats| at(5 + 10 + 2, spec, beats);
+    // node-1's agent silent from 1, its kubelet renewing at 5; the others answered at 2. A
+    // renewal after the probes went silent: podha's own path may be cut, so nothing is asked
+    // of the node, and the hold says why.
     let dead = hb(5, 0, Some(1));
     let plan = world(spec.clone(), [dead, hb(0, 2, None), hb(0, 2, None)]).plan();
-    assert_eq!(
-        intent_names(&plan),
-        ["hold FencingPending"],
-        "settled at once: held only for the proof (no agent here to ask)"
-    );
-    // With the Lease listened to, the same evidence waits for renewals after 15.
+    assert_eq!(intent_names(&plan), ["hold NodeLeaseRenewing"]);
+    // Once the Lease missed its renewal (none seen for a renew interval and the slack), the
+    // settle rule passes: held only for the proof (no agent here to ask).
+    let plan = late(spec.clone(), [dead, hb(0, 2, None), hb(0, 2, None)]).plan();
+    assert_eq!(intent_names(&plan), ["hold FencingPending"]);
+    // With the Lease listened to, the same: the renewal after the silence holds it.
     let mut with_lease = spec.clone();
     with_lease.detection.signals = vec![Signal::Lease, Signal::AgentHeartbeat];
-    assert!(
-        world(with_lease, [dead, hb(0, 2, None), hb(0, 2, None)])
-            .plan()
-            .intents
-            .is_empty()
+    assert_eq!(
+        intent_names(&world(with_lease, [dead, hb(0, 2, None), hb(0, 2, None)]).plan()),
+        ["hold NodeLeaseRenewing"]
     );
     // A node heard only before the silence: waits.
     assert!(
-        world(spec.clone(), [dead, hb(0, 2, None), hb(0, 0, None)])
+        late(spec.clone(), [dead, hb(0, 2, None), hb(0, 0, None)])
             .plan()
             .intents
             .is_empty()
@@ -502,7 +508,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     // Its kubelet renewing since says nothing of podha's own path to it (a NetworkPolicy
     // cutting podha off every agent leaves every Lease renewing): waits.
     assert!(
-        world(spec.clone(), [dead, hb(0, 2, None), hb(5, 0, None)])
+        late(spec.clone(), [dead, hb(0, 2, None), hb(5, 0, None)])
             .plan()
             .intents
             .is_empty()
@@ -514,7 +520,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     let mut two_silences = hb(5, 0, Some(3));
     two_silences.tcp_silent_since = Some(t0);
     assert!(
-        world(both, [two_silences, hb(0, 2, None), hb(0, 2, None)])
+        late(both, [two_silences, hb(0, 2, None), hb(0, 2, None)])
             .plan()
             .intents
             .is_empty()
@@ -587,6 +593,9 @@ fn every_hold_reason_is_a_known_metric_label() {
         HoldReason::Unconfirmed {
             unheard: 0,
             watched: 0,
+        },
+        HoldReason::LeaseRenewing {
+            renewed_ago: Duration::ZERO,
         },
         HoldReason::OutOfServiceRefused {
             pod: crate::view::ObjectKey::new("ns", "p"),
