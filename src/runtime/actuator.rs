@@ -11,6 +11,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::node_lease;
 use crate::api::{NodeTaint, TAINT_MARKER_ANNOTATION};
 use crate::contract::{FENCE_REQUEST_ANNOTATION, agent_lease_name, fence_request};
 use crate::leader::Leadership;
@@ -60,6 +61,11 @@ pub enum ActError {
         seen: Option<String>,
         read: Option<String>,
     },
+    #[error(
+        "node {node} renewed its Lease since podha planned its fence request: it still reaches \
+         the API server, so no fence was asked (the next round decides again)"
+    )]
+    NodeLeaseRenewed { node: String },
     #[error(transparent)]
     Power(#[from] PowerError),
 }
@@ -91,6 +97,7 @@ impl ActError {
             Self::NotLeader => "not_leader",
             Self::Power(_) => "bmc",
             Self::AgentLeaseChanged { .. } => "agent_lease_changed",
+            Self::NodeLeaseRenewed { .. } => "node_lease_renewed",
         }
     }
 
@@ -116,7 +123,7 @@ impl ActError {
             Self::Api(error) => api_retry(error),
             Self::Conflict(_) | Self::TimedOut(_) | Self::NotLeader => RetryPolicy::Retry,
             // The watch catches up, and the planner decides again on what it shows.
-            Self::AgentLeaseChanged { .. } => RetryPolicy::Retry,
+            Self::AgentLeaseChanged { .. } | Self::NodeLeaseRenewed { .. } => RetryPolicy::Retry,
             Self::Power(PowerError::NotOff { .. }) => RetryPolicy::Poll,
             Self::Power(error) if error.is_transient() => RetryPolicy::Retry,
             Self::Power(_) => RetryPolicy::GiveUp,
@@ -240,7 +247,18 @@ impl Actuator {
                 self.taint(node, policy, *taint, seen, tries).await
             }
             Intent::RemoveTaint { node } => self.untaint(node, seen).await,
-            Intent::RequestFence { node, policy } => self.request_fence(node, policy, seen).await,
+            Intent::RequestFence {
+                node,
+                policy,
+                lease_seen,
+            } => {
+                self.ensure_leading()?;
+                let leases = Api::namespaced(self.client.clone(), super::NODE_LEASE_NAMESPACE);
+                if node_lease::renewed_since(&leases, node, *lease_seen).await? {
+                    return Err(ActError::NodeLeaseRenewed { node: node.clone() });
+                }
+                self.request_fence(node, policy, seen).await
+            }
             Intent::WithdrawFenceRequest { node } => {
                 self.patch_node(node, seen, CONFLICT_RETRIES, withdrawal_patch)
                     .await
@@ -588,6 +606,70 @@ mod tests {
         );
     }
 
+    /// A fence request planned on a Lease the kubelet renewed since (a watch that lagged) is
+    /// not written: the node still reaches the API server. Planned on the Lease as it is, it
+    /// goes out.
+    #[tokio::test]
+    async fn a_lease_renewed_since_the_plan_stops_the_fence_request() {
+        let api = FakeApi::new()
+            .on(
+                Method::GET,
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n",
+                |_| {
+                    Reply::json(
+                        200,
+                        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                               "metadata": {"name": "n", "namespace": "kube-node-lease"},
+                               "spec": {"holderIdentity": "n",
+                                        "renewTime": "2026-11-27T05:00:10.000000Z"}}),
+                    )
+                },
+            )
+            .on(Method::GET, "/api/v1/nodes/n", |_| {
+                Reply::json(
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Node",
+                           "metadata": {"name": "n", "resourceVersion": "5"}}),
+                )
+            })
+            .on(Method::PATCH, "/api/v1/nodes/n", |_| {
+                Reply::json(
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Node",
+                           "metadata": {"name": "n", "resourceVersion": "6"}}),
+                )
+            });
+        let actuator = leading_on(&api);
+        let request = |seen: &str| Intent::RequestFence {
+            node: "n".into(),
+            policy: "p".into(),
+            lease_seen: Some(seen.parse().expect("time")),
+        };
+        let stale = actuator
+            .execute(&request("2026-11-27T05:00:00.000000Z"), None)
+            .await;
+        assert!(
+            matches!(stale, Err(ActError::NodeLeaseRenewed { .. })),
+            "{stale:?}"
+        );
+        assert!(
+            !api.lines().iter().any(|l| l.starts_with("PATCH")),
+            "{:?}",
+            api.lines()
+        );
+        let current = actuator
+            .execute(&request("2026-11-27T05:00:10.000000Z"), None)
+            .await;
+        assert!(current.is_ok(), "{current:?}");
+        assert!(
+            api.lines()
+                .iter()
+                .any(|l| l.starts_with("PATCH /api/v1/nodes/n")),
+            "{:?}",
+            api.lines()
+        );
+    }
+
     /// The agent Leases of `podha-system`.
     const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/podha-system/leases";
 
@@ -739,6 +821,7 @@ mod tests {
             Intent::RequestFence {
                 node: "n".into(),
                 policy: "p".into(),
+                lease_seen: None,
             },
         ];
         for intent in intents {

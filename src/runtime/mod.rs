@@ -6,6 +6,7 @@ mod actor;
 mod actuator;
 pub mod agent_coverage;
 mod events;
+mod node_lease;
 mod pod_coverage;
 mod power;
 mod prober;

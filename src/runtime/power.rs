@@ -218,19 +218,14 @@ impl Power {
     /// whose kubelet renewed while the action waited or read its BMC is not powered off.
     async fn lease_unchanged(&self, target: &Target<'_>) -> Result<(), PowerError> {
         let node = target.node.to_string();
-        let lease = self
-            .node_leases
-            .get_opt(target.node)
-            .await
-            .map_err(|error| PowerError::LeaseUnread {
-                node: node.clone(),
-                error,
-            })?;
-        let now = lease
-            .and_then(|l| l.spec)
-            .and_then(|s| s.renew_time)
-            .map(|t| t.0);
-        if now.is_some() && now != target.lease_seen {
+        let renewed =
+            super::node_lease::renewed_since(&self.node_leases, target.node, target.lease_seen)
+                .await
+                .map_err(|error| PowerError::LeaseUnread {
+                    node: node.clone(),
+                    error,
+                })?;
+        if renewed {
             return Err(PowerError::LeaseRenewed { node });
         }
         Ok(())

@@ -53,25 +53,36 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
             heard_within(&ctx, n, Duration::from_secs(3), secs_(30)).await?;
         }
 
-        // 1. Cut off from podha alone: held while the kubelet renews, nothing asked.
-        let renewed_before = lease_renew_time(&ctx, &node).await?;
+        // 1. Cut off from podha alone: held while the kubelet renews, nothing asked. The cut
+        // starts 6 s after a renewal, so that the next one (every 10 s) comes after the probes
+        // went silent and after the judgement (three 1 s probes), and ends soon after it, long
+        // before the agent's isolation timeout (15 s) would have it fence its node on its own.
+        let before = lease_renew_time(&ctx, &node).await?;
+        let renewal = |than: Option<String>| {
+            let ctx = &ctx;
+            let node = &node;
+            async move {
+                let now = lease_renew_time(ctx, node).await?;
+                Ok((now != than).then_some(now))
+            }
+        };
+        let last = wait_for(&format!("a renewal of {node}'s Lease"), secs_(15), || {
+            renewal(before.clone())
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(6)).await;
         ctx.cluster.cut_agent_off(&node, true)?;
         let cut = Instant::now();
         let renewed = wait_for(
             &format!("{node}'s kubelet to renew its Lease while podha is cut off"),
-            secs_(12),
-            || async {
-                let now = lease_renew_time(&ctx, &node).await?;
-                Ok((now != renewed_before).then_some(()))
-            },
+            secs_(8),
+            || renewal(last.clone()),
         )
         .await;
-        // The judgement (three 1 s probes) and the renewal seen, then the cut ends, before the
-        // agent's isolation timeout (15 s) has it fence its node on its own.
         tokio::time::sleep(
-            Duration::from_secs(4)
+            Duration::from_secs(6)
                 .saturating_sub(cut.elapsed())
-                .max(Duration::from_secs(1)),
+                .max(Duration::from_millis(1500)),
         )
         .await;
         ctx.cluster.cut_agent_off(&node, false)?;

@@ -259,6 +259,7 @@ pub(super) fn heartbeats(state: &ClusterState) -> Heartbeats {
                 renewals_since_ack: obs.renewals_since_ack(),
                 renewed_in_boot: obs.renewed_in_boot(),
                 renew_time: obs.renew_time(),
+                lease_view_gap: obs.in_gap(),
             };
             (node.clone(), hb)
         })

@@ -63,7 +63,7 @@ impl Actor {
                     self.queue_event(ev);
                 }
             }
-            Intent::RequestFence { node, policy } => {
+            Intent::RequestFence { node, policy, .. } => {
                 if let Outcome::FenceRequested { request } = &outcome {
                     self.record_fence_request(node, policy, request);
                 }

@@ -205,6 +205,10 @@ pub(super) fn fence_requests(
         asks.push(Intent::RequestFence {
             node: incident.node.clone(),
             policy: node_policy.name.to_string(),
+            lease_seen: input
+                .heartbeats
+                .get(&incident.node)
+                .and_then(|hb| hb.renew_time),
         });
     }
     asks

@@ -78,6 +78,9 @@ pub struct Heartbeat {
     /// The Lease's `renewTime` as podha last saw it: a machine whose Lease says otherwise
     /// right before its `ForceOff` renewed since (see `Intent::PowerOff`).
     pub renew_time: Option<k8s_openapi::jiff::Timestamp>,
+    /// Whether podha's view of the node's Lease is in a gap now (its watch restarting, the API
+    /// server unreachable): renewals may be going unseen, so no silence of the Lease counts.
+    pub lease_view_gap: bool,
 }
 
 impl Heartbeat {
@@ -101,6 +104,7 @@ impl Heartbeat {
             renewals_since_ack: 0,
             renewed_in_boot: false,
             renew_time: None,
+            lease_view_gap: false,
         }
     }
 
@@ -126,9 +130,9 @@ impl Heartbeat {
             .fold(missed_renewal, Instant::min)
     }
 
-    /// When the node's Lease had certainly missed a renewal, if podha sees none by then: a
-    /// renew interval and [`RENEWAL_SLACK`] after the last renewal podha saw (or after the start
-    /// of watching, or the end of a gap in its view).
+    /// When the node's Lease had certainly missed a renewal, if podha sees none by then and its
+    /// view has no gap meanwhile: a renew interval and [`RENEWAL_SLACK`] after the last renewal
+    /// podha saw (or after the start of watching, or the end of a gap in its view).
     fn renewal_missed_at(&self) -> Instant {
         self.silent_since + self.renew_period + RENEWAL_SLACK
     }
@@ -287,7 +291,7 @@ pub(super) fn settled(policy: PolicyRef<'_>, incident: &Incident, input: &PlanIn
     // server: nothing is asked of the machine, and nothing moves, until its Lease missed a
     // renewal. A policy judging by the Lease with its default grace waits for no more than
     // that already; one judging on probes alone waits up to a renew interval.
-    if input.now < dead.renewal_missed_at() {
+    if dead.lease_view_gap || input.now < dead.renewal_missed_at() {
         let renewed_after_probes = dead
             .probes_silent_since(probes)
             .zip(dead.last_renewal)

@@ -42,7 +42,14 @@ pub enum Intent {
     RemoveTaint { node: String },
     /// Ask the node's podha agent to fence the node (policy proof `Agent`): an annotation on
     /// the Node the agent answers with its acknowledgement.
-    RequestFence { node: String, policy: String },
+    RequestFence {
+        node: String,
+        policy: String,
+        /// The node's Lease `renewTime` as podha saw it when it planned this: read again right
+        /// before the request goes out, a Lease that says otherwise (the kubelet renewed since,
+        /// unseen by a watch that lags) stops it.
+        lease_seen: Option<k8s_openapi::jiff::Timestamp>,
+    },
     /// Ask the node's BMC to force the machine off (`ComputerSystem.Reset` `ForceOff`, proof
     /// `BMC`), through the Secret `secret` in podha's namespace.
     PowerOff {

@@ -110,7 +110,9 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
         probe_plans: plans,
     };
     let mut actor = Actor::new(leader_rx, outputs, metrics.clone());
-    let now = Instant::now();
+    // The view was complete a while ago: a node judged dead has missed its Lease renewal (a
+    // renew interval and the slack, with no Lease seen) by the first tick.
+    let now = Instant::now() - VIEW_AGE;
     let view = view_with(objects);
     let state = &mut actor.state;
     state.apply(Change::Policy(Event::Init), now);
@@ -163,6 +165,8 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
         }
     }
     state.apply(Change::AgentLease(Event::InitDone), now);
+    // Leading since then too: the leadership's restart of every clock is behind.
+    actor.follow_leadership(now);
     Harness {
         actor,
         writes,
@@ -171,6 +175,9 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
         _plans: [kubelet_rx, agent_rx],
     }
 }
+
+/// How long before the test's start the harness's view was complete.
+const VIEW_AGE: Duration = Duration::from_secs(13);
 
 fn dead_node_with_pods(node: &str) -> Vec<Obj> {
     let claim = format!("data-{node}");

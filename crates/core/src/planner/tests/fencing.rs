@@ -323,6 +323,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             renewals_since_ack: 0,
             renewed_in_boot: false,
             renew_time: None,
+            lease_view_gap: false,
         };
         world.heartbeats.insert(other, alive);
     }
@@ -353,6 +354,7 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
             renewals_since_ack: 0,
             renewed_in_boot: false,
             renew_time: None,
+            lease_view_gap: false,
         },
     );
 }
@@ -850,6 +852,7 @@ pub(super) fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
         agent_silent_since: None,
         renewals_since_ack: renewals,
         renew_time: None,
+        lease_view_gap: false,
         ..*hb
     };
 }

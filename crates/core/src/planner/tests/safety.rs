@@ -399,6 +399,7 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
         renewals_since_ack: 0,
         renewed_in_boot: false,
         renew_time: None,
+        lease_view_gap: false,
     };
     let mut tcp = max_unhealthy(oos(), 1);
     tcp.detection.signals = vec![Signal::Lease, Signal::KubeletTCP];
@@ -466,6 +467,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
         renewals_since_ack: 0,
         renewed_in_boot: false,
         renew_time: None,
+        lease_view_gap: false,
     };
     let mut spec = max_unhealthy(oos(), 1);
     spec.detection.signals = vec![Signal::AgentHeartbeat];
