@@ -22,7 +22,9 @@
 //!   with the same write-log checks;
 //! - a new leader whose node cannot reach two of the five agents: no node reboots, both agents
 //!   stay up as the new leader never heard them, and podha reports them unreachable
-//!   (`new_leader.rs`).
+//!   (`new_leader.rs`);
+//! - podha's own path to three healthy nodes down for 60 s, their kubelets renewing, judged on
+//!   podha's probes alone: no fence asked, no reboot, each reported (`path_fault.rs`).
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
@@ -35,6 +37,8 @@ mod flood;
 mod forged_words;
 #[path = "realnode_podha/new_leader.rs"]
 mod new_leader;
+#[path = "realnode_podha/path_fault.rs"]
+mod path_fault;
 #[path = "realnode_podha/paused.rs"]
 mod paused;
 

@@ -295,12 +295,12 @@ pub(super) fn settled(policy: PolicyRef<'_>, incident: &Incident, input: &PlanIn
         let renewed_after_probes = dead
             .probes_silent_since(probes)
             .zip(dead.last_renewal)
-            .is_some_and(|(silent, renewed)| renewed > silent);
-        return Settle::Wait(renewed_after_probes.then(|| Intent::Hold {
+            .and_then(|(silent, renewed)| (renewed > silent).then_some(renewed));
+        return Settle::Wait(renewed_after_probes.map(|renewed| Intent::Hold {
             policy: policy.name.to_string(),
             node: Some(incident.node.clone()),
             reason: HoldReason::LeaseRenewing {
-                renewed_ago: input.now.saturating_duration_since(dead.silent_since),
+                renewed_ago: input.now.saturating_duration_since(renewed),
             },
         }));
     }

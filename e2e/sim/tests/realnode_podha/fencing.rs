@@ -541,7 +541,10 @@ fn uid(pod: &Pod) -> anyhow::Result<String> {
 /// Their peers show every agent unheard (podha can prove nothing): no agent fences, no watchdog resets its node, each
 /// outage has every agent decide to stay up, and once the API server answers again every node is
 /// Ready, nothing is tainted and the write log is clean. Then a node paused for maintenance is
-/// cut off from everything: not fenced, not reset ([`paused::paused_node_cut_off`]).
+/// cut off from everything: not fenced, not reset ([`paused::paused_node_cut_off`]). Then
+/// podha's own path to three healthy nodes fails for 60 s, judged on its probes alone: held
+/// while their Leases renew, no fence asked, no reboot
+/// ([`path_fault::podha_cut_off_from_three_healthy_nodes`]).
 pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
     run_scenario(shared, OUTAGE_NS, |ctx| async move {
         let real = real_nodes();
@@ -679,6 +682,8 @@ pub(super) fn control_plane_faults(shared: &SharedCluster) -> Result<(), libtest
 
         new_leader::new_leader_cut_off_from_two_agents(&ctx, &real, fences_before).await?;
         paused::paused_node_cut_off(&ctx, real[3], fences_before).await?;
+        path_fault::podha_cut_off_from_three_healthy_nodes(&ctx, &real, POLICY_NAME, fences_before)
+            .await?;
 
         // Whether the writer lived through it is Kubernetes' call (the node lifecycle controller
         // may mark the nodes unreachable before their kubelets renew); podha's part is that no

@@ -137,7 +137,7 @@ pub(super) async fn new_leader_cut_off_from_two_agents(
     Ok(())
 }
 
-async fn boots_of(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<Option<String>>> {
+pub(super) async fn boots_of(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<Option<String>>> {
     let mut boots = Vec::new();
     for node in nodes {
         boots.push(boot_id(&ctx.nodes().get(node).await?));

@@ -1,0 +1,153 @@
+//! podha's own path to three healthy real nodes fails for 60 s (the leader's node drops every
+//! packet to them: a firewall, a switch between podha and a rack), while their kubelets renew
+//! their Leases through the API server throughout. The policy judges on podha's own probes
+//! alone (`detection.signals: [AgentHeartbeat]`, proof `AgentAcknowledged`), so all three are
+//! judged dead within seconds, but their Leases keep renewing after the probes went silent:
+//! podha asks no fence of them (no fence request on the Node), moves nothing, and reports each
+//! (`NodeLeaseRenewing`). Their agents, which podha cannot hear, find half of their peers
+//! unheard too and stay up: no node is fenced, none boots again, nothing is tainted.
+
+use std::time::Duration;
+
+use super::*;
+use fencing::{fences_since, has_out_of_service_taint};
+use new_leader::boots_of;
+use podha::contract::FENCE_REQUEST_ANNOTATION;
+
+/// How long podha's path to the three nodes is down.
+const CUT: Duration = Duration::from_secs(60);
+
+pub(super) async fn podha_cut_off_from_three_healthy_nodes(
+    ctx: &Ctx<'_>,
+    real: &[&str],
+    policy: &str,
+    fences_before: usize,
+) -> anyhow::Result<()> {
+    let pods = chart_install::wait_replicas(&ctx.client, 2, secs(90)).await?;
+    let leader = chart_install::wait_leader(&ctx.client, &pods, secs(60)).await?;
+    let leader_pod = pods
+        .iter()
+        .find(|p| name_of(p) == leader)
+        .context("the leader's pod")?;
+    let leader_node = node_of(leader_pod).context("leader not bound")?;
+    let standby_node = pods
+        .iter()
+        .find(|p| name_of(p) != leader)
+        .and_then(|p| node_of(p))
+        .context("the standby's node")?;
+    let cut: Vec<&str> = real
+        .iter()
+        .copied()
+        .filter(|n| *n != leader_node && *n != standby_node)
+        .collect();
+    ensure!(
+        cut.len() == 3,
+        "three real nodes besides {leader_node} and {standby_node}, got {cut:?}"
+    );
+    judge_on_probes_alone(ctx, policy, true).await?;
+    let boots = boots_of(ctx, real).await?;
+    let held_before = lease_renewing_reports(ctx, &cut).await?;
+    for node in &cut {
+        ctx.cluster.unreachable_from(leader_node, node, true)?;
+    }
+    let started = Instant::now();
+    log(
+        &ctx.ns,
+        format!("{leader} on {leader_node} cut off from {cut:?} for {CUT:?}"),
+    );
+    let reported = wait_for(
+        &format!("NodeLeaseRenewing events for {cut:?}"),
+        CUT,
+        || async {
+            let now = lease_renewing_reports(ctx, &cut).await?;
+            Ok(now
+                .iter()
+                .zip(&held_before)
+                .all(|(n, b)| n > b)
+                .then_some(()))
+        },
+    )
+    .await;
+    tokio::time::sleep(CUT.saturating_sub(started.elapsed())).await;
+    for node in &cut {
+        ctx.cluster.unreachable_from(leader_node, node, false)?;
+    }
+    let restored = judge_on_probes_alone(ctx, policy, false).await;
+    let fences = fences_since(ctx, fences_before)?;
+    ensure!(
+        fences.is_empty(),
+        "nodes fenced while podha's path to {cut:?} was down: {fences:?}"
+    );
+    ensure!(
+        boots_of(ctx, real).await? == boots,
+        "a node booted again while podha's path to {cut:?} was down"
+    );
+    for node in &cut {
+        let obj = ctx.nodes().get(node).await?;
+        ensure!(
+            !has_out_of_service_taint(&obj),
+            "{node} tainted out of service while podha's path to it was down"
+        );
+        let request = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(FENCE_REQUEST_ANNOTATION));
+        ensure!(
+            request.is_none(),
+            "podha asked {node} for a fence while its kubelet renewed: {request:?}"
+        );
+    }
+    reported?;
+    restored?;
+    log(
+        &ctx.ns,
+        format!(
+            "podha's path to {cut:?} down for {:.1?}: judged dead on probes alone, held while \
+             their Leases renewed (NodeLeaseRenewing each), no fence asked, no reboot, no taint",
+            started.elapsed()
+        ),
+    );
+    Ok(())
+}
+
+/// Has `policy` judge on podha's own probes alone, proven only by an acknowledged fence
+/// (`judge`), or back on the Lease beside them with the agent's proof. A merge patch: the rest
+/// of the policy stays.
+async fn judge_on_probes_alone(ctx: &Ctx<'_>, policy: &str, judge: bool) -> anyhow::Result<()> {
+    let (signals, proof) = if judge {
+        (json!(["AgentHeartbeat"]), "AgentAcknowledged")
+    } else {
+        (json!(["Lease", "AgentHeartbeat"]), "Agent")
+    };
+    policies(ctx)
+        .patch(
+            policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "detection": {"signals": signals},
+                "fencing": {"proof": proof},
+            }})),
+        )
+        .await
+        .with_context(|| format!("patch PodHAPolicy {policy}"))?;
+    wait_policy_ready(ctx, policy).await?;
+    // The leader's next look at the policy.
+    tokio::time::sleep(secs(2)).await;
+    Ok(())
+}
+
+/// How many `NodeLeaseRenewing` reports each of `nodes` has had (events, with their repeats).
+async fn lease_renewing_reports(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<i32>> {
+    let mut counts = Vec::new();
+    for node in nodes {
+        let events = podha_events(&ctx.client, "default", "NodeLeaseRenewing", node).await?;
+        counts.push(
+            events
+                .iter()
+                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                .sum(),
+        );
+    }
+    Ok(counts)
+}
