@@ -145,9 +145,9 @@ fn timing_note(node_policy: PolicyRef<'_>, node: &str) -> Check {
     Check::note(
         "timing",
         format!(
-            "after {node} is judged dead ({}), podha waits until every other watched node has \
-             shown life since (the settle wait){}: these depend on the death itself and are \
-             not predicted",
+            "after {node} is judged dead ({}), podha waits until its Lease missed a renewal \
+             and every other watched node has shown life since (the settle wait){}: these \
+             depend on the death itself and are not predicted",
             detection_text(node_policy),
             match node_policy.spec.fencing.proofs().single() {
                 Some(FencingProof::Agent) => ", and for the agent's fence",
