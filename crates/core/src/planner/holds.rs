@@ -258,7 +258,7 @@ pub fn unhealthy_hold(
 /// How much later than its renew interval a node's renewal may reach podha and still be on
 /// time: the kubelet's request and podha's watch each take their time, and it varies (the
 /// kubelet itself renews up to 4 % late).
-pub const RENEWAL_SLACK: Duration = Duration::from_secs(2);
+pub const RENEWAL_SLACK: Duration = Duration::from_secs(3);
 
 /// Whether `policy` may take its first action on `incident`'s node yet.
 pub(super) enum Settle {

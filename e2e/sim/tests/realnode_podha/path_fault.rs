@@ -4,8 +4,10 @@
 //! alone (`detection.signals: [AgentHeartbeat]`, proof `AgentAcknowledged`), so all three are
 //! judged dead within seconds, but their Leases keep renewing after the probes went silent:
 //! podha asks no fence of them (no fence request on the Node), moves nothing, and reports each
-//! (`NodeLeaseRenewing`). Their agents, which podha cannot hear, find half of their peers
-//! unheard too and stay up: no node is fenced, none boots again, nothing is tainted.
+//! (`NodeLeaseRenewing`). No policy asks for the agents' silence proof then, so podha's
+//! heartbeats hold every agent (none fences on isolation; the step waits for their Leases to
+//! say so before the cut): a fence of these nodes could only come from a request of podha's.
+//! None is fenced, none boots again, nothing is tainted.
 
 use std::time::Duration;
 
@@ -45,34 +47,88 @@ pub(super) async fn podha_cut_off_from_three_healthy_nodes(
         "three real nodes besides {leader_node} and {standby_node}, got {cut:?}"
     );
     judge_on_probes_alone(ctx, policy, true).await?;
+    let outcome = cut_off(ctx, &leader, leader_node, &cut, real, fences_before).await;
+    let restored = judge_on_probes_alone(ctx, policy, false).await;
+    let started = outcome?;
+    restored?;
+    log(
+        &ctx.ns,
+        format!(
+            "podha's path to {cut:?} down for {CUT:?} (from {:.1?} ago): judged dead on probes \
+             alone, held while their Leases renewed (NodeLeaseRenewing each), no fence asked, \
+             no reboot, no taint",
+            started.elapsed()
+        ),
+    );
+    Ok(())
+}
+
+/// The cut itself, from `leader_node` to `cut`, and what must (not) happen meanwhile; the paths
+/// come back whatever happens. Returns when the cut began.
+async fn cut_off(
+    ctx: &Ctx<'_>,
+    leader: &str,
+    leader_node: &str,
+    cut: &[&str],
+    real: &[&str],
+    fences_before: usize,
+) -> anyhow::Result<Instant> {
+    // podha holds the agents now (no policy counts their silence): each says so on its Lease.
+    wait_for(
+        "the cut-off nodes' agents to take podha's hold",
+        secs(60),
+        || async {
+            for node in cut {
+                if paused::lease_counts_silence(ctx, node).await? {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
     let boots = boots_of(ctx, real).await?;
-    let held_before = lease_renewing_reports(ctx, &cut).await?;
-    for node in &cut {
-        ctx.cluster.unreachable_from(leader_node, node, true)?;
-    }
+    let held_before = lease_renewing_reports(ctx, cut).await?;
+    let mut severed = Vec::new();
+    let mut sever = || -> anyhow::Result<()> {
+        for node in cut {
+            ctx.cluster.unreachable_from(leader_node, node, true)?;
+            severed.push(*node);
+        }
+        Ok(())
+    };
+    let severing = sever();
     let started = Instant::now();
     log(
         &ctx.ns,
         format!("{leader} on {leader_node} cut off from {cut:?} for {CUT:?}"),
     );
-    let reported = wait_for(
-        &format!("NodeLeaseRenewing events for {cut:?}"),
-        CUT,
-        || async {
-            let now = lease_renewing_reports(ctx, &cut).await?;
-            Ok(now
-                .iter()
-                .zip(&held_before)
-                .all(|(n, b)| n > b)
-                .then_some(()))
-        },
-    )
-    .await;
-    tokio::time::sleep(CUT.saturating_sub(started.elapsed())).await;
-    for node in &cut {
+    let reported = match severing {
+        Ok(()) => {
+            let reported = wait_for(
+                &format!("NodeLeaseRenewing events for {cut:?}"),
+                CUT,
+                || async {
+                    let now = lease_renewing_reports(ctx, cut).await?;
+                    Ok(now
+                        .iter()
+                        .zip(&held_before)
+                        .all(|(n, b)| n > b)
+                        .then_some(()))
+                },
+            )
+            .await;
+            tokio::time::sleep(CUT.saturating_sub(started.elapsed())).await;
+            reported
+        }
+        Err(e) => Err(e),
+    };
+    for node in &severed {
         ctx.cluster.unreachable_from(leader_node, node, false)?;
     }
-    let restored = judge_on_probes_alone(ctx, policy, false).await;
+    reported?;
+    // A watchdog let run near the end would fire within its timeout.
+    tokio::time::sleep(WATCHDOG_TIMEOUT + secs(2)).await;
     let fences = fences_since(ctx, fences_before)?;
     ensure!(
         fences.is_empty(),
@@ -82,7 +138,7 @@ pub(super) async fn podha_cut_off_from_three_healthy_nodes(
         boots_of(ctx, real).await? == boots,
         "a node booted again while podha's path to {cut:?} was down"
     );
-    for node in &cut {
+    for node in cut {
         let obj = ctx.nodes().get(node).await?;
         ensure!(
             !has_out_of_service_taint(&obj),
@@ -98,17 +154,7 @@ pub(super) async fn podha_cut_off_from_three_healthy_nodes(
             "podha asked {node} for a fence while its kubelet renewed: {request:?}"
         );
     }
-    reported?;
-    restored?;
-    log(
-        &ctx.ns,
-        format!(
-            "podha's path to {cut:?} down for {:.1?}: judged dead on probes alone, held while \
-             their Leases renewed (NodeLeaseRenewing each), no fence asked, no reboot, no taint",
-            started.elapsed()
-        ),
-    );
-    Ok(())
+    Ok(started)
 }
 
 /// Has `policy` judge on podha's own probes alone, proven only by an acknowledged fence

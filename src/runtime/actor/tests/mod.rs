@@ -177,7 +177,7 @@ fn harness_with(objects: Vec<Obj>, spec: Option<PodHAPolicySpec>) -> Harness {
 }
 
 /// How long before the test's start the harness's view was complete.
-const VIEW_AGE: Duration = Duration::from_secs(13);
+const VIEW_AGE: Duration = Duration::from_secs(14);
 
 fn dead_node_with_pods(node: &str) -> Vec<Obj> {
     let claim = format!("data-{node}");

@@ -467,11 +467,11 @@ fn no_force_off_while_the_nodes_lease_renews_after_its_probes_went_silent() {
         ["hold NodeLeaseRenewing"]
     );
     assert_eq!(
-        bmc_intents(&at(26, hb(15, 0, Some(1))).plan()),
+        bmc_intents(&at(27, hb(15, 0, Some(1))).plan()),
         ["hold NodeLeaseRenewing"]
     );
-    // Its last renewal at 15, none by 27: missed. The `ForceOff` goes out.
-    let plan = at(27, hb(15, 0, Some(1))).plan();
+    // Its last renewal at 15, none by 28: missed. The `ForceOff` goes out.
+    let plan = at(28, hb(15, 0, Some(1))).plan();
     assert!(
         bmc_intents(&plan).contains(&"power off node-1 by bmc-node-1".to_string()),
         "{:?}",

@@ -482,7 +482,7 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     };
     let world = |spec, beats| at(6, spec, beats);
     // Past the Lease's missed renewal (the last one at 5, a renew interval and the slack).
-    let late = |spec, beats| at(5 + 10 + 2, spec, beats);
+    let late = |spec, beats| at(5 + 10 + 3, spec, beats);
     // node-1's agent silent from 1, its kubelet renewing at 5; the others answered at 2. A
     // renewal after the probes went silent: podha's own path may be cut, so nothing is asked
     // of the node, and the hold says why.
