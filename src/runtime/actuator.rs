@@ -251,14 +251,7 @@ impl Actuator {
                 node,
                 policy,
                 lease_seen,
-            } => {
-                self.ensure_leading()?;
-                let leases = Api::namespaced(self.client.clone(), super::NODE_LEASE_NAMESPACE);
-                if node_lease::renewed_since(&leases, node, *lease_seen).await? {
-                    return Err(ActError::NodeLeaseRenewed { node: node.clone() });
-                }
-                self.request_fence(node, policy, seen).await
-            }
+            } => self.request_fence(node, policy, *lease_seen, seen).await,
             Intent::WithdrawFenceRequest { node } => {
                 self.patch_node(node, seen, CONFLICT_RETRIES, withdrawal_patch)
                     .await
@@ -395,13 +388,22 @@ impl Actuator {
     /// `<policy>/<unix ms>/<bootID>`: unique per request (an acknowledgement of an older one
     /// proves nothing now), and naming the boot it is for (an agent of a later boot answers
     /// without fencing: the reboot was the fence). The boot ID is the Node's as last seen, read
-    /// here when the decision loop had none.
+    /// here when the decision loop had none. Only while the node's Lease still says what
+    /// podha planned on (`lease_seen`): a kubelet that renewed since reaches the API server.
     pub async fn request_fence(
         &self,
         node: &str,
         policy: &str,
+        lease_seen: Option<k8s_openapi::jiff::Timestamp>,
         seen: Option<&Node>,
     ) -> Result<Outcome, ActError> {
+        self.ensure_leading()?;
+        let leases = Api::namespaced(self.client.clone(), super::NODE_LEASE_NAMESPACE);
+        if node_lease::renewed_since(&leases, node, lease_seen).await? {
+            return Err(ActError::NodeLeaseRenewed {
+                node: node.to_string(),
+            });
+        }
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
