@@ -243,6 +243,21 @@ fn real_nodes() -> Vec<String> {
         .collect()
 }
 
+/// How many podha events of `reason` each of `nodes` has had, with their repeats.
+async fn node_reports(ctx: &Ctx<'_>, reason: &str, nodes: &[&str]) -> anyhow::Result<Vec<i32>> {
+    let mut counts = Vec::new();
+    for node in nodes {
+        let events = podha_events(&ctx.client, "default", reason, node).await?;
+        counts.push(
+            events
+                .iter()
+                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                .sum(),
+        );
+    }
+    Ok(counts)
+}
+
 fn policies(ctx: &Ctx<'_>) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("podha.io", "v1alpha1", "PodHAPolicy");
     Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk))

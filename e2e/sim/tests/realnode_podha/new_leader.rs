@@ -178,19 +178,9 @@ fn unpetted_stretches(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<Vec<D
         .collect()
 }
 
-/// How many `AgentUnreachable` reports each of `nodes` has had (events, with their repeats).
+/// How many `AgentUnreachable` reports each of `nodes` has had.
 async fn unreachable_reports(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<i32>> {
-    let mut counts = Vec::new();
-    for node in nodes {
-        let events = podha_events(&ctx.client, "default", "AgentUnreachable", node).await?;
-        counts.push(
-            events
-                .iter()
-                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                .sum(),
-        );
-    }
-    Ok(counts)
+    node_reports(ctx, "AgentUnreachable", nodes).await
 }
 
 /// `podha_agents_unreachable` on `pod`'s `/metrics`.

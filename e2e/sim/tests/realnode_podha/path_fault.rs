@@ -183,17 +183,7 @@ async fn judge_on_probes_alone(ctx: &Ctx<'_>, policy: &str, judge: bool) -> anyh
     Ok(())
 }
 
-/// How many `NodeLeaseRenewing` reports each of `nodes` has had (events, with their repeats).
+/// How many `NodeLeaseRenewing` reports each of `nodes` has had.
 async fn lease_renewing_reports(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<i32>> {
-    let mut counts = Vec::new();
-    for node in nodes {
-        let events = podha_events(&ctx.client, "default", "NodeLeaseRenewing", node).await?;
-        counts.push(
-            events
-                .iter()
-                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                .sum(),
-        );
-    }
-    Ok(counts)
+    node_reports(ctx, "NodeLeaseRenewing", nodes).await
 }
