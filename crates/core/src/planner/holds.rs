@@ -116,12 +116,7 @@ impl Heartbeat {
     /// node was silent once the last of them fell silent, whatever the Lease did.
     fn certainly_silent_by(&self, probes: Probes) -> Instant {
         let missed_renewal = self.silent_since + self.renew_period;
-        let silences = [
-            (probes.tcp, self.tcp_silent_since),
-            (probes.agent, self.agent_silent_since),
-        ]
-        .into_iter()
-        .filter_map(|(listened, since)| since.filter(|_| listened));
+        let silences = self.probe_silences(probes).flatten();
         if !probes.lease {
             return silences.max().unwrap_or(missed_renewal);
         }
@@ -137,21 +132,24 @@ impl Heartbeat {
         self.silent_since + self.renew_period + RENEWAL_SLACK
     }
 
-    /// Since when every probe the policy listens to has been silent (the last of them to fall
-    /// silent), if it listens to any and all of them are.
-    fn probes_silent_since(&self, probes: Probes) -> Option<Instant> {
-        let listened = [
+    /// For each probe the policy listens to besides the Lease, since when it has not been
+    /// answered (`None` while it is).
+    fn probe_silences(&self, probes: Probes) -> impl Iterator<Item = Option<Instant>> {
+        [
             (probes.tcp, self.tcp_silent_since),
             (probes.agent, self.agent_silent_since),
         ]
         .into_iter()
-        .filter(|(listened, _)| *listened);
-        listened
-            .map(|(_, since)| since)
-            .try_fold(None, |latest: Option<Instant>, since| {
-                since.map(|s| Some(latest.map_or(s, |l| l.max(s))))
-            })
-            .flatten()
+        .filter_map(|(listened, since)| listened.then_some(since))
+    }
+
+    /// Since when every probe the policy listens to has been silent (the last of them to fall
+    /// silent), if it listens to any and all of them are.
+    fn probes_silent_since(&self, probes: Probes) -> Option<Instant> {
+        self.probe_silences(probes)
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .max()
     }
 
     /// Whether the node renewed its Lease after this process saw podha's taint on it: the

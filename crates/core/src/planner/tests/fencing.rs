@@ -309,21 +309,11 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
         let alive = Heartbeat {
             last_renewal: Some(world.now),
             renewal_not_before: Some(world.now),
-            silent_since: world.now,
-            renew_period: Duration::from_secs(10),
-            tcp_answered: None,
-            tcp_silent_since: None,
             agent_answered: heard(&other).then_some(world.now),
             agent_connected: heard(&other).then_some(world.now),
             agent_armed: heard(&other).then_some(world.now),
-            agent_disarmed: false,
-            agent_hearing_from: None,
             agent_silent_since: (!heard(&other)).then_some(since),
-            tainted_since: None,
-            renewals_since_ack: 0,
-            renewed_in_boot: false,
-            renew_time: None,
-            lease_view_gap: false,
+            ..Heartbeat::silent_since(world.now, Duration::from_secs(10))
         };
         world.heartbeats.insert(other, alive);
     }
@@ -338,23 +328,11 @@ fn agent_silent(world: &mut World, node: &str, secs: u64, heard: impl Fn(&str) -
     world.heartbeats.insert(
         node.to_string(),
         Heartbeat {
-            last_renewal: None,
-            renewal_not_before: None,
-            silent_since: since - Duration::from_secs(10),
-            renew_period: Duration::from_secs(10),
-            tcp_answered: None,
-            tcp_silent_since: None,
             agent_answered: heard(node).then(|| since - Duration::from_secs(1)),
             agent_connected: heard(node).then(|| since - Duration::from_secs(1)),
             agent_armed: heard(node).then(|| since - Duration::from_secs(1)),
-            agent_disarmed: false,
-            agent_hearing_from: None,
             agent_silent_since: Some(since),
-            tainted_since: None,
-            renewals_since_ack: 0,
-            renewed_in_boot: false,
-            renew_time: None,
-            lease_view_gap: false,
+            ..Heartbeat::silent_since(since - Duration::from_secs(10), Duration::from_secs(10))
         },
     );
 }
@@ -852,7 +830,6 @@ pub(super) fn renewed_after_ack(world: &mut World, node: &str, renewals: u32) {
         agent_silent_since: None,
         renewals_since_ack: renewals,
         renew_time: None,
-        lease_view_gap: false,
         ..*hb
     };
 }

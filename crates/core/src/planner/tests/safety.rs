@@ -385,21 +385,9 @@ fn with_the_kubelet_port_probed_the_others_are_heard_from_within_a_probe() {
     let hb = |renewed: u64, answered: u64, port_silent: Option<u64>| Heartbeat {
         last_renewal: Some(t0 + s(renewed)),
         renewal_not_before: Some(t0 + s(renewed)),
-        silent_since: t0 + s(renewed),
-        renew_period: s(10),
         tcp_answered: Some(t0 + s(answered)),
         tcp_silent_since: port_silent.map(|p| t0 + s(p)),
-        agent_answered: None,
-        agent_connected: None,
-        agent_armed: None,
-        agent_disarmed: false,
-        agent_hearing_from: None,
-        agent_silent_since: None,
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
-        lease_view_gap: false,
+        ..Heartbeat::silent_since(t0 + s(renewed), s(10))
     };
     let mut tcp = max_unhealthy(oos(), 1);
     tcp.detection.signals = vec![Signal::Lease, Signal::KubeletTCP];
@@ -453,21 +441,11 @@ fn judged_on_probes_alone_the_others_are_heard_from_after_the_probes_silence() {
     let hb = |renewed: u64, answered: u64, silent: Option<u64>| Heartbeat {
         last_renewal: Some(t0 + s(renewed)),
         renewal_not_before: Some(t0 + s(renewed)),
-        silent_since: t0 + s(renewed),
-        renew_period: s(10),
-        tcp_answered: None,
-        tcp_silent_since: None,
         agent_answered: Some(t0 + s(answered)),
         agent_connected: Some(t0 + s(answered)),
         agent_armed: Some(t0 + s(answered)),
-        agent_disarmed: false,
-        agent_hearing_from: None,
         agent_silent_since: silent.map(|p| t0 + s(p)),
-        tainted_since: None,
-        renewals_since_ack: 0,
-        renewed_in_boot: false,
-        renew_time: None,
-        lease_view_gap: false,
+        ..Heartbeat::silent_since(t0 + s(renewed), s(10))
     };
     let mut spec = max_unhealthy(oos(), 1);
     spec.detection.signals = vec![Signal::AgentHeartbeat];
