@@ -45,6 +45,10 @@ pub struct Target {
     /// For the agent's heartbeat: whether the agent heeds the leadership term (see
     /// [`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]); only then does the heartbeat name it.
     pub heeds_term: bool,
+    /// For the agent's heartbeat: whether the agent heeds `renewals` (see
+    /// [`crate::contract::AGENT_HEEDS_RENEWALS_ANNOTATION`]); only then does the heartbeat say
+    /// podha counts its silence from its renewals (as podha does for every agent).
+    pub heeds_renewals: bool,
     /// The node's boot ID (`status.nodeInfo.bootID`), for the agent's heartbeat: what this
     /// process heard of an agent is forgotten when its node boots again (see [`run`]).
     pub boot_id: Option<String>,
@@ -307,6 +311,7 @@ mod tests {
                     timeout,
                     hold: None,
                     heeds_term: false,
+                    heeds_renewals: false,
                     boot_id: None,
                     key: None,
                 },
@@ -316,6 +321,7 @@ mod tests {
                     timeout,
                     hold: None,
                     heeds_term: false,
+                    heeds_renewals: false,
                     boot_id: None,
                     key: None,
                 },
@@ -325,6 +331,7 @@ mod tests {
                     timeout,
                     hold: None,
                     heeds_term: false,
+                    heeds_renewals: false,
                     boot_id: None,
                     key: None,
                 },
@@ -334,6 +341,7 @@ mod tests {
                     timeout,
                     hold: None,
                     heeds_term: false,
+                    heeds_renewals: false,
                     boot_id: None,
                     key: None,
                 },

@@ -140,35 +140,52 @@ pub enum Silence {
     Held,
 }
 
-/// podha's leader changed since it last heard this node, and the new one cannot count its
-/// silence: the leader Lease shows a later leadership term than any heartbeat the agent
-/// counted (each signs its sender's term), and the agent's Lease was renewed within
-/// [`renewal_window`]. A leader that never heard an agent counts its silence only from an
-/// earlier leader's hearing (the Lease's word that it was heard in this boot), and never once
-/// it saw the agent's Lease renewed in its own term (`planner::proof`): the renewals show the
-/// agent runs, so podha holds its node and reports it (a new leader whose node cannot reach
-/// this one, say). The agent stays up, and pets its watchdog, while it renews.
+/// The agent renews its Lease, recently enough that podha cannot count its silence: the agent
+/// stays up on isolation, and pets its watchdog, while it renews. Two leaders see it so:
 ///
-/// Why the renewals must be this recent: the new term began either before the last renewal
-/// was taken (the new leader sees it renewed in its term, and counts nothing) or after it was
-/// sent. In that case the new leader's proof waits the isolation timeout plus its margin from
-/// its own first unanswered probe, later still; an agent whose renewals stop (the API server
-/// out of its reach) stops staying at the last one plus the window, and its watchdog fires
-/// within the watchdog's timeout of that: within the isolation timeout of the last renewal.
-/// The margin covers the time podha takes to see a renewal (its watch).
+/// - **One that counts from renewals** (`why` [`RenewalsCount::FromRenewals`]): the last
+///   heartbeat the agent counted said its leader counts the silence from the latest of its
+///   first unanswered probe and its last sight of a renewal of the agent's Lease (`renewals`
+///   in the heartbeat). A node that only podha cannot reach (a firewall, a path between podha
+///   and a rack) renews through the API server, and is not reset for it.
+/// - **A new leader** (`why` [`RenewalsCount::NewTerm`]): the leader Lease shows a later
+///   leadership term than any heartbeat the agent counted (each signs its sender's term). A
+///   leader that never heard an agent counts its silence only from an earlier leader's hearing
+///   (the Lease's word that it was heard in this boot), and never once it saw the agent's
+///   Lease renewed in its own term (`planner::proof`).
+///
+/// Why the renewals must be this recent ([`renewal_window`]): podha's proof waits the
+/// isolation timeout plus its margin from the last renewal it saw (or, for a new leader, from
+/// its own first unanswered probe, later than a renewal it did not see in its term). An agent
+/// whose renewals stop (the API server out of its reach) stops staying at the last one taken
+/// plus the window, and its watchdog fires within the watchdog's timeout of that: within the
+/// isolation timeout of the last renewal, which podha saw no earlier than it was sent. The
+/// margin covers the time podha takes to see a renewal (its watch); a renewal its view missed
+/// is found by the read of the agent's Lease right before the taint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NewTerm {
-    /// The latest term among the heartbeats the agent counted.
-    pub heard_in: u64,
-    /// The term the leader Lease shows.
-    pub leads: u64,
+pub struct Renewing {
+    pub why: RenewalsCount,
     /// How long ago the last renewal of the agent's Lease that was taken was sent.
     pub renewed_ago: Duration,
 }
 
-/// How recent the last renewal of the agent's Lease must be for a new leader that never heard
-/// it to have seen it renewed in its own term, or to see this node fenced before its proof
-/// (see [`NewTerm`]): the isolation timeout less the watchdog's (less half the isolation
+/// Why podha counts no silence of an agent that renews its Lease (see [`Renewing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewalsCount {
+    /// The last heartbeat the agent counted said its leader counts from the renewals.
+    FromRenewals,
+    /// A leader of a later term than the last that heard the agent leads.
+    NewTerm {
+        /// The latest term among the heartbeats the agent counted.
+        heard_in: u64,
+        /// The term the leader Lease shows.
+        leads: u64,
+    },
+}
+
+/// How recent the last renewal of the agent's Lease must be for podha to have seen it, or to
+/// see this node fenced before its proof (see [`Renewing`]): the isolation timeout less the
+/// watchdog's (less half the isolation
 /// timeout without a watchdog, whose agent's silence proves nothing anyway). The agent renews
 /// its Lease every third of it while it counts on this (`super::advert`).
 pub fn renewal_window(timeout: Duration, watchdog: Option<Duration>) -> Duration {
@@ -191,13 +208,13 @@ pub enum Verdict {
 /// stays, with no survey: an agent podha cannot reach would otherwise fence its node after
 /// every boot, and when a whole cluster powers up without its control plane, every node is
 /// unheard and knows no peers; fencing then would reboot every node, again and again. A node
-/// a new leader has not heard yet stays while its renewals keep that leader from counting its
-/// silence (`new_term`, see [`NewTerm`]).
+/// whose Lease renewals keep podha from counting its silence stays (`renewing`, see
+/// [`Renewing`]).
 pub fn decide(
     silence: Silence,
     timeout: Duration,
     survey: Option<&Survey>,
-    new_term: Option<NewTerm>,
+    renewing: Option<Renewing>,
 ) -> Verdict {
     let not_heard_for = match silence {
         Silence::NeverHeard => {
@@ -223,16 +240,22 @@ pub fn decide(
         return Verdict::Heard;
     }
     let silent = humantime::format_duration(round_secs(not_heard_for));
-    if let Some(t) = new_term {
-        return Verdict::Stay(format!(
-            "podha has not heard this node for {silent}, but its leader changed since (term {} \
-             last heard it, the leader Lease shows term {}) and the new leader has not heard \
-             it: this agent's Lease, renewed {} ago, shows the new leader it runs, so it counts \
-             no silence of it",
-            t.heard_in,
-            t.leads,
-            humantime::format_duration(round_secs(t.renewed_ago)),
-        ));
+    if let Some(r) = renewing {
+        let renewed = humantime::format_duration(round_secs(r.renewed_ago));
+        return Verdict::Stay(match r.why {
+            RenewalsCount::NewTerm { heard_in, leads } => format!(
+                "podha has not heard this node for {silent}, but its leader changed since (term \
+                 {heard_in} last heard it, the leader Lease shows term {leads}) and the new \
+                 leader has not heard it: this agent's Lease, renewed {renewed} ago, shows the \
+                 new leader it runs, so it counts no silence of it"
+            ),
+            RenewalsCount::FromRenewals => format!(
+                "podha has not heard this node for {silent}, but this agent's Lease, renewed \
+                 {renewed} ago, shows podha it runs: podha counts its silence from the last \
+                 renewal it saw, so the agent stays up while the API server takes its renewals \
+                 (podha alone cannot reach it)"
+            ),
+        });
     }
     let Some(survey) = survey else {
         return Verdict::Stay("not heard; the peers are not asked yet".into());
@@ -285,8 +308,8 @@ pub fn survey_after(timeout: Duration, watchdog: Option<Duration>) -> Duration {
 ///   plus a margin from that hearing, then never sees a node that still runs;
 /// - later, only while `survey` shows podha cannot prove this node's silence (it hears no
 ///   majority: its leader or the control plane is down, or it hears part of the fleet), or
-///   while a new leader that has not heard it cannot count its silence (`new_term`, see
-///   [`NewTerm`]): nothing can be moved, and a watchdog reset would take a healthy node down.
+///   while the agent's Lease renewals keep podha from counting it (`renewing`, see
+///   [`Renewing`]): nothing can be moved, and a watchdog reset would take a healthy node down.
 ///
 /// A frozen or hung node pets nothing, whatever the rule says.
 pub fn pet_watchdog(
@@ -294,13 +317,13 @@ pub fn pet_watchdog(
     timeout: Duration,
     watchdog: Duration,
     survey: Option<&Survey>,
-    new_term: Option<NewTerm>,
+    renewing: Option<Renewing>,
 ) -> bool {
     match silence {
         Silence::NeverHeard | Silence::Held => true,
         Silence::For(not_heard_for) => {
             not_heard_for.saturating_add(watchdog) <= timeout
-                || new_term.is_some()
+                || renewing.is_some()
                 || survey.is_some_and(|s| s.podha_cannot_prove(not_heard_for.min(timeout)))
         }
     }
@@ -362,4 +385,4 @@ mod tests;
 mod quorum_tests;
 
 #[cfg(test)]
-mod new_term_tests;
+mod renewing_tests;

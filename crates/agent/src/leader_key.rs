@@ -17,7 +17,7 @@
 //! The same watch follows the leadership term the Lease shows (`leaseTransitions`, raised with
 //! every acquisition): podha signs its term into each heartbeat, so an agent that sees a later
 //! term than the one that last heard it knows a new leader has not heard it yet (see
-//! `super::isolation::NewTerm`). A Lease that cannot be watched leaves the term last seen;
+//! `super::isolation::Renewing`). A Lease that cannot be watched leaves the term last seen;
 //! one deleted leaves none (and a recreated one starts again from zero): the agent then knows
 //! of no later term, which is the side that fences.
 //!

@@ -60,8 +60,8 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
 /// With a watchdog, the peers are asked earlier (see [`survey_after`]) and the watchdog is
 /// petted as [`pet_watchdog`] says. A node podha never heard since it booted asks nobody and
-/// stays, and so does one a new leader has not heard yet while it cannot count its silence
-/// (see [`isolation::NewTerm`]; the term from `leader`). When podha last heard the node goes
+/// stays, and so does one whose Lease renewals keep podha from counting its silence (see
+/// [`isolation::Renewing`]; the term from `leader`). When podha last heard the node goes
 /// to the hearing file. Returns only when a stand-in for the watchdog took no pet
 /// ([`Watchdog::pet`]).
 pub(super) async fn check_loop(
@@ -87,43 +87,43 @@ pub(super) async fn check_loop(
         if let Err(e) = arming::follow(watchdog.as_deref_mut(), &hearing, hearing_file).await {
             return e;
         }
-        let (silence, new_term) = {
+        let (silence, renewing) = {
             let (h, now) = (lock(&hearing), Instant::now());
-            (h.silence(now), h.new_term(leader.term(), now, window))
+            (h.silence(now), h.renewing(leader.term(), now, window))
         };
-        let mut let_run = match pet(watchdog.as_deref_mut(), silence, timeout, None, new_term) {
+        let mut let_run = match pet(watchdog.as_deref_mut(), silence, timeout, None, renewing) {
             Ok(let_run) => watchdog_record.petted(let_run),
             Err(e) => return e,
         };
         let survey = match silence {
-            Silence::For(not_heard_for) if not_heard_for >= survey_from && new_term.is_none() => {
+            Silence::For(not_heard_for) if not_heard_for >= survey_from && renewing.is_none() => {
                 Some(peers.survey(not_heard_for.min(timeout)).await)
             }
             _ => None,
         };
         // The survey took a while: heard meanwhile?
-        let (silence, new_term) = match &survey {
+        let (silence, renewing) = match &survey {
             Some(survey) => {
                 let (h, now) = (lock(&hearing), Instant::now());
-                let (silence, new_term) = (h.silence(now), h.new_term(leader.term(), now, window));
+                let (silence, renewing) = (h.silence(now), h.renewing(leader.term(), now, window));
                 drop(h);
                 let petted = pet(
                     watchdog.as_deref_mut(),
                     silence,
                     timeout,
                     Some(survey),
-                    new_term,
+                    renewing,
                 );
                 match petted {
                     Ok(now) => let_run = watchdog_record.petted(now),
                     Err(e) => return e,
                 }
-                (silence, new_term)
+                (silence, renewing)
             }
-            None => (silence, new_term),
+            None => (silence, renewing),
         };
         watchdog_record.follow(let_run, fencer, &args.node).await;
-        let verdict = decide(silence, timeout, survey.as_ref(), new_term);
+        let verdict = decide(silence, timeout, survey.as_ref(), renewing);
         let fence = confirmation.fence_now(&verdict, Instant::now());
         match verdict {
             Verdict::Heard => {
@@ -136,7 +136,7 @@ pub(super) async fn check_loop(
             Verdict::Fence(why) => {
                 info!(node = %args.node, why, "fencing unless heard within {:?}", isolation::CONFIRM);
             }
-            Verdict::Stay(why) => said.stay(&args.node, silence, new_term.is_some(), &why),
+            Verdict::Stay(why) => said.stay(&args.node, silence, renewing.is_some(), &why),
         }
     }
 }
@@ -193,16 +193,16 @@ enum Said {
     NeverHeard,
     Held,
     Unheard,
-    /// Unheard, and a new leader that has not heard this node cannot count its silence.
-    UnheardByNewLeader,
+    /// Unheard, and the agent's Lease renewals keep podha from counting its silence.
+    UnheardRenewing,
 }
 
 impl Said {
-    fn stay(&mut self, node: &str, silence: Silence, new_leader: bool, why: &str) {
+    fn stay(&mut self, node: &str, silence: Silence, renewing: bool, why: &str) {
         let now = match silence {
             Silence::NeverHeard => Self::NeverHeard,
             Silence::Held => Self::Held,
-            Silence::For(_) if new_leader => Self::UnheardByNewLeader,
+            Silence::For(_) if renewing => Self::UnheardRenewing,
             Silence::For(_) => Self::Unheard,
         };
         if *self == now {
@@ -217,17 +217,17 @@ impl Said {
 }
 
 /// Pets the watchdog, if there is one, when [`pet_watchdog`] allows it (given the survey, if
-/// one was made, and a new leader that cannot count this node's silence, if one leads).
+/// one was made, and whether the agent's renewals keep podha from counting its silence).
 /// Returns whether a watchdog is let run out (there is one, and it was not petted).
 fn pet(
     watchdog: Option<&mut Watchdog>,
     silence: Silence,
     timeout: Duration,
     survey: Option<&isolation::Survey>,
-    new_term: Option<isolation::NewTerm>,
+    renewing: Option<isolation::Renewing>,
 ) -> Result<bool, WatchdogError> {
     match watchdog {
-        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey, new_term) => {
+        Some(w) if pet_watchdog(silence, timeout, w.timeout(), survey, renewing) => {
             w.pet().map(|()| false)
         }
         Some(_) => Ok(true),

@@ -35,7 +35,7 @@ use axum::routing::get;
 use tokio::time::Instant;
 
 use super::counters;
-use super::isolation::{NewTerm, Silence};
+use super::isolation::{RenewalsCount, Renewing, Silence};
 use super::leader_key::LeaderKey;
 use super::peer_list::lock;
 use super::peers::Peers;
@@ -83,6 +83,10 @@ pub struct Hearing {
     /// When the agent last sent a renewal of its Lease that the API server took (see
     /// `super::advert`).
     lease_renewed: Option<Instant>,
+    /// The last heartbeat the agent counted said its leader counts the silence from the
+    /// agent's renewals (see [`Renewing`]). Not kept across a restart: an agent that does not
+    /// know counts nothing on its renewals, the side that fences.
+    renewals_counted: bool,
 }
 
 /// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
@@ -182,25 +186,38 @@ impl Hearing {
         self.heard_term = term.map(|term| self.heard_term.map_or(term, |t| t.max(term)));
     }
 
+    /// A heartbeat the agent counted said whether its leader counts the silence from the
+    /// agent's renewals (`None`: it did not say: an older podha, or one that did not know this
+    /// agent heeds it, which counts from its first unanswered probe alone).
+    pub fn heard_counting_renewals(&mut self, renewals: Option<bool>) {
+        self.renewals_counted = renewals == Some(true);
+    }
+
     /// A renewal of the agent's Lease sent at `sent` was taken.
     pub fn lease_renewed(&mut self, sent: Instant) {
         self.lease_renewed = Some(self.lease_renewed.map_or(sent, |at| at.max(sent)));
     }
 
-    /// Whether, at `now`, a leader of a later term than any heartbeat the agent counted leads
-    /// (`leads`, the term the leader Lease shows) and so never heard this agent, while podha
-    /// heard it in this boot and does not hold it; `window`: how recent the last renewal of
-    /// the agent's Lease must be for the new leader to have seen it renewed in its own term
-    /// (see [`NewTerm`]). `None` if not, or the renewal is older.
-    pub fn new_term(&self, leads: Option<u64>, now: Instant, window: Duration) -> Option<NewTerm> {
-        let (heard_in, leads) = self.heard_term.zip(leads)?;
+    /// Whether, at `now`, the agent's Lease renewals keep podha from counting its silence (see
+    /// [`Renewing`]): podha heard it in this boot and does not hold it, its last renewal taken
+    /// was sent within `window`, and either a leader of a later term than any heartbeat the
+    /// agent counted leads (`leads`, the term the leader Lease shows: one that never heard the
+    /// agent), or the last heartbeat it counted said its leader counts from the renewals.
+    /// `None` if not.
+    pub fn renewing(&self, leads: Option<u64>, now: Instant, window: Duration) -> Option<Renewing> {
         let renewed_ago = now.saturating_duration_since(self.lease_renewed?);
         let counts = self.counts_silence() && !self.unarmed && !self.unsure;
-        (counts && leads > heard_in && renewed_ago <= window).then_some(NewTerm {
-            heard_in,
-            leads,
-            renewed_ago,
-        })
+        if !counts || renewed_ago > window {
+            return None;
+        }
+        let why = match self.heard_term.zip(leads) {
+            Some((heard_in, leads)) if leads > heard_in => {
+                RenewalsCount::NewTerm { heard_in, leads }
+            }
+            _ if self.renewals_counted => RenewalsCount::FromRenewals,
+            _ => return None,
+        };
+        Some(Renewing { why, renewed_ago })
     }
 
     /// Whether the agent takes its node as held by podha: it fences nothing on isolation.
@@ -411,6 +428,7 @@ async fn heartbeat(
                 hearing.probed(issued, heard_ago);
                 hearing.hold(q.hold);
                 hearing.heard_in_term(q.term);
+                hearing.heard_counting_renewals(q.renewals);
             }
             None => {
                 counters::stale_heartbeat();

@@ -120,6 +120,15 @@ pub const AGENT_HEEDS_HOLD_ANNOTATION: &str = "podha.io/agent-heeds-hold";
 /// `term` only to such an agent, which heeds `hold` too: an older one refuses a heartbeat
 /// whose signed word it does not know.
 pub const AGENT_HEEDS_TERM_ANNOTATION: &str = "podha.io/agent-heeds-term";
+/// Annotation of an agent Lease, `"true"` from an agent that heeds `renewals` in podha's
+/// heartbeat ([`HeartbeatQuery::renewals`]): while the last heartbeat it counted says the
+/// leader counts its silence from its last renewal of its Lease seen, it stays up on isolation
+/// (and pets its watchdog) as long as its last renewal taken is recent enough
+/// (`isolation::renewal_window` in the agent), renewing the Lease more often while podha does
+/// not hear it. A node whose agent podha alone cannot reach, while the agent reaches the API
+/// server, is then not reset. podha sends `renewals` only to such an agent, which heeds `hold`
+/// and `term` too: an older one refuses a heartbeat whose signed word it does not know.
+pub const AGENT_HEEDS_RENEWALS_ANNOTATION: &str = "podha.io/agent-heeds-renewals";
 
 /// Annotation of an agent Lease, there while the agent cannot reach half of its peers: two
 /// checks in a row (every 30 s, a few peers each) got answers from fewer than half of the

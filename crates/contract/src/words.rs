@@ -173,6 +173,10 @@ pub enum Word<'a> {
         /// The sender's leadership term; `None` in the word of a podha from before terms, or
         /// to an agent that does not say it heeds them.
         term: Option<u64>,
+        /// Whether the sender counts the agent's silence from its last renewal of its Lease
+        /// seen; `None` in the word of a podha from before renewals counted, or to an agent
+        /// that does not say it heeds them.
+        renewals: Option<bool>,
         nonce: &'a str,
         challenge: &'a str,
     },
@@ -207,9 +211,20 @@ impl Word<'_> {
                 heard_ms,
                 hold,
                 term,
+                renewals,
                 nonce,
                 challenge,
-            } => heartbeat_fields(node, heard_ms, hold, term, nonce, challenge),
+            } => heartbeat_fields(
+                node,
+                heard_ms,
+                Said {
+                    hold,
+                    term,
+                    renewals,
+                },
+                nonce,
+                challenge,
+            ),
             Word::HeartbeatAnswer {
                 node,
                 heard,
@@ -268,15 +283,32 @@ impl Word<'_> {
 
 /// A heartbeat's word. Each addition is a kind of its own: a heartbeat that holds the node
 /// cannot pass for one that does not say (which the agent takes as not holding it), nor one
-/// that names its term for one of no term (which tells the agent nothing of the term).
+/// that names its term for one of no term (which tells the agent nothing of the term), nor
+/// one that counts from the agent's renewals for one that does not say.
 fn heartbeat_fields(
     node: &str,
     heard_ms: Option<u64>,
-    hold: Option<bool>,
-    term: Option<u64>,
+    said: Said,
     nonce: &str,
     challenge: &str,
 ) -> serde_json::Value {
+    let Said {
+        hold,
+        term,
+        renewals,
+    } = said;
+    if let Some(renewals) = renewals {
+        return serde_json::json!([
+            "podha/v4 heartbeat",
+            node,
+            heard_ms,
+            hold,
+            term,
+            renewals,
+            nonce,
+            challenge
+        ]);
+    }
     match (hold, term) {
         (None, None) => serde_json::json!(["podha/v1 heartbeat", node, heard_ms, nonce, challenge]),
         (Some(hold), None) => {
@@ -320,6 +352,14 @@ pub struct HeartbeatQuery {
     /// ([`crate::AGENT_HEEDS_TERM_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<u64>,
+    /// `true`: the leader counts the agent's silence from the latest of its first unanswered
+    /// probe and its last sight of a renewal of the agent's Lease, so an agent that renews its
+    /// Lease may stay up while this leader does not hear it (see docs/agent.md). Absent to an
+    /// agent whose Lease does not say it heeds it ([`crate::AGENT_HEEDS_RENEWALS_ANNOTATION`]),
+    /// and from a podha from before it: such a leader counts from its first unanswered probe
+    /// alone, and the agent fences as it always did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewals: Option<bool>,
     #[serde(default)]
     pub nonce: String,
     /// The challenge of the agent's last answer; empty when podha has none (its first probe).
@@ -353,6 +393,7 @@ impl HeartbeatQuery {
             heard_ms: heard_ago.map(millis),
             hold: said.hold,
             term: said.term,
+            renewals: said.renewals,
             nonce: fresh_nonce(),
             challenge: challenge.to_string(),
             signature: String::new(),
@@ -368,6 +409,7 @@ impl HeartbeatQuery {
             heard_ms: self.heard_ms,
             hold: self.hold,
             term: self.term,
+            renewals: self.renewals,
             nonce: &self.nonce,
             challenge: &self.challenge,
         }
@@ -386,12 +428,13 @@ impl HeartbeatQuery {
 }
 
 /// What a heartbeat says besides the hearing: whether podha holds the node (`None`: nothing,
-/// for an agent that may not know the word) and the sender's leadership term (`None`: nothing,
-/// likewise).
+/// for an agent that may not know the word), the sender's leadership term and whether it
+/// counts from the agent's renewals (`None`: nothing, likewise).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Said {
     pub hold: Option<bool>,
     pub term: Option<u64>,
+    pub renewals: Option<bool>,
 }
 
 /// The agent's answer to podha's probe: the node it runs on, whether it counts itself heard

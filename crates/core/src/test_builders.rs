@@ -892,6 +892,7 @@ pub fn agent_advert(renewed_seen: tokio::time::Instant) -> AgentAdvert {
         heard_in_boot: None,
         heeds_hold: false,
         heeds_term: false,
+        heeds_renewals: false,
         peers_unreachable: None,
         renewal_observed: true,
         resource_version: None,

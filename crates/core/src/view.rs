@@ -77,6 +77,10 @@ pub struct AgentAdvert {
     /// Whether the agent heeds the leadership term in podha's heartbeat
     /// ([`crate::contract::AGENT_HEEDS_TERM_ANNOTATION`]): only then is it told.
     pub heeds_term: bool,
+    /// Whether the agent heeds `renewals` in podha's heartbeat
+    /// ([`crate::contract::AGENT_HEEDS_RENEWALS_ANNOTATION`]): only then is it told that podha
+    /// counts its silence from its renewals.
+    pub heeds_renewals: bool,
     /// What the agent says of an unreachable peer set
     /// ([`crate::contract::AGENT_PEERS_UNREACHABLE_ANNOTATION`]: `"answered/asked"` of its
     /// last reach check), if it says it cannot reach half of its peers: podha holds its node.
@@ -84,9 +88,9 @@ pub struct AgentAdvert {
     /// Whether this process has seen the Lease renewed (not only found it, as a process that
     /// just started finds every Lease "renewed" when it first lists them).
     pub renewal_observed: bool,
-    /// The Lease's `resourceVersion` as last seen: a silence counted through its word of being
-    /// heard moves nothing until a read straight from the API server finds this same version
-    /// (see `Intent::TaintNode`'s `agent_lease_seen`).
+    /// The Lease's `resourceVersion` as last seen: a proof resting on the agent's silence moves
+    /// nothing until a read straight from the API server finds this same version (see
+    /// `Intent::TaintNode`'s `agent_lease_seen`).
     pub resource_version: Option<String>,
 }
 

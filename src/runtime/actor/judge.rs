@@ -143,6 +143,7 @@ pub(super) fn probe_plans(state: &ClusterState, leading: bool) -> (ProbePlan, Pr
                     timeout: cfg.tcp_timeout,
                     hold: None,
                     heeds_term: false,
+                    heeds_renewals: false,
                     boot_id: None,
                     key: None,
                 });
@@ -178,6 +179,7 @@ fn agent_targets(state: &ClusterState) -> Vec<Target> {
                 hold: heeds_hold
                     .then(|| holds(state, name, node) && !armed_and_silent(state, name)),
                 heeds_term: advert.is_some_and(|a| a.heeds_term),
+                heeds_renewals: advert.is_some_and(|a| a.heeds_renewals),
                 boot_id: node
                     .status
                     .as_ref()

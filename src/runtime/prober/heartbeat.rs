@@ -216,6 +216,7 @@ async fn ask(
     let said = Said {
         hold: target.hold,
         term: target.heeds_term.then_some(term),
+        renewals: target.heeds_renewals.then_some(true),
     };
     let query = HeartbeatQuery::signed_as(
         leader,

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 
 use crate::api::{ListedPolicy, OwnerKind, PodHAPolicy, UnreadablePolicy};
 use crate::contract::{
-    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
-    AGENT_PEERS_UNREACHABLE_ANNOTATION, advertising_node,
+    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_RENEWALS_ANNOTATION,
+    AGENT_HEEDS_TERM_ANNOTATION, AGENT_PEERS_UNREACHABLE_ANNOTATION, advertising_node,
 };
 use crate::health::{NodeObservations, ReadyStatus};
 pub use crate::view::Watch;
@@ -64,6 +64,7 @@ fn seen_agent_lease(
     };
     let heeds_hold = says(AGENT_HEEDS_HOLD_ANNOTATION);
     let heeds_term = says(AGENT_HEEDS_TERM_ANNOTATION);
+    let heeds_renewals = says(AGENT_HEEDS_RENEWALS_ANNOTATION);
     let peers_unreachable = lease
         .annotations()
         .get(AGENT_PEERS_UNREACHABLE_ANNOTATION)
@@ -75,6 +76,7 @@ fn seen_agent_lease(
         heard_in_boot,
         heeds_hold,
         heeds_term,
+        heeds_renewals,
         peers_unreachable,
         renewal_observed,
         resource_version: lease.metadata.resource_version.clone(),

@@ -2,8 +2,9 @@
 //! while the agent runs and owned by its Pod, so that an agent uninstalled, moved away by a
 //! nodeSelector or stopped for good no longer passes for one that fences. It says whether podha
 //! has heard the agent in this boot, for a podha replica that gains leadership
-//! (`planner::proof`), and that the agent heeds holds and terms; while a leader that never
-//! heard the agent leads, it is renewed often enough for that leader to see it run.
+//! (`planner::proof`), and that the agent heeds holds, terms and renewals; while a leader that
+//! never heard the agent leads, or podha does not hear it, it is renewed often enough for
+//! podha to see it run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +18,20 @@ use tracing::{info, warn};
 
 use super::FIELD_MANAGER;
 use crate::contract::{
-    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEEDS_HOLD_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION,
-    AGENT_LEASE_DURATION, AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION,
-    agent_lease_name,
+    AGENT_HEARD_IN_BOOT_ANNOTATION, AGENT_HEARD_WITHIN, AGENT_HEEDS_HOLD_ANNOTATION,
+    AGENT_HEEDS_RENEWALS_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION, AGENT_LEASE_DURATION,
+    AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION, agent_lease_name,
 };
+use crate::isolation::RenewalsCount;
+use crate::isolation::Silence;
 use crate::leader_key::LeaderKey;
 use crate::peer_list::lock;
 use crate::peers::{SharedReach, lease_value};
 use crate::server::SharedHearing;
+
+/// How often the Lease's renewal cadence is looked at again between renewals: podha may stop
+/// hearing the agent at any time, and the quicker cadence must start within a second.
+const CADENCE_RECHECK: Duration = Duration::from_secs(1);
 
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
 /// the Lease with the Pod, even when the agent was killed before it could.
@@ -37,8 +44,9 @@ pub struct OwnerPod {
 /// The agent's Lease: renewed every [`AGENT_LEASE_RENEW`] for [`AGENT_LEASE_DURATION`]. Each
 /// renewal also says whether podha has heard the agent in this boot
 /// ([`AGENT_HEARD_IN_BOOT_ANNOTATION`]), so that a podha replica that gains leadership knows
-/// the agent counts its silence. While a leader of a later term than the one that last heard
-/// the agent leads, it is renewed more often (see [`AdvertLease::following`]).
+/// the agent counts its silence. While the agent stays up on its renewals (a leader of a later
+/// term than the one that last heard it leads, or podha does not hear it and counts from the
+/// renewals), it is renewed more often (see [`AdvertLease::following`]).
 pub struct AdvertLease {
     leases: Api<Lease>,
     node: String,
@@ -49,8 +57,8 @@ pub struct AdvertLease {
     pub(super) hearing: SharedHearing,
     /// The leader Lease as the agent follows it: its term.
     leader: Arc<LeaderKey>,
-    /// How recent a renewal must be for a new leader that never heard the agent to count no
-    /// silence of it ([`crate::isolation::renewal_window`]).
+    /// How recent a renewal must be for podha to count no silence of the agent
+    /// ([`crate::isolation::renewal_window`]).
     window: Duration,
     /// Whether the agent reaches its peers (see `crate::peers`): said on each renewal.
     reach: SharedReach,
@@ -77,12 +85,13 @@ impl AdvertLease {
         }
     }
 
-    /// The Lease following the leader Lease's term as `leader` reads it: while a leader of a
-    /// later term than any heartbeat the agent counted leads (one that never heard it), the
-    /// Lease is renewed every third of `window` (but not more often than every second), so
-    /// that the new leader sees it renewed in its own term and counts no silence of it, and
-    /// the agent, which stays up only while its last renewal is within `window`, does (see
-    /// [`crate::isolation::NewTerm`]).
+    /// The Lease following the leader Lease's term as `leader` reads it: while the agent may
+    /// stay up on its renewals (a leader of a later term than any heartbeat the agent counted
+    /// leads, one that never heard it; or podha has not heard the agent for
+    /// [`AGENT_HEARD_WITHIN`] and its leader counts from the renewals), the Lease is renewed
+    /// every third of `window` (but not more often than every second), so that podha sees it
+    /// renewed and counts no silence of it, and the agent, which stays up only while its last
+    /// renewal is within `window`, does (see [`crate::isolation::Renewing`]).
     pub fn following(mut self, leader: Arc<LeaderKey>, window: Duration) -> Self {
         self.leader = leader;
         self.window = window;
@@ -96,22 +105,25 @@ impl AdvertLease {
         self
     }
 
-    /// Whether a leader that never heard the agent leads: the agent stays up on isolation
-    /// only while it renews its Lease often.
-    fn unheard_by_leader(&self) -> bool {
-        lock(&self.hearing)
-            .new_term(
-                self.leader.term(),
-                tokio::time::Instant::now(),
-                Duration::MAX,
-            )
-            .is_some()
+    /// Whether the agent may stay up on its renewals now (see [`crate::isolation::Renewing`]):
+    /// a leader that never heard it leads, or podha has not heard it for
+    /// [`AGENT_HEARD_WITHIN`] and counts from the renewals. Then its Lease is renewed often.
+    fn staying_on_renewals(&self) -> bool {
+        let hearing = lock(&self.hearing);
+        let now = tokio::time::Instant::now();
+        match hearing.renewing(self.leader.term(), now, Duration::MAX) {
+            Some(r) if matches!(r.why, RenewalsCount::NewTerm { .. }) => true,
+            Some(_) => {
+                matches!(hearing.silence(now), Silence::For(d) if d >= AGENT_HEARD_WITHIN)
+            }
+            None => false,
+        }
     }
 
     /// How long until the next renewal: [`AGENT_LEASE_RENEW`], or a third of the window while
-    /// a leader that never heard the agent leads.
+    /// the agent may stay up on its renewals.
     fn next_renewal(&self) -> Duration {
-        if self.unheard_by_leader() {
+        if self.staying_on_renewals() {
             AGENT_LEASE_RENEW.min((self.window / 3).max(Duration::from_secs(1)))
         } else {
             AGENT_LEASE_RENEW
@@ -136,6 +148,7 @@ impl AdvertLease {
         let mut annotations = json!({
             AGENT_HEEDS_HOLD_ANNOTATION: "true",
             AGENT_HEEDS_TERM_ANNOTATION: "true",
+            AGENT_HEEDS_RENEWALS_ANNOTATION: "true",
         });
         if let Some(boot) = heard_in_boot {
             annotations[AGENT_HEARD_IN_BOOT_ANNOTATION] = json!(boot);
@@ -171,16 +184,17 @@ impl AdvertLease {
 
     /// Renews the Lease every [`AGENT_LEASE_RENEW`] (or more often, [`Self::next_renewal`])
     /// for as long as the agent runs; at once when podha starts or stops holding the node.
-    /// When the leader Lease shows a new term while podha counts this agent's silence, the
-    /// renewals follow the new leader's cadence (a third of the renewal window) from the last
-    /// one sent, at once if that one is older: a new leader that cannot reach the agent must see
-    /// it renewed in its own term before the agent's watchdog, unpetted once the silence passes
-    /// the isolation timeout less the watchdog's, resets the node (see
-    /// [`crate::isolation::NewTerm`]). With the chart's timings that cadence is the
-    /// 10 s one, so a leader change adds no write; at the shortest it is 1.3 s, and terms that
-    /// change faster (a leader crash-looping, a person editing the Lease) add no more than
-    /// one write per cadence. A failed renewal is tried again at the next one (three may fail
-    /// before the Lease lapses).
+    /// When the agent may stay up on its renewals (the leader Lease shows a new term while
+    /// podha counts this agent's silence, or podha stopped hearing it), the renewals follow the
+    /// quicker cadence (a third of the renewal window) from the last one sent, at once if that
+    /// one is older: podha must see the agent renewed before the agent's watchdog, unpetted
+    /// once the silence passes the isolation timeout less the watchdog's, resets the node (see
+    /// [`crate::isolation::Renewing`]). The cadence is looked at again every
+    /// [`CADENCE_RECHECK`] and whenever the term changes. With the chart's timings
+    /// it is the 10 s one, so a leader change adds no write; at the shortest it is 1.3 s, and
+    /// terms that change faster (a leader crash-looping, a person editing the Lease) add no
+    /// more than one write per cadence. A failed renewal is tried again at the next one (three
+    /// may fail before the Lease lapses).
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -216,16 +230,14 @@ impl AdvertLease {
                 tokio::select! {
                     () = &mut next => break,
                     () = held_changed.notified() => break,
-                    () = term_changed.notified() => {
-                        if self.unheard_by_leader() {
-                            let due = sent + self.next_renewal();
-                            if due <= tokio::time::Instant::now() {
-                                break;
-                            }
-                            next.as_mut().reset(due);
-                        }
-                    }
+                    () = term_changed.notified() => {}
+                    () = tokio::time::sleep(CADENCE_RECHECK) => {}
                 }
+                let due = sent + self.next_renewal();
+                if due <= tokio::time::Instant::now() {
+                    break;
+                }
+                next.as_mut().reset(due);
             }
         }
     }
@@ -292,7 +304,11 @@ mod tests {
         // holds and terms.
         assert_eq!(
             body["metadata"]["annotations"],
-            json!({AGENT_HEEDS_HOLD_ANNOTATION: "true", AGENT_HEEDS_TERM_ANNOTATION: "true"}),
+            json!({
+                AGENT_HEEDS_HOLD_ANNOTATION: "true",
+                AGENT_HEEDS_TERM_ANNOTATION: "true",
+                AGENT_HEEDS_RENEWALS_ANNOTATION: "true",
+            }),
             "{body}"
         );
     }
@@ -403,6 +419,44 @@ mod tests {
         keeping.abort();
     }
 
+    /// podha stops hearing an agent whose leader said it counts from the renewals: within a
+    /// second of [`AGENT_HEARD_WITHIN`] of silence the Lease is renewed (its last renewal is
+    /// older than the quicker cadence), then every third of the window; heard again, every
+    /// 10 s.
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_podha_does_not_hear_has_its_lease_renewed_at_the_quicker_cadence() {
+        let ms = Duration::from_millis;
+        let (renewals, _leader, hearing, keeping) = keeping_lease(Duration::from_secs(6));
+        lock(&hearing).heard_counting_renewals(Some(true));
+        tokio::time::sleep(ms(2900)).await;
+        assert_eq!(renewed(&renewals), [ms(0)], "heard: the usual cadence");
+        tokio::time::sleep(ms(1100)).await;
+        assert_eq!(
+            renewed(&renewals),
+            [ms(0), ms(3000)],
+            "unheard for 3 s: renewed at the next look"
+        );
+        tokio::time::sleep(ms(4000)).await;
+        assert_eq!(renewed(&renewals), [ms(0), ms(3000), ms(5000), ms(7000)]);
+        // Heard again (a probe every second): back to the usual cadence from the last
+        // renewal.
+        for _ in 0..12 {
+            lock(&hearing).probed(tokio::time::Instant::now(), Some(Duration::ZERO));
+            tokio::time::sleep(ms(1000)).await;
+        }
+        assert_eq!(
+            renewed(&renewals),
+            [ms(0), ms(3000), ms(5000), ms(7000), ms(17_000)]
+        );
+        keeping.abort();
+
+        // A leader that does not count from the renewals: unheard, the usual cadence.
+        let (renewals, _leader, _hearing, keeping) = keeping_lease(Duration::from_secs(6));
+        tokio::time::sleep(ms(9900)).await;
+        assert_eq!(renewed(&renewals), [ms(0)]);
+        keeping.abort();
+    }
+
     /// When the Lease was written, since the fake API server was made.
     type Renewals = Arc<std::sync::Mutex<Vec<Duration>>>;
 
@@ -475,6 +529,7 @@ mod tests {
                 AGENT_HEARD_IN_BOOT_ANNOTATION: "boot-1",
                 AGENT_HEEDS_HOLD_ANNOTATION: "true",
                 AGENT_HEEDS_TERM_ANNOTATION: "true",
+                AGENT_HEEDS_RENEWALS_ANNOTATION: "true",
             })
         );
         // While podha holds the node the agent counts no silence, and a new leader must not

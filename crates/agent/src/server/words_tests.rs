@@ -333,7 +333,7 @@ async fn only_a_heartbeat_over_the_agents_challenge_holds_or_lets_go_of_the_node
             heard_ago,
             Said {
                 hold: Some(hold),
-                term: None,
+                ..Said::default()
             },
             challenge,
         )
@@ -399,13 +399,21 @@ async fn only_a_heartbeat_over_the_agents_challenge_tells_the_term_that_heard_it
             Said {
                 hold: Some(false),
                 term: Some(term),
+                renewals: None,
             },
             challenge,
         )
     };
     let renewed = |h: &mut Hearing| h.lease_renewed(Instant::now());
     renewed(&mut lock(&agent.hearing));
-    let new_term = |leads| lock(&agent.hearing).new_term(Some(leads), Instant::now(), s(30));
+    let new_term = |leads| {
+        lock(&agent.hearing)
+            .renewing(Some(leads), Instant::now(), s(30))
+            .map(|r| match r.why {
+                RenewalsCount::NewTerm { heard_in, leads } => (heard_in, leads),
+                RenewalsCount::FromRenewals => panic!("no heartbeat said it counts renewals"),
+            })
+    };
     let first = agent
         .heartbeat(&in_term(7, None, ""))
         .await
@@ -415,20 +423,64 @@ async fn only_a_heartbeat_over_the_agents_challenge_tells_the_term_that_heard_it
     let answer = agent.heartbeat(&taken).await.expect("answered");
     assert!(answer.heard);
     assert_eq!(new_term(7), None, "heard by the term that leads");
-    assert_eq!(new_term(8).map(|t| (t.heard_in, t.leads)), Some((7, 8)));
+    assert_eq!(new_term(8), Some((7, 8)));
     // A later term's first probe: answered, no challenge taken, the term not taken either.
     agent
         .heartbeat(&in_term(9, Some(Duration::ZERO), "not-a-challenge"))
         .await
         .expect("answered");
-    assert_eq!(new_term(9).map(|t| t.heard_in), Some(7));
+    assert_eq!(new_term(9).map(|(heard_in, _)| heard_in), Some(7));
     // An earlier term's heartbeat over the newest challenge: taken, the latest term kept.
     let older = in_term(3, Some(Duration::ZERO), &answer.challenge);
     let answer = agent.heartbeat(&older).await.expect("answered");
-    assert_eq!(new_term(8).map(|t| t.heard_in), Some(7));
+    assert_eq!(new_term(8).map(|(heard_in, _)| heard_in), Some(7));
     // A heartbeat naming no term (an older podha that took the Lease): the term that heard
     // the agent is unknown, and no later term shows.
     let no_term = HeartbeatQuery::signed(&leader, "n1", Some(Duration::ZERO), &answer.challenge);
     agent.heartbeat(&no_term).await.expect("answered");
     assert_eq!(new_term(8), None);
+}
+
+/// Only a heartbeat over a challenge the agent had out tells it that its leader counts from
+/// the agent's renewals; the last one counted decides.
+#[tokio::test(start_paused = true)]
+async fn only_a_heartbeat_over_the_agents_challenge_tells_the_leader_counts_from_renewals() {
+    let leader = key();
+    let agent = agent(&leader, vec![]);
+    let counting = |renewals, heard_ago, challenge: &str| {
+        HeartbeatQuery::signed_as(
+            &leader,
+            "n1",
+            heard_ago,
+            Said {
+                hold: Some(false),
+                term: Some(3),
+                renewals,
+            },
+            challenge,
+        )
+    };
+    lock(&agent.hearing).lease_renewed(Instant::now());
+    let renewing = || {
+        lock(&agent.hearing)
+            .renewing(Some(3), Instant::now(), s(30))
+            .map(|r| r.why)
+    };
+    let first = agent
+        .heartbeat(&counting(Some(true), None, ""))
+        .await
+        .expect("answered");
+    assert_eq!(renewing(), None, "no challenge taken");
+    let taken = counting(Some(true), Some(Duration::ZERO), &first.challenge);
+    let answer = agent.heartbeat(&taken).await.expect("answered");
+    assert!(answer.heard);
+    assert_eq!(renewing(), Some(RenewalsCount::FromRenewals));
+    // A replay over a challenge already taken: it tells nothing.
+    let replay = counting(None, Some(Duration::ZERO), &first.challenge);
+    agent.heartbeat(&replay).await.expect("answered");
+    assert_eq!(renewing(), Some(RenewalsCount::FromRenewals), "a replay");
+    // A leader that does not say it (an older podha): taken back.
+    let older = counting(None, Some(Duration::ZERO), &answer.challenge);
+    agent.heartbeat(&older).await.expect("answered");
+    assert_eq!(renewing(), None, "an older leader");
 }

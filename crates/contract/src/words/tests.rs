@@ -230,28 +230,39 @@ fn a_heartbeat_answer_says_since_when_the_agent_is_heard_and_keeps_saying_it() {
     );
 }
 
-/// A heartbeat may say whether podha holds the node and in which leadership term it is sent,
-/// and the answer whether the agent takes it as held: each a word of its own kind, so none can
-/// be dropped, added or turned.
+/// A heartbeat may say whether podha holds the node, in which leadership term it is sent and
+/// whether it counts from the agent's renewals, and the answer whether the agent takes it as
+/// held: each a word of its own kind, so none can be dropped, added or turned.
 #[test]
-fn hold_term_and_held_are_signed_and_cannot_be_dropped_added_or_turned() {
+fn hold_term_renewals_and_held_are_signed_and_cannot_be_dropped_added_or_turned() {
     let leader = key();
     let holds = [None, Some(false), Some(true)];
     let terms = [None, Some(0), Some(7)];
+    let renewals = [None, Some(false), Some(true)];
     let every: Vec<Said> = holds
         .iter()
-        .flat_map(|&hold| terms.iter().map(move |&term| Said { hold, term }))
+        .flat_map(|&hold| terms.iter().map(move |&term| (hold, term)))
+        .flat_map(|(hold, term)| {
+            renewals.iter().map(move |&renewals| Said {
+                hold,
+                term,
+                renewals,
+            })
+        })
         .collect();
     for &said in &every {
         let sent = HeartbeatQuery::signed_as(&leader, "n1", None, said, "c");
         let uri: axum::http::Uri = sent.path_and_query().parse().expect("uri");
         let axum::extract::Query(read) =
             axum::extract::Query::<HeartbeatQuery>::try_from_uri(&uri).expect("query");
-        assert_eq!((read.hold, read.term), (said.hold, said.term));
+        assert_eq!(
+            (read.hold, read.term, read.renewals),
+            (said.hold, said.term, said.renewals)
+        );
         assert!(leader.public().verifies(&read.word("n1"), &read.signature));
         for &other in &every {
             let mut turned = read.clone();
-            (turned.hold, turned.term) = (other.hold, other.term);
+            (turned.hold, turned.term, turned.renewals) = (other.hold, other.term, other.renewals);
             assert_eq!(
                 leader
                     .public()

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::proof::{
     Acknowledgement, BMC_OFF_READS_APART, FenceEvidence, SilenceDoubt, agent_evidence, bmc_off,
-    bmc_off_read_twice, proven, proven_without_the_node, rests_on_lease_word,
+    bmc_off_read_twice, proven, proven_without_the_node, rests_on_agent_silence,
     system_uuid_shared_with,
 };
 use super::{AgentLeaseSeen, HoldReason, Incident, Intent, PlanInput, PolicyRef};
@@ -60,10 +60,10 @@ pub(super) struct FenceCheck {
     /// The node renewed its Lease this many times after its fence acknowledgement, in the
     /// same boot: the fence did not take (see `proof::ACK_CONTRADICTED_BY`).
     pub contradicted: Option<u32>,
-    /// The proof rests on the agent's silence counted through its Lease's word
-    /// (`proof::rests_on_lease_word`): the taint goes out only with the Lease as podha saw it
-    /// ([`agent_lease_seen`]).
-    pub rests_on_lease_word: bool,
+    /// The proof rests on the agent's silence, counted from the last renewal of its Lease podha
+    /// saw (`proof::rests_on_agent_silence`): the taint goes out only with the Lease as podha
+    /// saw it ([`agent_lease_seen`]).
+    pub rests_on_agent_silence: bool,
 }
 
 impl FenceCheck {
@@ -78,7 +78,7 @@ impl FenceCheck {
             proof: Some(FenceEvidence::NotAsked),
             doubt: None,
             contradicted: None,
-            rests_on_lease_word: false,
+            rests_on_agent_silence: false,
         }
     }
 }
@@ -126,18 +126,18 @@ pub(super) fn fence_check(
         proof,
         doubt,
         contradicted,
-        rests_on_lease_word: rests_on_lease_word(fencing, node, agent, powered_off, proof),
+        rests_on_agent_silence: rests_on_agent_silence(fencing, node, agent, powered_off, proof),
     }
 }
 
 /// What a taint that `check` allows must find of the node's agent Lease when it goes out, if
-/// anything: the version podha's view holds, when the proof rests on the Lease's word.
+/// anything: the version podha's view holds, when the proof rests on the agent's silence.
 pub(super) fn agent_lease_seen(
     check: FenceCheck,
     node: &str,
     view: &View,
 ) -> Option<AgentLeaseSeen> {
-    check.rests_on_lease_word.then(|| AgentLeaseSeen {
+    check.rests_on_agent_silence.then(|| AgentLeaseSeen {
         resource_version: view
             .agent_adverts
             .get(node)

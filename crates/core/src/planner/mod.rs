@@ -354,13 +354,13 @@ fn plan_incident<'p>(
         out.intents.push(hold);
         return;
     }
-    // A taint found on the node counts with the proof, but not with one resting on the agent
-    // Lease's word: the taint is planned again, and goes out (or is found done) only after the
-    // Lease is read (see `Intent::TaintNode`).
+    // A taint found on the node counts with the proof, but not with one resting on the agent's
+    // silence: the taint is planned again, and goes out (or is found done) only after the
+    // agent's Lease is read (see `Intent::TaintNode`).
     let tainted = taints::tainted_for(
         incident,
         node_obj,
-        check.proven() && !check.rests_on_lease_word,
+        check.proven() && !check.rests_on_agent_silence,
     );
     let hold = plan_fence(&failed, &np, tainted, check, out);
     let fenced = hold.is_none();

@@ -72,9 +72,14 @@ pub struct AgentEvidence<'a> {
     /// its host's refusal); `None` when podha got none in its current leadership term before
     /// the silence.
     pub heard_before_silence: Option<Duration>,
-    /// How long after the agent's silence began the node's own (kubelet) Lease was last
+    /// How long after the agent's silence began to count (see
+    /// [`AgentEvidence::renewed_during_silence`]) the node's own (kubelet) Lease was last
     /// renewed, at the earliest (see `Heartbeat::renewal_not_before`), if it was.
     pub node_renewed_after_silence: Option<Duration>,
+    /// How long ago podha last saw the agent's Lease renewed, if that was after the agent fell
+    /// silent: the silence counts from then (an agent that renews its Lease runs, and stays up
+    /// while it renews: see docs/agent.md).
+    pub renewed_during_silence: Option<Duration>,
     /// What the agent advertises (`podha.io/agent-fenced-within`): how long after podha last
     /// heard it the node is fenced at the latest.
     pub fenced_within: Option<Duration>,
@@ -198,26 +203,27 @@ impl AgentEvidence<'_> {
     }
 
     /// How much of the silence counts: the part since podha has heard enough agents (see
-    /// [`agent_quorum`]); `None` while the agent answers or podha hears too few.
+    /// [`agent_quorum`]) and since it last saw the agent's Lease renewed; `None` while the
+    /// agent answers or podha hears too few.
     pub fn counted_silence(&self) -> Option<Duration> {
-        self.silent_for.zip(self.quorum_for).map(|(s, q)| s.min(q))
-    }
-
-    /// Whether the agent's silence is counted through its Lease's word of being heard: silent,
-    /// never answered in this term, heard in this boot as its Lease says (see
-    /// [`SilenceDoubt`]'s rule).
-    pub fn counted_through_lease_word(&self) -> bool {
-        self.silent_for.is_some()
-            && self.heard_before_silence.is_none()
-            && self.heard_in_boot_earlier
+        let counted = self
+            .silent_for
+            .zip(self.quorum_for)
+            .map(|(s, q)| s.min(q))?;
+        Some(
+            self.renewed_during_silence
+                .map_or(counted, |renewed| counted.min(renewed)),
+        )
     }
 }
 
-/// Whether `proof`, what [`proven`] found for `fencing`, rests on the agent's silence counted
-/// through its Lease's word (see [`AgentEvidence::counted_through_lease_word`]): there is a
-/// proof, and without that silence there would be none (under `anyOf`, no other proof is in;
-/// under `allOf`, the `Agent` member is proven by the silence).
-pub fn rests_on_lease_word(
+/// Whether `proof`, what [`proven`] found for `fencing`, rests on the agent's silence: there is
+/// a proof, and without that silence there would be none (under `anyOf`, no other proof is in;
+/// under `allOf`, the `Agent` member is proven by the silence). The silence counts from the
+/// last renewal of the agent's Lease podha saw (or, for a leadership term that never heard the
+/// agent, through the Lease's word of being heard): a renewal its view missed would make it
+/// count too early, so such a taint goes out only after a read of the Lease.
+pub fn rests_on_agent_silence(
     fencing: &Fencing,
     node: &Node,
     agent: AgentEvidence<'_>,
@@ -229,7 +235,7 @@ pub fn rests_on_lease_word(
         ..agent
     };
     proof.is_some()
-        && agent.counted_through_lease_word()
+        && agent.silent_for.is_some()
         && proven(fencing, node, without_silence, powered_off).is_none()
 }
 
@@ -369,9 +375,18 @@ pub fn agent_evidence<'a>(
         .and_then(|hb| hb.agent_armed)
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
+    // The agent's Lease renewed since it fell silent: the silence counts from that renewal.
+    let renewed_silent = view
+        .agent_adverts
+        .get(node)
+        .map(|lease| lease.renewed_seen)
+        .zip(silent_since)
+        .filter(|(renewed, since)| renewed > since)
+        .map(|(renewed, _)| renewed);
+    let counted_since = renewed_silent.or(silent_since);
     let node_renewed_after_silence = own
         .and_then(|hb| hb.renewal_not_before)
-        .zip(silent_since)
+        .zip(counted_since)
         .and_then(|(renewed, since)| renewed.checked_duration_since(since));
     let advert = view.agent_adverts.get(node).map(|lease| AdvertAge {
         renewed_before_silence: silent_since.map_or(Duration::ZERO, |since| {
@@ -389,6 +404,7 @@ pub fn agent_evidence<'a>(
         silent_for: silent_since.map(|since| now.saturating_duration_since(since)),
         heard_before_silence,
         node_renewed_after_silence,
+        renewed_during_silence: renewed_silent.map(|at| now.saturating_duration_since(at)),
         fenced_within: view.nodes.get(node).and_then(|n| fenced_within(n)),
         advert,
         others_heard,

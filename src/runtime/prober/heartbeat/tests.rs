@@ -6,6 +6,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::super::{ProbePlan, Round, run};
 use super::*;
+use crate::agent::isolation::RenewalsCount;
 use crate::agent::leader_key::LeaderKey;
 use crate::agent::peers::{Peers, SurveyTimes};
 use crate::agent::server::{Endpoints, Hearing, SharedHearing, router};
@@ -69,6 +70,7 @@ fn target(node: &str, addr: SocketAddr, key: Option<PublicKey>) -> Target {
         timeout: Duration::from_millis(500),
         hold: None,
         heeds_term: true,
+        heeds_renewals: true,
         boot_id: None,
         key,
     }
@@ -134,13 +136,24 @@ async fn the_agent_heartbeat_is_answered_and_tells_the_agent_it_is_heard() {
         "the agent says it is heard"
     );
     assert!(second.unverified.is_empty());
-    // The heartbeats named the claim's term (0 here): the agent knows that term heard it.
-    let later = {
+    // The heartbeats named the claim's term (0 here): the agent knows that term heard it; and
+    // they said podha counts from the agent's renewals.
+    let (later, same) = {
         let mut h = hearing.lock().expect("lock");
         h.lease_renewed(Instant::now());
-        h.new_term(Some(1), Instant::now(), Duration::MAX)
+        (
+            h.renewing(Some(1), Instant::now(), Duration::MAX),
+            h.renewing(Some(0), Instant::now(), Duration::MAX),
+        )
     };
-    assert_eq!(later.map(|t| t.heard_in), Some(0));
+    assert_eq!(
+        later.map(|r| r.why),
+        Some(RenewalsCount::NewTerm {
+            heard_in: 0,
+            leads: 1
+        })
+    );
+    assert_eq!(same.map(|r| r.why), Some(RenewalsCount::FromRenewals));
     prober.abort();
     server.abort();
 }

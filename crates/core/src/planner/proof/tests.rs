@@ -463,6 +463,7 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
             silent_for: Some(secs(60)),
             heard_before_silence: Some(secs(2)),
             node_renewed_after_silence: None,
+            renewed_during_silence: None,
             fenced_within: None,
             advert: Some(AdvertAge {
                 renewed_before_silence: secs(5),
@@ -509,6 +510,36 @@ fn agent_evidence_reads_the_heartbeats_of_the_node_and_of_the_other_agents() {
     assert_eq!(
         evidence.silence_doubt(),
         Some(SilenceDoubt::NodeLivedOn { after: secs(15) })
+    );
+    // n1's agent renewed its Lease 20 s into its silence (podha alone cannot reach it): the
+    // silence counts from that renewal, and so does the node's renewal (15 s after the
+    // silence began, before the agent's: nothing lived on past it).
+    let mut renewing = view.clone();
+    renewing
+        .agent_adverts
+        .insert("n1".into(), agent_advert(now - secs(40)));
+    let evidence = agent_evidence("n1", &renewing, &lived_on, Some(now - secs(60)), now, None);
+    assert_eq!(
+        (
+            evidence.silent_for,
+            evidence.renewed_during_silence,
+            evidence.counted_silence()
+        ),
+        (Some(secs(60)), Some(secs(40)), Some(secs(40)))
+    );
+    assert_eq!(evidence.node_renewed_after_silence, None);
+    assert_eq!(
+        evidence.heard_before_silence,
+        Some(secs(2)),
+        "heard right before"
+    );
+    assert!(
+        matches!(
+            evidence.silence_doubt(),
+            Some(SilenceDoubt::FewOthersHeard { .. })
+        ),
+        "not NodeLivedOn (only one other agent is heard here): {:?}",
+        evidence.silence_doubt()
     );
     let never = agent_evidence("n4", &view, &heartbeats, quorum, now, None);
     assert_eq!((never.silent_for, never.heard_before_silence), (None, None));
