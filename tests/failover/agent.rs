@@ -10,10 +10,12 @@
 //! 2. The machine dies with its agent: podha asks, nobody answers; the taint waits until the
 //!    agent has been silent for its isolation timeout plus the policy's margin. Restarted, the
 //!    node's new agent finds the request of its earlier boot and answers without fencing.
-//! 3. podha is cut off from a running node's agent (its probes dropped), and the agent crashes
-//!    and is restarted meanwhile: the new agent goes on from its hearing file and fences the
-//!    node within the isolation timeout of podha's last hearing, as podha's silence proof
-//!    assumes, not an isolation timeout after its own start.
+//! 3. podha is cut off from a running node's agent (its probes dropped) while the agent
+//!    reaches the API server: it renews its Lease, from which podha counts its silence, and
+//!    stays up past its isolation timeout (no fence). Then the agent crashes and is restarted
+//!    cut off from the API server too: the new agent goes on from its hearing file (podha last
+//!    heard the node more than an isolation timeout ago), renews nothing, and fences the node
+//!    at once, not an isolation timeout after its own start.
 //!
 //! 4. A node's agent is stopped for good (SIGTERM, as an uninstall stops it): it takes its
 //!    advert off the Node and deletes its Lease; the node then dies with db on it, and podha
@@ -25,7 +27,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use podha::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use serde_json::json;
 
@@ -45,6 +47,9 @@ pub const WATCHDOG_TIMEOUT: Duration = Duration::from_secs(5);
 /// The agents' peer surveys: a small cluster on loopback.
 pub const SURVEY_TIMEOUT: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_secs(2);
+/// How long an agent podha is cut off from, renewing its Lease, is watched staying up: past its
+/// isolation timeout, and the watchdog's timeout after that.
+const STAYS_UP_FOR: Duration = ISOLATION_TIMEOUT.saturating_add(WATCHDOG_TIMEOUT);
 /// The scenario's nodes: the only ones whose agents fence (the second one's on its own, 3.).
 const PAIR: [&str; 2] = ["node-23", "node-24"];
 
@@ -172,19 +177,35 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             format!("{target} back; the old request answered without a fence, or withdrawn"),
         );
 
-        // 3. podha cut off from a running agent, which is restarted meanwhile. First podha
-        // hears the agent the reboot started (its first probe told it when podha last heard
-        // the node: before the kill).
+        // 3. podha cut off from a running agent, which renews its Lease and stays up; then
+        // restarted without the API server. First podha hears the agent the reboot started
+        // (its first probe told it when podha last heard the node: before the kill).
         heard_within(&ctx, target, Duration::from_secs(4), secs_(30)).await?;
-        let cut = std::time::SystemTime::now();
         ctx.cluster.cut_agent_off(target, true)?;
-        tokio::time::sleep(ISOLATION_TIMEOUT * 2 / 3).await;
-        ctx.cluster.restart_agent(target)?;
+        let stayed = async {
+            tokio::time::sleep(STAYS_UP_FOR).await;
+            let fences = pair_fences(&ctx)?;
+            ensure!(
+                fences.iter().all(|f| f.node != target),
+                "{target} fenced though its agent renewed its Lease: {fences:?}"
+            );
+            ctx.cluster.restart_agent_cut_from_api_server(target)?;
+            anyhow::Ok(std::time::SystemTime::now())
+        }
+        .await;
+        let restarted = match stayed {
+            Ok(at) => at,
+            Err(e) => {
+                ctx.cluster.cut_agent_off(target, false)?;
+                return Err(e.into());
+            }
+        };
         log(
             &ns,
             format!(
-                "{target}'s agent cut off from podha, restarted {:?} later",
-                ISOLATION_TIMEOUT * 2 / 3
+                "{target}'s agent cut off from podha, renewing its Lease: up {STAYS_UP_FOR:?} \
+                 later (isolation timeout {ISOLATION_TIMEOUT:?}); restarted cut off from the \
+                 API server"
             ),
         );
         let fence = wait_for(
@@ -198,30 +219,27 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
         .await;
         ctx.cluster.cut_agent_off(target, false)?;
         let fence = fence?;
-        let cut_ms = cut
+        let restarted_ms = restarted
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
         let after = Duration::from_millis(
-            u64::try_from(fence.at_ms.saturating_sub(cut_ms)).unwrap_or(u64::MAX),
+            u64::try_from(fence.at_ms.saturating_sub(restarted_ms)).unwrap_or(u64::MAX),
         );
-        // Heard until the cut, at most two probe intervals before it. The watchdog fires by
-        // the isolation timeout after that hearing: the agent stops petting it a check (1 s)
-        // before it would fire later. Without it, the agent's own fence verdict holds 2 s
-        // after a check and a survey. A restarted agent that forgot when podha last heard
-        // its node would have pet the watchdog on and fenced nothing.
-        let earliest = ISOLATION_TIMEOUT - Duration::from_secs(3);
-        let latest = ISOLATION_TIMEOUT + Duration::from_secs(7);
-        if fence.reason.contains("asked") || after < earliest || after > latest {
+        // podha last heard the node more than the isolation timeout ago: the watchdog, petted
+        // by the old agent until it was killed, fires within its timeout; the new agent's own
+        // verdict holds 2 s after a check and a survey. One that counted from its own start
+        // would have petted the watchdog on and fenced an isolation timeout later.
+        let latest = WATCHDOG_TIMEOUT + Duration::from_secs(3);
+        if fence.reason.contains("asked") || after > latest {
             bail!(
-                "{target} fenced {after:.1?} after podha was cut off from its agent ({fence:?}): \
-                 expected its own fence (or its watchdog's) between {earliest:?} and \
-                 {latest:?} (isolation timeout {ISOLATION_TIMEOUT:?}), however late the agent \
-                 was restarted"
+                "{target} fenced {after:.1?} after its agent was restarted cut off from podha \
+                 and the API server ({fence:?}): expected its own fence (or its watchdog's) \
+                 within {latest:?}"
             );
         }
         log(
             &ns,
-            format!("{target} fenced by its restarted agent {after:.1?} after the cut"),
+            format!("{target} fenced by its restarted agent {after:.1?} after its restart"),
         );
 
         // 4. The other node's agent stopped for good (SIGTERM, as an uninstall stops it): it

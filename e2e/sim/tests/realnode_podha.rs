@@ -24,7 +24,8 @@
 //!   stay up as the new leader never heard them, and podha reports them unreachable
 //!   (`new_leader.rs`);
 //! - podha's own path to three healthy nodes down for 60 s, their kubelets renewing, judged on
-//!   podha's probes alone: no fence asked, no reboot, each reported (`path_fault.rs`).
+//!   podha's probes alone: no fence asked, no reboot, each reported; then again under the
+//!   agents' silence proof: their agents renew their Leases and stay up (`path_fault.rs`).
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.

@@ -23,7 +23,8 @@
 //! SIGKILLed and its addresses silent, as [`Cluster::kill_node`].
 //!
 //! What a real machine has and this lacks: a kwok node's fence cannot reboot anything, and a
-//! kwok node cannot be frozen or cut off from the API server alone (real nodes can).
+//! kwok node cannot be frozen or cut off from the API server alone (real nodes can); only its
+//! agent can, from a restart on ([`Cluster::restart_agent_cut_from_api_server`]).
 
 use super::*;
 
@@ -70,12 +71,41 @@ impl Cluster {
             // The machine's BMC first: the agent opens the watchdog at start.
             self.spawn_bmc(st, &rec.name, agents.watchdog_timeout)?;
         }
-        self.start_agent(st, rec, agents, port)
+        self.start_agent(st, rec, agents, port, &self.kubeconfig_path())
     }
 
     /// Restarts kwok node `name`'s podha agent as the kubelet restarts a crashed container:
     /// SIGKILLed, started again on the same port with the same hearing file.
     pub fn restart_agent(&self, name: &str) -> Result<()> {
+        self.restart_agent_with(name, &self.kubeconfig_path())
+    }
+
+    /// Restarts kwok node `name`'s podha agent as [`Self::restart_agent`] does, cut off from
+    /// the API server: its kubeconfig names a loopback port nothing listens on, so every
+    /// request it makes is refused, as on a node that lost its path to the control plane (it
+    /// renews no Lease, reads no peer list). The cut lasts as long as that process: the node's
+    /// next boot starts its agent with the cluster's kubeconfig. (A running kwok agent cannot
+    /// be cut from the API server alone: it shares the host's loopback with it.)
+    pub fn restart_agent_cut_from_api_server(&self, name: &str) -> Result<()> {
+        let cut = self.dir.join("nodes").join(name).join("kubeconfig-unreachable");
+        let text = std::fs::read_to_string(self.kubeconfig_path())
+            .map_err(|e| Error::io("read the cluster's kubeconfig".to_string(), e))?;
+        let mut doc: serde_json::Value = serde_norway::from_str(&text)
+            .map_err(|e| Error::Other(format!("the cluster's kubeconfig: {e}")))?;
+        let server = doc
+            .pointer_mut("/clusters/0/cluster/server")
+            .ok_or_else(|| Error::Other("the cluster's kubeconfig names no server".into()))?;
+        // The discard port: closed on loopback here, as every test that needs a refusal takes it.
+        *server = serde_json::json!("https://127.0.0.1:9");
+        let yaml = serde_norway::to_string(&doc)
+            .map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
+        std::fs::write(&cut, yaml).map_err(|e| Error::io(format!("write {}", cut.display()), e))?;
+        self.restart_agent_with(name, &cut)?;
+        info!(node = name, "podha agent cut off from the API server");
+        Ok(())
+    }
+
+    fn restart_agent_with(&self, name: &str, kubeconfig: &Path) -> Result<()> {
         let mut st = self.lock_reloaded();
         let agents = st
             .agents
@@ -88,7 +118,7 @@ impl Cluster {
         if let Some(old) = st.processes.remove(&agent_proc(name)) {
             process::kill(&agent_proc(name), &old)?;
         }
-        self.start_agent(&mut st, &rec, &agents, port)?;
+        self.start_agent(&mut st, &rec, &agents, port, kubeconfig)?;
         info!(node = name, "podha agent restarted");
         Ok(())
     }
@@ -149,6 +179,7 @@ impl Cluster {
         rec: &NodeRecord,
         agents: &Agents,
         port: u16,
+        kubeconfig: &Path,
     ) -> Result<()> {
         let fence = format!(
             "command:'{}' node fence '{}' --dir '{}'",
@@ -173,7 +204,7 @@ impl Cluster {
                 "--isolation-timeout={}",
                 humantime::format_duration(agents.isolation_timeout)
             ))
-            .arg(format!("--kubeconfig={}", self.kubeconfig_path().display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--boot-id-file={}", boot_id_file.display()))
             .arg(format!(
                 "--boot-history-file={}",

@@ -8,6 +8,13 @@
 //! heartbeats hold every agent (none fences on isolation; the step waits for their Leases to
 //! say so before the cut): a fence of these nodes could only come from a request of podha's.
 //! None is fenced, none boots again, nothing is tainted.
+//!
+//! Then the same cut under the policy's own proof (`Agent`, judged on the Lease beside the
+//! agents' heartbeat): podha judges nothing (the Leases renew), and counts the agents' silence,
+//! so they are not held: each is unheard past its isolation timeout and the watchdog's, with
+//! enough peers heard for podha to prove a silence. Each renews its Lease through the API
+//! server, from which podha counts its silence, and so stays up: none is fenced, none boots
+//! again.
 
 use std::time::Duration;
 
@@ -18,6 +25,11 @@ use podha::contract::FENCE_REQUEST_ANNOTATION;
 
 /// How long podha's path to the three nodes is down.
 const CUT: Duration = Duration::from_secs(60);
+/// How long it is down again under the agents' silence proof: past their isolation timeout
+/// and the watchdog's after it, with room for a fence to be seen.
+const CUT_UNDER_SILENCE_PROOF: Duration = ISOLATION_TIMEOUT
+    .saturating_add(WATCHDOG_TIMEOUT)
+    .saturating_add(Duration::from_secs(8));
 
 pub(super) async fn podha_cut_off_from_three_healthy_nodes(
     ctx: &Ctx<'_>,
@@ -58,6 +70,66 @@ pub(super) async fn podha_cut_off_from_three_healthy_nodes(
              alone, held while their Leases renewed (NodeLeaseRenewing each), no fence asked, \
              no reboot, no taint",
             started.elapsed()
+        ),
+    );
+    cut_off_under_silence_proof(ctx, leader_node, &cut, real, fences_before).await
+}
+
+/// The second cut: the agents counted (not held), unheard past their isolation timeout,
+/// renewing their Leases. None fences its node.
+async fn cut_off_under_silence_proof(
+    ctx: &Ctx<'_>,
+    leader_node: &str,
+    cut: &[&str],
+    real: &[&str],
+    fences_before: usize,
+) -> anyhow::Result<()> {
+    wait_for(
+        "the cut-off nodes' agents to be let go of (podha counts their silence)",
+        secs(60),
+        || async {
+            for node in cut {
+                if !paused::lease_counts_silence(ctx, node).await? {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    let boots = boots_of(ctx, real).await?;
+    let mut severed = Vec::new();
+    let mut sever = || -> anyhow::Result<()> {
+        for node in cut {
+            ctx.cluster.unreachable_from(leader_node, node, true)?;
+            severed.push(*node);
+        }
+        Ok(())
+    };
+    let severing = sever();
+    if severing.is_ok() {
+        tokio::time::sleep(CUT_UNDER_SILENCE_PROOF).await;
+    }
+    for node in &severed {
+        ctx.cluster.unreachable_from(leader_node, node, false)?;
+    }
+    severing?;
+    let fences = fences_since(ctx, fences_before)?;
+    ensure!(
+        fences.is_empty(),
+        "agents fenced their nodes while only podha's path to {cut:?} was down and their Leases \
+         renewed: {fences:?}"
+    );
+    ensure!(
+        boots_of(ctx, real).await? == boots,
+        "a node booted again while only podha's path to {cut:?} was down"
+    );
+    log(
+        &ctx.ns,
+        format!(
+            "podha's path to {cut:?} down again for {CUT_UNDER_SILENCE_PROOF:?} under the \
+             agents' silence proof: their agents renewed their Leases and stayed up, no fence, \
+             no reboot"
         ),
     );
     Ok(())
