@@ -197,7 +197,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             Ok(at) => at,
             Err(e) => {
                 ctx.cluster.cut_agent_off(target, false)?;
-                return Err(e.into());
+                return Err(e);
             }
         };
         log(

@@ -60,12 +60,12 @@ pub async fn follow(
     hearing: &SharedHearing,
     file: &mut HearingFile,
 ) -> Result<(), WatchdogError> {
-    let (counts, heard_at) = {
+    let (counts, heard_at, renewals_in) = {
         let h = lock(hearing);
         let heard_at = h
             .heard_ago(Instant::now())
             .and_then(|ago| SystemTime::now().checked_sub(ago));
-        (h.counts_silence(), heard_at)
+        (h.counts_silence(), heard_at, h.renewals_in())
     };
     let armed = match watchdog {
         Some(watchdog) => {
@@ -74,7 +74,7 @@ pub async fn follow(
                 // written (said once) keeps the watchdog disarmed and the node held, as a
                 // restarted agent would go on from an older record, or none.
                 Step::Arm => {
-                    if heard_at.is_some_and(|at| file.record(at, false)) {
+                    if heard_at.is_some_and(|at| file.record(at, false, renewals_in)) {
                         watchdog.arm().await?;
                         info!("watchdog armed: podha hears this node and may count its silence");
                     }
@@ -93,7 +93,7 @@ pub async fn follow(
     };
     let held = lock(hearing).held() && !armed;
     if let Some(at) = heard_at {
-        file.record(at, held);
+        file.record(at, held, renewals_in);
     }
     Ok(())
 }

@@ -17,6 +17,7 @@
 //! heard=<milliseconds since the Unix epoch>
 //! words=signed
 //! held
+//! renewals-in=<leadership term>
 //! ```
 //!
 //! The last line is there while podha holds the node and the agent's watchdog is disarmed (see
@@ -25,7 +26,14 @@
 //! held was never written by an agent podha could be counting the silence of. A record that
 //! says held but cannot be trusted otherwise (see below) is not held.
 //!
-//! The last line says the record was written by an agent that counts only signed heartbeats
+//! `renewals-in` is there while the last heartbeat the agent counted said its leader counts the
+//! silence from the agent's Lease renewals, naming that heartbeat's term: a restarted agent
+//! goes on staying up on its renewals while that leader leads (see
+//! `crate::isolation::Renewing`), instead of fencing a node that only podha cannot reach. A
+//! record without it (an older agent's, or one podha did not tell) counts on no renewals, the
+//! side that fences. An older agent reading this record stops at `held`.
+//!
+//! The `words` line says the record was written by an agent that counts only signed heartbeats
 //! (see `crate::contract::words`). A record without it is of an agent from before them: what
 //! podha heard then, a podha of that time heard, which proves nothing of this agent (it cannot
 //! verify that podha's heartbeats, nor that podha its answers), so it counts as never heard. An
@@ -55,6 +63,9 @@ const SIGNED_LINE: &str = "words=signed";
 
 /// The line of a record written while podha held the node, its watchdog disarmed.
 const HELD_LINE: &str = "held";
+
+/// The start of the line naming the term of a leader that counts from the agent's renewals.
+const RENEWALS_PREFIX: &str = "renewals-in=";
 
 /// When podha last heard this node, as the hearing file says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,14 +98,18 @@ pub struct Record {
     pub last: LastHeard,
     /// podha held the node, and the agent's watchdog was disarmed: only with a time known.
     pub held: bool,
+    /// The term of the leader that counts from the agent's renewals, as the last heartbeat
+    /// counted said: only with a time known.
+    pub renewals_in: Option<u64>,
 }
 
 pub struct HearingFile {
     path: PathBuf,
     /// The boot the agent runs in (`None`: unknown), named in every record.
     boot: Option<String>,
-    /// The last time written (milliseconds since the Unix epoch), and whether it said held.
-    written: Option<(u128, bool)>,
+    /// The last record written: the time (milliseconds since the Unix epoch), whether it said
+    /// held, and the term of the leader counting from renewals.
+    written: Option<(u128, bool, Option<u64>)>,
     /// A write failed: said once, not every second.
     warned: bool,
 }
@@ -120,10 +135,11 @@ impl HearingFile {
         let unknown = Record {
             last: LastHeard::Unknown,
             held: false,
+            renewals_in: None,
         };
         let never = Record {
             last: LastHeard::Never,
-            held: false,
+            ..unknown
         };
         let file = self.path.display();
         let text = match std::fs::read_to_string(&self.path) {
@@ -144,7 +160,13 @@ impl HearingFile {
         let signed = lines.next().map(str::trim) == Some(SIGNED_LINE);
         // Held, in a signed record: whatever else cannot be trusted, podha was counting no
         // silence when it was written, and goes on counting none until the agent says armed.
-        let held = signed && lines.next().map(str::trim) == Some(HELD_LINE);
+        let rest: Vec<&str> = lines.map(str::trim).collect();
+        let held = signed && rest.contains(&HELD_LINE);
+        let renewals_in = rest
+            .iter()
+            .find_map(|l| l.strip_prefix(RENEWALS_PREFIX))
+            .and_then(|term| term.parse().ok())
+            .filter(|_| signed);
         let unknown = Record { held, ..unknown };
         match RecordBoot::of(boot, self.boot.as_deref()) {
             RecordBoot::This if !signed => {
@@ -169,19 +191,21 @@ impl HearingFile {
         Record {
             last: LastHeard::At(at),
             held,
+            renewals_in,
         }
     }
 
-    /// Records that podha heard this node at `at` in this boot, and whether it holds it with
-    /// the watchdog disarmed (`held`), unless that is what the file already says. Written
-    /// whole, then renamed over the old file: a crash mid-write leaves the old record. Whether
-    /// the file says so now (a write that failed is said once).
-    pub fn record(&mut self, at: SystemTime, held: bool) -> bool {
+    /// Records that podha heard this node at `at` in this boot, whether it holds it with the
+    /// watchdog disarmed (`held`), and the term of the leader that counts from the agent's
+    /// renewals (`renewals_in`), unless that is what the file already says. Written whole,
+    /// then renamed over the old file: a crash mid-write leaves the old record. Whether the
+    /// file says so now (a write that failed is said once).
+    pub fn record(&mut self, at: SystemTime, held: bool, renewals_in: Option<u64>) -> bool {
         let ms = at
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis();
-        if self.written == Some((ms, held)) {
+        if self.written == Some((ms, held, renewals_in)) {
             return true;
         }
         let held_line = if held {
@@ -189,10 +213,13 @@ impl HearingFile {
         } else {
             String::new()
         };
-        let body = format!("heard={ms}\n{SIGNED_LINE}\n{held_line}");
+        let renewals_line = renewals_in
+            .map(|term| format!("{RENEWALS_PREFIX}{term}\n"))
+            .unwrap_or_default();
+        let body = format!("heard={ms}\n{SIGNED_LINE}\n{held_line}{renewals_line}");
         match write_record(&self.path, self.boot.as_deref(), &body) {
             Ok(()) => {
-                self.written = Some((ms, held));
+                self.written = Some((ms, held, renewals_in));
                 self.warned = false;
                 true
             }
@@ -223,8 +250,8 @@ mod tests {
         let mut file = HearingFile::new(&path, Some(BOOT));
         assert_eq!(file.read(t0).last, LastHeard::Never, "no file: never heard");
         assert_eq!(LastHeard::Never.ago(t0, T), None);
-        file.record(t0, false);
-        file.record(t0 + Duration::from_secs(2), false);
+        file.record(t0, false, None);
+        file.record(t0 + Duration::from_secs(2), false, None);
         let restarted = HearingFile::new(&path, Some(BOOT));
         let later = t0 + Duration::from_secs(12);
         let last = restarted.read(later).last;
@@ -237,6 +264,34 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The term of a leader that counts from the agent's renewals goes to the file with the
+    /// hearing, and comes back to a restarted agent; a record without it (an older agent's),
+    /// or one not signed, says none.
+    #[test]
+    fn a_restarted_agent_reads_which_leader_counts_from_its_renewals() {
+        let dir = std::env::temp_dir().join(format!("podha-hearing-ren-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("heard");
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut file = HearingFile::new(&path, Some(BOOT));
+        assert!(file.record(t0, false, Some(7)));
+        let read = file.read(t0);
+        assert_eq!((read.last, read.renewals_in), (LastHeard::At(t0), Some(7)));
+        assert!(file.record(t0, true, Some(7)));
+        let read = file.read(t0);
+        assert_eq!((read.held, read.renewals_in), (true, Some(7)), "held too");
+        assert!(file.record(t0, false, None));
+        assert_eq!(file.read(t0).renewals_in, None, "taken back");
+        let ms = t0.duration_since(UNIX_EPOCH).expect("ms").as_millis();
+        std::fs::write(&path, format!("boot={BOOT}\nheard={ms}\nrenewals-in=7\n")).expect("write");
+        assert_eq!(
+            file.read(t0).renewals_in,
+            None,
+            "a record from before signed heartbeats"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_file_that_cannot_be_trusted_counts_as_heard_long_ago_never_as_now() {
         let dir = std::env::temp_dir().join(format!("podha-hearing-bad-{}", std::process::id()));
@@ -244,7 +299,7 @@ mod tests {
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let mut file = HearingFile::new(&path, Some(BOOT));
-        file.record(t0, false);
+        file.record(t0, false, None);
         // The clock went back a minute: the record is in the future.
         let back = t0 - Duration::from_secs(60);
         assert_eq!(file.read(back).last, LastHeard::Unknown);
@@ -273,7 +328,7 @@ mod tests {
         let path = dir.join("heard");
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let later = t0 + Duration::from_secs(5);
-        HearingFile::new(&path, Some(BOOT)).record(t0, false);
+        HearingFile::new(&path, Some(BOOT)).record(t0, false, None);
         let text = std::fs::read_to_string(&path).expect("read");
         assert_eq!(
             text,
@@ -295,7 +350,7 @@ mod tests {
         // without a boot ID.
         std::fs::write(&path, "1800000000000").expect("write");
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "time only");
-        HearingFile::new(&path, None).record(t0, false);
+        HearingFile::new(&path, None).record(t0, false, None);
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "an empty boot");
         std::fs::write(&path, format!("boot={BOOT}\nheard=soon\n")).expect("write");
         assert_eq!(read_in(Some(BOOT)), LastHeard::Unknown, "garbled time");
@@ -314,7 +369,7 @@ mod tests {
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let later = t0 + Duration::from_secs(5);
         let mut file = HearingFile::new(&path, Some(BOOT));
-        file.record(t0, true);
+        file.record(t0, true, None);
         assert_eq!(
             std::fs::read_to_string(&path).expect("read"),
             format!("boot={BOOT}\nheard=1800000000000\nwords=signed\nheld\n")
@@ -323,6 +378,7 @@ mod tests {
         let held = Record {
             last: LastHeard::At(t0),
             held: true,
+            renewals_in: None,
         };
         assert_eq!(
             read_in(Some(BOOT), later),
@@ -330,9 +386,9 @@ mod tests {
             "a restarted agent goes on held"
         );
         // Let go of (the watchdog about to be armed again): the same time, not held.
-        file.record(t0, false);
+        file.record(t0, false, None);
         assert!(!read_in(Some(BOOT), later).held, "let go of");
-        file.record(t0, true);
+        file.record(t0, true, None);
         // Held in a signed record is held however little else can be trusted (podha counted
         // no silence when it was written, and counts none until the agent says armed): a boot
         // the agent cannot tell, a clock gone back (heard at a time unknown). Another boot is
@@ -343,7 +399,8 @@ mod tests {
             read_in(None, later),
             Record {
                 last: LastHeard::Unknown,
-                held: true
+                held: true,
+                renewals_in: None,
             },
             "own boot unknown"
         );
@@ -353,7 +410,8 @@ mod tests {
             read_in(Some(BOOT), back),
             Record {
                 last: LastHeard::Unknown,
-                held: true
+                held: true,
+                renewals_in: None,
             },
             "the clock went back: heard at a time unknown, and still held"
         );
@@ -362,7 +420,7 @@ mod tests {
         std::fs::write(&path, format!("boot={BOOT}\nheard=1800000000000\nheld\n")).expect("write");
         assert_eq!(read_in(Some(BOOT), later).last, LastHeard::Never);
         assert!(!read_in(Some(BOOT), later).held);
-        assert!(file.record(t0, false));
+        assert!(file.record(t0, false, None));
         assert!(!read_in(Some(BOOT), later).held);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -370,8 +428,8 @@ mod tests {
     #[test]
     fn a_file_that_cannot_be_written_is_no_error() {
         let mut file = HearingFile::new(Path::new("/nonexistent-dir/podha/heard"), Some(BOOT));
-        file.record(SystemTime::now(), false);
-        file.record(SystemTime::now() + Duration::from_secs(1), true);
+        file.record(SystemTime::now(), false, None);
+        file.record(SystemTime::now() + Duration::from_secs(1), true, None);
         assert!(file.warned);
         assert_eq!(file.read(SystemTime::now()).last, LastHeard::Never);
     }

@@ -49,12 +49,20 @@ pub(super) fn resume(file: &HearingFile, node: &str, timeout: Duration) -> Heari
             "going on from the last agent: podha holds this node, and its watchdog is disarmed"
         );
     }
-    match (last_heard, heard_ago) {
+    if let Some(term) = record.renewals_in {
+        info!(
+            node,
+            term,
+            "going on from the last agent: podha's leader of that term counts this node's silence from its Lease renewals"
+        );
+    }
+    let hearing = match (last_heard, heard_ago) {
         (LastHeard::Unknown, Some(ago)) => {
             Hearing::resumed_unsure(Instant::now(), ago, record.held)
         }
         _ => Hearing::resumed(Instant::now(), heard_ago, record.held),
-    }
+    };
+    hearing.resumed_counting_renewals(record.renewals_in)
 }
 
 /// Every `check_interval`: heard? If not for `isolation_timeout`, ask the peers and decide.
@@ -254,7 +262,7 @@ mod tests {
         assert_eq!(silence(resume(&file, "n1", t)), Silence::For(t));
         // A record: from there.
         let ten_ago = std::time::SystemTime::now() - Duration::from_secs(10);
-        HearingFile::new(&path, Some("b1")).record(ten_ago, false);
+        HearingFile::new(&path, Some("b1")).record(ten_ago, false, None);
         let Silence::For(ago) = silence(resume(&file, "n1", t)) else {
             panic!("heard in this boot")
         };
@@ -262,11 +270,16 @@ mod tests {
             ago >= Duration::from_secs(10) && ago < Duration::from_secs(11),
             "{ago:?}"
         );
+        // Told that podha's leader of term 7 counts from the renewals: it goes on from there.
+        HearingFile::new(&path, Some("b1")).record(ten_ago, false, Some(7));
+        assert_eq!(resume(&file, "n1", t).renewals_in(), Some(7));
+        HearingFile::new(&path, Some("b1")).record(ten_ago, false, None);
+        assert_eq!(resume(&file, "n1", t).renewals_in(), None);
         // Held (the watchdog disarmed): from there, held.
-        HearingFile::new(&path, Some("b1")).record(ten_ago, true);
+        HearingFile::new(&path, Some("b1")).record(ten_ago, true, None);
         assert_eq!(silence(resume(&file, "n1", t)), Silence::Held);
         // A record of an earlier boot (the file outlived the reboot): never heard since.
-        HearingFile::new(&path, Some("b0")).record(ten_ago, true);
+        HearingFile::new(&path, Some("b0")).record(ten_ago, true, None);
         assert_eq!(silence(resume(&file, "n1", t)), Silence::NeverHeard);
         let _ = std::fs::remove_dir_all(&dir);
     }

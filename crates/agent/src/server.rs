@@ -84,9 +84,11 @@ pub struct Hearing {
     /// `super::advert`).
     lease_renewed: Option<Instant>,
     /// The last heartbeat the agent counted said its leader counts the silence from the
-    /// agent's renewals (see [`Renewing`]). Not kept across a restart: an agent that does not
-    /// know counts nothing on its renewals, the side that fences.
-    renewals_counted: bool,
+    /// agent's renewals (see [`Renewing`]): that heartbeat's term. Only while the leader Lease
+    /// shows that same term does the agent stay on its renewals for it: a term it cannot read
+    /// (the leader Lease unreadable, recreated) shows nothing, the side that fences. Kept
+    /// across a restart by the hearing file.
+    renewals_in: Option<u64>,
 }
 
 /// podha heard this node `ago` before `at`. Kept so rather than as the instant itself, which
@@ -186,11 +188,26 @@ impl Hearing {
         self.heard_term = term.map(|term| self.heard_term.map_or(term, |t| t.max(term)));
     }
 
-    /// A heartbeat the agent counted said whether its leader counts the silence from the
-    /// agent's renewals (`None`: it did not say: an older podha, or one that did not know this
-    /// agent heeds it, which counts from its first unanswered probe alone).
-    pub fn heard_counting_renewals(&mut self, renewals: Option<bool>) {
-        self.renewals_counted = renewals == Some(true);
+    /// A heartbeat the agent counted, of leadership term `term`, said whether its leader counts
+    /// the silence from the agent's renewals (`None`: it did not say: an older podha, or one
+    /// that did not know this agent heeds it, which counts from its first unanswered probe
+    /// alone). Only a heartbeat that names its term counts from renewals for the agent.
+    pub fn heard_counting_renewals(&mut self, renewals: Option<bool>, term: Option<u64>) {
+        self.renewals_in = term.filter(|_| renewals == Some(true));
+    }
+
+    /// The term of the last counted heartbeat, if it said its leader counts from the
+    /// renewals: for the hearing file.
+    pub fn renewals_in(&self) -> Option<u64> {
+        self.renewals_in
+    }
+
+    /// A restarted agent goes on from the hearing file: the last heartbeat its predecessor
+    /// counted, of term `term`, said its leader counts from the renewals.
+    #[must_use]
+    pub fn resumed_counting_renewals(mut self, term: Option<u64>) -> Self {
+        self.renewals_in = term;
+        self
     }
 
     /// A renewal of the agent's Lease sent at `sent` was taken.
@@ -202,19 +219,19 @@ impl Hearing {
     /// [`Renewing`]): podha heard it in this boot and does not hold it, its last renewal taken
     /// was sent within `window`, and either a leader of a later term than any heartbeat the
     /// agent counted leads (`leads`, the term the leader Lease shows: one that never heard the
-    /// agent), or the last heartbeat it counted said its leader counts from the renewals.
-    /// `None` if not.
+    /// agent), or the last heartbeat it counted said its leader counts from the renewals and
+    /// that leader's term leads. `None` if not.
     pub fn renewing(&self, leads: Option<u64>, now: Instant, window: Duration) -> Option<Renewing> {
         let renewed_ago = now.saturating_duration_since(self.lease_renewed?);
         let counts = self.counts_silence() && !self.unarmed && !self.unsure;
         if !counts || renewed_ago > window {
             return None;
         }
-        let why = match self.heard_term.zip(leads) {
-            Some((heard_in, leads)) if leads > heard_in => {
+        let why = match (self.heard_term, leads) {
+            (Some(heard_in), Some(leads)) if leads > heard_in => {
                 RenewalsCount::NewTerm { heard_in, leads }
             }
-            _ if self.renewals_counted => RenewalsCount::FromRenewals,
+            (_, Some(leads)) if self.renewals_in == Some(leads) => RenewalsCount::FromRenewals,
             _ => return None,
         };
         Some(Renewing { why, renewed_ago })
@@ -428,7 +445,7 @@ async fn heartbeat(
                 hearing.probed(issued, heard_ago);
                 hearing.hold(q.hold);
                 hearing.heard_in_term(q.term);
-                hearing.heard_counting_renewals(q.renewals);
+                hearing.heard_counting_renewals(q.renewals, q.term);
             }
             None => {
                 counters::stale_heartbeat();

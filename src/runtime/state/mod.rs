@@ -29,7 +29,7 @@ pub use crate::view::Watch;
 use crate::view::{AgentAdvert, ObjectKey, View};
 
 /// What podha sees of an agent Lease at `now`, given what it saw before: its node, renewed now
-/// when its renewTime changed (or it is new). `None` for a Lease that is no agent's advert
+/// when its renewTime or its version changed (or it is new). `None` for a Lease that is no agent's advert
 /// (named after another node than its holder).
 fn seen_agent_lease(
     lease: &Lease,
@@ -44,8 +44,15 @@ fn seen_agent_lease(
         .and_then(|s| s.lease_duration_seconds)
         .and_then(|s| u64::try_from(s).ok())
         .map_or(Duration::ZERO, Duration::from_secs);
+    // Any write counts as a renewal for the silence (a write that left renewTime as it was
+    // still shows the agent runs, and moves the version the read before a taint compares).
+    let resource_version = lease.metadata.resource_version.clone();
     let renewed_seen = match before.get(node) {
-        Some(earlier) if earlier.renew_time == renew_time => earlier.renewed_seen,
+        Some(earlier)
+            if earlier.renew_time == renew_time && earlier.resource_version == resource_version =>
+        {
+            earlier.renewed_seen
+        }
         _ => now,
     };
     let renewal_observed = before
@@ -79,7 +86,7 @@ fn seen_agent_lease(
         heeds_renewals,
         peers_unreachable,
         renewal_observed,
-        resource_version: lease.metadata.resource_version.clone(),
+        resource_version,
     };
     Some((node.to_string(), advert))
 }

@@ -348,7 +348,7 @@ fn an_unreadable_policy_is_kept_aside_and_the_others_sync() {
 }
 
 /// An agent Lease counts while it is there and named after its holder; a renewal is a change of
-/// its renewTime, timed on podha's clock; a withdrawn one is gone.
+/// its renewTime or its version, timed on podha's clock; a withdrawn one is gone.
 #[test]
 fn agent_leases_are_adverts_renewed_on_our_clock_until_withdrawn() {
     let t0 = Instant::now();
@@ -395,6 +395,21 @@ fn agent_leases_are_adverts_renewed_on_our_clock_until_withdrawn() {
         state.view.agent_adverts["n1"].renewed_seen,
         later(10),
         "a relist is no renewal"
+    );
+    // Another version with the same renewTime (a write that did not move it): the agent ran,
+    // and the read before a taint compares versions, so it counts as a renewal.
+    let mut rewritten = mk_agent_lease("n1", 110);
+    rewritten.metadata.resource_version = Some("77".into());
+    state.apply(
+        Change::AgentLease(Event::Apply(rewritten.clone())),
+        later(15),
+    );
+    assert_eq!(state.view.agent_adverts["n1"].renewed_seen, later(15));
+    state.apply(Change::AgentLease(Event::Apply(rewritten)), later(16));
+    assert_eq!(
+        state.view.agent_adverts["n1"].renewed_seen,
+        later(15),
+        "the same version again"
     );
 
     state.apply(

@@ -33,6 +33,12 @@ use crate::server::SharedHearing;
 /// hearing the agent at any time, and the quicker cadence must start within a second.
 const CADENCE_RECHECK: Duration = Duration::from_secs(1);
 
+/// How long one renewal may take before the agent gives it up: a request whose answer never
+/// comes (a connection black-holed) must not stop the renewals. While the agent stays up on
+/// them, half the renewal window at most (see [`AdvertLease::renewal_timeout`]); a renewal
+/// given up but written anyway counts for podha only (later: the side that holds).
+const RENEWAL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The agent's Pod (from the downward API), owner of its Lease: the garbage collector deletes
 /// the Lease with the Pod, even when the agent was killed before it could.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,6 +126,17 @@ impl AdvertLease {
         }
     }
 
+    /// How long a renewal may take: [`RENEWAL_TIMEOUT`], or half the window (at least a
+    /// second) while the agent may stay up on its renewals, so that one that hangs leaves
+    /// time for another within the window.
+    fn renewal_timeout(&self) -> Duration {
+        if self.staying_on_renewals() {
+            RENEWAL_TIMEOUT.min((self.window / 2).max(Duration::from_secs(1)))
+        } else {
+            RENEWAL_TIMEOUT
+        }
+    }
+
     /// How long until the next renewal: [`AGENT_LEASE_RENEW`], or a third of the window while
     /// the agent may stay up on its renewals.
     fn next_renewal(&self) -> Duration {
@@ -193,8 +210,9 @@ impl AdvertLease {
     /// [`CADENCE_RECHECK`] and whenever the term changes. With the chart's timings
     /// it is the 10 s one, so a leader change adds no write; at the shortest it is 1.3 s, and
     /// terms that change faster (a leader crash-looping, a person editing the Lease) add no
-    /// more than one write per cadence. A failed renewal is tried again at the next one (three
-    /// may fail before the Lease lapses).
+    /// more than one write per cadence. A renewal is given up after [`RENEWAL_TIMEOUT`]; a
+    /// failed one is tried again at the next cadence (three may fail before the Lease lapses),
+    /// or a second later while the agent stays up on its renewals.
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -204,27 +222,36 @@ impl AdvertLease {
         loop {
             let sent = tokio::time::Instant::now();
             let (body, pending) = self.renewal(Timestamp::now());
-            let written = self
-                .leases
-                .patch(&name, &params, &Patch::Apply(&body))
-                .await;
+            let apply = Patch::Apply(&body);
+            let patch = self.leases.patch(&name, &params, &apply);
+            let timeout = self.renewal_timeout();
+            let written = match tokio::time::timeout(timeout, patch).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            };
             if written.is_ok() {
                 let mut hearing = lock(&self.hearing);
                 hearing.hold_written(pending);
                 hearing.lease_renewed(sent);
             }
-            match written {
-                Ok(_) if !renewed => {
+            match &written {
+                Ok(()) if !renewed => {
                     info!(lease = %name, "agent Lease renewed: podha counts this agent");
                     renewed = true;
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    warn!(lease = %name, error = %e, "cannot renew the agent Lease");
+                Ok(()) => {}
+                Err(error) => {
+                    warn!(lease = %name, error, "cannot renew the agent Lease");
                     renewed = false;
                 }
             }
-            let next = tokio::time::sleep(self.next_renewal());
+            // Staying up on its renewals, the agent tries again a second after a failure.
+            let cadence = |lease: &Self| match written {
+                Err(_) if lease.staying_on_renewals() => CADENCE_RECHECK,
+                _ => lease.next_renewal(),
+            };
+            let next = tokio::time::sleep(cadence(self));
             tokio::pin!(next);
             loop {
                 tokio::select! {
@@ -233,7 +260,7 @@ impl AdvertLease {
                     () = term_changed.notified() => {}
                     () = tokio::time::sleep(CADENCE_RECHECK) => {}
                 }
-                let due = sent + self.next_renewal();
+                let due = sent + cadence(self);
                 if due <= tokio::time::Instant::now() {
                     break;
                 }
@@ -427,7 +454,7 @@ mod tests {
     async fn an_agent_podha_does_not_hear_has_its_lease_renewed_at_the_quicker_cadence() {
         let ms = Duration::from_millis;
         let (renewals, _leader, hearing, keeping) = keeping_lease(Duration::from_secs(6));
-        lock(&hearing).heard_counting_renewals(Some(true));
+        lock(&hearing).heard_counting_renewals(Some(true), Some(4));
         tokio::time::sleep(ms(2900)).await;
         assert_eq!(renewed(&renewals), [ms(0)], "heard: the usual cadence");
         tokio::time::sleep(ms(1100)).await;
@@ -496,18 +523,61 @@ mod tests {
     /// A fake API server that takes every write of agent `n1`'s Lease, noting when (since it
     /// was made).
     fn recording_api(renewals: Renewals) -> kube::Client {
+        hanging_api(renewals, usize::MAX)
+    }
+
+    /// [`recording_api`], whose `hangs`th write (from 0) never gets an answer.
+    fn hanging_api(renewals: Renewals, hangs: usize) -> kube::Client {
         let made = tokio::time::Instant::now();
         let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": "podha-agent-n1", "namespace": "podha"}});
+        let never = Arc::new(tokio::sync::Notify::new());
         let api = podha_fake_api::FakeApi::new().on(
             http::Method::PATCH,
             "/apis/coordination.k8s.io/v1/namespaces/podha/leases/podha-agent-n1",
             move |_| {
-                lock(&renewals).push(made.elapsed());
-                podha_fake_api::Reply::json(200, lease.clone())
+                let mut renewals = lock(&renewals);
+                renewals.push(made.elapsed());
+                let reply = podha_fake_api::Reply::json(200, lease.clone());
+                if renewals.len() - 1 == hangs {
+                    reply.after(never.clone())
+                } else {
+                    reply
+                }
             },
         );
         api.client()
+    }
+
+    /// Staying up on its renewals, the agent gives up a renewal that gets no answer after half
+    /// its window and tries again a second later.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_hangs_is_given_up_and_tried_again() {
+        let ms = Duration::from_millis;
+        let mut heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::ZERO), false);
+        heard.heard_in_term(Some(4));
+        heard.heard_counting_renewals(Some(true), Some(4));
+        let hearing = Arc::new(std::sync::Mutex::new(heard));
+        let leader = Arc::new(LeaderKey::default());
+        leader.seen_in_term(Some(4));
+        let renewals = Renewals::default();
+        let lease = AdvertLease::new(
+            hanging_api(renewals.clone(), 1),
+            "podha",
+            "n1",
+            None,
+            Some("boot-1".into()),
+            hearing.clone(),
+        )
+        .following(leader, Duration::from_secs(6));
+        let keeping = tokio::spawn(async move { lease.keep().await });
+        // Unheard for 3 s: the quicker renewal goes out, and hangs; given up 3 s later (half
+        // the window), tried again a second after that.
+        tokio::time::sleep(ms(6900)).await;
+        assert_eq!(renewed(&renewals), [ms(0), ms(3000)]);
+        tokio::time::sleep(ms(200)).await;
+        assert_eq!(renewed(&renewals), [ms(0), ms(3000), ms(7000)]);
+        keeping.abort();
     }
 
     /// Once podha has heard the agent in this boot, its Lease says so, naming the boot; an

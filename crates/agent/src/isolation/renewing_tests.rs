@@ -164,7 +164,7 @@ async fn only_a_leader_that_said_it_counts_from_renewals_and_a_recent_renewal_ke
     let heard = |renewals: Option<bool>| {
         let mut h = Hearing::resumed(now, Some(secs(40)), false);
         h.heard_in_term(Some(4));
-        h.heard_counting_renewals(renewals);
+        h.heard_counting_renewals(renewals, Some(4));
         h.lease_renewed(now - secs(5));
         h
     };
@@ -175,10 +175,29 @@ async fn only_a_leader_that_said_it_counts_from_renewals_and_a_recent_renewal_ke
             renewed_ago: secs(5)
         })
     );
+    // Only while the leader Lease shows the term that said so: one the agent cannot read, or
+    // another term (a Lease recreated, an older leader back), shows nothing.
+    for leads in [None, Some(3)] {
+        assert_eq!(
+            heard(Some(true)).renewing(leads, now, window),
+            None,
+            "leader Lease term {leads:?}"
+        );
+    }
+    let mut untermed = heard(None);
+    untermed.heard_counting_renewals(Some(true), None);
     assert_eq!(
-        heard(Some(true)).renewing(None, now, window).map(|r| r.why),
+        untermed.renewing(Some(4), now, window),
+        None,
+        "a heartbeat that names no term"
+    );
+    let resumed = Hearing::resumed(now, Some(secs(40)), false).resumed_counting_renewals(Some(4));
+    let mut resumed = resumed;
+    resumed.lease_renewed(now - secs(1));
+    assert_eq!(
+        resumed.renewing(Some(4), now, window).map(|r| r.why),
         Some(RenewalsCount::FromRenewals),
-        "whatever the agent knows of the leader Lease"
+        "a restarted agent, from its hearing file, once it renewed"
     );
     for (renewals, what) in [
         (
@@ -203,7 +222,7 @@ async fn only_a_leader_that_said_it_counts_from_renewals_and_a_recent_renewal_ke
     );
     // The last heartbeat counted decides: a later one that does not say it takes it back.
     let mut h = heard(Some(true));
-    h.heard_counting_renewals(None);
+    h.heard_counting_renewals(None, Some(4));
     assert_eq!(h.renewing(Some(4), now, window), None, "taken back");
     // Held, or never heard in this boot: nothing to stay on.
     let mut held = heard(Some(true));
@@ -211,7 +230,7 @@ async fn only_a_leader_that_said_it_counts_from_renewals_and_a_recent_renewal_ke
     held.hold_written(true);
     assert_eq!(held.renewing(Some(4), now, window), None, "held");
     let mut never = Hearing::resumed(now, None, false);
-    never.heard_counting_renewals(Some(true));
+    never.heard_counting_renewals(Some(true), Some(4));
     never.lease_renewed(now);
     assert_eq!(never.renewing(Some(4), now, window), None, "never heard");
 }
@@ -236,7 +255,7 @@ async fn renewals_that_stop_leave_the_watchdog_to_fire_before_podha_could_prove(
         let start = Instant::now();
         let mut hearing = Hearing::resumed(start, Some(timeout), false);
         hearing.heard_in_term(Some(1));
-        hearing.heard_counting_renewals(Some(counted));
+        hearing.heard_counting_renewals(Some(counted), Some(1));
         let leads = if counted { 1 } else { 2 };
         let renew_every = (window / 3).max(secs(1));
         let stop_renewing = start + secs(50);

@@ -251,11 +251,12 @@ pub enum SilenceDoubt {
     /// podha last saw the agent's Lease renewed `gap` before the silence began, longer than
     /// the Lease lasts: the agent had stopped renewing it (stopped, or hung).
     AdvertLapsed { gap: Duration },
-    /// The node's own Lease was renewed `after` the agent fell silent, past the time the
-    /// agent advertises (and [`AGENT_HEARD_WITHIN`]): the node ran on without its agent
-    /// (stopped, killed, or its withdrawal on SIGTERM failed), and nothing fenced it when it
-    /// failed later. (A node cut off from everything stops both at once; one cut off from
-    /// podha alone renews until its agent fences it, by that time.)
+    /// The node's own Lease was renewed `after` the agent fell silent (or, when podha saw the
+    /// agent's Lease renewed during the silence, after that renewal), past the time the agent
+    /// advertises (and [`AGENT_HEARD_WITHIN`]): the node ran on without its agent (stopped,
+    /// killed, or its withdrawal on SIGTERM failed), and nothing fenced it when it failed
+    /// later. (A node cut off from everything stops both at once; one cut off from podha
+    /// alone renews while its agent renews, and its agent stays up.)
     NodeLivedOn { after: Duration },
     /// podha got no answer from the agent in its current leadership term before the silence,
     /// and the agent's Lease does not say an earlier term heard it in the node's current boot:
@@ -312,9 +313,9 @@ impl SilenceDoubt {
                 gap.as_secs()
             ),
             Self::NodeLivedOn { after } => format!(
-                "node {node} renewed its Lease {}s after its agent fell silent, past the time \
-                 the agent advertises: the agent stopped while its node ran on, and nothing \
-                 fenced the node when it failed",
+                "node {node} renewed its Lease {}s after its agent fell silent (or last renewed \
+                 its own Lease), past the time the agent advertises: the agent stopped while its \
+                 node ran on, and nothing fenced the node when it failed",
                 after.as_secs()
             ),
             Self::NeverHeard => format!(

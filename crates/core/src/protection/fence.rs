@@ -266,7 +266,8 @@ fn agent_checks(
             checks.pass(
                 "proof",
                 format!(
-                    "Agent: a silence of {} plus agentMargin {} proves the fence",
+                    "Agent: a silence of {} plus agentMargin {} (counted from the last renewal of \
+                     the agent's Lease, if later) proves the fence",
                     human(within.unwrap_or_default()),
                     node_policy.spec.fencing.agent_margin
                 ),

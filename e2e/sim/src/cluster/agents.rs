@@ -87,7 +87,11 @@ impl Cluster {
     /// next boot starts its agent with the cluster's kubeconfig. (A running kwok agent cannot
     /// be cut from the API server alone: it shares the host's loopback with it.)
     pub fn restart_agent_cut_from_api_server(&self, name: &str) -> Result<()> {
-        let cut = self.dir.join("nodes").join(name).join("kubeconfig-unreachable");
+        let cut = self
+            .dir
+            .join("nodes")
+            .join(name)
+            .join("kubeconfig-unreachable");
         let text = std::fs::read_to_string(self.kubeconfig_path())
             .map_err(|e| Error::io("read the cluster's kubeconfig".to_string(), e))?;
         let mut doc: serde_json::Value = serde_norway::from_str(&text)
@@ -97,8 +101,8 @@ impl Cluster {
             .ok_or_else(|| Error::Other("the cluster's kubeconfig names no server".into()))?;
         // The discard port: closed on loopback here, as every test that needs a refusal takes it.
         *server = serde_json::json!("https://127.0.0.1:9");
-        let yaml = serde_norway::to_string(&doc)
-            .map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
+        let yaml =
+            serde_norway::to_string(&doc).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
         std::fs::write(&cut, yaml).map_err(|e| Error::io(format!("write {}", cut.display()), e))?;
         self.restart_agent_with(name, &cut)?;
         info!(node = name, "podha agent cut off from the API server");
