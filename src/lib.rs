@@ -18,6 +18,8 @@ pub use podha_support::{backoff, kubeconfig, listen};
 pub(crate) use podha_core::test_builders;
 pub use podha_core::{api, deadline, eligibility, health, incident, planner, protection, view};
 
+#[cfg(test)]
+mod agent_chart_tests;
 pub mod build_info;
 pub mod chaos;
 pub mod explain;

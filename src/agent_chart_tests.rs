@@ -1,0 +1,77 @@
+//! The chart's values for the agents, the defaults of `podha agent` and podha's default
+//! `fencing.agentMargin` are one set of timings: the chart passes its values to the agent as
+//! flags, so they must be what the agent takes when run alone, and together they must hold the
+//! bounds the agent checks at start and the margin podha's silence proof relies on.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::agent::AgentArgs;
+use crate::api::Fencing;
+
+const VALUES: &str = include_str!("../charts/podha/values.yaml");
+
+#[derive(Parser)]
+struct AgentCommand {
+    #[command(flatten)]
+    args: AgentArgs,
+}
+
+/// A duration value of the chart, as `humantime` reads it (the agent's flags take the same).
+fn duration(value: &serde_norway::Value, what: &str) -> Duration {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("{what} is a duration in values.yaml"));
+    humantime::parse_duration(text).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+#[test]
+fn the_charts_agent_values_are_the_agents_defaults_and_hold_the_proofs_bounds() {
+    let values: serde_norway::Value = serde_norway::from_str(VALUES).expect("values.yaml");
+    let agent = &values["agent"];
+    let watchdog = duration(&agent["watchdog"]["timeout"], "agent.watchdog.timeout");
+    let run_alone = AgentCommand::try_parse_from([
+        "agent",
+        "--node=n1",
+        "--fence=sysrq-reboot",
+        "--hearing-file=/run/podha-agent/n1/heard",
+        "--watchdog=/dev/watchdog",
+        &format!(
+            "--watchdog-timeout={}",
+            humantime::format_duration(watchdog)
+        ),
+    ])
+    .expect("the agent's flags")
+    .args;
+    assert_eq!(
+        run_alone.isolation_timeout,
+        duration(&agent["isolationTimeout"], "agent.isolationTimeout"),
+        "agent.isolationTimeout and --isolation-timeout's default"
+    );
+    assert_eq!(
+        run_alone.check_interval,
+        duration(&agent["checkInterval"], "agent.checkInterval"),
+        "agent.checkInterval and --check-interval's default"
+    );
+    assert_eq!(
+        run_alone.survey_timeout,
+        duration(&agent["surveyTimeout"], "agent.surveyTimeout"),
+        "agent.surveyTimeout and --survey-timeout's default"
+    );
+    assert_eq!(
+        Some(u64::from(run_alone.listen.port())),
+        agent["port"].as_u64(),
+        "agent.port and --listen's default port"
+    );
+    run_alone
+        .check()
+        .expect("the chart's timings hold the bounds the agent checks at start");
+    // A watchdog that resets only at its second timeout (Intel's iTCO_wdt) fires a watchdog
+    // timeout after the isolation timeout: podha's default margin covers it.
+    let margin: Duration = Fencing::default().agent_margin.into();
+    assert!(
+        margin >= watchdog,
+        "fencing.agentMargin's default ({margin:?}) covers a second watchdog timeout ({watchdog:?})"
+    );
+}
