@@ -98,21 +98,11 @@ async fn cut_off_under_silence_proof(
     )
     .await?;
     let boots = boots_of(ctx, real).await?;
-    let mut severed = Vec::new();
-    let mut sever = || -> anyhow::Result<()> {
-        for node in cut {
-            ctx.cluster.unreachable_from(leader_node, node, true)?;
-            severed.push(*node);
-        }
-        Ok(())
-    };
-    let severing = sever();
+    let (severed, severing) = sever(ctx, leader_node, cut);
     if severing.is_ok() {
         tokio::time::sleep(CUT_UNDER_SILENCE_PROOF).await;
     }
-    for node in &severed {
-        ctx.cluster.unreachable_from(leader_node, node, false)?;
-    }
+    mend(ctx, leader_node, &severed)?;
     severing?;
     let fences = fences_since(ctx, fences_before)?;
     ensure!(
@@ -161,15 +151,7 @@ async fn cut_off(
     .await?;
     let boots = boots_of(ctx, real).await?;
     let held_before = lease_renewing_reports(ctx, cut).await?;
-    let mut severed = Vec::new();
-    let mut sever = || -> anyhow::Result<()> {
-        for node in cut {
-            ctx.cluster.unreachable_from(leader_node, node, true)?;
-            severed.push(*node);
-        }
-        Ok(())
-    };
-    let severing = sever();
+    let (severed, severing) = sever(ctx, leader_node, cut);
     let started = Instant::now();
     log(
         &ctx.ns,
@@ -195,9 +177,7 @@ async fn cut_off(
         }
         Err(e) => Err(e),
     };
-    for node in &severed {
-        ctx.cluster.unreachable_from(leader_node, node, false)?;
-    }
+    mend(ctx, leader_node, &severed)?;
     reported?;
     // A watchdog let run near the end would fire within its timeout.
     tokio::time::sleep(WATCHDOG_TIMEOUT + secs(2)).await;
@@ -258,4 +238,29 @@ async fn judge_on_probes_alone(ctx: &Ctx<'_>, policy: &str, judge: bool) -> anyh
 /// How many `NodeLeaseRenewing` reports each of `nodes` has had.
 async fn lease_renewing_reports(ctx: &Ctx<'_>, nodes: &[&str]) -> anyhow::Result<Vec<i32>> {
     node_reports(ctx, "NodeLeaseRenewing", nodes).await
+}
+
+/// Drops every packet between `leader_node` and each of `cut`. Returns the nodes cut off so far
+/// (to mend whatever happens) and whether all were.
+fn sever<'a>(
+    ctx: &Ctx<'_>,
+    leader_node: &str,
+    cut: &[&'a str],
+) -> (Vec<&'a str>, anyhow::Result<()>) {
+    let mut severed = Vec::new();
+    for node in cut {
+        if let Err(e) = ctx.cluster.unreachable_from(leader_node, node, true) {
+            return (severed, Err(e.into()));
+        }
+        severed.push(*node);
+    }
+    (severed, Ok(()))
+}
+
+/// Lets the packets between `leader_node` and each of `severed` through again.
+fn mend(ctx: &Ctx<'_>, leader_node: &str, severed: &[&str]) -> anyhow::Result<()> {
+    for node in severed {
+        ctx.cluster.unreachable_from(leader_node, node, false)?;
+    }
+    Ok(())
 }
