@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::FIELD_MANAGER;
 use crate::contract::{
@@ -126,6 +126,14 @@ impl AdvertLease {
         }
     }
 
+    /// Whether the agent stays up now on a renewal within the window: a failed renewal is then
+    /// tried again a second later.
+    fn renewal_keeps_it_up(&self) -> bool {
+        lock(&self.hearing)
+            .renewing(self.leader.term(), tokio::time::Instant::now(), self.window)
+            .is_some()
+    }
+
     /// How long a renewal may take: [`RENEWAL_TIMEOUT`], or half the window (at least a
     /// second) while the agent may stay up on its renewals, so that one that hangs leaves
     /// time for another within the window.
@@ -212,13 +220,13 @@ impl AdvertLease {
     /// terms that change faster (a leader crash-looping, a person editing the Lease) add no
     /// more than one write per cadence. A renewal is given up after [`RENEWAL_TIMEOUT`]; a
     /// failed one is tried again at the next cadence (three may fail before the Lease lapses),
-    /// or a second later while the agent stays up on its renewals.
+    /// or a second later while the agent stays up on a renewal still within the window.
     pub async fn keep(&self) {
         let name = agent_lease_name(&self.node);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let held_changed = lock(&self.hearing).held_changed();
         let term_changed = self.leader.term_changed();
-        let mut renewed = false;
+        let (mut renewed, mut failing) = (false, false);
         loop {
             let sent = tokio::time::Instant::now();
             let (body, pending) = self.renewal(Timestamp::now());
@@ -239,16 +247,22 @@ impl AdvertLease {
                 Ok(()) if !renewed => {
                     info!(lease = %name, "agent Lease renewed: podha counts this agent");
                     renewed = true;
+                    failing = false;
                 }
                 Ok(()) => {}
-                Err(error) => {
+                // Said once per run of failures (they may come every second).
+                Err(error) if !failing => {
                     warn!(lease = %name, error, "cannot renew the agent Lease");
                     renewed = false;
+                    failing = true;
                 }
+                Err(error) => debug!(lease = %name, error, "cannot renew the agent Lease yet"),
             }
-            // Staying up on its renewals, the agent tries again a second after a failure.
+            // Staying up on a renewal still within the window, the agent tries again a second
+            // after a failure (past the window, one more try no longer keeps it up: the
+            // cadence goes back, and an API server that is down is not asked every second).
             let cadence = |lease: &Self| match written {
-                Err(_) if lease.staying_on_renewals() => CADENCE_RECHECK,
+                Err(_) if lease.renewal_keeps_it_up() => CADENCE_RECHECK,
                 _ => lease.next_renewal(),
             };
             let next = tokio::time::sleep(cadence(self));
