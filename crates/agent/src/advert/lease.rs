@@ -22,8 +22,7 @@ use crate::contract::{
     AGENT_HEEDS_RENEWALS_ANNOTATION, AGENT_HEEDS_TERM_ANNOTATION, AGENT_LEASE_DURATION,
     AGENT_LEASE_LABEL, AGENT_LEASE_RENEW, AGENT_PEERS_UNREACHABLE_ANNOTATION, agent_lease_name,
 };
-use crate::isolation::RenewalsCount;
-use crate::isolation::Silence;
+use crate::isolation::{RenewalsCount, Silence};
 use crate::leader_key::LeaderKey;
 use crate::peer_list::lock;
 use crate::peers::{SharedReach, lease_value};
@@ -134,24 +133,26 @@ impl AdvertLease {
             .is_some()
     }
 
-    /// How long a renewal may take: [`RENEWAL_TIMEOUT`], or half the window (at least a
-    /// second) while the agent may stay up on its renewals, so that one that hangs leaves
-    /// time for another within the window.
+    /// How long a renewal may take: [`RENEWAL_TIMEOUT`], or half the window while the agent
+    /// may stay up on its renewals, so that one that hangs leaves time for another within the
+    /// window.
     fn renewal_timeout(&self) -> Duration {
-        if self.staying_on_renewals() {
-            RENEWAL_TIMEOUT.min((self.window / 2).max(Duration::from_secs(1)))
-        } else {
-            RENEWAL_TIMEOUT
-        }
+        self.while_staying(RENEWAL_TIMEOUT, 2)
     }
 
     /// How long until the next renewal: [`AGENT_LEASE_RENEW`], or a third of the window while
     /// the agent may stay up on its renewals.
     fn next_renewal(&self) -> Duration {
+        self.while_staying(AGENT_LEASE_RENEW, 3)
+    }
+
+    /// `usual`, or while the agent may stay up on its renewals the window's `share`th part if
+    /// that is shorter (but at least a second).
+    fn while_staying(&self, usual: Duration, share: u32) -> Duration {
         if self.staying_on_renewals() {
-            AGENT_LEASE_RENEW.min((self.window / 3).max(Duration::from_secs(1)))
+            usual.min((self.window / share).max(Duration::from_secs(1)))
         } else {
-            AGENT_LEASE_RENEW
+            usual
         }
     }
 
@@ -226,7 +227,9 @@ impl AdvertLease {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let held_changed = lock(&self.hearing).held_changed();
         let term_changed = self.leader.term_changed();
-        let (mut renewed, mut failing) = (false, false);
+        // Whether the last renewal went through (`None` before the first): a change is said
+        // once, not every failure (they may come every second).
+        let mut last_written: Option<bool> = None;
         loop {
             let sent = tokio::time::Instant::now();
             let (body, pending) = self.renewal(Timestamp::now());
@@ -243,21 +246,17 @@ impl AdvertLease {
                 hearing.hold_written(pending);
                 hearing.lease_renewed(sent);
             }
-            match &written {
-                Ok(()) if !renewed => {
+            match (&written, last_written) {
+                (Ok(()), Some(true)) => {}
+                (Ok(()), _) => {
                     info!(lease = %name, "agent Lease renewed: podha counts this agent");
-                    renewed = true;
-                    failing = false;
                 }
-                Ok(()) => {}
-                // Said once per run of failures (they may come every second).
-                Err(error) if !failing => {
-                    warn!(lease = %name, error, "cannot renew the agent Lease");
-                    renewed = false;
-                    failing = true;
+                (Err(error), Some(false)) => {
+                    debug!(lease = %name, error, "cannot renew the agent Lease yet");
                 }
-                Err(error) => debug!(lease = %name, error, "cannot renew the agent Lease yet"),
+                (Err(error), _) => warn!(lease = %name, error, "cannot renew the agent Lease"),
             }
+            last_written = Some(written.is_ok());
             // Staying up on a renewal still within the window, the agent tries again a second
             // after a failure (past the window, one more try no longer keeps it up: the
             // cadence goes back, and an API server that is down is not asked every second).

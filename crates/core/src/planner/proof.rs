@@ -377,9 +377,8 @@ pub fn agent_evidence<'a>(
         .zip(silent_since)
         .map(|(answered, since)| since.saturating_duration_since(answered));
     // The agent's Lease renewed since it fell silent: the silence counts from that renewal.
-    let renewed_silent = view
-        .agent_adverts
-        .get(node)
+    let lease = view.agent_adverts.get(node);
+    let renewed_silent = lease
         .map(|lease| lease.renewed_seen)
         .zip(silent_since)
         .filter(|(renewed, since)| renewed > since)
@@ -389,7 +388,7 @@ pub fn agent_evidence<'a>(
         .and_then(|hb| hb.renewal_not_before)
         .zip(counted_since)
         .and_then(|(renewed, since)| renewed.checked_duration_since(since));
-    let advert = view.agent_adverts.get(node).map(|lease| AdvertAge {
+    let advert = lease.map(|lease| AdvertAge {
         renewed_before_silence: silent_since.map_or(Duration::ZERO, |since| {
             since.saturating_duration_since(lease.renewed_seen)
         }),
