@@ -103,7 +103,7 @@ pub struct AgentArgs {
     /// How long podha may not hear this node before it fences itself (unless its peers show
     /// half of its peers unheard: podha then cannot prove its silence). podha's `Agent` proof (by the agent's silence) waits this long plus
     /// `fencing.agentMargin`, for an agent that pets a watchdog.
-    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "40s")]
+    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "12s")]
     pub isolation_timeout: Duration,
     /// How often the agent checks whether it is heard.
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
@@ -113,7 +113,7 @@ pub struct AgentArgs {
     /// answers say by then decides, and too few answers fence: a short one suits a small
     /// cluster on a fast network and allows a short watchdog timeout (see docs/agent.md,
     /// "Timing").
-    #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, env = "PODHA_AGENT_SURVEY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "3s")]
     pub survey_timeout: Duration,
     /// Where the agent keeps the key it signs its words with (made at first start, mode 0600):
     /// somewhere that outlives reboots (the chart: /var/lib/podha-agent/<node>), so that its
@@ -638,7 +638,7 @@ mod tests {
     fn a_short_survey_timeout_allows_a_short_watchdog_and_isolation_timeout() {
         let check = |flags: &[&str]| agent_args(flags).check().map_err(|e| e.to_string());
         assert_eq!(check(&[]), Ok(()), "the defaults");
-        // The default survey takes up to 6 s: a 4 s watchdog could reset a node mid-survey.
+        // The default survey takes up to 4 s: a 4 s watchdog could reset a node mid-survey.
         let short = [
             "--isolation-timeout=8s",
             "--watchdog=/dev/watchdog",
@@ -646,9 +646,14 @@ mod tests {
         ];
         let err = check(&short).unwrap_err();
         assert!(
-            err.contains("longer than the check interval plus the longest peer survey (7s)"),
+            err.contains("longer than the check interval plus the longest peer survey (5s)"),
             "{err}"
         );
+        // Nor a 5 s one: the defaults' 6 s is the shortest.
+        let five = ["--watchdog=/dev/watchdog", "--watchdog-timeout=5s"];
+        assert!(check(&five).is_err());
+        let six = ["--watchdog=/dev/watchdog", "--watchdog-timeout=6s"];
+        assert_eq!(check(&six), Ok(()));
         // A 1 s survey takes up to 1.5 s: check (1 s) + 1.5 s < 4 s.
         assert_eq!(
             check(&[&short[..], &["--survey-timeout=1s"]].concat()),

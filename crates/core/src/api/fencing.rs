@@ -172,7 +172,7 @@ impl Default for Fencing {
 }
 
 fn default_agent_margin() -> HumanDuration {
-    HumanDuration::from_secs(10)
+    HumanDuration::from_secs(6)
 }
 
 /// The proof the out-of-service taint needs.

@@ -298,7 +298,8 @@ pub struct Detection {
     /// `AgentHeartbeat`: the node's podha agent does not answer the leader's heartbeat
     /// (asked every second, a second to answer whatever `tcpTimeout` says: the agent fences
     /// when unheard, so no policy shortens it); like KubeletTCP a refusal counts as alive.
-    /// Nodes without an agent give it no evidence either way.
+    /// A node that advertises no agent gets no `AgentHeartbeat` reading: the other signals
+    /// judge it (with the default, the Lease alone), or none does.
     /// Which faults each sees: a machine that is off or crashed fails all four; a frozen
     /// machine fails `Lease`, `NodeReady` and `AgentHeartbeat`, while its kernel still accepts
     /// the `KubeletTCP` connect (alive); a kubelet that died on a running machine fails `Lease`
@@ -307,6 +308,10 @@ pub struct Detection {
     /// `Lease` or `NodeReady` (faster: no wait for the kubelet's 10 s renewal) that last fault
     /// is judged a death, so such signals need action `OutOfServiceTaint` and a confirmed
     /// `fencing.proof`: the healthy node is fenced (a reboot), nothing it writes is lost.
+    /// The default, `[Lease, AgentHeartbeat]`, needs two independent witnesses: the kubelet's
+    /// heartbeat through the API server and the agent's answer to podha, so no fault of one
+    /// path judges a running node dead. Adding `NodeReady` waits, as podha did before, for
+    /// the controller manager's NotReady (50 s).
     #[serde(default = "default_signals")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("detection.signals must name at least one signal"))]
@@ -349,16 +354,16 @@ impl Default for Detection {
 }
 
 fn default_interval() -> HumanDuration {
-    HumanDuration::from_secs(5)
+    HumanDuration::from_secs(2)
 }
 fn default_failure_threshold() -> i32 {
     3
 }
 fn default_signals() -> Vec<Signal> {
-    vec![Signal::Lease, Signal::NodeReady]
+    vec![Signal::Lease, Signal::AgentHeartbeat]
 }
 fn default_lease_grace_period() -> HumanDuration {
-    HumanDuration::from_secs(40)
+    HumanDuration::from_secs(15)
 }
 fn default_tcp_timeout() -> HumanDuration {
     HumanDuration::from_secs(1)

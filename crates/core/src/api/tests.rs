@@ -30,15 +30,15 @@ fn empty_spec_gets_the_documented_defaults() {
         spec.volumes.access_modes,
         vec![AccessMode::ReadWriteOnce, AccessMode::ReadWriteOncePod]
     );
-    assert_eq!(spec.detection.interval, HumanDuration::from_secs(5));
+    assert_eq!(spec.detection.interval, HumanDuration::from_secs(2));
     assert_eq!(spec.detection.failure_threshold, 3);
     assert_eq!(
         spec.detection.signals,
-        vec![Signal::Lease, Signal::NodeReady]
+        vec![Signal::Lease, Signal::AgentHeartbeat]
     );
     assert_eq!(
         spec.detection.lease_grace_period,
-        HumanDuration::from_secs(40)
+        HumanDuration::from_secs(15)
     );
     assert_eq!(spec.detection.tcp_timeout, HumanDuration::from_secs(1));
     assert_eq!(spec.action, Action::OutOfServiceTaint);
@@ -47,6 +47,8 @@ fn empty_spec_gets_the_documented_defaults() {
     assert_eq!(spec.safety.unhealthy_window, HumanDuration::from_secs(600));
     assert_eq!(spec.detach_timeout, HumanDuration::from_secs(390));
     assert!(!spec.dry_run);
+    assert_eq!(spec.fencing.proof, FencingProof::Agent);
+    assert_eq!(spec.fencing.agent_margin, HumanDuration::from_secs(6));
 }
 
 #[test]
@@ -57,6 +59,8 @@ fn good_specs_pass_every_cel_rule() {
                              "signals": ["Lease", "KubeletTCP"], "leaseGracePeriod": "12s"}}),
         json!({"detection": {"signals": ["NodeReady"], "interval": "30s"}}),
         json!({"detection": {"signals": ["KubeletTCP", "NodeReady", "Lease"]}}),
+        // The detection before the fast defaults: wait for the controller manager's NotReady.
+        json!({"detection": {"signals": ["Lease", "NodeReady", "AgentHeartbeat"]}}),
         json!({"safety": {"maxUnhealthy": 1}}),
         json!({"safety": {"maxUnhealthy": "100%"}}),
         json!({"safety": {"maxUnhealthy": "5%"}}),

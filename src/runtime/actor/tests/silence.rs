@@ -129,8 +129,10 @@ fn agent_proof_harness_with(node_1: Node) -> Harness {
     objects.push(agent_node(mk_node("node-2")).into());
     objects.push(agent_node(mk_node("node-3")).into());
     let mut spec = quick_spec();
+    // The margin these tests count with (8 s and 10 s: 18 s of silence), not the default's.
     spec.fencing = Fencing {
         proof: FencingProof::Agent,
+        agent_margin: crate::api::HumanDuration::from_secs(10),
         ..Fencing::default()
     };
     harness_with(objects, Some(spec))
