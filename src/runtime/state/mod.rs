@@ -338,7 +338,6 @@ impl ClusterState {
         let tainted = crate::api::NodeTaint::ALL.iter().any(|t| t.on(node));
         let obs = self.observations_of(node.name_any(), now);
         obs.observe_ready(ReadyStatus::from_node(node), now);
-        obs.observe_agent_advert(crate::contract::agent_addr(node).is_some());
         obs.observe_podha_taint(tainted, now);
         let boot_id = node.status.as_ref().and_then(|s| s.node_info.as_ref());
         obs.observe_boot_id(boot_id.map(|i| i.boot_id.as_str()), now);

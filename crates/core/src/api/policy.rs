@@ -298,8 +298,10 @@ pub struct Detection {
     /// `AgentHeartbeat`: the node's podha agent does not answer the leader's heartbeat
     /// (asked every second, a second to answer whatever `tcpTimeout` says: the agent fences
     /// when unheard, so no policy shortens it); like KubeletTCP a refusal counts as alive.
-    /// A node that advertises no agent gets no `AgentHeartbeat` reading: the other signals
-    /// judge it (with the default, the Lease alone), or none does.
+    /// A node without an agent gives it no evidence either way, so a policy that lists it never
+    /// judges such a node dead (under the default proof, the agent's, the policy says so:
+    /// `Degraded`, reason `AgentsMissing`); without agents, list `[Lease]` or
+    /// `[Lease, NodeReady]`.
     /// Which faults each sees: a machine that is off or crashed fails all four; a frozen
     /// machine fails `Lease`, `NodeReady` and `AgentHeartbeat`, while its kernel still accepts
     /// the `KubeletTCP` connect (alive); a kubelet that died on a running machine fails `Lease`

@@ -196,9 +196,6 @@ pub struct NodeObservations {
     tcp: Probed,
     /// The node agent's heartbeats.
     agent: Probed,
-    /// Whether the Node advertises an agent (its port, `podha.io/agent-port`): only then is it
-    /// asked for heartbeats, and only then does `AgentHeartbeat` say anything of it.
-    runs_agent: bool,
     last_seen_alive: Option<Instant>,
     /// When this process first saw one of podha's taints on the node (cleared once it is gone).
     podha_tainted_since: Option<Instant>,
@@ -231,7 +228,6 @@ impl NodeObservations {
             ready: ReadyStatus::Missing,
             tcp: Probed::default(),
             agent: Probed::default(),
-            runs_agent: false,
             last_seen_alive: None,
             podha_tainted_since: None,
             boot_id: None,
@@ -330,17 +326,6 @@ impl NodeObservations {
             }
             Arming::Unsaid => {}
         }
-    }
-
-    /// Whether the Node advertises an agent, as last seen.
-    pub fn observe_agent_advert(&mut self, runs_agent: bool) {
-        self.runs_agent = runs_agent;
-    }
-
-    /// Whether the Node advertises an agent: without one, `AgentHeartbeat` has nothing to say
-    /// of the node, and the node is judged on the policy's other signals.
-    pub fn runs_agent(&self) -> bool {
-        self.runs_agent
     }
 
     /// The node no longer publishes an endpoint for `kind`: no evidence either way.

@@ -32,7 +32,7 @@ pub enum Reading {
     NodeReady(ReadyStatus),
     /// `None`: no TCP result yet.
     KubeletTcp(Option<TcpResult>),
-    /// `None`: no heartbeat result yet. A node that advertises no agent has no such reading.
+    /// `None`: no heartbeat result yet (or the node runs no agent).
     Agent(Option<TcpResult>),
 }
 
@@ -194,25 +194,19 @@ impl fmt::Display for Probe {
 
 /// Reads every signal `cfg` enables from `obs` at `now`. Pure; the gap state is the tracker's
 /// business, not the probe's.
-///
-/// A node that advertises no agent gets no `AgentHeartbeat` reading: the signal has nothing to
-/// say of it, and the policy's other signals judge it (with the default `[Lease,
-/// AgentHeartbeat]`, the Lease alone). With no other signal its probes stay inconclusive.
 pub fn evaluate(now: Instant, obs: &NodeObservations, cfg: &DetectionConfig) -> Probe {
     let readings = cfg
         .signals
         .iter()
-        .filter_map(|signal| match signal {
-            Signal::Lease => Some(Reading::Lease {
+        .map(|signal| match signal {
+            Signal::Lease => Reading::Lease {
                 silent_for: now.saturating_duration_since(obs.lease_baseline()),
                 since_renewal: obs.last_renewal().map(|r| now.saturating_duration_since(r)),
                 grace: cfg.lease_grace,
-            }),
-            Signal::NodeReady => Some(Reading::NodeReady(obs.ready())),
-            Signal::KubeletTCP => Some(Reading::KubeletTcp(obs.tcp())),
-            Signal::AgentHeartbeat => obs
-                .runs_agent()
-                .then(|| Reading::Agent(obs.probed(ProbeKind::Agent).result)),
+            },
+            Signal::NodeReady => Reading::NodeReady(obs.ready()),
+            Signal::KubeletTCP => Reading::KubeletTcp(obs.tcp()),
+            Signal::AgentHeartbeat => Reading::Agent(obs.probed(ProbeKind::Agent).result),
         })
         .collect();
     Probe { readings }
@@ -348,68 +342,39 @@ mod tests {
         );
     }
 
+    /// The default signals: the Lease's silence alone judges nothing while the agent has not
+    /// answered (a node without one, or not probed yet); its answer passes the probe whatever
+    /// the Lease says; both silent fail it.
     #[test]
-    fn a_node_without_an_agent_is_judged_on_the_other_signals() {
+    fn the_default_signals_need_the_lease_and_the_agent_both_silent() {
         let t0 = Instant::now();
         let mut obs = NodeObservations::new(t0);
         obs.lease_renewed(t0 + s(2));
-        let with_agent = DetectionConfig {
-            signals: SignalSet {
-                lease: true,
-                agent: true,
-                ..SignalSet::default()
-            },
-            ..cfg(true, false, false)
-        };
-        let agent_only = DetectionConfig {
-            signals: SignalSet {
-                agent: true,
-                ..SignalSet::default()
-            },
-            ..cfg(false, false, false)
-        };
+        let defaults = DetectionConfig::try_from(&crate::api::Detection::default()).unwrap();
         let now = t0 + s(50);
-        // No agent advertised: the Lease alone decides; the agent alone says nothing.
-        let probe = evaluate(now, &obs, &with_agent);
+        let probe = evaluate(now, &obs, &defaults);
         assert_eq!(
             probe
                 .readings
                 .iter()
                 .map(Reading::signal)
                 .collect::<Vec<_>>(),
-            [Signal::Lease]
+            [Signal::Lease, Signal::AgentHeartbeat]
         );
-        assert_eq!(probe.verdict(), Verdict::Fail);
+        assert_eq!(probe.verdict(), Verdict::Inconclusive, "{probe}");
+        let arming = crate::health::Arming::Unsaid;
+        obs.observe_agent(TcpResult::Connected, true, arming, now, now);
+        assert_eq!(evaluate(now, &obs, &defaults).verdict(), Verdict::Pass);
+        obs.observe_agent(TcpResult::NoAnswer, false, arming, now + s(1), now + s(2));
         assert_eq!(
-            evaluate(now, &obs, &agent_only).verdict(),
-            Verdict::Inconclusive
-        );
-
-        // Advertised but not heard from yet: inconclusive, the Lease's death is not enough.
-        obs.observe_agent_advert(true);
-        let probe = evaluate(now, &obs, &with_agent);
-        assert_eq!(probe.readings[1], Reading::Agent(None));
-        assert_eq!(probe.verdict(), Verdict::Inconclusive);
-        // Its agent answers: alive, whatever the Lease says.
-        obs.observe_agent(
-            TcpResult::Connected,
-            true,
-            crate::health::Arming::Unsaid,
-            now,
-            now,
-        );
-        assert_eq!(evaluate(now, &obs, &with_agent).verdict(), Verdict::Pass);
-        // Unanswered: both dead.
-        obs.observe_agent(
-            TcpResult::NoAnswer,
-            false,
-            crate::health::Arming::Unsaid,
-            now + s(1),
-            now + s(2),
-        );
-        assert_eq!(
-            evaluate(now + s(2), &obs, &with_agent).verdict(),
+            evaluate(now + s(2), &obs, &defaults).verdict(),
             Verdict::Fail
+        );
+        // The agent silent, the kubelet renewing: alive.
+        obs.lease_renewed(now + s(3));
+        assert_eq!(
+            evaluate(now + s(4), &obs, &defaults).verdict(),
+            Verdict::Pass
         );
     }
 
