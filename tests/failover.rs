@@ -855,8 +855,11 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
         let _ = api
             .delete("validation-defaults", &DeleteParams::default())
             .await;
-        if spec["detection"]["interval"] != "5s"
+        if spec["detection"]["interval"] != "2s"
             || spec["detection"]["failureThreshold"] != 3
+            || spec["detection"]["signals"] != json!(["Lease", "AgentHeartbeat"])
+            || spec["detection"]["leaseGracePeriod"] != "15s"
+            || spec["fencing"]["agentMargin"] != "6s"
             || spec["action"] != "OutOfServiceTaint"
             || spec["safety"]["maxUnhealthy"] != "30%"
             || spec["detachTimeout"] != "6m30s"

@@ -148,6 +148,43 @@ pub(crate) fn agent_on_this_machine_is_safe(agent: &serde_json::Value, bmc_dir: 
     fence && watchdog && nothing_else
 }
 
+/// The agents' timings: `agent.isolationTimeout`, `agent.watchdog.timeout` and
+/// `agent.surveyTimeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentTimings {
+    pub isolation: Duration,
+    pub watchdog: Duration,
+    pub survey: Duration,
+}
+
+impl AgentTimings {
+    /// The chart's own, read from its `values.yaml`: what a user who keeps the defaults runs.
+    pub fn chart_defaults() -> anyhow::Result<Self> {
+        let path = chart_dir().join("values.yaml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let values: serde_norway::Value =
+            serde_norway::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let agent = &values["agent"];
+        let duration = |v: &serde_norway::Value, what: &str| {
+            let text = v
+                .as_str()
+                .with_context(|| format!("{what} is no duration in {}", path.display()))?;
+            humantime::parse_duration(text).with_context(|| format!("{what}: {text}"))
+        };
+        Ok(Self {
+            isolation: duration(&agent["isolationTimeout"], "agent.isolationTimeout")?,
+            watchdog: duration(&agent["watchdog"]["timeout"], "agent.watchdog.timeout")?,
+            survey: duration(&agent["surveyTimeout"], "agent.surveyTimeout")?,
+        })
+    }
+
+    /// [`sim_agent_values`] with these timings and a watchdog.
+    pub fn sim_values(self) -> SimAgent {
+        sim_agent_values(self.isolation, Some(self.watchdog), Some(self.survey))
+    }
+}
+
 /// The chart's values for `podha agent` on the sim's real nodes, as a user would write them for
 /// machines with a BMC: the DaemonSet on the real nodes only, fencing by writing `off` to the
 /// BMC's power control, petting the BMC's watchdog when the cluster gives its BMCs one

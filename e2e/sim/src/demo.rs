@@ -5,15 +5,21 @@ use std::path::Path;
 use anyhow::Context as _;
 use std::time::Duration;
 
-use crate::bench::failover::{
-    AGENT_ISOLATION_TIMEOUT, AGENT_SURVEY_TIMEOUT, AGENT_WATCHDOG_TIMEOUT,
-};
+use crate::chart_install::AgentTimings;
 use crate::cluster::{Cluster, ClusterOptions, Profile};
 
-/// The demo policy: Lease and kubelet TCP must both say dead, probed every second, three
-/// failures, a lease grace just above the kubelet's 10 s renew interval; out-of-service taint
-/// after the default proof, the node's agent's (`fencing.proof: Agent`).
+/// The demo policy on real nodes: podha's defaults, nothing tuned (`[Lease, AgentHeartbeat]`
+/// every 2 s, three failures, a 15 s lease grace; the out-of-service taint once the node's
+/// agent proved the fence, `fencing.proof: Agent` with a 6 s margin).
 fn demo_policy() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+/// The demo policy on kwok nodes, which run no agent: Lease and kubelet TCP both dead, probed
+/// every second, three failures, a lease grace just above the kubelet's 10 s renew interval;
+/// the taint without a proof, chosen explicitly (kwok nodes have no containers that could
+/// write on).
+fn demo_policy_kwok() -> serde_json::Value {
     serde_json::json!({
         "detection": {
             "interval": "1s",
@@ -23,15 +29,8 @@ fn demo_policy() -> serde_json::Value {
             "tcpTimeout": "500ms",
         },
         "action": "OutOfServiceTaint",
+        "fencing": { "proof": "None" },
     })
-}
-
-/// The demo policy on kwok nodes, which run no agent: the taint without a proof, chosen
-/// explicitly (kwok nodes have no containers that could write on).
-fn demo_policy_kwok() -> serde_json::Value {
-    let mut policy = demo_policy();
-    policy["fencing"] = serde_json::json!({ "proof": "None" });
-    policy
 }
 
 /// `podha-sim demo`: a cluster (real nodes when root, else kwok), podha, a node killed and the
@@ -55,7 +54,7 @@ pub async fn run(
         );
         opts.nodes = 0;
         opts.real_nodes = 3;
-        opts.real_node_watchdog = Some(AGENT_WATCHDOG_TIMEOUT);
+        opts.real_node_watchdog = Some(AgentTimings::chart_defaults()?.watchdog);
     } else {
         println!("== podha demo on kwok nodes (profile {profile}), podha, a node killed");
         if !kwok {
@@ -157,18 +156,16 @@ async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
     println!("$ kubectl get nodes -o wide");
     kubectl(cluster, &["get", "nodes", "-o", "wide"])?;
     let helm = crate::chart_rbac::helm_path()?;
-    let agent = chart_install::sim_agent_values(
-        AGENT_ISOLATION_TIMEOUT,
-        Some(AGENT_WATCHDOG_TIMEOUT),
-        Some(AGENT_SURVEY_TIMEOUT),
-    );
-    chart_install::install(cluster, &helm, &agent, &[])?;
+    let timings = AgentTimings::chart_defaults()?;
+    chart_install::install(cluster, &helm, &timings.sim_values(), &[])?;
     println!(
         "$ helm install podha charts/podha -n podha-system --create-namespace -f agent.yaml \
          (image loaded into the nodes; the agent fences through each node's BMC and pets its \
-         watchdog, isolationTimeout {}, watchdog {})",
-        humantime::format_duration(AGENT_ISOLATION_TIMEOUT),
-        humantime::format_duration(AGENT_WATCHDOG_TIMEOUT),
+         watchdog there; its timings the chart's defaults: isolationTimeout {}, watchdog {}, \
+         surveyTimeout {})",
+        humantime::format_duration(timings.isolation),
+        humantime::format_duration(timings.watchdog),
+        humantime::format_duration(timings.survey),
     );
     let pods = chart_install::wait_replicas(&client, 2, Duration::from_secs(180)).await?;
     let node_names: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
@@ -182,7 +179,7 @@ async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
     )?;
     apply_policy(&client, "demo", demo_policy()).await?;
     println!(
-        "$ kubectl apply -f policy.yaml   # PodHAPolicy demo: {}",
+        "$ kubectl apply -f policy.yaml   # PodHAPolicy demo, spec {} (every default)",
         demo_policy()
     );
     let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();

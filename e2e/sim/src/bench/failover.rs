@@ -135,8 +135,10 @@ pub enum Mode {
     None,
     /// podha configured like IOMesh Pod HA: Node Ready only, 3 probes × 30 s, delete pods.
     IomeshLike,
-    /// podha with its defaults, the agent's proof among them (`fencing.proof: Agent`, a 10 s
-    /// margin), with agents on the nodes as in `agent`.
+    /// podha with its defaults (`[Lease, AgentHeartbeat]` every 2 s, 3 failures, a 15 s lease
+    /// grace; the agent's proof with a 6 s margin). On real nodes the agents keep the chart's
+    /// own timings (a 12 s isolation timeout, a 6 s watchdog, 3 s surveys); on kwok nodes they
+    /// run as in `agent`.
     Default,
     /// Lease and kubelet TCP, 1 s probes, 3 failures, an 11 s lease grace, out-of-service taint.
     Fast,
@@ -162,6 +164,13 @@ pub const AGENT_ISOLATION_TIMEOUT: Duration = podha::agent::MIN_ISOLATION_TIMEOU
 pub const AGENT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(4);
 /// Their survey timeout: a small cluster on loopback.
 pub const AGENT_SURVEY_TIMEOUT: Duration = Duration::from_secs(1);
+/// The three together.
+pub const SHORTEST_AGENT_TIMINGS: crate::chart_install::AgentTimings =
+    crate::chart_install::AgentTimings {
+        isolation: AGENT_ISOLATION_TIMEOUT,
+        watchdog: AGENT_WATCHDOG_TIMEOUT,
+        survey: AGENT_SURVEY_TIMEOUT,
+    };
 
 impl Mode {
     pub fn name(self) -> &'static str {
@@ -254,6 +263,9 @@ pub struct Trial {
     /// Pods of the subject's name the controller manager deleted after podha deleted the
     /// subject: replacements (the API server's audit log, `audit::replacements_deleted`).
     pub replacements_deleted: usize,
+    /// The fencing proof the out-of-service taint of this trial named (its
+    /// `OutOfServiceTaintAdded` event), if it had one.
+    pub proof: Option<String>,
     pub steps: Vec<(String, f64)>,
 }
 
@@ -273,6 +285,7 @@ impl Trial {
             recover_s: secs(t.phase(Phase::Recover)),
             bmc_apply_s: None,
             replacements_deleted: 0,
+            proof: None,
             steps: t
                 .steps
                 .iter()
@@ -305,6 +318,8 @@ pub struct Summary {
     pub not_recovered_within_s: Option<f64>,
     /// Replacements the controller manager deleted, over every trial.
     pub replacements_deleted: usize,
+    /// How many trials' taints named each fencing proof, e.g. `AgentSilent 5`.
+    pub proofs: String,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -366,6 +381,7 @@ pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
                     })
                     .flatten(),
                 replacements_deleted: of.iter().map(|t| t.replacements_deleted).sum(),
+                proofs: proofs_named(&of),
             }
         })
         .collect();
@@ -381,11 +397,29 @@ pub fn summarize(trials: &[Trial], rows: &[(Mode, Nodes)]) -> Vec<Summary> {
     out
 }
 
+/// `AgentSilent 5`: how many of `trials` had their taint behind each proof; `-` for none.
+fn proofs_named(trials: &[&Trial]) -> String {
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for t in trials {
+        if let Some(p) = &t.proof {
+            *counts.entry(p.as_str()).or_default() += 1;
+        }
+    }
+    if counts.is_empty() {
+        return "-".to_string();
+    }
+    counts
+        .iter()
+        .map(|(p, n)| format!("{p} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub fn render(summaries: &[Summary]) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
-        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | BMC apply | median without it | vs iomesh-like | replacements deleted |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | nodes | trials | recovered | min s | median s | max s | detect | act | detach | recover | BMC apply | median without it | vs iomesh-like | replacements deleted | taint's proof |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         let median = match (s.median_s, s.not_recovered_within_s) {
@@ -397,7 +431,7 @@ pub fn render(summaries: &[Summary]) -> String {
             .speedup_vs_iomesh_like
             .map_or("-".to_string(), |r| format!("{r:.1}x"));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s.mode.name(),
             s.nodes.name(),
             s.trials,
@@ -412,10 +446,37 @@ pub fn render(summaries: &[Summary]) -> String {
             f(s.bmc_apply_median_s),
             f(s.without_bmc_apply_median_s),
             ratio,
-            s.replacements_deleted
+            s.replacements_deleted,
+            s.proofs
         ));
     }
     out
+}
+
+/// The fencing proof podha's latest `OutOfServiceTaintAdded` event of `node` since `since`
+/// names (`...; fencing proof: AgentSilent)`), if any.
+async fn taint_proof(
+    client: &kube::Client,
+    node: &str,
+    since: k8s_openapi::jiff::Timestamp,
+) -> anyhow::Result<Option<String>> {
+    let events =
+        crate::testkit::podha_events(client, "default", "OutOfServiceTaintAdded", node).await?;
+    let latest = events
+        .iter()
+        .filter_map(|e| {
+            let at = e
+                .series
+                .as_ref()
+                .map(|s| s.last_observed_time.0)
+                .or(e.event_time.as_ref().map(|t| t.0))?;
+            (at >= since).then_some((at, e.note.as_deref().unwrap_or_default()))
+        })
+        .max_by_key(|(at, _)| *at);
+    Ok(latest.and_then(|(_, note)| {
+        let proof = note.split("fencing proof: ").nth(1)?;
+        Some(proof.trim_end_matches(')').to_string())
+    }))
 }
 
 /// The kubelet's (kwok's) Lease renew interval: a quarter of the 40 s lease.
@@ -452,6 +513,7 @@ async fn run_group(
             Err(e) => return (trials, Some(e)),
         };
         let power_off_before = power_off_phase(cluster, podha, group);
+        let killed_after = k8s_openapi::jiff::Timestamp::now();
         let t = match measure(
             cluster,
             client,
@@ -470,6 +532,10 @@ async fn run_group(
         if group.mode.needs_bmcs() {
             trial.bmc_apply_s = bmc_apply(power_off_before, power_off_phase(cluster, podha, group));
         }
+        trial.proof = match taint_proof(client, &t.node, killed_after).await {
+            Ok(proof) => proof,
+            Err(e) => return (trials, Some(e.context("the taint's event"))),
+        };
         trial.replacements_deleted = match cluster.audited_requests() {
             Ok(requests) => crate::cluster::audit::replacements_deleted(&requests, &ns, "db-0"),
             Err(e) => {
@@ -480,13 +546,15 @@ async fn run_group(
             }
         };
         eprintln!(
-            "[{ns}] {} after {:.1?}; replacements deleted by the controller manager: {}",
+            "[{ns}] {} after {:.1?}; the taint's proof: {}; replacements deleted by the \
+             controller manager: {}",
             trial
                 .recovered_s
                 .map_or("not recovered".to_string(), |s| format!(
                     "recovered in {s:.1}s"
                 )),
             started.elapsed(),
+            trial.proof.as_deref().unwrap_or("none"),
             trial.replacements_deleted
         );
         trials.push(trial);
@@ -528,7 +596,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
     operator::check_run(&modes, &kinds)?;
     let groups = groups(&modes, &kinds);
-    let opts = cluster_options(&args, &groups);
+    let opts = cluster_options(&args, &groups)?;
     let status_update = kubelet_status_update(args.node_status_update_frequency);
     eprintln!(
         "starting a sim cluster of {} kwok and {} real nodes (profile {}; real kubelets' \
@@ -586,7 +654,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
 
 /// A cluster with three nodes per group, agents on the kwok nodes when a group needs them, and
 /// what podha installed by its chart needs (`operator::cluster_options`).
-fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
+fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> anyhow::Result<ClusterOptions> {
     let mut opts = ClusterOptions::new(&args.dir);
     opts.profile = args.profile;
     let count = |kind| groups.iter().filter(|g| g.kind == kind).count() * 3;
@@ -605,8 +673,8 @@ fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> ClusterOptions {
             watchdog_timeout: Some(AGENT_WATCHDOG_TIMEOUT),
         });
     }
-    operator::cluster_options(&mut opts, groups);
-    opts
+    operator::cluster_options(&mut opts, groups)?;
+    Ok(opts)
 }
 
 /// A BMC Secret for each node of a group whose mode asks for the BMC's proof, leading to its
@@ -731,8 +799,28 @@ mod tests {
             recover_s: None,
             bmc_apply_s: None,
             replacements_deleted: 0,
+            proof: None,
             steps: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_summary_counts_the_proof_each_taint_named() {
+        let with = |proof: Option<&str>| Trial {
+            proof: proof.map(str::to_string),
+            ..trial(Mode::Default, Some(20.0))
+        };
+        let trials = vec![
+            with(Some("AgentSilent")),
+            with(Some("AgentSilent")),
+            with(Some("AgentAcknowledged")),
+            with(None),
+        ];
+        let s = summarize(&trials, &[(Mode::Default, Nodes::Kwok)]);
+        assert_eq!(s[0].proofs, "AgentAcknowledged 1, AgentSilent 2");
+        assert!(render(&s).contains("| AgentAcknowledged 1, AgentSilent 2 |"));
+        let none = summarize(&[with(None)], &[(Mode::Default, Nodes::Kwok)]);
+        assert_eq!(none[0].proofs, "-");
     }
 
     #[test]

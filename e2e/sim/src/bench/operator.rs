@@ -4,7 +4,9 @@
 //! one replica on a real node of its own, which no trial kills, and the agent DaemonSet on
 //! every real node, fencing and petting its watchdog through the node's BMC stand-ins
 //! ([`chart_install::sim_agent_values`]). Such a run has real nodes only: from a real node's
-//! network, the kwok nodes' loopback addresses cannot be reached.
+//! network, the kwok nodes' loopback addresses cannot be reached. Its agents run with the
+//! chart's own timings for the `default` mode, with the shortest the agent accepts for the
+//! `agent` mode: one DaemonSet has one set, so the two run apart.
 
 use std::time::Duration;
 
@@ -13,11 +15,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use super::failover::{
-    AGENT_ISOLATION_TIMEOUT, AGENT_SURVEY_TIMEOUT, AGENT_WATCHDOG_TIMEOUT, FailoverArgs, Group,
-    Mode, Nodes,
-};
-use crate::chart_install;
+use super::failover::{FailoverArgs, Group, Mode, Nodes, SHORTEST_AGENT_TIMINGS};
+use crate::chart_install::{self, AgentTimings};
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::failover::{Operator, install_crd};
 use crate::testkit::wait_for;
@@ -55,6 +54,13 @@ pub fn check_run(modes: &[Mode], kinds: &[Nodes]) -> anyhow::Result<()> {
                 mode.name()
             );
         }
+        if modes.contains(&Mode::Default) && modes.contains(&Mode::Agent) {
+            bail!(
+                "on real nodes the default mode runs the agents with the chart's own timings \
+                 and the agent mode with the shortest ones, and one DaemonSet has one set: run \
+                 them apart"
+            );
+        }
         if let Some(bmc) = modes.iter().find(|m| m.needs_bmcs()) {
             bail!(
                 "the {} mode on real nodes installs podha by its chart, and the {} mode runs \
@@ -73,13 +79,27 @@ pub fn home_node(groups: &[Group]) -> String {
     format!("node-{}", groups.len() * 3 + 1)
 }
 
+/// The timings of the agents a run by chart installs: the chart's own for the `default` mode,
+/// the shortest for the `agent` mode ([`check_run`] keeps them apart).
+pub fn agent_timings(groups: &[Group]) -> anyhow::Result<AgentTimings> {
+    if groups
+        .iter()
+        .any(|g| g.kind == Nodes::Real && g.mode == Mode::Default)
+    {
+        AgentTimings::chart_defaults()
+    } else {
+        Ok(SHORTEST_AGENT_TIMINGS)
+    }
+}
+
 /// A run by chart needs a real node more (podha's home) and the BMC watchdog the chart's agent
-/// pets on each real node.
-pub fn cluster_options(opts: &mut ClusterOptions, groups: &[Group]) {
+/// pets on each real node, with the agents' watchdog timeout.
+pub fn cluster_options(opts: &mut ClusterOptions, groups: &[Group]) -> anyhow::Result<()> {
     if by_chart(groups) {
         opts.real_nodes += 1;
-        opts.real_node_watchdog = Some(AGENT_WATCHDOG_TIMEOUT);
+        opts.real_node_watchdog = Some(agent_timings(groups)?.watchdog);
     }
+    Ok(())
 }
 
 impl PodhaUnderTest {
@@ -109,14 +129,12 @@ impl PodhaUnderTest {
             .await
             .with_context(|| format!("labelling {home} as podha's node"))?;
         let helm = crate::chart_rbac::helm_path()?;
-        let agent = chart_install::sim_agent_values(
-            AGENT_ISOLATION_TIMEOUT,
-            Some(AGENT_WATCHDOG_TIMEOUT),
-            Some(AGENT_SURVEY_TIMEOUT),
-        );
+        let timings = agent_timings(groups)?;
+        let agent = timings.sim_values();
         let home_selector = format!("nodeSelector.{}={}", HOME_LABEL.0, HOME_LABEL.1);
         eprintln!(
-            "installing podha by its chart: one replica on {home}, agents on every real node"
+            "installing podha by its chart: one replica on {home}, agents on every real node \
+             ({timings:?})"
         );
         chart_install::install(
             cluster,
@@ -201,7 +219,7 @@ mod tests {
         assert!(!by_chart(&kwok));
         let real_fast = groups(&[Mode::Fast, Mode::Bmc], &[Nodes::Real]);
         assert!(!by_chart(&real_fast));
-        let real = groups(&[Mode::Default, Mode::Agent, Mode::Fast], &[Nodes::Real]);
+        let real = groups(&[Mode::Agent, Mode::Fast, Mode::IomeshLike], &[Nodes::Real]);
         assert!(by_chart(&real));
         // The groups take node-1 to node-9; podha's home is the next, never a trial's.
         assert_eq!(home_node(&real), "node-10");
@@ -209,12 +227,23 @@ mod tests {
 
         let mut opts = ClusterOptions::new(std::path::Path::new("/nonexistent"));
         opts.real_nodes = 9;
-        cluster_options(&mut opts, &real);
+        cluster_options(&mut opts, &real).unwrap();
         assert_eq!(opts.real_nodes, 10);
-        assert_eq!(opts.real_node_watchdog, Some(AGENT_WATCHDOG_TIMEOUT));
+        assert_eq!(
+            opts.real_node_watchdog,
+            Some(SHORTEST_AGENT_TIMINGS.watchdog)
+        );
         let mut opts = ClusterOptions::new(std::path::Path::new("/nonexistent"));
-        cluster_options(&mut opts, &real_fast);
+        cluster_options(&mut opts, &real_fast).unwrap();
         assert_eq!((opts.real_nodes, opts.real_node_watchdog), (0, None));
+
+        // The default mode's agents keep the chart's timings, its BMC watchdog theirs.
+        let default = groups(&[Mode::Default, Mode::Fast], &[Nodes::Real]);
+        let chart = AgentTimings::chart_defaults().unwrap();
+        assert_eq!(agent_timings(&default).unwrap(), chart);
+        let mut opts = ClusterOptions::new(std::path::Path::new("/nonexistent"));
+        cluster_options(&mut opts, &default).unwrap();
+        assert_eq!(opts.real_node_watchdog, Some(chart.watchdog));
     }
 
     #[test]
@@ -228,12 +257,13 @@ mod tests {
         );
         let agent_and_bmc = check_run(&[Mode::Agent, Mode::Bmc], &[Nodes::Real]);
         assert!(agent_and_bmc.unwrap_err().to_string().contains("bmc mode"));
+        let default_and_agent = check_run(&[Mode::Default, Mode::Agent], &[Nodes::Real]);
+        assert!(default_and_agent.unwrap_err().to_string().contains("run them apart"));
         for (modes, kinds) in [
             (&[Mode::Agent, Mode::Bmc][..], &[Nodes::Kwok][..]),
-            (
-                &[Mode::Agent, Mode::Default, Mode::Fast][..],
-                &[Nodes::Real][..],
-            ),
+            (&[Mode::Agent, Mode::Fast][..], &[Nodes::Real][..]),
+            (&[Mode::Default, Mode::Fast][..], &[Nodes::Real][..]),
+            (&[Mode::Default, Mode::Agent][..], &[Nodes::Kwok][..]),
             (
                 &[Mode::Bmc, Mode::Fast][..],
                 &[Nodes::Kwok, Nodes::Real][..],

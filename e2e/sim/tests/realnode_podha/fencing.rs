@@ -17,11 +17,11 @@
 //!   randomly signed peer surveys. The agent answers every one 401 and they keep nothing up:
 //!   the node is still fenced before its volume moves.
 //! - another writer's node is **cut off from the API server**. Its policy is a `DeletePods`
-//!   one with the default detection and the default proof (the agent's): the node is judged
-//!   dead, but podha still hears its agent, which sees no fence request, so the node is held
-//!   (`FencingPending`) and left alone: no fence, no taint, its writer not deleted, and it keeps
-//!   writing (Kubernetes evicts it meanwhile, but its kubelet hears of that only once the
-//!   partition heals, and the replacement waits for the volume).
+//!   one with the default detection (`Lease` and `AgentHeartbeat`) and the default proof (the
+//!   agent's): its Lease goes silent, but podha still hears its agent, so the node is never
+//!   judged dead (no `NodeFailed`) and is left alone: no fence, no taint, its writer not
+//!   deleted, and it keeps writing (Kubernetes evicts it meanwhile, but its kubelet hears of
+//!   that only once the partition heals, and the replacement waits for the volume).
 //! - the isolated node's agent is **stopped (SIGTERM) right after the cut**, as the kubelet stops
 //!   a container: it cannot withdraw its advert, so it keeps its watchdog armed and petted by the
 //!   usual rules, and the node is still fenced before its volume moves.
@@ -91,8 +91,8 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     .await
 }
 
-/// `node`'s own policy: `DeletePods`, the default detection (`Lease` and `NodeReady`) and the
-/// default proof (the agent's).
+/// `node`'s own policy: `DeletePods`, the default detection (`Lease` and `AgentHeartbeat`) and
+/// the default proof (the agent's).
 async fn apply_delete_pods_policy(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<()> {
     apply_policy_spec(
         ctx,
@@ -171,6 +171,15 @@ async fn start_writer(
     Ok((pod, handle))
 }
 
+/// How many times podha judged `node` dead so far (its `NodeFailed` events, counting repeats).
+async fn times_judged_dead(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<i32> {
+    let events = podha_events(&ctx.client, "default", "NodeFailed", node).await?;
+    Ok(events
+        .iter()
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum())
+}
+
 pub(super) fn has_out_of_service_taint(node: &k8s_openapi::api::core::v1::Node) -> bool {
     has_taint(node, OUT_OF_SERVICE)
 }
@@ -199,6 +208,7 @@ pub(super) fn frozen_and_cut_off_nodes(
         apply_fencing_policy(&ctx).await?;
         apply_delete_pods_policy(&ctx, cut).await?;
         let fences_before = ctx.cluster.fences()?.len();
+        let cut_failed_before = times_judged_dead(&ctx, cut).await?;
 
         let frozen_writer =
             start_writer(&ctx, "frozen", frozen, &[frozen, replica_nodes[0]]).await?;
@@ -250,26 +260,11 @@ pub(super) fn frozen_and_cut_off_nodes(
         }
         .await;
         let left = FAULT.saturating_sub(started.elapsed());
-        let cut_held = if during.is_ok() {
-            let held = async {
-                // Judged dead, and held for the proof its agent, unaware of the request, does
-                // not give.
-                wait_for(
-                    &format!("podha to hold the cut-off {cut} for its fencing proof"),
-                    left,
-                    || async {
-                        let events =
-                            podha_events(&ctx.client, "default", "FencingPending", cut).await?;
-                        Ok((!events.is_empty()).then_some(()))
-                    },
-                )
-                .await
-            };
-            let (held, ()) = tokio::join!(held, tokio::time::sleep(left));
-            held
-        } else {
-            Ok(())
-        };
+        if during.is_ok() {
+            tokio::time::sleep(left).await;
+        }
+        // Its Lease silent, its agent heard: never judged dead.
+        let cut_judged_dead = times_judged_dead(&ctx, cut).await? - cut_failed_before;
         // Its writer was not deleted: the attach/detach controller would have force-detached
         // its volume from the node 6 minutes later, whatever the node still ran.
         let cut_writer_kept = ctx
@@ -285,7 +280,11 @@ pub(super) fn frozen_and_cut_off_nodes(
         ctx.cluster.isolate_node(isolated, false)?;
         ctx.cluster.partition_node(cut, false)?;
         let (frozen_new, isolated_new) = during?;
-        cut_held?;
+        ensure!(
+            cut_judged_dead == 0,
+            "podha judged the cut-off {cut} dead ({cut_judged_dead} NodeFailed) while its agent \
+             answered"
+        );
         ensure!(
             cut_writer_kept,
             "podha deleted the writer of the cut-off {cut} without the proof"
