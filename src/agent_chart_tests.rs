@@ -67,11 +67,23 @@ fn the_charts_agent_values_are_the_agents_defaults_and_hold_the_proofs_bounds() 
     run_alone
         .check()
         .expect("the chart's timings hold the bounds the agent checks at start");
-    // A watchdog that resets only at its second timeout (Intel's iTCO_wdt) fires a watchdog
-    // timeout after the isolation timeout: podha's default margin covers it.
-    let margin: Duration = Fencing::default().agent_margin.into();
+    // An Intel iTCO_wdt resets only at its second timeout, which the agent counts: at the
+    // chart's isolation timeout it does not fit (the agent runs without it and says why), and
+    // the one value the chart's comment names, `isolationTimeout: 24s`, makes it fit.
+    let itco = crate::agent::watchdog::timeouts_to_reset("iTCO_wdt");
+    let bounds = run_alone.watchdog_bounds();
     assert!(
-        margin >= watchdog,
-        "fencing.agentMargin's default ({margin:?}) covers a second watchdog timeout ({watchdog:?})"
+        bounds.check_span(watchdog, watchdog * itco).is_err(),
+        "an iTCO watchdog of {watchdog:?} fits the chart's timings: values.yaml says it does not"
     );
+    let longer = crate::agent::watchdog::Bounds {
+        isolation_timeout: Duration::from_secs(24),
+        ..bounds
+    };
+    longer
+        .check_span(watchdog, watchdog * itco)
+        .expect("an iTCO watchdog fits isolationTimeout 24s, as values.yaml says");
+    // podha's default margin is what the chart's comment and docs/agent.md count with.
+    let margin: Duration = Fencing::default().agent_margin.into();
+    assert_eq!(margin, Duration::from_secs(4));
 }

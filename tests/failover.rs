@@ -859,7 +859,7 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             || spec["detection"]["failureThreshold"] != 3
             || spec["detection"]["signals"] != json!(["Lease", "AgentHeartbeat"])
             || spec["detection"]["leaseGracePeriod"] != "15s"
-            || spec["fencing"]["agentMargin"] != "6s"
+            || spec["fencing"]["agentMargin"] != "4s"
             || spec["action"] != "OutOfServiceTaint"
             || spec["safety"]["maxUnhealthy"] != "30%"
             || spec["detachTimeout"] != "6m30s"

@@ -262,7 +262,7 @@ fn under_the_agent_proof_the_nodes_agent_decides() {
     let proof = e.checks.iter().find(|c| c.rule == "proof").unwrap();
     assert_eq!(
         proof.detail,
-        "Agent: a silence of 8.0s plus agentMargin 6s (counted from the last renewal of the \
+        "Agent: a silence of 8.0s plus agentMargin 4s (counted from the last renewal of the \
          agent's Lease, if later) proves the fence"
     );
 

@@ -103,7 +103,7 @@ pub struct AgentArgs {
     /// How long podha may not hear this node before it fences itself (unless its peers show
     /// half of its peers unheard: podha then cannot prove its silence). podha's `Agent` proof (by the agent's silence) waits this long plus
     /// `fencing.agentMargin`, for an agent that pets a watchdog.
-    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "12s")]
+    #[arg(long, env = "PODHA_AGENT_ISOLATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "14s")]
     pub isolation_timeout: Duration,
     /// How often the agent checks whether it is heard.
     #[arg(long, env = "PODHA_AGENT_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]

@@ -172,7 +172,7 @@ impl Default for Fencing {
 }
 
 fn default_agent_margin() -> HumanDuration {
-    HumanDuration::from_secs(6)
+    HumanDuration::from_secs(4)
 }
 
 /// The proof the out-of-service taint needs.

@@ -48,7 +48,7 @@ fn empty_spec_gets_the_documented_defaults() {
     assert_eq!(spec.detach_timeout, HumanDuration::from_secs(390));
     assert!(!spec.dry_run);
     assert_eq!(spec.fencing.proof, FencingProof::Agent);
-    assert_eq!(spec.fencing.agent_margin, HumanDuration::from_secs(6));
+    assert_eq!(spec.fencing.agent_margin, HumanDuration::from_secs(4));
 }
 
 #[test]
@@ -317,7 +317,7 @@ fn schema_carries_enums_patterns_and_list_types() {
         props["safety"]["properties"]["maxUnhealthy"]["x-kubernetes-int-or-string"],
         true
     );
-    assert_eq!(props["detection"]["default"]["interval"], "5s");
+    assert_eq!(props["detection"]["default"]["interval"], "2s");
 }
 
 #[test]

@@ -132,18 +132,18 @@ mod tests {
     #[test]
     fn defaults_convert() {
         let cfg = DetectionConfig::try_from(&Detection::default()).unwrap();
-        assert_eq!(cfg.interval, Duration::from_secs(5));
+        assert_eq!(cfg.interval, Duration::from_secs(2));
         assert_eq!(cfg.failure_threshold.get(), 3);
         assert_eq!(
             cfg.signals,
             SignalSet {
                 lease: true,
-                node_ready: true,
+                node_ready: false,
                 kubelet_tcp: false,
-                agent: false,
+                agent: true,
             }
         );
-        assert_eq!(cfg.lease_grace, Duration::from_secs(40));
+        assert_eq!(cfg.lease_grace, Duration::from_secs(15));
         assert_eq!(cfg.tcp_timeout, Duration::from_secs(1));
     }
 

@@ -258,7 +258,12 @@ mod tests {
         let agent_and_bmc = check_run(&[Mode::Agent, Mode::Bmc], &[Nodes::Real]);
         assert!(agent_and_bmc.unwrap_err().to_string().contains("bmc mode"));
         let default_and_agent = check_run(&[Mode::Default, Mode::Agent], &[Nodes::Real]);
-        assert!(default_and_agent.unwrap_err().to_string().contains("run them apart"));
+        assert!(
+            default_and_agent
+                .unwrap_err()
+                .to_string()
+                .contains("run them apart")
+        );
         for (modes, kinds) in [
             (&[Mode::Agent, Mode::Bmc][..], &[Nodes::Kwok][..]),
             (&[Mode::Agent, Mode::Fast][..], &[Nodes::Real][..]),

@@ -92,8 +92,10 @@ fn heard() -> AgentEvidence<'static> {
     }
 }
 
+/// The agent's proof with a 10 s margin, which these tests count with.
 fn agent_spec() -> crate::api::PodHAPolicySpec {
-    serde_json::from_value(serde_json::json!({"fencing": {"proof": "Agent"}})).unwrap()
+    serde_json::from_value(serde_json::json!({"fencing": {"proof": "Agent", "agentMargin": "10s"}}))
+        .unwrap()
 }
 
 #[test]

@@ -250,9 +250,11 @@ fn a_fenced_node_is_upgraded_to_the_out_of_service_taint_only_with_the_proof() {
     );
 }
 
+/// With a 10 s margin, which these tests count with (an agent's 30 s and the margin: 40 s).
 pub(super) fn needs_agent(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec.fencing = Fencing {
         proof: FencingProof::Agent,
+        agent_margin: crate::api::HumanDuration::from_secs(10),
         ..Fencing::default()
     };
     spec
