@@ -87,3 +87,17 @@ fn the_charts_agent_values_are_the_agents_defaults_and_hold_the_proofs_bounds() 
     let margin: Duration = Fencing::default().agent_margin.into();
     assert_eq!(margin, Duration::from_secs(4));
 }
+
+/// The chart's example policy writes out podha's defaults, detection and proof: what it says
+/// is what an empty spec gets.
+#[test]
+fn the_charts_example_policy_writes_out_the_defaults() {
+    let values: serde_norway::Value = serde_norway::from_str(VALUES).expect("values.yaml");
+    let spec = &values["policies"][0]["spec"];
+    let detection: crate::api::Detection =
+        serde_norway::from_value(spec["detection"].clone()).expect("the example's detection");
+    assert_eq!(detection, crate::api::Detection::default());
+    let fencing: Fencing =
+        serde_norway::from_value(spec["fencing"].clone()).expect("the example's fencing");
+    assert_eq!(fencing, Fencing::default());
+}

@@ -61,6 +61,10 @@ fn good_specs_pass_every_cel_rule() {
         json!({"detection": {"signals": ["KubeletTCP", "NodeReady", "Lease"]}}),
         // The detection before the fast defaults: wait for the controller manager's NotReady.
         json!({"detection": {"signals": ["Lease", "NodeReady", "AgentHeartbeat"]}}),
+        // The defaults written out.
+        json!({"detection": {"interval": "2s", "failureThreshold": 3, "leaseGracePeriod": "15s",
+                             "signals": ["Lease", "AgentHeartbeat"], "tcpTimeout": "1s"},
+               "action": "OutOfServiceTaint", "fencing": {"proof": "Agent", "agentMargin": "4s"}}),
         json!({"safety": {"maxUnhealthy": 1}}),
         json!({"safety": {"maxUnhealthy": "100%"}}),
         json!({"safety": {"maxUnhealthy": "5%"}}),
