@@ -889,11 +889,7 @@ async fn times_acted(
     reason: &str,
     name: &str,
 ) -> anyhow::Result<i32> {
-    let events = action_events(client, ns, reason, name).await?;
-    Ok(events
-        .iter()
-        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-        .sum())
+    podha_sim::testkit::podha_event_count(client, ns, reason, name).await
 }
 
 /// podha did this exactly once.

@@ -42,11 +42,7 @@ async fn record(ctx: &Ctx<'_>) -> anyhow::Result<Record> {
     for node in PAIR {
         let mut told = BTreeMap::new();
         for reason in ACTS {
-            let events = podha_events(&ctx.client, "default", reason, node).await?;
-            let times = events
-                .iter()
-                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                .sum();
+            let times = podha_event_count(&ctx.client, "default", reason, node).await?;
             told.insert(reason.to_string(), times);
         }
         let writes = podha_requests(ctx.cluster, "patch", "nodes", None, node)?.len();

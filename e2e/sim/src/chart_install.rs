@@ -148,6 +148,13 @@ pub(crate) fn agent_on_this_machine_is_safe(agent: &serde_json::Value, bmc_dir: 
     fence && watchdog && nothing_else
 }
 
+/// A chart's values file, read.
+pub fn read_values(path: &Path) -> anyhow::Result<serde_norway::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_norway::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
 /// The agents' timings: `agent.isolationTimeout`, `agent.watchdog.timeout` and
 /// `agent.surveyTimeout`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,10 +168,7 @@ impl AgentTimings {
     /// The chart's own, read from its `values.yaml`: what a user who keeps the defaults runs.
     pub fn chart_defaults() -> anyhow::Result<Self> {
         let path = chart_dir().join("values.yaml");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let values: serde_norway::Value =
-            serde_norway::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let values = read_values(&path)?;
         let agent = &values["agent"];
         let duration = |v: &serde_norway::Value, what: &str| {
             let text = v

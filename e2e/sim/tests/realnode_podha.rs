@@ -73,8 +73,8 @@ const WRITES: usize = 20;
 /// their peer surveys may take: the shortest set the agent accepts (docs/agent.md, "Timing"),
 /// the one `make bench-failover`'s agent mode measures.
 use podha_sim::bench::failover::{
-    AGENT_ISOLATION_TIMEOUT as ISOLATION_TIMEOUT, AGENT_SURVEY_TIMEOUT as SURVEY_TIMEOUT,
-    AGENT_WATCHDOG_TIMEOUT as WATCHDOG_TIMEOUT,
+    AGENT_ISOLATION_TIMEOUT as ISOLATION_TIMEOUT, AGENT_WATCHDOG_TIMEOUT as WATCHDOG_TIMEOUT,
+    SHORTEST_AGENT_TIMINGS,
 };
 
 fn main() -> ExitCode {
@@ -153,11 +153,7 @@ async fn install(
     for node in replica_nodes {
         label_node(ctx, node, "podha-test/replicas", "yes").await?;
     }
-    let agent = chart_install::sim_agent_values(
-        ISOLATION_TIMEOUT,
-        Some(WATCHDOG_TIMEOUT),
-        Some(SURVEY_TIMEOUT),
-    );
+    let agent = SHORTEST_AGENT_TIMINGS.sim_values();
     chart_install::install(
         ctx.cluster,
         helm,
@@ -248,13 +244,7 @@ fn real_nodes() -> Vec<String> {
 async fn node_reports(ctx: &Ctx<'_>, reason: &str, nodes: &[&str]) -> anyhow::Result<Vec<i32>> {
     let mut counts = Vec::new();
     for node in nodes {
-        let events = podha_events(&ctx.client, "default", reason, node).await?;
-        counts.push(
-            events
-                .iter()
-                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                .sum(),
-        );
+        counts.push(podha_event_count(&ctx.client, "default", reason, node).await?);
     }
     Ok(counts)
 }

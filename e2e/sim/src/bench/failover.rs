@@ -136,8 +136,8 @@ pub enum Mode {
     /// podha configured like IOMesh Pod HA: Node Ready only, 3 probes × 30 s, delete pods.
     IomeshLike,
     /// podha with its defaults (`[Lease, AgentHeartbeat]` every 2 s, 3 failures, a 15 s lease
-    /// grace; the agent's proof with a 6 s margin). On real nodes the agents keep the chart's
-    /// own timings (a 12 s isolation timeout, a 6 s watchdog, 3 s surveys); on kwok nodes they
+    /// grace; the agent's proof with a 4 s margin). On real nodes the agents keep the chart's
+    /// own timings (a 14 s isolation timeout, a 6 s watchdog, 3 s surveys); on kwok nodes they
     /// run as in `agent`.
     Default,
     /// Lease and kubelet TCP, 1 s probes, 3 failures, an 11 s lease grace, out-of-service taint.
@@ -513,7 +513,7 @@ async fn run_group(
             Err(e) => return (trials, Some(e)),
         };
         let power_off_before = power_off_phase(cluster, podha, group);
-        let killed_after = k8s_openapi::jiff::Timestamp::now();
+        let before_kill = k8s_openapi::jiff::Timestamp::now();
         let t = match measure(
             cluster,
             client,
@@ -532,7 +532,7 @@ async fn run_group(
         if group.mode.needs_bmcs() {
             trial.bmc_apply_s = bmc_apply(power_off_before, power_off_phase(cluster, podha, group));
         }
-        trial.proof = match taint_proof(client, &t.node, killed_after).await {
+        trial.proof = match taint_proof(client, &t.node, before_kill).await {
             Ok(proof) => proof,
             Err(e) => return (trials, Some(e.context("the taint's event"))),
         };

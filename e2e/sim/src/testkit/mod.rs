@@ -626,6 +626,21 @@ pub async fn podha_events(
         .collect())
 }
 
+/// How many times podha said [`podha_events`] of `reason` about `regarding`, counting the
+/// repeats of each event's series.
+pub async fn podha_event_count(
+    client: &kube::Client,
+    ns: &str,
+    reason: &str,
+    regarding: &str,
+) -> anyhow::Result<i32> {
+    let events = podha_events(client, ns, reason, regarding).await?;
+    Ok(events
+        .iter()
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum())
+}
+
 /// Summary of the scenario's pods (for progress output).
 pub fn summary(pods: &[Pod]) -> BTreeMap<String, String> {
     pods.iter()

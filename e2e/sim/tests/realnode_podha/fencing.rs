@@ -171,15 +171,6 @@ async fn start_writer(
     Ok((pod, handle))
 }
 
-/// How many times podha judged `node` dead so far (its `NodeFailed` events, counting repeats).
-async fn times_judged_dead(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<i32> {
-    let events = podha_events(&ctx.client, "default", "NodeFailed", node).await?;
-    Ok(events
-        .iter()
-        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-        .sum())
-}
-
 pub(super) fn has_out_of_service_taint(node: &k8s_openapi::api::core::v1::Node) -> bool {
     has_taint(node, OUT_OF_SERVICE)
 }
@@ -208,7 +199,7 @@ pub(super) fn frozen_and_cut_off_nodes(
         apply_fencing_policy(&ctx).await?;
         apply_delete_pods_policy(&ctx, cut).await?;
         let fences_before = ctx.cluster.fences()?.len();
-        let cut_failed_before = times_judged_dead(&ctx, cut).await?;
+        let cut_failed_before = node_reports(&ctx, "NodeFailed", &[cut]).await?;
 
         let frozen_writer =
             start_writer(&ctx, "frozen", frozen, &[frozen, replica_nodes[0]]).await?;
@@ -264,7 +255,8 @@ pub(super) fn frozen_and_cut_off_nodes(
             tokio::time::sleep(left).await;
         }
         // Its Lease silent, its agent heard: never judged dead.
-        let cut_judged_dead = times_judged_dead(&ctx, cut).await? - cut_failed_before;
+        let cut_judged_dead =
+            node_reports(&ctx, "NodeFailed", &[cut]).await?[0] - cut_failed_before[0];
         // Its writer was not deleted: the attach/detach controller would have force-detached
         // its volume from the node 6 minutes later, whatever the node still ran.
         let cut_writer_kept = ctx

@@ -204,12 +204,7 @@ fn mib(kib: u64) -> String {
 
 /// `agent.resources.requests.memory` and `.limits.memory` from the chart's values.
 fn chart_memory(values: &Path) -> (String, String) {
-    let read = || -> anyhow::Result<serde_norway::Value> {
-        let text = std::fs::read_to_string(values)
-            .with_context(|| format!("read {}", values.display()))?;
-        Ok(serde_norway::from_str(&text)?)
-    };
-    let Ok(values) = read() else {
+    let Ok(values) = crate::chart_install::read_values(values) else {
         return ("unknown".into(), "unknown".into());
     };
     let memory = |kind: &str| {
