@@ -21,7 +21,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpStream};
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -412,6 +412,34 @@ fn partition_and_heal(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
     })
 }
 
+/// The Redfish service answers on the real node's own network, at the nodes' bridge address,
+/// its certificate valid for that address and its credentials taken: where podha installed
+/// by its chart (a pod on a real node) reaches the BMCs.
+fn reached_from_the_node(
+    ctx: &Ctx<'_>,
+    access: &podha_sim::cluster::redfish::RedfishAccess,
+) -> anyhow::Result<()> {
+    let from_nodes = access.from_nodes()?;
+    let netns = ctx.cluster.node_netns(REAL_NODE)?;
+    let systems = podha_sim::chart_install::run(
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .args(["curl", "-sS", "--fail", "--max-time", "5", "--cacert"])
+            .arg(&from_nodes.ca_file)
+            .arg("--user")
+            .arg(format!("{}:{}", from_nodes.username, from_nodes.password))
+            .arg(format!("{}/redfish/v1/Systems", from_nodes.address)),
+    )?;
+    let listed: serde_json::Value = serde_json::from_str(&systems)?;
+    let count = listed["Members@odata.count"].as_u64();
+    anyhow::ensure!(
+        count == Some(ctx.cluster.nodes().len() as u64),
+        "from {REAL_NODE}'s network, {} listed {count:?} systems: {systems}",
+        from_nodes.address
+    );
+    Ok(())
+}
+
 fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
     run_scenario(shared, "realnode-bmc", |ctx| async move {
         let ns = ctx.ns.clone();
@@ -441,6 +469,8 @@ fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed>
                     == podha::api::canonical_uuid(&system_uuid),
             "{REAL_NODE} reports systemUUID {reported:?}, its BMC's system says UUID {system_uuid:?}"
         );
+
+        reached_from_the_node(&ctx, &access)?;
 
         ctx.cluster.freeze_node(REAL_NODE)?;
         let fences_before = ctx.cluster.fences()?.len();

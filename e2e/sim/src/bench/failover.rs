@@ -615,7 +615,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
                 apply_policy(&client, &group.name(), spec).await?;
             }
         }
-        bmc_secrets(&cluster, &client, &groups, podha.namespace()).await?;
+        bmc_secrets(&cluster, &client, &groups, &podha).await?;
         let runs = groups
             .iter()
             .map(|group| run_group(&cluster, &client, &podha, group, &args));
@@ -678,12 +678,13 @@ fn cluster_options(args: &FailoverArgs, groups: &[Group]) -> anyhow::Result<Clus
 }
 
 /// A BMC Secret for each node of a group whose mode asks for the BMC's proof, leading to its
-/// system on the cluster's Redfish service, in podha's `namespace`.
+/// system on the cluster's Redfish service, in podha's namespace, at the address podha reaches
+/// it from where it runs (this machine, or a real node).
 async fn bmc_secrets(
     cluster: &Cluster,
     client: &kube::Client,
     groups: &[Group],
-    namespace: &str,
+    podha: &PodhaUnderTest,
 ) -> anyhow::Result<()> {
     let nodes: Vec<&String> = groups
         .iter()
@@ -696,6 +697,11 @@ async fn bmc_secrets(
     let access = cluster
         .redfish()
         .context("the cluster was started without Redfish BMCs")?;
+    let access = match podha {
+        PodhaUnderTest::Process(_) => access,
+        PodhaUnderTest::Chart { .. } => access.from_nodes()?,
+    };
+    let namespace = podha.namespace();
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(client.clone(), namespace);
     for node in nodes {

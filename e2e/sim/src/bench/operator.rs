@@ -4,8 +4,9 @@
 //! one replica on a real node of its own, which no trial kills, and the agent DaemonSet on
 //! every real node, fencing and petting its watchdog through the node's BMC stand-ins
 //! ([`chart_install::sim_agent_values`]). Such a run has real nodes only: from a real node's
-//! network, the kwok nodes' loopback addresses cannot be reached. Its agents run with the
-//! chart's own timings for the `default` mode, with the shortest the agent accepts for the
+//! network, the kwok nodes' loopback addresses cannot be reached; the cluster's Redfish service
+//! can, at the nodes' bridge address, so the `bmc` mode runs beside them. Its agents run with
+//! the chart's own timings for the `default` mode, with the shortest the agent accepts for the
 //! `agent` mode: one DaemonSet has one set, so the two run apart.
 
 use std::time::Duration;
@@ -59,14 +60,6 @@ pub fn check_run(modes: &[Mode], kinds: &[Nodes]) -> anyhow::Result<()> {
                 "on real nodes the default mode runs the agents with the chart's own timings \
                  and the agent mode with the shortest ones, and one DaemonSet has one set: run \
                  them apart"
-            );
-        }
-        if let Some(bmc) = modes.iter().find(|m| m.needs_bmcs()) {
-            bail!(
-                "the {} mode on real nodes installs podha by its chart, and the {} mode runs \
-                 podha as a process beside the sim's Redfish service: run them apart",
-                mode.name(),
-                bmc.name()
             );
         }
     }
@@ -255,8 +248,6 @@ mod tests {
                 .to_string()
                 .contains("--nodes real and --nodes kwok apart")
         );
-        let agent_and_bmc = check_run(&[Mode::Agent, Mode::Bmc], &[Nodes::Real]);
-        assert!(agent_and_bmc.unwrap_err().to_string().contains("bmc mode"));
         let default_and_agent = check_run(&[Mode::Default, Mode::Agent], &[Nodes::Real]);
         assert!(
             default_and_agent
@@ -268,6 +259,11 @@ mod tests {
             (&[Mode::Agent, Mode::Bmc][..], &[Nodes::Kwok][..]),
             (&[Mode::Agent, Mode::Fast][..], &[Nodes::Real][..]),
             (&[Mode::Default, Mode::Fast][..], &[Nodes::Real][..]),
+            (
+                &[Mode::Default, Mode::Bmc, Mode::Fast][..],
+                &[Nodes::Real][..],
+            ),
+            (&[Mode::Agent, Mode::Bmc][..], &[Nodes::Real][..]),
             (&[Mode::Default, Mode::Agent][..], &[Nodes::Kwok][..]),
             (
                 &[Mode::Bmc, Mode::Fast][..],

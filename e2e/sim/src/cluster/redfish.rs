@@ -59,6 +59,9 @@ pub struct EmulatorConfig {
     /// Refuse `ForceOff` and `GracefulShutdown` (`400`), as a BMC whose account may not power
     /// off does.
     pub power_off_disabled: bool,
+    /// An address more for the serving certificate: the real nodes' bridge address, where
+    /// they reach the emulator (`super::realnode::net`).
+    pub also_at: Option<Ipv4Addr>,
 }
 
 /// A running emulator; killed on drop unless [`Emulator::detach`]ed.
@@ -91,7 +94,7 @@ impl Emulator {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
 
-        let ca_pem = write_certificates(dir)?;
+        let ca_pem = write_certificates(dir, config.also_at)?;
         write_file(
             &dir.join("htpasswd"),
             &format!("{}:{}\n", config.username, bcrypt(&exe, &config.password)?),
@@ -119,6 +122,11 @@ impl Emulator {
     /// `https://127.0.0.1:<port>`.
     pub fn address(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on, on this host's loopback.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The system named `name`.
@@ -200,13 +208,35 @@ const REDFISH_PROC: &str = "redfish";
 /// named after it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RedfishAccess {
+    /// Where this host reaches it: its loopback.
     pub address: String,
+    /// The loopback port it listens on.
+    pub port: u16,
+    /// Where the real nodes and their pods reach it: the bridge's host address, forwarded to
+    /// the loopback port (`super::realnode::net`). `None` in a cluster without real nodes.
+    pub node_network_address: Option<String>,
     pub username: String,
     pub password: String,
     pub ca_file: PathBuf,
 }
 
 impl RedfishAccess {
+    /// The same service as a pod on a real node reaches it (podha installed by its chart):
+    /// its address on the nodes' network.
+    pub fn from_nodes(&self) -> Result<Self> {
+        let address = self.node_network_address.clone().ok_or_else(|| {
+            Error::Other(
+                "the cluster's Redfish service is reached from real nodes only in a cluster \
+                 with real nodes"
+                    .into(),
+            )
+        })?;
+        Ok(Self {
+            address,
+            ..self.clone()
+        })
+    }
+
     /// A client of `node`'s system, each call bounded by [`SYSTEM_CALL_TIMEOUT`].
     pub fn system(&self, node: &str) -> Result<podha::redfish::Bmc> {
         let mut endpoint = self.endpoint(node)?;
@@ -278,16 +308,23 @@ impl super::Cluster {
         for (node, system) in st.nodes.iter_mut().zip(&systems) {
             node.system_uuid = Some(system.uuid.clone());
         }
+        let bridge = st
+            .real_nodes
+            .as_ref()
+            .map(|real| super::realnode::net::host_ip(real.subnet));
         let config = EmulatorConfig {
             systems,
             username: "podha".to_string(),
             password: super::pki::random_uuid()?,
             power_off_disabled: false,
+            also_at: bridge,
         };
         let dir = self.dir.join("redfish");
         let emulator = Emulator::start(&dir, &config)?;
         let access = RedfishAccess {
             address: emulator.address(),
+            port: emulator.port(),
+            node_network_address: bridge.map(|ip| format!("https://{ip}:{}", emulator.port())),
             username: config.username,
             password: config.password,
             ca_file: dir.join("ca.crt"),
@@ -415,8 +452,8 @@ fn configuration(dir: &Path, port: u16, config: &EmulatorConfig) -> String {
     )
 }
 
-/// A CA and a serving certificate for 127.0.0.1 and localhost; returns the CA's PEM.
-fn write_certificates(dir: &Path) -> Result<String> {
+/// A CA and a serving certificate for 127.0.0.1, localhost and `also_at`; returns the CA's PEM.
+fn write_certificates(dir: &Path, also_at: Option<Ipv4Addr>) -> Result<String> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name
@@ -430,8 +467,11 @@ fn write_certificates(dir: &Path) -> Result<String> {
     let issuer = Issuer::new(ca, &ca_key);
 
     let key = KeyPair::generate()?;
-    let mut serving =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
+    let names = ["127.0.0.1".to_string(), "localhost".to_string()]
+        .into_iter()
+        .chain(also_at.map(|ip| ip.to_string()))
+        .collect::<Vec<_>>();
+    let mut serving = CertificateParams::new(names)?;
     serving.distinguished_name.push(DnType::CommonName, "bmc");
     serving.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];

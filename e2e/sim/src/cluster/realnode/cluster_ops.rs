@@ -39,7 +39,9 @@ impl Cluster {
             return Ok(Vec::new());
         };
         let port = st.ports.apiserver;
-        realnode::create_host_network(&self.dir, real.subnet, port)?;
+        let redfish = st.redfish.as_ref().map(|r| r.port);
+        let reached: Vec<u16> = [Some(port), redfish].into_iter().flatten().collect();
+        realnode::create_host_network(&self.dir, real.subnet, &reached)?;
         let mut boots = Vec::new();
         for rec in recs {
             let node = self.real_node_of(rec);

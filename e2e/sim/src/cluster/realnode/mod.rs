@@ -165,12 +165,13 @@ pub fn check_host(node_bin_dir: &Path, node_images_dir: &Path) -> Result<()> {
     images::check(node_images_dir)
 }
 
-/// The cluster-wide part: the bridge and the API server's DNAT.
-pub fn create_host_network(dir: &Path, subnet: u8, apiserver_port: u16) -> Result<()> {
+/// The cluster-wide part: the bridge, and the DNAT to each of the host's loopback `ports` the
+/// nodes reach (the API server's, the Redfish service's).
+pub fn create_host_network(dir: &Path, subnet: u8, ports: &[u16]) -> Result<()> {
     net::create_bridge(
         &bridge_name(dir),
         subnet,
-        apiserver_port,
+        ports,
         &super::blackhole::tag(dir),
     )
 }

@@ -8,7 +8,9 @@
 //! `nat PREROUTING` DNAT rule (incoming on the bridge, to that address and port) sends it to
 //! `127.0.0.1:<port>`, which the kernel allows once `route_localnet` is set on the bridge. So
 //! the API server is not exposed on any other interface, and its certificate is unchanged (the
-//! node's kubeconfig names the server `localhost` for TLS).
+//! node's kubeconfig names the server `localhost` for TLS). The cluster's Redfish service, when
+//! it has one, is reached the same way, by a rule of its own: podha installed by its chart
+//! runs on a real node and reaches the nodes' BMCs as it would in a data centre.
 //!
 //! Killing a node takes its veth down: packets to its address are lost, as to a machine that
 //! is off. A partition drops, inside the node's namespace, its packets to the API server's
@@ -95,9 +97,10 @@ fn iptables(table: &str, op: &str, rule: &[String]) -> Result<String> {
     run("iptables", &args)
 }
 
-/// Creates the bridge with its host address and the DNAT rule to the API server. Leftovers of
-/// an earlier cluster in the same directory are removed first.
-pub fn create_bridge(bridge: &str, s: u8, apiserver_port: u16, tag: &str) -> Result<()> {
+/// Creates the bridge with its host address and a DNAT rule to each of this host's loopback
+/// `ports` (the API server's, the Redfish service's). Leftovers of an earlier cluster in the
+/// same directory are removed first.
+pub fn create_bridge(bridge: &str, s: u8, ports: &[u16], tag: &str) -> Result<()> {
     delete_bridge(bridge, tag)?;
     run("ip", &["link", "add", bridge, "type", "bridge"])?;
     run(
@@ -107,7 +110,9 @@ pub fn create_bridge(bridge: &str, s: u8, apiserver_port: u16, tag: &str) -> Res
     run("ip", &["link", "set", bridge, "up"])?;
     let sysctl = format!("/proc/sys/net/ipv4/conf/{bridge}/route_localnet");
     std::fs::write(&sysctl, "1").map_err(|e| Error::io(format!("write {sysctl}"), e))?;
-    iptables("nat", "-I", &dnat_rule(bridge, s, apiserver_port, tag))?;
+    for &port in ports {
+        iptables("nat", "-I", &dnat_rule(bridge, s, port, tag))?;
+    }
     Ok(())
 }
 
