@@ -129,11 +129,14 @@ impl PodhaUnderTest {
             "installing podha by its chart: one replica on {home}, agents on every real node \
              ({timings:?})"
         );
+        // The BMC Secrets are read by podha in its own namespace (`fencing.proof: BMC`).
+        let bmc_secrets = groups.iter().any(|g| g.mode.needs_bmcs());
+        let bmc_secrets = format!("rbac.bmcSecrets={bmc_secrets}");
         chart_install::install(
             cluster,
             &helm,
             &agent,
-            &["replicaCount=1", home_selector.as_str()],
+            &["replicaCount=1", home_selector.as_str(), bmc_secrets.as_str()],
         )?;
         let replicas = chart_install::wait_replicas(client, 1, Duration::from_secs(180)).await?;
         let real: Vec<String> = cluster
