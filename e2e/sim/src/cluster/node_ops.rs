@@ -114,6 +114,18 @@ impl Cluster {
         result
     }
 
+    /// Whether node `name`'s machine runs: a real node's kubelet, or a kwok node's kwok and
+    /// node agent.
+    fn machine_runs(&self, name: &str) -> Result<bool> {
+        let st = self.lock_reloaded();
+        let alive = |proc: String| st.processes.get(&proc).is_some_and(process::is_alive);
+        Ok(if st.node(name)?.real {
+            alive(kubelet_proc(name))
+        } else {
+            alive(kwok_proc(name)) && alive(csi_node_proc(name))
+        })
+    }
+
     /// Restarts a killed node's kwok and node agent as a rebooted machine would come back: a
     /// new `nodeInfo.bootID`, the stale lease dropped so that the new kwok (which has a new
     /// holder identity, unlike a kubelet) takes it over at once. Returns once the node is Ready.
@@ -121,27 +133,20 @@ impl Cluster {
     /// A real node reboots: whatever still runs of it is killed, then it boots with a new boot
     /// ID (which its kubelet reports); returns once it is Ready with that boot ID.
     ///
-    /// Under Redfish power the node's system is made to say `On` first.
+    /// Under Redfish power the node's system is made to say `On` first. The BMC of a node that
+    /// is off is stopped before that: a BMC that powered its node off waits for its system to
+    /// say `On` and then boots the node itself (`run_bmc`), which would be a second boot beside
+    /// this one, with a second BMC whose watchdog nobody pets. The boot starts the next BMC.
     pub async fn start_node(&self, name: &str) -> Result<()> {
-        self.node(name)?;
+        if !self.machine_runs(name)? {
+            self.stop_bmc(&mut self.lock_reloaded(), name)?;
+        }
         self.power_system_on(name).await?;
         if self.node(name)?.real {
             return self.reboot_real_node(name).await;
         }
-        {
-            let st = self.lock_reloaded();
-            st.node(name)?;
-            let kwok_alive = st
-                .processes
-                .get(&kwok_proc(name))
-                .is_some_and(process::is_alive);
-            let agent_alive = st
-                .processes
-                .get(&csi_node_proc(name))
-                .is_some_and(process::is_alive);
-            if kwok_alive && agent_alive {
-                return Err(Error::NodeRunning(name.to_string()));
-            }
+        if self.machine_runs(name)? {
+            return Err(Error::NodeRunning(name.to_string()));
         }
         // A fenced node's podha agent still runs: the node boots with a new one (and a new
         // BMC, if it has one: a reboot disarms the watchdog, so the old agent's end fires
