@@ -27,6 +27,7 @@ fn emulator(test: &str, systems: &[(&str, bool)], power_off_disabled: bool) -> E
         username: USER.to_string(),
         password: PASSWORD.to_string(),
         power_off_disabled,
+        also_at: None,
     };
     Emulator::start(&dir(test), &config).unwrap_or_else(|e| panic!("{e}"))
 }

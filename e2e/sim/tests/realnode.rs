@@ -12,8 +12,11 @@
 //!   while its kubelet and containers run (and its kubelet port answers); healed, it is Ready
 //!   again with the same containers;
 //! - power off through the BMC: the node reports its BMC's system's UUID as its `systemUUID`;
+//!   the Redfish service answers on the node's own network (where podha installed by its
+//!   chart reaches it);
 //!   frozen, its Redfish system (the cluster's sushy-tools emulator) sent `ForceOff`: once the system reports `Off`, the node's BMC kills every
 //!   process of it; `On` boots it with a new boot ID.
+//!   Then the sim's own processes' log files carry no colour escapes.
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images sushy-tools` (`make real-node-test`
 //! does it);
@@ -529,6 +532,38 @@ fn power_off_and_on(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed>
             format!("powered on through Redfish: booted, the pod runs {after}"),
         );
         check_real_node(&ctx).await?;
+        plain_logs(&ctx)?;
         remove_app(&ctx, "powered").await
     })
+}
+
+/// The sim's own processes (the BMC stand-ins, the power-on, the CSI plugins) write their
+/// logs to files, and files get no colour escapes: they are read in editors, grepped and
+/// kept by CI.
+fn plain_logs(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    let dir = ctx.cluster.dir().join("logs");
+    let mut read = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !["bmc-", "power-on-", "csi-plugin-"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        {
+            continue;
+        }
+        let text = std::fs::read(&path)?;
+        anyhow::ensure!(
+            !text.contains(&0x1b),
+            "{} holds colour escapes",
+            path.display()
+        );
+        read += 1;
+    }
+    anyhow::ensure!(
+        read >= 3,
+        "found {read} logs of the sim's own processes in {}",
+        dir.display()
+    );
+    Ok(())
 }
