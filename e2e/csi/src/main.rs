@@ -112,6 +112,8 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colours only on a terminal: in a container, stdout is the node's log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,

@@ -253,6 +253,8 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: the cluster's processes log to files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -136,7 +136,11 @@ impl PodhaUnderTest {
             cluster,
             &helm,
             &agent,
-            &["replicaCount=1", home_selector.as_str(), bmc_secrets.as_str()],
+            &[
+                "replicaCount=1",
+                home_selector.as_str(),
+                bmc_secrets.as_str(),
+            ],
         )?;
         let replicas = chart_install::wait_replicas(client, 1, Duration::from_secs(180)).await?;
         let real: Vec<String> = cluster

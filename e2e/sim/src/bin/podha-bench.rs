@@ -38,6 +38,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
         Cmd::Failover(args) => podha_sim::bench::failover::run(args).await,
