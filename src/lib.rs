@@ -25,6 +25,8 @@ pub mod chaos;
 pub mod explain;
 pub mod http;
 pub mod leader;
+#[cfg(test)]
+mod license_tests;
 pub mod metrics;
 pub mod redfish;
 pub mod runtime;

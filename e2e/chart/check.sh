@@ -134,12 +134,15 @@ fi
   --show-only templates/admission-policies.yaml > "$work/acks.yaml"
 grep -q "in \['system:serviceaccount:fencing:fencer'\]" "$work/acks.yaml" \
   || { echo "check.sh: rbac.fenceAcknowledgers does not reach the node annotations policy" >&2; exit 1; }
-if "$helm" template podha "$chart" --kube-version 1.31.0 > "$work/old.out" 2>&1 \
-  || ! grep -q "rbac.admissionPolicies needs Kubernetes 1.32" "$work/old.out"; then
-  echo "check.sh: Kubernetes 1.31 must be refused while rbac.admissionPolicies is on:" >&2; cat "$work/old.out" >&2; exit 1
-fi
-"$helm" template podha "$chart" --kube-version 1.31.0 --set rbac.admissionPolicies=false > "$work/old.out"
-if grep -q "ValidatingAdmissionPolicy" "$work/old.out"; then
+# One minimum version, 1.32 (Chart.yaml's kubeVersion), with or without the admission policies.
+for policies in true false; do
+  if "$helm" template podha "$chart" --kube-version 1.31.0 --set "rbac.admissionPolicies=$policies" > "$work/old.out" 2>&1 \
+    || ! grep -q "requires kubeVersion: >=1.32" "$work/old.out"; then
+    echo "check.sh: Kubernetes 1.31 must be refused (rbac.admissionPolicies=$policies):" >&2; cat "$work/old.out" >&2; exit 1
+  fi
+done
+"$helm" template podha "$chart" --kube-version "$kube" --set rbac.admissionPolicies=false > "$work/off.out"
+if grep -q "ValidatingAdmissionPolicy" "$work/off.out"; then
   echo "check.sh: rbac.admissionPolicies=false still renders an admission policy" >&2; exit 1
 fi
 
