@@ -11,7 +11,7 @@
 //! -p podha-sim`); without them the test fails saying so.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
@@ -46,6 +46,8 @@ fn sim_exe() -> anyhow::Result<PathBuf> {
 fn args(ns: &str, fault: &str, out_dir: &Path, sim_dir: &Path, podha_sim: &Path) -> ChaosArgs {
     ChaosArgs {
         kubeconfig: Some(sim_dir.join("kubeconfig")),
+        context: None,
+        yes: true,
         namespace: ns.to_string(),
         statefulset: Some("db".to_string()),
         deployment: None,
@@ -87,11 +89,21 @@ fn podha_chaos(args: &ChaosArgs) -> anyhow::Result<(Option<i32>, String, String)
     if let Some(restore) = &args.restore {
         cmd.args(["--restore", restore]);
     }
+    if let Some(context) = &args.context {
+        cmd.args(["--context", context]);
+    }
+    if args.yes {
+        cmd.arg("--yes");
+    }
     if args.expect == chaos::Expect::Held {
         cmd.args(["--expect", "held", "--hold"])
             .arg(format!("{}s", args.hold.as_secs()));
     }
-    let out = cmd.output().context("running podha chaos")?;
+    // No terminal: without --yes, podha chaos must refuse.
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .context("running podha chaos")?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     eprintln!(
@@ -212,6 +224,33 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
          {stderr}"
     );
 
+    // Without --yes and without a terminal to say yes on, nothing is faulted; the refusal
+    // names the cluster, the workload and the fault.
+    let marker = out_dir.join("faulted-without-a-yes");
+    let (code, _, stderr) = podha_chaos(&ChaosArgs {
+        yes: false,
+        ..sim("chaos-pass", &format!("touch {}", marker.display()))
+    })?;
+    ensure!(
+        code == Some(2)
+            && stderr.contains("pass --yes")
+            && stderr.contains("statefulset chaos-pass/db")
+            && stderr.contains("on context ")
+            && stderr.contains("touch "),
+        "a run without --yes and without a terminal must be refused, naming what it would do, \
+         got {code:?}: {stderr}"
+    );
+    ensure!(!marker.exists(), "the fault ran without a yes");
+    // A context the kubeconfig does not have is named, not replaced by the current one.
+    let (code, _, stderr) = podha_chaos(&ChaosArgs {
+        context: Some("no-such-context".into()),
+        ..sim("chaos-pass", "sim-kill")
+    })?;
+    ensure!(
+        code == Some(2) && stderr.contains("no-such-context"),
+        "an unknown --context must be refused naming it, got {code:?}: {stderr}"
+    );
+
     // Refused before any fault, naming the rule.
     let (code, _, stderr) = podha_chaos(&sim("chaos-unselected", "sim-kill"))?;
     ensure!(
@@ -232,9 +271,12 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
         );
     }
 
-    // Two passing trials through the library, the node restored in between.
+    // Two passing trials through the library, the node restored in between, in the
+    // kubeconfig's context named.
+    let kubeconfig = kube::config::Kubeconfig::read_from(sim_dir.join("kubeconfig"))?;
     let pass = ChaosArgs {
         trials: 2,
+        context: kubeconfig.current_context,
         ..sim("chaos-pass", "sim-kill")
     };
     let mut progress = |line: &str| eprintln!("[chaos-pass] {line}");

@@ -204,7 +204,7 @@ for fault in "${faults[@]}"; do
   from=$(( $( (cat "$fences" 2>/dev/null || true) | wc -l) + 1 ))
   json=$out/chaos-kind-$fault.json
   rm -f "$json"
-  "$podha" chaos -n chaos --statefulset writer --trials "$trials" --fault "$fault" --expect moved \
+  "$podha" chaos --yes -n chaos --statefulset writer --trials "$trials" --fault "$fault" --expect moved \
     --restore "$restore" \
     --timeout 3m --podha-csi "$podha_csi" \
     --data-check "{podha_csi} check --volume-dir $storage/store/{volume} --acks-dir $storage/acks" \

@@ -57,6 +57,6 @@ RUST_LOG=info "$bin/podha" run --kubeconfig "$dir/kubeconfig" --http-addr 127.0.
 podha_pid=$!
 echo "podha running (log $dir/logs/podha.log)"
 
-"$bin/podha" chaos --kubeconfig "$dir/kubeconfig" --namespace chaos-demo --statefulset db \
+"$bin/podha" chaos --yes --kubeconfig "$dir/kubeconfig" --namespace chaos-demo --statefulset db \
   --trials "$trials" --fault sim-kill --sim-dir "$dir" --podha-sim "$bin/podha-sim" \
   --out "$out"

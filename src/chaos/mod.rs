@@ -102,6 +102,13 @@ pub struct ChaosArgs {
     /// Kubeconfig file; without it, $KUBECONFIG / ~/.kube/config or in-cluster config.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Fault without asking. Otherwise podha chaos names the cluster, the workload and the
+    /// fault and waits for `yes` on the terminal, and without a terminal it faults nothing.
+    #[arg(long)]
+    pub yes: bool,
     /// Namespace of the workload.
     #[arg(long, short = 'n', default_value = "default")]
     pub namespace: String,
@@ -249,9 +256,14 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
         if args.trials == 0 {
             return Err(Error::Usage("--trials must be at least 1".into()));
         }
-        let client = crate::kubeconfig::reachable(args.kubeconfig.as_deref(), None).await?;
+        let (client, target) = crate::kubeconfig::reachable_target(
+            args.kubeconfig.as_deref(),
+            args.context.as_deref(),
+        )
+        .await?;
         let workload = workload(&client, args).await?;
         run.workload = workload.to_string();
+        confirm(args, &target, &workload, &fault)?;
         for k in 1..=args.trials {
             let (mut record, after) =
                 run_trial(&client, args, &fault, &workload, k, progress).await?;
@@ -287,6 +299,44 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
     Outcome {
         run,
         error: result.err(),
+    }
+}
+
+/// What the run is about to do, said before it does it: `Ok` with `--yes`, or once a person
+/// typed `yes` on the terminal. Without a terminal (a script, CI) and without `--yes`, refused:
+/// a fault injector must not run on whatever cluster the current context happens to name.
+fn confirm(
+    args: &ChaosArgs,
+    target: &crate::kubeconfig::Target,
+    workload: &Workload,
+    fault: &Fault,
+) -> Result<(), Error> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if args.yes {
+        return Ok(());
+    }
+    let plan = format!(
+        "about to fault the node of a pod of {workload} {} time(s), with `{}`, on {target}",
+        args.trials, fault.inject
+    );
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Error::Usage(format!(
+            "{plan}: no terminal to confirm on, so nothing was faulted; pass --yes to run \
+             without asking"
+        )));
+    }
+    eprint!("podha chaos is {plan}.\nType yes to go on: ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Error::Usage(format!("reading the answer: {e}")))?;
+    if answer.trim() == "yes" {
+        Ok(())
+    } else {
+        Err(Error::Usage("not confirmed: nothing was faulted".into()))
     }
 }
 

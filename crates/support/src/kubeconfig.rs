@@ -73,12 +73,55 @@ pub async fn reachable(
     kubeconfig: Option<&Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, ConnectError> {
+    Ok(reachable_target(kubeconfig, context).await?.0)
+}
+
+/// The cluster a command run by hand acts on, as a person would name it before saying yes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The kubeconfig context: the one asked for, or the kubeconfig's current one;
+    /// `in-cluster` for a pod's own service account.
+    pub context: String,
+    /// The API server's address.
+    pub url: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "context {} (API server {})", self.context, self.url)
+    }
+}
+
+/// [`reachable`], and which cluster it reached.
+pub async fn reachable_target(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<(kube::Client, Target), ConnectError> {
     let config = config(kubeconfig, context).await?;
     let url = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).map_err(Error::Client)?;
     client
         .apiserver_version()
         .await
-        .map_err(|source| ConnectError::Unreachable { url, source })?;
-    Ok(client)
+        .map_err(|source| ConnectError::Unreachable {
+            url: url.clone(),
+            source,
+        })?;
+    let context = context_name(kubeconfig, context);
+    Ok((client, Target { context, url }))
+}
+
+/// The context a client from `kubeconfig` (or the usual places) and `context` uses: the one
+/// asked for, else the kubeconfig's current one, else `in-cluster` (no kubeconfig: `infer`
+/// fell back to the pod's service account).
+fn context_name(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
+    if let Some(context) = context {
+        return context.to_string();
+    }
+    let file = match kubeconfig {
+        Some(path) => kube::config::Kubeconfig::read_from(path).ok(),
+        None => kube::config::Kubeconfig::read().ok(),
+    };
+    file.and_then(|k| k.current_context)
+        .unwrap_or_else(|| "in-cluster".to_string())
 }

@@ -537,6 +537,8 @@ async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     );
     let out = ctx.cluster.dir().join("chaos-real.json");
     let args = podha::chaos::ChaosArgs {
+        context: None,
+        yes: true,
         kubeconfig: Some(ctx.cluster.kubeconfig_path()),
         namespace: WRITERS.to_string(),
         statefulset: None,
