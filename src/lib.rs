@@ -24,6 +24,8 @@ pub mod build_info;
 pub mod chaos;
 pub mod explain;
 pub mod http;
+#[cfg(test)]
+mod install_docs_tests;
 pub mod leader;
 #[cfg(test)]
 mod license_tests;

@@ -166,4 +166,32 @@ done
 "$promtool" check rules "$work/podha-rules.yaml"
 cp "$here/alerts-test.yaml" "$work/"
 (cd "$work" && "$promtool" test rules alerts-test.yaml)
+# NOTES.txt as helm prints it after an install (helm template leaves it out: render it through
+# a copy of the chart where a template of its own holds it), for the default values and with
+# policies, and its shell commands: every heredoc they open is closed by its terminator alone on
+# a line (an indented one never closes, and a pasted block hangs the shell), the commands parse,
+# and nothing is chained after a port-forward, which runs until stopped.
+cp -r "$chart" "$work/notes-chart"
+cp "$chart/templates/NOTES.txt" "$work/notes-chart/notes.txt"
+rm "$work/notes-chart/templates/NOTES.txt"
+printf '%s\n' 'notes: |' '{{ tpl (.Files.Get "notes.txt") . | indent 2 }}' > "$work/notes-chart/templates/zz-notes.yaml"
+for values in "" "-f $here/values-full.yaml"; do
+  # shellcheck disable=SC2086 # $values is empty or two words
+  "$helm" template podha "$work/notes-chart" --kube-version "$kube" $values \
+    --show-only templates/zz-notes.yaml | sed -n '/^notes: |$/,$p' | tail -n +2 | sed 's/^  //' > "$work/notes.txt"
+  grep -q "kubectl" "$work/notes.txt" || { echo "check.sh: NOTES.txt did not render:" >&2; cat "$work/notes.txt" >&2; exit 1; }
+  for end in $(grep -o "<<'[A-Za-z0-9_]*'" "$work/notes.txt" | tr -d "<'"); do
+    grep -qx "$end" "$work/notes.txt" \
+      || { echo "check.sh: NOTES.txt opens a heredoc <<'$end' it never closes ($end alone on a line)" >&2; exit 1; }
+  done
+  if grep -n "port-forward.*&&" "$work/notes.txt" >&2; then
+    echo "check.sh: NOTES.txt chains a command after a port-forward, which never returns" >&2; exit 1
+  fi
+  # The command lines (indented by two spaces) and the heredocs they open, as a shell reads them.
+  awk '/^  [a-z]/ || body { print } /<<.[A-Z]+.$/ { body = 1 } body && /^[A-Z]+$/ { body = 0 }' \
+    "$work/notes.txt" > "$work/notes.sh"
+  if ! bash -n "$work/notes.sh" 2> "$work/notes.err" || [ -s "$work/notes.err" ]; then
+    echo "check.sh: NOTES.txt's commands do not parse:" >&2; cat "$work/notes.err" "$work/notes.sh" >&2; exit 1
+  fi
+done
 echo "chart checks passed"
