@@ -51,6 +51,8 @@ mod holds;
 mod moves;
 #[path = "failover/pause.rs"]
 mod pause;
+#[path = "failover/pod_security.rs"]
+mod pod_security;
 #[path = "failover/policy_edits.rs"]
 mod policy_edits;
 #[path = "failover/prometheus.rs"]
@@ -76,10 +78,14 @@ fn main() -> ExitCode {
     );
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 14] = [
+    let scenarios: [(&str, Scenario); 15] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
+        ),
+        (
+            "the_chart_refuses_a_namespace_whose_pod_security_refuses_the_agent",
+            pod_security::refused_where_the_agent_cannot_run,
         ),
         (
             "statefulset_delete_pods_moves_the_pod_after_the_detach_wait",
