@@ -59,7 +59,10 @@ pub struct Fencing {
     /// frozen or cut-off node may otherwise write beside the replacement.
     /// `CloudShutdownTaint`: the cloud provider reported the instance shut down (the taint
     /// `node.cloudprovider.kubernetes.io/shutdown`, which the cloud node lifecycle controller
-    /// adds while the instance is off and removes when it runs again).
+    /// adds while the instance is off and removes when it runs again). It never comes for an
+    /// instance that still runs (hung, or cut off from the network): alone it holds such a node
+    /// until a person acts; list it in `anyOf` beside a fence that can stop a running instance
+    /// (`External`, `Agent`, `BMC`).
     /// `External`: a fence controller of the user's fenced it: podha asks on the Node
     /// (annotation `podha.io/fence-request`) and the controller, once the node is off (a BMC,
     /// a cloud API, a storage fence), sets `podha.io/fence-ack` to the request's value. Only an

@@ -338,3 +338,35 @@ fn no_first_power_off_while_paused_though_another_request_went_out() {
         ["power off node-1", "hold FencingPending"]
     );
 }
+
+/// The cloud's shutdown taint never comes for an instance that still runs (hung, or cut off
+/// from the network): alone it holds such a node for ever. Paired under `anyOf` with a fence
+/// that can act on a running instance (here a controller of the user's), the hung instance
+/// fails over once that fence is acknowledged, and a shut-down one at once.
+#[test]
+fn any_of_pairs_the_cloud_shutdown_taint_with_a_fence_for_an_instance_that_still_runs() {
+    let spec = combined(
+        mk_spec(),
+        false,
+        &[FencingProof::CloudShutdownTaint, FencingProof::External],
+    );
+    let hung = || {
+        World::new(cluster(3))
+            .policy("p", spec.clone())
+            .fail("node-1")
+    };
+    assert_eq!(
+        intent_names(&hung().plan()),
+        ["request fence node-1", "hold FencingPending"],
+        "no shutdown taint: the other fence is asked, nothing moves"
+    );
+    let mut fenced = hung();
+    fenced.ledger.record_fence_request("node-1", "p/1");
+    acknowledge(&mut fenced, "node-1", "p/1");
+    assert_eq!(intent_names(&fenced.plan()), [TAINT]);
+
+    let shut_down = World::new(super::fencing::shut_down(cluster(3), "node-1"))
+        .policy("p", spec.clone())
+        .fail("node-1");
+    assert_eq!(intent_names(&shut_down.plan()), [TAINT]);
+}

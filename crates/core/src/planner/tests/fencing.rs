@@ -12,7 +12,7 @@ fn needs_cloud_shutdown(mut spec: PodHAPolicySpec) -> PodHAPolicySpec {
     spec
 }
 
-fn shut_down(mut view: View, node: &str) -> View {
+pub(super) fn shut_down(mut view: View, node: &str) -> View {
     let off = (*view.nodes[node])
         .clone()
         .taint(CLOUD_SHUTDOWN_TAINT_KEY, "", "NoSchedule");
