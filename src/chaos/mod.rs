@@ -315,8 +315,13 @@ fn confirm(
     if args.yes {
         return Ok(());
     }
+    let sim = args
+        .sim_dir
+        .as_ref()
+        .map(|dir| format!(" and the sim cluster in {}", dir.display()))
+        .unwrap_or_default();
     let plan = format!(
-        "about to fault the node of a pod of {workload} {} time(s), with `{}`, on {target}",
+        "about to fault the node of a pod of {workload} {} time(s), with `{}`, on {target}{sim}",
         args.trials, fault.inject
     );
     let stdin = std::io::stdin();
