@@ -16,13 +16,18 @@ use serde_json::json;
 use super::{Failed, Operators, SharedCluster, log};
 use podha_sim::testkit::*;
 
+/// The release the dry runs install: not `podha`, whose cluster-wide objects (its
+/// ClusterRole) the suite's podha replicas already have, as `helm template` renders them, and
+/// a server-side dry run would find them taken.
+const RELEASE: &str = "psa-check";
+
 /// `helm install --dry-run=server` of the chart into `namespace`, with `set`: whether it
 /// passed, and what helm said.
 fn dry_install(ctx: &Ctx<'_>, namespace: &str, set: &[&str]) -> anyhow::Result<(bool, String)> {
     let helm = podha_sim::chart_rbac::helm_path()?;
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
     let mut cmd = Command::new(helm);
-    cmd.args(["install", "podha"])
+    cmd.args(["install", RELEASE])
         .arg(&chart)
         .args(["-n", namespace, "--dry-run=server", "--kubeconfig"])
         .arg(ctx.cluster.kubeconfig_path());
