@@ -313,7 +313,7 @@ impl Podha {
             &kube::config::KubeConfigOptions::default(),
         )
         .await?;
-        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
+        let chart = podha_sim::chart_install::chart_dir();
         let config = podha_sim::chart_rbac::service_account_config(
             cluster,
             &podha_sim::chart_rbac::helm_path()?,

@@ -308,7 +308,7 @@ impl Operators {
                 Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/podha.io_podhapolicies.yaml");
             install_crd(&kube::Client::try_from(config.clone())?, &manifest).await?;
             // The replicas run as the chart's ServiceAccount, under its rendered RBAC.
-            let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
+            let chart = podha_sim::chart_install::chart_dir();
             let mut config = podha_sim::chart_rbac::service_account_config(
                 cluster,
                 &podha_sim::chart_rbac::helm_path()?,

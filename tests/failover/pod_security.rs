@@ -4,14 +4,11 @@
 //! instead of a DaemonSet whose pods never appear. Server-side dry runs against the sim's API
 //! server (the chart's `lookup` reads the namespace; nothing is created).
 
-use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::api::PostParams;
-use serde_json::json;
 
 use super::{Failed, Operators, SharedCluster, log};
 use podha_sim::testkit::*;
@@ -25,10 +22,9 @@ const RELEASE: &str = "psa-check";
 /// passed, and what helm said.
 fn dry_install(ctx: &Ctx<'_>, namespace: &str, set: &[&str]) -> anyhow::Result<(bool, String)> {
     let helm = podha_sim::chart_rbac::helm_path()?;
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
     let mut cmd = Command::new(helm);
     cmd.args(["install", RELEASE])
-        .arg(&chart)
+        .arg(podha_sim::chart_install::chart_dir())
         .args(["-n", namespace, "--dry-run=server", "--kubeconfig"])
         .arg(ctx.cluster.kubeconfig_path());
     for value in set {
@@ -43,20 +39,6 @@ fn dry_install(ctx: &Ctx<'_>, namespace: &str, set: &[&str]) -> anyhow::Result<(
     Ok((out.status.success(), said))
 }
 
-async fn labelled_namespace(client: &kube::Client, name: &str, level: &str) -> anyhow::Result<()> {
-    let ns: Namespace = serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {"pod-security.kubernetes.io/enforce": level},
-        },
-    }))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .with_context(|| format!("creating namespace {name}"))?;
-    Ok(())
-}
-
 pub fn refused_where_the_agent_cannot_run(
     shared: &SharedCluster,
     _: &Operators,
@@ -66,7 +48,8 @@ pub fn refused_where_the_agent_cannot_run(
             ("psa-baseline", "baseline"),
             ("psa-privileged", "privileged"),
         ] {
-            labelled_namespace(&ctx.client, namespace, level).await?;
+            let enforce = [("pod-security.kubernetes.io/enforce", level)];
+            create_labelled_namespace(&ctx.client, namespace, &enforce).await?;
         }
         let (passed, said) = dry_install(&ctx, "psa-baseline", &[])?;
         ensure!(

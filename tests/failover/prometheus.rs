@@ -181,7 +181,7 @@ fn dashboard_queries(policy: &str) -> anyhow::Result<Vec<(String, String)>> {
 /// Every (alert, expression) of the chart's PrometheusRule, rendered by helm.
 fn alert_expressions() -> anyhow::Result<Vec<(String, String)>> {
     let helm = podha_sim::chart_rbac::helm_path()?;
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/podha");
+    let chart = podha_sim::chart_install::chart_dir();
     let out = Command::new(helm)
         .args(["template", "podha"])
         .arg(&chart)

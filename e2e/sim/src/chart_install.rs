@@ -509,11 +509,21 @@ pub fn pod_metrics(cluster: &Cluster, pod: &Pod) -> anyhow::Result<String> {
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .context("pod has no IP")?;
+    curl_in_node(cluster, node, [format!("http://{ip}:8080/metrics")])
+}
+
+/// `curl -sS --max-time 5 <args>` from inside real node `node`'s network namespace (where its
+/// host network and its pods' addresses are routed): what it printed, or an error with it.
+pub fn curl_in_node<I, S>(cluster: &Cluster, node: &str, args: I) -> anyhow::Result<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let netns = cluster.node_netns(node)?;
     run(Command::new("nsenter")
         .arg(format!("--net=/run/netns/{netns}"))
         .args(["curl", "-sS", "--max-time", "5"])
-        .arg(format!("http://{ip}:8080/metrics")))
+        .args(args))
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -423,15 +423,17 @@ fn reached_from_the_node(
     access: &podha_sim::cluster::redfish::RedfishAccess,
 ) -> anyhow::Result<()> {
     let from_nodes = access.from_nodes()?;
-    let netns = ctx.cluster.node_netns(REAL_NODE)?;
-    let systems = podha_sim::chart_install::run(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .args(["curl", "-sS", "--fail", "--max-time", "5", "--cacert"])
-            .arg(&from_nodes.ca_file)
-            .arg("--user")
-            .arg(format!("{}:{}", from_nodes.username, from_nodes.password))
-            .arg(format!("{}/redfish/v1/Systems", from_nodes.address)),
+    let systems = podha_sim::chart_install::curl_in_node(
+        ctx.cluster,
+        REAL_NODE,
+        [
+            "--fail".into(),
+            "--cacert".into(),
+            from_nodes.ca_file.clone().into_os_string(),
+            "--user".into(),
+            format!("{}:{}", from_nodes.username, from_nodes.password).into(),
+            format!("{}/redfish/v1/Systems", from_nodes.address).into(),
+        ],
     )?;
     let listed: serde_json::Value = serde_json::from_str(&systems)?;
     let count = listed["Members@odata.count"].as_u64();

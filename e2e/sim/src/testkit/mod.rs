@@ -584,8 +584,19 @@ pub fn pv_name(pv: &PersistentVolume) -> String {
 }
 
 pub async fn create_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    create_labelled_namespace(client, ns, &[]).await
+}
+
+/// Namespace `ns` with `labels` (kept as it is if it exists).
+pub async fn create_labelled_namespace(
+    client: &kube::Client,
+    ns: &str,
+    labels: &[(&str, &str)],
+) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    let obj: Namespace =
+        serde_json::from_value(json!({ "metadata": { "name": ns, "labels": labels } }))?;
     match api.create(&PostParams::default(), &obj).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),

@@ -6,7 +6,6 @@
 //! podha and its peers: the node is neither fenced nor reset.
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
@@ -122,13 +121,7 @@ impl Flood {
 /// The connections `node`'s agent (at `agent`) refused, from its `/metrics`, read from inside
 /// the node's network namespace.
 fn refusals(ctx: &Ctx<'_>, node: &str, agent: SocketAddr) -> anyhow::Result<u64> {
-    let netns = ctx.cluster.node_netns(node)?;
-    let text = chart_install::run(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .args(["curl", "-sS", "--max-time", "5"])
-            .arg(format!("http://{agent}/metrics")),
-    )?;
+    let text = chart_install::curl_in_node(ctx.cluster, node, [format!("http://{agent}/metrics")])?;
     Ok(text
         .lines()
         .filter(|l| l.starts_with("podha_agent_connections_refused_total{"))
