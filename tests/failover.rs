@@ -565,6 +565,22 @@ fn other<'n>(pair: &[&'n str; 2], node: &str) -> &'n str {
 /// `default`): whether it says the pod is protected (exit code 0 or 1, checked against the
 /// answer) and the first rule that fails it, with its detail.
 fn explain_pod(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<(bool, Option<(String, String)>)> {
+    let (protected, answer) = explain_answer(ctx, pod)?;
+    let failure = answer["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["outcome"] == "fail")
+        .map(|c| {
+            let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (text("rule"), text("detail"))
+        });
+    Ok((protected, failure))
+}
+
+/// `podha explain pod NS/POD -o json`'s answer, and whether it says the pod is protected
+/// (the exit code checked against it).
+fn explain_answer(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<(bool, serde_json::Value)> {
     let subject = format!("{}/{pod}", ctx.ns);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_podha"))
         .args([
@@ -587,16 +603,7 @@ fn explain_pod(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<(bool, Option<(String
     if code != Some(if protected { 0 } else { 1 }) {
         bail!("podha explain pod {subject} exited {code:?} with protected={protected}: {stderr}");
     }
-    let failure = answer["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["outcome"] == "fail")
-        .map(|c| {
-            let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-            (text("rule"), text("detail"))
-        });
-    Ok((protected, failure))
+    Ok((protected, answer))
 }
 
 /// `podha explain` says `pod` is not protected, first because of `rule`, with `word` in the

@@ -185,6 +185,38 @@ fn an_opted_out_pod_fails_on_its_owner_rule() {
     );
 }
 
+/// A pod of a custom controller: explain names the kind, group included, that it counts as,
+/// and the owners it was compared with.
+#[test]
+fn the_owner_rule_names_the_controller_kind_it_matched() {
+    let pg = mk_pod("shop", "pg-1")
+        .on("n1")
+        .owned_by("postgresql.cnpg.io/v1", "Cluster", "pg")
+        .claim("data-pg-1");
+    let view = with_volume(view(), pg, DRIVER);
+    let unlisted = Fixture::new(view.clone()).pod("pg-1");
+    let (rule, detail) = failure(&unlisted);
+    assert_eq!(rule, "owner");
+    assert!(
+        detail.starts_with("policy p: OwnerKindNotSelected")
+            && detail.contains("Cluster.postgresql.cnpg.io pg, owners: [StatefulSet, Deployment]"),
+        "{detail}"
+    );
+    let owners = [
+        "StatefulSet".parse().unwrap(),
+        "Cluster.postgresql.cnpg.io".parse().unwrap(),
+    ];
+    let listed = Fixture::new(view)
+        .spec(mk_spec().owners(&owners))
+        .pod("pg-1");
+    assert!(listed.protected, "{:?}", listed.checks);
+    let owner = listed.checks.iter().find(|c| c.rule == "owner").unwrap();
+    assert_eq!(
+        owner.detail,
+        "Cluster.postgresql.cnpg.io pg (listed in owners)"
+    );
+}
+
 #[test]
 fn a_pod_tolerating_the_fence_fails_on_its_tolerations() {
     let pod = stateful("any-0", "").toleration(Toleration {

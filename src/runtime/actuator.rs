@@ -803,7 +803,7 @@ mod tests {
                 resource_version: None,
                 node: "n".into(),
                 policy: "p".into(),
-                owner_kind: "StatefulSet",
+                owner_kind: "StatefulSet".to_string(),
             },
             Intent::TaintNode {
                 node: "n".into(),

@@ -82,8 +82,10 @@ pub(super) fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), F
     let pair = ["node-3", "node-4"];
     scenario(shared, ops, "sts-taint", |ctx, _, replicas| async move {
         let ns = ctx.ns.clone();
-        let (_, node, uid, pv) =
-            policy_and_db(&ctx, &pair, json!({"action": "OutOfServiceTaint"})).await?;
+        let owners = json!(["StatefulSet", CUSTOM_OWNER]);
+        let spec = json!({"action": "OutOfServiceTaint", "owners": owners});
+        let (_, node, uid, pv) = policy_and_db(&ctx, &pair, spec).await?;
+        let database = custom_owned_pod(&ctx, &node).await?;
         let target = other(&pair, &node);
         let killed = Instant::now();
         ctx.cluster.kill_node(&node)?;
@@ -91,11 +93,16 @@ pub(super) fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), F
             Ok(has_podha_taint(&ctx, &node).await?.then_some(()))
         })
         .await?;
-        wait_for("db-0 force-deleted", secs_(30), || async {
-            Ok(gone(&ctx, "db-0", &uid).await?.then_some(()))
+        wait_for("db-0 and pg-0 force-deleted", secs_(30), || async {
+            let both =
+                gone(&ctx, "db-0", &uid).await? && gone(&ctx, "pg-0", &database.pod_uid).await?;
+            Ok(both.then_some(()))
         })
         .await?;
+        // The Database's controller, played by the test: it recreates its pod on the other node.
+        create_database_pod(&ctx, target, &database.uid).await?;
         wait_recovered(&ctx, "db", &pv, target, &node, secs_(60)).await?;
+        wait_recovered(&ctx, "pg", &database.pv, target, &node, secs_(60)).await?;
         log(
             &ns,
             format!(
@@ -125,6 +132,11 @@ pub(super) fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), F
                     "podha_pods_deleted_total",
                     &[("policy", ns.as_str()), ("owner_kind", "StatefulSet")],
                 );
+                let custom = metric(
+                    &text,
+                    "podha_pods_deleted_total",
+                    &[("policy", ns.as_str()), ("owner_kind", CUSTOM_OWNER)],
+                );
                 let tainted = metric(
                     &text,
                     "podha_taints_total",
@@ -133,7 +145,8 @@ pub(super) fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), F
                 // podha deletes the pod right after its taint lands: taint eviction then only
                 // marks it (podha's force delete still goes through), and pod GC, which could
                 // remove it first, runs every 20 s.
-                Ok((all && deleted == Some(1.0) && tainted == Some(1.0)).then_some(()))
+                let counted = deleted == Some(1.0) && custom == Some(1.0);
+                Ok((all && counted && tainted == Some(1.0)).then_some(()))
             },
         )
         .await?;
@@ -148,7 +161,11 @@ pub(super) fn sts_taint(shared: &SharedCluster, ops: &Operators) -> Result<(), F
                 let recorded = status.recent_failovers.first().is_some_and(|f| {
                     f.node == node
                         && f.phase == podha::api::FailoverPhase::Recovered
-                        && f.pods == [format!("{ns}/db-0")]
+                        && {
+                            let mut pods = f.pods.clone();
+                            pods.sort();
+                            pods == [format!("{ns}/db-0"), format!("{ns}/pg-0")]
+                        }
                         && f.acted_at.is_some()
                         && f.detached_at.is_some()
                         && f.recovered_at.is_some()
@@ -213,4 +230,98 @@ pub(super) fn deployment_delete_pods(
         wait_recovered(&ctx, "web", &pv, target, &node, STOCK_DETACH_WAIT).await?;
         Ok(())
     })
+}
+
+/// The custom controller kind the taint scenario's policy lists beside `StatefulSet`.
+const CUSTOM_OWNER: &str = "Database.db.example.com";
+
+/// A `Database` custom resource `pg` and its pod.
+struct Database {
+    uid: String,
+    pod_uid: String,
+    pv: String,
+}
+
+/// A pod `pg-0` on `node`, controlled by a `Database` custom resource `pg` (no controller runs
+/// for it here: the test plays it), with its own RWO claim. `podha explain` must say it is
+/// protected, naming the kind it matched.
+async fn custom_owned_pod(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Database> {
+    let crd = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": "databases.db.example.com" },
+        "spec": {
+            "group": "db.example.com",
+            "scope": "Namespaced",
+            "names": { "plural": "databases", "singular": "database", "kind": "Database" },
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                }},
+            }],
+        },
+    }))?;
+    podha_sim::failover::create_crd(&ctx.client, &crd).await?;
+    let gvk = kube::core::GroupVersionKind::gvk("db.example.com", "v1", "Database");
+    let databases: Api<kube::core::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &ctx.ns,
+        &kube::core::ApiResource::from_gvk(&gvk),
+    );
+    let database = serde_json::from_value(json!({
+        "apiVersion": "db.example.com/v1",
+        "kind": "Database",
+        "metadata": { "name": "pg" },
+    }))?;
+    let database = databases
+        .create(&PostParams::default(), &database)
+        .await
+        .context("creating the Database pg")?;
+    let uid = database.metadata.uid.unwrap_or_default();
+    ctx.create::<PersistentVolumeClaim>(pvc("data-pg-0", podha_sim::csi::RWO_STORAGE_CLASS))
+        .await?;
+    create_database_pod(ctx, node, &uid).await?;
+    let (pod, _, pod_uid, pv) = running_app(ctx, "pg", "data-pg-0").await?;
+    let (protected, answer) = explain_answer(ctx, "pg-0")?;
+    let owner = answer["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["rule"] == "owner");
+    let said = owner.and_then(|c| c["detail"].as_str()).unwrap_or_default();
+    if !protected || !said.starts_with(&format!("{CUSTOM_OWNER} pg")) {
+        bail!("podha explain pod pg-0: want protected, owner {CUSTOM_OWNER} pg; got {answer}");
+    }
+    log(
+        &ctx.ns,
+        format!("podha explain: {}: owner: {said}", name_of(&pod)),
+    );
+    Ok(Database { uid, pod_uid, pv })
+}
+
+/// The Database `pg`'s pod `pg-0` on `node`, mounting `data-pg-0`.
+async fn create_database_pod(ctx: &Ctx<'_>, node: &str, owner_uid: &str) -> anyhow::Result<()> {
+    ctx.create::<Pod>(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "pg-0",
+            "labels": { "app": "pg" },
+            "ownerReferences": [{
+                "apiVersion": "db.example.com/v1", "kind": "Database", "name": "pg",
+                "uid": owner_uid, "controller": true,
+            }],
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{
+                "name": "app", "image": "registry.invalid/podha/app:1",
+                "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+            }],
+            "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "data-pg-0" } }],
+        },
+    }))
+    .await?;
+    Ok(())
 }

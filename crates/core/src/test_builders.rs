@@ -36,6 +36,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{AccessMode, OwnerKind, PodHAPolicySpec};
+use crate::eligibility::replica_set_controller;
 use crate::view::{AgentAdvert, ObjectKey, View};
 
 fn meta(namespace: Option<&str>, name: &str) -> ObjectMeta {
@@ -863,16 +864,9 @@ impl ViewBuild for View {
                     .insert(ns.name_any(), ns.labels().clone());
             }
             Obj::ReplicaSet(rs) => {
-                let owner = rs
-                    .owner_references()
-                    .iter()
-                    .find(|r| r.controller == Some(true))
-                    .map(|r| match r.kind.as_str() {
-                        "Deployment" => Some(OwnerKind::Deployment),
-                        _ => None,
-                    });
                 let key = ObjectKey::new(rs.namespace().unwrap_or_default(), rs.name_any());
-                self.replica_set_owners.insert(key, owner.flatten());
+                self.replica_set_owners
+                    .insert(key, replica_set_controller(&rs.metadata));
             }
         }
         self
@@ -960,7 +954,7 @@ mod tests {
         assert_eq!(view.namespace_labels["ns"]["env"], "prod");
         assert_eq!(
             view.replica_set_owners[&ObjectKey::new("ns", "web-1")],
-            Some(OwnerKind::Deployment)
+            Some(OwnerKind::DEPLOYMENT)
         );
         assert_eq!(view.replica_set_owners[&ObjectKey::new("ns", "bare")], None);
     }
@@ -978,7 +972,10 @@ mod tests {
     #[test]
     fn spec_defaults_match_the_crd() {
         let spec = mk_spec();
-        assert_eq!(spec.owners, [OwnerKind::StatefulSet, OwnerKind::Deployment]);
+        assert_eq!(
+            spec.owners,
+            [OwnerKind::STATEFUL_SET, OwnerKind::DEPLOYMENT]
+        );
         assert_eq!(
             spec.volumes.access_modes,
             [AccessMode::ReadWriteOnce, AccessMode::ReadWriteOncePod]

@@ -216,8 +216,13 @@ pub async fn install_crd(client: &Client, manifest: &Path) -> anyhow::Result<()>
         .with_context(|| format!("reading {}", manifest.display()))?;
     let crd: CustomResourceDefinition =
         serde_norway::from_str(&text).context("parsing the CRD manifest")?;
+    create_crd(client, &crd).await
+}
+
+/// Creates a CRD (one that exists already is left as it is) and waits until it is established.
+pub async fn create_crd(client: &Client, crd: &CustomResourceDefinition) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match api.create(&PostParams::default(), &crd).await {
+    match api.create(&PostParams::default(), crd).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(e).context("creating the CRD"),

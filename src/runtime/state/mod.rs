@@ -632,10 +632,7 @@ fn same_key(pod: &Pod, key: &ObjectKey) -> bool {
 
 /// The controller kind of a ReplicaSet, as podha counts it (only Deployments matter).
 fn controller_kind(rs: &PartialObjectMeta<ReplicaSet>) -> Option<OwnerKind> {
-    rs.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .and_then(|o| (o.kind == "Deployment").then_some(OwnerKind::Deployment))
+    crate::eligibility::replica_set_controller(&rs.metadata)
 }
 
 #[cfg(test)]

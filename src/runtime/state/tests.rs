@@ -210,7 +210,7 @@ fn replica_sets_record_their_deployment() {
             .view
             .replica_set_owners
             .get(&ObjectKey::new("ns", "web-1")),
-        Some(&Some(OwnerKind::Deployment))
+        Some(&Some(OwnerKind::DEPLOYMENT))
     );
     assert_eq!(
         state

@@ -3,6 +3,7 @@
 mod duration;
 mod fencing;
 mod listed;
+mod owner_kind;
 mod policy;
 mod status;
 
@@ -12,9 +13,10 @@ pub use fencing::{
     canonical_uuid,
 };
 pub use listed::{ListedPolicy, UnreadablePolicy};
+pub use owner_kind::{OwnerKind, ParseOwnerKindError};
 pub use policy::{
-    AccessMode, Action, Detection, OwnerKind, PodHAPolicy, PodHAPolicySpec, Safety, Signal,
-    VolumeRules, default_detach_timeout,
+    AccessMode, Action, Detection, PodHAPolicy, PodHAPolicySpec, Safety, Signal, VolumeRules,
+    default_detach_timeout,
 };
 pub use status::{
     FailoverPhase, FailoverRecord, PodHAPolicyStatus, RECENT_FAILOVERS_KEPT,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
 use super::fencing::Fencing;
+use super::owner_kind::{OWNERS_MAX_ITEMS, OWNERS_RULE, OWNERS_RULE_MESSAGE, OwnerKind};
 use super::status::PodHAPolicyStatus;
 
 /// A PodHAPolicy tells podha which nodes to watch, how to decide that one is dead, and which
@@ -95,12 +96,18 @@ pub struct PodHAPolicySpec {
     #[serde(default)]
     pub pod_selector: LabelSelector,
 
-    /// Controller kinds whose pods may be deleted on a dead node. A Deployment's pods are found
-    /// through their ReplicaSet. A pod without a controller owner is never deleted. The pod
-    /// annotation `podha.io/failover: "false"` opts a pod out; `"true"` opts in a pod of any
-    /// controller kind.
+    /// Controller kinds whose pods may be deleted on a dead node: `StatefulSet`, `Deployment`,
+    /// `ReplicaSet` (the apps group), or any other controller as `Kind.group`, e.g.
+    /// `Cluster.postgresql.cnpg.io`. Only the pod's controller owner reference (`controller:
+    /// true`) counts. A pod controlled by a ReplicaSet counts as the ReplicaSet's own controller
+    /// (`Deployment`, `Rollout.argoproj.io`); `ReplicaSet` means ReplicaSets no controller owns.
+    /// Listing a kind says its controller recreates a deleted pod, which podha cannot check.
+    /// A pod without a controller owner is never deleted. The pod annotation
+    /// `podha.io/failover: "false"` opts a pod out; `"true"` opts in a pod of any controller
+    /// kind.
     #[serde(default = "default_owners")]
-    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(extend("x-kubernetes-list-type" = "set", "maxItems" = OWNERS_MAX_ITEMS))]
+    #[x_kube(validation = Rule::new(OWNERS_RULE).message(OWNERS_RULE_MESSAGE))]
     pub owners: Vec<OwnerKind>,
 
     /// Which volumes make a pod worth moving. A pod qualifies when it mounts at least one
@@ -166,28 +173,8 @@ pub struct PodHAPolicySpec {
     pub paused: bool,
 }
 
-/// A controller kind whose pods podha may delete.
-#[derive(
-    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
-)]
-pub enum OwnerKind {
-    StatefulSet,
-    Deployment,
-    ReplicaSet,
-}
-
-impl OwnerKind {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::StatefulSet => "StatefulSet",
-            Self::Deployment => "Deployment",
-            Self::ReplicaSet => "ReplicaSet",
-        }
-    }
-}
-
 fn default_owners() -> Vec<OwnerKind> {
-    vec![OwnerKind::StatefulSet, OwnerKind::Deployment]
+    vec![OwnerKind::STATEFUL_SET, OwnerKind::DEPLOYMENT]
 }
 
 /// `detachTimeout` when the spec does not set it (and for an incident whose policy is gone).

@@ -23,7 +23,7 @@ fn empty_spec_gets_the_documented_defaults() {
     let spec = policy(json!({})).spec;
     assert_eq!(
         spec.owners,
-        vec![OwnerKind::StatefulSet, OwnerKind::Deployment]
+        vec![OwnerKind::STATEFUL_SET, OwnerKind::DEPLOYMENT]
     );
     assert_eq!(spec.volumes.drivers, Vec::<String>::new());
     assert_eq!(
@@ -309,10 +309,9 @@ fn schema_carries_enums_patterns_and_list_types() {
     );
     assert_eq!(detection["signals"]["x-kubernetes-list-type"], "set");
     assert_eq!(detection["interval"]["pattern"], DURATION_PATTERN);
-    assert_eq!(
-        props["owners"]["items"]["enum"],
-        json!(["StatefulSet", "Deployment", "ReplicaSet"])
-    );
+    assert_eq!(props["owners"]["items"]["type"], "string");
+    assert_eq!(props["owners"]["maxItems"], 32);
+    assert_eq!(props["owners"]["x-kubernetes-list-type"], "set");
     assert_eq!(
         props["action"]["enum"],
         json!(["DeletePods", "OutOfServiceTaint"])
@@ -453,4 +452,70 @@ fn combined_proofs_name_their_members_and_are_confirmed_as_their_combination_is(
     assert!(fencing(json!({})).proofs().requires(FencingProof::Agent));
     assert!(fencing(json!({"proof": "None"})).proofs().is_none());
     assert!(!fencing(json!({"proof": "AllOf"})).proofs().is_none());
+}
+
+/// What the CRD's CEL rules say of a policy as written, before podha reads it.
+fn cel_errors_as_written(spec: Value) -> Vec<String> {
+    let crd = PodHAPolicy::crd();
+    let schema = serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("the CRD has a schema"),
+    )
+    .unwrap();
+    let object = json!({
+        "apiVersion": "podha.io/v1alpha1",
+        "kind": "PodHAPolicy",
+        "metadata": {"name": "test"},
+        "spec": spec,
+    });
+    match kube::core::cel::Validator::new().validate(&schema, &object, None) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+/// The API server's rule on `owners` and podha's reading agree on every entry: nothing the
+/// API server accepts is unreadable to podha, and what it refuses says how to write it.
+#[test]
+fn owners_rule_and_reading_agree() {
+    for written in [
+        "StatefulSet",
+        "Deployment",
+        "ReplicaSet",
+        "ReplicaSet.apps",
+        "Cluster.postgresql.cnpg.io",
+        "StrimziPodSet.core.strimzi.io",
+        "VirtualMachineInstance.kubevirt.io",
+        "Job.batch",
+        "A.b",
+        "DaemonSet",
+        "Pod",
+        "",
+        "Cluster.",
+        "cluster.pg.io",
+        "Cluster.pg..io",
+        "Cluster.-pg.io",
+        "Cluster.pg-.io",
+        "Cluster.PG.io",
+        "Clus-ter.pg.io",
+        "Cluster/pg.io",
+    ] {
+        let refused = cel_errors_as_written(json!({"owners": [written]}));
+        let read = written.parse::<OwnerKind>();
+        assert_eq!(
+            refused.is_empty(),
+            read.is_ok(),
+            "{written:?}: the API server says {refused:?}, podha reads {read:?}"
+        );
+        if !refused.is_empty() {
+            assert!(
+                refused.iter().any(|e| e.contains("Kind.group")),
+                "{written:?}: {refused:?}"
+            );
+        }
+    }
+    assert!(cel_errors_as_written(json!({"owners": ["StatefulSet", "Cluster.pg.io"]})).is_empty());
 }

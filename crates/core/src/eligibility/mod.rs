@@ -27,7 +27,7 @@ use crate::api::PodHAPolicySpec;
 use crate::view::View;
 
 pub(crate) use owners::check_owner;
-pub use owners::{controller_ref, opted_out};
+pub use owners::{OwnerMatch, controller_ref, counted_kind, opted_out, replica_set_controller};
 pub(crate) use selectors::selects;
 pub use selectors::{invalid_selectors, node_selected, pod_selected};
 pub use target::find_target;
@@ -111,13 +111,11 @@ impl SkipReason {
 }
 
 /// A pod that may be force-deleted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Eligible {
-    /// The controller kind the pod is counted under (`podha_pods_deleted_total{owner_kind}`):
-    /// `StatefulSet`, `Deployment` (a pod of a Deployment's ReplicaSet), `ReplicaSet` (a bare
-    /// one, or one the view does not know, opted in), or for opted-in pods `DaemonSet`, `Job`,
-    /// `ReplicationController` and `Other` (any other controller). A bounded set of labels.
-    pub owner_kind: &'static str,
+    /// The controller kind the pod is counted under, and whether its policy lists it
+    /// (`OwnerMatch::label` is `podha_pods_deleted_total{owner_kind}`).
+    pub owner: OwnerMatch,
 }
 
 /// May this pod, on a failed node, be force-deleted? `node_usable(node)` says whether podha
@@ -140,9 +138,9 @@ pub fn check_movable(
     view: &View,
     node_usable: &dyn Fn(&Node) -> bool,
 ) -> Result<Eligible, SkipReason> {
-    let owner_kind = owners::check_owner(spec, pod, view)?;
+    let owner = owners::check_owner(spec, pod, view)?;
     check_volumes_and_target(spec, pod, view, node_usable)?;
-    Ok(Eligible { owner_kind })
+    Ok(Eligible { owner })
 }
 
 fn check_volumes_and_target(

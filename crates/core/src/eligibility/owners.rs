@@ -9,18 +9,22 @@
 //!    to configure this pod, and leaving a pod alone is the safe reading of a typo.
 //! 3. `podha.io/failover: "true"` opts in a pod of any controller kind, also kinds `owners`
 //!    cannot name (DaemonSet, Job, custom controllers).
-//! 4. Otherwise the controller kind must be in `owners`. A ReplicaSet owned by a Deployment
-//!    counts as `Deployment` and only `Deployment` selects it: `owners: [ReplicaSet]` means bare
-//!    ReplicaSets and does not pull in every Deployment. A ReplicaSet the view does not know
-//!    (cache not synced yet, just deleted) is not selected: podha cannot tell which of the two
-//!    it is, and the next evaluation will know.
+//! 4. Otherwise the controller's kind, API group included, must be in `owners`. A pod
+//!    controlled by a ReplicaSet counts as that ReplicaSet's own controller: a Deployment's as
+//!    `Deployment` (and only `Deployment` selects it), an Argo Rollout's as
+//!    `Rollout.argoproj.io`; `owners: [ReplicaSet]` means ReplicaSets nothing controls and
+//!    does not pull in every Deployment. A ReplicaSet the view does not know (cache not synced
+//!    yet, just deleted) is not selected: podha cannot tell whose it is, and the next
+//!    evaluation will know.
 //!
-//! Only kinds of the `apps` API group count as `StatefulSet`/`ReplicaSet`: a custom resource
-//! that reuses the name (OpenKruise's Advanced StatefulSet, `apps.kruise.io`) behaves differently
-//! and is left to the opt-in annotation.
+//! Listing a kind is the user's word that its controller recreates a deleted pod (a
+//! StatefulSet, a ReplicaSet, CloudNativePG's `Cluster`, Strimzi's `StrimziPodSet` do); podha
+//! cannot check it. A kind is its group and name: a custom resource that reuses `StatefulSet`
+//! (OpenKruise's Advanced StatefulSet, `apps.kruise.io`) is `StatefulSet.apps.kruise.io`,
+//! not `StatefulSet`.
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 
 use super::SkipReason;
@@ -48,27 +52,6 @@ pub fn opted_out(pod: &Pod) -> bool {
     annotation(pod) == Annotation::OptOut
 }
 
-/// The pod's controller as podha classifies it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Controller {
-    /// A kind `owners` can select (a Deployment's ReplicaSet already resolved to `Deployment`).
-    Selectable(OwnerKind),
-    /// A ReplicaSet missing from the view: Deployment-owned or bare, podha cannot tell.
-    UnknownReplicaSet,
-    /// Any other controller; selectable only by the opt-in annotation.
-    Other(&'static str),
-}
-
-impl Controller {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Selectable(kind) => kind.as_str(),
-            Self::UnknownReplicaSet => OwnerKind::ReplicaSet.as_str(),
-            Self::Other(label) => label,
-        }
-    }
-}
-
 /// The pod's controller owner reference, if any.
 pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
     pod.owner_references()
@@ -76,48 +59,79 @@ pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-/// The API group of an `apiVersion` (`apps/v1` → `apps`, `v1` → the core group, `""`).
-fn api_group(api_version: &str) -> &str {
-    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+/// Whose a ReplicaSet is, as `View::replica_set_owners` keeps it: its controller's kind,
+/// `None` when nothing controls it.
+pub fn replica_set_controller(meta: &ObjectMeta) -> Option<OwnerKind> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| OwnerKind::of_reference(&r.api_version, &r.kind))
 }
 
-fn classify(pod: &Pod, owner: &OwnerReference, view: &View) -> Controller {
-    match (api_group(&owner.api_version), owner.kind.as_str()) {
-        ("apps", "StatefulSet") => Controller::Selectable(OwnerKind::StatefulSet),
-        ("apps", "ReplicaSet") => {
-            let key = ObjectKey::new(pod.namespace().unwrap_or_default(), owner.name.clone());
-            match view.replica_set_owners.get(&key) {
-                Some(Some(kind)) => Controller::Selectable(*kind),
-                Some(None) => Controller::Selectable(OwnerKind::ReplicaSet),
-                None => Controller::UnknownReplicaSet,
-            }
-        }
-        // Bounded metric labels: well-known kinds by name, everything else as `Other`.
-        ("apps", "DaemonSet") => Controller::Other("DaemonSet"),
-        ("batch", "Job") => Controller::Other("Job"),
-        ("", "ReplicationController") => Controller::Other("ReplicationController"),
-        _ => Controller::Other("Other"),
+/// The kind the pod counts as (rule 4): its controller's, or for a ReplicaSet the
+/// ReplicaSet's controller's. `None` for a ReplicaSet the view does not know.
+pub fn counted_kind(pod: &Pod, owner: &OwnerReference, view: &View) -> Option<OwnerKind> {
+    let kind = OwnerKind::of_reference(&owner.api_version, &owner.kind);
+    if kind != OwnerKind::REPLICA_SET {
+        return Some(kind);
+    }
+    let key = ObjectKey::new(pod.namespace().unwrap_or_default(), owner.name.clone());
+    match view.replica_set_owners.get(&key)? {
+        Some(controller) => Some(controller.clone()),
+        None => Some(OwnerKind::REPLICA_SET),
     }
 }
 
-/// Steps 1–4 of the module rules. `Ok` carries the `owner_kind` metric label.
+/// How the pod's owner made it eligible.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerMatch {
+    /// The kind it counts as (`counted_kind`); a ReplicaSet unknown to the view, as such.
+    pub kind: OwnerKind,
+    /// Its policy's `owners` lists the kind (otherwise the pod opted in).
+    pub listed: bool,
+}
+
+impl OwnerMatch {
+    /// The `owner_kind` metric label: the kind as written in `owners` when listed (bounded by
+    /// the policies), and for a pod that opted in the kind if it is a well-known one,
+    /// `Other` if not.
+    pub fn label(&self) -> String {
+        const WELL_KNOWN: [(&str, &str); 6] = [
+            ("apps", "StatefulSet"),
+            ("apps", "Deployment"),
+            ("apps", "ReplicaSet"),
+            ("apps", "DaemonSet"),
+            ("batch", "Job"),
+            ("", "ReplicationController"),
+        ];
+        let well_known = WELL_KNOWN.contains(&(self.kind.group(), self.kind.kind()));
+        match (self.listed, well_known) {
+            (true, _) => self.kind.to_string(),
+            (false, true) => self.kind.kind().to_string(),
+            (false, false) => "Other".to_string(),
+        }
+    }
+}
+
+/// Steps 1–4 of the module rules.
 pub(crate) fn check_owner(
     spec: &PodHAPolicySpec,
     pod: &Pod,
     view: &View,
-) -> Result<&'static str, SkipReason> {
+) -> Result<OwnerMatch, SkipReason> {
     let owner = controller_ref(pod).ok_or(SkipReason::NoControllerOwner)?;
     let annotation = annotation(pod);
     if annotation == Annotation::OptOut {
         return Err(SkipReason::OptedOut);
     }
-    let controller = classify(pod, owner, view);
-    let selected = match controller {
-        Controller::Selectable(kind) => spec.owners.contains(&kind),
-        Controller::UnknownReplicaSet | Controller::Other(_) => false,
-    };
-    if selected || annotation == Annotation::OptIn {
-        Ok(controller.label())
+    let counted = counted_kind(pod, owner, view);
+    let listed = counted.as_ref().is_some_and(|k| spec.owners.contains(k));
+    if listed || annotation == Annotation::OptIn {
+        Ok(OwnerMatch {
+            kind: counted.unwrap_or(OwnerKind::REPLICA_SET),
+            listed,
+        })
     } else {
         Err(SkipReason::OwnerKindNotSelected)
     }
@@ -128,19 +142,31 @@ mod tests {
     use super::*;
     use crate::test_builders::*;
 
-    use OwnerKind::{Deployment, ReplicaSet, StatefulSet};
+    const STATEFUL_SET: OwnerKind = OwnerKind::STATEFUL_SET;
+    const DEPLOYMENT: OwnerKind = OwnerKind::DEPLOYMENT;
+    const REPLICA_SET: OwnerKind = OwnerKind::REPLICA_SET;
 
     fn view() -> View {
         view_with([
             mk_rs("ns", "web-1").owned_by_deployment("web").into(),
             mk_rs("ns", "bare").into(),
+            mk_rs("ns", "canary-1")
+                .owned_by("argoproj.io/v1alpha1", "Rollout", "canary")
+                .into(),
         ])
+    }
+
+    fn kinds(written: &[&str]) -> Vec<OwnerKind> {
+        written.iter().map(|w| w.parse().unwrap()).collect()
     }
 
     #[test]
     fn owner_rules() {
-        const ALL: &[OwnerKind] = &[StatefulSet, Deployment, ReplicaSet];
-        const DEFAULT: &[OwnerKind] = &[StatefulSet, Deployment];
+        const ALL: &[OwnerKind] = &[STATEFUL_SET, DEPLOYMENT, REPLICA_SET];
+        const DEFAULT: &[OwnerKind] = &[STATEFUL_SET, DEPLOYMENT];
+        const ONLY_STS: &[OwnerKind] = &[STATEFUL_SET];
+        const ONLY_DEPLOYMENT: &[OwnerKind] = &[DEPLOYMENT];
+        const ONLY_RS: &[OwnerKind] = &[REPLICA_SET];
         type Case = (
             &'static str,
             Pod,
@@ -175,7 +201,7 @@ mod tests {
             (
                 "statefulset not listed",
                 mk_pod("ns", "p").owned_by_sts("db"),
-                &[Deployment],
+                ONLY_DEPLOYMENT,
                 Err(SkipReason::OwnerKindNotSelected),
             ),
             (
@@ -219,7 +245,7 @@ mod tests {
             (
                 "deployment's replicaset is not selected by ReplicaSet",
                 mk_pod("ns", "p").owned_by_rs("web-1"),
-                &[ReplicaSet],
+                ONLY_RS,
                 Err(SkipReason::OwnerKindNotSelected),
             ),
             (
@@ -231,7 +257,7 @@ mod tests {
             (
                 "bare replicaset selected by ReplicaSet",
                 mk_pod("ns", "p").owned_by_rs("bare"),
-                &[ReplicaSet],
+                ONLY_RS,
                 Ok("ReplicaSet"),
             ),
             (
@@ -259,7 +285,7 @@ mod tests {
                 mk_pod("ns", "p")
                     .owned_by_rs("web-1")
                     .annotation(FAILOVER_ANNOTATION, "TRUE"),
-                &[StatefulSet],
+                ONLY_STS,
                 Ok("Deployment"),
             ),
             (
@@ -302,7 +328,80 @@ mod tests {
         let view = view();
         for (name, pod, owners, want) in cases {
             let spec = mk_spec().owners(owners);
-            assert_eq!(check_owner(&spec, &pod, &view), want, "{name}");
+            let got = check_owner(&spec, &pod, &view).map(|m| m.label());
+            assert_eq!(got.as_deref(), want.as_ref().map(|w| *w), "{name}");
+        }
+    }
+
+    /// Any controller by its API group and kind, and the ReplicaSets other controllers own.
+    #[test]
+    fn owners_of_any_group() {
+        let pg = || mk_pod("ns", "pg-1").owned_by("postgresql.cnpg.io/v1", "Cluster", "pg");
+        let kruise = || mk_pod("ns", "p").owned_by("apps.kruise.io/v1beta1", "StatefulSet", "db");
+        let canary = || mk_pod("ns", "c").owned_by_rs("canary-1");
+        type Case = (
+            &'static str,
+            Pod,
+            Vec<OwnerKind>,
+            Result<&'static str, SkipReason>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "a custom controller listed by kind and group",
+                pg(),
+                kinds(&["StatefulSet", "Cluster.postgresql.cnpg.io"]),
+                Ok("Cluster.postgresql.cnpg.io"),
+            ),
+            (
+                "the same kind in another group is another kind",
+                pg(),
+                kinds(&["Cluster.example.com"]),
+                Err(SkipReason::OwnerKindNotSelected),
+            ),
+            (
+                "a custom controller that opted in, unlisted: a bounded label",
+                pg().annotation(FAILOVER_ANNOTATION, "true"),
+                kinds(&["StatefulSet"]),
+                Ok("Other"),
+            ),
+            (
+                "a StatefulSet of another group, named with its group",
+                kruise(),
+                kinds(&["StatefulSet.apps.kruise.io"]),
+                Ok("StatefulSet.apps.kruise.io"),
+            ),
+            (
+                "StatefulSet.apps is the StatefulSet",
+                mk_pod("ns", "p").owned_by_sts("db"),
+                kinds(&["StatefulSet.apps"]),
+                Ok("StatefulSet"),
+            ),
+            (
+                "a ReplicaSet another controller owns counts as that controller",
+                canary(),
+                kinds(&["Rollout.argoproj.io"]),
+                Ok("Rollout.argoproj.io"),
+            ),
+            (
+                "and is no bare ReplicaSet",
+                canary(),
+                kinds(&["ReplicaSet", "Deployment"]),
+                Err(SkipReason::OwnerKindNotSelected),
+            ),
+            (
+                "a core-group controller, opted in",
+                mk_pod("ns", "p")
+                    .owned_by("v1", "ReplicationController", "rc")
+                    .annotation(FAILOVER_ANNOTATION, "true"),
+                vec![],
+                Ok("ReplicationController"),
+            ),
+        ];
+        let view = view();
+        for (name, pod, owners, want) in cases {
+            let spec = mk_spec().owners(&owners);
+            let got = check_owner(&spec, &pod, &view).map(|m| m.label());
+            assert_eq!(got.as_deref(), want.as_ref().map(|w| *w), "{name}");
         }
     }
 }

@@ -4,7 +4,8 @@
 use super::*;
 use crate::api::AccessMode::ReadWriteMany;
 use crate::api::FAILOVER_ANNOTATION;
-use crate::api::OwnerKind::{Deployment, ReplicaSet, StatefulSet};
+use crate::api::OwnerKind;
+use crate::eligibility::OwnerMatch;
 use crate::test_builders::*;
 use kube::ResourceExt;
 
@@ -53,10 +54,30 @@ fn sts_pod() -> Pod {
         .claim("data")
 }
 
+/// Eligible as a kind its policy lists.
+fn listed(kind: &str) -> Eligible {
+    Eligible {
+        owner: OwnerMatch {
+            kind: kind.parse().unwrap(),
+            listed: true,
+        },
+    }
+}
+
+/// Eligible by the opt-in annotation, its kind (`Kind.group`) unlisted.
+fn opted_in(kind: &str) -> Eligible {
+    Eligible {
+        owner: OwnerMatch {
+            kind: kind.parse().unwrap(),
+            listed: false,
+        },
+    }
+}
+
 #[test]
 fn every_reason_and_the_order_of_checks() {
     let spec = mk_spec().drivers(&[RWO]);
-    let ok = |kind: &'static str| Ok(Eligible { owner_kind: kind });
+    let ok = |kind: &str| Ok(listed(kind));
     type Case = (&'static str, Pod, Result<Eligible, SkipReason>);
     let cases: Vec<Case> = vec![
         ("stranded statefulset pod", sts_pod(), ok("StatefulSet")),
@@ -134,7 +155,7 @@ fn every_reason_and_the_order_of_checks() {
                 .owned_by("batch/v1", "Job", "backup")
                 .ephemeral("scratch")
                 .annotation(FAILOVER_ANNOTATION, "true"),
-            ok("Job"),
+            Ok(opted_in("Job.batch")),
         ),
         (
             "opted-in daemonset pod",
@@ -143,7 +164,7 @@ fn every_reason_and_the_order_of_checks() {
                 .owned_by("apps/v1", "DaemonSet", "agent")
                 .claim("data")
                 .annotation(FAILOVER_ANNOTATION, "true"),
-            ok("DaemonSet"),
+            Ok(opted_in("DaemonSet.apps")),
         ),
         // Volumes.
         (
@@ -227,28 +248,26 @@ fn owners_come_from_the_policy() {
         (
             "sts, only Deployment listed",
             sts_pod(),
-            &[Deployment][..],
+            &[OwnerKind::DEPLOYMENT][..],
             Err(SkipReason::OwnerKindNotSelected),
         ),
         (
             "deployment, only StatefulSet listed",
             deployment_pod.clone(),
-            &[StatefulSet][..],
+            &[OwnerKind::STATEFUL_SET][..],
             Err(SkipReason::OwnerKindNotSelected),
         ),
         (
             "deployment, only ReplicaSet listed",
             deployment_pod,
-            &[ReplicaSet][..],
+            &[OwnerKind::REPLICA_SET][..],
             Err(SkipReason::OwnerKindNotSelected),
         ),
         (
             "bare replicaset listed",
             bare_rs_pod,
-            &[ReplicaSet][..],
-            Ok(Eligible {
-                owner_kind: "ReplicaSet",
-            }),
+            &[OwnerKind::REPLICA_SET][..],
+            Ok(listed("ReplicaSet")),
         ),
     ];
     for (name, pod, owners, want) in cases {
@@ -268,9 +287,7 @@ fn target_is_only_required_when_the_policy_says_so() {
     let relaxed = mk_spec().require_target(false);
     assert_eq!(
         check_movable(&relaxed, &stuck, &view, &usable),
-        Ok(Eligible {
-            owner_kind: "StatefulSet"
-        })
+        Ok(listed("StatefulSet"))
     );
 }
 

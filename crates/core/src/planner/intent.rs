@@ -35,7 +35,7 @@ pub enum Intent {
         uid: String,
         node: String,
         policy: String,
-        owner_kind: &'static str,
+        owner_kind: String,
         resource_version: Option<String>,
     },
     /// Remove the taints podha added (the node is back and holds no volume).

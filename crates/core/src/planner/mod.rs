@@ -623,7 +623,7 @@ fn judge_pod<'p>(
     let mut decision = PodDecision::stays(
         Ruling::Moves {
             rehearsed: failed.rehearsal() || owner.spec.dry_run,
-            owner_kind: eligible.owner_kind,
+            owner: eligible.owner.clone(),
         },
         other_policy_protection(failed.policy, owner),
     );
@@ -651,7 +651,7 @@ fn judge_pod<'p>(
         uid: uid.to_string(),
         node: node.to_string(),
         policy: owner.name.to_string(),
-        owner_kind: eligible.owner_kind,
+        owner_kind: eligible.owner.label(),
         resource_version,
     };
     decision.delete = Some((owner, intent));

@@ -5,6 +5,7 @@
 //! written once, here in the planner.
 
 use crate::api::NodeTaint;
+use crate::eligibility::OwnerMatch;
 use crate::view::ObjectKey;
 
 use super::{HoldReason, Protected, Skip};
@@ -56,7 +57,7 @@ pub enum Ruling {
     Moves {
         rehearsed: bool,
         /// The controller kind it is counted under (`crate::eligibility::Eligible`).
-        owner_kind: &'static str,
+        owner: OwnerMatch,
     },
     /// Left where it is, for a reason its policy reports (`podha_pods_skipped_total`).
     Skipped(Skip),

@@ -8,7 +8,9 @@ use kube::ResourceExt;
 use super::pod::{claims_text, ready_elsewhere};
 use super::{Check, Checks, Cluster, Unprotected};
 use crate::api::{Action, NodeTaint, PAUSE_ANNOTATION, condition};
-use crate::eligibility::{SkipReason, check_owner, controller_ref, find_target, tolerated_fence};
+use crate::eligibility::{
+    OwnerMatch, SkipReason, check_owner, controller_ref, counted_kind, find_target, tolerated_fence,
+};
 use crate::health::ReadyStatus;
 use crate::planner::{HoldReason, NodeVerdict, PolicyRef, Ruling, Skip, unhealthy_hold};
 use crate::view::View;
@@ -252,8 +254,8 @@ pub(super) fn eligibility_checks(
     verdict: Option<&ForeseenPod<'_>>,
     checks: &mut Checks,
 ) {
-    let (refusal, owner_kind) = match verdict.map(|v| (v.node.hold.is_some(), v.ruling)) {
-        Some((_, Some(Ruling::Moves { owner_kind, .. }))) => (None, Some(*owner_kind)),
+    let (refusal, matched) = match verdict.map(|v| (v.node.hold.is_some(), v.ruling)) {
+        Some((_, Some(Ruling::Moves { owner: matched, .. }))) => (None, Some(matched)),
         Some((_, Some(Ruling::Skipped(Skip::Ineligible(reason))))) => (Some(*reason), None),
         Some((true, None) | (_, Some(Ruling::Held(_) | Ruling::Skipped(Skip::Paused)))) => {
             checks.note("eligibility", "not judged: a hold comes first (see state)");
@@ -280,7 +282,7 @@ pub(super) fn eligibility_checks(
                 checks.push(refused(owner, pod, view, reason));
                 return;
             }
-            _ => checks.push(passed(rule, owner, owner_kind, pod, node, view)),
+            _ => checks.push(passed(rule, owner, matched, pod, node, view)),
         }
     }
 }
@@ -289,7 +291,7 @@ pub(super) fn eligibility_checks(
 fn passed(
     rule: Rule,
     owner: PolicyRef<'_>,
-    owner_kind: Option<&str>,
+    matched: Option<&OwnerMatch>,
     pod: &Pod,
     node: &Node,
     view: &View,
@@ -297,16 +299,24 @@ fn passed(
     let controller = controller_ref(pod);
     let name = rule.name();
     match rule {
-        Rule::Owner => Check::pass(
-            name,
-            format!(
-                "{} {}",
-                owner_kind
-                    .or_else(|| check_owner(owner.spec, pod, view).ok())
-                    .unwrap_or_default(),
-                controller.map_or("", |r| r.name.as_str())
-            ),
-        ),
+        Rule::Owner => {
+            let matched = matched
+                .cloned()
+                .or_else(|| check_owner(owner.spec, pod, view).ok());
+            let how = match &matched {
+                Some(m) if m.listed => "listed in owners",
+                Some(_) => "opted in by podha.io/failover",
+                None => "",
+            };
+            Check::pass(
+                name,
+                format!(
+                    "{} {} ({how})",
+                    matched.map(|m| m.kind.to_string()).unwrap_or_default(),
+                    controller.map_or("", |r| r.name.as_str())
+                ),
+            )
+        }
         Rule::Volumes => Check::pass(name, claims_text(pod, view)),
         Rule::Target => match find_target(pod, view, &ready_elsewhere(&node.name_any())) {
             Some(target) => Check::pass(
@@ -340,6 +350,9 @@ fn refused(owner: PolicyRef<'_>, pod: &Pod, view: &View, reason: SkipReason) -> 
         Rule::Volumes => Some(claims_text(pod, view)).filter(|c| !c.is_empty()),
         Rule::Tolerations => tolerated_fence(owner.spec.action, pod)
             .map(|taint| format!("it tolerates {}", taint.key())),
+        Rule::Owner if reason == SkipReason::OwnerKindNotSelected => {
+            Some(unlisted_owner(owner, pod, view))
+        }
         Rule::Owner | Rule::Target => None,
     };
     Check::fail(
@@ -353,6 +366,31 @@ fn refused(owner: PolicyRef<'_>, pod: &Pod, view: &View, reason: SkipReason) -> 
             found.map_or_else(String::new, |f| format!(" ({f})"))
         ),
     )
+}
+
+/// The kind a pod's controller counts as, beside the policy's `owners`, for a pod whose kind
+/// is not listed.
+fn unlisted_owner(owner: PolicyRef<'_>, pod: &Pod, view: &View) -> String {
+    let listed = owner
+        .spec
+        .owners
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let counted = controller_ref(pod).map(|r| (r, counted_kind(pod, r, view)));
+    match counted {
+        Some((r, Some(kind))) => format!(
+            "{kind} {}, owners: [{listed}]: add {kind} to owners if its controller recreates \
+             a deleted pod",
+            r.name
+        ),
+        Some((r, None)) => format!(
+            "ReplicaSet {} is not in podha's view yet: whose it is is not known",
+            r.name
+        ),
+        None => format!("owners: [{listed}]"),
+    }
 }
 
 /// Which taint the node would get if it died now, and what that means for the volumes, as the

@@ -299,7 +299,7 @@ fn delete_of(pod: &str, version: &str) -> Intent {
         uid: format!("uid-ns-{pod}"),
         node: "node-1".into(),
         policy: "p".into(),
-        owner_kind: "StatefulSet",
+        owner_kind: "StatefulSet".to_string(),
         resource_version: Some(version.into()),
     }
 }
@@ -551,7 +551,7 @@ async fn a_selector_widened_mid_incident_moves_the_pods_it_now_selects() {
         uid: "uid-ns-db-0".into(),
         node: "node-1".into(),
         policy: "p".into(),
-        owner_kind: "StatefulSet",
+        owner_kind: "StatefulSet".to_string(),
         resource_version: None,
     });
     let db0 = pod("db-0", "db", "data-0");

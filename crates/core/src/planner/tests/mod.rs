@@ -218,7 +218,7 @@ fn failed_node_is_fenced_then_its_eligible_pod_force_deleted() {
             uid: expected_uid,
             node: "node-1".into(),
             policy: "p".into(),
-            owner_kind: "StatefulSet",
+            owner_kind: "StatefulSet".to_string(),
             resource_version: None,
         }]
     );
@@ -398,7 +398,7 @@ fn the_taint_is_added_once_per_incident() {
 
 #[test]
 fn no_taint_when_no_pod_would_move() {
-    let spec = with_action(mk_spec(), Action::OutOfServiceTaint).owners(&[OwnerKind::ReplicaSet]);
+    let spec = with_action(mk_spec(), Action::OutOfServiceTaint).owners(&[OwnerKind::REPLICA_SET]);
     let plan = World::new(cluster(3))
         .policy("p", spec)
         .fail("node-1")
