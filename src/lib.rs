@@ -22,6 +22,8 @@ pub use podha_core::{api, deadline, eligibility, health, incident, planner, prot
 mod agent_chart_tests;
 pub mod build_info;
 pub mod chaos;
+#[cfg(test)]
+mod examples_tests;
 pub mod explain;
 pub mod http;
 #[cfg(test)]

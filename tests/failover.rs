@@ -39,6 +39,8 @@ use tokio::sync::watch;
 
 #[path = "failover/agent.rs"]
 mod agent;
+#[path = "failover/examples.rs"]
+mod examples;
 #[path = "failover/faults_without_heartbeat.rs"]
 mod faults_without_heartbeat;
 #[path = "failover/fencing.rs"]
@@ -78,10 +80,14 @@ fn main() -> ExitCode {
     );
     let operators = Arc::new(Operators::default());
     type Scenario = fn(&SharedCluster, &Operators) -> Result<(), Failed>;
-    let scenarios: [(&str, Scenario); 15] = [
+    let scenarios: [(&str, Scenario); 16] = [
         (
             "api_server_rejects_bad_policies_with_clear_messages",
             bad_policies,
+        ),
+        (
+            "every_policy_in_examples_is_accepted_by_the_api_server_as_written",
+            examples::accepted_as_written,
         ),
         (
             "the_chart_refuses_a_namespace_whose_pod_security_refuses_the_agent",
