@@ -160,6 +160,7 @@ mod tests {
                     2,
                 )],
                 examples: Vec::new(),
+                rehearsed: 0,
             },
         )]));
         m.protection.observe_work(Duration::from_millis(20));

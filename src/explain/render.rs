@@ -137,6 +137,13 @@ pub fn policy(e: &PolicyExplanation) -> String {
     for (reason, count) in &c.reasons {
         let _ = writeln!(out, "  {count} not protected: {}", reason.as_str());
     }
+    if c.rehearsed > 0 {
+        let _ = writeln!(
+            out,
+            "  {} of them in a dry run as well: the reasons above keep them once dryRun is off",
+            c.rehearsed
+        );
+    }
     for (pod, why) in &c.examples {
         let _ = writeln!(out, "  e.g. {pod}: {why}");
     }

@@ -120,6 +120,7 @@ mod tests {
             unprotected: reasons.iter().map(|(_, n)| n).sum(),
             reasons,
             examples: Vec::new(),
+            rehearsed: 0,
         };
         p.set_pods(&BTreeMap::from([
             ("a".to_string(), coverage(3, vec![(opted_out, 2)])),

@@ -643,6 +643,7 @@ mod tests {
             unprotected: 21,
             reasons,
             examples: Vec::new(),
+            rehearsed: 0,
         };
         let status = policy_status(&PolicyFacts {
             coverage: Some(&coverage),

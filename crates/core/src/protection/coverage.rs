@@ -1,6 +1,6 @@
 //! How many of the pods each policy selects podha would fail over now, and why not the others:
 //! every pod that mounts a claim, judged by [`explain_pod`] and counted under its first failing
-//! rule. A pod without a claim is not counted: it loses nothing when its node dies, and
+//! rule, a dry run last (what would still keep the pod once `dryRun` is off comes first). A pod without a claim is not counted: it loses nothing when its node dies, and
 //! Kubernetes replaces it by itself; nor is a pod that has finished (it holds no volume).
 
 use std::collections::BTreeMap;
@@ -24,6 +24,10 @@ pub struct Coverage {
     pub reasons: Vec<(Unprotected, usize)>,
     /// A few unprotected pods (`namespace/name`), each with its first failing rule.
     pub examples: Vec<(String, String)>,
+    /// How many of the unprotected pods a dry run keeps, beside whatever else does: a pod
+    /// counts under `DryRun` in `reasons` only when nothing else keeps it, so a dry run
+    /// shows what would still keep the pods once it is off.
+    pub rehearsed: usize,
 }
 
 /// Every policy's coverage, by policy name; a policy that selects no pod with a volume has an
@@ -54,13 +58,19 @@ pub fn coverage(cluster: &Cluster<'_>) -> BTreeMap<String, Coverage> {
                 None => out.protected += 1,
                 Some((reason, check)) => {
                     out.unprotected += 1;
+                    let rehearsed = e.rehearsed();
+                    out.rehearsed += usize::from(rehearsed);
                     *reasons
                         .entry(owner.name)
                         .or_default()
                         .entry(reason)
                         .or_default() += 1;
                     if out.examples.len() < EXAMPLES {
-                        out.examples.push((e.pod.clone(), check.detail.clone()));
+                        let mut why = check.detail.clone();
+                        if rehearsed && reason != Unprotected::DryRun {
+                            why.push_str(" (and dryRun is on)");
+                        }
+                        out.examples.push((e.pod.clone(), why));
                     }
                 }
             }

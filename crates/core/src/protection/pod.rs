@@ -32,16 +32,33 @@ pub struct PodExplanation {
 }
 
 impl PodExplanation {
-    /// The first rule that keeps the pod where it is, if any.
+    /// The first rule that keeps the pod where it is, if any, a dry run last: what would
+    /// still keep it once `dryRun` is off comes first.
     pub fn first_failure(&self) -> Option<&Check> {
-        self.checks.iter().find(|c| c.failed())
+        self.why_not()
+            .map(|(_, c)| c)
+            .or_else(|| self.checks.iter().find(|c| c.failed()))
     }
 
-    /// Why the pod is not protected: the first failing rule, with its label.
+    /// Why the pod is not protected: the first failing rule with its label, a dry run only
+    /// when no other rule fails ([`Self::rehearsed`] says whether one is on as well).
     pub fn why_not(&self) -> Option<(Unprotected, &Check)> {
+        let mut failures = self
+            .checks
+            .iter()
+            .filter_map(|c| c.reason.filter(|_| c.failed()).map(|r| (r, c)));
+        let first = failures.next()?;
+        if first.0 != Unprotected::DryRun {
+            return Some(first);
+        }
+        Some(failures.next().unwrap_or(first))
+    }
+
+    /// A dry run keeps the pod (whatever else does).
+    pub fn rehearsed(&self) -> bool {
         self.checks
             .iter()
-            .find_map(|c| c.reason.filter(|_| c.failed()).map(|r| (r, c)))
+            .any(|c| c.failed() && c.reason == Some(Unprotected::DryRun))
     }
 }
 

@@ -298,3 +298,69 @@ fn an_agent_that_cannot_reach_its_peers_proves_no_fence() {
         "{detail}"
     );
 }
+
+/// A dry run hides no reason: a pod that would move but for the dry run counts under
+/// `DryRun`; one a missing agent would keep all the same counts under that reason, the dry run
+/// beside it.
+#[test]
+fn a_dry_run_shows_what_would_still_keep_a_pod() {
+    let mut view = view_with([
+        mk_node("n1").ready(true).into(),
+        mk_node("n2").ready(true).agent(Some("8s")).into(),
+        mk_node("n3").ready(true).agent(Some("8s")).into(),
+        mk_node("n4").ready(true).agent(Some("8s")).into(),
+    ]);
+    for node in ["n2", "n3", "n4"] {
+        view.agent_adverts
+            .insert(node.into(), agent_advert(Instant::now()));
+    }
+    let view = with_volume(view, sts("db-a", "n1").label("app", "db"), DRIVER);
+    let view = with_volume(view, sts("db-b", "n2").label("app", "db"), DRIVER);
+    let view = with_volume(
+        view,
+        sts("db-c", "n2").label("app", "db"),
+        "other.csi.example.com",
+    );
+    let mut db = selecting("db");
+    db.dry_run = true;
+    db.fencing.proof = crate::api::FencingProof::Agent;
+    let none = BTreeMap::new();
+    let statuses = BTreeMap::new();
+    let cluster = Cluster::new(
+        vec![PolicyRef {
+            name: "db",
+            spec: &db,
+        }],
+        &none,
+        &statuses,
+        &view,
+        Operator::Leading,
+        Instant::now(),
+    );
+    let coverage = &coverage(&cluster)["db"];
+    assert_eq!(
+        coverage.reasons,
+        [
+            (Unprotected::Ineligible(SkipReason::DriverNotSelected), 1),
+            (Unprotected::DryRun, 1),
+            (Unprotected::NoProvingAgent, 1),
+        ],
+        "{coverage:?}"
+    );
+    assert_eq!(
+        coverage.rehearsed, 2,
+        "db-a and db-b; db-c's driver keeps it first"
+    );
+    let (_, why) = coverage
+        .examples
+        .iter()
+        .find(|(p, _)| p == "shop/db-a")
+        .unwrap();
+    assert!(why.ends_with("(and dryRun is on)"), "{why}");
+    let db_a = explain_pod(&cluster, &view.pods_on("n1")[0]);
+    assert!(db_a.rehearsed());
+    assert_eq!(
+        db_a.first_failure().and_then(|c| c.reason),
+        Some(Unprotected::NoProvingAgent)
+    );
+}
