@@ -159,8 +159,7 @@ mod tests {
                     crate::protection::Unprotected::Ineligible(SkipReason::OptedOut),
                     2,
                 )],
-                examples: Vec::new(),
-                rehearsed: 0,
+                ..Default::default()
             },
         )]));
         m.protection.observe_work(Duration::from_millis(20));

@@ -10,6 +10,7 @@ fn outcome(o: Outcome) -> &'static str {
         Outcome::Pass => "ok",
         Outcome::Fail => "NO",
         Outcome::Note => "note",
+        Outcome::Slow => "SLOW",
     }
 }
 
@@ -57,6 +58,12 @@ fn checks_table(checks: &[Check]) -> String {
 
 pub fn pod(e: &PodExplanation) -> String {
     let verdict = match e.first_failure() {
+        None if e.slow() => format!(
+            "protected, slowly: podha would fail it over if {} died now, but the out-of-service \
+             taint would be refused there and its volume would detach only after the \
+             attach/detach controller's 6-minute wait (see taint)",
+            e.node.as_deref().unwrap_or("its node")
+        ),
         None => format!(
             "protected: podha would fail it over if {} died now",
             e.node.as_deref().unwrap_or("its node")
@@ -136,6 +143,14 @@ pub fn policy(e: &PolicyExplanation) -> String {
     );
     for (reason, count) in &c.reasons {
         let _ = writeln!(out, "  {count} not protected: {}", reason.as_str());
+    }
+    if c.slow > 0 {
+        let _ = writeln!(
+            out,
+            "  {} of the protected only after the 6-minute wait: the out-of-service taint would \
+             be refused on their node (podha explain node NODE says which pod must stay)",
+            c.slow
+        );
     }
     if c.rehearsed > 0 {
         let _ = writeln!(

@@ -407,7 +407,8 @@ fn a_pod_that_must_stay_turns_the_taint_into_podhas_fence_without_failing_the_ot
     let e = f.pod("db-0");
     assert!(e.protected, "{:?}", e.checks);
     let taint = e.checks.iter().find(|c| c.rule == "taint").unwrap();
-    assert_eq!(taint.outcome, Outcome::Note);
+    assert_eq!(taint.outcome, Outcome::Slow);
+    assert!(e.slow(), "protected, on the 6-minute path");
     assert!(
         taint
             .detail

@@ -10,6 +10,8 @@ use crate::protection::Coverage;
 
 const PROTECTED: &str = "protected";
 const REASON: &str = "reason";
+/// The reason of protected pods podha moves only on the 6-minute path.
+const SLOW: &str = "OutOfServiceTaintRefused";
 
 /// Upper bounds of the working-out time histogram, in seconds: a few pods take microseconds,
 /// ten thousand with volumes tens of milliseconds.
@@ -29,9 +31,11 @@ impl Protection {
                 Opts::new(
                     "podha_pods",
                     "Pods a policy selects that mount a PersistentVolumeClaim, by whether podha \
-                     would fail them over if their node died now (protected=\"true\", \
-                     reason=\"\") or not (protected=\"false\", reason: the first rule they fail, \
-                     as podha explain names it). Set by the leader only.",
+                     would fail them over if their node died now (protected=\"true\": \
+                     reason=\"\" on the fast path, reason=\"OutOfServiceTaintRefused\" only \
+                     after the attach/detach controller's 6-minute wait, the taint being \
+                     refused on their node) or not (protected=\"false\", reason: the first \
+                     rule they fail, as podha explain names it). Set by the leader only.",
                 ),
                 &[POLICY, PROTECTED, REASON],
             )?,
@@ -60,6 +64,9 @@ impl Protection {
         let mut current: BTreeSet<(&str, &str, &str)> = BTreeSet::new();
         for (policy, coverage) in by_policy {
             current.insert((policy, "true", ""));
+            if coverage.slow > 0 {
+                current.insert((policy, "true", SLOW));
+            }
             for (reason, _) in &coverage.reasons {
                 current.insert((policy, "false", reason.as_str()));
             }
@@ -74,7 +81,10 @@ impl Protection {
                 .set(i64::try_from(pods).unwrap_or(i64::MAX));
         };
         for (policy, coverage) in by_policy {
-            set(policy, "true", "", coverage.protected);
+            set(policy, "true", "", coverage.protected - coverage.slow);
+            if coverage.slow > 0 {
+                set(policy, "true", SLOW, coverage.slow);
+            }
             for (reason, pods) in &coverage.reasons {
                 set(policy, "false", reason.as_str(), *pods);
             }
@@ -119,8 +129,7 @@ mod tests {
             protected,
             unprotected: reasons.iter().map(|(_, n)| n).sum(),
             reasons,
-            examples: Vec::new(),
-            rehearsed: 0,
+            ..Coverage::default()
         };
         p.set_pods(&BTreeMap::from([
             ("a".to_string(), coverage(3, vec![(opted_out, 2)])),
@@ -128,6 +137,31 @@ mod tests {
         ]));
         assert_eq!(series(&p).len(), 4, "{:?}", series(&p));
         p.set_pods(&BTreeMap::from([("a".to_string(), coverage(5, vec![]))]));
+        assert_eq!(
+            series(&p),
+            ["podha_pods{policy=\"a\",protected=\"true\",reason=\"\"} 5"]
+        );
+    }
+
+    /// Protected pods on the 6-minute path have a series of their own beside the fast ones,
+    /// gone once none is left.
+    #[test]
+    fn protected_pods_on_the_six_minute_path_are_counted_apart() {
+        let p = Protection::register(&Registry::new()).expect("register");
+        let coverage = |protected, slow| Coverage {
+            protected,
+            slow,
+            ..Coverage::default()
+        };
+        p.set_pods(&BTreeMap::from([("a".to_string(), coverage(5, 2))]));
+        assert_eq!(
+            series(&p),
+            [
+                "podha_pods{policy=\"a\",protected=\"true\",reason=\"\"} 3",
+                "podha_pods{policy=\"a\",protected=\"true\",reason=\"OutOfServiceTaintRefused\"} 2",
+            ]
+        );
+        p.set_pods(&BTreeMap::from([("a".to_string(), coverage(5, 0))]));
         assert_eq!(
             series(&p),
             ["podha_pods{policy=\"a\",protected=\"true\",reason=\"\"} 5"]

@@ -61,16 +61,23 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
     failovers.sort_by_key(|f| std::cmp::Reverse(f.detected_at));
     failovers.truncate(RECENT_FAILOVERS_KEPT);
 
-    let (protected_pods, unprotected_pods, unprotected_reasons) = match facts.coverage {
-        Some(c) => (count(c.protected), count(c.unprotected), top_reasons(c)),
-        None => policy.status.as_ref().map_or_else(Default::default, |s| {
-            (
-                s.protected_pods,
-                s.unprotected_pods,
-                s.unprotected_reasons.clone(),
-            )
-        }),
-    };
+    let (protected_pods, slow_detach_pods, unprotected_pods, unprotected_reasons) =
+        match facts.coverage {
+            Some(c) => (
+                count(c.protected),
+                count(c.slow),
+                count(c.unprotected),
+                top_reasons(c),
+            ),
+            None => policy.status.as_ref().map_or_else(Default::default, |s| {
+                (
+                    s.protected_pods,
+                    s.slow_detach_pods,
+                    s.unprotected_pods,
+                    s.unprotected_reasons.clone(),
+                )
+            }),
+        };
 
     PodHAPolicyStatus {
         observed_generation: generation,
@@ -99,6 +106,7 @@ pub fn policy_status(facts: &PolicyFacts<'_>) -> PodHAPolicyStatus {
         suspect_nodes: count(suspect),
         paused_nodes: count(facts.paused_nodes),
         protected_pods,
+        slow_detach_pods,
         unprotected_pods,
         unprotected_reasons,
         last_failover_time: failovers.first().map(|f| (facts.wall)(f.detected_at)),
@@ -642,8 +650,7 @@ mod tests {
             protected: 40,
             unprotected: 21,
             reasons,
-            examples: Vec::new(),
-            rehearsed: 0,
+            ..Coverage::default()
         };
         let status = policy_status(&PolicyFacts {
             coverage: Some(&coverage),

@@ -123,9 +123,15 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
         ] {
             explained_unprotected(&ctx, pod, rule, word)?;
         }
-        match explain_pod(&ctx, "mover-0")? {
-            (true, None) => {}
-            other => bail!("podha explain: mover-0 should be protected, got {other:?}"),
+        // Protected, on the slow path: the pods that must stay would have the taint refused.
+        let (protected, answer) = explain_answer(&ctx, "mover-0")?;
+        let taint = answer["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["rule"] == "taint");
+        if !protected || taint.is_none_or(|c| c["outcome"] != "slow") {
+            bail!("podha explain: mover-0 should be protected on the slow path, got {answer}");
         }
         // The policy's status counts the same verdicts, by the same rules.
         let want = [
@@ -136,7 +142,7 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
             "ToleratesFence",
         ];
         wait_for(
-            "the status counts 1 pod protected, 5 not",
+            "the status counts 1 pod protected (on the slow path), 5 not",
             secs_(60),
             || async {
                 let status = policy_status(&ctx.client, &ns).await?;
@@ -145,14 +151,18 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
                     .iter()
                     .map(|r| (r.reason.as_str(), r.pods))
                     .collect();
-                let counted = (status.protected_pods, status.unprotected_pods) == (1, 5)
-                    && reasons == want.map(|r| (r, 1));
+                let counts = (
+                    status.protected_pods,
+                    status.slow_detach_pods,
+                    status.unprotected_pods,
+                );
+                let counted = counts == (1, 1, 5) && reasons == want.map(|r| (r, 1));
                 if !counted {
                     log(
                         &ns,
                         format!(
-                            "status: {} protected, {} not: {reasons:?}",
-                            status.protected_pods, status.unprotected_pods
+                            "status: {} protected ({} slowly), {} not: {reasons:?}",
+                            status.protected_pods, status.slow_detach_pods, status.unprotected_pods
                         ),
                     );
                 }

@@ -52,6 +52,13 @@ pub struct PodHAPolicyStatus {
     #[serde(default)]
     pub unprotected_pods: i32,
 
+    /// Of `protectedPods`, those podha would move only on the slow path: under
+    /// `OutOfServiceTaint` the taint would be refused on their node (a pod podha must not move
+    /// is there), so their volumes detach only after the attach/detach controller's 6-minute
+    /// wait. `podha explain node` names the pod that must stay.
+    #[serde(default)]
+    pub slow_detach_pods: i32,
+
     /// Why the unprotected pods are not protected: the first rule each fails, most pods first
     /// (at most 5 reasons; `podha explain policy` lists them all, with examples).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

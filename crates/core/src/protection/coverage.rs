@@ -19,6 +19,9 @@ const EXAMPLES: usize = 5;
 #[serde(rename_all = "camelCase")]
 pub struct Coverage {
     pub protected: usize,
+    /// Of the protected pods, those podha would move only on the 6-minute path: the
+    /// out-of-service taint would be refused on their node (`PodExplanation::slow`).
+    pub slow: usize,
     pub unprotected: usize,
     /// How many unprotected pods each reason keeps, most first (then by name).
     pub reasons: Vec<(Unprotected, usize)>,
@@ -55,7 +58,10 @@ pub fn coverage(cluster: &Cluster<'_>) -> BTreeMap<String, Coverage> {
             };
             let e = explain_pod(cluster, pod);
             match e.why_not() {
-                None => out.protected += 1,
+                None => {
+                    out.protected += 1;
+                    out.slow += usize::from(e.slow());
+                }
                 Some((reason, check)) => {
                     out.unprotected += 1;
                     let rehearsed = e.rehearsed();

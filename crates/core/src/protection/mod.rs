@@ -47,6 +47,10 @@ pub enum Outcome {
     Fail,
     /// Worth knowing, decides nothing (what the taint will be, timing).
     Note,
+    /// podha fails the pod over, but not on the fast path: under `OutOfServiceTaint` the taint
+    /// would be refused (a pod that must stay is on the node), so the volume detaches only
+    /// after the attach/detach controller's 6-minute wait.
+    Slow,
 }
 
 /// Why a pod is not protected: the rule that keeps it where it is, as a bounded label
@@ -137,6 +141,9 @@ impl Check {
     }
     pub fn note(rule: &'static str, detail: impl Into<String>) -> Self {
         Self::new(rule, Outcome::Note, None, detail)
+    }
+    pub fn slow(rule: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(rule, Outcome::Slow, None, detail)
     }
     fn new(
         rule: &'static str,

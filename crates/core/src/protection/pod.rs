@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::fence::proof_checks;
 use super::verdicts::{ForeseenPod, eligibility_checks, state_checks, taint_check};
-use super::{Check, Checks, Cluster, Operator, Unprotected, human};
+use super::{Check, Checks, Cluster, Operator, Outcome, Unprotected, human};
 use crate::api::FencingProof;
 use crate::eligibility::{node_selected, selects};
 use crate::health::ReadyStatus;
@@ -52,6 +52,12 @@ impl PodExplanation {
             return Some(first);
         }
         Some(failures.next().unwrap_or(first))
+    }
+
+    /// podha would fail the pod over, but only on the 6-minute path: the out-of-service taint
+    /// would be refused on its node ([`Outcome::Slow`]).
+    pub fn slow(&self) -> bool {
+        self.protected && self.checks.iter().any(|c| c.outcome == Outcome::Slow)
     }
 
     /// A dry run keeps the pod (whatever else does).

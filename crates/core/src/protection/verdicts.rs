@@ -417,7 +417,7 @@ pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -
                 NodeTaint::OutOfService.key()
             ),
         ),
-        Some(spared) => Check::note(
+        Some(spared) => Check::slow(
             "taint",
             format!(
                 "{} would be refused while {} must stay on {} ({}): podha fences the node with \

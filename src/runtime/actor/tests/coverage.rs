@@ -250,9 +250,12 @@ async fn the_status_counts_protected_pods_and_why_not_the_others_at_most_every_f
         pods_gauge(&h.metrics),
         [
             "podha_pods{policy=\"p\",protected=\"false\",reason=\"OptedOut\"} 1",
-            "podha_pods{policy=\"p\",protected=\"true\",reason=\"\"} 1",
+            "podha_pods{policy=\"p\",protected=\"true\",reason=\"\"} 0",
+            // The opted-out pod stays on db's node: the taint would be refused there.
+            "podha_pods{policy=\"p\",protected=\"true\",reason=\"OutOfServiceTaintRefused\"} 1",
         ]
     );
+    assert_eq!(status.slow_detach_pods, 1);
 
     // The watch delivers the status written (its conditions' times carry over).
     let mut written = PodHAPolicy::new("p", quick_spec());
