@@ -233,6 +233,57 @@ fn ready_since(pod: &Pod) -> anyhow::Result<k8s_openapi::jiff::Timestamp> {
 }
 
 /// `node`'s BMC Secret, bound (label `podha.io/bmc-node`) to `bound_to`.
+/// `podha explain node NODE -o json`, run as a user runs it: whether it says the node is
+/// protected (its exit code checked against the answer), and its `bmc` rule's outcome and
+/// detail.
+fn explained_bmc(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<(bool, String, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_podha"))
+        .args([
+            "explain",
+            "node",
+            node,
+            "-o",
+            "json",
+            "--podha-namespace",
+            PODHA_NS,
+        ])
+        .arg("--kubeconfig")
+        .arg(ctx.cluster.kubeconfig_path())
+        .output()?;
+    let code = out.status.code();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("podha explain node {node} ({code:?}): {stderr}"))?;
+    let protected = answer["protected"].as_bool() == Some(true);
+    ensure!(
+        code == Some(if protected { 0 } else { 1 }),
+        "podha explain node {node} exited {code:?} with protected={protected}: {stderr}"
+    );
+    let bmc = answer["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["rule"] == "bmc")
+        .with_context(|| format!("podha explain node {node} asked no BMC: {answer}"))?;
+    let text = |k: &str| bmc[k].as_str().unwrap_or_default().to_string();
+    Ok((protected, text("outcome"), text("detail")))
+}
+
+/// `podha explain node NODE`'s `bmc` rule came out `outcome`, its detail saying `word`.
+fn bmc_explained(ctx: &Ctx<'_>, node: &str, outcome: &str, word: &str) -> anyhow::Result<bool> {
+    let (protected, found, detail) = explained_bmc(ctx, node)?;
+    ensure!(
+        found == outcome && detail.contains(word),
+        "podha explain node {node}: want the bmc rule {outcome} saying {word:?}, got {found}: \
+         {detail}"
+    );
+    log(
+        ctx.ns.as_str(),
+        format!("podha explain node {node}: bmc {found}: {detail}"),
+    );
+    Ok(protected)
+}
+
 fn bmc_secret(access: &RedfishAccess, node: &str, bound_to: &str) -> anyhow::Result<Secret> {
     Ok(access.secret(node, bound_to, PODHA_NS)?)
 }

@@ -7,6 +7,7 @@
 //! Exit codes: 0 when the pod (or node) asked about is protected, 1 when it is not, 2 when
 //! the question could not be answered (no such object, the cluster unreachable).
 
+mod bmc;
 pub mod node;
 pub mod policy;
 mod render;
@@ -117,7 +118,13 @@ pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error
                     source,
                 })?
                 .ok_or_else(|| Error::NotFound(format!("pod {pod}")))?;
-            let explanation = explain_pod(&cluster, &found);
+            let mut explanation = explain_pod(&cluster, &found);
+            if let Some(node) = explanation.node.clone()
+                && let Some(check) = bmc::check(client, snapshot.namespace(), &cluster, &node).await
+            {
+                explanation.protected &= !check.failed();
+                insert_after_proof(&mut explanation.checks, check);
+            }
             Ok(Answer {
                 protected: explanation.protected,
                 text: match args.output {
@@ -127,8 +134,12 @@ pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error
             })
         }
         Subject::Node { node } => {
-            let explanation = explain_node(&cluster, node)
+            let mut explanation = explain_node(&cluster, node)
                 .ok_or_else(|| Error::NotFound(format!("node {node}")))?;
+            if let Some(check) = bmc::check(client, snapshot.namespace(), &cluster, node).await {
+                explanation.protected &= !check.failed();
+                insert_after_proof(&mut explanation.checks, check);
+            }
             Ok(Answer {
                 protected: explanation.protected,
                 text: match args.output {
@@ -154,6 +165,15 @@ pub async fn answer(args: &ExplainArgs, client: &Client) -> Result<Answer, Error
             })
         }
     }
+}
+
+/// `check` right after the proof's checks (before the timing note), at the end without them.
+fn insert_after_proof(checks: &mut Vec<Check>, check: Check) {
+    let at = checks
+        .iter()
+        .rposition(|c| c.rule == "proof")
+        .map_or(checks.len(), |i| i + 1);
+    checks.insert(at, check);
 }
 
 /// Any explanation as pretty JSON.

@@ -71,6 +71,8 @@ pub struct Snapshot {
     pub leader: Option<LeaderLease>,
     /// When the lists were read, on the clock the view's instants use.
     pub now: Instant,
+    /// podha's namespace: the one given, else the one holding its leader Lease.
+    pub podha_namespace: Option<String>,
 }
 
 impl Snapshot {
@@ -154,7 +156,12 @@ impl Snapshot {
             view,
             leader,
             now,
+            podha_namespace: agent_namespace,
         })
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.podha_namespace.as_deref()
     }
 
     /// The policies sorted by name, as the planner takes them.

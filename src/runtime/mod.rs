@@ -8,7 +8,7 @@ pub mod agent_coverage;
 mod events;
 mod node_lease;
 mod pod_coverage;
-mod power;
+pub mod power;
 mod prober;
 mod rewatch;
 mod state;

@@ -243,6 +243,14 @@ impl Power {
         }
     }
 
+    /// The node's BMC as podha would find it at the death, asked now: its Secret found and
+    /// bound to the node, the BMC answering with its credentials, the system the node's.
+    /// Its power state; nothing is powered.
+    pub async fn check(&self, target: &Target<'_>) -> Result<PowerState, PowerError> {
+        let bmc = self.bmc(target).await?;
+        self.identified_read(target, &bmc).await
+    }
+
     /// The system's power state, once it is shown to be the node's machine.
     async fn identified_read(
         &self,

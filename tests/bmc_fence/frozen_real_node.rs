@@ -45,7 +45,7 @@ pub(super) fn powered_off_before_its_volume_moves(
 ) -> Result<(), libtest_mimic::Failed> {
     run_scenario(shared, NS, |ctx| async move {
         let [frozen, refuge] = REAL_NODES;
-        let (access, _secrets, podha) = start_podha(&ctx, &REAL_NODES).await?;
+        let (access, secrets, podha) = start_podha(&ctx, &REAL_NODES).await?;
         // Lease alone: a frozen machine's kernel still accepts a connection to its kubelet.
         apply_bmc_policy(
             &ctx.client,
@@ -57,6 +57,18 @@ pub(super) fn powered_off_before_its_volume_moves(
         )
         .await?;
         let (writer, volume) = start_writer(&ctx, frozen, refuge).await?;
+        // Asked before any death, podha explain reaches each BMC as podha will; a BMC that
+        // refuses podha's password makes its node unprotected under the BMC proof alone.
+        bmc_explained(&ctx, frozen, "pass", "its UUID the node's systemUUID")?;
+        let mut refused = bmc_secret(&access, refuge, refuge)?;
+        set_key(&mut refused, "password", "not-the-password");
+        replace_secret(&secrets, refused).await?;
+        let protected = bmc_explained(&ctx, refuge, "fail", "HTTP 401")?;
+        ensure!(
+            !protected,
+            "podha explain calls {refuge} protected with its BMC refusing"
+        );
+        replace_secret(&secrets, bmc_secret(&access, refuge, refuge)?).await?;
         let old_boot = boot_id(&ctx.nodes().get(frozen).await?);
         let fences_before = ctx.cluster.fences()?.len();
 

@@ -54,10 +54,14 @@ pub(super) fn held_then_powered_off(shared: &SharedCluster) -> Result<(), libtes
         let refuge = PAIR.into_iter().find(|n| *n != dead).unwrap_or("node-2");
         say(format!("db-0 runs on {dead}"));
 
-        // A BMC nobody answers at: held, with the cause.
+        // Asked before the death, podha explain reaches the BMC.
+        bmc_explained(&ctx, &dead, "pass", "PowerState On")?;
+        // A BMC nobody answers at: podha explain says so before the death (from where it runs:
+        // podha's pod may reach what it cannot), and the dead node is held, with the cause.
         let mut unreachable = bmc_secret(&access, &dead, &dead)?;
         set_key(&mut unreachable, "address", "https://127.0.0.1:1");
         replace_secret(&secrets, unreachable).await?;
+        bmc_explained(&ctx, &dead, "note", "unreachable")?;
         ctx.cluster.kill_node(&dead)?;
         let killed = Instant::now();
         warned(&admin, &dead, "unreachable", secs(60)).await?;
