@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod bmc_fifo;
 pub mod chart_install;
+pub mod chart_notes;
 pub mod chart_rbac;
 pub mod cluster;
 pub mod csi;

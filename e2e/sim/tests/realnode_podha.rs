@@ -9,6 +9,8 @@
 //! - the chart's agent DaemonSet runs `podha agent` on every real node, as its own
 //!   ServiceAccount, each advertising itself on its Node (values as a user with BMCs would
 //!   write them: `chart_install::sim_agent_values`);
+//! - every command the release's NOTES show runs as a user pastes it, in bash with the sim's
+//!   kubectl (the example policy as a server-side dry run, the metrics through a port-forward);
 //! - a PodHAPolicy is reported `Ready=True`;
 //! - a Deployment's writer node is killed: the replacement runs on the other node with its
 //!   volume attached there, the write log shows no split-brain write and no lost acknowledged
@@ -404,6 +406,34 @@ async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Re
     Ok(dead)
 }
 
+/// Every command the release's NOTES show, run as a user pastes it (the example policy's
+/// `kubectl apply` as a server-side dry run: the API server checks it, the test's policies stay
+/// the only ones).
+fn notes_commands_run(ctx: &Ctx<'_>, helm: &std::path::Path) -> anyhow::Result<()> {
+    use podha_sim::chart_notes::{release_notes, run_shown, shown_commands};
+    let notes = release_notes(ctx.cluster, helm)?;
+    let commands = shown_commands(&notes)?;
+    ensure!(
+        commands.len() >= 5,
+        "the NOTES show {} commands: {notes}",
+        commands.len()
+    );
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for command in &commands {
+        let ran = run_shown(ctx.cluster, &repo, command, true)?;
+        let first = ran.command.lines().next().unwrap_or_default();
+        log(
+            &ctx.ns,
+            format!(
+                "NOTES: `{first}` ran in {:.1?}: {} lines",
+                ran.took,
+                ran.stdout.lines().count()
+            ),
+        );
+    }
+    Ok(())
+}
+
 fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Failed> {
     let helm = podha_sim::chart_rbac::helm_path()?;
     run_scenario(shared, WRITERS, |ctx| async move {
@@ -445,6 +475,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             &ctx.ns,
             format!("{leader} leads (Lease and /metrics), the other follows"),
         );
+        notes_commands_run(&ctx, &helm)?;
         apply_policy(&ctx).await?;
         log(&ctx.ns, "policy Ready=True");
 

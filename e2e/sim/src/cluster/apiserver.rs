@@ -34,8 +34,17 @@ impl Cluster {
             .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
             .arg(format!("--token-auth-file={}", pki.tokens.display()))
             .arg("--authorization-mode=Node,RBAC")
-            // Real nodes' hostnames resolve nowhere: reach kubelets (logs, exec) by address.
+            // Real nodes' hostnames resolve nowhere: reach kubelets (logs, exec, port-forward)
+            // by address, with a certificate of the CA they trust.
             .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                pki.kubelet_client_cert.display()
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                pki.kubelet_client_key.display()
+            ))
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
             .arg(format!(
                 "--service-account-key-file={}",

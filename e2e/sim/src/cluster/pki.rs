@@ -20,6 +20,10 @@ pub struct Pki {
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
     pub tokens: PathBuf,
+    /// The API server's client certificate towards the kubelets (logs, exec, port-forward),
+    /// which trust the cluster's CA.
+    pub kubelet_client_cert: PathBuf,
+    pub kubelet_client_key: PathBuf,
 }
 
 impl Pki {
@@ -33,6 +37,8 @@ impl Pki {
             sa_key: pki.join("sa.key"),
             sa_pub: pki.join("sa.pub"),
             tokens: pki.join("tokens.csv"),
+            kubelet_client_cert: pki.join("apiserver-kubelet-client.crt"),
+            kubelet_client_key: pki.join("apiserver-kubelet-client.key"),
         }
     }
 }
@@ -155,6 +161,13 @@ pub fn generate(dir: &Path) -> Result<String> {
     write(
         &paths.tokens,
         &format!("{token},admin,admin,\"system:masters\"\n"),
+    )?;
+    issue_client_cert(
+        dir,
+        "kube-apiserver-kubelet-client",
+        "system:masters",
+        &paths.kubelet_client_cert,
+        &paths.kubelet_client_key,
     )?;
     Ok(token)
 }
