@@ -299,8 +299,8 @@ pub struct Detection {
     /// `fencing.proof`: the healthy node is fenced (a reboot), nothing it writes is lost.
     /// The default, `[Lease, AgentHeartbeat]`, needs two independent witnesses: the kubelet's
     /// heartbeat through the API server and the agent's answer to podha, so no fault of one
-    /// path judges a running node dead. Adding `NodeReady` waits, as podha did before, for
-    /// the controller manager's NotReady (50 s).
+    /// path judges a running node dead. Adding `NodeReady` waits also for the controller
+    /// manager's NotReady (50 s): slower, a third witness.
     #[serde(default = "default_signals")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("detection.signals must name at least one signal"))]
