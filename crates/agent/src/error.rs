@@ -50,6 +50,11 @@ pub enum ArgsError {
          command:<shell command>"
     )]
     NoFenceMethod(String),
+    #[error(
+        "{0:?} is no fence check: use read:<absolute path>=<text>, http://<host>[:port]/<path> \
+         or command:<shell command>"
+    )]
+    NoFenceCheck(String),
 }
 
 /// Why the watchdog device could not be armed.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use super::ArgsError;
+use super::fence_check::{FenceCheck, shell};
 use super::fence_record::FenceRecord;
 
 /// How the agent fences its node.
@@ -60,14 +61,14 @@ pub enum FenceCause {
     Request(String),
 }
 
-/// How the agent checks that a fence took before it acknowledges a request: a shell command
-/// that exits 0 once the node is fenced (a BMC's power state, the kubelet's process gone), run
-/// every second until it does, for at most `within`. A fence that returned is not yet one that
-/// took: a power-off may be asynchronous, and an acknowledgement lets podha move the node's
-/// volumes at once.
+/// How the agent checks that a fence took before it acknowledges a request: a check
+/// ([`FenceCheck`]: a file's text, an HTTP answer, a shell command) that passes once the node
+/// is fenced, run every second until it does, for at most `within`. A fence that returned is
+/// not yet one that took: a power-off may be asynchronous, and an acknowledgement lets podha
+/// move the node's volumes at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceConfirm {
-    pub command: String,
+    pub check: FenceCheck,
     pub within: Duration,
 }
 
@@ -200,15 +201,13 @@ impl Fencer {
         let deadline = tokio::time::Instant::now() + check.within;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let run = self.shell(&check.command).kill_on_drop(true).status();
-            let last = match tokio::time::timeout(left, run).await {
-                Ok(Ok(status)) if status.success() => {
+            let last = match tokio::time::timeout(left, check.check.run(&self.node)).await {
+                Ok(Ok(())) => {
                     info!(node = %self.node, "fence confirmed");
                     return Fenced::Confirmed;
                 }
-                Ok(Ok(status)) => format!("{:?} answered {status}", check.command),
-                Ok(Err(e)) => format!("running {:?}: {e}", check.command),
-                Err(_) => format!("{:?} did not finish", check.command),
+                Ok(Err(found)) => found,
+                Err(_) => format!("{:?} did not finish", check.check),
             };
             if tokio::time::Instant::now() + CONFIRM_EVERY >= deadline {
                 error!(
@@ -228,8 +227,7 @@ impl Fencer {
             FenceMethod::Write { path, text } => tokio::fs::write(path, text.as_bytes())
                 .await
                 .map_err(|e| format!("writing {text:?} to {}: {e}", path.display())),
-            FenceMethod::Command(cmd) => self
-                .shell(cmd)
+            FenceMethod::Command(cmd) => shell(cmd, &self.node)
                 .env("PODHA_FENCE_REASON", why)
                 .status()
                 .await
@@ -242,16 +240,6 @@ impl Fencer {
                 }),
             FenceMethod::Refused(reason) => Err(format!("no fence carried out: {reason}")),
         }
-    }
-
-    /// `command` run by `sh -c`, told the node in `$PODHA_FENCE_NODE`: a `command:` fence, or
-    /// its confirmation check.
-    fn shell(&self, command: &str) -> tokio::process::Command {
-        let mut sh = tokio::process::Command::new("sh");
-        sh.arg("-c")
-            .arg(command)
-            .env("PODHA_FENCE_NODE", &self.node);
-        sh
     }
 
     /// podha heard the node again: a later isolation is a new episode.
@@ -421,10 +409,10 @@ mod tests {
         // The fence powers off two seconds later; the check sees it then.
         let power_off = format!("(sleep 2; touch {}) >/dev/null 2>&1 &", off.display());
         let check = |within: Duration| FenceConfirm {
-            command: format!(
+            check: FenceCheck::Command(format!(
                 "test -e {} && test \"$PODHA_FENCE_NODE\" = node-1",
                 off.display()
-            ),
+            )),
             within,
         };
         let unchecked = Fencer::new(FenceMethod::Command("true".into()), None, "node-1");

@@ -30,6 +30,7 @@ mod boot;
 mod counters;
 mod error;
 mod fence;
+mod fence_check;
 mod fence_record;
 mod hearing_file;
 mod identity;
@@ -59,6 +60,7 @@ pub use error::{
     AgentError, ArgsError, PeerListError, SupervisorError, WatchdogError, WatchdogRefusal,
 };
 pub use fence::{FenceCause, FenceConfirm, FenceMethod, Fenced, Fencer};
+pub use fence_check::FenceCheck;
 use hearing_file::HearingFile;
 use leader_key::LeaderKey;
 use main_loop::{check_loop, resume};
@@ -86,13 +88,16 @@ pub struct AgentArgs {
     /// own power-off). No default: a fence is never an accident.
     #[arg(long, env = "PODHA_AGENT_FENCE", value_parser = FenceMethod::parse)]
     pub fence: FenceMethod,
-    /// A shell command that exits 0 once the node is fenced (a BMC's power state, say), run
-    /// every second after a fence podha asked for, for at most `--fence-confirm-within`: only
-    /// then is the request acknowledged (podha moves the node's volumes on it). Without it a
-    /// fence that leaves the agent running (`write:` or `command:`) is not acknowledged, and
-    /// podha proves it by the agent's silence once the node is down.
-    #[arg(long, env = "PODHA_AGENT_FENCE_CONFIRM")]
-    pub fence_confirm: Option<String>,
+    /// A check that passes once the node is fenced, run every second after a fence podha
+    /// asked for, for at most `--fence-confirm-within`: only then is the request acknowledged
+    /// (podha moves the node's volumes on it). `read:<file>=<text>` (the file says the text:
+    /// a BMC's power state, a cgroup's `populated 0`), `http://<host>[:port]/<path>` (a GET
+    /// answered 2xx: a site's fence service) or `command:<shell command>` (exits 0, in an
+    /// image with a shell). Without it a fence that leaves the agent running (`write:` or
+    /// `command:`) is not acknowledged, and podha proves it by the agent's silence once the
+    /// node is down.
+    #[arg(long, env = "PODHA_AGENT_FENCE_CONFIRM", value_parser = FenceCheck::parse)]
+    pub fence_confirm: Option<FenceCheck>,
     /// How long the `--fence-confirm` check may take to pass.
     #[arg(long, env = "PODHA_AGENT_FENCE_CONFIRM_WITHIN", value_parser = humantime::parse_duration, default_value = "60s")]
     pub fence_confirm_within: Duration,
@@ -389,8 +394,8 @@ fn say_unwatched(node: &str, watchdog: &Result<Watchdog, Unwatched>) {
 /// The agent's fencer: `--fence`, unless it reboots a kernel that may not be the node's own
 /// (then every fence is refused and says why), with `--fence-confirm`.
 fn fencer(args: &AgentArgs, kernel: &Kernel, record: fence_record::FenceRecord) -> Fencer {
-    let confirm = args.fence_confirm.clone().map(|command| FenceConfirm {
-        command,
+    let confirm = args.fence_confirm.clone().map(|check| FenceConfirm {
+        check,
         within: args.fence_confirm_within,
     });
     let fence = match kernel {
