@@ -220,7 +220,7 @@ impl Cluster {
             ))
             .arg(format!("--fence={fence}"))
             .arg(format!(
-                "--fence-confirm='{}' node fenced '{}' --dir '{}'",
+                "--fence-confirm=command:'{}' node fenced '{}' --dir '{}'",
                 st.sim_exe.display(),
                 rec.name,
                 self.dir.display()
