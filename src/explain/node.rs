@@ -63,7 +63,7 @@ pub fn explain_node(cluster: &Cluster<'_>, name: &str) -> Option<NodeExplanation
                 .as_ref()
                 .map(|node| ForeseenPod { node, ruling: None });
             state_checks(cluster, p, p, name, verdict.as_ref(), &mut checks);
-            checks.push(taint_check(p, foreseen.as_ref().as_ref()));
+            checks.push(taint_check(p, p, foreseen.as_ref().as_ref()));
             proof_checks(cluster, p, name, node, &mut checks);
         }
     }

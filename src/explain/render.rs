@@ -155,7 +155,8 @@ pub fn policy(e: &PolicyExplanation) -> String {
     if c.rehearsed > 0 {
         let _ = writeln!(
             out,
-            "  {} of them in a dry run as well: the reasons above keep them once dryRun is off",
+            "  {} of them in a dry run: those counted under another reason than DryRun stay \
+             unprotected once dryRun is off",
             c.rehearsed
         );
     }

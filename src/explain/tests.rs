@@ -215,6 +215,20 @@ fn the_owner_rule_names_the_controller_kind_it_matched() {
         owner.detail,
         "Cluster.postgresql.cnpg.io pg (listed in owners)"
     );
+
+    // A kind owners cannot name (the core group's) is not suggested: the pod is opted in.
+    let rc = mk_pod("shop", "rc-1")
+        .on("n1")
+        .owned_by("v1", "ReplicationController", "rc")
+        .claim("data-rc-1");
+    let view = with_volume(self::view(), rc, DRIVER);
+    let explained = Fixture::new(view).pod("rc-1");
+    let (rule, detail) = failure(&explained);
+    assert_eq!(rule, "owner");
+    assert!(
+        detail.contains("owners cannot name it") && !detail.contains("add "),
+        "{detail}"
+    );
 }
 
 #[test]
@@ -587,7 +601,7 @@ fn delete_pods_fences_for_the_scheduler_only_and_needs_the_proof() {
             .detail
             .clone()
     };
-    assert!(detail("taint").starts_with("podha.io/fenced (action DeletePods)"));
+    assert!(detail("taint").starts_with("podha.io/fenced (action DeletePods of p)"));
     assert!(!e.protected, "{:?}", e.checks);
     // The node runs no agent: the agent's proof cannot come, as under the taint.
     assert_eq!(failure(&e).0, "agent");

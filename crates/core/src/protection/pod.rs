@@ -136,7 +136,7 @@ fn pod_checks(
         checks,
     );
     eligibility_checks(owner, pod, node, view, verdict.as_ref(), checks);
-    checks.push(taint_check(node_policy, foreseen.as_ref().as_ref()));
+    checks.push(taint_check(node_policy, owner, foreseen.as_ref().as_ref()));
     proof_checks(cluster, node_policy, &node_name, node, checks);
     checks.push(timing_note(node_policy, &node_name));
     (Some(owner.name.to_string()), Some(node_name))

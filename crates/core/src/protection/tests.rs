@@ -364,3 +364,45 @@ fn a_dry_run_shows_what_would_still_keep_a_pod() {
         Some(Unprotected::NoProvingAgent)
     );
 }
+
+/// A pod whose policy asks for the taint, on a node whose policy chose `DeletePods`, moves
+/// only after the 6-minute wait: counted slow. One whose own policy chose `DeletePods` too is
+/// not (the 6 minutes are its choice).
+#[test]
+fn a_node_policy_of_delete_pods_puts_a_taint_policys_pod_on_the_slow_path() {
+    use crate::api::Action;
+    let view = view_with([
+        mk_node("n1").ready(true).into(),
+        mk_node("n2").ready(true).into(),
+    ]);
+    let view = with_volume(view, sts("db-a", "n1").label("app", "db"), DRIVER);
+    let view = with_volume(view, sts("mq-a", "n1").label("app", "mq"), DRIVER);
+    let mut deleting = selecting("mq");
+    deleting.action = Action::DeletePods;
+    let tainting = selecting("db");
+    let specs = [("a-mq", deleting), ("b-db", tainting)];
+    let none = BTreeMap::new();
+    let statuses = BTreeMap::new();
+    let cluster = Cluster::new(
+        specs
+            .iter()
+            .map(|(name, spec)| PolicyRef { name, spec })
+            .collect(),
+        &none,
+        &statuses,
+        &view,
+        Operator::Leading,
+        Instant::now(),
+    );
+    let by_policy = coverage(&cluster);
+    assert_eq!(
+        (by_policy["b-db"].protected, by_policy["b-db"].slow),
+        (1, 1),
+        "{by_policy:?}"
+    );
+    assert_eq!(
+        (by_policy["a-mq"].protected, by_policy["a-mq"].slow),
+        (1, 0),
+        "{by_policy:?}"
+    );
+}

@@ -7,7 +7,7 @@ use kube::ResourceExt;
 
 use super::pod::{claims_text, ready_elsewhere};
 use super::{Check, Checks, Cluster, Unprotected};
-use crate::api::{Action, NodeTaint, PAUSE_ANNOTATION, condition};
+use crate::api::{Action, NodeTaint, OwnerKind, PAUSE_ANNOTATION, condition};
 use crate::eligibility::{
     OwnerMatch, SkipReason, check_owner, controller_ref, counted_kind, find_target, tolerated_fence,
 };
@@ -379,10 +379,21 @@ fn unlisted_owner(owner: PolicyRef<'_>, pod: &Pod, view: &View) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     let counted = controller_ref(pod).map(|r| (r, counted_kind(pod, r, view)));
+    // Only a kind `owners` can name is suggested (not one of the core group, nor one an owner
+    // reference misspells): the API server would refuse it.
+    let nameable =
+        |kind: &OwnerKind| kind.to_string().parse::<OwnerKind>().ok().as_ref() == Some(kind);
     match counted {
-        Some((r, Some(kind))) => format!(
+        Some((r, Some(kind))) if nameable(&kind) => format!(
             "{kind} {}, owners: [{listed}]: add {kind} to owners if its controller recreates \
              a deleted pod",
+            r.name
+        ),
+        Some((r, Some(kind))) => format!(
+            "kind {:?} of API group {:?} {:?}, owners: [{listed}]: owners cannot name it; opt \
+             the pod in (podha.io/failover: \"true\") if its controller recreates a deleted pod",
+            kind.kind(),
+            kind.group(),
             r.name
         ),
         Some((r, None)) => format!(
@@ -395,19 +406,30 @@ fn unlisted_owner(owner: PolicyRef<'_>, pod: &Pod, view: &View) -> String {
 
 /// Which taint the node would get if it died now, and what that means for the volumes, as the
 /// foreseen round decided.
-pub fn taint_check(node_policy: PolicyRef<'_>, foreseen: Option<&NodeVerdict>) -> Check {
+/// `owner`: the pod's own policy (the node's, asked about the node): a pod whose policy asks
+/// for the taint, on a node whose policy chose `DeletePods`, moves only on the slow path.
+pub fn taint_check(
+    node_policy: PolicyRef<'_>,
+    owner: PolicyRef<'_>,
+    foreseen: Option<&NodeVerdict>,
+) -> Check {
     let Some(verdict) = foreseen.filter(|v| v.hold.is_none()) else {
         return Check::note("taint", "not judged: a hold comes first (see state)");
     };
     if node_policy.spec.action == Action::DeletePods {
-        return Check::pass(
-            "taint",
-            format!(
-                "{} (action DeletePods): the pod is deleted once the fencing proof is in; its \
-                 volume detaches after the attach/detach controller's 6-minute wait",
-                NodeTaint::Fence.key()
-            ),
+        let detail = format!(
+            "{} (action DeletePods of {}): the pod is deleted once the fencing proof is in; its \
+             volume detaches after the attach/detach controller's 6-minute wait",
+            NodeTaint::Fence.key(),
+            node_policy.name
         );
+        // The pod's own policy chose the 6 minutes too, or it asks for the taint: then it
+        // is on the slow path.
+        return if owner.spec.action == Action::DeletePods {
+            Check::pass("taint", detail)
+        } else {
+            Check::slow("taint", detail)
+        };
     }
     match &verdict.spared {
         None => Check::pass(
