@@ -1,9 +1,9 @@
 //! How the agent checks that a fence podha asked for took, before it acknowledges the request
 //! (`--fence-confirm`). Three checks, two of which need no shell (the chart's image has none):
 //!
-//! - `read:<file>=<text>`: the file says `text` (blanks around it ignored): a BMC's or a power
-//!   controller's state where the pod mounts it, a cgroup's `cgroup.events` line
-//!   `populated 0` once the workloads are gone;
+//! - `read:<file>=<text>`: the file says `text`, as its whole content or as one of its lines
+//!   (blanks around either ignored): a BMC's or a power controller's state where the pod
+//!   mounts it, a cgroup's `cgroup.events` line `populated 0` once the workloads are gone;
 //! - `http://<host>[:port]/<path>`: a GET answered 2xx, within a second: a site's fence
 //!   service that answers once the node is fenced (plain HTTP: on the node or its network);
 //! - `command:<shell command>`: exits 0, run by `sh -c` (an image with a shell).
@@ -24,7 +24,7 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
 /// A fence confirmation check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FenceCheck {
-    /// The file's content, blanks around it trimmed, is `text`.
+    /// The file's content, or one of its lines, blanks around it trimmed, is `text`.
     Read { path: PathBuf, text: String },
     /// A GET of the URL answered 2xx.
     Http { url: http::Uri },
@@ -62,7 +62,9 @@ impl FenceCheck {
     pub async fn run(&self, node: &str) -> Result<(), String> {
         match self {
             Self::Read { path, text } => match tokio::fs::read_to_string(path).await {
-                Ok(found) if found.trim() == text => Ok(()),
+                Ok(found) if found.trim() == text || found.lines().any(|l| l.trim() == text) => {
+                    Ok(())
+                }
                 Ok(found) => Err(format!(
                     "{} says {:?}, not {text:?}",
                     path.display(),
