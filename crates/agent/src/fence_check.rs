@@ -165,6 +165,11 @@ mod tests {
             check.run("n1").await.is_err(),
             "the whole text, not a prefix"
         );
+        let events = FenceCheck::parse(&format!("read:{}=populated 0", state.display())).unwrap();
+        std::fs::write(&state, "populated 1\nfrozen 0\n").unwrap();
+        assert!(events.run("n1").await.is_err());
+        std::fs::write(&state, "populated 0\nfrozen 0\n").unwrap();
+        assert_eq!(events.run("n1").await, Ok(()), "one of its lines");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
