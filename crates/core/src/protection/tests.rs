@@ -35,6 +35,28 @@ fn selecting(app: &str) -> PodHAPolicySpec {
     })
 }
 
+/// podha, leading, over `view` with the policies `specs` (nothing unreadable, no statuses):
+/// what `ask` finds.
+fn leading<T>(
+    specs: &[(&str, PodHAPolicySpec)],
+    view: &View,
+    ask: impl FnOnce(&Cluster<'_>) -> T,
+) -> T {
+    let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
+    let cluster = Cluster::new(
+        specs
+            .iter()
+            .map(|(name, spec)| PolicyRef { name, spec })
+            .collect(),
+        &none,
+        &statuses,
+        view,
+        Operator::Leading,
+        Instant::now(),
+    );
+    ask(&cluster)
+}
+
 #[test]
 fn each_policy_counts_its_pods_with_volumes_by_their_first_failing_rule() {
     let mut view = view_with([
@@ -67,20 +89,7 @@ fn each_policy_counts_its_pods_with_volumes_by_their_first_failing_rule() {
     let mut mq = selecting("mq");
     mq.dry_run = true;
     let specs = [("a-db", selecting("db")), ("b-mq", mq)];
-    let none = BTreeMap::new();
-    let statuses = BTreeMap::new();
-    let cluster = Cluster::new(
-        specs
-            .iter()
-            .map(|(name, spec)| PolicyRef { name, spec })
-            .collect(),
-        &none,
-        &statuses,
-        &view,
-        Operator::Leading,
-        Instant::now(),
-    );
-    let by_policy = coverage(&cluster);
+    let by_policy = leading(&specs, &view, coverage);
     let db = &by_policy["a-db"];
     assert_eq!((db.protected, db.unprotected), (2, 3));
     assert_eq!(
@@ -110,22 +119,10 @@ fn a_failed_rule_carries_its_label_and_the_operator_itself_passes_the_podha_rule
         sts("db-0", "n1"),
         DRIVER,
     );
-    let spec = mk_spec().drivers(&[DRIVER]);
-    let none = BTreeMap::new();
-    let statuses = BTreeMap::new();
-    let cluster = Cluster::new(
-        vec![PolicyRef {
-            name: "p",
-            spec: &spec,
-        }],
-        &none,
-        &statuses,
-        &view,
-        Operator::Leading,
-        Instant::now(),
-    );
     let pod = view.pods_on("n1")[0].clone();
-    let e = explain_pod(&cluster, &pod);
+    let e = leading(&[("p", mk_spec().drivers(&[DRIVER]))], &view, |cluster| {
+        explain_pod(cluster, &pod)
+    });
     assert_eq!(e.checks[0].outcome, Outcome::Pass, "{:?}", e.checks[0]);
     // The only node is its own: no target.
     let (reason, check) = e.why_not().expect("not protected");
@@ -145,19 +142,12 @@ fn why_not(
     spec: &PodHAPolicySpec,
     node: &str,
 ) -> Option<(Unprotected, &'static str, String)> {
-    let (none, statuses) = (BTreeMap::new(), BTreeMap::new());
-    let cluster = Cluster::new(
-        vec![PolicyRef { name: "p", spec }],
-        &none,
-        &statuses,
-        view,
-        Operator::Leading,
-        Instant::now(),
-    );
     let pod = view.pods_on(node)[0].clone();
-    explain_pod(&cluster, &pod)
-        .why_not()
-        .map(|(reason, check)| (reason, check.rule, check.detail.clone()))
+    leading(&[("p", spec.clone())], view, |cluster| {
+        explain_pod(cluster, &pod)
+    })
+    .why_not()
+    .map(|(reason, check)| (reason, check.rule, check.detail.clone()))
 }
 
 #[test]
@@ -324,20 +314,11 @@ fn a_dry_run_shows_what_would_still_keep_a_pod() {
     let mut db = selecting("db");
     db.dry_run = true;
     db.fencing.proof = crate::api::FencingProof::Agent;
-    let none = BTreeMap::new();
-    let statuses = BTreeMap::new();
-    let cluster = Cluster::new(
-        vec![PolicyRef {
-            name: "db",
-            spec: &db,
-        }],
-        &none,
-        &statuses,
-        &view,
-        Operator::Leading,
-        Instant::now(),
-    );
-    let coverage = &coverage(&cluster)["db"];
+    let db_a = view.pods_on("n1")[0].clone();
+    let (by_policy, db_a) = leading(&[("db", db)], &view, |cluster| {
+        (coverage(cluster), explain_pod(cluster, &db_a))
+    });
+    let coverage = &by_policy["db"];
     assert_eq!(
         coverage.reasons,
         [
@@ -357,7 +338,6 @@ fn a_dry_run_shows_what_would_still_keep_a_pod() {
         .find(|(p, _)| p == "shop/db-a")
         .unwrap();
     assert!(why.ends_with("(and dryRun is on)"), "{why}");
-    let db_a = explain_pod(&cluster, &view.pods_on("n1")[0]);
     assert!(db_a.rehearsed());
     assert_eq!(
         db_a.first_failure().and_then(|c| c.reason),
@@ -380,21 +360,7 @@ fn a_node_policy_of_delete_pods_puts_a_taint_policys_pod_on_the_slow_path() {
     let mut deleting = selecting("mq");
     deleting.action = Action::DeletePods;
     let tainting = selecting("db");
-    let specs = [("a-mq", deleting), ("b-db", tainting)];
-    let none = BTreeMap::new();
-    let statuses = BTreeMap::new();
-    let cluster = Cluster::new(
-        specs
-            .iter()
-            .map(|(name, spec)| PolicyRef { name, spec })
-            .collect(),
-        &none,
-        &statuses,
-        &view,
-        Operator::Leading,
-        Instant::now(),
-    );
-    let by_policy = coverage(&cluster);
+    let by_policy = leading(&[("a-mq", deleting), ("b-db", tainting)], &view, coverage);
     assert_eq!(
         (by_policy["b-db"].protected, by_policy["b-db"].slow),
         (1, 1),
