@@ -237,33 +237,10 @@ fn ready_since(pod: &Pod) -> anyhow::Result<k8s_openapi::jiff::Timestamp> {
 /// protected (its exit code checked against the answer), and its `bmc` rule's outcome and
 /// detail.
 fn explained_bmc(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<(bool, String, String)> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_podha"))
-        .args([
-            "explain",
-            "node",
-            node,
-            "-o",
-            "json",
-            "--podha-namespace",
-            PODHA_NS,
-        ])
-        .arg("--kubeconfig")
-        .arg(ctx.cluster.kubeconfig_path())
-        .output()?;
-    let code = out.status.code();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("podha explain node {node} ({code:?}): {stderr}"))?;
-    let protected = answer["protected"].as_bool() == Some(true);
-    ensure!(
-        code == Some(if protected { 0 } else { 1 }),
-        "podha explain node {node} exited {code:?} with protected={protected}: {stderr}"
-    );
-    let bmc = answer["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["rule"] == "bmc")
+    let podha = std::path::Path::new(env!("CARGO_BIN_EXE_podha"));
+    let (protected, answer) =
+        podha_sim::testkit::podha_explain(podha, ctx.cluster, &["node", node], PODHA_NS)?;
+    let bmc = podha_sim::testkit::explained_rule(&answer, "bmc")
         .with_context(|| format!("podha explain node {node} asked no BMC: {answer}"))?;
     let text = |k: &str| bmc[k].as_str().unwrap_or_default().to_string();
     Ok((protected, text("outcome"), text("detail")))

@@ -588,28 +588,8 @@ fn explain_pod(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<(bool, Option<(String
 /// (the exit code checked against it).
 fn explain_answer(ctx: &Ctx<'_>, pod: &str) -> anyhow::Result<(bool, serde_json::Value)> {
     let subject = format!("{}/{pod}", ctx.ns);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_podha"))
-        .args([
-            "explain",
-            "pod",
-            &subject,
-            "-o",
-            "json",
-            "--podha-namespace",
-            "default",
-        ])
-        .arg("--kubeconfig")
-        .arg(ctx.cluster.kubeconfig_path())
-        .output()?;
-    let code = out.status.code();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("podha explain pod {subject} ({code:?}): {stderr}"))?;
-    let protected = answer["protected"].as_bool() == Some(true);
-    if code != Some(if protected { 0 } else { 1 }) {
-        bail!("podha explain pod {subject} exited {code:?} with protected={protected}: {stderr}");
-    }
-    Ok((protected, answer))
+    let podha = Path::new(env!("CARGO_BIN_EXE_podha"));
+    podha_explain(podha, ctx.cluster, &["pod", &subject], "default")
 }
 
 /// `podha explain` says `pod` is not protected, first because of `rule`, with `word` in the

@@ -125,11 +125,7 @@ pub(super) fn untouched_pods(shared: &SharedCluster, ops: &Operators) -> Result<
         }
         // Protected, on the slow path: the pods that must stay would have the taint refused.
         let (protected, answer) = explain_answer(&ctx, "mover-0")?;
-        let taint = answer["checks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["rule"] == "taint");
+        let taint = explained_rule(&answer, "taint");
         if !protected || taint.is_none_or(|c| c["outcome"] != "slow") {
             bail!("podha explain: mover-0 should be protected on the slow path, got {answer}");
         }

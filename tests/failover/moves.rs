@@ -284,11 +284,7 @@ async fn custom_owned_pod(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<Database>
     create_database_pod(ctx, node, &uid).await?;
     let (pod, _, pod_uid, pv) = running_app(ctx, "pg", "data-pg-0").await?;
     let (protected, answer) = explain_answer(ctx, "pg-0")?;
-    let owner = answer["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["rule"] == "owner");
+    let owner = explained_rule(&answer, "owner");
     let said = owner.and_then(|c| c["detail"].as_str()).unwrap_or_default();
     if !protected || !said.starts_with(&format!("{CUSTOM_OWNER} pg")) {
         bail!("podha explain pod pg-0: want protected, owner {CUSTOM_OWNER} pg; got {answer}");

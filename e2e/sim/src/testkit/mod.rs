@@ -20,8 +20,10 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Precon
 use serde_json::json;
 
 mod dump;
+mod explain;
 mod objects;
 pub use dump::dump;
+pub use explain::{explained_rule, podha_explain};
 pub use objects::{deployment, pvc, statefulset, statefulset_of};
 
 /// One cluster shared by every test of a binary, started on first use and taken down by
