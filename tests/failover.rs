@@ -786,7 +786,11 @@ fn bad_policies(shared: &SharedCluster, ops: &Operators) -> Result<(), Failed> {
             (json!({"action": "Reboot"}), "Unsupported value: \"Reboot\""),
             (
                 json!({"owners": ["DaemonSet"]}),
-                "Unsupported value: \"DaemonSet\"",
+                "another controller's kind with its API group, Kind.group",
+            ),
+            (
+                json!({"owners": ["cluster.postgresql.cnpg.io"]}),
+                "another controller's kind with its API group, Kind.group",
             ),
             (
                 json!({"volumes": {"accessModes": []}}),
