@@ -4,10 +4,11 @@
 //! header and docs/proofs.md give it. The kwok suite applies the examples to a real API server
 //! (`tests/failover/examples.rs`).
 
-use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use serde::Deserialize;
+use podha_sim::examples::{
+    PLATFORM_EXAMPLES, example_files, examples_dir, fields_not_kept, one_policy, read_example,
+};
 use serde_json::Value;
 
 use crate::api::{FencingProof, HumanDuration, PodHAPolicy};
@@ -69,63 +70,24 @@ const PLATFORMS: [Platform; 6] = [
     },
 ];
 
-fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
-}
-
-/// Every `*.yaml` and `*.yml` file of `examples/`, by name.
-fn example_files() -> Vec<PathBuf> {
-    let dir = examples_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .map(|entry| entry.expect("a directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    files
-}
-
 /// Where `parsed` lacks or differs from a field `written` sets, by its path; durations are
 /// compared as durations (`90s` is written back `1m30s`).
-fn lost_fields(path: &str, written: &Value, parsed: &Value, out: &mut Vec<String>) {
+fn lost_fields(written: &Value, parsed: &Value) -> Vec<String> {
     let duration = |v: &Value| v.as_str().and_then(|s| HumanDuration::from_str(s).ok());
-    match (written, parsed) {
-        (Value::Object(w), Value::Object(p)) => {
-            for (key, value) in w {
-                let here = format!("{path}.{key}");
-                match p.get(key) {
-                    Some(parsed) => lost_fields(&here, value, parsed, out),
-                    None => out.push(format!("{here} is dropped")),
-                }
-            }
-        }
-        (w, p) if w == p => {}
-        (w, p) if duration(w).is_some() && duration(w) == duration(p) => {}
-        (w, p) => out.push(format!("{path} reads {p}, written {w}")),
-    }
+    let same =
+        |w: &Value, p: &Value| w == p || (duration(w).is_some() && duration(w) == duration(p));
+    let mut lost = Vec::new();
+    fields_not_kept("spec", written, parsed, &same, &mut lost);
+    lost
 }
 
 /// `yaml` as the one PodHAPolicy it holds; panics naming `what` and the field it loses.
-fn parse_policy(what: &str, yaml: &str) -> PodHAPolicy {
-    let documents: Vec<Value> = serde_norway::Deserializer::from_str(yaml)
-        .map(Value::deserialize)
-        .collect::<Result<_, _>>()
-        .unwrap_or_else(|e| panic!("{what} is not YAML: {e}"));
-    let [written] = documents.as_slice() else {
-        panic!(
-            "{what} holds {} YAML documents, not one policy",
-            documents.len()
-        );
-    };
-    assert!(
-        written["apiVersion"] == "podha.io/v1alpha1" && written["kind"] == "PodHAPolicy",
-        "{what} is not a podha.io/v1alpha1 PodHAPolicy: {written}"
-    );
+fn parse_policy(what: &str, written: anyhow::Result<Value>) -> PodHAPolicy {
+    let written = written.unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let policy: PodHAPolicy = serde_json::from_value(written.clone())
         .unwrap_or_else(|e| panic!("{what} is no PodHAPolicy: {e}"));
     let parsed = serde_json::to_value(&policy).expect("a policy serializes");
-    let mut lost = Vec::new();
-    lost_fields("spec", &written["spec"], &parsed["spec"], &mut lost);
+    let lost = lost_fields(&written["spec"], &parsed["spec"]);
     assert!(
         lost.is_empty(),
         "{what} sets fields a PodHAPolicy does not keep: {}",
@@ -136,21 +98,16 @@ fn parse_policy(what: &str, yaml: &str) -> PodHAPolicy {
 
 #[test]
 fn every_example_parses_and_each_platform_asks_for_its_proof() {
-    let files = example_files();
-    assert!(
-        !files.is_empty(),
-        "{} holds no example policy",
-        examples_dir().display()
+    // Every platform's example there, each opening with its header (read_example).
+    let files = example_files().unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        PLATFORMS.map(|p| p.file),
+        PLATFORM_EXAMPLES,
+        "the platforms whose proofs are checked here are those whose example must be there"
     );
     for path in &files {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
-        assert!(
-            text.starts_with('#'),
-            "examples/{name} does not open with a comment header saying for which nodes and \
-             storage it is, which proof it uses and what it needs installed"
-        );
-        let policy = parse_policy(&format!("examples/{name}"), &text);
+        let policy = parse_policy(&format!("examples/{name}"), read_example(path));
         assert!(
             policy.spec.dry_run,
             "examples/{name} must start in dry run, as every example's header says"
@@ -161,15 +118,8 @@ fn every_example_parses_and_each_platform_asks_for_its_proof() {
         );
     }
     for platform in &PLATFORMS {
-        let path = examples_dir().join(platform.file);
-        assert!(
-            path.exists(),
-            "examples/{} is missing: docs/proofs.md points to it",
-            platform.file
-        );
         let what = format!("examples/{}", platform.file);
-        let text = std::fs::read_to_string(&path).expect("the example");
-        let spec = parse_policy(&what, &text).spec;
+        let spec = parse_policy(&what, read_example(&examples_dir().join(platform.file))).spec;
         assert_eq!(
             spec.volumes.drivers, platform.drivers,
             "{what}: the CSI drivers it is for"
@@ -226,7 +176,7 @@ fn the_policies_the_readme_and_install_md_give_parse() {
         "README.md gives no policy to apply (a heredoc holding kind: PodHAPolicy)"
     );
     for (i, yaml) in readme.iter().enumerate() {
-        let policy = parse_policy(&format!("README.md's policy {}", i + 1), yaml);
+        let policy = parse_policy(&format!("README.md's policy {}", i + 1), one_policy(yaml));
         assert!(
             policy.spec.dry_run,
             "README.md's policy {} is applied in dry run, as the text around it says",
@@ -239,6 +189,9 @@ fn the_policies_the_readme_and_install_md_give_parse() {
         "docs/install.md gives no policy to apply (a heredoc holding kind: PodHAPolicy)"
     );
     for (i, yaml) in install.iter().enumerate() {
-        parse_policy(&format!("docs/install.md's policy {}", i + 1), yaml);
+        parse_policy(
+            &format!("docs/install.md's policy {}", i + 1),
+            one_policy(yaml),
+        );
     }
 }

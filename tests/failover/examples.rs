@@ -8,89 +8,18 @@
 //! after the scenario's namespace) with a `nodeSelector` that selects no node, so that no
 //! other scenario's nodes or pods ever follow it, read back and deleted.
 
-use std::path::{Path, PathBuf};
-
-use anyhow::{Context as _, anyhow, bail, ensure};
+use anyhow::{Context as _, anyhow, ensure};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use super::{Failed, Operators, PodHAPolicy, SharedCluster, log, secs_};
+use podha_sim::examples::{example_files, fields_not_kept, read_example};
 use podha_sim::testkit::*;
-
-/// The example of each platform the docs point to.
-const PLATFORMS: [&str; 6] = [
-    "eks-ebs.yaml",
-    "gke-pd.yaml",
-    "aks-azure-disk.yaml",
-    "watchdog-agent.yaml",
-    "bare-metal-bmc.yaml",
-    "storage-fences.yaml",
-];
 
 /// The field manager of the test's applies.
 const MANAGER: &str = "podha-examples-test";
-
-fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
-}
-
-/// Every `*.yaml` and `*.yml` file of `examples/`, by name; fails when the folder is missing
-/// or empty, or lacks a platform's example.
-fn example_files() -> anyhow::Result<Vec<PathBuf>> {
-    let dir = examples_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("listing {}", dir.display()))?;
-    files.retain(|p| {
-        p.extension()
-            .is_some_and(|ext| ext == "yaml" || ext == "yml")
-    });
-    files.sort();
-    ensure!(
-        !files.is_empty(),
-        "{} holds no example policy (*.yaml)",
-        dir.display()
-    );
-    for platform in PLATFORMS {
-        ensure!(
-            files.iter().any(|p| p.ends_with(platform)),
-            "examples/{platform} is missing: docs/proofs.md points to it"
-        );
-    }
-    Ok(files)
-}
-
-/// The one PodHAPolicy a file holds, below its comment header.
-fn parse_example(path: &Path) -> anyhow::Result<Value> {
-    let text = std::fs::read_to_string(path)?;
-    ensure!(
-        text.starts_with('#'),
-        "it does not open with a comment header saying for which nodes and storage it is"
-    );
-    let documents = serde_norway::Deserializer::from_str(&text)
-        .map(Value::deserialize)
-        .collect::<Result<Vec<_>, _>>()
-        .context("it is not YAML")?;
-    let [policy] = documents.as_slice() else {
-        bail!(
-            "it holds {} YAML documents, not one policy",
-            documents.len()
-        );
-    };
-    ensure!(
-        policy["apiVersion"] == "podha.io/v1alpha1" && policy["kind"] == "PodHAPolicy",
-        "it is not a podha.io/v1alpha1 PodHAPolicy: apiVersion {}, kind {}",
-        policy["apiVersion"],
-        policy["kind"]
-    );
-    ensure!(policy["spec"].is_object(), "it has no spec: {policy}");
-    Ok(policy.clone())
-}
 
 /// The API server's refusal, in its own words.
 fn refusal(e: kube::Error) -> anyhow::Error {
@@ -102,23 +31,6 @@ fn refusal(e: kube::Error) -> anyhow::Error {
             status.message
         ),
         other => anyhow!("the request failed: {other}"),
-    }
-}
-
-/// Where `stored` lacks or differs from a field `written` sets, by its path.
-fn missing_fields(path: &str, written: &Value, stored: &Value, out: &mut Vec<String>) {
-    match (written, stored) {
-        (Value::Object(w), Value::Object(s)) => {
-            for (key, value) in w {
-                let here = format!("{path}.{key}");
-                match s.get(key) {
-                    Some(stored) => missing_fields(&here, value, stored, out),
-                    None => out.push(format!("{here} is gone")),
-                }
-            }
-        }
-        (w, s) if w != s => out.push(format!("{path} is {s}, written {w}")),
-        _ => {}
     }
 }
 
@@ -157,7 +69,13 @@ async fn apply_example(
         spec.remove("nodeSelector");
     }
     let mut missing = Vec::new();
-    missing_fields("spec", &spec, &read.data["spec"], &mut missing);
+    fields_not_kept(
+        "spec",
+        &spec,
+        &read.data["spec"],
+        &|w, r| w == r,
+        &mut missing,
+    );
     ensure!(
         missing.is_empty(),
         "the API server did not store it as written: {}; stored spec: {}",
@@ -186,7 +104,7 @@ pub fn accepted_as_written(shared: &SharedCluster, _: &Operators) -> Result<(), 
                 .unwrap_or_default();
             let stem = file.trim_end_matches(".yaml").trim_end_matches(".yml");
             let name = format!("{}-{stem}", ctx.ns);
-            let written = parse_example(path).with_context(|| format!("examples/{file}"))?;
+            let written = read_example(path).with_context(|| format!("examples/{file}"))?;
             apply_example(&api, &name, &written)
                 .await
                 .with_context(|| format!("examples/{file}"))?;

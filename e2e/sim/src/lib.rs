@@ -13,6 +13,7 @@ pub mod chart_rbac;
 pub mod cluster;
 pub mod csi;
 pub mod demo;
+pub mod examples;
 pub mod failover;
 pub mod forge;
 pub mod kind_bmc;
