@@ -9,8 +9,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
@@ -73,8 +74,28 @@ pub enum SimAgent {
 }
 
 impl SimAgent {
+    /// The agent fencing its node's BestEffort pods instead of powering the node off: their
+    /// cgroup killed (`cgroup.kill`), the fence confirmed once it is empty (`populated 0`),
+    /// both read where the node shows its cgroup tree
+    /// ([`crate::cluster::realnode::MACHINE_DIR`]`/cgroup`). The agent's own pod is Burstable
+    /// (the chart's requests) and lives on to acknowledge the fence: `AgentAcknowledged` with
+    /// the chart's image, which has no shell. The kubelet must be down already (the fault),
+    /// or it would start the pods again.
+    pub fn fencing_best_effort_pods(self) -> Self {
+        match self {
+            Self::Off => Self::Off,
+            Self::OnBmc(mut values) => {
+                let pods = format!("{}besteffort", sim_pods_cgroup());
+                values["agent"]["fence"] = format!("write:{pods}/cgroup.kill=1").into();
+                values["agent"]["fenceConfirm"] =
+                    format!("read:{pods}/cgroup.events=populated 0").into();
+                Self::OnBmc(values)
+            }
+        }
+    }
+
     /// The chart values it sets.
-    fn values(&self) -> serde_json::Value {
+    pub fn values(&self) -> serde_json::Value {
         match self {
             Self::Off => serde_json::json!({ "agent": { "enabled": false } }),
             Self::OnBmc(values) => values.clone(),
@@ -92,24 +113,52 @@ pub fn install(
     set: &[&str],
 ) -> anyhow::Result<()> {
     cluster.load_image(&image_tar()?)?;
-    let values = agent.values();
-    anyhow::ensure!(
-        agent_on_this_machine_is_safe(&values["agent"], &sim_bmc_dir())
-            && !set.iter().any(|s| s.starts_with("agent.")),
-        "the sim installs the agent only with its BMC stand-ins' fence and watchdog (and no \
-         agent value set beside them): {values}, {set:?}"
-    );
-    let file = cluster.dir().join("podha-values.json");
-    std::fs::write(&file, serde_json::to_vec_pretty(&values)?)
-        .with_context(|| format!("write {}", file.display()))?;
     let mut cmd = Command::new(helm);
     cmd.arg("install")
         .arg(RELEASE)
         .arg(chart_dir())
         .args(["-n", NAMESPACE, "--create-namespace"])
-        .arg("--kubeconfig")
+        .args(["--set", "nodeSelector.type=real"]);
+    helm_with_values(cluster, cmd, agent, set)
+}
+
+/// `helm upgrade`s the release [`install`] made, keeping its values but the `agent` (a `-f`
+/// values file over them) and `set`: a user changing the agent's fence, say. The DaemonSet
+/// rolls its pods.
+pub fn upgrade(
+    cluster: &Cluster,
+    helm: &Path,
+    agent: &SimAgent,
+    set: &[&str],
+) -> anyhow::Result<()> {
+    let mut cmd = Command::new(helm);
+    cmd.arg("upgrade")
+        .arg(RELEASE)
+        .arg(chart_dir())
+        .args(["-n", NAMESPACE, "--reuse-values"]);
+    helm_with_values(cluster, cmd, agent, set)
+}
+
+/// Runs helm's `cmd` against the cluster with the `agent` values, refused unless they keep the
+/// agent off this machine's kernel.
+fn helm_with_values(
+    cluster: &Cluster,
+    mut cmd: Command,
+    agent: &SimAgent,
+    set: &[&str],
+) -> anyhow::Result<()> {
+    let values = agent.values();
+    anyhow::ensure!(
+        agent_on_this_machine_is_safe(&values["agent"], &sim_bmc_dir(), Some(&sim_pods_cgroup()))
+            && !set.iter().any(|s| s.starts_with("agent.")),
+        "the sim installs the agent only with its BMC stand-ins' fence and watchdog, or a fence \
+         of the node's own pods (and no agent value set beside them): {values}, {set:?}"
+    );
+    let file = cluster.dir().join("podha-values.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&values)?)
+        .with_context(|| format!("write {}", file.display()))?;
+    cmd.arg("--kubeconfig")
         .arg(cluster.kubeconfig_path())
-        .args(["--set", "nodeSelector.type=real"])
         .arg("-f")
         .arg(file);
     for value in set {
@@ -119,23 +168,39 @@ pub fn install(
     Ok(())
 }
 
+/// Where the sim's real nodes show their pods' cgroups (`MACHINE_DIR/cgroup`, the node's own
+/// cgroup v2 tree), ending in `/`.
+fn sim_pods_cgroup() -> String {
+    format!("{}/cgroup/kubepods/", crate::cluster::realnode::MACHINE_DIR)
+}
+
 /// Where the sim's real nodes show their BMC (`sim_agent_values`), ending in `/`.
 fn sim_bmc_dir() -> String {
     format!("{}/bmc/", crate::cluster::realnode::MACHINE_DIR)
 }
 
 /// Whether the chart's `agent` values keep the agent off this machine's own kernel: off, or
-/// fencing by a write under the nodes' BMC directory `bmc_dir` (ending in `/`) and petting a
-/// stand-in there (or none), with nothing else that names a device or the kernel.
-pub(crate) fn agent_on_this_machine_is_safe(agent: &serde_json::Value, bmc_dir: &str) -> bool {
+/// fencing by a write under the nodes' BMC directory `bmc_dir` (ending in `/`), or by killing
+/// a cgroup under `pods_cgroup` (the node's own pods: `<dir>/.../cgroup.kill`), and petting a
+/// stand-in under `bmc_dir` (or none), with nothing else that names a device or the kernel.
+pub(crate) fn agent_on_this_machine_is_safe(
+    agent: &serde_json::Value,
+    bmc_dir: &str,
+    pods_cgroup: Option<&str>,
+) -> bool {
     if agent["enabled"] == false {
         return true;
     }
     let under_bmc = |v: &serde_json::Value| v.as_str().is_some_and(|p| p.starts_with(bmc_dir));
+    let kills_pods = |write: &str| {
+        let rest = pods_cgroup.and_then(|dir| write.strip_prefix(dir));
+        rest == Some("cgroup.kill=1") || rest.is_some_and(|r| r.ends_with("/cgroup.kill=1"))
+    };
     let fence = agent["fence"]
         .as_str()
         .and_then(|f| f.strip_prefix("write:"))
-        .is_some_and(|f| f.starts_with(bmc_dir));
+        .filter(|f| !f.split('/').any(|c| c == ".."))
+        .is_some_and(|f| f.starts_with(bmc_dir) || kills_pods(f));
     let device = &agent["watchdog"]["device"];
     let extra: Vec<&str> = agent["extraArgs"]
         .as_array()
@@ -259,21 +324,37 @@ pub async fn agent_pods(client: &kube::Client) -> anyhow::Result<Vec<Pod>> {
         .collect())
 }
 
-/// Waits until an agent pod is Running and Ready on each of `nodes`; returns them.
+/// Waits until an agent pod of the DaemonSet's current template (after a `helm upgrade`, once
+/// it rolled) is Running and Ready on each of `nodes`; returns them.
 pub async fn wait_agents(
     client: &kube::Client,
     nodes: &[&str],
     timeout: Duration,
 ) -> anyhow::Result<Vec<Pod>> {
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let agent = format!("{RELEASE}-agent");
     wait_for(
-        &format!("a podha agent Running and Ready on each of {nodes:?}"),
+        &format!(
+            "a podha agent of the DaemonSet's template Running and Ready on each of {nodes:?}"
+        ),
         timeout,
         || async {
+            let template = daemon_sets
+                .get(&agent)
+                .await?
+                .spec
+                .and_then(|s| s.template.spec)
+                .map(|s| s.containers);
+            let args = |containers: Option<&Vec<Container>>| {
+                containers.map(|c| c.iter().map(|c| c.args.clone()).collect::<Vec<_>>())
+            };
+            let wanted = args(template.as_ref());
             let pods = agent_pods(client).await?;
             let on = |node: &&str| {
                 pods.iter().any(|p| {
                     running_ready(p)
                         && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node)
+                        && args(p.spec.as_ref().map(|s| &s.containers)) == wanted
                 })
             };
             Ok(nodes.iter().all(on).then_some(pods))
@@ -531,26 +612,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_bmc_stand_ins_pass_for_an_agent_on_this_machine() {
+    fn only_the_bmc_stand_ins_and_the_nodes_own_pods_pass_for_an_agent_on_this_machine() {
         for watchdog in [None, Some(Duration::from_secs(4))] {
             let SimAgent::OnBmc(values) = sim_agent_values(Duration::from_secs(8), watchdog, None)
             else {
                 panic!("on");
             };
             assert!(
-                agent_on_this_machine_is_safe(&values["agent"], &sim_bmc_dir()),
+                agent_on_this_machine_is_safe(
+                    &values["agent"],
+                    &sim_bmc_dir(),
+                    Some(&sim_pods_cgroup())
+                ),
                 "{values}"
             );
         }
         assert!(agent_on_this_machine_is_safe(
             &SimAgent::Off.values()["agent"],
-            &sim_bmc_dir()
+            &sim_bmc_dir(),
+            None
         ));
         let SimAgent::OnBmc(base) =
             sim_agent_values(Duration::from_secs(8), Some(Duration::from_secs(4)), None)
         else {
             panic!("on");
         };
+        let pods_fence = SimAgent::OnBmc(base.clone()).fencing_best_effort_pods();
+        assert!(
+            agent_on_this_machine_is_safe(
+                &pods_fence.values()["agent"],
+                &sim_bmc_dir(),
+                Some(&sim_pods_cgroup())
+            ),
+            "{}",
+            pods_fence.values()
+        );
+        let machine = crate::cluster::realnode::MACHINE_DIR;
+        let kill = |target: &str| {
+            let mut values = base.clone();
+            values["agent"]["fence"] = format!("write:{target}=1").into();
+            values
+        };
+        let host_cgroup = kill("/sys/fs/cgroup/unified/cgroup.kill");
+        let whole_node = kill(&format!("{machine}/cgroup/cgroup.kill"));
+        let escaped = kill(&format!("{machine}/cgroup/kubepods/../../cgroup.kill"));
+        let mut escaped_bmc = base.clone();
+        escaped_bmc["agent"]["fence"] =
+            format!("write:{machine}/bmc/../cgroup/cgroup.kill=1").into();
         let mut chart_default = base.clone();
         chart_default["agent"]["fence"] = "sysrq-reboot".into();
         let mut sysrq_by_write = base.clone();
@@ -568,9 +676,17 @@ mod tests {
             host_watchdog,
             extra_watchdog,
             undeclared,
+            host_cgroup,
+            whole_node,
+            escaped,
+            escaped_bmc,
         ] {
             assert!(
-                !agent_on_this_machine_is_safe(&unsafe_values["agent"], &sim_bmc_dir()),
+                !agent_on_this_machine_is_safe(
+                    &unsafe_values["agent"],
+                    &sim_bmc_dir(),
+                    Some(&sim_pods_cgroup())
+                ),
                 "{unsafe_values}"
             );
         }

@@ -1,7 +1,8 @@
 //! The chart's NOTES (what `helm install` prints) read back from an installed release, and
 //! every command they show run as a user pastes it: in bash, against the sim cluster, with the
 //! sim's kubectl. A command that hangs (a heredoc that never closes) or fails, or says
-//! nothing at all, fails the check.
+//! nothing at all, fails the check. The README's `kubectl` commands are run the same way
+//! ([`readme_commands`]).
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -24,13 +25,39 @@ pub struct ShownCommand(pub String);
 /// for one that opens a heredoc (`<<'END'`), the lines after it up to the one that closes it
 /// (`END`, as bash reads it: alone on its line). A heredoc the NOTES never close is an error.
 pub fn shown_commands(notes: &str) -> anyhow::Result<Vec<ShownCommand>> {
-    let mut lines = notes.lines();
-    let mut commands = Vec::new();
-    while let Some(line) = lines.next() {
-        let Some(command) = line
-            .strip_prefix("  ")
+    commands(notes.lines(), |line| {
+        line.strip_prefix("  ")
             .filter(|l| l.starts_with("kubectl "))
-        else {
+    })
+}
+
+/// The `kubectl` commands of `markdown`'s `sh` code blocks (a line that starts with `kubectl `,
+/// and a heredoc's lines up to the one that closes it), as a reader of the README pastes them.
+pub fn readme_commands(markdown: &str) -> anyhow::Result<Vec<ShownCommand>> {
+    let mut in_sh = false;
+    let mut block = Vec::new();
+    for line in markdown.lines() {
+        if let Some(fence) = line.strip_prefix("```") {
+            in_sh = !in_sh && fence.trim() == "sh";
+            continue;
+        }
+        if in_sh {
+            block.push(line);
+        }
+    }
+    commands(block.into_iter(), |line| {
+        line.starts_with("kubectl ").then_some(line)
+    })
+}
+
+/// The commands among `lines` that `command` recognises (and strips), each with its heredoc.
+fn commands<'a>(
+    mut lines: impl Iterator<Item = &'a str>,
+    command: impl Fn(&'a str) -> Option<&'a str>,
+) -> anyhow::Result<Vec<ShownCommand>> {
+    let mut found = Vec::new();
+    while let Some(line) = lines.next() {
+        let Some(command) = command(line) else {
             continue;
         };
         let mut text = command.to_string();
@@ -49,9 +76,9 @@ pub fn shown_commands(notes: &str) -> anyhow::Result<Vec<ShownCommand>> {
                 "the heredoc of {command:?} is never closed: no line {end:?} alone follows it"
             );
         }
-        commands.push(ShownCommand(text));
+        found.push(ShownCommand(text));
     }
-    Ok(commands)
+    Ok(found)
 }
 
 /// The word that ends the heredoc `command` opens (`<<'YAML'`, `<<YAML`, `<<"YAML"`), if any.
@@ -163,6 +190,28 @@ mod tests {
                 ShownCommand("kubectl get pods".into()),
                 ShownCommand("kubectl apply -f - <<'YAML'\n  kind: X\nYAML".into()),
             ]
+        );
+    }
+
+    #[test]
+    fn the_readme_shows_its_kubectl_commands_in_sh_blocks() {
+        let markdown = "Text `kubectl get x`.\n```sh\nkubectl get pods\nhelm install a b\nkubectl apply -f - <<'EOF'\nkind: X\nEOF\n```\n```\nkubectl not-sh\n```\n";
+        assert_eq!(
+            readme_commands(markdown).unwrap(),
+            [
+                ShownCommand("kubectl get pods".into()),
+                ShownCommand("kubectl apply -f - <<'EOF'\nkind: X\nEOF".into()),
+            ]
+        );
+        let readme =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+                .unwrap();
+        let shown = readme_commands(&readme).unwrap();
+        assert!(
+            shown
+                .iter()
+                .any(|c| c.0.starts_with("kubectl apply -f - <<")),
+            "{shown:?}"
         );
     }
 

@@ -9,8 +9,9 @@
 //! - the chart's agent DaemonSet runs `podha agent` on every real node, as its own
 //!   ServiceAccount, each advertising itself on its Node (values as a user with BMCs would
 //!   write them: `chart_install::sim_agent_values`);
-//! - every command the release's NOTES show runs as a user pastes it, in bash with the sim's
-//!   kubectl (the example policy as a server-side dry run, the metrics through a port-forward);
+//! - every command the release's NOTES show, and every `kubectl` command of the README, runs as
+//!   a user pastes it, in bash with the sim's kubectl (an example policy as a server-side dry
+//!   run, the metrics through a port-forward);
 //! - a PodHAPolicy is reported `Ready=True`;
 //! - a Deployment's writer node is killed: the replacement runs on the other node with its
 //!   volume attached there, the write log shows no split-brain write and no lost acknowledged
@@ -27,11 +28,17 @@
 //!   (`new_leader.rs`);
 //! - podha's own path to three healthy nodes down for 60 s, their kubelets renewing, judged on
 //!   podha's probes alone: no fence asked, no reboot, each reported; then again under the
-//!   agents' silence proof: their agents renew their Leases and stay up (`path_fault.rs`).
+//!   agents' silence proof: their agents renew their Leases and stay up (`path_fault.rs`);
+//! - `AgentAcknowledged` with the chart's image: the agents upgraded to kill their node's
+//!   BestEffort pods' cgroup and confirm it empty; a writer's node whose kubelet died is fenced
+//!   by its agent, which acknowledges, alone and under `anyOf: [AgentAcknowledged, BMC]` with
+//!   the BMC unreachable (`acknowledged.rs`).
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
 //! does it); without them the test fails and says which target to run.
 
+#[path = "realnode_podha/acknowledged.rs"]
+mod acknowledged;
 #[path = "realnode_podha/fencing.rs"]
 mod fencing;
 #[path = "realnode_podha/flood.rs"]
@@ -92,7 +99,7 @@ fn main() -> ExitCode {
         .with_real_nodes(REAL_NODES)
         .with_real_node_watchdog(WATCHDOG_TIMEOUT),
     );
-    let scenarios: [Scenario; 3] = [
+    let scenarios: [Scenario; 4] = [
         (
             "podha_installed_by_its_chart_fails_writers_over_on_real_nodes",
             installed_by_chart,
@@ -104,6 +111,10 @@ fn main() -> ExitCode {
         (
             "crashed_podha_processes_and_an_api_server_hung_or_stopped_for_60s_fence_no_node",
             fencing::control_plane_faults,
+        ),
+        (
+            "a_node_whose_kubelet_died_is_fenced_by_its_agent_which_acknowledges_with_the_charts_image",
+            acknowledged::kubelet_down_fenced_by_its_agent,
         ),
     ];
     run_trials(&args, &shared, scenarios.into())
@@ -406,30 +417,35 @@ async fn kill_and_follow(ctx: &Ctx<'_>, app: &str, nodes: &[&str]) -> anyhow::Re
     Ok(dead)
 }
 
-/// Every command the release's NOTES show, run as a user pastes it (the example policy's
-/// `kubectl apply` as a server-side dry run: the API server checks it, the test's policies stay
-/// the only ones).
-fn notes_commands_run(ctx: &Ctx<'_>, helm: &std::path::Path) -> anyhow::Result<()> {
-    use podha_sim::chart_notes::{release_notes, run_shown, shown_commands};
+/// Every command the release's NOTES show, and every `kubectl` command of the README, run as a
+/// user pastes it (an example policy's `kubectl apply` as a server-side dry run: the API server
+/// checks it, the test's policies stay the only ones).
+fn shown_commands_run(ctx: &Ctx<'_>, helm: &std::path::Path) -> anyhow::Result<()> {
+    use podha_sim::chart_notes::{readme_commands, release_notes, run_shown, shown_commands};
     let notes = release_notes(ctx.cluster, helm)?;
-    let commands = shown_commands(&notes)?;
-    ensure!(
-        commands.len() >= 5,
-        "the NOTES show {} commands: {notes}",
-        commands.len()
-    );
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for command in &commands {
-        let ran = run_shown(ctx.cluster, &repo, command, true)?;
-        let first = ran.command.lines().next().unwrap_or_default();
-        log(
-            &ctx.ns,
-            format!(
-                "NOTES: `{first}` ran in {:.1?}: {} lines",
-                ran.took,
-                ran.stdout.lines().count()
-            ),
+    let readme = std::fs::read_to_string(repo.join("README.md")).context("reading README.md")?;
+    for (source, commands, at_least) in [
+        ("NOTES", shown_commands(&notes)?, 5),
+        ("README", readme_commands(&readme)?, 5),
+    ] {
+        ensure!(
+            commands.len() >= at_least,
+            "the {source} show {} commands: {commands:?}",
+            commands.len()
         );
+        for command in &commands {
+            let ran = run_shown(ctx.cluster, &repo, command, true)?;
+            let first = ran.command.lines().next().unwrap_or_default();
+            log(
+                &ctx.ns,
+                format!(
+                    "{source}: `{first}` ran in {:.1?}: {} lines",
+                    ran.took,
+                    ran.stdout.lines().count()
+                ),
+            );
+        }
     }
     Ok(())
 }
@@ -475,7 +491,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
             &ctx.ns,
             format!("{leader} leads (Lease and /metrics), the other follows"),
         );
-        notes_commands_run(&ctx, &helm)?;
+        shown_commands_run(&ctx, &helm)?;
         apply_policy(&ctx).await?;
         log(&ctx.ns, "policy Ready=True");
 

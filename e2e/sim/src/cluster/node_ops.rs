@@ -52,14 +52,17 @@ impl Cluster {
     pub fn kill_kubelet(&self, name: &str) -> Result<()> {
         if self.node(name)?.real {
             let proc_name = kubelet_proc(name);
-            let mut st = self.lock_reloaded();
-            if let Some(rec) = st.processes.get(&proc_name).copied() {
-                // The boot script that restarts the kubelet (as systemd would) first, then the
-                // kubelet itself.
-                process::kill_leader(&proc_name, &rec)?;
-                st.processes.remove(&proc_name);
-                st.save(&self.dir)?;
+            {
+                let mut st = self.lock_reloaded();
+                if let Some(rec) = st.processes.get(&proc_name).copied() {
+                    // The boot script that restarts the kubelet (as systemd would) first, then
+                    // the kubelet itself.
+                    process::kill_leader(&proc_name, &rec)?;
+                    st.processes.remove(&proc_name);
+                    st.save(&self.dir)?;
+                }
             }
+            // The state's lock is free again: listing the node's processes takes it.
             for pid in self.node_pids(name)? {
                 let is_kubelet = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                     c.split(|b| *b == 0)

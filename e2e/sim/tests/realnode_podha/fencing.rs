@@ -42,10 +42,10 @@ use flood::Flood;
 /// both.
 const NS: &str = "fencing";
 const OUTAGE_NS: &str = "outage";
-const POLICY_NAME: &str = "fenced-real-nodes";
+pub(super) const POLICY_NAME: &str = "fenced-real-nodes";
 /// The cut-off node's own policy, before `POLICY_NAME` in name order, so that it governs that
 /// node.
-const CUT_POLICY_NAME: &str = "cut-off-delete-pods";
+pub(super) const CUT_POLICY_NAME: &str = "cut-off-delete-pods";
 /// How long the two faults last.
 const FAULT: std::time::Duration = std::time::Duration::from_secs(90);
 /// How long a pod floods a replica node's agent port, during the faults.
@@ -58,7 +58,7 @@ const FORGING: std::time::Duration = std::time::Duration::from_secs(85);
 async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     // The first scenario's policy (no fencing proof) must not act on these nodes, nor the
     // cut-off node's policy of an earlier scenario.
-    for name in [POLICY, CUT_POLICY_NAME] {
+    for name in [POLICY, CUT_POLICY_NAME, acknowledged::POLICY_NAME] {
         match policies(ctx).delete(name, &Default::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -109,10 +109,11 @@ async fn apply_delete_pods_policy(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<(
 
 /// No workload of another scenario left (a pod this policy does not select would keep the
 /// out-of-service taint off its node), every real node Ready (the first scenario leaves its
-/// leader's node dead) and podha's two replicas running with a leader (installed by the chart
-/// if the first scenario did not run).
-async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> {
-    for ns in [WRITERS, NS, OUTAGE_NS] {
+/// leader's node dead), podha's two replicas running with a leader (installed by the chart
+/// if the first scenario did not run) and the agents fencing through the BMC (as installed:
+/// `acknowledged.rs` changes their fence).
+pub(super) async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> {
+    for ns in [WRITERS, NS, OUTAGE_NS, acknowledged::NS] {
         if ns != ctx.ns {
             let other = Ctx {
                 cluster: ctx.cluster,
@@ -122,8 +123,16 @@ async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> 
             other.remove_workloads(secs(180)).await?;
         }
     }
+    let helm = podha_sim::chart_rbac::helm_path()?;
     if chart_install::podha_pods(&ctx.client).await?.is_empty() {
-        install(ctx, &podha_sim::chart_rbac::helm_path()?, &real[..2]).await?;
+        install(ctx, &helm, &real[..2]).await?;
+    } else if !acknowledged::agents_fence_through_bmc(ctx).await? {
+        chart_install::upgrade(
+            ctx.cluster,
+            &helm,
+            &SHORTEST_AGENT_TIMINGS.sim_values(),
+            &[],
+        )?;
     }
     for node in real {
         let ready = ctx
@@ -145,7 +154,7 @@ async fn every_real_node_up(ctx: &Ctx<'_>, real: &[&str]) -> anyhow::Result<()> 
 
 /// A writer Deployment `app` on its own claim of the unfenced class, started on `on` (the other
 /// `nodes` cordoned meanwhile); returns the running pod and its volume handle.
-async fn start_writer(
+pub(super) async fn start_writer(
     ctx: &Ctx<'_>,
     app: &str,
     on: &str,
@@ -405,14 +414,14 @@ pub(super) fn frozen_and_cut_off_nodes(
 }
 
 /// A writer whose node is about to fail, and where its replacement must run.
-struct Moved<'a> {
-    old: Pod,
-    volume: String,
+pub(super) struct Moved<'a> {
+    pub(super) old: Pod,
+    pub(super) volume: String,
     refuge: &'a str,
 }
 
 impl<'a> Moved<'a> {
-    fn start((old, volume): (Pod, String), refuge: &'a str) -> Self {
+    pub(super) fn start((old, volume): (Pod, String), refuge: &'a str) -> Self {
         Self {
             old,
             volume,
@@ -421,7 +430,12 @@ impl<'a> Moved<'a> {
     }
 
     /// The replacement of `app`'s writer, Running on the refuge and writing.
-    async fn replacement(&self, ctx: &Ctx<'_>, app: &str, started: Instant) -> anyhow::Result<Pod> {
+    pub(super) async fn replacement(
+        &self,
+        ctx: &Ctx<'_>,
+        app: &str,
+        started: Instant,
+    ) -> anyhow::Result<Pod> {
         let replacement = wait_for(
             &format!("the {app} writer's replacement Running on another node"),
             secs(110),
@@ -514,7 +528,7 @@ pub(super) fn fences_since(
     Ok(ctx.cluster.fences()?.into_iter().skip(before).collect())
 }
 
-fn uid(pod: &Pod) -> anyhow::Result<String> {
+pub(super) fn uid(pod: &Pod) -> anyhow::Result<String> {
     pod.metadata.uid.clone().context("pod uid")
 }
 

@@ -17,6 +17,8 @@ use nix::unistd::Pid;
 use crate::cluster::{Error, Result};
 
 const CGROUP_FS: &str = "/sys/fs/cgroup";
+/// The host's cgroup v2 hierarchy beside the v1 ones.
+const UNIFIED: &str = "unified";
 /// The child the node's own processes (containerd, shims, kubelet) run in.
 pub const RUNTIME: &str = "runtime";
 
@@ -74,6 +76,13 @@ impl NodeCgroup {
         Path::new(CGROUP_FS).join("freezer").join(&self.name)
     }
 
+    /// The tree in the host's cgroup v2 hierarchy (the hybrid layout's `unified`), where runc
+    /// places every container too: what a cgroup v2 machine shows as `/sys/fs/cgroup`, with
+    /// `cgroup.kill` and `cgroup.events` (`populated`) in every directory.
+    pub fn unified(&self) -> PathBuf {
+        Path::new(CGROUP_FS).join(UNIFIED).join(&self.name)
+    }
+
     /// Creates the tree in every hierarchy (idempotent), cpusets initialised; children the
     /// kubelet creates later inherit the cpuset (`cgroup.clone_children`).
     pub fn create(&self) -> Result<()> {
@@ -109,8 +118,23 @@ impl NodeCgroup {
     /// Every process in the tree (from the freezer hierarchy, which every task of the node
     /// joins), sorted.
     pub fn pids(&self) -> Vec<i32> {
+        Self::pids_below(self.freezer())
+    }
+
+    /// Every process of pod `uid` on the node (its cgroup `pod<uid>`, the kubelet's cgroupfs
+    /// name, under `kubepods/<class>/` or `kubepods/`), sorted.
+    pub fn pod_pids(&self, uid: &str) -> Vec<i32> {
+        let pod = format!("pod{uid}");
+        let kubepods = self.freezer().join("kubepods");
+        ["", "burstable", "besteffort"]
+            .into_iter()
+            .flat_map(|class| Self::pids_below(kubepods.join(class).join(&pod)))
+            .collect()
+    }
+
+    fn pids_below(top: PathBuf) -> Vec<i32> {
         let mut pids = Vec::new();
-        let mut stack = vec![self.freezer()];
+        let mut stack = vec![top];
         while let Some(dir) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;

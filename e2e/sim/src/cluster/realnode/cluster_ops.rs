@@ -143,6 +143,14 @@ impl Cluster {
         Ok(self.real_node(name, "listed by pid")?.cgroup().pids())
     }
 
+    /// The processes of pod `uid` on real node `name` (its containers', from its cgroup).
+    pub fn pod_pids(&self, name: &str, uid: &str) -> Result<Vec<i32>> {
+        Ok(self
+            .real_node(name, "listed by pod")?
+            .cgroup()
+            .pod_pids(uid))
+    }
+
     /// Real node `name` hangs: every process of it is frozen (cgroup freezer). The kernel still
     /// answers on its address (a connect to the kubelet port is accepted).
     pub fn freeze_node(&self, name: &str) -> Result<()> {

@@ -270,6 +270,10 @@ mkdir -p {machine}/bmc {d}/bmc
 touch {machine}/boot_id
 mount --bind {d}/bmc {machine}/bmc
 mount --bind {d}/boot_id {machine}/boot_id
+# The node's own cgroup v2 tree, as a machine's /sys/fs/cgroup: a fence that kills the pods'
+# cgroup (cgroup.kill) reaches this node's containers and nothing of the host's.
+mkdir -p {machine}/cgroup
+mount --bind {unified} {machine}/cgroup
 echo "boot $(cat /proc/sys/kernel/random/boot_id): starting containerd"
 containerd --config {d}/containerd.toml >> {logs}/containerd-{name}.log 2>&1 &
 i=0
@@ -306,6 +310,7 @@ done
         kube_proxy = bin_dir.join("kube-proxy").display(),
         ip = node.ip,
         machine = super::MACHINE_DIR,
+        unified = node.cgroup().unified().display(),
     )
 }
 

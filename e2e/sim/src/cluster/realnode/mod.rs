@@ -44,9 +44,11 @@ pub const PAUSE_IMAGE: &str = "podha.io/sim/pause:1";
 /// The kubelet's port on the node's address.
 pub const KUBELET_PORT: u16 = 10250;
 /// Where a real node shows its pods (hostPath) what a machine has outside its operating system:
-/// `bmc/watchdog` and `bmc/power`, its BMC's watchdog and power control (`super::bmc`), and
-/// `boot_id`, the node's boot ID (a container's /proc shows the host's). The podha agent's
-/// DaemonSet mounts it (`crate::chart_install::sim_agent_values`).
+/// `bmc/watchdog` and `bmc/power`, its BMC's watchdog and power control (`super::bmc`),
+/// `boot_id`, the node's boot ID (a container's /proc shows the host's), and `cgroup`, the
+/// node's cgroup v2 tree (`kubepods/besteffort/...`, as a cgroup v2 machine's
+/// `/sys/fs/cgroup` with the kubelet's cgroupfs driver). The podha agent's DaemonSet mounts it
+/// (`crate::chart_install::sim_agent_values`).
 pub const MACHINE_DIR: &str = "/run/podha-sim-machine";
 
 /// Commands a real node runs from the host's PATH (Debian packages, `make node-deps`).
