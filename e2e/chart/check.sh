@@ -112,6 +112,12 @@ VALUES
 for want in "--fence=write:/run/bmc/power=off" "mountPath: /run/bmc" "path: /run/bmc$" "type: Directory"; do
   grep -q -- "$want" "$work/bmc.out" || { echo "check.sh: the BMC values render no '$want'" >&2; exit 1; }
 done
+# A check holding what YAML would cut short (` #`) or read as a map (`: `) reaches the agent
+# whole: the args are quoted.
+"$helm" template podha "$chart" --kube-version "$kube" -f "$work/bmc.yaml" \
+  --set-string 'agent.fenceConfirm=command:test -e /run/off # state: off' > "$work/confirm.out"
+grep -qF -- '- "--fence-confirm=command:test -e /run/off # state: off"' "$work/confirm.out" \
+  || { echo "check.sh: agent.fenceConfirm does not reach the agent whole" >&2; exit 1; }
 if grep -q "type: CharDevice" "$work/bmc.out"; then
   echo "check.sh: hostPathType \"\" still checks the watchdog as a CharDevice" >&2; exit 1
 fi

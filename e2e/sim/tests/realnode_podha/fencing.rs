@@ -58,7 +58,8 @@ const FORGING: std::time::Duration = std::time::Duration::from_secs(85);
 async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     // The first scenario's policy (no fencing proof) must not act on these nodes, nor the
     // cut-off node's policy of an earlier scenario.
-    for name in [POLICY, CUT_POLICY_NAME, acknowledged::POLICY_NAME] {
+    let others = [POLICY, CUT_POLICY_NAME].into_iter();
+    for name in others.chain(acknowledged::POLICY_NAMES) {
         match policies(ctx).delete(name, &Default::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -417,7 +418,7 @@ pub(super) fn frozen_and_cut_off_nodes(
 pub(super) struct Moved<'a> {
     pub(super) old: Pod,
     pub(super) volume: String,
-    refuge: &'a str,
+    pub(super) refuge: &'a str,
 }
 
 impl<'a> Moved<'a> {

@@ -132,6 +132,20 @@ impl NodeCgroup {
             .collect()
     }
 
+    /// Freezes (or thaws) pod `uid`'s processes through the v1 freezer: a frozen task takes no
+    /// signal until thawed, a SIGKILL included, so its cgroup stays populated meanwhile.
+    pub fn freeze_pod(&self, uid: &str, frozen: bool) -> Result<()> {
+        let pod = format!("pod{uid}");
+        let kubepods = self.freezer().join("kubepods");
+        let dir = ["", "burstable", "besteffort"]
+            .into_iter()
+            .map(|class| kubepods.join(class).join(&pod))
+            .find(|d| d.is_dir())
+            .ok_or_else(|| Error::Other(format!("no cgroup of pod {uid} on {}", self.name)))?;
+        let state = if frozen { "FROZEN" } else { "THAWED" };
+        write(&dir.join("freezer.state"), state)
+    }
+
     fn pids_below(top: PathBuf) -> Vec<i32> {
         let mut pids = Vec::new();
         let mut stack = vec![top];

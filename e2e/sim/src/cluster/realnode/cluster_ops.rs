@@ -151,6 +151,14 @@ impl Cluster {
             .pod_pids(uid))
     }
 
+    /// Pod `uid`'s processes on real node `name` freeze (`frozen`) or thaw: they stay, and
+    /// a SIGKILL waits until they thaw.
+    pub fn freeze_pod(&self, name: &str, uid: &str, frozen: bool) -> Result<()> {
+        self.real_node(name, "frozen by pod")?
+            .cgroup()
+            .freeze_pod(uid, frozen)
+    }
+
     /// Real node `name` hangs: every process of it is frozen (cgroup freezer). The kernel still
     /// answers on its address (a connect to the kubelet port is accepted).
     pub fn freeze_node(&self, name: &str) -> Result<()> {
