@@ -21,12 +21,21 @@
 //! one deleted leaves none (and a recreated one starts again from zero): the agent then knows
 //! of no later term, which is the side that fences.
 //!
+//! A watch that failed (the API server restarted, say) comes back after its backoff, up to
+//! half a minute later, while the agent may already renew its own Lease: its renewals would
+//! then be judged against a term that is no longer the leader's, and an agent a new leader
+//! never heard would take its silence for counted and let its watchdog reset a running node.
+//! So while the watch is failing, each renewal the API server takes is followed by a read of
+//! the leader Lease ([`LeaderKey::refresh_if_stale`]): whenever the agent reaches the API
+//! server, it knows the term.
+//!
 //! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
 //! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on
 //! trusting the leader its predecessor trusted, and so stays heard.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -48,6 +57,10 @@ pub struct LeaderKey {
     term_changed: std::sync::Arc<tokio::sync::Notify>,
     /// Where the key read last is kept for the next agent of this boot (`None`: nowhere).
     kept: Option<(PathBuf, Option<String>)>,
+    /// The watch failed since it last listed the Lease: what it holds may be stale.
+    stale: std::sync::atomic::AtomicBool,
+    /// The name of the Lease watched, once the watch started.
+    watched: std::sync::OnceLock<String>,
 }
 
 impl LeaderKey {
@@ -123,6 +136,7 @@ impl LeaderKey {
     /// Watches the Lease `name` for as long as the agent runs; a watch that fails is tried
     /// again with backoff, the last key kept meanwhile.
     pub async fn keep_watching(&self, leases: Api<Lease>, name: &str) {
+        let _ = self.watched.set(name.to_string());
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = std::pin::pin!(watcher(leases, config).default_backoff());
         let mut failing = false;
@@ -133,12 +147,40 @@ impl LeaderKey {
                     self.saw(Some(&lease));
                 }
                 Ok(watcher::Event::Delete(_)) => self.saw(None),
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    warn!(lease = name, error = %e, "cannot watch podha's leader Lease; going on with the last key seen");
+                Ok(watcher::Event::Init) => failing = false,
+                Ok(watcher::Event::InitDone) => {
+                    failing = false;
+                    self.stale.store(false, Ordering::SeqCst);
                 }
-                Err(_) => {}
+                Err(e) => {
+                    self.stale.store(true, Ordering::SeqCst);
+                    if !failing {
+                        failing = true;
+                        warn!(lease = name, error = %e, "cannot watch podha's leader Lease; going on with the last key seen, and reading it after each renewal of the agent's Lease");
+                    }
+                }
+            }
+        }
+    }
+
+    /// While the watch is failing, reads the watched Lease once in `leases` (its namespace)
+    /// and takes it as seen: called after the API server took a renewal of the agent's Lease.
+    /// A read that fails (or takes over `timeout`) leaves what is held.
+    pub async fn refresh_if_stale(&self, leases: &Api<Lease>, timeout: std::time::Duration) {
+        let Some(name) = self.watched.get() else {
+            return;
+        };
+        if !self.stale.load(Ordering::SeqCst) {
+            return;
+        }
+        match tokio::time::timeout(timeout, leases.get_opt(name)).await {
+            Ok(Ok(lease)) => {
+                info!(lease = %name, "read podha's leader Lease while its watch is failing");
+                self.saw(lease.as_ref());
+            }
+            Ok(Err(e)) => warn!(lease = %name, error = %e, "cannot read podha's leader Lease"),
+            Err(_) => {
+                warn!(lease = %name, "no answer to a read of podha's leader Lease within {timeout:?}")
             }
         }
     }
@@ -168,6 +210,103 @@ pub fn published_key(lease: &Lease) -> Option<PublicKey> {
 mod tests {
     use super::*;
     use crate::contract::Identity;
+
+    /// The path of the leader Lease `podha-leader` in namespace `podha`.
+    const LEADER_LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/podha/leases/podha-leader";
+
+    #[tokio::test]
+    async fn while_the_watch_fails_a_renewal_is_followed_by_a_read_of_the_term() {
+        use podha_fake_api::{FakeApi, Reply};
+        let lease = serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": { "name": "podha-leader", "namespace": "podha" },
+            "spec": { "leaseTransitions": 7 },
+        });
+        // The watch's list fails (the API server restarting), a read by name answers.
+        let api = FakeApi::new()
+            .on(http::Method::GET, LEADER_LEASE, move |_| {
+                Reply::json(200, lease.clone())
+            })
+            .on(
+                http::Method::GET,
+                "/apis/coordination.k8s.io/v1/namespaces/podha/leases",
+                |_| Reply::status(503, "ServiceUnavailable"),
+            );
+        let leases: Api<Lease> = Api::namespaced(api.client(), "podha");
+        let key = std::sync::Arc::new(LeaderKey::default());
+        let timeout = std::time::Duration::from_secs(1);
+        // Nothing watched yet: nothing read.
+        key.refresh_if_stale(&leases, timeout).await;
+        assert_eq!(key.term(), None);
+        let watching = tokio::spawn({
+            let (key, leases) = (key.clone(), leases.clone());
+            async move { key.keep_watching(leases, "podha-leader").await }
+        });
+        for _ in 0..200 {
+            if key.stale.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(key.stale.load(Ordering::SeqCst), "the watch never failed");
+        assert_eq!(key.term(), None, "nothing read before a renewal");
+        key.refresh_if_stale(&leases, timeout).await;
+        assert_eq!(key.term(), Some(7));
+        watching.abort();
+        let reads = api
+            .lines()
+            .iter()
+            .filter(|l| l.ends_with("/podha-leader"))
+            .count();
+        assert_eq!(reads, 1, "{:?}", api.lines());
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_lists_the_lease_needs_no_read() {
+        use podha_fake_api::{FakeApi, Reply};
+        let list = serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "LeaseList",
+            "metadata": { "resourceVersion": "5" },
+            "items": [{
+                "metadata": { "name": "podha-leader", "namespace": "podha", "resourceVersion": "5" },
+                "spec": { "leaseTransitions": 3 },
+            }],
+        });
+        let api = FakeApi::new().on(
+            http::Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/podha/leases",
+            move |r| {
+                if r.watching() {
+                    Reply::json(200, serde_json::json!({})).after(std::sync::Arc::default())
+                } else {
+                    Reply::json(200, list.clone())
+                }
+            },
+        );
+        let leases: Api<Lease> = Api::namespaced(api.client(), "podha");
+        let key = std::sync::Arc::new(LeaderKey::default());
+        let watching = tokio::spawn({
+            let (key, leases) = (key.clone(), leases.clone());
+            async move { key.keep_watching(leases, "podha-leader").await }
+        });
+        for _ in 0..200 {
+            if key.term().is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(key.term(), Some(3));
+        key.refresh_if_stale(&leases, std::time::Duration::from_secs(1))
+            .await;
+        watching.abort();
+        assert!(
+            !api.lines().iter().any(|l| l.ends_with("/podha-leader")),
+            "{:?}",
+            api.lines()
+        );
+    }
 
     #[test]
     fn a_published_key_replaces_the_one_held_and_a_lease_without_one_leaves_it() {
