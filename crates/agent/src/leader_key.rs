@@ -22,12 +22,12 @@
 //! of no later term, which is the side that fences.
 //!
 //! A watch that failed (the API server restarted, say) comes back after its backoff, up to
-//! half a minute later, while the agent may already renew its own Lease: its renewals would
-//! then be judged against a term that is no longer the leader's, and an agent a new leader
-//! never heard would take its silence for counted and let its watchdog reset a running node.
-//! So while the watch is failing, each renewal the API server takes is followed by a read of
-//! the leader Lease ([`LeaderKey::refresh_if_stale`]): whenever the agent reaches the API
-//! server, it knows the term.
+//! half a minute later, and the agent may meanwhile be unheard by a new leader it does not know
+//! of: judged against the old term, its silence would look counted, and its watchdog would reset
+//! a running node. So until the watch has listed the Lease again (or delivered an event), an
+//! agent about to decide on its silence reads the Lease itself, beside its peer survey
+//! ([`LeaderKey::refresh_if_stale`]): only agents unheard long enough to survey read, at most
+//! once per check. A read the watch overtook is dropped.
 //!
 //! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
 //! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on
@@ -41,7 +41,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::boot::{RecordBoot, write_record};
 use super::peer_list::lock;
@@ -57,10 +57,13 @@ pub struct LeaderKey {
     term_changed: std::sync::Arc<tokio::sync::Notify>,
     /// Where the key read last is kept for the next agent of this boot (`None`: nowhere).
     kept: Option<(PathBuf, Option<String>)>,
-    /// The watch failed since it last listed the Lease: what it holds may be stale.
-    stale: std::sync::atomic::AtomicBool,
-    /// The name of the Lease watched, once the watch started.
-    watched: std::sync::OnceLock<String>,
+    /// The watch listed the Lease, or delivered an event, since it last failed (false until
+    /// its first list: what is held may be stale).
+    fresh: std::sync::atomic::AtomicBool,
+    /// Bumped with every event of the watch: a read that began before one is dropped.
+    events: std::sync::atomic::AtomicU64,
+    /// The Lease watched (its namespace and name), once the watch started.
+    watched: std::sync::OnceLock<(Api<Lease>, String)>,
 }
 
 impl LeaderKey {
@@ -134,53 +137,76 @@ impl LeaderKey {
     }
 
     /// Watches the Lease `name` for as long as the agent runs; a watch that fails is tried
-    /// again with backoff, the last key kept meanwhile.
+    /// again with backoff, the last key kept meanwhile. A list that finds no Lease is taken as
+    /// its deletion.
     pub async fn keep_watching(&self, leases: Api<Lease>, name: &str) {
-        let _ = self.watched.set(name.to_string());
+        let _ = self.watched.set((leases.clone(), name.to_string()));
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = std::pin::pin!(watcher(leases, config).default_backoff());
         let mut failing = false;
+        let mut listed = false;
         while let Some(event) = events.next().await {
+            if event.is_ok() {
+                self.events.fetch_add(1, Ordering::SeqCst);
+            }
             match event {
-                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                Ok(watcher::Event::Apply(lease)) => {
                     failing = false;
+                    self.fresh.store(true, Ordering::SeqCst);
                     self.saw(Some(&lease));
                 }
-                Ok(watcher::Event::Delete(_)) => self.saw(None),
-                Ok(watcher::Event::Init) => failing = false,
+                Ok(watcher::Event::InitApply(lease)) => {
+                    listed = true;
+                    self.saw(Some(&lease));
+                }
+                Ok(watcher::Event::Delete(_)) => {
+                    self.fresh.store(true, Ordering::SeqCst);
+                    self.saw(None);
+                }
+                Ok(watcher::Event::Init) => {
+                    failing = false;
+                    listed = false;
+                }
                 Ok(watcher::Event::InitDone) => {
                     failing = false;
-                    self.stale.store(false, Ordering::SeqCst);
+                    if !listed {
+                        self.saw(None);
+                    }
+                    self.fresh.store(true, Ordering::SeqCst);
                 }
                 Err(e) => {
-                    self.stale.store(true, Ordering::SeqCst);
+                    self.fresh.store(false, Ordering::SeqCst);
                     if !failing {
                         failing = true;
-                        warn!(lease = name, error = %e, "cannot watch podha's leader Lease; going on with the last key seen, and reading it after each renewal of the agent's Lease");
+                        warn!(lease = name, error = %e, "cannot watch podha's leader Lease; going on with the last key seen, read again before deciding on a silence");
                     }
                 }
             }
         }
     }
 
-    /// While the watch is failing, reads the watched Lease once in `leases` (its namespace)
-    /// and takes it as seen: called after the API server took a renewal of the agent's Lease.
-    /// A read that fails (or takes over `timeout`) leaves what is held.
-    pub async fn refresh_if_stale(&self, leases: &Api<Lease>, timeout: std::time::Duration) {
-        let Some(name) = self.watched.get() else {
+    /// Unless the watch is fresh, reads the watched Lease once and takes it as seen, unless a
+    /// watch event came meanwhile (it is newer). A read that fails or takes over `timeout`
+    /// leaves what is held. Called by an agent about to decide on its silence.
+    pub async fn refresh_if_stale(&self, timeout: std::time::Duration) {
+        let Some((leases, name)) = self.watched.get() else {
             return;
         };
-        if !self.stale.load(Ordering::SeqCst) {
+        if self.fresh.load(Ordering::SeqCst) {
             return;
         }
+        let before = self.events.load(Ordering::SeqCst);
         match tokio::time::timeout(timeout, leases.get_opt(name)).await {
-            Ok(Ok(lease)) => {
-                info!(lease = %name, "read podha's leader Lease while its watch is failing");
+            Ok(Ok(lease)) if self.events.load(Ordering::SeqCst) == before => {
+                debug!(lease = %name, "read podha's leader Lease, its watch failing");
                 self.saw(lease.as_ref());
             }
-            Ok(Err(e)) => warn!(lease = %name, error = %e, "cannot read podha's leader Lease"),
+            Ok(Ok(_)) => {
+                debug!(lease = %name, "a read of podha's leader Lease overtaken by its watch")
+            }
+            Ok(Err(e)) => debug!(lease = %name, error = %e, "cannot read podha's leader Lease"),
             Err(_) => {
-                warn!(lease = %name, "no answer to a read of podha's leader Lease within {timeout:?}")
+                debug!(lease = %name, "no answer to a read of podha's leader Lease within {timeout:?}")
             }
         }
     }
@@ -211,101 +237,156 @@ mod tests {
     use super::*;
     use crate::contract::Identity;
 
-    /// The path of the leader Lease `podha-leader` in namespace `podha`.
+    /// The path of the leader Lease `podha-leader` in namespace `podha`, and of the list.
     const LEADER_LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/podha/leases/podha-leader";
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/podha/leases";
+    const SOON: std::time::Duration = std::time::Duration::from_secs(1);
 
-    #[tokio::test]
-    async fn while_the_watch_fails_a_renewal_is_followed_by_a_read_of_the_term() {
-        use podha_fake_api::{FakeApi, Reply};
-        let lease = serde_json::json!({
+    fn lease_in_term(term: u64) -> serde_json::Value {
+        serde_json::json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": { "name": "podha-leader", "namespace": "podha" },
-            "spec": { "leaseTransitions": 7 },
-        });
-        // The watch's list fails (the API server restarting), a read by name answers.
-        let api = FakeApi::new()
-            .on(http::Method::GET, LEADER_LEASE, move |_| {
-                Reply::json(200, lease.clone())
-            })
-            .on(
-                http::Method::GET,
-                "/apis/coordination.k8s.io/v1/namespaces/podha/leases",
-                |_| Reply::status(503, "ServiceUnavailable"),
-            );
-        let leases: Api<Lease> = Api::namespaced(api.client(), "podha");
-        let key = std::sync::Arc::new(LeaderKey::default());
-        let timeout = std::time::Duration::from_secs(1);
-        // Nothing watched yet: nothing read.
-        key.refresh_if_stale(&leases, timeout).await;
-        assert_eq!(key.term(), None);
-        let watching = tokio::spawn({
-            let (key, leases) = (key.clone(), leases.clone());
-            async move { key.keep_watching(leases, "podha-leader").await }
-        });
-        for _ in 0..200 {
-            if key.stale.load(Ordering::SeqCst) {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert!(key.stale.load(Ordering::SeqCst), "the watch never failed");
-        assert_eq!(key.term(), None, "nothing read before a renewal");
-        key.refresh_if_stale(&leases, timeout).await;
-        assert_eq!(key.term(), Some(7));
-        watching.abort();
-        let reads = api
-            .lines()
-            .iter()
-            .filter(|l| l.ends_with("/podha-leader"))
-            .count();
-        assert_eq!(reads, 1, "{:?}", api.lines());
+            "metadata": { "name": "podha-leader", "namespace": "podha", "resourceVersion": "5" },
+            "spec": { "leaseTransitions": term },
+        })
     }
 
-    #[tokio::test]
-    async fn a_watch_that_lists_the_lease_needs_no_read() {
-        use podha_fake_api::{FakeApi, Reply};
-        let list = serde_json::json!({
+    fn list_of(items: Vec<serde_json::Value>) -> serde_json::Value {
+        serde_json::json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "LeaseList",
             "metadata": { "resourceVersion": "5" },
-            "items": [{
-                "metadata": { "name": "podha-leader", "namespace": "podha", "resourceVersion": "5" },
-                "spec": { "leaseTransitions": 3 },
-            }],
-        });
-        let api = FakeApi::new().on(
-            http::Method::GET,
-            "/apis/coordination.k8s.io/v1/namespaces/podha/leases",
-            move |r| {
-                if r.watching() {
-                    Reply::json(200, serde_json::json!({})).after(std::sync::Arc::default())
-                } else {
-                    Reply::json(200, list.clone())
-                }
-            },
-        );
+            "items": items,
+        })
+    }
+
+    /// `key` watching the leader Lease of `api` in a task of its own.
+    fn watching(
+        key: &std::sync::Arc<LeaderKey>,
+        api: &podha_fake_api::FakeApi,
+    ) -> tokio::task::JoinHandle<()> {
         let leases: Api<Lease> = Api::namespaced(api.client(), "podha");
-        let key = std::sync::Arc::new(LeaderKey::default());
-        let watching = tokio::spawn({
-            let (key, leases) = (key.clone(), leases.clone());
-            async move { key.keep_watching(leases, "podha-leader").await }
-        });
-        for _ in 0..200 {
-            if key.term().is_some() {
-                break;
+        let key = key.clone();
+        tokio::spawn(async move { key.keep_watching(leases, "podha-leader").await })
+    }
+
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..300 {
+            if done() {
+                return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        panic!("never: {what}");
+    }
+
+    fn reads(api: &podha_fake_api::FakeApi) -> usize {
+        api.lines()
+            .iter()
+            .filter(|l| l.ends_with("/podha-leader"))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn while_the_watch_fails_an_agent_about_to_decide_reads_the_term() {
+        use podha_fake_api::{FakeApi, Reply};
+        // The watch's list fails (the API server restarting); a read by name answers.
+        let api = FakeApi::new()
+            .on(http::Method::GET, LEADER_LEASE, |_| {
+                Reply::json(200, lease_in_term(7))
+            })
+            .on(http::Method::GET, LEASES, |_| {
+                Reply::status(503, "ServiceUnavailable")
+            });
+        let key = std::sync::Arc::new(LeaderKey::default());
+        // Nothing watched yet: nothing to read.
+        key.refresh_if_stale(SOON).await;
+        let task = watching(&key, &api);
+        until("the watch failed", || {
+            api.lines().iter().any(|l| l.ends_with("/leases"))
+        })
+        .await;
+        assert_eq!(key.term(), None, "nothing read before a decision");
+        key.refresh_if_stale(SOON).await;
+        task.abort();
+        assert_eq!(key.term(), Some(7));
+        assert_eq!(reads(&api), 1, "{:?}", api.lines());
+    }
+
+    #[tokio::test]
+    async fn once_the_watch_lists_the_lease_again_nothing_is_read() {
+        use podha_fake_api::{FakeApi, Reply};
+        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let api = FakeApi::new().on(http::Method::GET, LEASES, move |r| {
+            if r.watching() {
+                // A watch that stays open, saying nothing.
+                Reply::json(200, serde_json::json!({})).after(std::sync::Arc::default())
+            } else if lists.fetch_add(1, Ordering::SeqCst) == 0 {
+                Reply::status(503, "ServiceUnavailable")
+            } else {
+                Reply::json(200, list_of(vec![lease_in_term(3)]))
+            }
+        });
+        let key = std::sync::Arc::new(LeaderKey::default());
+        let task = watching(&key, &api);
+        until("the watch listed the Lease again", || {
+            key.fresh.load(Ordering::SeqCst)
+        })
+        .await;
+        key.refresh_if_stale(SOON).await;
+        task.abort();
         assert_eq!(key.term(), Some(3));
-        key.refresh_if_stale(&leases, std::time::Duration::from_secs(1))
-            .await;
-        watching.abort();
-        assert!(
-            !api.lines().iter().any(|l| l.ends_with("/podha-leader")),
-            "{:?}",
-            api.lines()
-        );
+        assert_eq!(reads(&api), 0, "{:?}", api.lines());
+    }
+
+    #[tokio::test]
+    async fn a_list_without_the_lease_takes_it_as_deleted() {
+        use podha_fake_api::{FakeApi, Reply};
+        let api = FakeApi::new().on(http::Method::GET, LEASES, |r| {
+            if r.watching() {
+                Reply::json(200, serde_json::json!({})).after(std::sync::Arc::default())
+            } else {
+                Reply::json(200, list_of(vec![]))
+            }
+        });
+        let key = std::sync::Arc::new(LeaderKey::default());
+        key.seen_in_term(Some(6));
+        let task = watching(&key, &api);
+        until("the watch listed", || key.fresh.load(Ordering::SeqCst)).await;
+        task.abort();
+        assert_eq!(key.term(), None, "a Lease no longer there leaves no term");
+    }
+
+    #[tokio::test]
+    async fn a_read_the_watch_overtook_is_dropped() {
+        use podha_fake_api::{FakeApi, Reply};
+        let answer = std::sync::Arc::new(tokio::sync::Notify::new());
+        let api = FakeApi::new()
+            .on(http::Method::GET, LEADER_LEASE, {
+                let answer = answer.clone();
+                move |_| Reply::json(200, lease_in_term(7)).after(answer.clone())
+            })
+            .on(http::Method::GET, LEASES, |_| {
+                Reply::status(503, "ServiceUnavailable")
+            });
+        let key = std::sync::Arc::new(LeaderKey::default());
+        let task = watching(&key, &api);
+        until("the watch failed", || {
+            api.lines().iter().any(|l| l.ends_with("/leases"))
+        })
+        .await;
+        let read = tokio::spawn({
+            let key = key.clone();
+            async move { key.refresh_if_stale(SOON).await }
+        });
+        until("the read sent", || reads(&api) == 1).await;
+        // The watch delivers a later term meanwhile.
+        key.events.fetch_add(1, Ordering::SeqCst);
+        key.seen_in_term(Some(8));
+        answer.notify_one();
+        read.await.expect("read");
+        task.abort();
+        assert_eq!(key.term(), Some(8));
     }
 
     #[test]

@@ -103,9 +103,15 @@ pub(super) async fn check_loop(
             Ok(let_run) => watchdog_record.petted(let_run),
             Err(e) => return e,
         };
+        // Beside the survey, the leader Lease is read if its watch is failing: a term it
+        // missed may be one whose leader never heard the node (see `super::leader_key`).
         let survey = match silence {
             Silence::For(not_heard_for) if not_heard_for >= survey_from && renewing.is_none() => {
-                Some(peers.survey(not_heard_for.min(timeout)).await)
+                let (survey, ()) = tokio::join!(
+                    peers.survey(not_heard_for.min(timeout)),
+                    leader.refresh_if_stale(args.survey_timeout)
+                );
+                Some(survey)
             }
             _ => None,
         };

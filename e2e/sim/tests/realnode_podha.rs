@@ -13,16 +13,17 @@
 //!   a user pastes it, in bash with the sim's kubectl (an example policy as a server-side dry
 //!   run, the metrics through a port-forward);
 //! - a PodHAPolicy is reported `Ready=True`;
-//! - a Deployment's writer node is killed: the replacement runs on the other node with its
-//!   volume attached there, the write log shows no split-brain write and no lost acknowledged
-//!   write; the node boots again and podha takes its taint off;
-//! - the policy asks for the default proof, the agent's: the Deployment's node is fenced by
-//!   its agent's silence before its volume moves;
+//! - the policy asks for the default proof, the agent's: a killed node is fenced by its
+//!   agent's silence before its volume moves;
 //! - the node running the leading replica and a StatefulSet's writer is killed: the other
 //!   replica takes the Lease and, though it never heard that node's agent, counts its silence
 //!   (the agent's Lease says the last leader heard it in this boot) from its own first
 //!   unanswered probe, and completes the failover under the agent's proof without a person,
-//!   with the same write-log checks;
+//!   the replacement on another node with its volume attached there and no longer on the
+//!   dead one, the write log without a split-brain write or a lost acknowledged write;
+//! - `podha chaos`, as a user runs it, kills a Deployment's writer node: the replacement runs
+//!   elsewhere, podha-csi's data check is clean, the node boots again and podha takes its taint
+//!   off (the demo, `make demo` in CI, kills a node of a cluster of the chart's defaults);
 //! - a new leader whose node cannot reach two of the five agents: no node reboots, both agents
 //!   stay up as the new leader never heard them, and podha reports them unreachable
 //!   (`new_leader.rs`);
@@ -495,30 +496,13 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         apply_policy(&ctx).await?;
         log(&ctx.ns, "policy Ready=True");
 
-        // A Deployment's writer node dies.
+        // A Deployment's writer, whose node `podha chaos` kills below (and the node boots
+        // again, and podha takes its taint off).
         ctx.create::<PersistentVolumeClaim>(pvc("dep-data", podha_sim::csi::RWO_STORAGE_CLASS))
             .await?;
         ctx.create::<Deployment>(workload::writer_deployment("dep", app_nodes, "dep-data")?)
             .await?;
-        let dead = kill_and_follow(&ctx, "dep", app_nodes).await?;
-        ctx.cluster.start_node(&dead).await?;
-        ctx.wait_ready(&dead, secs(120)).await?;
-        wait_for(
-            &format!("podha to take its taint off {dead}"),
-            secs(60),
-            || async {
-                let node = ctx.nodes().get(&dead).await?;
-                let tainted = node
-                    .spec
-                    .and_then(|s| s.taints)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|t| t.key == OUT_OF_SERVICE);
-                Ok((!tainted).then_some(()))
-            },
-        )
-        .await?;
-        log(&ctx.ns, format!("{dead} back, podha's taint gone"));
+        ctx.wait_app_running("dep", secs(120)).await?;
 
         // The leader's node dies with a StatefulSet's writer on it.
         let leader_node = node_of(leader_pod).context("leader node")?.to_string();

@@ -242,15 +242,9 @@ impl AdvertLease {
                 Err(_) => Err(format!("no answer within {timeout:?}")),
             };
             if written.is_ok() {
-                {
-                    let mut hearing = lock(&self.hearing);
-                    hearing.hold_written(pending);
-                    hearing.lease_renewed(sent);
-                }
-                // The API server answers: a term the failing watch missed is read now.
-                self.leader
-                    .refresh_if_stale(&self.leases, self.renewal_timeout())
-                    .await;
+                let mut hearing = lock(&self.hearing);
+                hearing.hold_written(pending);
+                hearing.lease_renewed(sent);
             }
             match (&written, last_written) {
                 (Ok(()), Some(true)) => {}
