@@ -28,7 +28,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use podha::contract::{FENCE_ACK_ANNOTATION, FENCE_REQUEST_ANNOTATION};
 use serde_json::json;
 
 use super::{
@@ -93,7 +92,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             || async { Ok(has_podha_taint(&ctx, &node).await?.then_some(())) },
         )
         .await?;
-        let (request, ack) = fence_annotations(&ctx, &node).await?;
+        let (request, ack) = ctx.fence_annotations(&node).await?;
         if request.is_none() || request != ack || !request.as_deref().unwrap_or("").ends_with(&boot)
         {
             bail!("{node}: fence request {request:?}, acknowledgement {ack:?}, boot {boot}");
@@ -144,7 +143,7 @@ pub fn fences_before_the_taint(shared: &SharedCluster, ops: &Operators) -> Resul
             "the old request answered by the new boot's agent, or withdrawn",
             secs_(60),
             || async {
-                let (request, ack) = fence_annotations(&ctx, target).await?;
+                let (request, ack) = ctx.fence_annotations(target).await?;
                 Ok((request.is_none() || request == ack).then_some(()))
             },
         )
@@ -412,18 +411,6 @@ pub(super) async fn agent_lease_holder(
         .get_opt(&podha::contract::agent_lease_name(node))
         .await?;
     Ok(lease.and_then(|l| l.spec?.holder_identity))
-}
-
-pub(super) async fn fence_annotations(
-    ctx: &Ctx<'_>,
-    node: &str,
-) -> anyhow::Result<(Option<String>, Option<String>)> {
-    let n = ctx.nodes().get(node).await?;
-    let a = n.metadata.annotations.unwrap_or_default();
-    Ok((
-        a.get(FENCE_REQUEST_ANNOTATION).cloned(),
-        a.get(FENCE_ACK_ANNOTATION).cloned(),
-    ))
 }
 
 pub(super) async fn untainted(ctx: &Ctx<'_>, node: &str) -> anyhow::Result<()> {

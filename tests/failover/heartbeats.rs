@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 
-use super::agent::{agent_lease_holder, fence_annotations, heard_within, said_proof, untainted};
+use super::agent::{agent_lease_holder, heard_within, said_proof, untainted};
 use super::{
     Failed, Operators, SharedCluster, acted_once, has_podha_taint, log, other, policy_and_db,
     scenario, secs_, times_acted, wait_recovered,
@@ -93,7 +93,7 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
         })
         .await?;
         let asked = times_acted(&ctx.client, "default", "FenceRequested", &node).await?;
-        let (request, _) = fence_annotations(&ctx, &node).await?;
+        let (request, _) = ctx.fence_annotations(&node).await?;
         let fenced: Vec<_> = ctx
             .cluster
             .fences()?
@@ -136,7 +136,7 @@ pub fn acknowledged_fence_follows_a_heartbeat_judgement(
         ctx.cluster.cut_agent_off(&node, false)?;
         tainted?;
         let after = cut.elapsed();
-        let (request, ack) = fence_annotations(&ctx, &node).await?;
+        let (request, ack) = ctx.fence_annotations(&node).await?;
         if request.is_none() || request != ack {
             bail!("{node}: fence request {request:?}, acknowledgement {ack:?}");
         }

@@ -368,6 +368,19 @@ impl Ctx<'_> {
     }
 
     /// Waits (60 s) until writer `pod` (`crate::csi::workload`) has `n` acknowledged writes.
+    /// Node `node`'s fence request and its acknowledgement, as its annotations say them.
+    pub async fn fence_annotations(
+        &self,
+        node: &str,
+    ) -> anyhow::Result<(Option<String>, Option<String>)> {
+        let n = self.nodes().get(node).await?;
+        let a = n.metadata.annotations.unwrap_or_default();
+        Ok((
+            a.get(podha::contract::FENCE_REQUEST_ANNOTATION).cloned(),
+            a.get(podha::contract::FENCE_ACK_ANNOTATION).cloned(),
+        ))
+    }
+
     pub async fn wait_writes(&self, pod: &Pod, n: usize) -> anyhow::Result<()> {
         let uid = pod.metadata.uid.clone().context("pod uid")?;
         let dir = self.cluster.dir().to_path_buf();

@@ -149,19 +149,6 @@ async fn tainted_with_proof(
     .await
 }
 
-/// `node`'s fence request and acknowledgement (its annotations).
-async fn fence_words(
-    ctx: &Ctx<'_>,
-    node: &str,
-) -> anyhow::Result<(Option<String>, Option<String>)> {
-    let n = ctx.nodes().get(node).await?;
-    let a = n.metadata.annotations.unwrap_or_default();
-    Ok((
-        a.get(podha::contract::FENCE_REQUEST_ANNOTATION).cloned(),
-        a.get(podha::contract::FENCE_ACK_ANNOTATION).cloned(),
-    ))
-}
-
 /// A writer on `node` whose kubelet is about to die, and where its replacement must run.
 struct KubeletDeath<'a> {
     app: &'a str,
@@ -208,12 +195,12 @@ impl<'a> KubeletDeath<'a> {
         wait_for(
             &format!("podha's fence request on {node}"),
             secs(60),
-            || async { Ok(fence_words(ctx, node).await?.0) },
+            || async { Ok(ctx.fence_annotations(node).await?.0) },
         )
         .await?;
         let until = Instant::now() + frozen;
         while Instant::now() < until {
-            let (request, ack) = fence_words(ctx, node).await?;
+            let (request, ack) = ctx.fence_annotations(node).await?;
             let tainted = fencing::has_out_of_service_taint(&ctx.nodes().get(node).await?);
             ensure!(
                 ack.is_none() && !tainted,
@@ -247,7 +234,7 @@ impl<'a> KubeletDeath<'a> {
         let (app, node) = (self.app, self.node);
         let replacement = self.moved.replacement(ctx, app, started).await?;
         tainted_with_proof(ctx, node, self.policy, "AgentAcknowledged").await?;
-        let (request, ack) = fence_words(ctx, node).await?;
+        let (request, ack) = ctx.fence_annotations(node).await?;
         ensure!(
             request.is_some() && ack == request,
             "{node}: fence request {request:?}, acknowledgement {ack:?}"
