@@ -197,9 +197,9 @@ fn the_kits_agent_fences_and_pets_only_through_its_bmc_with_timings_the_agent_ta
     let agent = &values["agent"];
     assert_eq!(agent["enabled"], true);
     assert!(
-        crate::chart_install::agent_on_this_machine_is_safe(
+        crate::chart_install::machine_guard::agent_on_this_machine_is_safe(
             agent,
-            &crate::chart_install::StandIns {
+            &crate::chart_install::machine_guard::StandIns {
                 bmc_dir: "/podha-bmc/",
                 pods_cgroup: None,
                 host_dirs: &["/podha-bmc", "/run/podha-machine"],
