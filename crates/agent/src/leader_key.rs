@@ -64,7 +64,16 @@ pub struct LeaderKey {
     events: std::sync::atomic::AtomicU64,
     /// The Lease watched (its namespace and name), once the watch started.
     watched: std::sync::OnceLock<(Api<Lease>, String)>,
+    /// When the Lease was last read by name (see [`LeaderKey::refresh_if_stale`]).
+    last_read: Mutex<Option<tokio::time::Instant>>,
+    /// The last read by name failed.
+    read_failing: std::sync::atomic::AtomicBool,
 }
+
+/// How often an agent reads the leader Lease by name at most, while its watch is failing: a
+/// decision on its silence comes every check (a second), and thousands of agents may be
+/// deciding at once after an API-server restart.
+const READ_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl LeaderKey {
     /// A leader key known from the start (tests).
@@ -146,7 +155,15 @@ impl LeaderKey {
         let mut failing = false;
         let mut listed = false;
         while let Some(event) = events.next().await {
-            if event.is_ok() {
+            // What the Lease was: `Init` alone says nothing of it (a failing relist starts one
+            // every backoff), and must not drop a read meanwhile.
+            if matches!(
+                event,
+                Ok(watcher::Event::Apply(_)
+                    | watcher::Event::Delete(_)
+                    | watcher::Event::InitApply(_)
+                    | watcher::Event::InitDone)
+            ) {
                 self.events.fetch_add(1, Ordering::SeqCst);
             }
             match event {
@@ -185,29 +202,61 @@ impl LeaderKey {
         }
     }
 
+    /// A leader key whose watch has listed the Lease (tests).
+    #[cfg(test)]
+    pub fn listed() -> Self {
+        let key = Self::default();
+        key.fresh.store(true, Ordering::SeqCst);
+        key
+    }
+
+    /// The watch failed (tests).
+    #[cfg(test)]
+    pub fn watch_failed(&self) {
+        self.fresh.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the watch has listed the Lease, or delivered an event, since it last failed.
+    pub fn fresh(&self) -> bool {
+        self.fresh.load(Ordering::SeqCst)
+    }
+
     /// Unless the watch is fresh, reads the watched Lease once and takes it as seen, unless a
-    /// watch event came meanwhile (it is newer). A read that fails or takes over `timeout`
-    /// leaves what is held. Called by an agent about to decide on its silence.
+    /// watch event came meanwhile (it is newer). At most one read per [`READ_EVERY`]; a read
+    /// that fails or takes over `timeout` leaves what is held (said once until one answers).
+    /// Called by an agent about to decide on its silence.
     pub async fn refresh_if_stale(&self, timeout: std::time::Duration) {
         let Some((leases, name)) = self.watched.get() else {
             return;
         };
-        if self.fresh.load(Ordering::SeqCst) {
+        if self.fresh() {
             return;
         }
+        {
+            let mut last = lock(&self.last_read);
+            let now = tokio::time::Instant::now();
+            if last.is_some_and(|at| now.saturating_duration_since(at) < READ_EVERY) {
+                return;
+            }
+            *last = Some(now);
+        }
         let before = self.events.load(Ordering::SeqCst);
-        match tokio::time::timeout(timeout, leases.get_opt(name)).await {
+        let failed = match tokio::time::timeout(timeout, leases.get_opt(name)).await {
             Ok(Ok(lease)) if self.events.load(Ordering::SeqCst) == before => {
                 debug!(lease = %name, "read podha's leader Lease, its watch failing");
                 self.saw(lease.as_ref());
+                None
             }
             Ok(Ok(_)) => {
-                debug!(lease = %name, "a read of podha's leader Lease overtaken by its watch")
+                debug!(lease = %name, "a read of podha's leader Lease overtaken by its watch");
+                None
             }
-            Ok(Err(e)) => debug!(lease = %name, error = %e, "cannot read podha's leader Lease"),
-            Err(_) => {
-                debug!(lease = %name, "no answer to a read of podha's leader Lease within {timeout:?}")
-            }
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("no answer within {timeout:?}")),
+        };
+        let was_failing = self.read_failing.swap(failed.is_some(), Ordering::SeqCst);
+        if let Some(error) = failed.filter(|_| !was_failing) {
+            warn!(lease = %name, error, "cannot read podha's leader Lease, its watch failing");
         }
     }
 }

@@ -113,15 +113,17 @@ impl AdvertLease {
     /// Whether the agent may stay up on its renewals now (see [`crate::isolation::Renewing`]):
     /// a leader that never heard it leads, or podha has not heard it for
     /// [`AGENT_HEARD_WITHIN`] and counts from the renewals. Then its Lease is renewed often.
+    /// So it is while podha has not heard it for as long and the watch of the leader Lease is
+    /// failing: the term the agent then reads may be one whose leader never heard it, and the
+    /// renewal that keeps it up must be recent already.
     fn staying_on_renewals(&self) -> bool {
         let hearing = lock(&self.hearing);
         let now = tokio::time::Instant::now();
+        let unheard = matches!(hearing.silence(now), Silence::For(d) if d >= AGENT_HEARD_WITHIN);
         match hearing.renewing(self.leader.term(), now, Duration::MAX) {
             Some(r) if matches!(r.why, RenewalsCount::NewTerm { .. }) => true,
-            Some(_) => {
-                matches!(hearing.silence(now), Silence::For(d) if d >= AGENT_HEARD_WITHIN)
-            }
-            None => false,
+            Some(_) => unheard,
+            None => unheard && hearing.counts_silence() && !self.leader.fresh(),
         }
     }
 

@@ -87,7 +87,7 @@ async fn a_leader_that_never_heard_the_agent_has_its_lease_renewed_often() {
     let mut heard = Hearing::resumed(now, Some(Duration::from_secs(9)), false);
     heard.heard_in_term(Some(4));
     heard.lease_renewed(now);
-    let leader = std::sync::Arc::new(LeaderKey::default());
+    let leader = std::sync::Arc::new(LeaderKey::listed());
     let lease =
         lease_of(offline_client(), None, heard).following(leader.clone(), Duration::from_secs(30));
     assert_eq!(lease.next_renewal(), AGENT_LEASE_RENEW, "no term seen");
@@ -196,6 +196,18 @@ async fn an_agent_podha_does_not_hear_has_its_lease_renewed_at_the_quicker_caden
     tokio::time::sleep(ms(9900)).await;
     assert_eq!(renewed(&renewals), [ms(0)]);
     keeping.abort();
+
+    // The same, the watch of the leader Lease failing: the term the agent reads before it
+    // decides may be a new leader's, so a recent renewal must be there already: the quicker
+    // cadence.
+    let (renewals, leader, _hearing, keeping) = keeping_lease(Duration::from_secs(6));
+    leader.watch_failed();
+    tokio::time::sleep(ms(9900)).await;
+    assert_eq!(
+        renewed(&renewals),
+        [ms(0), ms(3000), ms(5000), ms(7000), ms(9000)]
+    );
+    keeping.abort();
 }
 
 /// When the Lease was written, since the fake API server was made.
@@ -218,7 +230,7 @@ fn keeping_lease(
     let mut heard = Hearing::resumed(tokio::time::Instant::now(), Some(Duration::ZERO), false);
     heard.heard_in_term(Some(4));
     let hearing = Arc::new(std::sync::Mutex::new(heard));
-    let leader = Arc::new(LeaderKey::default());
+    let leader = Arc::new(LeaderKey::listed());
     leader.seen_in_term(Some(4));
     let renewals = Renewals::default();
     let lease = AdvertLease::new(
@@ -272,7 +284,7 @@ async fn a_renewal_that_hangs_is_given_up_and_tried_again() {
     heard.heard_in_term(Some(4));
     heard.heard_counting_renewals(Some(true), Some(4));
     let hearing = Arc::new(std::sync::Mutex::new(heard));
-    let leader = Arc::new(LeaderKey::default());
+    let leader = Arc::new(LeaderKey::listed());
     leader.seen_in_term(Some(4));
     let renewals = Renewals::default();
     let lease = AdvertLease::new(
