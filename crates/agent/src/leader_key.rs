@@ -27,7 +27,7 @@
 //! a running node. So until the watch has listed the Lease again (or delivered an event), an
 //! agent about to decide on its silence reads the Lease itself, beside its peer survey
 //! ([`LeaderKey::refresh_if_stale`]): only agents unheard long enough to survey read, at most
-//! once per check. A read the watch overtook is dropped.
+//! once per [`READ_EVERY`]. A read the watch overtook is dropped.
 //!
 //! The key read last is kept beside the hearing file (`<file>.leader-key`), as a record naming
 //! its boot (see [`super::boot`]): an agent restarted while the API server is down goes on

@@ -289,6 +289,27 @@ pub async fn agent_pods(client: &kube::Client) -> anyhow::Result<Vec<Pod>> {
         .collect())
 }
 
+/// The arguments of the agent container in the agent DaemonSet's current template.
+pub async fn agent_args(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let daemon_set = daemon_sets.get(&format!("{RELEASE}-agent")).await?;
+    let containers = daemon_set
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers);
+    Ok(agent_container_args(containers.as_deref()))
+}
+
+/// The arguments of the container named `agent` among `containers` (none: empty).
+fn agent_container_args(containers: Option<&[Container]>) -> Vec<String> {
+    containers
+        .unwrap_or_default()
+        .iter()
+        .find(|c| c.name == "agent")
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default()
+}
+
 /// Waits until an agent pod of the DaemonSet's current template (after a `helm upgrade`, once
 /// it rolled) is Running and Ready on each of `nodes`; returns them.
 pub async fn wait_agents(
@@ -296,30 +317,20 @@ pub async fn wait_agents(
     nodes: &[&str],
     timeout: Duration,
 ) -> anyhow::Result<Vec<Pod>> {
-    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
-    let agent = format!("{RELEASE}-agent");
     wait_for(
         &format!(
             "a podha agent of the DaemonSet's template Running and Ready on each of {nodes:?}"
         ),
         timeout,
         || async {
-            let template = daemon_sets
-                .get(&agent)
-                .await?
-                .spec
-                .and_then(|s| s.template.spec)
-                .map(|s| s.containers);
-            let args = |containers: Option<&Vec<Container>>| {
-                containers.map(|c| c.iter().map(|c| c.args.clone()).collect::<Vec<_>>())
-            };
-            let wanted = args(template.as_ref());
+            let wanted = agent_args(client).await?;
             let pods = agent_pods(client).await?;
             let on = |node: &&str| {
                 pods.iter().any(|p| {
                     running_ready(p)
                         && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node)
-                        && args(p.spec.as_ref().map(|s| &s.containers)) == wanted
+                        && agent_container_args(p.spec.as_ref().map(|s| s.containers.as_slice()))
+                            == wanted
                 })
             };
             Ok(nodes.iter().all(on).then_some(pods))

@@ -268,6 +268,22 @@ fn policies(ctx: &Ctx<'_>) -> Api<DynamicObject> {
     Api::all_with(ctx.client.clone(), &ApiResource::from_gvk(&gvk))
 }
 
+/// Deletes the PodHAPolicies `names` that exist: an earlier scenario's policy selecting the
+/// same nodes would change what podha may do to them.
+async fn delete_policies(
+    ctx: &Ctx<'_>,
+    names: impl IntoIterator<Item = &str>,
+) -> anyhow::Result<()> {
+    for name in names {
+        match policies(ctx).delete(name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("delete PodHAPolicy {name}")),
+        }
+    }
+    Ok(())
+}
+
 /// Applies PodHAPolicy `name` with `spec` (server-side apply) and waits until it is Ready.
 async fn apply_policy_spec(
     ctx: &Ctx<'_>,

@@ -367,7 +367,6 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Waits (60 s) until writer `pod` (`crate::csi::workload`) has `n` acknowledged writes.
     /// Node `node`'s fence request and its acknowledgement, as its annotations say them.
     pub async fn fence_annotations(
         &self,
@@ -381,6 +380,7 @@ impl Ctx<'_> {
         ))
     }
 
+    /// Waits (60 s) until writer `pod` (`crate::csi::workload`) has `n` acknowledged writes.
     pub async fn wait_writes(&self, pod: &Pod, n: usize) -> anyhow::Result<()> {
         let uid = pod.metadata.uid.clone().context("pod uid")?;
         let dir = self.cluster.dir().to_path_buf();

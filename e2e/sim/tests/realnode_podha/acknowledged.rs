@@ -9,8 +9,8 @@
 //!   write). podha judges the node dead by its Lease and asks its agent for a fence; the agent
 //!   kills the writer, sees the cgroup empty and acknowledges. The writer was frozen before
 //!   (a SIGKILL waits until it thaws): for 8 s after the request, while its processes are
-//!   still there, nothing is acknowledged nor tainted; then it thaws and dies. Only then does podha taint the
-//!   node (the taint's event names `AgentAcknowledged`), and the volume moves. On storage that
+//!   still there, nothing is acknowledged nor tainted; then it thaws and dies. Only then does
+//!   podha taint the node (the taint's event names `AgentAcknowledged`), and the volume moves. On storage that
 //!   does not fence, the write log shows no split-brain write, and the old writer has no
 //!   process left.
 //! - At the same time, another node's likewise under `anyOf: [AgentAcknowledged, BMC]`, its
@@ -32,7 +32,7 @@ const ANY_OF_POLICY: &str = "acknowledged-any-of";
 pub(super) const POLICY_NAMES: [&str; 2] = [ALONE_POLICY, ANY_OF_POLICY];
 /// How long the first writer stays frozen after podha asked for its node's fence.
 const WRITER_FROZEN: std::time::Duration = std::time::Duration::from_secs(8);
-/// Where podha's BMC Secrets live (`rbac.bmcSecrets` lets podha read them there).
+/// The address of the second node's BMC, which nothing answers.
 const BMC_ADDRESS_NOBODY_ANSWERS: &str = "https://127.0.0.1:1";
 
 /// Whether the chart's agents fence through the node's BMC without a confirmation check, as
@@ -43,21 +43,8 @@ pub(super) async fn agents_fence_through_bmc(ctx: &Ctx<'_>) -> anyhow::Result<bo
         "--fence={}",
         values["agent"]["fence"].as_str().unwrap_or_default()
     );
-    let args = agent_args(ctx).await?;
+    let args = chart_install::agent_args(&ctx.client).await?;
     Ok(args.contains(&bmc_fence) && !args.iter().any(|a| a.starts_with("--fence-confirm")))
-}
-
-/// The arguments of the agent DaemonSet's container.
-async fn agent_args(ctx: &Ctx<'_>) -> anyhow::Result<Vec<String>> {
-    let daemon_sets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
-        Api::namespaced(ctx.client.clone(), chart_install::NAMESPACE);
-    let ds = daemon_sets.get(&format!("{RELEASE}-agent")).await?;
-    Ok(ds
-        .spec
-        .and_then(|s| s.template.spec)
-        .and_then(|s| s.containers.into_iter().next())
-        .and_then(|c| c.args)
-        .unwrap_or_default())
 }
 
 /// The policy of the writer on `node`: fast detection on the kubelet's Lease alone (not the
@@ -297,13 +284,11 @@ pub(super) fn kubelet_down_fenced_by_its_agent(
             ),
         );
         // Earlier scenarios' policies select these nodes too, with other proofs.
-        for name in [POLICY, fencing::POLICY_NAME, fencing::CUT_POLICY_NAME] {
-            match policies(&ctx).delete(name, &Default::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e).with_context(|| format!("delete PodHAPolicy {name}")),
-            }
-        }
+        delete_policies(
+            &ctx,
+            [POLICY, fencing::POLICY_NAME, fencing::CUT_POLICY_NAME],
+        )
+        .await?;
         apply_acknowledged_policy(
             &ctx,
             ALONE_POLICY,

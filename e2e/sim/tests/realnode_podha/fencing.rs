@@ -59,13 +59,7 @@ async fn apply_fencing_policy(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     // The first scenario's policy (no fencing proof) must not act on these nodes, nor the
     // cut-off node's policy of an earlier scenario.
     let others = [POLICY, CUT_POLICY_NAME].into_iter();
-    for name in others.chain(acknowledged::POLICY_NAMES) {
-        match policies(ctx).delete(name, &Default::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e).with_context(|| format!("delete PodHAPolicy {name}")),
-        }
-    }
+    delete_policies(ctx, others.chain(acknowledged::POLICY_NAMES)).await?;
     apply_policy_spec(
         ctx,
         POLICY_NAME,

@@ -121,25 +121,26 @@ impl NodeCgroup {
         Self::pids_below(self.freezer())
     }
 
-    /// Every process of pod `uid` on the node (its cgroup `pod<uid>`, the kubelet's cgroupfs
-    /// name, under `kubepods/<class>/` or `kubepods/`), sorted.
+    /// Every process of pod `uid` on the node (see [`NodeCgroup::pod_dirs`]).
     pub fn pod_pids(&self, uid: &str) -> Vec<i32> {
+        self.pod_dirs(uid).flat_map(Self::pids_below).collect()
+    }
+
+    /// Where pod `uid`'s cgroup may be in the freezer hierarchy: under `kubepods/` (Guaranteed)
+    /// or its `burstable/` or `besteffort/` child, as `pod<uid>` (the kubelet's cgroupfs name).
+    fn pod_dirs(&self, uid: &str) -> impl Iterator<Item = PathBuf> {
         let pod = format!("pod{uid}");
         let kubepods = self.freezer().join("kubepods");
         ["", "burstable", "besteffort"]
             .into_iter()
-            .flat_map(|class| Self::pids_below(kubepods.join(class).join(&pod)))
-            .collect()
+            .map(move |class| kubepods.join(class).join(&pod))
     }
 
     /// Freezes (or thaws) pod `uid`'s processes through the v1 freezer: a frozen task takes no
     /// signal until thawed, a SIGKILL included, so its cgroup stays populated meanwhile.
     pub fn freeze_pod(&self, uid: &str, frozen: bool) -> Result<()> {
-        let pod = format!("pod{uid}");
-        let kubepods = self.freezer().join("kubepods");
-        let dir = ["", "burstable", "besteffort"]
-            .into_iter()
-            .map(|class| kubepods.join(class).join(&pod))
+        let dir = self
+            .pod_dirs(uid)
             .find(|d| d.is_dir())
             .ok_or_else(|| Error::Other(format!("no cgroup of pod {uid} on {}", self.name)))?;
         let state = if frozen { "FROZEN" } else { "THAWED" };
