@@ -162,10 +162,18 @@ DIST_DIR := $(CURDIR)/target/dist/linux-$(IMAGE_ARCH)
 NODE_IMAGES_DIR := $(CURDIR)/target/images
 export PODHA_NODE_IMAGES_DIR := $(NODE_IMAGES_DIR)
 PAUSE_IMAGE := podha.io/sim/pause:1
+# PostgreSQL (Debian's postgresql-15, e2e/images/postgres.sh): a workload tests load into the
+# nodes that run it, not imported at boot; rebuilt when its script changes.
+POSTGRES_IMAGE := podha.io/sim/postgres:15
+POSTGRES_IMAGE_TAR := $(NODE_IMAGES_DIR)/postgres.tar
+
+$(POSTGRES_IMAGE_TAR): e2e/images/postgres.sh e2e/tools/debian-rootfs.sh e2e/tools/docker-engine.sh
+	PODHA_CACHE=$(PODHA_CACHE) bash e2e/images/postgres.sh $@ $(POSTGRES_IMAGE)
+
 CSI_IMAGE := $(shell sed -n 's/^ *image: *\(podha\.io\/podha-csi:[^ ]*\) *$$/\1/p' e2e/kind/podha-csi/node.yaml)
 
 .PHONY: node-images
-node-images: ## The real nodes' images (pause, podha-csi): static binaries, then built by Docker from e2e/images/Dockerfile into target/images
+node-images: $(POSTGRES_IMAGE_TAR) ## The real nodes' images (pause, podha-csi; PostgreSQL, which tests load): static binaries, then built by Docker from e2e/images/Dockerfile into target/images
 	RUSTFLAGS='$(STATIC_RUSTFLAGS)' $(CARGO) build --release -p podha-pause -p podha-csi --target $(STATIC_TARGET)
 	install -D -m 0755 -t $(DIST_DIR) target/$(STATIC_TARGET)/release/podha-pause target/$(STATIC_TARGET)/release/podha-csi
 	PODHA_CACHE=$(PODHA_CACHE) bash e2e/images/build.sh $(NODE_IMAGES_DIR) podha-pause=$(PAUSE_IMAGE) podha-csi=$(CSI_IMAGE)
@@ -192,7 +200,7 @@ image: ## podha's image, built by Docker from the Dockerfile and checked (docker
 KIND_KEY := kind-$(KIND_VERSION)-k8s-$(K8S_VERSION)-crictl-$(CRI_TOOLS_VERSION)-kube-router-$(KUBE_ROUTER_VERSION)-local-path-$(LOCAL_PATH_PROVISIONER_VERSION)
 KIND_BIN_DIR := $(PODHA_CACHE)/$(KIND_KEY)/bin
 export PODHA_KIND_BIN_DIR := $(KIND_BIN_DIR)
-KIND_NODE_INPUTS := e2e/versions.mk e2e/tools/docker-engine.sh e2e/tools/runc-in-bounds $(shell find e2e/kind/node-image -type f | sort)
+KIND_NODE_INPUTS := e2e/versions.mk e2e/tools/docker-engine.sh e2e/tools/debian-rootfs.sh e2e/tools/runc-in-bounds $(shell find e2e/kind/node-image -type f | sort)
 KIND_NODE_IMAGE := podha.io/kind/node:v$(K8S_VERSION)-$(shell for f in $(KIND_NODE_INPUTS); do echo "$$f"; cat "$$f"; done | sha256sum | cut -c1-12)
 export PODHA_KIND_NODE_IMAGE := $(KIND_NODE_IMAGE)
 

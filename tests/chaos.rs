@@ -55,6 +55,7 @@ fn args(ns: &str, fault: &str, out_dir: &Path, sim_dir: &Path, podha_sim: &Path)
         fault: fault.to_string(),
         restore: None,
         data_check: None,
+        check: None,
         data_settle: Duration::from_secs(2),
         podha_csi: "podha-csi".into(),
         sim_dir: Some(sim_dir.to_path_buf()),
@@ -88,6 +89,9 @@ fn podha_chaos(args: &ChaosArgs) -> anyhow::Result<(Option<i32>, String, String)
     }
     if let Some(restore) = &args.restore {
         cmd.args(["--restore", restore]);
+    }
+    if let Some(check) = &args.check {
+        cmd.args(["--check", check]);
     }
     if let Some(context) = &args.context {
         cmd.args(["--context", context]);
@@ -241,6 +245,20 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
          got {code:?}: {stderr}"
     );
     ensure!(!marker.exists(), "the fault ran without a yes");
+    // The workload's own check fails before the fault: nothing is faulted, the check's words
+    // are shown.
+    let (code, _, stderr) = podha_chaos(&ChaosArgs {
+        check: Some("echo {pod} is not whole >&2; exit 1".into()),
+        ..sim("chaos-pass", &format!("touch {}", marker.display()))
+    })?;
+    ensure!(
+        code == Some(2)
+            && stderr.contains("check before the fault FAILED")
+            && stderr.contains("db-0 is not whole")
+            && stderr.contains("faulted nothing"),
+        "a check failing before the fault must end the run, got {code:?}: {stderr}"
+    );
+    ensure!(!marker.exists(), "the fault ran after the check failed");
     // A context the kubeconfig does not have is named, not replaced by the current one.
     let (code, _, stderr) = podha_chaos(&ChaosArgs {
         context: Some("no-such-context".into()),
@@ -277,6 +295,7 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
     let pass = ChaosArgs {
         trials: 2,
         context: kubeconfig.current_context,
+        check: Some("echo checking; echo {pod} on {node} whole".into()),
         ..sim("chaos-pass", "sim-kill")
     };
     let mut progress = |line: &str| eprintln!("[chaos-pass] {line}");
@@ -302,6 +321,18 @@ async fn scenarios(cluster: &Cluster, out_dir: &Path) -> anyhow::Result<()> {
         );
         let restore = r.restore.as_ref().context("a restore ran")?;
         ensure!(restore.taint_gone.is_some(), "{restore:?}");
+        let said: Vec<&str> = r
+            .checks
+            .iter()
+            .filter_map(|c| c.result.as_deref().ok())
+            .collect();
+        let whole = format!("db-0 on {} whole", t.node);
+        ensure!(
+            said == [whole.as_str(), whole.as_str()],
+            "the check runs before the fault and after the trial, placeholders expanded, its \
+             last line kept: {:?}",
+            r.checks
+        );
         faulted.push(t.node.clone());
     }
     ensure!(

@@ -6,13 +6,15 @@
 //! - `bystanders-kept`: every pod on the node that podha must not move kept its object;
 //! - `taint-removed`: after the node was restored, it is Ready and podha's taint is gone;
 //! - `no-split-brain` and `no-lost-writes`, with `--data-check`: the storage saw no write of an
-//!   old writer after the new one's first, and holds every write a writer was told succeeded.
+//!   old writer after the new one's first, and holds every write a writer was told succeeded;
+//! - `check-passes`, with `--check`: the workload's own check passed after the trial.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
 use super::data::DataCheck;
+use super::own_check::CheckRun;
 use super::preflight::Bystander;
 use super::timeline::Timeline;
 
@@ -47,6 +49,8 @@ pub struct TrialRecord {
     pub restore: Option<Restore>,
     /// `None` when no data check was asked for.
     pub data: Option<DataCheck>,
+    /// The workload's own check (`--check`), before the fault and after the trial.
+    pub checks: Vec<CheckRun>,
 }
 
 /// What was seen after the restore command ran, from when it returned.
@@ -109,6 +113,12 @@ pub fn check(record: &TrialRecord) -> Vec<Violation> {
     }
     if let Some(data) = &record.data {
         out.extend(data_violations(data));
+    }
+    for failed in record.checks.iter().filter(|c| !c.passed()) {
+        out.push(Violation {
+            invariant: "check-passes",
+            reason: format!("{} (`{}`)", failed.summary(), failed.command),
+        });
     }
     out
 }
@@ -226,6 +236,7 @@ pub(crate) mod tests {
                 remaining_taint: None,
             }),
             data: None,
+            checks: Vec::new(),
         }
     }
 
@@ -331,6 +342,31 @@ pub(crate) mod tests {
         r.data = data(Err("it failed (exit code 2): no such volume"));
         assert_eq!(invariants(&r), ["no-split-brain", "no-lost-writes"]);
         assert!(check(&r)[0].reason.contains("no such volume"));
+    }
+
+    #[test]
+    fn a_failed_check_after_the_trial_is_a_violation_that_quotes_it() {
+        use crate::chaos::own_check::When;
+        let run = |result: Result<&str, &str>| CheckRun {
+            when: When::After,
+            command: "check.sh --namespace shop".into(),
+            result: result.map(str::to_string).map_err(str::to_string),
+            took: Duration::from_secs(2),
+        };
+        let mut r = recorded(1, Some(25));
+        r.checks = vec![run(Ok("verdict lost=0"))];
+        assert_eq!(invariants(&r), Vec::<&str>::new());
+        r.checks.push(run(Err(
+            "command failed (exit code 1): 2 transactions lost",
+        )));
+        let v = check(&r);
+        assert_eq!(invariants(&r), ["check-passes"]);
+        assert!(
+            v[0].reason.contains("after the trial FAILED")
+                && v[0].reason.contains("2 transactions lost")
+                && v[0].reason.contains("`check.sh --namespace shop`"),
+            "{v:?}"
+        );
     }
 
     #[test]

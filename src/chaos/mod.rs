@@ -10,6 +10,7 @@
 pub mod data;
 pub mod faults;
 pub mod invariants;
+pub mod own_check;
 pub mod preflight;
 pub mod report;
 pub mod timeline;
@@ -59,6 +60,13 @@ pub enum Error {
         command: String,
         status: String,
         stderr: String,
+    },
+    /// The workload's own check failed before trial `trial`'s fault: nothing was faulted.
+    #[error("{summary}, so trial {trial} faulted nothing: `{command}`")]
+    CheckFailedBefore {
+        trial: usize,
+        command: String,
+        summary: String,
     },
     #[error("{what}: {source}")]
     Kube { what: String, source: kube::Error },
@@ -139,6 +147,13 @@ pub struct ChaosArgs {
     /// no-split-brain and no-lost-writes are not checked.
     #[arg(long)]
     pub data_check: Option<String>,
+    /// The workload's own check: a command template (placeholders as for --fault) that exits 0
+    /// when the application's data is whole, e.g. a database's consistency check. It runs
+    /// before each trial's fault (a failure there ends the run, nothing faulted) and after the
+    /// trial, once the node is restored and the data check has run (a failure fails the trial:
+    /// invariant check-passes). Its last line of output is shown and kept in the results.
+    #[arg(long)]
+    pub check: Option<String>,
     /// How long writers may go on after the restore (or the failover, without one) before the
     /// data check: a node that was frozen or cut off writes again in that time, if it can.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -290,6 +305,11 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
                     report::data_cell(&Some(checked.clone()))
                 ));
                 record.data = Some(checked);
+            }
+            if let Some(command) = after.check {
+                let checked = own_check::run(own_check::When::After, command).await;
+                progress(&format!("trial {k}/{}: {}", args.trials, checked.summary()));
+                record.checks.push(checked);
             }
             run.records.push(record);
         }

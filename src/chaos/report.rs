@@ -140,7 +140,19 @@ struct JsonTrial<'a> {
     restore: Option<JsonRestore<'a>>,
     /// `null` when not checked.
     data: Option<JsonData<'a>>,
+    /// The workload's own check (`--check`), before the fault and after the trial.
+    checks: Vec<JsonCheck<'a>>,
     violations: Vec<Violation>,
+}
+
+#[derive(Serialize)]
+struct JsonCheck<'a> {
+    when: crate::chaos::own_check::When,
+    command: &'a str,
+    passed: bool,
+    /// The last line it printed, or why it failed.
+    said: &'a str,
+    took_s: f64,
 }
 
 #[derive(Serialize)]
@@ -221,6 +233,17 @@ pub fn json(run: &Run) -> String {
                         error: d.result.as_ref().err().map(ToString::to_string),
                     }
                 }),
+                checks: r
+                    .checks
+                    .iter()
+                    .map(|c| JsonCheck {
+                        when: c.when,
+                        command: &c.command,
+                        passed: c.passed(),
+                        said: c.result.as_deref().unwrap_or_else(|why| why.as_str()),
+                        took_s: secs(c.took),
+                    })
+                    .collect(),
                 violations: check(r),
             }
         })
@@ -470,6 +493,38 @@ mod tests {
         assert_eq!(second["violations"][0]["invariant"], "replacement-running");
         let passing = json(&run(vec![recorded(1, Some(25))]));
         assert!(passing.contains("\"passed\": true"), "{passing}");
+    }
+
+    #[test]
+    fn json_carries_the_workloads_own_checks() {
+        use crate::chaos::own_check::{CheckRun, When};
+        let mut r = recorded(1, Some(25));
+        r.checks = vec![
+            CheckRun {
+                when: When::Before,
+                command: "check.sh".into(),
+                result: Ok("verdict lost=0".into()),
+                took: Duration::from_millis(1500),
+            },
+            CheckRun {
+                when: When::After,
+                command: "check.sh".into(),
+                result: Err("exit code 1: 3 lost".into()),
+                took: Duration::from_secs(2),
+            },
+        ];
+        let doc: serde_json::Value = serde_json::from_str(&json(&run(vec![r]))).unwrap();
+        let checks = &doc["trials"][0]["checks"];
+        assert_eq!(checks[0]["when"], "before");
+        assert_eq!(checks[0]["said"], "verdict lost=0");
+        assert_eq!(checks[0]["took_s"], 1.5);
+        assert_eq!(checks[1]["passed"], false);
+        assert_eq!(checks[1]["said"], "exit code 1: 3 lost");
+        assert_eq!(
+            doc["trials"][0]["violations"][0]["invariant"],
+            "check-passes"
+        );
+        assert_eq!(doc["passed"], false);
     }
 
     #[test]

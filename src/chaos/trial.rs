@@ -10,6 +10,7 @@ use kube::{Api, Client, ResourceExt};
 
 use super::faults::{self, Fault, Vars};
 use super::invariants::{Expect, Restore, TrialRecord};
+use super::own_check;
 use super::preflight::{Bystander, bystanders, hold_note, window_note};
 use super::timeline::{Subject, follow, node_ready, wait_settled};
 use super::{ChaosArgs, Error};
@@ -31,10 +32,12 @@ impl std::fmt::Display for Workload {
     }
 }
 
-/// What runs after a trial's failover: the expanded restore and data check commands, if any.
+/// What runs after a trial's failover: the expanded restore, data check and workload check
+/// commands, if any.
 pub struct After {
     pub restore: Option<String>,
     pub data_check: Option<String>,
+    pub check: Option<String>,
 }
 
 /// Runs trial `k` up to the end of the failover, reporting progress one line at a time; returns
@@ -60,6 +63,7 @@ pub async fn run_trial(
         ..
     } = &judged;
     let (inject, after) = commands(args, fault, &judged)?;
+    let checks = check_before(after.check.as_deref(), k, n, progress).await?;
     progress(&format!(
         "trial {k}/{n}: {pod_key} on {} (policy {policy}), {} pod(s) there must stay; fault: {inject}",
         subject.node,
@@ -117,8 +121,32 @@ pub async fn run_trial(
         lost,
         restore: None,
         data: None,
+        checks,
     };
     Ok((record, after))
+}
+
+/// The workload's own check before trial `k` of `n`, if there is one: a failure ends the run
+/// before the fault.
+async fn check_before(
+    command: Option<&str>,
+    k: usize,
+    n: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<own_check::CheckRun>, Error> {
+    let Some(command) = command else {
+        return Ok(Vec::new());
+    };
+    let checked = own_check::run(own_check::When::Before, command.to_string()).await;
+    progress(&format!("trial {k}/{n}: {}", checked.summary()));
+    if !checked.passed() {
+        return Err(Error::CheckFailedBefore {
+            trial: k,
+            command: checked.command.clone(),
+            summary: checked.summary(),
+        });
+    }
+    Ok(vec![checked])
 }
 
 /// The workload's pod as podha's rules see it before the fault.
@@ -217,6 +245,11 @@ fn commands(args: &ChaosArgs, fault: &Fault, judged: &Judged) -> Result<(String,
         .as_deref()
         .map(|c| faults::expand(super::data::template(c), &vars))
         .transpose()?;
+    let check = args
+        .check
+        .as_deref()
+        .map(|c| faults::expand(c, &vars))
+        .transpose()?;
     let inject = faults::expand(&fault.inject, &vars)?;
     let restore = fault
         .restore
@@ -228,6 +261,7 @@ fn commands(args: &ChaosArgs, fault: &Fault, judged: &Judged) -> Result<(String,
         After {
             restore,
             data_check,
+            check,
         },
     ))
 }

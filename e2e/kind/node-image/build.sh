@@ -33,35 +33,18 @@ if "$docker" image inspect "$image" >/dev/null 2>&1; then
   exit 0
 fi
 
-# The root filesystems, from Debian's packages; cached by their package lists.
+# The root filesystems, from Debian's packages (e2e/tools/debian-rootfs.sh).
 node_packages=systemd,systemd-sysv,iptables,iproute2,mount,util-linux,procps,ca-certificates,containerd,runc,containernetworking-plugins,conntrack,ethtool,socat,kmod,libseccomp2
 base_packages=iptables,ipset,iproute2,conntrack
-command -v mmdebstrap >/dev/null || {
-  [ "$(id -u)" = 0 ] || fail "mmdebstrap is missing (apt-get install mmdebstrap, as root)"
-  apt-get -o DPkg::Lock::Timeout=600 update
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends mmdebstrap
-}
-rootfs() { # NAME PACKAGES [mmdebstrap options...]
-  local name=$1 packages=$2 key tar
-  shift 2
-  key=$(printf '%s\n' "$packages" "$@" | sha256sum | cut -c1-12)
-  tar=$cache/kind-rootfs/$name-bookworm-$key.tar
-  if [ ! -f "$tar" ]; then
-    mkdir -p "$cache/kind-rootfs"
-    echo "building the $name root filesystem (Debian bookworm: $packages)" >&2
-    rm -f "$tar.part"
-    mmdebstrap --quiet --format=tar --variant=minbase --include="$packages" "$@" bookworm "$tar.part" >&2 \
-      && mv "$tar.part" "$tar" || return 1
-  fi
-  echo "$tar"
-}
+# shellcheck source=e2e/tools/debian-rootfs.sh
+. e2e/tools/debian-rootfs.sh
 # (Not in a command substitution, where a failure would not stop the script.)
-rootfs node "$node_packages" > "$cache/kind-rootfs.node" \
+debian_rootfs e2e/kind/node-image/build.sh node "$node_packages" > "$cache/kind-rootfs.node" \
   --customize-hook='mkdir -p "$1/opt/cni" && ln -s /usr/lib/cni "$1/opt/cni/bin"' \
   --customize-hook=': > "$1/etc/machine-id" && rm -f "$1/var/lib/dbus/machine-id"' \
   --customize-hook='chroot "$1" systemctl mask getty@tty1.service console-getty.service systemd-udevd.service' \
   || fail "the node's root filesystem: mmdebstrap failed"
-rootfs debian "$base_packages" > "$cache/kind-rootfs.debian" || fail "the images' base: mmdebstrap failed"
+debian_rootfs e2e/kind/node-image/build.sh debian "$base_packages" > "$cache/kind-rootfs.debian" || fail "the images' base: mmdebstrap failed"
 node_tar=$(cat "$cache/kind-rootfs.node")
 base_tar=$(cat "$cache/kind-rootfs.debian")
 

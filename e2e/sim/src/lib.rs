@@ -19,5 +19,6 @@ pub mod forge;
 pub mod kind_bmc;
 #[cfg(test)]
 mod kind_kit;
+pub mod postgres;
 pub mod relay;
 pub mod testkit;

@@ -15,14 +15,20 @@
 //! - a PodHAPolicy is reported `Ready=True`;
 //! - the policy asks for the default proof, the agent's: a killed node is fenced by its
 //!   agent's silence before its volume moves;
-//! - the node running the leading replica and a StatefulSet's writer is killed: the other
+//! - the node running the leading replica and PostgreSQL (`podha_sim::postgres`: on a volume of
+//!   the class that does not fence, beside podha-csi's writer, a client committing numbered
+//!   transactions through its Service from the other replica's node) is killed: the other
 //!   replica takes the Lease and, though it never heard that node's agent, counts its silence
 //!   (the agent's Lease says the last leader heard it in this boot) from its own first
 //!   unanswered probe, and completes the failover under the agent's proof without a person,
 //!   the replacement on another node with its volume attached there and no longer on the
-//!   dead one, the write log without a split-brain write or a lost acknowledged write;
-//! - `podha chaos`, as a user runs it, kills a Deployment's writer node: the replacement runs
-//!   elsewhere, podha-csi's data check is clean, the node boots again and podha takes its taint
+//!   dead one, the write log without a split-brain write or a lost acknowledged write; the
+//!   client goes on through the Service, and PostgreSQL's own check (`e2e/postgres/check.sh`)
+//!   finds every acknowledged transaction, clean checksums and `pg_amcheck`, one crash
+//!   recovery and never two servers at once;
+//! - `podha chaos`, as a user runs it, kills the database's node again, with that check as
+//!   its `--check`: the replacement runs elsewhere, podha-csi's data check and PostgreSQL's
+//!   are clean (two crash recoveries by then), the node boots again and podha takes its taint
 //!   off (the demo, `make demo` in CI, kills a node of a cluster of the chart's defaults);
 //! - a new leader whose node cannot reach two of the five agents: no node reboots, both agents
 //!   stay up as the new leader never heard them, and podha reports them unreachable
@@ -36,7 +42,8 @@
 //!   the BMC unreachable (`acknowledged.rs`).
 //!
 //! Needs root, `make k8s csi-sidecars node-deps node-images helm image` (`make real-node-test`
-//! does it); without them the test fails and says which target to run.
+//! does it; `node-images` builds PostgreSQL's image too); without them the test fails and says
+//! which target to run.
 
 #[path = "realnode_podha/acknowledged.rs"]
 mod acknowledged;
@@ -59,12 +66,13 @@ use std::time::Instant;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use libtest_mimic::Arguments;
 use podha_sim::chart_install::{self, RELEASE};
 use podha_sim::csi::workload;
+use podha_sim::postgres;
 use podha_sim::testkit::*;
 use serde_json::json;
 
@@ -77,6 +85,10 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// Acknowledged writes a writer must have before its node is killed, and its replacement
 /// after (10 per second).
 const WRITES: usize = 20;
+/// PostgreSQL's client (`podha_sim::postgres`), and how many transactions it must have seen
+/// acknowledged before the database's node is killed, and again after the failover.
+const DB_CLIENT: &str = "db-client";
+const TRANSACTIONS: usize = 30;
 
 /// The real nodes' podha agents (the chart's DaemonSet): how long podha may not hear one before
 /// it fences its node, the timeout of the watchdog (the node's BMC's) each pets, and how long
@@ -350,6 +362,23 @@ async fn wait_policy_ready(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {
     .await
 }
 
+/// Waits (120 s) until PostgreSQL's client has seen `n` transactions acknowledged; returns
+/// how many it has.
+async fn wait_transactions(ctx: &Ctx<'_>, n: usize) -> anyhow::Result<usize> {
+    let pods = ctx.app_pods(DB_CLIENT).await?;
+    let client = pods.first().context("the database's client pod")?;
+    let name = name_of(client).to_string();
+    wait_for(
+        &format!("{n} transactions acknowledged to {name}"),
+        secs(120),
+        || async {
+            let seen = podha_sim::postgres::acknowledged(&ctx.pods(), &name).await?;
+            Ok((seen >= n).then_some(seen))
+        },
+    )
+    .await
+}
+
 /// Kills the node of `app`'s writer and follows the failover: a replacement Running and Ready
 /// on another node of `nodes`, its volume attached there and no longer on the dead node, `WRITES`
 /// acknowledged writes from it; then checks the volume's write log. Returns the dead node.
@@ -512,25 +541,25 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         apply_policy(&ctx).await?;
         log(&ctx.ns, "policy Ready=True");
 
-        // A Deployment's writer, whose node `podha chaos` kills below (and the node boots
-        // again, and podha takes its taint off).
-        ctx.create::<PersistentVolumeClaim>(pvc("dep-data", podha_sim::csi::RWO_STORAGE_CLASS))
-            .await?;
-        ctx.create::<Deployment>(workload::writer_deployment("dep", app_nodes, "dep-data")?)
-            .await?;
-        ctx.wait_app_running("dep", secs(120)).await?;
-
-        // The leader's node dies with a StatefulSet's writer on it.
+        // The leader's node dies with PostgreSQL on it, on a volume of the class that does not
+        // fence: only podha's proof keeps a second server off its data directory.
         let leader_node = node_of(leader_pod).context("leader node")?.to_string();
+        let follower_node = node_of(follower_pod).context("follower node")?.to_string();
         let mut db_nodes = vec![leader_node.as_str()];
         db_nodes.extend_from_slice(app_nodes);
+        postgres::load_image(ctx.cluster)?;
         for node in app_nodes {
             ctx.cordon(node, true).await?;
         }
-        ctx.create::<StatefulSet>(workload::writer_statefulset(
+        let service = ctx.create::<Service>(postgres::service("db")).await?;
+        let service_ip = service
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("the db Service's address")?;
+        ctx.create::<StatefulSet>(postgres::statefulset(
             "db",
             &db_nodes,
-            podha_sim::csi::RWO_STORAGE_CLASS,
+            podha_sim::csi::UNFENCED_STORAGE_CLASS,
         )?)
         .await?;
         let db = ctx.wait_app_running("db", secs(120)).await?;
@@ -541,6 +570,11 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         for node in app_nodes {
             ctx.cordon(node, false).await?;
         }
+        ctx.create::<Deployment>(postgres::client(DB_CLIENT, &follower_node, &service_ip))
+            .await?;
+        let before = wait_transactions(&ctx, TRANSACTIONS).await?;
+        let verdict = postgres::check(ctx.cluster, &ctx.ns, "db", DB_CLIENT)?;
+        log(&ctx.ns, format!("PostgreSQL before the kill: {verdict}"));
         let follower = name_of(follower_pod).to_string();
         let killed = Instant::now();
         // Under the policy's own proof, the agent's: the new leader never heard db-0's
@@ -558,9 +592,17 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
                 killed.elapsed()
             ),
         );
+        // The client reaches the new server through the Service and goes on.
+        wait_transactions(&ctx, before + TRANSACTIONS).await?;
+        let verdict = postgres::check(ctx.cluster, &ctx.ns, "db", DB_CLIENT)?;
+        ensure!(
+            verdict.count("crash_recoveries")? == 1,
+            "PostgreSQL should have recovered from one crash: {verdict}"
+        );
+        log(&ctx.ns, format!("PostgreSQL after the kill: {verdict}"));
 
-        // `podha chaos` as a user runs it against these real nodes: the Deployment's node
-        // killed and rebooted, the write log checked by podha-csi.
+        // `podha chaos` as a user runs it against these real nodes: the database's node killed
+        // and rebooted, the write log checked by podha-csi, the database by check.sh.
         chaos_trial(&ctx).await?;
         // Every node ran a podha agent throughout (each killed node's restarted with it), the
         // leader's node died: none fenced (a kill is not a fence).
@@ -588,12 +630,18 @@ async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
         yes: true,
         kubeconfig: Some(ctx.cluster.kubeconfig_path()),
         namespace: WRITERS.to_string(),
-        statefulset: None,
-        deployment: Some("dep".to_string()),
+        statefulset: Some("db".to_string()),
+        deployment: None,
         trials: 1,
         fault: "sim-kill".to_string(),
         restore: None,
         data_check: Some("podha-csi-sim".to_string()),
+        check: Some(postgres::check_command(
+            ctx.cluster,
+            WRITERS,
+            "db",
+            DB_CLIENT,
+        )),
         data_settle: std::time::Duration::from_secs(3),
         podha_csi: podha_csi.display().to_string(),
         sim_dir: Some(ctx.cluster.dir().to_path_buf()),
@@ -630,6 +678,12 @@ async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
             .as_ref()
             .is_some_and(|r| r.taint_gone.is_some()),
         "{record:?}"
+    );
+    let after = record.checks.last().context("the check after the trial")?;
+    let verdict = postgres::Verdict::parse(after.result.as_deref().unwrap_or_default())?;
+    ensure!(
+        verdict.count("crash_recoveries")? == 2,
+        "PostgreSQL should have recovered from two crashes by now: {verdict}"
     );
     podha::chaos::write_outputs(&args, &outcome.run)?;
     log(

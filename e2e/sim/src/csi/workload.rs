@@ -20,7 +20,7 @@ pub const WRITE_INTERVAL: &str = "100ms";
 
 /// The pod template's spec of a writer: required node affinity to `nodes`, the volume `data`
 /// at `/data` (its claim or claim template named by the caller).
-fn writer_pod_spec(nodes: &[&str]) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn writer_pod_spec(nodes: &[&str]) -> anyhow::Result<serde_json::Value> {
     Ok(json!({
         "affinity": { "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{ "matchExpressions": [{

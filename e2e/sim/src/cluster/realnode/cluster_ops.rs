@@ -51,6 +51,8 @@ impl Cluster {
             realnode::prepare(&node, &real, port, uuid)?;
             boots.push((rec.name.clone(), self.boot_real_node(&mut st, rec)?));
         }
+        let nodes: Vec<RealNode> = recs.iter().map(|r| self.real_node_of(r)).collect();
+        realnode::route_pods_between(&nodes)?;
         Ok(boots)
     }
 
@@ -119,15 +121,28 @@ impl Cluster {
                 "the cluster has no real nodes (--real-nodes) to load an image into".into(),
             ));
         }
-        for node in &nodes {
-            let sock = node.containerd_socket();
-            let sock = sock.to_string_lossy();
-            realnode::net::run(
-                "ctr",
-                &["-a", &sock, "-n", "k8s.io", "images", "import", &tar],
-            )?;
-            info!(node = node.name, image = %tar, "image loaded");
-        }
+        // One import per node, all at once: a large image takes seconds to unpack on each.
+        std::thread::scope(|scope| {
+            let imports: Vec<_> = nodes
+                .iter()
+                .map(|node| {
+                    let tar = &tar;
+                    scope.spawn(move || {
+                        let sock = node.containerd_socket();
+                        let sock = sock.to_string_lossy();
+                        realnode::net::run(
+                            "ctr",
+                            &["-a", &sock, "-n", "k8s.io", "images", "import", tar],
+                        )?;
+                        info!(node = node.name, image = %tar, "image loaded");
+                        Ok::<(), Error>(())
+                    })
+                })
+                .collect();
+            imports
+                .into_iter()
+                .try_for_each(|import| import.join().expect("an image import panicked"))
+        })?;
         Ok(nodes.into_iter().map(|n| n.name).collect())
     }
 

@@ -69,8 +69,9 @@ oom_score = 0
 
 /// A bridge `cni0` inside the node's namespace, pod addresses from `10.244.<k>.0/24` (kept
 /// by host-local in the node's directory). containerd adds the loopback network itself.
-/// Traffic leaving the pod network is masqueraded to the node's address: no node has a route
-/// to another node's pods, and a pod must reach other nodes (podha probes their kubelet port).
+/// Traffic leaving the pod network is masqueraded to the node's address, so that a pod reaches
+/// the host and other nodes (podha probes their kubelet port); other nodes' pods are reached
+/// through their node (`route_pods_between`).
 pub fn cni_config(node: &RealNode) -> serde_json::Value {
     json!({
         "cniVersion": "0.4.0",

@@ -83,6 +83,18 @@ pub fn copy_into_cluster(dir: &Path, cluster_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `tar` is a `docker save` archive holding `image`; else an error naming what it holds and
+/// the make target that builds it.
+pub fn check_holds(tar: &Path, image: &str, make_target: &str) -> Result<()> {
+    let problem = match repo_tags(tar) {
+        Ok(tags) if tags.iter().any(|t| t == image) => return Ok(()),
+        Ok(tags) => format!("{} holds {}, not {image}", tar.display(), tags.join(", ")),
+        Err(_) if !tar.is_file() => format!("{} is missing", tar.display()),
+        Err(e) => e,
+    };
+    Err(Error::Other(format!("{problem}: run `make {make_target}`")))
+}
+
 /// The image names a `docker save` archive holds: the `RepoTags` of its `manifest.json` (Docker
 /// writes it in both its own layout and the OCI layout of Docker 25 and later).
 fn repo_tags(tar: &Path) -> Result<Vec<String>, String> {

@@ -220,6 +220,17 @@ pub fn prepare(
     node.cgroup().create()
 }
 
+/// Every node's pods reachable from every other node (a pod reaches another node's pods, and
+/// a Service's pods wherever they run).
+pub fn route_pods_between(nodes: &[RealNode]) -> Result<()> {
+    for from in nodes {
+        for to in nodes.iter().filter(|to| to.name != from.name) {
+            net::add_pod_route(&from.netns(), &to.pod_cidr(), to.ip)?;
+        }
+    }
+    Ok(())
+}
+
 /// The command that boots the node (run it detached, see `process::spawn`), after giving the
 /// node a new boot ID (returned) and bringing its link up.
 pub fn boot_command(node: &RealNode) -> Result<(Command, String)> {

@@ -12,6 +12,9 @@
 //! it has one, is reached the same way, by a rule of its own: podha installed by its chart
 //! runs on a real node and reaches the nodes' BMCs as it would in a data centre.
 //!
+//! Each node routes every other node's pod range (`10.244.<k>.0/24`) through that node's
+//! address, so pods reach each other, and Services, across nodes.
+//!
 //! Killing a node takes its veth down: packets to its address are lost, as to a machine that
 //! is off. A partition drops, inside the node's namespace, its packets to the API server's
 //! port (only those: the kubelet port still answers the host).
@@ -165,6 +168,25 @@ pub fn create_node(netns: &str, veth: &str, bridge: &str, s: u8, ip: Ipv4Addr) -
         full.extend(args.iter().copied());
         run("ip", &full)?;
     }
+    Ok(())
+}
+
+/// A route in node namespace `netns` to another node's pods, `pod_cidr`, through that node's
+/// address `via`: the bridge joins the nodes, so it is one hop, as on a flat network whose
+/// routes a CNI plugin keeps. Idempotent.
+pub fn add_pod_route(netns: &str, pod_cidr: &str, via: Ipv4Addr) -> Result<()> {
+    run(
+        "ip",
+        &[
+            "-n",
+            netns,
+            "route",
+            "replace",
+            pod_cidr,
+            "via",
+            &via.to_string(),
+        ],
+    )?;
     Ok(())
 }
 

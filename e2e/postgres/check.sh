@@ -1,0 +1,107 @@
+#!/bin/bash
+# PostgreSQL's own verdict on a database after a fault, for `podha chaos --check` (or by hand):
+# run against the StatefulSet of e2e/sim/src/postgres.rs (server.sh) and the client of
+# client.sh, through kubectl. It fails (exit 1) unless
+#   - every transaction the client saw acknowledged is present, whole, exactly once;
+#   - no transaction is torn, and the counter equals the number of transactions present;
+#   - the data directory has checksums on and pg_stat_database counts no checksum failure;
+#   - pg_amcheck --heapallindexed finds every table and index of every database clean;
+#   - the servers' logs on the volume show no two servers on the data directory at once: no
+#     server logged after a later one had started.
+# It prints one line of figures, `verdict key=value ...`, the crash recoveries among them.
+#
+# Usage: check.sh --namespace NS --statefulset NAME --client DEPLOYMENT [--wait SECONDS]
+# Env: KUBECTL (default kubectl), and whatever kubectl reads (KUBECONFIG).
+set -euo pipefail
+kubectl=${KUBECTL:-kubectl}
+ns= sts= client= wait=120
+usage="usage: check.sh --namespace NS --statefulset NAME --client DEPLOYMENT [--wait SECONDS]"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --namespace) ns=${2:?$usage}; shift 2 ;;
+    --statefulset) sts=${2:?$usage}; shift 2 ;;
+    --client) client=${2:?$usage}; shift 2 ;;
+    --wait) wait=${2:?$usage}; shift 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
+[ -n "$ns" ] && [ -n "$sts" ] && [ -n "$client" ] || { echo "$usage" >&2; exit 2; }
+fail() { echo "check.sh: $*" >&2; exit 1; }
+k() { "$kubectl" --namespace "$ns" "$@"; }
+pod=$sts-0
+in_db() { k exec -i "$pod" -c postgres -- "$@"; }
+
+# The server may still be recovering when a failover's replacement is Running.
+deadline=$((SECONDS + wait))
+until in_db pg_isready -q -h 127.0.0.1 2>/dev/null; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "PostgreSQL in $ns/$pod did not accept connections within ${wait}s"
+  sleep 1
+done
+
+# What the client was told: `ack <id> <rows>`.
+acks=$(k logs "deployment/$client" | awk '$1 == "ack" { print $2 "\t" $3 }')
+[ -n "$acks" ] || fail "the client $ns/$client has acknowledged no transaction yet"
+figures=$({
+  printf 'CREATE TEMP TABLE acks (id bigint, k int);\nCOPY acks FROM STDIN;\n%s\n\\.\n' "$acks"
+  cat <<'SQL'
+WITH present AS (SELECT id, count(*) AS n FROM tx GROUP BY id)
+SELECT 'acknowledged=' || (SELECT count(*) FROM acks),
+       'present=' || (SELECT count(*) FROM acks a JOIN present p USING (id) WHERE p.n = a.k),
+       'lost=' || (SELECT count(*) FROM acks a LEFT JOIN present p USING (id) WHERE p.id IS NULL),
+       'torn=' || (SELECT count(*) FROM present
+                   WHERE n <> CASE WHEN id % 10 = 0 THEN 5 ELSE 1 END),
+       'counter=' || (SELECT n FROM counter),
+       'transactions=' || (SELECT count(*) FROM present),
+       'checksum_failures=' || (SELECT coalesce(sum(checksum_failures), 0) FROM pg_stat_database),
+       'data_checksums=' || current_setting('data_checksums');
+SQL
+} | in_db psql -X -q -At -F ' ' -v ON_ERROR_STOP=1 -U postgres -h 127.0.0.1) \
+  || fail "the query of the client's transactions failed: $figures"
+
+# Every table and index, every database (amcheck installed where missing).
+if amcheck=$(in_db pg_amcheck -U postgres -h 127.0.0.1 --install-missing --heapallindexed --all 2>&1); then
+  amcheck_verdict=clean
+else
+  amcheck_verdict=corrupt
+fi
+
+# The servers' logs, one file per server start: when each logged first and last, its crash
+# recovery and redo time; a server that logged after a later one's first line overlapped it.
+logs=$(in_db bash -c 'for f in /data/log/postgresql-*.log; do echo "== $f"; cat "$f"; done') \
+  || fail "reading the servers' logs in $ns/$pod failed"
+log_figures=$(awk '
+  /^== / { n++; next }
+  /^[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] / {
+    ts = $1 " " $2
+    if (!(n in first)) first[n] = ts
+    last[n] = ts
+  }
+  /automatic recovery in progress/ { recoveries++ }
+  /redo done at/ { redo = $0; sub(/.*elapsed: /, "", redo); sub(/ s.*/, "", redo) }
+  END {
+    # Files in order of their first line (insertion sort: a handful of starts).
+    for (i = 1; i <= n; i++) order[i] = i
+    for (i = 2; i <= n; i++)
+      for (j = i; j > 1 && first[order[j]] < first[order[j - 1]]; j--) {
+        t = order[j]; order[j] = order[j - 1]; order[j - 1] = t
+      }
+    for (i = 2; i <= n; i++) if (last[order[i - 1]] > first[order[i]]) overlapping++
+    printf "starts=%d crash_recoveries=%d last_redo_seconds=%s overlapping_servers=%d\n",
+      n, recoveries, (redo == "" ? "0" : redo), overlapping
+  }' <<<"$logs")
+
+echo "verdict $figures amcheck=$amcheck_verdict $log_figures"
+problems=()
+get() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$figures $log_figures"; }
+[ "$(get lost)" = 0 ] || problems+=("$(get lost) acknowledged transaction(s) lost")
+[ "$(get present)" = "$(get acknowledged)" ] || problems+=("only $(get present) of $(get acknowledged) acknowledged transactions present whole")
+[ "$(get torn)" = 0 ] || problems+=("$(get torn) transaction(s) torn")
+[ "$(get counter)" = "$(get transactions)" ] || problems+=("the counter says $(get counter), the table holds $(get transactions) transactions")
+[ "$(get data_checksums)" = on ] || problems+=("data checksums are $(get data_checksums)")
+[ "$(get checksum_failures)" = 0 ] || problems+=("$(get checksum_failures) checksum failure(s)")
+[ "$amcheck_verdict" = clean ] || problems+=("pg_amcheck: $(head -c 400 <<<"$amcheck")")
+[ "$(get overlapping_servers)" = 0 ] || problems+=("$(get overlapping_servers) server(s) logged after a later one started on the same data directory")
+if [ ${#problems[@]} -gt 0 ]; then
+  printf 'check.sh: %s\n' "${problems[@]}" >&2
+  exit 1
+fi

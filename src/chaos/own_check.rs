@@ -1,0 +1,104 @@
+//! The workload's own check (`--check`): a command the user points at their application, a
+//! database's consistency check say (`e2e/postgres/check.sh` is one for PostgreSQL), with the
+//! trial's placeholders. It runs before each trial's fault, where a failure ends the run with
+//! nothing faulted (the workload was not whole to begin with), and after the trial, once the
+//! node is restored and any data check has run, where a failure fails the trial (invariant
+//! `check-passes`). Its last line of output is shown and kept in the results.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::faults;
+
+/// When a check ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum When {
+    /// Before the trial's fault.
+    Before,
+    /// After the trial: the failover, the restore and the data check.
+    After,
+}
+
+impl std::fmt::Display for When {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            When::Before => "before the fault",
+            When::After => "after the trial",
+        })
+    }
+}
+
+/// One run of the check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckRun {
+    pub when: When,
+    /// The command as run.
+    pub command: String,
+    /// The last line it printed when it passed; why it failed (its exit status and standard
+    /// error) when it did not.
+    pub result: Result<String, String>,
+    pub took: Duration,
+}
+
+impl CheckRun {
+    pub fn passed(&self) -> bool {
+        self.result.is_ok()
+    }
+
+    /// One line for the progress: passed or failed, how long it took, what it said.
+    pub fn summary(&self) -> String {
+        let took = self.took.as_secs_f64();
+        match &self.result {
+            Ok(last) if last.is_empty() => format!("check {} passed ({took:.1}s)", self.when),
+            Ok(last) => format!("check {} passed ({took:.1}s): {last}", self.when),
+            Err(why) => format!("check {} FAILED ({took:.1}s): {why}", self.when),
+        }
+    }
+}
+
+/// Runs `command`; a failure is recorded, not raised.
+pub async fn run(when: When, command: String) -> CheckRun {
+    let started = Instant::now();
+    let result = match faults::run_output(&command).await {
+        Ok(stdout) => Ok(stdout.lines().last().unwrap_or_default().trim().to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    CheckRun {
+        when,
+        command,
+        result,
+        took: started.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_check_passes_on_exit_0_with_its_last_line_and_fails_otherwise_with_the_reason() {
+        let passed = run(When::After, "echo checking; echo 'verdict lost=0'".into()).await;
+        assert!(passed.passed());
+        assert_eq!(passed.result.as_deref(), Ok("verdict lost=0"));
+        assert!(
+            passed
+                .summary()
+                .starts_with("check after the trial passed (")
+        );
+        let failed = run(When::Before, "echo 2 rows lost >&2; exit 1".into()).await;
+        let why = failed.result.clone().unwrap_err();
+        assert!(
+            why.contains("exit code 1") && why.contains("2 rows lost"),
+            "{why}"
+        );
+        assert!(
+            failed
+                .summary()
+                .starts_with("check before the fault FAILED ("),
+            "{}",
+            failed.summary()
+        );
+    }
+}
