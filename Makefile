@@ -28,6 +28,8 @@ export PODHA_CSI_SIDECARS_BIN_DIR := $(CSI_SIDECARS_BIN_DIR)
 CARGO ?= cargo
 CARGO_TARGET ?= $(CURDIR)/target/debug
 DEMO_PROFILE ?= stock
+# What the demo fails over: writer (podha-csi's) or postgres (checked by PostgreSQL itself).
+DEMO_WORKLOAD ?= writer
 
 .PHONY: help
 help: ## List the targets
@@ -40,10 +42,11 @@ test: kind-preflight k8s sim-deps csi-sidecars node-deps node-images helm image 
 	$(MAKE) --no-print-directory chaos-kind CHAOS_TRIALS=1 CHAOS_KIND_FAULTS=kind-kill
 
 .PHONY: demo
-demo: k8s sim-deps csi-sidecars node-deps node-images helm image ## Real nodes, podha by its chart, a writer's node killed: the failover timeline (DEMO_PROFILE; DEMO_ARGS=--kwok for kwok nodes)
+demo: k8s sim-deps csi-sidecars node-deps node-images helm image ## Real nodes, podha by its chart, a writer's node killed: the failover timeline (DEMO_PROFILE; DEMO_WORKLOAD=postgres: PostgreSQL, checked by itself; DEMO_ARGS=--kwok for kwok nodes)
 	$(CARGO) build --bins -p podha -p podha-sim
 	$(CARGO_TARGET)/podha-sim demo --dir $(CURDIR)/.sim-demo --profile $(DEMO_PROFILE) \
-		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml $(DEMO_ARGS)
+		--operator $(CARGO_TARGET)/podha --crd crds/podha.io_podhapolicies.yaml \
+		--workload $(DEMO_WORKLOAD) $(DEMO_ARGS)
 
 CHAOS_TRIALS ?= 3
 
@@ -87,7 +90,7 @@ SCALE_ARGS ?=
 SURVEY_ARGS ?=
 
 .PHONY: bench
-bench: bench-failover bench-scale bench-survey ## Every benchmark (prints figures; not part of make test)
+bench: bench-failover bench-postgres bench-scale bench-survey ## Every benchmark (prints figures; not part of make test)
 
 .PHONY: bench-failover
 bench-failover: k8s sim-deps csi-sidecars node-deps node-images sushy-tools helm image ## Failover time per mode on the stock profile (MODES, TRIALS, NODES=kwok,real, NODE_STATUS_UPDATE; MODES=bmc for the BMC proof; agent modes on real nodes install podha by its chart)
@@ -96,6 +99,13 @@ bench-failover: k8s sim-deps csi-sidecars node-deps node-images sushy-tools helm
 		--dir $(CURDIR)/.sim-bench --operator $(CURDIR)/target/release/podha \
 		--crd crds/podha.io_podhapolicies.yaml --out $(CURDIR)/target/bench-failover.json \
 		$(if $(NODE_STATUS_UPDATE),--node-status-update-frequency $(NODE_STATUS_UPDATE))
+
+.PHONY: bench-postgres
+bench-postgres: k8s sim-deps csi-sidecars node-deps node-images helm image ## PostgreSQL on four real nodes, podha by its chart with every default: kill, freeze, isolation, API cut, and a control without a proof, each checked by PostgreSQL itself (prints figures; target/bench-postgres.json)
+	$(CARGO) build --release --bins -p podha-sim -p podha-csi
+	$(CURDIR)/target/release/podha-bench postgres --dir $(CURDIR)/.sim-bench-postgres \
+		--out $(CURDIR)/target/bench-postgres.json \
+		--podha-sim $(CURDIR)/target/release/podha-sim --podha-csi $(CURDIR)/target/release/podha-csi
 
 .PHONY: bench-scale
 bench-scale: k8s sim-deps csi-sidecars ## The operator at 1,000+ nodes (SCALE_ARGS, e.g. "--nodes 200 --pods 2000")

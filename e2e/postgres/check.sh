@@ -103,5 +103,6 @@ get() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$figures $log_figures"; }
 [ "$(get overlapping_servers)" = 0 ] || problems+=("$(get overlapping_servers) server(s) logged after a later one started on the same data directory")
 if [ ${#problems[@]} -gt 0 ]; then
   printf 'check.sh: %s\n' "${problems[@]}" >&2
+  echo "verdict $figures amcheck=$amcheck_verdict $log_figures" >&2
   exit 1
 fi

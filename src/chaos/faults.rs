@@ -18,7 +18,7 @@ pub struct Fault {
 }
 
 /// The built-in faults: name, fault, restore, what it models.
-pub const BUILT_IN: [(&str, &str, &str, &str); 7] = [
+pub const BUILT_IN: [(&str, &str, &str, &str); 8] = [
     // A machine that loses its power loses its network at the same instant: a `docker kill`
     // alone leaves the node's address refusing connects for a moment after its processes are
     // gone, which podha takes for a host up without its agent.
@@ -59,6 +59,12 @@ pub const BUILT_IN: [(&str, &str, &str, &str); 7] = [
         "{podha_sim} node freeze {node} --dir {sim_dir}",
         "{podha_sim} node thaw {node} --dir {sim_dir}",
         "every process of a real sim node is frozen (a hung machine); thawed, it goes on",
+    ),
+    (
+        "sim-isolate",
+        "{podha_sim} node isolate {node} --dir {sim_dir}",
+        "{podha_sim} node isolate {node} --heal --dir {sim_dir}",
+        "a real sim node is cut off from everything; its containers keep running",
     ),
     (
         "sim-partition",
@@ -221,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn the_sims_freeze_and_partition_are_built_in_with_their_undo() {
+    fn the_sims_freeze_isolation_and_partition_are_built_in_with_their_undo() {
         let freeze = Fault::new("sim-freeze", None);
         assert_eq!(
             expand(freeze.restore.as_deref().unwrap(), &vars()).unwrap(),
@@ -231,6 +237,15 @@ mod tests {
         assert_eq!(
             expand(partition.restore.as_deref().unwrap(), &vars()).unwrap(),
             "podha-sim node partition node-2 --heal --dir '/tmp/my sim'"
+        );
+        let isolate = Fault::new("sim-isolate", None);
+        assert_eq!(
+            expand(&isolate.inject, &vars()).unwrap(),
+            "podha-sim node isolate node-2 --dir '/tmp/my sim'"
+        );
+        assert_eq!(
+            expand(isolate.restore.as_deref().unwrap(), &vars()).unwrap(),
+            "podha-sim node isolate node-2 --heal --dir '/tmp/my sim'"
         );
     }
 

@@ -130,7 +130,7 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 1)]
     pub trials: usize,
     /// The fault: a built-in name (kind-kill, kind-freeze, kind-partition, sim-kill,
-    /// sim-kill-kubelet, sim-freeze, sim-partition) or a shell command template with {node},
+    /// sim-kill-kubelet, sim-freeze, sim-isolate, sim-partition) or a shell command template with {node},
     /// {namespace}, {pod}, {volume}, {sim_dir}, {podha_sim}, e.g. 'docker kill {node}'.
     #[arg(long)]
     pub fault: String,

@@ -1,4 +1,7 @@
 //! `podha-sim demo`: podha fails a workload over on a sim cluster, and the timeline is printed.
+//! The workload is podha-csi's writer, or PostgreSQL (`postgres`) on real nodes.
+
+mod postgres;
 
 use std::path::Path;
 
@@ -33,6 +36,16 @@ fn demo_policy_kwok() -> serde_json::Value {
     })
 }
 
+/// What the demo fails over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// podha-csi's writer, whose volume's write log says what happened to the data.
+    Writer,
+    /// PostgreSQL and a client committing transactions, checked by PostgreSQL itself (real
+    /// nodes only).
+    Postgres,
+}
+
 /// `podha-sim demo`: a cluster (real nodes when root, else kwok), podha, a node killed and the
 /// failover's timeline; the cluster is taken down after unless `keep`.
 pub async fn run(
@@ -42,8 +55,13 @@ pub async fn run(
     crd: &Path,
     keep: bool,
     kwok: bool,
+    workload: Workload,
 ) -> anyhow::Result<()> {
     let real = !kwok && nix::unistd::geteuid().is_root();
+    anyhow::ensure!(
+        real || workload == Workload::Writer,
+        "PostgreSQL runs in a container: the demo needs real nodes for it (root, without --kwok)"
+    );
     let started = std::time::Instant::now();
     let mut opts = ClusterOptions::new(dir);
     opts.profile = profile;
@@ -70,7 +88,7 @@ pub async fn run(
         cluster.kubeconfig_path().display()
     );
     let result = if real {
-        demo_real(&cluster, operator).await
+        demo_real(&cluster, operator, workload).await
     } else {
         demo_kwok(&cluster, operator, crd).await
     };
@@ -149,7 +167,7 @@ fn kubectl(cluster: &Cluster, args: &[&str]) -> anyhow::Result<()> {
 
 /// podha helm-installed on three real nodes, a writer StatefulSet, its node killed; the
 /// timeline, the write log's verdict and podha's own phase metrics.
-async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
+async fn demo_real(cluster: &Cluster, operator: &Path, workload: Workload) -> anyhow::Result<bool> {
     use crate::chart_install;
     use crate::failover::{apply_policy, subject_statefulset};
     let client = cluster.client().await?;
@@ -183,9 +201,8 @@ async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
         demo_policy()
     );
     let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
-    let mut sts = subject_statefulset("db", &nodes, true)?;
-    // The writer starts beside the replicas where it can, so that the kill measures a failover,
-    // not a leader change as well (the real-node tests cover that one).
+    // The workload starts beside the replicas where it can, so that the kill measures a
+    // failover, not a leader change as well (the real-node tests cover that one).
     let replica_nodes: Vec<&str> = pods
         .iter()
         .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
@@ -194,12 +211,16 @@ async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
         .iter()
         .filter(|n| !replica_nodes.contains(&n.as_str()))
         .collect();
-    sts["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = serde_json::json!([{
-        "weight": 100,
-        "preference": { "matchExpressions": [{
-            "key": "kubernetes.io/hostname", "operator": "In", "values": free,
-        }]},
-    }]);
+    if workload == Workload::Postgres {
+        let leader_node = pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
+            .and_then(|p| p.spec.as_ref()?.node_name.clone())
+            .context("the leader's node")?;
+        return postgres::run(cluster, operator, &client, &leader_node, &free).await;
+    }
+    let mut sts = subject_statefulset("db", &nodes, true)?;
+    prefer(&mut sts, &free);
     println!(
         "starting StatefulSet demo/db: `podha-csi write` on a sim-rwo volume, 10 writes a second"
     );
@@ -237,6 +258,16 @@ async fn demo_real(cluster: &Cluster, operator: &Path) -> anyhow::Result<bool> {
     }
     anyhow::ensure!(report.clean(), "the write log is not clean: {report:?}");
     Ok(timeline.recovered.is_some())
+}
+
+/// `sts`'s pod prefers `nodes`.
+fn prefer(sts: &mut serde_json::Value, nodes: &[&String]) {
+    sts["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = serde_json::json!([{
+        "weight": 100,
+        "preference": { "matchExpressions": [{
+            "key": "kubernetes.io/hostname", "operator": "In", "values": nodes,
+        }]},
+    }]);
 }
 
 /// The same on kwok nodes, podha as a process of this machine.

@@ -291,6 +291,22 @@ pub async fn measure(
     after_renewal: Option<Duration>,
     before_kill: &dyn Fn(&Subject) -> anyhow::Result<()>,
 ) -> anyhow::Result<Timeline> {
+    let subject = start_subject(client, ns, statefulset).await?;
+    if let Some(delay) = after_renewal {
+        wait_lease_renewal(client, &subject.node).await?;
+        tokio::time::sleep(delay).await;
+    }
+    before_kill(&subject)?;
+    kill_and_follow(cluster, client, &subject, timeout).await
+}
+
+/// Creates namespace `ns` (if need be) and the one-replica `statefulset` in it; returns its pod
+/// once it runs with its volume attached.
+pub async fn start_subject(
+    client: &Client,
+    ns: &str,
+    statefulset: serde_json::Value,
+) -> anyhow::Result<Subject> {
     create_namespace(client, ns).await?;
     let app = statefulset["metadata"]["name"]
         .as_str()
@@ -300,19 +316,22 @@ pub async fn measure(
     Api::<StatefulSet>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &sts)
         .await?;
-    // Running with its volume attached.
-    let subject = wait_settled(client, ns, &format!("app={app}"), Duration::from_secs(180))
+    wait_settled(client, ns, &format!("app={app}"), Duration::from_secs(180))
         .await?
-        .ok_or_else(|| anyhow!("{ns}/{app}-0 did not start within 180s"))?;
-    if let Some(delay) = after_renewal {
-        wait_lease_renewal(client, &subject.node).await?;
-        tokio::time::sleep(delay).await;
-    }
-    before_kill(&subject)?;
+        .ok_or_else(|| anyhow!("{ns}/{app}-0 did not start within 180s"))
+}
+
+/// Kills `subject`'s node and follows the failover for at most `timeout`.
+pub async fn kill_and_follow(
+    cluster: &Cluster,
+    client: &Client,
+    subject: &Subject,
+    timeout: Duration,
+) -> anyhow::Result<Timeline> {
     cluster.kill_node(&subject.node)?;
     let killed = Instant::now();
     let fault = format!("node {} killed (SIGKILL)", subject.node);
-    Ok(follow(client, &subject, &fault, killed, timeout, &mut |_| {}).await?)
+    Ok(follow(client, subject, &fault, killed, timeout, &mut |_| {}).await?)
 }
 
 /// The StatefulSet `app` a failover is measured on, on `nodes`: on kwok nodes the testkit's

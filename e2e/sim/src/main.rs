@@ -85,6 +85,9 @@ enum Cmd {
         /// kwok nodes, podha as a process here, even where real nodes could run (as root).
         #[arg(long)]
         kwok: bool,
+        /// What fails over: podha-csi's writer, or PostgreSQL checked by itself (real nodes).
+        #[arg(long, value_enum, default_value_t = podha_sim::demo::Workload::Writer)]
+        workload: podha_sim::demo::Workload,
     },
     /// Kill every process of the cluster in DIR.
     Down {
@@ -231,6 +234,15 @@ enum NodeCmd {
         #[command(flatten)]
         dir: DirArg,
     },
+    /// Cut a real node off from everything (its address silent both ways, its processes and
+    /// containers running on, as on a machine whose network failed); `--heal` lets it back.
+    Isolate {
+        name: String,
+        #[arg(long)]
+        heal: bool,
+        #[command(flatten)]
+        dir: DirArg,
+    },
     /// Add kwok node node-<N+1>; prints its name once it is Ready.
     Add {
         #[command(flatten)]
@@ -300,7 +312,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             crd,
             keep,
             kwok,
-        } => podha_sim::demo::run(&dir, profile, &operator, &crd, keep, kwok).await?,
+            workload,
+        } => podha_sim::demo::run(&dir, profile, &operator, &crd, keep, kwok, workload).await?,
         Cmd::Down { dir } => {
             let cluster = Cluster::attach(&dir.dir)?;
             let n = cluster.processes().iter().filter(|p| p.alive).count();
@@ -409,6 +422,10 @@ async fn node(cmd: NodeCmd) -> anyhow::Result<()> {
                 "{name} {}",
                 if heal { "reconnected" } else { "partitioned" }
             );
+        }
+        NodeCmd::Isolate { name, heal, dir } => {
+            Cluster::attach(&dir.dir)?.isolate_node(&name, !heal)?;
+            println!("{name} {}", if heal { "reconnected" } else { "isolated" });
         }
         NodeCmd::Add { dir } => {
             let name = Cluster::attach(&dir.dir)?.add_node().await?;

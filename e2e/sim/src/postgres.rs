@@ -116,13 +116,32 @@ pub fn client(name: &str, node: &str, service_ip: &str) -> serde_json::Value {
     })
 }
 
-/// The transactions client pod `pod` has seen acknowledged, from its log.
-pub async fn acknowledged(pods: &Api<Pod>, pod: &str) -> anyhow::Result<usize> {
-    let log = pods
-        .logs(pod, &Default::default())
-        .await
-        .with_context(|| format!("the log of {pod}"))?;
-    Ok(log.lines().filter(|l| l.starts_with("ack ")).count())
+/// Waits (`timeout`) until [`client`] Deployment `name` in `namespace` has seen `n`
+/// transactions acknowledged (its pod's log); returns how many it has.
+pub async fn wait_acknowledged(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    n: usize,
+    timeout: std::time::Duration,
+) -> anyhow::Result<usize> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let what = format!("{n} transactions acknowledged to {namespace}/{name}");
+    crate::testkit::wait_for(&what, timeout, || async {
+        let listed = pods
+            .list(&kube::api::ListParams::default().labels(&format!("app={name}")))
+            .await?;
+        let Some(pod) = listed.items.first().and_then(|p| p.metadata.name.clone()) else {
+            return Ok(None);
+        };
+        let log = pods
+            .logs(&pod, &Default::default())
+            .await
+            .with_context(|| format!("the log of {pod}"))?;
+        let seen = log.lines().filter(|l| l.starts_with("ack ")).count();
+        Ok((seen >= n).then_some(seen))
+    })
+    .await
 }
 
 /// The shell command that checks StatefulSet `statefulset` and client Deployment `client` in

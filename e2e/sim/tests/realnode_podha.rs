@@ -365,18 +365,7 @@ async fn wait_policy_ready(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {
 /// Waits (120 s) until PostgreSQL's client has seen `n` transactions acknowledged; returns
 /// how many it has.
 async fn wait_transactions(ctx: &Ctx<'_>, n: usize) -> anyhow::Result<usize> {
-    let pods = ctx.app_pods(DB_CLIENT).await?;
-    let client = pods.first().context("the database's client pod")?;
-    let name = name_of(client).to_string();
-    wait_for(
-        &format!("{n} transactions acknowledged to {name}"),
-        secs(120),
-        || async {
-            let seen = podha_sim::postgres::acknowledged(&ctx.pods(), &name).await?;
-            Ok((seen >= n).then_some(seen))
-        },
-    )
-    .await
+    postgres::wait_acknowledged(&ctx.client, &ctx.ns, DB_CLIENT, n, secs(120)).await
 }
 
 /// Kills the node of `app`'s writer and follows the failover: a replacement Running and Ready

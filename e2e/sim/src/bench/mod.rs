@@ -2,5 +2,6 @@
 
 pub mod failover;
 mod operator;
+pub mod postgres;
 pub mod scale;
 pub mod survey;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use podha_sim::bench::failover::FailoverArgs;
+use podha_sim::bench::postgres::PostgresArgs;
 use podha_sim::bench::scale::ScaleArgs;
 use podha_sim::bench::survey::SurveyArgs;
 
@@ -23,6 +24,9 @@ struct Cli {
 enum Cmd {
     /// Failover time per mode (none, iomesh-like, default, fast), several trials each.
     Failover(FailoverArgs),
+    /// PostgreSQL on real nodes through every fault (kill, freeze, isolation, API cut) and a
+    /// control without a proof, each checked by PostgreSQL itself.
+    Postgres(PostgresArgs),
     /// The operator at 1,000+ nodes: memory, CPU, request rate, a 50-node failure.
     Scale(ScaleArgs),
     /// One agent's peer survey while podha's leader is down, against thousands of fake peers
@@ -42,6 +46,7 @@ async fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Cmd::Failover(args) => podha_sim::bench::failover::run(args).await,
+        Cmd::Postgres(args) => podha_sim::bench::postgres::run(args).await,
         Cmd::Scale(args) => podha_sim::bench::scale::run(args).await,
         Cmd::Survey(args) => podha_sim::bench::survey::run(args).await,
     };
