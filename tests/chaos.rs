@@ -56,6 +56,7 @@ fn args(ns: &str, fault: &str, out_dir: &Path, sim_dir: &Path, podha_sim: &Path)
         restore: None,
         data_check: None,
         check: None,
+        check_timeout: std::time::Duration::from_secs(300),
         data_settle: Duration::from_secs(2),
         podha_csi: "podha-csi".into(),
         sim_dir: Some(sim_dir.to_path_buf()),

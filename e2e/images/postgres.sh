@@ -21,6 +21,7 @@ fail() { echo "$me: $*" >&2; exit 1; }
 [[ "$image" == *:* ]] || fail "'$image' is not NAME:TAG"
 cache=${PODHA_CACHE:-$HOME/.cache/podha}
 bin=/usr/lib/postgresql/15/bin
+mkdir -p "$cache"
 
 # shellcheck source=e2e/tools/debian-rootfs.sh
 . e2e/tools/debian-rootfs.sh

@@ -38,12 +38,27 @@ until in_db pg_isready -q -h 127.0.0.1 2>/dev/null; do
   sleep 1
 done
 
-# What the client was told: `ack <id> <rows>`.
+# What the client was told: `ack <id> <rows>`, in its one container's log (a client restarted
+# or replaced would have taken the acknowledgements before with it).
+restarts=$(k get pods -l "app=$client" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}')
+[ "$restarts" = 0 ] || fail "the client $ns/$client must be one pod that never restarted, for its log to hold every acknowledgement (restart counts: ${restarts//$'\n'/, })"
 acks=$(k logs "deployment/$client" | awk '$1 == "ack" { print $2 "\t" $3 }')
 [ -n "$acks" ] || fail "the client $ns/$client has acknowledged no transaction yet"
+
+# Every table and index, every database (amcheck installed where missing); before the figures,
+# so that the checksum failures it meets are counted in them.
+if amcheck=$(in_db pg_amcheck -U postgres -h 127.0.0.1 --install-missing --heapallindexed --all 2>&1); then
+  amcheck_verdict=clean
+else
+  amcheck_verdict=corrupt
+fi
 figures=$({
   printf 'CREATE TEMP TABLE acks (id bigint, k int);\nCOPY acks FROM STDIN;\n%s\n\\.\n' "$acks"
+  # The table's own rows (a sequential scan), not what its index says it holds.
   cat <<'SQL'
+SET enable_indexscan = off;
+SET enable_indexonlyscan = off;
+SET enable_bitmapscan = off;
 WITH present AS (SELECT id, count(*) AS n FROM tx GROUP BY id)
 SELECT 'acknowledged=' || (SELECT count(*) FROM acks),
        'present=' || (SELECT count(*) FROM acks a JOIN present p USING (id) WHERE p.n = a.k),
@@ -58,26 +73,22 @@ SQL
 } | in_db psql -X -q -At -F ' ' -v ON_ERROR_STOP=1 -U postgres -h 127.0.0.1) \
   || fail "the query of the client's transactions failed: $figures"
 
-# Every table and index, every database (amcheck installed where missing).
-if amcheck=$(in_db pg_amcheck -U postgres -h 127.0.0.1 --install-missing --heapallindexed --all 2>&1); then
-  amcheck_verdict=clean
-else
-  amcheck_verdict=corrupt
-fi
-
+overlaps_file=$(mktemp)
+trap 'rm -f "$overlaps_file"' EXIT
 # The servers' logs, one file per server start: when each logged first and last, its crash
 # recovery and redo time; a server that logged after a later one's first line overlapped it.
-logs=$(in_db bash -c 'for f in /data/log/postgresql-*.log; do echo "== $f"; cat "$f"; done') \
+logs=$(in_db bash -c 'for f in /data/log/postgresql-*.log; do printf "\n== %s\n" "$f"; cat "$f"; done') \
   || fail "reading the servers' logs in $ns/$pod failed"
 log_figures=$(awk '
-  /^== / { n++; next }
+  /^== / { n++; file[n] = $2; next }
   /^[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] / {
     ts = $1 " " $2
     if (!(n in first)) first[n] = ts
     last[n] = ts
+    lastline[n] = $0
   }
   /automatic recovery in progress/ { recoveries++ }
-  /redo done at/ { redo = $0; sub(/.*elapsed: /, "", redo); sub(/ s.*/, "", redo) }
+  /redo done at/ { r = $0; sub(/.*elapsed: /, "", r); sub(/ s.*/, "", r); redo[n] = r }
   END {
     # Files in order of their first line (insertion sort: a handful of starts).
     for (i = 1; i <= n; i++) order[i] = i
@@ -85,10 +96,18 @@ log_figures=$(awk '
       for (j = i; j > 1 && first[order[j]] < first[order[j - 1]]; j--) {
         t = order[j]; order[j] = order[j - 1]; order[j - 1] = t
       }
-    for (i = 2; i <= n; i++) if (last[order[i - 1]] > first[order[i]]) overlapping++
+    for (i = 2; i <= n; i++) {
+      a = order[i - 1]; b = order[i]
+      if (last[a] > first[b]) {
+        overlapping++
+        printf "overlap: %s logged until %s, after %s started at %s; its last line: %s\n",
+          file[a], last[a], file[b], first[b], lastline[a] > "/dev/stderr"
+      }
+    }
+    latest = (n in order) ? order[n] : 0
     printf "starts=%d crash_recoveries=%d last_redo_seconds=%s overlapping_servers=%d\n",
-      n, recoveries, (redo == "" ? "0" : redo), overlapping
-  }' <<<"$logs")
+      n, recoveries, ((latest in redo) ? redo[latest] : "0"), overlapping
+  }' <<<"$logs" 2>"$overlaps_file")
 
 echo "verdict $figures amcheck=$amcheck_verdict $log_figures"
 problems=()
@@ -100,7 +119,7 @@ get() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$figures $log_figures"; }
 [ "$(get data_checksums)" = on ] || problems+=("data checksums are $(get data_checksums)")
 [ "$(get checksum_failures)" = 0 ] || problems+=("$(get checksum_failures) checksum failure(s)")
 [ "$amcheck_verdict" = clean ] || problems+=("pg_amcheck: $(head -c 400 <<<"$amcheck")")
-[ "$(get overlapping_servers)" = 0 ] || problems+=("$(get overlapping_servers) server(s) logged after a later one started on the same data directory")
+[ "$(get overlapping_servers)" = 0 ] || problems+=("$(get overlapping_servers) server(s) logged after a later one started on the same data directory: $(cat "$overlaps_file")")
 if [ ${#problems[@]} -gt 0 ]; then
   printf 'check.sh: %s\n' "${problems[@]}" >&2
   echo "verdict $figures amcheck=$amcheck_verdict $log_figures" >&2

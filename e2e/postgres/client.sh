@@ -5,7 +5,7 @@
 # reaches the new server. Transaction i inserts rows (i, 1..k) into `tx`, k = 5 for every tenth
 # and 1 otherwise, and adds 1 to `counter`; once PostgreSQL acknowledges its COMMIT the client
 # prints `ack <i> <k>`, and `failed <i>: <error>` otherwise (that one may or may not have
-# committed: its id is never reused). A pause of 50 ms between transactions keeps it to about
+# committed: its id is never used again). A pause of 50 ms between transactions keeps it to about
 # 15 a second. e2e/postgres/check.sh reads the `ack` lines.
 set -uo pipefail
 export PGUSER=postgres PGCONNECT_TIMEOUT=2
@@ -19,7 +19,9 @@ until out=$(sql "CREATE TABLE IF NOT EXISTS tx (id bigint NOT NULL, part int NOT
   echo "waiting for the database: ${out%%$'\n'*}"
   sleep 1
 done
-until i=$(sql "SELECT coalesce(max(id), 0) FROM tx"); do sleep 1; done
+# Ids of this client's own: past every id in the table and past this start's time in
+# milliseconds times ten (a multiple of ten), so that two clients at once never share one.
+until i=$(sql "SELECT greatest(coalesce(max(id), 0), $(date +%s%3N)0) FROM tx"); do sleep 1; done
 while :; do
   i=$((i + 1))
   k=1

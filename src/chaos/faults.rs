@@ -189,6 +189,7 @@ pub async fn run_output(command: &str) -> Result<String, Error> {
         .arg("-c")
         .arg(command)
         .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
         .output()
         .await
         .map_err(|e| Error::Command {

@@ -62,12 +62,8 @@ pub enum Error {
         stderr: String,
     },
     /// The workload's own check failed before trial `trial`'s fault: nothing was faulted.
-    #[error("{summary}, so trial {trial} faulted nothing: `{command}`")]
-    CheckFailedBefore {
-        trial: usize,
-        command: String,
-        summary: String,
-    },
+    #[error("{summary}: trial {trial} faulted nothing")]
+    CheckFailedBefore { trial: usize, summary: String },
     #[error("{what}: {source}")]
     Kube { what: String, source: kube::Error },
     #[error("writing {path}: {source}")]
@@ -154,6 +150,9 @@ pub struct ChaosArgs {
     /// invariant check-passes). Its last line of output is shown and kept in the results.
     #[arg(long)]
     pub check: Option<String>,
+    /// How long the check may take before it counts as failed.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub check_timeout: Duration,
     /// How long writers may go on after the restore (or the failover, without one) before the
     /// data check: a node that was frozen or cut off writes again in that time, if it can.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -307,7 +306,8 @@ pub async fn execute(args: &ChaosArgs, progress: &mut dyn FnMut(&str)) -> Outcom
                 record.data = Some(checked);
             }
             if let Some(command) = after.check {
-                let checked = own_check::run(own_check::When::After, command).await;
+                let checked =
+                    own_check::run(own_check::When::After, command, args.check_timeout).await;
                 progress(&format!("trial {k}/{}: {}", args.trials, checked.summary()));
                 record.checks.push(checked);
             }

@@ -58,12 +58,16 @@ impl CheckRun {
     }
 }
 
-/// Runs `command`; a failure is recorded, not raised.
-pub async fn run(when: When, command: String) -> CheckRun {
+/// Runs `command` for at most `timeout`; a failure is recorded, not raised.
+pub async fn run(when: When, command: String, timeout: Duration) -> CheckRun {
     let started = Instant::now();
-    let result = match faults::run_output(&command).await {
-        Ok(stdout) => Ok(stdout.lines().last().unwrap_or_default().trim().to_string()),
-        Err(e) => Err(e.to_string()),
+    let result = match tokio::time::timeout(timeout, faults::run_output(&command)).await {
+        Ok(Ok(stdout)) => Ok(stdout.lines().last().unwrap_or_default().trim().to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "it did not finish within {}",
+            humantime::format_duration(timeout)
+        )),
     };
     CheckRun {
         when,
@@ -79,7 +83,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_check_passes_on_exit_0_with_its_last_line_and_fails_otherwise_with_the_reason() {
-        let passed = run(When::After, "echo checking; echo 'verdict lost=0'".into()).await;
+        let minute = Duration::from_secs(60);
+        let passed = run(
+            When::After,
+            "echo checking; echo 'verdict lost=0'".into(),
+            minute,
+        )
+        .await;
         assert!(passed.passed());
         assert_eq!(passed.result.as_deref(), Ok("verdict lost=0"));
         assert!(
@@ -87,7 +97,7 @@ mod tests {
                 .summary()
                 .starts_with("check after the trial passed (")
         );
-        let failed = run(When::Before, "echo 2 rows lost >&2; exit 1".into()).await;
+        let failed = run(When::Before, "echo 2 rows lost >&2; exit 1".into(), minute).await;
         let why = failed.result.clone().unwrap_err();
         assert!(
             why.contains("exit code 1") && why.contains("2 rows lost"),
@@ -100,5 +110,7 @@ mod tests {
             "{}",
             failed.summary()
         );
+        let slow = run(When::After, "sleep 5".into(), Duration::from_millis(200)).await;
+        assert_eq!(slow.result.unwrap_err(), "it did not finish within 200ms");
     }
 }

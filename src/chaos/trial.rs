@@ -63,7 +63,7 @@ pub async fn run_trial(
         ..
     } = &judged;
     let (inject, after) = commands(args, fault, &judged)?;
-    let checks = check_before(after.check.as_deref(), k, n, progress).await?;
+    let checks = check_before(client, args, subject, &after, k, progress).await?;
     progress(&format!(
         "trial {k}/{n}: {pod_key} on {} (policy {policy}), {} pod(s) there must stay; fault: {inject}",
         subject.node,
@@ -126,25 +126,48 @@ pub async fn run_trial(
     Ok((record, after))
 }
 
-/// The workload's own check before trial `k` of `n`, if there is one: a failure ends the run
-/// before the fault.
+/// The workload's own check before trial `k`'s fault, if there is one: a failure ends the
+/// run before the fault, and so does a pod that restarted or moved while it ran (the fault is
+/// aimed at the node judged before it).
 async fn check_before(
-    command: Option<&str>,
+    client: &Client,
+    args: &ChaosArgs,
+    subject: &Subject,
+    after: &After,
     k: usize,
-    n: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<own_check::CheckRun>, Error> {
-    let Some(command) = command else {
+    let Some(command) = after.check.as_deref() else {
         return Ok(Vec::new());
     };
-    let checked = own_check::run(own_check::When::Before, command.to_string()).await;
+    let n = args.trials;
+    let checked = own_check::run(
+        own_check::When::Before,
+        command.to_string(),
+        args.check_timeout,
+    )
+    .await;
     progress(&format!("trial {k}/{n}: {}", checked.summary()));
     if !checked.passed() {
         return Err(Error::CheckFailedBefore {
             trial: k,
-            command: checked.command.clone(),
             summary: checked.summary(),
         });
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &subject.namespace);
+    let now = pods
+        .get_opt(&subject.pod)
+        .await
+        .map_err(|e| Error::kube(format!("reading pod {}", subject.pod), e))?;
+    let still = now.as_ref().is_some_and(|p| {
+        p.metadata.uid.as_deref() == Some(subject.uid.as_str())
+            && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(subject.node.as_str())
+    });
+    if !still {
+        return Err(Error::Usage(format!(
+            "{}/{} restarted or moved off {} while the check ran: trial {k} faulted nothing",
+            subject.namespace, subject.pod, subject.node
+        )));
     }
     Ok(vec![checked])
 }

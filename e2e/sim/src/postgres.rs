@@ -152,12 +152,13 @@ pub fn check_command(
     statefulset: &str,
     client: &str,
 ) -> String {
+    let quoted = |p: PathBuf| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
     format!(
         "KUBECTL={} KUBECONFIG={} bash {} --namespace {namespace} --statefulset {statefulset} \
          --client {client}",
-        cluster.bin_dir().join("kubectl").display(),
-        cluster.kubeconfig_path().display(),
-        check_script().display(),
+        quoted(cluster.bin_dir().join("kubectl")),
+        quoted(cluster.kubeconfig_path()),
+        quoted(check_script()),
     )
 }
 
@@ -227,6 +228,177 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// check.sh against a kubectl that answers from files in a directory: the client's restart
+    /// count (`restarts`) and log (`client.log`), the SQL figures (`figures`), pg_amcheck's exit
+    /// code (`amcheck`); the servers' logs are read by check.sh's own command, from `log/`. It tests the script's reading of what PostgreSQL says;
+    /// the real-node scenario runs it against PostgreSQL.
+    /// Returns whether it passed, its stdout and stderr, and what it gave psql.
+    fn check_with(files: &[(&str, &str)]) -> (bool, String, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let kubectl = dir.path().join("kubectl");
+        std::fs::write(
+            &kubectl,
+            format!(
+                r#"#!/bin/bash
+d={dir}
+shift 2
+case "$1" in
+  get) cat "$d/restarts" ;;
+  logs) cat "$d/client.log" ;;
+  exec)
+    while [ "$1" != "--" ]; do shift; done
+    shift
+    case "$1" in
+      pg_isready) exit 0 ;;
+      psql) cat > "$d/psql.in"; cat "$d/figures" ;;
+      pg_amcheck) exit "$(cat "$d/amcheck")" ;;
+      bash) shift 2; bash -c "${{1//\/data\/log/$d/log}}" ;;
+    esac ;;
+esac
+"#,
+                dir = dir.path().display()
+            ),
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&kubectl)
+            .status()
+            .unwrap();
+        let out = std::process::Command::new("bash")
+            .arg(check_script())
+            .args([
+                "--namespace",
+                "shop",
+                "--statefulset",
+                "db",
+                "--client",
+                "c",
+            ])
+            .env("KUBECTL", &kubectl)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+        let psql = std::fs::read_to_string(dir.path().join("psql.in")).unwrap_or_default();
+        (
+            out.status.success(),
+            text(&out.stdout),
+            text(&out.stderr),
+            psql,
+        )
+    }
+
+    const WHOLE: &str = "acknowledged=3 present=3 lost=0 torn=0 counter=4 transactions=4 \
+                         checksum_failures=0 data_checksums=on\n";
+    /// The first server's log, on node-1 until it died.
+    const FIRST: &str = "\
+2026-11-30 10:00:00.100 UTC [1] LOG:  starting PostgreSQL 15.20
+2026-11-30 10:00:20.000 UTC [61] LOG:  checkpoint complete
+";
+    /// The second's, on node-3, from its crash recovery on.
+    const SECOND: &str = "\
+2026-11-30 10:00:30.100 UTC [1] LOG:  starting PostgreSQL 15.20
+2026-11-30 10:00:30.200 UTC [9] LOG:  database system was not properly shut down; automatic recovery in progress
+2026-11-30 10:00:30.300 UTC [9] LOG:  redo done at 0/1A2B3C4 system usage: CPU: user: 0.00 s, system: 0.00 s, elapsed: 0.02 s
+";
+
+    fn files<'a>(figures: &'a str, amcheck: &'a str, first: &'a str) -> [(&'a str, &'a str); 6] {
+        [
+            ("restarts", "0\n"),
+            (
+                "client.log",
+                "ack 1 1\nfailed 2: timeout\nack 3 1\nack 10 5\n",
+            ),
+            ("figures", figures),
+            ("amcheck", amcheck),
+            ("log/postgresql-20261130-100000-1-node-1.log", first),
+            ("log/postgresql-20261130-100030-2-node-3.log", SECOND),
+        ]
+    }
+
+    #[test]
+    fn check_passes_a_whole_database_and_counts_its_recoveries() {
+        let (passed, stdout, stderr, psql) = check_with(&files(WHOLE, "0", FIRST));
+        assert!(passed, "{stdout}{stderr}");
+        // Every acknowledgement, as COPY data (`id<TAB>rows`), none of the failures; the
+        // table's own rows counted, not its index's.
+        assert!(
+            psql.contains("COPY acks FROM STDIN;\n1\t1\n3\t1\n10\t5\n\\.\n")
+                && psql.contains("SET enable_indexonlyscan = off;"),
+            "{psql}"
+        );
+        let v = Verdict::parse(&stdout).unwrap();
+        assert_eq!(v.count("starts").unwrap(), 2);
+        assert_eq!(v.count("crash_recoveries").unwrap(), 1);
+        assert_eq!(v.0["last_redo_seconds"], "0.02");
+        assert_eq!(v.0["amcheck"], "clean");
+    }
+
+    #[test]
+    fn check_fails_on_a_second_server_lost_transactions_corruption_or_checksums_off() {
+        let overlap = FIRST.replace(
+            "10:00:20.000 UTC [61] LOG:  checkpoint complete",
+            "10:00:40.000 UTC [61] LOG:  received smart shutdown request",
+        );
+        let (passed, _, stderr, _) = check_with(&files(WHOLE, "0", &overlap));
+        assert!(!passed);
+        assert!(
+            stderr.contains("1 server(s) logged after a later one started")
+                && stderr.contains("postgresql-20261130-100000-1-node-1.log logged until")
+                && stderr.contains("received smart shutdown request"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("overlapping_servers=1"),
+            "the verdict is on stderr too: {stderr}"
+        );
+        let lost = "acknowledged=3 present=2 lost=1 torn=0 counter=3 transactions=3 \
+                    checksum_failures=0 data_checksums=on\n";
+        let (passed, _, stderr, _) = check_with(&files(lost, "0", FIRST));
+        assert!(
+            !passed && stderr.contains("1 acknowledged transaction(s) lost"),
+            "{stderr}"
+        );
+        let (passed, _, stderr, _) = check_with(&files(WHOLE, "2", FIRST));
+        assert!(!passed && stderr.contains("pg_amcheck"), "{stderr}");
+        let off = WHOLE.replace("data_checksums=on", "data_checksums=off");
+        let (passed, _, stderr, _) = check_with(&files(&off, "0", FIRST));
+        assert!(
+            !passed && stderr.contains("data checksums are off"),
+            "{stderr}"
+        );
+        // A client that restarted took its acknowledgements before with it.
+        let mut restarted = files(WHOLE, "0", FIRST);
+        restarted[0] = ("restarts", "1\n");
+        let (passed, _, stderr, _) = check_with(&restarted);
+        assert!(!passed && stderr.contains("never restarted"), "{stderr}");
+        // A server's last line without a newline does not hide the next file.
+        let unterminated = FIRST.replace(
+            "10:00:20.000 UTC [61] LOG:  checkpoint complete\n",
+            "10:00:40.000 UTC [heartbeat] LOG:  server 7 on node-1 runs",
+        );
+        let (passed, _, stderr, _) = check_with(&files(WHOLE, "0", &unterminated));
+        assert!(
+            !passed && stderr.contains("overlapping_servers=1"),
+            "{stderr}"
+        );
+        let torn = WHOLE
+            .replace("torn=0", "torn=2")
+            .replace("counter=4", "counter=5");
+        let (passed, _, stderr, _) = check_with(&files(&torn, "0", FIRST));
+        assert!(
+            !passed
+                && stderr.contains("2 transaction(s) torn")
+                && stderr.contains("the counter says 5, the table holds 4"),
+            "{stderr}"
+        );
+    }
 
     #[test]
     fn a_verdict_line_is_read_key_by_key() {

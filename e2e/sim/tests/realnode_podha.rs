@@ -631,6 +631,7 @@ async fn chaos_trial(ctx: &Ctx<'_>) -> anyhow::Result<()> {
             "db",
             DB_CLIENT,
         )),
+        check_timeout: std::time::Duration::from_secs(300),
         data_settle: std::time::Duration::from_secs(3),
         podha_csi: podha_csi.display().to_string(),
         sim_dir: Some(ctx.cluster.dir().to_path_buf()),

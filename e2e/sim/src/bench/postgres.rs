@@ -15,7 +15,8 @@
 //! the node freezes. podha moves the database without a proof; when the node thaws, its server
 //! and writer go on beside the new ones. The control's row says what the checks saw.
 //!
-//! It prints a row per fault and writes them as JSON; it asserts nothing.
+//! It prints a row per fault and writes them as JSON as they come; it asserts nothing, but says
+//! so when the control shows no damage.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -135,7 +136,7 @@ fn cell<T: std::fmt::Display>(v: &Option<T>) -> String {
 /// The rows as a table.
 pub fn render(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<16} {:>9} {:>6} {:>5} {:>10} {:>7} {:>8} {:>11} {:>11}  result\n",
+        "{:<20} {:>9} {:>6} {:>5} {:>10} {:>7} {:>8} {:>11} {:>11}  result\n",
         "fault",
         "failover",
         "acked",
@@ -163,7 +164,7 @@ pub fn render(rows: &[Row]) -> String {
             format!("FAILED: {}", names.join(", "))
         };
         out += &format!(
-            "{:<16} {:>9} {:>6} {:>5} {:>10} {:>7} {:>8} {:>11} {:>11}  {result}\n",
+            "{:<20} {:>9} {:>6} {:>5} {:>10} {:>7} {:>8} {:>11} {:>11}  {result}\n",
             r.fault,
             failover,
             cell(&r.acknowledged),
@@ -202,6 +203,7 @@ fn chaos_args(cluster: &Cluster, args: &PostgresArgs, fault: &str) -> ChaosArgs 
         restore,
         data_check: Some("podha-csi-sim".to_string()),
         check: Some(postgres::check_command(cluster, NAMESPACE, DB, CLIENT)),
+        check_timeout: std::time::Duration::from_secs(300),
         data_settle: Duration::from_secs(5),
         podha_csi: args.podha_csi.display().to_string(),
         sim_dir: Some(cluster.dir().to_path_buf()),
@@ -374,7 +376,7 @@ async fn control(
     );
     chaos_args.restore = Some(thaw);
     let mut row = trial(&chaos_args, &format!("{fault} (control)")).await?;
-    row.fault = "control: freeze, proof None".to_string();
+    row.fault = "sim-freeze, no proof".to_string();
     Ok(row)
 }
 
@@ -399,13 +401,34 @@ pub async fn run(args: PostgresArgs) -> anyhow::Result<()> {
         let client = cluster.client().await?;
         set_up(&cluster, &client).await?;
         let mut rows = Vec::new();
+        // Each row saved as it comes; a trial that cannot run (a check that fails before its
+        // fault: the database was not whole any more) is a row, and ends the run.
         for fault in &args.faults {
-            client_goes_on(&client).await?;
-            rows.push(trial(&chaos_args(&cluster, &args, fault), fault).await?);
+            let row = match client_goes_on(&client).await {
+                Ok(()) => trial(&chaos_args(&cluster, &args, fault), fault).await,
+                Err(e) => Err(e),
+            };
+            let ran = row.is_ok();
+            rows.push(row.unwrap_or_else(|e| not_run(fault, &e)));
+            save(&args.out, &rows)?;
+            if !ran {
+                return anyhow::Ok(rows);
+            }
         }
         if !args.no_control {
-            client_goes_on(&client).await?;
-            rows.push(control(&cluster, &client, &args).await?);
+            let row = match client_goes_on(&client).await {
+                Ok(()) => control(&cluster, &client, &args).await,
+                Err(e) => Err(e),
+            };
+            let row = row.unwrap_or_else(|e| not_run("sim-freeze, no proof", &e));
+            if row.violations.is_empty() {
+                println!(
+                    "the control showed no damage: the checks did not see the second server \
+                     (a check that cannot fail proves nothing)"
+                );
+            }
+            rows.push(row);
+            save(&args.out, &rows)?;
         }
         anyhow::Ok(rows)
     }
@@ -413,13 +436,34 @@ pub async fn run(args: PostgresArgs) -> anyhow::Result<()> {
     cluster.down()?;
     let rows = result?;
     println!("\n{}", render(&rows));
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&rows)? + "\n")
-        .with_context(|| format!("writing {}", args.out.display()))?;
     println!("results in {}", args.out.display());
     Ok(())
+}
+
+/// A row for a trial that could not run, and why.
+fn not_run(fault: &str, why: &anyhow::Error) -> Row {
+    println!("  could not run: {why:#}");
+    Row {
+        fault: fault.to_string(),
+        expect: Expect::Moved,
+        recovered_s: None,
+        acknowledged: None,
+        lost: None,
+        crash_recoveries: None,
+        last_redo_s: None,
+        amcheck: None,
+        overlapping_servers: None,
+        split_brain_writes: None,
+        violations: vec![format!("not-run: {why:#}")],
+    }
+}
+
+fn save(out: &std::path::Path, rows: &[Row]) -> anyhow::Result<()> {
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(out, serde_json::to_string_pretty(rows)? + "\n")
+        .with_context(|| format!("writing {}", out.display()))
 }
 
 #[cfg(test)]

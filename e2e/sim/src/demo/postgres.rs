@@ -26,8 +26,9 @@ fn said(v: &Verdict) -> String {
     let f = |k: &str| v.0.get(k).map_or("?", String::as_str);
     format!(
         "{} transactions acknowledged, {} present whole, {} lost, {} torn; counter {} for {} \
-         transactions; pg_amcheck --heapallindexed: {}; checksum failures {} (data checksums \
-         {}); {} crash recoveries (last redo {} s); {} servers at once on the data directory",
+         transactions; pg_amcheck --heapallindexed: {}; checksum failures: {} (data checksums \
+         {}); crash recoveries: {} (the last one's redo {} s); servers that ran beside a later \
+         one: {}",
         f("acknowledged"),
         f("present"),
         f("lost"),

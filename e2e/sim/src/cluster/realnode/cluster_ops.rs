@@ -205,7 +205,7 @@ impl Cluster {
     pub fn unreachable_from(&self, from: &str, to: &str, cut: bool) -> Result<()> {
         let from_node = self.real_node(from, "cut off")?;
         let to_node = self.real_node(to, "cut off")?;
-        realnode::net::set_unreachable(&from_node.netns(), to_node.ip, cut)?;
+        realnode::net::set_unreachable(&from_node.netns(), to_node.ip, &to_node.pod_cidr(), cut)?;
         info!(from, to, cut, "reachability between nodes changed");
         Ok(())
     }

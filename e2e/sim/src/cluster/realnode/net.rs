@@ -244,18 +244,21 @@ pub fn set_partition(netns: &str, s: u8, apiserver_port: u16, cut: bool) -> Resu
 }
 
 /// Drops (`cut`) or lets through again every packet the node, or a pod on it, sends to
-/// `to`: the node's own (OUTPUT) and its pods' (FORWARD, routed through the node's namespace).
-/// Replies to `to`'s own connections are dropped too, so neither side reaches the other.
-pub fn set_unreachable(netns: &str, to: Ipv4Addr, cut: bool) -> Result<()> {
-    for chain in ["OUTPUT", "FORWARD"] {
-        let rule: Vec<String> = [chain, "-d", &format!("{to}/32"), "-j", "DROP"]
-            .map(String::from)
-            .to_vec();
-        let present = in_netns(netns, "-C", &rule).is_ok();
-        match (cut, present) {
-            (true, false) => in_netns(netns, "-I", &rule).map(drop)?,
-            (false, true) => in_netns(netns, "-D", &rule).map(drop)?,
-            _ => {}
+/// node `to` or to its pods (`to_pods`, its pod range): the node's own (OUTPUT) and its pods'
+/// (FORWARD, routed through the node's namespace). Replies to `to`'s own connections are
+/// dropped too, so neither side reaches the other.
+pub fn set_unreachable(netns: &str, to: Ipv4Addr, to_pods: &str, cut: bool) -> Result<()> {
+    for destination in [format!("{to}/32"), to_pods.to_string()] {
+        for chain in ["OUTPUT", "FORWARD"] {
+            let rule: Vec<String> = [chain, "-d", &destination, "-j", "DROP"]
+                .map(String::from)
+                .to_vec();
+            let present = in_netns(netns, "-C", &rule).is_ok();
+            match (cut, present) {
+                (true, false) => in_netns(netns, "-I", &rule).map(drop)?,
+                (false, true) => in_netns(netns, "-D", &rule).map(drop)?,
+                _ => {}
+            }
         }
     }
     Ok(())
