@@ -91,29 +91,53 @@ pub fn service(name: &str) -> serde_json::Value {
 /// A one-replica Deployment `name` (label `app=<name>`) of the client on `node`, through the
 /// Service at `service_ip`.
 pub fn client(name: &str, node: &str, service_ip: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "selector": { "matchLabels": { "app": name } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": {
-                    "nodeSelector": { "kubernetes.io/hostname": node },
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "client",
-                        "image": IMAGE,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["bash", "-c", CLIENT],
-                        "env": [{ "name": "PGHOST", "value": service_ip }],
-                    }],
-                },
-            },
-        },
-    })
+    crate::testkit::deployment_of(
+        name,
+        json!({
+            "nodeSelector": { "kubernetes.io/hostname": node },
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "client",
+                "image": IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["bash", "-c", CLIENT],
+                "env": [{ "name": "PGHOST", "value": service_ip }],
+            }],
+        }),
+    )
+}
+
+/// In namespace `namespace` (made if need be): [`service`] `db` and [`client`] Deployment
+/// `client` on `client_node`, through it; returns the Service's address. The database itself,
+/// [`statefulset`] `db`, is the caller's to start.
+pub async fn serve(
+    kube: &kube::Client,
+    namespace: &str,
+    db: &str,
+    client_name: &str,
+    client_node: &str,
+) -> anyhow::Result<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::PostParams;
+    crate::testkit::create_namespace(kube, namespace).await?;
+    let created = Api::<Service>::namespaced(kube.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(service(db))?,
+        )
+        .await
+        .with_context(|| format!("create Service {namespace}/{db}"))?;
+    let ip = created
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .with_context(|| format!("Service {namespace}/{db} has no address"))?;
+    let deployment = client(client_name, client_node, &ip);
+    Api::<Deployment>::namespaced(kube.clone(), namespace)
+        .create(&PostParams::default(), &serde_json::from_value(deployment)?)
+        .await
+        .with_context(|| format!("create Deployment {namespace}/{client_name}"))?;
+    Ok(ip)
 }
 
 /// Waits (`timeout`) until [`client`] Deployment `name` in `namespace` has seen `n`

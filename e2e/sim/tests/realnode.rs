@@ -89,28 +89,19 @@ fn pause_deployment(name: &str, stay: bool) -> serde_json::Value {
     } else {
         json!([])
     };
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "selector": { "matchLabels": { "app": name } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": {
-                    "nodeSelector": { "kubernetes.io/hostname": REAL_NODE },
-                    "terminationGracePeriodSeconds": 1,
-                    "tolerations": tolerations,
-                    "containers": [{
-                        "name": "pause",
-                        "image": PAUSE_IMAGE,
-                        "imagePullPolicy": "Never",
-                    }],
-                },
-            },
-        },
-    })
+    deployment_of(
+        name,
+        json!({
+            "nodeSelector": { "kubernetes.io/hostname": REAL_NODE },
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": tolerations,
+            "containers": [{
+                "name": "pause",
+                "image": PAUSE_IMAGE,
+                "imagePullPolicy": "Never",
+            }],
+        }),
+    )
 }
 
 /// The container ID of a pod whose only container runs and has started (per the CRI).

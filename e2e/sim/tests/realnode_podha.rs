@@ -66,7 +66,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use libtest_mimic::Arguments;
@@ -540,11 +540,6 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         for node in app_nodes {
             ctx.cordon(node, true).await?;
         }
-        let service = ctx.create::<Service>(postgres::service("db")).await?;
-        let service_ip = service
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .context("the db Service's address")?;
         ctx.create::<StatefulSet>(postgres::statefulset(
             "db",
             &db_nodes,
@@ -559,8 +554,7 @@ fn installed_by_chart(shared: &SharedCluster) -> Result<(), libtest_mimic::Faile
         for node in app_nodes {
             ctx.cordon(node, false).await?;
         }
-        ctx.create::<Deployment>(postgres::client(DB_CLIENT, &follower_node, &service_ip))
-            .await?;
+        postgres::serve(&ctx.client, &ctx.ns, "db", DB_CLIENT, &follower_node).await?;
         let before = wait_transactions(&ctx, TRANSACTIONS).await?;
         let verdict = postgres::check(ctx.cluster, &ctx.ns, "db", DB_CLIENT)?;
         log(&ctx.ns, format!("PostgreSQL before the kill: {verdict}"));

@@ -22,8 +22,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use podha::chaos::{self, ChaosArgs, Expect};
@@ -259,18 +259,7 @@ async fn set_up(cluster: &Cluster, client: &kube::Client) -> anyhow::Result<Stri
     )
     .await?;
     postgres::load_image(cluster)?;
-    crate::testkit::create_namespace(client, NAMESPACE).await?;
-    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
-    let service = services
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(postgres::service(DB))?,
-        )
-        .await?;
-    let ip = service
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("the Service's address")?;
+    let ip = postgres::serve(client, NAMESPACE, DB, CLIENT, &leader_node).await?;
     let db_nodes: Vec<&str> = names
         .iter()
         .copied()
@@ -279,13 +268,6 @@ async fn set_up(cluster: &Cluster, client: &kube::Client) -> anyhow::Result<Stri
     let sts = postgres::statefulset(DB, &db_nodes, crate::csi::UNFENCED_STORAGE_CLASS)?;
     Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE)
         .create(&PostParams::default(), &serde_json::from_value(sts)?)
-        .await?;
-    let client_deployment = postgres::client(CLIENT, &leader_node, &ip);
-    Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(client_deployment)?,
-        )
         .await?;
     let acked =
         postgres::wait_acknowledged(client, NAMESPACE, CLIENT, 30, Duration::from_secs(180))

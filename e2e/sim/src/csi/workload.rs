@@ -80,17 +80,9 @@ pub fn writer_deployment(
         .as_array_mut()
         .context("writer volumes")?
         .push(json!({ "name": "data", "persistentVolumeClaim": { "claimName": claim } }));
-    Ok(json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": { "name": name },
-        "spec": {
-            "replicas": 1,
-            "strategy": { "type": "Recreate" },
-            "selector": { "matchLabels": { "app": name } },
-            "template": { "metadata": { "labels": { "app": name } }, "spec": spec },
-        },
-    }))
+    let mut deployment = crate::testkit::deployment_of(name, spec);
+    deployment["spec"]["strategy"] = json!({ "type": "Recreate" });
+    Ok(deployment)
 }
 
 /// The checker's report on volume `handle` of the cluster in `cluster_dir`, against the

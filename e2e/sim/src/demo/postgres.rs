@@ -6,12 +6,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
-use kube::Api;
-use kube::api::PostParams;
-
 use crate::cluster::Cluster;
 use crate::postgres::{self, Verdict};
 
@@ -54,17 +48,7 @@ pub(super) async fn run(
     free: &[&String],
 ) -> anyhow::Result<bool> {
     postgres::load_image(cluster)?;
-    crate::testkit::create_namespace(client, NAMESPACE).await?;
-    let service = Api::<Service>::namespaced(client.clone(), NAMESPACE)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(postgres::service(DB))?,
-        )
-        .await?;
-    let ip = service
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("the Service's address")?;
+    let ip = postgres::serve(client, NAMESPACE, DB, CLIENT, leader_node).await?;
     let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
     let db_nodes: Vec<&str> = nodes
         .iter()
@@ -73,12 +57,6 @@ pub(super) async fn run(
         .collect();
     let mut sts = postgres::statefulset(DB, &db_nodes, crate::csi::UNFENCED_STORAGE_CLASS)?;
     super::prefer(&mut sts, free);
-    Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(postgres::client(CLIENT, leader_node, &ip))?,
-        )
-        .await?;
     println!(
         "starting StatefulSet demo/db: PostgreSQL 15 (Debian's, initdb --data-checksums) on a \
          {} volume (storage that does not fence), and a client on {leader_node} committing \

@@ -24,7 +24,7 @@ mod explain;
 mod objects;
 pub use dump::dump;
 pub use explain::{explained_rule, podha_explain};
-pub use objects::{deployment, pvc, statefulset, statefulset_of};
+pub use objects::{deployment, deployment_of, pvc, statefulset, statefulset_of};
 
 /// One cluster shared by every test of a binary, started on first use and taken down by
 /// [`SharedCluster::teardown`].

@@ -82,6 +82,11 @@ pub fn statefulset_of(name: &str, spec: serde_json::Value, class: &str) -> serde
 
 /// A one-replica Deployment `name` (label `app=<name>`), mounting `claim` if given.
 pub fn deployment(name: &str, nodes: &[&str], claim: Option<&str>) -> serde_json::Value {
+    deployment_of(name, pod_spec(nodes, claim))
+}
+
+/// A one-replica Deployment `name` (label `app=<name>`) of pods with `spec`.
+pub fn deployment_of(name: &str, spec: serde_json::Value) -> serde_json::Value {
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -89,10 +94,7 @@ pub fn deployment(name: &str, nodes: &[&str], claim: Option<&str>) -> serde_json
         "spec": {
             "replicas": 1,
             "selector": { "matchLabels": { "app": name } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": pod_spec(nodes, claim),
-            },
+            "template": { "metadata": { "labels": { "app": name } }, "spec": spec },
         },
     })
 }
