@@ -40,20 +40,31 @@ done
 
 # What the client was told: `ack <id> <rows>`, in its one container's log (a client restarted
 # or replaced would have taken the acknowledgements before with it).
-restarts=$(k get pods -l "app=$client" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}')
+# A client replaced by another (a new pod) starts past every id in the table: transactions
+# below its first id are an earlier client's, whose acknowledgements are not in this log.
+restarts=$(k get pods -l "app=$client" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}') \
+  || fail "reading the client's pods in $ns failed"
 [ "$restarts" = 0 ] || fail "the client $ns/$client must be one pod that never restarted, for its log to hold every acknowledgement (restart counts: ${restarts//$'\n'/, })"
-acks=$(k logs "deployment/$client" | awk '$1 == "ack" { print $2 "\t" $3 }')
+client_log=$(k logs "deployment/$client") || fail "reading the log of $ns/$client failed"
+first_id=$(awk '$1 == "start" { print $2; exit }' <<<"$client_log")
+[ -n "$first_id" ] || fail "the client's log has no start line (its first id)"
+acks=$(awk '$1 == "ack" { print $2 "\t" $3 }' <<<"$client_log")
 [ -n "$acks" ] || fail "the client $ns/$client has acknowledged no transaction yet"
 
 # Every table and index, every database (amcheck installed where missing); before the figures,
 # so that the checksum failures it meets are counted in them.
-if amcheck=$(in_db pg_amcheck -U postgres -h 127.0.0.1 --install-missing --heapallindexed --all 2>&1); then
-  amcheck_verdict=clean
-else
-  amcheck_verdict=corrupt
-fi
+# Exit code 2: corruption found; any other failure is pg_amcheck's own error.
+amcheck_status=0
+amcheck=$(in_db pg_amcheck -U postgres -h 127.0.0.1 --install-missing --heapallindexed --all 2>&1) \
+  || amcheck_status=$?
+case $amcheck_status in
+  0) amcheck_verdict=clean ;;
+  2) amcheck_verdict=corrupt ;;
+  *) amcheck_verdict=error ;;
+esac
 figures=$({
   printf 'CREATE TEMP TABLE acks (id bigint, k int);\nCOPY acks FROM STDIN;\n%s\n\\.\n' "$acks"
+  printf 'CREATE TEMP TABLE client_start AS SELECT %d::bigint AS id;\n' "$first_id"
   # The table's own rows (a sequential scan), not what its index says it holds.
   cat <<'SQL'
 SET enable_indexscan = off;
@@ -67,6 +78,7 @@ SELECT 'acknowledged=' || (SELECT count(*) FROM acks),
                    WHERE n <> CASE WHEN id % 10 = 0 THEN 5 ELSE 1 END),
        'counter=' || (SELECT n FROM counter),
        'transactions=' || (SELECT count(*) FROM present),
+       'before_client=' || (SELECT count(*) FROM present WHERE id < (SELECT id FROM client_start)),
        'checksum_failures=' || (SELECT coalesce(sum(checksum_failures), 0) FROM pg_stat_database),
        'data_checksums=' || current_setting('data_checksums');
 SQL
@@ -111,14 +123,15 @@ log_figures=$(awk '
 
 echo "verdict $figures amcheck=$amcheck_verdict $log_figures"
 problems=()
-get() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" <<<"$figures $log_figures"; }
+get() { tr ' ' '\n' <<<"$figures $log_figures" | awk -F= -v key="$1" '$1 == key { print $2; exit }'; }
 [ "$(get lost)" = 0 ] || problems+=("$(get lost) acknowledged transaction(s) lost")
 [ "$(get present)" = "$(get acknowledged)" ] || problems+=("only $(get present) of $(get acknowledged) acknowledged transactions present whole")
 [ "$(get torn)" = 0 ] || problems+=("$(get torn) transaction(s) torn")
 [ "$(get counter)" = "$(get transactions)" ] || problems+=("the counter says $(get counter), the table holds $(get transactions) transactions")
 [ "$(get data_checksums)" = on ] || problems+=("data checksums are $(get data_checksums)")
 [ "$(get checksum_failures)" = 0 ] || problems+=("$(get checksum_failures) checksum failure(s)")
-[ "$amcheck_verdict" = clean ] || problems+=("pg_amcheck: $(head -c 400 <<<"$amcheck")")
+[ "$amcheck_verdict" = clean ] || problems+=("pg_amcheck ($amcheck_verdict, exit code $amcheck_status): $(head -c 400 <<<"$amcheck")")
+[ "$(get before_client)" = 0 ] || problems+=("$(get before_client) transaction(s) from before the client's first id $first_id: an earlier client's, whose acknowledgements this client's log does not hold")
 [ "$(get overlapping_servers)" = 0 ] || problems+=("$(get overlapping_servers) server(s) logged after a later one started on the same data directory: $(cat "$overlaps_file")")
 if [ ${#problems[@]} -gt 0 ]; then
   printf 'check.sh: %s\n' "${problems[@]}" >&2

@@ -22,6 +22,8 @@ done
 # Ids of this client's own: past every id in the table and past this start's time in
 # milliseconds times ten (a multiple of ten), so that two clients at once never share one.
 until i=$(sql "SELECT greatest(coalesce(max(id), 0), $(date +%s%3N)0) FROM tx"); do sleep 1; done
+# Its first id: check.sh finds any transaction of an earlier client below it.
+echo "start $((i + 1))"
 while :; do
   i=$((i + 1))
   k=1

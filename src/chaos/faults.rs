@@ -200,15 +200,20 @@ pub async fn run_output(command: &str) -> Result<String, Error> {
     if output.status.success() {
         return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
     }
+    Err(failed(command, &output))
+}
+
+/// The error of `command`, which exited with `output`'s unsuccessful status.
+pub fn failed(command: &str, output: &std::process::Output) -> Error {
     let status = match output.status.code() {
         Some(code) => format!("exit code {code}"),
         None => format!("{}", output.status),
     };
-    Err(Error::Command {
+    Error::Command {
         command: command.to_string(),
         status,
         stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -61,20 +61,51 @@ impl CheckRun {
 /// Runs `command` for at most `timeout`; a failure is recorded, not raised.
 pub async fn run(when: When, command: String, timeout: Duration) -> CheckRun {
     let started = Instant::now();
-    let result = match tokio::time::timeout(timeout, faults::run_output(&command)).await {
-        Ok(Ok(stdout)) => Ok(stdout.lines().last().unwrap_or_default().trim().to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!(
-            "it did not finish within {}",
-            humantime::format_duration(timeout)
-        )),
-    };
+    let result = output_within(&command, timeout)
+        .await
+        .map(|stdout| stdout.lines().last().unwrap_or_default().trim().to_string());
     CheckRun {
         when,
         command,
         result,
         took: started.elapsed(),
     }
+}
+
+/// `sh -c command`'s standard output when it exits 0 within `timeout`; else why not. It runs in
+/// a process group of its own, all of which is killed when the time is up (a check's `kubectl
+/// exec` or query must not run on into the next trial).
+async fn output_within(command: &str, timeout: Duration) -> Result<String, String> {
+    let child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("could not start sh: {e}"))?;
+    let group = child.id();
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(output) => output.map_err(|e| format!("waiting for it: {e}"))?,
+        Err(_) => {
+            if let Some(pid) = group.and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            return Err(format!(
+                "it did not finish within {}",
+                humantime::format_duration(timeout)
+            ));
+        }
+    };
+    if output.status.success() {
+        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
+    }
+    Err(faults::failed(command, &output).to_string())
 }
 
 #[cfg(test)]
@@ -110,7 +141,18 @@ mod tests {
             "{}",
             failed.summary()
         );
-        let slow = run(When::After, "sleep 5".into(), Duration::from_millis(200)).await;
+        // Its children go with it: the marker is never written.
+        let dir = std::env::temp_dir().join(format!("podha-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marker = dir.join("written");
+        let command = format!("bash -c 'sleep 1; touch {}'; true", marker.display());
+        let slow = run(When::After, command, Duration::from_millis(200)).await;
         assert_eq!(slow.result.unwrap_err(), "it did not finish within 200ms");
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            !marker.exists(),
+            "the check's child ran on after its timeout"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -127,8 +127,8 @@ pub async fn run_trial(
 }
 
 /// The workload's own check before trial `k`'s fault, if there is one: a failure ends the
-/// run before the fault, and so does a pod that restarted or moved while it ran (the fault is
-/// aimed at the node judged before it).
+/// run before the fault, and so does a pod deleted or replaced while it ran (the fault is aimed
+/// at the node judged before it).
 async fn check_before(
     client: &Client,
     args: &ChaosArgs,
@@ -161,11 +161,12 @@ async fn check_before(
         .map_err(|e| Error::kube(format!("reading pod {}", subject.pod), e))?;
     let still = now.as_ref().is_some_and(|p| {
         p.metadata.uid.as_deref() == Some(subject.uid.as_str())
+            && p.metadata.deletion_timestamp.is_none()
             && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(subject.node.as_str())
     });
     if !still {
         return Err(Error::Usage(format!(
-            "{}/{} restarted or moved off {} while the check ran: trial {k} faulted nothing",
+            "{}/{} on {} was deleted or replaced while the check ran: trial {k} faulted nothing",
             subject.namespace, subject.pod, subject.node
         )));
     }

@@ -319,7 +319,7 @@ esac
     }
 
     const WHOLE: &str = "acknowledged=3 present=3 lost=0 torn=0 counter=4 transactions=4 \
-                         checksum_failures=0 data_checksums=on\n";
+                         before_client=0 checksum_failures=0 data_checksums=on\n";
     /// The first server's log, on node-1 until it died.
     const FIRST: &str = "\
 2026-11-30 10:00:00.100 UTC [1] LOG:  starting PostgreSQL 15.20
@@ -337,7 +337,8 @@ esac
             ("restarts", "0\n"),
             (
                 "client.log",
-                "ack 1 1\nfailed 2: timeout\nack 3 1\nack 10 5\n",
+                "waiting for the database: refused\nstart 1\nack 1 1\nfailed 2: timeout\n\
+                 ack 3 1\nack 10 5\n",
             ),
             ("figures", figures),
             ("amcheck", amcheck),
@@ -354,6 +355,7 @@ esac
         // table's own rows counted, not its index's.
         assert!(
             psql.contains("COPY acks FROM STDIN;\n1\t1\n3\t1\n10\t5\n\\.\n")
+                && psql.contains("CREATE TEMP TABLE client_start AS SELECT 1::bigint AS id;")
                 && psql.contains("SET enable_indexonlyscan = off;"),
             "{psql}"
         );
@@ -382,15 +384,31 @@ esac
             stderr.contains("overlapping_servers=1"),
             "the verdict is on stderr too: {stderr}"
         );
-        let lost = "acknowledged=3 present=2 lost=1 torn=0 counter=3 transactions=3 \
-                    checksum_failures=0 data_checksums=on\n";
-        let (passed, _, stderr, _) = check_with(&files(lost, "0", FIRST));
+        let lost = WHOLE
+            .replace("present=3 lost=0", "present=2 lost=1")
+            .replace("counter=4 transactions=4", "counter=3 transactions=3");
+        let (passed, _, stderr, _) = check_with(&files(&lost, "0", FIRST));
         assert!(
             !passed && stderr.contains("1 acknowledged transaction(s) lost"),
             "{stderr}"
         );
         let (passed, _, stderr, _) = check_with(&files(WHOLE, "2", FIRST));
-        assert!(!passed && stderr.contains("pg_amcheck"), "{stderr}");
+        assert!(
+            !passed && stderr.contains("pg_amcheck (corrupt, exit code 2)"),
+            "{stderr}"
+        );
+        let (passed, _, stderr, _) = check_with(&files(WHOLE, "1", FIRST));
+        assert!(
+            !passed && stderr.contains("pg_amcheck (error, exit code 1)"),
+            "{stderr}"
+        );
+        // A client replaced by another: the earlier one's transactions lie below its first id.
+        let replaced = WHOLE.replace("before_client=0", "before_client=3");
+        let (passed, _, stderr, _) = check_with(&files(&replaced, "0", FIRST));
+        assert!(
+            !passed && stderr.contains("3 transaction(s) from before the client's first id 1"),
+            "{stderr}"
+        );
         let off = WHOLE.replace("data_checksums=on", "data_checksums=off");
         let (passed, _, stderr, _) = check_with(&files(&off, "0", FIRST));
         assert!(
