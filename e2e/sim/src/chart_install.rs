@@ -408,6 +408,37 @@ pub fn pod_log(
     Ok(text)
 }
 
+/// podha as the chart installs it by default on a sim cluster: its two replicas Running, an
+/// agent on each of `nodes` (within `agents_within`), a leader.
+pub struct Installed {
+    pub replicas: Vec<Pod>,
+    /// The leading replica's name.
+    pub leader: String,
+    /// The node it runs on.
+    pub leader_node: String,
+}
+
+/// Waits until the chart's default install is up on `nodes` (see [`Installed`]).
+pub async fn wait_installed(
+    client: &kube::Client,
+    nodes: &[&str],
+    agents_within: Duration,
+) -> anyhow::Result<Installed> {
+    let replicas = wait_replicas(client, 2, Duration::from_secs(180)).await?;
+    wait_agents(client, nodes, agents_within).await?;
+    let leader = wait_leader(client, &replicas, Duration::from_secs(60)).await?;
+    let leader_node = replicas
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
+        .and_then(|p| p.spec.as_ref()?.node_name.clone())
+        .context("the leader's node")?;
+    Ok(Installed {
+        replicas,
+        leader,
+        leader_node,
+    })
+}
+
 /// Waits until `replicas` pods of the chart are Running and Ready; returns them.
 pub async fn wait_replicas(
     client: &kube::Client,

@@ -185,11 +185,13 @@ async fn demo_real(cluster: &Cluster, operator: &Path, workload: Workload) -> an
         humantime::format_duration(timings.watchdog),
         humantime::format_duration(timings.survey),
     );
-    let pods = chart_install::wait_replicas(&client, 2, Duration::from_secs(180)).await?;
     let node_names: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
     let names: Vec<&str> = node_names.iter().map(String::as_str).collect();
-    chart_install::wait_agents(&client, &names, Duration::from_secs(120)).await?;
-    let leader = chart_install::wait_leader(&client, &pods, Duration::from_secs(60)).await?;
+    let chart_install::Installed {
+        replicas: pods,
+        leader,
+        leader_node,
+    } = chart_install::wait_installed(&client, &names, Duration::from_secs(120)).await?;
     println!("$ kubectl -n podha-system get pods -o wide   (leader: {leader})");
     kubectl(
         cluster,
@@ -212,11 +214,6 @@ async fn demo_real(cluster: &Cluster, operator: &Path, workload: Workload) -> an
         .filter(|n| !replica_nodes.contains(&n.as_str()))
         .collect();
     if workload == Workload::Postgres {
-        let leader_node = pods
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
-            .and_then(|p| p.spec.as_ref()?.node_name.clone())
-            .context("the leader's node")?;
         return postgres::run(cluster, operator, &client, &leader_node, &free).await;
     }
     let mut sts = subject_statefulset("db", &nodes, true)?;

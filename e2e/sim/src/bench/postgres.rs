@@ -241,16 +241,13 @@ async fn set_up(cluster: &Cluster, client: &kube::Client) -> anyhow::Result<Stri
     let helm = crate::chart_rbac::helm_path()?;
     let timings = AgentTimings::chart_defaults()?;
     chart_install::install(cluster, &helm, &timings.sim_values(), &[])?;
-    let pods = chart_install::wait_replicas(client, 2, Duration::from_secs(180)).await?;
     let nodes: Vec<String> = cluster.nodes().into_iter().map(|n| n.name).collect();
     let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    chart_install::wait_agents(client, &names, Duration::from_secs(180)).await?;
-    let leader = chart_install::wait_leader(client, &pods, Duration::from_secs(60)).await?;
-    let leader_node = pods
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
-        .and_then(|p| p.spec.as_ref()?.node_name.clone())
-        .context("the leader's node")?;
+    let chart_install::Installed {
+        leader,
+        leader_node,
+        ..
+    } = chart_install::wait_installed(client, &names, Duration::from_secs(180)).await?;
     println!("podha installed by its chart; {leader} leads, on {leader_node}");
     crate::failover::apply_policy(
         client,
